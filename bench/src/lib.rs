@@ -1,0 +1,1 @@
+//! Shared fixtures for weir's criterion benchmarks (see `benches/`).
