@@ -1,5 +1,43 @@
-//! `weir` — the broker binary.
+//! `weir` — the broker binary: `weir serve` runs a node; the other subcommands are admin
+//! tools for operators.
 
-fn main() {
-    println!("weir {}", env!("CARGO_PKG_VERSION"));
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "weir", version, about = "A Kafka-compatible storage node")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect log files on disk.
+    Log {
+        #[command(subcommand)]
+        command: LogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum LogCommand {
+    /// Print batches and index entries of segment files, like Kafka's DumpLogSegments.
+    Dump {
+        /// `.log`, `.index` or `.timeindex` files, or partition directories.
+        paths: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Log { command: LogCommand::Dump { paths } } => {
+            let _ = paths;
+            eprintln!("weir log dump: not built yet");
+            ExitCode::FAILURE
+        }
+    }
 }
