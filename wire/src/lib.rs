@@ -6,11 +6,18 @@
 //!
 //! - [`types`]: newtypes for the numbers Kafka gives meaning to (offsets, epochs, ...).
 //! - [`error`]: [`WireError`], which says where and why decoding failed.
+//! - [`frame`]: the 4-byte size prefix, request headers v0–v2, response headers v0–v1.
+//! - [`api`]: the API table — keys, advertised version ranges, flexible versions,
+//!   ApiVersions responses (including the KIP-511 fallback).
+//! - [`codec`]: bounds-checked primitive readers/writers (integers, varints, strings).
 //! - [`batch`]: record batch v2 — the 61-byte header as a zero-copy view, validation
 //!   (sizes, magic, CRC-32C), in-place offset assignment.
 
+pub mod api;
 pub mod batch;
+pub mod codec;
 pub mod error;
+pub mod frame;
 pub mod types;
 
 pub use error::WireError;
