@@ -1,3 +1,5 @@
 //! weir's broker: shards, network, storage, partitions, coordinators, config, admin CLI.
 //!
-//! - [`storage`] (planned): the segmented partition log on direct I/O.
+//! - [`storage`]: the segmented partition log on direct I/O.
+pub mod storage;
+pub mod producer_state;

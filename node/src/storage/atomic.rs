@@ -1,0 +1,51 @@
+//! Atomic file replacement (write temp, fsync, rename, fsync dir) for small metadata files:
+//! producer-state snapshots, the leader-epoch checkpoint, `partition.metadata`.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::Path;
+
+use super::error::{Result, StorageError};
+
+/// Replaces `path` with `contents` so that after a crash the file holds either the old or
+/// the new contents, never a mix: write `path.tmp`, fsync it, rename over `path`, fsync
+/// the directory (the rename is only durable once the directory is).
+///
+/// Blocking std I/O: these files are small and written rarely (checkpoints, snapshots).
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = Path::new(&tmp_name);
+    let mut file = File::create(tmp).map_err(|e| StorageError::io("create", tmp, e))?;
+    file.write_all(contents)
+        .map_err(|e| StorageError::io("write", tmp, e))?;
+    file.sync_all()
+        .map_err(|e| StorageError::io("fsync", tmp, e))?;
+    drop(file);
+    fs::rename(tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    sync_dir(dir)
+}
+
+/// fsyncs a directory so that creations, renames and removals in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StorageError::io("fsync dir", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_contents_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+        let path = dir.path().join("leader-epoch-checkpoint");
+        write_atomic(&path, b"0\n1\n0 0\n").unwrap();
+        write_atomic(&path, b"0\n1\n3 100\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"0\n1\n3 100\n");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+}

@@ -1,0 +1,178 @@
+//! [`LogConfig`]: a partition log's settings, under Kafka's own key names.
+
+use wire::batch::TimestampType;
+
+use super::error::{Result, StorageError};
+
+/// Settings of one partition log. Defaults are Kafka's. Build from broker- or topic-level
+/// key/value strings with [`LogConfig::set`] / [`LogConfig::from_pairs`]; both the broker
+/// key (`log.segment.bytes`) and the topic key (`segment.bytes`) are accepted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogConfig {
+    /// `log.segment.bytes` / `segment.bytes`: roll the active segment before it would
+    /// exceed this size.
+    pub segment_bytes: u64,
+    /// `log.roll.ms` / `segment.ms`: roll the active segment once it is this old.
+    pub segment_ms: i64,
+    /// `log.index.interval.bytes` / `index.interval.bytes`: bytes of batches between two
+    /// sparse index entries.
+    pub index_interval_bytes: u32,
+    /// `log.retention.ms` / `retention.ms`: delete sealed segments whose newest timestamp
+    /// is older than this; -1 keeps forever.
+    pub retention_ms: i64,
+    /// `log.retention.bytes` / `retention.bytes`: delete the oldest sealed segments while
+    /// the log is larger than this; -1 means no limit.
+    pub retention_bytes: i64,
+    /// `log.flush.interval.messages` / `flush.messages`: fdatasync after this many
+    /// appended records.
+    pub flush_interval_messages: u64,
+    /// `log.flush.interval.ms` / `flush.ms`: fdatasync when the last one is this old.
+    pub flush_interval_ms: i64,
+    /// `log.flush.on.ack` (weir's own key): an append returns only after fdatasync;
+    /// appends waiting together share one fdatasync (group commit).
+    pub flush_on_ack: bool,
+    /// `log.message.timestamp.type` / `message.timestamp.type`: `CreateTime` keeps the
+    /// producer's timestamps, `LogAppendTime` stamps each batch with the append time.
+    pub message_timestamp_type: TimestampType,
+    /// `log.tail.cache.bytes` (weir's own key): recently appended batches kept in memory
+    /// so that fetches of the tail never touch the disk.
+    pub tail_cache_bytes: u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes: 1 << 30,
+            segment_ms: 7 * 24 * 3600 * 1000,
+            index_interval_bytes: 4096,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            retention_bytes: -1,
+            flush_interval_messages: i64::MAX as u64,
+            flush_interval_ms: i64::MAX,
+            flush_on_ack: false,
+            message_timestamp_type: TimestampType::CreateTime,
+            tail_cache_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Smallest accepted segment size: Kafka's own lower bound for `segment.bytes`.
+const SEGMENT_BYTES_MIN: u64 = 14;
+/// A segment's positions are 4-byte fields in the offset index.
+const SEGMENT_BYTES_MAX: u64 = i32::MAX as u64;
+
+impl LogConfig {
+    /// Defaults overlaid with `pairs`; unknown keys are ignored (they belong to other
+    /// parts of the broker), bad values are an error.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self> {
+        let mut config = LogConfig::default();
+        for (key, value) in pairs {
+            config.set(key, value)?;
+        }
+        Ok(config)
+    }
+
+    /// Applies one key. Returns `Ok(false)` if the key is not a log setting.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool> {
+        let key_short = key.strip_prefix("log.").unwrap_or(key);
+        match key_short {
+            "segment.bytes" => {
+                let v: u64 = parse(key, value)?;
+                if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&v) {
+                    return Err(bad(key, value, "must be between 14 and 2147483647"));
+                }
+                self.segment_bytes = v;
+            }
+            "roll.ms" | "segment.ms" => self.segment_ms = positive(key, value)?,
+            "roll.hours" => self.segment_ms = positive::<i64>(key, value)? * 3_600_000,
+            "index.interval.bytes" => {
+                self.index_interval_bytes = parse(key, value)?;
+            }
+            "retention.ms" => self.retention_ms = at_least_minus_one(key, value)?,
+            "retention.minutes" => {
+                self.retention_ms = at_least_minus_one(key, value)?.saturating_mul(60_000)
+            }
+            "retention.hours" => {
+                self.retention_ms = at_least_minus_one(key, value)?.saturating_mul(3_600_000)
+            }
+            "retention.bytes" => self.retention_bytes = at_least_minus_one(key, value)?,
+            "flush.interval.messages" | "flush.messages" => {
+                self.flush_interval_messages = positive::<i64>(key, value)? as u64
+            }
+            "flush.interval.ms" | "flush.ms" => self.flush_interval_ms = parse(key, value)?,
+            "flush.on.ack" => self.flush_on_ack = parse(key, value)?,
+            "message.timestamp.type" => {
+                self.message_timestamp_type = match value {
+                    "CreateTime" => TimestampType::CreateTime,
+                    "LogAppendTime" => TimestampType::LogAppendTime,
+                    _ => return Err(bad(key, value, "must be CreateTime or LogAppendTime")),
+                }
+            }
+            "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+fn bad(key: &str, value: &str, reason: &'static str) -> StorageError {
+    StorageError::Config {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        reason,
+    }
+}
+
+fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| bad(key, value, "not a valid value for this key"))
+}
+
+fn positive<T: std::str::FromStr + PartialOrd + Default>(key: &str, value: &str) -> Result<T> {
+    let v: T = parse(key, value)?;
+    if v <= T::default() {
+        return Err(bad(key, value, "must be positive"));
+    }
+    Ok(v)
+}
+
+fn at_least_minus_one(key: &str, value: &str) -> Result<i64> {
+    let v: i64 = parse(key, value)?;
+    if v < -1 {
+        return Err(bad(key, value, "must be -1 or more"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_and_topic_keys_map_to_the_same_field() {
+        let c = LogConfig::from_pairs([("log.segment.bytes", "1048576"), ("retention.ms", "-1")])
+            .unwrap();
+        assert_eq!(c.segment_bytes, 1 << 20);
+        assert_eq!(c.retention_ms, -1);
+        let c = LogConfig::from_pairs([("segment.bytes", "4096"), ("log.flush.on.ack", "true")])
+            .unwrap();
+        assert_eq!(c.segment_bytes, 4096);
+        assert!(c.flush_on_ack);
+        assert_eq!(
+            c.index_interval_bytes,
+            LogConfig::default().index_interval_bytes
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_and_unknown_keys_are_not_mine() {
+        let mut c = LogConfig::default();
+        assert!(c.set("segment.bytes", "12").is_err());
+        assert!(c.set("segment.bytes", "x").is_err());
+        assert!(c.set("retention.bytes", "-2").is_err());
+        assert!(!c.set("min.insync.replicas", "2").unwrap());
+        assert_eq!(c, LogConfig::default());
+    }
+}

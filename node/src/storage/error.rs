@@ -1,0 +1,77 @@
+//! [`StorageError`]: every way a partition log operation fails, naming the file and where.
+
+use std::path::PathBuf;
+
+use wire::Offset;
+
+/// A storage failure. I/O errors carry the operation and path so that one log line is
+/// enough to find the fault; corruption carries the file and byte position.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// An operating-system I/O call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Data on disk is damaged in a way that is not a torn tail: the log refuses to open
+    /// rather than drop data silently.
+    #[error("corrupt log {path} at byte {position}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        position: u64,
+        reason: String,
+    },
+    /// A read asked for an offset outside `[log_start_offset, log_end_offset]`.
+    #[error("offset {requested} out of range [{log_start}, {log_end}]")]
+    OffsetOutOfRange {
+        requested: Offset,
+        log_start: Offset,
+        log_end: Offset,
+    },
+    /// The records blob given to `append` is not a sequence of whole v2 batches.
+    #[error("invalid record batch at byte {position} of the appended blob: {reason}")]
+    InvalidBatch { position: usize, reason: String },
+    /// The records blob is larger than one segment may hold.
+    #[error("record set of {size} bytes exceeds the segment size {max}")]
+    RecordSetTooLarge { size: u64, max: u64 },
+    /// A configuration key holds a value that cannot be used.
+    #[error("config {key}={value}: {reason}")]
+    Config {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
+    /// An earlier write or sync failed; the log accepts no more writes (like Kafka marking
+    /// a log dir offline) until it is reopened.
+    #[error("log {path} failed earlier and is read-only: {reason}")]
+    Failed { path: PathBuf, reason: String },
+    /// The log was closed.
+    #[error("log {path} is closed")]
+    Closed { path: PathBuf },
+}
+
+impl StorageError {
+    /// Wraps an I/O error with the operation and path it came from.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Wraps a glommio error (converted to `io::Error`) with operation and path.
+    pub fn glommio<T>(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        source: glommio::GlommioError<T>,
+    ) -> Self {
+        StorageError::io(op, path, source.into())
+    }
+}
+
+/// Result of storage operations.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
