@@ -1,0 +1,481 @@
+//! Output: the summary table, `--json`, and the self-contained `--report` HTML page.
+//!
+//! The HTML page embeds its SVG plots (drawn with `plotters`) inline: no scripts, no
+//! external files, so it can be mailed or attached to an issue as one file.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::stats::{Percentiles, Summary};
+
+const PLOT_W: u32 = 860;
+const PLOT_H: u32 = 340;
+/// Percentile axis: 0 = p0, 1 = p90, 2 = p99, ... 5 = p99.999 ("nines").
+const NINES_MAX: f64 = 5.0;
+const NINES_STEPS: u32 = 100;
+
+/// One measured run as the report shows it.
+pub struct RunReport {
+    pub label: String,
+    pub summary: Summary,
+    pub publish_us: Option<Histogram<u64>>,
+    pub e2e_us: Option<Histogram<u64>>,
+}
+
+/// One row of a sweep or plan comparison.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Row {
+    pub label: String,
+    /// Offered rate, records/s (`None` for closed loop "max").
+    pub offered_per_sec: Option<f64>,
+    pub records_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub publish_latency_ms: Percentiles,
+    pub e2e_latency_ms: Percentiles,
+    pub lag_max_records: i64,
+    pub errors: u64,
+    /// For plan: whether this step met the SLO.
+    pub ok: Option<bool>,
+}
+
+impl Row {
+    /// A row from a run's summary.
+    pub fn from_summary(label: &str, offered_per_sec: Option<f64>, s: &Summary) -> Self {
+        Self {
+            label: label.to_string(),
+            offered_per_sec,
+            records_per_sec: s.records_per_sec,
+            mb_per_sec: s.mb_per_sec,
+            publish_latency_ms: s.publish_latency_ms,
+            e2e_latency_ms: s.e2e_latency_ms,
+            lag_max_records: s.lag_max_records,
+            errors: s.errors.values().sum(),
+            ok: None,
+        }
+    }
+}
+
+/// The text summary of one run, printed at its end.
+pub fn summary_text(s: &Summary) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "{} records acked in {:.1} s: {:.1} records/sec ({:.2} MB/sec)",
+        s.records, s.duration_s, s.records_per_sec, s.mb_per_sec
+    );
+    let p = |name: &str, x: &Percentiles| {
+        format!(
+            "{name:<8} latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  p99.99 {:.2}  max {:.2}\n",
+            x.p50, x.p90, x.p99, x.p999, x.p9999, x.max
+        )
+    };
+    t.push_str(&p("publish", &s.publish_latency_ms));
+    if s.consumed_records > 0 {
+        let _ = writeln!(
+            t,
+            "{} records consumed: {:.1} records/sec ({:.2} MB/sec), max lag {} records",
+            s.consumed_records,
+            s.consumed_records_per_sec,
+            s.consumed_mb_per_sec,
+            s.lag_max_records
+        );
+        t.push_str(&p("e2e", &s.e2e_latency_ms));
+    }
+    if !s.errors.is_empty() {
+        let _ = writeln!(t, "errors: {:?}", s.errors);
+    }
+    t
+}
+
+/// A comparison table, one line per row, aligned for a terminal.
+pub fn table_text(rows: &[Row]) -> String {
+    let mut t = format!(
+        "{:<28} {:>11} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+        "config",
+        "offered/s",
+        "records/s",
+        "MB/s",
+        "pub p50",
+        "pub p99",
+        "pub p99.9",
+        "e2e p99",
+        "max lag",
+        "errors"
+    );
+    for r in rows {
+        let offered = r
+            .offered_per_sec
+            .map_or("max".to_string(), |o| format!("{o:.0}"));
+        let ok = match r.ok {
+            Some(true) => " ok",
+            Some(false) => " FAIL",
+            None => "",
+        };
+        let _ = writeln!(
+            t,
+            "{:<28} {:>11} {:>12.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7}{ok}",
+            r.label,
+            offered,
+            r.records_per_sec,
+            r.mb_per_sec,
+            r.publish_latency_ms.p50,
+            r.publish_latency_ms.p99,
+            r.publish_latency_ms.p999,
+            r.e2e_latency_ms.p99,
+            r.lag_max_records,
+            r.errors
+        );
+    }
+    t
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Writes the self-contained HTML report.
+pub fn write_html(path: &Path, title: &str, runs: &[RunReport], rows: &[Row]) -> Result<()> {
+    let html = render_html(title, runs, rows)?;
+    std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))
+}
+
+fn render_html(title: &str, runs: &[RunReport], rows: &[Row]) -> Result<String> {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>\
+         body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}\
+         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;\
+         padding:3px 8px;text-align:right}}th{{background:#f0f0f0}}td:first-child{{text-align:left}}\
+         h2{{margin-top:2em}}svg{{display:block;margin:1em 0}}</style></head><body><h1>{t}</h1>\
+         <p>Latency is measured from each record's intended send time (open loop) or its \
+         creation (closed loop, rate max); warm-up is excluded from all totals.</p>",
+        t = escape(title)
+    );
+    if !rows.is_empty() {
+        h.push_str("<h2>Comparison</h2>");
+        h.push_str(&rows_table_html(rows));
+        h.push_str(&comparison_svg(rows)?);
+    }
+    if !runs.is_empty() {
+        h.push_str("<h2>Latency percentile distribution</h2>");
+        h.push_str(&percentile_svg(runs)?);
+        h.push_str("<h2>Throughput over time</h2>");
+        h.push_str(&timeline_svg(
+            runs,
+            "records/s",
+            |s| s.records_per_sec,
+            true,
+        )?);
+        h.push_str("<h2>Consumer lag over time</h2>");
+        h.push_str(&timeline_svg(
+            runs,
+            "lag (records)",
+            |s| s.lag_records as f64,
+            false,
+        )?);
+        for r in runs {
+            let _ = write!(
+                h,
+                "<h2>{}</h2><pre>{}</pre>",
+                escape(&r.label),
+                escape(&summary_text(&r.summary))
+            );
+        }
+    }
+    h.push_str("</body></html>\n");
+    Ok(h)
+}
+
+fn rows_table_html(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "<table><tr><th>config</th><th>offered/s</th><th>records/s</th><th>MB/s</th>\
+         <th>publish p50 ms</th><th>p99</th><th>p99.9</th><th>e2e p99 ms</th>\
+         <th>max lag</th><th>errors</th><th>SLO</th></tr>",
+    );
+    for r in rows {
+        let _ = write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.2}</td><td>{:.2}</td><td>{:.2}</td>\
+             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&r.label),
+            r.offered_per_sec
+                .map_or("max".into(), |o| format!("{o:.0}")),
+            r.records_per_sec,
+            r.mb_per_sec,
+            r.publish_latency_ms.p50,
+            r.publish_latency_ms.p99,
+            r.publish_latency_ms.p999,
+            r.e2e_latency_ms.p99,
+            r.lag_max_records,
+            r.errors,
+            match r.ok {
+                Some(true) => "met",
+                Some(false) => "missed",
+                None => "",
+            }
+        );
+    }
+    t.push_str("</table>");
+    t
+}
+
+fn color(i: usize) -> RGBAColor {
+    Palette99::pick(i).mix(1.0)
+}
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("plotting failed: {e:?}")
+}
+
+/// Latency (log y) against percentile in "nines" (x), one line per run and kind.
+fn percentile_svg(runs: &[RunReport]) -> Result<String> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in runs {
+        for (kind, hist) in [("publish", &r.publish_us), ("e2e", &r.e2e_us)] {
+            if let Some(h) = hist.as_ref().filter(|h| !h.is_empty()) {
+                series.push((format!("{} {kind}", r.label), percentile_points(h)));
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok("<p>No latencies recorded.</p>".into());
+    }
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+        .fold(0.01f64, f64::max)
+        * 1.5;
+    let mut buf = String::new();
+    {
+        let root = SVGBackend::with_string(&mut buf, (PLOT_W, PLOT_H)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..NINES_MAX, (0.001f64..y_max).log_scale())
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("percentile")
+            .y_desc("latency ms (log)")
+            .x_labels(6)
+            .x_label_formatter(&|x| nines_label(*x))
+            .draw()
+            .map_err(plot_err)?;
+        for (i, (name, pts)) in series.into_iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+                .map_err(plot_err)?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(buf)
+}
+
+fn nines_label(x: f64) -> String {
+    match x.round() as i64 {
+        0 => "p0".into(),
+        1 => "p90".into(),
+        2 => "p99".into(),
+        3 => "p99.9".into(),
+        4 => "p99.99".into(),
+        5 => "p99.999".into(),
+        _ => String::new(),
+    }
+}
+
+/// (nines, latency ms) points: q = 1 - 10^-nines.
+fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    (0..=NINES_STEPS)
+        .map(|k| {
+            let nines = NINES_MAX * f64::from(k) / f64::from(NINES_STEPS);
+            let q = 1.0 - 10f64.powf(-nines);
+            let ms = (h.value_at_quantile(q) as f64 / 1000.0).max(0.001);
+            (nines, ms)
+        })
+        .collect()
+}
+
+/// One value per second over time, one line per run.
+fn timeline_svg(
+    runs: &[RunReport],
+    y_desc: &str,
+    value: impl Fn(&crate::stats::Second) -> f64,
+    with_consumed: bool,
+) -> Result<String> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in runs {
+        let pts: Vec<(f64, f64)> = r
+            .summary
+            .timeline
+            .iter()
+            .map(|s| (s.t_s, value(s)))
+            .collect();
+        series.push((r.label.clone(), pts));
+        if with_consumed && r.summary.consumed_records > 0 {
+            let pts = r.summary.timeline.iter();
+            let pts = pts.map(|s| (s.t_s, s.consumed_per_sec)).collect();
+            series.push((format!("{} consumed", r.label), pts));
+        }
+    }
+    let x_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(x, _)| x))
+        .fold(1.0f64, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let mut buf = String::new();
+    {
+        let root = SVGBackend::with_string(&mut buf, (PLOT_W, PLOT_H)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since start")
+            .y_desc(y_desc)
+            .draw()
+            .map_err(plot_err)?;
+        for (i, (name, pts)) in series.into_iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+                .map_err(plot_err)?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(buf)
+}
+
+/// Bars of MB/s per row, with publish p99 (ms) as points on a second chart below.
+fn comparison_svg(rows: &[Row]) -> Result<String> {
+    let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
+    let n = rows.len() as f64;
+    let mut out = String::new();
+    let metrics: [(&str, Box<dyn Fn(&Row) -> f64>); 2] = [
+        ("MB/s", Box::new(|r: &Row| r.mb_per_sec)),
+        (
+            "publish p99 ms",
+            Box::new(|r: &Row| r.publish_latency_ms.p99),
+        ),
+    ];
+    for (mi, (desc, f)) in metrics.iter().enumerate() {
+        let y_max = rows.iter().map(f).fold(0.001f64, f64::max) * 1.15;
+        let mut buf = String::new();
+        {
+            let root = SVGBackend::with_string(&mut buf, (PLOT_W, PLOT_H)).into_drawing_area();
+            root.fill(&WHITE).map_err(plot_err)?;
+            let mut chart = ChartBuilder::on(&root)
+                .margin(10)
+                .x_label_area_size(45)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0.0..n, 0.0..y_max)
+                .map_err(plot_err)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .y_desc(*desc)
+                .x_labels(rows.len() * 2 + 1)
+                .x_label_formatter(&|x| bar_label(&labels, *x))
+                .draw()
+                .map_err(plot_err)?;
+            let c = color(mi);
+            chart
+                .draw_series(rows.iter().enumerate().map(|(i, r)| {
+                    let x = i as f64;
+                    Rectangle::new([(x + 0.15, 0.0), (x + 0.85, f(r))], c.filled())
+                }))
+                .map_err(plot_err)?;
+            root.present().map_err(plot_err)?;
+        }
+        out.push_str(&buf);
+    }
+    Ok(out)
+}
+
+/// The label of the bar whose centre is at `x` (bars sit on [i, i+1)).
+fn bar_label(labels: &[String], x: f64) -> String {
+    let centre = x - 0.5;
+    if (centre - centre.round()).abs() > 0.01 || centre < 0.0 {
+        return String::new();
+    }
+    labels
+        .get(centre.round() as usize)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Recorder;
+
+    #[test]
+    fn html_report_is_self_contained_with_plots() {
+        let rec = Recorder::new(0);
+        for i in 1..=2000u64 {
+            rec.record_acks(&[i * 1_000_000], i * 1_000_000 + i * 1_000, 1024);
+            if i % 1000 == 0 {
+                rec.tick(i * 1_000_000);
+            }
+        }
+        let s = rec.summary(2_000_000_000);
+        let run = RunReport {
+            label: "acks=1".into(),
+            publish_us: Some(rec.publish_histogram()),
+            e2e_us: None,
+            summary: s.clone(),
+        };
+        let rows = vec![Row::from_summary("acks=1 1024B", None, &s)];
+        let html = render_html("test <report>", &[run], &rows).expect("render");
+        assert!(html.contains("test &lt;report&gt;"));
+        assert!(
+            html.matches("<svg").count() >= 5,
+            "comparison x2, percentiles, rate, lag"
+        );
+        assert!(!html.contains("<script"), "no scripts");
+        assert!(!html.contains("src=\"http"), "no external resources");
+        assert!(html.contains("acks=1 1024B"));
+    }
+}

@@ -1,0 +1,403 @@
+//! Measurement: latency histograms, throughput, lag and error counts, per second and in total.
+//!
+//! Every time is a `u64` of nanoseconds since the run's [`Clock`] base, so the same code
+//! records real runs and synthetic schedules (the coordinated-omission test drives it with
+//! a virtual clock). Latencies are kept in microseconds in HdrHistograms (3 significant
+//! digits, 1 µs .. 1 h) and reported in milliseconds.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Highest latency a histogram holds; larger values are clamped (and still counted).
+pub const LATENCY_MAX_US: u64 = 3_600_000_000;
+/// Kafka's perf tools count a megabyte as 2^20 bytes; so do we, to be comparable.
+pub const BYTES_PER_MB: f64 = 1024.0 * 1024.0;
+const NS_PER_US: u64 = 1_000;
+const NS_PER_S: f64 = 1e9;
+
+/// The run's time base: every timestamp is nanoseconds since `base`.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    /// A clock whose zero is now.
+    pub fn start() -> Self {
+        Self {
+            base: Instant::now(),
+        }
+    }
+
+    /// Nanoseconds since the base.
+    pub fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The `Instant` at `ns` after the base, for sleeping until a deadline.
+    pub fn instant_at(&self, ns: u64) -> Instant {
+        self.base + std::time::Duration::from_nanos(ns)
+    }
+}
+
+/// A fresh latency histogram in microseconds.
+pub fn new_histogram() -> Histogram<u64> {
+    // Bounds are constants that hdrhistogram accepts (low ≥ 1, high ≥ 2·low, sigfig ≤ 5).
+    Histogram::new_with_bounds(1, LATENCY_MAX_US, 3).unwrap_or_else(|_| unreachable!())
+}
+
+/// Latency between two clock readings, in µs, clamped to the histogram's range.
+pub fn latency_us(from_ns: u64, to_ns: u64) -> u64 {
+    (to_ns.saturating_sub(from_ns) / NS_PER_US).clamp(1, LATENCY_MAX_US)
+}
+
+/// The percentiles we report, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub p9999: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Percentiles of a µs histogram, in ms; all zero when it is empty.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        Self {
+            p50: ms(0.50),
+            p90: ms(0.90),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            p9999: ms(0.9999),
+            max: h.max() as f64 / 1000.0,
+        }
+    }
+}
+
+/// One second of a run, as printed on the progress line and plotted in the report.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Second {
+    /// Seconds since the run started (end of this interval).
+    pub t_s: f64,
+    /// Whether this second lies (partly) inside the warm-up, excluded from the summary.
+    pub warmup: bool,
+    pub acked_records: u64,
+    pub acked_mb: f64,
+    pub consumed_records: u64,
+    pub records_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub consumed_per_sec: f64,
+    pub publish_avg_ms: f64,
+    pub publish_p99_ms: f64,
+    pub publish_max_ms: f64,
+    pub e2e_p99_ms: f64,
+    pub lag_records: i64,
+    pub errors: u64,
+}
+
+/// What a run measured, with the keys `--json` writes (documented in the README).
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Summary {
+    /// Records acknowledged (or, with acks=0, written) after the warm-up.
+    pub records: u64,
+    pub bytes: u64,
+    /// Length of the measured window (warm-up excluded), seconds.
+    pub duration_s: f64,
+    pub records_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub consumed_records: u64,
+    pub consumed_records_per_sec: f64,
+    pub consumed_mb_per_sec: f64,
+    pub publish_latency_ms: Percentiles,
+    pub e2e_latency_ms: Percentiles,
+    pub lag_max_records: i64,
+    /// Error counts by Kafka error name (or a `Client...` name for client-side failures).
+    pub errors: BTreeMap<String, u64>,
+    pub timeline: Vec<Second>,
+}
+
+/// Counters of the second in progress.
+struct Interval {
+    start_ns: u64,
+    acked: u64,
+    acked_bytes: u64,
+    consumed: u64,
+    publish_sum_us: u64,
+    publish: Histogram<u64>,
+    e2e: Histogram<u64>,
+    errors: u64,
+}
+
+impl Interval {
+    fn new(start_ns: u64) -> Self {
+        Self {
+            start_ns,
+            acked: 0,
+            acked_bytes: 0,
+            consumed: 0,
+            publish_sum_us: 0,
+            publish: new_histogram(),
+            e2e: new_histogram(),
+            errors: 0,
+        }
+    }
+}
+
+struct Inner {
+    publish: Histogram<u64>,
+    e2e: Histogram<u64>,
+    records: u64,
+    bytes: u64,
+    consumed: u64,
+    consumed_bytes: u64,
+    errors: BTreeMap<String, u64>,
+    lag_now: i64,
+    lag_max: i64,
+    interval: Interval,
+    timeline: Vec<Second>,
+}
+
+/// Shared recorder of one run; producers, consumers and the progress thread all feed it.
+///
+/// A record counts toward the summary when its *intended* send time is at or after the
+/// warm-up end, so the open-loop schedule decides what is measured, not the ack time.
+pub struct Recorder {
+    warmup_end_ns: u64,
+    inner: Mutex<Inner>,
+}
+
+impl Recorder {
+    /// A recorder that ignores records intended before `warmup_end_ns`.
+    pub fn new(warmup_end_ns: u64) -> Self {
+        Self {
+            warmup_end_ns,
+            inner: Mutex::new(Inner {
+                publish: new_histogram(),
+                e2e: new_histogram(),
+                records: 0,
+                bytes: 0,
+                consumed: 0,
+                consumed_bytes: 0,
+                errors: BTreeMap::new(),
+                lag_now: 0,
+                lag_max: 0,
+                interval: Interval::new(0),
+                timeline: Vec::new(),
+            }),
+        }
+    }
+
+    /// The warm-up end this recorder measures from.
+    pub fn warmup_end_ns(&self) -> u64 {
+        self.warmup_end_ns
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panicking recorder thread must not take the measurements down with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records acknowledged at `acked_ns`, each intended for sending at `intended_ns[i]`,
+    /// each carrying `record_bytes` of payload.
+    pub fn record_acks(&self, intended_ns: &[u64], acked_ns: u64, record_bytes: u64) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        for &t in intended_ns {
+            let us = latency_us(t, acked_ns);
+            // Interval statistics include the warm-up so the progress line is never blank.
+            inner.interval.acked += 1;
+            inner.interval.acked_bytes += record_bytes;
+            inner.interval.publish_sum_us += us;
+            let _ = inner.interval.publish.record(us);
+            if t >= self.warmup_end_ns {
+                inner.records += 1;
+                inner.bytes += record_bytes;
+                let _ = inner.publish.record(us);
+            }
+        }
+    }
+
+    /// A record produced (intended) at `produced_ns` was consumed at `consumed_ns`.
+    pub fn record_consumed(&self, produced_ns: Option<u64>, consumed_ns: u64, record_bytes: u64) {
+        let mut g = self.lock();
+        g.interval.consumed += 1;
+        let Some(produced_ns) = produced_ns else {
+            // Not one of ours (or from an earlier run): counts, but has no e2e latency.
+            if consumed_ns >= self.warmup_end_ns {
+                g.consumed += 1;
+                g.consumed_bytes += record_bytes;
+            }
+            return;
+        };
+        let us = latency_us(produced_ns, consumed_ns);
+        let _ = g.interval.e2e.record(us);
+        if produced_ns >= self.warmup_end_ns {
+            g.consumed += 1;
+            g.consumed_bytes += record_bytes;
+            let _ = g.e2e.record(us);
+        }
+    }
+
+    /// `n` failures with the given name (a Kafka error name or a `Client...` name).
+    pub fn record_error(&self, name: &str, n: u64) {
+        let mut g = self.lock();
+        g.interval.errors += n;
+        *g.errors.entry(name.to_string()).or_insert(0) += n;
+    }
+
+    /// The consumer lag sampled now (log end offset minus position, summed over partitions).
+    pub fn record_lag(&self, lag_records: i64, now_ns: u64) {
+        let mut g = self.lock();
+        g.lag_now = lag_records;
+        if now_ns >= self.warmup_end_ns {
+            g.lag_max = g.lag_max.max(lag_records);
+        }
+    }
+
+    /// Closes the current second at `now_ns` and returns it (for the progress line).
+    pub fn tick(&self, now_ns: u64) -> Second {
+        let mut g = self.lock();
+        let iv = std::mem::replace(&mut g.interval, Interval::new(now_ns));
+        let secs = (now_ns.saturating_sub(iv.start_ns) as f64 / NS_PER_S).max(1e-9);
+        let sec = Second {
+            t_s: now_ns as f64 / NS_PER_S,
+            warmup: iv.start_ns < self.warmup_end_ns,
+            acked_records: iv.acked,
+            acked_mb: iv.acked_bytes as f64 / BYTES_PER_MB,
+            consumed_records: iv.consumed,
+            records_per_sec: iv.acked as f64 / secs,
+            mb_per_sec: iv.acked_bytes as f64 / BYTES_PER_MB / secs,
+            consumed_per_sec: iv.consumed as f64 / secs,
+            publish_avg_ms: if iv.acked == 0 {
+                0.0
+            } else {
+                iv.publish_sum_us as f64 / iv.acked as f64 / 1000.0
+            },
+            publish_p99_ms: Percentiles::of(&iv.publish).p99,
+            publish_max_ms: Percentiles::of(&iv.publish).max,
+            e2e_p99_ms: Percentiles::of(&iv.e2e).p99,
+            lag_records: g.lag_now,
+            errors: iv.errors,
+        };
+        g.timeline.push(sec.clone());
+        sec
+    }
+
+    /// The summary of the window from the warm-up end to `end_ns`.
+    pub fn summary(&self, end_ns: u64) -> Summary {
+        let g = self.lock();
+        let secs = (end_ns.saturating_sub(self.warmup_end_ns) as f64 / NS_PER_S).max(1e-9);
+        Summary {
+            records: g.records,
+            bytes: g.bytes,
+            duration_s: secs,
+            records_per_sec: g.records as f64 / secs,
+            mb_per_sec: g.bytes as f64 / BYTES_PER_MB / secs,
+            consumed_records: g.consumed,
+            consumed_records_per_sec: g.consumed as f64 / secs,
+            consumed_mb_per_sec: g.consumed_bytes as f64 / BYTES_PER_MB / secs,
+            publish_latency_ms: Percentiles::of(&g.publish),
+            e2e_latency_ms: Percentiles::of(&g.e2e),
+            lag_max_records: g.lag_max,
+            errors: g.errors.clone(),
+            timeline: g.timeline.clone(),
+        }
+    }
+
+    /// The full publish histogram (µs), for the percentile-distribution plot.
+    pub fn publish_histogram(&self) -> Histogram<u64> {
+        self.lock().publish.clone()
+    }
+
+    /// The full end-to-end histogram (µs).
+    pub fn e2e_histogram(&self) -> Histogram<u64> {
+        self.lock().e2e.clone()
+    }
+}
+
+/// The kafka-producer-perf-test style progress line for one second.
+pub fn progress_line(s: &Second) -> String {
+    let mut line = format!(
+        "{} records acked, {:.1} records/sec ({:.2} MB/sec), {:.1} ms avg latency, \
+         {:.1} ms p99, {:.1} ms max latency",
+        s.acked_records,
+        s.records_per_sec,
+        s.mb_per_sec,
+        s.publish_avg_ms,
+        s.publish_p99_ms,
+        s.publish_max_ms
+    );
+    if s.consumed_records > 0 || s.lag_records > 0 {
+        line.push_str(&format!(
+            "; {:.1} consumed/sec, {:.1} ms e2e p99, lag {}",
+            s.consumed_per_sec, s.e2e_p99_ms, s.lag_records
+        ));
+    }
+    if s.errors > 0 {
+        line.push_str(&format!("; {} errors", s.errors));
+    }
+    if s.warmup {
+        line.push_str(" (warm-up)");
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_uniform_latencies() {
+        let r = Recorder::new(0);
+        // 1..=1000 ms, one record each.
+        for ms in 1..=1000u64 {
+            r.record_acks(&[0], ms * 1_000_000, 100);
+        }
+        let s = r.summary(1_000_000_000);
+        let p = s.publish_latency_ms;
+        assert!((p.p50 - 500.0).abs() < 2.0, "{p:?}");
+        assert!((p.p90 - 900.0).abs() < 2.0, "{p:?}");
+        assert!((p.p99 - 990.0).abs() < 2.0, "{p:?}");
+        assert!((p.max - 1000.0).abs() < 2.0, "{p:?}");
+        assert_eq!(s.records, 1000);
+        assert!((s.records_per_sec - 1000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn warmup_records_are_not_measured() {
+        let r = Recorder::new(1_000_000_000);
+        r.record_acks(&[500_000_000], 1_100_000_000, 10); // intended in warm-up
+        r.record_acks(&[1_000_000_000], 1_002_000_000, 10); // first measured
+        let s = r.summary(2_000_000_000);
+        assert_eq!(s.records, 1);
+        assert_eq!(s.bytes, 10);
+        assert!((s.publish_latency_ms.max - 2.0).abs() < 0.01);
+        let sec = r.tick(2_000_000_000);
+        assert_eq!(
+            sec.acked_records, 2,
+            "the progress line shows warm-up acks too"
+        );
+        assert!(sec.warmup);
+    }
+
+    #[test]
+    fn errors_are_counted_by_name() {
+        let r = Recorder::new(0);
+        r.record_error("NotLeaderOrFollower", 2);
+        r.record_error("NotLeaderOrFollower", 1);
+        r.record_error("ClientConnectionLost", 1);
+        let s = r.summary(1);
+        assert_eq!(s.errors.get("NotLeaderOrFollower"), Some(&3));
+        assert_eq!(s.errors.get("ClientConnectionLost"), Some(&1));
+    }
+}
