@@ -1,2 +1,14 @@
 //! Helpers for weir's end-to-end tests: start a real `weir` process on an ephemeral port
-//! in a temporary data dir, and stop it.
+//! in a temporary data dir on the real disk, talk to it with real clients, and stop it.
+//!
+//! - [`broker`]: the `weir serve` process — start, wait for ready, SIGTERM/SIGKILL,
+//!   restart on the same data dir, RSS; always killed on drop.
+//! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
+//! - [`clients`]: librdkafka (the `rdkafka` crate) producers, consumers and admin calls
+//!   configured for a weir under test, with bounded waits.
+
+pub mod broker;
+pub mod clients;
+pub mod raw;
+
+pub use broker::{Weir, WeirConfig};
