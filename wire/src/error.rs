@@ -3,6 +3,7 @@
 /// A decoding or validation failure. Each variant names the field and the byte offset
 /// (relative to the buffer the caller passed) so that a log line is enough to find the fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The buffer ended before a field did.
     #[error(
@@ -41,6 +42,16 @@ pub enum WireError {
     /// A request for an API key or version weir does not speak.
     #[error("unsupported api key {api_key} version {api_version}")]
     UnsupportedVersion { api_key: i16, api_version: i16 },
+    /// A message body the `kafka-protocol` codec refused (its reason is text, not a field).
+    #[error("malformed api key {api_key} version {api_version}: {reason}")]
+    Malformed {
+        api_key: i16,
+        api_version: i16,
+        reason: String,
+    },
+    /// A compressed batch that does not decompress, or decompresses past the output bound.
+    #[error("record batch: {codec} decompression failed: {reason}")]
+    Decompression { codec: &'static str, reason: String },
 }
 
 impl WireError {
@@ -87,7 +98,9 @@ impl WireError {
                 stored,
                 computed,
             },
-            other @ WireError::UnsupportedVersion { .. } => other,
+            other @ (WireError::UnsupportedVersion { .. }
+            | WireError::Malformed { .. }
+            | WireError::Decompression { .. }) => other,
         }
     }
 }

@@ -9,6 +9,8 @@
 //! - [`frame`]: the 4-byte size prefix, request headers v0–v2, response headers v0–v1.
 //! - [`api`]: the API table — keys, advertised version ranges, flexible versions,
 //!   ApiVersions responses (including the KIP-511 fallback).
+//! - [`messages`]: every other message body through the `kafka-protocol` crate, both
+//!   directions (broker: decode requests, encode responses; client: the reverse).
 //! - [`codec`]: bounds-checked primitive readers/writers (integers, varints, strings).
 //! - [`batch`]: record batch v2 — the 61-byte header as a zero-copy view, validation
 //!   (sizes, magic, CRC-32C), in-place offset assignment.
@@ -18,6 +20,7 @@ pub mod batch;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod messages;
 pub mod types;
 
 pub use error::WireError;
