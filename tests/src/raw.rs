@@ -87,6 +87,16 @@ impl RawConn {
         Ok(frame)
     }
 
+    /// The correlation id of the last request framed.
+    pub fn last_correlation_id(&self) -> i32 {
+        self.correlation_id - 1
+    }
+
+    /// Closes the write half: the broker reads EOF after what was sent.
+    pub fn shutdown_write(&mut self) -> std::io::Result<()> {
+        self.stream.shutdown(std::net::Shutdown::Write)
+    }
+
     /// Reads one response frame (size-checked) and returns its body.
     pub fn recv_frame(&mut self) -> Result<Bytes> {
         let mut size = [0u8; 4];
