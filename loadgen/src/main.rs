@@ -1,5 +1,33 @@
 //! `weir-loadgen` — throughput, latency and lag against any Kafka-compatible broker.
+//!
+//! The work is in the library (`weir_loadgen`); this file parses flags and dispatches.
+
+use clap::Parser;
+use weir_loadgen::cli::{Cli, Cmd};
+use weir_loadgen::{commands, verify};
 
 fn main() {
-    println!("weir-loadgen {}", env!("CARGO_PKG_VERSION"));
+    let cli = Cli::parse();
+    let result = match &cli.cmd {
+        Cmd::Produce(l) => commands::single(l, true, false, "produce").map(|_| 0),
+        Cmd::Consume(l) => commands::single(l, false, true, "consume").map(|_| 0),
+        Cmd::E2e(l) => commands::single(l, true, true, "e2e").map(|_| 0),
+        Cmd::Sweep(s) => commands::sweep(s).map(|_| 0),
+        Cmd::Plan(p) => commands::plan(p).map(|_| 0),
+        Cmd::Quickstart(q) => commands::quickstart(q).map(|_| 0),
+        Cmd::Verify(v) => verify::verify(v).map(|f| {
+            if v.strict && (f.lost > 0 || f.duplicated > 0) {
+                2
+            } else {
+                0
+            }
+        }),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("weir-loadgen: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
 }

@@ -388,17 +388,17 @@ fn timeline_svg(
     Ok(buf)
 }
 
+/// A named value of a comparison row.
+type Metric = (&'static str, fn(&Row) -> f64);
+
 /// Bars of MB/s per row, with publish p99 (ms) as points on a second chart below.
 fn comparison_svg(rows: &[Row]) -> Result<String> {
     let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
     let n = rows.len() as f64;
     let mut out = String::new();
-    let metrics: [(&str, Box<dyn Fn(&Row) -> f64>); 2] = [
-        ("MB/s", Box::new(|r: &Row| r.mb_per_sec)),
-        (
-            "publish p99 ms",
-            Box::new(|r: &Row| r.publish_latency_ms.p99),
-        ),
+    let metrics: [Metric; 2] = [
+        ("MB/s", |r| r.mb_per_sec),
+        ("publish p99 ms", |r| r.publish_latency_ms.p99),
     ];
     for (mi, (desc, f)) in metrics.iter().enumerate() {
         let y_max = rows.iter().map(f).fold(0.001f64, f64::max) * 1.15;

@@ -1,0 +1,304 @@
+//! Command-line flags, shared by the subcommands where they mean the same thing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::{Args, Parser, Subcommand};
+use kafka_protocol::records::Compression;
+
+use crate::client::consumer::StartAt;
+use crate::run::LoadSpec;
+use crate::schedule::Rate;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "weir-loadgen",
+    version,
+    about = "Load generator for weir and any Kafka-compatible broker"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Produce at a fixed rate (open loop) or as fast as possible (--rate max).
+    Produce(Load),
+    /// Consume from earliest or latest.
+    Consume(Load),
+    /// Produce and consume together; end-to-end latency from the stamp in each record.
+    E2e(Load),
+    /// Run e2e across --acks 0,1,all and --record-sizes; print one comparison table.
+    Sweep(Sweep),
+    /// Raise the offered rate until the p99 SLO or bounded lag fails; capacity table.
+    Plan(Plan),
+    /// Delivery-semantics check: lost, duplicated, reordered records per partition.
+    Verify(Verify),
+    /// Start a temporary single-node weir (or use --bootstrap), run a short sweep.
+    Quickstart(Quickstart),
+}
+
+/// Flags common to every load.
+#[derive(Args, Debug, Clone)]
+pub struct Load {
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub bootstrap: String,
+    #[arg(long, default_value = "weir-loadgen")]
+    pub topic: String,
+    /// Partitions to create the topic with, if it is missing.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: i32,
+    /// Record value size in bytes (at least 28: the stamp).
+    #[arg(long, default_value_t = 1024)]
+    pub record_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub producers: usize,
+    /// Consumer threads; partitions are assigned manually, round-robin (no group protocol).
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+    /// Records per second (open loop, all producers together), or `max` (closed loop).
+    #[arg(long, default_value = "max")]
+    pub rate: Rate,
+    /// Stop after this many records (all producers together).
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// Measured duration after the warm-up, e.g. 30s, 2m, 500ms.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Leading time whose records are excluded from all totals.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub warmup: Duration,
+    /// 0, 1 or all (sweep: a comma-separated list).
+    #[arg(long, default_value = "all")]
+    pub acks: String,
+    /// Kafka's batch.size, bytes.
+    #[arg(long, default_value_t = 16_384)]
+    pub batch_size: usize,
+    /// Kafka's linger.ms.
+    #[arg(long, default_value_t = 5)]
+    pub linger_ms: u64,
+    /// Requests in flight per broker connection.
+    #[arg(long, default_value_t = 5)]
+    pub max_in_flight: usize,
+    #[arg(long, default_value_t = 10)]
+    pub retries: u32,
+    #[arg(long, default_value_t = 100)]
+    pub retry_backoff_ms: u64,
+    #[arg(long, default_value_t = 120_000)]
+    pub delivery_timeout_ms: u64,
+    /// InitProducerId + per-partition sequences.
+    #[arg(long)]
+    pub idempotent: bool,
+    /// none, gzip, snappy, lz4 or zstd.
+    #[arg(long, default_value = "none", value_parser = parse_compression)]
+    pub compression: Compression,
+    /// Keyed partitioning over this many distinct keys (default: round-robin per batch).
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// Where consumers start: earliest or latest (consume defaults to earliest).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Write the summary as JSON (keys documented in the README).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a self-contained HTML report with plots.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// No per-second progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Sweep {
+    #[command(flatten)]
+    pub load: Load,
+    /// Record sizes to compare, bytes, comma-separated.
+    #[arg(long, default_value = "1024")]
+    pub record_sizes: String,
+    /// Measure produce only (no consumer, no e2e latency).
+    #[arg(long)]
+    pub produce_only: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Plan {
+    #[command(flatten)]
+    pub load: Load,
+    /// The publish p99 latency the rate must keep, ms.
+    #[arg(long, default_value_t = 5.0)]
+    pub slo_p99_ms: f64,
+    /// Consumer lag must stay under this many records (bounded lag).
+    #[arg(long, default_value_t = 100_000)]
+    pub max_lag_records: i64,
+    /// First offered rate, records/s.
+    #[arg(long, default_value_t = 1000.0)]
+    pub start_rate: f64,
+    /// Each step multiplies the rate by this.
+    #[arg(long, default_value_t = 1.5)]
+    pub step_factor: f64,
+    #[arg(long, default_value_t = 20)]
+    pub max_steps: u32,
+    /// Size the deployment for this many MB/s.
+    #[arg(long)]
+    pub target_mbps: Option<f64>,
+    /// Record sizes to plan for, comma-separated (one capacity row each).
+    #[arg(long, default_value = "1024")]
+    pub record_sizes: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Verify {
+    #[command(flatten)]
+    pub load: Load,
+    /// A shell command run every --fault-every during the produce phase.
+    #[arg(long)]
+    pub fault_cmd: Option<String>,
+    #[arg(long, value_parser = parse_duration)]
+    pub fault_every: Option<Duration>,
+    /// Exit with status 2 if any acknowledged record is lost or any record duplicated.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Quickstart {
+    /// Use this broker instead of starting a temporary weir.
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+    /// Measured seconds per configuration.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub duration: Duration,
+    #[arg(long, default_value = "weir-quickstart.html")]
+    pub report: PathBuf,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000.0)
+    } else {
+        (s, 1000.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(Duration::from_secs_f64(v * mult_ms / 1000.0)),
+        _ => Err(format!("not a duration: {s:?} (try 30s, 500ms, 2m)")),
+    }
+}
+
+/// `none|gzip|snappy|lz4|zstd`.
+pub fn parse_compression(s: &str) -> Result<Compression, String> {
+    Ok(match s {
+        "none" => Compression::None,
+        "gzip" => Compression::Gzip,
+        "snappy" => Compression::Snappy,
+        "lz4" => Compression::Lz4,
+        "zstd" => Compression::Zstd,
+        _ => return Err(format!("unknown compression {s:?}")),
+    })
+}
+
+/// `0`, `1`, `all` or `-1` → Kafka's acks value.
+pub fn parse_acks(s: &str) -> Result<i16> {
+    Ok(match s.trim() {
+        "0" => 0,
+        "1" => 1,
+        "all" | "-1" => -1,
+        other => bail!("acks must be 0, 1 or all, not {other:?}"),
+    })
+}
+
+/// A comma-separated list.
+pub fn parse_list<T>(s: &str, f: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| f(x.trim()))
+        .collect()
+}
+
+/// acks as people write it.
+pub fn acks_label(acks: i16) -> &'static str {
+    match acks {
+        0 => "0",
+        1 => "1",
+        _ => "all",
+    }
+}
+
+impl Load {
+    /// The run spec for these flags; `default_start` applies when --from is absent.
+    pub fn spec(&self, default_start: StartAt) -> Result<LoadSpec> {
+        let acks = parse_acks(&self.acks)?;
+        if self.record_size < crate::client::payload::HEADER_BYTES {
+            bail!(
+                "--record-size must be at least {}",
+                crate::client::payload::HEADER_BYTES
+            );
+        }
+        if self.max_in_flight == 0 || self.batch_size == 0 {
+            bail!("--max-in-flight and --batch-size must be positive");
+        }
+        let start = match self.from.as_deref() {
+            None => default_start,
+            Some("earliest") => StartAt::Earliest,
+            Some("latest") => StartAt::Latest,
+            Some(x) => bail!("--from must be earliest or latest, not {x:?}"),
+        };
+        let mut spec = LoadSpec::new(&self.bootstrap, &self.topic);
+        spec.partitions = self.partitions;
+        spec.producers = self.producers;
+        spec.consumers = self.consumers;
+        spec.rate = self.rate;
+        spec.records = self.records;
+        spec.duration = match (self.records, self.duration) {
+            (_, Some(d)) => Some(d),
+            (Some(_), None) => None,
+            (None, None) => Some(Duration::from_secs(10)),
+        };
+        spec.warmup = self.warmup;
+        spec.start = start;
+        spec.quiet = self.quiet;
+        let p = &mut spec.producer;
+        p.acks = acks;
+        p.batch_size_bytes = self.batch_size;
+        p.linger_ms = self.linger_ms;
+        p.max_in_flight = self.max_in_flight;
+        p.retries = self.retries;
+        p.retry_backoff_ms = self.retry_backoff_ms;
+        p.delivery_timeout_ms = self.delivery_timeout_ms;
+        p.idempotent = self.idempotent;
+        p.compression = self.compression;
+        p.record_size_bytes = self.record_size;
+        p.keys = self.keys;
+        if self.idempotent && (acks != -1 || self.max_in_flight > 5) {
+            bail!("--idempotent needs --acks all and --max-in-flight ≤ 5 (as in Kafka)");
+        }
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_lists_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_list("0,1,all", parse_acks).ok(), Some(vec![0, 1, -1]));
+        assert!(parse_acks("2").is_err());
+    }
+}

@@ -1,0 +1,155 @@
+//! One blocking TCP connection to a broker: framing, headers, version negotiation.
+//!
+//! Framing and headers come from `wire::frame`; request and response bodies are encoded
+//! and decoded with `kafka-protocol`'s message types (until `wire::messages` exists).
+//! Every read is bounded by `MAX_RESPONSE_BYTES` and a socket timeout.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
+use kafka_protocol::protocol::{Decodable, Request};
+use wire::frame;
+
+/// Largest response we accept (a fetch of many partitions can be large).
+pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
+/// How long a blocking read or write may take before the connection is declared dead.
+pub const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CLIENT_ID: &str = "weir-loadgen";
+
+/// The version range of each API the broker advertised.
+#[derive(Clone, Debug, Default)]
+pub struct Versions(HashMap<i16, (i16, i16)>);
+
+impl Versions {
+    /// The highest version both sides speak: ours is `lo..=hi`.
+    pub fn pick(&self, api_key: i16, lo: i16, hi: i16) -> Result<i16> {
+        let &(bmin, bmax) = self
+            .0
+            .get(&api_key)
+            .ok_or_else(|| anyhow!("broker does not support API key {api_key}"))?;
+        let v = hi.min(bmax);
+        if v < lo.max(bmin) {
+            bail!(
+                "no common version for API key {api_key}: broker {bmin}..={bmax}, ours {lo}..={hi}"
+            );
+        }
+        Ok(v)
+    }
+
+    /// Whether the broker supports the API at all.
+    pub fn has(&self, api_key: i16) -> bool {
+        self.0.contains_key(&api_key)
+    }
+}
+
+/// Encodes a whole request frame (size prefix, header, body).
+pub fn encode_request<R: Request>(req: &R, version: i16, correlation_id: i32) -> Result<Bytes> {
+    let mut out = BytesMut::with_capacity(req.compute_size(version).unwrap_or(0) + 64);
+    let start = frame::begin_frame(&mut out);
+    let header = frame::RequestHeader {
+        api_key: R::KEY,
+        api_version: version,
+        correlation_id,
+        client_id: Some(Bytes::from_static(CLIENT_ID.as_bytes())),
+    };
+    frame::encode_request_header(&header, &mut out).map_err(|e| anyhow!("{e}"))?;
+    req.encode(&mut out, version)?;
+    frame::finish_frame(&mut out, start).map_err(|e| anyhow!("{e}"))?;
+    Ok(out.freeze())
+}
+
+/// Decodes a response frame (without size prefix) for request type `R` at `version`,
+/// checking the correlation id.
+pub fn decode_response<R: Request>(
+    frame_bytes: Bytes,
+    version: i16,
+    correlation_id: i32,
+) -> Result<R::Response> {
+    let hv = frame::response_header_version(R::KEY, version).map_err(|e| anyhow!("{e}"))?;
+    let (corr, body_at) =
+        frame::parse_response_header(&frame_bytes, hv).map_err(|e| anyhow!("{e}"))?;
+    if corr != correlation_id {
+        bail!("correlation id {corr} in response, expected {correlation_id}");
+    }
+    let mut body = frame_bytes.slice(body_at..);
+    R::Response::decode(&mut body, version).context("decoding response body")
+}
+
+/// Reads one frame; returns its bytes without the size prefix.
+pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
+    let mut prefix = [0u8; frame::SIZE_PREFIX_BYTES];
+    stream
+        .read_exact(&mut prefix)
+        .context("reading frame size")?;
+    let size = match frame::check_frame(&prefix, MAX_RESPONSE_BYTES) {
+        Ok(frame::FrameStatus::Incomplete { need }) => need - frame::SIZE_PREFIX_BYTES,
+        Ok(frame::FrameStatus::Complete { size }) => size,
+        Err(e) => bail!("bad frame from broker: {e}"),
+    };
+    let mut buf = vec![0u8; size];
+    stream.read_exact(&mut buf).context("reading frame body")?;
+    Ok(Bytes::from(buf))
+}
+
+/// A connected broker with negotiated versions.
+pub struct Conn {
+    pub addr: SocketAddr,
+    pub stream: TcpStream,
+    pub versions: Versions,
+    next_correlation_id: i32,
+}
+
+impl Conn {
+    /// Connects to `addr` and asks for the broker's API versions.
+    pub fn connect(addr: &str) -> Result<Self> {
+        let sa = addr
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {addr}"))?
+            .next()
+            .ok_or_else(|| anyhow!("{addr} resolves to nothing"))?;
+        let stream = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT)
+            .with_context(|| format!("connecting to {sa}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+        stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;
+        let mut conn = Self {
+            addr: sa,
+            stream,
+            versions: Versions::default(),
+            next_correlation_id: 1,
+        };
+        // v0 is answered by every broker, and carries the whole table.
+        let resp: ApiVersionsResponse = conn.call(&ApiVersionsRequest::default(), 0)?;
+        if resp.error_code != 0 {
+            bail!("ApiVersions failed with error code {}", resp.error_code);
+        }
+        for k in resp.api_keys {
+            conn.versions
+                .0
+                .insert(k.api_key, (k.min_version, k.max_version));
+        }
+        Ok(conn)
+    }
+
+    /// A fresh correlation id.
+    pub fn next_id(&mut self) -> i32 {
+        let id = self.next_correlation_id;
+        self.next_correlation_id = self.next_correlation_id.wrapping_add(1).max(1);
+        id
+    }
+
+    /// Sends one request and waits for its response (no pipelining).
+    pub fn call<R: Request>(&mut self, req: &R, version: i16) -> Result<R::Response> {
+        let id = self.next_id();
+        let bytes = encode_request(req, version, id)?;
+        self.stream.write_all(&bytes).context("sending request")?;
+        let frame_bytes = read_frame(&mut self.stream)?;
+        decode_response::<R>(frame_bytes, version, id)
+    }
+}

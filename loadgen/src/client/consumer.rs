@@ -1,0 +1,361 @@
+//! The consumer: fetches its assigned partitions from their leaders, decodes records,
+//! and reports each one (end-to-end latency from the stamp in its value) and its position.
+//!
+//! Partitions are assigned manually (partition i to consumer i mod n): weir has no group
+//! coordinator yet. Fetches are full (no KIP-227 incremental sessions: session epoch -1).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::RecordBatchDecoder;
+use wire::api;
+use wire::batch::header::{read_header, split_batches};
+
+use super::conn::Conn;
+use super::error_name;
+use super::metadata::{self, Cluster, EARLIEST, LATEST};
+use super::payload::{self, Stamp};
+use super::producer::warn;
+use crate::stats::{Clock, Recorder};
+
+/// Kafka error code OFFSET_OUT_OF_RANGE.
+const OFFSET_OUT_OF_RANGE: i16 = 1;
+/// Pause after a failed fetch before reconnecting.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Where a consumer starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    Earliest,
+    Latest,
+}
+
+/// How a consumer fetches.
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    pub topic: String,
+    pub start: StartAt,
+    pub max_wait_ms: i32,
+    pub fetch_max_bytes: i32,
+    pub partition_max_bytes: i32,
+}
+
+/// Told about every record consumed (for `verify`).
+pub trait RecordSink: Send + Sync {
+    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>);
+}
+
+/// Ignores records.
+pub struct NoRecordSink;
+
+impl RecordSink for NoRecordSink {
+    fn consumed(&self, _: i32, _: i64, _: Option<Stamp>) {}
+}
+
+/// The next offset each partition's consumer will read: shared with the lag sampler.
+pub struct Positions(pub Vec<AtomicI64>);
+
+impl Positions {
+    pub fn new(partitions: usize) -> Arc<Self> {
+        Arc::new(Self((0..partitions).map(|_| AtomicI64::new(-1)).collect()))
+    }
+
+    pub fn get(&self, p: usize) -> Option<i64> {
+        self.0
+            .get(p)
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&o| o >= 0)
+    }
+
+    fn set(&self, p: usize, offset: i64) {
+        if let Some(a) = self.0.get(p) {
+            a.store(offset, Ordering::Relaxed);
+        }
+    }
+}
+
+/// When a consumer stops (whichever comes first; `stop` always works).
+#[derive(Clone, Copy, Debug)]
+pub struct Until {
+    pub records: Option<u64>,
+    pub deadline: Instant,
+    /// Stop after this long without a single record.
+    pub idle: Option<Duration>,
+}
+
+/// One consumer over a fixed set of partitions.
+pub struct Consumer {
+    cfg: ConsumerConfig,
+    cluster: Cluster,
+    partitions: Vec<i32>,
+    positions: Arc<Positions>,
+    clock: Clock,
+    recorder: Arc<Recorder>,
+    sink: Arc<dyn RecordSink>,
+    run_id: u64,
+    conns: BTreeMap<i32, Conn>,
+    consumed: u64,
+}
+
+impl Consumer {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: ConsumerConfig,
+        cluster: Cluster,
+        partitions: Vec<i32>,
+        positions: Arc<Positions>,
+        clock: Clock,
+        recorder: Arc<Recorder>,
+        sink: Arc<dyn RecordSink>,
+        run_id: u64,
+    ) -> Self {
+        Self {
+            cfg,
+            cluster,
+            partitions,
+            positions,
+            clock,
+            recorder,
+            sink,
+            run_id,
+            conns: BTreeMap::new(),
+            consumed: 0,
+        }
+    }
+
+    /// Sets every partition's start position (earliest or latest).
+    pub fn seek_start(&mut self) -> Result<()> {
+        let ts = match self.cfg.start {
+            StartAt::Earliest => EARLIEST,
+            StartAt::Latest => LATEST,
+        };
+        let topic = self.cfg.topic.clone();
+        for (broker, parts) in self.by_broker() {
+            let conn = self.conn(broker)?;
+            let offs = metadata::list_offsets(conn, &topic, &parts, ts)?;
+            for p in parts {
+                let o = offs
+                    .get(&p)
+                    .copied()
+                    .ok_or_else(|| anyhow::anyhow!("no start offset for partition {p}"))?;
+                self.positions.set(p as usize, o);
+            }
+        }
+        Ok(())
+    }
+
+    fn by_broker(&self) -> BTreeMap<i32, Vec<i32>> {
+        let mut m: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+        for &p in &self.partitions {
+            let leader = self.cluster.leaders.get(p as usize).copied().unwrap_or(-1);
+            m.entry(leader).or_default().push(p);
+        }
+        m
+    }
+
+    fn conn(&mut self, broker: i32) -> Result<&mut Conn> {
+        if !self.conns.contains_key(&broker) {
+            let addr = self
+                .cluster
+                .brokers
+                .get(&broker)
+                .ok_or_else(|| anyhow::anyhow!("unknown broker {broker}"))?;
+            let c = Conn::connect(addr)?;
+            self.conns.insert(broker, c);
+        }
+        self.conns
+            .get_mut(&broker)
+            .ok_or_else(|| anyhow::anyhow!("connection vanished"))
+    }
+
+    /// Fetches until `until` or `stop`; returns the number of records consumed.
+    pub fn run(mut self, until: Until, stop: &AtomicBool) -> u64 {
+        let mut last_record = Instant::now();
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until.deadline {
+            if until.records.is_some_and(|n| self.consumed >= n) {
+                break;
+            }
+            if until.idle.is_some_and(|d| last_record.elapsed() >= d) {
+                break;
+            }
+            let before = self.consumed;
+            for (broker, parts) in self.by_broker() {
+                if let Err(e) = self.fetch_once(broker, &parts) {
+                    warn(&format!("fetch from broker {broker}: {e:#}"));
+                    self.recorder.record_error("ClientFetchFailed", 1);
+                    self.conns.remove(&broker);
+                    std::thread::sleep(RECONNECT_BACKOFF);
+                }
+            }
+            if self.consumed > before {
+                last_record = Instant::now();
+            }
+        }
+        self.consumed
+    }
+
+    fn fetch_once(&mut self, broker: i32, parts: &[i32]) -> Result<()> {
+        let req = self.fetch_request(parts);
+        let conn = self.conn(broker)?;
+        let v = conn.versions.pick(api::FETCH, 4, 12)?;
+        let resp: FetchResponse = conn.call(&req, v)?;
+        if resp.error_code != 0 {
+            self.recorder.record_error(&error_name(resp.error_code), 1);
+        }
+        for t in resp.responses {
+            for pd in t.partitions {
+                self.handle_partition(pd.partition_index, pd.error_code, pd.records)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch_request(&self, parts: &[i32]) -> FetchRequest {
+        let mut t = FetchTopic::default();
+        t.topic = TopicName(StrBytes::from_string(self.cfg.topic.clone()));
+        t.partitions = parts
+            .iter()
+            .filter_map(|&p| {
+                let pos = self.positions.get(p as usize)?;
+                let mut fp = FetchPartition::default();
+                fp.partition = p;
+                fp.current_leader_epoch = -1;
+                fp.fetch_offset = pos;
+                fp.log_start_offset = -1;
+                fp.partition_max_bytes = self.cfg.partition_max_bytes;
+                Some(fp)
+            })
+            .collect();
+        let mut req = FetchRequest::default();
+        req.max_wait_ms = self.cfg.max_wait_ms;
+        req.min_bytes = 1;
+        req.max_bytes = self.cfg.fetch_max_bytes;
+        req.session_epoch = -1;
+        req.topics = vec![t];
+        req
+    }
+
+    fn handle_partition(&mut self, p: i32, code: i16, records: Option<Bytes>) -> Result<()> {
+        if code == OFFSET_OUT_OF_RANGE {
+            self.recorder.record_error(&error_name(code), 1);
+            return self.reset(p);
+        }
+        if code != 0 {
+            self.recorder.record_error(&error_name(code), 1);
+            return Ok(());
+        }
+        let Some(records) = records else {
+            return Ok(());
+        };
+        let Some(mut pos) = self.positions.get(p as usize) else {
+            return Ok(());
+        };
+        let now = self.clock.now_ns();
+        for range in split_batches(&records) {
+            let range = match range {
+                Ok(r) => r,
+                // A truncated last batch is normal (the fetch hit max bytes); anything else
+                // is corruption: count it and skip that batch if its length is readable.
+                Err(wire::WireError::UnexpectedEof { .. }) => break,
+                Err(e) => {
+                    self.recorder.record_error("ClientCorruptBatch", 1);
+                    warn(&format!("partition {p}: bad batch at offset {pos}: {e}"));
+                    break;
+                }
+            };
+            let batch = records.slice(range);
+            let Ok(h) = read_header(&batch) else { break };
+            let next = h.next_offset().get();
+            let control = h.attributes().is_control();
+            if next <= pos || control {
+                pos = pos.max(next);
+                continue;
+            }
+            self.decode_batch(p, batch, pos, now);
+            pos = next;
+        }
+        self.positions.set(p as usize, pos);
+        Ok(())
+    }
+
+    fn decode_batch(&mut self, p: i32, batch: Bytes, pos: i64, now: u64) {
+        let mut buf = batch;
+        let set = match RecordBatchDecoder::decode(&mut buf) {
+            Ok(s) => s,
+            Err(e) => {
+                self.recorder.record_error("ClientCorruptBatch", 1);
+                warn(&format!("partition {p}: undecodable batch: {e}"));
+                return;
+            }
+        };
+        for r in set.records {
+            if r.offset < pos {
+                continue;
+            }
+            let value = r.value.as_deref().unwrap_or(&[]);
+            let stamp = payload::decode(value).filter(|s| s.run_id == self.run_id);
+            let len = value.len() as u64;
+            self.recorder
+                .record_consumed(stamp.map(|s| s.intended_ns), now, len);
+            self.sink.consumed(p, r.offset, stamp);
+            self.consumed += 1;
+        }
+    }
+
+    fn reset(&mut self, p: i32) -> Result<()> {
+        let leader = self.cluster.leaders.get(p as usize).copied().unwrap_or(-1);
+        let topic = self.cfg.topic.clone();
+        let conn = self.conn(leader)?;
+        let offs = metadata::list_offsets(conn, &topic, &[p], EARLIEST)?;
+        if let Some(&o) = offs.get(&p) {
+            self.positions.set(p as usize, o);
+        }
+        Ok(())
+    }
+}
+
+/// Total lag (log end offset minus position) over all partitions with a position.
+pub fn sample_lag(
+    conns: &mut BTreeMap<i32, Conn>,
+    cluster: &Cluster,
+    topic: &str,
+    positions: &Positions,
+) -> Result<i64> {
+    let mut by_broker: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+    for (p, &leader) in cluster.leaders.iter().enumerate() {
+        by_broker.entry(leader).or_default().push(p as i32);
+    }
+    let mut lag = 0i64;
+    for (broker, parts) in by_broker {
+        if let std::collections::btree_map::Entry::Vacant(e) = conns.entry(broker) {
+            let addr = cluster
+                .brokers
+                .get(&broker)
+                .ok_or_else(|| anyhow::anyhow!("unknown broker {broker}"))?;
+            e.insert(Conn::connect(addr)?);
+        }
+        let Some(conn) = conns.get_mut(&broker) else {
+            continue;
+        };
+        let ends = match metadata::list_offsets(conn, topic, &parts, LATEST) {
+            Ok(e) => e,
+            Err(e) => {
+                conns.remove(&broker);
+                return Err(e);
+            }
+        };
+        for (p, end) in ends {
+            if let Some(pos) = positions.get(p as usize) {
+                lag += (end - pos).max(0);
+            }
+        }
+    }
+    Ok(lag)
+}

@@ -1,0 +1,817 @@
+//! The producer: per-partition batching, a window of in-flight requests per broker,
+//! retries, idempotence (producer id + per-partition sequences), compression.
+//!
+//! Threads: one producer thread generates records on the [`Pacer`]'s schedule, batches
+//! them and writes requests; one reader thread per broker connection decodes responses
+//! and records acks. They share a [`LinkState`] per connection (in-flight requests and
+//! batches returned for retry). Ownership of a batch moves producer → in flight → reader →
+//! (acked | returned to producer | failed); it is never in two places.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use wire::{ProducerEpoch, ProducerId, Sequence, api};
+
+use super::conn::{self, Conn};
+use super::metadata::{self, Cluster};
+use super::{DUPLICATE_SEQUENCE_NUMBER, error_name, is_retriable, partition_for_key, payload};
+use crate::schedule::{Next, Pacer};
+use crate::stats::{Clock, Recorder};
+
+/// Records generated per loop turn before the producer looks at its sockets again.
+const GENERATE_BURST: usize = 256;
+/// Longest the producer sleeps without re-checking anything.
+const WAIT_MAX_NS: u64 = 50_000_000;
+/// Waits shorter than this spin (yielding) instead of sleeping: sleeps overshoot ~60 µs.
+const SPIN_BELOW_NS: u64 = 100_000;
+/// Longest the producer waits for in-flight requests after the schedule ends.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+const NS_PER_MS: u64 = 1_000_000;
+
+/// How the producer behaves; the fields mirror Kafka's producer configs.
+#[derive(Clone, Debug)]
+pub struct ProducerConfig {
+    pub topic: String,
+    /// 0, 1 or -1 (all).
+    pub acks: i16,
+    pub batch_size_bytes: usize,
+    pub linger_ms: u64,
+    pub max_in_flight: usize,
+    pub retries: u32,
+    pub retry_backoff_ms: u64,
+    pub delivery_timeout_ms: u64,
+    pub request_timeout_ms: i32,
+    pub idempotent: bool,
+    pub compression: Compression,
+    pub record_size_bytes: usize,
+    /// Keyed partitioning over this many distinct keys; `None` = round-robin per batch.
+    pub keys: Option<u64>,
+    /// Upper bound on bytes buffered in not-yet-acked batches (Kafka's buffer.memory).
+    pub buffer_memory_bytes: usize,
+}
+
+/// Told about the fate of every record (for `verify`).
+pub trait AckSink: Send + Sync {
+    /// Records `ids` were acknowledged at offsets `base_offset..` (`None` for acks=0).
+    fn acked(&self, partition: i32, base_offset: Option<i64>, ids: &[u64]);
+    /// Records `ids` were given up on.
+    fn failed(&self, partition: i32, ids: &[u64]);
+}
+
+/// A sink that ignores everything.
+pub struct NoSink;
+
+impl AckSink for NoSink {
+    fn acked(&self, _: i32, _: Option<i64>, _: &[u64]) {}
+    fn failed(&self, _: i32, _: &[u64]) {}
+}
+
+/// What a producer did, for its caller.
+#[derive(Clone, Debug, Default)]
+pub struct ProducerStats {
+    pub generated: u64,
+    pub acked: u64,
+    pub failed: u64,
+    pub reconnects: u64,
+}
+
+struct PendingRecord {
+    id: u64,
+    intended_ns: u64,
+    key: Option<Bytes>,
+    value: Bytes,
+}
+
+/// A batch for one partition; encoded (and given its sequence) on first send, so every
+/// retry sends exactly the same bytes.
+struct Batch {
+    partition: i32,
+    records: Vec<PendingRecord>,
+    bytes: usize,
+    created_ns: u64,
+    encoded: Option<Bytes>,
+    base_sequence: Sequence,
+    attempts: u32,
+    retry_at_ns: u64,
+}
+
+impl Batch {
+    fn ids(&self) -> Vec<u64> {
+        self.records.iter().map(|r| r.id).collect()
+    }
+}
+
+struct InFlight {
+    correlation_id: i32,
+    batches: Vec<Batch>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    in_flight: VecDeque<InFlight>,
+    returned: Vec<Batch>,
+    broken: bool,
+    acked: u64,
+    failed: u64,
+    /// Bytes of batches that left the producer for good (acked or failed).
+    released_bytes: usize,
+}
+
+/// Wakes the producer thread when a response arrives.
+#[derive(Default)]
+struct Wake {
+    seq: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Wake {
+    fn notify(&self) {
+        let mut g = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        *g += 1;
+        self.cv.notify_all();
+    }
+
+    fn current(&self) -> u64 {
+        *self.seq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait(&self, seen: u64, timeout: Duration) {
+        let g = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .cv
+            .wait_timeout_while(g, timeout, |s| *s == seen)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Everything a reader thread needs besides its socket.
+#[derive(Clone)]
+struct ReaderCtx {
+    cfg: Arc<ProducerConfig>,
+    clock: Clock,
+    recorder: Arc<Recorder>,
+    sink: Arc<dyn AckSink>,
+    wake: Arc<Wake>,
+    version: i16,
+}
+
+struct Link {
+    addr: String,
+    writer: Option<TcpStream>,
+    state: Arc<Mutex<LinkState>>,
+    reader: Option<JoinHandle<()>>,
+    version: i16,
+    next_correlation_id: i32,
+    reconnect_at_ns: u64,
+}
+
+fn lock(s: &Mutex<LinkState>) -> std::sync::MutexGuard<'_, LinkState> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One producer: call [`Producer::run`] on its own thread.
+pub struct Producer {
+    cfg: Arc<ProducerConfig>,
+    cluster: Cluster,
+    clock: Clock,
+    recorder: Arc<Recorder>,
+    sink: Arc<dyn AckSink>,
+    wake: Arc<Wake>,
+    run_id: u64,
+    producer_index: u64,
+    producer_id: ProducerId,
+    producer_epoch: ProducerEpoch,
+    /// Batches not yet sent (or returned for retry), per partition, oldest first.
+    queues: Vec<VecDeque<Batch>>,
+    next_sequence: Vec<Sequence>,
+    links: BTreeMap<i32, Link>,
+    buffered_bytes: usize,
+    sticky_partition: usize,
+    filler: Vec<u8>,
+    stats: ProducerStats,
+}
+
+impl Producer {
+    /// Sets up a producer for `cluster`'s topic (connects lazily; asks for a producer id now
+    /// if idempotent).
+    pub fn new(
+        cfg: ProducerConfig,
+        cluster: Cluster,
+        clock: Clock,
+        recorder: Arc<Recorder>,
+        sink: Arc<dyn AckSink>,
+        run_id: u64,
+        producer_index: u64,
+    ) -> Result<Self> {
+        let n = cluster.partitions();
+        anyhow::ensure!(n > 0, "topic has no partitions");
+        let (producer_id, producer_epoch) = if cfg.idempotent {
+            let addr = cluster.leader_addr(0)?.to_string();
+            let mut c = Conn::connect(&addr)?;
+            metadata::init_producer_id(&mut c)?
+        } else {
+            (ProducerId::NONE, ProducerEpoch(-1))
+        };
+        Ok(Self {
+            cfg: Arc::new(cfg),
+            sticky_partition: (producer_index as usize) % n,
+            queues: (0..n).map(|_| VecDeque::new()).collect(),
+            next_sequence: vec![Sequence(0); n],
+            cluster,
+            clock,
+            recorder,
+            sink,
+            wake: Arc::new(Wake::default()),
+            run_id,
+            producer_index,
+            producer_id,
+            producer_epoch,
+            links: BTreeMap::new(),
+            buffered_bytes: 0,
+            filler: (0..65_536u32).map(|i| b'a' + (i % 26) as u8).collect(),
+            stats: ProducerStats::default(),
+        })
+    }
+
+    /// Runs the schedule to its end (or until `stop`), then waits for outstanding acks.
+    pub fn run(mut self, mut pacer: Pacer, stop: &AtomicBool) -> Result<ProducerStats> {
+        let mut generating = true;
+        let mut drain_deadline_ns = u64::MAX;
+        loop {
+            let now = self.clock.now_ns();
+            let seen = self.wake.current();
+            self.service_links(now);
+            let mut wait_until = now + WAIT_MAX_NS;
+            if generating {
+                match self.generate(&mut pacer, now, stop) {
+                    Some(t) => wait_until = wait_until.min(t),
+                    None => {
+                        generating = false;
+                        drain_deadline_ns = now + DRAIN_TIMEOUT.as_nanos() as u64;
+                    }
+                }
+            }
+            let now = self.clock.now_ns();
+            if let Some(t) = self.send_ready(now, !generating) {
+                wait_until = wait_until.min(t);
+            }
+            if !generating && self.idle() {
+                break;
+            }
+            if now >= drain_deadline_ns {
+                self.abandon_outstanding();
+                break;
+            }
+            self.wait(seen, wait_until);
+        }
+        self.shutdown();
+        Ok(self.stats)
+    }
+
+    fn wait(&self, seen: u64, until_ns: u64) {
+        let now = self.clock.now_ns();
+        if until_ns <= now {
+            return;
+        }
+        let d = until_ns - now;
+        if d < SPIN_BELOW_NS {
+            std::thread::yield_now();
+        } else {
+            self.wake
+                .wait(seen, Duration::from_nanos(d - SPIN_BELOW_NS / 2));
+        }
+    }
+
+    /// Generates the records due now. Returns when the next one is due, or `None` when the
+    /// schedule is over.
+    fn generate(&mut self, pacer: &mut Pacer, now: u64, stop: &AtomicBool) -> Option<u64> {
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        for _ in 0..GENERATE_BURST {
+            if self.buffered_bytes >= self.cfg.buffer_memory_bytes {
+                // Back-pressure: the schedule keeps running; the delay shows in latency.
+                return Some(now + WAIT_MAX_NS);
+            }
+            match pacer.next(now) {
+                Next::Done => return None,
+                Next::WaitUntil(t) => return Some(t),
+                Next::Due { intended_ns } => self.append(pacer.issued() - 1, intended_ns, now),
+            }
+        }
+        Some(now)
+    }
+
+    fn append(&mut self, seq_no: u64, intended_ns: u64, now: u64) {
+        let id = (self.producer_index << payload::PRODUCER_SHIFT) | seq_no;
+        let stamp = payload::Stamp {
+            run_id: self.run_id,
+            record_id: id,
+            intended_ns,
+        };
+        let value = payload::encode(stamp, self.cfg.record_size_bytes, &self.filler);
+        let n = self.queues.len();
+        let (key, p) = match self.cfg.keys {
+            Some(k) => {
+                let key = Bytes::from((seq_no % k.max(1)).to_string());
+                let p = partition_for_key(&key, n);
+                (Some(key), p)
+            }
+            None => (None, self.sticky_partition),
+        };
+        let size = value.len() + key.as_ref().map_or(0, Bytes::len);
+        let rec = PendingRecord {
+            id,
+            intended_ns,
+            key,
+            value,
+        };
+        self.stats.generated += 1;
+        self.buffered_bytes += size;
+        let q = &mut self.queues[p];
+        let open = q
+            .back_mut()
+            .filter(|b| b.encoded.is_none() && b.bytes + size <= self.cfg.batch_size_bytes);
+        match open {
+            Some(b) => {
+                b.bytes += size;
+                b.records.push(rec);
+            }
+            None => {
+                q.push_back(Batch {
+                    partition: p as i32,
+                    records: vec![rec],
+                    bytes: size,
+                    created_ns: now,
+                    encoded: None,
+                    base_sequence: Sequence::NONE,
+                    attempts: 0,
+                    retry_at_ns: 0,
+                });
+            }
+        }
+        let full = q
+            .back()
+            .is_some_and(|b| b.bytes + size > self.cfg.batch_size_bytes);
+        if self.cfg.keys.is_none() && full {
+            // Round-robin per batch (Kafka's sticky partitioner): move on when one fills.
+            self.sticky_partition = (self.sticky_partition + 1) % n;
+        }
+    }
+
+    /// Whether the front batch of `q` may go now; else when it may (ns), if ever.
+    fn sendable(&self, b: &Batch, is_last: bool, now: u64, flush: bool) -> Result<(), u64> {
+        if b.retry_at_ns > now {
+            return Err(b.retry_at_ns);
+        }
+        let full = b.bytes >= self.cfg.batch_size_bytes
+            || b.bytes + self.cfg.record_size_bytes > self.cfg.batch_size_bytes;
+        let linger_end = b.created_ns + self.cfg.linger_ms * NS_PER_MS;
+        if b.encoded.is_some() || !is_last || full || flush || linger_end <= now {
+            Ok(())
+        } else {
+            Err(linger_end)
+        }
+    }
+
+    /// Sends one request per broker whose window has room, holding the front batch of each
+    /// of its partitions that is ready. Returns the earliest time something becomes ready.
+    fn send_ready(&mut self, now: u64, flush: bool) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        let mut per_broker: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+        for p in 0..self.queues.len() {
+            let q = &self.queues[p];
+            let Some(b) = q.front() else { continue };
+            match self.sendable(b, q.len() == 1, now, flush) {
+                Ok(()) => {
+                    let leader = self.cluster.leaders[p];
+                    per_broker.entry(leader).or_default().push(p);
+                }
+                Err(t) => next = Some(next.map_or(t, |n| n.min(t))),
+            }
+        }
+        for (broker, partitions) in per_broker {
+            if let Err(e) = self.send_to(broker, &partitions, now) {
+                self.recorder.record_error("ClientConnectionLost", 1);
+                if let Some(l) = self.links.get_mut(&broker) {
+                    lock(&l.state).broken = true;
+                }
+                warn(&format!("send to broker {broker}: {e:#}"));
+            }
+        }
+        next
+    }
+
+    fn send_to(&mut self, broker: i32, partitions: &[usize], now: u64) -> Result<()> {
+        self.ensure_link(broker, now)?;
+        let Some(link) = self.links.get(&broker) else {
+            return Ok(());
+        };
+        {
+            let st = lock(&link.state);
+            if st.broken || st.in_flight.len() >= self.cfg.max_in_flight {
+                return Ok(());
+            }
+        }
+        let mut batches = Vec::with_capacity(partitions.len());
+        for &p in partitions {
+            let Some(mut b) = self.queues[p].pop_front() else {
+                continue;
+            };
+            if self.expired(&b, now) {
+                continue;
+            }
+            self.encode(&mut b)?;
+            b.attempts += 1;
+            batches.push(b);
+        }
+        if batches.is_empty() {
+            return Ok(());
+        }
+        self.write_request(broker, batches)
+    }
+
+    /// Gives up on a batch past its delivery timeout.
+    fn expired(&mut self, b: &Batch, now: u64) -> bool {
+        let age_ms = now.saturating_sub(b.created_ns) / NS_PER_MS;
+        if age_ms < self.cfg.delivery_timeout_ms {
+            return false;
+        }
+        self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
+        self.recorder
+            .record_error("ClientDeliveryTimeout", b.records.len() as u64);
+        self.sink.failed(b.partition, &b.ids());
+        self.stats.failed += b.records.len() as u64;
+        true
+    }
+
+    fn encode(&mut self, b: &mut Batch) -> Result<()> {
+        if b.encoded.is_some() {
+            return Ok(());
+        }
+        let p = b.partition as usize;
+        if self.cfg.idempotent {
+            b.base_sequence = self.next_sequence[p];
+            self.next_sequence[p] = b.base_sequence.add_wrapping(b.records.len() as i32);
+        }
+        b.encoded = Some(encode_batch(
+            b,
+            self.producer_id,
+            self.producer_epoch,
+            self.cfg.compression,
+        )?);
+        Ok(())
+    }
+
+    fn write_request(&mut self, broker: i32, batches: Vec<Batch>) -> Result<()> {
+        let Some(link) = self.links.get_mut(&broker) else {
+            return Ok(());
+        };
+        let req = produce_request(&self.cfg, &batches);
+        let id = link.next_correlation_id;
+        link.next_correlation_id = link.next_correlation_id.wrapping_add(1).max(1);
+        let bytes = conn::encode_request(&req, link.version, id)?;
+        let acks0 = self.cfg.acks == 0;
+        if !acks0 {
+            // In flight before the write, so the reader always finds it.
+            lock(&link.state).in_flight.push_back(InFlight {
+                correlation_id: id,
+                batches,
+            });
+            let Some(w) = link.writer.as_mut() else {
+                anyhow::bail!("no connection");
+            };
+            return w.write_all(&bytes).context("writing produce request");
+        }
+        let Some(w) = link.writer.as_mut() else {
+            anyhow::bail!("no connection");
+        };
+        w.write_all(&bytes).context("writing produce request")?;
+        // acks=0: "acknowledged" when the bytes are handed to the kernel.
+        let now = self.clock.now_ns();
+        for b in &batches {
+            let intended: Vec<u64> = b.records.iter().map(|r| r.intended_ns).collect();
+            let rb = self.cfg.record_size_bytes as u64;
+            self.recorder.record_acks(&intended, now, rb);
+            self.sink.acked(b.partition, None, &b.ids());
+            self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
+            self.stats.acked += b.records.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Connects to `broker` if there is no live link (at most once per retry backoff).
+    fn ensure_link(&mut self, broker: i32, now: u64) -> Result<()> {
+        if self.links.get(&broker).is_some_and(|l| l.writer.is_some()) {
+            return Ok(());
+        }
+        if self
+            .links
+            .get(&broker)
+            .is_some_and(|l| l.reconnect_at_ns > now)
+        {
+            return Ok(());
+        }
+        let addr = match self.cluster.brokers.get(&broker) {
+            Some(a) => a.clone(),
+            None => anyhow::bail!("unknown broker {broker}"),
+        };
+        let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
+        match self.connect(&addr) {
+            Ok(link) => {
+                if self.links.insert(broker, link).is_some() {
+                    self.stats.reconnects += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let placeholder = self.links.entry(broker).or_insert_with(|| Link {
+                    addr,
+                    writer: None,
+                    state: Arc::default(),
+                    reader: None,
+                    version: 0,
+                    next_correlation_id: 1,
+                    reconnect_at_ns: 0,
+                });
+                placeholder.reconnect_at_ns = now + backoff;
+                Err(e)
+            }
+        }
+    }
+
+    fn connect(&self, addr: &str) -> Result<Link> {
+        let c = Conn::connect(addr)?;
+        let version = c.versions.pick(api::PRODUCE, 3, 9)?;
+        let reader_stream = c.stream.try_clone()?;
+        // Responses can be slow under load; the delivery timeout bounds the wait instead.
+        reader_stream.set_read_timeout(None)?;
+        let state: Arc<Mutex<LinkState>> = Arc::default();
+        let ctx = ReaderCtx {
+            cfg: self.cfg.clone(),
+            clock: self.clock,
+            recorder: self.recorder.clone(),
+            sink: self.sink.clone(),
+            wake: self.wake.clone(),
+            version,
+        };
+        let st = state.clone();
+        let reader = std::thread::Builder::new()
+            .name("produce-reader".into())
+            .spawn(move || read_loop(reader_stream, st, ctx))?;
+        Ok(Link {
+            addr: addr.to_string(),
+            writer: Some(c.stream),
+            state,
+            reader: Some(reader),
+            version,
+            next_correlation_id: 1,
+            reconnect_at_ns: 0,
+        })
+    }
+
+    /// Collects batches the readers returned for retry and tears down broken links,
+    /// returning their in-flight batches for retry too.
+    fn service_links(&mut self, now: u64) {
+        let mut returned = Vec::new();
+        for link in self.links.values_mut() {
+            let mut st = lock(&link.state);
+            self.stats.acked += std::mem::take(&mut st.acked);
+            self.stats.failed += std::mem::take(&mut st.failed);
+            let released = std::mem::take(&mut st.released_bytes);
+            self.buffered_bytes = self.buffered_bytes.saturating_sub(released);
+            returned.append(&mut st.returned);
+            if st.broken && link.writer.is_some() {
+                for f in st.in_flight.drain(..) {
+                    returned.extend(f.batches);
+                }
+                drop(st);
+                self.recorder.record_error("ClientConnectionLost", 1);
+                if let Some(w) = link.writer.take() {
+                    let _ = w.shutdown(Shutdown::Both);
+                }
+                if let Some(h) = link.reader.take() {
+                    let _ = h.join();
+                }
+                link.reconnect_at_ns = now;
+                warn(&format!("connection to {} lost; will retry", link.addr));
+            }
+        }
+        let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
+        for mut b in returned {
+            if b.attempts > self.cfg.retries {
+                self.recorder
+                    .record_error("ClientRetriesExhausted", b.records.len() as u64);
+                self.sink.failed(b.partition, &b.ids());
+                self.stats.failed += b.records.len() as u64;
+                self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
+                continue;
+            }
+            b.retry_at_ns = now + backoff;
+            self.requeue(b);
+        }
+    }
+
+    /// Puts a returned batch back in sequence order among the already-encoded batches at
+    /// the front of its partition's queue, so retries never overtake each other.
+    fn requeue(&mut self, b: Batch) {
+        let q = &mut self.queues[b.partition as usize];
+        let seq_of = |x: &Batch| x.base_sequence.get();
+        let pos = q
+            .iter()
+            .position(|x| x.encoded.is_none() || seq_of(x) > seq_of(&b))
+            .unwrap_or(q.len());
+        q.insert(pos, b);
+    }
+
+    fn idle(&self) -> bool {
+        self.queues.iter().all(VecDeque::is_empty)
+            && self.links.values().all(|l| {
+                let st = lock(&l.state);
+                st.in_flight.is_empty() && st.returned.is_empty()
+            })
+    }
+
+    fn abandon_outstanding(&mut self) {
+        let mut lost: Vec<Batch> = self.queues.iter_mut().flat_map(|q| q.drain(..)).collect();
+        for l in self.links.values() {
+            let mut st = lock(&l.state);
+            for f in st.in_flight.drain(..) {
+                lost.extend(f.batches);
+            }
+            lost.append(&mut st.returned);
+        }
+        for b in lost {
+            self.recorder
+                .record_error("ClientDeliveryTimeout", b.records.len() as u64);
+            self.sink.failed(b.partition, &b.ids());
+            self.stats.failed += b.records.len() as u64;
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for l in self.links.values_mut() {
+            if let Some(w) = l.writer.take() {
+                let _ = w.shutdown(Shutdown::Both);
+            }
+            if let Some(h) = l.reader.take() {
+                let _ = h.join();
+            }
+            let mut st = lock(&l.state);
+            self.stats.acked += std::mem::take(&mut st.acked);
+            self.stats.failed += std::mem::take(&mut st.failed);
+        }
+    }
+}
+
+/// Logs to stderr (the load generator's stdout is its report).
+pub fn warn(msg: &str) {
+    eprintln!("weir-loadgen: {msg}");
+}
+
+fn encode_batch(
+    b: &Batch,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    compression: Compression,
+) -> Result<Bytes> {
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let records: Vec<Record> = b
+        .records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: pid.get(),
+            producer_epoch: epoch.get(),
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: if pid.is_some() {
+                b.base_sequence.add_wrapping(i as i32).get()
+            } else {
+                -1
+            },
+            timestamp: ts,
+            key: r.key.clone(),
+            value: Some(r.value.clone()),
+            headers: IndexMap::new(),
+        })
+        .collect();
+    let mut buf = BytesMut::with_capacity(b.bytes + 128);
+    let opts = RecordEncodeOptions {
+        version: 2,
+        compression,
+    };
+    RecordBatchEncoder::encode(&mut buf, &records, &opts).context("encoding record batch")?;
+    Ok(buf.freeze())
+}
+
+fn produce_request(cfg: &ProducerConfig, batches: &[Batch]) -> ProduceRequest {
+    let mut t = TopicProduceData::default();
+    t.name = TopicName(StrBytes::from_string(cfg.topic.clone()));
+    t.partition_data = batches
+        .iter()
+        .map(|b| {
+            let mut pd = PartitionProduceData::default();
+            pd.index = b.partition;
+            pd.records = b.encoded.clone();
+            pd
+        })
+        .collect();
+    let mut req = ProduceRequest::default();
+    req.acks = cfg.acks;
+    req.timeout_ms = cfg.request_timeout_ms;
+    req.topic_data = vec![t];
+    req
+}
+
+/// The reader thread of one connection: matches responses to in-flight requests in order.
+fn read_loop(mut stream: TcpStream, state: Arc<Mutex<LinkState>>, ctx: ReaderCtx) {
+    loop {
+        let frame = match conn::read_frame(&mut stream) {
+            Ok(f) => f,
+            Err(_) => break,
+        };
+        let now = ctx.clock.now_ns();
+        let Some(inflight) = lock(&state).in_flight.pop_front() else {
+            break; // a response nobody asked for: the stream is out of step
+        };
+        let resp =
+            conn::decode_response::<ProduceRequest>(frame, ctx.version, inflight.correlation_id);
+        match resp {
+            Ok(r) => handle_response(&ctx, &state, inflight.batches, &r, now),
+            Err(_) => {
+                lock(&state).in_flight.push_front(inflight);
+                break;
+            }
+        }
+        ctx.wake.notify();
+    }
+    lock(&state).broken = true;
+    ctx.wake.notify();
+}
+
+fn handle_response(
+    ctx: &ReaderCtx,
+    state: &Mutex<LinkState>,
+    batches: Vec<Batch>,
+    resp: &ProduceResponse,
+    now: u64,
+) {
+    let mut codes: BTreeMap<i32, (i16, i64)> = BTreeMap::new();
+    for t in &resp.responses {
+        for p in &t.partition_responses {
+            codes.insert(p.index, (p.error_code, p.base_offset));
+        }
+    }
+    let rb = ctx.cfg.record_size_bytes as u64;
+    let mut acked = 0u64;
+    let mut failed = 0u64;
+    let mut released = 0usize;
+    let mut returned = Vec::new();
+    for b in batches {
+        // A partition missing from the response is treated as a retriable network error.
+        let (code, base) = codes.get(&b.partition).copied().unwrap_or((13, -1));
+        if code == 0 || (code == DUPLICATE_SEQUENCE_NUMBER && ctx.cfg.idempotent) {
+            let intended: Vec<u64> = b.records.iter().map(|r| r.intended_ns).collect();
+            ctx.recorder.record_acks(&intended, now, rb);
+            let base = (code == 0).then_some(base);
+            ctx.sink.acked(b.partition, base, &b.ids());
+            acked += b.records.len() as u64;
+            released += b.bytes;
+            continue;
+        }
+        ctx.recorder.record_error(&error_name(code), 1);
+        if is_retriable(code, ctx.cfg.idempotent) {
+            returned.push(b);
+        } else {
+            ctx.sink.failed(b.partition, &b.ids());
+            failed += b.records.len() as u64;
+            released += b.bytes;
+        }
+    }
+    let mut st = lock(state);
+    st.acked += acked;
+    st.failed += failed;
+    st.released_bytes += released;
+    st.returned.append(&mut returned);
+}

@@ -1,0 +1,385 @@
+//! One measured run: producers and/or consumers on their own threads, a progress thread
+//! printing a line per second and sampling consumer lag, and the summary at the end.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use hdrhistogram::Histogram;
+use kafka_protocol::records::Compression;
+
+use crate::client::conn::Conn;
+use crate::client::consumer::{
+    Consumer, ConsumerConfig, Positions, RecordSink, StartAt, Until, sample_lag,
+};
+use crate::client::metadata::{self, Cluster};
+use crate::client::payload::Stamp;
+use crate::client::producer::{AckSink, Producer, ProducerConfig, ProducerStats, warn};
+use crate::schedule::{Pacer, Rate};
+use crate::stats::{Clock, Recorder, Summary, progress_line};
+
+/// How long consumers may take to catch up after the producers finish.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// A consume-only run with no record count and no duration stops after this long idle.
+const CONSUME_IDLE: Duration = Duration::from_secs(5);
+/// Upper bound on any run, whatever the flags say.
+const RUN_MAX: Duration = Duration::from_secs(24 * 3600);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Everything a run needs to know (the CLI fills it in).
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    pub bootstrap: String,
+    pub topic: String,
+    pub partitions: i32,
+    pub producers: usize,
+    pub consumers: usize,
+    pub rate: Rate,
+    pub records: Option<u64>,
+    pub duration: Option<Duration>,
+    pub warmup: Duration,
+    pub producer: ProducerConfig,
+    pub start: StartAt,
+    pub fetch_max_wait_ms: i32,
+    pub quiet: bool,
+    /// Stamped into every record, so consumers ignore records of other runs.
+    pub run_id: u64,
+}
+
+impl LoadSpec {
+    /// A spec with Kafka-like defaults for `topic` at `bootstrap`.
+    pub fn new(bootstrap: &str, topic: &str) -> Self {
+        Self {
+            bootstrap: bootstrap.to_string(),
+            topic: topic.to_string(),
+            partitions: 1,
+            producers: 1,
+            consumers: 1,
+            rate: Rate::Max,
+            records: None,
+            duration: Some(Duration::from_secs(10)),
+            warmup: Duration::ZERO,
+            producer: ProducerConfig {
+                topic: topic.to_string(),
+                acks: -1,
+                batch_size_bytes: 16_384,
+                linger_ms: 5,
+                max_in_flight: 5,
+                retries: 10,
+                retry_backoff_ms: 100,
+                delivery_timeout_ms: 120_000,
+                request_timeout_ms: 30_000,
+                idempotent: false,
+                compression: Compression::None,
+                record_size_bytes: 1024,
+                keys: None,
+                buffer_memory_bytes: 32 << 20,
+            },
+            start: StartAt::Latest,
+            fetch_max_wait_ms: 100,
+            quiet: false,
+            run_id: run_id(),
+        }
+    }
+}
+
+/// What a run produced.
+pub struct RunResult {
+    pub summary: Summary,
+    pub publish_us: Histogram<u64>,
+    pub e2e_us: Histogram<u64>,
+    pub producer: ProducerStats,
+    pub consumed: u64,
+}
+
+/// Counts our records as consumers see them, and passes them on.
+struct Counting {
+    inner: Arc<dyn RecordSink>,
+    ours: AtomicU64,
+    all: AtomicU64,
+    last_ns: AtomicU64,
+    clock: Clock,
+}
+
+impl RecordSink for Counting {
+    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>) {
+        self.all.fetch_add(1, Ordering::Relaxed);
+        if stamp.is_some() {
+            self.ours.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_ns.store(self.clock.now_ns(), Ordering::Relaxed);
+        self.inner.consumed(partition, offset, stamp);
+    }
+}
+
+/// A random-enough id for this process's records (no extra dependency needed).
+pub fn run_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15
+}
+
+/// Connects to the bootstrap broker and makes sure the topic exists.
+pub fn prepare_topic(spec: &LoadSpec) -> Result<Cluster> {
+    let mut c =
+        Conn::connect(&spec.bootstrap).with_context(|| format!("bootstrap {}", spec.bootstrap))?;
+    metadata::ensure_topic(&mut c, &spec.topic, spec.partitions)
+}
+
+/// Runs producers (if `produce`) and consumers (if `consume`) per `spec`.
+pub fn run(
+    spec: &LoadSpec,
+    produce: bool,
+    consume: bool,
+    ack_sink: Arc<dyn AckSink>,
+    record_sink: Arc<dyn RecordSink>,
+) -> Result<RunResult> {
+    let cluster = prepare_topic(spec)?;
+    let clock = Clock::start();
+    let start_ns = clock.now_ns();
+    let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
+    let recorder = Arc::new(Recorder::new(warmup_end_ns));
+    let stop_consumers = Arc::new(AtomicBool::new(false));
+    let stop_all = Arc::new(AtomicBool::new(false));
+    let positions = Positions::new(cluster.partitions());
+    let rid = spec.run_id;
+    let counting = Arc::new(Counting {
+        inner: record_sink,
+        ours: AtomicU64::new(0),
+        all: AtomicU64::new(0),
+        last_ns: AtomicU64::new(0),
+        clock,
+    });
+    let consumers = if consume {
+        start_consumers(
+            spec,
+            &cluster,
+            &positions,
+            clock,
+            &recorder,
+            &counting,
+            rid,
+            &stop_consumers,
+            produce,
+        )?
+    } else {
+        Vec::new()
+    };
+    let progress = start_progress(
+        spec, &cluster, &positions, clock, &recorder, &stop_all, consume,
+    );
+    let mut pstats = ProducerStats::default();
+    let mut produce_end_ns = clock.now_ns();
+    if produce {
+        let handles = start_producers(spec, &cluster, clock, start_ns, &recorder, &ack_sink, rid)?;
+        for h in handles {
+            let s = h
+                .join()
+                .map_err(|_| anyhow!("producer thread panicked"))??;
+            pstats.generated += s.generated;
+            pstats.acked += s.acked;
+            pstats.failed += s.failed;
+            pstats.reconnects += s.reconnects;
+        }
+        produce_end_ns = clock.now_ns();
+        if consume {
+            wait_caught_up(&counting, pstats.acked);
+            stop_consumers.store(true, Ordering::Relaxed);
+        }
+    }
+    let mut consumed = 0;
+    for h in consumers {
+        consumed += h.join().map_err(|_| anyhow!("consumer thread panicked"))?;
+    }
+    let end_ns = if produce {
+        produce_end_ns
+    } else {
+        counting
+            .last_ns
+            .load(Ordering::Relaxed)
+            .max(warmup_end_ns + 1)
+    };
+    stop_all.store(true, Ordering::Relaxed);
+    if let Some(p) = progress {
+        let _ = p.join();
+    }
+    let summary = recorder.summary(end_ns);
+    Ok(RunResult {
+        summary,
+        publish_us: recorder.publish_histogram(),
+        e2e_us: recorder.e2e_histogram(),
+        producer: pstats,
+        consumed,
+    })
+}
+
+fn wait_caught_up(counting: &Counting, acked: u64) {
+    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+    while Instant::now() < deadline && counting.ours.load(Ordering::Relaxed) < acked {
+        std::thread::sleep(POLL);
+    }
+}
+
+fn start_producers(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    clock: Clock,
+    start_ns: u64,
+    recorder: &Arc<Recorder>,
+    sink: &Arc<dyn AckSink>,
+    rid: u64,
+) -> Result<Vec<JoinHandle<Result<ProducerStats>>>> {
+    let n = spec.producers.max(1) as u64;
+    let end_ns = spec
+        .duration
+        .map(|d| start_ns + (spec.warmup + d).as_nanos() as u64);
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let rate = match spec.rate {
+            Rate::Max => Rate::Max,
+            Rate::PerSec(r) => Rate::PerSec(r / n as f64),
+        };
+        let records = spec.records.map(|r| r / n + u64::from(i < r % n));
+        // Producers start staggered by a fraction of one interval so they don't burst together.
+        let offset_ns = match spec.rate {
+            Rate::PerSec(r) => (i as f64 * 1e9 / r) as u64,
+            Rate::Max => 0,
+        };
+        let pacer = Pacer::new(start_ns + offset_ns, rate, records, end_ns);
+        let p = Producer::new(
+            spec.producer.clone(),
+            cluster.clone(),
+            clock,
+            recorder.clone(),
+            sink.clone(),
+            rid,
+            i,
+        )?;
+        let h = std::thread::Builder::new()
+            .name(format!("producer-{i}"))
+            .spawn(move || p.run(pacer, &AtomicBool::new(false)))?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_consumers(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    positions: &Arc<Positions>,
+    clock: Clock,
+    recorder: &Arc<Recorder>,
+    sink: &Arc<Counting>,
+    rid: u64,
+    stop: &Arc<AtomicBool>,
+    with_producers: bool,
+) -> Result<Vec<JoinHandle<u64>>> {
+    let n = spec.consumers.max(1).min(cluster.partitions());
+    let cfg = ConsumerConfig {
+        topic: spec.topic.clone(),
+        start: spec.start,
+        max_wait_ms: spec.fetch_max_wait_ms,
+        fetch_max_bytes: 64 << 20,
+        partition_max_bytes: 8 << 20,
+    };
+    let deadline = Instant::now()
+        + spec.duration.map_or(RUN_MAX, |d| {
+            d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE
+        });
+    let until = Until {
+        records: if with_producers { None } else { spec.records },
+        deadline,
+        idle: if with_producers || spec.records.is_some() || spec.duration.is_some() {
+            None
+        } else {
+            Some(CONSUME_IDLE)
+        },
+    };
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let parts: Vec<i32> = (0..cluster.partitions())
+            .filter(|p| p % n == i)
+            .map(|p| p as i32)
+            .collect();
+        let s: Arc<dyn RecordSink> = sink.clone();
+        let mut c = Consumer::new(
+            cfg.clone(),
+            cluster.clone(),
+            parts,
+            positions.clone(),
+            clock,
+            recorder.clone(),
+            s,
+            rid,
+        );
+        // Positions are set before any producer starts, so "latest" misses nothing.
+        c.seek_start()?;
+        let stop = stop.clone();
+        let until = match (with_producers, spec.duration) {
+            (false, Some(d)) => Until {
+                deadline: Instant::now() + d + spec.warmup,
+                ..until
+            },
+            _ => until,
+        };
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("consumer-{i}"))
+                .spawn(move || c.run(until, &stop))?,
+        );
+    }
+    Ok(handles)
+}
+
+/// The progress thread: closes each second, samples lag, prints the line.
+fn start_progress(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    positions: &Arc<Positions>,
+    clock: Clock,
+    recorder: &Arc<Recorder>,
+    stop: &Arc<AtomicBool>,
+    sample: bool,
+) -> Option<JoinHandle<()>> {
+    let (cluster, positions, recorder, stop) = (
+        cluster.clone(),
+        positions.clone(),
+        recorder.clone(),
+        stop.clone(),
+    );
+    let topic = spec.topic.clone();
+    let quiet = spec.quiet;
+    std::thread::Builder::new()
+        .name("progress".into())
+        .spawn(move || {
+            let mut conns = BTreeMap::new();
+            let mut next = clock.now_ns() + 1_000_000_000;
+            let max_ticks = RUN_MAX.as_secs();
+            for _ in 0..max_ticks {
+                while clock.now_ns() < next {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(POLL);
+                }
+                next += 1_000_000_000;
+                let now = clock.now_ns();
+                if sample {
+                    match sample_lag(&mut conns, &cluster, &topic, &positions) {
+                        Ok(lag) => recorder.record_lag(lag, now),
+                        Err(e) => warn(&format!("lag sample failed: {e:#}")),
+                    }
+                }
+                let sec = recorder.tick(now);
+                if !quiet {
+                    println!("{}", progress_line(&sec));
+                }
+            }
+        })
+        .ok()
+}
