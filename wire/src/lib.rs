@@ -11,6 +11,8 @@
 //!   ApiVersions responses (including the KIP-511 fallback).
 //! - [`messages`]: every other message body through the `kafka-protocol` crate, both
 //!   directions (broker: decode requests, encode responses; client: the reverse).
+//! - [`produce`]: the Produce request, hand-parsed: records stay slices of the request buffer.
+//! - [`fetch`]: the Fetch response, hand-encoded as chunks (headers + untouched record slices).
 //! - [`codec`]: bounds-checked primitive readers/writers (integers, varints, strings).
 //! - [`batch`]: record batch v2 — the 61-byte header as a zero-copy view, validation
 //!   (sizes, magic, CRC-32C), in-place offset assignment.
@@ -19,8 +21,10 @@ pub mod api;
 pub mod batch;
 pub mod codec;
 pub mod error;
+pub mod fetch;
 pub mod frame;
 pub mod messages;
+pub mod produce;
 pub mod types;
 
 pub use error::WireError;
