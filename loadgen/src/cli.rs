@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
-use kafka_protocol::records::Compression;
+use wire::batch::Compression;
 
 use crate::client::consumer::StartAt;
 use crate::run::LoadSpec;

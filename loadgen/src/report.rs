@@ -63,18 +63,23 @@ impl Row {
 /// The text summary of one run, printed at its end.
 pub fn summary_text(s: &Summary) -> String {
     let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "{} records acked in {:.1} s: {:.1} records/sec ({:.2} MB/sec)",
-        s.records, s.duration_s, s.records_per_sec, s.mb_per_sec
-    );
+    let produced = s.records > 0 || s.consumed_records == 0;
+    if produced {
+        let _ = writeln!(
+            t,
+            "{} records acked in {:.1} s: {:.1} records/sec ({:.2} MB/sec)",
+            s.records, s.duration_s, s.records_per_sec, s.mb_per_sec
+        );
+    }
     let p = |name: &str, x: &Percentiles| {
         format!(
             "{name:<8} latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  p99.99 {:.2}  max {:.2}\n",
             x.p50, x.p90, x.p99, x.p999, x.p9999, x.max
         )
     };
-    t.push_str(&p("publish", &s.publish_latency_ms));
+    if produced {
+        t.push_str(&p("publish", &s.publish_latency_ms));
+    }
     if s.consumed_records > 0 {
         let _ = writeln!(
             t,
@@ -84,7 +89,9 @@ pub fn summary_text(s: &Summary) -> String {
             s.consumed_mb_per_sec,
             s.lag_max_records
         );
-        t.push_str(&p("e2e", &s.e2e_latency_ms));
+        if s.e2e_latency_ms.max > 0.0 {
+            t.push_str(&p("e2e", &s.e2e_latency_ms));
+        }
     }
     if !s.errors.is_empty() {
         let _ = writeln!(t, "errors: {:?}", s.errors);

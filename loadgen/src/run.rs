@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use hdrhistogram::Histogram;
-use kafka_protocol::records::Compression;
+use wire::batch::Compression;
 
 use crate::client::conn::Conn;
 use crate::client::consumer::{

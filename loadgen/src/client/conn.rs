@@ -1,7 +1,7 @@
 //! One blocking TCP connection to a broker: framing, headers, version negotiation.
 //!
-//! Framing and headers come from `wire::frame`; request and response bodies are encoded
-//! and decoded with `kafka-protocol`'s message types (until `wire::messages` exists).
+//! Framing, headers and message bodies go through `wire` (`wire::frame`, `wire::messages`,
+//! which carries `kafka-protocol`'s message types).
 //! Every read is bounded by `MAX_RESPONSE_BYTES` and a socket timeout.
 
 use std::collections::HashMap;
@@ -10,10 +10,10 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
-use kafka_protocol::protocol::{Decodable, Request};
-use wire::frame;
+use kafka_protocol::protocol::Request;
+use wire::{frame, messages};
 
 /// Largest response we accept (a fetch of many partitions can be large).
 pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
@@ -48,20 +48,15 @@ impl Versions {
     }
 }
 
-/// Encodes a whole request frame (size prefix, header, body).
+/// Encodes a whole request frame (size prefix, header, body) with `wire::messages`.
 pub fn encode_request<R: Request>(req: &R, version: i16, correlation_id: i32) -> Result<Bytes> {
-    let mut out = BytesMut::with_capacity(req.compute_size(version).unwrap_or(0) + 64);
-    let start = frame::begin_frame(&mut out);
     let header = frame::RequestHeader {
         api_key: R::KEY,
         api_version: version,
         correlation_id,
         client_id: Some(Bytes::from_static(CLIENT_ID.as_bytes())),
     };
-    frame::encode_request_header(&header, &mut out).map_err(|e| anyhow!("{e}"))?;
-    req.encode(&mut out, version)?;
-    frame::finish_frame(&mut out, start).map_err(|e| anyhow!("{e}"))?;
-    Ok(out.freeze())
+    messages::encode_request(&header, req).map_err(|e| anyhow!("{e}"))
 }
 
 /// Decodes a response frame (without size prefix) for request type `R` at `version`,
@@ -71,14 +66,12 @@ pub fn decode_response<R: Request>(
     version: i16,
     correlation_id: i32,
 ) -> Result<R::Response> {
-    let hv = frame::response_header_version(R::KEY, version).map_err(|e| anyhow!("{e}"))?;
-    let (corr, body_at) =
-        frame::parse_response_header(&frame_bytes, hv).map_err(|e| anyhow!("{e}"))?;
+    let (corr, resp) = messages::decode_response_as::<R::Response>(R::KEY, version, &frame_bytes)
+        .map_err(|e| anyhow!("{e}"))?;
     if corr != correlation_id {
         bail!("correlation id {corr} in response, expected {correlation_id}");
     }
-    let mut body = frame_bytes.slice(body_at..);
-    R::Response::decode(&mut body, version).context("decoding response body")
+    Ok(resp)
 }
 
 /// Reads one frame; returns its bytes without the size prefix.

@@ -14,9 +14,8 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::RecordBatchDecoder;
 use wire::api;
-use wire::batch::header::{read_header, split_batches};
+use wire::batch::{batch_records, read_header, split_batches};
 
 use super::conn::Conn;
 use super::error_name;
@@ -27,6 +26,8 @@ use crate::stats::{Clock, Recorder};
 
 /// Kafka error code OFFSET_OUT_OF_RANGE.
 const OFFSET_OUT_OF_RANGE: i16 = 1;
+/// Largest decompressed records section we accept from one batch.
+const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
 /// Pause after a failed fetch before reconnecting.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 
@@ -286,17 +287,26 @@ impl Consumer {
     }
 
     fn decode_batch(&mut self, p: i32, batch: Bytes, pos: i64, now: u64) {
-        let mut buf = batch;
-        let set = match RecordBatchDecoder::decode(&mut buf) {
-            Ok(s) => s,
+        let (header, records) = match batch_records(&batch, MAX_DECOMPRESSED_BYTES) {
+            Ok(x) => x,
             Err(e) => {
                 self.recorder.record_error("ClientCorruptBatch", 1);
                 warn(&format!("partition {p}: undecodable batch: {e}"));
                 return;
             }
         };
-        for r in set.records {
-            if r.offset < pos {
+        let base = header.base_offset().get();
+        for r in records {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    self.recorder.record_error("ClientCorruptBatch", 1);
+                    warn(&format!("partition {p}: bad record: {e}"));
+                    return;
+                }
+            };
+            let offset = base + i64::from(r.offset_delta);
+            if offset < pos {
                 continue;
             }
             let value = r.value.as_deref().unwrap_or(&[]);
@@ -304,7 +314,7 @@ impl Consumer {
             let len = value.len() as u64;
             self.recorder
                 .record_consumed(stamp.map(|s| s.intended_ns), now, len);
-            self.sink.consumed(p, r.offset, stamp);
+            self.sink.consumed(p, offset, stamp);
             self.consumed += 1;
         }
     }

@@ -1,6 +1,6 @@
 //! The load generator's own Kafka client: connections, metadata, a batching producer and a
-//! fetching consumer. Framing and headers come from `wire`; message bodies and record
-//! batch encoding use `kafka-protocol` until `wire` provides them.
+//! fetching consumer. Everything on the wire goes through `wire`: framing and headers,
+//! message bodies (`wire::messages`), record batches (builder and records iterator).
 
 pub mod conn;
 pub mod consumer;

@@ -1,4 +1,4 @@
-//! The producer: per-partition batching, a window of in-flight requests per broker,
+//! The producer (batches built with `wire::batch::BatchBuilder`): per-partition batching, a window of in-flight requests per broker,
 //! retries, idempotence (producer id + per-partition sequences), compression.
 //!
 //! Threads: one producer thread generates records on the [`Pacer`]'s schedule, batches
@@ -16,14 +16,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::indexmap::IndexMap;
+use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use wire::batch::{BatchBuilder, Compression, NewRecord};
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
 use super::conn::{self, Conn};
@@ -692,37 +689,30 @@ fn encode_batch(
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let records: Vec<Record> = b
-        .records
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: pid.get(),
-            producer_epoch: epoch.get(),
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: if pid.is_some() {
-                b.base_sequence.add_wrapping(i as i32).get()
-            } else {
-                -1
-            },
-            timestamp: ts,
-            key: r.key.clone(),
-            value: Some(r.value.clone()),
-            headers: IndexMap::new(),
-        })
-        .collect();
-    let mut buf = BytesMut::with_capacity(b.bytes + 128);
-    let opts = RecordEncodeOptions {
-        version: 2,
+    let builder = BatchBuilder {
+        producer_id: pid,
+        producer_epoch: epoch,
+        base_sequence: if pid.is_some() {
+            b.base_sequence
+        } else {
+            Sequence::NONE
+        },
         compression,
+        records: b
+            .records
+            .iter()
+            .map(|r| NewRecord {
+                timestamp_ms: ts,
+                key: r.key.clone(),
+                value: Some(r.value.clone()),
+                headers: Vec::new(),
+            })
+            .collect(),
+        ..BatchBuilder::default()
     };
-    RecordBatchEncoder::encode(&mut buf, &records, &opts).context("encoding record batch")?;
-    Ok(buf.freeze())
+    builder
+        .build()
+        .map_err(|e| anyhow::anyhow!("encoding record batch: {e}"))
 }
 
 fn produce_request(cfg: &ProducerConfig, batches: &[Batch]) -> ProduceRequest {
