@@ -35,9 +35,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Log { command: LogCommand::Dump { paths } } => {
-            let _ = paths;
-            eprintln!("weir log dump: not built yet");
-            ExitCode::FAILURE
+            match weir::storage::dump::dump_paths(&paths, &mut std::io::stdout().lock()) {
+                Ok(summary) if summary.problems == 0 => ExitCode::SUCCESS,
+                Ok(summary) => {
+                    eprintln!("weir log dump: {} problem(s) found", summary.problems);
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("weir log dump: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -1,12 +1,20 @@
 //! [`Log`]: one partition replica's segmented log — the API the broker calls.
 
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
+use wire::batch::{Attributes, BatchHeader, TimestampType};
 use wire::{LeaderEpoch, Offset};
+use zerocopy::FromBytes;
 
+use super::cache::TailCache;
 use super::config::LogConfig;
-use super::error::Result;
+use super::error::{Result, StorageError};
+use super::gate::{IoGate, IoGuard};
+use super::segment::{BatchMeta, Segment, check_header};
+use super::writer::{SegmentWriter, WRITE_BYTES_MAX};
 
 /// What an append did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,8 +80,175 @@ pub struct LogCounters {
 /// One partition replica's log. See the module docs for ownership and concurrency:
 /// share it as `Rc<Log>` among the owning shard's tasks; every method takes `&self`.
 pub struct Log {
-    dir: PathBuf,
-    config: LogConfig,
+    pub(super) dir: PathBuf,
+    pub(super) state: RefCell<State>,
+    /// Which task does the log's disk I/O (the "I/O leader"): writes, syncs,
+    /// truncation, segment deletion. Everything else is synchronous on `state`.
+    pub(super) io_gate: IoGate,
+    /// The writer of the segment being written; taken out while a write is in flight
+    /// (only by the I/O leader).
+    pub(super) writer: Cell<Option<SegmentWriter>>,
+}
+
+/// Bytes appended but not yet written: one entry per append.
+pub(super) struct Pending {
+    pub segment_base: Offset,
+    pub bytes: Bytes,
+    pub next_offset: Offset,
+}
+
+/// The log's in-memory state. Never borrowed across an `.await`.
+pub(super) struct State {
+    pub config: LogConfig,
+    /// Segments by base offset; the last one is active.
+    pub segments: BTreeMap<Offset, Segment>,
+    pub log_start: Offset,
+    pub log_end: Offset,
+    pub cache: TailCache,
+    pub pending: VecDeque<Pending>,
+    /// Every offset below this is written to its segment file.
+    pub written_next: Offset,
+    /// Every offset below this is fdatasynced.
+    pub synced_next: Offset,
+    pub unflushed_records: u64,
+    pub last_flush_ms: i64,
+    pub counters: LogCounters,
+    pub failed: Option<String>,
+    pub closed: bool,
+}
+
+/// Name of the file that persists the log start offset (text: version, offset).
+pub(super) const LOG_START_FILE: &str = "weir-log-start-offset";
+/// Present only after a clean close: the next open may skip the rescan.
+pub(super) const CLEAN_SHUTDOWN_FILE: &str = ".weir-clean-shutdown";
+
+impl State {
+    pub fn active(&self) -> Option<&Segment> {
+        self.segments.values().next_back()
+    }
+
+    pub fn check_writable(&self, dir: &Path) -> Result<()> {
+        if self.closed {
+            return Err(StorageError::Closed {
+                path: dir.to_path_buf(),
+            });
+        }
+        if let Some(reason) = &self.failed {
+            return Err(StorageError::Failed {
+                path: dir.to_path_buf(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_readable(&self, dir: &Path) -> Result<()> {
+        if self.closed {
+            return Err(StorageError::Closed {
+                path: dir.to_path_buf(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a new, empty active segment at the log end.
+    fn roll(&mut self, dir: &Path) {
+        if self.active().is_some_and(Segment::is_empty) {
+            return;
+        }
+        let base = self.log_end;
+        self.segments.insert(base, Segment::new(dir, base));
+        self.counters.rolls += 1;
+    }
+
+    fn needs_roll(&self, blob_len: u64, last_delta: i64, now_ms: i64) -> bool {
+        let Some(active) = self.active() else {
+            return true;
+        };
+        if active.is_empty() {
+            return false;
+        }
+        let full = active.size + blob_len > self.config.segment_bytes;
+        let old = active
+            .roll_base_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= self.config.segment_ms);
+        let offsets_overflow =
+            super::index::relative(active.base, self.log_end.add(last_delta)).is_none();
+        full || old || offsets_overflow
+    }
+}
+
+/// One batch of an append blob, found by walking the headers.
+struct BlobBatch {
+    pos: usize,
+    size: usize,
+    offset_delta: i64,
+}
+
+/// Splits an append blob into batches by their headers (length, magic, offset delta).
+/// The CRC is the caller's job (`wire::batch::split_batches`); this only guards framing.
+fn walk_blob(blob: &[u8]) -> Result<Vec<BlobBatch>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < blob.len() {
+        let (header, size) =
+            check_header(&blob[pos..], (blob.len() - pos) as u64).map_err(|reason| {
+                StorageError::InvalidBatch {
+                    position: pos,
+                    reason: reason.to_owned(),
+                }
+            })?;
+        out.push(BlobBatch {
+            pos,
+            size,
+            offset_delta: i64::from(header.last_offset_delta.get()),
+        });
+        pos += size;
+    }
+    if out.is_empty() {
+        return Err(StorageError::InvalidBatch {
+            position: 0,
+            reason: "no batches".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// Stamps offsets, leader epoch and (for `LogAppendTime`) the append time into one batch.
+fn stamp_batch(
+    batch: &mut [u8],
+    base: Offset,
+    epoch: LeaderEpoch,
+    append_time_ms: Option<i64>,
+) -> Result<BatchMeta> {
+    wire::batch::assign_offsets(batch, base, epoch).map_err(|e| StorageError::InvalidBatch {
+        position: 0,
+        reason: e.to_string(),
+    })?;
+    if let Some(now) = append_time_ms {
+        set_log_append_time(batch, now);
+    }
+    let (header, _) =
+        BatchHeader::ref_from_prefix(batch).map_err(|_| StorageError::InvalidBatch {
+            position: 0,
+            reason: "short batch".into(),
+        })?;
+    Ok(BatchMeta::of(header))
+}
+
+/// Kafka's LogAppendTime: set the timestamp-type bit and maxTimestamp, then recompute the
+/// CRC, which covers both.
+fn set_log_append_time(batch: &mut [u8], now_ms: i64) {
+    let Ok((header, _)) = BatchHeader::mut_from_prefix(batch) else {
+        return;
+    };
+    let attributes = header.attributes.get() | Attributes::TIMESTAMP_TYPE_BIT;
+    header.attributes.set(attributes);
+    header.max_timestamp.set(now_ms);
+    let crc = crc32c::crc32c(&batch[21..]);
+    if let Ok((header, _)) = BatchHeader::mut_from_prefix(batch) {
+        header.crc.set(crc);
+    }
 }
 
 impl Log {
@@ -81,133 +256,406 @@ impl Log {
     /// checked (indexes loaded, last batches verified), the active segment is rescanned
     /// with CRCs unless the last shutdown was clean, a torn tail is truncated (fsynced,
     /// logged), and damage followed by a valid batch is refused with
-    /// [`StorageError::Corrupt`](super::StorageError::Corrupt). Call
-    /// [`prime_dma_probe`](super::prime_dma_probe) on this shard first.
+    /// [`StorageError::Corrupt`]. Call [`prime_dma_probe`](super::prime_dma_probe) on this
+    /// shard first.
     pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
-        let _ = (&dir, &config);
-        todo!("issue 3")
+        super::open::open(dir, config).await
     }
 
     /// Appends `records` — one or more whole v2 batches, already validated by the caller
     /// with `wire::batch::split_batches` (CRC checked) — assigning offsets from the log end
     /// offset and stamping `leader_epoch`, in place. Offsets are assigned before the first
     /// await (see module docs). Returns once the bytes are written to the segment file
-    /// and, with `log.flush.on.ack`, fdatasynced. Rolls the segment first if needed.
+    /// and, with `log.flush.on.ack` (or when a flush interval is due), fdatasynced. Rolls
+    /// the segment first if needed.
     pub async fn append(
         &self,
         records: BytesMut,
         leader_epoch: LeaderEpoch,
         now_ms: i64,
     ) -> Result<AppendInfo> {
-        let _ = (records, leader_epoch, now_ms);
-        todo!("issue 3")
+        let (info, must_sync) = self.append_in_memory(records, leader_epoch, now_ms)?;
+        let next = info.last_offset.add(1);
+        if must_sync {
+            self.wait_synced(next, now_ms).await?;
+        } else {
+            self.wait_written(next).await?;
+        }
+        Ok(info)
+    }
+
+    /// The synchronous half of `append`: offsets, indexes, cache, pending write.
+    fn append_in_memory(
+        &self,
+        mut records: BytesMut,
+        epoch: LeaderEpoch,
+        now_ms: i64,
+    ) -> Result<(AppendInfo, bool)> {
+        let mut st = self.state.borrow_mut();
+        st.check_writable(&self.dir)?;
+        let batches = walk_blob(&records)?;
+        let blob_len = records.len() as u64;
+        if blob_len > st.config.segment_bytes {
+            return Err(StorageError::RecordSetTooLarge {
+                size: blob_len,
+                max: st.config.segment_bytes,
+            });
+        }
+        let last_delta: i64 = batches.iter().map(|b| b.offset_delta + 1).sum::<i64>() - 1;
+        if st.needs_roll(blob_len, last_delta, now_ms) {
+            st.roll(&self.dir);
+        }
+        let append_time =
+            (st.config.message_timestamp_type == TimestampType::LogAppendTime).then_some(now_ms);
+        let first = st.log_end;
+        let mut metas = Vec::with_capacity(batches.len());
+        let mut next = first;
+        for b in &batches {
+            let meta = stamp_batch(
+                &mut records[b.pos..b.pos + b.size],
+                next,
+                epoch,
+                append_time,
+            )?;
+            next = meta.last_offset.add(1);
+            metas.push(meta);
+        }
+        let blob = records.freeze();
+        let info = self.record_append(&mut st, &batches, &metas, blob, now_ms);
+        let st = &*st;
+        let must_sync = st.config.flush_on_ack
+            || st.unflushed_records >= st.config.flush_interval_messages
+            || now_ms.saturating_sub(st.last_flush_ms) >= st.config.flush_interval_ms;
+        Ok((
+            AppendInfo {
+                log_append_time_ms: append_time,
+                ..info
+            },
+            must_sync,
+        ))
+    }
+
+    /// Applies stamped batches to the state: segment summary and indexes, cache, pending.
+    fn record_append(
+        &self,
+        st: &mut State,
+        batches: &[BlobBatch],
+        metas: &[BatchMeta],
+        blob: Bytes,
+        now_ms: i64,
+    ) -> AppendInfo {
+        let interval = st.config.index_interval_bytes;
+        let first = st.log_end;
+        let mut records = 0u64;
+        let segment_base = {
+            let Some(active) = st.segments.values_mut().next_back() else {
+                unreachable!("roll() always leaves an active segment");
+            };
+            for meta in metas {
+                active.record_batch(meta, interval, now_ms);
+                records += meta.records.max(0) as u64;
+            }
+            active.base
+        };
+        for (b, meta) in batches.iter().zip(metas) {
+            let bytes = blob.slice(b.pos..b.pos + b.size);
+            st.cache.push(meta.base_offset, meta.last_offset, bytes);
+        }
+        let next = metas.last().map_or(first, |m| m.last_offset.add(1));
+        st.log_end = next;
+        st.unflushed_records += records;
+        st.counters.appends += 1;
+        st.counters.batches += metas.len() as u64;
+        st.counters.bytes += blob.len() as u64;
+        let bytes = blob.len() as u64;
+        st.pending.push_back(Pending {
+            segment_base,
+            bytes: blob,
+            next_offset: next,
+        });
+        AppendInfo {
+            first_offset: first,
+            last_offset: next.add(-1),
+            log_append_time_ms: None,
+            log_start_offset: st.log_start,
+            batches: metas.len() as u32,
+            bytes,
+        }
+    }
+
+    /// Waits until every offset below `next` is written to disk, doing the writing itself
+    /// if no other task is (group write).
+    pub(super) async fn wait_written(&self, next: Offset) -> Result<()> {
+        loop {
+            {
+                let st = self.state.borrow();
+                if st.written_next >= next {
+                    return Ok(());
+                }
+                st.check_writable(&self.dir)?;
+            }
+            match self.io_gate.try_enter() {
+                Some(_leader) => self.write_pending().await?,
+                None => self.io_gate.changed().await,
+            }
+        }
+    }
+
+    /// Waits until every offset below `next` is fdatasynced; the task that becomes I/O
+    /// leader writes and syncs for all waiting appends at once (group commit).
+    pub(super) async fn wait_synced(&self, next: Offset, now_ms: i64) -> Result<()> {
+        loop {
+            {
+                let st = self.state.borrow();
+                if st.synced_next >= next {
+                    return Ok(());
+                }
+                st.check_writable(&self.dir)?;
+            }
+            match self.io_gate.try_enter() {
+                Some(_leader) => {
+                    self.write_pending().await?;
+                    self.sync_written(now_ms).await?;
+                }
+                None => self.io_gate.changed().await,
+            }
+        }
+    }
+
+    /// Becomes the I/O leader (for truncation, retention, close).
+    pub(super) async fn lock_io(&self) -> Result<IoGuard<'_>> {
+        Ok(self.io_gate.enter().await)
+    }
+
+    /// fdatasyncs the segment being written. Caller holds the I/O lock and has written
+    /// everything pending (earlier segments were synced when sealed).
+    pub(super) async fn sync_written(&self, now_ms: i64) -> Result<()> {
+        let upto = self.state.borrow().written_next;
+        let Some(writer) = self.writer.take() else {
+            self.state.borrow_mut().synced_next = upto;
+            return Ok(());
+        };
+        let result = writer.sync().await;
+        self.writer.set(Some(writer));
+        self.check_io(result)?;
+        let mut st = self.state.borrow_mut();
+        st.synced_next = st.synced_next.max(upto);
+        st.unflushed_records = 0;
+        st.last_flush_ms = now_ms;
+        st.counters.fdatasyncs += 1;
+        Ok(())
+    }
+
+    /// Marks the log failed if `result` is an error: after a failed write or sync the
+    /// state of the file is unknown, so no more writes (Kafka takes the log dir offline).
+    pub(super) fn check_io<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            self.state.borrow_mut().failed = Some(e.to_string());
+        }
+        result
+    }
+
+    /// Writes every pending append, oldest first, sealing a segment when the next pending
+    /// bytes belong to a newer one. Caller holds the I/O lock.
+    pub(super) async fn write_pending(&self) -> Result<()> {
+        loop {
+            let Some((base, chunks, next)) = self.take_pending() else {
+                return Ok(());
+            };
+            let mut writer = self.check_io(self.writer_for(base).await)?;
+            let result = writer.write(&chunks).await;
+            let end = writer.end();
+            self.writer.set(Some(writer));
+            let writes = self.check_io(result)?;
+            let mut st = self.state.borrow_mut();
+            st.written_next = next;
+            st.counters.dma_writes += writes;
+            if let Some(seg) = st.segments.get_mut(&base) {
+                seg.written = end;
+            }
+            st.cache.evict(next);
+        }
+    }
+
+    /// Takes the oldest pending appends of one segment, up to about one write's worth.
+    fn take_pending(&self) -> Option<(Offset, Vec<Bytes>, Offset)> {
+        let mut st = self.state.borrow_mut();
+        let base = st.pending.front()?.segment_base;
+        let mut chunks = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = st.written_next;
+        while let Some(p) = st.pending.front() {
+            if p.segment_base != base || (bytes > 0 && bytes + p.bytes.len() > WRITE_BYTES_MAX) {
+                break;
+            }
+            bytes += p.bytes.len();
+            next = p.next_offset;
+            if let Some(p) = st.pending.pop_front() {
+                chunks.push(p.bytes);
+            }
+        }
+        Some((base, chunks, next))
+    }
+
+    /// The writer for segment `base`: the current one, or — when the log rolled — the
+    /// current one sealed (trimmed, synced, indexes written) and a new file created.
+    async fn writer_for(&self, base: Offset) -> Result<SegmentWriter> {
+        if let Some(w) = self.writer.take() {
+            if self.writer_base(&w) == Some(base) {
+                return Ok(w);
+            }
+            self.seal(w).await?;
+        }
+        let path = self.dir.join(super::segment_file_name(base, "log"));
+        let existing = {
+            let st = self.state.borrow();
+            st.segments
+                .get(&base)
+                .and_then(|s| s.file.clone().map(|f| (f, s.written)))
+        };
+        if let Some((file, written)) = existing {
+            return SegmentWriter::resume(file, &path, written).await;
+        }
+        let file = super::writer::create_log_file(&path).await?;
+        super::atomic::sync_dir(&self.dir)?;
+        let writer = SegmentWriter::resume(file.clone(), &path, 0).await?;
+        if let Some(seg) = self.state.borrow_mut().segments.get_mut(&base) {
+            seg.file = Some(file);
+        }
+        Ok(writer)
+    }
+
+    /// Which segment a writer writes (matched by file identity).
+    fn writer_base(&self, w: &SegmentWriter) -> Option<Offset> {
+        let st = self.state.borrow();
+        st.segments
+            .values()
+            .rev()
+            .find(|s| {
+                s.file
+                    .as_ref()
+                    .is_some_and(|f| std::rc::Rc::ptr_eq(f, w.file()))
+            })
+            .map(|s| s.base)
+    }
+
+    /// Seals the segment `w` wrote: exact size, fdatasync, final time entry, index files.
+    async fn seal(&self, w: SegmentWriter) -> Result<()> {
+        w.finish().await?;
+        let base = self.writer_base(&w);
+        let mut st = self.state.borrow_mut();
+        st.counters.fdatasyncs += 1;
+        let Some(seg) = base.and_then(|b| st.segments.get_mut(&b)) else {
+            return Ok(());
+        };
+        seg.seal_time_index();
+        let next = seg.next_offset;
+        super::open::write_index_files(seg)?;
+        st.synced_next = st.synced_next.max(next);
+        Ok(())
     }
 
     /// Reads whole batches starting with the one that contains `start`, up to `max_bytes`
     /// (the first batch is returned whole even if larger, as Kafka does) and only batches
     /// whose last offset is below `upper_bound` (the high watermark for consumers, the
     /// LEO for followers). `start` outside `[log_start, log_end]` is
-    /// [`StorageError::OffsetOutOfRange`](super::StorageError::OffsetOutOfRange).
+    /// [`StorageError::OffsetOutOfRange`].
     pub async fn read(
         &self,
         start: Offset,
         max_bytes: usize,
         upper_bound: Offset,
     ) -> Result<ReadResult> {
-        let _ = (start, max_bytes, upper_bound);
-        todo!("issue 3")
+        super::read::read(self, start, max_bytes, upper_bound).await
     }
 
     /// ListOffsets by time: the first batch whose max timestamp is `>= timestamp_ms`, as
-    /// (its base offset, its max timestamp); `None` if no batch is that new.
+    /// (its base offset, its max timestamp); `None` if no batch is that new. (Kafka
+    /// returns the exact record inside the batch; weir returns the batch's first offset,
+    /// so a consumer may see a few older records of that batch.)
     pub async fn read_by_time(&self, timestamp_ms: i64) -> Result<Option<(Offset, i64)>> {
-        let _ = timestamp_ms;
-        todo!("issue 3")
+        super::read::read_by_time(self, timestamp_ms).await
     }
 
     /// The first offset still in the log.
     pub fn log_start_offset(&self) -> Offset {
-        todo!("issue 3")
+        self.state.borrow().log_start
     }
 
     /// The log end offset (LEO): the offset the next appended record gets.
     pub fn log_end_offset(&self) -> Offset {
-        todo!("issue 3")
+        self.state.borrow().log_end
     }
 
     /// The largest batch max timestamp in the log (-1 if empty), and the offset of that
     /// batch's last record.
     pub fn max_timestamp(&self) -> (i64, Offset) {
-        todo!("issue 3")
+        let st = self.state.borrow();
+        st.segments
+            .values()
+            .map(|s| s.max_timestamp)
+            .fold((-1, Offset::NONE), |a, b| if b.0 > a.0 { b } else { a })
     }
 
     /// Total bytes of all segments.
     pub fn size_bytes(&self) -> u64 {
-        todo!("issue 3")
+        self.state.borrow().segments.values().map(|s| s.size).sum()
     }
 
     /// Number of segments.
     pub fn segment_count(&self) -> usize {
-        todo!("issue 3")
+        self.state.borrow().segments.len()
+    }
+
+    /// Base offsets of the segments, oldest first.
+    pub fn segment_bases(&self) -> Vec<Offset> {
+        self.state.borrow().segments.keys().copied().collect()
     }
 
     /// I/O counters since open.
     pub fn counters(&self) -> LogCounters {
-        todo!("issue 3")
+        self.state.borrow().counters
     }
 
-    /// Removes every batch that holds an offset `>= offset` (a follower's truncation; the
-    /// cut is at a batch boundary, so the new LEO may be below `offset` if it fell inside a
-    /// batch). Returns the new LEO. Truncating below the log start empties the log and
-    /// restarts it at `offset`. Durable (fdatasync) before it returns.
-    pub async fn truncate_to(&self, offset: Offset) -> Result<Offset> {
-        let _ = offset;
-        todo!("issue 3")
+    /// Replaces the settings (AlterConfigs); takes effect from the next append.
+    pub fn set_config(&self, config: LogConfig) {
+        self.state.borrow_mut().config = config;
     }
 
-    /// DeleteRecords: moves the log start offset up to `offset` (clamped to the LEO),
-    /// persists it, and deletes sealed segments entirely below it. Returns the new start.
-    pub async fn delete_records_before(&self, offset: Offset) -> Result<Offset> {
-        let _ = offset;
-        todo!("issue 3")
-    }
-
-    /// Applies `retention.ms` and `retention.bytes`: deletes whole sealed segments (never
-    /// the active one) and advances the log start offset. Returns segments deleted.
-    pub async fn apply_retention(&self, now_ms: i64) -> Result<usize> {
-        let _ = now_ms;
-        todo!("issue 3")
+    /// The settings in force.
+    pub fn config(&self) -> LogConfig {
+        self.state.borrow().config.clone()
     }
 
     /// Rolls a new segment now, even if the active one is not full (the next append goes
-    /// to the new segment). Mostly for tests and admin tools.
-    pub fn roll(&self, now_ms: i64) -> Result<()> {
-        let _ = now_ms;
-        todo!("issue 3")
+    /// to the new segment). An empty active segment is kept.
+    pub fn roll(&self) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        st.check_writable(&self.dir)?;
+        st.roll(&self.dir);
+        Ok(())
     }
 
     /// Writes everything appended so far and fdatasyncs it.
-    pub async fn flush(&self) -> Result<()> {
-        todo!("issue 3")
+    pub async fn flush(&self, now_ms: i64) -> Result<()> {
+        let next = self.state.borrow().log_end;
+        self.wait_written(next).await?;
+        self.wait_synced(next, now_ms).await
     }
 
-    /// Applies `log.flush.interval.ms`: flushes if the last flush is that old. The broker
-    /// calls it from a periodic task.
+    /// Applies `log.flush.interval.ms`: flushes if the last flush is that old and there is
+    /// something to flush. The broker calls it from a periodic task. Returns whether it
+    /// flushed.
     pub async fn flush_if_due(&self, now_ms: i64) -> Result<bool> {
-        let _ = now_ms;
-        todo!("issue 3")
-    }
-
-    /// Clean shutdown: writes and syncs everything, trims the active segment to its last
-    /// batch, writes its indexes and the clean-shutdown marker (so the next open skips the
-    /// rescan). The log refuses further calls.
-    pub async fn close(&self) -> Result<()> {
-        todo!("issue 3")
-    }
-
-    /// Removes the partition directory and everything in it (partition deleted or moved).
-    pub async fn delete(&self) -> Result<()> {
-        todo!("issue 3")
+        let due = {
+            let st = self.state.borrow();
+            st.synced_next < st.log_end
+                && now_ms.saturating_sub(st.last_flush_ms) >= st.config.flush_interval_ms
+        };
+        if due {
+            self.flush(now_ms).await?;
+        }
+        Ok(due)
     }
 
     /// The partition directory.
@@ -215,8 +663,7 @@ impl Log {
         &self.dir
     }
 
-    /// The settings in force.
-    pub fn config(&self) -> &LogConfig {
-        &self.config
+    pub(super) fn check_readable(&self) -> Result<()> {
+        self.state.borrow().check_readable(&self.dir)
     }
 }

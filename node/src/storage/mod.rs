@@ -32,14 +32,27 @@
 //! See `README.md` beside this file for the on-disk format and the recovery table.
 
 mod atomic;
+mod cache;
 mod config;
+pub mod dump;
 mod error;
+mod gate;
+mod index;
 mod log;
+mod maintenance;
+mod open;
 mod probe;
+mod read;
+mod recovery;
+mod segment;
+#[doc(hidden)]
+pub mod testing;
+mod writer;
 
 pub use atomic::write_atomic;
 pub use config::LogConfig;
 pub use error::{Result, StorageError};
+pub use index::{OffsetIndexEntry, TimeIndexEntry};
 pub use log::{AppendInfo, Log, LogCounters, ReadResult};
 pub use probe::prime_dma_probe;
 

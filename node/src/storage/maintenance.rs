@@ -1,0 +1,369 @@
+//! Operations that remove data or end the log: truncation (followers), DeleteRecords,
+//! retention, clean close, delete. Each takes the I/O lock and first writes everything
+//! pending, so no write is in flight while files shrink or disappear.
+
+use std::fs;
+
+use wire::Offset;
+
+use super::atomic::{sync_dir, write_atomic};
+use super::error::{Result, StorageError};
+use super::index::relative;
+use super::log::{CLEAN_SHUTDOWN_FILE, Log, State};
+use super::open::{remove_segment_files, write_index_files, write_log_start};
+use super::recovery::FileWindow;
+use super::segment::{Segment, check_header};
+use super::writer::create_log_file;
+
+/// Where a truncation cuts: segment, byte position, and the new log end offset.
+struct Cut {
+    base: Offset,
+    position: u64,
+    next_offset: Offset,
+}
+
+impl Log {
+    /// Removes every batch that holds an offset `>= offset` (a follower's truncation; the
+    /// cut is at a batch boundary, so the new LEO may be below `offset` if it fell inside a
+    /// batch). Returns the new LEO. Truncating below the log start empties the log and
+    /// restarts it at `offset`. Durable (fdatasync) before it returns.
+    pub async fn truncate_to(&self, offset: Offset) -> Result<Offset> {
+        let _permit = self.lock_io().await?;
+        self.write_pending().await?;
+        let (log_start, log_end) = {
+            let st = self.state.borrow();
+            st.check_writable(&self.dir)?;
+            (st.log_start, st.log_end)
+        };
+        if offset >= log_end {
+            return Ok(log_end);
+        }
+        if offset <= log_start {
+            self.truncate_fully(offset.max(Offset(0))).await?;
+            return Ok(self.log_end_offset());
+        }
+        let cut = self.find_cut(offset).await?;
+        let result = self.apply_cut(&cut).await;
+        self.check_io(result)?;
+        Ok(cut.next_offset)
+    }
+
+    /// Finds the first batch holding an offset `>= offset`.
+    async fn find_cut(&self, offset: Offset) -> Result<Cut> {
+        let (base, file, path, from, end, seg_next) = {
+            let st = self.state.borrow();
+            let Some(seg) = st.segments.range(..=offset).next_back().map(|(_, s)| s) else {
+                return Err(StorageError::OffsetOutOfRange {
+                    requested: offset,
+                    log_start: st.log_start,
+                    log_end: st.log_end,
+                });
+            };
+            let from = relative(seg.base, offset).map_or(0, |r| seg.index.position_for(r).get());
+            (
+                seg.base,
+                seg.file.clone(),
+                seg.path("log"),
+                from,
+                seg.written,
+                seg.next_offset,
+            )
+        };
+        let Some(file) = file else {
+            return Ok(Cut {
+                base,
+                position: 0,
+                next_offset: base,
+            });
+        };
+        let mut window = FileWindow::new(file, &path, end);
+        let mut pos = from;
+        while pos < end {
+            let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+            let (h, size) =
+                check_header(head, end - pos).map_err(|reason| StorageError::Corrupt {
+                    path: path.clone(),
+                    position: pos,
+                    reason: reason.to_owned(),
+                })?;
+            if h.last_offset() >= offset {
+                return Ok(Cut {
+                    base,
+                    position: pos,
+                    next_offset: h.base_offset(),
+                });
+            }
+            pos += size as u64;
+        }
+        Ok(Cut {
+            base,
+            position: end,
+            next_offset: seg_next,
+        })
+    }
+
+    /// Applies a cut in memory, then on disk: later segments deleted, the cut segment
+    /// truncated and synced, its stale index files removed, the writer resumed.
+    async fn apply_cut(&self, cut: &Cut) -> Result<()> {
+        let (doomed, file, path) = {
+            let mut st = self.state.borrow_mut();
+            let doomed: Vec<Segment> = split_after(&mut st, cut.base);
+            let Some(seg) = st.segments.get_mut(&cut.base) else {
+                return Ok(());
+            };
+            let since = cut.position
+                - seg
+                    .index
+                    .last_offset_entry()
+                    .map_or(0, |(_, p)| p.get())
+                    .min(cut.position);
+            let rel_end = relative(seg.base, cut.next_offset).unwrap_or(0);
+            seg.index
+                .truncate_at(super::FilePosition(cut.position as u32), rel_end);
+            seg.restore(cut.position, cut.next_offset, since);
+            seg.max_timestamp = (-1, Offset::NONE);
+            let (file, path) = (seg.file.clone(), seg.path("log"));
+            st.cache.truncate(cut.next_offset);
+            st.log_end = cut.next_offset;
+            st.written_next = cut.next_offset;
+            st.synced_next = st.synced_next.min(cut.next_offset);
+            (doomed, file, path)
+        };
+        self.writer.set(None);
+        for seg in doomed.iter().rev() {
+            remove_segment_files(seg)?;
+        }
+        if let Some(file) = file {
+            file.truncate(cut.position)
+                .await
+                .map_err(|e| StorageError::glommio("truncate", &path, e))?;
+            file.fdatasync()
+                .await
+                .map_err(|e| StorageError::glommio("fdatasync", &path, e))?;
+            self.state.borrow_mut().counters.fdatasyncs += 1;
+        }
+        self.remove_active_index_files()?;
+        sync_dir(&self.dir)?;
+        self.restore_max_timestamp(cut.base).await?;
+        self.resume_writer().await
+    }
+
+    /// Recomputes a segment's newest timestamp by reading its batch headers (rare: only
+    /// after truncation).
+    async fn restore_max_timestamp(&self, base: Offset) -> Result<()> {
+        let (file, path, end) = {
+            let st = self.state.borrow();
+            let Some(seg) = st.segments.get(&base) else {
+                return Ok(());
+            };
+            let Some(file) = seg.file.clone() else {
+                return Ok(());
+            };
+            (file, seg.path("log"), seg.written)
+        };
+        let mut window = FileWindow::new(file, &path, end);
+        let mut max = (-1, Offset::NONE);
+        let mut pos = 0;
+        while pos < end {
+            let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+            let Ok((h, size)) = check_header(head, end - pos) else {
+                break;
+            };
+            if h.max_timestamp() > max.0 {
+                max = (h.max_timestamp(), h.last_offset());
+            }
+            pos += size as u64;
+        }
+        if let Some(seg) = self.state.borrow_mut().segments.get_mut(&base) {
+            seg.max_timestamp = max;
+        }
+        Ok(())
+    }
+
+    fn remove_active_index_files(&self) -> Result<()> {
+        let st = self.state.borrow();
+        let Some(active) = st.active() else {
+            return Ok(());
+        };
+        for ext in ["index", "timeindex"] {
+            let path = active.path(ext);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("remove", &path, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
+    async fn truncate_fully(&self, offset: Offset) -> Result<()> {
+        let doomed: Vec<Segment> = {
+            let mut st = self.state.borrow_mut();
+            let doomed = std::mem::take(&mut st.segments).into_values().collect();
+            st.segments.insert(offset, Segment::new(&self.dir, offset));
+            st.cache.clear();
+            st.log_start = offset;
+            st.log_end = offset;
+            st.written_next = offset;
+            st.synced_next = offset;
+            doomed
+        };
+        self.writer.set(None);
+        write_log_start(&self.dir, offset)?;
+        for seg in &doomed {
+            remove_segment_files(seg)?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// DeleteRecords: moves the log start offset up to `offset` (clamped to the LEO),
+    /// persists it, and deletes sealed segments entirely below it. Returns the new start.
+    pub async fn delete_records_before(&self, offset: Offset) -> Result<Offset> {
+        let _permit = self.lock_io().await?;
+        self.write_pending().await?;
+        let new_start = {
+            let st = self.state.borrow();
+            st.check_writable(&self.dir)?;
+            offset.min(st.log_end)
+        };
+        if new_start <= self.log_start_offset() {
+            return Ok(self.log_start_offset());
+        }
+        self.advance_start(new_start)?;
+        Ok(new_start)
+    }
+
+    /// Persists a new log start offset, then deletes the sealed segments below it.
+    fn advance_start(&self, new_start: Offset) -> Result<()> {
+        write_log_start(&self.dir, new_start)?;
+        let doomed: Vec<Segment> = {
+            let mut st = self.state.borrow_mut();
+            st.log_start = new_start;
+            let bases: Vec<Offset> = st
+                .segments
+                .values()
+                .rev()
+                .skip(1)
+                .filter(|s| s.next_offset <= new_start)
+                .map(|s| s.base)
+                .collect();
+            bases.iter().filter_map(|b| st.segments.remove(b)).collect()
+        };
+        for seg in &doomed {
+            remove_segment_files(seg)?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Applies `retention.ms` and `retention.bytes`: deletes whole sealed segments (never
+    /// the active one), oldest first, and advances the log start offset. Returns the
+    /// number of segments deleted.
+    pub async fn apply_retention(&self, now_ms: i64) -> Result<usize> {
+        let _permit = self.lock_io().await?;
+        self.write_pending().await?;
+        let new_start = {
+            let st = self.state.borrow();
+            st.check_writable(&self.dir)?;
+            retention_cut(&st, now_ms)
+        };
+        let Some((count, new_start)) = new_start else {
+            return Ok(0);
+        };
+        self.advance_start(new_start.max(self.log_start_offset()))?;
+        Ok(count)
+    }
+
+    /// Clean shutdown: writes and syncs everything, trims the active segment to its last
+    /// batch, writes its indexes and the clean-shutdown marker (so the next open skips the
+    /// rescan). The log refuses further calls.
+    pub async fn close(&self) -> Result<()> {
+        let _permit = self.lock_io().await?;
+        self.state.borrow().check_writable(&self.dir)?;
+        self.write_pending().await?;
+        if let Some(writer) = self.writer.take() {
+            let result = writer.finish().await;
+            self.check_io(result)?;
+        }
+        let log_end = self.ensure_active_file().await?;
+        {
+            let mut st = self.state.borrow_mut();
+            if let Some(active) = st.segments.values_mut().next_back() {
+                active.seal_time_index();
+                write_index_files(active)?;
+            }
+            st.closed = true;
+        }
+        write_atomic(
+            &self.dir.join(CLEAN_SHUTDOWN_FILE),
+            format!("{}\n", log_end.get()).as_bytes(),
+        )
+    }
+
+    /// An empty active segment has no file yet; create it so its base offset survives.
+    async fn ensure_active_file(&self) -> Result<Offset> {
+        let (missing, log_end) = {
+            let st = self.state.borrow();
+            let missing = st
+                .active()
+                .filter(|a| a.file.is_none())
+                .map(|a| a.path("log"));
+            (missing, st.log_end)
+        };
+        if let Some(path) = missing {
+            let file = create_log_file(&path).await?;
+            let _ = file.fdatasync().await;
+            sync_dir(&self.dir)?;
+        }
+        Ok(log_end)
+    }
+
+    /// Removes the partition directory and everything in it (partition deleted or moved).
+    pub async fn delete(&self) -> Result<()> {
+        let _permit = self.lock_io().await?;
+        {
+            let mut st = self.state.borrow_mut();
+            st.closed = true;
+            st.pending.clear();
+            st.segments.clear();
+            st.cache.clear();
+        }
+        self.writer.set(None);
+        fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("remove dir", &self.dir, e))
+    }
+}
+
+/// Removes and returns the segments after `base`.
+fn split_after(st: &mut State, base: Offset) -> Vec<Segment> {
+    let later = st.segments.split_off(&base.add(1));
+    later.into_values().collect()
+}
+
+/// How many of the oldest sealed segments retention deletes, and the offset after them.
+fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
+    let cfg = &st.config;
+    let mut total: i64 = st.segments.values().map(|s| s.size as i64).sum();
+    let mut count = 0;
+    let mut new_start = None;
+    for seg in st
+        .segments
+        .values()
+        .rev()
+        .skip(1)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        let by_time = cfg.retention_ms >= 0
+            && seg.max_timestamp.0 >= 0
+            && now_ms.saturating_sub(seg.max_timestamp.0) > cfg.retention_ms;
+        let by_size = cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
+        if !(by_time || by_size) {
+            break;
+        }
+        total -= seg.size as i64;
+        count += 1;
+        new_start = Some(seg.next_offset);
+    }
+    new_start.map(|s| (count, s))
+}

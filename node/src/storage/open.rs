@@ -1,0 +1,328 @@
+//! Opening a log: find the segments, check or rescan them (see `recovery`), repair a torn
+//! tail, restore the log start offset, and set up the writer of the active segment.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use wire::Offset;
+
+use super::atomic::{sync_dir, write_atomic};
+use super::cache::TailCache;
+use super::config::LogConfig;
+use super::error::{Result, StorageError};
+use super::index::SegmentIndex;
+use super::log::{CLEAN_SHUTDOWN_FILE, LOG_START_FILE, Log, LogCounters, State};
+use super::recovery::{FileWindow, Scan, Tail, scan};
+use super::segment::Segment;
+use super::writer::{SegmentWriter, open_log_file};
+
+/// Opens the log in `dir`; see [`Log::open`].
+pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
+    fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
+    let clean = dir.join(CLEAN_SHUTDOWN_FILE).exists();
+    let mut log_start = read_log_start(&dir)?.unwrap_or(Offset(0));
+    let bases = list_segments(&dir)?;
+    let mut segments = BTreeMap::new();
+    for (i, &base) in bases.iter().enumerate() {
+        let active = i + 1 == bases.len();
+        let seg = load_segment(&dir, base, active, clean, &config).await?;
+        segments.insert(base, seg);
+    }
+    drop_segments_below_start(&dir, &mut segments, log_start)?;
+    if segments.is_empty() {
+        segments.insert(log_start, Segment::new(&dir, log_start));
+    }
+    if let Some(first) = segments.keys().next() {
+        log_start = log_start.max(*first);
+    }
+    let log = build(dir, config, segments, log_start);
+    log.resume_writer().await?;
+    if clean {
+        let marker = log.dir.join(CLEAN_SHUTDOWN_FILE);
+        fs::remove_file(&marker).map_err(|e| StorageError::io("remove", &marker, e))?;
+        sync_dir(&log.dir)?;
+    }
+    Ok(log)
+}
+
+fn build(
+    dir: PathBuf,
+    config: LogConfig,
+    segments: BTreeMap<Offset, Segment>,
+    log_start: Offset,
+) -> Log {
+    let log_end = segments
+        .values()
+        .next_back()
+        .map_or(log_start, |s| s.next_offset);
+    let cache = TailCache::new(config.tail_cache_bytes);
+    let state = State {
+        config,
+        segments,
+        log_start,
+        log_end,
+        cache,
+        pending: VecDeque::new(),
+        written_next: log_end,
+        synced_next: log_end,
+        unflushed_records: 0,
+        last_flush_ms: 0,
+        counters: LogCounters::default(),
+        failed: None,
+        closed: false,
+    };
+    Log {
+        dir,
+        state: RefCell::new(state),
+        io_gate: Default::default(),
+        writer: Cell::new(None),
+    }
+}
+
+impl Log {
+    /// Creates the writer that continues the active segment's file, if it has one.
+    pub(super) async fn resume_writer(&self) -> Result<()> {
+        let (file, written, path) = {
+            let st = self.state.borrow();
+            let Some(active) = st.active() else {
+                return Ok(());
+            };
+            let Some(file) = active.file.clone() else {
+                self.writer.set(None);
+                return Ok(());
+            };
+            (file, active.written, active.path("log"))
+        };
+        let writer = SegmentWriter::resume(file, &path, written).await?;
+        self.writer.set(Some(writer));
+        Ok(())
+    }
+}
+
+/// Base offsets of the `.log` files in `dir`, ascending. Other files are not ours to judge.
+fn list_segments(dir: &Path) -> Result<Vec<Offset>> {
+    let entries = fs::read_dir(dir).map_err(|e| StorageError::io("read dir", dir, e))?;
+    let mut bases = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| StorageError::io("read dir", dir, e))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
+            continue;
+        };
+        if stem.len() == 20
+            && stem.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(base) = stem.parse::<i64>()
+        {
+            bases.push(Offset(base));
+        }
+    }
+    bases.sort();
+    Ok(bases)
+}
+
+/// Opens one segment. Sealed segments, and the active one after a clean shutdown, are
+/// trusted after their indexes load and the batches after the last index entry reach
+/// the end of the file exactly; otherwise the segment is rescanned from the start.
+async fn load_segment(
+    dir: &Path,
+    base: Offset,
+    active: bool,
+    clean: bool,
+    config: &LogConfig,
+) -> Result<Segment> {
+    let mut seg = Segment::new(dir, base);
+    let path = seg.path("log");
+    let file = open_log_file(&path).await?;
+    let size = file
+        .file_size()
+        .await
+        .map_err(|e| StorageError::glommio("stat", &path, e))?;
+    seg.file = Some(file.clone());
+    let mut window = FileWindow::new(file, &path, size);
+    let trusted = !active || clean;
+    if trusted && quick_check(&mut seg, &mut window, config).await? {
+        return Ok(seg);
+    }
+    let scan = scan(&mut window, 0, base).await?;
+    apply_full_scan(&mut seg, &scan, config);
+    repair_tail(&mut seg, &scan, active, &path).await?;
+    Ok(seg)
+}
+
+/// Loads the index files and verifies the batches from the last index entry to the end
+/// of the file. Returns false if that fails (the caller rescans the whole segment).
+async fn quick_check(
+    seg: &mut Segment,
+    window: &mut FileWindow,
+    config: &LogConfig,
+) -> Result<bool> {
+    let size = window.end();
+    let (Ok(offsets), Ok(times)) = (fs::read(seg.path("index")), fs::read(seg.path("timeindex")))
+    else {
+        return Ok(false);
+    };
+    let Ok(index) = SegmentIndex::decode(&offsets, &times, size.max(1), i32::MAX as u64) else {
+        tracing::warn!(segment = %seg.path("index").display(), "index files invalid; rebuilding");
+        return Ok(false);
+    };
+    let Some((_, from)) = index.last_offset_entry() else {
+        // No entries: the scan below covers the whole segment, so build the index too.
+        let scan = scan(window, 0, seg.base).await?;
+        apply_full_scan(seg, &scan, config);
+        return Ok(scan.tail == Tail::Clean);
+    };
+    let scan = scan(window, from.get(), seg.base).await?;
+    if scan.tail != Tail::Clean || scan.batches.is_empty() {
+        return Ok(false);
+    }
+    apply_indexed_scan(seg, &scan, index, from.get());
+    seg.roll_base_ms = first_batch_timestamp(window).await?;
+    Ok(true)
+}
+
+/// Rebuilds a segment's summary and index from a scan of all its batches.
+fn apply_full_scan(seg: &mut Segment, scan: &Scan, config: &LogConfig) {
+    seg.index = SegmentIndex::default();
+    seg.restore(0, seg.base, 0);
+    for (_, meta) in &scan.batches {
+        seg.record_batch(meta, config.index_interval_bytes, meta.max_timestamp);
+    }
+    seg.written = seg.size;
+    seg.roll_base_ms = scan.batches.first().map(|(_, m)| m.max_timestamp);
+}
+
+/// Restores a segment's summary from its loaded index plus a scan of the batches from
+/// the last index entry (at `from`) to the end.
+fn apply_indexed_scan(seg: &mut Segment, scan: &Scan, index: SegmentIndex, from: u64) {
+    if let Some(&(ts, rel)) = index.time_entries().last() {
+        seg.max_timestamp = (ts, seg.base.add(i64::from(rel)));
+    }
+    seg.index = index;
+    let mut next = seg.base;
+    for (_, meta) in &scan.batches {
+        next = meta.last_offset.add(1);
+        if meta.max_timestamp > seg.max_timestamp.0 {
+            seg.max_timestamp = (meta.max_timestamp, meta.last_offset);
+        }
+    }
+    seg.restore(scan.end, next, scan.end - from);
+}
+
+/// The max timestamp of the segment's first batch (Kafka rolls by time from it).
+async fn first_batch_timestamp(window: &mut FileWindow) -> Result<Option<i64>> {
+    let head = window.get(0, wire::batch::BATCH_HEADER_SIZE).await?;
+    Ok(wire::batch::read_header(head)
+        .ok()
+        .map(|h| h.max_timestamp()))
+}
+
+/// Applies the decision table to a rescanned segment's tail.
+async fn repair_tail(seg: &mut Segment, scan: &Scan, active: bool, path: &Path) -> Result<()> {
+    let reason = match &scan.tail {
+        Tail::Clean => return Ok(()),
+        Tail::Padding { .. } if active => None,
+        Tail::Torn { reason, .. } if active => Some(reason.clone()),
+        Tail::Padding { .. } | Tail::Torn { .. } => {
+            return Err(StorageError::Corrupt {
+                path: path.to_path_buf(),
+                position: scan.end,
+                reason: format!(
+                    "sealed segment does not end at its last batch: {:?}",
+                    scan.tail
+                ),
+            });
+        }
+    };
+    let Some(file) = seg.file.clone() else {
+        return Ok(());
+    };
+    file.truncate(scan.end)
+        .await
+        .map_err(|e| StorageError::glommio("truncate", path, e))?;
+    file.fdatasync()
+        .await
+        .map_err(|e| StorageError::glommio("fdatasync", path, e))?;
+    if let Some(reason) = reason {
+        tracing::warn!(
+            segment = %path.display(), position = scan.end, dropped = ?scan.tail, %reason,
+            "recovery truncated a torn tail"
+        );
+    } else {
+        tracing::info!(segment = %path.display(), position = scan.end, "trimmed zero padding after the last batch");
+    }
+    Ok(())
+}
+
+/// Deletes segments wholly below the log start offset (an interrupted retention or
+/// DeleteRecords), keeping at least the last segment.
+fn drop_segments_below_start(
+    dir: &Path,
+    segments: &mut BTreeMap<Offset, Segment>,
+    log_start: Offset,
+) -> Result<()> {
+    let doomed: Vec<Offset> = segments
+        .values()
+        .rev()
+        .skip(1)
+        .filter(|s| s.next_offset <= log_start)
+        .map(|s| s.base)
+        .collect();
+    for base in doomed {
+        if let Some(seg) = segments.remove(&base) {
+            remove_segment_files(&seg)?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Removes a segment's `.log`, `.index` and `.timeindex` files (missing ones are fine).
+pub fn remove_segment_files(seg: &Segment) -> Result<()> {
+    for ext in ["log", "index", "timeindex"] {
+        let path = seg.path(ext);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("remove", &path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Writes a segment's `.index` and `.timeindex` files (atomically; small, written at seal
+/// and close only, so blocking std I/O is acceptable here).
+pub fn write_index_files(seg: &Segment) -> Result<()> {
+    write_atomic(&seg.path("index"), &seg.index.encode_offsets())?;
+    write_atomic(&seg.path("timeindex"), &seg.index.encode_times())
+}
+
+/// Reads the persisted log start offset: `0\n<offset>\n`.
+fn read_log_start(dir: &Path) -> Result<Option<Offset>> {
+    let path = dir.join(LOG_START_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StorageError::io("read", &path, e)),
+    };
+    let mut lines = text.lines();
+    let offset = match (lines.next(), lines.next().map(str::parse::<i64>)) {
+        (Some("0"), Some(Ok(v))) if v >= 0 => v,
+        _ => {
+            return Err(StorageError::Corrupt {
+                path,
+                position: 0,
+                reason: "log start offset file is not `0\\n<offset>\\n`".into(),
+            });
+        }
+    };
+    Ok(Some(Offset(offset)))
+}
+
+/// Persists the log start offset atomically.
+pub fn write_log_start(dir: &Path, offset: Offset) -> Result<()> {
+    write_atomic(
+        &dir.join(LOG_START_FILE),
+        format!("0\n{}\n", offset.get()).as_bytes(),
+    )
+}

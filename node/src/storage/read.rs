@@ -1,0 +1,200 @@
+//! Reads: by offset (tail cache, else offset index then a scan in the segment file) and
+//! by timestamp (time index, then a scan of batch headers).
+
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use glommio::io::DmaFile;
+use wire::Offset;
+
+use super::error::{Result, StorageError};
+use super::index::relative;
+use super::log::{Log, ReadResult, State};
+use super::recovery::FileWindow;
+use super::segment::check_header;
+
+/// Smallest window read from disk for a fetch: covers the index interval plus a batch.
+const READ_WINDOW_MIN: usize = 64 << 10;
+/// Largest window read at once for a fetch.
+const READ_WINDOW_MAX: usize = 8 << 20;
+
+/// Where in which file a disk read starts.
+struct DiskPlan {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+    base: Offset,
+    from: u64,
+    end: u64,
+}
+
+/// See [`Log::read`].
+pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> Result<ReadResult> {
+    log.check_readable()?;
+    let mut result = {
+        let mut st = log.state.borrow_mut();
+        let result = ReadResult {
+            batches: Vec::new(),
+            next_offset: start,
+            log_start_offset: st.log_start,
+            log_end_offset: st.log_end,
+        };
+        if start < st.log_start || start > st.log_end {
+            return Err(StorageError::OffsetOutOfRange {
+                requested: start,
+                log_start: st.log_start,
+                log_end: st.log_end,
+            });
+        }
+        if start == st.log_end || start >= upper {
+            return Ok(result);
+        }
+        if st.cache.covers(start) {
+            st.counters.cache_reads += 1;
+            let batches = st.cache.read(start, max_bytes, upper);
+            return Ok(finish(result, batches));
+        }
+        st.counters.disk_reads += 1;
+        result
+    };
+    let mut after: Option<Offset> = None;
+    let segments = log.segment_count();
+    for _ in 0..segments {
+        let Some(plan) = plan_disk_read(&log.state.borrow(), start, after)? else {
+            break;
+        };
+        let batches = read_file(&plan, start, max_bytes, upper).await?;
+        if !batches.is_empty() {
+            result = finish(result, batches);
+            break;
+        }
+        after = Some(plan.base);
+    }
+    Ok(result)
+}
+
+fn finish(mut result: ReadResult, batches: Vec<Bytes>) -> ReadResult {
+    if let Some(last) = batches.last()
+        && let Ok(h) = wire::batch::read_header(last)
+    {
+        result.next_offset = h.next_offset();
+    }
+    result.batches = batches;
+    result
+}
+
+/// The segment holding `start` (or, with `after`, the segment after that one).
+fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Option<DiskPlan>> {
+    let seg = match after {
+        None => st.segments.range(..=start).next_back().map(|(_, s)| s),
+        Some(b) => st.segments.range(b.add(1)..).next().map(|(_, s)| s),
+    };
+    let Some(seg) = seg else {
+        return Ok(None);
+    };
+    let Some(file) = seg.file.clone() else {
+        return Ok(None);
+    };
+    let from = match relative(seg.base, start) {
+        Some(rel) if after.is_none() => seg.index.position_for(rel).get(),
+        _ => 0,
+    };
+    Ok(Some(DiskPlan {
+        file,
+        path: seg.path("log"),
+        base: seg.base,
+        from,
+        end: seg.written,
+    }))
+}
+
+/// Whole batches from one segment file: skips those before `start`, stops at the byte
+/// limit (after the first) or at the first batch reaching `upper`.
+async fn read_file(
+    plan: &DiskPlan,
+    start: Offset,
+    max_bytes: usize,
+    upper: Offset,
+) -> Result<Vec<Bytes>> {
+    let mut window = FileWindow::with_window(
+        plan.file.clone(),
+        &plan.path,
+        plan.end,
+        max_bytes.clamp(READ_WINDOW_MIN, READ_WINDOW_MAX),
+    );
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut pos = plan.from;
+    while pos < plan.end {
+        let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+        let (header, size) =
+            check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
+                path: plan.path.clone(),
+                position: pos,
+                reason: reason.to_owned(),
+            })?;
+        let last = header.last_offset();
+        if last >= start {
+            if last >= upper || (!out.is_empty() && total + size > max_bytes) {
+                break;
+            }
+            let bytes = window.get(pos, size).await?;
+            out.push(Bytes::copy_from_slice(bytes));
+            total += size;
+        }
+        pos += size as u64;
+    }
+    Ok(out)
+}
+
+/// See [`Log::read_by_time`].
+pub async fn read_by_time(log: &Log, timestamp: i64) -> Result<Option<(Offset, i64)>> {
+    log.check_readable()?;
+    let plan = {
+        let st = log.state.borrow();
+        let Some(seg) = st
+            .segments
+            .values()
+            .find(|s| s.max_timestamp.0 >= timestamp)
+        else {
+            return Ok(None);
+        };
+        let rel = seg.index.relative_offset_for_time(timestamp);
+        let from = seg.index.position_for(rel).get();
+        seg.file.clone().map(|file| DiskPlan {
+            file,
+            path: seg.path("log"),
+            base: seg.base,
+            from,
+            end: seg.written,
+        })
+    };
+    if let Some(plan) = plan
+        && let Some(found) = scan_time(&plan, timestamp).await?
+    {
+        return Ok(Some(found));
+    }
+    // Not on disk yet: the batch is still pending its write, so it is in the cache.
+    Ok(log.state.borrow().cache.find_time(timestamp))
+}
+
+/// The first batch in the file, from `plan.from`, with max timestamp `>= timestamp`.
+async fn scan_time(plan: &DiskPlan, timestamp: i64) -> Result<Option<(Offset, i64)>> {
+    let mut window =
+        FileWindow::with_window(plan.file.clone(), &plan.path, plan.end, READ_WINDOW_MIN);
+    let mut pos = plan.from;
+    while pos < plan.end {
+        let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+        let (header, size) =
+            check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
+                path: plan.path.clone(),
+                position: pos,
+                reason: reason.to_owned(),
+            })?;
+        if header.max_timestamp() >= timestamp {
+            return Ok(Some((header.base_offset(), header.max_timestamp())));
+        }
+        pos += size as u64;
+    }
+    Ok(None)
+}

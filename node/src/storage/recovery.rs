@@ -1,0 +1,221 @@
+//! Reading segment files back: a windowed DMA reader, and the recovery scan that decides,
+//! batch by batch, where a segment's valid data ends and what follows it.
+//!
+//! Decision table for the bytes after the last valid batch of a segment (see README):
+//!
+//! | what follows the last valid batch      | active segment, unclean | sealed / clean |
+//! |----------------------------------------|-------------------------|----------------|
+//! | end of file                            | ok                      | ok             |
+//! | only zero bytes                        | `Padding`: trim         | corrupt        |
+//! | damage, and no valid batch after it    | `Torn`: trim, fsync, log| corrupt        |
+//! | damage, then a valid batch             | corrupt: refuse to open | corrupt        |
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::{DmaFile, ReadResult};
+use wire::Offset;
+use wire::batch::{BATCH_HEADER_SIZE, validate_batch};
+
+use super::error::{Result, StorageError};
+use super::segment::{BatchMeta, check_header};
+
+/// Bytes read per window when scanning.
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// A read window over a DMA file: serves byte ranges, re-reading when a range falls
+/// outside the bytes it holds.
+pub struct FileWindow {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+    /// Readable size: nothing at or past it is read.
+    end: u64,
+    start: u64,
+    buf: Option<ReadResult>,
+    window_bytes: usize,
+}
+
+impl FileWindow {
+    pub fn new(file: Rc<DmaFile>, path: &Path, end: u64) -> FileWindow {
+        FileWindow::with_window(file, path, end, WINDOW_BYTES)
+    }
+
+    /// A window that reads at least `window_bytes` at a time.
+    pub fn with_window(
+        file: Rc<DmaFile>,
+        path: &Path,
+        end: u64,
+        window_bytes: usize,
+    ) -> FileWindow {
+        FileWindow {
+            file,
+            path: path.to_path_buf(),
+            end,
+            start: 0,
+            buf: None,
+            window_bytes,
+        }
+    }
+
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Bytes `[pos, pos + len)`, or fewer if the file ends first.
+    pub async fn get(&mut self, pos: u64, len: usize) -> Result<&[u8]> {
+        let len = len.min(self.end.saturating_sub(pos) as usize);
+        if !self.holds(pos, len) {
+            let size = len.max(self.window_bytes).min((self.end - pos) as usize);
+            let read = self
+                .file
+                .read_at(pos, size)
+                .await
+                .map_err(|e| StorageError::glommio("read", &self.path, e))?;
+            self.start = pos;
+            self.buf = Some(read);
+        }
+        let Some(buf) = &self.buf else {
+            return Ok(&[]);
+        };
+        let from = (pos - self.start) as usize;
+        let to = (from + len).min(buf.len());
+        Ok(&buf[from.min(to)..to])
+    }
+
+    fn holds(&self, pos: u64, len: usize) -> bool {
+        self.buf
+            .as_ref()
+            .is_some_and(|b| pos >= self.start && pos + len as u64 <= self.start + b.len() as u64)
+    }
+}
+
+/// How a scanned segment ends.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// The last batch ends at end of file.
+    Clean,
+    /// Only zero bytes follow (unaligned DMA write padding): `bytes` of them.
+    Padding { bytes: u64 },
+    /// Damage with no valid batch after it: a torn write of `bytes` bytes.
+    Torn { bytes: u64, reason: String },
+}
+
+/// The valid batches found from the scan's start position, and how the segment ends.
+pub struct Scan {
+    pub batches: Vec<(u64, BatchMeta)>,
+    /// Position after the last valid batch.
+    pub end: u64,
+    pub tail: Tail,
+}
+
+/// Scans batches from `pos` to the end of the window's file, checking length, magic, CRC
+/// and that offsets increase (starting at or above `next_offset`). Damage followed by a
+/// valid batch is [`StorageError::Corrupt`]; anything else is described by the
+/// returned [`Tail`].
+pub async fn scan(window: &mut FileWindow, mut pos: u64, mut next_offset: Offset) -> Result<Scan> {
+    let mut batches = Vec::new();
+    let end = window.end();
+    loop {
+        if pos == end {
+            return Ok(Scan {
+                batches,
+                end: pos,
+                tail: Tail::Clean,
+            });
+        }
+        match next_batch(window, pos, next_offset).await? {
+            Ok(meta) => {
+                batches.push((pos, meta));
+                next_offset = meta.last_offset.add(1);
+                pos += u64::from(meta.size);
+            }
+            Err(reason) => {
+                let tail = classify_damage(window, pos, reason).await?;
+                return Ok(Scan {
+                    batches,
+                    end: pos,
+                    tail,
+                });
+            }
+        }
+    }
+}
+
+/// Validates the batch at `pos`. The outer error is I/O; the inner is why the bytes are
+/// not a valid next batch.
+async fn next_batch(
+    window: &mut FileWindow,
+    pos: u64,
+    next_offset: Offset,
+) -> Result<Result<BatchMeta, String>> {
+    let room = window.end() - pos;
+    let head = window.get(pos, BATCH_HEADER_SIZE).await?;
+    let total = match check_header(head, room) {
+        Ok((_, total)) => total,
+        Err(reason) => return Ok(Err(reason.to_owned())),
+    };
+    let bytes = window.get(pos, total).await?;
+    let view = match validate_batch(bytes) {
+        Ok(view) => view,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let meta = BatchMeta::of(view.header);
+    if meta.base_offset < next_offset {
+        return Ok(Err(format!(
+            "batch base offset {} below the expected {}",
+            meta.base_offset, next_offset
+        )));
+    }
+    Ok(Ok(meta))
+}
+
+/// Decides what the damaged bytes at `pos` are: zero padding, a torn tail, or corruption
+/// (a valid batch somewhere after them).
+async fn classify_damage(window: &mut FileWindow, pos: u64, reason: String) -> Result<Tail> {
+    let end = window.end();
+    let mut all_zero = true;
+    let mut at = pos;
+    while at < end {
+        let chunk = window.get(at, WINDOW_BYTES).await?;
+        all_zero &= chunk.iter().all(|&b| b == 0);
+        at += chunk.len() as u64;
+        if chunk.is_empty() {
+            break;
+        }
+    }
+    if all_zero {
+        return Ok(Tail::Padding { bytes: end - pos });
+    }
+    if let Some(found) = find_valid_batch(window, pos + 1).await? {
+        return Err(StorageError::Corrupt {
+            path: window.path.clone(),
+            position: pos,
+            reason: format!(
+                "{reason}; a valid batch follows at byte {found}, so this is not a torn write"
+            ),
+        });
+    }
+    Ok(Tail::Torn {
+        bytes: end - pos,
+        reason,
+    })
+}
+
+/// The first position at or after `from` where a whole, CRC-valid batch starts.
+async fn find_valid_batch(window: &mut FileWindow, from: u64) -> Result<Option<u64>> {
+    let end = window.end();
+    let mut q = from;
+    while q + BATCH_HEADER_SIZE as u64 <= end {
+        // Cheap filters first: magic byte and a length that fits.
+        let head = window.get(q, BATCH_HEADER_SIZE).await?;
+        let plausible = check_header(head, end - q).map(|(_, total)| total).ok();
+        if let Some(total) = plausible {
+            let bytes = window.get(q, total).await?;
+            if validate_batch(bytes).is_ok() {
+                return Ok(Some(q));
+            }
+        }
+        q += 1;
+    }
+    Ok(None)
+}

@@ -1,0 +1,155 @@
+//! [`Segment`]: one `.log` file named by its base offset, with its in-memory indexes and
+//! the summary (next offset, size, newest timestamp) the log needs without touching disk.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::DmaFile;
+use wire::Offset;
+use wire::batch::{BATCH_HEADER_SIZE, BatchHeader, LOG_OVERHEAD, MAGIC_V2, read_header};
+
+use super::index::{SegmentIndex, relative};
+use super::{FilePosition, segment_file_name};
+
+/// What the log keeps about one batch: enough to index it and to answer by-time queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchMeta {
+    pub base_offset: Offset,
+    pub last_offset: Offset,
+    pub max_timestamp: i64,
+    pub size: u32,
+    pub records: i32,
+}
+
+impl BatchMeta {
+    /// The summary of a batch whose header was already checked by [`check_header`].
+    pub fn of(header: &BatchHeader) -> BatchMeta {
+        BatchMeta {
+            base_offset: header.base_offset(),
+            last_offset: header.last_offset(),
+            max_timestamp: header.max_timestamp(),
+            size: header.total_size() as u32,
+            records: header.records_count(),
+        }
+    }
+}
+
+/// Checks the fields of a batch header that framing depends on (length, magic, offset
+/// delta), without the CRC. Returns the batch's total size.
+pub fn check_header(buf: &[u8], max_size: u64) -> Result<(&BatchHeader, usize), &'static str> {
+    let header = read_header(buf).map_err(|_| "incomplete batch header")?;
+    let length = header.batch_length.get();
+    if length < (BATCH_HEADER_SIZE - LOG_OVERHEAD) as i32 {
+        return Err("batchLength shorter than the batch header");
+    }
+    if header.magic != MAGIC_V2 {
+        return Err("magic is not 2");
+    }
+    if header.last_offset_delta.get() < 0 {
+        return Err("negative lastOffsetDelta");
+    }
+    let total = header.total_size();
+    if total as u64 > max_size {
+        return Err("batch longer than the bytes that can hold it");
+    }
+    Ok((header, total))
+}
+
+/// One segment of a partition log.
+pub struct Segment {
+    /// Offset the file is named by; every batch in it has offsets `>= base`.
+    pub base: Offset,
+    /// Offset after the last batch appended to this segment.
+    pub next_offset: Offset,
+    /// Bytes of batches appended (some may still be pending their DMA write).
+    pub size: u64,
+    /// Bytes known to be written to the file: reads from disk stay below this.
+    pub written: u64,
+    /// Sparse offset and time indexes.
+    pub index: SegmentIndex,
+    /// Batch bytes appended since the last index entry.
+    bytes_since_index: u64,
+    /// Largest batch max timestamp and the last offset of its batch; -1 when empty.
+    pub max_timestamp: (i64, Offset),
+    /// When the first batch was appended (or its timestamp, after recovery): for
+    /// `log.roll.ms`.
+    pub roll_base_ms: Option<i64>,
+    /// The open `.log` file; `None` until the first write creates it.
+    pub file: Option<Rc<DmaFile>>,
+    /// The partition directory.
+    dir: PathBuf,
+}
+
+impl Segment {
+    /// A new, empty segment starting at `base`; its file is created on first write.
+    pub fn new(dir: &Path, base: Offset) -> Segment {
+        Segment {
+            base,
+            next_offset: base,
+            size: 0,
+            written: 0,
+            index: SegmentIndex::default(),
+            bytes_since_index: 0,
+            max_timestamp: (-1, Offset::NONE),
+            roll_base_ms: None,
+            file: None,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Path of this segment's file with `extension` (`log`, `index`, `timeindex`).
+    pub fn path(&self, extension: &str) -> PathBuf {
+        self.dir.join(segment_file_name(self.base, extension))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// Records a batch appended at `position` (the segment's current size): indexes it
+    /// once per `interval` bytes, as Kafka does, and updates the summary.
+    pub fn record_batch(&mut self, meta: &BatchMeta, interval: u32, now_ms: i64) {
+        debug_assert!(meta.base_offset >= self.next_offset);
+        let position = FilePosition(self.size as u32);
+        if meta.max_timestamp > self.max_timestamp.0 {
+            self.max_timestamp = (meta.max_timestamp, meta.last_offset);
+        }
+        if self.bytes_since_index > u64::from(interval) {
+            self.push_index(meta.last_offset, position);
+            self.bytes_since_index = 0;
+        }
+        self.bytes_since_index += u64::from(meta.size);
+        self.size += u64::from(meta.size);
+        self.next_offset = meta.last_offset.add(1);
+        self.roll_base_ms.get_or_insert(now_ms);
+    }
+
+    fn push_index(&mut self, last_offset: Offset, position: FilePosition) {
+        let (Some(rel), Some(rel_ts)) = (
+            relative(self.base, last_offset),
+            relative(self.base, self.max_timestamp.1),
+        ) else {
+            return;
+        };
+        self.index
+            .push(rel, position, (self.max_timestamp.0, rel_ts));
+    }
+
+    /// Adds the final time-index entry (the segment's newest timestamp) before the
+    /// indexes are written, as Kafka does when a segment stops being active.
+    pub fn seal_time_index(&mut self) {
+        if let Some(rel) = relative(self.base, self.max_timestamp.1)
+            && self.max_timestamp.0 >= 0
+        {
+            self.index.push_time((self.max_timestamp.0, rel));
+        }
+    }
+
+    /// Restores the summary after recovery or truncation.
+    pub fn restore(&mut self, size: u64, next_offset: Offset, since_index: u64) {
+        self.size = size;
+        self.written = size;
+        self.next_offset = next_offset;
+        self.bytes_since_index = since_index;
+    }
+}

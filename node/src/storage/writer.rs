@@ -1,0 +1,177 @@
+//! [`SegmentWriter`]: appends bytes to a segment file through aligned DMA buffers
+//! (O_DIRECT), handling the partial last block.
+//!
+//! O_DIRECT writes must start and end on the device's block boundary. The writer keeps
+//! the bytes of the file's last, partial block in memory (`tail`); each write starts at
+//! that block, carries the tail, then the new bytes, zero-padded to the next boundary.
+//! So after a write the file may end with zeros past the last batch: [`finish`] trims it
+//! to the exact end, and recovery treats zeros after the last batch as the end of the
+//! log, not as damage. Writes of one segment are issued one at a time, in order, so a
+//! crash never leaves a hole before written data.
+//!
+//! [`finish`]: SegmentWriter::finish
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use glommio::io::{DmaFile, OpenOptions};
+
+use super::error::{Result, StorageError};
+
+/// Largest single DMA write: bounds the buffer one write allocates.
+pub const WRITE_BYTES_MAX: usize = 4 << 20;
+
+/// Writes to one segment file. Only the log's I/O leader (the holder of its I/O lock)
+/// uses it, so writes are never concurrent.
+pub struct SegmentWriter {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+    /// Block-aligned file position where `tail` starts.
+    block_pos: u64,
+    /// Bytes of the partial last block (shorter than `align`).
+    tail: Vec<u8>,
+    align: u64,
+}
+
+/// Opens an existing `.log` file for reading and writing with O_DIRECT.
+pub async fn open_log_file(path: &Path) -> Result<Rc<DmaFile>> {
+    open_with(path, false).await
+}
+
+/// Creates a new, empty `.log` file (a stale file of that name is emptied).
+pub async fn create_log_file(path: &Path) -> Result<Rc<DmaFile>> {
+    open_with(path, true).await
+}
+
+async fn open_with(path: &Path, create: bool) -> Result<Rc<DmaFile>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(create)
+        .dma_open(path)
+        .await
+        .map_err(|e| StorageError::glommio("open", path, e))?;
+    Ok(Rc::new(file))
+}
+
+impl SegmentWriter {
+    /// A writer that continues the file at `size` (reads back the partial last block).
+    pub async fn resume(file: Rc<DmaFile>, path: &Path, size: u64) -> Result<SegmentWriter> {
+        let align = file.alignment();
+        let block_pos = size - size % align;
+        let tail_len = (size - block_pos) as usize;
+        let mut tail = Vec::with_capacity(align as usize);
+        if tail_len > 0 {
+            let read = file
+                .read_at_aligned(block_pos, align as usize)
+                .await
+                .map_err(|e| StorageError::glommio("read", path, e))?;
+            if read.len() < tail_len {
+                return Err(StorageError::Corrupt {
+                    path: path.to_path_buf(),
+                    position: block_pos,
+                    reason: "file shorter than its recovered size".into(),
+                });
+            }
+            tail.extend_from_slice(&read[..tail_len]);
+        }
+        Ok(SegmentWriter {
+            file,
+            path: path.to_path_buf(),
+            block_pos,
+            tail,
+            align,
+        })
+    }
+
+    /// The logical end of the file: where the next byte goes.
+    pub fn end(&self) -> u64 {
+        self.block_pos + self.tail.len() as u64
+    }
+
+    pub fn file(&self) -> &Rc<DmaFile> {
+        &self.file
+    }
+
+    /// Writes `chunks` after the current end. Returns the number of DMA writes issued.
+    pub async fn write(&mut self, chunks: &[Bytes]) -> Result<u64> {
+        let mut source = chunks.iter().map(|c| &c[..]).filter(|c| !c.is_empty());
+        let mut current: &[u8] = source.next().unwrap_or(&[]);
+        let mut writes = 0;
+        while !current.is_empty() {
+            let remaining = current.len() + chunks_len_after(&source);
+            let want = (self.tail.len() + remaining).min(WRITE_BYTES_MAX);
+            let padded = align_up(want as u64, self.align) as usize;
+            let mut buf = self.file.alloc_dma_buffer(padded);
+            let dst = buf.as_bytes_mut();
+            let mut filled = self.tail.len();
+            dst[..filled].copy_from_slice(&self.tail);
+            while filled < want {
+                if current.is_empty() {
+                    current = source.next().unwrap_or(&[]);
+                }
+                let n = current.len().min(want - filled);
+                dst[filled..filled + n].copy_from_slice(&current[..n]);
+                filled += n;
+                current = &current[n..];
+            }
+            dst[filled..].fill(0);
+            self.write_block_run(buf, filled).await?;
+            writes += 1;
+            if current.is_empty() {
+                current = source.next().unwrap_or(&[]);
+            }
+        }
+        Ok(writes)
+    }
+
+    /// Writes one aligned buffer at `block_pos` and advances past its full blocks,
+    /// keeping the bytes of the last partial block as the new tail.
+    async fn write_block_run(&mut self, buf: glommio::io::DmaBuffer, filled: usize) -> Result<()> {
+        let buf = Rc::new(buf);
+        let written = self
+            .file
+            .write_rc_at(buf.clone(), self.block_pos)
+            .await
+            .map_err(|e| StorageError::glommio("write", &self.path, e))?;
+        if written != buf.len() {
+            return Err(StorageError::io(
+                "write",
+                &self.path,
+                std::io::Error::new(std::io::ErrorKind::WriteZero, "short DMA write"),
+            ));
+        }
+        let full = filled - filled % self.align as usize;
+        self.tail.clear();
+        self.tail.extend_from_slice(&buf.as_bytes()[full..filled]);
+        self.block_pos += full as u64;
+        Ok(())
+    }
+
+    /// fdatasync: everything written so far is durable.
+    pub async fn sync(&self) -> Result<()> {
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| StorageError::glommio("fdatasync", &self.path, e))
+    }
+
+    /// Trims the zero padding so the file ends exactly at the last batch, then syncs.
+    pub async fn finish(&self) -> Result<()> {
+        self.file
+            .truncate(self.end())
+            .await
+            .map_err(|e| StorageError::glommio("truncate", &self.path, e))?;
+        self.sync().await
+    }
+}
+
+fn chunks_len_after<'a>(rest: &(impl Iterator<Item = &'a [u8]> + Clone)) -> usize {
+    rest.clone().map(<[u8]>::len).sum()
+}
+
+pub fn align_up(v: u64, align: u64) -> u64 {
+    v.div_ceil(align) * align
+}

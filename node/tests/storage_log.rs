@@ -1,0 +1,281 @@
+//! Partition log behaviour on the real disk: appends, reads (cache and DMA), rolls,
+//! indexes, truncation, retention, group commit, reopen.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use weir::storage::testing::{batch_of_size, build_batch, run_on_shard};
+use weir::storage::{Log, LogConfig, StorageError, prime_dma_probe};
+use wire::{LeaderEpoch, Offset};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn config(pairs: &[(&str, &str)]) -> LogConfig {
+    LogConfig::from_pairs(pairs.iter().copied()).unwrap()
+}
+
+fn batch(ts: i64, n: usize) -> BytesMut {
+    let values: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("value-{ts}-{i}").into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
+    build_batch(ts, &refs)
+}
+
+#[test]
+fn dma_reads_back_what_was_written_on_a_fresh_dir() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        // No tail cache: every read goes to the segment file through DMA reads.
+        let cfg = config(&[("log.tail.cache.bytes", "0")]);
+        let log = Log::open(root.join("t-0"), cfg.clone()).await.unwrap();
+        let mut sent = Vec::new();
+        for i in 0..50 {
+            let b = batch(1000 + i, 3);
+            sent.push(b.clone());
+            log.append(b, LeaderEpoch(7), 5000).await.unwrap();
+        }
+        assert_eq!(log.log_end_offset(), Offset(150));
+        let read = log.read(Offset(0), 1 << 20, Offset(150)).await.unwrap();
+        assert!(log.counters().disk_reads >= 1);
+        assert_eq!(read.batches.len(), 50);
+        for (i, (got, mut want)) in read.batches.iter().zip(sent).enumerate() {
+            wire::batch::assign_offsets(&mut want, Offset(3 * i as i64), LeaderEpoch(7)).unwrap();
+            assert_eq!(&got[..], &want[..], "batch {i}");
+        }
+        log.close().await.unwrap();
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        let read = log.read(Offset(100), 1, Offset(150)).await.unwrap();
+        assert_eq!(
+            read.batches.len(),
+            1,
+            "first batch returned whole despite max_bytes 1"
+        );
+        let h = wire::batch::validate_batch(&read.batches[0]).unwrap();
+        assert_eq!(h.header.base_offset(), Offset(99));
+        assert_eq!(h.header.partition_leader_epoch(), LeaderEpoch(7));
+    });
+}
+
+#[test]
+fn reads_respect_limits_and_upper_bound_and_range() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let log = Log::open(root.join("t-0"), LogConfig::default())
+            .await
+            .unwrap();
+        for i in 0..10 {
+            let info = log.append(batch(i, 2), LeaderEpoch(0), 0).await.unwrap();
+            assert_eq!(info.first_offset, Offset(2 * i));
+            assert_eq!(info.last_offset, Offset(2 * i + 1));
+        }
+        let one = log.read(Offset(0), 1, Offset(20)).await.unwrap();
+        let size = one.bytes();
+        assert_eq!(one.batches.len(), 1);
+        assert_eq!(one.next_offset, Offset(2));
+        let three = log.read(Offset(3), 3 * size, Offset(20)).await.unwrap();
+        assert_eq!(three.batches.len(), 3);
+        let hdr = wire::batch::read_header(&three.batches[0]).unwrap();
+        assert_eq!(hdr.base_offset(), Offset(2), "batch containing offset 3");
+        let bounded = log.read(Offset(0), 1 << 20, Offset(5)).await.unwrap();
+        assert_eq!(
+            bounded.batches.len(),
+            2,
+            "only batches whose last offset < 5"
+        );
+        assert!(
+            log.read(Offset(20), 100, Offset(20))
+                .await
+                .unwrap()
+                .batches
+                .is_empty()
+        );
+        assert!(matches!(
+            log.read(Offset(21), 100, Offset(30)).await,
+            Err(StorageError::OffsetOutOfRange { .. })
+        ));
+    });
+}
+
+#[test]
+fn segments_roll_by_size_with_kafka_file_names_and_indexes() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[
+            ("segment.bytes", "65536"),
+            ("index.interval.bytes", "4096"),
+            ("log.tail.cache.bytes", "0"),
+        ]);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+        for i in 0..100 {
+            log.append(batch_of_size(i, 4, 3000), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        let bases = log.segment_bases();
+        assert!(bases.len() >= 4, "{bases:?}");
+        log.close().await.unwrap();
+        for (i, base) in bases.iter().enumerate() {
+            let name = format!("{:020}", base.get());
+            let log_len = std::fs::metadata(pdir.join(format!("{name}.log")))
+                .unwrap()
+                .len();
+            assert!(log_len <= 65536);
+            let index = std::fs::read(pdir.join(format!("{name}.index"))).unwrap();
+            let times = std::fs::read(pdir.join(format!("{name}.timeindex"))).unwrap();
+            assert_eq!(index.len() % 8, 0);
+            assert_eq!(times.len() % 12, 0);
+            if i + 1 < bases.len() {
+                // ~3000-byte batches: an entry each time more than 4096 bytes passed.
+                assert!(index.len() / 8 >= (log_len as usize / 6000).saturating_sub(1));
+                let first_pos = u32::from_be_bytes(index[4..8].try_into().unwrap());
+                assert!(first_pos > 4096, "no entry before 4096 bytes");
+            }
+        }
+        // Reopen (clean) and read every offset back through the indexes.
+        let log = Log::open(pdir.clone(), cfg).await.unwrap();
+        assert_eq!(log.segment_bases(), bases);
+        assert_eq!(log.log_end_offset(), Offset(400));
+        for o in (0..400).step_by(7) {
+            let r = log.read(Offset(o), 1, Offset(400)).await.unwrap();
+            let h = wire::batch::read_header(&r.batches[0]).unwrap();
+            assert!(h.base_offset() <= Offset(o) && h.last_offset() >= Offset(o));
+        }
+        assert_eq!(log.read_by_time(50).await.unwrap(), Some((Offset(188), 50)));
+        assert_eq!(log.read_by_time(1000).await.unwrap(), None);
+    });
+}
+
+#[test]
+fn truncate_retention_and_delete_records_move_the_ends() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "8192"), ("retention.bytes", "20000")]);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+        for i in 0..40 {
+            log.append(batch_of_size(i, 1, 1000), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        assert_eq!(log.truncate_to(Offset(30)).await.unwrap(), Offset(30));
+        assert_eq!(log.log_end_offset(), Offset(30));
+        let info = log.append(batch(99, 1), LeaderEpoch(2), 0).await.unwrap();
+        assert_eq!(info.first_offset, Offset(30));
+        let deleted = log.apply_retention(0).await.unwrap();
+        assert!(deleted >= 1);
+        assert!(log.size_bytes() < 20000 + 8192);
+        let start = log.log_start_offset();
+        assert!(start > Offset(0));
+        assert!(matches!(
+            log.read(Offset(0), 100, Offset(31)).await,
+            Err(StorageError::OffsetOutOfRange { .. })
+        ));
+        assert_eq!(
+            log.delete_records_before(Offset(25)).await.unwrap(),
+            Offset(25)
+        );
+        log.close().await.unwrap();
+        let log = Log::open(pdir.clone(), cfg).await.unwrap();
+        assert_eq!(
+            log.log_start_offset(),
+            Offset(25),
+            "log start offset persisted"
+        );
+        assert_eq!(log.log_end_offset(), Offset(31));
+        let r = log.read(Offset(25), 1 << 20, Offset(31)).await.unwrap();
+        assert_eq!(r.next_offset, Offset(31));
+        log.delete().await.unwrap();
+        assert!(!pdir.exists());
+    });
+}
+
+#[test]
+fn concurrent_appends_share_fdatasyncs_with_flush_on_ack() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("log.flush.on.ack", "true")]);
+        let log = Rc::new(Log::open(root.join("t-0"), cfg).await.unwrap());
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    let mut offsets = Vec::new();
+                    for j in 0..10 {
+                        let info = log.append(batch(i * 100 + j, 1), LeaderEpoch(0), 0).await;
+                        offsets.push(info.unwrap().first_offset);
+                    }
+                    offsets
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await);
+        }
+        all.sort();
+        assert_eq!(all, (0..640).map(Offset).collect::<Vec<_>>());
+        let c = log.counters();
+        assert_eq!(c.appends, 640);
+        assert!(c.fdatasyncs >= 1);
+        assert!(c.fdatasyncs * 4 <= c.appends, "group commit: {c:?}");
+    });
+}
+
+#[test]
+fn log_append_time_stamps_batches_and_keeps_crc_valid() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("message.timestamp.type", "LogAppendTime")]);
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        let info = log
+            .append(batch(5, 2), LeaderEpoch(0), 123_456)
+            .await
+            .unwrap();
+        assert_eq!(info.log_append_time_ms, Some(123_456));
+        let r = log.read(Offset(0), 1 << 20, Offset(2)).await.unwrap();
+        let view = wire::batch::validate_batch(&r.batches[0]).unwrap();
+        assert_eq!(view.header.max_timestamp(), 123_456);
+        assert_eq!(
+            view.header.attributes().timestamp_type(),
+            wire::batch::TimestampType::LogAppendTime
+        );
+    });
+}
+
+#[test]
+fn garbage_appends_are_errors_not_panics() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let log = Log::open(root.join("t-0"), LogConfig::default())
+            .await
+            .unwrap();
+        for junk in [&b""[..], b"\x00\x01", &[0xff; 100][..]] {
+            let r = log.append(BytesMut::from(junk), LeaderEpoch(0), 0).await;
+            assert!(matches!(r, Err(StorageError::InvalidBatch { .. })), "{r:?}");
+        }
+        let mut truncated = batch(1, 3);
+        truncated.truncate(truncated.len() - 1);
+        assert!(log.append(truncated, LeaderEpoch(0), 0).await.is_err());
+        assert_eq!(log.log_end_offset(), Offset(0));
+    });
+}
