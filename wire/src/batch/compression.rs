@@ -8,6 +8,8 @@
 //!   librdkafka writes one raw snappy block. Kafka's Java reader accepts both (xerial's
 //!   stream falls back to raw when the magic is absent), so weir's does too.
 //! - lz4: the LZ4 frame format (magic `0x184D2204`), as Kafka ≥ 0.10 writes for magic ≥ 1.
+//!   The decoder holds two buffers of the frame's declared block size (at most 4 MiB each)
+//!   besides the bounded output.
 //! - zstd: a zstd frame; librdkafka may omit the content size, so decoding is streamed.
 //!
 //! The broker never needs this: it stores batches as received. Compaction, verification in
