@@ -202,7 +202,10 @@ pub fn make_records(first_id: u64, n: u64, tag: &str, base_ts_ms: i64) -> Vec<Se
 /// A consumer with no group, reading `topic`'s partitions by assignment.
 pub fn consumer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseConsumer> {
     let mut c = base_config(bootstrap);
-    c.set("enable.auto.commit", "false")
+    // librdkafka's assign() needs a group.id, though no group is joined and nothing is
+    // committed: positions come from the explicit assignment.
+    c.set("group.id", "weir-tests-assign")
+        .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("check.crcs", "true")

@@ -64,12 +64,25 @@ impl RawConn {
     }
 
     /// Encodes a framed request for any api key number (also unknown ones) and header
-    /// version; bumps the correlation id.
+    /// version; bumps the correlation id. The body is encoded at `version`.
     pub fn frame<Req: Encodable>(
         &mut self,
         api_key: i16,
         version: i16,
         header_version: i16,
+        req: &Req,
+    ) -> Result<BytesMut> {
+        self.frame_claiming(api_key, version, header_version, version, req)
+    }
+
+    /// Like [`frame`](Self::frame), but the header claims `version` while the body is
+    /// encoded at `body_version`: for versions no encoder knows (unsupported versions).
+    pub fn frame_claiming<Req: Encodable>(
+        &mut self,
+        api_key: i16,
+        version: i16,
+        header_version: i16,
+        body_version: i16,
         req: &Req,
     ) -> Result<BytesMut> {
         let header = RequestHeader::default()
@@ -80,7 +93,7 @@ impl RawConn {
         self.correlation_id += 1;
         let mut body = BytesMut::new();
         header.encode(&mut body, header_version)?;
-        req.encode(&mut body, version)?;
+        req.encode(&mut body, body_version)?;
         let mut frame = BytesMut::with_capacity(body.len() + 4);
         frame.put_i32(i32::try_from(body.len())?);
         frame.extend_from_slice(&body);
@@ -227,7 +240,8 @@ pub fn produce_request(topic: &str, partition: i32, acks: i16, batch: Bytes) -> 
         .with_topic_data(vec![topic])
 }
 
-/// A v2 record batch holding `values` (keys `k<i>`), uncompressed unless asked.
+/// Record batches (v2) holding `values` (keys `k<i>`), uncompressed unless asked. Note:
+/// kafka-protocol's encoder may write one batch per record.
 pub fn record_batch(values: &[Vec<u8>], compression: Compression) -> Result<Bytes> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?

@@ -259,7 +259,13 @@ fn unknown_api_key(weir: &Weir) -> Result<()> {
 fn unsupported_version(weir: &Weir) -> Result<()> {
     // Metadata v200: no broker serves it; weir (like Kafka) closes the connection.
     let mut c = RawConn::connect(weir.addr())?;
-    let frame = c.frame(ApiKey::Metadata as i16, 200, 2, &MetadataRequest::default())?;
+    let frame = c.frame_claiming(
+        ApiKey::Metadata as i16,
+        200,
+        2,
+        12,
+        &MetadataRequest::default(),
+    )?;
     c.send_raw(&frame)?;
     let (closed, got) = c.wait_closed(CLOSE_TIMEOUT)?;
     ensure!(
@@ -272,10 +278,12 @@ fn unsupported_version(weir: &Weir) -> Result<()> {
 
 fn api_versions_unknown_version(weir: &Weir) -> Result<()> {
     let mut c = RawConn::connect(weir.addr())?;
-    let frame = c.frame(
+    // The header claims v99; the body is a v3 body (what a newer client would send).
+    let frame = c.frame_claiming(
         ApiKey::ApiVersions as i16,
         99,
         2,
+        3,
         &ApiVersionsRequest::default(),
     )?;
     let correlation_id = c.last_correlation_id();
@@ -334,13 +342,15 @@ fn semantic_errors(weir: &Weir) -> Result<()> {
     );
 
     // Incompressible values, so the batch is over the limit as sent.
-    let big: Vec<Vec<u8>> = (0..3).map(|i| noise(MESSAGE_MAX_BYTES / 2, i)).collect();
+    // One record: kafka-protocol's encoder may put each record in a batch of its own.
+    let big = vec![noise(MESSAGE_MAX_BYTES * 3 / 2, 1)];
     let big = raw::record_batch(&big, Compression::None)?;
     ensure!(big.len() > MESSAGE_MAX_BYTES);
-    let (code, _) = c.produce(BAD, 1, 1, big)?;
+    let big_len = big.len();
+    let (code, base) = c.produce(BAD, 1, 1, big)?;
     ensure!(
         code == MESSAGE_TOO_LARGE,
-        "oversized batch: error {code}, expected {MESSAGE_TOO_LARGE}"
+        "oversized batch of {big_len} bytes: error {code} (base offset {base}), expected {MESSAGE_TOO_LARGE}"
     );
 
     // Neither bad batch was appended; the connection still works; the valid one follows.
