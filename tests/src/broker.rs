@@ -441,6 +441,52 @@ fn profile_dir() -> Result<PathBuf> {
     Ok(target_dir().join("debug"))
 }
 
+/// Bytes each shard has written to storage so far, from per-thread I/O accounting:
+/// `/proc/PID/task/TID/io` `write_bytes` of the shard's threads (named `weir-shard-N...`)
+/// and of the io_uring workers they own (named `iou-wrk-TID`, TID a shard thread).
+/// Workers that exited take their counts with them, so compare snapshots taken close
+/// together.
+pub fn shard_write_bytes(pid: u32) -> Result<std::collections::BTreeMap<usize, u64>> {
+    let mut shard_of_tid = std::collections::BTreeMap::new();
+    let mut tasks = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = entry?.path();
+        let Some(tid) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            continue;
+        };
+        // A thread may exit between listing and reading: skip it.
+        let (Ok(comm), Ok(io)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("io")),
+        ) else {
+            continue;
+        };
+        let comm = comm.trim().to_string();
+        if let Some(shard) = comm.strip_prefix("weir-shard-").and_then(shard_number) {
+            shard_of_tid.insert(tid.clone(), shard);
+        }
+        let written = io
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        tasks.push((tid, comm, written));
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for (tid, comm, written) in tasks {
+        let owner_tid = comm.strip_prefix("iou-wrk-").unwrap_or(&tid);
+        if let Some(&shard) = shard_of_tid.get(owner_tid) {
+            *out.entry(shard).or_insert(0) += written;
+        }
+    }
+    Ok(out)
+}
+
+/// "3-4" or "3" -> 3: glommio appends its own id to the thread name.
+fn shard_number(rest: &str) -> Option<usize> {
+    rest.split('-').next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

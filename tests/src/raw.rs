@@ -10,14 +10,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader,
+    ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 
 /// How long one raw read or write may block.
@@ -190,6 +192,49 @@ impl RawConn {
             .and_then(|t| t.partition_responses.first())
             .context("empty produce response")?;
         Ok((p.error_code, p.base_offset))
+    }
+
+    /// Fetch v11 of one partition from `offset` (waits up to 500 ms for data); returns
+    /// (error code, high watermark, records decoded from the returned batches).
+    pub fn fetch(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: i32,
+    ) -> Result<(i16, i64, Vec<Record>)> {
+        let part = FetchPartition::default()
+            .with_partition(partition)
+            .with_fetch_offset(offset)
+            .with_partition_max_bytes(max_bytes);
+        let topic = FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![part]);
+        let req = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(500)
+            .with_min_bytes(1)
+            .with_max_bytes(max_bytes)
+            .with_session_epoch(-1)
+            .with_topics(vec![topic]);
+        let resp: FetchResponse = self.call(ApiKey::Fetch, 11, &req)?;
+        let p = resp
+            .responses
+            .first()
+            .and_then(|t| t.partitions.first())
+            .context("empty fetch response")?;
+        let mut records = Vec::new();
+        if let Some(mut bytes) = p.records.clone() {
+            // The broker's output, decoded by a trusted decoder; a batch cut at the
+            // size limit ends the list (Kafka allows a partial last batch).
+            while bytes.len() >= 61 {
+                let Ok(set) = RecordBatchDecoder::decode(&mut bytes) else {
+                    break;
+                };
+                records.extend(set.records);
+            }
+        }
+        Ok((p.error_code, p.high_watermark, records))
     }
 
     /// Whether the broker closed this connection within `timeout`: a read returns EOF or
