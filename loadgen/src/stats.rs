@@ -327,25 +327,29 @@ impl Recorder {
 
 /// The kafka-producer-perf-test style progress line for one second.
 pub fn progress_line(s: &Second) -> String {
-    let mut line = format!(
-        "{} records acked, {:.1} records/sec ({:.2} MB/sec), {:.1} ms avg latency, \
-         {:.1} ms p99, {:.1} ms max latency",
-        s.acked_records,
-        s.records_per_sec,
-        s.mb_per_sec,
-        s.publish_avg_ms,
-        s.publish_p99_ms,
-        s.publish_max_ms
-    );
+    let mut parts = Vec::new();
+    if s.acked_records > 0 || s.consumed_records == 0 {
+        parts.push(format!(
+            "{} records acked, {:.1} records/sec ({:.2} MB/sec), {:.1} ms avg latency, \
+             {:.1} ms p99, {:.1} ms max latency",
+            s.acked_records,
+            s.records_per_sec,
+            s.mb_per_sec,
+            s.publish_avg_ms,
+            s.publish_p99_ms,
+            s.publish_max_ms
+        ));
+    }
     if s.consumed_records > 0 || s.lag_records > 0 {
-        line.push_str(&format!(
-            "; {:.1} consumed/sec, {:.1} ms e2e p99, lag {}",
-            s.consumed_per_sec, s.e2e_p99_ms, s.lag_records
+        parts.push(format!(
+            "{} records consumed, {:.1} records/sec, {:.1} ms e2e p99, lag {}",
+            s.consumed_records, s.consumed_per_sec, s.e2e_p99_ms, s.lag_records
         ));
     }
     if s.errors > 0 {
-        line.push_str(&format!("; {} errors", s.errors));
+        parts.push(format!("{} errors", s.errors));
     }
+    let mut line = parts.join("; ");
     if s.warmup {
         line.push_str(" (warm-up)");
     }

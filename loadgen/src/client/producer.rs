@@ -31,6 +31,8 @@ use crate::stats::{Clock, Recorder};
 
 /// Records generated per loop turn before the producer looks at its sockets again.
 const GENERATE_BURST: usize = 256;
+/// Requests written per loop turn at most, before generating again.
+const SEND_ROUNDS_MAX: usize = 64;
 /// Longest the producer sleeps without re-checking anything.
 const WAIT_MAX_NS: u64 = 50_000_000;
 /// Waits shorter than this spin (yielding) instead of sleeping: sleeps overshoot ~60 µs.
@@ -263,8 +265,13 @@ impl Producer {
                 }
             }
             let now = self.clock.now_ns();
-            if let Some(t) = self.send_ready(now, !generating) {
+            let (sent, ready_at) = self.send_ready(now, !generating);
+            if let Some(t) = ready_at {
                 wait_until = wait_until.min(t);
+            }
+            if sent {
+                // Sending freed buffer space or window slots: look again before sleeping.
+                wait_until = now;
             }
             if !generating && self.idle() {
                 break;
@@ -385,9 +392,26 @@ impl Producer {
         }
     }
 
-    /// Sends one request per broker whose window has room, holding the front batch of each
-    /// of its partitions that is ready. Returns the earliest time something becomes ready.
-    fn send_ready(&mut self, now: u64, flush: bool) -> Option<u64> {
+    /// Sends requests while brokers' windows have room and batches are ready (bounded
+    /// rounds). Returns whether anything was sent and the earliest time something becomes
+    /// ready.
+    fn send_ready(&mut self, now: u64, flush: bool) -> (bool, Option<u64>) {
+        let mut sent_any = false;
+        let mut next = None;
+        for _ in 0..SEND_ROUNDS_MAX {
+            let (sent, ready_at) = self.send_round(now, flush);
+            next = ready_at;
+            sent_any |= sent;
+            if !sent {
+                break;
+            }
+        }
+        (sent_any, next)
+    }
+
+    /// One request per broker whose window has room, holding the front batch of each of its
+    /// partitions that is ready.
+    fn send_round(&mut self, now: u64, flush: bool) -> (bool, Option<u64>) {
         let mut next: Option<u64> = None;
         let mut per_broker: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
         for p in 0..self.queues.len() {
@@ -401,27 +425,32 @@ impl Producer {
                 Err(t) => next = Some(next.map_or(t, |n| n.min(t))),
             }
         }
+        let mut sent = false;
         for (broker, partitions) in per_broker {
-            if let Err(e) = self.send_to(broker, &partitions, now) {
-                self.recorder.record_error("ClientConnectionLost", 1);
-                if let Some(l) = self.links.get_mut(&broker) {
-                    lock(&l.state).broken = true;
+            match self.send_to(broker, &partitions, now) {
+                Ok(s) => sent |= s,
+                Err(e) => {
+                    self.recorder.record_error("ClientConnectionLost", 1);
+                    if let Some(l) = self.links.get_mut(&broker) {
+                        lock(&l.state).broken = true;
+                    }
+                    warn(&format!("send to broker {broker}: {e:#}"));
                 }
-                warn(&format!("send to broker {broker}: {e:#}"));
             }
         }
-        next
+        (sent, next)
     }
 
-    fn send_to(&mut self, broker: i32, partitions: &[usize], now: u64) -> Result<()> {
+    /// Sends the ready batches of `partitions` to `broker`; `Ok(false)` if nothing went.
+    fn send_to(&mut self, broker: i32, partitions: &[usize], now: u64) -> Result<bool> {
         self.ensure_link(broker, now)?;
         let Some(link) = self.links.get(&broker) else {
-            return Ok(());
+            return Ok(false);
         };
         {
             let st = lock(&link.state);
-            if st.broken || st.in_flight.len() >= self.cfg.max_in_flight {
-                return Ok(());
+            if st.broken || link.writer.is_none() || st.in_flight.len() >= self.cfg.max_in_flight {
+                return Ok(false);
             }
         }
         let mut batches = Vec::with_capacity(partitions.len());
@@ -437,9 +466,10 @@ impl Producer {
             batches.push(b);
         }
         if batches.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
-        self.write_request(broker, batches)
+        self.write_request(broker, batches)?;
+        Ok(true)
     }
 
     /// Gives up on a batch past its delivery timeout.
