@@ -36,9 +36,14 @@ pub struct RawConn {
 impl RawConn {
     /// Connects with bounded read/write timeouts.
     pub fn connect(addr: SocketAddr) -> Result<RawConn> {
-        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-        stream.set_read_timeout(Some(IO_TIMEOUT))?;
-        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        RawConn::connect_timeout(addr, IO_TIMEOUT)
+    }
+
+    /// Connects; `timeout` bounds the connect and every later read and write.
+    pub fn connect_timeout(addr: SocketAddr, timeout: Duration) -> Result<RawConn> {
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
         Ok(RawConn {
             stream,
