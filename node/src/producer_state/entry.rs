@@ -1,0 +1,196 @@
+//! One producer's state in one partition: its epoch, the metadata of its last few batches
+//! (the dedup window) and when it was last seen (for expiry).
+
+use wire::{Offset, ProducerEpoch, Sequence};
+
+/// How many of a producer's most recent batches are remembered for duplicate detection.
+/// Kafka's clients keep at most 5 requests in flight per connection when idempotent
+/// (`max.in.flight.requests.per.connection` ≤ 5), so any retry they can send is one of
+/// the last 5 batches.
+pub const BATCHES_RETAINED: usize = 5;
+
+/// What is remembered of one appended batch: enough to recognise a resend and answer it
+/// with the original offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchMetadata {
+    pub first_sequence: Sequence,
+    pub last_sequence: Sequence,
+    pub first_offset: Offset,
+    pub last_offset: Offset,
+    /// The batch's `maxTimestamp` as appended (returned to a duplicate's sender).
+    pub max_timestamp: i64,
+}
+
+/// A producer id's state in one partition. The batches form a ring, oldest first; they
+/// all belong to `epoch` (a new epoch clears them).
+#[derive(Clone, Debug)]
+pub struct ProducerEntry {
+    epoch: ProducerEpoch,
+    batches: [BatchMetadata; BATCHES_RETAINED],
+    /// Index of the oldest batch in `batches`.
+    head: u8,
+    /// Number of valid batches, `1..=BATCHES_RETAINED` once the entry exists.
+    len: u8,
+    /// Broker clock (ms) of the last append by this producer; drives expiry.
+    last_seen_ms: i64,
+}
+
+const EMPTY_BATCH: BatchMetadata = BatchMetadata {
+    first_sequence: Sequence::NONE,
+    last_sequence: Sequence::NONE,
+    first_offset: Offset::NONE,
+    last_offset: Offset::NONE,
+    max_timestamp: -1,
+};
+
+impl ProducerEntry {
+    /// A producer's entry created by its first appended batch.
+    pub fn new(epoch: ProducerEpoch, first: BatchMetadata, now_ms: i64) -> ProducerEntry {
+        let mut batches = [EMPTY_BATCH; BATCHES_RETAINED];
+        batches[0] = first;
+        ProducerEntry {
+            epoch,
+            batches,
+            head: 0,
+            len: 1,
+            last_seen_ms: now_ms,
+        }
+    }
+
+    pub fn epoch(&self) -> ProducerEpoch {
+        self.epoch
+    }
+
+    pub fn last_seen_ms(&self) -> i64 {
+        self.last_seen_ms
+    }
+
+    /// The most recent batch: the one the next batch's sequence must follow.
+    pub fn last_batch(&self) -> &BatchMetadata {
+        debug_assert!(self.len >= 1);
+        &self.batches[self.slot(usize::from(self.len) - 1)]
+    }
+
+    /// The retained batches, oldest first.
+    pub fn batches(&self) -> impl ExactSizeIterator<Item = &BatchMetadata> + '_ {
+        (0..usize::from(self.len)).map(move |i| &self.batches[self.slot(i)])
+    }
+
+    /// The retained batch with exactly this sequence range, if any. Kafka matches both
+    /// ends: a resend is the same batch, never a re-split one.
+    pub fn find_batch(&self, first: Sequence, last: Sequence) -> Option<&BatchMetadata> {
+        self.batches()
+            .find(|b| b.first_sequence == first && b.last_sequence == last)
+    }
+
+    /// Records an appended batch. A different epoch starts a fresh window: batches of an
+    /// older epoch can never be resent successfully, so they need not be remembered.
+    pub fn push(&mut self, epoch: ProducerEpoch, batch: BatchMetadata, now_ms: i64) {
+        if epoch != self.epoch {
+            *self = ProducerEntry::new(epoch, batch, now_ms.max(self.last_seen_ms));
+            return;
+        }
+        if usize::from(self.len) == BATCHES_RETAINED {
+            self.batches[usize::from(self.head)] = batch;
+            self.head = ((usize::from(self.head) + 1) % BATCHES_RETAINED) as u8;
+        } else {
+            let slot = self.slot(usize::from(self.len));
+            self.batches[slot] = batch;
+            self.len += 1;
+        }
+        // The clock passed in may step back (NTP); expiry must not move earlier for that.
+        self.last_seen_ms = self.last_seen_ms.max(now_ms);
+        debug_assert!(usize::from(self.len) <= BATCHES_RETAINED);
+    }
+
+    /// Rebuilds an entry from its parts (snapshot decoding). `batches` must be 1..=5
+    /// batches, oldest first; returns `None` otherwise.
+    pub fn from_parts(
+        epoch: ProducerEpoch,
+        batches: &[BatchMetadata],
+        last_seen_ms: i64,
+    ) -> Option<ProducerEntry> {
+        let (first, rest) = batches.split_first()?;
+        if rest.len() >= BATCHES_RETAINED {
+            return None;
+        }
+        let mut entry = ProducerEntry::new(epoch, *first, last_seen_ms);
+        for b in rest {
+            entry.push(epoch, *b, last_seen_ms);
+        }
+        Some(entry)
+    }
+
+    fn slot(&self, i: usize) -> usize {
+        (usize::from(self.head) + i) % BATCHES_RETAINED
+    }
+}
+
+/// Equal when they would answer every batch alike: same epoch, same batches in the same
+/// order, same clock. Where the ring happens to start does not matter.
+impl PartialEq for ProducerEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.epoch == other.epoch
+            && self.last_seen_ms == other.last_seen_ms
+            && self.batches().eq(other.batches())
+    }
+}
+
+impl Eq for ProducerEntry {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(first: i32, last: i32, offset: i64) -> BatchMetadata {
+        BatchMetadata {
+            first_sequence: Sequence(first),
+            last_sequence: Sequence(last),
+            first_offset: Offset(offset),
+            last_offset: Offset(offset + i64::from(last - first)),
+            max_timestamp: 1000 + offset,
+        }
+    }
+
+    #[test]
+    fn keeps_only_the_last_five_batches_oldest_first() {
+        let mut e = ProducerEntry::new(ProducerEpoch(0), batch(0, 0, 0), 1);
+        for i in 1..8 {
+            e.push(ProducerEpoch(0), batch(i, i, i64::from(i)), 1);
+        }
+        let firsts: Vec<i32> = e.batches().map(|b| b.first_sequence.0).collect();
+        assert_eq!(firsts, vec![3, 4, 5, 6, 7]);
+        assert_eq!(e.last_batch().last_sequence, Sequence(7));
+        assert!(e.find_batch(Sequence(2), Sequence(2)).is_none());
+        assert_eq!(
+            e.find_batch(Sequence(3), Sequence(3)),
+            Some(&batch(3, 3, 3))
+        );
+    }
+
+    #[test]
+    fn a_new_epoch_clears_the_window() {
+        let mut e = ProducerEntry::new(ProducerEpoch(0), batch(0, 4, 0), 1);
+        e.push(ProducerEpoch(1), batch(0, 1, 5), 2);
+        assert_eq!(e.epoch(), ProducerEpoch(1));
+        assert_eq!(e.batches().len(), 1);
+        assert!(e.find_batch(Sequence(0), Sequence(4)).is_none());
+    }
+
+    #[test]
+    fn from_parts_rejects_empty_and_oversized() {
+        assert!(ProducerEntry::from_parts(ProducerEpoch(0), &[], 0).is_none());
+        let six: Vec<_> = (0..6).map(|i| batch(i, i, i64::from(i))).collect();
+        assert!(ProducerEntry::from_parts(ProducerEpoch(0), &six, 0).is_none());
+        let e = ProducerEntry::from_parts(ProducerEpoch(3), &six[1..], 9).unwrap();
+        assert_eq!(e.batches().copied().collect::<Vec<_>>(), six[1..].to_vec());
+        assert_eq!(e.last_seen_ms(), 9);
+    }
+
+    #[test]
+    fn last_seen_never_moves_back() {
+        let mut e = ProducerEntry::new(ProducerEpoch(0), batch(0, 0, 0), 100);
+        e.push(ProducerEpoch(0), batch(1, 1, 1), 50);
+        assert_eq!(e.last_seen_ms(), 100);
+    }
+}
