@@ -262,20 +262,19 @@ fn percentile_svg(runs: &[RunReport]) -> Result<String> {
     if series.is_empty() {
         return Ok("<p>No latencies recorded.</p>".into());
     }
-    let y_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
-        .fold(0.01f64, f64::max)
-        * 1.5;
+    let ys = || series.iter().flat_map(|(_, p)| p.iter().map(|&(_, y)| y));
+    let y_max = ys().fold(0.01f64, f64::max) * 1.5;
+    let y_min = ys().fold(f64::MAX, f64::min).clamp(0.001, y_max / 10.0) / 1.5;
     let mut buf = String::new();
     {
         let root = SVGBackend::with_string(&mut buf, (PLOT_W, PLOT_H)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(10)
+            .margin_right(40)
             .x_label_area_size(35)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..NINES_MAX, (0.001f64..y_max).log_scale())
+            .build_cartesian_2d(0.0..NINES_MAX, (y_min..y_max).log_scale())
             .map_err(plot_err)?;
         chart
             .configure_mesh()
@@ -291,13 +290,13 @@ fn percentile_svg(runs: &[RunReport]) -> Result<String> {
                 .draw_series(LineSeries::new(pts, c.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+                .legend(move |(x, y)| Rectangle::new([(x, y - 3), (x + 20, y + 3)], c.filled()));
         }
         chart
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .draw()
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
@@ -382,7 +381,7 @@ fn timeline_svg(
                 .draw_series(LineSeries::new(pts, c.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+                .legend(move |(x, y)| Rectangle::new([(x, y - 3), (x + 20, y + 3)], c.filled()));
         }
         chart
             .configure_series_labels()
