@@ -2,6 +2,9 @@
 //! SIGKILL, quickstart. Needs the `weir` binary built next to the test binaries
 //! (`cargo build --workspace --bins`, as scripts/test.sh does).
 
+// Test code: a panic is a failed test, with the message it carries.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
