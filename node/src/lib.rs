@@ -1,5 +1,21 @@
 //! weir's broker: shards, network, storage, partitions, coordinators, config, admin CLI.
 //!
+//! How the parts fit: [`server`] starts one pinned glommio executor per [`shard`]; each
+//! accepts connections ([`server::conn`]), parses frames ([`proto`]) and runs the [`api`]
+//! handlers. Work for a partition goes to the shard that owns it ([`router`]) over bounded
+//! channel meshes; there a [`partition`] wraps the [`storage`] log. Topics live in the
+//! persisted [`metadata`] catalogue; [`config`] reads Kafka-style properties.
+//!
 //! - [`storage`]: the segmented partition log on direct I/O.
-pub mod storage;
+pub mod api;
+pub mod config;
+pub mod errors;
+pub mod event;
+pub mod metadata;
+pub mod partition;
 pub mod producer_state;
+pub mod proto;
+pub mod router;
+pub mod server;
+pub mod shard;
+pub mod storage;

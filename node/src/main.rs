@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a broker node that Kafka clients connect to.
+    Serve(ServeArgs),
     /// Inspect log files on disk.
     Log {
         #[command(subcommand)]
@@ -31,21 +33,85 @@ enum LogCommand {
     },
 }
 
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Data directory (Kafka key `log.dirs`). Default: ./weir-data.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on, HOST:PORT (Kafka key `listeners`). Default: 127.0.0.1:9092.
+    /// Port 0 picks a free port; the ready line shows the real one.
+    #[arg(long)]
+    listen: Option<String>,
+    /// HOST:PORT clients are told to connect to (Kafka key `advertised.listeners`).
+    #[arg(long)]
+    advertised_listener: Option<String>,
+    /// This node's id (Kafka key `node.id`). Default: 0.
+    #[arg(long)]
+    node_id: Option<i32>,
+    /// Number of shards (one pinned thread each). Default: one per core.
+    #[arg(long)]
+    shards: Option<usize>,
+    /// A Kafka-style server.properties file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one config key, KEY=VALUE (repeatable; applied after --config).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut props = match &args.config {
+        Some(path) => weir::config::Properties::load(path)?,
+        None => weir::config::Properties::default(),
+    };
+    for kv in &args.set {
+        props.set_arg(kv)?;
+    }
+    let cli = weir::config::CliOverrides {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        advertised_listener: args.advertised_listener,
+        node_id: args.node_id,
+        shards: args.shards,
+    };
+    let config = weir::config::Config::resolve(props, &cli)?;
+    weir::server::serve(config)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Log { command: LogCommand::Dump { paths } } => {
-            match weir::storage::dump::dump_paths(&paths, &mut std::io::stdout().lock()) {
-                Ok(summary) if summary.problems == 0 => ExitCode::SUCCESS,
-                Ok(summary) => {
-                    eprintln!("weir log dump: {} problem(s) found", summary.problems);
-                    ExitCode::FAILURE
-                }
+        Command::Serve(args) => {
+            init_logging();
+            match serve(args) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("weir log dump: {e}");
+                    eprintln!("weir serve: {e:#}");
                     ExitCode::FAILURE
                 }
             }
         }
+        Command::Log {
+            command: LogCommand::Dump { paths },
+        } => match weir::storage::dump::dump_paths(&paths, &mut std::io::stdout().lock()) {
+            Ok(summary) if summary.problems == 0 => ExitCode::SUCCESS,
+            Ok(summary) => {
+                eprintln!("weir log dump: {} problem(s) found", summary.problems);
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("weir log dump: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

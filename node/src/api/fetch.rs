@@ -1,0 +1,196 @@
+//! Fetch: read every requested partition on its owning shard; if fewer than `min_bytes`
+//! are available, long-poll — each owning shard parks a waiter on its partitions'
+//! append events (no polling) — until data arrives or `max_wait_ms` passes, then read
+//! again. Fetch sessions are answered without incremental support (session id 0), which
+//! tells clients to keep sending full fetch requests.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchRequest, FetchResponse};
+
+use super::topic_name;
+use crate::errors;
+use crate::event::Event;
+use crate::partition::FetchOutcome;
+use crate::router::ShardId;
+use crate::shard::{Op, Reply, Shard, TopicPartition};
+
+/// Longest long poll weir honours, whatever the client asks.
+const MAX_WAIT_MS_CAP: u64 = 300_000;
+/// Most partitions one Fetch may name (bounds the work one request causes).
+const PARTITIONS_PER_FETCH_MAX: usize = 100_000;
+
+/// One partition of the request.
+struct Wanted {
+    tp: TopicPartition,
+    offset: i64,
+    max_bytes: usize,
+}
+
+/// Serves one Fetch request.
+pub async fn handle(shard: &Rc<Shard>, req: FetchRequest) -> FetchResponse {
+    let wanted: Vec<Wanted> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            let name: Arc<str> = Arc::from(t.topic.0.as_str());
+            t.partitions.iter().map(move |p| Wanted {
+                tp: (name.clone(), p.partition),
+                offset: p.fetch_offset,
+                max_bytes: p.partition_max_bytes.max(0) as usize,
+            })
+        })
+        .take(PARTITIONS_PER_FETCH_MAX)
+        .collect();
+    let max_bytes = req.max_bytes.max(0) as usize;
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let outcomes = read_all(shard, &wanted, max_bytes).await;
+        let total: usize = outcomes.iter().map(FetchOutcome::bytes).sum();
+        let any_error = outcomes.iter().any(|o| o.error != errors::NONE);
+        let now = Instant::now();
+        let enough = min_bytes == 0 || total >= min_bytes;
+        if enough || any_error || now >= deadline || shard.shutting_down.get() {
+            return build(&wanted, outcomes);
+        }
+        wait_for_data(shard, &wanted, &outcomes, deadline - now).await;
+    }
+}
+
+/// Reads all partitions concurrently; the response budget `max_bytes` is then applied in
+/// request order (the first non-empty partition is always kept whole, as Kafka does).
+async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted], max_bytes: usize) -> Vec<FetchOutcome> {
+    let tasks: Vec<_> = wanted
+        .iter()
+        .map(|w| {
+            let s = shard.clone();
+            let op = Op::Fetch {
+                tp: w.tp.clone(),
+                offset: w.offset,
+                max_bytes: w.max_bytes.min(max_bytes.max(1)),
+            };
+            let tp = w.tp.clone();
+            glommio::spawn_local(async move { s.call_owner(&tp, op).await })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(tasks.len());
+    let mut budget = max_bytes;
+    let mut first = true;
+    for t in tasks {
+        let mut o = match t.await {
+            Reply::Fetch(o) => o,
+            Reply::Refused(code) => refused(code),
+            _ => refused(errors::UNKNOWN_SERVER_ERROR),
+        };
+        let size = o.bytes();
+        if size > budget && !(first && size > 0) {
+            o.batches.clear();
+        } else {
+            budget = budget.saturating_sub(size);
+            first &= size == 0;
+        }
+        outcomes.push(o);
+    }
+    outcomes
+}
+
+fn refused(error: i16) -> FetchOutcome {
+    FetchOutcome {
+        error,
+        high_watermark: -1,
+        last_stable_offset: -1,
+        log_start_offset: -1,
+        batches: Vec::new(),
+    }
+}
+
+/// Parks until any partition in the request gets data past its fetch offset, or timeout.
+async fn wait_for_data(
+    shard: &Rc<Shard>,
+    wanted: &[Wanted],
+    outcomes: &[FetchOutcome],
+    timeout: Duration,
+) {
+    let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
+    for (w, o) in wanted.iter().zip(outcomes) {
+        // Only partitions read to their end can be woken by new data.
+        if o.batches.is_empty() {
+            let owner = shard.router.owner(&w.tp.0, w.tp.1);
+            by_owner
+                .entry(owner)
+                .or_default()
+                .push((w.tp.clone(), w.offset));
+        }
+    }
+    let woken = Rc::new(Event::default());
+    let first = woken.listen();
+    let timeout_ms = timeout.as_millis().min(u128::from(MAX_WAIT_MS_CAP)) as u64;
+    for (owner, tps) in by_owner {
+        let (s, woken) = (shard.clone(), woken.clone());
+        glommio::spawn_local(async move {
+            s.call(owner, Op::Wait { tps, timeout_ms }).await;
+            woken.notify_all();
+        })
+        .detach();
+    }
+    let sleep = glommio::timer::sleep(timeout);
+    futures_lite::future::or(
+        async {
+            first.await;
+        },
+        async {
+            sleep.await;
+        },
+    )
+    .await;
+}
+
+/// Assembles the response in request order, grouping consecutive partitions by topic.
+fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponse {
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    for (w, o) in wanted.iter().zip(outcomes) {
+        let records = join(o.batches);
+        let p = PartitionData::default()
+            .with_partition_index(w.tp.1)
+            .with_error_code(o.error)
+            .with_high_watermark(o.high_watermark)
+            .with_last_stable_offset(o.last_stable_offset)
+            .with_log_start_offset(o.log_start_offset)
+            .with_records(Some(records));
+        match topics.last_mut() {
+            Some(t) if t.topic.0.as_str() == &*w.tp.0 => t.partitions.push(p),
+            _ => topics.push(
+                FetchableTopicResponse::default()
+                    .with_topic(topic_name(&w.tp.0))
+                    .with_partitions(vec![p]),
+            ),
+        }
+    }
+    FetchResponse::default()
+        .with_session_id(0)
+        .with_responses(topics)
+}
+
+/// One `Bytes` of all batches.
+// TODO(wire::fetch): send the batch slices as separate chunks instead of joining them;
+// this copy (and the encoder's) is what the zero-copy fetch encoder removes.
+fn join(batches: Vec<Bytes>) -> Bytes {
+    match batches.len() {
+        0 => Bytes::new(),
+        1 => batches.into_iter().next().unwrap_or_default(),
+        _ => {
+            let mut out = BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
+            for b in batches {
+                out.extend_from_slice(&b);
+            }
+            out.freeze()
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Request dispatch: checks the API key and version against what weir serves, decodes the
+//! typed request, runs the handler of its API family, and encodes the response frame.
+//!
+//! A handler returns `Ok(None)` when Kafka sends no response (Produce with acks=0). A
+//! decode failure or an unserved version closes the connection (Kafka does the same);
+//! the one exception is ApiVersions, which answers UNSUPPORTED_VERSION so the client can
+//! pick a version it shares with us.
+
+pub mod admin;
+pub mod configs;
+pub mod fetch;
+pub mod metadata;
+pub mod offsets;
+pub mod produce;
+pub mod versions;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::proto::{self, ProtoError, Request};
+use crate::shard::Shard;
+
+/// Frames to write for one request: `None` = no response; `Some(vec![])` = close.
+pub type Response = Option<Vec<Bytes>>;
+
+/// The response that makes the connection writer close the connection.
+pub fn close() -> Response {
+    Some(Vec::new())
+}
+
+/// Handles one request; never panics on its content.
+pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Response {
+    let served =
+        proto::served_range(req.api_key).is_some_and(|r| (r.min..=r.max).contains(&req.version()));
+    if !served {
+        if req.api_key == ApiKey::ApiVersions {
+            return versions::unsupported(&req);
+        }
+        tracing::warn!(%peer, "closing connection: unsupported {:?} v{}", req.api_key, req.version());
+        return close();
+    }
+    match dispatch(shard, &req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(%peer, "closing connection: {e}");
+            close()
+        }
+    }
+}
+
+async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, ProtoError> {
+    match req.api_key {
+        ApiKey::ApiVersions => versions::handle(req),
+        ApiKey::Metadata => run(req, |r| metadata::handle(shard, r, req.version())).await,
+        ApiKey::DescribeCluster => run(req, |r| metadata::describe_cluster(shard, r)).await,
+        ApiKey::Produce => produce::handle(shard, req).await,
+        ApiKey::Fetch => run(req, |r| fetch::handle(shard, r)).await,
+        ApiKey::ListOffsets => run(req, |r| offsets::list_offsets(shard, r)).await,
+        ApiKey::DeleteRecords => run(req, |r| offsets::delete_records(shard, r)).await,
+        ApiKey::CreateTopics => run(req, |r| admin::create_topics(shard, r)).await,
+        ApiKey::DeleteTopics => run(req, |r| admin::delete_topics(shard, r)).await,
+        ApiKey::CreatePartitions => run(req, |r| admin::create_partitions(shard, r)).await,
+        ApiKey::DescribeConfigs => run(req, |r| configs::describe(shard, r)).await,
+        ApiKey::AlterConfigs => run(req, |r| configs::alter(shard, r)).await,
+        ApiKey::IncrementalAlterConfigs => run(req, |r| configs::incremental_alter(shard, r)).await,
+        other => Err(ProtoError::Body {
+            key: other,
+            version: req.version(),
+            reason: "not served".into(),
+        }),
+    }
+}
+
+/// Decode, run, encode: the shape of every handler that always answers.
+async fn run<Q, P, F, Fut>(req: &Request, f: F) -> Result<Response, ProtoError>
+where
+    Q: Decodable,
+    P: Encodable,
+    F: FnOnce(Q) -> Fut,
+    Fut: std::future::Future<Output = P>,
+{
+    let typed: Q = proto::decode(req)?;
+    let resp = f(typed).await;
+    let frame = proto::encode_response(req, &resp)?;
+    Ok(Some(vec![frame.freeze()]))
+}
+
+/// A topic name as a kafka-protocol `TopicName`.
+pub fn topic_name(name: &str) -> kafka_protocol::messages::TopicName {
+    kafka_protocol::messages::TopicName(kafka_protocol::protocol::StrBytes::from_string(
+        name.to_string(),
+    ))
+}
+
+/// A string as `StrBytes`.
+pub fn str_bytes(s: &str) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(s.to_string())
+}

@@ -1,0 +1,395 @@
+//! Broker configuration: Kafka's `server.properties` format and key names, overridden by
+//! `--set KEY=VALUE` and the dedicated CLI flags, resolved once at startup into [`Config`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Kafka's default `message.max.bytes` (1 MiB + record batch overhead).
+pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
+/// Kafka's default `socket.request.max.bytes` (100 MiB).
+pub const SOCKET_REQUEST_MAX_BYTES_DEFAULT: u64 = 104_857_600;
+/// Default cap on open client connections across all shards.
+pub const MAX_CONNECTIONS_DEFAULT: u64 = 10_000;
+/// Kafka's default `log.segment.bytes` (1 GiB).
+pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
+/// Kafka's default retention: 7 days.
+pub const RETENTION_MS_DEFAULT: i64 = 7 * 24 * 3600 * 1000;
+/// Kafka's default `log.retention.check.interval.ms` (5 minutes).
+pub const RETENTION_CHECK_INTERVAL_MS_DEFAULT: u64 = 300_000;
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: line {line}: expected KEY=VALUE, got {text:?}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        text: String,
+    },
+    #[error("config key {key}: invalid value {value:?}: {reason}")]
+    Value {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+/// Raw `key=value` pairs in the order of precedence they were applied (later wins).
+#[derive(Debug, Clone, Default)]
+pub struct Properties {
+    values: BTreeMap<String, String>,
+}
+
+impl Properties {
+    /// Parses Java-properties style text: `#`/`!` comments, `key=value` or `key: value`.
+    /// Line continuations and unicode escapes are not supported (Kafka configs rarely use them).
+    pub fn parse(text: &str, origin: &str) -> Result<Properties, ConfigError> {
+        let mut props = Properties::default();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let Some(split) = line.find(['=', ':']) else {
+                return Err(ConfigError::Syntax {
+                    origin: origin.to_string(),
+                    line: i + 1,
+                    text: raw.to_string(),
+                });
+            };
+            let key = line[..split].trim();
+            let value = line[split + 1..].trim();
+            props.set(key, value);
+        }
+        Ok(props)
+    }
+
+    /// Reads and parses a `server.properties` file.
+    pub fn load(path: &Path) -> Result<Properties, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Properties::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses one `--set KEY=VALUE` argument.
+    pub fn set_arg(&mut self, arg: &str) -> Result<(), ConfigError> {
+        match arg.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                self.set(k.trim(), v.trim());
+                Ok(())
+            }
+            _ => Err(ConfigError::Syntax {
+                origin: "--set".to_string(),
+                line: 1,
+                text: arg.to_string(),
+            }),
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.values.insert(key.to_string(), value.to_string());
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// The first of `keys` that is set.
+    fn first(&self, keys: &[&'static str]) -> Option<(&'static str, &str)> {
+        keys.iter().find_map(|k| self.get(k).map(|v| (*k, v)))
+    }
+
+    fn parse_num<T: std::str::FromStr>(
+        &self,
+        keys: &[&'static str],
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match self.first(keys) {
+            None => Ok(default),
+            Some((key, value)) => value.parse().map_err(|_| ConfigError::Value {
+                key: key.to_string(),
+                value: value.to_string(),
+                reason: "not a number in range",
+            }),
+        }
+    }
+
+    fn parse_bool(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+            Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+            Some(v) => Err(ConfigError::Value {
+                key: key.to_string(),
+                value: v.to_string(),
+                reason: "expected true or false",
+            }),
+        }
+    }
+}
+
+/// Everything the broker needs to know, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: i32,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// `host:port` given to clients in Metadata; `None` means the bound address.
+    pub advertised: Option<(String, u16)>,
+    pub shards: usize,
+    pub num_partitions: i32,
+    pub auto_create_topics: bool,
+    pub default_replication_factor: i16,
+    pub min_insync_replicas: i32,
+    pub message_max_bytes: u64,
+    pub socket_request_max_bytes: u64,
+    pub max_connections: u64,
+    pub segment_bytes: u64,
+    pub retention_ms: i64,
+    pub retention_bytes: i64,
+    pub retention_check_interval_ms: u64,
+    /// weir's own key `log.flush.on.ack`: an ack also waits for fdatasync.
+    pub flush_on_ack: bool,
+    /// All raw properties, for keys passed through to topic defaults.
+    pub props: Properties,
+}
+
+/// Values given on the command line; they win over `--config` and `--set`.
+#[derive(Debug, Default, Clone)]
+pub struct CliOverrides {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub advertised_listener: Option<String>,
+    pub node_id: Option<i32>,
+    pub shards: Option<usize>,
+}
+
+impl Config {
+    /// Resolves the final configuration: file, then `--set`, then dedicated flags.
+    pub fn resolve(props: Properties, cli: &CliOverrides) -> Result<Config, ConfigError> {
+        let data_dir = match (&cli.data_dir, props.first(&["log.dirs", "log.dir"])) {
+            (Some(d), _) => d.clone(),
+            // Kafka allows a comma-separated list; weir uses one directory per node.
+            (None, Some((_, v))) => PathBuf::from(v.split(',').next().unwrap_or(v).trim()),
+            (None, None) => PathBuf::from("./weir-data"),
+        };
+        let listen_text = match (&cli.listen, props.get("listeners")) {
+            (Some(l), _) => l.clone(),
+            (None, Some(v)) => strip_listener(v).to_string(),
+            (None, None) => "127.0.0.1:9092".to_string(),
+        };
+        let listen = parse_addr("listeners", &listen_text)?;
+        let advertised = match (&cli.advertised_listener, props.get("advertised.listeners")) {
+            (Some(a), _) => Some(parse_host_port("--advertised-listener", a)?),
+            (None, Some(v)) => Some(parse_host_port("advertised.listeners", strip_listener(v))?),
+            (None, None) => None,
+        };
+        let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let shards = cli
+            .shards
+            .unwrap_or(props.parse_num(&["weir.shards"], default_shards)?);
+        if shards == 0 || shards > 1024 {
+            return Err(value_err(
+                "--shards",
+                &shards.to_string(),
+                "must be 1..=1024",
+            ));
+        }
+        let retention_ms = retention_ms(&props)?;
+        let config = Config {
+            node_id: match cli.node_id {
+                Some(n) => n,
+                None => props.parse_num(&["node.id", "broker.id"], 0)?,
+            },
+            data_dir,
+            listen,
+            advertised,
+            shards,
+            num_partitions: props.parse_num(&["num.partitions"], 1)?,
+            auto_create_topics: props.parse_bool("auto.create.topics.enable", true)?,
+            default_replication_factor: props.parse_num(&["default.replication.factor"], 1)?,
+            min_insync_replicas: props.parse_num(&["min.insync.replicas"], 1)?,
+            message_max_bytes: props
+                .parse_num(&["message.max.bytes"], MESSAGE_MAX_BYTES_DEFAULT)?,
+            socket_request_max_bytes: props.parse_num(
+                &["socket.request.max.bytes"],
+                SOCKET_REQUEST_MAX_BYTES_DEFAULT,
+            )?,
+            max_connections: props.parse_num(&["max.connections"], MAX_CONNECTIONS_DEFAULT)?,
+            segment_bytes: props.parse_num(
+                &["log.segment.bytes", "segment.bytes"],
+                SEGMENT_BYTES_DEFAULT,
+            )?,
+            retention_ms,
+            retention_bytes: props.parse_num(&["log.retention.bytes", "retention.bytes"], -1)?,
+            retention_check_interval_ms: props.parse_num(
+                &["log.retention.check.interval.ms"],
+                RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+            )?,
+            flush_on_ack: props.parse_bool("log.flush.on.ack", false)?,
+            props,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.num_partitions < 1 {
+            return Err(value_err(
+                "num.partitions",
+                &self.num_partitions.to_string(),
+                "must be >= 1",
+            ));
+        }
+        if self.min_insync_replicas < 1 {
+            let v = self.min_insync_replicas.to_string();
+            return Err(value_err("min.insync.replicas", &v, "must be >= 1"));
+        }
+        if self.message_max_bytes > i32::MAX as u64 || self.message_max_bytes == 0 {
+            let v = self.message_max_bytes.to_string();
+            return Err(value_err("message.max.bytes", &v, "must be 1..=2147483647"));
+        }
+        if self.socket_request_max_bytes > i32::MAX as u64 || self.socket_request_max_bytes < 64 {
+            let v = self.socket_request_max_bytes.to_string();
+            return Err(value_err(
+                "socket.request.max.bytes",
+                &v,
+                "must be 64..=2147483647",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Broker-level defaults for topic configs, under the topic-level key names.
+    pub fn topic_defaults(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("retention.ms".into(), self.retention_ms.to_string());
+        m.insert("retention.bytes".into(), self.retention_bytes.to_string());
+        m.insert("segment.bytes".into(), self.segment_bytes.to_string());
+        m.insert(
+            "cleanup.policy".into(),
+            self.props
+                .get("log.cleanup.policy")
+                .unwrap_or("delete")
+                .into(),
+        );
+        m.insert(
+            "max.message.bytes".into(),
+            self.message_max_bytes.to_string(),
+        );
+        m.insert(
+            "min.insync.replicas".into(),
+            self.min_insync_replicas.to_string(),
+        );
+        let ts_type = self
+            .props
+            .get("log.message.timestamp.type")
+            .unwrap_or("CreateTime");
+        m.insert("message.timestamp.type".into(), ts_type.into());
+        m
+    }
+}
+
+/// Kafka's retention precedence: `log.retention.ms` > `.minutes` > `.hours`; weir also
+/// accepts the topic-level name `retention.ms` as a broker default.
+fn retention_ms(props: &Properties) -> Result<i64, ConfigError> {
+    if props.first(&["log.retention.ms", "retention.ms"]).is_some() {
+        return props.parse_num(&["log.retention.ms", "retention.ms"], RETENTION_MS_DEFAULT);
+    }
+    if props.get("log.retention.minutes").is_some() {
+        let m: i64 = props.parse_num(&["log.retention.minutes"], 0)?;
+        return Ok(m.saturating_mul(60_000));
+    }
+    let h: i64 = props.parse_num(&["log.retention.hours"], 168)?;
+    Ok(h.saturating_mul(3_600_000))
+}
+
+fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
+    ConfigError::Value {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason,
+    }
+}
+
+/// `PLAINTEXT://host:port[,...]` → `host:port` of the first listener.
+fn strip_listener(v: &str) -> &str {
+    let first = v.split(',').next().unwrap_or(v).trim();
+    first.split_once("://").map_or(first, |(_, rest)| rest)
+}
+
+fn parse_host_port(key: &str, v: &str) -> Result<(String, u16), ConfigError> {
+    let Some((host, port)) = v.rsplit_once(':') else {
+        return Err(value_err(key, v, "expected HOST:PORT"));
+    };
+    let port = port.parse().map_err(|_| value_err(key, v, "bad port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((host.to_string(), port))
+}
+
+fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs;
+    let (host, port) = parse_host_port(key, v)?;
+    let host = if host.is_empty() {
+        "0.0.0.0".to_string()
+    } else {
+        host
+    };
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.next())
+        .ok_or_else(|| value_err(key, v, "cannot resolve address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_set_then_flags() {
+        let mut p = Properties::parse(
+            "# comment\nlog.dirs=/a,/b\nnum.partitions = 3\nlisteners=PLAINTEXT://127.0.0.1:9999\n",
+            "test",
+        )
+        .unwrap();
+        p.set_arg("num.partitions=5").unwrap();
+        let cli = CliOverrides {
+            shards: Some(2),
+            ..Default::default()
+        };
+        let c = Config::resolve(p, &cli).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/a"));
+        assert_eq!(c.num_partitions, 5);
+        assert_eq!(c.listen.port(), 9999);
+        assert_eq!(c.shards, 2);
+        assert_eq!(c.message_max_bytes, MESSAGE_MAX_BYTES_DEFAULT);
+    }
+
+    #[test]
+    fn retention_precedence_and_bad_values() {
+        let mut p = Properties::default();
+        p.set("log.retention.hours", "1");
+        let c = Config::resolve(p.clone(), &CliOverrides::default()).unwrap();
+        assert_eq!(c.retention_ms, 3_600_000);
+        p.set("log.retention.ms", "5");
+        assert_eq!(
+            Config::resolve(p.clone(), &CliOverrides::default())
+                .unwrap()
+                .retention_ms,
+            5
+        );
+        p.set("num.partitions", "zero");
+        assert!(Config::resolve(p, &CliOverrides::default()).is_err());
+        assert!(Properties::parse("novalue\n", "t").is_err());
+        assert!(Properties::default().set_arg("=x").is_err());
+    }
+}

@@ -1,0 +1,190 @@
+//! The node's topic catalogue: topic name, id (UUID), partition count and per-topic config
+//! overrides, persisted as `topics.json` in the data dir with an atomic write.
+//!
+//! Shared by all shards. Reads are lock-free on the data path: each shard keeps an
+//! `Arc<Catalog>` snapshot and reloads it only when the global version counter (one atomic
+//! load) moved. Writes (create/delete/alter — rare, control plane) take a mutex, persist,
+//! then publish a new snapshot.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the catalogue inside the data dir.
+pub const CATALOG_FILE: &str = "topics.json";
+/// Longest topic name Kafka accepts.
+pub const TOPIC_NAME_MAX: usize = 249;
+/// Most partitions weir lets one topic have (bounds memory a single request can cause).
+pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
+
+/// One topic as stored.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TopicMeta {
+    pub name: String,
+    /// Kafka topic id (KIP-516), a random UUID.
+    pub id: u128,
+    pub partitions: i32,
+    /// Topic-level overrides only (Kafka names: `retention.ms`, `segment.bytes`, ...).
+    pub configs: BTreeMap<String, String>,
+}
+
+/// An immutable snapshot of every topic.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Catalog {
+    pub topics: BTreeMap<String, Arc<TopicMeta>>,
+}
+
+/// Why a catalogue change was refused; mapped to Kafka error codes by the API layer.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("topic {0} already exists")]
+    TopicExists(String),
+    #[error("topic {0} does not exist")]
+    UnknownTopic(String),
+    #[error("invalid topic name {0:?}")]
+    InvalidName(String),
+    #[error("invalid partition count {0}")]
+    InvalidPartitions(i32),
+    #[error("cannot persist topic catalogue: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The persisted, shared catalogue.
+pub struct MetaStore {
+    path: PathBuf,
+    version: AtomicU64,
+    current: Mutex<Arc<Catalog>>,
+}
+
+impl MetaStore {
+    /// Loads `topics.json` from `data_dir` (an absent file is an empty catalogue).
+    pub fn open(data_dir: &Path) -> anyhow::Result<MetaStore> {
+        let path = data_dir.join(CATALOG_FILE);
+        let catalog = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("corrupt {}: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Catalog::default(),
+            Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        };
+        Ok(MetaStore {
+            path,
+            version: AtomicU64::new(1),
+            current: Mutex::new(Arc::new(catalog)),
+        })
+    }
+
+    /// The version of the newest snapshot; changes on every successful write.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The newest snapshot.
+    pub fn snapshot(&self) -> Arc<Catalog> {
+        match self.current.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Applies `change` to a copy of the catalogue, persists it, then publishes it.
+    /// `change` returns an error to abort without writing.
+    pub fn update<T>(
+        &self,
+        change: impl FnOnce(&mut Catalog) -> Result<T, MetaError>,
+    ) -> Result<T, MetaError> {
+        let mut guard = match self.current.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut next = (**guard).clone();
+        let out = change(&mut next)?;
+        let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
+        write_atomic(&self.path, &json)?;
+        *guard = Arc::new(next);
+        self.version.fetch_add(1, Ordering::AcqRel);
+        Ok(out)
+    }
+}
+
+/// Checks a topic name the way Kafka does: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.`/`..`.
+pub fn validate_topic_name(name: &str) -> Result<(), MetaError> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if name.is_empty() || name.len() > TOPIC_NAME_MAX || !ok_chars || name == "." || name == ".." {
+        return Err(MetaError::InvalidName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// A new random topic id (never 0, which Kafka reserves for "no id").
+pub fn new_topic_id() -> u128 {
+    let mut buf = [0u8; 16];
+    // SAFETY: getrandom writes at most `buf.len()` bytes into the valid buffer.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n != buf.len() as isize {
+        // Fall back to time + pid: ids only need to be unique on this node.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        buf = (nanos ^ (u128::from(std::process::id()) << 64)).to_be_bytes();
+    }
+    // Version 4, variant 1, like Java's UUID.randomUUID().
+    buf[6] = (buf[6] & 0x0f) | 0x40;
+    buf[8] = (buf[8] & 0x3f) | 0x80;
+    u128::from_be_bytes(buf)
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new file:
+/// write a temp file, fsync it, rename over, fsync the directory.
+// TODO(storage): switch to the storage module's atomic-write helper once it lands.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalogue_survives_reopen() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+        std::fs::create_dir_all(&root).unwrap();
+        let dir = tempfile::tempdir_in(root).unwrap();
+        let store = MetaStore::open(dir.path()).unwrap();
+        let v0 = store.version();
+        store
+            .update(|c| {
+                let t = TopicMeta {
+                    name: "a".into(),
+                    id: new_topic_id(),
+                    partitions: 3,
+                    configs: BTreeMap::from([("retention.ms".into(), "10".into())]),
+                };
+                c.topics.insert("a".into(), Arc::new(t));
+                Ok(())
+            })
+            .unwrap();
+        assert!(store.version() > v0);
+        let again = MetaStore::open(dir.path()).unwrap().snapshot();
+        assert_eq!(again.topics["a"].partitions, 3);
+        assert_eq!(again.topics["a"].configs["retention.ms"], "10");
+        assert!(validate_topic_name("ok.name-1_x").is_ok());
+        assert!(validate_topic_name("bad/name").is_err());
+        assert!(validate_topic_name("..").is_err());
+    }
+}

@@ -1,0 +1,321 @@
+//! `weir serve`: starts one pinned glommio executor per shard, each accepting on the same
+//! port (SO_REUSEPORT), wires the shards together with channel meshes, prints the ready
+//! line, and shuts down cleanly on SIGTERM/SIGINT (in-flight requests answered, logs
+//! closed with the clean-shutdown marker).
+
+pub mod conn;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use glommio::channels::channel_mesh::{Full, MeshBuilder};
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::config::Config;
+use crate::metadata::MetaStore;
+use crate::router::ShardId;
+use crate::shard::{Envelope, MESH_QUEUE_CAPACITY, NodeShared, ReplyEnvelope, Shard};
+
+/// glommio needs this much locked memory for its io_uring buffers.
+const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
+/// How often shards look at the signal flag.
+const SIGNAL_POLL_MS: u64 = 50;
+/// How long a shard waits for its connections to finish after a shutdown signal.
+const DRAIN_TIMEOUT_MS: u64 = 10_000;
+
+/// Set by SIGTERM/SIGINT; shards poll it.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    let handler: extern "C" fn(libc::c_int) = on_signal;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+/// Raises RLIMIT_MEMLOCK to what glommio needs if allowed; errors with advice otherwise.
+fn check_memlock() -> anyhow::Result<()> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Ok(());
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY || lim.rlim_cur >= MEMLOCK_MIN_BYTES {
+        return Ok(());
+    }
+    if lim.rlim_max == libc::RLIM_INFINITY || lim.rlim_max >= MEMLOCK_MIN_BYTES {
+        lim.rlim_cur = MEMLOCK_MIN_BYTES;
+        // SAFETY: setrlimit reads the valid struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } == 0 {
+            return Ok(());
+        }
+    }
+    anyhow::bail!(
+        "RLIMIT_MEMLOCK is {} bytes; glommio needs at least {MEMLOCK_MIN_BYTES} (run `ulimit -l 512` or raise it in limits.conf)",
+        lim.rlim_cur
+    )
+}
+
+/// Runs the broker until a signal stops it.
+pub fn serve(config: Config) -> anyhow::Result<()> {
+    check_memlock()?;
+    install_signal_handlers();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let meta = MetaStore::open(&config.data_dir)?;
+    let cluster_id = cluster_id(&config)?;
+    let shards = config.shards;
+    let node_id = config.node_id;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let node = Arc::new(NodeShared {
+        config,
+        meta,
+        connections: AtomicUsize::new(0),
+        drained: AtomicUsize::new(0),
+        cluster_id,
+    });
+    let (bound_tx, bound_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
+    let requests = MeshBuilder::<Envelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
+    let replies = MeshBuilder::<ReplyEnvelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
+    let mut listen = node.config.listen;
+    let mut handles = Vec::new();
+    for s in 0..shards {
+        let ctx = ShardStart {
+            id: ShardId(s),
+            node: node.clone(),
+            listen,
+            requests: requests.clone(),
+            replies: replies.clone(),
+            bound: bound_tx.clone(),
+            ready: ready_tx.clone(),
+        };
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(s % cpus))
+            .name(&format!("weir-shard-{s}"))
+            .spawn(move || run_shard(ctx))
+            .map_err(|e| anyhow::anyhow!("cannot start shard executor: {e}"))?;
+        handles.push(handle);
+        // Shard 0 binds first so that `:0` becomes a real port the other shards share.
+        let bound = wait_for(&bound_rx)?;
+        if s == 0 {
+            listen = bound;
+        }
+    }
+    for _ in 0..shards {
+        wait_for(&ready_rx)?;
+    }
+    let (host, port) = advertised(&node.config, listen);
+    println!(
+        "weir ready: node {node_id}, {shards} shards, advertised as {host}:{port}, listening on {listen}"
+    );
+    join_shards(handles)
+}
+
+fn join_shards(
+    handles: Vec<glommio::ExecutorJoinHandle<anyhow::Result<()>>>,
+) -> anyhow::Result<()> {
+    let mut failed = false;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!("shard failed: {e:#}");
+                failed = true;
+            }
+            Err(e) => {
+                tracing::error!("shard executor failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        anyhow::bail!("one or more shards failed");
+    }
+    tracing::info!("weir stopped cleanly");
+    Ok(())
+}
+
+fn wait_for(rx: &mpsc::Receiver<anyhow::Result<SocketAddr>>) -> anyhow::Result<SocketAddr> {
+    match rx.recv_timeout(Duration::from_secs(3600)) {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("a shard stopped before it was ready"),
+    }
+}
+
+/// The address given to clients: `--advertised-listener`, else the bound address (with
+/// `0.0.0.0` replaced by `127.0.0.1`, the only address known to reach us).
+pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
+    if let Some((h, p)) = &config.advertised {
+        return (h.clone(), *p);
+    }
+    let host = if bound.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        bound.ip().to_string()
+    };
+    (host, bound.port())
+}
+
+/// A stable cluster id, created once and kept in `cluster.id` in the data dir.
+fn cluster_id(config: &Config) -> anyhow::Result<String> {
+    let path = config.data_dir.join("cluster.id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_string());
+    }
+    let id = format!("weir-{:032x}", crate::metadata::new_topic_id());
+    crate::metadata::write_atomic(&path, id.as_bytes())?;
+    Ok(id)
+}
+
+/// What a shard thread starts with.
+struct ShardStart {
+    id: ShardId,
+    node: Arc<NodeShared>,
+    listen: SocketAddr,
+    requests: MeshBuilder<Envelope, Full>,
+    replies: MeshBuilder<ReplyEnvelope, Full>,
+    bound: mpsc::Sender<anyhow::Result<SocketAddr>>,
+    ready: mpsc::Sender<anyhow::Result<SocketAddr>>,
+}
+
+async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
+    let ShardStart {
+        id,
+        node,
+        listen,
+        requests,
+        replies,
+        bound,
+        ready,
+    } = start;
+    let listener = match TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            let e = anyhow::anyhow!("cannot listen on {listen}: {e}");
+            let _ = bound.send(Err(anyhow::anyhow!("{e:#}")));
+            return Err(e);
+        }
+    };
+    let local = listener
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("local_addr: {e}"))?;
+    let _ = bound.send(Ok(local));
+    if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
+        let _ = ready.send(Err(anyhow::anyhow!("DMA probe failed: {e}")));
+        return Err(e.into());
+    }
+    let (req_tx, req_rx) = requests
+        .join()
+        .await
+        .map_err(|_| anyhow::anyhow!("request mesh join failed"))?;
+    let (rep_tx, rep_rx) = replies
+        .join()
+        .await
+        .map_err(|_| anyhow::anyhow!("reply mesh join failed"))?;
+    let adv = advertised(&node.config, local);
+    let shard = Rc::new(Shard::new(
+        id,
+        node.clone(),
+        Some(req_tx),
+        Some(rep_tx),
+        adv,
+    ));
+    let inbox = glommio::spawn_local(shard.clone().run_inbox(req_rx));
+    let reply_box = glommio::spawn_local(shard.clone().run_replies(rep_rx));
+    shard.sync_partitions().await;
+    let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
+    let watcher = glommio::spawn_local(watch_signal(shard.clone()));
+    let _ = ready.send(Ok(local));
+    accept_loop(&shard, &listener).await;
+    drop(listener);
+    drain(&shard).await;
+    housekeeping.await;
+    watcher.await;
+    // Keep serving peers until every shard has drained its own connections: their
+    // in-flight requests may still need partitions owned here.
+    node.drained.fetch_add(1, Ordering::AcqRel);
+    while node.drained.load(Ordering::Acquire) < node.config.shards {
+        glommio::timer::sleep(Duration::from_millis(SIGNAL_POLL_MS)).await;
+    }
+    shard.close_all().await;
+    drop(inbox);
+    drop(reply_box);
+    tracing::info!(shard = %id, "shard stopped, logs closed");
+    Ok(())
+}
+
+/// Turns the process-wide signal flag into this shard's shutdown event.
+async fn watch_signal(shard: Rc<Shard>) {
+    while !STOP.load(Ordering::SeqCst) {
+        glommio::timer::sleep(Duration::from_millis(SIGNAL_POLL_MS)).await;
+    }
+    if shard.id == ShardId(0) {
+        tracing::info!("shutdown requested: answering in-flight requests, then closing logs");
+    }
+    shard.begin_shutdown();
+}
+
+/// Accepts connections until shutdown, enforcing `max.connections` node-wide.
+async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            shard.shutdown.listen().await;
+            None
+        })
+        .await;
+        let stream = match accepted {
+            None => return,
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!("accept failed: {e}");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let max = shard.config().max_connections as usize;
+        let open = shard.node.connections.fetch_add(1, Ordering::AcqRel);
+        if open >= max {
+            shard.node.connections.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(%peer, "refusing connection: {open} open, max.connections is {max}");
+            drop(stream);
+            continue;
+        }
+        let s = shard.clone();
+        glommio::spawn_local(async move {
+            conn::serve(s.clone(), stream, peer).await;
+            s.node.connections.fetch_sub(1, Ordering::AcqRel);
+            s.open_connections.set(s.open_connections.get() - 1);
+        })
+        .detach();
+        shard.open_connections.set(shard.open_connections.get() + 1);
+    }
+}
+
+/// Waits (bounded) until this shard's connections have answered what they read.
+async fn drain(shard: &Rc<Shard>) {
+    let deadline = std::time::Instant::now() + Duration::from_millis(DRAIN_TIMEOUT_MS);
+    while shard.open_connections.get() > 0 && std::time::Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+    if shard.open_connections.get() > 0 {
+        tracing::warn!(shard = %shard.id, "{} connections still open after the drain timeout", shard.open_connections.get());
+    }
+}

@@ -1,0 +1,559 @@
+//! A shard: one glommio executor thread, pinned to a core, owning a subset of the
+//! partitions (chosen by [`Router`]). Its state lives on that thread only.
+//!
+//! Work for a partition owned by another shard travels over two bounded glommio channel
+//! meshes: requests ([`Envelope`]) to the owner, replies ([`ReplyEnvelope`]) back. A full
+//! queue makes the sender wait (backpressure), it never drops. Each shard runs one inbox
+//! task per peer; it handles at most [`INBOX_IN_FLIGHT_MAX`] requests from that peer at
+//! once, then stops pulling, which pushes back on the peer's connections.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use bytes::Bytes;
+use glommio::channels::channel_mesh::{Receivers, Senders};
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::errors;
+use crate::event::Event;
+use crate::metadata::{Catalog, MetaStore};
+use crate::partition::{FetchOutcome, Partition, ProduceOutcome};
+use crate::router::{RouteRevision, Router, ShardId};
+
+/// Requests from one peer shard handled concurrently before its inbox stops pulling.
+pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
+/// Capacity of each mesh queue (per ordered pair of shards).
+pub const MESH_QUEUE_CAPACITY: usize = 1024;
+
+/// A partition key: topic name and index.
+pub type TopicPartition = (Arc<str>, i32);
+
+/// Work for a partition's owning shard.
+#[derive(Debug)]
+pub enum Op {
+    Produce {
+        tp: TopicPartition,
+        records: Bytes,
+    },
+    Fetch {
+        tp: TopicPartition,
+        offset: i64,
+        max_bytes: usize,
+    },
+    /// Completes when any of `tps` has a high watermark above the given offset (at once
+    /// if one already has), or after `timeout_ms`.
+    Wait {
+        tps: Vec<(TopicPartition, i64)>,
+        timeout_ms: u64,
+    },
+    ListOffset {
+        tp: TopicPartition,
+        timestamp: i64,
+    },
+    DeleteRecords {
+        tp: TopicPartition,
+        offset: i64,
+    },
+    /// Bring the open partitions in line with the catalogue (open new, drop deleted).
+    Sync,
+}
+
+/// The owner's answer to an [`Op`].
+#[derive(Debug)]
+pub enum Reply {
+    Produce(ProduceOutcome),
+    Fetch(FetchOutcome),
+    Waited,
+    ListOffset {
+        error: i16,
+        timestamp: i64,
+        offset: i64,
+    },
+    DeleteRecords {
+        error: i16,
+        low_watermark: i64,
+    },
+    Synced,
+    /// The op could not run here (unknown partition, wrong owner): a Kafka error code.
+    Refused(i16),
+}
+
+/// A request crossing the mesh.
+pub struct Envelope {
+    pub from: ShardId,
+    pub id: u64,
+    pub revision: RouteRevision,
+    pub op: Op,
+}
+
+/// A reply crossing back.
+pub struct ReplyEnvelope {
+    pub id: u64,
+    pub reply: Reply,
+}
+
+/// Everything that is shared by all shards of the node (immutable or atomic).
+pub struct NodeShared {
+    pub config: Config,
+    pub meta: MetaStore,
+    /// Open client connections, all shards (for `max.connections`).
+    pub connections: AtomicUsize,
+    /// Shards that finished draining their connections during shutdown.
+    pub drained: AtomicUsize,
+    pub cluster_id: String,
+}
+
+/// The state of one shard.
+pub struct Shard {
+    pub id: ShardId,
+    pub node: Arc<NodeShared>,
+    pub router: Router,
+    requests: Option<Senders<Envelope>>,
+    replies: Option<Senders<ReplyEnvelope>>,
+    pending: RefCell<HashMap<u64, LocalSender<Reply>>>,
+    next_id: Cell<u64>,
+    catalog: RefCell<(u64, Arc<Catalog>)>,
+    pub partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
+    /// Partitions being opened right now, so concurrent requests open each only once.
+    opening: RefCell<HashMap<TopicPartition, Rc<Event>>>,
+    pub shutting_down: Cell<bool>,
+    pub shutdown: Event,
+    /// Client connections open on this shard.
+    pub open_connections: Cell<usize>,
+    /// The host and port clients are told to connect to.
+    pub advertised: (String, u16),
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Shard {
+    pub fn new(
+        id: ShardId,
+        node: Arc<NodeShared>,
+        requests: Option<Senders<Envelope>>,
+        replies: Option<Senders<ReplyEnvelope>>,
+        advertised: (String, u16),
+    ) -> Shard {
+        let router = Router::new(node.config.shards);
+        let catalog = (node.meta.version(), node.meta.snapshot());
+        Shard {
+            id,
+            node,
+            router,
+            requests,
+            replies,
+            pending: RefCell::new(HashMap::new()),
+            next_id: Cell::new(1),
+            catalog: RefCell::new(catalog),
+            partitions: RefCell::new(HashMap::new()),
+            opening: RefCell::new(HashMap::new()),
+            shutting_down: Cell::new(false),
+            shutdown: Event::default(),
+            open_connections: Cell::new(0),
+            advertised,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.node.config
+    }
+
+    /// The newest catalogue snapshot; one atomic load when nothing changed.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        let version = self.node.meta.version();
+        let mut cached = self.catalog.borrow_mut();
+        if cached.0 != version {
+            *cached = (version, self.node.meta.snapshot());
+        }
+        cached.1.clone()
+    }
+
+    /// Runs `op` on the shard that owns its partition (or here for `Sync`/`Wait`
+    /// addressed with `target`).
+    pub async fn call(&self, target: ShardId, op: Op) -> Reply {
+        if target == self.id {
+            return self.exec(op).await;
+        }
+        let (Some(requests), true) = (&self.requests, target.0 < self.router.shards()) else {
+            return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
+        };
+        let id = self.next_id.get();
+        self.next_id.set(id.wrapping_add(1));
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.pending.borrow_mut().insert(id, tx);
+        let env = Envelope {
+            from: self.id,
+            id,
+            revision: self.router.revision(),
+            op,
+        };
+        if requests.send_to(target.0, env).await.is_err() {
+            self.pending.borrow_mut().remove(&id);
+            return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
+        }
+        rx.recv()
+            .await
+            .unwrap_or(Reply::Refused(errors::UNKNOWN_SERVER_ERROR))
+    }
+
+    /// Runs `op` on the owner of `tp`.
+    pub async fn call_owner(&self, tp: &TopicPartition, op: Op) -> Reply {
+        let owner = self.router.owner(&tp.0, tp.1);
+        self.call(owner, op).await
+    }
+
+    /// Executes an op on this shard (the owner).
+    pub async fn exec(&self, op: Op) -> Reply {
+        match op {
+            Op::Produce { tp, records } => match self.partition(&tp).await {
+                Ok(p) => Reply::Produce(p.produce(records, now_ms()).await),
+                Err(code) => Reply::Refused(code),
+            },
+            Op::Fetch {
+                tp,
+                offset,
+                max_bytes,
+            } => match self.partition(&tp).await {
+                Ok(p) => Reply::Fetch(p.fetch(offset, max_bytes).await),
+                Err(code) => Reply::Refused(code),
+            },
+            Op::Wait { tps, timeout_ms } => {
+                self.wait_for_append(&tps, timeout_ms).await;
+                Reply::Waited
+            }
+            Op::ListOffset { tp, timestamp } => match self.partition(&tp).await {
+                Ok(p) => {
+                    let (error, timestamp, offset) = p.list_offset(timestamp).await;
+                    Reply::ListOffset {
+                        error,
+                        timestamp,
+                        offset,
+                    }
+                }
+                Err(code) => Reply::Refused(code),
+            },
+            Op::DeleteRecords { tp, offset } => match self.partition(&tp).await {
+                Ok(p) => {
+                    let (error, low_watermark) = p.delete_records(offset).await;
+                    Reply::DeleteRecords {
+                        error,
+                        low_watermark,
+                    }
+                }
+                Err(code) => Reply::Refused(code),
+            },
+            Op::Sync => {
+                self.sync_partitions().await;
+                Reply::Synced
+            }
+        }
+    }
+
+    /// Waits until one of the local partitions in `tps` is appended to, or the timeout.
+    async fn wait_for_append(&self, tps: &[(TopicPartition, i64)], timeout_ms: u64) {
+        let parts: Vec<Rc<Partition>> = {
+            let map = self.partitions.borrow();
+            tps.iter()
+                .filter_map(|(tp, _)| map.get(tp).cloned())
+                .collect()
+        };
+        let ready = {
+            let map = self.partitions.borrow();
+            tps.iter().any(|(tp, offset)| {
+                map.get(tp)
+                    .is_some_and(|p| p.high_watermark().get() > *offset)
+            })
+        };
+        if ready {
+            return;
+        }
+        let listens = parts.iter().map(|p| Box::pin(p.appended.listen()));
+        let any = futures_lite::future::poll_fn({
+            let mut listens: Vec<_> = listens.collect();
+            move |cx| {
+                for l in listens.iter_mut() {
+                    if l.as_mut().poll(cx).is_ready() {
+                        return std::task::Poll::Ready(());
+                    }
+                }
+                std::task::Poll::Pending
+            }
+        });
+        let timeout = glommio::timer::sleep(Duration::from_millis(timeout_ms));
+        let shutdown = self.shutdown.listen();
+        futures_lite::future::or(
+            any,
+            futures_lite::future::or(
+                async {
+                    timeout.await;
+                },
+                shutdown,
+            ),
+        )
+        .await;
+    }
+
+    /// The open partition `tp`, opening it if the catalogue has it and this shard owns it.
+    pub async fn partition(&self, tp: &TopicPartition) -> Result<Rc<Partition>, i16> {
+        if self.router.owner(&tp.0, tp.1) != self.id {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        for _ in 0..2 {
+            if let Some(p) = self.partitions.borrow().get(tp) {
+                return Ok(p.clone());
+            }
+            let catalog = self.catalog();
+            let Some(meta) = catalog.topics.get(&*tp.0) else {
+                return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
+            };
+            if tp.1 < 0 || tp.1 >= meta.partitions {
+                return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
+            }
+            let meta = meta.clone();
+            self.open_partition(tp, meta.id, &meta.configs).await?;
+        }
+        self.partitions
+            .borrow()
+            .get(tp)
+            .cloned()
+            .ok_or(errors::UNKNOWN_TOPIC_OR_PARTITION)
+    }
+
+    async fn open_partition(
+        &self,
+        tp: &TopicPartition,
+        topic_id: u128,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<(), i16> {
+        let waiting = self.opening.borrow().get(tp).cloned();
+        if let Some(ev) = waiting {
+            ev.listen().await;
+            return Ok(());
+        }
+        let ev = Rc::new(Event::default());
+        self.opening.borrow_mut().insert(tp.clone(), ev.clone());
+        let configs = self.topic_configs(overrides);
+        let data_dir = self.config().data_dir.clone();
+        let opened = Partition::open(&data_dir, tp.0.clone(), tp.1, topic_id, configs).await;
+        self.opening.borrow_mut().remove(tp);
+        ev.notify_all();
+        match opened {
+            Ok(p) => {
+                self.partitions.borrow_mut().insert(tp.clone(), Rc::new(p));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(topic = %tp.0, partition = tp.1, "cannot open partition log: {e}");
+                Err(errors::KAFKA_STORAGE_ERROR)
+            }
+        }
+    }
+
+    /// Broker properties (passed through for storage keys such as `log.tail.cache.bytes`),
+    /// then broker topic defaults, then the topic's own overrides.
+    pub fn topic_configs(&self, overrides: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        for key in [
+            "log.tail.cache.bytes",
+            "log.index.interval.bytes",
+            "log.flush.interval.messages",
+            "log.flush.interval.ms",
+            "log.roll.ms",
+        ] {
+            if let Some(v) = self.config().props.get(key) {
+                m.insert(key.to_string(), v.to_string());
+            }
+        }
+        if self.config().flush_on_ack {
+            m.insert("log.flush.on.ack".into(), "true".into());
+        }
+        m.extend(self.config().topic_defaults());
+        m.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        m
+    }
+
+    /// Opens every owned partition in the catalogue; closes and deletes partitions whose
+    /// topic is gone (or was recreated with a new id); reopens partitions whose config
+    /// changed so the log runs with the new settings.
+    pub async fn sync_partitions(&self) {
+        let catalog = self.catalog();
+        let mut stale = Vec::new();
+        for (tp, p) in self.partitions.borrow().iter() {
+            match catalog.topics.get(&*tp.0) {
+                Some(t) if t.id == p.topic_id && tp.1 < t.partitions => {
+                    let wanted = self.topic_configs(&t.configs);
+                    if wanted != p.configs() {
+                        if let Err(e) = p.reconfigure(wanted) {
+                            tracing::warn!(topic = %tp.0, partition = tp.1, "config not applied: {e}");
+                        }
+                    }
+                }
+                _ => stale.push((tp.clone(), p.clone())),
+            }
+        }
+        for (tp, p) in stale {
+            self.partitions.borrow_mut().remove(&tp);
+            p.appended.notify_all();
+            if let Err(e) = p.log.delete().await {
+                tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
+            }
+        }
+        for (name, meta) in catalog.topics.iter() {
+            for index in 0..meta.partitions {
+                let tp: TopicPartition = (Arc::from(name.as_str()), index);
+                if self.router.owner(name, index) == self.id
+                    && !self.partitions.borrow().contains_key(&tp)
+                {
+                    let _ = self.open_partition(&tp, meta.id, &meta.configs).await;
+                }
+            }
+        }
+    }
+
+    /// Asks every shard (including this one) to sync with the catalogue, and waits.
+    pub async fn sync_all(&self) {
+        let calls = (0..self.router.shards()).map(|s| self.call(ShardId(s), Op::Sync));
+        for call in calls {
+            call.await;
+        }
+    }
+
+    /// Serves requests from peer `from` until the mesh closes.
+    pub async fn run_inbox(self: Rc<Self>, mut receivers: Receivers<Envelope>) {
+        let streams = receivers.streams();
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|(peer, rx)| {
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
+                    while let Some(env) = rx.recv().await {
+                        let Ok(permit) = permits.clone().acquire_static_permit(1).await else {
+                            break;
+                        };
+                        let shard = shard.clone();
+                        glommio::spawn_local(async move {
+                            shard.serve_envelope(env).await;
+                            drop(permit);
+                        })
+                        .detach();
+                    }
+                    tracing::debug!(shard = %shard.id, peer, "inbox closed");
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+    }
+
+    async fn serve_envelope(&self, env: Envelope) {
+        let reply = if env.revision != self.router.revision() {
+            Reply::Refused(errors::NOT_LEADER_OR_FOLLOWER)
+        } else {
+            self.exec(env.op).await
+        };
+        if let Some(replies) = &self.replies {
+            let _ = replies
+                .send_to(env.from.0, ReplyEnvelope { id: env.id, reply })
+                .await;
+        }
+    }
+
+    /// Delivers replies from peers to the waiting callers.
+    pub async fn run_replies(self: Rc<Self>, mut receivers: Receivers<ReplyEnvelope>) {
+        let tasks: Vec<_> = receivers
+            .streams()
+            .into_iter()
+            .map(|(_, rx)| {
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    while let Some(env) = rx.recv().await {
+                        let waiter = shard.pending.borrow_mut().remove(&env.id);
+                        if let Some(tx) = waiter {
+                            let _ = tx.try_send(env.reply);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+    }
+
+    /// Periodic per-shard housekeeping: retention and interval flushes.
+    pub async fn run_housekeeping(self: Rc<Self>) {
+        let interval_ms = self
+            .config()
+            .retention_check_interval_ms
+            .clamp(100, 3_600_000);
+        let mut last_retention = now_ms();
+        while !self.shutting_down.get() {
+            let tick = glommio::timer::sleep(Duration::from_millis(1000.min(interval_ms)));
+            futures_lite::future::or(
+                async {
+                    tick.await;
+                },
+                self.shutdown.listen(),
+            )
+            .await;
+            if self.shutting_down.get() {
+                break;
+            }
+            let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+            let now = now_ms();
+            let retention_due = now - last_retention >= interval_ms as i64;
+            for p in parts {
+                if let Err(e) = p.log.flush_if_due(now).await {
+                    tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
+                }
+                if retention_due {
+                    match p.log.apply_retention(now).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(topic = %p.topic, partition = p.index, "retention deleted {n} segments")
+                        }
+                        Err(e) => {
+                            tracing::warn!(topic = %p.topic, partition = p.index, "retention: {e}")
+                        }
+                    }
+                }
+            }
+            if retention_due {
+                last_retention = now;
+            }
+        }
+    }
+
+    /// Closes every partition log (flush, clean-shutdown marker).
+    pub async fn close_all(&self) {
+        let parts: Vec<(TopicPartition, Rc<Partition>)> =
+            self.partitions.borrow_mut().drain().collect();
+        for (tp, p) in parts {
+            if let Err(e) = p.log.close().await {
+                tracing::error!(topic = %tp.0, partition = tp.1, "close failed: {e}");
+            }
+        }
+    }
+
+    /// Begins shutdown: wakes everything that waits on the shard.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.set(true);
+        self.shutdown.notify_all();
+        for p in self.partitions.borrow().values() {
+            p.appended.notify_all();
+        }
+    }
+}
