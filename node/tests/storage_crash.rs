@@ -50,7 +50,10 @@ fn config(flush_on_ack: bool) -> LogConfig {
     LogConfig::from_pairs([
         ("segment.bytes", "262144"),
         ("index.interval.bytes", "4096"),
-        ("log.flush.on.ack", if flush_on_ack { "true" } else { "false" }),
+        (
+            "log.flush.on.ack",
+            if flush_on_ack { "true" } else { "false" },
+        ),
     ])
     .unwrap()
 }
@@ -81,7 +84,10 @@ fn crash_child() {
                         }
                         let info = log.append(payload(task, seq), LeaderEpoch(1), 0).await;
                         let info = info.unwrap();
-                        println!("APPENDED {} {} {task} {seq}", info.first_offset, info.last_offset);
+                        println!(
+                            "APPENDED {} {} {task} {seq}",
+                            info.first_offset, info.last_offset
+                        );
                     }
                 })
             })
@@ -113,7 +119,13 @@ fn parse_line(line: &str) -> Option<(i64, Reported)> {
 /// returns the appends it reported.
 fn run_child(dir: &Path, round: usize, flush: bool, kill_after: Duration) -> Vec<(i64, Reported)> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "crash_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("WEIR_CRASH_CHILD_DIR", dir)
         .env("WEIR_CRASH_FLUSH", if flush { "1" } else { "0" })
         .env("WEIR_CRASH_ROUND", round.to_string())
@@ -162,7 +174,10 @@ fn read_all(dir: PathBuf) -> (BTreeMap<i64, Bytes>, Offset) {
                 break;
             }
             let r = log.read(at, 4 << 20, end).await.unwrap();
-            assert!(!r.batches.is_empty(), "no batch at {at} below the end {end}");
+            assert!(
+                !r.batches.is_empty(),
+                "no batch at {at} below the end {end}"
+            );
             for b in r.batches {
                 let h = wire::batch::validate_batch(&b).unwrap().header;
                 batches.insert(h.base_offset().get(), b.clone());
@@ -198,7 +213,11 @@ fn crash_rounds_keep_every_reported_append() {
             let h = wire::batch::read_header(got).unwrap();
             assert_eq!(h.last_offset().get(), r.last, "seed {seed} round {round}");
             let want = payload(r.task, r.seq);
-            assert_eq!(&got[21..], &want[21..], "seed {seed} round {round}: bytes of {first}");
+            assert_eq!(
+                &got[21..],
+                &want[21..],
+                "seed {seed} round {round}: bytes of {first}"
+            );
         }
         println!(
             "round {round}: flush_on_ack={flush} killed after {kill_after:?}, {} reported this round, {} total, end {end}",

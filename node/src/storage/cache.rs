@@ -90,11 +90,13 @@ impl TailCache {
         out
     }
 
-    /// The first cached batch whose max timestamp is `>= timestamp`, by scanning headers.
-    pub fn find_time(&self, timestamp: i64) -> Option<(Offset, i64)> {
+    /// The first cached batch ending at or after `log_start` whose max timestamp is
+    /// `>= timestamp`, by reading headers.
+    pub fn find_time(&self, timestamp: i64, log_start: Offset) -> Option<(Offset, i64)> {
         self.entries.iter().find_map(|e| {
             let h = wire::batch::read_header(&e.bytes).ok()?;
-            (h.max_timestamp() >= timestamp).then(|| (e.base, h.max_timestamp()))
+            (h.max_timestamp() >= timestamp && e.last >= log_start)
+                .then(|| (e.base, h.max_timestamp()))
         })
     }
 }

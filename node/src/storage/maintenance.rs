@@ -43,6 +43,12 @@ impl Log {
             return Ok(self.log_end_offset());
         }
         let cut = self.find_cut(offset).await?;
+        if cut.next_offset <= log_start {
+            // The cut batch straddles the log start (DeleteRecords can stop mid-batch):
+            // nothing at or after the start survives, so the log restarts empty there.
+            self.truncate_fully(log_start).await?;
+            return Ok(log_start);
+        }
         let result = self.apply_cut(&cut).await;
         self.check_io(result)?;
         Ok(cut.next_offset)

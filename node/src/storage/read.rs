@@ -147,39 +147,58 @@ async fn read_file(
     Ok(out)
 }
 
-/// See [`Log::read_by_time`].
+/// See [`Log::read_by_time`]. Batches wholly below the log start offset (still on disk
+/// after DeleteRecords) are skipped; the returned offset is at least the log start.
 pub async fn read_by_time(log: &Log, timestamp: i64) -> Result<Option<(Offset, i64)>> {
     log.check_readable()?;
-    let plan = {
-        let st = log.state.borrow();
-        let Some(seg) = st
-            .segments
-            .values()
-            .find(|s| s.max_timestamp.0 >= timestamp)
-        else {
-            return Ok(None);
+    let log_start = log.log_start_offset();
+    let mut after: Option<Offset> = None;
+    for _ in 0..log.segment_count() {
+        let Some(plan) = plan_time_scan(&log.state.borrow(), timestamp, log_start, after) else {
+            break;
         };
-        let rel = seg.index.relative_offset_for_time(timestamp);
-        let from = seg.index.position_for(rel).get();
-        seg.file.clone().map(|file| DiskPlan {
-            file,
-            path: seg.path("log"),
-            base: seg.base,
-            from,
-            end: seg.written,
-        })
-    };
-    if let Some(plan) = plan
-        && let Some(found) = scan_time(&plan, timestamp).await?
-    {
-        return Ok(Some(found));
+        if let Some((base, ts)) = scan_time(&plan, timestamp, log_start).await? {
+            return Ok(Some((base.max(log_start), ts)));
+        }
+        after = Some(plan.base);
     }
     // Not on disk yet: the batch is still pending its write, so it is in the cache.
-    Ok(log.state.borrow().cache.find_time(timestamp))
+    let cached = log.state.borrow().cache.find_time(timestamp, log_start);
+    Ok(cached.map(|(base, ts)| (base.max(log_start), ts)))
 }
 
-/// The first batch in the file, from `plan.from`, with max timestamp `>= timestamp`.
-async fn scan_time(plan: &DiskPlan, timestamp: i64) -> Result<Option<(Offset, i64)>> {
+/// The next segment (after `after`) that may hold a batch at or after `log_start` with
+/// max timestamp `>= timestamp`, and where in it to start scanning.
+fn plan_time_scan(
+    st: &State,
+    timestamp: i64,
+    log_start: Offset,
+    after: Option<Offset>,
+) -> Option<DiskPlan> {
+    let from = after.map_or(Offset(i64::MIN), |b| b.add(1));
+    let seg = st
+        .segments
+        .range(from..)
+        .map(|(_, s)| s)
+        .find(|s| s.max_timestamp.0 >= timestamp && s.next_offset > log_start)?;
+    let rel = seg.index.relative_offset_for_time(timestamp);
+    let from = seg.index.position_for(rel).get();
+    Some(DiskPlan {
+        file: seg.file.clone()?,
+        path: seg.path("log"),
+        base: seg.base,
+        from,
+        end: seg.written,
+    })
+}
+
+/// The first batch in the file, from `plan.from`, ending at or after `log_start`, with
+/// max timestamp `>= timestamp`.
+async fn scan_time(
+    plan: &DiskPlan,
+    timestamp: i64,
+    log_start: Offset,
+) -> Result<Option<(Offset, i64)>> {
     let mut window =
         FileWindow::with_window(plan.file.clone(), &plan.path, plan.end, READ_WINDOW_MIN);
     let mut pos = plan.from;
@@ -191,7 +210,7 @@ async fn scan_time(plan: &DiskPlan, timestamp: i64) -> Result<Option<(Offset, i6
                 position: pos,
                 reason: reason.to_owned(),
             })?;
-        if header.max_timestamp() >= timestamp {
+        if header.max_timestamp() >= timestamp && header.last_offset() >= log_start {
             return Ok(Some((header.base_offset(), header.max_timestamp())));
         }
         pos += size as u64;
