@@ -121,8 +121,7 @@ impl Partition {
 
     /// Applies changed topic configs (AlterConfigs) to the running log.
     pub fn reconfigure(&self, configs: BTreeMap<String, String>) -> Result<(), StorageError> {
-        // TODO(storage): apply with `Log::set_config` once it is committed.
-        let _ = log_config(&configs)?;
+        self.log.set_config(log_config(&configs)?);
         self.max_message_bytes.set(max_message_bytes(&configs));
         *self.configs.borrow_mut() = configs;
         Ok(())

@@ -46,7 +46,8 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
     match dispatch(shard, &req).await {
         Ok(resp) => resp,
         Err(e) => {
-            tracing::warn!(%peer, "closing connection: {e}");
+            let (key, version) = (req.api_key, req.version());
+            tracing::warn!(%peer, "closing connection: {key:?} v{version}: {e}");
             close()
         }
     }
@@ -59,7 +60,7 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, ProtoErr
         ApiKey::DescribeCluster => run(req, |r| metadata::describe_cluster(shard, r)).await,
         ApiKey::Produce => produce::handle(shard, req).await,
         ApiKey::Fetch => run(req, |r| fetch::handle(shard, r)).await,
-        ApiKey::ListOffsets => run(req, |r| offsets::list_offsets(shard, r)).await,
+        ApiKey::ListOffsets => run(req, |r| offsets::list_offsets(shard, r, req.version())).await,
         ApiKey::DeleteRecords => run(req, |r| offsets::delete_records(shard, r)).await,
         ApiKey::CreateTopics => run(req, |r| admin::create_topics(shard, r)).await,
         ApiKey::DeleteTopics => run(req, |r| admin::delete_topics(shard, r)).await,

@@ -20,7 +20,12 @@ use crate::partition::LEADER_EPOCH;
 use crate::shard::{Op, Reply, Shard};
 
 /// ListOffsets.
-pub async fn list_offsets(shard: &Rc<Shard>, req: ListOffsetsRequest) -> ListOffsetsResponse {
+/// `leader_epoch` exists from v4; encoding it earlier is an error.
+pub async fn list_offsets(
+    shard: &Rc<Shard>,
+    req: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let mut topics = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
@@ -51,7 +56,7 @@ pub async fn list_offsets(shard: &Rc<Shard>, req: ListOffsetsRequest) -> ListOff
                 Reply::Refused(code) => (code, -1, -1),
                 _ => (errors::UNKNOWN_SERVER_ERROR, -1, -1),
             };
-            let epoch = if error == errors::NONE && offset >= 0 {
+            let epoch = if version >= 4 && error == errors::NONE && offset >= 0 {
                 LEADER_EPOCH.get()
             } else {
                 -1

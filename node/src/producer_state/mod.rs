@@ -7,7 +7,10 @@
 //! - [`snapshot`]: the `<offset:020>.snapshot` byte layout, file names and the recovery
 //!   decision table (load the newest usable snapshot, replay the log after it).
 //! - [`allocator`]: producer ids for InitProducerId without a transactional id, unique
-//!   across restarts (persisted in blocks), and KIP-360 epoch bumps.
+//!   across restarts (persisted in blocks), and KIP-360 epoch bumps;
+//!   [`init_producer_id`] is the request handler on top of it.
+//! - [`partition`]: the table bound to a partition's storage log: check around each
+//!   append, snapshots at segment roll and clean shutdown, rebuild when the log opens.
 //!
 //! # Produce path contract
 //!
@@ -30,6 +33,8 @@
 
 pub mod allocator;
 pub mod entry;
+pub mod init_producer_id;
+pub mod partition;
 pub mod snapshot;
 pub mod table;
 
