@@ -36,7 +36,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # Python clients: a venv under target/ works as root and never touches the system Python.
-want_py="confluent-kafka==$CONFLUENT_KAFKA_VERSION kafka-python==$KAFKA_PYTHON_VERSION aiokafka==$AIOKAFKA_VERSION"
+# aiokafka needs its lz4 extra (cramjam) for the lz4 codec the interop check uses.
+want_py="confluent-kafka==$CONFLUENT_KAFKA_VERSION kafka-python==$KAFKA_PYTHON_VERSION aiokafka[lz4]==$AIOKAFKA_VERSION"
 stamp="$VENV/.weir-installed"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want_py" ]; then
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
