@@ -9,14 +9,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{FetchRequest, FetchResponse};
+use bytes::Bytes;
+use kafka_protocol::messages::FetchRequest;
+use wire::WireError;
+use wire::fetch::{FetchPartitionResponse, FetchResponseParts, FetchTopicResponse};
 
-use super::topic_name;
+use super::Response;
 use crate::errors;
 use crate::event::Event;
 use crate::partition::FetchOutcome;
+use crate::proto::{self, Request};
 use crate::router::ShardId;
 use crate::shard::{Op, Reply, Shard, TopicPartition};
 
@@ -32,8 +34,16 @@ struct Wanted {
     max_bytes: usize,
 }
 
-/// Serves one Fetch request.
-pub async fn handle(shard: &Rc<Shard>, req: FetchRequest) -> FetchResponse {
+/// Serves one Fetch request; the response is a chunk list whose record chunks are the
+/// log's own buffers (no copy).
+pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
+    let fetch: FetchRequest = proto::decode(req)?;
+    let parts = respond(shard, fetch).await;
+    let chunks = wire::fetch::encode_fetch_response(req.correlation_id, req.version, &parts)?;
+    Ok(Some(chunks))
+}
+
+async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> FetchResponseParts {
     let wanted: Vec<Wanted> = req
         .topics
         .iter()
@@ -153,44 +163,31 @@ async fn wait_for_data(
 }
 
 /// Assembles the response in request order, grouping consecutive partitions by topic.
-fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponse {
-    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
+    let mut topics: Vec<FetchTopicResponse> = Vec::new();
     for (w, o) in wanted.iter().zip(outcomes) {
-        let records = join(o.batches);
-        let p = PartitionData::default()
-            .with_partition_index(w.tp.1)
-            .with_error_code(o.error)
-            .with_high_watermark(o.high_watermark)
-            .with_last_stable_offset(o.last_stable_offset)
-            .with_log_start_offset(o.log_start_offset)
-            .with_records(Some(records));
+        let p = FetchPartitionResponse {
+            partition_index: w.tp.1,
+            error_code: o.error,
+            high_watermark: o.high_watermark,
+            last_stable_offset: o.last_stable_offset,
+            log_start_offset: o.log_start_offset,
+            records: Some(o.batches),
+            ..Default::default()
+        };
         match topics.last_mut() {
-            Some(t) if t.topic.0.as_str() == &*w.tp.0 => t.partitions.push(p),
-            _ => topics.push(
-                FetchableTopicResponse::default()
-                    .with_topic(topic_name(&w.tp.0))
-                    .with_partitions(vec![p]),
-            ),
+            Some(t) if t.topic.as_ref() == w.tp.0.as_bytes() => t.partitions.push(p),
+            _ => topics.push(FetchTopicResponse {
+                topic: Bytes::copy_from_slice(w.tp.0.as_bytes()),
+                partitions: vec![p],
+            }),
         }
     }
-    FetchResponse::default()
-        .with_session_id(0)
-        .with_responses(topics)
-}
-
-/// One `Bytes` of all batches.
-// TODO(wire::fetch): send the batch slices as separate chunks instead of joining them;
-// this copy (and the encoder's) is what the zero-copy fetch encoder removes.
-fn join(batches: Vec<Bytes>) -> Bytes {
-    match batches.len() {
-        0 => Bytes::new(),
-        1 => batches.into_iter().next().unwrap_or_default(),
-        _ => {
-            let mut out = BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
-            for b in batches {
-                out.extend_from_slice(&b);
-            }
-            out.freeze()
-        }
+    // Session id 0: no incremental fetch session was created; clients keep sending full
+    // fetch requests.
+    FetchResponseParts {
+        session_id: 0,
+        topics,
+        ..Default::default()
     }
 }

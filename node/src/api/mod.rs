@@ -21,7 +21,9 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-use crate::proto::{self, ProtoError, Request};
+use wire::{WireError, api};
+
+use crate::proto::{self, Request};
 use crate::shard::Shard;
 
 /// Frames to write for one request: `None` = no response; `Some(vec![])` = close.
@@ -34,50 +36,50 @@ pub fn close() -> Response {
 
 /// Handles one request; never panics on its content.
 pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Response {
-    let served =
-        proto::served_range(req.api_key).is_some_and(|r| (r.min..=r.max).contains(&req.version()));
-    if !served {
-        if req.api_key == ApiKey::ApiVersions {
-            return versions::unsupported(&req);
-        }
-        tracing::warn!(%peer, "closing connection: unsupported {:?} v{}", req.api_key, req.version());
+    if req.api_key == api::API_VERSIONS {
+        return versions::handle(&req);
+    }
+    if !proto::is_served(req.api_key, req.version) {
+        let (key, version) = (req.api_key, req.version);
+        tracing::warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
     match dispatch(shard, &req).await {
         Ok(resp) => resp,
         Err(e) => {
-            let (key, version) = (req.api_key, req.version());
-            tracing::warn!(%peer, "closing connection: {key:?} v{version}: {e}");
+            let (name, version) = (req.api_name(), req.version);
+            tracing::warn!(%peer, "closing connection: {name} v{version}: {e}");
             close()
         }
     }
 }
 
-async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, ProtoError> {
-    match req.api_key {
-        ApiKey::ApiVersions => versions::handle(req),
-        ApiKey::Metadata => run(req, |r| metadata::handle(shard, r, req.version())).await,
-        ApiKey::DescribeCluster => run(req, |r| metadata::describe_cluster(shard, r)).await,
-        ApiKey::Produce => produce::handle(shard, req).await,
-        ApiKey::Fetch => run(req, |r| fetch::handle(shard, r)).await,
-        ApiKey::ListOffsets => run(req, |r| offsets::list_offsets(shard, r, req.version())).await,
-        ApiKey::DeleteRecords => run(req, |r| offsets::delete_records(shard, r)).await,
-        ApiKey::CreateTopics => run(req, |r| admin::create_topics(shard, r)).await,
-        ApiKey::DeleteTopics => run(req, |r| admin::delete_topics(shard, r)).await,
-        ApiKey::CreatePartitions => run(req, |r| admin::create_partitions(shard, r)).await,
-        ApiKey::DescribeConfigs => run(req, |r| configs::describe(shard, r)).await,
-        ApiKey::AlterConfigs => run(req, |r| configs::alter(shard, r)).await,
-        ApiKey::IncrementalAlterConfigs => run(req, |r| configs::incremental_alter(shard, r)).await,
-        other => Err(ProtoError::Body {
-            key: other,
-            version: req.version(),
-            reason: "not served".into(),
+async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
+    let v = req.version;
+    match req.key() {
+        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v)).await,
+        Some(ApiKey::DescribeCluster) => run(req, |r| metadata::describe_cluster(shard, r)).await,
+        Some(ApiKey::Produce) => produce::handle(shard, req).await,
+        Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
+        Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
+        Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
+        Some(ApiKey::CreateTopics) => run(req, |r| admin::create_topics(shard, r)).await,
+        Some(ApiKey::DeleteTopics) => run(req, |r| admin::delete_topics(shard, r)).await,
+        Some(ApiKey::CreatePartitions) => run(req, |r| admin::create_partitions(shard, r)).await,
+        Some(ApiKey::DescribeConfigs) => run(req, |r| configs::describe(shard, r)).await,
+        Some(ApiKey::AlterConfigs) => run(req, |r| configs::alter(shard, r)).await,
+        Some(ApiKey::IncrementalAlterConfigs) => {
+            run(req, |r| configs::incremental_alter(shard, r)).await
+        }
+        _ => Err(WireError::UnsupportedVersion {
+            api_key: req.api_key,
+            api_version: req.version,
         }),
     }
 }
 
 /// Decode, run, encode: the shape of every handler that always answers.
-async fn run<Q, P, F, Fut>(req: &Request, f: F) -> Result<Response, ProtoError>
+async fn run<Q, P, F, Fut>(req: &Request, f: F) -> Result<Response, WireError>
 where
     Q: Decodable,
     P: Encodable,
@@ -87,7 +89,7 @@ where
     let typed: Q = proto::decode(req)?;
     let resp = f(typed).await;
     let frame = proto::encode_response(req, &resp)?;
-    Ok(Some(vec![frame.freeze()]))
+    Ok(Some(vec![frame]))
 }
 
 /// A topic name as a kafka-protocol `TopicName`.

@@ -6,38 +6,42 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
+use kafka_protocol::messages::ProduceResponse;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use wire::WireError;
+use wire::produce::ProduceRequestView;
 
 use super::{Response, topic_name};
 use crate::errors;
 use crate::partition::ProduceOutcome;
-use crate::proto::{self, ProtoError, Request};
+use crate::proto::{self, Request};
 use crate::shard::{Op, Reply, Shard};
 
 /// In-sync replicas of every partition on a single node.
 const ISR_SIZE: i32 = 1;
 
 /// Handles a Produce request; `Ok(None)` for acks=0.
-pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, ProtoError> {
-    let produce: ProduceRequest = proto::decode(req)?;
+pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
+    // The hand-parsed view keeps every partition's records a slice of the request frame.
+    let produce = ProduceRequestView::parse(&req.body, req.version)?;
     let acks = produce.acks;
     let resp = respond(shard, produce).await;
     if acks == 0 {
         return Ok(None);
     }
     let frame = proto::encode_response(req, &resp)?;
-    Ok(Some(vec![frame.freeze()]))
+    Ok(Some(vec![frame]))
 }
 
-async fn respond(shard: &Rc<Shard>, req: ProduceRequest) -> ProduceResponse {
+async fn respond(shard: &Rc<Shard>, req: ProduceRequestView) -> ProduceResponse {
     let acks = req.acks;
     let catalog = shard.catalog();
     let mut pending = Vec::new();
-    for topic in req.topic_data {
-        let name: Arc<str> = Arc::from(topic.name.0.as_str());
+    for topic in req.topics {
+        // A name that is not UTF-8 cannot exist in the catalogue.
+        let name: Arc<str> = Arc::from(String::from_utf8_lossy(&topic.name).as_ref());
         let meta = catalog.topics.get(&*name).cloned();
-        for part in topic.partition_data {
+        for part in topic.partitions {
             let early = if !matches!(acks, -1..=1) {
                 Some(errors::INVALID_REQUIRED_ACKS)
             } else {

@@ -1,47 +1,27 @@
-//! ApiVersions: the API keys and version ranges weir serves.
-
-use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
+//! ApiVersions: the API keys this broker serves, with `wire`'s version ranges; a version
+//! above ours gets UNSUPPORTED_VERSION and the table, encoded as v0 (KIP-511).
 
 use super::Response;
-use crate::errors;
-use crate::proto::{self, ProtoError, Request};
+use crate::proto::{self, Request};
 
-fn response(error_code: i16) -> ApiVersionsResponse {
-    let keys = proto::SERVED
-        .iter()
-        .map(|r| {
-            ApiVersion::default()
-                .with_api_key(r.key as i16)
-                .with_min_version(r.min)
-                .with_max_version(r.max)
-        })
-        .collect();
-    ApiVersionsResponse::default()
-        .with_error_code(error_code)
-        .with_api_keys(keys)
-}
-
-/// Serves a supported ApiVersions version.
-pub fn handle(req: &Request) -> Result<Response, ProtoError> {
-    // The body holds only client software name/version (v3+); a client that sends junk
-    // there still deserves the version list, so decode errors are ignored.
-    let _ = proto::decode::<ApiVersionsRequest>(req);
-    let frame = proto::encode_response(req, &response(errors::NONE))?;
-    Ok(Some(vec![frame.freeze()]))
-}
-
-/// Answers an ApiVersions request of an unknown version with UNSUPPORTED_VERSION, encoded
-/// as v0 (every client can read v0), as Kafka does.
-pub fn unsupported(req: &Request) -> Response {
-    let mut as_v0 = Request {
-        api_key: req.api_key,
-        header: req.header.clone(),
-        body: req.body.clone(),
+/// Serves ApiVersions at any version.
+pub fn handle(req: &Request) -> Response {
+    // The body holds only the client's software name/version (v3+); it is not needed, and
+    // a client that sends junk there still deserves the version list.
+    let (resp, version) = if wire::api::api_versions_needs_fallback(req.version) {
+        (wire::api::api_versions_fallback(proto::is_served_key), 0)
+    } else {
+        (
+            wire::api::api_versions_response(proto::is_served_key),
+            req.version,
+        )
     };
-    as_v0.header.request_api_version = 0;
-    match proto::encode_response(&as_v0, &response(errors::UNSUPPORTED_VERSION)) {
-        Ok(frame) => Some(vec![frame.freeze()]),
-        Err(_) => super::close(),
+    let encoded = wire::messages::encode_response(req.correlation_id, req.api_key, version, &resp);
+    match encoded {
+        Ok(frame) => Some(vec![frame]),
+        Err(e) => {
+            tracing::warn!("cannot encode ApiVersions v{version}: {e}");
+            super::close()
+        }
     }
 }

@@ -92,6 +92,22 @@ pub struct ProducerStateConfig {
     pub unknown_producer: UnknownProducerPolicy,
 }
 
+impl ProducerStateConfig {
+    /// The defaults, with `producer.id.expiration.ms` taken from `configs` when present
+    /// and valid (a positive number of milliseconds).
+    pub fn from_configs(configs: &std::collections::BTreeMap<String, String>) -> Self {
+        let mut config = ProducerStateConfig::default();
+        if let Some(ms) = configs
+            .get("producer.id.expiration.ms")
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|ms| *ms > 0)
+        {
+            config.producer_id_expiration_ms = ms;
+        }
+        config
+    }
+}
+
 impl Default for ProducerStateConfig {
     fn default() -> Self {
         ProducerStateConfig {

@@ -191,16 +191,41 @@ async fn write_responses(
 }
 
 async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pending>) {
+    let mut small = BytesMut::new();
     while let Some(pending) = rx.recv().await {
         let Some(response) = pending.await else { break };
         let Some(chunks) = response else { continue };
-        if chunks.is_empty() {
+        if chunks.is_empty() || write_chunks(half, &chunks, &mut small).await.is_err() {
             break;
         }
-        for chunk in chunks {
-            if half.write_all(&chunk).await.is_err() {
-                return;
+    }
+}
+
+/// Chunks below this size are gathered into one buffer (one send instead of many);
+/// larger chunks (record data) are sent from their own buffers, uncopied.
+const COALESCE_BELOW_BYTES: usize = 16 * 1024;
+
+/// Writes one response. glommio's TCP stream has no vectored write, so small pieces are
+/// coalesced and large ones written in place.
+async fn write_chunks(half: &mut Half, chunks: &[Bytes], small: &mut BytesMut) -> io::Result<()> {
+    for chunk in chunks {
+        if chunk.len() < COALESCE_BELOW_BYTES {
+            small.extend_from_slice(chunk);
+            if small.len() < COALESCE_BELOW_BYTES {
+                continue;
             }
         }
+        if !small.is_empty() {
+            half.write_all(small).await?;
+            small.clear();
+        }
+        if chunk.len() >= COALESCE_BELOW_BYTES {
+            half.write_all(chunk).await?;
+        }
     }
+    if !small.is_empty() {
+        half.write_all(small).await?;
+        small.clear();
+    }
+    Ok(())
 }
