@@ -393,10 +393,11 @@ impl Shard {
             match catalog.topics.get(&*tp.0) {
                 Some(t) if t.id == p.topic_id && tp.1 < t.partitions => {
                     let wanted = self.topic_configs(&t.configs);
-                    if wanted != p.configs() {
-                        if let Err(e) = p.reconfigure(wanted) {
-                            tracing::warn!(topic = %tp.0, partition = tp.1, "config not applied: {e}");
-                        }
+                    if wanted == p.configs() {
+                        continue;
+                    }
+                    if let Err(e) = p.reconfigure(wanted) {
+                        tracing::warn!(topic = %tp.0, partition = tp.1, "config not applied: {e}");
                     }
                 }
                 _ => stale.push((tp.clone(), p.clone())),

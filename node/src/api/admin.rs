@@ -258,7 +258,7 @@ pub async fn create_partitions(
             shard,
             &name,
             t.count,
-            t.assignments.is_some(),
+            t.assignments.as_ref().is_some_and(|a| !a.is_empty()),
             req.validate_only,
         )
         .await;

@@ -53,9 +53,11 @@ pub async fn describe(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Describ
         .resources
         .iter()
         .map(|r| {
+            // Null asks for every key; so does an empty list (some clients send that).
             let keys: Option<Vec<String>> = r
                 .configuration_keys
                 .as_ref()
+                .filter(|k| !k.is_empty())
                 .map(|k| k.iter().map(|s| s.to_string()).collect());
             let base = DescribeConfigsResult::default()
                 .with_resource_type(r.resource_type)

@@ -1,0 +1,239 @@
+//! Topic administration against a real `weir serve`: CreateTopics (configs, validate_only,
+//! refusals), Describe/Alter/IncrementalAlterConfigs, CreatePartitions, DeleteTopics, and
+//! that topics and configs survive a restart.
+
+mod common;
+
+use common::Broker;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use wire::api;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn topic(name: &str, partitions: i32, rf: i16, configs: &[(&str, &str)]) -> CreatableTopic {
+    CreatableTopic::default()
+        .with_name(TopicName(s(name)))
+        .with_num_partitions(partitions)
+        .with_replication_factor(rf)
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| {
+                    CreatableTopicConfig::default()
+                        .with_name(s(k))
+                        .with_value(Some(s(v)))
+                })
+                .collect(),
+        )
+}
+
+fn create(c: &mut common::Client, topics: Vec<CreatableTopic>, validate_only: bool) -> Vec<i16> {
+    let req = CreateTopicsRequest::default()
+        .with_topics(topics)
+        .with_validate_only(validate_only)
+        .with_timeout_ms(5000);
+    let resp: CreateTopicsResponse = c.call(api::CREATE_TOPICS, 7, &req);
+    resp.topics.iter().map(|t| t.error_code).collect()
+}
+
+fn metadata(c: &mut common::Client, names: &[&str], allow_create: bool) -> MetadataResponse {
+    let topics = names
+        .iter()
+        .map(|n| MetadataRequestTopic::default().with_name(Some(TopicName(s(n)))))
+        .collect();
+    let req = MetadataRequest::default()
+        .with_topics(Some(topics))
+        .with_allow_auto_topic_creation(allow_create);
+    c.call(api::METADATA, 12, &req)
+}
+
+fn describe_topic(c: &mut common::Client, name: &str) -> Vec<(String, String, i8)> {
+    let res = DescribeConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(s(name));
+    let resp: DescribeConfigsResponse = c.call(
+        api::DESCRIBE_CONFIGS,
+        4,
+        &DescribeConfigsRequest::default().with_resources(vec![res]),
+    );
+    assert_eq!(resp.results[0].error_code, 0);
+    resp.results[0]
+        .configs
+        .iter()
+        .map(|e| {
+            (
+                e.name.to_string(),
+                e.value.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+                e.config_source,
+            )
+        })
+        .collect()
+}
+
+fn config_of(entries: &[(String, String, i8)], key: &str) -> (String, i8) {
+    let e = entries
+        .iter()
+        .find(|e| e.0 == key)
+        .unwrap_or_else(|| panic!("{key} not described"));
+    (e.1.clone(), e.2)
+}
+
+#[test]
+fn create_validate_refuse_alter_grow_delete_and_persist() {
+    let mut broker = Broker::start(2, &[("auto.create.topics.enable", "false")]);
+    let mut c = broker.client();
+
+    assert_eq!(create(&mut c, vec![topic("dry", 3, 1, &[])], true), vec![0]);
+    let md = metadata(&mut c, &["dry"], true);
+    assert_eq!(
+        md.topics[0].error_code, 3,
+        "validate_only must not create, and auto-create is off"
+    );
+
+    let refused = create(
+        &mut c,
+        vec![
+            topic("rf3", 1, 3, &[]),
+            topic("badcfg", 1, 1, &[("retention.ms", "soon")]),
+            topic("unknowncfg", 1, 1, &[("no.such.key", "1")]),
+            topic("bad/name", 1, 1, &[]),
+            topic("zero", 0, 1, &[]),
+        ],
+        false,
+    );
+    assert_eq!(refused, vec![38, 40, 40, 17, 37]);
+
+    assert_eq!(
+        create(
+            &mut c,
+            vec![topic("orders", 2, -1, &[("retention.ms", "3600000")])],
+            false
+        ),
+        vec![0]
+    );
+    assert_eq!(
+        create(&mut c, vec![topic("orders", 2, 1, &[])], false),
+        vec![36]
+    );
+    let md = metadata(&mut c, &["orders"], false);
+    assert_eq!(md.topics[0].partitions.len(), 2);
+    assert!(!md.topics[0].topic_id.is_nil());
+
+    let cfg = describe_topic(&mut c, "orders");
+    assert_eq!(
+        config_of(&cfg, "retention.ms"),
+        ("3600000".into(), 1),
+        "topic override, source DYNAMIC_TOPIC_CONFIG"
+    );
+    assert_eq!(
+        config_of(&cfg, "segment.bytes").1,
+        5,
+        "broker default, source DEFAULT_CONFIG"
+    );
+
+    let set = AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(s("orders"))
+        .with_configs(vec![
+            AlterableConfig::default()
+                .with_name(s("segment.bytes"))
+                .with_config_operation(0)
+                .with_value(Some(s("1048576"))),
+            AlterableConfig::default()
+                .with_name(s("cleanup.policy"))
+                .with_config_operation(0)
+                .with_value(Some(s("compact"))),
+            AlterableConfig::default()
+                .with_name(s("retention.ms"))
+                .with_config_operation(1),
+        ]);
+    let resp: IncrementalAlterConfigsResponse = c.call(
+        api::INCREMENTAL_ALTER_CONFIGS,
+        1,
+        &IncrementalAlterConfigsRequest::default().with_resources(vec![set]),
+    );
+    assert_eq!(resp.responses[0].error_code, 0);
+
+    let grow = |count| {
+        CreatePartitionsRequest::default().with_topics(vec![
+            CreatePartitionsTopic::default()
+                .with_name(TopicName(s("orders")))
+                .with_count(count),
+        ])
+    };
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow(4));
+    assert_eq!(resp.results[0].error_code, 0);
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow(3));
+    assert_eq!(
+        resp.results[0].error_code, 37,
+        "shrinking is INVALID_PARTITIONS"
+    );
+
+    broker.restart();
+    let mut c = broker.client();
+    let md = metadata(&mut c, &["orders"], false);
+    assert_eq!(md.topics[0].partitions.len(), 4, "partition count persists");
+    let cfg = describe_topic(&mut c, "orders");
+    assert_eq!(config_of(&cfg, "segment.bytes"), ("1048576".into(), 1));
+    assert_eq!(config_of(&cfg, "cleanup.policy"), ("compact".into(), 1));
+    assert_eq!(
+        config_of(&cfg, "retention.ms").1,
+        5,
+        "deleted override falls back to the default"
+    );
+    for p in 0..4 {
+        assert!(broker.data_dir.path().join(format!("orders-{p}")).is_dir());
+    }
+
+    let del = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(s("orders")), TopicName(s("nope"))]);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 5, &del);
+    let codes: Vec<i16> = resp.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, vec![0, 3]);
+    assert_eq!(metadata(&mut c, &["orders"], false).topics[0].error_code, 3);
+    for p in 0..4 {
+        assert!(
+            !broker.data_dir.path().join(format!("orders-{p}")).exists(),
+            "partition dirs removed"
+        );
+    }
+}
+
+#[test]
+fn metadata_auto_creates_with_num_partitions() {
+    let broker = Broker::start(1, &[("num.partitions", "3")]);
+    let mut c = broker.client();
+    let md = metadata(&mut c, &["auto"], true);
+    assert_eq!(md.topics[0].error_code, 0);
+    assert_eq!(md.topics[0].partitions.len(), 3);
+    assert_eq!(md.brokers.len(), 1);
+    assert_eq!(md.brokers[0].port, i32::from(broker.port));
+    let md = metadata(&mut c, &["not-allowed"], false);
+    assert_eq!(
+        md.topics[0].error_code, 3,
+        "allow_auto_topic_creation=false is honoured"
+    );
+    let all: MetadataResponse = c.call(
+        api::METADATA,
+        12,
+        &MetadataRequest::default().with_topics(None),
+    );
+    assert_eq!(all.topics.len(), 1);
+    let dc: DescribeClusterResponse =
+        c.call(api::DESCRIBE_CLUSTER, 1, &DescribeClusterRequest::default());
+    assert_eq!(dc.brokers.len(), 1);
+    assert_eq!(
+        dc.cluster_id.as_str(),
+        md.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("")
+    );
+}
