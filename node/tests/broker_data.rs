@@ -1,0 +1,383 @@
+//! The data path against a real `weir serve`: Produce acks 0/1/all and
+//! `min.insync.replicas`, batch validation errors, Fetch long polls woken by appends on
+//! either shard (not by polling), ListOffsets, DeleteRecords, and pipelining order.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Broker, Client, batch};
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use wire::api;
+
+const PRODUCE_V: i16 = 9;
+const FETCH_V: i16 = 12;
+const LIST_OFFSETS_V: i16 = 6;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn create(c: &mut Client, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let t = CreatableTopic::default()
+        .with_name(TopicName(s(name)))
+        .with_num_partitions(partitions)
+        .with_replication_factor(1)
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| {
+                    CreatableTopicConfig::default()
+                        .with_name(s(k))
+                        .with_value(Some(s(v)))
+                })
+                .collect(),
+        );
+    let resp: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![t]),
+    );
+    assert_eq!(resp.topics[0].error_code, 0);
+}
+
+fn produce_req(topic: &str, partition: i32, acks: i16, records: Bytes) -> ProduceRequest {
+    let p = PartitionProduceData::default()
+        .with_index(partition)
+        .with_records(Some(records));
+    ProduceRequest::default()
+        .with_acks(acks)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(s(topic)))
+                .with_partition_data(vec![p]),
+        ])
+}
+
+/// Produces and returns (error code, base offset).
+fn produce(c: &mut Client, topic: &str, partition: i32, acks: i16, records: Bytes) -> (i16, i64) {
+    let resp: ProduceResponse = c.call(
+        api::PRODUCE,
+        PRODUCE_V,
+        &produce_req(topic, partition, acks, records),
+    );
+    let p = &resp.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+fn fetch_req(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_wait_ms: i32,
+    min_bytes: i32,
+) -> FetchRequest {
+    let p = FetchPartition::default()
+        .with_partition(partition)
+        .with_fetch_offset(offset)
+        .with_partition_max_bytes(1 << 20);
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(max_wait_ms)
+        .with_min_bytes(min_bytes)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(s(topic)))
+                .with_partitions(vec![p]),
+        ])
+}
+
+/// Fetches; returns (error, high watermark, record bytes, elapsed).
+fn fetch(
+    c: &mut Client,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_wait_ms: i32,
+) -> (i16, i64, Bytes, Duration) {
+    let t0 = Instant::now();
+    let resp: FetchResponse = c.call(
+        api::FETCH,
+        FETCH_V,
+        &fetch_req(topic, partition, offset, max_wait_ms, 1),
+    );
+    let p = &resp.responses[0].partitions[0];
+    (
+        p.error_code,
+        p.high_watermark,
+        p.records.clone().unwrap_or_default(),
+        t0.elapsed(),
+    )
+}
+
+fn list_offset(c: &mut Client, topic: &str, partition: i32, timestamp: i64) -> (i16, i64, i64) {
+    let p = ListOffsetsPartition::default()
+        .with_partition_index(partition)
+        .with_timestamp(timestamp);
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partitions(vec![p]),
+        ]);
+    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, LIST_OFFSETS_V, &req);
+    let p = &resp.topics[0].partitions[0];
+    (p.error_code, p.offset, p.timestamp)
+}
+
+/// Every record value in a fetched records blob, in order.
+fn record_values(records: &Bytes) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for range in wire::batch::split_batches(records) {
+        let one = records.slice(range.expect("valid batch from the broker"));
+        let (_, iter) = wire::batch::batch_records(&one, 1 << 20).expect("records");
+        for rec in iter {
+            out.push(
+                rec.expect("record")
+                    .value
+                    .map(|v| v.to_vec())
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn acks_min_insync_replicas_and_batch_validation() {
+    let broker = Broker::start(2, &[("message.max.bytes", "2000")]);
+    let mut c = broker.client();
+    create(&mut c, "plain", 1, &[]);
+    create(&mut c, "strict", 1, &[("min.insync.replicas", "2")]);
+
+    assert_eq!(
+        produce(&mut c, "plain", 0, -1, batch(&[b"a", b"b"], 1)),
+        (0, 0)
+    );
+    assert_eq!(produce(&mut c, "plain", 0, 1, batch(&[b"c"], 1)), (0, 2));
+    assert_eq!(
+        produce(&mut c, "strict", 0, -1, batch(&[b"x"], 1)).0,
+        19,
+        "NOT_ENOUGH_REPLICAS with one replica"
+    );
+    assert_eq!(
+        produce(&mut c, "strict", 0, 1, batch(&[b"x"], 1)),
+        (0, 0),
+        "acks=1 ignores min.insync.replicas"
+    );
+    assert_eq!(
+        produce(&mut c, "plain", 0, 7, batch(&[b"x"], 1)).0,
+        21,
+        "INVALID_REQUIRED_ACKS"
+    );
+    assert_eq!(
+        produce(&mut c, "plain", 5, 1, batch(&[b"x"], 1)).0,
+        3,
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    );
+    assert_eq!(produce(&mut c, "nosuch", 0, 1, batch(&[b"x"], 1)).0, 3);
+
+    let mut bad = batch(&[b"crc"], 1).to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    assert_eq!(
+        produce(&mut c, "plain", 0, 1, Bytes::from(bad)).0,
+        2,
+        "CORRUPT_MESSAGE on CRC mismatch"
+    );
+    let big = vec![7u8; 3000];
+    assert_eq!(
+        produce(&mut c, "plain", 0, 1, batch(&[&big], 1)).0,
+        10,
+        "MESSAGE_TOO_LARGE over message.max.bytes"
+    );
+    let mut truncated = batch(&[b"t"], 1).to_vec();
+    truncated.truncate(truncated.len() - 3);
+    assert_eq!(produce(&mut c, "plain", 0, 1, Bytes::from(truncated)).0, 2);
+
+    // acks=0: no response at all; the next response on the connection is the next request's.
+    let silent = c.send(
+        api::PRODUCE,
+        PRODUCE_V,
+        &produce_req("plain", 0, 0, batch(&[b"quiet"], 1)),
+    );
+    let (code, base) = produce(&mut c, "plain", 0, 1, batch(&[b"loud"], 1));
+    assert_eq!(
+        (code, base),
+        (0, 4),
+        "acks=0 record was appended at 3, silently"
+    );
+    assert!(silent > 0);
+
+    let (err, hw, records, _) = fetch(&mut c, "plain", 0, 0, 0);
+    assert_eq!((err, hw), (0, 5));
+    let values = record_values(&records);
+    assert_eq!(
+        values,
+        vec![
+            b"a".to_vec(),
+            b"b".to_vec(),
+            b"c".to_vec(),
+            b"quiet".to_vec(),
+            b"loud".to_vec()
+        ],
+        "rejected batches left no trace"
+    );
+}
+
+#[test]
+fn long_poll_is_woken_by_appends_on_either_shard() {
+    let broker = Broker::start(2, &[]);
+    let mut admin = broker.client();
+    // Two partitions: with two shards, one is owned by this connection's shard and one by
+    // the other, whichever shard accepted the connection.
+    create(&mut admin, "lp", 2, &[]);
+    for partition in 0..2 {
+        let mut consumer = broker.client();
+        let addr = broker.addr();
+        let producer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let mut p = Client::connect(&addr);
+            produce(&mut p, "lp", partition, 1, batch(&[b"wake"], 1))
+        });
+        let (err, hw, records, elapsed) = fetch(&mut consumer, "lp", partition, 0, 20_000);
+        assert_eq!(producer.join().expect("producer"), (0, 0));
+        assert_eq!((err, hw), (0, 1));
+        assert!(
+            !records.is_empty(),
+            "the woken fetch returns the appended batch"
+        );
+        assert!(
+            elapsed >= Duration::from_millis(250),
+            "it waited for the append: {elapsed:?}"
+        );
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "woken by the append, not by max_wait: {elapsed:?}"
+        );
+    }
+    // Nothing arrives: the long poll ends at max_wait_ms with an empty answer.
+    let (err, _, records, elapsed) = fetch(&mut admin, "lp", 1, 1, 400);
+    assert_eq!(err, 0);
+    assert!(records.is_empty());
+    assert!(
+        elapsed >= Duration::from_millis(350) && elapsed < Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    // Offsets past the end are OFFSET_OUT_OF_RANGE, at once.
+    let (err, _, _, elapsed) = fetch(&mut admin, "lp", 0, 99, 10_000);
+    assert_eq!(err, 1);
+    assert!(elapsed < Duration::from_secs(5));
+}
+
+#[test]
+fn list_offsets_and_delete_records() {
+    let mut broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "lo", 1, &[]);
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, -3),
+        (0, -1, -1),
+        "empty log has no max timestamp"
+    );
+    for (i, ts) in [1_000i64, 2_000, 3_000].iter().enumerate() {
+        let vals: Vec<Vec<u8>> = (0..5).map(|r| format!("{i}-{r}").into_bytes()).collect();
+        let refs: Vec<&[u8]> = vals.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            produce(&mut c, "lo", 0, -1, batch(&refs, *ts)),
+            (0, 5 * i as i64)
+        );
+    }
+    assert_eq!(list_offset(&mut c, "lo", 0, -2).1, 0);
+    assert_eq!(list_offset(&mut c, "lo", 0, -1).1, 15);
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, 1_500),
+        (0, 5, 2_000),
+        "first batch at or after the time"
+    );
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, 9_000).1,
+        -1,
+        "nothing that new"
+    );
+    assert_eq!(list_offset(&mut c, "lo", 0, -3).2, 3_000, "max timestamp");
+
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(TopicName(s("lo")))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(5),
+                ]),
+        ]);
+    let resp: DeleteRecordsResponse = c.call(api::DELETE_RECORDS, 2, &req);
+    let p = &resp.topics[0].partitions[0];
+    assert_eq!((p.error_code, p.low_watermark), (0, 5));
+    assert_eq!(list_offset(&mut c, "lo", 0, -2).1, 5);
+    assert_eq!(
+        fetch(&mut c, "lo", 0, 0, 0).0,
+        1,
+        "deleted offsets are out of range"
+    );
+
+    broker.restart();
+    let mut c = broker.client();
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, -2).1,
+        5,
+        "log start offset survives a restart"
+    );
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, -1).1,
+        15,
+        "every acknowledged record survives"
+    );
+    let (err, hw, records, _) = fetch(&mut c, "lo", 0, 5, 0);
+    assert_eq!((err, hw), (0, 15));
+    assert_eq!(wire::batch::split_batches(&records).count(), 2);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    create(&mut c, "pipe", 4, &[]);
+    let mut sent = Vec::new();
+    for i in 0..60 {
+        let id = match i % 3 {
+            0 => c.send(
+                api::PRODUCE,
+                PRODUCE_V,
+                &produce_req("pipe", i % 4, 1, batch(&[b"p"], 1)),
+            ),
+            1 => c.send(api::FETCH, FETCH_V, &fetch_req("pipe", i % 4, 0, 50, 1)),
+            _ => c.send(
+                api::METADATA,
+                12,
+                &MetadataRequest::default().with_topics(None),
+            ),
+        };
+        sent.push(id);
+    }
+    let mut got = Vec::new();
+    for _ in 0..60 {
+        let frame = c.read_frame().expect("response");
+        got.push(i32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]));
+    }
+    assert_eq!(got, sent);
+}
