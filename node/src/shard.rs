@@ -275,7 +275,9 @@ impl Shard {
                     .is_some_and(|p| p.high_watermark().get() > *offset)
             })
         };
-        if ready {
+        // A shard that is shutting down has already fired its shutdown event; a new
+        // listener would never hear it.
+        if ready || self.shutting_down.get() {
             return;
         }
         let listens = parts.iter().map(|p| Box::pin(p.appended.listen()));

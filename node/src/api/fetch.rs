@@ -151,14 +151,14 @@ async fn wait_for_data(
         .detach();
     }
     let sleep = glommio::timer::sleep(timeout);
-    futures_lite::future::or(
-        async {
-            first.await;
-        },
-        async {
-            sleep.await;
-        },
-    )
+    let stop = shard.shutdown.listen();
+    if shard.shutting_down.get() {
+        return;
+    }
+    let woken_or_stopped = futures_lite::future::or(first, stop);
+    futures_lite::future::or(woken_or_stopped, async {
+        sleep.await;
+    })
     .await;
 }
 

@@ -140,7 +140,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         buf: BytesMut::new(),
         max_bytes: shard.config().socket_request_max_bytes as usize,
     };
-    loop {
+    // Checked before each listen: an event fired before we listen is not heard.
+    while !shard.shutting_down.get() {
         let stop = futures_lite::future::or(shard.shutdown.listen(), closing.listen());
         let next = futures_lite::future::or(reader.next(), async {
             stop.await;
@@ -168,9 +169,6 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
         let s = shard.clone();
         let task = glommio::spawn_local(async move { api::handle(&s, req, peer).await }).detach();
         if tx.send(task).await.is_err() {
-            break;
-        }
-        if shard.shutting_down.get() {
             break;
         }
     }

@@ -1,0 +1,193 @@
+//! Limits and shutdown against a real `weir serve`: `socket.request.max.bytes` and bad
+//! framing close only the offending connection (with a log line), `max.connections` is
+//! enforced node-wide, and SIGTERM answers an in-flight long poll before a clean exit.
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::{Broker, Client, raw_frame};
+use kafka_protocol::messages::*;
+use wire::api;
+
+fn api_versions_ok(c: &mut Client) -> bool {
+    let resp: ApiVersionsResponse = c.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    resp.error_code == 0 && resp.api_keys.iter().any(|k| k.api_key == api::PRODUCE)
+}
+
+#[test]
+fn oversized_and_garbage_frames_close_only_their_connection() {
+    let broker = Broker::start(2, &[("socket.request.max.bytes", "4096")]);
+    let mut good = broker.client();
+    assert!(api_versions_ok(&mut good));
+
+    let mut big = broker.client();
+    big.stream.write_all(&8192i32.to_be_bytes()).expect("write");
+    assert!(
+        big.is_closed(),
+        "a size over socket.request.max.bytes closes the connection"
+    );
+    assert!(
+        broker.wait_log("socket.request.max.bytes", Duration::from_secs(5)),
+        "and says why"
+    );
+
+    let mut huge = broker.client();
+    huge.stream
+        .write_all(&i32::MAX.to_be_bytes())
+        .expect("write");
+    assert!(
+        huge.is_closed(),
+        "a 2 GiB size prefix is refused before any allocation"
+    );
+
+    let mut negative = broker.client();
+    negative
+        .stream
+        .write_all(&(-5i32).to_be_bytes())
+        .expect("write");
+    assert!(negative.is_closed());
+
+    let mut unknown = broker.client();
+    unknown
+        .stream
+        .write_all(&raw_frame(&[0x7f, 0x00, 0, 0, 0, 0, 0, 9, 0xff, 0xff]))
+        .expect("write");
+    assert!(
+        unknown.is_closed(),
+        "an unknown API key closes the connection"
+    );
+
+    let mut garbage = broker.client();
+    garbage
+        .stream
+        .write_all(&raw_frame(&[0, 0, 0, 9, 1, 2, 3]))
+        .expect("write");
+    assert!(
+        garbage.is_closed(),
+        "a truncated header closes the connection"
+    );
+
+    let mut bad_body = broker.client();
+    let mut body = vec![0, 3, 0, 12, 0, 0, 0, 5, 0xff, 0xff, 0];
+    body.extend_from_slice(&[0xff; 8]);
+    bad_body.stream.write_all(&raw_frame(&body)).expect("write");
+    assert!(
+        bad_body.is_closed(),
+        "an undecodable Metadata body closes the connection"
+    );
+
+    let mut half = broker.client();
+    half.stream.write_all(&100i32.to_be_bytes()).expect("write");
+    half.stream.write_all(&[0, 18]).expect("write");
+    half.stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
+    assert!(
+        half.is_closed(),
+        "a frame cut short by EOF closes the connection"
+    );
+
+    assert!(
+        api_versions_ok(&mut good),
+        "the well-behaved connection is unaffected"
+    );
+    assert!(
+        api_versions_ok(&mut broker.client()),
+        "and new connections are served"
+    );
+}
+
+#[test]
+fn unsupported_versions() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    // ApiVersions above our maximum: UNSUPPORTED_VERSION plus the table, as v0 (KIP-511).
+    c.send(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    let _: (i32, ApiVersionsResponse) = c.recv(api::API_VERSIONS, 3);
+    let mut raw = broker.client();
+    raw.stream
+        .write_all(&raw_frame(&[0, 18, 0, 99, 0, 0, 0, 7, 0xff, 0xff, 0]))
+        .expect("write");
+    let frame = raw.read_frame().expect("an answer, not a close");
+    let (corr, resp): (i32, ApiVersionsResponse) =
+        wire::messages::decode_response_as(api::API_VERSIONS, 0, &frame).expect("v0");
+    assert_eq!((corr, resp.error_code), (7, 35));
+    assert!(!resp.api_keys.is_empty());
+    // Any other API at an unserved version: the connection is closed.
+    c.stream
+        .write_all(&raw_frame(&[0, 3, 0, 99, 0, 0, 0, 8, 0xff, 0xff, 0, 0]))
+        .expect("write");
+    assert!(c.is_closed());
+}
+
+#[test]
+fn max_connections_is_enforced_node_wide() {
+    let broker = Broker::start(2, &[("max.connections", "3")]);
+    let mut open: Vec<Client> = (0..3).map(|_| broker.client()).collect();
+    for c in &mut open {
+        assert!(api_versions_ok(c));
+    }
+    let mut extra = broker.client();
+    assert!(extra.is_closed(), "the fourth connection is refused");
+    assert!(broker.wait_log("max.connections", Duration::from_secs(5)));
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut served = false;
+    while !served && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut again = broker.client();
+        served =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| api_versions_ok(&mut again)))
+                .unwrap_or(false);
+    }
+    assert!(served, "a slot freed by a closed connection is reused");
+}
+
+#[test]
+fn sigterm_answers_in_flight_requests_then_exits_cleanly() {
+    let mut broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    let md = MetadataRequest::default().with_topics(Some(vec![
+        kafka_protocol::messages::metadata_request::MetadataRequestTopic::default().with_name(
+            Some(TopicName(
+                kafka_protocol::protocol::StrBytes::from_static_str("sd"),
+            )),
+        ),
+    ]));
+    let _: MetadataResponse = c.call(api::METADATA, 12, &md);
+    // A long poll that would wait 30 s is in flight when the signal comes.
+    let p = kafka_protocol::messages::fetch_request::FetchPartition::default()
+        .with_fetch_offset(0)
+        .with_partition_max_bytes(1 << 20);
+    let fetch = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(30_000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            kafka_protocol::messages::fetch_request::FetchTopic::default()
+                .with_topic(TopicName(
+                    kafka_protocol::protocol::StrBytes::from_static_str("sd"),
+                ))
+                .with_partitions(vec![p]),
+        ]);
+    let sent = c.send(api::FETCH, 12, &fetch);
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let status = broker.terminate();
+    assert!(status.success(), "clean exit: {status:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let (got, resp): (i32, FetchResponse) = c.recv(api::FETCH, 12);
+    assert_eq!(
+        got, sent,
+        "the in-flight fetch was answered before the exit"
+    );
+    assert_eq!(resp.responses[0].partitions[0].error_code, 0);
+    assert!(broker.log_contains("logs closed"));
+}
