@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest};
 use kafka_protocol::records::Compression;
-use weir_tests::clients::{self, Acked, Sent};
+use weir_tests::clients::{self, Acked, DeliveryLog, Sent};
 use weir_tests::raw::{self, RawConn};
 use weir_tests::{Weir, WeirConfig};
 
@@ -36,7 +36,7 @@ fn bad_input_gets_its_answer_and_good_clients_are_unaffected() -> Result<()> {
     let config = WeirConfig::shards(2).set("message.max.bytes", MESSAGE_MAX_BYTES);
     let weir = Weir::start(config)?;
     clients::create_topics(&weir.bootstrap(), &[GOOD, BAD], 2, &[])?;
-    let good = GoodClient::start(&weir.bootstrap());
+    let good = GoodClient::start(&weir.bootstrap())?;
     let mut bystander = RawConn::connect(weir.addr())?;
 
     let checks: [(&str, Check); 10] = [
@@ -59,7 +59,11 @@ fn bad_input_gets_its_answer_and_good_clients_are_unaffected() -> Result<()> {
         if let Err(e) = check(&weir) {
             failures.push(format!("{name}: {e:#}"));
         }
-        // The broker still answers on a connection that did nothing wrong.
+        // The good producer keeps getting acks, and the broker still answers on a
+        // connection that did nothing wrong.
+        if let Err(e) = good.expect_progress() {
+            failures.push(format!("after {name}: {e:#}"));
+        }
         if let Err(e) = bystander.api_versions() {
             failures.push(format!("after {name}: bystander connection broken: {e:#}"));
             bystander = RawConn::connect(weir.addr())?;
@@ -97,15 +101,16 @@ type Outcome = (Vec<Sent>, Vec<Acked>, Vec<(u64, String)>);
 /// A librdkafka producer (acks=all) writing to GOOD in a thread until stopped.
 struct GoodClient {
     stop: Arc<AtomicBool>,
-    worker: thread::JoinHandle<Result<Outcome>>,
+    log: Arc<DeliveryLog>,
+    worker: thread::JoinHandle<Result<Vec<Sent>>>,
 }
 
 impl GoodClient {
-    fn start(bootstrap: &str) -> GoodClient {
+    fn start(bootstrap: &str) -> Result<GoodClient> {
+        let (producer, log) = clients::producer(bootstrap, "all", "snappy", &[("linger.ms", "1")])?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (b, s) = (bootstrap.to_string(), Arc::clone(&stop));
+        let s = Arc::clone(&stop);
         let worker = thread::spawn(move || {
-            let (producer, log) = clients::producer(&b, "all", "snappy", &[("linger.ms", "1")])?;
             let mut sent = Vec::new();
             let mut id = 0u64;
             // Bounded: at most 10,000 chunks of 20 records.
@@ -116,17 +121,38 @@ impl GoodClient {
                 id += 20;
                 thread::sleep(Duration::from_millis(5));
             }
-            Ok((sent, log.acked(), log.failed()))
+            Ok(sent)
         });
-        GoodClient { stop, worker }
+        Ok(GoodClient { stop, log, worker })
+    }
+
+    /// Waits (bounded) until more records are acknowledged than now: the good client
+    /// is making progress. Fails on any failed delivery so far.
+    fn expect_progress(&self) -> Result<()> {
+        let before = self.log.acked().len();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.log.acked().len() < before + 20 {
+            ensure!(
+                self.log.failed().is_empty(),
+                "good producer failed: {:?}",
+                self.log.failed().first()
+            );
+            ensure!(
+                Instant::now() < deadline,
+                "good producer stalled at {before} acks for 10 s"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
     }
 
     fn stop(self) -> Result<Outcome> {
         self.stop.store(true, Ordering::Relaxed);
-        match self.worker.join() {
-            Ok(r) => r,
+        let sent = match self.worker.join() {
+            Ok(r) => r?,
             Err(_) => bail!("good producer thread panicked"),
-        }
+        };
+        Ok((sent, self.log.acked(), self.log.failed()))
     }
 }
 
