@@ -1,0 +1,307 @@
+//! [`PartitionProducers`]: a partition's [`ProducerStateTable`] bound to its storage
+//! [`Log`]: the idempotence check around each append, snapshots at segment roll and
+//! clean shutdown, and the rebuild (newest snapshot + log replay) when the log opens.
+//!
+//! Lives beside the log on the partition's owning shard; `RefCell` borrows are never held
+//! across an `.await`.
+
+use std::cell::{Cell, RefCell};
+use std::path::Path;
+use std::pin::pin;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use wire::batch::{BatchHeader, read_header};
+use wire::{LeaderEpoch, Offset};
+
+use super::{
+    BatchMetadata, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT, ProducerStateConfig,
+    ProducerStateCounters, ProducerStateTable, Verdict, decode_snapshot, encode_snapshot,
+    parse_snapshot_file_name, plan_recovery, snapshot_file_name,
+};
+use crate::event::Event;
+use crate::storage::{AppendInfo, Log, StorageError, write_atomic};
+
+/// Snapshots kept on disk: the newest plus spares in case it is damaged.
+pub const SNAPSHOTS_KEPT: usize = 3;
+/// Bytes per log read while replaying after the snapshot.
+const REPLAY_READ_BYTES: usize = 1 << 20;
+/// Kafka error code INVALID_RECORD: idempotent batches must come alone (see `append`).
+const INVALID_RECORD: i16 = 87;
+
+/// What happened to a Produce partition's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProducerAppend {
+    /// Appended (new batches, or batches without a producer id).
+    Appended(AppendInfo),
+    /// A resend of a batch in the log: answer with these offsets, nothing was appended.
+    Duplicate(BatchMetadata),
+    /// Refused with this Kafka error code; nothing was appended.
+    Rejected(i16),
+}
+
+/// A partition's producer state, tied to its log.
+#[derive(Debug)]
+pub struct PartitionProducers {
+    table: RefCell<ProducerStateTable>,
+    last_expiry_ms: Cell<i64>,
+}
+
+impl PartitionProducers {
+    /// Rebuilds the state of an opened log: loads the newest usable snapshot (damaged
+    /// ones are deleted and the next older tried) and replays the batches after it.
+    pub async fn open(
+        log: &Log,
+        config: ProducerStateConfig,
+        now_ms: i64,
+    ) -> Result<PartitionProducers, StorageError> {
+        let (mut table, replay_from) = load_newest_snapshot(log, config);
+        let replayed = replay(log, &mut table, replay_from, now_ms).await?;
+        tracing::debug!(
+            dir = %log.dir().display(),
+            producers = table.len(),
+            replay_from = %replay_from,
+            replayed,
+            "producer state rebuilt"
+        );
+        Ok(PartitionProducers {
+            table: RefCell::new(table),
+            last_expiry_ms: Cell::new(now_ms),
+        })
+    }
+
+    /// Checks the records' producer sequence and appends them unless they are a
+    /// duplicate or refused. Records must be validated whole batches.
+    ///
+    /// Kafka allows exactly one batch per partition from Produce v3; weir accepts more
+    /// only when none carries a producer id, and refuses an idempotent batch that is not
+    /// alone with INVALID_RECORD, as Kafka does.
+    pub async fn append(
+        &self,
+        log: &Log,
+        records: BytesMut,
+        epoch: LeaderEpoch,
+        now_ms: i64,
+    ) -> Result<ProducerAppend, StorageError> {
+        self.expire_if_due(now_ms);
+        let (header, batches) = match idempotent_header(&records) {
+            None => {
+                return Ok(ProducerAppend::Appended(
+                    log.append(records, epoch, now_ms).await?,
+                ));
+            }
+            Some(found) => found,
+        };
+        if batches != 1 {
+            return Ok(ProducerAppend::Rejected(INVALID_RECORD));
+        }
+        let verdict = self.table.borrow_mut().check(&header);
+        match verdict {
+            Err(rejection) => Ok(ProducerAppend::Rejected(rejection.error_code())),
+            Ok(Verdict::Duplicate(original)) => Ok(ProducerAppend::Duplicate(original)),
+            Ok(Verdict::Append | Verdict::NotIdempotent) => {
+                let info = self
+                    .append_checked(log, records, &header, epoch, now_ms)
+                    .await?;
+                Ok(ProducerAppend::Appended(info))
+            }
+        }
+    }
+
+    /// Appends a checked batch and records it. The log assigns offsets (and rolls) in the
+    /// first poll of its append, synchronously; the batch is recorded right after that
+    /// poll, before anything else runs on this shard, so the next batch of the producer
+    /// is checked against it. A roll snapshots the state as of the new segment's base
+    /// first, so the snapshot holds exactly the batches below its offset.
+    async fn append_checked(
+        &self,
+        log: &Log,
+        records: BytesMut,
+        header: &BatchHeader,
+        epoch: LeaderEpoch,
+        now_ms: i64,
+    ) -> Result<AppendInfo, StorageError> {
+        let first = log.log_end_offset();
+        let segments = log.segment_count();
+        let mut append = pin!(log.append(records, epoch, now_ms));
+        let first_poll = futures_lite::future::poll_once(&mut append).await;
+        if log.log_end_offset() > first {
+            if log.segment_count() > segments {
+                self.snapshot(log.dir(), first);
+            }
+            self.table.borrow_mut().record_append(header, first, now_ms);
+        }
+        match first_poll {
+            Some(result) => result,
+            None => append.await,
+        }
+    }
+
+    /// Writes a snapshot at `offset` (the log end offset now) and prunes old ones.
+    /// Failure only costs a longer replay at the next open, so it is logged, not fatal.
+    pub fn snapshot(&self, dir: &Path, offset: Offset) {
+        let bytes = encode_snapshot(&self.table.borrow(), offset);
+        let path = dir.join(snapshot_file_name(offset));
+        if let Err(e) = write_atomic(&path, &bytes) {
+            tracing::warn!(path = %path.display(), "producer state snapshot failed: {e}");
+            return;
+        }
+        let mut offsets = list_snapshots(dir);
+        offsets.sort_unstable_by(|a, b| b.cmp(a));
+        for old in offsets.into_iter().skip(SNAPSHOTS_KEPT) {
+            remove_snapshot(dir, old);
+        }
+    }
+
+    /// Clean shutdown: a snapshot at the log end, so the next open replays nothing.
+    pub fn close(&self, log: &Log) {
+        self.snapshot(log.dir(), log.log_end_offset());
+    }
+
+    fn expire_if_due(&self, now_ms: i64) {
+        if now_ms - self.last_expiry_ms.get() < PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT {
+            return;
+        }
+        self.last_expiry_ms.set(now_ms);
+        let removed = self.table.borrow_mut().expire(now_ms);
+        if removed > 0 {
+            tracing::debug!(removed, "expired idle producer ids");
+        }
+    }
+
+    pub fn counters(&self) -> ProducerStateCounters {
+        self.table.borrow().counters()
+    }
+
+    /// A copy of the table, for tests and inspection.
+    pub fn table(&self) -> ProducerStateTable {
+        self.table.borrow().clone()
+    }
+}
+
+/// The first batch's header if any batch of `records` has a producer id, with the number
+/// of batches. Records were validated by the caller; a header that cannot be read ends
+/// the walk (the log's own check refuses such records).
+fn idempotent_header(records: &[u8]) -> Option<(BatchHeader, usize)> {
+    let mut pos = 0usize;
+    let mut batches = 0usize;
+    let mut first: Option<BatchHeader> = None;
+    let mut idempotent = false;
+    while pos < records.len() {
+        let Ok(h) = read_header(&records[pos..]) else {
+            break;
+        };
+        idempotent |= h.producer_id().is_some();
+        first.get_or_insert(*h);
+        batches += 1;
+        pos += h.total_size().max(1);
+    }
+    if idempotent {
+        first.map(|h| (h, batches))
+    } else {
+        None
+    }
+}
+
+/// Applies the recovery table (see `snapshot`): returns the loaded (or empty) table and
+/// the offset to replay from.
+fn load_newest_snapshot(log: &Log, config: ProducerStateConfig) -> (ProducerStateTable, Offset) {
+    let dir = log.dir();
+    let mut offsets = list_snapshots(dir);
+    // Each round removes one snapshot from the candidates, so this ends.
+    loop {
+        let plan = plan_recovery(
+            &offsets,
+            log.log_start_offset(),
+            log.log_end_offset(),
+            SNAPSHOTS_KEPT,
+        );
+        for stale in &plan.delete {
+            remove_snapshot(dir, *stale);
+        }
+        let Some(offset) = plan.load else {
+            return (ProducerStateTable::new(config), plan.replay_from);
+        };
+        let path = dir.join(snapshot_file_name(offset));
+        let loaded = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| decode_snapshot(&b, offset, config).map_err(|e| e.to_string()));
+        match loaded {
+            Ok(table) => return (table, plan.replay_from),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring producer state snapshot: {e}");
+                remove_snapshot(dir, offset);
+                offsets.retain(|o| *o != offset && !plan.delete.contains(o));
+            }
+        }
+    }
+}
+
+/// Feeds every batch in `[from, log end)` to the table. Returns how many were read.
+async fn replay(
+    log: &Log,
+    table: &mut ProducerStateTable,
+    from: Offset,
+    now_ms: i64,
+) -> Result<u64, StorageError> {
+    let end = log.log_end_offset();
+    let mut next = from;
+    let mut batches = 0u64;
+    // Each read returns at least one batch (one offset) or ends the loop.
+    while next < end {
+        let read = log.read(next, REPLAY_READ_BYTES, end).await?;
+        if read.batches.is_empty() || read.next_offset <= next {
+            tracing::warn!(at = %next, end = %end, "producer state replay stopped early");
+            break;
+        }
+        for batch in &read.batches {
+            if let Ok(h) = read_header(batch) {
+                table.replay(h, now_ms);
+                batches += 1;
+            }
+        }
+        next = read.next_offset;
+    }
+    Ok(batches)
+}
+
+fn list_snapshots(dir: &Path) -> Vec<Offset> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(parse_snapshot_file_name))
+        .collect()
+}
+
+fn remove_snapshot(dir: &Path, offset: Offset) {
+    let path = dir.join(snapshot_file_name(offset));
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), "cannot delete producer state snapshot: {e}");
+    }
+}
+
+/// Waits until the high watermark passes `last_offset` (a duplicate is answered only once
+/// its original is as committed as a fresh append would be), woken by `appended`.
+/// Returns false after `timeout`.
+pub async fn wait_committed(
+    last_offset: Offset,
+    high_watermark: impl Fn() -> Offset,
+    appended: &Event,
+    timeout: Duration,
+) -> bool {
+    let waiting = async {
+        while high_watermark() <= last_offset {
+            appended.listen().await;
+        }
+        true
+    };
+    futures_lite::future::or(waiting, async {
+        glommio::timer::sleep(timeout).await;
+        false
+    })
+    .await
+}
