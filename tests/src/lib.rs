@@ -3,12 +3,14 @@
 //!
 //! - [`broker`]: the `weir serve` process — start, wait for ready, SIGTERM/SIGKILL,
 //!   restart on the same data dir, RSS; always killed on drop.
+//! - [`disk`]: what reached the data dir (record batches in segment files).
 //! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
 //! - [`clients`]: librdkafka (the `rdkafka` crate) producers, consumers and admin calls
 //!   configured for a weir under test, with bounded waits.
 
 pub mod broker;
 pub mod clients;
+pub mod disk;
 pub mod raw;
 
 pub use broker::{Weir, WeirConfig};

@@ -7,9 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
+use kafka_protocol::records::Compression;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use weir_tests::clients::{self, Acked, Sent};
+use weir_tests::disk;
+use weir_tests::raw::{self, RawConn};
 use weir_tests::{Weir, WeirConfig};
 
 const TOPIC: &str = "e2e-codecs";
@@ -19,7 +22,7 @@ const RECORDS_PER_CODEC: u64 = 40_000;
 
 #[test]
 fn produce_consume_200k_records_every_codec_acks_all() -> Result<()> {
-    let weir = Weir::start(WeirConfig::shards(2))?;
+    let mut weir = Weir::start(WeirConfig::shards(2))?;
     let bootstrap = weir.bootstrap();
     clients::create_topics(&bootstrap, &[TOPIC], PARTITIONS, &[])?;
     ensure!(clients::partition_count(&bootstrap, TOPIC)? == PARTITIONS as usize);
@@ -71,6 +74,89 @@ fn produce_consume_200k_records_every_codec_acks_all() -> Result<()> {
     );
     check_metadata_and_watermarks(&weir, &per_partition)?;
     check_offsets_for_times(&bootstrap, TOPIC, PARTITIONS, &sent, &acked, false)?;
+
+    // The codecs really reached the log (librdkafka silently sends uncompressed batches
+    // when it believes the broker lacks a codec). LZ4: see the ignored test below.
+    let status = weir.terminate()?;
+    ensure!(status.success(), "SIGTERM exit status {status}");
+    let codecs = disk::batches_by_codec(weir.data_dir(), TOPIC)?;
+    for (codec, name) in [(0, "none"), (1, "gzip"), (2, "snappy"), (4, "zstd")] {
+        ensure!(
+            codecs.get(&codec).is_some_and(|n| *n > 0),
+            "no {name} batch on disk: {codecs:?}"
+        );
+    }
+    if !codecs.contains_key(&3) {
+        eprintln!(
+            "note: librdkafka sent its lz4 records uncompressed (batches by codec {codecs:?})"
+        );
+    }
+    Ok(())
+}
+
+/// librdkafka compresses with LZ4 only for a broker that advertises FindCoordinator
+/// (its proxy for "supports LZ4"); otherwise it quietly sends uncompressed batches.
+#[test]
+#[ignore = "weir does not advertise FindCoordinator yet (consumer groups), so librdkafka \
+            sends lz4 batches uncompressed; run with --ignored to check"]
+fn librdkafka_sends_lz4_compressed_batches() -> Result<()> {
+    let mut weir = Weir::start(WeirConfig::shards(1))?;
+    let bootstrap = weir.bootstrap();
+    clients::create_topics(&bootstrap, &["lz4"], 1, &[])?;
+    let records = clients::make_records(0, 2000, "lz4", clients::now_ms());
+    let (producer, log) = clients::producer(&bootstrap, "all", "lz4", &[])?;
+    clients::produce_all(&producer, "lz4", &records, None)?;
+    ensure!(log.acked().len() == records.len());
+    ensure!(weir.terminate()?.success());
+    let codecs = disk::batches_by_codec(weir.data_dir(), "lz4")?;
+    ensure!(
+        codecs.keys().all(|c| *c == 3) && !codecs.is_empty(),
+        "batches by codec on disk: {codecs:?}"
+    );
+    Ok(())
+}
+
+/// LZ4 batches (written by a raw client, since librdkafka will not send them to weir
+/// yet) are stored as sent and served to a librdkafka consumer, which checks their CRCs
+/// and decompresses them.
+#[test]
+fn lz4_batches_are_stored_and_served() -> Result<()> {
+    let mut weir = Weir::start(WeirConfig::shards(2))?;
+    let bootstrap = weir.bootstrap();
+    clients::create_topics(&bootstrap, &["lz4-raw"], 1, &[])?;
+    let mut conn = RawConn::connect(weir.addr())?;
+    let mut values = Vec::new();
+    for b in 0..20 {
+        let batch_values: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("lz4 value {b}-{i} {}", "x".repeat(i * 10)).into_bytes())
+            .collect();
+        let batch = raw::record_batch(&batch_values, Compression::Lz4)?;
+        let (code, base) = conn.produce("lz4-raw", 0, -1, batch)?;
+        ensure!(
+            code == 0 && base == values.len() as i64,
+            "batch {b}: error {code}, base {base}"
+        );
+        values.extend(batch_values);
+    }
+    let got = clients::consume_to_end(&bootstrap, "lz4-raw", &[0])?;
+    ensure!(
+        got.len() == values.len(),
+        "read {} of {}",
+        got.len(),
+        values.len()
+    );
+    for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+        ensure!(
+            g.offset == i as i64 && g.value.as_deref() == Some(&v[..]),
+            "record {i} differs"
+        );
+    }
+    ensure!(weir.terminate()?.success());
+    let codecs = disk::batches_by_codec(weir.data_dir(), "lz4-raw")?;
+    ensure!(
+        codecs.get(&3).is_some_and(|n| *n > 0),
+        "no lz4 batch on disk: {codecs:?}"
+    );
     Ok(())
 }
 
