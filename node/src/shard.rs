@@ -31,6 +31,9 @@ pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
 /// Capacity of each mesh queue (per ordered pair of shards).
 pub const MESH_QUEUE_CAPACITY: usize = 1024;
 
+/// Partition logs one shard opens at the same time (startup, topic creation).
+const OPEN_CONCURRENCY_MAX: usize = 32;
+
 /// A partition key: topic name and index.
 pub type TopicPartition = (Arc<str>, i32);
 
@@ -62,6 +65,8 @@ pub enum Op {
     },
     /// Bring the open partitions in line with the catalogue (open new, drop deleted).
     Sync,
+    /// Work for the group coordinator hosted here (see `group`).
+    Group(Box<crate::group::GroupCall>),
 }
 
 /// The owner's answer to an [`Op`].
@@ -80,6 +85,7 @@ pub enum Reply {
         low_watermark: i64,
     },
     Synced,
+    Group(Box<crate::group::GroupReply>),
     /// The op could not run here (unknown partition, wrong owner): a Kafka error code.
     Refused(i16),
 }
@@ -128,6 +134,8 @@ pub struct Shard {
     pub open_connections: Cell<usize>,
     /// The host and port clients are told to connect to.
     pub advertised: (String, u16),
+    /// Group coordinators of the `__consumer_offsets` partitions this shard owns.
+    pub groups: Rc<crate::group::Coordinators>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -162,6 +170,7 @@ impl Shard {
             shutdown: Event::default(),
             open_connections: Cell::new(0),
             advertised,
+            groups: Rc::default(),
         }
     }
 
@@ -256,6 +265,10 @@ impl Shard {
             Op::Sync => {
                 self.sync_partitions().await;
                 Reply::Synced
+            }
+            Op::Group(call) => {
+                let groups = self.groups.clone();
+                Reply::Group(Box::new(groups.exec(self, *call).await))
             }
         }
     }
@@ -412,15 +425,22 @@ impl Shard {
                 tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
             }
         }
+        let mut missing = Vec::new();
         for (name, meta) in catalog.topics.iter() {
             for index in 0..meta.partitions {
                 let tp: TopicPartition = (Arc::from(name.as_str()), index);
-                if self.router.owner(name, index) == self.id
-                    && !self.partitions.borrow().contains_key(&tp)
-                {
-                    let _ = self.open_partition(&tp, meta.id, &meta.configs).await;
+                let owned = self.router.owner(name, index) == self.id;
+                if owned && !self.partitions.borrow().contains_key(&tp) {
+                    missing.push((tp, meta.clone()));
                 }
             }
+        }
+        // Opening is mostly waiting on the disk (recovery reads): overlap a bounded number.
+        for chunk in missing.chunks(OPEN_CONCURRENCY_MAX) {
+            let opens = chunk
+                .iter()
+                .map(|(tp, meta)| Box::pin(self.open_partition(tp, meta.id, &meta.configs)));
+            join_all(opens.collect()).await;
         }
     }
 
@@ -540,14 +560,23 @@ impl Shard {
         }
     }
 
-    /// Closes every partition log (flush, clean-shutdown marker).
+    /// Closes every partition log (flush, clean-shutdown marker), a bounded number at once.
     pub async fn close_all(&self) {
         let parts: Vec<(TopicPartition, Rc<Partition>)> =
             self.partitions.borrow_mut().drain().collect();
-        for (tp, p) in parts {
-            if let Err(e) = p.log.close().await {
-                tracing::error!(topic = %tp.0, partition = tp.1, "close failed: {e}");
-            }
+        for chunk in parts.chunks(OPEN_CONCURRENCY_MAX) {
+            let closes = chunk.iter().map(|(tp, p)| {
+                Box::pin(async move {
+                    match p.log.close().await {
+                        // The snapshot lets the next open skip replaying the log.
+                        Ok(()) => p.producers.close(&p.log),
+                        Err(e) => {
+                            tracing::error!(topic = %tp.0, partition = tp.1, "close failed: {e}");
+                        }
+                    }
+                })
+            });
+            join_all(closes.collect()).await;
         }
     }
 
@@ -559,4 +588,27 @@ impl Shard {
             p.appended.notify_all();
         }
     }
+}
+
+/// Runs all `futures` concurrently on this task; returns when every one has finished.
+async fn join_all<F: Future<Output = O> + Unpin, O>(mut futures: Vec<F>) -> Vec<O> {
+    let mut done: Vec<Option<O>> = futures.iter().map(|_| None).collect();
+    futures_lite::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futures.iter_mut().zip(done.iter_mut()) {
+            if slot.is_none() {
+                match std::pin::Pin::new(&mut *f).poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
 }
