@@ -1,0 +1,752 @@
+//! Group API handlers: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+//! OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
+//!
+//! Each decodes the request on the connection's shard, turns it into a version-independent
+//! [`GroupOp`], sends it to the shard that hosts the group's coordinator (the owner of the
+//! group's `__consumer_offsets` partition) and builds the answer for the request's version.
+//! Requests naming several groups (FindCoordinator v4+, OffsetFetch v8+, DescribeGroups,
+//! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
+    DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
+    OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use wire::WireError;
+
+use super::{Response, run, str_bytes, topic_name};
+use crate::group::state::{JoinArgs, JoinResult, SyncArgs, SyncResult};
+use crate::group::{
+    CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
+    Settings, codes, partition_for,
+};
+use crate::metadata::{self, MetaError, TopicMeta};
+use crate::proto::Request;
+use crate::router::ShardId;
+use crate::shard::{Op, Reply, Shard};
+
+/// Whether `key` is a group API this module answers.
+pub fn is_group_api(key: ApiKey) -> bool {
+    matches!(
+        key,
+        ApiKey::FindCoordinator
+            | ApiKey::JoinGroup
+            | ApiKey::SyncGroup
+            | ApiKey::Heartbeat
+            | ApiKey::LeaveGroup
+            | ApiKey::OffsetCommit
+            | ApiKey::OffsetFetch
+            | ApiKey::ListGroups
+            | ApiKey::DescribeGroups
+            | ApiKey::DeleteGroups
+            | ApiKey::OffsetDelete
+    )
+}
+
+/// Runs one group API request.
+pub async fn dispatch(
+    shard: &Rc<Shard>,
+    req: &Request,
+    peer: SocketAddr,
+) -> Result<Response, WireError> {
+    let v = req.version;
+    let client_id = req
+        .client_id
+        .as_deref()
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .unwrap_or_default()
+        .to_string();
+    match req.key() {
+        Some(ApiKey::FindCoordinator) => run(req, |r| find_coordinator(shard, r, v)).await,
+        Some(ApiKey::JoinGroup) => {
+            let who = (client_id, format!("/{}", peer.ip()));
+            run(req, |r| join_group(shard, r, v, who)).await
+        }
+        Some(ApiKey::SyncGroup) => run(req, |r| sync_group(shard, r, v)).await,
+        Some(ApiKey::Heartbeat) => run(req, |r| heartbeat(shard, r)).await,
+        Some(ApiKey::LeaveGroup) => run(req, |r| leave_group(shard, r, v)).await,
+        Some(ApiKey::OffsetCommit) => run(req, |r| offset_commit(shard, r)).await,
+        Some(ApiKey::OffsetFetch) => run(req, |r| offset_fetch(shard, r, v)).await,
+        Some(ApiKey::ListGroups) => run(req, |r| list_groups(shard, r)).await,
+        Some(ApiKey::DescribeGroups) => run(req, |r| describe_groups(shard, r, v)).await,
+        Some(ApiKey::DeleteGroups) => run(req, |r| delete_groups(shard, r)).await,
+        Some(ApiKey::OffsetDelete) => run(req, |r| offset_delete(shard, r)).await,
+        _ => Err(WireError::UnsupportedVersion {
+            api_key: req.api_key,
+            api_version: req.version,
+        }),
+    }
+}
+
+/// Topic configs of `__consumer_offsets`: kept forever (no time or size retention: the
+/// coordinator deletes with tombstones), marked compact like Kafka's, small tail cache.
+fn offsets_topic_configs(s: &Settings) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("cleanup.policy".to_string(), "compact".to_string()),
+        ("segment.bytes".to_string(), s.segment_bytes.to_string()),
+        ("retention.ms".to_string(), "-1".to_string()),
+        ("retention.bytes".to_string(), "-1".to_string()),
+        ("log.tail.cache.bytes".to_string(), "65536".to_string()),
+    ])
+}
+
+/// The partition count of `__consumer_offsets`, creating the topic on first use.
+pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
+    if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
+        return Ok(t.partitions);
+    }
+    let s = Settings::from_shard(shard);
+    let meta = TopicMeta {
+        name: OFFSETS_TOPIC.to_string(),
+        id: metadata::new_topic_id(),
+        partitions: s.num_partitions,
+        configs: offsets_topic_configs(&s),
+    };
+    let created = shard.node.meta.update(|c| {
+        if c.topics.contains_key(OFFSETS_TOPIC) {
+            return Err(MetaError::TopicExists(OFFSETS_TOPIC.to_string()));
+        }
+        c.topics.insert(OFFSETS_TOPIC.to_string(), Arc::new(meta));
+        Ok(())
+    });
+    match created {
+        Ok(()) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
+        Err(MetaError::TopicExists(_)) => {}
+        Err(e) => {
+            tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
+            return Err(codes::COORDINATOR_NOT_AVAILABLE);
+        }
+    }
+    shard.sync_all().await;
+    let topics = shard.catalog();
+    let t = topics.topics.get(OFFSETS_TOPIC);
+    t.map(|t| t.partitions)
+        .ok_or(codes::COORDINATOR_NOT_AVAILABLE)
+}
+
+/// Sends `op` for `group` to its coordinator.
+async fn call_group(shard: &Rc<Shard>, group: &str, op: GroupOp) -> GroupReply {
+    let partitions = match offsets_partitions(shard).await {
+        Ok(n) => n,
+        Err(code) => return GroupReply::Code(code),
+    };
+    let partition = partition_for(group, partitions);
+    let target = shard.router.owner(OFFSETS_TOPIC, partition);
+    call_shard(shard, target, GroupCall { partition, op }).await
+}
+
+async fn call_shard(shard: &Rc<Shard>, target: ShardId, call: GroupCall) -> GroupReply {
+    match shard.call(target, Op::Group(Box::new(call))).await {
+        Reply::Group(reply) => *reply,
+        Reply::Refused(code) => GroupReply::Code(code),
+        _ => GroupReply::Code(codes::UNKNOWN_SERVER_ERROR),
+    }
+}
+
+fn opt_string(s: &Option<StrBytes>) -> Option<String> {
+    s.as_ref().map(|s| s.to_string())
+}
+
+fn opt_str_bytes(s: &Option<String>) -> Option<StrBytes> {
+    s.as_deref().map(str_bytes)
+}
+
+fn group_id(name: &str) -> GroupId {
+    GroupId(str_bytes(name))
+}
+
+async fn find_coordinator(
+    shard: &Rc<Shard>,
+    req: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let (host, port) = shard.advertised.clone();
+    let node = BrokerId(shard.config().node_id);
+    // Transaction coordinators are not served yet: only group keys (type 0) resolve.
+    let error = match (req.key_type, offsets_partitions(shard).await) {
+        (0, Ok(_)) => codes::NONE,
+        (0, Err(code)) => code,
+        _ => codes::COORDINATOR_NOT_AVAILABLE,
+    };
+    let mut resp = FindCoordinatorResponse::default();
+    if version < 4 {
+        resp.error_code = error;
+        if error == codes::NONE {
+            resp.node_id = node;
+            resp.host = str_bytes(&host);
+            resp.port = i32::from(port);
+        } else {
+            resp.node_id = BrokerId(-1);
+        }
+        return resp;
+    }
+    resp.coordinators = req
+        .coordinator_keys
+        .iter()
+        .map(|key| {
+            let mut c = Coordinator::default();
+            c.key = key.clone();
+            c.error_code = error;
+            if error == codes::NONE {
+                c.node_id = node;
+                c.host = str_bytes(&host);
+                c.port = i32::from(port);
+            } else {
+                c.node_id = BrokerId(-1);
+            }
+            c
+        })
+        .collect();
+    resp
+}
+
+async fn join_group(
+    shard: &Rc<Shard>,
+    req: JoinGroupRequest,
+    version: i16,
+    (client_id, client_host): (String, String),
+) -> JoinGroupResponse {
+    let group = req.group_id.to_string();
+    let result = if group.is_empty() {
+        JoinResult::error(codes::INVALID_GROUP_ID, &req.member_id)
+    } else {
+        let args = JoinArgs {
+            group: group.clone(),
+            member_id: req.member_id.to_string(),
+            instance_id: opt_string(&req.group_instance_id),
+            protocol_type: req.protocol_type.to_string(),
+            protocols: req
+                .protocols
+                .iter()
+                .map(|p| (p.name.to_string(), p.metadata.clone()))
+                .collect(),
+            session_timeout_ms: req.session_timeout_ms,
+            // v0 has no rebalance timeout: Kafka uses the session timeout.
+            rebalance_timeout_ms: if version >= 1 {
+                req.rebalance_timeout_ms
+            } else {
+                req.session_timeout_ms
+            },
+            client_id,
+            client_host,
+            require_known_member_id: version >= 4,
+        };
+        match call_group(shard, &group, GroupOp::Join(args)).await {
+            GroupReply::Join(r) => r,
+            GroupReply::Code(code) => JoinResult::error(code, &req.member_id),
+            _ => JoinResult::error(codes::UNKNOWN_SERVER_ERROR, &req.member_id),
+        }
+    };
+    join_response(result, version)
+}
+
+fn join_response(r: JoinResult, version: i16) -> JoinGroupResponse {
+    let mut resp = JoinGroupResponse::default();
+    resp.error_code = r.error;
+    resp.generation_id = r.generation;
+    resp.protocol_type = opt_str_bytes(&r.protocol_type);
+    // Before v7 the protocol name is a non-null string.
+    resp.protocol_name = if version >= 7 {
+        opt_str_bytes(&r.protocol_name)
+    } else {
+        Some(str_bytes(r.protocol_name.as_deref().unwrap_or_default()))
+    };
+    resp.leader = str_bytes(&r.leader);
+    resp.member_id = str_bytes(&r.member_id);
+    resp.members = r
+        .members
+        .into_iter()
+        .map(|m| {
+            let mut out = JoinGroupResponseMember::default();
+            out.member_id = str_bytes(&m.member_id);
+            out.group_instance_id = opt_str_bytes(&m.instance_id);
+            out.metadata = m.metadata;
+            out
+        })
+        .collect();
+    resp
+}
+
+async fn sync_group(shard: &Rc<Shard>, req: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+    let group = req.group_id.to_string();
+    let args = SyncArgs {
+        group: group.clone(),
+        generation: req.generation_id,
+        member_id: req.member_id.to_string(),
+        instance_id: opt_string(&req.group_instance_id),
+        protocol_type: opt_string(&req.protocol_type),
+        protocol_name: opt_string(&req.protocol_name),
+        assignments: req
+            .assignments
+            .iter()
+            .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+            .collect(),
+    };
+    let r = if group.is_empty() {
+        SyncResult::error(codes::INVALID_GROUP_ID)
+    } else {
+        match call_group(shard, &group, GroupOp::Sync(args)).await {
+            GroupReply::Sync(r) => r,
+            GroupReply::Code(code) => SyncResult::error(code),
+            _ => SyncResult::error(codes::UNKNOWN_SERVER_ERROR),
+        }
+    };
+    let mut resp = SyncGroupResponse::default();
+    resp.error_code = r.error;
+    if version >= 5 {
+        resp.protocol_type = opt_str_bytes(&r.protocol_type);
+        resp.protocol_name = opt_str_bytes(&r.protocol_name);
+    }
+    resp.assignment = r.assignment;
+    resp
+}
+
+async fn heartbeat(shard: &Rc<Shard>, req: HeartbeatRequest) -> HeartbeatResponse {
+    let group = req.group_id.to_string();
+    let code = if group.is_empty() {
+        codes::INVALID_GROUP_ID
+    } else {
+        let op = GroupOp::Heartbeat {
+            group: group.clone(),
+            member_id: req.member_id.to_string(),
+            instance_id: opt_string(&req.group_instance_id),
+            generation: req.generation_id,
+        };
+        reply_code(call_group(shard, &group, op).await)
+    };
+    let mut resp = HeartbeatResponse::default();
+    resp.error_code = code;
+    resp
+}
+
+fn reply_code(reply: GroupReply) -> i16 {
+    match reply {
+        GroupReply::Code(code) => code,
+        GroupReply::Codes(code, _) => code,
+        _ => codes::UNKNOWN_SERVER_ERROR,
+    }
+}
+
+async fn leave_group(
+    shard: &Rc<Shard>,
+    req: LeaveGroupRequest,
+    version: i16,
+) -> LeaveGroupResponse {
+    let group = req.group_id.to_string();
+    let members: Vec<(String, Option<String>)> = if version >= 3 {
+        let m = req.members.iter();
+        m.map(|m| (m.member_id.to_string(), opt_string(&m.group_instance_id)))
+            .collect()
+    } else {
+        vec![(req.member_id.to_string(), None)]
+    };
+    let (top, per) = if group.is_empty() {
+        (codes::INVALID_GROUP_ID, Vec::new())
+    } else {
+        let op = GroupOp::Leave {
+            group: group.clone(),
+            members: members.clone(),
+        };
+        match call_group(shard, &group, op).await {
+            GroupReply::Codes(top, per) => (if version >= 3 { codes::NONE } else { top }, per),
+            other => (reply_code(other), Vec::new()),
+        }
+    };
+    let mut resp = LeaveGroupResponse::default();
+    resp.error_code = top;
+    if version >= 3 && !per.is_empty() {
+        resp.members = members
+            .iter()
+            .zip(per)
+            .map(|((id, instance), code)| {
+                let mut m = MemberResponse::default();
+                m.member_id = str_bytes(id);
+                m.group_instance_id = opt_str_bytes(instance);
+                m.error_code = code;
+                m
+            })
+            .collect();
+    }
+    resp
+}
+
+async fn offset_commit(shard: &Rc<Shard>, req: OffsetCommitRequest) -> OffsetCommitResponse {
+    let group = req.group_id.to_string();
+    let catalog = shard.catalog();
+    let known = |t: &str, p: i32| {
+        catalog
+            .topics
+            .get(t)
+            .is_some_and(|m| p >= 0 && p < m.partitions)
+    };
+    let mut args = CommitArgs {
+        group: group.clone(),
+        generation: req.generation_id_or_member_epoch,
+        member_id: req.member_id.to_string(),
+        instance_id: opt_string(&req.group_instance_id),
+        offsets: Vec::new(),
+    };
+    // Per partition: Some(code) decided here, None sent to the coordinator.
+    let mut decided: Vec<(String, i32, Option<i16>)> = Vec::new();
+    for t in &req.topics {
+        let name = t.name.to_string();
+        for p in &t.partitions {
+            if !known(&name, p.partition_index) {
+                decided.push((
+                    name.clone(),
+                    p.partition_index,
+                    Some(codes::UNKNOWN_TOPIC_OR_PARTITION),
+                ));
+                continue;
+            }
+            decided.push((name.clone(), p.partition_index, None));
+            let metadata = opt_string(&p.committed_metadata);
+            let entry = (
+                name.clone(),
+                p.partition_index,
+                p.committed_offset,
+                p.committed_leader_epoch,
+                metadata,
+            );
+            args.offsets.push(entry);
+        }
+    }
+    let sent = args.offsets.len();
+    let answers = if group.is_empty() {
+        vec![codes::INVALID_GROUP_ID; sent]
+    } else if sent == 0 {
+        Vec::new()
+    } else {
+        match call_group(shard, &group, GroupOp::Commit(args)).await {
+            GroupReply::Codes(_, per) if per.len() == sent => per,
+            other => vec![reply_code(other); sent],
+        }
+    };
+    let mut answers = answers.into_iter();
+    let mut by_topic: Vec<OffsetCommitResponseTopic> = Vec::new();
+    for (topic, partition, code) in decided {
+        let code = code.unwrap_or_else(|| answers.next().unwrap_or(codes::UNKNOWN_SERVER_ERROR));
+        let mut p = OffsetCommitResponsePartition::default();
+        p.partition_index = partition;
+        p.error_code = code;
+        match by_topic.last_mut() {
+            Some(t) if t.name.as_str() == topic => t.partitions.push(p),
+            _ => {
+                let mut t = OffsetCommitResponseTopic::default();
+                t.name = topic_name(&topic);
+                t.partitions.push(p);
+                by_topic.push(t);
+            }
+        }
+    }
+    let mut resp = OffsetCommitResponse::default();
+    resp.topics = by_topic;
+    resp
+}
+
+/// Fetches one group's offsets: `topics: None` = all of them.
+async fn fetch_group(
+    shard: &Rc<Shard>,
+    group: &str,
+    topics: Option<Vec<(String, Vec<i32>)>>,
+) -> (i16, Vec<FetchedOffset>) {
+    let op = GroupOp::FetchOffsets {
+        group: group.to_string(),
+        topics,
+    };
+    match call_group(shard, group, op).await {
+        GroupReply::Offsets(code, offsets) => (code, offsets),
+        other => (reply_code(other), Vec::new()),
+    }
+}
+
+/// Groups fetched offsets by topic, in first-seen order.
+fn by_topic(offsets: Vec<FetchedOffset>) -> Vec<(String, Vec<FetchedOffset>)> {
+    let mut out: Vec<(String, Vec<FetchedOffset>)> = Vec::new();
+    for o in offsets {
+        match out.iter_mut().find(|(t, _)| *t == o.topic) {
+            Some((_, v)) => v.push(o),
+            None => out.push((o.topic.clone(), vec![o])),
+        }
+    }
+    out
+}
+
+async fn offset_fetch(
+    shard: &Rc<Shard>,
+    req: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let mut resp = OffsetFetchResponse::default();
+    if version >= 8 {
+        for g in &req.groups {
+            let topics = g.topics.as_ref().map(|ts| {
+                ts.iter()
+                    .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                    .collect()
+            });
+            let (code, offsets) = fetch_group(shard, &g.group_id, topics).await;
+            resp.groups.push(fetch_group_v8(&g.group_id, code, offsets));
+        }
+        return resp;
+    }
+    let topics = req.topics.as_ref().map(|ts| {
+        ts.iter()
+            .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+            .collect()
+    });
+    let (code, offsets) = fetch_group(shard, &req.group_id, topics).await;
+    // v0-v1 have no top-level code: an error goes on every partition.
+    if version >= 2 {
+        resp.error_code = code;
+    }
+    for (topic, offsets) in by_topic(offsets) {
+        let mut t = OffsetFetchResponseTopic::default();
+        t.name = topic_name(&topic);
+        t.partitions = offsets
+            .into_iter()
+            .map(|o| {
+                let mut p = OffsetFetchResponsePartition::default();
+                p.partition_index = o.partition;
+                p.committed_offset = o.offset;
+                p.committed_leader_epoch = o.leader_epoch;
+                p.metadata = opt_str_bytes(&o.metadata);
+                p.error_code = if version < 2 && code != codes::NONE {
+                    code
+                } else {
+                    o.error
+                };
+                p
+            })
+            .collect();
+        resp.topics.push(t);
+    }
+    resp
+}
+
+fn fetch_group_v8(
+    group: &GroupId,
+    code: i16,
+    offsets: Vec<FetchedOffset>,
+) -> OffsetFetchResponseGroup {
+    let mut g = OffsetFetchResponseGroup::default();
+    g.group_id = group.clone();
+    g.error_code = code;
+    for (topic, offsets) in by_topic(offsets) {
+        let mut t = OffsetFetchResponseTopics::default();
+        t.name = topic_name(&topic);
+        t.partitions = offsets
+            .into_iter()
+            .map(|o| {
+                let mut p = OffsetFetchResponsePartitions::default();
+                p.partition_index = o.partition;
+                p.committed_offset = o.offset;
+                p.committed_leader_epoch = o.leader_epoch;
+                p.metadata = opt_str_bytes(&o.metadata);
+                p.error_code = o.error;
+                p
+            })
+            .collect();
+        g.topics.push(t);
+    }
+    g
+}
+
+async fn list_groups(shard: &Rc<Shard>, req: ListGroupsRequest) -> ListGroupsResponse {
+    let mut resp = ListGroupsResponse::default();
+    if offsets_partitions_if_any(shard).is_none() {
+        return resp;
+    }
+    for s in 0..shard.router.shards() {
+        let call = GroupCall {
+            partition: -1,
+            op: GroupOp::List,
+        };
+        let GroupReply::Listed(groups) = call_shard(shard, ShardId(s), call).await else {
+            resp.error_code = codes::COORDINATOR_NOT_AVAILABLE;
+            continue;
+        };
+        for (id, kind, state) in groups {
+            let state_ok = req.states_filter.is_empty()
+                || req
+                    .states_filter
+                    .iter()
+                    .any(|f| f.eq_ignore_ascii_case(state));
+            let type_ok = req.types_filter.is_empty()
+                || req
+                    .types_filter
+                    .iter()
+                    .any(|f| f.eq_ignore_ascii_case("classic"));
+            if !(state_ok && type_ok) {
+                continue;
+            }
+            let mut g = ListedGroup::default();
+            g.group_id = group_id(&id);
+            g.protocol_type = str_bytes(&kind);
+            g.group_state = str_bytes(state);
+            g.group_type = str_bytes("classic");
+            resp.groups.push(g);
+        }
+    }
+    resp
+}
+
+/// The partition count of `__consumer_offsets` if it exists (listing creates nothing).
+fn offsets_partitions_if_any(shard: &Rc<Shard>) -> Option<i32> {
+    shard
+        .catalog()
+        .topics
+        .get(OFFSETS_TOPIC)
+        .map(|t| t.partitions)
+}
+
+async fn describe_groups(
+    shard: &Rc<Shard>,
+    req: DescribeGroupsRequest,
+    version: i16,
+) -> DescribeGroupsResponse {
+    let mut resp = DescribeGroupsResponse::default();
+    for name in &req.groups {
+        let summary = match call_group(
+            shard,
+            name,
+            GroupOp::Describe {
+                group: name.to_string(),
+            },
+        )
+        .await
+        {
+            GroupReply::Described(s) => s,
+            other => GroupSummary {
+                error: reply_code(other),
+                state: "Dead",
+                ..GroupSummary::default()
+            },
+        };
+        resp.groups.push(described(name, summary, version));
+    }
+    resp
+}
+
+fn described(name: &GroupId, s: GroupSummary, version: i16) -> DescribedGroup {
+    let mut g = DescribedGroup::default();
+    g.error_code = s.error;
+    g.group_id = name.clone();
+    g.group_state = str_bytes(s.state);
+    g.protocol_type = str_bytes(&s.protocol_type);
+    g.protocol_data = str_bytes(&s.protocol);
+    g.members = s
+        .members
+        .into_iter()
+        .map(|m| {
+            let mut out = DescribedGroupMember::default();
+            out.member_id = str_bytes(&m.member_id);
+            out.group_instance_id = if version >= 4 {
+                opt_str_bytes(&m.instance_id)
+            } else {
+                None
+            };
+            out.client_id = str_bytes(&m.client_id);
+            out.client_host = str_bytes(&m.client_host);
+            out.member_metadata = m.metadata;
+            out.member_assignment = m.assignment;
+            out
+        })
+        .collect();
+    g
+}
+
+async fn delete_groups(shard: &Rc<Shard>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut resp = DeleteGroupsResponse::default();
+    for name in &req.groups_names {
+        let code = if offsets_partitions_if_any(shard).is_none() {
+            codes::GROUP_ID_NOT_FOUND
+        } else {
+            reply_code(
+                call_group(
+                    shard,
+                    name,
+                    GroupOp::Delete {
+                        group: name.to_string(),
+                    },
+                )
+                .await,
+            )
+        };
+        let mut r = DeletableGroupResult::default();
+        r.group_id = name.clone();
+        r.error_code = code;
+        resp.results.push(r);
+    }
+    resp
+}
+
+async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let group = req.group_id.to_string();
+    let partitions: Vec<(String, i32)> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| (t.name.to_string(), p.partition_index))
+        })
+        .collect();
+    let mut resp = OffsetDeleteResponse::default();
+    let op = GroupOp::DeleteOffsets {
+        group: group.clone(),
+        partitions: partitions.clone(),
+    };
+    let (top, per) = if offsets_partitions_if_any(shard).is_none() {
+        (codes::GROUP_ID_NOT_FOUND, Vec::new())
+    } else {
+        match call_group(shard, &group, op).await {
+            GroupReply::Codes(top, per) => (top, per),
+            other => (reply_code(other), Vec::new()),
+        }
+    };
+    resp.error_code = top;
+    if top != codes::NONE || per.len() != partitions.len() {
+        return resp;
+    }
+    for ((topic, partition), code) in partitions.into_iter().zip(per) {
+        let mut p = OffsetDeleteResponsePartition::default();
+        p.partition_index = partition;
+        p.error_code = code;
+        match resp.topics.iter_mut().find(|t| t.name.as_str() == topic) {
+            Some(t) => t.partitions.push(p),
+            None => {
+                let mut t = OffsetDeleteResponseTopic::default();
+                t.name = topic_name(&topic);
+                t.partitions.push(p);
+                resp.topics.push(t);
+            }
+        }
+    }
+    resp
+}

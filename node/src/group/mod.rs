@@ -1,0 +1,674 @@
+//! The group coordinator: consumer groups and their committed offsets.
+//!
+//! A group hashes (Kafka's rule: `abs(groupId.hashCode) % partitions`) to one partition of
+//! the internal topic `__consumer_offsets`; the shard that owns that partition hosts the
+//! group. Its state lives on that shard only, in [`Coordinators`] (a field of the shard):
+//! the [`state::Group`] state machines of the groups whose partitions this shard owns, and
+//! the open `__consumer_offsets` partitions they are written to.
+//!
+//! Durability: offset commits, and a group's metadata whenever a generation completes or
+//! the group empties, are appended to the group's partition in Kafka's record formats
+//! ([`schema`]). On first use after a start, a shard replays each of its partitions from
+//! the log start: the latest value per key wins, a null value (tombstone) deletes.
+//! Connection shards reach the coordinator with [`crate::shard::Op::Group`].
+
+pub mod codes;
+pub mod schema;
+pub mod state;
+
+mod store;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use glommio::channels::local_channel;
+
+use crate::event::Event;
+use crate::partition::Partition;
+use crate::shard::{Shard, now_ms};
+use schema::OffsetValue;
+use state::{Group, JoinArgs, JoinResult, Limits, State, SyncArgs, SyncResult};
+
+/// The internal topic holding committed offsets and group metadata.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// How often a shard's coordinator checks sessions and rebalance deadlines.
+const TICK_MS: u64 = 200;
+
+/// Kafka's `Utils.abs(groupId.hashCode()) % partitions`: the same partition as Kafka, so a
+/// Kafka `__consumer_offsets` log dir keeps its meaning here.
+pub fn partition_for(group: &str, partitions: i32) -> i32 {
+    let mut h: i32 = 0;
+    for unit in group.encode_utf16() {
+        h = h.wrapping_mul(31).wrapping_add(i32::from(unit));
+    }
+    let abs = if h == i32::MIN { 0 } else { h.abs() };
+    abs % partitions.max(1)
+}
+
+/// Coordinator settings, under Kafka's keys.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// `offsets.topic.num.partitions` (used when the topic is created).
+    pub num_partitions: i32,
+    /// `offsets.topic.segment.bytes`.
+    pub segment_bytes: i64,
+    /// `offsets.retention.minutes`, in ms.
+    pub retention_ms: i64,
+    /// `offsets.retention.check.interval.ms`.
+    pub retention_check_ms: i64,
+    /// `offset.metadata.max.bytes`.
+    pub metadata_max_bytes: usize,
+    /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
+    pub session_min_ms: i32,
+    pub session_max_ms: i32,
+    pub limits: Limits,
+}
+
+impl Settings {
+    pub fn from_shard(shard: &Shard) -> Settings {
+        let props = &shard.config().props;
+        let num = |key: &str, default: i64| -> i64 {
+            props
+                .get(key)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(default)
+        };
+        Settings {
+            num_partitions: num("offsets.topic.num.partitions", 50).clamp(1, 1000) as i32,
+            segment_bytes: num("offsets.topic.segment.bytes", 104_857_600).max(1 << 14),
+            retention_ms: num("offsets.retention.minutes", 10_080).max(1) * 60_000,
+            retention_check_ms: num("offsets.retention.check.interval.ms", 600_000).max(1),
+            metadata_max_bytes: num("offset.metadata.max.bytes", 4096).max(0) as usize,
+            session_min_ms: num("group.min.session.timeout.ms", 6_000) as i32,
+            session_max_ms: num("group.max.session.timeout.ms", 1_800_000) as i32,
+            limits: Limits {
+                initial_delay_ms: num("group.initial.rebalance.delay.ms", 3_000).max(0),
+                max_size: num("group.max.size", i64::from(i32::MAX)).max(1) as usize,
+            },
+        }
+    }
+}
+
+/// An offset commit, version-independent.
+#[derive(Clone, Debug, Default)]
+pub struct CommitArgs {
+    pub group: String,
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    /// (topic, partition, offset, leader epoch, metadata).
+    pub offsets: Vec<(String, i32, i64, i32, Option<String>)>,
+}
+
+/// One committed offset in an OffsetFetch answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    pub error: i16,
+}
+
+/// A member as DescribeGroups shows it.
+#[derive(Clone, Debug, Default)]
+pub struct MemberSummary {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+/// A group as DescribeGroups shows it.
+#[derive(Clone, Debug, Default)]
+pub struct GroupSummary {
+    pub error: i16,
+    pub state: &'static str,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<MemberSummary>,
+}
+
+/// Work for the coordinator of one group (or, for `List`, all groups of a shard).
+#[derive(Debug)]
+pub enum GroupOp {
+    Join(JoinArgs),
+    Sync(SyncArgs),
+    Heartbeat {
+        group: String,
+        member_id: String,
+        instance_id: Option<String>,
+        generation: i32,
+    },
+    Leave {
+        group: String,
+        members: Vec<(String, Option<String>)>,
+    },
+    Commit(CommitArgs),
+    /// `topics: None` = every committed offset of the group.
+    FetchOffsets {
+        group: String,
+        topics: Option<Vec<(String, Vec<i32>)>>,
+    },
+    Describe {
+        group: String,
+    },
+    List,
+    Delete {
+        group: String,
+    },
+    DeleteOffsets {
+        group: String,
+        partitions: Vec<(String, i32)>,
+    },
+}
+
+/// A [`GroupOp`] addressed to the coordinator of `partition` (ignored for `List`).
+#[derive(Debug)]
+pub struct GroupCall {
+    pub partition: i32,
+    pub op: GroupOp,
+}
+
+/// The coordinator's answer.
+#[derive(Debug)]
+pub enum GroupReply {
+    Join(JoinResult),
+    Sync(SyncResult),
+    Code(i16),
+    /// A top-level code and one code per item, in request order.
+    Codes(i16, Vec<i16>),
+    Offsets(i16, Vec<FetchedOffset>),
+    Described(GroupSummary),
+    /// (group id, protocol type, state) of every group on the shard.
+    Listed(Vec<(String, String, &'static str)>),
+}
+
+/// Offsets of one group that expired: (group, partitions, whether the whole group goes).
+type Expiry = (String, Vec<(String, i32)>, bool);
+
+/// The coordinator state of one shard.
+#[derive(Default)]
+pub struct Coordinators {
+    groups: RefCell<HashMap<String, Group>>,
+    /// Loaded `__consumer_offsets` partitions of this shard, by index.
+    partitions: RefCell<BTreeMap<i32, Rc<Partition>>>,
+    /// Partitions being replayed right now (others wait for the replay).
+    loading: RefCell<HashMap<i32, Rc<Event>>>,
+    ticker_started: Cell<bool>,
+    /// How many partitions `__consumer_offsets` has (from the catalogue, at load).
+    topic_partitions: Cell<i32>,
+}
+
+impl Coordinators {
+    /// Runs a group call on this shard (the owner of the call's partition).
+    pub async fn exec(self: &Rc<Self>, shard: &Shard, call: GroupCall) -> GroupReply {
+        let settings = Settings::from_shard(shard);
+        self.start_ticker(settings);
+        if let GroupOp::List = call.op {
+            return self.list(shard).await;
+        }
+        if shard.router.owner(OFFSETS_TOPIC, call.partition) != shard.id {
+            return GroupReply::Code(codes::NOT_COORDINATOR);
+        }
+        let part = match self.load(shard, call.partition).await {
+            Ok(p) => p,
+            Err(code) => return GroupReply::Code(code),
+        };
+        self.run(shard, &part, &settings, call.op).await
+    }
+
+    async fn run(&self, shard: &Shard, part: &Partition, s: &Settings, op: GroupOp) -> GroupReply {
+        let now = now_ms();
+        match op {
+            GroupOp::Join(a) => self.join(shard, part, s, a).await,
+            GroupOp::Sync(a) => self.sync(shard, part, a).await,
+            GroupOp::Heartbeat {
+                group,
+                member_id,
+                instance_id,
+                generation,
+            } => GroupReply::Code(self.with_group(&group, codes::UNKNOWN_MEMBER_ID, |g| {
+                g.heartbeat(&member_id, instance_id.as_deref(), generation, now)
+            })),
+            GroupOp::Leave { group, members } => self.leave(part, s, &group, members).await,
+            GroupOp::Commit(a) => self.commit(part, s, a).await,
+            GroupOp::FetchOffsets { group, topics } => self.fetch_offsets(&group, topics),
+            GroupOp::Describe { group } => GroupReply::Described(self.describe(&group)),
+            GroupOp::Delete { group } => GroupReply::Code(self.delete(part, &group).await),
+            GroupOp::DeleteOffsets { group, partitions } => {
+                self.delete_offsets(part, &group, partitions).await
+            }
+            GroupOp::List => GroupReply::Code(codes::INVALID_REQUEST),
+        }
+    }
+
+    /// Runs `f` on the group if it exists, else answers `missing`.
+    fn with_group(&self, group: &str, missing: i16, f: impl FnOnce(&mut Group) -> i16) -> i16 {
+        self.groups.borrow_mut().get_mut(group).map_or(missing, f)
+    }
+
+    async fn join(&self, shard: &Shard, part: &Partition, s: &Settings, a: JoinArgs) -> GroupReply {
+        let now = now_ms();
+        if a.session_timeout_ms < s.session_min_ms || a.session_timeout_ms > s.session_max_ms {
+            return GroupReply::Join(JoinResult::error(
+                codes::INVALID_SESSION_TIMEOUT,
+                &a.member_id,
+            ));
+        }
+        let group = a.group.clone();
+        let member = a.member_id.clone();
+        let (tx, rx) = local_channel::new_bounded(1);
+        {
+            let mut groups = self.groups.borrow_mut();
+            let g = groups
+                .entry(group.clone())
+                .or_insert_with(|| Group::new(&group, now));
+            g.join(a, now, &s.limits, tx);
+            g.try_complete_join(now);
+        }
+        self.store_if_dirty(part, &group).await;
+        let answer = futures_lite::future::or(rx.recv(), async {
+            shard.shutdown.listen().await;
+            None
+        });
+        let result = answer
+            .await
+            .unwrap_or_else(|| JoinResult::error(codes::COORDINATOR_NOT_AVAILABLE, &member));
+        GroupReply::Join(result)
+    }
+
+    async fn sync(&self, shard: &Shard, part: &Partition, a: SyncArgs) -> GroupReply {
+        let group = a.group.clone();
+        let (tx, rx) = local_channel::new_bounded(1);
+        let known = match self.groups.borrow_mut().get_mut(&group) {
+            Some(g) => {
+                g.sync(a, now_ms(), tx);
+                true
+            }
+            None => false,
+        };
+        if !known {
+            return GroupReply::Sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+        }
+        self.store_if_dirty(part, &group).await;
+        let answer = futures_lite::future::or(rx.recv(), async {
+            shard.shutdown.listen().await;
+            None
+        });
+        let result = answer
+            .await
+            .unwrap_or_else(|| SyncResult::error(codes::COORDINATOR_NOT_AVAILABLE));
+        GroupReply::Sync(result)
+    }
+
+    async fn leave(
+        &self,
+        part: &Partition,
+        s: &Settings,
+        group: &str,
+        members: Vec<(String, Option<String>)>,
+    ) -> GroupReply {
+        let now = now_ms();
+        let codes_out: Option<Vec<i16>> = self.groups.borrow_mut().get_mut(group).map(|g| {
+            members
+                .iter()
+                .map(|(id, instance)| g.leave(id, instance.as_deref(), now, &s.limits))
+                .collect()
+        });
+        let Some(per_member) = codes_out else {
+            let all = vec![codes::UNKNOWN_MEMBER_ID; members.len()];
+            return GroupReply::Codes(codes::UNKNOWN_MEMBER_ID, all);
+        };
+        self.store_if_dirty(part, group).await;
+        // v0-v2 name one member: its code is the top-level code.
+        let top = if per_member.len() == 1 {
+            per_member[0]
+        } else {
+            codes::NONE
+        };
+        GroupReply::Codes(top, per_member)
+    }
+
+    /// Checks, persists, then applies an offset commit; one code per offset.
+    async fn commit(&self, part: &Partition, s: &Settings, a: CommitArgs) -> GroupReply {
+        let now = now_ms();
+        let check = match self.groups.borrow().get(&a.group) {
+            Some(g) => g.check_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
+            None if a.generation < 0 => Ok(()),
+            None => Err(codes::ILLEGAL_GENERATION),
+        };
+        if let Err(code) = check {
+            return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
+        }
+        let mut per = Vec::with_capacity(a.offsets.len());
+        let mut writes = Vec::new();
+        for (topic, partition, offset, epoch, metadata) in &a.offsets {
+            let metadata = metadata.clone().unwrap_or_default();
+            if metadata.len() > s.metadata_max_bytes {
+                per.push(codes::OFFSET_METADATA_TOO_LARGE);
+                continue;
+            }
+            per.push(codes::NONE);
+            let value = OffsetValue {
+                offset: *offset,
+                leader_epoch: *epoch,
+                metadata,
+                commit_timestamp_ms: now,
+            };
+            writes.push(((topic.clone(), *partition), value));
+        }
+        if let Err(code) = store::write_offsets(part, &a.group, &writes).await {
+            let per = per
+                .iter()
+                .map(|c| if *c == codes::NONE { code } else { *c });
+            return GroupReply::Codes(codes::NONE, per.collect());
+        }
+        let mut groups = self.groups.borrow_mut();
+        let g = groups
+            .entry(a.group.clone())
+            .or_insert_with(|| Group::new(&a.group, now));
+        g.offsets.extend(writes);
+        GroupReply::Codes(codes::NONE, per)
+    }
+
+    fn fetch_offsets(&self, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> GroupReply {
+        let groups = self.groups.borrow();
+        let offsets = groups.get(group).map(|g| &g.offsets);
+        let found = |t: &str, p: i32| offsets.and_then(|o| o.get(&(t.to_string(), p)));
+        let entry = |t: &str, p: i32| {
+            let v = found(t, p);
+            FetchedOffset {
+                topic: t.to_string(),
+                partition: p,
+                offset: v.map_or(-1, |v| v.offset),
+                leader_epoch: v.map_or(-1, |v| v.leader_epoch),
+                metadata: Some(v.map(|v| v.metadata.clone()).unwrap_or_default()),
+                error: codes::NONE,
+            }
+        };
+        let out = match topics {
+            Some(topics) => topics
+                .iter()
+                .flat_map(|(t, ps)| ps.iter().map(move |p| (t, *p)))
+                .map(|(t, p)| entry(t, p))
+                .collect(),
+            None => offsets
+                .into_iter()
+                .flat_map(|o| o.keys())
+                .map(|(t, p)| entry(t, *p))
+                .collect(),
+        };
+        GroupReply::Offsets(codes::NONE, out)
+    }
+
+    fn describe(&self, group: &str) -> GroupSummary {
+        let groups = self.groups.borrow();
+        let Some(g) = groups.get(group) else {
+            return GroupSummary {
+                state: State::Dead.name(),
+                ..GroupSummary::default()
+            };
+        };
+        let stable = g.state == State::Stable;
+        let protocol = g.protocol.clone().unwrap_or_default();
+        let members = g
+            .members
+            .iter()
+            .map(|m| MemberSummary {
+                member_id: m.id.clone(),
+                instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                metadata: if stable {
+                    m.metadata(&protocol)
+                } else {
+                    Bytes::new()
+                },
+                assignment: if stable {
+                    m.assignment.clone()
+                } else {
+                    Bytes::new()
+                },
+            })
+            .collect();
+        GroupSummary {
+            error: codes::NONE,
+            state: g.state.name(),
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            protocol: if stable { protocol } else { String::new() },
+            members,
+        }
+    }
+
+    /// Loads every partition of this shard, then lists its groups.
+    async fn list(&self, shard: &Shard) -> GroupReply {
+        if let Some(topic) = shard.catalog().topics.get(OFFSETS_TOPIC).cloned() {
+            for p in 0..topic.partitions {
+                if shard.router.owner(OFFSETS_TOPIC, p) == shard.id {
+                    let _ = self.load(shard, p).await;
+                }
+            }
+        }
+        let groups = self.groups.borrow();
+        let listed = groups
+            .values()
+            .filter(|g| g.state != State::Dead)
+            .map(|g| {
+                let kind = g.protocol_type.clone().unwrap_or_default();
+                (g.id.clone(), kind, g.state.name())
+            })
+            .collect();
+        GroupReply::Listed(listed)
+    }
+
+    /// DeleteGroups: only an empty group; its metadata and offsets get tombstones.
+    async fn delete(&self, part: &Partition, group: &str) -> i16 {
+        let keys = match self.groups.borrow().get(group) {
+            None => return codes::GROUP_ID_NOT_FOUND,
+            Some(g) if g.state == State::Dead => return codes::GROUP_ID_NOT_FOUND,
+            Some(g) if g.state != State::Empty => return codes::NON_EMPTY_GROUP,
+            Some(g) => g.offsets.keys().cloned().collect::<Vec<_>>(),
+        };
+        if let Err(code) = store::tombstones(part, group, &keys, true).await {
+            return code;
+        }
+        self.groups.borrow_mut().remove(group);
+        codes::NONE
+    }
+
+    /// OffsetDelete: refused per partition while the group's members subscribe to it.
+    async fn delete_offsets(
+        &self,
+        part: &Partition,
+        group: &str,
+        ps: Vec<(String, i32)>,
+    ) -> GroupReply {
+        let subscribed = match self.groups.borrow().get(group) {
+            None => return GroupReply::Codes(codes::GROUP_ID_NOT_FOUND, Vec::new()),
+            Some(g) if g.state == State::Dead => {
+                return GroupReply::Codes(codes::GROUP_ID_NOT_FOUND, Vec::new());
+            }
+            Some(g) => store::subscribed_topics(g),
+        };
+        let per: Vec<i16> = ps
+            .iter()
+            .map(|(t, _)| {
+                if subscribed.contains(t) {
+                    codes::GROUP_SUBSCRIBED_TO_TOPIC
+                } else {
+                    codes::NONE
+                }
+            })
+            .collect();
+        let doomed: Vec<(String, i32)> = ps
+            .iter()
+            .zip(&per)
+            .filter(|(_, c)| **c == codes::NONE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if let Err(code) = store::tombstones(part, group, &doomed, false).await {
+            return GroupReply::Codes(code, Vec::new());
+        }
+        if let Some(g) = self.groups.borrow_mut().get_mut(group) {
+            for k in &doomed {
+                g.offsets.remove(k);
+            }
+        }
+        GroupReply::Codes(codes::NONE, per)
+    }
+
+    /// Writes the group's metadata if the state machine changed it.
+    async fn store_if_dirty(&self, part: &Partition, group: &str) {
+        let value = {
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(group) else {
+                return;
+            };
+            if !g.take_dirty() {
+                return;
+            }
+            g.to_value()
+        };
+        if let Err(code) = store::write_group(part, group, &value).await {
+            tracing::warn!(group, "cannot store group metadata: error {code}");
+        }
+    }
+
+    /// The open, replayed partition `index` of `__consumer_offsets` on this shard.
+    async fn load(&self, shard: &Shard, index: i32) -> Result<Rc<Partition>, i16> {
+        if let Some(p) = self.partitions.borrow().get(&index) {
+            return Ok(p.clone());
+        }
+        let waiting = self.loading.borrow().get(&index).cloned();
+        if let Some(ev) = waiting {
+            ev.listen().await;
+            let loaded = self.partitions.borrow().get(&index).cloned();
+            return loaded.ok_or(codes::COORDINATOR_LOAD_IN_PROGRESS);
+        }
+        let ev = Rc::new(Event::default());
+        self.loading.borrow_mut().insert(index, ev.clone());
+        let result = self.replay(shard, index).await;
+        self.loading.borrow_mut().remove(&index);
+        ev.notify_all();
+        result
+    }
+
+    async fn replay(&self, shard: &Shard, index: i32) -> Result<Rc<Partition>, i16> {
+        let tp = (std::sync::Arc::from(OFFSETS_TOPIC), index);
+        let part = shard
+            .partition(&tp)
+            .await
+            .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
+        if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
+            self.topic_partitions.set(t.partitions);
+        }
+        let started = std::time::Instant::now();
+        // Replayed into a map of its own: no borrow of `self.groups` across the reads.
+        let mut loaded = HashMap::new();
+        let records = store::replay(&part, &mut loaded, now_ms()).await?;
+        self.groups.borrow_mut().extend(loaded);
+        tracing::info!(
+            partition = index,
+            records,
+            ms = started.elapsed().as_millis() as u64,
+            "loaded group coordinator state"
+        );
+        self.partitions.borrow_mut().insert(index, part.clone());
+        Ok(part)
+    }
+
+    /// Starts this shard's timer task once: sessions, rebalance deadlines, retention.
+    fn start_ticker(self: &Rc<Self>, settings: Settings) {
+        if self.ticker_started.replace(true) {
+            return;
+        }
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let mut last_retention = now_ms();
+            loop {
+                glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+                let now = now_ms();
+                me.tick(now, &settings).await;
+                if now - last_retention >= settings.retention_check_ms {
+                    last_retention = now;
+                    me.expire_offsets(now, &settings).await;
+                }
+            }
+        })
+        .detach();
+    }
+
+    async fn tick(&self, now: i64, s: &Settings) {
+        let dirty: Vec<String> = {
+            let mut groups = self.groups.borrow_mut();
+            groups
+                .values_mut()
+                .filter_map(|g| {
+                    g.tick(now, &s.limits);
+                    g.take_dirty().then(|| g.id.clone())
+                })
+                .collect()
+        };
+        for group in dirty {
+            let Some(part) = self.partition_of(&group) else {
+                continue;
+            };
+            let value = self.groups.borrow().get(&group).map(Group::to_value);
+            let Some(value) = value else {
+                continue;
+            };
+            if let Err(code) = store::write_group(&part, &group, &value).await {
+                tracing::warn!(group, "cannot store group metadata: error {code}");
+            }
+        }
+    }
+
+    /// The loaded partition that holds `group`.
+    fn partition_of(&self, group: &str) -> Option<Rc<Partition>> {
+        let index = partition_for(group, self.topic_partitions.get());
+        self.partitions.borrow().get(&index).cloned()
+    }
+
+    /// Offsets retention (KIP-211): offsets of a group that has been empty for
+    /// `offsets.retention.minutes` expire (a group without a protocol type: each offset
+    /// that long after its commit); a group left with nothing is deleted.
+    async fn expire_offsets(&self, now: i64, s: &Settings) {
+        let doomed: Vec<Expiry> = self
+            .groups
+            .borrow()
+            .values()
+            .filter_map(|g| {
+                let keys = store::expired_offsets(g, now, s.retention_ms);
+                let all_gone = g.state == State::Empty && keys.len() == g.offsets.len();
+                (!keys.is_empty()).then(|| (g.id.clone(), keys, all_gone))
+            })
+            .collect();
+        for (group, keys, all_gone) in doomed {
+            let Some(part) = self.partition_of(&group) else {
+                continue;
+            };
+            if store::tombstones(&part, &group, &keys, all_gone)
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            tracing::info!(group, offsets = keys.len(), "offsets expired");
+            let mut groups = self.groups.borrow_mut();
+            if all_gone {
+                groups.remove(&group);
+            } else if let Some(g) = groups.get_mut(&group) {
+                for k in &keys {
+                    g.offsets.remove(k);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,906 @@
+//! One group's state machine: Kafka's classic rebalance protocol, as its broker runs it.
+//!
+//! States: `Empty` → (a member joins) → `PreparingRebalance` → (every member rejoined, or
+//! the rebalance timeout) → `CompletingRebalance` → (the leader's SyncGroup) → `Stable`.
+//! A join with changed metadata, a leave or a session expiry sends a `Stable` or
+//! `CompletingRebalance` group back to `PreparingRebalance`; a rebalance that ends with no
+//! members leaves the group `Empty` with a new generation; a deleted group is `Dead`.
+//!
+//! Pure and synchronous: time comes in as `now_ms`, answers to waiting JoinGroup and
+//! SyncGroup requests go out through their [`Waiter`]s. The coordinator (`super`) owns
+//! the groups of one shard, persists what [`Group::take_dirty`] reports and drives
+//! [`Group::tick`]. Lives on the shard that owns the group's `__consumer_offsets` partition.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use glommio::channels::local_channel::LocalSender;
+
+use super::codes;
+use super::schema::{GroupValue, MemberValue, OffsetValue};
+
+/// Where the answer to a parked JoinGroup / SyncGroup goes.
+pub type Waiter<T> = LocalSender<T>;
+
+/// Group states, named as Kafka names them (DescribeGroups, ListGroups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+    Dead,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Empty => "Empty",
+            State::PreparingRebalance => "PreparingRebalance",
+            State::CompletingRebalance => "CompletingRebalance",
+            State::Stable => "Stable",
+            State::Dead => "Dead",
+        }
+    }
+}
+
+/// Broker settings the state machine obeys (Kafka's keys in `super::Settings`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `group.initial.rebalance.delay.ms`: how long the first rebalance of an empty group
+    /// waits for more members.
+    pub initial_delay_ms: i64,
+    /// `group.max.size`.
+    pub max_size: usize,
+}
+
+/// A JoinGroup, version-independent.
+#[derive(Clone, Debug, Default)]
+pub struct JoinArgs {
+    pub group: String,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub protocol_type: String,
+    pub protocols: Vec<(String, Bytes)>,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub client_id: String,
+    pub client_host: String,
+    /// v4+: an unknown member first gets MEMBER_ID_REQUIRED (KIP-394).
+    pub require_known_member_id: bool,
+}
+
+/// One member in the leader's JoinGroup answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JoinMember {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub metadata: Bytes,
+}
+
+/// The answer to a JoinGroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JoinResult {
+    pub error: i16,
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub leader: String,
+    pub member_id: String,
+    pub members: Vec<JoinMember>,
+}
+
+impl JoinResult {
+    pub fn error(error: i16, member_id: &str) -> JoinResult {
+        JoinResult {
+            error,
+            generation: -1,
+            member_id: member_id.to_string(),
+            ..JoinResult::default()
+        }
+    }
+}
+
+/// A SyncGroup, version-independent.
+#[derive(Clone, Debug, Default)]
+pub struct SyncArgs {
+    pub group: String,
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignments: Vec<(String, Bytes)>,
+}
+
+/// The answer to a SyncGroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncResult {
+    pub error: i16,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignment: Bytes,
+}
+
+impl SyncResult {
+    pub fn error(error: i16) -> SyncResult {
+        SyncResult {
+            error,
+            ..SyncResult::default()
+        }
+    }
+}
+
+/// One member of a group.
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocols: Vec<(String, Bytes)>,
+    pub assignment: Bytes,
+    join_waiter: Option<Waiter<JoinResult>>,
+    sync_waiter: Option<Waiter<SyncResult>>,
+    last_seen_ms: i64,
+}
+
+impl Member {
+    fn new(id: String, a: &JoinArgs, now_ms: i64) -> Member {
+        Member {
+            id,
+            instance_id: a.instance_id.clone(),
+            client_id: a.client_id.clone(),
+            client_host: a.client_host.clone(),
+            session_timeout_ms: a.session_timeout_ms,
+            rebalance_timeout_ms: a.rebalance_timeout_ms,
+            protocols: a.protocols.clone(),
+            assignment: Bytes::new(),
+            join_waiter: None,
+            sync_waiter: None,
+            last_seen_ms: now_ms,
+        }
+    }
+
+    /// The member's metadata for `protocol` (empty if it does not support it).
+    pub fn metadata(&self, protocol: &str) -> Bytes {
+        self.protocols
+            .iter()
+            .find(|(name, _)| name == protocol)
+            .map_or_else(Bytes::new, |(_, m)| m.clone())
+    }
+
+    fn answer_join(&mut self, result: JoinResult) {
+        if let Some(w) = self.join_waiter.take() {
+            let _ = w.try_send(result);
+        }
+    }
+
+    fn answer_sync(&mut self, result: SyncResult) {
+        if let Some(w) = self.sync_waiter.take() {
+            let _ = w.try_send(result);
+        }
+    }
+}
+
+/// One consumer group: membership, generation, committed offsets.
+pub struct Group {
+    pub id: String,
+    pub state: State,
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol: Option<String>,
+    pub leader: Option<String>,
+    /// In join order (a `Vec`: groups are small, and join order picks the next leader).
+    pub members: Vec<Member>,
+    /// KIP-394: member ids handed out with MEMBER_ID_REQUIRED, and when they expire.
+    pending: HashMap<String, i64>,
+    pub offsets: BTreeMap<(String, i32), OffsetValue>,
+    /// When the group entered its current state (offsets retention counts from here).
+    pub state_since_ms: i64,
+    /// PreparingRebalance: when to stop waiting for members; CompletingRebalance: for
+    /// the leader's assignment.
+    deadline_ms: i64,
+    /// Set while the first rebalance of an empty group waits for more members.
+    initial_delay_until_ms: Option<i64>,
+    /// The group's metadata changed in a way that must be written to the log.
+    dirty: bool,
+}
+
+fn new_member_id(prefix: &str) -> String {
+    let id = crate::metadata::new_topic_id();
+    format!("{prefix}-{}", uuid::Uuid::from_u128(id))
+}
+
+impl Group {
+    pub fn new(id: &str, now_ms: i64) -> Group {
+        Group {
+            id: id.to_string(),
+            state: State::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: Vec::new(),
+            pending: HashMap::new(),
+            offsets: BTreeMap::new(),
+            state_since_ms: now_ms,
+            deadline_ms: i64::MAX,
+            initial_delay_until_ms: None,
+            dirty: false,
+        }
+    }
+
+    fn member(&self, id: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    fn member_mut(&mut self, id: &str) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.id == id)
+    }
+
+    fn static_member(&self, instance: &str) -> Option<&Member> {
+        self.members
+            .iter()
+            .find(|m| m.instance_id.as_deref() == Some(instance))
+    }
+
+    /// Whether a request naming `member_id` and `instance` comes from a fenced (replaced)
+    /// static member: the instance id now belongs to another member id.
+    fn is_fenced(&self, member_id: &str, instance: Option<&str>) -> bool {
+        instance
+            .and_then(|i| self.static_member(i))
+            .is_some_and(|m| m.id != member_id)
+    }
+
+    fn is_leader(&self, id: &str) -> bool {
+        self.leader.as_deref() == Some(id)
+    }
+
+    /// Returns and clears whether the group's metadata must be written.
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn set_state(&mut self, state: State, now_ms: i64) {
+        self.state = state;
+        self.state_since_ms = now_ms;
+    }
+
+    /// Whether a joining member's protocols fit the group: same type, and at least one
+    /// protocol that every member supports.
+    fn supports(&self, protocol_type: &str, protocols: &[(String, Bytes)]) -> bool {
+        if protocol_type.is_empty() || protocols.is_empty() {
+            return false;
+        }
+        if self.members.is_empty() {
+            return true;
+        }
+        if self.protocol_type.as_deref() != Some(protocol_type) {
+            return false;
+        }
+        protocols.iter().any(|(name, _)| {
+            self.members
+                .iter()
+                .all(|m| m.protocols.iter().any(|(n, _)| n == name))
+        })
+    }
+
+    /// JoinGroup. The answer goes to `reply`, now or when the rebalance completes.
+    pub fn join(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
+        let refuse = |code: i16| {
+            let _ = reply.try_send(JoinResult::error(code, &a.member_id));
+        };
+        if self.state == State::Dead {
+            return refuse(codes::COORDINATOR_NOT_AVAILABLE);
+        }
+        if !self.supports(&a.protocol_type, &a.protocols) {
+            return refuse(codes::INCONSISTENT_GROUP_PROTOCOL);
+        }
+        if a.member_id.is_empty() {
+            self.join_new(a, now_ms, limits, reply);
+        } else {
+            self.join_known(a, now_ms, limits, reply);
+        }
+    }
+
+    fn join_new(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
+        let returning = a.instance_id.as_deref().and_then(|i| self.static_member(i));
+        if let Some(old) = returning.map(|m| m.id.clone()) {
+            return self.replace_static(&old, a, now_ms, limits, reply);
+        }
+        if self.members.len() + self.pending.len() >= limits.max_size {
+            let _ = reply.try_send(JoinResult::error(codes::GROUP_MAX_SIZE_REACHED, ""));
+            return;
+        }
+        let prefix = a.instance_id.as_deref().unwrap_or(&a.client_id);
+        let id = new_member_id(prefix);
+        if a.instance_id.is_none() && a.require_known_member_id {
+            let expires = now_ms + i64::from(a.session_timeout_ms);
+            self.pending.insert(id.clone(), expires);
+            let _ = reply.try_send(JoinResult::error(codes::MEMBER_ID_REQUIRED, &id));
+            return;
+        }
+        self.add_member(id, &a, now_ms, limits, reply);
+    }
+
+    fn add_member(
+        &mut self,
+        id: String,
+        a: &JoinArgs,
+        now_ms: i64,
+        limits: &Limits,
+        reply: Waiter<JoinResult>,
+    ) {
+        self.pending.remove(&id);
+        let mut m = Member::new(id.clone(), a, now_ms);
+        m.join_waiter = Some(reply);
+        self.members.push(m);
+        if self.leader.is_none() {
+            self.leader = Some(id);
+        }
+        if self.protocol_type.is_none() {
+            self.protocol_type = Some(a.protocol_type.clone());
+        }
+        self.extend_initial_delay(now_ms, limits);
+        self.prepare_rebalance_if_settled(now_ms, limits);
+    }
+
+    /// A new member arriving during an empty group's initial delay buys it another delay
+    /// (bounded by the rebalance deadline).
+    fn extend_initial_delay(&mut self, now_ms: i64, limits: &Limits) {
+        if let Some(until) = self.initial_delay_until_ms.as_mut() {
+            *until = (now_ms + limits.initial_delay_ms).min(self.deadline_ms);
+        }
+    }
+
+    /// A static member rejoined with no member id: it gets a new id, the old id is fenced.
+    fn replace_static(
+        &mut self,
+        old: &str,
+        a: JoinArgs,
+        now_ms: i64,
+        limits: &Limits,
+        reply: Waiter<JoinResult>,
+    ) {
+        let new_id = new_member_id(a.instance_id.as_deref().unwrap_or("static"));
+        let was_leader = self.is_leader(old);
+        let Some(m) = self.member_mut(old) else {
+            return;
+        };
+        m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old));
+        m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID));
+        let changed = m.protocols != a.protocols;
+        m.id = new_id.clone();
+        m.protocols = a.protocols.clone();
+        m.session_timeout_ms = a.session_timeout_ms;
+        m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        m.client_id = a.client_id.clone();
+        m.client_host = a.client_host.clone();
+        m.last_seen_ms = now_ms;
+        if was_leader {
+            self.leader = Some(new_id.clone());
+        }
+        match self.state {
+            State::Stable if !changed && !was_leader => {
+                self.dirty = true;
+                let result = self.current_join_result(&new_id);
+                let _ = reply.try_send(result);
+            }
+            _ => self.rejoin(&new_id, &a, now_ms, limits, reply),
+        }
+    }
+
+    fn join_known(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
+        if self.pending.contains_key(&a.member_id) {
+            return self.add_member(a.member_id.clone(), &a, now_ms, limits, reply);
+        }
+        let refuse = |code: i16| {
+            let _ = reply.try_send(JoinResult::error(code, &a.member_id));
+        };
+        if self.is_fenced(&a.member_id, a.instance_id.as_deref()) {
+            return refuse(codes::FENCED_INSTANCE_ID);
+        }
+        let Some(m) = self.member(&a.member_id) else {
+            return refuse(codes::UNKNOWN_MEMBER_ID);
+        };
+        let same = m.protocols == a.protocols;
+        match self.state {
+            State::Empty | State::Dead => refuse(codes::UNKNOWN_MEMBER_ID),
+            State::PreparingRebalance => self.rejoin(&a.member_id, &a, now_ms, limits, reply),
+            State::CompletingRebalance if same => {
+                let result = self.current_join_result(&a.member_id);
+                let _ = reply.try_send(result);
+            }
+            State::Stable if same && !self.is_leader(&a.member_id) => {
+                let result = self.current_join_result(&a.member_id);
+                let _ = reply.try_send(result);
+            }
+            State::CompletingRebalance | State::Stable => {
+                self.rejoin(&a.member_id, &a, now_ms, limits, reply)
+            }
+        }
+    }
+
+    /// A known member (re)joins: new metadata, parked until the rebalance completes.
+    fn rejoin(
+        &mut self,
+        id: &str,
+        a: &JoinArgs,
+        now_ms: i64,
+        limits: &Limits,
+        reply: Waiter<JoinResult>,
+    ) {
+        let Some(m) = self.member_mut(id) else {
+            let _ = reply.try_send(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id));
+            return;
+        };
+        m.protocols = a.protocols.clone();
+        m.session_timeout_ms = a.session_timeout_ms;
+        m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        m.last_seen_ms = now_ms;
+        m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, id));
+        m.join_waiter = Some(reply);
+        self.prepare_rebalance_if_settled(now_ms, limits);
+    }
+
+    /// Starts a rebalance unless one is already under way.
+    fn prepare_rebalance_if_settled(&mut self, now_ms: i64, limits: &Limits) {
+        if matches!(
+            self.state,
+            State::Empty | State::Stable | State::CompletingRebalance
+        ) {
+            self.prepare_rebalance(now_ms, limits);
+        }
+    }
+
+    fn prepare_rebalance(&mut self, now_ms: i64, limits: &Limits) {
+        if self.state == State::CompletingRebalance {
+            for m in &mut self.members {
+                m.assignment = Bytes::new();
+                m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+            }
+        }
+        let first = self.state == State::Empty;
+        self.set_state(State::PreparingRebalance, now_ms);
+        let timeout = self
+            .members
+            .iter()
+            .map(|m| i64::from(m.rebalance_timeout_ms))
+            .max()
+            .unwrap_or(0);
+        self.deadline_ms = now_ms + timeout;
+        self.initial_delay_until_ms = (first && limits.initial_delay_ms > 0)
+            .then(|| (now_ms + limits.initial_delay_ms).min(self.deadline_ms));
+    }
+
+    /// Completes the join phase if every member rejoined (after any initial delay), or
+    /// the rebalance timeout passed (members that did not rejoin are dropped).
+    pub fn try_complete_join(&mut self, now_ms: i64) {
+        if self.state != State::PreparingRebalance {
+            return;
+        }
+        let all_joined =
+            self.pending.is_empty() && self.members.iter().all(|m| m.join_waiter.is_some());
+        let delay_over = self.initial_delay_until_ms.is_none_or(|t| now_ms >= t);
+        let timed_out = now_ms >= self.deadline_ms;
+        if !(timed_out || all_joined && delay_over) {
+            return;
+        }
+        if !all_joined {
+            self.pending.clear();
+            let gone: Vec<String> = self
+                .members
+                .iter()
+                .filter(|m| m.join_waiter.is_none())
+                .map(|m| m.id.clone())
+                .collect();
+            for id in gone {
+                self.drop_member(&id);
+            }
+        }
+        self.complete_join(now_ms);
+    }
+
+    fn complete_join(&mut self, now_ms: i64) {
+        self.initial_delay_until_ms = None;
+        self.generation = self.generation.wrapping_add(1).max(1);
+        if self.members.is_empty() {
+            self.protocol = None;
+            self.leader = None;
+            self.set_state(State::Empty, now_ms);
+            self.dirty = true;
+            return;
+        }
+        self.protocol = self.select_protocol();
+        let leader_present = self
+            .leader
+            .as_deref()
+            .is_some_and(|l| self.member(l).is_some());
+        if !leader_present {
+            self.leader = self.members.first().map(|m| m.id.clone());
+        }
+        self.set_state(State::CompletingRebalance, now_ms);
+        let timeout = self.members.iter().map(|m| m.rebalance_timeout_ms).max();
+        self.deadline_ms = now_ms + i64::from(timeout.unwrap_or(0));
+        let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
+        for id in ids {
+            let result = self.current_join_result(&id);
+            if let Some(m) = self.member_mut(&id) {
+                m.last_seen_ms = now_ms;
+                m.answer_join(result);
+            }
+        }
+    }
+
+    /// The JoinGroup answer for `id` in the current generation; the leader also gets
+    /// every member's metadata for the chosen protocol.
+    fn current_join_result(&self, id: &str) -> JoinResult {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        let members = if self.is_leader(id) {
+            self.members
+                .iter()
+                .map(|m| JoinMember {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    metadata: m.metadata(&protocol),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        JoinResult {
+            error: codes::NONE,
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: self.protocol.clone(),
+            leader: self.leader.clone().unwrap_or_default(),
+            member_id: id.to_string(),
+            members,
+        }
+    }
+
+    /// Kafka's vote: among the protocols every member supports, each member votes for
+    /// the one it lists first; most votes wins (ties: the earlier in the leader's list).
+    fn select_protocol(&self) -> Option<String> {
+        let first = self.members.first()?;
+        let candidates: Vec<&String> = first
+            .protocols
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| {
+                self.members
+                    .iter()
+                    .all(|m| m.protocols.iter().any(|(p, _)| p == *n))
+            })
+            .collect();
+        let votes = |name: &String| {
+            self.members
+                .iter()
+                .filter(|m| {
+                    m.protocols
+                        .iter()
+                        .map(|(n, _)| n)
+                        .find(|n| candidates.contains(n))
+                        == Some(name)
+                })
+                .count()
+        };
+        let mut best: Option<(&String, usize)> = None;
+        for c in &candidates {
+            let v = votes(c);
+            if best.is_none_or(|(_, bv)| v > bv) {
+                best = Some((c, v));
+            }
+        }
+        best.map(|(n, _)| n.clone())
+    }
+
+    /// SyncGroup. The leader's call carries the assignment; every member's answer is its
+    /// own part of it.
+    pub fn sync(&mut self, a: SyncArgs, now_ms: i64, reply: Waiter<SyncResult>) {
+        if let Err(code) = self.check_sync(&a) {
+            let _ = reply.try_send(SyncResult::error(code));
+            return;
+        }
+        match self.state {
+            State::Empty | State::Dead => {
+                let _ = reply.try_send(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+            }
+            State::PreparingRebalance => {
+                let _ = reply.try_send(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+            }
+            State::Stable => {
+                let result = self.sync_result(&a.member_id);
+                if let Some(m) = self.member_mut(&a.member_id) {
+                    m.last_seen_ms = now_ms;
+                }
+                let _ = reply.try_send(result);
+            }
+            State::CompletingRebalance => {
+                let leader = self.is_leader(&a.member_id);
+                if let Some(m) = self.member_mut(&a.member_id) {
+                    m.last_seen_ms = now_ms;
+                    m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+                    m.sync_waiter = Some(reply);
+                }
+                if leader {
+                    self.apply_assignment(a.assignments, now_ms);
+                }
+            }
+        }
+    }
+
+    fn check_sync(&self, a: &SyncArgs) -> Result<(), i16> {
+        if self.state == State::Dead {
+            return Err(codes::COORDINATOR_NOT_AVAILABLE);
+        }
+        if self.is_fenced(&a.member_id, a.instance_id.as_deref()) {
+            return Err(codes::FENCED_INSTANCE_ID);
+        }
+        if self.member(&a.member_id).is_none() {
+            return Err(codes::UNKNOWN_MEMBER_ID);
+        }
+        if a.generation != self.generation {
+            return Err(codes::ILLEGAL_GENERATION);
+        }
+        let type_differs = a
+            .protocol_type
+            .as_ref()
+            .is_some_and(|t| Some(t) != self.protocol_type.as_ref());
+        let name_differs = a
+            .protocol_name
+            .as_ref()
+            .is_some_and(|n| Some(n) != self.protocol.as_ref());
+        if type_differs || name_differs {
+            return Err(codes::INCONSISTENT_GROUP_PROTOCOL);
+        }
+        Ok(())
+    }
+
+    fn sync_result(&self, id: &str) -> SyncResult {
+        SyncResult {
+            error: codes::NONE,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: self.protocol.clone(),
+            assignment: self
+                .member(id)
+                .map(|m| m.assignment.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The leader's assignment: members it left out get an empty one. The group is then
+    /// `Stable`, and every waiting member gets its part.
+    fn apply_assignment(&mut self, assignments: Vec<(String, Bytes)>, now_ms: i64) {
+        let mut by_member: HashMap<String, Bytes> = assignments.into_iter().collect();
+        for m in &mut self.members {
+            m.assignment = by_member.remove(&m.id).unwrap_or_default();
+        }
+        self.set_state(State::Stable, now_ms);
+        self.dirty = true;
+        let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
+        for id in ids {
+            let result = self.sync_result(&id);
+            if let Some(m) = self.member_mut(&id) {
+                m.answer_sync(result);
+            }
+        }
+    }
+
+    /// Heartbeat: keeps the session alive; tells the member when to rejoin.
+    pub fn heartbeat(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation: i32,
+        now_ms: i64,
+    ) -> i16 {
+        if self.state == State::Dead {
+            return codes::COORDINATOR_NOT_AVAILABLE;
+        }
+        if self.is_fenced(member_id, instance) {
+            return codes::FENCED_INSTANCE_ID;
+        }
+        let state = self.state;
+        let current = self.generation;
+        let Some(m) = self.member_mut(member_id) else {
+            return codes::UNKNOWN_MEMBER_ID;
+        };
+        if state == State::Empty {
+            return codes::UNKNOWN_MEMBER_ID;
+        }
+        if generation != current {
+            return codes::ILLEGAL_GENERATION;
+        }
+        m.last_seen_ms = now_ms;
+        if state == State::PreparingRebalance {
+            codes::REBALANCE_IN_PROGRESS
+        } else {
+            codes::NONE
+        }
+    }
+
+    /// LeaveGroup of one member (by member id, or by instance id for static members).
+    pub fn leave(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        now_ms: i64,
+        limits: &Limits,
+    ) -> i16 {
+        if self.state == State::Dead {
+            return codes::COORDINATOR_NOT_AVAILABLE;
+        }
+        let id = match instance {
+            Some(i) => match self.static_member(i) {
+                None => return codes::UNKNOWN_MEMBER_ID,
+                Some(m) if !member_id.is_empty() && m.id != member_id => {
+                    return codes::FENCED_INSTANCE_ID;
+                }
+                Some(m) => m.id.clone(),
+            },
+            None if self.pending.remove(member_id).is_some() => {
+                self.try_complete_join(now_ms);
+                return codes::NONE;
+            }
+            None if self.member(member_id).is_none() => return codes::UNKNOWN_MEMBER_ID,
+            None => member_id.to_string(),
+        };
+        self.remove_member(&id, now_ms, limits);
+        codes::NONE
+    }
+
+    /// Drops a member without touching the group's state.
+    fn drop_member(&mut self, id: &str) {
+        let Some(at) = self.members.iter().position(|m| m.id == id) else {
+            return;
+        };
+        let mut m = self.members.remove(at);
+        m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id));
+        m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+        if self.is_leader(id) {
+            self.leader = self.members.first().map(|m| m.id.clone());
+        }
+    }
+
+    /// Removes a member (left, expired); the others rebalance.
+    fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits) {
+        self.drop_member(id);
+        match self.state {
+            State::Stable | State::CompletingRebalance => self.prepare_rebalance(now_ms, limits),
+            State::PreparingRebalance => self.try_complete_join(now_ms),
+            State::Empty | State::Dead => {}
+        }
+    }
+
+    /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
+    pub fn tick(&mut self, now_ms: i64, limits: &Limits) {
+        self.pending.retain(|_, expires| *expires > now_ms);
+        let expired: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.join_waiter.is_none() && m.sync_waiter.is_none())
+            .filter(|m| now_ms - m.last_seen_ms >= i64::from(m.session_timeout_ms))
+            .map(|m| m.id.clone())
+            .collect();
+        for id in expired {
+            tracing::info!(group = %self.id, member = %id, "session expired");
+            self.remove_member(&id, now_ms, limits);
+        }
+        if self.state == State::CompletingRebalance && now_ms >= self.deadline_ms {
+            // The leader never sent its assignment: drop whoever has not synced, retry.
+            let late: Vec<String> = self
+                .members
+                .iter()
+                .filter(|m| m.sync_waiter.is_none())
+                .map(|m| m.id.clone())
+                .collect();
+            for id in late {
+                self.drop_member(&id);
+            }
+            self.prepare_rebalance(now_ms, limits);
+        }
+        self.try_complete_join(now_ms);
+    }
+
+    /// Checks an OffsetCommit's member and generation (Kafka's rules: a commit with no
+    /// member and a negative generation is allowed only while the group is empty).
+    pub fn check_commit(
+        &self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation: i32,
+    ) -> Result<(), i16> {
+        if self.state == State::Dead {
+            return Err(codes::COORDINATOR_NOT_AVAILABLE);
+        }
+        if generation < 0 && member_id.is_empty() && instance.is_none() {
+            return if self.members.is_empty() {
+                Ok(())
+            } else {
+                Err(codes::ILLEGAL_GENERATION)
+            };
+        }
+        if self.is_fenced(member_id, instance) {
+            return Err(codes::FENCED_INSTANCE_ID);
+        }
+        if self.member(member_id).is_none() {
+            return Err(codes::UNKNOWN_MEMBER_ID);
+        }
+        if generation != self.generation {
+            return Err(codes::ILLEGAL_GENERATION);
+        }
+        if self.state == State::CompletingRebalance {
+            return Err(codes::REBALANCE_IN_PROGRESS);
+        }
+        Ok(())
+    }
+
+    /// The group's metadata as written to `__consumer_offsets`.
+    pub fn to_value(&self) -> GroupValue {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        GroupValue {
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            generation: self.generation,
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            state_timestamp_ms: self.state_since_ms,
+            members: self
+                .members
+                .iter()
+                .map(|m| MemberValue {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    session_timeout_ms: m.session_timeout_ms,
+                    subscription: m.metadata(&protocol),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Rebuilds membership from a stored value (replay after a restart). Members get a
+    /// fresh session from `now_ms`: those that do not come back expire and rebalance.
+    pub fn restore(&mut self, v: GroupValue, now_ms: i64) {
+        self.generation = v.generation;
+        self.protocol_type = (!v.protocol_type.is_empty()).then_some(v.protocol_type);
+        self.protocol = v.protocol;
+        self.leader = v.leader;
+        self.state_since_ms = if v.state_timestamp_ms >= 0 {
+            v.state_timestamp_ms
+        } else {
+            now_ms
+        };
+        let protocol = self.protocol.clone().unwrap_or_default();
+        self.members = v
+            .members
+            .into_iter()
+            .map(|m| Member {
+                id: m.member_id,
+                instance_id: m.instance_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+                session_timeout_ms: m.session_timeout_ms,
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                protocols: vec![(protocol.clone(), m.subscription)],
+                assignment: m.assignment,
+                join_waiter: None,
+                sync_waiter: None,
+                last_seen_ms: now_ms,
+            })
+            .collect();
+        self.state = if self.members.is_empty() {
+            State::Empty
+        } else {
+            State::Stable
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests;

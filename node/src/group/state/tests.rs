@@ -1,0 +1,256 @@
+//! State machine tests: the classic protocol's answers, driven with explicit time.
+
+use glommio::channels::local_channel::{self, LocalReceiver};
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    initial_delay_ms: 0,
+    max_size: 10,
+};
+
+fn args(member: &str, meta: &'static [u8]) -> JoinArgs {
+    JoinArgs {
+        group: "g".into(),
+        member_id: member.into(),
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), Bytes::from_static(meta))],
+        session_timeout_ms: 6000,
+        rebalance_timeout_ms: 10_000,
+        client_id: "c".into(),
+        require_known_member_id: true,
+        ..JoinArgs::default()
+    }
+}
+
+fn take<T>(rx: &LocalReceiver<T>) -> Option<T> {
+    futures_lite::future::block_on(futures_lite::future::poll_once(rx.recv())).flatten()
+}
+
+fn join(g: &mut Group, a: JoinArgs, now: i64) -> LocalReceiver<JoinResult> {
+    let (tx, rx) = local_channel::new_bounded(1);
+    g.join(a, now, &LIMITS, tx);
+    g.try_complete_join(now);
+    rx
+}
+
+fn sync(
+    g: &mut Group,
+    member: &str,
+    generation: i32,
+    asg: Vec<(String, Bytes)>,
+) -> LocalReceiver<SyncResult> {
+    let (tx, rx) = local_channel::new_bounded(1);
+    let a = SyncArgs {
+        group: "g".into(),
+        generation,
+        member_id: member.into(),
+        assignments: asg,
+        ..SyncArgs::default()
+    };
+    g.sync(a, 0, tx);
+    rx
+}
+
+/// KIP-394 two-step join: the first answer only hands out a member id.
+fn first_member(g: &mut Group, now: i64) -> String {
+    let r = take(&join(g, args("", b"m"), now)).expect("answered at once");
+    assert_eq!(r.error, codes::MEMBER_ID_REQUIRED);
+    assert!(r.member_id.starts_with("c-"));
+    r.member_id
+}
+
+#[test]
+fn two_members_join_sync_and_leave() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("sole member completes the join");
+    assert_eq!(
+        (ra.error, ra.generation, ra.leader.as_str()),
+        (codes::NONE, 1, a.as_str())
+    );
+    assert_eq!(ra.protocol_name.as_deref(), Some("range"));
+    assert_eq!(ra.members.len(), 1, "the leader gets the member list");
+    let sa = take(&sync(
+        &mut g,
+        &a,
+        1,
+        vec![(a.clone(), Bytes::from_static(b"p0"))],
+    ))
+    .expect("leader sync");
+    assert_eq!(sa.assignment, Bytes::from_static(b"p0"));
+    assert_eq!(g.state, State::Stable);
+    assert!(g.take_dirty(), "a completed generation is stored");
+
+    // A second member triggers a rebalance; the first learns of it by heartbeat.
+    let b = first_member(&mut g, 10);
+    let rx_b = join(&mut g, args(&b, b"m"), 10);
+    assert!(take(&rx_b).is_none(), "waits for the others to rejoin");
+    assert_eq!(g.heartbeat(&a, None, 1, 20), codes::REBALANCE_IN_PROGRESS);
+    let rx_a = join(&mut g, args(&a, b"m"), 30);
+    let (ra, rb) = (take(&rx_a).expect("joined"), take(&rx_b).expect("joined"));
+    assert_eq!((ra.generation, rb.generation), (2, 2));
+    assert_eq!(ra.members.len(), 2);
+    assert!(rb.members.is_empty(), "followers get no member list");
+    let rx_fb = sync(&mut g, &b, 2, vec![]);
+    assert!(take(&rx_fb).is_none(), "follower waits for the leader");
+    assert_eq!(
+        take(&sync(&mut g, &b, 1, vec![])).map(|r| r.error),
+        Some(codes::ILLEGAL_GENERATION)
+    );
+    let asg = vec![
+        (a.clone(), Bytes::from_static(b"A")),
+        (b.clone(), Bytes::from_static(b"B")),
+    ];
+    assert_eq!(
+        take(&sync(&mut g, &a, 2, asg)).map(|r| r.assignment),
+        Some(Bytes::from_static(b"A"))
+    );
+    assert_eq!(
+        take(&rx_fb).map(|r| r.assignment),
+        Some(Bytes::from_static(b"B"))
+    );
+    assert_eq!(g.heartbeat(&b, None, 2, 40), codes::NONE);
+    assert_eq!(g.heartbeat("nobody", None, 2, 40), codes::UNKNOWN_MEMBER_ID);
+    assert_eq!(g.check_commit(&a, None, 1), Err(codes::ILLEGAL_GENERATION));
+    assert_eq!(g.check_commit(&a, None, 2), Ok(()));
+
+    // b leaves: a must rejoin, and alone it completes generation 3.
+    assert_eq!(g.leave(&b, None, 50, &LIMITS), codes::NONE);
+    assert_eq!(g.state, State::PreparingRebalance);
+    let ra = take(&join(&mut g, args(&a, b"m"), 60)).expect("alone");
+    assert_eq!((ra.generation, ra.members.len()), (3, 1));
+}
+
+#[test]
+fn session_expiry_rebalances_then_empties() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
+    take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
+    g.tick(5_999, &LIMITS);
+    assert_eq!(g.state, State::Stable, "still within the session");
+    g.tick(6_000, &LIMITS);
+    assert_eq!(
+        g.state,
+        State::Empty,
+        "expired, and nobody left to rebalance"
+    );
+    assert_eq!(g.generation, 2);
+    assert!(g.take_dirty(), "the empty generation is stored");
+    assert_eq!(
+        g.check_commit("", None, -1),
+        Ok(()),
+        "simple commits once empty"
+    );
+}
+
+#[test]
+fn pending_member_ids_expire() {
+    let mut g = Group::new("g", 0);
+    let _ = first_member(&mut g, 0);
+    g.tick(6_000, &LIMITS);
+    assert!(g.pending.is_empty());
+}
+
+#[test]
+fn rebalance_timeout_drops_members_that_do_not_rejoin() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
+    take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
+    let b = first_member(&mut g, 100);
+    let rx_b = join(&mut g, args(&b, b"m"), 100);
+    // a keeps heartbeating but never rejoins.
+    for t in (1000..=11_000).step_by(1000) {
+        g.heartbeat(&a, None, 1, t);
+        g.tick(t, &LIMITS);
+    }
+    let rb = take(&rx_b).expect("completed at the rebalance timeout");
+    assert_eq!((rb.generation, rb.leader.as_str()), (2, b.as_str()));
+    assert!(g.member(&a).is_none());
+}
+
+#[test]
+fn static_member_rejoin_fences_the_old_id() {
+    let mut g = Group::new("g", 0);
+    let mut a = args("", b"m");
+    a.instance_id = Some("i1".into());
+    let r1 = take(&join(&mut g, a.clone(), 0)).expect("static members skip MEMBER_ID_REQUIRED");
+    assert_eq!(r1.error, codes::NONE);
+    let old = r1.member_id.clone();
+    assert!(old.starts_with("i1-"));
+    take(&sync(
+        &mut g,
+        &old,
+        1,
+        vec![(old.clone(), Bytes::from_static(b"X"))],
+    ))
+    .expect("synced");
+    // Restarted with the same instance id: new member id, same generation (no rebalance
+    // for a follower; the leader rebalances) — here it is the leader.
+    let rx = join(&mut g, a.clone(), 100);
+    let r2 = take(&rx).expect("sole member");
+    assert_ne!(r2.member_id, old);
+    assert_eq!(
+        g.heartbeat(&old, Some("i1"), r2.generation, 200),
+        codes::FENCED_INSTANCE_ID
+    );
+    assert_eq!(
+        g.leave(&old, Some("i1"), 200, &LIMITS),
+        codes::FENCED_INSTANCE_ID
+    );
+    assert_eq!(g.leave("", Some("i1"), 200, &LIMITS), codes::NONE);
+}
+
+#[test]
+fn protocols_must_match_and_the_vote_picks_a_common_one() {
+    let mut g = Group::new("g", 0);
+    let mut a = args("", b"m");
+    a.require_known_member_id = false;
+    a.protocols = vec![
+        ("cooperative-sticky".into(), Bytes::new()),
+        ("range".into(), Bytes::new()),
+    ];
+    let ra = take(&join(&mut g, a.clone(), 0)).expect("joined");
+    take(&sync(&mut g, &ra.member_id, 1, vec![])).expect("synced");
+    let mut bad = a.clone();
+    bad.protocols = vec![("roundrobin".into(), Bytes::new())];
+    let r = take(&join(&mut g, bad, 0)).expect("refused at once");
+    assert_eq!(r.error, codes::INCONSISTENT_GROUP_PROTOCOL);
+    let mut b = a.clone();
+    b.protocols = vec![("range".into(), Bytes::new())];
+    let rx_b = join(&mut g, b, 10);
+    let mut again = a.clone();
+    again.member_id = ra.member_id.clone();
+    let ra2 = take(&join(&mut g, again, 20)).expect("joined");
+    take(&rx_b).expect("joined");
+    assert_eq!(
+        ra2.protocol_name.as_deref(),
+        Some("range"),
+        "the only common protocol"
+    );
+}
+
+#[test]
+fn stored_value_round_trips_membership() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    take(&join(&mut g, args(&a, b"sub"), 0)).expect("joined");
+    take(&sync(
+        &mut g,
+        &a,
+        1,
+        vec![(a.clone(), Bytes::from_static(b"asg"))],
+    ))
+    .expect("synced");
+    let mut back = Group::new("g", 0);
+    back.restore(g.to_value(), 1000);
+    assert_eq!(back.state, State::Stable);
+    assert_eq!(back.generation, 1);
+    assert_eq!(back.heartbeat(&a, None, 1, 1000), codes::NONE);
+    assert_eq!(
+        back.member(&a).map(|m| m.assignment.clone()),
+        Some(Bytes::from_static(b"asg"))
+    );
+}
