@@ -11,6 +11,7 @@ pub mod api;
 pub mod config;
 pub mod errors;
 pub mod event;
+pub mod group;
 pub mod metadata;
 pub mod partition;
 pub mod producer_state;

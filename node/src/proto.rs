@@ -24,6 +24,19 @@ pub const SERVED_KEYS: &[i16] = &[
     api::CREATE_PARTITIONS,
     api::INCREMENTAL_ALTER_CONFIGS,
     api::DESCRIBE_CLUSTER,
+    api::INIT_PRODUCER_ID,
+    // Group coordinator (node/src/group, node/src/api/groups.rs).
+    api::OFFSET_COMMIT,
+    api::OFFSET_FETCH,
+    api::FIND_COORDINATOR,
+    api::JOIN_GROUP,
+    api::HEARTBEAT,
+    api::LEAVE_GROUP,
+    api::SYNC_GROUP,
+    api::DESCRIBE_GROUPS,
+    api::LIST_GROUPS,
+    api::DELETE_GROUPS,
+    api::OFFSET_DELETE,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).
@@ -42,6 +55,8 @@ pub struct Request {
     pub api_key: i16,
     pub version: i16,
     pub correlation_id: i32,
+    /// The header's client id (shares the frame buffer).
+    pub client_id: Option<Bytes>,
     pub body: Bytes,
 }
 
@@ -70,6 +85,7 @@ pub fn parse_request(frame: Bytes) -> Result<Request, WireError> {
         api_key: header.api_key,
         version: header.api_version,
         correlation_id: header.correlation_id,
+        client_id: header.client_id,
         body: frame.slice(body_at..),
     })
 }
@@ -108,7 +124,7 @@ mod tests {
         assert!(is_served(api::PRODUCE, 3));
         assert!(!is_served(api::PRODUCE, 2));
         assert!(
-            !is_served(api::JOIN_GROUP, 0),
+            !is_served(api::WRITE_TXN_MARKERS, 1),
             "not implemented here, so not advertised"
         );
     }

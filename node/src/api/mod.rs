@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod configs;
 pub mod fetch;
+pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
@@ -23,6 +24,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 
 use wire::{WireError, api};
 
+use crate::producer_state::init_producer_id::handle_on_shard as init_producer_id;
 use crate::proto::{self, Request};
 use crate::shard::Shard;
 
@@ -44,7 +46,11 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
         tracing::warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
-    match dispatch(shard, &req).await {
+    let routed = match req.key() {
+        Some(key) if groups::is_group_api(key) => groups::dispatch(shard, &req, peer).await,
+        _ => dispatch(shard, &req).await,
+    };
+    match routed {
         Ok(resp) => resp,
         Err(e) => {
             let (name, version) = (req.api_name(), req.version);
@@ -60,6 +66,7 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v)).await,
         Some(ApiKey::DescribeCluster) => run(req, |r| metadata::describe_cluster(shard, r)).await,
         Some(ApiKey::Produce) => produce::handle(shard, req).await,
+        Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id(shard, r, v)).await,
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
         Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
