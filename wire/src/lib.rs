@@ -27,5 +27,7 @@ pub mod messages;
 pub mod produce;
 pub mod types;
 
+/// Re-exported so that users name the same `Bytes` type wire hands out.
+pub use bytes;
 pub use error::WireError;
 pub use types::{LeaderEpoch, Offset, ProducerEpoch, ProducerId, Sequence};
