@@ -1,0 +1,309 @@
+//! `weir groups list` and `weir groups describe GROUP`: operator commands that ask a
+//! running node over the Kafka protocol (through `wire`), so lag is visible without extra
+//! tools. A small blocking client: one TCP connection, one request at a time.
+//!
+//! `describe` shows, per partition the group has committed or been assigned: the committed
+//! offset, the log end offset (ListOffsets latest, i.e. the high watermark) and the lag
+//! between them, with the member that owns the partition.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{
+    ApiKey, ConsumerProtocolAssignment, DescribeGroupsRequest, DescribeGroupsResponse, GroupId,
+    ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse,
+    OffsetFetchRequest, OffsetFetchResponse,
+};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use wire::frame::RequestHeader;
+
+/// Largest response frame accepted (a describe of a huge group stays far below).
+const RESPONSE_MAX_BYTES: usize = 64 << 20;
+/// How long to wait for the node to answer one request.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A blocking Kafka-protocol connection.
+pub struct Client {
+    stream: TcpStream,
+    correlation_id: i32,
+}
+
+impl Client {
+    pub fn connect(bootstrap: &str) -> anyhow::Result<Client> {
+        let stream =
+            TcpStream::connect(bootstrap).with_context(|| format!("connecting to {bootstrap}"))?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        Ok(Client {
+            stream,
+            correlation_id: 0,
+        })
+    }
+
+    /// Sends one request and reads its response.
+    pub fn call<Q: Encodable, P: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        req: &Q,
+    ) -> anyhow::Result<P> {
+        self.correlation_id = self.correlation_id.wrapping_add(1);
+        let header = RequestHeader {
+            api_key: key as i16,
+            api_version: version,
+            correlation_id: self.correlation_id,
+            client_id: Some(Bytes::from_static(b"weir-groups")),
+        };
+        let frame = wire::messages::encode_request(&header, req)?;
+        self.stream.write_all(&frame)?;
+        let mut size = [0u8; 4];
+        self.stream.read_exact(&mut size)?;
+        let size = i32::from_be_bytes(size);
+        if size < 0 || size as usize > RESPONSE_MAX_BYTES {
+            bail!("response size {size} out of range");
+        }
+        let mut body = vec![0u8; size as usize];
+        self.stream.read_exact(&mut body)?;
+        let (correlation_id, resp) =
+            wire::messages::decode_response_as::<P>(key as i16, version, &Bytes::from(body))?;
+        if correlation_id != self.correlation_id {
+            bail!(
+                "response for request {correlation_id}, expected {}",
+                self.correlation_id
+            );
+        }
+        Ok(resp)
+    }
+}
+
+fn kafka_error(code: i16) -> String {
+    kafka_protocol::ResponseError::try_from_code(code)
+        .map_or_else(|| format!("error {code}"), |e| format!("{e:?}"))
+}
+
+/// `weir groups list`: one line per group: id, state, protocol type.
+pub fn list(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
+    let mut c = Client::connect(bootstrap)?;
+    let resp: ListGroupsResponse = c.call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
+    if resp.error_code != 0 {
+        bail!("ListGroups: {}", kafka_error(resp.error_code));
+    }
+    let mut groups: Vec<_> = resp.groups.iter().collect();
+    groups.sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
+    writeln!(out, "{:<40} {:<20} {}", "GROUP", "STATE", "PROTOCOL-TYPE")?;
+    for g in groups {
+        let id = g.group_id.as_str();
+        writeln!(
+            out,
+            "{:<40} {:<20} {}",
+            id,
+            g.group_state.as_str(),
+            g.protocol_type.as_str()
+        )?;
+    }
+    Ok(())
+}
+
+/// One row of `describe`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub topic: String,
+    pub partition: i32,
+    /// -1 if nothing is committed.
+    pub committed: i64,
+    pub log_end: i64,
+    pub member: String,
+    pub host: String,
+    pub client_id: String,
+}
+
+impl Row {
+    /// Log end minus committed; `None` if nothing is committed.
+    pub fn lag(&self) -> Option<i64> {
+        (self.committed >= 0 && self.log_end >= 0).then(|| (self.log_end - self.committed).max(0))
+    }
+}
+
+/// Who owns each partition, from the members' assignments (consumer protocol).
+fn owners(
+    group: &kafka_protocol::messages::describe_groups_response::DescribedGroup,
+) -> BTreeMap<(String, i32), (String, String, String)> {
+    let mut map = BTreeMap::new();
+    if group.protocol_type.as_str() != "consumer" {
+        return map;
+    }
+    for m in &group.members {
+        let mut bytes = m.member_assignment.clone();
+        if bytes.len() < 2 {
+            continue;
+        }
+        let version = i16::from_be_bytes([bytes[0], bytes[1]]);
+        let mut body = bytes.split_off(2);
+        let Ok(asg) = ConsumerProtocolAssignment::decode(&mut body, version.clamp(0, 3)) else {
+            continue;
+        };
+        for tp in &asg.assigned_partitions {
+            for p in &tp.partitions {
+                let who = (
+                    m.member_id.to_string(),
+                    m.client_host.to_string(),
+                    m.client_id.to_string(),
+                );
+                map.insert((tp.topic.to_string(), *p), who);
+            }
+        }
+    }
+    map
+}
+
+/// Fetches everything `describe` prints: (state, protocol, member count, rows).
+pub fn describe_rows(
+    bootstrap: &str,
+    group: &str,
+) -> anyhow::Result<(String, String, usize, Vec<Row>)> {
+    let mut c = Client::connect(bootstrap)?;
+    let mut req = DescribeGroupsRequest::default();
+    req.groups = vec![GroupId(group.to_string().into())];
+    let resp: DescribeGroupsResponse = c.call(ApiKey::DescribeGroups, 5, &req)?;
+    let Some(g) = resp.groups.first() else {
+        bail!("DescribeGroups returned no group");
+    };
+    if g.error_code != 0 {
+        bail!("DescribeGroups: {}", kafka_error(g.error_code));
+    }
+    let owners = owners(g);
+    let mut req = OffsetFetchRequest::default();
+    req.group_id = GroupId(group.to_string().into());
+    req.topics = None;
+    let fetched: OffsetFetchResponse = c.call(ApiKey::OffsetFetch, 7, &req)?;
+    if fetched.error_code != 0 {
+        bail!("OffsetFetch: {}", kafka_error(fetched.error_code));
+    }
+    let mut rows: BTreeMap<(String, i32), Row> = BTreeMap::new();
+    for t in &fetched.topics {
+        for p in &t.partitions {
+            let row = rows
+                .entry((t.name.to_string(), p.partition_index))
+                .or_default();
+            row.committed = p.committed_offset;
+        }
+    }
+    for ((topic, partition), (member, host, client)) in &owners {
+        let row = rows.entry((topic.clone(), *partition)).or_insert(Row {
+            committed: -1,
+            ..Row::default()
+        });
+        (row.member, row.host, row.client_id) = (member.clone(), host.clone(), client.clone());
+    }
+    let ends = log_ends(&mut c, rows.keys())?;
+    for ((topic, partition), row) in rows.iter_mut() {
+        row.topic = topic.clone();
+        row.partition = *partition;
+        row.log_end = ends
+            .get(&(topic.clone(), *partition))
+            .copied()
+            .unwrap_or(-1);
+    }
+    let state = g.group_state.to_string();
+    Ok((
+        state,
+        g.protocol_data.to_string(),
+        g.members.len(),
+        rows.into_values().collect(),
+    ))
+}
+
+/// ListOffsets latest for every partition in `keys`.
+fn log_ends<'a>(
+    c: &mut Client,
+    keys: impl Iterator<Item = &'a (String, i32)>,
+) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+    let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in keys {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    let mut req = ListOffsetsRequest::default();
+    req.replica_id = kafka_protocol::messages::BrokerId(-1);
+    for (t, ps) in by_topic {
+        let mut topic = ListOffsetsTopic::default();
+        topic.name = kafka_protocol::messages::TopicName(t.to_string().into());
+        for p in ps {
+            let mut lp = ListOffsetsPartition::default();
+            lp.partition_index = p;
+            lp.timestamp = -1;
+            topic.partitions.push(lp);
+        }
+        req.topics.push(topic);
+    }
+    let mut out = BTreeMap::new();
+    if req.topics.is_empty() {
+        return Ok(out);
+    }
+    let resp: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 1, &req)?;
+    for t in &resp.topics {
+        for p in &t.partitions {
+            let end = if p.error_code == 0 { p.offset } else { -1 };
+            out.insert((t.name.to_string(), p.partition_index), end);
+        }
+    }
+    Ok(out)
+}
+
+/// `weir groups describe GROUP`: a header line, then one line per partition.
+pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::Result<()> {
+    let (state, protocol, members, rows) = describe_rows(bootstrap, group)?;
+    writeln!(
+        out,
+        "GROUP {group} STATE {state} PROTOCOL {protocol} MEMBERS {members}"
+    )?;
+    writeln!(
+        out,
+        "{:<30} {:>9} {:>14} {:>14} {:>8}  {:<45} {:<16} {}",
+        "TOPIC",
+        "PARTITION",
+        "CURRENT-OFFSET",
+        "LOG-END-OFFSET",
+        "LAG",
+        "MEMBER-ID",
+        "HOST",
+        "CLIENT-ID"
+    )?;
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    for r in rows {
+        let committed = if r.committed >= 0 {
+            r.committed.to_string()
+        } else {
+            "-".into()
+        };
+        let log_end = if r.log_end >= 0 {
+            r.log_end.to_string()
+        } else {
+            "-".into()
+        };
+        let lag = r.lag().map_or_else(|| "-".to_string(), |l| l.to_string());
+        writeln!(
+            out,
+            "{:<30} {:>9} {:>14} {:>14} {:>8}  {:<45} {:<16} {}",
+            r.topic,
+            r.partition,
+            committed,
+            log_end,
+            lag,
+            dash(&r.member),
+            dash(&r.host),
+            dash(&r.client_id)
+        )?;
+    }
+    Ok(())
+}
