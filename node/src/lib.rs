@@ -7,6 +7,7 @@
 //! persisted [`metadata`] catalogue; [`config`] reads Kafka-style properties.
 //!
 //! - [`storage`]: the segmented partition log on direct I/O.
+pub mod admin_cli;
 pub mod api;
 pub mod config;
 pub mod errors;

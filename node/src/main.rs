@@ -22,6 +22,22 @@ enum Command {
         #[command(subcommand)]
         command: LogCommand,
     },
+    /// Consumer groups of a running node: members, assignment, committed offsets, lag.
+    Groups {
+        /// HOST:PORT of the node.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap_server: String,
+        #[command(subcommand)]
+        command: GroupsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum GroupsCommand {
+    /// Every group with its state.
+    List,
+    /// One group: per partition the committed offset, log end offset, lag and owner.
+    Describe { group: String },
 }
 
 #[derive(Subcommand)]
@@ -97,6 +113,25 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir serve: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Groups {
+            bootstrap_server,
+            command,
+        } => {
+            let mut out = std::io::stdout().lock();
+            let done = match command {
+                GroupsCommand::List => weir::admin_cli::list(&bootstrap_server, &mut out),
+                GroupsCommand::Describe { group } => {
+                    weir::admin_cli::describe(&bootstrap_server, &group, &mut out)
+                }
+            };
+            match done {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weir groups: {e:#}");
                     ExitCode::FAILURE
                 }
             }
