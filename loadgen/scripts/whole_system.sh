@@ -16,7 +16,8 @@ WARM=${WARM:-3s}
 BIN=target/release
 rm -rf "$OUT" && mkdir -p "$OUT"
 
-cargo build --release -p weir -p weir-loadgen >/dev/null
+# BUILD=0 uses the binaries already in target/release.
+if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen >/dev/null; fi
 
 echo "== fio (O_DIRECT, 1 MiB blocks, iodepth 16, 2 GiB file on the repo's disk)"
 FIOFILE=$OUT/fio.dat
