@@ -26,6 +26,8 @@ use crate::shard::Shard;
 pub const PIPELINE_MAX: usize = 16;
 /// Bytes asked of the socket per read call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Most bytes one read call may add to a large frame's buffer.
+const LARGE_READ_MAX_BYTES: usize = 1024 * 1024;
 
 /// Why a connection is closed by the broker.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +97,12 @@ impl FrameReader {
                 need = 4 + size as usize;
                 if self.buf.len() >= need {
                     self.buf.advance(4);
+                    if self.buf.len() == size as usize {
+                        // The buffer holds exactly this frame: hand over the allocation
+                        // whole, so the frame is its only owner (Produce then appends
+                        // the record bytes in place instead of copying them).
+                        return Ok(Some(std::mem::take(&mut self.buf).freeze()));
+                    }
                     return Ok(Some(self.buf.split_to(size as usize).freeze()));
                 }
             }
@@ -110,12 +118,18 @@ impl FrameReader {
         }
     }
 
-    /// Reads at most one chunk, never more than the pending frame needs plus one chunk:
-    /// memory grows with bytes actually received, not with what a size prefix claims.
+    /// Reads once. While a large frame is incomplete, reads exactly what it still misses
+    /// (so it ends the buffer and can be handed over whole), at most
+    /// [`LARGE_READ_MAX_BYTES`] at a time: memory grows with the bytes received, not with
+    /// what a size prefix claims. Otherwise reads a chunk, which may also hold the next
+    /// pipelined requests.
     async fn fill(&mut self, need: usize) -> Result<usize, ConnError> {
-        let want = need
-            .saturating_sub(self.buf.len())
-            .clamp(1, READ_CHUNK_BYTES);
+        let missing = need.saturating_sub(self.buf.len());
+        let want = if missing >= READ_CHUNK_BYTES {
+            missing.min(LARGE_READ_MAX_BYTES)
+        } else {
+            READ_CHUNK_BYTES
+        };
         let start = self.buf.len();
         self.buf.resize(start + want, 0);
         let read = self.half.read(&mut self.buf[start..]).await;
@@ -125,7 +139,6 @@ impl FrameReader {
     }
 }
 
-/// A response slot in request order: `None` when the request has no response (acks=0).
 type Pending = JoinHandle<Option<Vec<Bytes>>>;
 
 /// Serves one connection until the client closes it, sends bad framing, or shutdown.
