@@ -264,7 +264,10 @@ fn wait_ready(child: &mut Child, rx: &Receiver<String>) -> Result<SocketAddr> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            bail!("no ready line within {READY_TIMEOUT:?}");
+            bail!(
+                "no ready line within {READY_TIMEOUT:?}; threads: {}",
+                thread_states(child.id())
+            );
         }
         match rx.recv_timeout(left.min(Duration::from_millis(200))) {
             Ok(line) => {
@@ -358,6 +361,34 @@ fn wait_bounded(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
         }
     }
     None
+}
+
+/// "name:state" of each thread of a process (from /proc), for a hang's error message.
+fn thread_states(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(process gone)".into();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+        // "tid (comm) S ...": the state follows the last ')'.
+        let comm = stat
+            .split('(')
+            .nth(1)
+            .and_then(|r| r.rsplit_once(')'))
+            .map(|(c, _)| c);
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        out.push(format!(
+            "{}:{}:{}",
+            comm.unwrap_or("?"),
+            state.unwrap_or("?"),
+            wchan.trim()
+        ));
+    }
+    out.join(" ")
 }
 
 /// `VmRSS` of a process, in KiB.

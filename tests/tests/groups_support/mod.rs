@@ -70,6 +70,9 @@ pub struct Member {
     pub name: String,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
+    /// While set, the member stays in the group (librdkafka heartbeats in the
+    /// background) but processes nothing.
+    paused: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
@@ -97,14 +100,21 @@ impl Member {
             .create_with_context(Ctx(seen.clone()))
             .context("create member")?;
         consumer.subscribe(&[topic]).context("subscribe")?;
-        let (s, st) = (seen.clone(), stop.clone());
-        let thread = thread::spawn(move || poll_loop(consumer, s, st));
+        let paused = Arc::new(AtomicBool::new(false));
+        let (s, st, pa) = (seen.clone(), stop.clone(), paused.clone());
+        let thread = thread::spawn(move || poll_loop(consumer, s, st, pa));
         Ok(Member {
             name: name.to_string(),
             seen,
             stop,
+            paused,
             thread: Some(thread),
         })
+    }
+
+    /// Stops (or resumes) processing without leaving the group.
+    pub fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
     }
 
     pub fn seen(&self) -> Seen {
@@ -138,9 +148,18 @@ impl Drop for Member {
 }
 
 /// Polls, "processes" (records) each record, then commits it synchronously.
-fn poll_loop(c: BaseConsumer<Ctx>, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) -> Result<()> {
+fn poll_loop(
+    c: BaseConsumer<Ctx>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+        if paused.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20));
+            continue;
+        }
         if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
             let key = (m.partition(), m.offset());
             lock(&seen).processed.push(key);
