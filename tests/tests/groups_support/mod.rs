@@ -43,6 +43,8 @@ pub struct Seen {
     pub uncommitted: BTreeSet<(i32, i64)>,
     /// Partitions revoked, one set per revocation.
     pub revoked: Vec<BTreeSet<i32>>,
+    /// The poll loop saw a pause.
+    pub idle: bool,
 }
 
 struct Ctx(Arc<Mutex<Seen>>);
@@ -112,9 +114,14 @@ impl Member {
         })
     }
 
-    /// Stops (or resumes) processing without leaving the group.
+    /// Stops (or resumes) processing without leaving the group. Pausing returns once
+    /// the poll loop has seen it (no record is processed after that).
     pub fn pause(&self, paused: bool) {
         self.paused.store(paused, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while paused && lock(&self.seen).idle != paused && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn seen(&self) -> Seen {
@@ -156,7 +163,9 @@ fn poll_loop(
 ) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-        if paused.load(Ordering::SeqCst) {
+        let pause = paused.load(Ordering::SeqCst);
+        lock(&seen).idle = pause;
+        if pause {
             thread::sleep(Duration::from_millis(20));
             continue;
         }
