@@ -4,10 +4,10 @@
 //! get their Kafka error code (CORRUPT_MESSAGE 2 for a bad CRC, MESSAGE_TOO_LARGE 10 above
 //! `message.max.bytes`) and the connection stays usable; ApiVersions of an unknown version
 //! gets a v0 answer with UNSUPPORTED_VERSION 35. Throughout, the good producer gets every
-//! record acknowledged and nothing acknowledged is lost.
+//! record acknowledged, a good consumer keeps reading, and nothing acknowledged is lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ use anyhow::{Result, bail, ensure};
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest};
 use kafka_protocol::records::Compression;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
 use weir_tests::clients::{self, Acked, DeliveryLog, Sent};
 use weir_tests::raw::{self, RawConn};
 use weir_tests::{Weir, WeirConfig};
@@ -103,6 +106,9 @@ struct GoodClient {
     stop: Arc<AtomicBool>,
     log: Arc<DeliveryLog>,
     worker: thread::JoinHandle<Result<Vec<Sent>>>,
+    /// Records a librdkafka consumer (assigned to GOOD's partitions) has read so far.
+    consumed: Arc<AtomicUsize>,
+    reader: thread::JoinHandle<Result<()>>,
 }
 
 impl GoodClient {
@@ -123,15 +129,26 @@ impl GoodClient {
             }
             Ok(sent)
         });
-        Ok(GoodClient { stop, log, worker })
+        let consumed = Arc::new(AtomicUsize::new(0));
+        let reader = spawn_reader(bootstrap, Arc::clone(&stop), Arc::clone(&consumed))?;
+        Ok(GoodClient {
+            stop,
+            log,
+            worker,
+            consumed,
+            reader,
+        })
     }
 
     /// Waits (bounded) until more records are acknowledged than now: the good client
     /// is making progress. Fails on any failed delivery so far.
     fn expect_progress(&self) -> Result<()> {
         let before = self.log.acked().len();
+        let read_before = self.consumed.load(Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.log.acked().len() < before + 20 {
+        while self.log.acked().len() < before + 20
+            || self.consumed.load(Ordering::Relaxed) < read_before + 20
+        {
             ensure!(
                 self.log.failed().is_empty(),
                 "good producer failed: {:?}",
@@ -148,12 +165,44 @@ impl GoodClient {
 
     fn stop(self) -> Result<Outcome> {
         self.stop.store(true, Ordering::Relaxed);
+        match self.reader.join() {
+            Ok(r) => r?,
+            Err(_) => bail!("good consumer thread panicked"),
+        }
         let sent = match self.worker.join() {
             Ok(r) => r?,
             Err(_) => bail!("good producer thread panicked"),
         };
         Ok((sent, self.log.acked(), self.log.failed()))
     }
+}
+
+/// A librdkafka consumer reading GOOD's partitions as they grow, until stopped.
+fn spawn_reader(
+    bootstrap: &str,
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicUsize>,
+) -> Result<thread::JoinHandle<Result<()>>> {
+    let c = clients::consumer(bootstrap, &[])?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..2 {
+        tpl.add_partition_offset(GOOD, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    Ok(thread::spawn(move || {
+        // Bounded by the stop flag, which the test always sets, and by a time limit.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match c.poll(Duration::from_millis(100)) {
+                Some(Ok(_)) => {
+                    consumed.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                Some(Err(e)) => bail!("good consumer: {e}"),
+            }
+        }
+        Ok(())
+    }))
 }
 
 /// Sends `bytes` and expects the broker to close the connection.
