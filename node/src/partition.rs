@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::split_batches;
@@ -16,6 +17,8 @@ use wire::{LeaderEpoch, Offset, WireError};
 
 use crate::errors;
 use crate::event::Event;
+use crate::producer_state::ProducerStateConfig;
+use crate::producer_state::partition::{PartitionProducers, ProducerAppend, wait_committed};
 use crate::storage::{Log, LogConfig, StorageError};
 
 /// Single-node leader epoch: weir does not change leaders yet.
@@ -65,6 +68,8 @@ pub struct Partition {
     /// The merged topic config in force (broker defaults + overrides).
     configs: RefCell<BTreeMap<String, String>>,
     pub log: Rc<Log>,
+    /// Idempotent producers' state (dedup, fencing), rebuilt when the log opens.
+    pub producers: PartitionProducers,
     /// Single node: the HW is the end of the last append that completed.
     high_watermark: Cell<Offset>,
     /// Notified after every completed append (wakes long-polling fetches).
@@ -101,6 +106,9 @@ impl Partition {
         let log_config = log_config(&configs)?;
         let dir = partition_dir(data_dir, &topic, index);
         let log = Log::open(dir, log_config).await?;
+        let producer_config = ProducerStateConfig::from_configs(&configs);
+        let producers =
+            PartitionProducers::open(&log, producer_config, crate::shard::now_ms()).await?;
         let leo = log.log_end_offset();
         Ok(Partition {
             topic,
@@ -109,6 +117,7 @@ impl Partition {
             max_message_bytes: Cell::new(max_message_bytes(&configs)),
             configs: RefCell::new(configs),
             log: Rc::new(log),
+            producers,
             high_watermark: Cell::new(leo),
             appended: Event::default(),
         })
@@ -144,7 +153,28 @@ impl Partition {
         // TODO(wire::produce): the log patches offsets in place and needs a unique buffer;
         // until the request view hands out unique slices this is the one copy per produce.
         let buf = BytesMut::from(&records[..]);
-        match self.log.append(buf, LEADER_EPOCH, now_ms).await {
+        let appended = match self
+            .producers
+            .append(&self.log, buf, LEADER_EPOCH, now_ms)
+            .await
+        {
+            Ok(ProducerAppend::Appended(info)) => Ok(info),
+            Ok(ProducerAppend::Duplicate(original)) => {
+                return self
+                    .duplicate(original.first_offset, original.last_offset)
+                    .await;
+            }
+            Ok(ProducerAppend::Rejected(error)) => {
+                return ProduceOutcome {
+                    error,
+                    base_offset: -1,
+                    log_append_time_ms: -1,
+                    log_start_offset: -1,
+                };
+            }
+            Err(e) => Err(e),
+        };
+        match appended {
             Ok(info) => {
                 let end = info.last_offset.add(1);
                 if end > self.high_watermark.get() {
@@ -167,6 +197,23 @@ impl Partition {
                     log_start_offset: -1,
                 }
             }
+        }
+    }
+
+    /// A resend of an appended batch: its original offsets once the original is committed
+    /// (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its append failed).
+    async fn duplicate(&self, first: Offset, last: Offset) -> ProduceOutcome {
+        let hw = || self.high_watermark.get();
+        let committed = wait_committed(last, hw, &self.appended, Duration::from_secs(30)).await;
+        ProduceOutcome {
+            error: if committed {
+                errors::NONE
+            } else {
+                errors::REQUEST_TIMED_OUT
+            },
+            base_offset: if committed { first.get() } else { -1 },
+            log_append_time_ms: -1,
+            log_start_offset: self.log.log_start_offset().get(),
         }
     }
 
