@@ -141,7 +141,9 @@ impl Partition {
     }
 
     /// Validates every batch (CRC, sizes, `max.message.bytes`), then appends them all.
-    pub async fn produce(&self, records: Bytes, now_ms: i64) -> ProduceOutcome {
+    /// `records` is ideally a unique buffer (appended in place); a shared `Bytes` is copied.
+    pub async fn produce(&self, records: impl Into<BytesMut>, now_ms: i64) -> ProduceOutcome {
+        let records: BytesMut = records.into();
         if let Err(error) = self.validate(&records) {
             return ProduceOutcome {
                 error,
@@ -150,9 +152,9 @@ impl Partition {
                 log_start_offset: -1,
             };
         }
-        // TODO(wire::produce): the log patches offsets in place and needs a unique buffer;
-        // until the request view hands out unique slices this is the one copy per produce.
-        let buf = BytesMut::from(&records[..]);
+        // The records are this request's own bytes (see `api::produce`): the log patches
+        // offsets into them in place.
+        let buf = records;
         let appended = match self
             .producers
             .append(&self.log, buf, LEADER_EPOCH, now_ms)

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
@@ -42,7 +42,7 @@ pub type TopicPartition = (Arc<str>, i32);
 pub enum Op {
     Produce {
         tp: TopicPartition,
-        records: Bytes,
+        records: BytesMut,
     },
     Fetch {
         tp: TopicPartition,

@@ -46,14 +46,16 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
         tracing::warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
+    let (name, version) = (req.api_name(), req.version);
     let routed = match req.key() {
         Some(key) if groups::is_group_api(key) => groups::dispatch(shard, &req, peer).await,
+        // Produce takes the request by value: it reuses the frame's bytes for the log.
+        Some(ApiKey::Produce) => produce::handle(shard, req).await,
         _ => dispatch(shard, &req).await,
     };
     match routed {
         Ok(resp) => resp,
         Err(e) => {
-            let (name, version) = (req.api_name(), req.version);
             tracing::warn!(%peer, "closing connection: {name} v{version}: {e}");
             close()
         }
@@ -65,7 +67,6 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
     match req.key() {
         Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v)).await,
         Some(ApiKey::DescribeCluster) => run(req, |r| metadata::describe_cluster(shard, r)).await,
-        Some(ApiKey::Produce) => produce::handle(shard, req).await,
         Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id(shard, r, v)).await,
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,

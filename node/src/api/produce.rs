@@ -2,10 +2,16 @@
 //! append there, answer per partition. acks=0 gets no response; acks=1 and acks=all are
 //! answered after the append (single node: the HW moves with the append), and acks=all
 //! is refused with NOT_ENOUGH_REPLICAS when `min.insync.replicas` exceeds the one replica.
+//!
+//! Record bytes are not copied: the request frame is usually its own allocation (see
+//! `server::conn`), so once the request view is dropped the frame is taken back as a
+//! `BytesMut` and cut into one piece per partition, which the log patches in place.
 
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use bytes::{Buf, Bytes, BytesMut};
 use kafka_protocol::messages::ProduceResponse;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use wire::WireError;
@@ -13,6 +19,7 @@ use wire::produce::ProduceRequestView;
 
 use super::{Response, topic_name};
 use crate::errors;
+use crate::metadata::Catalog;
 use crate::partition::ProduceOutcome;
 use crate::proto::{self, Request};
 use crate::shard::{Op, Reply, Shard};
@@ -20,60 +27,142 @@ use crate::shard::{Op, Reply, Shard};
 /// In-sync replicas of every partition on a single node.
 const ISR_SIZE: i32 = 1;
 
+/// One partition of the request: where its records sit in the body, or why it is refused
+/// before any append.
+struct Part {
+    topic: Arc<str>,
+    index: i32,
+    records: Result<Range<usize>, i16>,
+}
+
 /// Handles a Produce request; `Ok(None)` for acks=0.
-pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
-    // The hand-parsed view keeps every partition's records a slice of the request frame.
-    let produce = ProduceRequestView::parse(&req.body, req.version)?;
-    let acks = produce.acks;
-    let resp = respond(shard, produce).await;
+pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireError> {
+    let (acks, parts) = {
+        let view = ProduceRequestView::parse(&req.body, req.version)?;
+        (view.acks, plan(shard, &view, &req.body))
+    };
+    let header = Request {
+        body: Bytes::new(),
+        ..req
+    };
+    let records = split_records(req.body, &parts);
+    let resp = respond(shard, parts, records).await;
     if acks == 0 {
         return Ok(None);
     }
-    let frame = proto::encode_response(req, &resp)?;
+    let frame = proto::encode_response(&header, &resp)?;
     Ok(Some(vec![frame]))
 }
 
-async fn respond(shard: &Rc<Shard>, req: ProduceRequestView) -> ProduceResponse {
-    let acks = req.acks;
+/// Checks what can be checked without the partition (acks, topic, partition range,
+/// `min.insync.replicas`) and locates each partition's records in `body`.
+fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
     let catalog = shard.catalog();
-    let mut pending = Vec::new();
-    for topic in req.topics {
+    let mut parts = Vec::with_capacity(view.partition_count());
+    for topic in &view.topics {
         // A name that is not UTF-8 cannot exist in the catalogue.
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(&topic.name).as_ref());
-        let meta = catalog.topics.get(&*name).cloned();
-        for part in topic.partitions {
-            let early = if !matches!(acks, -1..=1) {
-                Some(errors::INVALID_REQUIRED_ACKS)
-            } else {
-                match &meta {
-                    Some(m) if (0..m.partitions).contains(&part.index) => {
-                        let min_isr = m
-                            .configs
-                            .get("min.insync.replicas")
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(shard.config().min_insync_replicas);
-                        (acks == -1 && min_isr > ISR_SIZE).then_some(errors::NOT_ENOUGH_REPLICAS)
-                    }
-                    _ => Some(errors::UNKNOWN_TOPIC_OR_PARTITION),
-                }
+        for part in &topic.partitions {
+            let refused = refusal(shard, &catalog, view.acks, &name, part.index);
+            let records = match (refused, &part.records) {
+                (Some(code), _) => Err(code),
+                (None, None) => Err(errors::CORRUPT_MESSAGE),
+                (None, Some(r)) => range_in(body, r).ok_or(errors::CORRUPT_MESSAGE),
             };
-            let tp = (name.clone(), part.index);
-            let task = match (early, part.records) {
-                (Some(code), _) => None.ok_or(code),
-                (None, None) => None.ok_or(errors::CORRUPT_MESSAGE),
-                (None, Some(records)) => {
-                    let s = shard.clone();
-                    let op = Op::Produce {
-                        tp: tp.clone(),
-                        records,
-                    };
-                    Ok(glommio::spawn_local(
-                        async move { s.call_owner(&tp, op).await },
-                    ))
-                }
-            };
-            pending.push((name.clone(), part.index, task));
+            parts.push(Part {
+                topic: name.clone(),
+                index: part.index,
+                records,
+            });
         }
+    }
+    parts
+}
+
+fn refusal(shard: &Shard, catalog: &Catalog, acks: i16, topic: &str, index: i32) -> Option<i16> {
+    if !matches!(acks, -1..=1) {
+        return Some(errors::INVALID_REQUIRED_ACKS);
+    }
+    let Some(meta) = catalog
+        .topics
+        .get(topic)
+        .filter(|m| (0..m.partitions).contains(&index))
+    else {
+        return Some(errors::UNKNOWN_TOPIC_OR_PARTITION);
+    };
+    let min_isr = meta
+        .configs
+        .get("min.insync.replicas")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(shard.config().min_insync_replicas);
+    (acks == -1 && min_isr > ISR_SIZE).then_some(errors::NOT_ENOUGH_REPLICAS)
+}
+
+/// Where `slice` (a slice of `body`) lies within `body`.
+fn range_in(body: &Bytes, slice: &Bytes) -> Option<Range<usize>> {
+    let start = (slice.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(slice.len())?;
+    (end <= body.len()).then_some(start..end)
+}
+
+/// One buffer per partition with records. Zero-copy when this request is the only owner
+/// of its frame (the usual case for large produce requests); otherwise each piece is
+/// copied out (small frames share the connection's read buffer).
+fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
+    let ranges: Vec<Option<&Range<usize>>> =
+        parts.iter().map(|p| p.records.as_ref().ok()).collect();
+    let ascending = ranges
+        .iter()
+        .flatten()
+        .try_fold(0usize, |end, r| (r.start >= end).then_some(r.end))
+        .is_some();
+    let mut whole = match (ascending, body.try_into_mut()) {
+        (true, Ok(whole)) => whole,
+        (_, Ok(whole)) => return copy_out(&whole, &ranges),
+        (_, Err(shared)) => return copy_out(&shared, &ranges),
+    };
+    let mut consumed = 0;
+    ranges
+        .iter()
+        .map(|r| {
+            r.map(|r| {
+                whole.advance(r.start - consumed);
+                consumed = r.end;
+                whole.split_to(r.len())
+            })
+        })
+        .collect()
+}
+
+fn copy_out(body: &[u8], ranges: &[Option<&Range<usize>>]) -> Vec<Option<BytesMut>> {
+    ranges
+        .iter()
+        .map(|r| r.map(|r| BytesMut::from(&body[r.clone()])))
+        .collect()
+}
+
+async fn respond(
+    shard: &Rc<Shard>,
+    parts: Vec<Part>,
+    records: Vec<Option<BytesMut>>,
+) -> ProduceResponse {
+    let mut pending = Vec::with_capacity(parts.len());
+    for (part, records) in parts.into_iter().zip(records) {
+        let task = match (part.records, records) {
+            (Err(code), _) => Err(code),
+            (Ok(_), None) => Err(errors::CORRUPT_MESSAGE),
+            (Ok(_), Some(records)) => {
+                let (s, tp) = (shard.clone(), (part.topic.clone(), part.index));
+                let op = Op::Produce {
+                    tp: tp.clone(),
+                    records,
+                };
+                Ok(glommio::spawn_local(
+                    async move { s.call_owner(&tp, op).await },
+                ))
+            }
+        };
+        pending.push((part.topic, part.index, task));
     }
     let mut topics: Vec<TopicProduceResponse> = Vec::new();
     for (name, index, task) in pending {
