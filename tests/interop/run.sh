@@ -3,7 +3,8 @@
 # under target/), then each client — kcat (Debian's librdkafka 2.0.2), confluent-kafka,
 # kafka-python, aiokafka, kafkajs — creates or auto-creates a topic, lists topics,
 # produces keyed records and reads them all back, checked record by record.
-# Clients come from scripts/install-test-deps.sh. Prints `N passed, M failed` last and
+# Clients come from scripts/install-test-deps.sh. Every python/*_check.py and
+# node/*_check.js found is run. Prints `N passed, M failed` last and
 # exits non-zero on any failure. WEIR_BIN overrides the broker binary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -101,18 +102,24 @@ if command -v kcat >/dev/null; then
 else
     check kcat sh -c 'echo "kcat not installed: run scripts/install-test-deps.sh"; exit 1'
 fi
-for client in confluent kafka_python aiokafka; do
+# Every python/<name>_check.py and node/<name>_check.js is one check, run as
+# `<script> BOOTSTRAP TOPIC` against this broker (a new client check needs no edit here).
+for script in "$root"/tests/interop/python/*_check.py; do
+    name=$(basename "$script" _check.py)
     if [ -x "$PY" ]; then
-        check "$client" "$PY" "$root/tests/interop/python/${client}_check.py" "$BOOTSTRAP" "interop-$client"
+        check "$name" "$PY" "$script" "$BOOTSTRAP" "interop-$name"
     else
-        check "$client" sh -c "echo 'no venv at $PY: run scripts/install-test-deps.sh'; exit 1"
+        check "$name" sh -c "echo 'no venv at $PY: run scripts/install-test-deps.sh'; exit 1"
     fi
 done
-if [ -d "$NODE_DIR/node_modules/kafkajs" ]; then
-    check kafkajs node "$NODE_DIR/kafkajs_check.js" "$BOOTSTRAP" interop-kafkajs
-else
-    check kafkajs sh -c "echo 'kafkajs not installed: run scripts/install-test-deps.sh'; exit 1"
-fi
+for script in "$NODE_DIR"/*_check.js; do
+    name=$(basename "$script" _check.js)
+    if [ -d "$NODE_DIR/node_modules/kafkajs" ]; then
+        check "$name" node "$script" "$BOOTSTRAP" "interop-$name"
+    else
+        check "$name" sh -c "echo 'kafkajs not installed: run scripts/install-test-deps.sh'; exit 1"
+    fi
+done
 
 if ! kill -0 "$weir_pid" 2>/dev/null; then
     failed=$((failed + 1))
