@@ -200,3 +200,46 @@ fn failed(error: i16) -> ProduceOutcome {
         log_start_offset: -1,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(records: Result<Range<usize>, i16>) -> Part {
+        Part {
+            topic: Arc::from("t"),
+            index: 0,
+            records,
+        }
+    }
+
+    #[test]
+    fn unique_frames_are_cut_in_place_and_shared_ones_copied() {
+        let body = Bytes::from((0u8..100).collect::<Vec<u8>>());
+        let base = body.as_ptr() as usize;
+        let parts = vec![part(Ok(10..20)), part(Err(3)), part(Ok(30..35))];
+        let pieces = split_records(body, &parts);
+        let first = pieces[0].as_ref().unwrap();
+        assert_eq!(&first[..], &(10u8..20).collect::<Vec<u8>>()[..]);
+        assert_eq!(
+            first.as_ptr() as usize,
+            base + 10,
+            "no copy: same allocation"
+        );
+        assert!(pieces[1].is_none());
+        assert_eq!(pieces[2].as_ref().unwrap().as_ptr() as usize, base + 30);
+
+        let shared = Bytes::from((0u8..100).collect::<Vec<u8>>());
+        let keep = shared.clone();
+        let pieces = split_records(shared, &parts);
+        let first = pieces[0].as_ref().unwrap();
+        assert_eq!(&first[..], &keep[10..20], "same bytes");
+        assert_ne!(
+            first.as_ptr(),
+            keep[10..].as_ptr(),
+            "a shared frame is copied"
+        );
+        assert_eq!(range_in(&keep, &keep.slice(5..9)), Some(5..9));
+        assert_eq!(range_in(&keep.slice(50..), &keep.slice(5..9)), None);
+    }
+}
