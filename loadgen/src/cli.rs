@@ -261,9 +261,11 @@ impl Load {
         spec.consumers = self.consumers;
         spec.rate = self.rate;
         spec.records = self.records;
+        // A producer with no bound runs 10 s; a consumer with none reads until idle.
         spec.duration = match (self.records, self.duration) {
             (_, Some(d)) => Some(d),
             (Some(_), None) => None,
+            (None, None) if default_start == StartAt::Earliest => None,
             (None, None) => Some(Duration::from_secs(10)),
         };
         spec.warmup = self.warmup;

@@ -101,17 +101,16 @@ struct Counting {
     ours: AtomicU64,
     all: AtomicU64,
     last_ns: AtomicU64,
-    clock: Clock,
 }
 
 impl RecordSink for Counting {
-    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>) {
+    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>, now_ns: u64) {
         self.all.fetch_add(1, Ordering::Relaxed);
         if stamp.is_some() {
             self.ours.fetch_add(1, Ordering::Relaxed);
         }
-        self.last_ns.store(self.clock.now_ns(), Ordering::Relaxed);
-        self.inner.consumed(partition, offset, stamp);
+        self.last_ns.store(now_ns, Ordering::Relaxed);
+        self.inner.consumed(partition, offset, stamp, now_ns);
     }
 }
 
@@ -152,7 +151,6 @@ pub fn run(
         ours: AtomicU64::new(0),
         all: AtomicU64::new(0),
         last_ns: AtomicU64::new(0),
-        clock,
     });
     let consumers = if consume {
         start_consumers(

@@ -62,7 +62,7 @@ impl AckSink for Recorder {
 }
 
 impl RecordSink for Recorder {
-    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>) {
+    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>, _now_ns: u64) {
         if let Some(s) = stamp {
             self.lock()
                 .read
@@ -346,6 +346,7 @@ mod tests {
                     record_id: id,
                     intended_ns: 0,
                 }),
+                0,
             );
         }
         let f = analyse(&r.lock());

@@ -85,8 +85,18 @@ pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
         Ok(frame::FrameStatus::Complete { size }) => size,
         Err(e) => bail!("bad frame from broker: {e}"),
     };
-    let mut buf = vec![0u8; size];
-    stream.read_exact(&mut buf).context("reading frame body")?;
+    // read_to_end fills spare capacity without zeroing it first (a fetch can be 64 MiB).
+    let mut buf = Vec::with_capacity(size);
+    stream
+        .take(size as u64)
+        .read_to_end(&mut buf)
+        .context("reading frame body")?;
+    if buf.len() != size {
+        bail!(
+            "connection closed inside a frame ({} of {size} bytes)",
+            buf.len()
+        );
+    }
     Ok(Bytes::from(buf))
 }
 

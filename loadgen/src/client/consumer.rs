@@ -15,7 +15,7 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use wire::api;
-use wire::batch::{batch_records, read_header, split_batches};
+use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header};
 
 use super::conn::Conn;
 use super::error_name;
@@ -50,14 +50,15 @@ pub struct ConsumerConfig {
 
 /// Told about every record consumed (for `verify`).
 pub trait RecordSink: Send + Sync {
-    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>);
+    /// Record at `offset` of `partition`, fetched at `now_ns` (run clock).
+    fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>, now_ns: u64);
 }
 
 /// Ignores records.
 pub struct NoRecordSink;
 
 impl RecordSink for NoRecordSink {
-    fn consumed(&self, _: i32, _: i64, _: Option<Stamp>) {}
+    fn consumed(&self, _: i32, _: i64, _: Option<Stamp>, _: u64) {}
 }
 
 /// The next offset each partition's consumer will read: shared with the lag sampler.
@@ -259,22 +260,20 @@ impl Consumer {
             return Ok(());
         };
         let now = self.clock.now_ns();
-        for range in split_batches(&records) {
-            let range = match range {
-                Ok(r) => r,
-                // A truncated last batch is normal (the fetch hit max bytes); anything else
-                // is corruption: count it and skip that batch if its length is readable.
-                Err(wire::WireError::UnexpectedEof { .. }) => break,
-                Err(e) => {
-                    self.recorder.record_error("ClientCorruptBatch", 1);
-                    warn(&format!("partition {p}: bad batch at offset {pos}: {e}"));
-                    break;
-                }
+        let mut at = 0usize;
+        // Walk batch headers; `batch_records` validates each batch (CRC once) as it decodes.
+        for _ in 0..records.len() / BATCH_HEADER_SIZE + 1 {
+            let Ok(h) = read_header(&records[at..]) else {
+                break;
             };
-            let batch = records.slice(range);
-            let Ok(h) = read_header(&batch) else { break };
+            let end = at.saturating_add(h.total_size());
+            if h.total_size() < BATCH_HEADER_SIZE || end > records.len() {
+                break; // a truncated last batch is normal: the fetch hit its byte limit
+            }
             let next = h.next_offset().get();
             let control = h.attributes().is_control();
+            let batch = records.slice(at..end);
+            at = end;
             if next <= pos || control {
                 pos = pos.max(next);
                 continue;
@@ -314,7 +313,7 @@ impl Consumer {
             let len = value.len() as u64;
             self.recorder
                 .record_consumed(stamp.map(|s| s.intended_ns), now, len);
-            self.sink.consumed(p, offset, stamp);
+            self.sink.consumed(p, offset, stamp, now);
             self.consumed += 1;
         }
     }
