@@ -21,6 +21,9 @@ use crate::producer_state::ProducerStateConfig;
 use crate::producer_state::partition::{PartitionProducers, ProducerAppend, wait_committed};
 use crate::storage::{Log, LogConfig, StorageError};
 
+/// Largest decompressed batch ListOffsets-by-time will look inside.
+const DECOMPRESSED_BATCH_MAX_BYTES: usize = 64 << 20;
+
 /// Single-node leader epoch: weir does not change leaders yet.
 pub const LEADER_EPOCH: LeaderEpoch = LeaderEpoch(0);
 
@@ -283,11 +286,43 @@ impl Partition {
             }
             ts if ts < 0 => (errors::UNSUPPORTED_VERSION, -1, -1),
             ts => match self.log.read_by_time(ts).await {
-                Ok(Some((offset, found_ts))) => (errors::NONE, found_ts, offset.get()),
+                Ok(Some((offset, found_ts))) => {
+                    let exact = self.first_record_at(offset, ts).await;
+                    let (ts, offset) = exact.unwrap_or((found_ts, offset.get()));
+                    (errors::NONE, ts, offset)
+                }
                 Ok(None) => (errors::NONE, -1, -1),
                 Err(e) => (storage_error_code(&e), -1, -1),
             },
         }
+    }
+
+    /// Within the batch at `batch_offset` (found by the time index), the first record whose
+    /// timestamp is >= `ts`, as (its timestamp, its offset): Kafka answers ListOffsets by
+    /// time with that exact record, not the batch. `None` if the batch cannot be read.
+    async fn first_record_at(&self, batch_offset: Offset, ts: i64) -> Option<(i64, i64)> {
+        let read = self
+            .log
+            .read(batch_offset, 1, self.high_watermark.get())
+            .await
+            .ok()?;
+        let batch = read.batches.into_iter().next()?;
+        let (header, records) =
+            wire::batch::batch_records(&batch, DECOMPRESSED_BATCH_MAX_BYTES).ok()?;
+        if header.attributes().timestamp_type() == wire::batch::TimestampType::LogAppendTime {
+            return Some((header.max_timestamp(), header.base_offset().get()));
+        }
+        for record in records {
+            let record = record.ok()?;
+            let record_ts = header
+                .base_timestamp()
+                .saturating_add(record.timestamp_delta);
+            let offset = header.base_offset().get() + i64::from(record.offset_delta);
+            if record_ts >= ts && offset >= batch_offset.get() {
+                return Some((record_ts, offset));
+            }
+        }
+        None
     }
 
     /// DeleteRecords: -1 means "up to the HW". Returns (error, new low watermark).

@@ -313,6 +313,23 @@ fn list_offsets_and_delete_records() {
         "nothing that new"
     );
     assert_eq!(list_offset(&mut c, "lo", 0, -3).2, 3_000, "max timestamp");
+    // Records with their own timestamps inside one batch: the exact record is found.
+    let mixed = wire::batch::BatchBuilder {
+        records: [4_000i64, 5_000, 6_000]
+            .iter()
+            .map(|t| wire::batch::NewRecord::value(*t, Bytes::from_static(b"m")))
+            .collect(),
+        ..Default::default()
+    }
+    .build()
+    .expect("batch");
+    assert_eq!(produce(&mut c, "lo", 0, 1, mixed), (0, 15));
+    assert_eq!(
+        list_offset(&mut c, "lo", 0, 4_500),
+        (0, 16, 5_000),
+        "the record, not its batch"
+    );
+    assert_eq!(list_offset(&mut c, "lo", 0, 6_000), (0, 17, 6_000));
 
     let req = DeleteRecordsRequest::default()
         .with_timeout_ms(5000)
@@ -344,12 +361,12 @@ fn list_offsets_and_delete_records() {
     );
     assert_eq!(
         list_offset(&mut c, "lo", 0, -1).1,
-        15,
+        18,
         "every acknowledged record survives"
     );
     let (err, hw, records, _) = fetch(&mut c, "lo", 0, 5, 0);
-    assert_eq!((err, hw), (0, 15));
-    assert_eq!(wire::batch::split_batches(&records).count(), 2);
+    assert_eq!((err, hw), (0, 18));
+    assert_eq!(wire::batch::split_batches(&records).count(), 3);
 }
 
 #[test]
