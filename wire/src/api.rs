@@ -16,7 +16,14 @@
 //! - Fetch stops at 12: v13+ names topics by id (UUID) instead of by name, which would need a
 //!   topic-id map on every fetch. Produce stops at 9 (v10 adds only leader hints, v12 changes
 //!   transaction semantics, v13 uses topic ids).
-//! - Lower bounds follow the `kafka-protocol` crate, which does not decode versions Kafka 4
+//! - Produce starts at v0 although weir stores only record batch v2: librdkafka < 2.11
+//!   (Debian's 2.0.2) compresses with gzip, snappy or lz4 only if the broker's Produce range
+//!   overlaps v0..v0 (rdkafka_msgset_writer.c; zstd needs v0..v7). Measured: with Produce
+//!   3..9, kcat -z gzip/snappy/lz4 sent uncompressed batches. Produce v0–v2 requests are
+//!   parsed by [`crate::produce`] and answered by its hand-written response encoder
+//!   (kafka-protocol handles only v3+); their message format v0/v1 batches are refused per
+//!   partition.
+//! - Other lower bounds follow the `kafka-protocol` crate, which does not decode versions Kafka 4
 //!   removed (e.g. OffsetCommit < 2, CreateTopics < 2); all client minimums above still fit.
 //! - ApiVersions stops at 3; a client asking for 4 gets the KIP-511 fallback (v0 answer with
 //!   UNSUPPORTED_VERSION and this table), see [`api_versions_fallback`].
@@ -101,7 +108,7 @@ const NEVER: i16 = -1;
 
 /// Every API weir knows, sorted by key.
 pub const API_TABLE: &[ApiEntry] = &[
-    entry(PRODUCE, "Produce", 3, 9, 9),
+    entry(PRODUCE, "Produce", 0, 9, 9),
     entry(FETCH, "Fetch", 4, 12, 12),
     entry(LIST_OFFSETS, "ListOffsets", 1, 6, 6),
     entry(METADATA, "Metadata", 0, 12, 9),
@@ -227,6 +234,9 @@ mod tests {
     #[test]
     fn librdkafka_2_0_2_features_are_enabled() {
         let needs: &[(i16, i16, i16)] = &[
+            // rdkafka_msgset_writer.c: gzip/snappy/lz4 need Produce 0..0, zstd 0..7.
+            (PRODUCE, 0, 0),
+            (PRODUCE, 0, 7),
             (PRODUCE, 3, 3),
             (FETCH, 4, 4),
             (PRODUCE, 7, 7),
@@ -265,6 +275,7 @@ mod tests {
         let keys: Vec<i16> = resp.api_keys.iter().map(|a| a.api_key).collect();
         assert_eq!(keys, vec![PRODUCE, API_VERSIONS]);
         assert_eq!(resp.api_keys[0].max_version, 9);
+        assert_eq!(resp.api_keys[0].min_version, 0);
         let fallback = api_versions_fallback(|_| true);
         assert_eq!(fallback.error_code, ERROR_UNSUPPORTED_VERSION);
         assert_eq!(fallback.api_keys.len(), API_TABLE.len());

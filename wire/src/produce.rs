@@ -1,10 +1,10 @@
 //! The Produce request, hand-parsed for the hot path: every partition's records stay a
 //! `Bytes` slice of the request buffer (no copy), ready to validate in place and append.
 //!
-//! Layout, v3–v8 (classic encodings) and v9+ (flexible: compact lengths, tagged fields):
+//! Layout, v0–v8 (classic encodings) and v9 (flexible: compact lengths, tagged fields):
 //!
 //! ```text
-//! transactional_id  nullable string
+//! transactional_id  nullable string                          v3+
 //! acks              int16
 //! timeout_ms        int32
 //! topic_data        array of
@@ -16,11 +16,17 @@
 //!   [tagged fields]     v9+
 //! [tagged fields]       v9+
 //! ```
+//!
+//! The Produce response is hand-written too ([`encode_produce_response`]): kafka-protocol
+//! does not encode v0–v2, which weir advertises only because librdkafka < 2.11 compresses
+//! with gzip/snappy/lz4 only if the broker's Produce range includes v0 (see [`crate::api`]).
+//! Those old versions carry message format v0/v1, which weir does not store: the broker
+//! answers them per partition with an error, but it does answer.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::codec::{Reader, put_array_len, put_bytes_len, put_nullable_string, put_string};
-use crate::{WireError, api};
+use crate::{WireError, api, frame};
 
 /// Smallest encoded topic entry: name length + partition array length (classic 2 + 4,
 /// flexible 1 + 1 + tagged 1).
@@ -77,7 +83,11 @@ impl ProduceRequestView {
         }
         let flexible = api::is_flexible(api::PRODUCE, version);
         let mut r = Reader::over(body);
-        let transactional_id = r.nullable_string("transactional_id", flexible)?;
+        let transactional_id = if version >= 3 {
+            r.nullable_string("transactional_id", flexible)?
+        } else {
+            None
+        };
         let acks = r.i16("acks")?;
         let timeout_ms = r.i32("timeout_ms")?;
         let topics = parse_topics(&mut r, flexible)?;
@@ -102,7 +112,9 @@ impl ProduceRequestView {
     /// are copied into the output.
     pub fn encode_body(&self, out: &mut BytesMut) {
         let flexible = api::is_flexible(api::PRODUCE, self.version);
-        put_nullable_string(out, self.transactional_id.as_deref(), flexible);
+        if self.version >= 3 {
+            put_nullable_string(out, self.transactional_id.as_deref(), flexible);
+        }
         out.put_i16(self.acks);
         out.put_i32(self.timeout_ms);
         put_array_len(out, self.topics.len(), flexible);
@@ -166,6 +178,122 @@ fn parse_partitions(
     Ok(partitions)
 }
 
+/// One partition's result in a Produce response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducePartitionResponse {
+    pub index: i32,
+    pub error_code: i16,
+    /// Offset of the first record appended, or -1.
+    pub base_offset: i64,
+    /// v2+: the append time if the topic uses LogAppendTime, else -1.
+    pub log_append_time_ms: i64,
+    /// v5+: the partition's log start offset.
+    pub log_start_offset: i64,
+    /// v8+: batches that failed (batch index, message).
+    pub record_errors: Vec<(i32, Option<Bytes>)>,
+    /// v8+: a message for the error code.
+    pub error_message: Option<Bytes>,
+}
+
+impl Default for ProducePartitionResponse {
+    fn default() -> Self {
+        ProducePartitionResponse {
+            index: 0,
+            error_code: 0,
+            base_offset: -1,
+            log_append_time_ms: -1,
+            log_start_offset: -1,
+            record_errors: Vec::new(),
+            error_message: None,
+        }
+    }
+}
+
+/// One topic's results.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProduceTopicResponse {
+    pub name: Bytes,
+    pub partitions: Vec<ProducePartitionResponse>,
+}
+
+/// A Produce response.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProduceResponseParts {
+    pub topics: Vec<ProduceTopicResponse>,
+    /// v1+.
+    pub throttle_time_ms: i32,
+}
+
+/// Encodes a whole Produce response frame (size prefix, response header, body) at
+/// `version`, for every version weir advertises (v0–v9). Fields a version lacks are left
+/// out, as Kafka does.
+pub fn encode_produce_response(
+    correlation_id: i32,
+    version: i16,
+    parts: &ProduceResponseParts,
+) -> Result<Bytes, WireError> {
+    if !api::is_supported(api::PRODUCE, version) {
+        return Err(WireError::UnsupportedVersion {
+            api_key: api::PRODUCE,
+            api_version: version,
+        });
+    }
+    let flexible = api::is_flexible(api::PRODUCE, version);
+    let mut out = BytesMut::with_capacity(64 + 48 * parts.topics.len());
+    let start = frame::begin_frame(&mut out);
+    frame::encode_response_header(correlation_id, i16::from(flexible), &mut out);
+    put_array_len(&mut out, parts.topics.len(), flexible);
+    for topic in &parts.topics {
+        put_string(&mut out, &topic.name, flexible);
+        put_array_len(&mut out, topic.partitions.len(), flexible);
+        for p in &topic.partitions {
+            encode_partition_response(&mut out, p, version, flexible);
+        }
+        if flexible {
+            out.put_u8(0);
+        }
+    }
+    if version >= 1 {
+        out.put_i32(parts.throttle_time_ms);
+    }
+    if flexible {
+        out.put_u8(0);
+    }
+    frame::finish_frame(&mut out, start)?;
+    Ok(out.freeze())
+}
+
+fn encode_partition_response(
+    out: &mut BytesMut,
+    p: &ProducePartitionResponse,
+    version: i16,
+    flexible: bool,
+) {
+    out.put_i32(p.index);
+    out.put_i16(p.error_code);
+    out.put_i64(p.base_offset);
+    if version >= 2 {
+        out.put_i64(p.log_append_time_ms);
+    }
+    if version >= 5 {
+        out.put_i64(p.log_start_offset);
+    }
+    if version >= 8 {
+        put_array_len(out, p.record_errors.len(), flexible);
+        for (batch_index, message) in &p.record_errors {
+            out.put_i32(*batch_index);
+            put_nullable_string(out, message.as_deref(), flexible);
+            if flexible {
+                out.put_u8(0);
+            }
+        }
+        put_nullable_string(out, p.error_message.as_deref(), flexible);
+    }
+    if flexible {
+        out.put_u8(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,7 +301,8 @@ mod tests {
     fn sample(version: i16) -> ProduceRequestView {
         ProduceRequestView {
             version,
-            transactional_id: (version % 2 == 0).then(|| Bytes::from_static(b"tx-1")),
+            transactional_id: (version >= 3 && version % 2 == 0)
+                .then(|| Bytes::from_static(b"tx-1")),
             acks: -1,
             timeout_ms: 30_000,
             topics: vec![ProduceTopic {
@@ -194,7 +323,7 @@ mod tests {
 
     #[test]
     fn roundtrips_every_version_and_records_are_zero_copy() {
-        for version in 3..=9 {
+        for version in 0..=9 {
             let view = sample(version);
             let mut out = BytesMut::new();
             view.encode_body(&mut out);
@@ -215,7 +344,7 @@ mod tests {
 
     #[test]
     fn truncation_anywhere_is_an_error() {
-        for version in [3, 9] {
+        for version in [0, 3, 9] {
             let mut out = BytesMut::new();
             sample(version).encode_body(&mut out);
             let body = out.freeze();
@@ -223,6 +352,34 @@ mod tests {
                 assert!(ProduceRequestView::parse(&body.slice(..cut), version).is_err());
             }
         }
+    }
+
+    #[test]
+    fn produce_response_v0_is_exact() {
+        let parts = ProduceResponseParts {
+            topics: vec![ProduceTopicResponse {
+                name: Bytes::from_static(b"t"),
+                partitions: vec![ProducePartitionResponse {
+                    index: 2,
+                    error_code: 43,
+                    ..ProducePartitionResponse::default()
+                }],
+            }],
+            throttle_time_ms: 5,
+        };
+        let v0 = encode_produce_response(7, 0, &parts).expect("encodes");
+        let expected: &[u8] = &[
+            0, 0, 0, 29, // size
+            0, 0, 0, 7, // correlation id
+            0, 0, 0, 1, 0, 1, b't', // one topic "t"
+            0, 0, 0, 1, 0, 0, 0, 2, 0, 43, // one partition: index 2, error 43
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // base offset -1
+        ];
+        assert_eq!(&v0[..], expected);
+        let v1 = encode_produce_response(7, 1, &parts).expect("encodes");
+        assert_eq!(&v1[v1.len() - 4..], &5i32.to_be_bytes());
+        let v2 = encode_produce_response(7, 2, &parts).expect("encodes");
+        assert_eq!(v2.len(), v1.len() + 8);
     }
 
     #[test]
