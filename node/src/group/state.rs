@@ -768,11 +768,11 @@ impl Group {
     /// Removes a member (left, expired); the others rebalance.
     fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits) {
         self.drop_member(id);
-        match self.state {
-            State::Stable | State::CompletingRebalance => self.prepare_rebalance(now_ms, limits),
-            State::PreparingRebalance => self.try_complete_join(now_ms),
-            State::Empty | State::Dead => {}
+        if matches!(self.state, State::Stable | State::CompletingRebalance) {
+            self.prepare_rebalance(now_ms, limits);
         }
+        // The last member gone: the group is empty at once, not at the next tick.
+        self.try_complete_join(now_ms);
     }
 
     /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
