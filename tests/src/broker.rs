@@ -128,6 +128,12 @@ impl Weir {
         rss_kib_of(pid)
     }
 
+    /// Peak virtual size of the broker so far (`VmPeak`), in KiB.
+    pub fn vm_peak_kib(&self) -> Result<u64> {
+        let pid = self.pid().ok_or_else(|| anyhow!("weir is not running"))?;
+        proc_status_kib(pid, "VmPeak")
+    }
+
     /// Everything the broker printed so far (this run and earlier runs on this data dir).
     pub fn log_text(&self) -> String {
         let mut lines = self.past_log.clone();
@@ -393,15 +399,21 @@ fn thread_states(pid: u32) -> String {
 
 /// `VmRSS` of a process, in KiB.
 pub fn rss_kib_of(pid: u32) -> Result<u64> {
+    proc_status_kib(pid, "VmRSS")
+}
+
+/// A `/proc/PID/status` field in KiB: `VmRSS` (resident), `VmPeak` (largest virtual
+/// size so far: catches a big allocation even if its pages were never touched).
+pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))?;
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
+        .ok_or_else(|| anyhow!("no {field} in /proc/{pid}/status"))?;
     let kib = line
         .split_whitespace()
         .nth(1)
-        .ok_or_else(|| anyhow!("bad VmRSS line {line:?}"))?;
+        .ok_or_else(|| anyhow!("bad {field} line {line:?}"))?;
     Ok(kib.parse()?)
 }
 

@@ -247,32 +247,43 @@ fn http_request(weir: &Weir) -> Result<()> {
 }
 
 fn size_2_gib(weir: &Weir) -> Result<()> {
-    let rss_before = weir.rss_kib()?;
+    let before = memory(weir)?;
     expect_closed_after(weir, &0x8000_0000u32.to_be_bytes())?;
-    check_no_big_allocation(weir, rss_before)
+    check_no_big_allocation(weir, before)
 }
 
 fn size_2_gib_minus_1(weir: &Weir) -> Result<()> {
-    let rss_before = weir.rss_kib()?;
+    let before = memory(weir)?;
     let mut b = BytesMut::new();
     b.put_u32(0x7fff_ffff);
     b.put_slice(&[0u8; 1000]);
     expect_closed_after(weir, &b)?;
-    check_no_big_allocation(weir, rss_before)
+    check_no_big_allocation(weir, before)
 }
 
 fn negative_size(weir: &Weir) -> Result<()> {
     expect_closed_after(weir, &(-5i32).to_be_bytes())
 }
 
-/// A huge size prefix must be refused before allocating: RSS grows by well under it.
-fn check_no_big_allocation(weir: &Weir, rss_before_kib: u64) -> Result<()> {
-    let after = weir.rss_kib()?;
+/// A huge size prefix must be refused before allocating: neither RSS nor the peak
+/// virtual size (an untouched allocation shows only there) grows by anything like it.
+fn check_no_big_allocation(weir: &Weir, before: (u64, u64)) -> Result<()> {
+    let (rss, peak) = (weir.rss_kib()?, weir.vm_peak_kib()?);
     ensure!(
-        after < rss_before_kib + 256 * 1024,
-        "RSS grew from {rss_before_kib} KiB to {after} KiB"
+        rss < before.0 + 256 * 1024,
+        "RSS grew from {} KiB to {rss} KiB",
+        before.0
+    );
+    ensure!(
+        peak < before.1 + 1024 * 1024,
+        "VmPeak grew from {} KiB to {peak} KiB",
+        before.1
     );
     Ok(())
+}
+
+fn memory(weir: &Weir) -> Result<(u64, u64)> {
+    Ok((weir.rss_kib()?, weir.vm_peak_kib()?))
 }
 
 fn truncated_frame(weir: &Weir) -> Result<()> {
