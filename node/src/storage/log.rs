@@ -321,7 +321,7 @@ impl Log {
             metas.push(meta);
         }
         let blob = records.freeze();
-        let info = self.record_append(&mut st, &batches, &metas, blob, now_ms);
+        let info = self.record_append(&mut st, &batches, &metas, blob, now_ms)?;
         let st = &*st;
         let must_sync = st.config.flush_on_ack
             || st.unflushed_records >= st.config.flush_interval_messages
@@ -343,13 +343,18 @@ impl Log {
         metas: &[BatchMeta],
         blob: Bytes,
         now_ms: i64,
-    ) -> AppendInfo {
+    ) -> Result<AppendInfo> {
         let interval = st.config.index_interval_bytes;
         let first = st.log_end;
         let mut records = 0u64;
+
         let segment_base = {
+            // roll() ran before offsets were assigned, so there is an active segment.
             let Some(active) = st.segments.values_mut().next_back() else {
-                unreachable!("roll() always leaves an active segment");
+                return Err(StorageError::Failed {
+                    path: self.dir.clone(),
+                    reason: "no active segment".into(),
+                });
             };
             for meta in metas {
                 active.record_batch(meta, interval, now_ms);
@@ -373,14 +378,14 @@ impl Log {
             bytes: blob,
             next_offset: next,
         });
-        AppendInfo {
+        Ok(AppendInfo {
             first_offset: first,
             last_offset: next.add(-1),
             log_append_time_ms: None,
             log_start_offset: st.log_start,
             batches: metas.len() as u32,
             bytes,
-        }
+        })
     }
 
     /// Waits until every offset below `next` is written to disk, doing the writing itself

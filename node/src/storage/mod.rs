@@ -50,6 +50,7 @@ pub mod testing;
 mod writer;
 
 pub use atomic::write_atomic;
+pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
 pub use config::LogConfig;
 pub use error::{Result, StorageError};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};

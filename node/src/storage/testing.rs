@@ -43,7 +43,7 @@ pub fn build_batch(base_ts_ms: i64, values: &[&[u8]]) -> BytesMut {
 
 /// A batch of `records` records whose total size is close to `batch_bytes`.
 pub fn batch_of_size(base_ts_ms: i64, records: usize, batch_bytes: usize) -> BytesMut {
-    let per = (batch_bytes.saturating_sub(BATCH_HEADER_SIZE) / records.max(1)).saturating_sub(8);
+    let per = (batch_bytes.saturating_sub(BATCH_HEADER_SIZE) / records.max(1)).saturating_sub(10);
     let value = vec![0xabu8; per.max(1)];
     let values: Vec<&[u8]> = (0..records.max(1)).map(|_| &value[..]).collect();
     build_batch(base_ts_ms, &values)

@@ -175,3 +175,60 @@ fn chunks_len_after<'a>(rest: &(impl Iterator<Item = &'a [u8]> + Clone)) -> usiz
 pub fn align_up(v: u64, align: u64) -> u64 {
     v.div_ceil(align) * align
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::testing::run_on_shard;
+
+    #[test]
+    fn partial_blocks_are_carried_padded_with_zeros_and_trimmed_on_finish() {
+        let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        let (on_disk, padded_len, end) = run_on_shard({
+            let (root, path) = (dir.path().to_path_buf(), path.clone());
+            move || async move {
+                crate::storage::prime_dma_probe(&root).await.unwrap();
+                let file = create_log_file(&path).await.unwrap();
+                let mut w = SegmentWriter::resume(file.clone(), &path, 0).await.unwrap();
+                // 3 unaligned chunks, then one more write that must keep the first bytes.
+                let a = Bytes::from(vec![1u8; 1000]);
+                let b = Bytes::from(vec![2u8; 5000]);
+                assert_eq!(w.write(&[a, b]).await.unwrap(), 1);
+                w.write(&[Bytes::from(vec![3u8; 100])]).await.unwrap();
+                let padded = file.file_size().await.unwrap();
+                let end = w.end();
+                w.finish().await.unwrap();
+                (std::fs::read(&path).unwrap(), padded, end)
+            }
+        });
+        assert_eq!(end, 6100);
+        assert_eq!(padded_len % 512, 0, "O_DIRECT writes whole blocks");
+        assert!(padded_len >= 6100);
+        assert_eq!(on_disk.len(), 6100, "finish trims the padding");
+        assert!(on_disk[..1000].iter().all(|&x| x == 1));
+        assert!(on_disk[1000..6000].iter().all(|&x| x == 2));
+        assert!(on_disk[6000..].iter().all(|&x| x == 3));
+    }
+
+    #[test]
+    fn resume_continues_an_unaligned_file() {
+        let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+        let path = dir.path().join("00000000000000000005.log");
+        std::fs::write(&path, vec![7u8; 4097]).unwrap();
+        let on_disk = run_on_shard({
+            let (root, path) = (dir.path().to_path_buf(), path.clone());
+            move || async move {
+                crate::storage::prime_dma_probe(&root).await.unwrap();
+                let file = open_log_file(&path).await.unwrap();
+                let mut w = SegmentWriter::resume(file, &path, 4097).await.unwrap();
+                w.write(&[Bytes::from(vec![8u8; 10])]).await.unwrap();
+                w.finish().await.unwrap();
+                std::fs::read(&path).unwrap()
+            }
+        });
+        assert_eq!(on_disk.len(), 4107);
+        assert!(on_disk[..4097].iter().all(|&x| x == 7));
+        assert!(on_disk[4097..].iter().all(|&x| x == 8));
+    }
+}
