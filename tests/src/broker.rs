@@ -88,6 +88,11 @@ impl Weir {
         Weir::start(WeirConfig::default())
     }
 
+    /// The config used by the next [`restart`](Self::restart) (e.g. another shard count).
+    pub fn config_mut(&mut self) -> &mut WeirConfig {
+        &mut self.config
+    }
+
     /// The data dir (it outlives restarts).
     pub fn data_dir(&self) -> &Path {
         self.data_dir.path()

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -373,6 +373,20 @@ pub fn create_topics(
         }
     }
     Ok(())
+}
+
+/// A topic config value as DescribeConfigs reports it.
+pub fn topic_config(bootstrap: &str, topic: &str, key: &str) -> Result<Option<String>> {
+    let admin = admin(bootstrap)?;
+    let resource = ResourceSpecifier::Topic(topic);
+    let results =
+        futures_lite::future::block_on(admin.describe_configs([&resource], &admin_opts()))
+            .context("DescribeConfigs")?;
+    let Some(first) = results.into_iter().next() else {
+        bail!("DescribeConfigs: no result for {topic}")
+    };
+    let config = first.map_err(|e| anyhow!("DescribeConfigs {topic}: {e}"))?;
+    Ok(config.get(key).and_then(|e| e.value.clone()))
 }
 
 /// Partition count of `topic` per broker metadata, waiting (bounded) until it appears.

@@ -162,8 +162,8 @@ fn sigkill_mid_load_keeps_every_acknowledged_record() -> Result<()> {
     restart_mid_load(true)
 }
 
-/// A clean stop and start twice in a row with nothing in flight: everything survives,
-/// including topic metadata (partition count) and configs.
+/// A clean stop and start three times with nothing in flight, the last time with a
+/// different shard count: records, partition counts and topic configs all survive.
 #[test]
 fn topics_and_records_survive_repeated_clean_restarts() -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(2))?;
@@ -180,10 +180,17 @@ fn topics_and_records_survive_repeated_clean_restarts() -> Result<()> {
     let acked = log.acked();
     ensure!(acked.len() == records.len());
     let started = Instant::now();
-    for round in 0..2 {
+    // Round 2 restarts with one shard instead of two: partitions change owners.
+    for (round, shards) in [(0, 2), (1, 2), (2, 1)] {
         let status = weir.terminate()?;
         ensure!(status.success(), "round {round}: exit {status}");
+        weir.config_mut().shards = Some(shards);
         weir.restart()?;
+        let retention = clients::topic_config(&weir.bootstrap(), "persist", "retention.ms")?;
+        ensure!(
+            retention.as_deref() == Some("86400000"),
+            "round {round}: retention.ms {retention:?}"
+        );
         ensure!(clients::partition_count(&weir.bootstrap(), "persist")? == 3);
         let got = clients::consume_to_end(&weir.bootstrap(), "persist", &[0, 1, 2])?;
         ensure!(
@@ -194,7 +201,7 @@ fn topics_and_records_survive_repeated_clean_restarts() -> Result<()> {
         clients::verify(&records, &acked, &got)?;
     }
     if started.elapsed() > Duration::from_secs(120) {
-        bail!("two restarts took {:?}", started.elapsed());
+        bail!("three restarts took {:?}", started.elapsed());
     }
     Ok(())
 }
