@@ -385,6 +385,7 @@ impl Shard {
             "log.flush.interval.messages",
             "log.flush.interval.ms",
             "log.roll.ms",
+            "producer.id.expiration.ms",
         ] {
             if let Some(v) = self.config().props.get(key) {
                 m.insert(key.to_string(), v.to_string());
