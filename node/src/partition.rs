@@ -52,7 +52,8 @@ impl FetchOutcome {
         self.batches.iter().map(Bytes::len).sum()
     }
 
-    fn error(error: i16) -> FetchOutcome {
+    /// The outcome of a read that could not run (`error` is a Kafka error code).
+    pub fn refused(error: i16) -> FetchOutcome {
         FetchOutcome {
             error,
             high_watermark: -1,
@@ -265,7 +266,7 @@ impl Partition {
             }
             Err(e) => {
                 tracing::warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
-                FetchOutcome::error(storage_error_code(&e))
+                FetchOutcome::refused(storage_error_code(&e))
             }
         }
     }

@@ -34,6 +34,14 @@ pub const MESH_QUEUE_CAPACITY: usize = 1024;
 /// Partition logs one shard opens at the same time (startup, topic creation).
 const OPEN_CONCURRENCY_MAX: usize = 32;
 
+/// One partition read of a Fetch.
+#[derive(Debug, Clone)]
+pub struct FetchRead {
+    pub tp: TopicPartition,
+    pub offset: i64,
+    pub max_bytes: usize,
+}
+
 /// A partition key: topic name and index.
 pub type TopicPartition = (Arc<str>, i32);
 
@@ -44,10 +52,9 @@ pub enum Op {
         tp: TopicPartition,
         records: BytesMut,
     },
+    /// Reads of several partitions owned by the same shard, in one message.
     Fetch {
-        tp: TopicPartition,
-        offset: i64,
-        max_bytes: usize,
+        reads: Vec<FetchRead>,
     },
     /// Completes when any of `tps` has a high watermark above the given offset (at once
     /// if one already has), or after `timeout_ms`.
@@ -73,7 +80,8 @@ pub enum Op {
 #[derive(Debug)]
 pub enum Reply {
     Produce(ProduceOutcome),
-    Fetch(FetchOutcome),
+    /// One outcome per read, in order.
+    Fetch(Vec<FetchOutcome>),
     Waited,
     ListOffset {
         error: i16,
@@ -229,14 +237,7 @@ impl Shard {
                 Ok(p) => Reply::Produce(p.produce(records, now_ms()).await),
                 Err(code) => Reply::Refused(code),
             },
-            Op::Fetch {
-                tp,
-                offset,
-                max_bytes,
-            } => match self.partition(&tp).await {
-                Ok(p) => Reply::Fetch(p.fetch(offset, max_bytes).await),
-                Err(code) => Reply::Refused(code),
-            },
+            Op::Fetch { reads } => Reply::Fetch(self.fetch_many(reads).await),
             Op::Wait { tps, timeout_ms } => {
                 self.wait_for_append(&tps, timeout_ms).await;
                 Reply::Waited
@@ -271,6 +272,19 @@ impl Shard {
                 Reply::Group(Box::new(groups.exec(self, *call).await))
             }
         }
+    }
+
+    /// Reads several local partitions concurrently (each may wait on the disk).
+    async fn fetch_many(&self, reads: Vec<FetchRead>) -> Vec<FetchOutcome> {
+        let one = |r: FetchRead| {
+            Box::pin(async move {
+                match self.partition(&r.tp).await {
+                    Ok(p) => p.fetch(r.offset, r.max_bytes).await,
+                    Err(code) => FetchOutcome::refused(code),
+                }
+            })
+        };
+        join_all(reads.into_iter().map(one).collect()).await
     }
 
     /// Waits until one of the local partitions in `tps` is appended to, or the timeout.

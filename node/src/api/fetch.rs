@@ -20,7 +20,7 @@ use crate::event::Event;
 use crate::partition::FetchOutcome;
 use crate::proto::{self, Request};
 use crate::router::ShardId;
-use crate::shard::{Op, Reply, Shard, TopicPartition};
+use crate::shard::{FetchRead, Op, Reply, Shard, TopicPartition};
 
 /// Longest long poll weir honours, whatever the client asks.
 const MAX_WAIT_MS_CAP: u64 = 300_000;
@@ -77,28 +77,56 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> FetchResponseParts {
 /// Reads all partitions concurrently; the response budget `max_bytes` is then applied in
 /// request order (the first non-empty partition is always kept whole, as Kafka does).
 async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted], max_bytes: usize) -> Vec<FetchOutcome> {
-    let tasks: Vec<_> = wanted
-        .iter()
-        .map(|w| {
+    // One message per owning shard, carrying all its partitions.
+    let mut by_owner: BTreeMap<ShardId, Vec<(usize, FetchRead)>> = BTreeMap::new();
+    for (i, w) in wanted.iter().enumerate() {
+        let read = FetchRead {
+            tp: w.tp.clone(),
+            offset: w.offset,
+            max_bytes: w.max_bytes.min(max_bytes.max(1)),
+        };
+        let owner = shard.router.owner(&w.tp.0, w.tp.1);
+        by_owner.entry(owner).or_default().push((i, read));
+    }
+    let tasks: Vec<_> = by_owner
+        .into_values()
+        .map(|group| {
             let s = shard.clone();
-            let op = Op::Fetch {
-                tp: w.tp.clone(),
-                offset: w.offset,
-                max_bytes: w.max_bytes.min(max_bytes.max(1)),
-            };
-            let tp = w.tp.clone();
-            glommio::spawn_local(async move { s.call_owner(&tp, op).await })
+            let (slots, reads): (Vec<usize>, Vec<FetchRead>) = group.into_iter().unzip();
+            let owner = s.router.owner(&reads[0].tp.0, reads[0].tp.1);
+            let task =
+                glommio::spawn_local(async move { s.call(owner, Op::Fetch { reads }).await });
+            (slots, task)
         })
         .collect();
-    let mut outcomes = Vec::with_capacity(tasks.len());
+    let mut outcomes: Vec<FetchOutcome> = wanted
+        .iter()
+        .map(|_| FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR))
+        .collect();
+    for (slots, task) in tasks {
+        match task.await {
+            Reply::Fetch(got) if got.len() == slots.len() => {
+                for (slot, o) in slots.into_iter().zip(got) {
+                    outcomes[slot] = o;
+                }
+            }
+            Reply::Refused(code) => slots
+                .into_iter()
+                .for_each(|slot| outcomes[slot] = FetchOutcome::refused(code)),
+            _ => {}
+        }
+    }
+    apply_budget(&mut outcomes, max_bytes);
+    outcomes
+}
+
+/// The response budget `max_bytes`, in request order: a partition whose data would exceed
+/// it is answered empty, except that the first non-empty partition is always kept whole
+/// (as Kafka does, so a batch larger than the budget still makes progress).
+fn apply_budget(outcomes: &mut [FetchOutcome], max_bytes: usize) {
     let mut budget = max_bytes;
     let mut first = true;
-    for t in tasks {
-        let mut o = match t.await {
-            Reply::Fetch(o) => o,
-            Reply::Refused(code) => refused(code),
-            _ => refused(errors::UNKNOWN_SERVER_ERROR),
-        };
+    for o in outcomes.iter_mut() {
         let size = o.bytes();
         if size > budget && !(first && size > 0) {
             o.batches.clear();
@@ -106,18 +134,6 @@ async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted], max_bytes: usize) -> Vec
             budget = budget.saturating_sub(size);
             first &= size == 0;
         }
-        outcomes.push(o);
-    }
-    outcomes
-}
-
-fn refused(error: i16) -> FetchOutcome {
-    FetchOutcome {
-        error,
-        high_watermark: -1,
-        last_stable_offset: -1,
-        log_start_offset: -1,
-        batches: Vec::new(),
     }
 }
 

@@ -12,17 +12,20 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use kafka_protocol::messages::ProduceResponse;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use wire::WireError;
-use wire::produce::ProduceRequestView;
+use wire::produce::{
+    ProducePartitionResponse, ProduceRequestView, ProduceResponseParts, ProduceTopicResponse,
+};
 
-use super::{Response, topic_name};
+use super::Response;
 use crate::errors;
 use crate::metadata::Catalog;
 use crate::partition::ProduceOutcome;
-use crate::proto::{self, Request};
+use crate::proto::Request;
 use crate::shard::{Op, Reply, Shard};
+
+/// The first Produce version that carries record batches v2 (the only format stored).
+const FIRST_V2_FORMAT_VERSION: i16 = 3;
 
 /// In-sync replicas of every partition on a single node.
 const ISR_SIZE: i32 = 1;
@@ -37,20 +40,23 @@ struct Part {
 
 /// Handles a Produce request; `Ok(None)` for acks=0.
 pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireError> {
-    let (acks, parts) = {
+    let (acks, mut parts) = {
         let view = ProduceRequestView::parse(&req.body, req.version)?;
         (view.acks, plan(shard, &view, &req.body))
     };
-    let header = Request {
-        body: Bytes::new(),
-        ..req
-    };
+    if req.version < FIRST_V2_FORMAT_VERSION {
+        // v0–v2 carry message format v0/v1, which weir does not store (they are
+        // advertised only for old librdkafka's feature detection): refused per partition.
+        for p in &mut parts {
+            p.records = Err(errors::UNSUPPORTED_FOR_MESSAGE_FORMAT);
+        }
+    }
     let records = split_records(req.body, &parts);
     let resp = respond(shard, parts, records).await;
     if acks == 0 {
         return Ok(None);
     }
-    let frame = proto::encode_response(&header, &resp)?;
+    let frame = wire::produce::encode_produce_response(req.correlation_id, req.version, &resp)?;
     Ok(Some(vec![frame]))
 }
 
@@ -145,7 +151,7 @@ async fn respond(
     shard: &Rc<Shard>,
     parts: Vec<Part>,
     records: Vec<Option<BytesMut>>,
-) -> ProduceResponse {
+) -> ProduceResponseParts {
     let mut pending = Vec::with_capacity(parts.len());
     for (part, records) in parts.into_iter().zip(records) {
         let task = match (part.records, records) {
@@ -164,7 +170,7 @@ async fn respond(
         };
         pending.push((part.topic, part.index, task));
     }
-    let mut topics: Vec<TopicProduceResponse> = Vec::new();
+    let mut topics: Vec<ProduceTopicResponse> = Vec::new();
     for (name, index, task) in pending {
         let outcome = match task {
             Err(code) => failed(code),
@@ -174,22 +180,26 @@ async fn respond(
                 _ => failed(errors::UNKNOWN_SERVER_ERROR),
             },
         };
-        let p = PartitionProduceResponse::default()
-            .with_index(index)
-            .with_error_code(outcome.error)
-            .with_base_offset(outcome.base_offset)
-            .with_log_append_time_ms(outcome.log_append_time_ms)
-            .with_log_start_offset(outcome.log_start_offset);
+        let p = ProducePartitionResponse {
+            index,
+            error_code: outcome.error,
+            base_offset: outcome.base_offset,
+            log_append_time_ms: outcome.log_append_time_ms,
+            log_start_offset: outcome.log_start_offset,
+            ..Default::default()
+        };
         match topics.last_mut() {
-            Some(t) if t.name.0.as_str() == &*name => t.partition_responses.push(p),
-            _ => topics.push(
-                TopicProduceResponse::default()
-                    .with_name(topic_name(&name))
-                    .with_partition_responses(vec![p]),
-            ),
+            Some(t) if t.name.as_ref() == name.as_bytes() => t.partitions.push(p),
+            _ => topics.push(ProduceTopicResponse {
+                name: Bytes::copy_from_slice(name.as_bytes()),
+                partitions: vec![p],
+            }),
         }
     }
-    ProduceResponse::default().with_responses(topics)
+    ProduceResponseParts {
+        topics,
+        ..Default::default()
+    }
 }
 
 fn failed(error: i16) -> ProduceOutcome {
