@@ -281,7 +281,6 @@ fn verify_acks_all_loses_nothing_acknowledged_across_sigkill() {
 
 /// With idempotence nothing acknowledged is lost and nothing is duplicated.
 #[test]
-#[ignore = "needs the broker's idempotent producer support (InitProducerId + sequence dedup)"]
 fn verify_idempotent_exactly_once_across_sigkill() {
     let v = verify_under_sigkill(&["--idempotent"]);
     assert!(v["faults_injected"].as_u64().unwrap() >= 2, "{v}");
