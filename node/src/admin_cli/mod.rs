@@ -95,7 +95,7 @@ pub fn list(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     }
     let mut groups: Vec<_> = resp.groups.iter().collect();
     groups.sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
-    writeln!(out, "{:<40} {:<20} {}", "GROUP", "STATE", "PROTOCOL-TYPE")?;
+    writeln!(out, "{:<40} {:<20} PROTOCOL-TYPE", "GROUP", "STATE")?;
     for g in groups {
         let id = g.group_id.as_str();
         writeln!(
@@ -263,15 +263,8 @@ pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::R
     )?;
     writeln!(
         out,
-        "{:<30} {:>9} {:>14} {:>14} {:>8}  {:<45} {:<16} {}",
-        "TOPIC",
-        "PARTITION",
-        "CURRENT-OFFSET",
-        "LOG-END-OFFSET",
-        "LAG",
-        "MEMBER-ID",
-        "HOST",
-        "CLIENT-ID"
+        "{:<30} {:>9} {:>14} {:>14} {:>8}  {:<45} {:<16} CLIENT-ID",
+        "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "MEMBER-ID", "HOST"
     )?;
     let dash = |s: &str| {
         if s.is_empty() {

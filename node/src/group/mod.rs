@@ -16,6 +16,7 @@ pub mod codes;
 pub mod schema;
 pub mod state;
 
+mod compact;
 mod store;
 
 use std::cell::{Cell, RefCell};
@@ -61,6 +62,12 @@ pub struct Settings {
     pub retention_check_ms: i64,
     /// `offset.metadata.max.bytes`.
     pub metadata_max_bytes: usize,
+    /// `log.cleaner.backoff.ms`: how often partitions are checked for compaction.
+    pub compaction_backoff_ms: i64,
+    /// `offsets.compaction.min.records` (weir's own key): a partition is compacted once
+    /// its log holds at least this many records and at least half of them are dead
+    /// (Kafka's default `min.cleanable.dirty.ratio`).
+    pub compaction_min_records: i64,
     /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
     pub session_min_ms: i32,
     pub session_max_ms: i32,
@@ -82,6 +89,8 @@ impl Settings {
             retention_ms: num("offsets.retention.minutes", 10_080).max(1) * 60_000,
             retention_check_ms: num("offsets.retention.check.interval.ms", 600_000).max(1),
             metadata_max_bytes: num("offset.metadata.max.bytes", 4096).max(0) as usize,
+            compaction_backoff_ms: num("log.cleaner.backoff.ms", 15_000).max(100),
+            compaction_min_records: num("offsets.compaction.min.records", 10_000).max(1),
             session_min_ms: num("group.min.session.timeout.ms", 6_000) as i32,
             session_max_ms: num("group.max.session.timeout.ms", 1_800_000) as i32,
             limits: Limits {
@@ -204,6 +213,17 @@ pub struct Coordinators {
     ticker_started: Cell<bool>,
     /// How many partitions `__consumer_offsets` has (from the catalogue, at load).
     topic_partitions: Cell<i32>,
+    /// Appends to `__consumer_offsets` issued and not yet applied (see `compact`).
+    writes_in_flight: Cell<u32>,
+}
+
+/// Counts a write as in flight while alive.
+struct Writing<'a>(&'a Cell<u32>);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 impl Coordinators {
@@ -364,6 +384,7 @@ impl Coordinators {
             };
             writes.push(((topic.clone(), *partition), value));
         }
+        let writing = self.writing();
         if let Err(code) = store::write_offsets(part, &a.group, &writes).await {
             let per = per
                 .iter()
@@ -375,6 +396,9 @@ impl Coordinators {
             .entry(a.group.clone())
             .or_insert_with(|| Group::new(&a.group, now));
         g.offsets.extend(writes);
+        // Applied in the same poll as the append completed: compaction (which waits for
+        // no write in flight) never snapshots between the two.
+        drop(writing);
         GroupReply::Codes(codes::NONE, per)
     }
 
@@ -476,6 +500,7 @@ impl Coordinators {
             Some(g) if g.state != State::Empty => return codes::NON_EMPTY_GROUP,
             Some(g) => g.offsets.keys().cloned().collect::<Vec<_>>(),
         };
+        let _writing = self.writing();
         if let Err(code) = store::tombstones(part, group, &keys, true).await {
             return code;
         }
@@ -513,6 +538,7 @@ impl Coordinators {
             .filter(|(_, c)| **c == codes::NONE)
             .map(|(k, _)| k.clone())
             .collect();
+        let _writing = self.writing();
         if let Err(code) = store::tombstones(part, group, &doomed, false).await {
             return GroupReply::Codes(code, Vec::new());
         }
@@ -536,6 +562,7 @@ impl Coordinators {
             }
             g.to_value()
         };
+        let _writing = self.writing();
         if let Err(code) = store::write_group(part, group, &value).await {
             tracing::warn!(group, "cannot store group metadata: error {code}");
         }
@@ -584,14 +611,20 @@ impl Coordinators {
         Ok(part)
     }
 
-    /// Starts this shard's timer task once: sessions, rebalance deadlines, retention.
+    fn writing(&self) -> Writing<'_> {
+        self.writes_in_flight.set(self.writes_in_flight.get() + 1);
+        Writing(&self.writes_in_flight)
+    }
+
+    /// Starts this shard's timer task once: sessions, rebalance deadlines, retention,
+    /// compaction.
     fn start_ticker(self: &Rc<Self>, settings: Settings) {
         if self.ticker_started.replace(true) {
             return;
         }
         let me = self.clone();
         glommio::spawn_local(async move {
-            let mut last_retention = now_ms();
+            let (mut last_retention, mut last_compaction) = (now_ms(), now_ms());
             loop {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 let now = now_ms();
@@ -599,6 +632,10 @@ impl Coordinators {
                 if now - last_retention >= settings.retention_check_ms {
                     last_retention = now;
                     me.expire_offsets(now, &settings).await;
+                }
+                if now - last_compaction >= settings.compaction_backoff_ms {
+                    last_compaction = now;
+                    me.compact_due(&settings).await;
                 }
             }
         })
@@ -624,6 +661,7 @@ impl Coordinators {
             let Some(value) = value else {
                 continue;
             };
+            let _writing = self.writing();
             if let Err(code) = store::write_group(&part, &group, &value).await {
                 tracing::warn!(group, "cannot store group metadata: error {code}");
             }
@@ -654,6 +692,7 @@ impl Coordinators {
             let Some(part) = self.partition_of(&group) else {
                 continue;
             };
+            let _writing = self.writing();
             if store::tombstones(&part, &group, &keys, all_gone)
                 .await
                 .is_err()

@@ -122,7 +122,11 @@ fn two_members_join_sync_and_leave() {
     assert_eq!((ra.generation, ra.members.len()), (3, 1));
     take(&sync(&mut g, &a, 3, vec![])).expect("synced");
     assert_eq!(g.leave(&a, None, 70, &LIMITS), codes::NONE);
-    assert_eq!(g.state, State::Empty, "the last member leaving empties the group at once");
+    assert_eq!(
+        g.state,
+        State::Empty,
+        "the last member leaving empties the group at once"
+    );
     assert_eq!(g.generation, 4);
 }
 
