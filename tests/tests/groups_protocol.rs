@@ -551,3 +551,68 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
     ensure!(fenced == FENCED_INSTANCE_ID, "old id fenced: {fenced}");
     Ok(())
 }
+
+/// Log start offset of each `__consumer_offsets` partition (ListOffsets earliest).
+fn offsets_topic_starts(c: &mut RawConn) -> Result<Vec<i64>> {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let parts = (0..4)
+        .map(|p| {
+            ListOffsetsPartition::default()
+                .with_partition_index(p)
+                .with_timestamp(-2)
+        })
+        .collect();
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s("__consumer_offsets")))
+                .with_partitions(parts),
+        ]);
+    let resp: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 1, &req)?;
+    Ok(resp
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.offset))
+        .collect())
+}
+
+/// Many commits to one key: the coordinator rewrites the partition's live state and moves
+/// its log start, so replay after a crash stays short and still finds the last commit.
+#[test]
+fn offsets_partitions_are_compacted_and_replay_after_sigkill() -> Result<()> {
+    let config = weir_tests::WeirConfig::shards(2)
+        .set("offsets.topic.num.partitions", 4)
+        .set("offsets.compaction.min.records", 200)
+        .set("log.cleaner.backoff.ms", 300);
+    let mut weir = Weir::start(config)?;
+    clients::create_topics(&weir.bootstrap(), &[TOPIC], 1, &[])?;
+    let mut c = RawConn::connect(weir.addr())?;
+    for i in 0..1000 {
+        ensure!(commit(&mut c, 8, "busy", -1, "", i)? == NONE, "commit {i}");
+    }
+    let mut starts = Vec::new();
+    for _ in 0..50 {
+        starts = offsets_topic_starts(&mut c)?;
+        if starts.iter().any(|s| *s > 0) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        starts.iter().any(|s| *s >= 200),
+        "no partition compacted: log starts {starts:?}"
+    );
+    weir.kill()?;
+    weir.restart()?;
+    let mut c = RawConn::connect(weir.addr())?;
+    ensure!(
+        fetch(&mut c, 8, "busy")? == 999,
+        "last commit replayed after compaction"
+    );
+    ensure!(
+        offsets_topic_starts(&mut c)? == starts,
+        "log start persisted"
+    );
+    Ok(())
+}
