@@ -616,3 +616,34 @@ fn offsets_partitions_are_compacted_and_replay_after_sigkill() -> Result<()> {
     );
     Ok(())
 }
+
+/// Measurement, not a check: synchronous OffsetCommit round trips on one connection
+/// (each waits for its `__consumer_offsets` append). Prints `MEASURE` lines.
+/// `cargo test --release -p weir-tests --test groups_protocol measure -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement"]
+fn measure_commit_latency() -> Result<()> {
+    let (_weir, mut c) = start()?;
+    let n = 5000;
+    let mut lat = Vec::with_capacity(n);
+    let started = std::time::Instant::now();
+    for i in 0..n {
+        let t = std::time::Instant::now();
+        ensure!(
+            commit(&mut c, 8, "measured", -1, "", i as i64)? == NONE,
+            "commit"
+        );
+        lat.push(t.elapsed());
+    }
+    let total = started.elapsed();
+    lat.sort();
+    let pct = |q: f64| lat[((n as f64 * q) as usize).min(n - 1)];
+    println!(
+        "MEASURE offset_commit_sync n={n} per_s={:.0} p50_us={} p99_us={} max_us={}",
+        n as f64 / total.as_secs_f64(),
+        pct(0.5).as_micros(),
+        pct(0.99).as_micros(),
+        lat[n - 1].as_micros()
+    );
+    Ok(())
+}
