@@ -104,7 +104,8 @@ pub async fn dispatch(
 }
 
 /// Topic configs of `__consumer_offsets`: kept forever (no time or size retention: the
-/// coordinator deletes with tombstones), marked compact like Kafka's, small tail cache.
+/// coordinator deletes with tombstones), marked compact like Kafka's, small tail cache,
+/// no preallocation (little traffic; 50 partitions would otherwise reserve ~1 GiB).
 fn offsets_topic_configs(s: &Settings) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("cleanup.policy".to_string(), "compact".to_string()),
@@ -112,6 +113,7 @@ fn offsets_topic_configs(s: &Settings) -> BTreeMap<String, String> {
         ("retention.ms".to_string(), "-1".to_string()),
         ("retention.bytes".to_string(), "-1".to_string()),
         ("log.tail.cache.bytes".to_string(), "65536".to_string()),
+        ("preallocate".to_string(), "false".to_string()),
     ])
 }
 
