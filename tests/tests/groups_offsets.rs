@@ -172,3 +172,53 @@ fn describe_shows_lag_while_producer_runs_ahead() -> Result<()> {
     );
     Ok(())
 }
+
+/// Offsets retention (`offsets.retention.minutes`, 1 minute here): the offsets of a group
+/// that became empty are gone a minute later, and the group with them; a live group keeps
+/// its offsets. Takes over a minute: `cargo test -p weir-tests --test groups_offsets --
+/// --ignored`.
+#[test]
+#[ignore = "runs for over a minute (offsets.retention.minutes is whole minutes)"]
+fn offsets_of_empty_groups_expire() -> Result<()> {
+    let config = weir_tests::WeirConfig::shards(2)
+        .set("group.min.session.timeout.ms", 1000)
+        .set("group.initial.rebalance.delay.ms", 0)
+        .set("offsets.topic.num.partitions", 4)
+        .set("offsets.retention.minutes", 1)
+        .set("offsets.retention.check.interval.ms", 500);
+    let weir = weir_tests::Weir::start(config)?;
+    let bootstrap = weir.bootstrap();
+    let topic = "retained";
+    clients::create_topics(&bootstrap, &[topic], 1, &[])?;
+    let (producer, _log) = clients::producer(&bootstrap, "all", "none", &[])?;
+    clients::produce_all(
+        &producer,
+        topic,
+        &clients::make_records(0, 10, "r", clients::now_ms()),
+        None,
+    )?;
+    consume_some(&bootstrap, "gone", topic, 10)?;
+    let live = Member::start(&bootstrap, "kept", topic, "range", "keeper")?;
+    wait_until("kept consumed", Duration::from_secs(30), || {
+        Ok(live.seen().processed.len() >= 10)
+    })?;
+    let (_, rows) = describe(&weir, "gone")?;
+    ensure!(
+        rows.first().and_then(|r| r.committed) == Some(10),
+        "committed before expiry: {rows:?}"
+    );
+    let waited = wait_until("expiry", Duration::from_secs(90), || {
+        let (head, rows) = describe(&weir, "gone")?;
+        Ok(head.contains("STATE Dead") && rows.is_empty())
+    })?;
+    ensure!(
+        waited >= Duration::from_secs(50),
+        "expired after {waited:?}, before the retention"
+    );
+    let (head, rows) = describe(&weir, "kept")?;
+    ensure!(
+        head.contains("STATE Stable") && rows.first().and_then(|r| r.committed) == Some(10),
+        "{head} {rows:?}"
+    );
+    Ok(())
+}
