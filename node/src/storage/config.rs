@@ -34,6 +34,11 @@ pub struct LogConfig {
     /// `log.message.timestamp.type` / `message.timestamp.type`: `CreateTime` keeps the
     /// producer's timestamps, `LogAppendTime` stamps each batch with the append time.
     pub message_timestamp_type: TimestampType,
+    /// `log.preallocate` / `preallocate`: reserve blocks ahead of the writes (fallocate,
+    /// keeping the file size), growing with the segment, at most 64 MiB ahead. Kafka's
+    /// default is false; weir's is true, because with O_DIRECT a write that has to
+    /// allocate blocks waits for the allocation (see docs/PERFORMANCE.md "storage").
+    pub preallocate: bool,
     /// `log.tail.cache.bytes` (weir's own key): recently appended batches kept in memory
     /// so that fetches of the tail never touch the disk.
     pub tail_cache_bytes: u64,
@@ -51,6 +56,7 @@ impl Default for LogConfig {
             flush_interval_ms: i64::MAX,
             flush_on_ack: false,
             message_timestamp_type: TimestampType::CreateTime,
+            preallocate: true,
             tail_cache_bytes: 4 << 20,
         }
     }
@@ -108,6 +114,7 @@ impl LogConfig {
                     _ => return Err(bad(key, value, "must be CreateTime or LogAppendTime")),
                 }
             }
+            "preallocate" => self.preallocate = parse(key, value)?,
             "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
             _ => return Ok(false),
         }

@@ -519,15 +519,24 @@ impl Log {
                 .and_then(|s| s.file.clone().map(|f| (f, s.written)))
         };
         if let Some((file, written)) = existing {
-            return SegmentWriter::resume(file, &path, written).await;
+            let mut writer = SegmentWriter::resume(file, &path, written).await?;
+            writer.set_preallocation(self.preallocation());
+            return Ok(writer);
         }
         let file = super::writer::create_log_file(&path).await?;
         super::atomic::sync_dir(&self.dir)?;
-        let writer = SegmentWriter::resume(file.clone(), &path, 0).await?;
+        let mut writer = SegmentWriter::resume(file.clone(), &path, 0).await?;
+        writer.set_preallocation(self.preallocation());
         if let Some(seg) = self.state.borrow_mut().segments.get_mut(&base) {
             seg.file = Some(file);
         }
         Ok(writer)
+    }
+
+    /// The preallocation limit for segment writers (`log.preallocate`).
+    pub(super) fn preallocation(&self) -> Option<u64> {
+        let st = self.state.borrow();
+        st.config.preallocate.then_some(st.config.segment_bytes)
     }
 
     /// Which segment a writer writes (matched by file identity).

@@ -95,7 +95,8 @@ impl Log {
             };
             (file, active.written, active.path("log"))
         };
-        let writer = SegmentWriter::resume(file, &path, written).await?;
+        let mut writer = SegmentWriter::resume(file, &path, written).await?;
+        writer.set_preallocation(self.preallocation());
         self.writer.set(Some(writer));
         Ok(())
     }

@@ -32,6 +32,11 @@ pub struct SegmentWriter {
     /// Bytes of the partial last block (shorter than `align`).
     tail: Vec<u8>,
     align: u64,
+    /// Blocks are reserved up to here (fallocate, file size unchanged).
+    prealloc_to: u64,
+    /// Reserve blocks ahead of the writes, never past this (the segment size); `None`
+    /// disables (`log.preallocate=false`).
+    prealloc_limit: Option<u64>,
 }
 
 /// Opens an existing `.log` file for reading and writing with O_DIRECT.
@@ -55,6 +60,11 @@ async fn open_with(path: &Path, create: bool) -> Result<Rc<DmaFile>> {
         .map_err(|e| StorageError::glommio("open", path, e))?;
     Ok(Rc::new(file))
 }
+
+/// Preallocation starts once a segment holds this much (small partitions cost nothing).
+const PREALLOC_FROM_BYTES: u64 = 1 << 20;
+/// Preallocation runs at most this far ahead of the end of the data.
+const PREALLOC_AHEAD_MAX: u64 = 64 << 20;
 
 impl SegmentWriter {
     /// A writer that continues the file at `size` (reads back the partial last block).
@@ -83,7 +93,40 @@ impl SegmentWriter {
             block_pos,
             tail,
             align,
+            prealloc_to: 0,
+            prealloc_limit: None,
         })
+    }
+
+    /// Reserves blocks ahead of the writes, up to `limit` bytes, so that O_DIRECT writes
+    /// do not wait for block allocation (ext4 makes allocating direct writes synchronous).
+    /// The reservation grows with the segment (as much as it already holds, at most
+    /// 64 MiB ahead), so idle partitions reserve nothing.
+    pub fn set_preallocation(&mut self, limit: Option<u64>) {
+        self.prealloc_limit = limit;
+    }
+
+    async fn maybe_preallocate(&mut self) {
+        let Some(limit) = self.prealloc_limit else {
+            return;
+        };
+        let end = self.end();
+        let ahead = end.min(PREALLOC_AHEAD_MAX);
+        if end < PREALLOC_FROM_BYTES || end + ahead / 2 <= self.prealloc_to {
+            return;
+        }
+        let target = (end + ahead).min(limit);
+        if target <= self.prealloc_to {
+            return;
+        }
+        match self.file.pre_allocate(target, true).await {
+            Ok(()) => self.prealloc_to = target,
+            Err(e) => {
+                // Best effort: without it writes still work, just slower.
+                tracing::debug!(segment = %self.path.display(), error = %e, "preallocation failed");
+                self.prealloc_limit = None;
+            }
+        }
     }
 
     /// The logical end of the file: where the next byte goes.
@@ -119,6 +162,7 @@ impl SegmentWriter {
             }
             dst[filled..].fill(0);
             self.write_block_run(buf, filled).await?;
+            self.maybe_preallocate().await;
             writes += 1;
             if current.is_empty() {
                 current = source.next().unwrap_or(&[]);
@@ -230,5 +274,39 @@ mod tests {
         assert_eq!(on_disk.len(), 4107);
         assert!(on_disk[..4097].iter().all(|&x| x == 7));
         assert!(on_disk[4097..].iter().all(|&x| x == 8));
+    }
+
+    #[test]
+    fn preallocation_reserves_blocks_ahead_without_changing_the_size() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        let reserved = run_on_shard({
+            let (root, path) = (dir.path().to_path_buf(), path.clone());
+            move || async move {
+                crate::storage::prime_dma_probe(&root).await.unwrap();
+                let file = create_log_file(&path).await.unwrap();
+                let mut w = SegmentWriter::resume(file, &path, 0).await.unwrap();
+                w.set_preallocation(Some(64 << 20));
+                w.write(&[Bytes::from(vec![9u8; 3 << 20])]).await.unwrap();
+                let meta = std::fs::metadata(&path).unwrap();
+                w.finish().await.unwrap();
+                (meta.len(), meta.blocks() * 512)
+            }
+        });
+        assert_eq!(
+            reserved.0,
+            3 << 20,
+            "the file size is the data, not the reservation"
+        );
+        assert!(reserved.1 >= 6 << 20, "blocks reserved ahead: {reserved:?}");
+        // finish trims the reservation with the padding.
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 3 << 20);
+        assert!(meta.blocks() * 512 >= 3 << 20);
+        assert!(
+            meta.blocks() * 512 < (3 << 20) + (1 << 20),
+            "reservation freed by finish"
+        );
     }
 }
