@@ -532,10 +532,19 @@ impl Producer {
             };
             return w.write_all(&bytes).context("writing produce request");
         }
-        let Some(w) = link.writer.as_mut() else {
-            anyhow::bail!("no connection");
+        let written = match link.writer.as_mut() {
+            Some(w) => w.write_all(&bytes).context("writing produce request"),
+            None => Err(anyhow::anyhow!("no connection")),
         };
-        w.write_all(&bytes).context("writing produce request")?;
+        if let Err(e) = written {
+            // acks=0 never retries: these records are given up on, and say so.
+            for b in &batches {
+                self.sink.failed(b.partition, &b.ids());
+                self.stats.failed += b.records.len() as u64;
+                self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
+            }
+            return Err(e);
+        }
         // acks=0: "acknowledged" when the bytes are handed to the kernel.
         let now = self.clock.now_ns();
         for b in &batches {
