@@ -162,10 +162,7 @@ fn owners(
 }
 
 /// Fetches everything `describe` prints: (state, protocol, member count, rows).
-pub fn describe_rows(
-    bootstrap: &str,
-    group: &str,
-) -> anyhow::Result<(String, String, usize, Vec<Row>)> {
+pub fn describe_rows(bootstrap: &str, group: &str) -> anyhow::Result<GroupView> {
     let mut c = Client::connect(bootstrap)?;
     let mut req = DescribeGroupsRequest::default();
     req.groups = vec![GroupId(group.to_string().into())];
@@ -209,13 +206,63 @@ pub fn describe_rows(
             .copied()
             .unwrap_or(-1);
     }
-    let state = g.group_state.to_string();
-    Ok((
-        state,
-        g.protocol_data.to_string(),
-        g.members.len(),
-        rows.into_values().collect(),
-    ))
+    let members = g
+        .members
+        .iter()
+        .map(|m| {
+            let mine = owners.iter().filter(|(_, o)| o.0 == m.member_id.as_str());
+            MemberView {
+                member_id: m.member_id.to_string(),
+                instance_id: m.group_instance_id.as_ref().map(|i| i.to_string()),
+                client_id: m.client_id.to_string(),
+                host: m.client_host.to_string(),
+                assignment: mine.map(|((t, p), _)| (t.clone(), *p)).collect(),
+            }
+        })
+        .collect();
+    Ok(GroupView {
+        state: g.group_state.to_string(),
+        protocol: g.protocol_data.to_string(),
+        members,
+        rows: rows.into_values().collect(),
+    })
+}
+
+/// One member as `describe` shows it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub host: String,
+    /// (topic, partition) pairs assigned to it (consumer protocol).
+    pub assignment: Vec<(String, i32)>,
+}
+
+/// Everything `describe` prints.
+#[derive(Debug, Default, Clone)]
+pub struct GroupView {
+    pub state: String,
+    pub protocol: String,
+    pub members: Vec<MemberView>,
+    pub rows: Vec<Row>,
+}
+
+/// `topic:0,1 other:3` from (topic, partition) pairs in order.
+fn assignment_text(pairs: &[(String, i32)]) -> String {
+    let mut by_topic: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (t, p) in pairs {
+        by_topic.entry(t).or_default().push(p.to_string());
+    }
+    let parts: Vec<String> = by_topic
+        .iter()
+        .map(|(t, ps)| format!("{t}:{}", ps.join(",")))
+        .collect();
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(" ")
+    }
 }
 
 /// ListOffsets latest for every partition in `keys`.
@@ -256,7 +303,8 @@ fn log_ends<'a>(
 
 /// `weir groups describe GROUP`: a header line, then one line per partition.
 pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::Result<()> {
-    let (state, protocol, members, rows) = describe_rows(bootstrap, group)?;
+    let view = describe_rows(bootstrap, group)?;
+    let (state, protocol, members) = (&view.state, &view.protocol, view.members.len());
     writeln!(
         out,
         "GROUP {group} STATE {state} PROTOCOL {protocol} MEMBERS {members}"
@@ -273,7 +321,7 @@ pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::R
             s.to_string()
         }
     };
-    for r in rows {
+    for r in view.rows {
         let committed = if r.committed >= 0 {
             r.committed.to_string()
         } else {
@@ -296,6 +344,25 @@ pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::R
             dash(&r.member),
             dash(&r.host),
             dash(&r.client_id)
+        )?;
+    }
+    // Members, also those without partitions (after a blank line, so row parsers stop).
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<45} {:<20} {:<16} {:<16} ASSIGNMENT",
+        "MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST"
+    )?;
+    for m in &view.members {
+        let instance = m.instance_id.as_deref().unwrap_or("-");
+        writeln!(
+            out,
+            "{:<45} {:<20} {:<16} {:<16} {}",
+            m.member_id,
+            instance,
+            dash(&m.client_id),
+            dash(&m.host),
+            assignment_text(&m.assignment)
         )?;
     }
     Ok(())
