@@ -146,6 +146,13 @@ fn describe_shows_lag_while_producer_runs_ahead() -> Result<()> {
         );
         total += lag;
     }
+    let members = groups_support::describe_members(&weir, group)?;
+    ensure!(
+        members.len() == 1
+            && members[0].contains("dash-1")
+            && members[0].ends_with("metrics:0,1,2"),
+        "member section: {members:?}"
+    );
     let processed = member.seen().processed.len();
     ensure!(
         processed == 600,

@@ -317,16 +317,18 @@ pub struct Row {
     pub client_id: Option<String>,
 }
 
-/// Runs `weir groups describe GROUP` against the node and parses it: (header, rows).
-pub fn describe(weir: &Weir, group: &str) -> Result<(String, Vec<Row>)> {
+/// The text `weir groups describe GROUP` prints.
+pub fn describe_text(weir: &Weir, group: &str) -> Result<String> {
+    let bootstrap = weir.bootstrap();
+    let args = [
+        "groups",
+        "--bootstrap-server",
+        &bootstrap,
+        "describe",
+        group,
+    ];
     let out = Command::new(weir_tests::broker::weir_binary()?)
-        .args([
-            "groups",
-            "--bootstrap-server",
-            &weir.bootstrap(),
-            "describe",
-            group,
-        ])
+        .args(args)
         .output()
         .context("run weir groups describe")?;
     if !out.status.success() {
@@ -335,13 +337,26 @@ pub fn describe(weir: &Weir, group: &str) -> Result<(String, Vec<Row>)> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let text = String::from_utf8(out.stdout)?;
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The member lines of `weir groups describe` (after the partition table).
+pub fn describe_members(weir: &Weir, group: &str) -> Result<Vec<String>> {
+    let text = describe_text(weir, group)?;
+    let section = text.split("\n\n").nth(1).unwrap_or_default();
+    Ok(section.lines().skip(1).map(str::to_string).collect())
+}
+
+/// Runs `weir groups describe GROUP` against the node and parses it: (header, rows).
+pub fn describe(weir: &Weir, group: &str) -> Result<(String, Vec<Row>)> {
+    let text = describe_text(weir, group)?;
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default().to_string();
     let opt = |s: &str| (s != "-").then(|| s.to_string());
     let num = |s: &str| s.parse::<i64>().ok();
     let rows = lines
         .skip(1)
+        .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             (f.len() == 8).then(|| Row {
