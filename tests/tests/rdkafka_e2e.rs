@@ -73,32 +73,32 @@ fn produce_consume_200k_records_every_codec_acks_all() -> Result<()> {
         "keys reached only partitions {per_partition:?}"
     );
     check_metadata_and_watermarks(&weir, &per_partition)?;
-    check_offsets_for_times(&bootstrap, TOPIC, PARTITIONS, &sent, &acked, false)?;
+    check_offsets_for_times(&bootstrap, TOPIC, PARTITIONS, &sent, &acked, true)?;
 
     // The codecs really reached the log (librdkafka silently sends uncompressed batches
-    // when it believes the broker lacks a codec). LZ4: see the ignored test below.
+    // when it believes the broker lacks a codec).
     let status = weir.terminate()?;
     ensure!(status.success(), "SIGTERM exit status {status}");
     let codecs = disk::batches_by_codec(weir.data_dir(), TOPIC)?;
-    for (codec, name) in [(0, "none"), (1, "gzip"), (2, "snappy"), (4, "zstd")] {
+    for (codec, name) in [
+        (0, "none"),
+        (1, "gzip"),
+        (2, "snappy"),
+        (3, "lz4"),
+        (4, "zstd"),
+    ] {
         ensure!(
             codecs.get(&codec).is_some_and(|n| *n > 0),
             "no {name} batch on disk: {codecs:?}"
-        );
-    }
-    if !codecs.contains_key(&3) {
-        eprintln!(
-            "note: librdkafka sent its lz4 records uncompressed (batches by codec {codecs:?})"
         );
     }
     Ok(())
 }
 
 /// librdkafka compresses with LZ4 only for a broker that advertises FindCoordinator
-/// (its proxy for "supports LZ4"); otherwise it quietly sends uncompressed batches.
+/// (its proxy for "supports LZ4"); otherwise it quietly sends uncompressed batches. Every
+/// batch on disk must be LZ4.
 #[test]
-#[ignore = "weir does not advertise FindCoordinator yet (consumer groups), so librdkafka \
-            sends lz4 batches uncompressed; run with --ignored to check"]
 fn librdkafka_sends_lz4_compressed_batches() -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(1))?;
     let bootstrap = weir.bootstrap();
@@ -116,9 +116,9 @@ fn librdkafka_sends_lz4_compressed_batches() -> Result<()> {
     Ok(())
 }
 
-/// LZ4 batches (written by a raw client, since librdkafka will not send them to weir
-/// yet) are stored as sent and served to a librdkafka consumer, which checks their CRCs
-/// and decompresses them.
+/// LZ4 batches written by a raw client (kafka-protocol's LZ4 frames, not librdkafka's)
+/// are stored as sent and served to a librdkafka consumer, which checks their CRCs and
+/// decompresses them.
 #[test]
 fn lz4_batches_are_stored_and_served() -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(2))?;
@@ -289,8 +289,6 @@ fn check_offsets_for_times(
 /// Kafka's exact ListOffsets-by-time answer (the first *record* at or after the time),
 /// probed inside large uncompressed and compressed batches of one partition.
 #[test]
-#[ignore = "weir answers ListOffsets by time with the base offset of the batch (storage \
-            read_by_time), Kafka with the exact record; run with --ignored to check"]
 fn offsets_for_times_answers_the_exact_record() -> Result<()> {
     let weir = Weir::start(WeirConfig::shards(1))?;
     let bootstrap = weir.bootstrap();
