@@ -189,3 +189,69 @@ fn cooperative_sticky_rebalances_incrementally() -> Result<()> {
     );
     Ok(())
 }
+
+/// Static membership (KIP-345): a member with `group.instance.id` that restarts within its
+/// session timeout gets its partitions back without a rebalance — the other member sees
+/// no revocation — and the restarted instance has a new member id.
+#[test]
+fn static_member_restart_keeps_partitions_without_rebalance() -> Result<()> {
+    let weir = groups_support::start_weir()?;
+    let bootstrap = weir.bootstrap();
+    let (topic, group) = ("inventory", "pickers");
+    clients::create_topics(&bootstrap, &[topic], PARTITIONS, &[])?;
+    let statik = |name: &'static str| -> Result<Member> {
+        Member::start_with(
+            &bootstrap,
+            group,
+            topic,
+            "range",
+            name,
+            &[("group.instance.id", name)],
+        )
+    };
+    // b joins first, so it leads; a is a follower and may come back silently.
+    let b = statik("static-b")?;
+    wait_until("b alone", Duration::from_secs(30), || {
+        Ok(b.assignment().len() == PARTITIONS as usize)
+    })?;
+    let mut a = statik("static-a")?;
+    wait_until("3+3", Duration::from_secs(30), || {
+        Ok(sizes(&[&a, &b]) == [3, 3])
+    })?;
+    let owned = a.assignment();
+    let (_, before) = describe(&weir, group)?;
+    let revocations = b.seen().revoked.len();
+
+    a.leave()?; // a static member's close sends no LeaveGroup
+    let a2 = statik("static-a")?;
+    wait_until("a back", Duration::from_secs(30), || {
+        Ok(a2.assignment() == owned)
+    })?;
+    thread_sleep_ms(1000);
+    ensure!(
+        b.seen().revoked.len() == revocations,
+        "b saw a rebalance: {:?}",
+        b.seen().revoked
+    );
+    ensure!(b.assignment().len() == 3, "b kept its partitions");
+    let (head, after) = describe(&weir, group)?;
+    ensure!(
+        head.contains("STATE Stable") && head.contains("MEMBERS 2"),
+        "{head}"
+    );
+    let id = |rows: &[groups_support::Row], p: i32| {
+        rows.iter()
+            .find(|r| r.partition == p)
+            .and_then(|r| r.member.clone())
+    };
+    let p = *owned.iter().next().unwrap_or(&0);
+    ensure!(
+        id(&before, p) != id(&after, p),
+        "the restarted instance has a new member id"
+    );
+    Ok(())
+}
+
+fn thread_sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}

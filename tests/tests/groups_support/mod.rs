@@ -87,6 +87,18 @@ impl Member {
         strategy: &str,
         name: &str,
     ) -> Result<Member> {
+        Member::start_with(bootstrap, group, topic, strategy, name, &[])
+    }
+
+    /// [`Member::start`] with extra client settings (e.g. `group.instance.id`).
+    pub fn start_with(
+        bootstrap: &str,
+        group: &str,
+        topic: &str,
+        strategy: &str,
+        name: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Member> {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut cfg = clients::base_config(bootstrap);
@@ -98,6 +110,9 @@ impl Member {
             .set("heartbeat.interval.ms", "500")
             .set("partition.assignment.strategy", strategy)
             .set("fetch.wait.max.ms", "100");
+        for (k, v) in extra {
+            cfg.set(*k, *v);
+        }
         let consumer: BaseConsumer<Ctx> = cfg
             .create_with_context(Ctx(seen.clone()))
             .context("create member")?;
