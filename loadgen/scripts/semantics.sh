@@ -22,7 +22,11 @@ case_run() {
     port=$(grep -o "listening on [0-9.:]*" "$D/log" | head -1 | awk -F: '{print $NF}')
     cat > "$D/restart.sh" <<EOS
 #!/bin/sh
-kill -9 "\$(cat $D/pid)" 2>/dev/null; sleep 0.3
+# SIGKILL, then wait (bounded) until the process is gone or a zombie (fds closed): with SO_REUSEPORT a new
+# broker could otherwise bind the port next to a dying one and share its data dir.
+P=\$(cat $D/pid); kill -9 "\$P" 2>/dev/null
+for i in \$(seq 1 200); do grep -qs "^State:[[:space:]]*[^Z]" /proc/\$P/status || break; sleep 0.05; done
+sleep 0.2
 $W serve --data-dir $D/data --listen 127.0.0.1:$port --shards 2 >> $D/log 2>&1 &
 echo \$! > $D/pid
 EOS

@@ -205,7 +205,9 @@ fn every_compression_codec_round_trips() {
 fn restart_script(dir: &Path, port: &str) -> PathBuf {
     let script = dir.join("restart.sh");
     let body = format!(
-        "#!/bin/sh\nkill -9 \"$(cat {d}/pid)\" 2>/dev/null\nsleep 0.3\n\
+        "#!/bin/sh\nP=$(cat {d}/pid); kill -9 \"$P\" 2>/dev/null\n\
+         for i in $(seq 1 200); do grep -qs \"^State:[[:space:]]*[^Z]\" /proc/$P/status || break; sleep 0.05; done\n\
+         sleep 0.2\n\
          {w} serve --data-dir {d}/data --listen 127.0.0.1:{port} --shards 1 >> {d}/restarts.log 2>&1 &\n\
          echo $! > {d}/pid\n",
         d = dir.display(),
