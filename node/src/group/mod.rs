@@ -215,6 +215,8 @@ pub struct Coordinators {
     topic_partitions: Cell<i32>,
     /// Appends to `__consumer_offsets` issued and not yet applied (see `compact`).
     writes_in_flight: Cell<u32>,
+    /// Read from the broker config on first use (it does not change while running).
+    settings: std::cell::OnceCell<Settings>,
 }
 
 /// Counts a write as in flight while alive.
@@ -229,7 +231,7 @@ impl Drop for Writing<'_> {
 impl Coordinators {
     /// Runs a group call on this shard (the owner of the call's partition).
     pub async fn exec(self: &Rc<Self>, shard: &Shard, call: GroupCall) -> GroupReply {
-        let settings = Settings::from_shard(shard);
+        let settings = *self.settings.get_or_init(|| Settings::from_shard(shard));
         self.start_ticker(settings);
         if let GroupOp::List = call.op {
             return self.list(shard).await;
