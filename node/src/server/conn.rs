@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -202,41 +203,113 @@ async fn write_responses(
 }
 
 async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pending>) {
-    let mut small = BytesMut::new();
     while let Some(pending) = rx.recv().await {
         let Some(response) = pending.await else { break };
         let Some(chunks) = response else { continue };
-        if chunks.is_empty() || write_chunks(half, &chunks, &mut small).await.is_err() {
+        if chunks.is_empty() || write_chunks(half, &chunks).await.is_err() {
             break;
         }
     }
 }
 
-/// Chunks below this size are gathered into one buffer (one send instead of many);
-/// larger chunks (record data) are sent from their own buffers, uncopied.
-const COALESCE_BELOW_BYTES: usize = 16 * 1024;
+/// Most chunks handed to one `sendmsg` (Linux's IOV_MAX is 1024).
+const IOV_CHUNKS_MAX: usize = 1024;
 
-/// Writes one response. glommio's TCP stream has no vectored write, so small pieces are
-/// coalesced and large ones written in place.
-async fn write_chunks(half: &mut Half, chunks: &[Bytes], small: &mut BytesMut) -> io::Result<()> {
-    for chunk in chunks {
-        if chunk.len() < COALESCE_BELOW_BYTES {
-            small.extend_from_slice(chunk);
-            if small.len() < COALESCE_BELOW_BYTES {
-                continue;
-            }
+/// Writes one response. glommio's TCP stream has no vectored write, so the chunks go out
+/// with one non-blocking `sendmsg` (MSG_DONTWAIT, as glommio's own sends): header pieces
+/// and record slices leave from their own buffers, uncopied, in one system call. Whatever
+/// the socket does not take at once is written through glommio, which waits for the
+/// socket to drain, and then the vectored send is tried again.
+async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
+    let fd = half.0.borrow().as_raw_fd();
+    let (mut index, mut offset) = (0, 0);
+    while index < chunks.len() {
+        let sent = send_now(fd, &chunks[index..], offset)?;
+        (index, offset) = advance(chunks, index, offset, sent);
+        if index == chunks.len() {
+            break;
         }
-        if !small.is_empty() {
-            half.write_all(small).await?;
-            small.clear();
-        }
-        if chunk.len() >= COALESCE_BELOW_BYTES {
-            half.write_all(chunk).await?;
-        }
-    }
-    if !small.is_empty() {
-        half.write_all(small).await?;
-        small.clear();
+        half.write_all(&chunks[index][offset..]).await?;
+        (index, offset) = (index + 1, 0);
     }
     Ok(())
+}
+
+/// Moves the position (`index`, `offset`) in `chunks` forward by `sent` bytes.
+fn advance(
+    chunks: &[Bytes],
+    mut index: usize,
+    mut offset: usize,
+    mut sent: usize,
+) -> (usize, usize) {
+    while index < chunks.len() && sent > 0 {
+        let left = chunks[index].len() - offset;
+        if sent < left {
+            return (index, offset + sent);
+        }
+        sent -= left;
+        (index, offset) = (index + 1, 0);
+    }
+    // Skip empty chunks so the caller never writes a zero-length slice forever.
+    while index < chunks.len() && chunks[index].len() == offset {
+        (index, offset) = (index + 1, 0);
+    }
+    (index, offset)
+}
+
+/// One non-blocking vectored send of `chunks` (the first from `offset`); returns the bytes
+/// the socket took, 0 if it is full.
+fn send_now(fd: RawFd, chunks: &[Bytes], offset: usize) -> io::Result<usize> {
+    let iov: Vec<libc::iovec> = chunks
+        .iter()
+        .take(IOV_CHUNKS_MAX)
+        .enumerate()
+        .map(|(i, c)| {
+            let skip = if i == 0 { offset } else { 0 };
+            libc::iovec {
+                iov_base: c[skip..].as_ptr() as *mut libc::c_void,
+                iov_len: c.len() - skip,
+            }
+        })
+        .collect();
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); we set the iovec array.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    // SAFETY: `msg` points at `iov`, whose entries point into `chunks`; all outlive the
+    // call, and sendmsg only reads them. MSG_DONTWAIT keeps the executor thread from
+    // blocking; MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    let err = io::Error::last_os_error();
+    match err.kind() {
+        io::ErrorKind::WouldBlock => Ok(0),
+        io::ErrorKind::Interrupted => Ok(0),
+        _ => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advance_walks_chunks_and_skips_empty_ones() {
+        let chunks = vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from_static(b"de"),
+        ];
+        assert_eq!(advance(&chunks, 0, 0, 0), (0, 0));
+        assert_eq!(advance(&chunks, 0, 0, 2), (0, 2));
+        assert_eq!(
+            advance(&chunks, 0, 0, 3),
+            (2, 0),
+            "the empty chunk is skipped"
+        );
+        assert_eq!(advance(&chunks, 0, 1, 3), (2, 1));
+        assert_eq!(advance(&chunks, 0, 0, 5), (3, 0));
+    }
 }
