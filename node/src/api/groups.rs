@@ -162,6 +162,23 @@ async fn call_group(shard: &Rc<Shard>, group: &str, op: GroupOp) -> GroupReply {
     call_shard(shard, target, GroupCall { partition, op }).await
 }
 
+/// Calls for a JoinGroup/SyncGroup: while the coordinator answers `Parked`, asks again
+/// (each call holds the coordinator's inbox for at most one slice; see `group::park`).
+async fn call_group_waiting(shard: &Rc<Shard>, group: &str, op: GroupOp) -> GroupReply {
+    let mut reply = call_group(shard, group, op).await;
+    for _ in 0..PARKED_ROUNDS_MAX {
+        let GroupReply::Parked(ticket) = reply else {
+            return reply;
+        };
+        reply = call_group(shard, group, GroupOp::Await { ticket }).await;
+    }
+    GroupReply::Code(codes::REBALANCE_IN_PROGRESS)
+}
+
+/// Bound on re-asks for one parked answer: an hour of one-second slices (longer than
+/// any rebalance timeout a client sends).
+const PARKED_ROUNDS_MAX: u32 = 3600;
+
 async fn call_shard(shard: &Rc<Shard>, target: ShardId, call: GroupCall) -> GroupReply {
     match shard.call(target, Op::Group(Box::new(call))).await {
         Reply::Group(reply) => *reply,
@@ -258,7 +275,7 @@ async fn join_group(
             client_host,
             require_known_member_id: version >= 4,
         };
-        match call_group(shard, &group, GroupOp::Join(args)).await {
+        match call_group_waiting(shard, &group, GroupOp::Join(args)).await {
             GroupReply::Join(r) => r,
             GroupReply::Code(code) => JoinResult::error(code, &req.member_id),
             _ => JoinResult::error(codes::UNKNOWN_SERVER_ERROR, &req.member_id),
@@ -312,7 +329,7 @@ async fn sync_group(shard: &Rc<Shard>, req: SyncGroupRequest, version: i16) -> S
     let r = if group.is_empty() {
         SyncResult::error(codes::INVALID_GROUP_ID)
     } else {
-        match call_group(shard, &group, GroupOp::Sync(args)).await {
+        match call_group_waiting(shard, &group, GroupOp::Sync(args)).await {
             GroupReply::Sync(r) => r,
             GroupReply::Code(code) => SyncResult::error(code),
             _ => SyncResult::error(codes::UNKNOWN_SERVER_ERROR),

@@ -17,6 +17,7 @@ pub mod schema;
 pub mod state;
 
 mod compact;
+mod park;
 mod store;
 
 use std::cell::{Cell, RefCell};
@@ -176,6 +177,10 @@ pub enum GroupOp {
         group: String,
         partitions: Vec<(String, i32)>,
     },
+    /// Asks again for a JoinGroup/SyncGroup answer parked under a ticket (see `park`).
+    Await {
+        ticket: u64,
+    },
 }
 
 /// A [`GroupOp`] addressed to the coordinator of `partition` (ignored for `List`).
@@ -197,6 +202,8 @@ pub enum GroupReply {
     Described(GroupSummary),
     /// (group id, protocol type, state) of every group on the shard.
     Listed(Vec<(String, String, &'static str)>),
+    /// The answer is not there yet: ask again with [`GroupOp::Await`].
+    Parked(u64),
 }
 
 /// Offsets of one group that expired: (group, partitions, whether the whole group goes).
@@ -217,6 +224,9 @@ pub struct Coordinators {
     writes_in_flight: Cell<u32>,
     /// Read from the broker config on first use (it does not change while running).
     settings: std::cell::OnceCell<Settings>,
+    /// JoinGroup/SyncGroup answers still to come, by ticket (see `park`).
+    parked: RefCell<HashMap<u64, (park::Pending, i64)>>,
+    next_ticket: Cell<u64>,
 }
 
 /// Counts a write as in flight while alive.
@@ -267,6 +277,7 @@ impl Coordinators {
             GroupOp::DeleteOffsets { group, partitions } => {
                 self.delete_offsets(part, &group, partitions).await
             }
+            GroupOp::Await { ticket } => self.await_ticket(shard, ticket).await,
             GroupOp::List => GroupReply::Code(codes::INVALID_REQUEST),
         }
     }
@@ -296,14 +307,8 @@ impl Coordinators {
             g.try_complete_join(now);
         }
         self.store_if_dirty(part, &group).await;
-        let answer = futures_lite::future::or(rx.recv(), async {
-            shard.shutdown.listen().await;
-            None
-        });
-        let result = answer
+        self.wait_pending(shard, park::Pending::Join(rx, member))
             .await
-            .unwrap_or_else(|| JoinResult::error(codes::COORDINATOR_NOT_AVAILABLE, &member));
-        GroupReply::Join(result)
     }
 
     async fn sync(&self, shard: &Shard, part: &Partition, a: SyncArgs) -> GroupReply {
@@ -320,14 +325,7 @@ impl Coordinators {
             return GroupReply::Sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
         }
         self.store_if_dirty(part, &group).await;
-        let answer = futures_lite::future::or(rx.recv(), async {
-            shard.shutdown.listen().await;
-            None
-        });
-        let result = answer
-            .await
-            .unwrap_or_else(|| SyncResult::error(codes::COORDINATOR_NOT_AVAILABLE));
-        GroupReply::Sync(result)
+        self.wait_pending(shard, park::Pending::Sync(rx)).await
     }
 
     async fn leave(
@@ -630,6 +628,7 @@ impl Coordinators {
             loop {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 let now = now_ms();
+                me.drop_idle_parked(now);
                 me.tick(now, &settings).await;
                 if now - last_retention >= settings.retention_check_ms {
                     last_retention = now;
