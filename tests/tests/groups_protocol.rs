@@ -480,7 +480,8 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
         let r = join(&mut b, 5, g, None)?;
         Ok((b, r))
     });
-    thread::sleep(Duration::from_millis(500));
+    // (2.5 s: b's JoinGroup stays parked across several one-second coordinator slices.)
+    thread::sleep(Duration::from_millis(2500));
     ensure!(
         heartbeat(&mut a, 4, g, 1, &ma, None)? == REBALANCE_IN_PROGRESS,
         "told to rejoin"
@@ -508,7 +509,7 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
         let r = sync(&mut b, 5, g, 2, &mb, &[])?;
         Ok((b, r))
     });
-    thread::sleep(Duration::from_millis(300));
+    thread::sleep(Duration::from_millis(1500));
     sync(&mut a, 5, g, 2, &ma, &[(&ma, b"A"), (&jb.member_id, b"B")])?;
     let (mut b, sb) = b_sync
         .join()
