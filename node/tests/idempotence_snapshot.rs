@@ -210,3 +210,44 @@ fn reopen_rebuilds_from_shutdown_snapshot_damaged_snapshot_or_whole_log() {
         log.close().await.expect("close");
     });
 }
+
+#[test]
+fn idle_producers_expire_after_producer_id_expiration_ms() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (log, producers) = open(&root.path().join("idem-0")).await;
+        let epoch = LeaderEpoch(0);
+        let first = producers.append(&log, batch(1, 0, 2), epoch, NOW_MS).await;
+        assert!(
+            matches!(first, Ok(ProducerAppend::Appended(_))),
+            "{first:?}"
+        );
+        // Within a day the resend is a duplicate.
+        let hour_later = NOW_MS + 3_600_000;
+        let again = producers
+            .append(&log, batch(1, 0, 2), epoch, hour_later)
+            .await;
+        assert!(
+            matches!(again, Ok(ProducerAppend::Duplicate(_))),
+            "{again:?}"
+        );
+        // Another producer's append a day and a check interval later expires producer 1.
+        let day_later = NOW_MS + 86_400_000 + 600_000;
+        let other = producers
+            .append(&log, batch(2, 0, 1), epoch, day_later)
+            .await;
+        assert!(
+            matches!(other, Ok(ProducerAppend::Appended(_))),
+            "{other:?}"
+        );
+        assert_eq!(producers.counters().producers_expired, 1);
+        assert_eq!(producers.table().len(), 1);
+        // Its window is gone: the old resend is now appended again (as in Kafka).
+        let late = producers
+            .append(&log, batch(1, 0, 2), epoch, day_later)
+            .await;
+        assert!(matches!(late, Ok(ProducerAppend::Appended(_))), "{late:?}");
+        log.close().await.expect("close");
+    });
+}
