@@ -156,6 +156,19 @@ impl PartitionProducers {
     /// Clean shutdown: a snapshot at the log end, so the next open replays nothing.
     pub fn close(&self, log: &Log) {
         self.snapshot(log.dir(), log.log_end_offset());
+        let c = self.counters();
+        if c != ProducerStateCounters::default() {
+            tracing::info!(
+                dir = %log.dir().display(),
+                duplicates_dropped = c.duplicates_dropped,
+                out_of_order_rejections = c.out_of_order_rejections,
+                fenced_requests = c.fenced_requests,
+                unknown_producer_rejections = c.unknown_producer_rejections,
+                producers_expired = c.producers_expired,
+                producers_evicted = c.producers_evicted,
+                "producer state counters"
+            );
+        }
     }
 
     fn expire_if_due(&self, now_ms: i64) {
@@ -207,6 +220,7 @@ fn idempotent_header(records: &[u8]) -> Option<(BatchHeader, usize)> {
 /// the offset to replay from.
 fn load_newest_snapshot(log: &Log, config: ProducerStateConfig) -> (ProducerStateTable, Offset) {
     let dir = log.dir();
+    remove_temp_snapshots(dir);
     let mut offsets = list_snapshots(dir);
     // Each round removes one snapshot from the candidates, so this ends.
     loop {
@@ -273,6 +287,24 @@ fn list_snapshots(dir: &Path) -> Vec<Offset> {
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str().and_then(parse_snapshot_file_name))
         .collect()
+}
+
+/// Removes `*.snapshot.tmp` left by a crash in the middle of an atomic write.
+fn remove_temp_snapshots(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name();
+        let is_temp = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(parse_snapshot_file_name)
+            .is_some();
+        if is_temp && let Err(e) = std::fs::remove_file(entry.path()) {
+            tracing::warn!(path = %entry.path().display(), "cannot delete temp snapshot: {e}");
+        }
+    }
 }
 
 fn remove_snapshot(dir: &Path, offset: Offset) {
