@@ -40,7 +40,9 @@ fn append_run(batch: BytesMut, iters: u64, tasks: u64, cfg: LogConfig) -> (Durat
                 let (log, batch) = (log.clone(), batch.clone());
                 glommio::spawn_local(async move {
                     for _ in 0..per_task {
-                        log.append(batch.clone(), LeaderEpoch(0), 0).await.expect("append");
+                        log.append(batch.clone(), LeaderEpoch(0), 0)
+                            .await
+                            .expect("append");
                     }
                 })
             })
@@ -50,7 +52,11 @@ fn append_run(batch: BytesMut, iters: u64, tasks: u64, cfg: LogConfig) -> (Durat
         }
         let elapsed = start.elapsed();
         let c = log.counters();
-        (elapsed * iters as u32 / (per_task * tasks) as u32, c.appends, c.fdatasyncs)
+        (
+            elapsed * iters as u32 / (per_task * tasks) as u32,
+            c.appends,
+            c.fdatasyncs,
+        )
     });
     drop(dir);
     out
@@ -65,7 +71,9 @@ fn append_throughput(c: &mut Criterion) {
         for tasks in [1u64, 16] {
             let id = BenchmarkId::new(format!("tasks{tasks}"), name);
             g.bench_function(id, |b| {
-                b.iter_custom(|iters| append_run(batch.clone(), iters, tasks, LogConfig::default()).0)
+                b.iter_custom(|iters| {
+                    append_run(batch.clone(), iters, tasks, LogConfig::default()).0
+                })
             });
         }
     }
@@ -102,11 +110,16 @@ fn read_run(iters: u64, cache: bool) -> Duration {
     let out = run_on_shard(move || async move {
         prime_dma_probe(&path).await.expect("probe");
         let cache_bytes = if cache { "64000000" } else { "0" };
-        let cfg = config(&[("log.tail.cache.bytes", cache_bytes), ("segment.bytes", "4194304")]);
+        let cfg = config(&[
+            ("log.tail.cache.bytes", cache_bytes),
+            ("segment.bytes", "4194304"),
+        ]);
         let log = Log::open(path.join("bench-0"), cfg).await.expect("open");
         let batch = batch_of_size(0, 1, 1 << 10);
         for _ in 0..BATCHES {
-            log.append(batch.clone(), LeaderEpoch(0), 0).await.expect("append");
+            log.append(batch.clone(), LeaderEpoch(0), 0)
+                .await
+                .expect("append");
         }
         let end = log.log_end_offset();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -128,8 +141,12 @@ fn read_run(iters: u64, cache: bool) -> Duration {
 fn read_latency(c: &mut Criterion) {
     let mut g = c.benchmark_group("storage_read_by_offset");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
-    g.bench_function("dma_1KiB", |b| b.iter_custom(|iters| read_run(iters, false)));
-    g.bench_function("cache_1KiB", |b| b.iter_custom(|iters| read_run(iters, true)));
+    g.bench_function("dma_1KiB", |b| {
+        b.iter_custom(|iters| read_run(iters, false))
+    });
+    g.bench_function("cache_1KiB", |b| {
+        b.iter_custom(|iters| read_run(iters, true))
+    });
     g.finish();
 }
 

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -122,7 +122,7 @@ async fn check_read(log: &Log, model: &Model, rng: &mut StdRng, seed: u64, step:
 async fn step(
     slot: &mut Option<Log>,
     model: &mut Model,
-    dir: &PathBuf,
+    dir: &Path,
     cfg: &LogConfig,
     rng: &mut StdRng,
     seed: u64,
@@ -194,12 +194,12 @@ async fn step(
         90..=94 => {
             log.close().await.unwrap();
             *slot = None;
-            *slot = Some(Log::open(dir.clone(), cfg.clone()).await.unwrap());
+            *slot = Some(Log::open(dir.to_path_buf(), cfg.clone()).await.unwrap());
         }
         _ => {
             // Crash: drop without closing; everything acknowledged must survive.
             *slot = None;
-            *slot = Some(Log::open(dir.clone(), cfg.clone()).await.unwrap());
+            *slot = Some(Log::open(dir.to_path_buf(), cfg.clone()).await.unwrap());
         }
     }
     let log = slot.as_ref().unwrap();
