@@ -279,3 +279,43 @@ fn garbage_appends_are_errors_not_panics() {
         assert_eq!(log.log_end_offset(), Offset(0));
     });
 }
+
+#[test]
+fn flush_interval_keys_drive_fdatasync() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        // Every 10 records (Kafka's log.flush.interval.messages).
+        let log = Log::open(root.join("t-0"), config(&[("flush.messages", "10")]))
+            .await
+            .unwrap();
+        for i in 0..100 {
+            log.append(batch(i, 1), LeaderEpoch(0), 0).await.unwrap();
+        }
+        assert_eq!(log.counters().fdatasyncs, 10);
+        // Default (never by count or time): no fdatasync until asked.
+        let log = Log::open(root.join("t-1"), LogConfig::default())
+            .await
+            .unwrap();
+        for i in 0..100 {
+            log.append(batch(i, 1), LeaderEpoch(0), 1_000)
+                .await
+                .unwrap();
+        }
+        assert_eq!(log.counters().fdatasyncs, 0);
+        // log.flush.interval.ms: due once the last flush is that old.
+        log.set_config(config(&[("log.flush.interval.ms", "500")]));
+        assert!(log.flush_if_due(1_000).await.unwrap());
+        assert_eq!(log.counters().fdatasyncs, 1);
+        log.append(batch(0, 1), LeaderEpoch(0), 1_100)
+            .await
+            .unwrap();
+        assert!(
+            !log.flush_if_due(1_200).await.unwrap(),
+            "flushed 200 ms ago"
+        );
+        assert!(log.flush_if_due(1_600).await.unwrap());
+        assert_eq!(log.counters().fdatasyncs, 2);
+    });
+}
