@@ -187,6 +187,16 @@ async fn call_shard(shard: &Rc<Shard>, target: ShardId, call: GroupCall) -> Grou
     }
 }
 
+/// Longest group (or instance) id weir stores: `__consumer_offsets` keys hold it as a
+/// Kafka string (int16 length), though flexible request versions could carry more.
+const ID_MAX_BYTES: usize = i16::MAX as usize;
+
+/// Kafka refuses empty group ids in membership APIs; weir also refuses ids it could not
+/// store intact.
+fn valid_group_id(group: &str) -> bool {
+    !group.is_empty() && group.len() <= ID_MAX_BYTES
+}
+
 fn opt_string(s: &Option<StrBytes>) -> Option<String> {
     s.as_ref().map(|s| s.to_string())
 }
@@ -251,8 +261,11 @@ async fn join_group(
     (client_id, client_host): (String, String),
 ) -> JoinGroupResponse {
     let group = req.group_id.to_string();
-    let result = if group.is_empty() {
+    let instance_len = req.group_instance_id.as_ref().map_or(0, |i| i.len());
+    let result = if !valid_group_id(&group) {
         JoinResult::error(codes::INVALID_GROUP_ID, &req.member_id)
+    } else if instance_len > ID_MAX_BYTES {
+        JoinResult::error(codes::INVALID_REQUEST, &req.member_id)
     } else {
         let args = JoinArgs {
             group: group.clone(),
@@ -326,7 +339,7 @@ async fn sync_group(shard: &Rc<Shard>, req: SyncGroupRequest, version: i16) -> S
             .map(|a| (a.member_id.to_string(), a.assignment.clone()))
             .collect(),
     };
-    let r = if group.is_empty() {
+    let r = if !valid_group_id(&group) {
         SyncResult::error(codes::INVALID_GROUP_ID)
     } else {
         match call_group_waiting(shard, &group, GroupOp::Sync(args)).await {
@@ -347,7 +360,7 @@ async fn sync_group(shard: &Rc<Shard>, req: SyncGroupRequest, version: i16) -> S
 
 async fn heartbeat(shard: &Rc<Shard>, req: HeartbeatRequest) -> HeartbeatResponse {
     let group = req.group_id.to_string();
-    let code = if group.is_empty() {
+    let code = if !valid_group_id(&group) {
         codes::INVALID_GROUP_ID
     } else {
         let op = GroupOp::Heartbeat {
@@ -384,7 +397,7 @@ async fn leave_group(
     } else {
         vec![(req.member_id.to_string(), None)]
     };
-    let (top, per) = if group.is_empty() {
+    let (top, per) = if !valid_group_id(&group) {
         (codes::INVALID_GROUP_ID, Vec::new())
     } else {
         let op = GroupOp::Leave {
@@ -456,7 +469,7 @@ async fn offset_commit(shard: &Rc<Shard>, req: OffsetCommitRequest) -> OffsetCom
         }
     }
     let sent = args.offsets.len();
-    let answers = if group.is_empty() {
+    let answers = if !valid_group_id(&group) {
         vec![codes::INVALID_GROUP_ID; sent]
     } else if sent == 0 {
         Vec::new()
