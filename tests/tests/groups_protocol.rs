@@ -452,6 +452,18 @@ fn standalone_commits_and_offset_delete() -> Result<()> {
         r.topics[0].partitions[0].error_code == UNKNOWN_TOPIC_OR_PARTITION,
         "{r:?}"
     );
+    // A group id a Kafka string cannot hold (flexible versions can carry it) is refused.
+    let long = "g".repeat(40_000);
+    let r: JoinGroupResponse = c.call(ApiKey::JoinGroup, 6, &join_req(&long, "", None, 6000)?)?;
+    ensure!(
+        r.error_code == 24,
+        "INVALID_GROUP_ID for a 40 000-byte id: {}",
+        r.error_code
+    );
+    ensure!(
+        commit(&mut c, 8, &long, -1, "", 1)? == 24,
+        "and for commits"
+    );
     Ok(())
 }
 
