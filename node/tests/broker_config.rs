@@ -186,3 +186,29 @@ fn background_retention_deletes_old_segments() {
     assert!(start < 10, "the active segment is never deleted");
     assert!(broker.log_contains("retention deleted"));
 }
+
+#[test]
+fn a_second_broker_on_the_same_data_dir_is_refused() {
+    let broker = Broker::start(1, &[]);
+    let t0 = Instant::now();
+    let second = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "1",
+            "--data-dir",
+        ])
+        .arg(broker.data_dir.path())
+        .output()
+        .expect("run");
+    assert!(!second.status.success(), "the second broker must not start");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("in use by another weir"), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    // The first one is unaffected.
+    let mut c = broker.client();
+    let resp: ApiVersionsResponse = c.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    assert_eq!(resp.error_code, 0);
+}

@@ -6,10 +6,12 @@
 pub mod conn;
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use glommio::channels::channel_mesh::{Full, MeshBuilder};
@@ -77,6 +79,7 @@ pub fn serve(config: Config) -> anyhow::Result<()> {
     install_signal_handlers();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let _lock = lock_data_dir(&config.data_dir)?;
     let meta = MetaStore::open(&config.data_dir)?;
     let cluster_id = cluster_id(&config)?;
     let shards = config.shards;
@@ -154,6 +157,51 @@ fn wait_for(rx: &mpsc::Receiver<anyhow::Result<SocketAddr>>) -> anyhow::Result<S
     match rx.recv_timeout(Duration::from_secs(3600)) {
         Ok(r) => r,
         Err(_) => anyhow::bail!("a shard stopped before it was ready"),
+    }
+}
+
+/// The data dir's lock file: held (flock) for the life of the process, as Kafka's `.lock`.
+const LOCK_FILE: &str = ".lock";
+/// How long startup waits for a previous weir on the same data dir to finish exiting.
+const LOCK_WAIT_MS: u64 = 10_000;
+
+/// Takes the data dir's exclusive lock, so that two brokers never share a data dir (a
+/// restarted broker could otherwise bind the same port with SO_REUSEPORT and write the
+/// same logs while the old one is still exiting). Waits up to [`LOCK_WAIT_MS`] for a
+/// previous process to let go, then refuses to start.
+fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let deadline = Instant::now() + Duration::from_millis(LOCK_WAIT_MS);
+    let mut logged = false;
+    loop {
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::WouldBlock {
+            anyhow::bail!("cannot lock {}: {err}", path.display());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "data dir {} is in use by another weir process",
+                dir.display()
+            );
+        }
+        if !logged {
+            tracing::warn!(
+                "data dir {} is locked by another weir process; waiting",
+                dir.display()
+            );
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
