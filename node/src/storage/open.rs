@@ -291,11 +291,20 @@ pub fn remove_segment_files(seg: &Segment) -> Result<()> {
     Ok(())
 }
 
-/// Writes a segment's `.index` and `.timeindex` files (atomically; small, written at seal
-/// and close only, so blocking std I/O is acceptable here).
+/// Writes a segment's `.index` and `.timeindex` files. Small, written at seal and close
+/// only, so blocking std I/O is acceptable. Not fsynced on purpose: indexes are rebuilt
+/// from the `.log` when they do not check out, and after a crash a freshly written file is
+/// empty or a prefix of its entries — still a valid sparse index (the quick check scans
+/// from its last entry to the end of the segment). This saves four syncs per roll.
 pub fn write_index_files(seg: &Segment) -> Result<()> {
-    write_atomic(&seg.path("index"), &seg.index.encode_offsets())?;
-    write_atomic(&seg.path("timeindex"), &seg.index.encode_times())
+    for (ext, bytes) in [
+        ("index", seg.index.encode_offsets()),
+        ("timeindex", seg.index.encode_times()),
+    ] {
+        let path = seg.path(ext);
+        fs::write(&path, bytes).map_err(|e| StorageError::io("write", &path, e))?;
+    }
+    Ok(())
 }
 
 /// Reads the persisted log start offset: `0\n<offset>\n`.
