@@ -25,7 +25,7 @@ case_run() {
 # SIGKILL, then wait (bounded) until the process is gone or a zombie (fds closed): with SO_REUSEPORT a new
 # broker could otherwise bind the port next to a dying one and share its data dir.
 P=\$(cat $D/pid); kill -9 "\$P" 2>/dev/null
-for i in \$(seq 1 200); do grep -qs "^State:[[:space:]]*[^Z]" /proc/\$P/status || break; sleep 0.05; done
+for i in \$(seq 1 200); do [ -e /proc/\$P ] && ! grep -qs zombie /proc/\$P/status || break; sleep 0.05; done
 sleep 0.2
 $W serve --data-dir $D/data --listen 127.0.0.1:$port --shards 2 >> $D/log 2>&1 &
 echo \$! > $D/pid

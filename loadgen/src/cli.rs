@@ -97,6 +97,10 @@ pub struct Load {
     /// Keyed partitioning over this many distinct keys (default: round-robin per batch).
     #[arg(long)]
     pub keys: Option<u64>,
+    /// Consume as this consumer group (JoinGroup/SyncGroup, commits); without it,
+    /// partitions are assigned to the --consumers threads manually.
+    #[arg(long)]
+    pub group: Option<String>,
     /// Where consumers start: earliest or latest (consume defaults to earliest).
     #[arg(long)]
     pub from: Option<String>,
@@ -271,6 +275,7 @@ impl Load {
         spec.warmup = self.warmup;
         spec.start = start;
         spec.quiet = self.quiet;
+        spec.group = self.group.clone();
         let p = &mut spec.producer;
         p.acks = acks;
         p.batch_size_bytes = self.batch_size;

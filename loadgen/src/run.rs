@@ -47,6 +47,8 @@ pub struct LoadSpec {
     pub quiet: bool,
     /// Stamped into every record, so consumers ignore records of other runs.
     pub run_id: u64,
+    /// Consume as this consumer group (else partitions are assigned manually).
+    pub group: Option<String>,
 }
 
 impl LoadSpec {
@@ -82,6 +84,7 @@ impl LoadSpec {
             fetch_max_wait_ms: 100,
             quiet: false,
             run_id: run_id(),
+            group: None,
         }
     }
 }
@@ -284,6 +287,7 @@ fn start_consumers(
         max_wait_ms: spec.fetch_max_wait_ms,
         fetch_max_bytes: 64 << 20,
         partition_max_bytes: 8 << 20,
+        group: spec.group.clone(),
     };
     let deadline = Instant::now()
         + spec.duration.map_or(RUN_MAX, |d| {
@@ -291,6 +295,7 @@ fn start_consumers(
         });
     let until = Until {
         records: if with_producers { None } else { spec.records },
+        consumed: Arc::new(AtomicU64::new(0)),
         deadline,
         idle: if with_producers || spec.records.is_some() || spec.duration.is_some() {
             None
@@ -298,12 +303,36 @@ fn start_consumers(
             Some(CONSUME_IDLE)
         },
     };
+    let n = if spec.group.is_some() {
+        // Every partition starts where the run begins (unless the group committed an
+        // offset); members then take whatever the group assigns them.
+        let all = (0..cluster.partitions() as i32).collect();
+        let noop: Arc<dyn RecordSink> = Arc::new(crate::client::consumer::NoRecordSink);
+        let mut seeder = Consumer::new(
+            cfg.clone(),
+            cluster.clone(),
+            all,
+            positions.clone(),
+            clock,
+            recorder.clone(),
+            noop,
+            rid,
+        );
+        seeder.seek_start()?;
+        spec.consumers.max(1)
+    } else {
+        n
+    };
     let mut handles = Vec::new();
     for i in 0..n {
-        let parts: Vec<i32> = (0..cluster.partitions())
-            .filter(|p| p % n == i)
-            .map(|p| p as i32)
-            .collect();
+        let parts: Vec<i32> = if spec.group.is_some() {
+            Vec::new()
+        } else {
+            (0..cluster.partitions())
+                .filter(|p| p % n == i)
+                .map(|p| p as i32)
+                .collect()
+        };
         let s: Arc<dyn RecordSink> = sink.clone();
         let mut c = Consumer::new(
             cfg.clone(),
@@ -316,14 +345,16 @@ fn start_consumers(
             rid,
         );
         // Positions are set before any producer starts, so "latest" misses nothing.
-        c.seek_start()?;
+        if spec.group.is_none() {
+            c.seek_start()?;
+        }
         let stop = stop.clone();
         let until = match (with_producers, spec.duration) {
             (false, Some(d)) => Until {
                 deadline: Instant::now() + d + spec.warmup,
-                ..until
+                ..until.clone()
             },
-            _ => until,
+            _ => until.clone(),
         };
         handles.push(
             std::thread::Builder::new()

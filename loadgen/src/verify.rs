@@ -160,7 +160,9 @@ fn fault_thread(cmd: String, every: Duration, stop: Arc<AtomicBool>) -> JoinHand
             if stop.load(Ordering::Relaxed) {
                 return n;
             }
+            let started = Instant::now();
             run_fault(&cmd);
+            eprintln!("weir-loadgen: fault command took {:?}", started.elapsed());
             n += 1;
             next = Instant::now() + every;
         }
@@ -278,6 +280,7 @@ fn read_back(
         max_wait_ms: 200,
         fetch_max_bytes: 64 << 20,
         partition_max_bytes: 8 << 20,
+        group: None,
     };
     let parts = (0..cluster.partitions() as i32).collect();
     let c = Consumer::new(
@@ -292,6 +295,7 @@ fn read_back(
     );
     let until = Until {
         records: None,
+        consumed: Arc::default(),
         deadline: Instant::now() + Duration::from_secs(600),
         idle: Some(Duration::from_secs(3)),
     };

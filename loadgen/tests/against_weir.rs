@@ -206,7 +206,7 @@ fn restart_script(dir: &Path, port: &str) -> PathBuf {
     let script = dir.join("restart.sh");
     let body = format!(
         "#!/bin/sh\nP=$(cat {d}/pid); kill -9 \"$P\" 2>/dev/null\n\
-         for i in $(seq 1 200); do grep -qs \"^State:[[:space:]]*[^Z]\" /proc/$P/status || break; sleep 0.05; done\n\
+         for i in $(seq 1 200); do [ -e /proc/$P ] && ! grep -qs zombie /proc/$P/status || break; sleep 0.05; done\n\
          sleep 0.2\n\
          {w} serve --data-dir {d}/data --listen 127.0.0.1:{port} --shards 1 >> {d}/restarts.log 2>&1 &\n\
          echo $! > {d}/pid\n",
@@ -356,4 +356,73 @@ fn plan_finds_a_sustainable_rate_and_sizes_partitions() {
     );
     assert!(cap["partitions_needed"].as_u64().unwrap() >= 1, "{p}");
     assert!(!p["rows"].as_array().unwrap().is_empty());
+}
+
+/// Two consumers in one group read every record exactly once between them; the group's
+/// commits make a second run of the same group read nothing.
+#[test]
+fn consumer_group_reads_everything_once_and_commits() {
+    let dir = scratch();
+    let b = Broker::start(
+        &weir(),
+        &dir.path().join("data"),
+        1,
+        &["group.initial.rebalance.delay.ms=0".to_string()],
+    )
+    .expect("weir starts");
+    let (code, out) = loadgen(&[
+        "produce",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "grp",
+        "--partitions",
+        "4",
+        "--records",
+        "20000",
+        "--record-size",
+        "100",
+        "--acks",
+        "all",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let first = dir.path().join("g1.json");
+    let (code, out) = loadgen(&[
+        "consume",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "grp",
+        "--group",
+        "lg",
+        "--consumers",
+        "2",
+        "--quiet",
+        "--json",
+        first.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let g = json(&first);
+    assert_eq!(g["consumed_records"], 20000, "{g}");
+    assert_eq!(g["errors"].as_object().map(|m| m.len()), Some(0), "{g}");
+    let second = dir.path().join("g2.json");
+    let (code, out) = loadgen(&[
+        "consume",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "grp",
+        "--group",
+        "lg",
+        "--quiet",
+        "--json",
+        second.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        json(&second)["consumed_records"],
+        0,
+        "committed offsets are honoured"
+    );
 }

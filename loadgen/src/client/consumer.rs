@@ -1,12 +1,13 @@
 //! The consumer: fetches its assigned partitions from their leaders, decodes records,
 //! and reports each one (end-to-end latency from the stamp in its value) and its position.
 //!
-//! Partitions are assigned manually (partition i to consumer i mod n): weir has no group
-//! coordinator yet. Fetches are full (no KIP-227 incremental sessions: session epoch -1).
+//! Partitions are assigned manually (partition i to consumer i mod n), or by a consumer
+//! group (`group`): join, heartbeat, commit on rebalance and at the end. Fetches are full
+//! (no KIP-227 incremental sessions: session epoch -1).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -19,6 +20,7 @@ use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header};
 
 use super::conn::Conn;
 use super::error_name;
+use super::group::{Beat, GroupMember};
 use super::metadata::{self, Cluster, EARLIEST, LATEST};
 use super::payload::{self, Stamp};
 use super::producer::warn;
@@ -46,6 +48,8 @@ pub struct ConsumerConfig {
     pub max_wait_ms: i32,
     pub fetch_max_bytes: i32,
     pub partition_max_bytes: i32,
+    /// Consume as a member of this consumer group instead of a fixed assignment.
+    pub group: Option<String>,
 }
 
 /// Told about every record consumed (for `verify`).
@@ -84,9 +88,11 @@ impl Positions {
 }
 
 /// When a consumer stops (whichever comes first; `stop` always works).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Until {
+    /// Stop when all consumers sharing `consumed` have read this many records together.
     pub records: Option<u64>,
+    pub consumed: Arc<AtomicU64>,
     pub deadline: Instant,
     /// Stop after this long without a single record.
     pub idle: Option<Duration>,
@@ -104,6 +110,7 @@ pub struct Consumer {
     run_id: u64,
     conns: BTreeMap<i32, Conn>,
     consumed: u64,
+    member: Option<GroupMember>,
 }
 
 impl Consumer {
@@ -129,6 +136,7 @@ impl Consumer {
             run_id,
             conns: BTreeMap::new(),
             consumed: 0,
+            member: None,
         }
     }
 
@@ -177,11 +185,90 @@ impl Consumer {
             .ok_or_else(|| anyhow::anyhow!("connection vanished"))
     }
 
+    /// Joins the configured group and takes its assignment; positions come from the
+    /// group's committed offsets, else stay where the run's start put them.
+    fn join_group(&mut self) -> Result<()> {
+        let Some(group) = self.cfg.group.clone() else {
+            return Ok(());
+        };
+        let (member, parts) = GroupMember::join(&self.cluster, &group, &self.cfg.topic)?;
+        self.member = Some(member);
+        self.take_assignment(parts)
+    }
+
+    fn take_assignment(&mut self, parts: Vec<i32>) -> Result<()> {
+        let Some(m) = self.member.as_mut() else {
+            return Ok(());
+        };
+        for (p, o) in m.committed(&parts)? {
+            self.positions.set(p as usize, o);
+        }
+        self.partitions = parts;
+        Ok(())
+    }
+
+    /// Commits the positions of this consumer's partitions.
+    fn commit(&mut self) -> Result<()> {
+        let offsets: BTreeMap<i32, i64> = self
+            .partitions
+            .iter()
+            .filter_map(|&p| Some((p, self.positions.get(p as usize)?)))
+            .collect();
+        match self.member.as_mut() {
+            Some(m) => m.commit(&offsets),
+            None => Ok(()),
+        }
+    }
+
+    /// Heartbeats; on a rebalance commits, rejoins and takes the new assignment.
+    fn keep_membership(&mut self) -> Result<()> {
+        let Some(m) = self.member.as_mut() else {
+            return Ok(());
+        };
+        if m.heartbeat_if_due()? == Beat::Fine {
+            return Ok(());
+        }
+        // Committing may fail once the generation is gone; the next owner then re-reads
+        // from the last successful commit (at-least-once, as Kafka consumers do).
+        let _ = self.commit();
+        let parts = match self.member.as_mut() {
+            Some(m) => m.rejoin()?,
+            None => return Ok(()),
+        };
+        self.take_assignment(parts)
+    }
+
     /// Fetches until `until` or `stop`; returns the number of records consumed.
     pub fn run(mut self, until: Until, stop: &AtomicBool) -> u64 {
+        if let Err(e) = self.join_group() {
+            warn(&format!("joining the group failed: {e:#}"));
+            self.recorder.record_error("ClientGroupJoinFailed", 1);
+            return 0;
+        }
+        let consumed = self.fetch_loop(until, stop);
+        if self.member.is_some() {
+            if let Err(e) = self.commit() {
+                warn(&format!("final commit failed: {e:#}"));
+            }
+            if let Some(m) = self.member.as_mut() {
+                m.leave();
+            }
+        }
+        consumed
+    }
+
+    fn fetch_loop(&mut self, until: Until, stop: &AtomicBool) -> u64 {
         let mut last_record = Instant::now();
         while !stop.load(Ordering::Relaxed) && Instant::now() < until.deadline {
-            if until.records.is_some_and(|n| self.consumed >= n) {
+            if let Err(e) = self.keep_membership() {
+                warn(&format!("group membership: {e:#}"));
+                self.recorder.record_error("ClientGroupFailed", 1);
+                std::thread::sleep(RECONNECT_BACKOFF);
+            }
+            if until
+                .records
+                .is_some_and(|n| until.consumed.load(Ordering::Relaxed) >= n)
+            {
                 break;
             }
             if until.idle.is_some_and(|d| last_record.elapsed() >= d) {
@@ -198,6 +285,9 @@ impl Consumer {
             }
             if self.consumed > before {
                 last_record = Instant::now();
+                until
+                    .consumed
+                    .fetch_add(self.consumed - before, Ordering::Relaxed);
             }
         }
         self.consumed

@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod consumer;
+pub mod group;
 pub mod metadata;
 pub mod producer;
 
