@@ -206,9 +206,6 @@ pub enum GroupReply {
     Parked(u64),
 }
 
-/// Offsets of one group that expired: (group, partitions, whether the whole group goes).
-type Expiry = (String, Vec<(String, i32)>, bool);
-
 /// The coordinator state of one shard.
 #[derive(Default)]
 pub struct Coordinators {
@@ -679,36 +676,48 @@ impl Coordinators {
     /// `offsets.retention.minutes` expire (a group without a protocol type: each offset
     /// that long after its commit); a group left with nothing is deleted.
     async fn expire_offsets(&self, now: i64, s: &Settings) {
-        let doomed: Vec<Expiry> = self
-            .groups
-            .borrow()
-            .values()
-            .filter_map(|g| {
-                let keys = store::expired_offsets(g, now, s.retention_ms);
-                let all_gone = g.state == State::Empty && keys.len() == g.offsets.len();
-                (!keys.is_empty()).then(|| (g.id.clone(), keys, all_gone))
-            })
-            .collect();
-        for (group, keys, all_gone) in doomed {
-            let Some(part) = self.partition_of(&group) else {
-                continue;
-            };
-            let _writing = self.writing();
-            if store::tombstones(&part, &group, &keys, all_gone)
-                .await
-                .is_err()
-            {
-                continue;
-            }
-            tracing::info!(group, offsets = keys.len(), "offsets expired");
-            let mut groups = self.groups.borrow_mut();
-            if all_gone {
-                groups.remove(&group);
-            } else if let Some(g) = groups.get_mut(&group) {
-                for k in &keys {
-                    g.offsets.remove(k);
-                }
-            }
+        let ids: Vec<String> = self.groups.borrow().keys().cloned().collect();
+        for group in ids {
+            self.expire_group(&group, now, s).await;
         }
+    }
+
+    /// Expires one group's offsets. Decided from the group's state right before the
+    /// tombstones are issued (no await between), and applied only to what is still
+    /// expired once they are written: a commit or a join that raced with the write wins.
+    async fn expire_group(&self, group: &str, now: i64, s: &Settings) {
+        let (keys, all_gone) = {
+            let groups = self.groups.borrow();
+            let Some(g) = groups.get(group) else {
+                return;
+            };
+            let keys = store::expired_offsets(g, now, s.retention_ms);
+            (keys.clone(), g.is_idle() && keys.len() == g.offsets.len())
+        };
+        if keys.is_empty() && !all_gone {
+            return;
+        }
+        let Some(part) = self.partition_of(group) else {
+            return;
+        };
+        let _writing = self.writing();
+        if store::tombstones(&part, group, &keys, all_gone)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut groups = self.groups.borrow_mut();
+        let Some(g) = groups.get_mut(group) else {
+            return;
+        };
+        let still = store::expired_offsets(g, now, s.retention_ms);
+        for k in keys.iter().filter(|k| still.contains(k)) {
+            g.offsets.remove(k);
+        }
+        if all_gone && g.is_idle() && g.offsets.is_empty() {
+            groups.remove(group);
+        }
+        tracing::info!(group, offsets = keys.len(), all_gone, "offsets expired");
     }
 }

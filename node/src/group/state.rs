@@ -258,6 +258,11 @@ impl Group {
         self.leader.as_deref() == Some(id)
     }
 
+    /// Empty with nobody joining: nothing but its offsets keeps it.
+    pub fn is_idle(&self) -> bool {
+        self.state == State::Empty && self.members.is_empty() && self.pending.is_empty()
+    }
+
     /// Returns and clears whether the group's metadata must be written.
     pub fn take_dirty(&mut self) -> bool {
         std::mem::take(&mut self.dirty)
