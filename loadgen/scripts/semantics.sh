@@ -17,7 +17,7 @@ case_run() {
     mkdir -p "$D"
     "$W" serve --data-dir "$D/data" --listen 127.0.0.1:0 --shards 2 > "$D/log" 2>&1 &
     echo $! > "$D/pid"
-    for _ in $(seq 1 100); do grep -q "weir ready" "$D/log" && break; sleep 0.1; done
+    for _ in $(seq 1 100); do grep -qs "weir ready" "$D/log" && break; sleep 0.1; done
     local port
     port=$(grep -o "listening on [0-9.:]*" "$D/log" | head -1 | awk -F: '{print $NF}')
     cat > "$D/restart.sh" <<EOS
