@@ -319,3 +319,27 @@ fn flush_interval_keys_drive_fdatasync() {
         assert_eq!(log.counters().fdatasyncs, 2);
     });
 }
+
+#[test]
+fn segments_roll_by_time() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let log = Log::open(root.join("t-0"), config(&[("segment.ms", "1000")]))
+            .await
+            .unwrap();
+        log.append(batch(0, 1), LeaderEpoch(0), 10_000)
+            .await
+            .unwrap();
+        log.append(batch(1, 1), LeaderEpoch(0), 10_500)
+            .await
+            .unwrap();
+        assert_eq!(log.segment_count(), 1);
+        log.append(batch(2, 1), LeaderEpoch(0), 11_000)
+            .await
+            .unwrap();
+        assert_eq!(log.segment_bases(), vec![Offset(0), Offset(2)]);
+        assert_eq!(log.counters().rolls, 1);
+    });
+}
