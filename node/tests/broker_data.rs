@@ -398,3 +398,47 @@ fn pipelined_requests_are_answered_in_order() {
     }
     assert_eq!(got, sent);
 }
+
+#[test]
+fn large_multi_partition_produce_is_stored_exactly() {
+    let broker = Broker::start(2, &[("message.max.bytes", "2000000")]);
+    let mut c = broker.client();
+    create(&mut c, "big", 4, &[]);
+    // One request, four partitions of ~600 KiB each: a large frame, cut per partition.
+    let values: Vec<Vec<u8>> = (0..4u8)
+        .map(|p| (0..600_000u32).map(|i| (i as u8) ^ p).collect())
+        .collect();
+    let topic = TopicProduceData::default()
+        .with_name(TopicName(s("big")))
+        .with_partition_data(
+            (0..4)
+                .map(|p| {
+                    PartitionProduceData::default()
+                        .with_index(p)
+                        .with_records(Some(batch(&[&values[p as usize], b"tail"], 9)))
+                })
+                .collect(),
+        );
+    let req = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![topic]);
+    let resp: ProduceResponse = c.call(api::PRODUCE, PRODUCE_V, &req);
+    for p in &resp.responses[0].partition_responses {
+        assert_eq!(
+            (p.error_code, p.base_offset),
+            (0, 0),
+            "partition {}",
+            p.index
+        );
+    }
+    for p in 0..4 {
+        let (err, hw, records, _) = fetch(&mut c, "big", p, 0, 0);
+        assert_eq!((err, hw), (0, 2));
+        assert_eq!(
+            record_values(&records),
+            vec![values[p as usize].clone(), b"tail".to_vec()],
+            "partition {p}"
+        );
+    }
+}

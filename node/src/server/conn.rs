@@ -119,15 +119,18 @@ impl FrameReader {
         }
     }
 
-    /// Reads once. While a large frame is incomplete, reads exactly what it still misses
-    /// (so it ends the buffer and can be handed over whole), at most
-    /// [`LARGE_READ_MAX_BYTES`] at a time: memory grows with the bytes received, not with
+    /// Reads once. While a large frame is incomplete, reads only bytes of that frame (so it
+    /// ends the buffer and can be handed over whole), at most what the socket holds now
+    /// and [`LARGE_READ_MAX_BYTES`]: memory grows with the bytes received, not with
     /// what a size prefix claims. Otherwise reads a chunk, which may also hold the next
     /// pipelined requests.
     async fn fill(&mut self, need: usize) -> Result<usize, ConnError> {
         let missing = need.saturating_sub(self.buf.len());
         let want = if missing >= READ_CHUNK_BYTES {
-            missing.min(LARGE_READ_MAX_BYTES)
+            // The buffer is zeroed before each read: size it to what the socket holds
+            // now, so a large frame is not zeroed many times over.
+            let ready = readable_bytes(&self.half).clamp(READ_CHUNK_BYTES, LARGE_READ_MAX_BYTES);
+            missing.min(ready)
         } else {
             READ_CHUNK_BYTES
         };
@@ -140,7 +143,21 @@ impl FrameReader {
     }
 }
 
+/// A response slot in request order: `None` when the request has no response (acks=0).
 type Pending = JoinHandle<Option<Vec<Bytes>>>;
+
+/// Bytes the socket holds for us right now (0 if unknown).
+fn readable_bytes(half: &Half) -> usize {
+    let fd = half.0.borrow().as_raw_fd();
+    let mut ready: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `ready`, which outlives the call.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut ready) };
+    if rc == 0 {
+        usize::try_from(ready).unwrap_or(0)
+    } else {
+        0
+    }
+}
 
 /// Serves one connection until the client closes it, sends bad framing, or shutdown.
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
