@@ -42,6 +42,9 @@ const SPIN_BELOW_NS: u64 = 20_000;
 /// Longest the producer waits for in-flight requests after the schedule ends.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const NS_PER_MS: u64 = 1_000_000;
+/// Errors that mean "ask the cluster again who leads this partition": NOT_LEADER_OR_FOLLOWER,
+/// UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE.
+const LEADERSHIP_ERRORS: [i16; 3] = [6, 3, 5];
 
 /// How the producer behaves; the fields mirror Kafka's producer configs.
 #[derive(Clone, Debug)]
@@ -130,6 +133,8 @@ struct LinkState {
     failed: u64,
     /// Bytes of batches that left the producer for good (acked or failed).
     released_bytes: usize,
+    /// A response said the partition moved: refresh metadata before retrying.
+    refresh_metadata: bool,
 }
 
 /// Wakes the producer thread when a response arrives.
@@ -632,10 +637,12 @@ impl Producer {
     /// returning their in-flight batches for retry too.
     fn service_links(&mut self, now: u64) {
         let mut returned = Vec::new();
+        let mut refresh = false;
         for link in self.links.values_mut() {
             let mut st = lock(&link.state);
             self.stats.acked += std::mem::take(&mut st.acked);
             self.stats.failed += std::mem::take(&mut st.failed);
+            refresh |= std::mem::take(&mut st.refresh_metadata);
             let released = std::mem::take(&mut st.released_bytes);
             self.buffered_bytes = self.buffered_bytes.saturating_sub(released);
             returned.append(&mut st.returned);
@@ -655,6 +662,10 @@ impl Producer {
                 warn(&format!("connection to {} lost; will retry", link.addr));
             }
         }
+        if refresh {
+            self.refresh_metadata();
+        }
+        self.expire_fronts(now);
         let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
         for mut b in returned {
             if b.attempts > self.cfg.retries {
@@ -667,6 +678,40 @@ impl Producer {
             }
             b.retry_at_ns = now + backoff;
             self.requeue(b);
+        }
+    }
+
+    /// Asks any known broker for the topic's leaders again (after a leadership error).
+    fn refresh_metadata(&mut self) {
+        let addrs: Vec<String> = self.cluster.brokers.values().cloned().collect();
+        for addr in addrs {
+            let fresh = Conn::connect(&addr)
+                .and_then(|mut c| metadata::fetch(&mut c, &self.cfg.topic, false));
+            if let Ok(Some(c)) = fresh
+                && c.partitions() == self.cluster.partitions()
+            {
+                self.cluster = c;
+                return;
+            }
+        }
+        warn("metadata refresh failed; retrying with the old leaders");
+    }
+
+    /// Gives up on the oldest batches of each partition once past the delivery timeout,
+    /// even while their broker is unreachable.
+    fn expire_fronts(&mut self, now: u64) {
+        for p in 0..self.queues.len() {
+            for _ in 0..self.queues[p].len() {
+                let stale = self.queues[p].front().is_some_and(|b| {
+                    now.saturating_sub(b.created_ns) / NS_PER_MS >= self.cfg.delivery_timeout_ms
+                });
+                if !stale {
+                    break;
+                }
+                if let Some(b) = self.queues[p].pop_front() {
+                    self.expired(&b, now);
+                }
+            }
         }
     }
 
@@ -824,6 +869,7 @@ fn handle_response(
     let mut acked = 0u64;
     let mut failed = 0u64;
     let mut released = 0usize;
+    let mut refresh = false;
     let mut returned = Vec::new();
     for b in batches {
         // A partition missing from the response is treated as a retriable network error.
@@ -838,6 +884,7 @@ fn handle_response(
             continue;
         }
         ctx.recorder.record_error(&error_name(code), 1);
+        refresh |= LEADERSHIP_ERRORS.contains(&code);
         if is_retriable(code, ctx.cfg.idempotent) {
             returned.push(b);
         } else {
@@ -850,5 +897,6 @@ fn handle_response(
     st.acked += acked;
     st.failed += failed;
     st.released_bytes += released;
+    st.refresh_metadata |= refresh;
     st.returned.append(&mut returned);
 }
