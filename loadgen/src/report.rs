@@ -253,9 +253,9 @@ fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 fn percentile_svg(runs: &[RunReport]) -> Result<String> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in runs {
-        for (kind, hist) in [("publish", &r.publish_us), ("e2e", &r.e2e_us)] {
+        for (kind, hist) in [("publish", &r.publish_us), ("end-to-end", &r.e2e_us)] {
             if let Some(h) = hist.as_ref().filter(|h| !h.is_empty()) {
-                series.push((format!("{} {kind}", r.label), percentile_points(h)));
+                series.push((format!("{}: {kind}", r.label), percentile_points(h)));
             }
         }
     }
