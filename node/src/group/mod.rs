@@ -491,17 +491,25 @@ impl Coordinators {
 
     /// DeleteGroups: only an empty group; its metadata and offsets get tombstones.
     async fn delete(&self, part: &Partition, group: &str) -> i16 {
-        let keys = match self.groups.borrow().get(group) {
+        let seen = match self.groups.borrow().get(group) {
             None => return codes::GROUP_ID_NOT_FOUND,
             Some(g) if g.state == State::Dead => return codes::GROUP_ID_NOT_FOUND,
-            Some(g) if g.state != State::Empty => return codes::NON_EMPTY_GROUP,
-            Some(g) => g.offsets.keys().cloned().collect::<Vec<_>>(),
+            Some(g) if !g.is_idle() => return codes::NON_EMPTY_GROUP,
+            Some(g) => g.offsets.clone(),
         };
+        let keys: Vec<(String, i32)> = seen.keys().cloned().collect();
         let _writing = self.writing();
         if let Err(code) = store::tombstones(part, group, &keys, true).await {
             return code;
         }
-        self.groups.borrow_mut().remove(group);
+        // A commit or join that raced with the tombstones was logged after them: keep it.
+        let mut groups = self.groups.borrow_mut();
+        if let Some(g) = groups.get_mut(group) {
+            g.offsets.retain(|k, v| seen.get(k) != Some(v));
+            if g.is_idle() && g.offsets.is_empty() {
+                groups.remove(group);
+            }
+        }
         codes::NONE
     }
 
@@ -535,13 +543,24 @@ impl Coordinators {
             .filter(|(_, c)| **c == codes::NONE)
             .map(|(k, _)| k.clone())
             .collect();
+        let seen: Vec<Option<OffsetValue>> = {
+            let groups = self.groups.borrow();
+            let offsets = groups.get(group).map(|g| &g.offsets);
+            doomed
+                .iter()
+                .map(|k| offsets.and_then(|o| o.get(k)).cloned())
+                .collect()
+        };
         let _writing = self.writing();
         if let Err(code) = store::tombstones(part, group, &doomed, false).await {
             return GroupReply::Codes(code, Vec::new());
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(group) {
-            for k in &doomed {
-                g.offsets.remove(k);
+            // Only what is unchanged since the tombstones were issued (see `delete`).
+            for (k, v) in doomed.iter().zip(&seen) {
+                if g.offsets.get(k) == v.as_ref() {
+                    g.offsets.remove(k);
+                }
             }
         }
         GroupReply::Codes(codes::NONE, per)
