@@ -38,6 +38,8 @@ use state::{Group, JoinArgs, JoinResult, Limits, State, SyncArgs, SyncResult};
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 /// How often a shard's coordinator checks sessions and rebalance deadlines.
 const TICK_MS: u64 = 200;
+/// Bound on waiting for writes in flight before a deletion (2 ms each: one second).
+const QUIESCE_ROUNDS_MAX: u32 = 500;
 
 /// Kafka's `Utils.abs(groupId.hashCode()) % partitions`: the same partition as Kafka, so a
 /// Kafka `__consumer_offsets` log dir keeps its meaning here.
@@ -491,6 +493,9 @@ impl Coordinators {
 
     /// DeleteGroups: only an empty group; its metadata and offsets get tombstones.
     async fn delete(&self, part: &Partition, group: &str) -> i16 {
+        if !self.quiesce().await {
+            return codes::COORDINATOR_LOAD_IN_PROGRESS;
+        }
         let seen = match self.groups.borrow().get(group) {
             None => return codes::GROUP_ID_NOT_FOUND,
             Some(g) if g.state == State::Dead => return codes::GROUP_ID_NOT_FOUND,
@@ -520,6 +525,9 @@ impl Coordinators {
         group: &str,
         ps: Vec<(String, i32)>,
     ) -> GroupReply {
+        if !self.quiesce().await {
+            return GroupReply::Codes(codes::COORDINATOR_LOAD_IN_PROGRESS, Vec::new());
+        }
         let subscribed = match self.groups.borrow().get(group) {
             None => return GroupReply::Codes(codes::GROUP_ID_NOT_FOUND, Vec::new()),
             Some(g) if g.state == State::Dead => {
@@ -627,6 +635,18 @@ impl Coordinators {
         Ok(part)
     }
 
+    /// Waits (bounded) until no write is in flight, so that a snapshot taken right after
+    /// (in the same poll) holds every record logged so far. Returns false on timeout.
+    async fn quiesce(&self) -> bool {
+        for _ in 0..QUIESCE_ROUNDS_MAX {
+            if self.writes_in_flight.get() == 0 {
+                return true;
+            }
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        false
+    }
+
     fn writing(&self) -> Writing<'_> {
         self.writes_in_flight.set(self.writes_in_flight.get() + 1);
         Writing(&self.writes_in_flight)
@@ -705,6 +725,9 @@ impl Coordinators {
     /// tombstones are issued (no await between), and applied only to what is still
     /// expired once they are written: a commit or a join that raced with the write wins.
     async fn expire_group(&self, group: &str, now: i64, s: &Settings) {
+        if !self.quiesce().await {
+            return;
+        }
         let (keys, all_gone) = {
             let groups = self.groups.borrow();
             let Some(g) = groups.get(group) else {
