@@ -255,3 +255,35 @@ fn static_member_restart_keeps_partitions_without_rebalance() -> Result<()> {
 fn thread_sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
+
+/// Measurement, not a check: ten rdkafka members (range) started together on a
+/// 20-partition topic, then one leaves. Prints `MEASURE` lines.
+/// `cargo test -p weir-tests --test groups_rebalance measure -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement"]
+fn measure_rebalance_times() -> Result<()> {
+    let weir = groups_support::start_weir()?;
+    let bootstrap = weir.bootstrap();
+    let (topic, group) = ("wide", "crowd");
+    clients::create_topics(&bootstrap, &[topic], 20, &[])?;
+    let started = std::time::Instant::now();
+    let mut members = (0..10)
+        .map(|i| Member::start(&bootstrap, group, topic, "range", &format!("crowd-{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    wait_until("2 each", Duration::from_secs(60), || {
+        Ok(members.iter().all(|m| m.assignment().len() == 2))
+    })?;
+    let joined = started.elapsed();
+    let leaving = std::time::Instant::now();
+    members.pop().map(|mut m| m.leave()).transpose()?;
+    wait_until("20 over 9", Duration::from_secs(60), || {
+        let total: usize = members.iter().map(|m| m.assignment().len()).sum();
+        Ok(total == 20 && members.iter().all(|m| !m.assignment().is_empty()))
+    })?;
+    println!(
+        "MEASURE rebalance members=10 partitions=20 cold_start_ms={} after_leave_ms={}",
+        joined.as_millis(),
+        leaving.elapsed().as_millis()
+    );
+    Ok(())
+}
