@@ -126,7 +126,9 @@ pub fn encode_fetch_response(
     }
     let flexible = api::is_flexible(api::FETCH, version);
     let mut c = Chunks {
-        header: BytesMut::with_capacity(256),
+        // One allocation for every header piece: splitting never reallocates while the
+        // estimate holds (it is an upper bound for the fields written below).
+        header: BytesMut::with_capacity(header_bytes_max(parts)),
         out: Vec::with_capacity(1 + 2 * parts.topics.len()),
         records_bytes: 0,
     };
@@ -235,6 +237,21 @@ fn encode_partition_tags(h: &mut BytesMut, p: &FetchPartitionResponse) {
             h.put_u8(0); // the struct's own tagged fields
         }
     }
+}
+
+/// An upper bound on the header bytes `encode_fetch_response` writes for `parts`.
+fn header_bytes_max(parts: &FetchResponseParts) -> usize {
+    // Top level: throttle, error, session, array length, tagged fields.
+    let mut n = 4 + 2 + 4 + 5 + 1;
+    for t in &parts.topics {
+        n += t.topic.len() + 5 + 5 + 1;
+        for p in &t.partitions {
+            // Fixed fields 42, aborted length 5, records length 5, tags 16.
+            let aborted = p.aborted_transactions.as_ref().map_or(0, Vec::len);
+            n += 42 + 5 + 17 * aborted + 5 + 16;
+        }
+    }
+    n
 }
 
 /// Total bytes of a chunk list (the frame length, prefix included).
