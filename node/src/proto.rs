@@ -122,7 +122,7 @@ mod tests {
         assert!(parse_request(Bytes::from_static(&[0x7f, 0x7f, 0, 0, 0, 0, 0, 1, 0, 0])).is_err());
         assert!(parse_request(Bytes::from_static(&[0, 3])).is_err());
         assert!(is_served(api::PRODUCE, 3));
-        assert!(!is_served(api::PRODUCE, 2));
+        assert!(!is_served(api::PRODUCE, 99));
         assert!(
             !is_served(api::WRITE_TXN_MARKERS, 1),
             "not implemented here, so not advertised"

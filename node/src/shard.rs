@@ -477,8 +477,16 @@ impl Shard {
                 glommio::spawn_local(async move {
                     let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
                     while let Some(env) = rx.recv().await {
-                        let Ok(permit) = permits.clone().acquire_static_permit(1).await else {
-                            break;
+                        // A long-poll wait holds no permit: it is cheap, and parked waits
+                        // must not hold back the peer's produces and reads. Their number
+                        // is bounded by the peer's in-flight requests.
+                        let permit = if matches!(env.op, Op::Wait { .. }) {
+                            None
+                        } else {
+                            match permits.clone().acquire_static_permit(1).await {
+                                Ok(p) => Some(p),
+                                Err(_) => break,
+                            }
                         };
                         let shard = shard.clone();
                         glommio::spawn_local(async move {
