@@ -204,6 +204,23 @@ fn kafka_python_produce_with_every_codec() {
     }
 }
 
+/// Snappy framing differs by client: kafka-python writes snappy-java's xerial stream,
+/// librdkafka one raw block. Both must decode (checked above); this pins which is which.
+#[test]
+fn snappy_framing_per_client() {
+    let xerial = wire::batch::compression::XERIAL_MAGIC;
+    for (prefix, want_xerial) in [("kpy-produce-snappy", true), ("kcat-produce-snappy", false)] {
+        let (h, body) = request(prefix, "req-0v");
+        let view = ProduceRequestView::parse(&body, h.api_version).expect("produce view");
+        let blob = view.topics[0].partitions[0]
+            .records
+            .clone()
+            .expect("records");
+        let compressed = &blob[wire::batch::BATCH_HEADER_SIZE..];
+        assert_eq!(compressed.starts_with(&xerial), want_xerial, "{prefix}");
+    }
+}
+
 fn check_idempotent(prefix: &str, topic: &str) {
     let (h, body) = request(prefix, "req-22v");
     assert_eq!(h.api_key, api::INIT_PRODUCER_ID);
