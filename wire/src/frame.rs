@@ -118,16 +118,34 @@ pub fn response_header_version(api_key: i16, api_version: i16) -> Result<i16, Wi
 }
 
 /// Parses the request header at the start of `frame` (the bytes after the size prefix).
-/// Returns the header and the offset of the request body within `frame`.
+/// Returns the header and the offset of the request body within `frame`. The header version
+/// follows from the (api key, version) it names (see [`request_header_version`]).
 pub fn parse_request_header(frame: &Bytes) -> Result<(RequestHeader, usize), WireError> {
-    let mut r = Reader::new(frame);
+    let mut r = Reader::over(frame);
+    let api_key = r.i16("api_key")?;
+    let api_version = r.i16("api_version")?;
+    let header_version = request_header_version(api_key, api_version)?;
+    parse_request_header_version(frame, header_version)
+}
+
+/// Parses a request header of an explicit version: v0 (api key, version, correlation id),
+/// v1 (+ nullable client id), v2 (+ tagged fields). Header v0 is used only by
+/// ControlledShutdown v0, which weir does not advertise; it is here for completeness.
+pub fn parse_request_header_version(
+    frame: &Bytes,
+    header_version: i16,
+) -> Result<(RequestHeader, usize), WireError> {
+    let mut r = Reader::over(frame);
     let api_key = r.i16("api_key")?;
     let api_version = r.i16("api_version")?;
     let correlation_id = r.i32("correlation_id")?;
-    let header_version = request_header_version(api_key, api_version)?;
     // Header v1 and v2 both carry a classic (non-compact) nullable client id: Kafka kept it
     // non-compact in v2 so that any broker can read the client id of any request.
-    let client_id = r.nullable_string_bytes("client_id")?;
+    let client_id = if header_version >= 1 {
+        r.nullable_string_bytes("client_id")?
+    } else {
+        None
+    };
     if header_version >= 2 {
         r.skip_tagged_fields()?;
     }
@@ -288,6 +306,14 @@ mod tests {
             parse_request_header(&frame),
             Err(WireError::UnsupportedVersion { .. })
         ));
+    }
+
+    #[test]
+    fn request_header_v0_has_no_client_id() {
+        let frame = Bytes::from_static(&[0, 7, 0, 0, 0, 0, 0, 9, 0xaa]);
+        let (h, body) = parse_request_header_version(&frame, 0).expect("v0 header");
+        assert_eq!((h.api_key, h.correlation_id, h.client_id), (7, 9, None));
+        assert_eq!(body, 8);
     }
 
     #[test]
