@@ -111,9 +111,13 @@ fn range_in(body: &Bytes, slice: &Bytes) -> Option<Range<usize>> {
     (end <= body.len()).then_some(start..end)
 }
 
+/// Most memory a partition's records may pin (their frame) per byte they hold.
+const PIN_FACTOR_MAX: usize = 2;
+
 /// One buffer per partition with records. Zero-copy when this request is the only owner
-/// of its frame (the usual case for large produce requests); otherwise each piece is
-/// copied out (small frames share the connection's read buffer).
+/// of its frame (the usual case for large produce requests) and the piece is at least
+/// 1/[`PIN_FACTOR_MAX`] of it; otherwise the piece is copied out (small frames share the
+/// connection's read buffer).
 fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
     let ranges: Vec<Option<&Range<usize>>> =
         parts.iter().map(|p| p.records.as_ref().ok()).collect();
@@ -127,6 +131,7 @@ fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
         (_, Ok(whole)) => return copy_out(&whole, &ranges),
         (_, Err(shared)) => return copy_out(&shared, &ranges),
     };
+    let total = whole.len();
     let mut consumed = 0;
     ranges
         .iter()
@@ -134,7 +139,15 @@ fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
             r.map(|r| {
                 whole.advance(r.start - consumed);
                 consumed = r.end;
-                whole.split_to(r.len())
+                let piece = whole.split_to(r.len());
+                // A piece keeps its whole frame alive while the log's tail cache holds
+                // it; a small piece of a big frame is copied out so that an idle
+                // partition never pins much more memory than it caches.
+                if r.len() * PIN_FACTOR_MAX >= total {
+                    piece
+                } else {
+                    BytesMut::from(&piece[..])
+                }
             })
         })
         .collect()
@@ -227,23 +240,29 @@ mod tests {
     fn unique_frames_are_cut_in_place_and_shared_ones_copied() {
         let body = Bytes::from((0u8..100).collect::<Vec<u8>>());
         let base = body.as_ptr() as usize;
-        let parts = vec![part(Ok(10..20)), part(Err(3)), part(Ok(30..35))];
+        let parts = vec![part(Ok(10..60)), part(Err(3)), part(Ok(70..80))];
         let pieces = split_records(body, &parts);
         let first = pieces[0].as_ref().unwrap();
-        assert_eq!(&first[..], &(10u8..20).collect::<Vec<u8>>()[..]);
+        assert_eq!(&first[..], &(10u8..60).collect::<Vec<u8>>()[..]);
         assert_eq!(
             first.as_ptr() as usize,
             base + 10,
             "no copy: same allocation"
         );
         assert!(pieces[1].is_none());
-        assert_eq!(pieces[2].as_ref().unwrap().as_ptr() as usize, base + 30);
+        let small = pieces[2].as_ref().unwrap();
+        assert_eq!(&small[..], &(70u8..80).collect::<Vec<u8>>()[..]);
+        assert_ne!(
+            small.as_ptr() as usize,
+            base + 70,
+            "a small piece is copied, not pinned"
+        );
 
         let shared = Bytes::from((0u8..100).collect::<Vec<u8>>());
         let keep = shared.clone();
         let pieces = split_records(shared, &parts);
         let first = pieces[0].as_ref().unwrap();
-        assert_eq!(&first[..], &keep[10..20], "same bytes");
+        assert_eq!(&first[..], &keep[10..60], "same bytes");
         assert_ne!(
             first.as_ptr(),
             keep[10..].as_ptr(),
