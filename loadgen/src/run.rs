@@ -176,16 +176,17 @@ pub fn run(
     let mut pstats = ProducerStats::default();
     let mut produce_end_ns = clock.now_ns();
     if produce {
-        let handles = start_producers(spec, &cluster, clock, start_ns, &recorder, &ack_sink, rid)?;
-        for h in handles {
-            let s = h
-                .join()
-                .map_err(|_| anyhow!("producer thread panicked"))??;
-            pstats.generated += s.generated;
-            pstats.acked += s.acked;
-            pstats.failed += s.failed;
-            pstats.reconnects += s.reconnects;
-        }
+        let produced = start_producers(spec, &cluster, clock, start_ns, &recorder, &ack_sink, rid)
+            .and_then(join_producers);
+        pstats = match produced {
+            Ok(s) => s,
+            Err(e) => {
+                // Let the other threads wind down before reporting the failure.
+                stop_consumers.store(true, Ordering::Relaxed);
+                stop_all.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         produce_end_ns = clock.now_ns();
         if consume {
             wait_caught_up(&counting, pstats.acked);
@@ -216,6 +217,21 @@ pub fn run(
         producer: pstats,
         consumed,
     })
+}
+
+/// Waits for every producer; sums what they did.
+fn join_producers(handles: Vec<JoinHandle<Result<ProducerStats>>>) -> Result<ProducerStats> {
+    let mut total = ProducerStats::default();
+    for h in handles {
+        let s = h
+            .join()
+            .map_err(|_| anyhow!("producer thread panicked"))??;
+        total.generated += s.generated;
+        total.acked += s.acked;
+        total.failed += s.failed;
+        total.reconnects += s.reconnects;
+    }
+    Ok(total)
 }
 
 fn wait_caught_up(counting: &Counting, acked: u64) {
@@ -268,6 +284,35 @@ fn start_producers(
     Ok(handles)
 }
 
+/// When the consumers of a run stop.
+fn consumer_until(spec: &LoadSpec, with_producers: bool) -> Until {
+    let deadline = match (with_producers, spec.duration) {
+        // Consume-only for a duration: exactly that long.
+        (false, Some(d)) => Instant::now() + d + spec.warmup,
+        (true, Some(d)) => Instant::now() + d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE,
+        (_, None) => Instant::now() + RUN_MAX,
+    };
+    let unbounded = !with_producers && spec.records.is_none() && spec.duration.is_none();
+    Until {
+        records: if with_producers { None } else { spec.records },
+        consumed: Arc::new(AtomicU64::new(0)),
+        deadline,
+        idle: unbounded.then_some(CONSUME_IDLE),
+    }
+}
+
+/// The partitions of the `i`-th of `n` manually assigned consumers (none in group mode:
+/// the group assigns them).
+fn manual_partitions(spec: &LoadSpec, cluster: &Cluster, i: usize, n: usize) -> Vec<i32> {
+    if spec.group.is_some() {
+        return Vec::new();
+    }
+    (0..cluster.partitions())
+        .filter(|p| p % n == i)
+        .map(|p| p as i32)
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn start_consumers(
     spec: &LoadSpec,
@@ -280,7 +325,6 @@ fn start_consumers(
     stop: &Arc<AtomicBool>,
     with_producers: bool,
 ) -> Result<Vec<JoinHandle<u64>>> {
-    let n = spec.consumers.max(1).min(cluster.partitions());
     let cfg = ConsumerConfig {
         topic: spec.topic.clone(),
         start: spec.start,
@@ -289,73 +333,28 @@ fn start_consumers(
         partition_max_bytes: 8 << 20,
         group: spec.group.clone(),
     };
-    let deadline = Instant::now()
-        + spec.duration.map_or(RUN_MAX, |d| {
-            d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE
-        });
-    let until = Until {
-        records: if with_producers { None } else { spec.records },
-        consumed: Arc::new(AtomicU64::new(0)),
-        deadline,
-        idle: if with_producers || spec.records.is_some() || spec.duration.is_some() {
-            None
-        } else {
-            Some(CONSUME_IDLE)
-        },
+    let consumer = |parts: Vec<i32>, s: Arc<dyn RecordSink>| {
+        let (c, p, r) = (cluster.clone(), positions.clone(), recorder.clone());
+        Consumer::new(cfg.clone(), c, parts, p, clock, r, s, rid)
     };
     let n = if spec.group.is_some() {
         // Every partition starts where the run begins (unless the group committed an
         // offset); members then take whatever the group assigns them.
         let all = (0..cluster.partitions() as i32).collect();
-        let noop: Arc<dyn RecordSink> = Arc::new(crate::client::consumer::NoRecordSink);
-        let mut seeder = Consumer::new(
-            cfg.clone(),
-            cluster.clone(),
-            all,
-            positions.clone(),
-            clock,
-            recorder.clone(),
-            noop,
-            rid,
-        );
-        seeder.seek_start()?;
+        consumer(all, Arc::new(crate::client::consumer::NoRecordSink)).seek_start()?;
         spec.consumers.max(1)
     } else {
-        n
+        spec.consumers.max(1).min(cluster.partitions())
     };
+    let until = consumer_until(spec, with_producers);
     let mut handles = Vec::new();
     for i in 0..n {
-        let parts: Vec<i32> = if spec.group.is_some() {
-            Vec::new()
-        } else {
-            (0..cluster.partitions())
-                .filter(|p| p % n == i)
-                .map(|p| p as i32)
-                .collect()
-        };
-        let s: Arc<dyn RecordSink> = sink.clone();
-        let mut c = Consumer::new(
-            cfg.clone(),
-            cluster.clone(),
-            parts,
-            positions.clone(),
-            clock,
-            recorder.clone(),
-            s,
-            rid,
-        );
+        let mut c = consumer(manual_partitions(spec, cluster, i, n), sink.clone());
         // Positions are set before any producer starts, so "latest" misses nothing.
         if spec.group.is_none() {
             c.seek_start()?;
         }
-        let stop = stop.clone();
-        let until = match (with_producers, spec.duration) {
-            (false, Some(d)) => Until {
-                deadline: Instant::now() + d + spec.warmup,
-                ..until.clone()
-            },
-            _ => until.clone(),
-        };
+        let (stop, until) = (stop.clone(), until.clone());
         handles.push(
             std::thread::Builder::new()
                 .name(format!("consumer-{i}"))
