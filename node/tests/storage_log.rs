@@ -343,3 +343,34 @@ fn segments_roll_by_time() {
         assert_eq!(log.counters().rolls, 1);
     });
 }
+
+#[test]
+fn dropping_an_append_future_midway_loses_nothing_and_corrupts_nothing() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let log = Log::open(root.join("t-0"), config(&[("log.tail.cache.bytes", "0")]))
+            .await
+            .unwrap();
+        for i in 0..20 {
+            // First poll assigns offsets and starts the write; then the caller goes away
+            // (as when a client disconnects).
+            let mut append = std::pin::pin!(log.append(batch(i, 2), LeaderEpoch(0), 0));
+            let _ = futures_lite::future::poll_once(&mut append).await;
+        }
+        let info = log.append(batch(99, 1), LeaderEpoch(0), 0).await.unwrap();
+        assert_eq!(info.first_offset, Offset(40));
+        log.close().await.unwrap();
+        let log = Log::open(root.join("t-0"), LogConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(log.log_end_offset(), Offset(41));
+        let r = log.read(Offset(0), usize::MAX, Offset(41)).await.unwrap();
+        assert_eq!(r.batches.len(), 21);
+        for (i, b) in r.batches.iter().enumerate() {
+            let v = wire::batch::validate_batch(b).unwrap();
+            assert_eq!(v.header.base_offset(), Offset(2 * i as i64));
+        }
+    });
+}

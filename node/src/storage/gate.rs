@@ -35,6 +35,19 @@ impl IoGate {
         Some(IoGuard { gate: self })
     }
 
+    /// Becomes the leader if nobody is, for a task that will call [`leave`](Self::leave)
+    /// (through [`GateLeave`]) itself.
+    pub fn try_enter_detached(&self) -> bool {
+        !self.busy.replace(true)
+    }
+
+    /// Ends the current leadership and wakes every waiter.
+    pub fn leave(&self) {
+        self.busy.set(false);
+        self.generation.set(self.generation.get() + 1);
+        self.wake_all();
+    }
+
     /// Waits to become the leader.
     pub async fn enter(&self) -> IoGuard<'_> {
         loop {
@@ -74,8 +87,15 @@ impl IoGate {
 
 impl Drop for IoGuard<'_> {
     fn drop(&mut self) {
-        self.gate.busy.set(false);
-        self.gate.generation.set(self.gate.generation.get() + 1);
-        self.gate.wake_all();
+        self.gate.leave();
+    }
+}
+
+/// Leaves the gate when dropped: held by the detached I/O task.
+pub struct GateLeave<'a>(pub &'a IoGate);
+
+impl Drop for GateLeave<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }

@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::{Attributes, BatchHeader, TimestampType};
@@ -12,7 +13,7 @@ use zerocopy::FromBytes;
 use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
-use super::gate::{IoGate, IoGuard};
+use super::gate::{GateLeave, IoGate, IoGuard};
 use super::segment::{BatchMeta, Segment, check_header};
 use super::writer::{SegmentWriter, WRITE_BYTES_MAX};
 
@@ -80,6 +81,20 @@ pub struct LogCounters {
 /// One partition replica's log. See the module docs for ownership and concurrency:
 /// share it as `Rc<Log>` among the owning shard's tasks; every method takes `&self`.
 pub struct Log {
+    pub(super) inner: Rc<LogInner>,
+}
+
+impl std::ops::Deref for Log {
+    type Target = LogInner;
+
+    fn deref(&self) -> &LogInner {
+        &self.inner
+    }
+}
+
+/// The log's state, shared (by `Rc`) with the detached task that does its disk I/O, so
+/// that dropping an `append` future midway (a client disconnects) never abandons a write.
+pub struct LogInner {
     pub(super) dir: PathBuf,
     pub(super) state: RefCell<State>,
     /// Which task does the log's disk I/O (the "I/O leader"): writes, syncs,
@@ -391,45 +406,61 @@ impl Log {
     /// Waits until every offset below `next` is written to disk, doing the writing itself
     /// if no other task is (group write).
     pub(super) async fn wait_written(&self, next: Offset) -> Result<()> {
-        loop {
-            {
-                let st = self.state.borrow();
-                if st.written_next >= next {
-                    return Ok(());
-                }
-                st.check_writable(&self.dir)?;
-            }
-            match self.io_gate.try_enter() {
-                Some(_leader) => self.write_pending().await?,
-                None => self.io_gate.changed().await,
-            }
-        }
+        self.wait_until(|st| st.written_next >= next, None).await
     }
 
-    /// Waits until every offset below `next` is fdatasynced; the task that becomes I/O
-    /// leader writes and syncs for all waiting appends at once (group commit).
+    /// Waits until every offset below `next` is fdatasynced; one detached I/O task writes
+    /// and syncs for all waiting appends at once (group commit).
     pub(super) async fn wait_synced(&self, next: Offset, now_ms: i64) -> Result<()> {
+        self.wait_until(|st| st.synced_next >= next, Some(now_ms))
+            .await
+    }
+
+    /// Waits for `done`; when no I/O task is running, starts one that writes everything
+    /// pending (and fdatasyncs, with `sync_now_ms`). The I/O runs in a detached task, so
+    /// it completes even if this future is dropped.
+    async fn wait_until(
+        &self,
+        done: impl Fn(&State) -> bool,
+        sync_now_ms: Option<i64>,
+    ) -> Result<()> {
         loop {
             {
                 let st = self.state.borrow();
-                if st.synced_next >= next {
+                if done(&st) {
                     return Ok(());
                 }
                 st.check_writable(&self.dir)?;
             }
-            match self.io_gate.try_enter() {
-                Some(_leader) => {
-                    self.write_pending().await?;
-                    self.sync_written(now_ms).await?;
-                }
-                None => self.io_gate.changed().await,
+            if self.io_gate.try_enter_detached() {
+                let inner = self.inner.clone();
+                glommio::spawn_local(async move {
+                    inner.run_io(sync_now_ms).await;
+                })
+                .detach();
             }
+            self.io_gate.changed().await;
         }
     }
 
     /// Becomes the I/O leader (for truncation, retention, close).
     pub(super) async fn lock_io(&self) -> Result<IoGuard<'_>> {
         Ok(self.io_gate.enter().await)
+    }
+}
+
+impl LogInner {
+    /// The body of the detached I/O task: write everything pending, then sync if asked;
+    /// errors mark the log failed (waiters see them), and leaving the gate wakes waiters.
+    async fn run_io(&self, sync_now_ms: Option<i64>) {
+        let _leave = GateLeave(&self.io_gate);
+        let mut result = self.write_pending().await;
+        if let (Ok(()), Some(now_ms)) = (&result, sync_now_ms) {
+            result = self.sync_written(now_ms).await;
+        }
+        if let Err(e) = result {
+            self.state.borrow_mut().failed.get_or_insert(e.to_string());
+        }
     }
 
     /// fdatasyncs the segment being written. Caller holds the I/O lock and has written
@@ -568,7 +599,9 @@ impl Log {
         st.synced_next = st.synced_next.max(next);
         Ok(())
     }
+}
 
+impl Log {
     /// Reads whole batches starting with the one that contains `start`, up to `max_bytes`
     /// (the first batch is returned whole even if larger, as Kafka does) and only batches
     /// whose last offset is below `upper_bound` (the high watermark for consumers, the

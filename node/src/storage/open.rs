@@ -13,7 +13,7 @@ use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
 use super::index::SegmentIndex;
-use super::log::{CLEAN_SHUTDOWN_FILE, LOG_START_FILE, Log, LogCounters, State};
+use super::log::{CLEAN_SHUTDOWN_FILE, LOG_START_FILE, Log, LogCounters, LogInner, State};
 use super::recovery::{FileWindow, Scan, Tail, scan};
 use super::segment::Segment;
 use super::writer::{SegmentWriter, open_log_file};
@@ -74,14 +74,16 @@ fn build(
         closed: false,
     };
     Log {
-        dir,
-        state: RefCell::new(state),
-        io_gate: Default::default(),
-        writer: Cell::new(None),
+        inner: std::rc::Rc::new(LogInner {
+            dir,
+            state: RefCell::new(state),
+            io_gate: Default::default(),
+            writer: Cell::new(None),
+        }),
     }
 }
 
-impl Log {
+impl LogInner {
     /// Creates the writer that continues the active segment's file, if it has one.
     pub(super) async fn resume_writer(&self) -> Result<()> {
         let (file, written, path) = {
