@@ -23,9 +23,15 @@
 //! order it checked is the order in the log. Each append then waits until its bytes are
 //! written to the segment file (the DMA write completed, so a process crash cannot lose
 //! them, like Kafka's page-cache write), and, with `log.flush.on.ack`, until an
-//! fdatasync covers them. Writes and syncs are done by whichever waiting append gets
-//! there first, for everything pending at that moment: concurrent appends share one
-//! write and one fdatasync (group commit). [`Log::counters`] shows the sharing.
+//! fdatasync covers them. Writes and syncs are done by one detached I/O task at a time,
+//! for everything pending when it starts: concurrent appends share one write and one
+//! fdatasync (group commit); [`Log::counters`] shows the sharing. Because that task holds
+//! its own `Rc` of the log, dropping an `append` future midway (a client disconnects)
+//! never abandons a write: the batch was given its offsets and is written anyway.
+//!
+//! `truncate_to`, `delete_records_before`, `apply_retention`, `close` and `delete` do
+//! their disk work in the caller's future: await them to completion (replica fetchers
+//! and the log manager call them, not client connections).
 //!
 //! # Files
 //!
