@@ -303,6 +303,23 @@ fn every_advertised_version_walks_a_group_through_its_life() -> Result<()> {
                 .all(|k| k.error_code == NONE && k.port == i32::from(weir.addr().port())),
         "v4 batched: {r:?}"
     );
+    // The group requests created `__consumer_offsets`; Metadata must mark it internal so
+    // that clients' regex subscriptions skip it.
+    let md: MetadataResponse = c.call(
+        ApiKey::Metadata,
+        1,
+        &MetadataRequest::default().with_topics(None),
+    )?;
+    let internal = |name: &str| {
+        md.topics
+            .iter()
+            .find(|t| t.name.as_ref().is_some_and(|n| n.as_str() == name))
+            .map(|t| t.is_internal)
+    };
+    ensure!(
+        internal("__consumer_offsets") == Some(true) && internal(TOPIC) == Some(false),
+        "internal flags: {md:?}"
+    );
 
     for v in 0..=8i16 {
         let group = format!("life-v{v}");

@@ -118,6 +118,7 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
     MetadataResponseTopic::default()
         .with_name(Some(topic_name(&meta.name)))
         .with_topic_id(Uuid::from_u128(meta.id))
+        .with_is_internal(meta.name == crate::group::OFFSETS_TOPIC)
         .with_partitions(partitions)
 }
 
