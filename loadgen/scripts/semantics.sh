@@ -10,11 +10,27 @@ OUT=${OUT:-target/lg-semantics}
 W=$PWD/target/release/weir
 LG=$PWD/target/release/weir-loadgen
 rm -rf "$OUT" && mkdir -p "$OUT"
+CUR=
+
+# SIGKILLs the broker of case dir $1 (its pid file follows restarts), waits (bounded) until
+# it is gone or a zombie, then deletes its data dir: a run can leave tens of GB there.
+stop_broker() {
+    local P
+    P=$(cat "$1/pid" 2>/dev/null) || P=
+    if [ -n "$P" ]; then
+        kill -9 "$P" 2>/dev/null
+        for _ in $(seq 1 200); do [ -e /proc/$P ] && ! grep -qs zombie /proc/$P/status || break; sleep 0.05; done
+    fi
+    rm -rf "$1/data"
+}
+trap 'if [ -n "$CUR" ]; then stop_broker "$CUR"; fi' EXIT
+trap 'exit 130' INT TERM
 
 case_run() {
     local name=$1; shift
     local D=$PWD/$OUT/$name
     mkdir -p "$D"
+    CUR=$D
     "$W" serve --data-dir "$D/data" --listen 127.0.0.1:0 --shards 2 > "$D/log" 2>&1 &
     echo $! > "$D/pid"
     for _ in $(seq 1 100); do grep -qs "weir ready" "$D/log" && break; sleep 0.1; done
@@ -35,7 +51,8 @@ EOS
     timeout 300 "$LG" verify --bootstrap "127.0.0.1:$port" --topic sem --partitions 4 \
         --rate 20000 --duration 10s --fault-cmd "$D/restart.sh" --fault-every 2s --quiet \
         --json "$D/v.json" "$@" 2>/dev/null | grep -v "^  partition"
-    kill -9 "$(cat "$D/pid")" 2>/dev/null
+    stop_broker "$D"
+    CUR=
     wait 2>/dev/null
 }
 

@@ -15,12 +15,25 @@ DUR=${DUR:-15s}
 WARM=${WARM:-3s}
 BIN=target/release
 rm -rf "$OUT" && mkdir -p "$OUT"
+DATA=$OUT/weir-data
+FIOFILE=$OUT/fio.dat
+WEIR_PID=
+# On any exit: kill the broker, then delete its data dir and the fio file. A run leaves
+# tens of GB there (once 32 GB), enough to fill the disk; the JSON results are kept.
+cleanup() {
+    if [ -n "$WEIR_PID" ]; then
+        kill -9 "$WEIR_PID" 2>/dev/null || true
+        wait "$WEIR_PID" 2>/dev/null || true
+    fi
+    rm -rf "$DATA" "$FIOFILE"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # BUILD=0 uses the binaries already in target/release.
 if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen >/dev/null; fi
 
 echo "== fio (O_DIRECT, 1 MiB blocks, iodepth 16, 2 GiB file on the repo's disk)"
-FIOFILE=$OUT/fio.dat
 fio --name=seqwrite --filename="$FIOFILE" --rw=write --bs=1M --size=2G --direct=1 \
     --ioengine=libaio --iodepth=16 --runtime=15 --time_based --output-format=json \
     > "$OUT/fio-write.json"
@@ -36,11 +49,9 @@ iperf3 -c 127.0.0.1 -p 15201 -t 10 -J > "$OUT/iperf3.json"
 wait || true
 
 echo "== weir --shards $SHARDS"
-DATA=$OUT/weir-data
 mkdir -p "$DATA"
 "$BIN/weir" serve --data-dir "$DATA" --listen 127.0.0.1:0 --shards "$SHARDS" > "$OUT/weir.log" 2>&1 &
 WEIR_PID=$!
-trap 'kill -9 $WEIR_PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do grep -q "weir ready" "$OUT/weir.log" && break; sleep 0.1; done
 ADDR=$(grep -o "listening on [0-9.:]*" "$OUT/weir.log" | head -1 | awk '{print $3}')
 echo "weir at $ADDR (pid $WEIR_PID)"
