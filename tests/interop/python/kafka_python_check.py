@@ -18,14 +18,18 @@ def main(bootstrap, topic):
     admin.close()
 
     sent = common.records("kafka-python")
-    # kafka-python 3.x turns idempotence on by default; idempotent producers
-    # (InitProducerId) are a later weir issue, so this check uses a plain producer.
-    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="gzip", linger_ms=5,
-                      enable_idempotence=False)
+    # kafka-python 3.x's default: idempotence on, so this also runs its InitProducerId
+    # and the sequenced produce path against weir.
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="gzip", linger_ms=5)
     futures = [p.send(topic, key=k, value=v, headers=[("h", k)]) for k, v in sent]
     p.flush(30)
     for f in futures:
         f.get(timeout=30)
+    # Idempotence really ran: the producer holds an id from weir's InitProducerId
+    # (a private attribute of kafka-python 3.x, read only to check this).
+    tm = p._transaction_manager
+    if tm is None or tm.producer_id_and_epoch.producer_id < 0:
+        common.fail("kafka-python producer has no producer id: idempotence did not run")
     p.close()
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
