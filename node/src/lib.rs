@@ -18,6 +18,7 @@ pub mod partition;
 pub mod producer_state;
 pub mod proto;
 pub mod router;
+pub mod send_turns;
 pub mod server;
 pub mod shard;
 pub mod storage;

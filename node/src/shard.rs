@@ -25,6 +25,7 @@ use crate::event::Event;
 use crate::metadata::{Catalog, MetaStore};
 use crate::partition::{FetchOutcome, Partition, ProduceOutcome};
 use crate::router::{RouteRevision, Router, ShardId};
+use crate::send_turns::SendTurns;
 
 /// Requests from one peer shard handled concurrently before its inbox stops pulling.
 pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
@@ -131,6 +132,8 @@ pub struct Shard {
     requests: Option<Senders<Envelope>>,
     replies: Option<Senders<ReplyEnvelope>>,
     pending: RefCell<HashMap<u64, LocalSender<Reply>>>,
+    /// One FIFO turn per peer's request queue, so envelopes enter it in call order.
+    send_turns: Vec<SendTurns>,
     next_id: Cell<u64>,
     catalog: RefCell<(u64, Arc<Catalog>)>,
     pub partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
@@ -162,6 +165,7 @@ impl Shard {
         advertised: (String, u16),
     ) -> Shard {
         let router = Router::new(node.config.shards);
+        let send_turns = (0..router.shards()).map(|_| SendTurns::default()).collect();
         let catalog = (node.meta.version(), node.meta.snapshot());
         Shard {
             id,
@@ -170,6 +174,7 @@ impl Shard {
             requests,
             replies,
             pending: RefCell::new(HashMap::new()),
+            send_turns,
             next_id: Cell::new(1),
             catalog: RefCell::new(catalog),
             partitions: RefCell::new(HashMap::new()),
@@ -202,7 +207,7 @@ impl Shard {
         if target == self.id {
             return self.exec(op).await;
         }
-        let (Some(requests), true) = (&self.requests, target.0 < self.router.shards()) else {
+        let (Some(requests), Some(turns)) = (&self.requests, self.send_turns.get(target.0)) else {
             return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
         };
         let id = self.next_id.get();
@@ -215,7 +220,13 @@ impl Shard {
             revision: self.router.revision(),
             op,
         };
-        if requests.send_to(target.0, env).await.is_err() {
+        // In call order even when the queue is full (see `send_turns`): one connection's
+        // requests reach the owner in the order the client sent them.
+        let sent = {
+            let _turn = turns.wait().await;
+            requests.send_to(target.0, env).await
+        };
+        if sent.is_err() {
             self.pending.borrow_mut().remove(&id);
             return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
         }
