@@ -7,6 +7,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use glommio::io::DmaFile;
 use wire::Offset;
+use wire::batch::BatchHeader;
 
 use super::error::{Result, StorageError};
 use super::index::relative;
@@ -126,13 +127,7 @@ async fn read_file(
     let mut total = 0usize;
     let mut pos = plan.from;
     while pos < plan.end {
-        let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
-        let (header, size) =
-            check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
-                path: plan.path.clone(),
-                position: pos,
-                reason: reason.to_owned(),
-            })?;
+        let (header, size) = stored_header(&mut window, plan, pos).await?;
         let last = header.last_offset();
         if last >= start {
             if last >= upper || (!out.is_empty() && total + size > max_bytes) {
@@ -203,17 +198,26 @@ async fn scan_time(
         FileWindow::with_window(plan.file.clone(), &plan.path, plan.end, READ_WINDOW_MIN);
     let mut pos = plan.from;
     while pos < plan.end {
-        let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
-        let (header, size) =
-            check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
-                path: plan.path.clone(),
-                position: pos,
-                reason: reason.to_owned(),
-            })?;
+        let (header, size) = stored_header(&mut window, plan, pos).await?;
         if header.max_timestamp() >= timestamp && header.last_offset() >= log_start {
             return Ok(Some((header.base_offset(), header.max_timestamp())));
         }
         pos += size as u64;
     }
     Ok(None)
+}
+
+/// The header of the batch at `pos` in `plan`'s file, checked for framing: bytes that do
+/// not frame a batch there mean the file is corrupt.
+async fn stored_header<'w>(
+    window: &'w mut FileWindow,
+    plan: &DiskPlan,
+    pos: u64,
+) -> Result<(&'w BatchHeader, usize)> {
+    let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+    check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
+        path: plan.path.clone(),
+        position: pos,
+        reason: reason.to_owned(),
+    })
 }
