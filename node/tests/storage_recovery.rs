@@ -173,6 +173,35 @@ fn flipped_byte_in_the_middle_refuses_to_open_naming_file_and_position() {
     assert!(std::fs::metadata(log_file).unwrap().len() >= one * BATCHES as u64);
 }
 
+/// The base offset is outside the CRC, so a damaged one still passes the CRC check: it
+/// must be rejected as damage, not overflow the offset arithmetic.
+#[test]
+fn base_offset_too_large_for_its_batch_is_damage() {
+    for (case, victim) in [("last", BATCHES - 1), ("middle", 7)] {
+        let dir = tempdir();
+        let pdir = dir.path().join("t-0");
+        let files = write_log(pdir.clone(), 1 << 30, false);
+        let log_file = &files[0];
+        let one = batch_size(log_file);
+        overwrite(log_file, one * victim as u64, &i64::MAX.to_be_bytes());
+        let result = open(pdir, 1 << 30);
+        if victim == BATCHES - 1 {
+            assert_eq!(
+                result.unwrap().0,
+                Offset(BATCHES - 1),
+                "{case}: torn tail trimmed"
+            );
+        } else {
+            match result {
+                Err(StorageError::Corrupt { position, .. }) => {
+                    assert_eq!(position, one * victim as u64, "{case}")
+                }
+                other => panic!("{case}: expected Corrupt, got {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn sealed_segment_that_does_not_end_at_a_batch_is_corruption() {
     let dir = tempdir();

@@ -12,7 +12,7 @@ use wire::batch::{BATCH_HEADER_SIZE, TimestampType, validate_batch};
 
 use super::error::{Result, StorageError};
 use super::index::{decode_offsets, decode_times};
-use super::segment::check_header;
+use super::segment::check_stored_header;
 
 /// What a dump found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +79,7 @@ fn dump_log(path: &Path, out: &mut dyn Write, summary: &mut DumpSummary) -> Resu
     while pos < size {
         file.seek(SeekFrom::Start(pos)).map_err(io)?;
         let have = read_up_to(&mut file, &mut head).map_err(io)?;
-        let total = match check_header(&head[..have], size - pos) {
+        let total = match check_stored_header(&head[..have], size - pos) {
             Ok((_, total)) => total,
             Err(reason) => {
                 return stop(out, summary, pos, size, reason);

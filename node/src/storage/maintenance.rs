@@ -12,7 +12,7 @@ use super::index::relative;
 use super::log::{CLEAN_SHUTDOWN_FILE, Log, State};
 use super::open::{remove_segment_files, write_index_files, write_log_start};
 use super::recovery::FileWindow;
-use super::segment::{Segment, check_header};
+use super::segment::{Segment, check_stored_header};
 use super::writer::create_log_file;
 
 /// Where a truncation cuts: segment, byte position, and the new log end offset.
@@ -87,7 +87,7 @@ impl Log {
         while pos < end {
             let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
             let (h, size) =
-                check_header(head, end - pos).map_err(|reason| StorageError::Corrupt {
+                check_stored_header(head, end - pos).map_err(|reason| StorageError::Corrupt {
                     path: path.clone(),
                     position: pos,
                     reason: reason.to_owned(),
@@ -172,7 +172,7 @@ impl Log {
         let mut pos = 0;
         while pos < end {
             let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
-            let Ok((h, size)) = check_header(head, end - pos) else {
+            let Ok((h, size)) = check_stored_header(head, end - pos) else {
                 break;
             };
             if h.max_timestamp() > max.0 {

@@ -13,7 +13,7 @@ use super::error::{Result, StorageError};
 use super::index::relative;
 use super::log::{Log, ReadResult, State};
 use super::recovery::FileWindow;
-use super::segment::check_header;
+use super::segment::check_stored_header;
 
 /// Smallest window read from disk for a fetch: covers the index interval plus a batch.
 const READ_WINDOW_MIN: usize = 64 << 10;
@@ -215,7 +215,7 @@ async fn stored_header<'w>(
     pos: u64,
 ) -> Result<(&'w BatchHeader, usize)> {
     let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
-    check_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
+    check_stored_header(head, plan.end - pos).map_err(|reason| StorageError::Corrupt {
         path: plan.path.clone(),
         position: pos,
         reason: reason.to_owned(),

@@ -18,7 +18,7 @@ use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, validate_batch};
 
 use super::error::{Result, StorageError};
-use super::segment::{BatchMeta, check_header};
+use super::segment::{BatchMeta, check_stored_header};
 
 /// Bytes read per window when scanning.
 const WINDOW_BYTES: usize = 1 << 20;
@@ -150,7 +150,7 @@ async fn next_batch(
 ) -> Result<Result<BatchMeta, String>> {
     let room = window.end() - pos;
     let head = window.get(pos, BATCH_HEADER_SIZE).await?;
-    let total = match check_header(head, room) {
+    let total = match check_stored_header(head, room) {
         Ok((_, total)) => total,
         Err(reason) => return Ok(Err(reason.to_owned())),
     };
@@ -208,7 +208,9 @@ async fn find_valid_batch(window: &mut FileWindow, from: u64) -> Result<Option<u
     while q + BATCH_HEADER_SIZE as u64 <= end {
         // Cheap filters first: magic byte and a length that fits.
         let head = window.get(q, BATCH_HEADER_SIZE).await?;
-        let plausible = check_header(head, end - q).map(|(_, total)| total).ok();
+        let plausible = check_stored_header(head, end - q)
+            .map(|(_, total)| total)
+            .ok();
         if let Some(total) = plausible {
             let bytes = window.get(q, total).await?;
             if validate_batch(bytes).is_ok() {

@@ -55,6 +55,23 @@ pub fn check_header(buf: &[u8], max_size: u64) -> Result<(&BatchHeader, usize), 
     Ok((header, total))
 }
 
+/// [`check_header`] for a batch read back from a segment file. The base offset is not
+/// covered by the CRC, so a damaged one passes validation: it must be non-negative and
+/// leave room for the offset after the batch's last record, or offset arithmetic on it
+/// would overflow.
+pub fn check_stored_header(
+    buf: &[u8],
+    max_size: u64,
+) -> Result<(&BatchHeader, usize), &'static str> {
+    let (header, total) = check_header(buf, max_size)?;
+    let base = header.base_offset().get();
+    let past_last = i64::from(header.last_offset_delta.get()) + 1;
+    if base < 0 || base.checked_add(past_last).is_none() {
+        return Err("base offset negative or too large for the batch's offsets");
+    }
+    Ok((header, total))
+}
+
 /// One segment of a partition log.
 pub struct Segment {
     /// Offset the file is named by; every batch in it has offsets `>= base`.
