@@ -116,8 +116,8 @@ const PIN_FACTOR_MAX: usize = 2;
 
 /// One buffer per partition with records. Zero-copy when this request is the only owner
 /// of its frame (the usual case for large produce requests) and the piece is at least
-/// 1/[`PIN_FACTOR_MAX`] of it; otherwise the piece is copied out (small frames share the
-/// connection's read buffer).
+/// 1/[`PIN_FACTOR_MAX`] of the frame's allocation; otherwise the piece is copied out
+/// (small frames share, or sit in, the connection's larger read buffer).
 fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
     let ranges: Vec<Option<&Range<usize>>> =
         parts.iter().map(|p| p.records.as_ref().ok()).collect();
@@ -131,7 +131,9 @@ fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
         (_, Ok(whole)) => return copy_out(&whole, &ranges),
         (_, Err(shared)) => return copy_out(&shared, &ranges),
     };
-    let total = whole.len();
+    // The allocation, not just the frame's bytes: a small frame handed over whole by the
+    // connection sits in a read buffer of 64 KiB or more, all of which a piece would pin.
+    let total = whole.capacity();
     let mut consumed = 0;
     ranges
         .iter()
@@ -270,5 +272,20 @@ mod tests {
         );
         assert_eq!(range_in(&keep, &keep.slice(5..9)), Some(5..9));
         assert_eq!(range_in(&keep.slice(50..), &keep.slice(5..9)), None);
+    }
+
+    #[test]
+    fn a_small_frame_in_a_large_buffer_is_copied_not_pinned() {
+        // As `server::conn` hands over a 200-byte frame that exactly filled its 64 KiB read
+        // buffer: the piece must not keep 64 KiB alive for 180 bytes.
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        buf.extend_from_slice(&[7u8; 200]);
+        let body = buf.freeze();
+        let base = body.as_ptr() as usize;
+        let pieces = split_records(body, &[part(Ok(20..200))]);
+        let piece = pieces[0].as_ref().expect("records");
+        assert_eq!(&piece[..], &[7u8; 180][..]);
+        assert_ne!(piece.as_ptr() as usize, base + 20, "copied out");
+        assert!(piece.capacity() < 64 * 1024, "does not pin the read buffer");
     }
 }
