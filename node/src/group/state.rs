@@ -11,7 +11,7 @@
 //! the groups of one shard, persists what [`Group::take_dirty`] reports and drives
 //! [`Group::tick`]. Lives on the shard that owns the group's `__consumer_offsets` partition.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use glommio::channels::local_channel::LocalSender;
@@ -285,11 +285,25 @@ impl Group {
         if self.protocol_type.as_deref() != Some(protocol_type) {
             return false;
         }
-        protocols.iter().any(|(name, _)| {
-            self.members
+        let names = protocols.iter().map(|(n, _)| n.as_str());
+        !self.common_protocols(names).is_empty()
+    }
+
+    /// Which of `names` every member supports. Linear in the members' protocol lists: a
+    /// JoinGroup may carry thousands of names, and nested scans would stall the shard.
+    fn common_protocols<'a>(&self, names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
+        let mut common: HashSet<&'a str> = names.collect();
+        for m in &self.members {
+            if common.is_empty() {
+                break;
+            }
+            common = m
+                .protocols
                 .iter()
-                .all(|m| m.protocols.iter().any(|(n, _)| n == name))
-        })
+                .filter_map(|(n, _)| common.get(n.as_str()).copied())
+                .collect();
+        }
+        common
     }
 
     /// JoinGroup. The answer goes to `reply`, now or when the rebalance completes.
@@ -570,36 +584,27 @@ impl Group {
     /// the one it lists first; most votes wins (ties: the earlier in the leader's list).
     fn select_protocol(&self) -> Option<String> {
         let first = self.members.first()?;
-        let candidates: Vec<&String> = first
-            .protocols
-            .iter()
-            .map(|(n, _)| n)
-            .filter(|n| {
-                self.members
-                    .iter()
-                    .all(|m| m.protocols.iter().any(|(p, _)| p == *n))
-            })
-            .collect();
-        let votes = |name: &String| {
-            self.members
+        let common = self.common_protocols(first.protocols.iter().map(|(n, _)| n.as_str()));
+        let mut votes: HashMap<&str, usize> = HashMap::new();
+        for m in &self.members {
+            let choice = m
+                .protocols
                 .iter()
-                .filter(|m| {
-                    m.protocols
-                        .iter()
-                        .map(|(n, _)| n)
-                        .find(|n| candidates.contains(n))
-                        == Some(name)
-                })
-                .count()
-        };
-        let mut best: Option<(&String, usize)> = None;
-        for c in &candidates {
-            let v = votes(c);
+                .find(|(n, _)| common.contains(n.as_str()));
+            if let Some((n, _)) = choice {
+                *votes.entry(n.as_str()).or_default() += 1;
+            }
+        }
+        let mut best: Option<(&str, usize)> = None;
+        for (c, _) in &first.protocols {
+            let Some(&v) = votes.get(c.as_str()) else {
+                continue;
+            };
             if best.is_none_or(|(_, bv)| v > bv) {
                 best = Some((c, v));
             }
         }
-        best.map(|(n, _)| n.clone())
+        best.map(|(n, _)| n.to_string())
     }
 
     /// SyncGroup. The leader's call carries the assignment; every member's answer is its

@@ -262,3 +262,33 @@ fn stored_value_round_trips_membership() {
         Some(Bytes::from_static(b"asg"))
     );
 }
+
+/// A JoinGroup can list tens of thousands of protocols: matching them against the group
+/// must stay linear (nested scans took minutes here and stalled the whole shard).
+#[test]
+fn many_protocols_are_matched_in_linear_time() {
+    const N: usize = 50_000;
+    let many = |prefix: &str| -> Vec<(String, Bytes)> {
+        let mut v: Vec<(String, Bytes)> = (0..N)
+            .map(|i| (format!("{prefix}{i}"), Bytes::new()))
+            .collect();
+        v.push(("range".into(), Bytes::new()));
+        v
+    };
+    let started = std::time::Instant::now();
+    let mut g = Group::new("g", 0);
+    let mut a = args("", b"m");
+    a.require_known_member_id = false;
+    a.protocols = many("a");
+    let ra = take(&join(&mut g, a.clone(), 0)).expect("joined");
+    take(&sync(&mut g, &ra.member_id, 1, vec![])).expect("synced");
+    let mut b = a.clone();
+    b.protocols = many("b");
+    let rx_b = join(&mut g, b, 10);
+    a.member_id = ra.member_id.clone();
+    let ra2 = take(&join(&mut g, a, 20)).expect("joined");
+    assert_eq!(take(&rx_b).expect("joined").error, codes::NONE);
+    assert_eq!(ra2.protocol_name.as_deref(), Some("range"));
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}
