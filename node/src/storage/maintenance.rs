@@ -10,7 +10,7 @@ use super::atomic::{sync_dir, write_atomic};
 use super::error::{Result, StorageError};
 use super::index::relative;
 use super::log::{CLEAN_SHUTDOWN_FILE, Log, State};
-use super::open::{remove_segment_files, write_index_files, write_log_start};
+use super::open::{remove_files, remove_segment_files, write_index_files, write_log_start};
 use super::recovery::FileWindow;
 use super::segment::{Segment, check_stored_header};
 use super::writer::create_log_file;
@@ -191,15 +191,7 @@ impl Log {
         let Some(active) = st.active() else {
             return Ok(());
         };
-        for ext in ["index", "timeindex"] {
-            let path = active.path(ext);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StorageError::io("remove", &path, e)),
-            }
-        }
-        Ok(())
+        remove_files(active, &["index", "timeindex"])
     }
 
     /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).

@@ -282,7 +282,12 @@ fn drop_segments_below_start(
 
 /// Removes a segment's `.log`, `.index` and `.timeindex` files (missing ones are fine).
 pub fn remove_segment_files(seg: &Segment) -> Result<()> {
-    for ext in ["log", "index", "timeindex"] {
+    remove_files(seg, &["log", "index", "timeindex"])
+}
+
+/// Removes a segment's files with these extensions (missing ones are fine).
+pub fn remove_files(seg: &Segment, extensions: &[&str]) -> Result<()> {
+    for ext in extensions {
         let path = seg.path(ext);
         match fs::remove_file(&path) {
             Ok(()) => {}
