@@ -284,9 +284,10 @@ pub fn decode_group_value(buf: &Bytes) -> Result<GroupValue, SchemaError> {
     let leader = r.opt_str()?;
     let state_timestamp_ms = if version >= 2 { r.i64()? } else { -1 };
     let count = r.i32()?;
-    // Every member takes at least 20 bytes: bound the count by what is present.
+    // Every member takes at least 18 bytes (v0: three empty strings, a timeout, two empty
+    // byte arrays): bound the count by what is present.
     let left = buf.len() - r.at;
-    if count < 0 || count as usize > left / 20 {
+    if count < 0 || count as usize > left / MEMBER_MIN_BYTES {
         return Err(SchemaError::Invalid {
             what: "member count",
             at: r.at,
@@ -305,6 +306,9 @@ pub fn decode_group_value(buf: &Bytes) -> Result<GroupValue, SchemaError> {
         members,
     })
 }
+
+/// The smallest stored member (version 0, every string and byte array empty).
+const MEMBER_MIN_BYTES: usize = 18;
 
 fn decode_member(r: &mut Reader<'_>, version: i16) -> Result<MemberValue, SchemaError> {
     let member_id = r.str()?;
@@ -403,5 +407,24 @@ mod tests {
         huge.put_i64(0);
         huge.put_i32(i32::MAX);
         assert!(decode_group_value(&huge.freeze()).is_err());
+    }
+
+    #[test]
+    fn smallest_v0_members_are_accepted() {
+        let mut v0 = BytesMut::new();
+        v0.put_i16(0);
+        put_str(&mut v0, "consumer");
+        v0.put_i32(1);
+        v0.put_i16(-1);
+        v0.put_i16(-1);
+        v0.put_i32(2);
+        for _ in 0..2 {
+            v0.put_bytes(0, 6); // member id, client id, client host: all empty
+            v0.put_i32(10_000); // session timeout
+            v0.put_bytes(0, 8); // subscription, assignment: empty
+        }
+        let v = decode_group_value(&v0.freeze()).expect("two 18-byte members");
+        assert_eq!(v.members.len(), 2);
+        assert_eq!(v.members[1].rebalance_timeout_ms, 10_000);
     }
 }
