@@ -91,7 +91,9 @@ impl Settings {
             segment_bytes: num("offsets.topic.segment.bytes", 104_857_600).max(1 << 14),
             retention_ms: num("offsets.retention.minutes", 10_080).max(1) * 60_000,
             retention_check_ms: num("offsets.retention.check.interval.ms", 600_000).max(1),
-            metadata_max_bytes: num("offset.metadata.max.bytes", 4096).max(0) as usize,
+            // Stored as a Kafka string (int16 length): longer metadata could not be logged.
+            metadata_max_bytes: num("offset.metadata.max.bytes", 4096).clamp(0, i64::from(i16::MAX))
+                as usize,
             compaction_backoff_ms: num("log.cleaner.backoff.ms", 15_000).max(100),
             compaction_min_records: num("offsets.compaction.min.records", 10_000).max(1),
             session_min_ms: num("group.min.session.timeout.ms", 6_000) as i32,
