@@ -66,6 +66,8 @@ impl MetaStore {
         let path = data_dir.join(CATALOG_FILE);
         let catalog = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(anyhow::Error::from)
+                .and_then(|c| check_catalog(&c).map(|()| c))
                 .map_err(|e| anyhow::anyhow!("corrupt {}: {e}", path.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Catalog::default(),
             Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
@@ -108,6 +110,21 @@ impl MetaStore {
         self.version.fetch_add(1, Ordering::AcqRel);
         Ok(out)
     }
+}
+
+/// Checks a loaded catalogue holds only what creation allows: the partition count bounds
+/// per-partition work and allocations, and the name becomes a directory name.
+fn check_catalog(catalog: &Catalog) -> anyhow::Result<()> {
+    for (key, topic) in &catalog.topics {
+        validate_topic_name(key)?;
+        if topic.name != *key {
+            anyhow::bail!("topic {key:?} stored under another name {:?}", topic.name);
+        }
+        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&topic.partitions) {
+            return Err(MetaError::InvalidPartitions(topic.partitions).into());
+        }
+    }
+    Ok(())
 }
 
 /// Checks a topic name the way Kafka does: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.`/`..`.
@@ -186,5 +203,34 @@ mod tests {
         assert!(validate_topic_name("ok.name-1_x").is_ok());
         assert!(validate_topic_name("bad/name").is_err());
         assert!(validate_topic_name("..").is_err());
+    }
+
+    #[test]
+    fn a_catalogue_file_creation_would_refuse_does_not_load() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+        std::fs::create_dir_all(&root).unwrap();
+        let dir = tempfile::tempdir_in(root).unwrap();
+        let topic = |name: &str, partitions: i64| {
+            format!(
+                r#"{{"topics":{{"{name}":{{"name":"{name}","id":1,"partitions":{partitions},"configs":{{}}}}}}}}"#
+            )
+        };
+        std::fs::write(dir.path().join(CATALOG_FILE), topic("a", 3)).unwrap();
+        assert_eq!(
+            MetaStore::open(dir.path()).unwrap().snapshot().topics["a"].partitions,
+            3
+        );
+        for bad in [
+            topic("a", 0),
+            topic("a", -1),
+            topic("a", 2_000_000_000),
+            topic("..", 1),
+        ] {
+            std::fs::write(dir.path().join(CATALOG_FILE), &bad).unwrap();
+            assert!(MetaStore::open(dir.path()).is_err(), "{bad}");
+        }
+        let renamed = topic("a", 1).replacen(r#""name":"a""#, r#""name":"b""#, 1);
+        std::fs::write(dir.path().join(CATALOG_FILE), &renamed).unwrap();
+        assert!(MetaStore::open(dir.path()).is_err(), "{renamed}");
     }
 }
