@@ -146,13 +146,15 @@ async fn wait_for_data(
 ) {
     let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
     for (w, o) in wanted.iter().zip(outcomes) {
-        // Only partitions read to their end can be woken by new data.
+        // Only partitions read to their end can be woken by new data. A partition left
+        // empty by the response budget has data already: it waits for an append past its
+        // current high watermark, else its wait would end at once and the poll would spin.
         if o.batches.is_empty() {
             let owner = shard.router.owner(&w.tp.0, w.tp.1);
             by_owner
                 .entry(owner)
                 .or_default()
-                .push((w.tp.clone(), w.offset));
+                .push((w.tp.clone(), w.offset.max(o.high_watermark)));
         }
     }
     let woken = Rc::new(Event::default());

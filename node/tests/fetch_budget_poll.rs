@@ -1,0 +1,112 @@
+//! A long-polling Fetch whose response budget (`max_bytes`) leaves a partition with data
+//! out must sleep until new data or `max_wait_ms`, not spin: the left-out partition's
+//! wait must not count as "data arrived".
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Broker, Client, batch};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use wire::api;
+
+fn name(v: &str) -> TopicName {
+    TopicName(StrBytes::from_string(v.to_string()))
+}
+
+/// CPU seconds (user + system) used so far by this test's child processes (the broker).
+fn children_cpu_secs() -> f64 {
+    let mut ticks = 0u64;
+    let tasks = std::fs::read_dir("/proc/self/task").expect("proc tasks");
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace() {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the ")" that closes the command name: utime is the 12th, stime
+            // the 13th.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            for i in [11, 12] {
+                ticks += fields
+                    .get(i)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+#[test]
+fn a_budget_limited_long_poll_sleeps_instead_of_spinning() {
+    let broker = Broker::start(1, &[]);
+    let mut c: Client = broker.client();
+    let topic = CreatableTopic::default()
+        .with_name(name("fb"))
+        .with_num_partitions(2)
+        .with_replication_factor(1);
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![topic]),
+    );
+    assert_eq!(created.topics[0].error_code, 0);
+    for partition in 0..2 {
+        let data = PartitionProduceData::default()
+            .with_index(partition)
+            .with_records(Some(batch(&[b"value"], 1)));
+        let req = ProduceRequest::default()
+            .with_acks(1)
+            .with_timeout_ms(5000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(name("fb"))
+                    .with_partition_data(vec![data]),
+            ]);
+        let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
+        assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
+    }
+    // max_bytes 1: the first partition's batch is sent whole, the second left out; the
+    // bytes sent stay below min_bytes, so the fetch long-polls for max_wait_ms.
+    let partitions = (0..2)
+        .map(|p| {
+            FetchPartition::default()
+                .with_partition(p)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(1 << 20)
+        })
+        .collect();
+    let fetch = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(2000)
+        .with_min_bytes(1 << 20)
+        .with_max_bytes(1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(name("fb"))
+                .with_partitions(partitions),
+        ]);
+    let cpu_before = children_cpu_secs();
+    let t0 = Instant::now();
+    let resp: FetchResponse = c.call(api::FETCH, 12, &fetch);
+    let elapsed = t0.elapsed();
+    let cpu = children_cpu_secs() - cpu_before;
+    let parts = &resp.responses[0].partitions;
+    assert_eq!((parts[0].error_code, parts[1].error_code), (0, 0));
+    assert!(parts[0].records.as_ref().is_some_and(|r| !r.is_empty()));
+    assert!(parts[1].records.as_ref().is_none_or(|r| r.is_empty()));
+    assert!(
+        elapsed >= Duration::from_millis(1500),
+        "waited for max_wait_ms: {elapsed:?}"
+    );
+    assert!(
+        cpu < 0.5,
+        "the broker used {cpu:.2} CPU seconds during a 2 s long poll (spinning)"
+    );
+}
