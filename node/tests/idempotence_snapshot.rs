@@ -181,6 +181,12 @@ fn reopen_rebuilds_from_shutdown_snapshot_damaged_snapshot_or_whole_log() {
         let (log, producers) = open(&dir).await;
         assert!(!temp.exists(), "temp snapshot removed on open");
         assert!(producers.table().same_producers(&live));
+        // The same state could come from replaying the whole log: prove it did not.
+        assert_eq!(
+            log.counters().disk_reads,
+            0,
+            "nothing replayed after the snapshot"
+        );
         log.close().await.expect("close");
 
         // 2. The newest snapshot damaged: ignored and deleted, an older one + replay used.
@@ -200,6 +206,7 @@ fn reopen_rebuilds_from_shutdown_snapshot_damaged_snapshot_or_whole_log() {
         }
         let (log, producers) = open(&dir).await;
         assert!(producers.table().same_producers(&live));
+        assert!(log.counters().disk_reads > 0, "the log was replayed");
         // And a resend of each producer's last batch is still a duplicate.
         for pid in 0..PRODUCERS {
             let last_seq = ROUNDS * 3 - 3;
