@@ -237,3 +237,31 @@ fn metadata_auto_creates_with_num_partitions() {
         md.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("")
     );
 }
+
+/// `__consumer_offsets` backs the group coordinators: deleting or growing it is refused.
+#[test]
+fn offsets_topic_cannot_be_deleted_or_grown() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    let find = FindCoordinatorRequest::default().with_key(s("g"));
+    let resp: FindCoordinatorResponse = c.call(api::FIND_COORDINATOR, 3, &find);
+    assert_eq!(resp.error_code, 0, "creates __consumer_offsets");
+    let before = metadata(&mut c, &["__consumer_offsets"], false).topics[0]
+        .partitions
+        .len();
+    assert!(before > 0);
+    let grow = CreatePartitionsRequest::default().with_topics(vec![
+        CreatePartitionsTopic::default()
+            .with_name(TopicName(s("__consumer_offsets")))
+            .with_count(before as i32 + 1),
+    ]);
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow);
+    assert_eq!(resp.results[0].error_code, 42, "INVALID_REQUEST");
+    let del =
+        DeleteTopicsRequest::default().with_topic_names(vec![TopicName(s("__consumer_offsets"))]);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 5, &del);
+    assert_eq!(resp.responses[0].error_code, 42, "INVALID_REQUEST");
+    let md = metadata(&mut c, &["__consumer_offsets"], false);
+    assert_eq!(md.topics[0].error_code, 0);
+    assert_eq!(md.topics[0].partitions.len(), before, "unchanged");
+}

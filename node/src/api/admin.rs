@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
 use crate::errors;
+use crate::group::OFFSETS_TOPIC;
 use crate::metadata::{self, MetaError, PARTITIONS_PER_TOPIC_MAX, TopicMeta};
 use crate::shard::Shard;
 
@@ -189,8 +190,21 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
     CreateTopicsResponse::default().with_topics(results)
 }
 
+/// Refuses to delete or grow `__consumer_offsets`: the coordinators keep its partitions
+/// open and hash groups by its partition count, so either would strand committed offsets.
+fn refuse_internal(name: &str, what: &str) -> Result<(), TopicError> {
+    if name == OFFSETS_TOPIC {
+        return Err((
+            errors::INVALID_REQUEST,
+            format!("cannot {what} the internal topic {name}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Deletes a topic: catalogue first, then every shard closes and removes its partitions.
 pub async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<u128, TopicError> {
+    refuse_internal(name, "delete")?;
     let id = shard
         .node
         .meta
@@ -280,6 +294,7 @@ async fn grow_topic(
     assigned: bool,
     validate_only: bool,
 ) -> Result<(), TopicError> {
+    refuse_internal(name, "add partitions to")?;
     let Some(current) = shard.catalog().topics.get(name).cloned() else {
         return Err(meta_error(MetaError::UnknownTopic(name.to_string())));
     };
