@@ -349,10 +349,6 @@ impl ProducerIdBlockFile {
         Ok(())
     }
 
-    pub fn allocator_mut(&mut self) -> &mut ProducerIdAllocator {
-        &mut self.allocator
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
