@@ -19,7 +19,7 @@ use wire::batch::{BatchBuilder, NewRecord};
 
 use super::codes;
 use super::schema;
-use super::state::{Group, State};
+use super::state::Group;
 use super::{Coordinators, Settings, partition_for};
 use crate::partition::Partition;
 use crate::shard::now_ms;
@@ -32,9 +32,6 @@ pub fn live_records<'a>(
 ) -> Vec<(Bytes, Option<Bytes>)> {
     let mut out = Vec::new();
     for g in groups.filter(|g| partition_for(&g.id, partitions) == index) {
-        if g.state == State::Dead {
-            continue;
-        }
         if g.generation > 0 || g.protocol_type.is_some() {
             let value = schema::group_value(&g.to_value());
             out.push((schema::group_key(&g.id), Some(value)));

@@ -437,7 +437,7 @@ impl Coordinators {
         let groups = self.groups.borrow();
         let Some(g) = groups.get(group) else {
             return GroupSummary {
-                state: State::Dead.name(),
+                state: "Dead",
                 ..GroupSummary::default()
             };
         };
@@ -484,7 +484,6 @@ impl Coordinators {
         let groups = self.groups.borrow();
         let listed = groups
             .values()
-            .filter(|g| g.state != State::Dead)
             .map(|g| {
                 let kind = g.protocol_type.clone().unwrap_or_default();
                 (g.id.clone(), kind, g.state.name())
@@ -500,7 +499,6 @@ impl Coordinators {
         }
         let seen = match self.groups.borrow().get(group) {
             None => return codes::GROUP_ID_NOT_FOUND,
-            Some(g) if g.state == State::Dead => return codes::GROUP_ID_NOT_FOUND,
             Some(g) if !g.is_idle() => return codes::NON_EMPTY_GROUP,
             Some(g) => g.offsets.clone(),
         };
@@ -532,9 +530,6 @@ impl Coordinators {
         }
         let subscribed = match self.groups.borrow().get(group) {
             None => return GroupReply::Codes(codes::GROUP_ID_NOT_FOUND, Vec::new()),
-            Some(g) if g.state == State::Dead => {
-                return GroupReply::Codes(codes::GROUP_ID_NOT_FOUND, Vec::new());
-            }
             Some(g) => store::subscribed_topics(g),
         };
         let per: Vec<i16> = ps

@@ -4,7 +4,8 @@
 //! the rebalance timeout) → `CompletingRebalance` → (the leader's SyncGroup) → `Stable`.
 //! A join with changed metadata, a leave or a session expiry sends a `Stable` or
 //! `CompletingRebalance` group back to `PreparingRebalance`; a rebalance that ends with no
-//! members leaves the group `Empty` with a new generation; a deleted group is `Dead`.
+//! members leaves the group `Empty` with a new generation. A deleted group is removed from
+//! its coordinator (DescribeGroups then shows it as `Dead`).
 //!
 //! Pure and synchronous: time comes in as `now_ms`, answers to waiting JoinGroup and
 //! SyncGroup requests go out through their [`Waiter`]s. The coordinator (`super`) owns
@@ -29,7 +30,6 @@ pub enum State {
     PreparingRebalance,
     CompletingRebalance,
     Stable,
-    Dead,
 }
 
 impl State {
@@ -39,7 +39,6 @@ impl State {
             State::PreparingRebalance => "PreparingRebalance",
             State::CompletingRebalance => "CompletingRebalance",
             State::Stable => "Stable",
-            State::Dead => "Dead",
         }
     }
 }
@@ -311,9 +310,6 @@ impl Group {
         let refuse = |code: i16| {
             let _ = reply.try_send(JoinResult::error(code, &a.member_id));
         };
-        if self.state == State::Dead {
-            return refuse(codes::COORDINATOR_NOT_AVAILABLE);
-        }
         if !self.supports(&a.protocol_type, &a.protocols) {
             return refuse(codes::INCONSISTENT_GROUP_PROTOCOL);
         }
@@ -426,7 +422,7 @@ impl Group {
         };
         let same = m.protocols == a.protocols;
         match self.state {
-            State::Empty | State::Dead => refuse(codes::UNKNOWN_MEMBER_ID),
+            State::Empty => refuse(codes::UNKNOWN_MEMBER_ID),
             State::PreparingRebalance => self.rejoin(&a.member_id, &a, now_ms, limits, reply),
             State::CompletingRebalance if same => {
                 let result = self.current_join_result(&a.member_id);
@@ -615,7 +611,7 @@ impl Group {
             return;
         }
         match self.state {
-            State::Empty | State::Dead => {
+            State::Empty => {
                 let _ = reply.try_send(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
             }
             State::PreparingRebalance => {
@@ -643,9 +639,6 @@ impl Group {
     }
 
     fn check_sync(&self, a: &SyncArgs) -> Result<(), i16> {
-        if self.state == State::Dead {
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
         if self.is_fenced(&a.member_id, a.instance_id.as_deref()) {
             return Err(codes::FENCED_INSTANCE_ID);
         }
@@ -707,9 +700,6 @@ impl Group {
         generation: i32,
         now_ms: i64,
     ) -> i16 {
-        if self.state == State::Dead {
-            return codes::COORDINATOR_NOT_AVAILABLE;
-        }
         if self.is_fenced(member_id, instance) {
             return codes::FENCED_INSTANCE_ID;
         }
@@ -740,9 +730,6 @@ impl Group {
         now_ms: i64,
         limits: &Limits,
     ) -> i16 {
-        if self.state == State::Dead {
-            return codes::COORDINATOR_NOT_AVAILABLE;
-        }
         let id = match instance {
             Some(i) => match self.static_member(i) {
                 None => return codes::UNKNOWN_MEMBER_ID,
@@ -823,9 +810,6 @@ impl Group {
         instance: Option<&str>,
         generation: i32,
     ) -> Result<(), i16> {
-        if self.state == State::Dead {
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
         if generation < 0 && member_id.is_empty() && instance.is_none() {
             return if self.members.is_empty() {
                 Ok(())
