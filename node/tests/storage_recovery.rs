@@ -202,6 +202,33 @@ fn base_offset_too_large_for_its_batch_is_damage() {
     }
 }
 
+/// DeleteRecords can move the start up to written but unsynced records; if a crash then
+/// loses them, the log must restart empty at its start, not append below it.
+#[test]
+fn log_ending_below_its_start_offset_restarts_empty_at_the_start() {
+    let dir = tempdir();
+    let pdir = dir.path().join("t-0");
+    let files = write_log(pdir.clone(), 1 << 30, true);
+    std::fs::write(pdir.join("weir-log-start-offset"), "0\n100\n").unwrap();
+    let (start, end, first) = run_on_shard(move || async move {
+        prime_dma_probe(pdir.parent().unwrap()).await.unwrap();
+        let log = Log::open(pdir, config(1 << 30)).await.unwrap();
+        let (start, end) = (log.log_start_offset(), log.log_end_offset());
+        let info = log
+            .append(batch_of_size(0, 1, BATCH_BYTES), LeaderEpoch(0), 0)
+            .await
+            .unwrap();
+        (start, end, info.first_offset)
+    });
+    assert_eq!((start, end), (Offset(100), Offset(100)));
+    assert_eq!(
+        first,
+        Offset(100),
+        "no offset below the start is handed out"
+    );
+    assert!(!files[0].exists(), "the segment below the start is deleted");
+}
+
 #[test]
 fn sealed_segment_that_does_not_end_at_a_batch_is_corruption() {
     let dir = tempdir();

@@ -31,6 +31,7 @@ pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
         segments.insert(base, seg);
     }
     drop_segments_below_start(&dir, &mut segments, log_start)?;
+    drop_all_if_below_start(&dir, &mut segments, log_start)?;
     if segments.is_empty() {
         segments.insert(log_start, Segment::new(&dir, log_start));
     }
@@ -276,6 +277,29 @@ fn drop_segments_below_start(
         if let Some(seg) = segments.remove(&base) {
             remove_segment_files(&seg)?;
         }
+    }
+    sync_dir(dir)
+}
+
+/// Deletes every segment when the log ends below its start offset, so the log restarts
+/// empty at the start (as Kafka does). That happens when DeleteRecords moved the start up
+/// to written but unsynced records and a crash then lost them: appending below the start
+/// would hand out offsets consumers were told are gone.
+fn drop_all_if_below_start(
+    dir: &Path,
+    segments: &mut BTreeMap<Offset, Segment>,
+    log_start: Offset,
+) -> Result<()> {
+    let below = segments
+        .values()
+        .next_back()
+        .is_some_and(|s| s.next_offset < log_start);
+    if !below {
+        return Ok(());
+    }
+    tracing::warn!(dir = %dir.display(), %log_start, "log ends below its start offset; restarting it empty there");
+    for seg in std::mem::take(segments).into_values() {
+        remove_segment_files(&seg)?;
     }
     sync_dir(dir)
 }
