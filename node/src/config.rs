@@ -17,6 +17,16 @@ pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
 pub const RETENTION_MS_DEFAULT: i64 = 7 * 24 * 3600 * 1000;
 /// Kafka's default `log.retention.check.interval.ms` (5 minutes).
 pub const RETENTION_CHECK_INTERVAL_MS_DEFAULT: u64 = 300_000;
+/// Default `max.partitions` (weir; KIP-578's name): partitions of all topics, whole node.
+/// Unopened partitions cost only their catalogue entry, so this bounds catalogue and
+/// Metadata sizes rather than memory.
+pub const MAX_PARTITIONS_DEFAULT: u64 = 200_000;
+/// Default `max.partitions.per.request` (weir): partitions one CreateTopics,
+/// CreatePartitions or auto-creating Metadata request may add.
+pub const MAX_PARTITIONS_PER_REQUEST_DEFAULT: u64 = 100_000;
+/// Default `max.open.partitions` (weir): partition logs open at once, whole node; idle
+/// ones beyond it are closed (each open log holds a file per segment).
+pub const MAX_OPEN_PARTITIONS_DEFAULT: u64 = 10_000;
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +170,40 @@ pub struct Config {
     pub flush_on_ack: bool,
     /// All raw properties, for keys passed through to topic defaults.
     pub props: Properties,
+    /// `max.partitions`, `max.partitions.per.request`, `max.open.partitions` (weir's own).
+    pub partition_limits: PartitionLimits,
+}
+
+/// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionLimits {
+    pub max_partitions: u64,
+    pub max_partitions_per_request: u64,
+    pub max_open_partitions: u64,
+}
+
+impl PartitionLimits {
+    fn resolve(props: &Properties) -> Result<PartitionLimits, ConfigError> {
+        let limits = PartitionLimits {
+            max_partitions: props.parse_num(&["max.partitions"], MAX_PARTITIONS_DEFAULT)?,
+            max_partitions_per_request: props.parse_num(
+                &["max.partitions.per.request"],
+                MAX_PARTITIONS_PER_REQUEST_DEFAULT,
+            )?,
+            max_open_partitions: props
+                .parse_num(&["max.open.partitions"], MAX_OPEN_PARTITIONS_DEFAULT)?,
+        };
+        for (key, v) in [
+            ("max.partitions", limits.max_partitions),
+            ("max.partitions.per.request", limits.max_partitions_per_request),
+            ("max.open.partitions", limits.max_open_partitions),
+        ] {
+            if v == 0 || v > i32::MAX as u64 {
+                return Err(value_err(key, &v.to_string(), "must be 1..=2147483647"));
+            }
+        }
+        Ok(limits)
+    }
 }
 
 /// Values given on the command line; they win over `--config` and `--set`.
@@ -235,6 +279,7 @@ impl Config {
                 RETENTION_CHECK_INTERVAL_MS_DEFAULT,
             )?,
             flush_on_ack: props.parse_bool("log.flush.on.ack", false)?,
+            partition_limits: PartitionLimits::resolve(&props)?,
             props,
         };
         config.check()?;

@@ -92,92 +92,229 @@ fn meta_error(e: MetaError) -> TopicError {
     (code, e.to_string())
 }
 
-/// Creates a topic (or only checks that it could be created) and opens its partitions.
+/// Topics of one CreateTopics request checked between yields to the executor, so a
+/// request naming thousands of topics does not hold the shard's other clients back.
+const CHECK_YIELD_TOPICS: usize = 256;
+/// Topics named in one log line of a creation; more are only counted.
+const LOGGED_TOPICS_MAX: usize = 16;
+
+/// Partitions one request may still add: `max.partitions.per.request`, shared by all
+/// topics of a CreateTopics, CreatePartitions or auto-creating Metadata request.
+pub struct RequestBudget {
+    left: std::cell::Cell<u64>,
+    max: u64,
+}
+
+impl RequestBudget {
+    pub fn new(shard: &Shard) -> RequestBudget {
+        let max = shard.config().partition_limits.max_partitions_per_request;
+        RequestBudget {
+            left: std::cell::Cell::new(max),
+            max,
+        }
+    }
+
+    /// Takes `partitions` from the budget, or refuses with POLICY_VIOLATION.
+    fn take(&self, partitions: i32) -> Result<(), TopicError> {
+        let wanted = u64::try_from(partitions).unwrap_or(0);
+        let left = self.left.get();
+        if wanted > left {
+            let max = self.max;
+            return Err((
+                errors::POLICY_VIOLATION,
+                format!(
+                    "request would add more than max.partitions.per.request={max} partitions \
+                     ({wanted} asked, {left} left in this request): send fewer per request"
+                ),
+            ));
+        }
+        self.left.set(left - wanted);
+        Ok(())
+    }
+}
+
+/// POLICY_VIOLATION for a change that would take the node past `max.partitions`.
+fn over_node_limit(existing: u64, added: u64, max: u64) -> TopicError {
+    (
+        errors::POLICY_VIOLATION,
+        format!(
+            "node has {existing} partitions; adding {added} would exceed max.partitions={max}"
+        ),
+    )
+}
+
+/// Checks that a topic could be created as asked (name, partition count, configs, not
+/// already there).
+fn check_topic(
+    shard: &Rc<Shard>,
+    name: &str,
+    partitions: i32,
+    configs: &BTreeMap<String, String>,
+) -> Result<(), TopicError> {
+    metadata::validate_topic_name(name).map_err(meta_error)?;
+    if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
+        return Err(meta_error(MetaError::InvalidPartitions(partitions)));
+    }
+    validate_configs(configs)?;
+    if shard.catalog().topics.contains_key(name) {
+        return Err(meta_error(MetaError::TopicExists(name.to_string())));
+    }
+    Ok(())
+}
+
+/// Adds checked topics to the catalogue in one atomic write. Each is checked again under
+/// the catalogue's lock (another shard may have created it, or taken the node's
+/// partitions, meanwhile). One outcome per topic, in order: its id or its error.
+fn insert_topics(shard: &Shard, topics: Vec<TopicMeta>) -> Vec<Result<u128, TopicError>> {
+    let max = shard.config().partition_limits.max_partitions;
+    let count = topics.len();
+    let written = shard.node.meta.update_batch(|c| {
+        let mut total = c.partition_count();
+        let mut changed = false;
+        let outcomes: Vec<_> = topics
+            .into_iter()
+            .map(|t| {
+                if c.topics.contains_key(&t.name) {
+                    return Err(meta_error(MetaError::TopicExists(t.name.clone())));
+                }
+                let added = u64::try_from(t.partitions).unwrap_or(0);
+                if total + added > max {
+                    return Err(over_node_limit(total, added, max));
+                }
+                total += added;
+                changed = true;
+                let id = t.id;
+                c.topics.insert(t.name.clone(), Arc::new(t));
+                Ok(id)
+            })
+            .collect();
+        assert!(total <= max, "the node's partitions stay within max.partitions");
+        (outcomes, changed)
+    });
+    match written {
+        Ok(outcomes) => outcomes,
+        Err(e) => {
+            let err = meta_error(e);
+            (0..count).map(|_| Err(err.clone())).collect()
+        }
+    }
+}
+
+/// Logs what a creation added: each topic of a small request, a count for a large one.
+fn log_created(created: &[(&str, i32)]) {
+    if created.len() <= LOGGED_TOPICS_MAX {
+        for (topic, partitions) in created {
+            tracing::info!(%topic, partitions, "topic created");
+        }
+    } else {
+        let partitions: i64 = created.iter().map(|(_, p)| i64::from(*p)).sum();
+        let first = created.first().map_or("", |(t, _)| *t);
+        tracing::info!(topics = created.len(), partitions, first, "topics created");
+    }
+}
+
+/// Creates a topic (or only checks that it could be created). Its partitions are opened
+/// on first use, not here: creating 100,000 partitions is a catalogue write.
 pub async fn create_topic(
     shard: &Rc<Shard>,
     name: &str,
     partitions: i32,
     configs: BTreeMap<String, String>,
     validate_only: bool,
+    budget: &RequestBudget,
 ) -> Result<u128, TopicError> {
-    metadata::validate_topic_name(name).map_err(meta_error)?;
-    if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
-        return Err(meta_error(MetaError::InvalidPartitions(partitions)));
-    }
-    validate_configs(&configs)?;
-    if shard.catalog().topics.contains_key(name) {
-        return Err(meta_error(MetaError::TopicExists(name.to_string())));
-    }
+    check_topic(shard, name, partitions, &configs)?;
+    budget.take(partitions)?;
     if validate_only {
         return Ok(0);
     }
-    let id = metadata::new_topic_id();
     let meta = TopicMeta {
         name: name.to_string(),
-        id,
+        id: metadata::new_topic_id(),
         partitions,
         configs,
     };
-    shard
-        .node
-        .meta
-        .update(|c| {
-            if c.topics.contains_key(name) {
-                return Err(MetaError::TopicExists(name.to_string()));
-            }
-            c.topics.insert(name.to_string(), Arc::new(meta));
-            Ok(())
-        })
-        .map_err(meta_error)?;
-    tracing::info!(topic = %name, partitions, "topic created");
-    shard.sync_all().await;
-    Ok(id)
+    let outcome = insert_topics(shard, vec![meta])
+        .pop()
+        .unwrap_or(Err((errors::UNKNOWN_SERVER_ERROR, "no outcome".into())));
+    if outcome.is_ok() {
+        log_created(&[(name, partitions)]);
+        shard.sync_all().await;
+    }
+    outcome
 }
 
-/// CreateTopics.
+/// One CreateTopics topic: its partition count (`-1`: `num.partitions`) and configs, or
+/// why it cannot be created.
+fn requested_topic(
+    shard: &Rc<Shard>,
+    t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+    budget: &RequestBudget,
+) -> Result<(i32, BTreeMap<String, String>), TopicError> {
+    let name = t.name.0.as_str();
+    let partitions = if t.num_partitions == -1 {
+        shard.config().num_partitions
+    } else {
+        t.num_partitions
+    };
+    let rf = if t.replication_factor == -1 {
+        shard.config().default_replication_factor
+    } else {
+        t.replication_factor
+    };
+    let configs: BTreeMap<String, String> = t
+        .configs
+        .iter()
+        .filter_map(|c| {
+            c.value
+                .as_ref()
+                .map(|v| (c.name.to_string(), v.to_string()))
+        })
+        .collect();
+    if rf != 1 {
+        return Err((
+            errors::INVALID_REPLICATION_FACTOR,
+            format!("replication factor {rf}: this is a single node"),
+        ));
+    }
+    if !t.assignments.is_empty() {
+        return Err((
+            errors::INVALID_REPLICA_ASSIGNMENT,
+            "manual assignment is not supported".into(),
+        ));
+    }
+    check_topic(shard, name, partitions, &configs)?;
+    budget.take(partitions)?;
+    Ok((partitions, configs))
+}
+
+/// CreateTopics: every topic is checked (yielding between chunks), then all that passed
+/// go into the catalogue in one atomic write, and the shards sync once.
 pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> CreateTopicsResponse {
-    let mut results = Vec::new();
-    for t in req.topics {
+    let budget = RequestBudget::new(shard);
+    let mut results = Vec::with_capacity(req.topics.len());
+    let mut pending: Vec<(usize, TopicMeta)> = Vec::new();
+    for (i, t) in req.topics.iter().enumerate() {
+        if i % CHECK_YIELD_TOPICS == CHECK_YIELD_TOPICS - 1 {
+            glommio::executor().yield_if_needed().await;
+        }
         let name = t.name.0.to_string();
-        let partitions = if t.num_partitions == -1 {
-            shard.config().num_partitions
-        } else {
-            t.num_partitions
-        };
-        let rf = if t.replication_factor == -1 {
-            shard.config().default_replication_factor
-        } else {
-            t.replication_factor
-        };
-        let configs: BTreeMap<String, String> = t
-            .configs
-            .iter()
-            .filter_map(|c| {
-                c.value
-                    .as_ref()
-                    .map(|v| (c.name.to_string(), v.to_string()))
-            })
-            .collect();
-        let outcome = if rf != 1 {
-            Err((
-                errors::INVALID_REPLICATION_FACTOR,
-                format!("replication factor {rf}: this is a single node"),
-            ))
-        } else if !t.assignments.is_empty() {
-            Err((
-                errors::INVALID_REPLICA_ASSIGNMENT,
-                "manual assignment is not supported".into(),
-            ))
-        } else {
-            create_topic(shard, &name, partitions, configs, req.validate_only).await
-        };
         let mut r = CreatableTopicResult::default().with_name(topic_name(&name));
-        match outcome {
-            Ok(id) => {
+        match requested_topic(shard, t, &budget) {
+            Ok((partitions, configs)) => {
                 r = r
-                    .with_topic_id(Uuid::from_u128(id))
                     .with_num_partitions(partitions)
                     .with_replication_factor(1);
+                if !req.validate_only {
+                    let id = metadata::new_topic_id();
+                    let meta = TopicMeta {
+                        name,
+                        id,
+                        partitions,
+                        configs,
+                    };
+                    pending.push((i, meta));
+                }
             }
             Err((code, msg)) => {
                 r = r
@@ -186,6 +323,33 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
             }
         }
         results.push(r);
+    }
+    let names: Vec<(usize, String, i32)> = pending
+        .iter()
+        .map(|(i, m)| (*i, m.name.clone(), m.partitions))
+        .collect();
+    let outcomes = insert_topics(shard, pending.into_iter().map(|(_, m)| m).collect());
+    let mut created = Vec::new();
+    for ((i, name, partitions), outcome) in names.iter().zip(outcomes) {
+        let Some(r) = results.get_mut(*i) else {
+            continue;
+        };
+        match outcome {
+            Ok(id) => {
+                r.topic_id = Uuid::from_u128(id);
+                created.push((name.as_str(), *partitions));
+            }
+            Err((code, msg)) => {
+                r.error_code = code;
+                r.error_message = Some(str_bytes(&msg));
+                r.num_partitions = -1;
+                r.replication_factor = -1;
+            }
+        }
+    }
+    if !created.is_empty() {
+        log_created(&created);
+        shard.sync_all().await;
     }
     CreateTopicsResponse::default().with_topics(results)
 }
@@ -265,6 +429,7 @@ pub async fn create_partitions(
     shard: &Rc<Shard>,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
+    let budget = RequestBudget::new(shard);
     let mut results = Vec::new();
     for t in req.topics {
         let name = t.name.0.to_string();
@@ -274,6 +439,7 @@ pub async fn create_partitions(
             t.count,
             t.assignments.as_ref().is_some_and(|a| !a.is_empty()),
             req.validate_only,
+            &budget,
         )
         .await;
         let mut r = CreatePartitionsTopicResult::default().with_name(topic_name(&name));
@@ -293,6 +459,7 @@ async fn grow_topic(
     count: i32,
     assigned: bool,
     validate_only: bool,
+    budget: &RequestBudget,
 ) -> Result<(), TopicError> {
     refuse_internal(name, "add partitions to")?;
     let Some(current) = shard.catalog().topics.get(name).cloned() else {
@@ -311,22 +478,34 @@ async fn grow_topic(
         );
         return Err((errors::INVALID_PARTITIONS, msg));
     }
+    budget.take(count - current.partitions)?;
     if validate_only {
         return Ok(());
     }
-    shard
+    let max = shard.config().partition_limits.max_partitions;
+    let grown = shard
         .node
         .meta
-        .update(|c| match c.topics.get_mut(name) {
-            Some(t) => {
-                let mut grown = (**t).clone();
-                grown.partitions = count;
-                *t = Arc::new(grown);
-                Ok(())
+        .update_batch(|c| {
+            let total = c.partition_count();
+            let Some(t) = c.topics.get_mut(name) else {
+                return (Err(meta_error(MetaError::UnknownTopic(name.to_string()))), false);
+            };
+            // Another request may have grown it since the check above.
+            let Some(added) = u64::try_from(count - t.partitions).ok().filter(|a| *a > 0) else {
+                let msg = format!("topic {name} already has {} partitions", t.partitions);
+                return (Err((errors::INVALID_PARTITIONS, msg)), false);
+            };
+            if total + added > max {
+                return (Err(over_node_limit(total, added, max)), false);
             }
-            None => Err(MetaError::UnknownTopic(name.to_string())),
+            let mut grown = (**t).clone();
+            grown.partitions = count;
+            *t = Arc::new(grown);
+            (Ok(()), true)
         })
         .map_err(meta_error)?;
+    grown?;
     tracing::info!(topic = %name, partitions = count, "partitions added");
     shard.sync_all().await;
     Ok(())

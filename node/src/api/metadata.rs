@@ -34,6 +34,8 @@ pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> Me
             topics.push(describe_topic(shard, meta));
         }
     } else {
+        // Auto-creation counts against `max.partitions.per.request` like CreateTopics.
+        let budget = admin::RequestBudget::new(shard);
         for t in req.topics.iter().flatten() {
             topics.push(
                 requested_topic(
@@ -41,6 +43,7 @@ pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> Me
                     t.name.as_ref().map(|n| n.0.to_string()),
                     t.topic_id,
                     allow_create,
+                    &budget,
                 )
                 .await,
             );
@@ -63,6 +66,7 @@ async fn requested_topic(
     name: Option<String>,
     id: Uuid,
     allow_create: bool,
+    budget: &admin::RequestBudget,
 ) -> MetadataResponseTopic {
     let catalog = shard.catalog();
     let found = match &name {
@@ -89,7 +93,7 @@ async fn requested_topic(
         return unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
     }
     let partitions = shard.config().num_partitions;
-    match admin::create_topic(shard, &name, partitions, Default::default(), false).await {
+    match admin::create_topic(shard, &name, partitions, Default::default(), false, budget).await {
         Ok(_) | Err((errors::TOPIC_ALREADY_EXISTS, _)) => {}
         Err((code, msg)) => {
             tracing::warn!(topic = %name, "auto-create failed: {msg}");

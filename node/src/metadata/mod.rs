@@ -38,6 +38,16 @@ pub struct Catalog {
     pub topics: BTreeMap<String, Arc<TopicMeta>>,
 }
 
+impl Catalog {
+    /// Partitions of every topic (what `max.partitions` bounds).
+    pub fn partition_count(&self) -> u64 {
+        self.topics
+            .values()
+            .map(|t| u64::try_from(t.partitions).unwrap_or(0))
+            .sum()
+    }
+}
+
 /// Why a catalogue change was refused; mapped to Kafka error codes by the API layer.
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -90,6 +100,29 @@ impl MetaStore {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// Applies a batch of changes (many topics of one request) to a copy of the
+    /// catalogue in one atomic write. `change` says whether it changed anything; an
+    /// unchanged catalogue is not written. Its result (per-item outcomes) is returned.
+    pub fn update_batch<T>(
+        &self,
+        change: impl FnOnce(&mut Catalog) -> (T, bool),
+    ) -> Result<T, MetaError> {
+        let mut guard = match self.current.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut next = (**guard).clone();
+        let (out, changed) = change(&mut next);
+        if !changed {
+            return Ok(out);
+        }
+        let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
+        write_atomic(&self.path, &json)?;
+        *guard = Arc::new(next);
+        self.version.fetch_add(1, Ordering::AcqRel);
+        Ok(out)
     }
 
     /// Applies `change` to a copy of the catalogue, persists it, then publishes it.
