@@ -79,6 +79,8 @@ pub struct Partition {
     /// Notified after every completed append (wakes long-polling fetches).
     pub appended: Event,
     max_message_bytes: Cell<usize>,
+    /// The shard's use clock when a request last took this partition (idle eviction).
+    pub last_used: Cell<u64>,
 }
 
 fn log_config(configs: &BTreeMap<String, String>) -> Result<LogConfig, StorageError> {
@@ -124,6 +126,7 @@ impl Partition {
             producers,
             high_watermark: Cell::new(leo),
             appended: Event::default(),
+            last_used: Cell::new(0),
         })
     }
 

@@ -32,8 +32,16 @@ pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
 /// Capacity of each mesh queue (per ordered pair of shards).
 pub const MESH_QUEUE_CAPACITY: usize = 1024;
 
-/// Partition logs one shard opens at the same time (startup, topic creation).
+/// Partition logs one shard closes at the same time (shutdown, idle eviction).
 const OPEN_CONCURRENCY_MAX: usize = 32;
+/// Fewest partition logs a shard may keep open, whatever `max.open.partitions` says: the
+/// group coordinators keep their `__consumer_offsets` partitions open.
+const OPEN_PER_SHARD_MIN: usize = 64;
+/// When a shard reaches its open-partition budget it closes idle logs until it is this
+/// fraction (1/N) below it, so eviction runs once per many opens, not on every one.
+const EVICT_FRACTION: usize = 10;
+/// Partitions a catalogue sync handles between yields to the executor.
+const SYNC_YIELD_PARTITIONS: usize = 256;
 
 /// One partition read of a Fetch.
 #[derive(Debug, Clone)]
@@ -137,8 +145,17 @@ pub struct Shard {
     next_id: Cell<u64>,
     catalog: RefCell<(u64, Arc<Catalog>)>,
     pub partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
-    /// Partitions being opened right now, so concurrent requests open each only once.
+    /// Partitions being opened or closed right now, so concurrent requests open each only
+    /// once, and never while its log is still being closed.
     opening: RefCell<HashMap<TopicPartition, Rc<Event>>>,
+    /// The catalogue the last sync applied (to find topics deleted since).
+    synced: RefCell<Arc<Catalog>>,
+    /// Partition logs this shard keeps open (its share of `max.open.partitions`).
+    open_max: usize,
+    /// Counts partition uses: the idle logs closed first are those used longest ago.
+    use_clock: Cell<u64>,
+    /// True while idle logs are being closed (one eviction at a time).
+    evicting: Cell<bool>,
     pub shutting_down: Cell<bool>,
     pub shutdown: Event,
     /// Client connections open on this shard.
@@ -167,6 +184,11 @@ impl Shard {
         let router = Router::new(node.config.shards);
         let send_turns = (0..router.shards()).map(|_| SendTurns::default()).collect();
         let catalog = (node.meta.version(), node.meta.snapshot());
+        let open_max = usize::try_from(node.config.partition_limits.max_open_partitions)
+            .unwrap_or(usize::MAX)
+            / router.shards().max(1);
+        let open_max = open_max.max(OPEN_PER_SHARD_MIN);
+        let synced = RefCell::new(catalog.1.clone());
         Shard {
             id,
             node,
@@ -179,6 +201,10 @@ impl Shard {
             catalog: RefCell::new(catalog),
             partitions: RefCell::new(HashMap::new()),
             opening: RefCell::new(HashMap::new()),
+            synced,
+            open_max,
+            use_clock: Cell::new(0),
+            evicting: Cell::new(false),
             shutting_down: Cell::new(false),
             shutdown: Event::default(),
             open_connections: Cell::new(0),
@@ -300,19 +326,16 @@ impl Shard {
 
     /// Waits until one of the local partitions in `tps` is appended to, or the timeout.
     async fn wait_for_append(&self, tps: &[(TopicPartition, i64)], timeout_ms: u64) {
-        let parts: Vec<Rc<Partition>> = {
-            let map = self.partitions.borrow();
-            tps.iter()
-                .filter_map(|(tp, _)| map.get(tp).cloned())
-                .collect()
-        };
-        let ready = {
-            let map = self.partitions.borrow();
-            tps.iter().any(|(tp, offset)| {
-                map.get(tp)
-                    .is_some_and(|p| p.high_watermark().get() > *offset)
-            })
-        };
+        // Through `partition`: a log closed as idle since the fetch read it reopens, so
+        // its appends still wake this wait.
+        let mut parts: Vec<Rc<Partition>> = Vec::with_capacity(tps.len());
+        let mut ready = false;
+        for (tp, offset) in tps {
+            if let Ok(p) = self.partition(tp).await {
+                ready |= p.high_watermark().get() > *offset;
+                parts.push(p);
+            }
+        }
         // A shard that is shutting down has already fired its shutdown event; a new
         // listener would never hear it.
         if ready || self.shutting_down.get() {
@@ -351,6 +374,7 @@ impl Shard {
         }
         for _ in 0..2 {
             if let Some(p) = self.partitions.borrow().get(tp) {
+                self.touch(p);
                 return Ok(p.clone());
             }
             let catalog = self.catalog();
@@ -381,6 +405,14 @@ impl Shard {
             ev.listen().await;
             return Ok(());
         }
+        if self.partitions.borrow().len() >= self.open_max {
+            self.close_idle().await;
+        }
+        // Closing idle logs waited: another request may have started opening this one.
+        if let Some(ev) = self.opening.borrow().get(tp).cloned() {
+            ev.listen().await;
+            return Ok(());
+        }
         let ev = Rc::new(Event::default());
         self.opening.borrow_mut().insert(tp.clone(), ev.clone());
         let configs = self.topic_configs(overrides);
@@ -390,7 +422,10 @@ impl Shard {
         ev.notify_all();
         match opened {
             Ok(p) => {
-                self.partitions.borrow_mut().insert(tp.clone(), Rc::new(p));
+                let p = Rc::new(p);
+                self.touch(&p);
+                self.apply_newest_configs(tp, &p);
+                self.partitions.borrow_mut().insert(tp.clone(), p);
                 Ok(())
             }
             Err(e) => {
@@ -424,15 +459,96 @@ impl Shard {
         m
     }
 
-    /// Opens every owned partition in the catalogue; closes and deletes partitions whose
-    /// topic is gone (or was recreated with a new id); reopens partitions whose config
-    /// changed so the log runs with the new settings.
+    /// Marks `p` as just used (idle eviction closes the least recently used first).
+    fn touch(&self, p: &Partition) {
+        let now = self.use_clock.get() + 1;
+        self.use_clock.set(now);
+        p.last_used.set(now);
+    }
+
+    /// A log opened with a catalogue that changed while it opened runs with the newest
+    /// topic configs (the sync that carried the change did not see it yet).
+    fn apply_newest_configs(&self, tp: &TopicPartition, p: &Partition) {
+        let catalog = self.catalog();
+        let Some(t) = catalog.topics.get(&*tp.0).filter(|t| t.id == p.topic_id) else {
+            return;
+        };
+        let wanted = self.topic_configs(&t.configs);
+        if wanted != p.configs()
+            && let Err(e) = p.reconfigure(wanted)
+        {
+            tracing::warn!(topic = %tp.0, partition = tp.1, "config not applied: {e}");
+        }
+    }
+
+    /// Closes idle partition logs (no request holds them) until this shard is
+    /// 1/[`EVICT_FRACTION`] below its budget, least recently used first. They reopen on
+    /// their next use.
+    async fn close_idle(&self) {
+        if self.evicting.replace(true) {
+            return;
+        }
+        let target = self.open_max - self.open_max / EVICT_FRACTION;
+        let mut idle: Vec<(u64, TopicPartition)> = {
+            let map = self.partitions.borrow();
+            map.iter()
+                .filter(|(_, p)| Rc::strong_count(p) == 1)
+                .map(|(tp, p)| (p.last_used.get(), tp.clone()))
+                .collect()
+        };
+        idle.sort_unstable_by_key(|(used, _)| *used);
+        idle.truncate(self.partitions.borrow().len().saturating_sub(target));
+        tracing::debug!(shard = %self.id, closing = idle.len(), open_max = self.open_max, "closing idle partition logs");
+        for chunk in idle.chunks(OPEN_CONCURRENCY_MAX) {
+            let closes = chunk.iter().map(|(_, tp)| Box::pin(self.close_partition(tp)));
+            join_all(closes.collect()).await;
+        }
+        self.evicting.set(false);
+    }
+
+    /// Closes one open partition log if nothing holds it; while it closes, `partition`
+    /// waits for it instead of opening the same directory twice.
+    async fn close_partition(&self, tp: &TopicPartition) {
+        let p = {
+            let map = self.partitions.borrow();
+            match map.get(tp) {
+                Some(p) if Rc::strong_count(p) == 1 => p.clone(),
+                _ => return,
+            }
+        };
+        if self.opening.borrow().contains_key(tp) {
+            return;
+        }
+        self.partitions.borrow_mut().remove(tp);
+        let ev = Rc::new(Event::default());
+        self.opening.borrow_mut().insert(tp.clone(), ev.clone());
+        match p.log.close().await {
+            Ok(()) => p.producers.close(&p.log),
+            Err(e) => tracing::error!(topic = %tp.0, partition = tp.1, "close failed: {e}"),
+        }
+        self.opening.borrow_mut().remove(tp);
+        ev.notify_all();
+    }
+
+    /// Brings this shard in line with the catalogue: closes and deletes open partitions
+    /// whose topic is gone (or was recreated with a new id), removes the directories of
+    /// unopened ones, and reconfigures open partitions whose topic config changed.
+    /// Nothing is opened here: partitions open on first use (see [`Shard::partition`]),
+    /// so creating or restarting with 100,000 partitions opens none of them.
     pub async fn sync_partitions(&self) {
         let catalog = self.catalog();
+        let previous = self.synced.replace(catalog.clone());
         let mut stale = Vec::new();
         for (tp, p) in self.partitions.borrow().iter() {
             match catalog.topics.get(&*tp.0) {
                 Some(t) if t.id == p.topic_id && tp.1 < t.partitions => {
+                    let unchanged = previous
+                        .topics
+                        .get(&*tp.0)
+                        .is_some_and(|old| Arc::ptr_eq(old, t));
+                    if unchanged {
+                        continue;
+                    }
                     let wanted = self.topic_configs(&t.configs);
                     if wanted == p.configs() {
                         continue;
@@ -451,22 +567,44 @@ impl Shard {
                 tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
             }
         }
-        let mut missing = Vec::new();
-        for (name, meta) in catalog.topics.iter() {
-            for index in 0..meta.partitions {
-                let tp: TopicPartition = (Arc::from(name.as_str()), index);
-                let owned = self.router.owner(name, index) == self.id;
-                if owned && !self.partitions.borrow().contains_key(&tp) {
-                    missing.push((tp, meta.clone()));
-                }
+        for (name, old) in previous.topics.iter() {
+            let gone = catalog.topics.get(name).is_none_or(|t| t.id != old.id);
+            if gone {
+                self.remove_unopened(name, old.partitions).await;
             }
         }
-        // Opening is mostly waiting on the disk (recovery reads): overlap a bounded number.
-        for chunk in missing.chunks(OPEN_CONCURRENCY_MAX) {
-            let opens = chunk
-                .iter()
-                .map(|(tp, meta)| Box::pin(self.open_partition(tp, meta.id, &meta.configs)));
-            join_all(opens.collect()).await;
+    }
+
+    /// Removes the directories of a deleted topic's partitions that this shard owns and
+    /// has not open (an open one was deleted through its log).
+    async fn remove_unopened(&self, name: &str, partitions: i32) {
+        let topic: Arc<str> = Arc::from(name);
+        let data_dir = self.config().data_dir.clone();
+        for index in 0..partitions {
+            if index as usize % SYNC_YIELD_PARTITIONS == SYNC_YIELD_PARTITIONS - 1 {
+                glommio::executor().yield_if_needed().await;
+            }
+            if self.router.owner(name, index) != self.id {
+                continue;
+            }
+            let tp: TopicPartition = (topic.clone(), index);
+            // A log being closed (idle eviction) still writes into its directory.
+            let closing = self.opening.borrow().get(&tp).cloned();
+            if let Some(ev) = closing {
+                ev.listen().await;
+            }
+            // An open log is the new topic's (or was deleted above through its log).
+            if self.partitions.borrow().contains_key(&tp) {
+                continue;
+            }
+            let dir = crate::partition::partition_dir(&data_dir, name, index);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(topic = %name, partition = index, "deleting partition: {e}");
+                }
+            }
         }
     }
 
