@@ -73,9 +73,62 @@ fn check_memlock() -> anyhow::Result<()> {
     )
 }
 
+/// File descriptors one open partition log is assumed to hold: one per segment file,
+/// and most logs have one or two segments.
+const FDS_PER_OPEN_PARTITION: u64 = 2;
+/// File descriptors kept for everything but partition logs and client connections:
+/// listeners, io_uring rings and eventfds, the catalogue, the data dir lock.
+const FDS_RESERVED: u64 = 256;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit. If that is still below what
+/// `max.open.partitions` and `max.connections` need, says in a log line what limit to
+/// set, and keeps fewer partition logs open so that the node does not run out of files.
+fn check_nofile(config: &mut Config) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the valid struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    let have = lim.rlim_cur;
+    let limits = &mut config.partition_limits;
+    let connections = config.max_connections;
+    let needed = limits
+        .max_open_partitions
+        .saturating_mul(FDS_PER_OPEN_PARTITION)
+        .saturating_add(connections)
+        .saturating_add(FDS_RESERVED);
+    if have == libc::RLIM_INFINITY || have >= needed {
+        return;
+    }
+    // Connections may take at most half of what there is; partition logs get the rest.
+    let for_logs = have
+        .saturating_sub(FDS_RESERVED)
+        .saturating_sub(connections.min(have / 2));
+    let fitted = (for_logs / FDS_PER_OPEN_PARTITION).max(1);
+    tracing::warn!(
+        "RLIMIT_NOFILE is {have} open files; max.open.partitions={} and max.connections={connections} need about {needed}: raise it (ulimit -n {needed}, or LimitNOFILE={needed} under systemd). Until then at most {fitted} partition logs are kept open",
+        limits.max_open_partitions
+    );
+    limits.max_open_partitions = fitted.min(limits.max_open_partitions);
+}
+
 /// Runs the broker until a signal stops it.
-pub fn serve(config: Config) -> anyhow::Result<()> {
+pub fn serve(mut config: Config) -> anyhow::Result<()> {
     check_memlock()?;
+    check_nofile(&mut config);
     install_signal_handlers();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
@@ -318,8 +371,60 @@ async fn watch_signal(shard: Rc<Shard>) {
     shard.begin_shutdown();
 }
 
+/// First pause after a failed accept (EMFILE, ENFILE, ENOBUFS: retrying at once fails
+/// again); it doubles with each failure in a row up to [`ACCEPT_BACKOFF_MAX_MS`].
+const ACCEPT_BACKOFF_MIN_MS: u64 = 10;
+const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+/// At most one "accept failed" line per shard per this interval; the failures in
+/// between are counted in the next line.
+const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// The backoff and rate-limited logging of failed accepts on one shard.
+#[derive(Default)]
+struct AcceptBackoff {
+    /// The current pause; 0 while accepts succeed.
+    pause_ms: u64,
+    /// Failures in a row.
+    failures: u64,
+    /// Failures not logged since the last line.
+    unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    /// Records a failure; returns how long to pause before the next accept.
+    fn failed(&mut self, e: &dyn std::fmt::Display) -> Duration {
+        self.pause_ms = (self.pause_ms * 2).clamp(ACCEPT_BACKOFF_MIN_MS, ACCEPT_BACKOFF_MAX_MS);
+        self.failures += 1;
+        self.unlogged += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(ACCEPT_LOG_INTERVAL_MS));
+        if due {
+            let (pause_ms, failures) = (self.pause_ms, self.unlogged);
+            tracing::warn!(
+                "accept failed: {e} ({failures} failures since the last line); retrying in {pause_ms} ms"
+            );
+            self.unlogged = 0;
+            self.last_logged = Some(Instant::now());
+        }
+        Duration::from_millis(self.pause_ms)
+    }
+
+    /// Records a success after failures (logged once).
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!("accepting again after {} failed accepts", self.failures);
+        }
+        self.pause_ms = 0;
+        self.failures = 0;
+        self.unlogged = 0;
+    }
+}
+
 /// Accepts connections until shutdown, enforcing `max.connections` node-wide.
 async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+    let mut backoff = AcceptBackoff::default();
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
             shard.shutdown.listen().await;
@@ -328,10 +433,20 @@ async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
         .await;
         let stream = match accepted {
             None => return,
-            Some(Ok(s)) => s,
+            Some(Ok(s)) => {
+                backoff.succeeded();
+                s
+            }
             Some(Err(e)) => {
-                tracing::warn!("accept failed: {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
+                let pause = backoff.failed(&e);
+                let sleep = glommio::timer::sleep(pause);
+                futures_lite::future::or(
+                    async {
+                        sleep.await;
+                    },
+                    shard.shutdown.listen(),
+                )
+                .await;
                 continue;
             }
         };
