@@ -165,10 +165,22 @@ fn check_topic(
 /// Adds checked topics to the catalogue in one atomic write. Each is checked again under
 /// the catalogue's lock (another shard may have created it, or taken the node's
 /// partitions, meanwhile). One outcome per topic, in order: its id or its error.
-fn insert_topics(shard: &Shard, topics: Vec<TopicMeta>) -> Vec<Result<u128, TopicError>> {
-    let max = shard.config().partition_limits.max_partitions;
+/// The write (serialise, write, fsync) runs off the shard's thread, so the shard keeps
+/// serving its other clients meanwhile.
+async fn insert_topics(shard: &Shard, topics: Vec<TopicMeta>) -> Vec<Result<u128, TopicError>> {
+    let node = shard.node.clone();
+    glommio::executor()
+        .spawn_blocking(move || insert_topics_blocking(&node, topics))
+        .await
+}
+
+fn insert_topics_blocking(
+    node: &crate::shard::NodeShared,
+    topics: Vec<TopicMeta>,
+) -> Vec<Result<u128, TopicError>> {
+    let max = node.config.partition_limits.max_partitions;
     let count = topics.len();
-    let written = shard.node.meta.update_batch(|c| {
+    let written = node.meta.update_batch(|c| {
         let mut total = c.partition_count();
         let mut changed = false;
         let outcomes: Vec<_> = topics
@@ -235,6 +247,7 @@ pub async fn create_topic(
         configs,
     };
     let outcome = insert_topics(shard, vec![meta])
+        .await
         .pop()
         .unwrap_or(Err((errors::UNKNOWN_SERVER_ERROR, "no outcome".into())));
     if outcome.is_ok() {
@@ -328,7 +341,7 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
         .iter()
         .map(|(i, m)| (*i, m.name.clone(), m.partitions))
         .collect();
-    let outcomes = insert_topics(shard, pending.into_iter().map(|(_, m)| m).collect());
+    let outcomes = insert_topics(shard, pending.into_iter().map(|(_, m)| m).collect()).await;
     let mut created = Vec::new();
     for ((i, name, partitions), outcome) in names.iter().zip(outcomes) {
         let Some(r) = results.get_mut(*i) else {

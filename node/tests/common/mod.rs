@@ -28,6 +28,8 @@ pub struct Broker {
     child: Option<Child>,
     pub log: Arc<Mutex<Vec<String>>>,
     args: Vec<String>,
+    /// RLIMIT_NOFILE (soft and hard) the process starts with, if set.
+    nofile: Option<u64>,
 }
 
 /// Where test data dirs live: under the target dir (the real disk, never tmpfs).
@@ -52,13 +54,31 @@ impl Broker {
             child: None,
             log: Arc::default(),
             args,
+            nofile: None,
         };
         b.spawn();
         b
     }
 
     fn spawn(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+        if let Some(limit) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir.path())
@@ -97,6 +117,32 @@ impl Broker {
             .and_then(|p| p.parse().ok())
             .expect("port");
         self.child = Some(child);
+    }
+
+    /// Starts a broker whose RLIMIT_NOFILE (soft and hard, so it cannot raise it) is
+    /// `nofile`; restarts keep it.
+    pub fn start_with_nofile(nofile: u64, shards: usize, sets: &[(&str, &str)]) -> Broker {
+        let data_dir = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let mut args = vec!["--shards".to_string(), shards.to_string()];
+        for (k, v) in sets {
+            args.push("--set".into());
+            args.push(format!("{k}={v}"));
+        }
+        let mut b = Broker {
+            data_dir,
+            port: 0,
+            child: None,
+            log: Arc::default(),
+            args,
+            nofile: Some(nofile),
+        };
+        b.spawn();
+        b
+    }
+
+    /// The process id of the running broker.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn addr(&self) -> String {
