@@ -195,7 +195,10 @@ impl PartitionLimits {
         };
         for (key, v) in [
             ("max.partitions", limits.max_partitions),
-            ("max.partitions.per.request", limits.max_partitions_per_request),
+            (
+                "max.partitions.per.request",
+                limits.max_partitions_per_request,
+            ),
             ("max.open.partitions", limits.max_open_partitions),
         ] {
             if v == 0 || v > i32::MAX as u64 {

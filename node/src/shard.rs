@@ -500,7 +500,9 @@ impl Shard {
         idle.truncate(self.partitions.borrow().len().saturating_sub(target));
         tracing::debug!(shard = %self.id, closing = idle.len(), open_max = self.open_max, "closing idle partition logs");
         for chunk in idle.chunks(OPEN_CONCURRENCY_MAX) {
-            let closes = chunk.iter().map(|(_, tp)| Box::pin(self.close_partition(tp)));
+            let closes = chunk
+                .iter()
+                .map(|(_, tp)| Box::pin(self.close_partition(tp)));
             join_all(closes.collect()).await;
         }
         self.evicting.set(false);

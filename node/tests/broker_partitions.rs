@@ -183,7 +183,11 @@ fn partition_limits_refuse_with_policy_violation() {
 
     // Per request: the topic that would take the request past 400 is refused, the
     // others are created (Kafka answers per topic).
-    let codes = create(&mut c, vec![topic("a", 200), topic("b", 250), topic("c", 100)], false);
+    let codes = create(
+        &mut c,
+        vec![topic("a", 200), topic("b", 250), topic("c", 100)],
+        false,
+    );
     assert_eq!(codes, vec![0, POLICY_VIOLATION, 0]);
     assert_eq!(
         create(&mut c, vec![topic("v", 401)], true),
@@ -195,21 +199,38 @@ fn partition_limits_refuse_with_policy_violation() {
     // Node-wide: 300 exist; 650 more fit, then only 50.
     assert_eq!(create(&mut c, vec![topic("d", 300)], false), vec![0]);
     assert_eq!(create(&mut c, vec![topic("e", 350)], false), vec![0]);
-    assert_eq!(create(&mut c, vec![topic("f", 51)], false), vec![POLICY_VIOLATION]);
-    assert_eq!(grow(&mut c, "a", 251), POLICY_VIOLATION, "CreatePartitions too");
+    assert_eq!(
+        create(&mut c, vec![topic("f", 51)], false),
+        vec![POLICY_VIOLATION]
+    );
+    assert_eq!(
+        grow(&mut c, "a", 251),
+        POLICY_VIOLATION,
+        "CreatePartitions too"
+    );
     assert_eq!(
         metadata(&mut c, &["auto"], true)[0].0,
         POLICY_VIOLATION,
         "auto-creation (num.partitions=100) too"
     );
-    assert_eq!(create(&mut c, vec![topic("g", 50)], false), vec![0], "exactly 1000 fits");
-    assert_eq!(metadata(&mut c, &["a", "g"], false), vec![(0, 200), (0, 50)]);
+    assert_eq!(
+        create(&mut c, vec![topic("g", 50)], false),
+        vec![0],
+        "exactly 1000 fits"
+    );
+    assert_eq!(
+        metadata(&mut c, &["a", "g"], false),
+        vec![(0, 200), (0, 50)]
+    );
 
     // The limit holds after a restart (it counts the catalogue, not open logs).
     let mut broker = broker;
     broker.restart();
     let mut c = broker.client();
-    assert_eq!(create(&mut c, vec![topic("h", 1)], false), vec![POLICY_VIOLATION]);
+    assert_eq!(
+        create(&mut c, vec![topic("h", 1)], false),
+        vec![POLICY_VIOLATION]
+    );
 }
 
 #[test]
@@ -238,17 +259,28 @@ fn creating_100000_partitions_does_not_stall_a_canary_on_the_same_shard() {
     }
     assert_eq!(metadata(&mut c, &["many-999"], false), vec![(0, 50)]);
     let (samples, p99, max) = canary.finish();
-    eprintln!("150,000 partitions created in {created:?}; canary {samples} samples, p99 {p99:?}, max {max:?}");
-    assert!(created < Duration::from_secs(20), "creation took {created:?}");
+    eprintln!(
+        "150,000 partitions created in {created:?}; canary {samples} samples, p99 {p99:?}, max {max:?}"
+    );
+    assert!(
+        created < Duration::from_secs(20),
+        "creation took {created:?}"
+    );
     assert!(samples >= 20, "the canary ran ({samples} samples)");
     // 50 ms, or twice what the canary sees alone on a machine too loaded for 50 ms (the
     // old code stalled it for the whole creation: 16 s).
     let bound = CANARY_P99_MAX.max(p99_alone * 2);
-    assert!(p99 <= bound, "canary p99 {p99:?} (max {max:?}), alone {p99_alone:?}");
+    assert!(
+        p99 <= bound,
+        "canary p99 {p99:?} (max {max:?}), alone {p99_alone:?}"
+    );
 
     assert_eq!(metadata(&mut c, &["wide"], false), vec![(0, 100_000)]);
     assert_eq!(produce_each(&mut c, "wide", 99_990..100_000), vec![0; 10]);
-    assert_eq!(latest_offsets(&mut c, "wide", 99_990..100_000), vec![(0, 1); 10]);
+    assert_eq!(
+        latest_offsets(&mut c, "wide", 99_990..100_000),
+        vec![(0, 1); 10]
+    );
 }
 
 #[test]
@@ -277,7 +309,11 @@ fn a_low_file_limit_still_serves_every_partition_across_restarts() {
     // (one request naming more than the file limit allows still fails, see README).
     for first in (0..3000).step_by(100) {
         let offsets = latest_offsets(&mut c, "wide", first..first + 100);
-        assert_eq!(offsets, vec![(0, 1); 100], "partitions {first}.. kept their record");
+        assert_eq!(
+            offsets,
+            vec![(0, 1); 100],
+            "partitions {first}.. kept their record"
+        );
     }
     assert_eq!(produce_each(&mut c, "wide", 4990..5000), vec![0; 10]);
     assert!(
@@ -333,7 +369,11 @@ fn failed_accepts_back_off_and_the_node_recovers() {
     }
     let lines = count_log(&broker, "accept failed");
     assert!(lines <= 3, "{lines} 'accept failed' lines in ~3 s");
-    assert_eq!(metadata(&mut first, &[], false), vec![], "open connections are served");
+    assert_eq!(
+        metadata(&mut first, &[], false),
+        vec![],
+        "open connections are served"
+    );
 
     drop(held);
     // Files are free again: within the longest backoff the node accepts a new client.
@@ -381,18 +421,25 @@ fn measure_100000_partitions_create_fill_restart() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let (samples, p99, max) = canary.finish();
-    println!("create 100,000 partitions: {created:?}; canary p99 {p99:?} max {max:?} ({samples} samples)");
+    println!(
+        "create 100,000 partitions: {created:?}; canary p99 {p99:?} max {max:?} ({samples} samples)"
+    );
 
     let canary = Canary::start_existing(&broker);
     let t0 = Instant::now();
     for first in (0..100_000).step_by(1000) {
-        assert_eq!(produce_each(&mut c, "wide", first..first + 1000), vec![0; 1000]);
+        assert_eq!(
+            produce_each(&mut c, "wide", first..first + 1000),
+            vec![0; 1000]
+        );
     }
     let filled = t0.elapsed();
     let (samples, p99, max) = canary.finish();
     let pid = broker.pid().expect("pid");
     let (hwm, rss) = memory_mib(pid);
-    println!("one record into each: {filled:?}; canary p99 {p99:?} max {max:?} ({samples} samples); VmHWM {hwm} MiB, VmRSS {rss} MiB");
+    println!(
+        "one record into each: {filled:?}; canary p99 {p99:?} max {max:?} ({samples} samples); VmHWM {hwm} MiB, VmRSS {rss} MiB"
+    );
 
     drop(c);
     let t0 = Instant::now();
@@ -403,5 +450,7 @@ fn measure_100000_partitions_create_fill_restart() {
     assert_eq!(latest_offsets(&mut c, "wide", 0..1000), vec![(0, 1); 1000]);
     let first_reads = t1.elapsed();
     let (hwm, rss) = memory_mib(broker.pid().expect("pid"));
-    println!("restart to ready: {ready:?}; ListOffsets of 1,000 partitions after: {first_reads:?}; VmHWM {hwm} MiB, VmRSS {rss} MiB");
+    println!(
+        "restart to ready: {ready:?}; ListOffsets of 1,000 partitions after: {first_reads:?}; VmHWM {hwm} MiB, VmRSS {rss} MiB"
+    );
 }

@@ -137,9 +137,7 @@ impl RequestBudget {
 fn over_node_limit(existing: u64, added: u64, max: u64) -> TopicError {
     (
         errors::POLICY_VIOLATION,
-        format!(
-            "node has {existing} partitions; adding {added} would exceed max.partitions={max}"
-        ),
+        format!("node has {existing} partitions; adding {added} would exceed max.partitions={max}"),
     )
 }
 
@@ -200,7 +198,10 @@ fn insert_topics_blocking(
                 Ok(id)
             })
             .collect();
-        assert!(total <= max, "the node's partitions stay within max.partitions");
+        assert!(
+            total <= max,
+            "the node's partitions stay within max.partitions"
+        );
         (outcomes, changed)
     });
     match written {
@@ -315,9 +316,7 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
         let mut r = CreatableTopicResult::default().with_name(topic_name(&name));
         match requested_topic(shard, t, &budget) {
             Ok((partitions, configs)) => {
-                r = r
-                    .with_num_partitions(partitions)
-                    .with_replication_factor(1);
+                r = r.with_num_partitions(partitions).with_replication_factor(1);
                 if !req.validate_only {
                     let id = metadata::new_topic_id();
                     let meta = TopicMeta {
@@ -502,7 +501,10 @@ async fn grow_topic(
         .update_batch(|c| {
             let total = c.partition_count();
             let Some(t) = c.topics.get_mut(name) else {
-                return (Err(meta_error(MetaError::UnknownTopic(name.to_string()))), false);
+                return (
+                    Err(meta_error(MetaError::UnknownTopic(name.to_string()))),
+                    false,
+                );
             };
             // Another request may have grown it since the check above.
             let Some(added) = u64::try_from(count - t.partitions).ok().filter(|a| *a > 0) else {
