@@ -409,7 +409,8 @@ impl Shard {
             self.close_idle().await;
         }
         // Closing idle logs waited: another request may have started opening this one.
-        if let Some(ev) = self.opening.borrow().get(tp).cloned() {
+        let opened_meanwhile = self.opening.borrow().get(tp).cloned();
+        if let Some(ev) = opened_meanwhile {
             ev.listen().await;
             return Ok(());
         }

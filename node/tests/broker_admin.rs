@@ -191,6 +191,28 @@ fn create_validate_refuse_alter_grow_delete_and_persist() {
         5,
         "deleted override falls back to the default"
     );
+    // Partitions open (and get their directories) on first use: ListOffsets uses them.
+    let parts = (0..4)
+        .map(|p| {
+            kafka_protocol::messages::list_offsets_request::ListOffsetsPartition::default()
+                .with_partition_index(p)
+                .with_timestamp(-1)
+        })
+        .collect();
+    let list = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            kafka_protocol::messages::list_offsets_request::ListOffsetsTopic::default()
+                .with_name(TopicName(s("orders")))
+                .with_partitions(parts),
+        ]);
+    let listed: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 6, &list);
+    assert!(
+        listed.topics[0]
+            .partitions
+            .iter()
+            .all(|p| p.error_code == 0)
+    );
     for p in 0..4 {
         assert!(broker.data_dir.path().join(format!("orders-{p}")).is_dir());
     }
