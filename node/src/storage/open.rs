@@ -12,6 +12,7 @@ use super::atomic::{sync_dir, write_atomic};
 use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
+use super::file::{Disk, FaultPoint};
 use super::index::SegmentIndex;
 use super::log::{CLEAN_SHUTDOWN_FILE, LOG_START_FILE, Log, LogCounters, LogInner, State};
 use super::recovery::{FileWindow, Scan, Tail, scan};
@@ -19,7 +20,7 @@ use super::segment::Segment;
 use super::writer::{SegmentWriter, open_log_file};
 
 /// Opens the log in `dir`; see [`Log::open`].
-pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
+pub async fn open(dir: PathBuf, config: LogConfig, disk: Disk) -> Result<Log> {
     fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
     let clean = dir.join(CLEAN_SHUTDOWN_FILE).exists();
     let mut log_start = read_log_start(&dir)?.unwrap_or(Offset(0));
@@ -27,7 +28,7 @@ pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
     let mut segments = BTreeMap::new();
     for (i, &base) in bases.iter().enumerate() {
         let active = i + 1 == bases.len();
-        let seg = load_segment(&dir, base, active, clean, &config).await?;
+        let seg = load_segment(&disk, &dir, base, active, clean, &config).await?;
         segments.insert(base, seg);
     }
     drop_segments_below_start(&dir, &mut segments, log_start)?;
@@ -38,7 +39,7 @@ pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
     if let Some(first) = segments.keys().next() {
         log_start = log_start.max(*first);
     }
-    let log = build(dir, config, segments, log_start);
+    let log = build(dir, config, segments, log_start, disk);
     log.resume_writer().await?;
     if clean {
         let marker = log.dir.join(CLEAN_SHUTDOWN_FILE);
@@ -53,6 +54,7 @@ fn build(
     config: LogConfig,
     segments: BTreeMap<Offset, Segment>,
     log_start: Offset,
+    disk: Disk,
 ) -> Log {
     let log_end = segments
         .values()
@@ -72,11 +74,14 @@ fn build(
         last_flush_ms: 0,
         counters: LogCounters::default(),
         failed: None,
+        no_space_until: None,
+        truncations: 0,
         closed: false,
     };
     Log {
         inner: std::rc::Rc::new(LogInner {
             dir,
+            disk,
             state: RefCell::new(state),
             io_gate: Default::default(),
             writer: Cell::new(None),
@@ -130,6 +135,7 @@ fn list_segments(dir: &Path) -> Result<Vec<Offset>> {
 /// trusted after their indexes load and the batches after the last index entry reach
 /// the end of the file exactly; otherwise the segment is rescanned from the start.
 async fn load_segment(
+    disk: &Disk,
     dir: &Path,
     base: Offset,
     active: bool,
@@ -137,12 +143,13 @@ async fn load_segment(
     config: &LogConfig,
 ) -> Result<Segment> {
     let mut seg = Segment::new(dir, base);
+    seg.sealed = !active;
     let path = seg.path("log");
-    let file = open_log_file(&path).await?;
+    let file = open_log_file(disk, &path).await?;
     let size = file
         .file_size()
         .await
-        .map_err(|e| StorageError::glommio("stat", &path, e))?;
+        .map_err(|e| StorageError::io("stat", &path, e))?;
     seg.file = Some(file.clone());
     let mut window = FileWindow::new(file, &path, size);
     let trusted = !active || clean;
@@ -244,10 +251,10 @@ async fn repair_tail(seg: &mut Segment, scan: &Scan, active: bool, path: &Path) 
     };
     file.truncate(scan.end)
         .await
-        .map_err(|e| StorageError::glommio("truncate", path, e))?;
+        .map_err(|e| StorageError::io("truncate", path, e))?;
     file.fdatasync()
         .await
-        .map_err(|e| StorageError::glommio("fdatasync", path, e))?;
+        .map_err(|e| StorageError::io("fdatasync", path, e))?;
     if let Some(reason) = reason {
         tracing::warn!(
             segment = %path.display(), position = scan.end, dropped = ?scan.tail, %reason,
@@ -327,13 +334,15 @@ pub fn remove_files(seg: &Segment, extensions: &[&str]) -> Result<()> {
 /// from the `.log` when they do not check out, and after a crash a freshly written file is
 /// empty or a prefix of its entries — still a valid sparse index (the quick check scans
 /// from its last entry to the end of the segment). This saves four syncs per roll.
-pub fn write_index_files(seg: &Segment) -> Result<()> {
+pub fn write_index_files(seg: &Segment, disk: &Disk) -> Result<()> {
     for (ext, bytes) in [
         ("index", seg.index.encode_offsets()),
         ("timeindex", seg.index.encode_times()),
     ] {
         let path = seg.path(ext);
-        fs::write(&path, bytes).map_err(|e| StorageError::io("write", &path, e))?;
+        disk.probe(FaultPoint::IndexWrite)
+            .and_then(|()| fs::write(&path, bytes))
+            .map_err(|e| StorageError::io("write", &path, e))?;
     }
     Ok(())
 }

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use glommio::io::DmaFile;
 use wire::Offset;
 use wire::batch::BatchHeader;
 
 use super::error::{Result, StorageError};
+use super::file::SegmentFile;
 use super::index::relative;
 use super::log::{Log, ReadResult, State};
 use super::recovery::FileWindow;
@@ -22,7 +22,7 @@ const READ_WINDOW_MAX: usize = 8 << 20;
 
 /// Where in which file a disk read starts.
 struct DiskPlan {
-    file: Rc<DmaFile>,
+    file: Rc<SegmentFile>,
     path: PathBuf,
     base: Offset,
     from: u64,

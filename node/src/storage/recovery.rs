@@ -13,11 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::{DmaFile, ReadResult};
 use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, validate_batch};
 
 use super::error::{Result, StorageError};
+use super::file::{ReadBytes, SegmentFile};
 use super::segment::{BatchMeta, check_stored_header};
 
 /// Bytes read per window when scanning.
@@ -26,23 +26,23 @@ const WINDOW_BYTES: usize = 1 << 20;
 /// A read window over a DMA file: serves byte ranges, re-reading when a range falls
 /// outside the bytes it holds.
 pub struct FileWindow {
-    file: Rc<DmaFile>,
+    file: Rc<SegmentFile>,
     path: PathBuf,
     /// Readable size: nothing at or past it is read.
     end: u64,
     start: u64,
-    buf: Option<ReadResult>,
+    buf: Option<ReadBytes>,
     window_bytes: usize,
 }
 
 impl FileWindow {
-    pub fn new(file: Rc<DmaFile>, path: &Path, end: u64) -> FileWindow {
+    pub fn new(file: Rc<SegmentFile>, path: &Path, end: u64) -> FileWindow {
         FileWindow::with_window(file, path, end, WINDOW_BYTES)
     }
 
     /// A window that reads at least `window_bytes` at a time.
     pub fn with_window(
-        file: Rc<DmaFile>,
+        file: Rc<SegmentFile>,
         path: &Path,
         end: u64,
         window_bytes: usize,
@@ -70,7 +70,7 @@ impl FileWindow {
                 .file
                 .read_at(pos, size)
                 .await
-                .map_err(|e| StorageError::glommio("read", &self.path, e))?;
+                .map_err(|e| StorageError::io("read", &self.path, e))?;
             self.start = pos;
             self.buf = Some(read);
         }
