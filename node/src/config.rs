@@ -11,6 +11,11 @@ pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
 pub const SOCKET_REQUEST_MAX_BYTES_DEFAULT: u64 = 104_857_600;
 /// Default cap on open client connections across all shards.
 pub const MAX_CONNECTIONS_DEFAULT: u64 = 10_000;
+/// Kafka's default `fetch.max.bytes` (55 MiB): the most record bytes in one Fetch response.
+pub const FETCH_MAX_BYTES_DEFAULT: u64 = 57_671_680;
+/// Default of weir's `fetch.response.buffer.max.bytes`: Fetch response bytes the node
+/// holds at once (read, not yet written to their sockets), split evenly across shards.
+pub const FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
 /// Kafka's default `log.segment.bytes` (1 GiB).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
 /// Kafka's default retention: 7 days.
@@ -150,6 +155,10 @@ pub struct Config {
     pub default_replication_factor: i16,
     pub min_insync_replicas: i32,
     pub message_max_bytes: u64,
+    /// Kafka's `fetch.max.bytes`: caps every Fetch response, whatever the client asks.
+    pub fetch_max_bytes: u64,
+    /// weir's `fetch.response.buffer.max.bytes`: node-wide bound on unwritten responses.
+    pub fetch_response_buffer_max_bytes: u64,
     pub socket_request_max_bytes: u64,
     pub max_connections: u64,
     pub segment_bytes: u64,
@@ -219,6 +228,11 @@ impl Config {
             min_insync_replicas: props.parse_num(&["min.insync.replicas"], 1)?,
             message_max_bytes: props
                 .parse_num(&["message.max.bytes"], MESSAGE_MAX_BYTES_DEFAULT)?,
+            fetch_max_bytes: props.parse_num(&["fetch.max.bytes"], FETCH_MAX_BYTES_DEFAULT)?,
+            fetch_response_buffer_max_bytes: props.parse_num(
+                &["fetch.response.buffer.max.bytes"],
+                FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT,
+            )?,
             socket_request_max_bytes: props.parse_num(
                 &["socket.request.max.bytes"],
                 SOCKET_REQUEST_MAX_BYTES_DEFAULT,
@@ -256,6 +270,22 @@ impl Config {
         if self.message_max_bytes > i32::MAX as u64 || self.message_max_bytes == 0 {
             let v = self.message_max_bytes.to_string();
             return Err(value_err("message.max.bytes", &v, "must be 1..=2147483647"));
+        }
+        if self.fetch_max_bytes > i32::MAX as u64 || self.fetch_max_bytes < 1024 {
+            let v = self.fetch_max_bytes.to_string();
+            return Err(value_err(
+                "fetch.max.bytes",
+                &v,
+                "must be 1024..=2147483647",
+            ));
+        }
+        if self.fetch_response_buffer_max_bytes < 1 << 20 {
+            let v = self.fetch_response_buffer_max_bytes.to_string();
+            return Err(value_err(
+                "fetch.response.buffer.max.bytes",
+                &v,
+                "must be at least 1048576",
+            ));
         }
         if self.socket_request_max_bytes > i32::MAX as u64 || self.socket_request_max_bytes < 64 {
             let v = self.socket_request_max_bytes.to_string();

@@ -239,6 +239,18 @@ impl Partition {
     /// Reads from `offset` up to the HW (both isolation levels: without transactions the
     /// LSO equals the HW).
     pub async fn fetch(&self, offset: i64, max_bytes: usize) -> FetchOutcome {
+        self.fetch_within(offset, max_bytes, usize::MAX).await
+    }
+
+    /// Like [`fetch`](Self::fetch), but returns at most `hard_max_bytes` of records (not even
+    /// a first batch past it; see `Log::read_within`). With `hard_max_bytes` 0 the log is
+    /// not read at all: the outcome carries only the offsets and the error.
+    pub async fn fetch_within(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+    ) -> FetchOutcome {
         let hw = self.high_watermark.get();
         let mut out = FetchOutcome {
             error: errors::NONE,
@@ -254,7 +266,13 @@ impl Partition {
             out.error = errors::OFFSET_OUT_OF_RANGE;
             return out;
         }
-        match self.log.read(Offset(offset), max_bytes, hw).await {
+        if hard_max_bytes == 0 {
+            return out;
+        }
+        let read = self
+            .log
+            .read_within(Offset(offset), max_bytes, hard_max_bytes, hw);
+        match read.await {
             Ok(read) => {
                 out.batches = read.batches;
                 out.log_start_offset = read.log_start_offset.get();

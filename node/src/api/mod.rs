@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod configs;
 pub mod fetch;
+pub mod fetch_budget;
 pub mod groups;
 pub mod metadata;
 pub mod offsets;

@@ -740,7 +740,20 @@ impl Log {
         max_bytes: usize,
         upper_bound: Offset,
     ) -> Result<ReadResult> {
-        super::read::read(self, start, max_bytes, upper_bound).await
+        super::read::read(self, start, max_bytes, usize::MAX, upper_bound).await
+    }
+
+    /// Like [`read`](Self::read), but never returns more than `hard_max_bytes`, not even
+    /// the first batch: a fetch whose response budget is nearly spent reads nothing it
+    /// could not send (only the first partition with data may exceed the budget).
+    pub async fn read_within(
+        &self,
+        start: Offset,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+        upper_bound: Offset,
+    ) -> Result<ReadResult> {
+        super::read::read(self, start, max_bytes, hard_max_bytes, upper_bound).await
     }
 
     /// ListOffsets by time: the first batch whose max timestamp is `>= timestamp_ms`, as

@@ -29,8 +29,14 @@ struct DiskPlan {
     end: u64,
 }
 
-/// See [`Log::read`].
-pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> Result<ReadResult> {
+/// See [`Log::read`] and [`Log::read_within`].
+pub async fn read(
+    log: &Log,
+    start: Offset,
+    max_bytes: usize,
+    hard_max_bytes: usize,
+    upper: Offset,
+) -> Result<ReadResult> {
     log.check_readable()?;
     let mut result = {
         let mut st = log.state.borrow_mut();
@@ -52,7 +58,7 @@ pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> 
         }
         if st.cache.covers(start) {
             st.counters.cache_reads += 1;
-            let batches = st.cache.read(start, max_bytes, upper);
+            let batches = st.cache.read(start, max_bytes, hard_max_bytes, upper);
             return Ok(finish(result, batches));
         }
         st.counters.disk_reads += 1;
@@ -64,7 +70,7 @@ pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> 
         let Some(plan) = plan_disk_read(&log.state.borrow(), start, after)? else {
             break;
         };
-        let batches = read_file(&plan, start, max_bytes, upper).await?;
+        let batches = read_file(&plan, start, (max_bytes, hard_max_bytes), upper).await?;
         if !batches.is_empty() {
             result = finish(result, batches);
             break;
@@ -110,11 +116,11 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
 }
 
 /// Whole batches from one segment file: skips those before `start`, stops at the byte
-/// limit (after the first) or at the first batch reaching `upper`.
+/// limit (after the first, see [`batch_fits`]) or at the first batch reaching `upper`.
 async fn read_file(
     plan: &DiskPlan,
     start: Offset,
-    max_bytes: usize,
+    (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
 ) -> Result<Vec<Bytes>> {
     let mut window = FileWindow::with_window(
@@ -130,7 +136,8 @@ async fn read_file(
         let (header, size) = stored_header(&mut window, plan, pos).await?;
         let last = header.last_offset();
         if last >= start {
-            if last >= upper || (!out.is_empty() && total + size > max_bytes) {
+            if last >= upper || !batch_fits(out.is_empty(), total, size, max_bytes, hard_max_bytes)
+            {
                 break;
             }
             let bytes = window.get(pos, size).await?;
@@ -140,6 +147,20 @@ async fn read_file(
         pos += size as u64;
     }
     Ok(out)
+}
+
+/// Whether a batch of `size` bytes joins a read that holds `total` bytes so far: the
+/// first batch always does up to `hard_max_bytes` (whole, even past `max_bytes`, as Kafka
+/// does), later ones only within `max_bytes`; nothing ever goes past `hard_max_bytes`.
+pub(super) fn batch_fits(
+    first: bool,
+    total: usize,
+    size: usize,
+    max_bytes: usize,
+    hard_max_bytes: usize,
+) -> bool {
+    let after = total.saturating_add(size);
+    after <= hard_max_bytes && (first || after <= max_bytes)
 }
 
 /// See [`Log::read_by_time`]. Batches wholly below the log start offset (still on disk
