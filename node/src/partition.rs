@@ -140,6 +140,11 @@ impl Partition {
         Ok(())
     }
 
+    /// The largest batch an append may carry (the topic's `max.message.bytes`).
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.get()
+    }
+
     pub fn high_watermark(&self) -> Offset {
         self.high_watermark.get()
     }
