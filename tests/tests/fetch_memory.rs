@@ -153,7 +153,7 @@ fn a_cold_partition_named_100_times_is_read_once_within_fetch_max_bytes() -> Res
         "{bytes} bytes > fetch.max.bytes"
     );
     ensure!(
-        bytes <= PARTITION_BYTES + (1 << 20) && bytes >= PARTITION_BYTES,
+        (PARTITION_BYTES..=PARTITION_BYTES + (1 << 20)).contains(&bytes),
         "{bytes} bytes for a partition of ~{PARTITION_BYTES}"
     );
     ensure!(
