@@ -463,6 +463,10 @@ fn compaction_rewrites_live_state_above_one_batch_and_bounds_the_log() {
         let start = earliest(&mut c, OFFSETS, 0);
         let size = log_bytes(&dir);
         if start > 0 && size <= bound {
+            println!(
+                "MEASURE compaction: log start {start}, {size} log bytes after ~{written_bytes} \
+                 bytes of commits (bound {bound})"
+            );
             break;
         }
         assert!(
