@@ -484,7 +484,7 @@ fn create_topics(addr: SocketAddr) -> Result<()> {
         .chain([&CANARY_TOPIC])
         .map(|t| {
             CreatableTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(*t)))
+                .with_name(TopicName(StrBytes::from_static_str(t)))
                 .with_num_partitions(1)
                 .with_replication_factor(1)
         })
@@ -558,9 +558,7 @@ fn fuzz_loop(
                 break;
             }
         }
-        if open && drain_until_closed(&mut stream, &mut buf, c) {
-            c.closed_by_node.fetch_add(1, Ordering::Relaxed);
-        } else if !open {
+        if !open || drain_until_closed(&mut stream, &mut buf, c) {
             c.closed_by_node.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -186,14 +186,14 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
                 break;
             }
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
         let req = match proto::parse_request(frame) {
             Ok(req) => req,
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
