@@ -288,7 +288,7 @@ impl Partition {
                 out
             }
             Err(e) => {
-                tracing::warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
+                crate::client_warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
                 FetchOutcome::refused(storage_error_code(&e))
             }
         }

@@ -372,14 +372,14 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
                 break;
             }
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
         let req = match proto::parse_request(bytes) {
             Ok(req) => req,
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
