@@ -32,10 +32,6 @@ const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 const SIGNAL_POLL_MS: u64 = 50;
 /// How long a shard waits for its connections to finish after a shutdown signal.
 const DRAIN_TIMEOUT_MS: u64 = 10_000;
-/// Longest a shard runs tasks before it looks at its sockets again (glommio's preempt
-/// timer; its default is 100 ms). A task that always finds data ready (a large frame
-/// streaming in) yields at this point, so other connections wait at most about this long.
-const SHARD_PREEMPT_MS: u64 = 5;
 
 /// Set by SIGTERM/SIGINT; shards poll it.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -118,7 +114,6 @@ pub fn serve(config: Config) -> anyhow::Result<()> {
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(s % cpus))
             .name(&format!("weir-shard-{s}"))
-            .preempt_timer(Duration::from_millis(SHARD_PREEMPT_MS))
             .spawn(move || run_shard(ctx))
             .map_err(|e| anyhow::anyhow!("cannot start shard executor: {e}"))?;
         handles.push(handle);
