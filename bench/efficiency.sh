@@ -66,7 +66,7 @@ echo "== iperf3: loopback, 1 stream, 10 s"
 PORT=$((20000 + RANDOM % 20000))
 iperf3 -s -p "$PORT" >/dev/null 2>&1 &
 IPERF_PID=$!
-for _ in $(seq 1 50); do iperf3 -c 127.0.0.1 -p "$PORT" -t 0.1 >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 1 100); do ss -ltn "sport = :$PORT" | grep -q LISTEN && break; sleep 0.05; done
 RECV0=$(cpu_of "$IPERF_PID")
 SEND_CPU=$(rusage iperf3 -c 127.0.0.1 -p "$PORT" -t 10 -J 3>&1 >"$WORK/iperf3.json")
 RECV1=$(cpu_of "$IPERF_PID")

@@ -562,6 +562,13 @@ fn batches_end(records: &[u8]) -> Option<i64> {
 }
 
 /// Total lag (log end offset minus position) over all partitions with a position.
+///
+/// Positions are read *before* ListOffsets is sent. Read after the answer (as before), a
+/// consumer that keeps pace within one ListOffsets round trip had already passed the
+/// returned end, so `(end - position).max(0)` was 0 in every sample however far behind
+/// the consumer ran between samples at high rates; the quickstart showed "max lag 0"
+/// at 287k records/s. Read first, records appended during the round trip count as lag
+/// (an upper bound, by the round trip times the rate), never hidden.
 pub fn sample_lag(
     conns: &mut BTreeMap<i32, Conn>,
     cluster: &Cluster,
@@ -572,6 +579,9 @@ pub fn sample_lag(
     for (p, &leader) in cluster.leaders.iter().enumerate() {
         by_broker.entry(leader).or_default().push(p as i32);
     }
+    let before: Vec<Option<i64>> = (0..cluster.partitions())
+        .map(|p| positions.get(p))
+        .collect();
     let mut lag = 0i64;
     for (broker, parts) in by_broker {
         if let std::collections::btree_map::Entry::Vacant(e) = conns.entry(broker) {
@@ -592,7 +602,7 @@ pub fn sample_lag(
             }
         };
         for (p, end) in ends {
-            if let Some(pos) = positions.get(p as usize) {
+            if let Some(&Some(pos)) = usize::try_from(p).ok().and_then(|p| before.get(p)) {
                 lag += (end - pos).max(0);
             }
         }
