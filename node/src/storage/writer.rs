@@ -204,7 +204,7 @@ impl SegmentWriter {
             if written >= want {
                 return Ok(());
             }
-            if written == 0 || written as u64 % self.align != 0 {
+            if written == 0 || !(written as u64).is_multiple_of(self.align) {
                 break;
             }
             let rest = &buf.as_bytes()[written..];
