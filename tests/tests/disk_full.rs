@@ -224,6 +224,11 @@ fn a_full_disk_refuses_produce_until_space_is_freed_then_produce_resumes() -> Re
         record(&mut acked, base, values);
     }
 
+    eprintln!(
+        "disk_full: {} records acknowledged, refused at produce {id}; weir log:\n{}",
+        acked.len(),
+        weir.log_tail(12)
+    );
     let got = read_partition(&mut conn)?;
     let offsets: Vec<i64> = got.keys().copied().collect();
     let expected: Vec<i64> = (0..offsets.len() as i64).collect();
