@@ -181,6 +181,9 @@ async fn read_file(
         }
         next_min = meta.last_offset.add(1);
         pos += size as u64;
+        // A large cold read is mostly copying: let the shard's other tasks (produces on
+        // other connections) run when this one has used its time slice.
+        glommio::yield_if_needed().await;
     }
     Ok(out)
 }
