@@ -11,6 +11,9 @@ use crate::client::consumer::StartAt;
 use crate::run::LoadSpec;
 use crate::schedule::Rate;
 
+/// Most TCP connections per broker per producer (`--connections`).
+pub const MAX_CONNECTIONS: usize = 64;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "weir-loadgen",
@@ -86,6 +89,18 @@ pub struct Load {
     pub retries: u32,
     #[arg(long, default_value_t = 100)]
     pub retry_backoff_ms: u64,
+    /// Kafka's retry.backoff.max.ms: retries and metadata refreshes back off exponentially
+    /// from --retry-backoff-ms up to this.
+    #[arg(long, default_value_t = 1000)]
+    pub retry_backoff_max_ms: u64,
+    /// TCP connections per broker per producer; a partition always uses the same one, so
+    /// its batches stay in order.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// Throttle the consumers to this many records/s (all together); default: as fast as
+    /// they can. For showing lag grow.
+    #[arg(long)]
+    pub consume_rate: Option<f64>,
     #[arg(long, default_value_t = 120_000)]
     pub delivery_timeout_ms: u64,
     /// InitProducerId + per-partition sequences.
@@ -253,6 +268,15 @@ impl Load {
         if self.max_in_flight == 0 || self.batch_size == 0 {
             bail!("--max-in-flight and --batch-size must be positive");
         }
+        if !(1..=MAX_CONNECTIONS).contains(&self.connections) {
+            bail!("--connections must be in 1..={MAX_CONNECTIONS}");
+        }
+        if self
+            .consume_rate
+            .is_some_and(|r| !(r > 0.0 && r.is_finite()))
+        {
+            bail!("--consume-rate must be a positive number of records/s");
+        }
         let start = match self.from.as_deref() {
             None => default_start,
             Some("earliest") => StartAt::Earliest,
@@ -283,6 +307,9 @@ impl Load {
         p.max_in_flight = self.max_in_flight;
         p.retries = self.retries;
         p.retry_backoff_ms = self.retry_backoff_ms;
+        p.retry_backoff_max_ms = self.retry_backoff_max_ms.max(self.retry_backoff_ms);
+        p.connections = self.connections;
+        spec.consume_rate = self.consume_rate;
         p.delivery_timeout_ms = self.delivery_timeout_ms;
         p.idempotent = self.idempotent;
         p.compression = self.compression;

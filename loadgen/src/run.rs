@@ -49,6 +49,8 @@ pub struct LoadSpec {
     pub run_id: u64,
     /// Consume as this consumer group (else partitions are assigned manually).
     pub group: Option<String>,
+    /// Consumers together read at most this many records/s (None: unthrottled).
+    pub consume_rate: Option<f64>,
 }
 
 impl LoadSpec {
@@ -72,6 +74,8 @@ impl LoadSpec {
                 max_in_flight: 5,
                 retries: 10,
                 retry_backoff_ms: 100,
+                retry_backoff_max_ms: 1000,
+                connections: 1,
                 delivery_timeout_ms: 120_000,
                 request_timeout_ms: 30_000,
                 idempotent: false,
@@ -85,6 +89,7 @@ impl LoadSpec {
             quiet: false,
             run_id: run_id(),
             group: None,
+            consume_rate: None,
         }
     }
 }
@@ -325,6 +330,11 @@ fn start_consumers(
     stop: &Arc<AtomicBool>,
     with_producers: bool,
 ) -> Result<Vec<JoinHandle<u64>>> {
+    let threads = if spec.group.is_some() {
+        spec.consumers.max(1)
+    } else {
+        spec.consumers.max(1).min(cluster.partitions())
+    };
     let cfg = ConsumerConfig {
         topic: spec.topic.clone(),
         start: spec.start,
@@ -332,20 +342,19 @@ fn start_consumers(
         fetch_max_bytes: 64 << 20,
         partition_max_bytes: 8 << 20,
         group: spec.group.clone(),
+        max_records_per_sec: spec.consume_rate.map(|r| r / threads as f64),
     };
     let consumer = |parts: Vec<i32>, s: Arc<dyn RecordSink>| {
         let (c, p, r) = (cluster.clone(), positions.clone(), recorder.clone());
         Consumer::new(cfg.clone(), c, parts, p, clock, r, s, rid)
     };
-    let n = if spec.group.is_some() {
+    if spec.group.is_some() {
         // Every partition starts where the run begins (unless the group committed an
         // offset); members then take whatever the group assigns them.
         let all = (0..cluster.partitions() as i32).collect();
         consumer(all, Arc::new(crate::client::consumer::NoRecordSink)).seek_start()?;
-        spec.consumers.max(1)
-    } else {
-        spec.consumers.max(1).min(cluster.partitions())
-    };
+    }
+    let n = threads;
     let until = consumer_until(spec, with_producers);
     let mut handles = Vec::new();
     for i in 0..n {

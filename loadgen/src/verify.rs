@@ -281,6 +281,7 @@ fn read_back(
         fetch_max_bytes: 64 << 20,
         partition_max_bytes: 8 << 20,
         group: None,
+        max_records_per_sec: None,
     };
     let parts = (0..cluster.partitions() as i32).collect();
     let c = Consumer::new(

@@ -426,3 +426,91 @@ fn consumer_group_reads_everything_once_and_commits() {
         "committed offsets are honoured"
     );
 }
+
+/// Least-squares slope of `ys` over `xs`.
+fn slope(xs: &[f64], ys: &[f64]) -> f64 {
+    let n = xs.len() as f64;
+    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+    let cov: f64 = xs.iter().zip(ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+    let var: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+    cov / var
+}
+
+#[test]
+fn lag_of_a_throttled_consumer_grows_at_offered_minus_consumed() {
+    const OFFERED: f64 = 4000.0;
+    const CONSUMED: f64 = 2000.0;
+    let dir = scratch();
+    let b = start(dir.path());
+    let ej = dir.path().join("lag.json");
+    let (code, out) = loadgen(&[
+        "e2e",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "lag",
+        "--record-size",
+        "100",
+        "--rate",
+        &OFFERED.to_string(),
+        "--consume-rate",
+        &CONSUMED.to_string(),
+        "--duration",
+        "8s",
+        "--warmup",
+        "1s",
+        "--acks",
+        "1",
+        "--quiet",
+        "--json",
+        ej.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let e = json(&ej);
+    // Seconds of the measured window while the producer was still producing (the last
+    // producing second may be partial: left out).
+    let secs: Vec<&Value> = e["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["warmup"] == false && s["acked_records"].as_u64().unwrap_or(0) > 0)
+        .collect();
+    let secs = &secs[..secs.len().saturating_sub(1)];
+    assert!(secs.len() >= 5, "too few producing seconds: {e}");
+    let t: Vec<f64> = secs.iter().map(|s| s["t_s"].as_f64().unwrap()).collect();
+    let lag: Vec<f64> = secs
+        .iter()
+        .map(|s| s["lag_records"].as_f64().unwrap())
+        .collect();
+    let acked: f64 = secs
+        .iter()
+        .map(|s| s["records_per_sec"].as_f64().unwrap())
+        .sum::<f64>()
+        / secs.len() as f64;
+    let consumed: f64 = secs
+        .iter()
+        .map(|s| s["consumed_per_sec"].as_f64().unwrap())
+        .sum::<f64>()
+        / secs.len() as f64;
+    let grow = slope(&t, &lag);
+    println!("lag {lag:?} over {t:?}: +{grow:.0}/s; acked {acked:.0}/s, consumed {consumed:.0}/s");
+    // The run did what it was asked: the producer kept its rate, the consumer its throttle.
+    assert!(
+        (acked - OFFERED).abs() <= 0.1 * OFFERED,
+        "acked {acked}/s: {e}"
+    );
+    assert!(
+        (consumed - CONSUMED).abs() <= 0.1 * CONSUMED,
+        "consumed {consumed}/s: {e}"
+    );
+    // And the lag grew at (offered - consumed) per second, within 10 %.
+    let want = OFFERED - CONSUMED;
+    assert!(
+        (grow - want).abs() <= 0.1 * want,
+        "lag grew {grow:.0} records/s, expected {want:.0} ± 10 %: lag {lag:?}"
+    );
+    assert!(
+        e["lag_max_records"].as_i64().unwrap() as f64 >= 0.9 * want * 5.0,
+        "{e}"
+    );
+}

@@ -2,7 +2,7 @@
 //! `--set KEY=VALUE` and the dedicated CLI flags, resolved once at startup into [`Config`].
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 /// Kafka's default `message.max.bytes` (1 MiB + record batch overhead).
@@ -11,6 +11,11 @@ pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
 pub const SOCKET_REQUEST_MAX_BYTES_DEFAULT: u64 = 104_857_600;
 /// Default cap on open client connections across all shards.
 pub const MAX_CONNECTIONS_DEFAULT: u64 = 10_000;
+/// Kafka's default `fetch.max.bytes` (55 MiB): the most record bytes in one Fetch response.
+pub const FETCH_MAX_BYTES_DEFAULT: u64 = 57_671_680;
+/// Default of weir's `fetch.response.buffer.max.bytes`: Fetch response bytes the node
+/// holds at once (read, not yet written to their sockets), split evenly across shards.
+pub const FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
 /// Kafka's default `log.segment.bytes` (1 GiB).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
 /// Kafka's default retention: 7 days.
@@ -27,6 +32,23 @@ pub const MAX_PARTITIONS_PER_REQUEST_DEFAULT: u64 = 100_000;
 /// Default `max.open.partitions` (weir): partition logs open at once, whole node; idle
 /// ones beyond it are closed (each open log holds a file per segment).
 pub const MAX_OPEN_PARTITIONS_DEFAULT: u64 = 10_000;
+/// Default `queued.max.request.bytes`: request bytes being read or handled, whole node
+/// (each shard gets an equal share). Kafka's default is -1 (unbounded); 512 MiB holds five
+/// maximum-size (100 MiB) frames at once and far more than the in-flight bytes of any
+/// legitimate load (1 GB/s of produce handled in 10 ms is 10 MB), while bounding what
+/// clients that declare big frames and stall can pin.
+pub const QUEUED_MAX_REQUEST_BYTES_DEFAULT: u64 = 512 << 20;
+/// Default `request.read.timeout.ms` (weir's own key): a frame must be complete this long
+/// after its first byte (or after its share of the request budget was granted). Clients
+/// give up on a request after `request.timeout.ms`, 30 s by default, so a frame that takes
+/// longer to arrive is one nobody waits for any more.
+pub const REQUEST_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Kafka's default `connections.max.idle.ms` (10 minutes).
+pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: u64 = 600_000;
+/// Default `max.connections.per.ip`. Kafka's is unbounded (i32::MAX), which lets one client
+/// take every `max.connections` slot; a tenth of the default `max.connections` still
+/// leaves room for many clients behind one NAT address.
+pub const MAX_CONNECTIONS_PER_IP_DEFAULT: u64 = 1_000;
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +182,10 @@ pub struct Config {
     pub default_replication_factor: i16,
     pub min_insync_replicas: i32,
     pub message_max_bytes: u64,
+    /// Kafka's `fetch.max.bytes`: caps every Fetch response, whatever the client asks.
+    pub fetch_max_bytes: u64,
+    /// weir's `fetch.response.buffer.max.bytes`: node-wide bound on unwritten responses.
+    pub fetch_response_buffer_max_bytes: u64,
     pub socket_request_max_bytes: u64,
     pub max_connections: u64,
     pub segment_bytes: u64,
@@ -172,6 +198,16 @@ pub struct Config {
     pub props: Properties,
     /// `max.partitions`, `max.partitions.per.request`, `max.open.partitions` (weir's own).
     pub partition_limits: PartitionLimits,
+    /// `queued.max.request.bytes`: budget for request frames being read or handled.
+    pub queued_max_request_bytes: u64,
+    /// `request.read.timeout.ms` (weir): deadline to finish a frame once it started.
+    pub request_read_timeout_ms: u64,
+    /// `connections.max.idle.ms`: a connection with nothing read or in flight this long is
+    /// closed.
+    pub connections_max_idle_ms: u64,
+    /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
+    pub max_connections_per_ip: u64,
+    pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
 }
 
 /// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
@@ -266,6 +302,11 @@ impl Config {
             min_insync_replicas: props.parse_num(&["min.insync.replicas"], 1)?,
             message_max_bytes: props
                 .parse_num(&["message.max.bytes"], MESSAGE_MAX_BYTES_DEFAULT)?,
+            fetch_max_bytes: props.parse_num(&["fetch.max.bytes"], FETCH_MAX_BYTES_DEFAULT)?,
+            fetch_response_buffer_max_bytes: props.parse_num(
+                &["fetch.response.buffer.max.bytes"],
+                FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT,
+            )?,
             socket_request_max_bytes: props.parse_num(
                 &["socket.request.max.bytes"],
                 SOCKET_REQUEST_MAX_BYTES_DEFAULT,
@@ -283,6 +324,21 @@ impl Config {
             )?,
             flush_on_ack: props.parse_bool("log.flush.on.ack", false)?,
             partition_limits: PartitionLimits::resolve(&props)?,
+            queued_max_request_bytes: props.parse_num(
+                &["queued.max.request.bytes"],
+                QUEUED_MAX_REQUEST_BYTES_DEFAULT,
+            )?,
+            request_read_timeout_ms: props.parse_num(
+                &["request.read.timeout.ms"],
+                REQUEST_READ_TIMEOUT_MS_DEFAULT,
+            )?,
+            connections_max_idle_ms: props.parse_num(
+                &["connections.max.idle.ms"],
+                CONNECTIONS_MAX_IDLE_MS_DEFAULT,
+            )?,
+            max_connections_per_ip: props
+                .parse_num(&["max.connections.per.ip"], MAX_CONNECTIONS_PER_IP_DEFAULT)?,
+            max_connections_per_ip_overrides: per_ip_overrides(&props)?,
             props,
         };
         config.check()?;
@@ -305,6 +361,22 @@ impl Config {
             let v = self.message_max_bytes.to_string();
             return Err(value_err("message.max.bytes", &v, "must be 1..=2147483647"));
         }
+        if self.fetch_max_bytes > i32::MAX as u64 || self.fetch_max_bytes < 1024 {
+            let v = self.fetch_max_bytes.to_string();
+            return Err(value_err(
+                "fetch.max.bytes",
+                &v,
+                "must be 1024..=2147483647",
+            ));
+        }
+        if self.fetch_response_buffer_max_bytes < 1 << 20 {
+            let v = self.fetch_response_buffer_max_bytes.to_string();
+            return Err(value_err(
+                "fetch.response.buffer.max.bytes",
+                &v,
+                "must be at least 1048576",
+            ));
+        }
         if self.socket_request_max_bytes > i32::MAX as u64 || self.socket_request_max_bytes < 64 {
             let v = self.socket_request_max_bytes.to_string();
             return Err(value_err(
@@ -313,7 +385,35 @@ impl Config {
                 "must be 64..=2147483647",
             ));
         }
+        self.check_connection_limits()
+    }
+
+    /// The connection and request-read limits are bounded: weir refuses Kafka's -1
+    /// (unbounded) for `queued.max.request.bytes`, and a zero timeout would close every
+    /// connection at once.
+    fn check_connection_limits(&self) -> Result<(), ConfigError> {
+        if self.queued_max_request_bytes == 0 {
+            return Err(value_err(
+                "queued.max.request.bytes",
+                "0",
+                "must be >= 1 (weir always bounds request memory)",
+            ));
+        }
+        if self.request_read_timeout_ms == 0 {
+            return Err(value_err("request.read.timeout.ms", "0", "must be > 0"));
+        }
+        if self.connections_max_idle_ms == 0 {
+            return Err(value_err("connections.max.idle.ms", "0", "must be > 0"));
+        }
         Ok(())
+    }
+
+    /// The `max.connections.per.ip` limit for one address (its override if it has one).
+    pub fn max_connections_for(&self, ip: IpAddr) -> u64 {
+        self.max_connections_per_ip_overrides
+            .get(&ip)
+            .copied()
+            .unwrap_or(self.max_connections_per_ip)
     }
 
     /// Broker-level defaults for topic configs, under the topic-level key names.
@@ -358,6 +458,26 @@ fn retention_ms(props: &Properties) -> Result<i64, ConfigError> {
     }
     let h: i64 = props.parse_num(&["log.retention.hours"], 168)?;
     Ok(h.saturating_mul(3_600_000))
+}
+
+/// `max.connections.per.ip.overrides`: `IP:COUNT` pairs separated by commas (Kafka's
+/// syntax; weir takes IP literals only, since a host name resolved once at startup would
+/// silently go stale). An IPv6 address is written bare or in brackets: `[::1]:5`.
+fn per_ip_overrides(props: &Properties) -> Result<BTreeMap<IpAddr, u64>, ConfigError> {
+    const KEY: &str = "max.connections.per.ip.overrides";
+    let mut out = BTreeMap::new();
+    let Some(text) = props.get(KEY) else {
+        return Ok(out);
+    };
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || value_err(KEY, text, "expected IP:COUNT[,IP:COUNT...]");
+        let (ip, count) = item.rsplit_once(':').ok_or_else(bad)?;
+        let ip = ip.trim().trim_start_matches('[').trim_end_matches(']');
+        let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+        let count: u64 = count.trim().parse().map_err(|_| bad())?;
+        out.insert(ip, count);
+    }
+    Ok(out)
 }
 
 fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
@@ -439,5 +559,38 @@ mod tests {
         assert!(Config::resolve(p, &CliOverrides::default()).is_err());
         assert!(Properties::parse("novalue\n", "t").is_err());
         assert!(Properties::default().set_arg("=x").is_err());
+    }
+
+    #[test]
+    fn connection_limits_and_per_ip_overrides() {
+        let c = Config::resolve(Properties::default(), &CliOverrides::default()).unwrap();
+        assert_eq!(c.queued_max_request_bytes, QUEUED_MAX_REQUEST_BYTES_DEFAULT);
+        assert_eq!(c.connections_max_idle_ms, CONNECTIONS_MAX_IDLE_MS_DEFAULT);
+        assert_eq!(c.request_read_timeout_ms, REQUEST_READ_TIMEOUT_MS_DEFAULT);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(c.max_connections_for(ip), MAX_CONNECTIONS_PER_IP_DEFAULT);
+        let mut p = Properties::default();
+        p.set("max.connections.per.ip", "7");
+        p.set(
+            "max.connections.per.ip.overrides",
+            "10.0.0.1:2, [::1]:0,::2:9",
+        );
+        let c = Config::resolve(p.clone(), &CliOverrides::default()).unwrap();
+        assert_eq!(c.max_connections_for(ip), 2);
+        assert_eq!(c.max_connections_for("::1".parse().unwrap()), 0);
+        assert_eq!(c.max_connections_for("::2".parse().unwrap()), 9);
+        assert_eq!(c.max_connections_for("10.0.0.2".parse().unwrap()), 7);
+        for bad in ["host.example:3", "10.0.0.1", "10.0.0.1:x"] {
+            p.set("max.connections.per.ip.overrides", bad);
+            assert!(
+                Config::resolve(p.clone(), &CliOverrides::default()).is_err(),
+                "{bad}"
+            );
+        }
+        let mut p = Properties::default();
+        p.set("queued.max.request.bytes", "-1");
+        assert!(Config::resolve(p.clone(), &CliOverrides::default()).is_err());
+        p.set("queued.max.request.bytes", "0");
+        assert!(Config::resolve(p, &CliOverrides::default()).is_err());
     }
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod errors;
 pub mod event;
 pub mod group;
+pub mod log_limit;
 pub mod metadata;
 pub mod partition;
 pub mod producer_state;

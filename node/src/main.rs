@@ -47,6 +47,14 @@ enum LogCommand {
         /// `.log`, `.index` or `.timeindex` files, or partition directories.
         paths: Vec<PathBuf>,
     },
+    /// Check every batch (framing, CRC-32C, offsets) of the `.log` files under the paths
+    /// (segment files, partition directories or a data directory); list every damaged
+    /// byte range and exit non-zero if there is one.
+    Verify {
+        /// `.log` files, partition directories or a data directory.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -136,6 +144,19 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Log {
+            command: LogCommand::Verify { paths },
+        } => match weir::storage::dump::verify_paths(&paths, &mut std::io::stdout().lock()) {
+            Ok(summary) if summary.damaged == 0 => ExitCode::SUCCESS,
+            Ok(summary) => {
+                eprintln!("weir log verify: {} damaged range(s)", summary.damaged);
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("weir log verify: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Log {
             command: LogCommand::Dump { paths },
         } => match weir::storage::dump::dump_paths(&paths, &mut std::io::stdout().lock()) {

@@ -143,6 +143,11 @@ impl Partition {
         Ok(())
     }
 
+    /// The largest batch an append may carry (the topic's `max.message.bytes`).
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.get()
+    }
+
     pub fn high_watermark(&self) -> Offset {
         self.high_watermark.get()
     }
@@ -242,6 +247,18 @@ impl Partition {
     /// Reads from `offset` up to the HW (both isolation levels: without transactions the
     /// LSO equals the HW).
     pub async fn fetch(&self, offset: i64, max_bytes: usize) -> FetchOutcome {
+        self.fetch_within(offset, max_bytes, usize::MAX).await
+    }
+
+    /// Like [`fetch`](Self::fetch), but returns at most `hard_max_bytes` of records (not even
+    /// a first batch past it; see `Log::read_within`). With `hard_max_bytes` 0 the log is
+    /// not read at all: the outcome carries only the offsets and the error.
+    pub async fn fetch_within(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+    ) -> FetchOutcome {
         let hw = self.high_watermark.get();
         let mut out = FetchOutcome {
             error: errors::NONE,
@@ -257,7 +274,13 @@ impl Partition {
             out.error = errors::OFFSET_OUT_OF_RANGE;
             return out;
         }
-        match self.log.read(Offset(offset), max_bytes, hw).await {
+        if hard_max_bytes == 0 {
+            return out;
+        }
+        let read = self
+            .log
+            .read_within(Offset(offset), max_bytes, hard_max_bytes, hw);
+        match read.await {
             Ok(read) => {
                 out.batches = read.batches;
                 out.log_start_offset = read.log_start_offset.get();
@@ -268,7 +291,7 @@ impl Partition {
                 out
             }
             Err(e) => {
-                tracing::warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
+                crate::client_warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
                 FetchOutcome::refused(storage_error_code(&e))
             }
         }

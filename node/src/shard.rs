@@ -61,9 +61,14 @@ pub enum Op {
         tp: TopicPartition,
         records: BytesMut,
     },
-    /// Reads of several partitions owned by the same shard, in one message.
+    /// Reads of several partitions owned by the same shard, in one message, in request
+    /// order: together they return at most `budget_bytes` of records, except that with
+    /// `exceed_once` the first partition with data returns its first batch whole even if
+    /// it is larger (KIP-74: a fetch always makes progress).
     Fetch {
         reads: Vec<FetchRead>,
+        budget_bytes: usize,
+        exceed_once: bool,
     },
     /// Completes when any of `tps` has a high watermark above the given offset (at once
     /// if one already has), or after `timeout_ms`.
@@ -274,7 +279,11 @@ impl Shard {
                 Ok(p) => Reply::Produce(p.produce(records, now_ms()).await),
                 Err(code) => Reply::Refused(code),
             },
-            Op::Fetch { reads } => Reply::Fetch(self.fetch_many(reads).await),
+            Op::Fetch {
+                reads,
+                budget_bytes,
+                exceed_once,
+            } => Reply::Fetch(self.fetch_many(reads, budget_bytes, exceed_once).await),
             Op::Wait { tps, timeout_ms } => {
                 self.wait_for_append(&tps, timeout_ms).await;
                 Reply::Waited
@@ -311,17 +320,34 @@ impl Shard {
         }
     }
 
-    /// Reads several local partitions concurrently (each may wait on the disk).
-    async fn fetch_many(&self, reads: Vec<FetchRead>) -> Vec<FetchOutcome> {
-        let one = |r: FetchRead| {
-            Box::pin(async move {
-                match self.partition(&r.tp).await {
-                    Ok(p) => p.fetch(r.offset, r.max_bytes).await,
-                    Err(code) => FetchOutcome::refused(code),
+    /// Reads local partitions one after another in request order, each limited by what
+    /// is left of `budget_bytes`, so nothing is read that the response will not carry
+    /// (see [`Op::Fetch`]). A partition reached with no budget left is not read at all.
+    async fn fetch_many(
+        &self,
+        reads: Vec<FetchRead>,
+        budget_bytes: usize,
+        exceed_once: bool,
+    ) -> Vec<FetchOutcome> {
+        let mut left = budget_bytes;
+        let mut exceed = exceed_once;
+        let mut out = Vec::with_capacity(reads.len());
+        for r in reads {
+            let hard_max_bytes = if exceed { usize::MAX } else { left };
+            let outcome = match self.partition(&r.tp).await {
+                Ok(p) => {
+                    let max_bytes = r.max_bytes.min(left);
+                    p.fetch_within(r.offset, max_bytes, hard_max_bytes).await
                 }
-            })
-        };
-        join_all(reads.into_iter().map(one).collect()).await
+                Err(code) => FetchOutcome::refused(code),
+            };
+            let got = outcome.bytes();
+            assert!(exceed || got <= left, "read {got} bytes with {left} left");
+            exceed &= got == 0;
+            left = left.saturating_sub(got);
+            out.push(outcome);
+        }
+        out
     }
 
     /// Waits until one of the local partitions in `tps` is appended to, or the timeout.
@@ -732,6 +758,7 @@ impl Shard {
             if retention_due {
                 last_retention = now;
             }
+            crate::api::fetch_budget::trim_shard_heap_if_idle();
         }
     }
 

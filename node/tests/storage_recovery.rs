@@ -1,6 +1,7 @@
 //! Recovery decision table on real files: zero padding and torn tails are trimmed, damage
-//! followed by a valid batch refuses to open (naming file and position), sealed segments
-//! must end at their last batch, and the clean-shutdown marker skips the rescan.
+//! followed by a valid batch in the active segment refuses to open (naming file and
+//! position), damage in a sealed segment fails only the reads that reach it, and the
+//! clean-shutdown marker skips the rescan.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -229,20 +230,50 @@ fn log_ending_below_its_start_offset_restarts_empty_at_the_start() {
     assert!(!files[0].exists(), "the segment below the start is deleted");
 }
 
+/// A sealed segment is never appended to again, so damage in it is not a torn write: it
+/// is neither truncated nor allowed to take the whole log down. The log opens, the batches
+/// before the damage read back, and a read that reaches it fails naming the file.
 #[test]
-fn sealed_segment_that_does_not_end_at_a_batch_is_corruption() {
+fn sealed_segment_that_does_not_end_at_a_batch_opens_and_fails_only_reads_of_the_damage() {
     let dir = tempdir();
     let pdir = dir.path().join("t-0");
     let files = write_log(pdir.clone(), 5000, true);
     assert!(files.len() >= 3, "{files:?}");
-    let sealed = &files[0];
-    let len = std::fs::metadata(sealed).unwrap().len();
-    let f = OpenOptions::new().write(true).open(sealed).unwrap();
+    let sealed = files[0].clone();
+    let len = std::fs::metadata(&sealed).unwrap().len();
+    let f = OpenOptions::new().write(true).open(&sealed).unwrap();
     f.set_len(len - 10).unwrap();
-    match open(pdir, 5000) {
-        Err(StorageError::Corrupt { path, .. }) => assert_eq!(&path, sealed),
+    let last_in_sealed = {
+        let bytes = std::fs::read(&files[1]).unwrap();
+        wire::batch::read_header(&bytes)
+            .unwrap()
+            .base_offset()
+            .get()
+            - 1
+    };
+    let (end, before, damaged) = run_on_shard(move || async move {
+        prime_dma_probe(pdir.parent().unwrap()).await.unwrap();
+        let log = Log::open(pdir, config(5000)).await.unwrap();
+        let end = log.log_end_offset();
+        let before = log.read(Offset(0), usize::MAX, end).await.unwrap();
+        let damaged = log.read(Offset(last_in_sealed), usize::MAX, end).await;
+        (end, before.next_offset, damaged)
+    });
+    assert_eq!(end, Offset(BATCHES), "nothing after the damage is lost");
+    assert_eq!(
+        before,
+        Offset(last_in_sealed),
+        "the batches before the damage"
+    );
+    match damaged {
+        Err(StorageError::Corrupt { path, .. }) => assert_eq!(path, sealed),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    assert_eq!(
+        std::fs::metadata(&sealed).unwrap().len(),
+        len - 10,
+        "not truncated"
+    );
 }
 
 #[test]

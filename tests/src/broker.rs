@@ -83,6 +83,23 @@ impl Weir {
         Ok(weir)
     }
 
+    /// Starts a broker whose data dir is a fresh directory inside `parent` (a test's own
+    /// filesystem, e.g. a small loop mount).
+    pub fn start_in(config: WeirConfig, parent: &Path) -> Result<Weir> {
+        let data_dir = tempfile::Builder::new()
+            .prefix("weir-")
+            .tempdir_in(parent)
+            .with_context(|| format!("create data dir in {}", parent.display()))?;
+        let mut weir = Weir {
+            config,
+            data_dir,
+            running: None,
+            past_log: Vec::new(),
+        };
+        weir.spawn()?;
+        Ok(weir)
+    }
+
     /// Starts with default config.
     pub fn start_default() -> Result<Weir> {
         Weir::start(WeirConfig::default())

@@ -5,12 +5,14 @@
 //!   restart on the same data dir, RSS; always killed on drop.
 //! - [`disk`]: what reached the data dir (record batches in segment files).
 //! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
+//! - [`fuzz`]: a mutation fuzzer over TCP seeded with captured client requests.
 //! - [`clients`]: librdkafka (the `rdkafka` crate) producers, consumers and admin calls
 //!   configured for a weir under test, with bounded waits.
 
 pub mod broker;
 pub mod clients;
 pub mod disk;
+pub mod fuzz;
 pub mod raw;
 
 pub use broker::{Weir, WeirConfig};

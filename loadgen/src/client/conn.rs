@@ -149,10 +149,22 @@ impl Conn {
 
     /// Sends one request and waits for its response (no pipelining).
     pub fn call<R: Request>(&mut self, req: &R, version: i16) -> Result<R::Response> {
+        let id = self.send(req, version)?;
+        self.recv::<R>(version, id)
+    }
+
+    /// Sends one request without waiting; returns its correlation id for [`Conn::recv`].
+    /// Responses come back in request order.
+    pub fn send<R: Request>(&mut self, req: &R, version: i16) -> Result<i32> {
         let id = self.next_id();
         let bytes = encode_request(req, version, id)?;
         self.stream.write_all(&bytes).context("sending request")?;
+        Ok(id)
+    }
+
+    /// Reads the response to the request sent as `correlation_id`.
+    pub fn recv<R: Request>(&mut self, version: i16, correlation_id: i32) -> Result<R::Response> {
         let frame_bytes = read_frame(&mut self.stream)?;
-        decode_response::<R>(frame_bytes, version, id)
+        decode_response::<R>(frame_bytes, version, correlation_id)
     }
 }

@@ -6,6 +6,7 @@ pub mod conn;
 pub mod consumer;
 pub mod group;
 pub mod metadata;
+pub mod produce_wire;
 pub mod producer;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -64,16 +65,22 @@ pub mod payload {
 
     /// A value of exactly `size` bytes (at least [`HEADER_BYTES`]) carrying `stamp`.
     pub fn encode(stamp: Stamp, size: usize, filler: &[u8]) -> Bytes {
-        let size = size.max(HEADER_BYTES);
-        let mut b = BytesMut::with_capacity(size);
-        b.put_slice(MAGIC);
-        b.put_u64(stamp.run_id);
-        b.put_u64(stamp.record_id);
-        b.put_u64(stamp.intended_ns);
-        let rest = size - HEADER_BYTES;
-        b.put_slice(&filler[..rest.min(filler.len())]);
-        b.resize(size, b'x');
+        let mut b = BytesMut::with_capacity(size.max(HEADER_BYTES));
+        write(stamp, size, filler, &mut b);
         b.freeze()
+    }
+
+    /// Appends the value [`encode`] returns, straight into `out` (no allocation).
+    pub fn write(stamp: Stamp, size: usize, filler: &[u8], out: &mut impl BufMut) {
+        let size = size.max(HEADER_BYTES);
+        out.put_slice(MAGIC);
+        out.put_u64(stamp.run_id);
+        out.put_u64(stamp.record_id);
+        out.put_u64(stamp.intended_ns);
+        let rest = size - HEADER_BYTES;
+        let from_filler = rest.min(filler.len());
+        out.put_slice(&filler[..from_filler]);
+        out.put_bytes(b'x', rest - from_filler);
     }
 
     /// The stamp of a value, if it is one of ours.

@@ -17,14 +17,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
-use kafka_protocol::protocol::StrBytes;
-use wire::batch::{BatchBuilder, Compression, NewRecord};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use wire::batch::Compression;
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
 use super::conn::{self, Conn};
 use super::metadata::{self, Cluster};
+use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestFields, Values};
 use super::{DUPLICATE_SEQUENCE_NUMBER, error_name, is_retriable, partition_for_key, payload};
 use crate::schedule::{Next, Pacer};
 use crate::stats::{Clock, Recorder};
@@ -45,6 +44,11 @@ const NS_PER_MS: u64 = 1_000_000;
 /// Errors that mean "ask the cluster again who leads this partition": NOT_LEADER_OR_FOLLOWER,
 /// UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE.
 const LEADERSHIP_ERRORS: [i16; 3] = [6, 3, 5];
+/// A repeated warning is printed at most once per this interval (with a count of the
+/// ones held back), so a broker that keeps failing cannot flood stderr.
+const WARN_EVERY_NS: u64 = 5_000_000_000;
+/// Doublings of the retry backoff at most (2^20 × the base is far beyond any max).
+const BACKOFF_DOUBLINGS_MAX: u32 = 20;
 
 /// How the producer behaves; the fields mirror Kafka's producer configs.
 #[derive(Clone, Debug)]
@@ -57,6 +61,10 @@ pub struct ProducerConfig {
     pub max_in_flight: usize,
     pub retries: u32,
     pub retry_backoff_ms: u64,
+    /// Kafka's retry.backoff.max.ms: the exponential backoff's ceiling.
+    pub retry_backoff_max_ms: u64,
+    /// TCP connections per broker; partition p uses connection p mod this.
+    pub connections: usize,
     pub delivery_timeout_ms: u64,
     pub request_timeout_ms: i32,
     pub idempotent: bool,
@@ -93,21 +101,21 @@ pub struct ProducerStats {
     pub reconnects: u64,
 }
 
-struct PendingRecord {
-    id: u64,
-    intended_ns: u64,
-    key: Option<Bytes>,
-    value: Bytes,
+/// What a batch looks like on the wire, fixed on its first send (timestamp, sequence,
+/// compressed bytes), so every retry sends exactly the same bytes.
+struct Sealed {
+    timestamp_ms: i64,
+    compressed: Option<Vec<u8>>,
 }
 
-/// A batch for one partition; encoded (and given its sequence) on first send, so every
-/// retry sends exactly the same bytes.
+/// A batch for one partition. Records are kept as stamps (and keys); their values are
+/// generated straight into the request buffer when the batch is written.
 struct Batch {
     partition: i32,
-    records: Vec<PendingRecord>,
+    records: Vec<Rec>,
     bytes: usize,
     created_ns: u64,
-    encoded: Option<Bytes>,
+    sealed: Option<Sealed>,
     base_sequence: Sequence,
     attempts: u32,
     retry_at_ns: u64,
@@ -115,8 +123,60 @@ struct Batch {
 
 impl Batch {
     fn ids(&self) -> Vec<u64> {
-        self.records.iter().map(|r| r.id).collect()
+        self.records.iter().map(|r| r.stamp.record_id).collect()
     }
+
+    fn intended(&self) -> Vec<u64> {
+        self.records.iter().map(|r| r.stamp.intended_ns).collect()
+    }
+}
+
+/// Prints a warning at most once per [`WARN_EVERY_NS`], counting the ones held back.
+#[derive(Default)]
+struct Limited {
+    last_ns: Option<u64>,
+    held_back: u64,
+}
+
+impl Limited {
+    fn warn(&mut self, now: u64, msg: &str) {
+        if self
+            .last_ns
+            .is_some_and(|t| now.saturating_sub(t) < WARN_EVERY_NS)
+        {
+            self.held_back += 1;
+            return;
+        }
+        match std::mem::take(&mut self.held_back) {
+            0 => warn(msg),
+            n => warn(&format!(
+                "{msg} ({n} more like this in the last {}s)",
+                WARN_EVERY_NS / 1_000_000_000
+            )),
+        }
+        self.last_ns = Some(now);
+    }
+}
+
+/// Exponential backoff from `base` doubling per attempt, capped at `max` (ns).
+fn backoff_ns(base_ms: u64, max_ms: u64, attempt: u32) -> u64 {
+    let doublings = attempt.saturating_sub(1).min(BACKOFF_DOUBLINGS_MAX);
+    base_ms
+        .saturating_mul(1 << doublings)
+        .min(max_ms.max(base_ms))
+        * NS_PER_MS
+}
+
+/// Where the producer stands with metadata refreshes.
+#[derive(Default)]
+struct Refresh {
+    /// A response asked for one; not yet done successfully.
+    wanted: bool,
+    /// Failed refreshes in a row (drives the backoff).
+    failures: u32,
+    /// Not before this (ns).
+    next_at_ns: u64,
+    warn: Limited,
 }
 
 struct InFlight {
@@ -189,6 +249,9 @@ fn lock(s: &Mutex<LinkState>) -> std::sync::MutexGuard<'_, LinkState> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A connection: its broker and which of the broker's `connections` it is.
+type LinkKey = (i32, usize);
+
 /// One producer: call [`Producer::run`] on its own thread.
 pub struct Producer {
     cfg: Arc<ProducerConfig>,
@@ -204,11 +267,17 @@ pub struct Producer {
     /// Batches not yet sent (or returned for retry), per partition, oldest first.
     queues: Vec<VecDeque<Batch>>,
     next_sequence: Vec<Sequence>,
-    links: BTreeMap<i32, Link>,
+    links: BTreeMap<LinkKey, Link>,
     buffered_bytes: usize,
     sticky_partition: usize,
     filler: Vec<u8>,
     stats: ProducerStats,
+    /// The request buffer, reused for every request (keeps its capacity).
+    request: Vec<u8>,
+    /// Scratch for a records section before it is compressed.
+    scratch: Vec<u8>,
+    refresh: Refresh,
+    send_warn: Limited,
 }
 
 impl Producer {
@@ -250,6 +319,10 @@ impl Producer {
             buffered_bytes: 0,
             filler: (0..65_536u32).map(|i| b'a' + (i % 26) as u8).collect(),
             stats: ProducerStats::default(),
+            request: Vec::new(),
+            scratch: Vec::new(),
+            refresh: Refresh::default(),
+            send_warn: Limited::default(),
         })
     }
 
@@ -334,9 +407,9 @@ impl Producer {
             record_id: id,
             intended_ns,
         };
-        let value = payload::encode(stamp, self.cfg.record_size_bytes, &self.filler);
+        let value_len = self.cfg.record_size_bytes.max(payload::HEADER_BYTES);
         let n = self.queues.len();
-        let size_of = |key: &Option<Bytes>| value.len() + key.as_ref().map_or(0, Bytes::len);
+        let size_of = |key: &Option<Bytes>| value_len + key.as_ref().map_or(0, Bytes::len);
         let (key, p) = match self.cfg.keys {
             Some(k) => {
                 let key = Bytes::from((seq_no % k.max(1)).to_string());
@@ -353,12 +426,7 @@ impl Producer {
             }
         };
         let size = size_of(&key);
-        let rec = PendingRecord {
-            id,
-            intended_ns,
-            key,
-            value,
-        };
+        let rec = Rec { stamp, key };
         self.stats.generated += 1;
         self.buffered_bytes += size;
         let open = self.has_open_batch(p, size);
@@ -374,7 +442,7 @@ impl Producer {
                     records: vec![rec],
                     bytes: size,
                     created_ns: now,
-                    encoded: None,
+                    sealed: None,
                     base_sequence: Sequence::NONE,
                     attempts: 0,
                     retry_at_ns: 0,
@@ -387,7 +455,7 @@ impl Producer {
     fn has_open_batch(&self, p: usize, size: usize) -> bool {
         self.queues[p]
             .back()
-            .is_some_and(|b| b.encoded.is_none() && b.bytes + size <= self.cfg.batch_size_bytes)
+            .is_some_and(|b| b.sealed.is_none() && b.bytes + size <= self.cfg.batch_size_bytes)
     }
 
     /// Whether the front batch of `q` may go now; else when it may (ns), if ever.
@@ -398,7 +466,7 @@ impl Producer {
         let full = b.bytes >= self.cfg.batch_size_bytes
             || b.bytes + self.cfg.record_size_bytes > self.cfg.batch_size_bytes;
         let linger_end = b.created_ns + self.cfg.linger_ms * NS_PER_MS;
-        if b.encoded.is_some() || !is_last || full || flush || linger_end <= now {
+        if b.sealed.is_some() || !is_last || full || flush || linger_end <= now {
             Ok(())
         } else {
             Err(linger_end)
@@ -426,38 +494,41 @@ impl Producer {
     /// partitions that is ready.
     fn send_round(&mut self, now: u64, flush: bool) -> (bool, Option<u64>) {
         let mut next: Option<u64> = None;
-        let mut per_broker: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+        let mut per_link: BTreeMap<LinkKey, Vec<usize>> = BTreeMap::new();
+        let conns = self.cfg.connections.max(1);
         for p in 0..self.queues.len() {
             let q = &self.queues[p];
             let Some(b) = q.front() else { continue };
             match self.sendable(b, q.len() == 1, now, flush) {
                 Ok(()) => {
-                    let leader = self.cluster.leaders[p];
-                    per_broker.entry(leader).or_default().push(p);
+                    // A partition always uses the same connection: its batches stay in order.
+                    let key = (self.cluster.leaders[p], p % conns);
+                    per_link.entry(key).or_default().push(p);
                 }
                 Err(t) => next = Some(next.map_or(t, |n| n.min(t))),
             }
         }
         let mut sent = false;
-        for (broker, partitions) in per_broker {
-            match self.send_to(broker, &partitions, now) {
+        for (key, partitions) in per_link {
+            match self.send_to(key, &partitions, now) {
                 Ok(s) => sent |= s,
                 Err(e) => {
                     self.recorder.record_error("ClientConnectionLost", 1);
-                    if let Some(l) = self.links.get_mut(&broker) {
+                    if let Some(l) = self.links.get_mut(&key) {
                         lock(&l.state).broken = true;
                     }
-                    warn(&format!("send to broker {broker}: {e:#}"));
+                    let msg = format!("send to broker {}: {e:#}", key.0);
+                    self.send_warn.warn(now, &msg);
                 }
             }
         }
         (sent, next)
     }
 
-    /// Sends the ready batches of `partitions` to `broker`; `Ok(false)` if nothing went.
-    fn send_to(&mut self, broker: i32, partitions: &[usize], now: u64) -> Result<bool> {
-        self.ensure_link(broker, now)?;
-        let Some(link) = self.links.get(&broker) else {
+    /// Sends the ready batches of `partitions` over link `key`; `Ok(false)` if nothing went.
+    fn send_to(&mut self, key: LinkKey, partitions: &[usize], now: u64) -> Result<bool> {
+        self.ensure_link(key, now)?;
+        let Some(link) = self.links.get(&key) else {
             return Ok(false);
         };
         {
@@ -474,14 +545,14 @@ impl Producer {
             if self.expired(&b, now) {
                 continue;
             }
-            self.encode(&mut b)?;
+            self.seal(&mut b)?;
             b.attempts += 1;
             batches.push(b);
         }
         if batches.is_empty() {
             return Ok(false);
         }
-        self.write_request(broker, batches)?;
+        self.write_request(key, batches)?;
         Ok(true)
     }
 
@@ -499,8 +570,10 @@ impl Producer {
         true
     }
 
-    fn encode(&mut self, b: &mut Batch) -> Result<()> {
-        if b.encoded.is_some() {
+    /// Fixes what a batch looks like on the wire (first send only): its sequence, its
+    /// timestamp and, if compressed, its compressed records.
+    fn seal(&mut self, b: &mut Batch) -> Result<()> {
+        if b.sealed.is_some() {
             return Ok(());
         }
         let p = b.partition as usize;
@@ -508,23 +581,75 @@ impl Producer {
             b.base_sequence = self.next_sequence[p];
             self.next_sequence[p] = b.base_sequence.add_wrapping(b.records.len() as i32);
         }
-        b.encoded = Some(encode_batch(
-            b,
-            self.producer_id,
-            self.producer_epoch,
-            self.cfg.compression,
-        )?);
+        let timestamp_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let compressed = match self.cfg.compression {
+            Compression::None => None,
+            codec => {
+                let values = Values {
+                    size: self.cfg.record_size_bytes,
+                    filler: &self.filler,
+                };
+                let c =
+                    produce_wire::compress_records(codec, &b.records, values, &mut self.scratch)
+                        .map_err(|e| anyhow::anyhow!("compressing record batch: {e}"))?;
+                Some(c)
+            }
+        };
+        b.sealed = Some(Sealed {
+            timestamp_ms,
+            compressed,
+        });
         Ok(())
     }
 
-    fn write_request(&mut self, broker: i32, batches: Vec<Batch>) -> Result<()> {
-        let Some(link) = self.links.get_mut(&broker) else {
+    /// Writes one Produce request for `batches` (all sealed) into the reused request buffer.
+    fn encode_request(&mut self, version: i16, correlation_id: i32, batches: &[Batch]) {
+        let sources: Vec<(i32, BatchSource<'_>)> = batches
+            .iter()
+            .map(|b| {
+                let sealed = b.sealed.as_ref();
+                let src = BatchSource {
+                    fields: BatchFields {
+                        producer_id: self.producer_id,
+                        producer_epoch: self.producer_epoch,
+                        base_sequence: b.base_sequence,
+                        timestamp_ms: sealed.map_or(0, |s| s.timestamp_ms),
+                        compression: self.cfg.compression,
+                    },
+                    recs: &b.records,
+                    compressed: sealed.and_then(|s| s.compressed.as_deref()),
+                };
+                (b.partition, src)
+            })
+            .collect();
+        let req = RequestFields {
+            version,
+            correlation_id,
+            acks: self.cfg.acks,
+            timeout_ms: self.cfg.request_timeout_ms,
+            topic: &self.cfg.topic,
+        };
+        let values = Values {
+            size: self.cfg.record_size_bytes,
+            filler: &self.filler,
+        };
+        produce_wire::write_request(&mut self.request, req, &sources, values);
+    }
+
+    fn write_request(&mut self, key: LinkKey, batches: Vec<Batch>) -> Result<()> {
+        let Some(link) = self.links.get_mut(&key) else {
             return Ok(());
         };
-        let req = produce_request(&self.cfg, &batches);
         let id = link.next_correlation_id;
         link.next_correlation_id = link.next_correlation_id.wrapping_add(1).max(1);
-        let bytes = conn::encode_request(&req, link.version, id)?;
+        let version = link.version;
+        self.encode_request(version, id, &batches);
+        let Some(link) = self.links.get_mut(&key) else {
+            return Ok(());
+        };
+        let bytes = &self.request;
         let acks0 = self.cfg.acks == 0;
         if !acks0 {
             // In flight before the write, so the reader always finds it.
@@ -535,10 +660,10 @@ impl Producer {
             let Some(w) = link.writer.as_mut() else {
                 anyhow::bail!("no connection");
             };
-            return w.write_all(&bytes).context("writing produce request");
+            return w.write_all(bytes).context("writing produce request");
         }
         let written = match link.writer.as_mut() {
-            Some(w) => w.write_all(&bytes).context("writing produce request"),
+            Some(w) => w.write_all(bytes).context("writing produce request"),
             None => Err(anyhow::anyhow!("no connection")),
         };
         if let Err(e) = written {
@@ -553,9 +678,8 @@ impl Producer {
         // acks=0: "acknowledged" when the bytes are handed to the kernel.
         let now = self.clock.now_ns();
         for b in &batches {
-            let intended: Vec<u64> = b.records.iter().map(|r| r.intended_ns).collect();
             let rb = self.cfg.record_size_bytes as u64;
-            self.recorder.record_acks(&intended, now, rb);
+            self.recorder.record_acks(&b.intended(), now, rb);
             self.sink.acked(b.partition, None, &b.ids());
             self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
             self.stats.acked += b.records.len() as u64;
@@ -563,14 +687,15 @@ impl Producer {
         Ok(())
     }
 
-    /// Connects to `broker` if there is no live link (at most once per retry backoff).
-    fn ensure_link(&mut self, broker: i32, now: u64) -> Result<()> {
-        if self.links.get(&broker).is_some_and(|l| l.writer.is_some()) {
+    /// Connects link `key` if it is not live (at most once per retry backoff).
+    fn ensure_link(&mut self, key: LinkKey, now: u64) -> Result<()> {
+        let broker = key.0;
+        if self.links.get(&key).is_some_and(|l| l.writer.is_some()) {
             return Ok(());
         }
         if self
             .links
-            .get(&broker)
+            .get(&key)
             .is_some_and(|l| l.reconnect_at_ns > now)
         {
             return Ok(());
@@ -582,13 +707,13 @@ impl Producer {
         let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
         match self.connect(&addr) {
             Ok(link) => {
-                if self.links.insert(broker, link).is_some() {
+                if self.links.insert(key, link).is_some() {
                     self.stats.reconnects += 1;
                 }
                 Ok(())
             }
             Err(e) => {
-                let placeholder = self.links.entry(broker).or_insert_with(|| Link {
+                let placeholder = self.links.entry(key).or_insert_with(|| Link {
                     addr,
                     writer: None,
                     state: Arc::default(),
@@ -662,11 +787,11 @@ impl Producer {
                 warn(&format!("connection to {} lost; will retry", link.addr));
             }
         }
-        if refresh {
-            self.refresh_metadata();
+        self.refresh.wanted |= refresh;
+        if self.refresh.wanted && now >= self.refresh.next_at_ns {
+            self.refresh_metadata(now);
         }
         self.expire_fronts(now);
-        let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
         for mut b in returned {
             if b.attempts > self.cfg.retries {
                 self.recorder
@@ -676,13 +801,18 @@ impl Producer {
                 self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
                 continue;
             }
-            b.retry_at_ns = now + backoff;
+            // Exponential per attempt, as Kafka's producer since retry.backoff.max.ms.
+            let (base, max) = (self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms);
+            b.retry_at_ns = now + backoff_ns(base, max, b.attempts);
             self.requeue(b);
         }
     }
 
     /// Asks any known broker for the topic's leaders again (after a leadership error).
-    fn refresh_metadata(&mut self) {
+    /// A failure backs off exponentially (retry.backoff.ms doubling up to
+    /// retry.backoff.max.ms) and its warning is rate-limited: a broker that cannot serve
+    /// the topic must not be asked (or complained about) hundreds of times a second.
+    fn refresh_metadata(&mut self, now: u64) {
         let addrs: Vec<String> = self.cluster.brokers.values().cloned().collect();
         for addr in addrs {
             let fresh = Conn::connect(&addr)
@@ -691,10 +821,20 @@ impl Producer {
                 && c.partitions() == self.cluster.partitions()
             {
                 self.cluster = c;
+                self.refresh.wanted = false;
+                self.refresh.failures = 0;
+                self.refresh.next_at_ns = now;
                 return;
             }
         }
-        warn("metadata refresh failed; retrying with the old leaders");
+        self.refresh.failures = self.refresh.failures.saturating_add(1);
+        let (base, max) = (self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms);
+        self.refresh.next_at_ns = now + backoff_ns(base, max, self.refresh.failures);
+        self.recorder.record_error("ClientMetadataRefreshFailed", 1);
+        self.refresh.warn.warn(
+            now,
+            "metadata refresh failed; retrying with the old leaders",
+        );
     }
 
     /// Gives up on the oldest batches of each partition once past the delivery timeout,
@@ -722,7 +862,7 @@ impl Producer {
         let seq_of = |x: &Batch| x.base_sequence.get();
         let pos = q
             .iter()
-            .position(|x| x.encoded.is_none() || seq_of(x) > seq_of(&b))
+            .position(|x| x.sealed.is_none() || seq_of(x) > seq_of(&b))
             .unwrap_or(q.len());
         q.insert(pos, b);
     }
@@ -770,60 +910,6 @@ impl Producer {
 /// Logs to stderr (the load generator's stdout is its report).
 pub fn warn(msg: &str) {
     eprintln!("weir-loadgen: {msg}");
-}
-
-fn encode_batch(
-    b: &Batch,
-    pid: ProducerId,
-    epoch: ProducerEpoch,
-    compression: Compression,
-) -> Result<Bytes> {
-    let ts = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let builder = BatchBuilder {
-        producer_id: pid,
-        producer_epoch: epoch,
-        base_sequence: if pid.is_some() {
-            b.base_sequence
-        } else {
-            Sequence::NONE
-        },
-        compression,
-        records: b
-            .records
-            .iter()
-            .map(|r| NewRecord {
-                timestamp_ms: ts,
-                key: r.key.clone(),
-                value: Some(r.value.clone()),
-                headers: Vec::new(),
-            })
-            .collect(),
-        ..BatchBuilder::default()
-    };
-    builder
-        .build()
-        .map_err(|e| anyhow::anyhow!("encoding record batch: {e}"))
-}
-
-fn produce_request(cfg: &ProducerConfig, batches: &[Batch]) -> ProduceRequest {
-    let mut t = TopicProduceData::default();
-    t.name = TopicName(StrBytes::from_string(cfg.topic.clone()));
-    t.partition_data = batches
-        .iter()
-        .map(|b| {
-            let mut pd = PartitionProduceData::default();
-            pd.index = b.partition;
-            pd.records = b.encoded.clone();
-            pd
-        })
-        .collect();
-    let mut req = ProduceRequest::default();
-    req.acks = cfg.acks;
-    req.timeout_ms = cfg.request_timeout_ms;
-    req.topic_data = vec![t];
-    req
 }
 
 /// The reader thread of one connection: matches responses to in-flight requests in order.
@@ -875,8 +961,7 @@ fn handle_response(
         // A partition missing from the response is treated as a retriable network error.
         let (code, base) = codes.get(&b.partition).copied().unwrap_or((13, -1));
         if code == 0 || (code == DUPLICATE_SEQUENCE_NUMBER && ctx.cfg.idempotent) {
-            let intended: Vec<u64> = b.records.iter().map(|r| r.intended_ns).collect();
-            ctx.recorder.record_acks(&intended, now, rb);
+            ctx.recorder.record_acks(&b.intended(), now, rb);
             let base = (code == 0).then_some(base);
             ctx.sink.acked(b.partition, base, &b.ids());
             acked += b.records.len() as u64;

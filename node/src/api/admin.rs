@@ -17,7 +17,6 @@ use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
 use crate::errors;
-use crate::group::OFFSETS_TOPIC;
 use crate::metadata::{self, MetaError, PARTITIONS_PER_TOPIC_MAX, TopicMeta};
 use crate::shard::Shard;
 
@@ -87,6 +86,8 @@ fn meta_error(e: MetaError) -> TopicError {
         MetaError::UnknownTopic(_) => errors::UNKNOWN_TOPIC_OR_PARTITION,
         MetaError::InvalidName(_) => errors::INVALID_TOPIC_EXCEPTION,
         MetaError::InvalidPartitions(_) => errors::INVALID_PARTITIONS,
+        MetaError::Internal(_) => errors::INVALID_REQUEST,
+        MetaError::Collides(..) => errors::INVALID_TOPIC_EXCEPTION,
         MetaError::Io(_) => errors::KAFKA_STORAGE_ERROR,
     };
     (code, e.to_string())
@@ -154,10 +155,9 @@ fn check_topic(
         return Err(meta_error(MetaError::InvalidPartitions(partitions)));
     }
     validate_configs(configs)?;
-    if shard.catalog().topics.contains_key(name) {
-        return Err(meta_error(MetaError::TopicExists(name.to_string())));
-    }
-    Ok(())
+    // Exists (TOPIC_ALREADY_EXISTS), internal (INVALID_REQUEST), `.`/`_` collision
+    // (INVALID_TOPIC_EXCEPTION), as Kafka answers; checked again under the catalogue lock.
+    shard.catalog().check_new_name(name).map_err(meta_error)
 }
 
 /// Adds checked topics to the catalogue in one atomic write. Each is checked again under
@@ -184,9 +184,8 @@ fn insert_topics_blocking(
         let outcomes: Vec<_> = topics
             .into_iter()
             .map(|t| {
-                if c.topics.contains_key(&t.name) {
-                    return Err(meta_error(MetaError::TopicExists(t.name.clone())));
-                }
+                // Also catches a collision with a topic added earlier in this request.
+                c.check_new_name(&t.name).map_err(meta_error)?;
                 let added = u64::try_from(t.partitions).unwrap_or(0);
                 if total + added > max {
                     return Err(over_node_limit(total, added, max));
@@ -366,10 +365,10 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
     CreateTopicsResponse::default().with_topics(results)
 }
 
-/// Refuses to delete or grow `__consumer_offsets`: the coordinators keep its partitions
+/// Refuses to delete or grow an internal topic: the coordinators keep its partitions
 /// open and hash groups by its partition count, so either would strand committed offsets.
 fn refuse_internal(name: &str, what: &str) -> Result<(), TopicError> {
-    if name == OFFSETS_TOPIC {
+    if metadata::is_internal(name) {
         return Err((
             errors::INVALID_REQUEST,
             format!("cannot {what} the internal topic {name}"),

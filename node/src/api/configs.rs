@@ -1,6 +1,7 @@
 //! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (broker configs are
 //! described read-only). Topic overrides are stored in the catalogue; changing them makes
-//! each owning shard reopen the partition logs with the new settings.
+//! each owning shard reopen the partition logs with the new settings. An internal topic's
+//! `cleanup.policy` and retention cannot be changed (INVALID_CONFIG).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -168,7 +169,10 @@ async fn change_topic(
     };
     let mut configs = meta.configs.clone();
     edit(&mut configs)?;
-    validate_configs(&configs)?;
+    validate_changed(&meta.configs, &configs)?;
+    if crate::metadata::is_internal(topic) {
+        keeps_internal_pins(topic, &configs)?;
+    }
     if validate_only || configs == meta.configs {
         return Ok(());
     }
@@ -187,6 +191,43 @@ async fn change_topic(
         .map_err(|e| (errors::UNKNOWN_TOPIC_OR_PARTITION, e.to_string()))?;
     tracing::info!(topic, "topic config changed");
     shard.sync_all().await;
+    Ok(())
+}
+
+/// Checks the overrides a change adds or alters (those already stored were accepted when
+/// set — some, like an internal topic's `log.tail.cache.bytes`, by the broker itself), then
+/// the whole set as the log would read it.
+fn validate_changed(
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+) -> Result<(), TopicError> {
+    let changed: BTreeMap<String, String> = new
+        .iter()
+        .filter(|(k, v)| old.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    validate_configs(&changed)?;
+    let pairs = new.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    crate::storage::LogConfig::from_pairs(pairs)
+        .map_err(|e| (errors::INVALID_CONFIG, e.to_string()))?;
+    Ok(())
+}
+
+/// An internal topic keeps `cleanup.policy=compact` and no time or size retention (see
+/// [`crate::metadata::INTERNAL_TOPIC_PINNED_CONFIGS`]): checked on the resulting override
+/// set, so a SET, a DELETE (back to the broker default) and an AlterConfigs that leaves the
+/// key out are all refused.
+fn keeps_internal_pins(topic: &str, configs: &BTreeMap<String, String>) -> Result<(), TopicError> {
+    for (key, pinned) in crate::metadata::INTERNAL_TOPIC_PINNED_CONFIGS {
+        let value = configs.get(*key).map(String::as_str);
+        if value.map(str::trim) != Some(*pinned) {
+            let shown = value.unwrap_or("the broker default");
+            return Err((
+                errors::INVALID_CONFIG,
+                format!("{key} of internal topic {topic} must stay {pinned}, not {shown}"),
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -1,10 +1,16 @@
-//! Fetch: read every requested partition on its owning shard; if fewer than `min_bytes`
-//! are available, long-poll — each owning shard parks a waiter on its partitions'
-//! append events (no polling) — until data arrives or `max_wait_ms` passes, then read
-//! again. Fetch sessions are answered without incremental support (session id 0), which
-//! tells clients to keep sending full fetch requests.
+//! Fetch: read the requested partitions on their owning shards, in request order, each
+//! within what is left of the response budget (the smallest of the client's `max_bytes`,
+//! the broker's `fetch.max.bytes` and the shard's share of
+//! `fetch.response.buffer.max.bytes`), so nothing is read that will not be sent; the
+//! bytes stay reserved until the connection has written the response (see
+//! `fetch_budget`). If fewer than `min_bytes` are available, long-poll — each owning
+//! shard parks a waiter on its partitions' append events (no polling) — until data
+//! arrives or `max_wait_ms` passes, then read again. A partition named twice is answered
+//! once (Kafka keys a fetch by partition), at the first entry's offset. Fetch sessions
+//! are answered without incremental support (session id 0), which tells clients to keep
+//! sending full fetch requests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +21,8 @@ use wire::WireError;
 use wire::fetch::{FetchPartitionResponse, FetchResponseParts, FetchTopicResponse};
 
 use super::Response;
+use super::fetch_budget::{self, Hold, ResponseBudget};
+use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
 use crate::partition::FetchOutcome;
@@ -26,6 +34,9 @@ use crate::shard::{FetchRead, Op, Reply, Shard, TopicPartition};
 const MAX_WAIT_MS_CAP: u64 = 300_000;
 /// Most partitions one Fetch may name (bounds the work one request causes).
 const PARTITIONS_PER_FETCH_MAX: usize = 100_000;
+/// Shortest wait for response budget, even when the long poll has no time left: under
+/// load a fetch with `max_wait_ms` 0 waits a little instead of making its client spin.
+const BUDGET_WAIT_MIN: Duration = Duration::from_millis(100);
 
 /// One partition of the request.
 struct Wanted {
@@ -34,116 +45,197 @@ struct Wanted {
     max_bytes: usize,
 }
 
+/// What one pass over the partitions read, and the budget its bytes hold.
+struct Read {
+    outcomes: Vec<FetchOutcome>,
+    hold: Hold,
+    /// The budget did not come free in time: partitions were answered without reading.
+    starved: bool,
+}
+
 /// Serves one Fetch request; the response is a chunk list whose record chunks are the
-/// log's own buffers (no copy).
+/// log's own buffers (no copy), ending with an empty chunk that holds the response's
+/// budget until the connection has written it.
 pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
     let fetch: FetchRequest = proto::decode(req)?;
-    let parts = respond(shard, fetch).await;
-    let chunks = wire::fetch::encode_fetch_response(req.correlation_id, req.version, &parts)?;
+    let (parts, hold) = respond(shard, fetch).await;
+    let mut chunks = wire::fetch::encode_fetch_response(req.correlation_id, req.version, &parts)?;
+    drop(parts);
+    chunks.push(hold.into_chunk());
     Ok(Some(chunks))
 }
 
-async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> FetchResponseParts {
-    let wanted: Vec<Wanted> = req
-        .topics
-        .iter()
-        .flat_map(|t| {
-            let name: Arc<str> = Arc::from(t.topic.0.as_str());
-            t.partitions.iter().map(move |p| Wanted {
-                tp: (name.clone(), p.partition),
-                offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes.max(0) as usize,
-            })
-        })
-        .take(PARTITIONS_PER_FETCH_MAX)
-        .collect();
-    let max_bytes = req.max_bytes.max(0) as usize;
+/// This shard's share of `fetch.response.buffer.max.bytes`.
+fn shard_budget_bytes(config: &Config) -> u64 {
+    (config.fetch_response_buffer_max_bytes / config.shards.max(1) as u64).max(1)
+}
+
+async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, Hold) {
+    let wanted = wanted_partitions(&req);
+    let budget = fetch_budget::shard_budget(shard_budget_bytes(shard.config()));
+    let max_bytes = (req.max_bytes.max(0) as u64)
+        .min(shard.config().fetch_max_bytes)
+        .min(budget.capacity_bytes());
+    let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
     let min_bytes = req.min_bytes.max(0) as usize;
     let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     loop {
-        let outcomes = read_all(shard, &wanted, max_bytes).await;
-        let total: usize = outcomes.iter().map(FetchOutcome::bytes).sum();
-        let any_error = outcomes.iter().any(|o| o.error != errors::NONE);
+        let read = read_all(shard, &budget, &wanted, max_bytes, deadline).await;
+        let total: usize = read.outcomes.iter().map(FetchOutcome::bytes).sum();
+        // KIP-74: only the first batch of the first partition with data may pass the limit.
+        let first_batch = read
+            .outcomes
+            .iter()
+            .find_map(|o| o.batches.first())
+            .map_or(0, Bytes::len);
+        assert!(
+            total <= max_bytes.max(first_batch),
+            "{total} record bytes for a {max_bytes} byte limit"
+        );
+        let any_error = read.outcomes.iter().any(|o| o.error != errors::NONE);
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
-        if enough || any_error || now >= deadline || shard.shutting_down.get() {
-            return build(&wanted, outcomes);
+        if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
+            return (build(&wanted, read.outcomes), read.hold);
         }
-        wait_for_data(shard, &wanted, &outcomes, deadline - now).await;
+        // Nothing is kept while parked: the bytes and their budget go back now.
+        let waits = wait_list(shard, &wanted, &read.outcomes);
+        drop(read);
+        wait_for_data(shard, waits, deadline - now).await;
     }
 }
 
-/// Reads all partitions concurrently; the response budget `max_bytes` is then applied in
-/// request order (the first non-empty partition is always kept whole, as Kafka does).
-async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted], max_bytes: usize) -> Vec<FetchOutcome> {
-    // One message per owning shard, carrying all its partitions.
-    let mut by_owner: BTreeMap<ShardId, Vec<(usize, FetchRead)>> = BTreeMap::new();
-    for (i, w) in wanted.iter().enumerate() {
-        let read = FetchRead {
-            tp: w.tp.clone(),
-            offset: w.offset,
-            max_bytes: w.max_bytes.min(max_bytes.max(1)),
-        };
-        let owner = shard.router.owner(&w.tp.0, w.tp.1);
-        by_owner.entry(owner).or_default().push((i, read));
-    }
-    let tasks: Vec<_> = by_owner
-        .into_values()
-        .map(|group| {
-            let s = shard.clone();
-            let (slots, reads): (Vec<usize>, Vec<FetchRead>) = group.into_iter().unzip();
-            let owner = s.router.owner(&reads[0].tp.0, reads[0].tp.1);
-            let task =
-                glommio::spawn_local(async move { s.call(owner, Op::Fetch { reads }).await });
-            (slots, task)
-        })
-        .collect();
-    let mut outcomes: Vec<FetchOutcome> = wanted
-        .iter()
-        .map(|_| FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR))
-        .collect();
-    for (slots, task) in tasks {
-        match task.await {
-            Reply::Fetch(got) if got.len() == slots.len() => {
-                for (slot, o) in slots.into_iter().zip(got) {
-                    outcomes[slot] = o;
-                }
+/// The request's partitions in order, each once: a repeat of a (topic, partition) already
+/// named is dropped (Kafka answers each partition once, keyed by name and index).
+fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
+    let mut seen: HashSet<TopicPartition> = HashSet::new();
+    let mut wanted = Vec::new();
+    for t in &req.topics {
+        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        for p in &t.partitions {
+            if wanted.len() >= PARTITIONS_PER_FETCH_MAX {
+                return wanted;
             }
-            Reply::Refused(code) => slots
-                .into_iter()
-                .for_each(|slot| outcomes[slot] = FetchOutcome::refused(code)),
-            _ => {}
+            let tp: TopicPartition = (name.clone(), p.partition);
+            if seen.insert(tp.clone()) {
+                wanted.push(Wanted {
+                    tp,
+                    offset: p.fetch_offset,
+                    max_bytes: p.partition_max_bytes.max(0) as usize,
+                });
+            }
         }
     }
-    apply_budget(&mut outcomes, max_bytes);
-    outcomes
+    wanted
 }
 
-/// The response budget `max_bytes`, in request order: a partition whose data would exceed
-/// it is answered empty, except that the first non-empty partition is always kept whole
-/// (as Kafka does, so a batch larger than the budget still makes progress).
-fn apply_budget(outcomes: &mut [FetchOutcome], max_bytes: usize) {
-    let mut budget = max_bytes;
-    let mut first = true;
-    for o in outcomes.iter_mut() {
-        let size = o.bytes();
-        if size > budget && !(first && size > 0) {
-            o.batches.clear();
-        } else {
-            budget = budget.saturating_sub(size);
-            first &= size == 0;
-        }
+/// The request's slots grouped by owning shard, owners in the order of their first
+/// partition in the request.
+fn by_owner(shard: &Shard, wanted: &[Wanted]) -> Vec<(ShardId, Vec<usize>)> {
+    let mut groups: Vec<(ShardId, Vec<usize>)> = Vec::new();
+    let mut index: BTreeMap<ShardId, usize> = BTreeMap::new();
+    for (i, w) in wanted.iter().enumerate() {
+        let owner = shard.router.owner(&w.tp.0, w.tp.1);
+        let g = *index.entry(owner).or_insert_with(|| {
+            groups.push((owner, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.push(i);
     }
+    groups
 }
 
-/// Parks until any partition in the request gets data past its fetch offset, or timeout.
-async fn wait_for_data(
+/// Reads the partitions owner by owner, handing each owner what is left of `max_bytes`
+/// after reserving it from the shard's `budget` (waiting while other responses hold it,
+/// at most until the deadline). The first partition with data may exceed the limit by
+/// its first batch (KIP-74), so a batch larger than the limit still makes progress.
+async fn read_all(
     shard: &Rc<Shard>,
+    budget: &ResponseBudget,
+    wanted: &[Wanted],
+    max_bytes: usize,
+    deadline: Instant,
+) -> Read {
+    let mut read = Read {
+        outcomes: wanted
+            .iter()
+            .map(|_| FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR))
+            .collect(),
+        hold: Hold::empty(),
+        starved: false,
+    };
+    let mut left = max_bytes;
+    let mut exceed_once = true;
+    for (owner, slots) in by_owner(shard, wanted) {
+        let want = slots
+            .iter()
+            .fold(0usize, |sum, &i| {
+                sum.saturating_add(wanted[i].max_bytes.min(left))
+            })
+            .min(left);
+        let mut reserved = 0;
+        if want > 0 && !read.starved {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .max(BUDGET_WAIT_MIN);
+            match budget.reserve(want as u64, wait).await {
+                Some(h) => {
+                    reserved = h.bytes() as usize;
+                    read.hold.merge(h);
+                }
+                None => read.starved = true,
+            }
+        }
+        let reads = slots
+            .iter()
+            .map(|&i| FetchRead {
+                tp: wanted[i].tp.clone(),
+                offset: wanted[i].offset,
+                max_bytes: wanted[i].max_bytes,
+            })
+            .collect();
+        let op = Op::Fetch {
+            reads,
+            budget_bytes: reserved,
+            exceed_once: exceed_once && !read.starved,
+        };
+        let got = place(&mut read.outcomes, &slots, shard.call(owner, op).await);
+        read.hold.settle(budget, reserved as u64, got as u64);
+        exceed_once &= got == 0;
+        left = left.saturating_sub(got);
+    }
+    read
+}
+
+/// Puts an owner's reply into the slots it answers; returns its record bytes.
+fn place(outcomes: &mut [FetchOutcome], slots: &[usize], reply: Reply) -> usize {
+    match reply {
+        Reply::Fetch(got) if got.len() == slots.len() => {
+            let mut bytes = 0;
+            for (&slot, o) in slots.iter().zip(got) {
+                bytes += o.bytes();
+                outcomes[slot] = o;
+            }
+            bytes
+        }
+        Reply::Refused(code) => {
+            for &slot in slots {
+                outcomes[slot] = FetchOutcome::refused(code);
+            }
+            0
+        }
+        _ => 0,
+    }
+}
+
+/// The partitions a long poll waits on, by owner, each with the offset an append must
+/// pass to wake it.
+fn wait_list(
+    shard: &Shard,
     wanted: &[Wanted],
     outcomes: &[FetchOutcome],
-    timeout: Duration,
-) {
+) -> BTreeMap<ShardId, Vec<(TopicPartition, i64)>> {
     let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
     for (w, o) in wanted.iter().zip(outcomes) {
         // Only partitions read to their end can be woken by new data. A partition left
@@ -157,10 +249,19 @@ async fn wait_for_data(
                 .push((w.tp.clone(), w.offset.max(o.high_watermark)));
         }
     }
+    by_owner
+}
+
+/// Parks until any partition in `waits` gets data past its offset, or timeout.
+async fn wait_for_data(
+    shard: &Rc<Shard>,
+    waits: BTreeMap<ShardId, Vec<(TopicPartition, i64)>>,
+    timeout: Duration,
+) {
     let woken = Rc::new(Event::default());
     let first = woken.listen();
     let timeout_ms = timeout.as_millis().min(u128::from(MAX_WAIT_MS_CAP)) as u64;
-    for (owner, tps) in by_owner {
+    for (owner, tps) in waits {
         let (s, woken) = (shard.clone(), woken.clone());
         glommio::spawn_local(async move {
             s.call(owner, Op::Wait { tps, timeout_ms }).await;

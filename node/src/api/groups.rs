@@ -107,14 +107,15 @@ pub async fn dispatch(
 /// coordinator deletes with tombstones), marked compact like Kafka's, small tail cache,
 /// no preallocation (little traffic; 50 partitions would otherwise reserve ~1 GiB).
 fn offsets_topic_configs(s: &Settings) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("cleanup.policy".to_string(), "compact".to_string()),
+    let mut configs = BTreeMap::from([
         ("segment.bytes".to_string(), s.segment_bytes.to_string()),
-        ("retention.ms".to_string(), "-1".to_string()),
-        ("retention.bytes".to_string(), "-1".to_string()),
         ("log.tail.cache.bytes".to_string(), "65536".to_string()),
         ("preallocate".to_string(), "false".to_string()),
-    ])
+    ]);
+    // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
+    let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
+    configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
+    configs
 }
 
 /// The partition count of `__consumer_offsets`, creating the topic on first use.

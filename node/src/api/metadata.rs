@@ -92,6 +92,9 @@ async fn requested_topic(
     if !(allow_create && shard.config().auto_create_topics) {
         return unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
     }
+    if crate::metadata::is_internal(&name) {
+        return auto_create_internal(shard, &name, unknown).await;
+    }
     let partitions = shard.config().num_partitions;
     match admin::create_topic(shard, &name, partitions, Default::default(), false, budget).await {
         Ok(_) | Err((errors::TOPIC_ALREADY_EXISTS, _)) => {}
@@ -101,6 +104,26 @@ async fn requested_topic(
         }
     }
     match shard.catalog().topics.get(&name) {
+        Some(meta) => describe_topic(shard, meta),
+        None => unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION),
+    }
+}
+
+/// An internal topic asked for by name is created as its coordinator creates it (Kafka's
+/// auto-creation does the same), never with a client's defaults; one without a
+/// coordinator yet is unknown.
+async fn auto_create_internal(
+    shard: &Rc<Shard>,
+    name: &str,
+    unknown: MetadataResponseTopic,
+) -> MetadataResponseTopic {
+    if name != crate::group::OFFSETS_TOPIC {
+        return unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
+    }
+    if let Err(code) = super::groups::offsets_partitions(shard).await {
+        return unknown.with_error_code(code);
+    }
+    match shard.catalog().topics.get(name) {
         Some(meta) => describe_topic(shard, meta),
         None => unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION),
     }
@@ -122,7 +145,7 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
     MetadataResponseTopic::default()
         .with_name(Some(topic_name(&meta.name)))
         .with_topic_id(Uuid::from_u128(meta.id))
-        .with_is_internal(meta.name == crate::group::OFFSETS_TOPIC)
+        .with_is_internal(crate::metadata::is_internal(&meta.name))
         .with_partitions(partitions)
 }
 

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod configs;
 pub mod fetch;
+pub mod fetch_budget;
 pub mod groups;
 pub mod metadata;
 pub mod offsets;
@@ -43,7 +44,7 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
     }
     if !proto::is_served(req.api_key, req.version) {
         let (key, version) = (req.api_key, req.version);
-        tracing::warn!(%peer, "closing connection: unsupported api key {key} version {version}");
+        crate::client_warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
     let (name, version) = (req.api_name(), req.version);
@@ -56,7 +57,7 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
     match routed {
         Ok(resp) => resp,
         Err(e) => {
-            tracing::warn!(%peer, "closing connection: {name} v{version}: {e}");
+            crate::client_warn!(%peer, "closing connection: {name} v{version}: {e}");
             close()
         }
     }

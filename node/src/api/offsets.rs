@@ -1,5 +1,6 @@
 //! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp) and DeleteRecords,
-//! each partition answered by its owning shard.
+//! each partition answered by its owning shard. DeleteRecords on an internal topic is
+//! refused with INVALID_TOPIC_EXCEPTION.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -91,7 +92,13 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
                 tp: tp.clone(),
                 offset: p.offset,
             };
-            let (error, low) = match shard.call_owner(&tp, op).await {
+            // Internal topics lose records only by their coordinator's compaction (Kafka:
+            // "Cannot delete records of internal topic").
+            let answer = match crate::metadata::is_internal(&name) {
+                true => Reply::Refused(errors::INVALID_TOPIC_EXCEPTION),
+                false => shard.call_owner(&tp, op).await,
+            };
+            let (error, low) = match answer {
                 Reply::DeleteRecords {
                     error,
                     low_watermark,

@@ -2,6 +2,7 @@
 //! append there, answer per partition. acks=0 gets no response; acks=1 and acks=all are
 //! answered after the append (single node: the HW moves with the append), and acks=all
 //! is refused with NOT_ENOUGH_REPLICAS when `min.insync.replicas` exceeds the one replica.
+//! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION.
 //!
 //! Record bytes are not copied: the request frame is usually its own allocation (see
 //! `server::conn`), so once the request view is dropped the frame is taken back as a
@@ -88,6 +89,11 @@ fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
 fn refusal(shard: &Shard, catalog: &Catalog, acks: i16, topic: &str, index: i32) -> Option<i16> {
     if !matches!(acks, -1..=1) {
         return Some(errors::INVALID_REQUIRED_ACKS);
+    }
+    // Only the coordinators write internal topics (Kafka: "Cannot append to internal
+    // topic"): a forged commit record would be loaded as a group's offset.
+    if crate::metadata::is_internal(topic) {
+        return Some(errors::INVALID_TOPIC_EXCEPTION);
     }
     let Some(meta) = catalog
         .topics

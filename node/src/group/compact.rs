@@ -2,26 +2,30 @@
 //! so the coordinator keeps each partition's replay short itself. When at least
 //! `offsets.compaction.min.records` records are in a partition's log and at least half of
 //! them are dead (overwritten or deleted keys), it appends the live state of the
-//! partition's groups — every committed offset and group metadata — as one batch, then
-//! moves the log start offset to that batch (DeleteRecords); whole segments below it are
-//! deleted by the log. Replay reads from the log start, so it reads the snapshot and what
-//! came after.
+//! partition's groups — every committed offset and group metadata — as a run of batches,
+//! each within the batch limit (`max.message.bytes`), so live state of any size can be
+//! rewritten; then fdatasyncs the log and moves the log start offset to the first of those
+//! batches (DeleteRecords); whole segments below it are deleted by the log. Replay reads
+//! from the log start, so it reads the snapshot and what came after.
 //!
-//! Why this is safe: the snapshot is taken from memory and appended in one poll while no
-//! other write is in flight (`Coordinators::writes_in_flight == 0`), so the log's order
-//! matches memory: every record before the snapshot is already in memory (and so in
-//! the snapshot), every later one is newer. A crash before the log start moves leaves
-//! duplicates that replay resolves (latest wins); the log start moves only after the
-//! snapshot is written.
+//! Why this is safe: the snapshot is taken from memory, and every batch of it takes its
+//! offsets, in one poll while no other write is in flight
+//! (`Coordinators::writes_in_flight == 0`), so the log's order matches memory: every
+//! record before the snapshot is already in memory (and so in the snapshot), every later
+//! one is newer, and nothing lands between the snapshot's batches. The switch-over is
+//! crash-safe: until the log start moves, replay reads the old records and whatever
+//! prefix of the snapshot was written — duplicates of the latest values, which replay
+//! resolves (latest wins); the log start moves only after the whole snapshot is written
+//! and fdatasynced, so it never points past records a crash could lose.
 
 use bytes::Bytes;
-use wire::batch::{BatchBuilder, NewRecord};
 
 use super::codes;
 use super::schema;
 use super::state::Group;
+use super::store;
 use super::{Coordinators, Settings, partition_for};
-use crate::partition::Partition;
+use crate::partition::{Partition, storage_error_code};
 use crate::shard::now_ms;
 
 /// Records holding the live state of the groups in partition `index`.
@@ -75,50 +79,37 @@ impl Coordinators {
             return Ok(());
         }
         let live = records.len();
-        let base = match records.is_empty() {
-            true => part.high_watermark().get(),
-            false => append_one_batch(part, records).await?,
+        // From the snapshot to the last batch taking its offsets: one poll, no yield.
+        let (base, batches) = match records.is_empty() {
+            true => (part.high_watermark().get(), 0),
+            false => {
+                let max = store::batch_bytes_max(part);
+                let batches = store::build_batches(records, max, now_ms())?;
+                let count = batches.len();
+                (store::append_contiguous(part, batches).await?, count)
+            }
         };
+        // The snapshot must be durable before the records it replaces go.
+        if let Err(e) = part.log.flush(now_ms()).await {
+            tracing::warn!(partition = part.index, "compaction flush failed: {e}");
+            return Err(storage_error_code(&e));
+        }
         let (error, new_start) = part.delete_records(base).await;
         if error != codes::NONE {
             return Err(error);
         }
+        assert!(new_start <= base, "log start moved past the snapshot");
         tracing::info!(
             partition = part.index,
             records_before = total,
             live,
+            batches,
             log_start = new_start,
+            log_bytes = part.log.size_bytes(),
             "compacted __consumer_offsets partition"
         );
         Ok(())
     }
-}
-
-/// Appends `records` as a single batch; returns its base offset.
-async fn append_one_batch(
-    part: &Partition,
-    records: Vec<(Bytes, Option<Bytes>)>,
-) -> Result<i64, i16> {
-    let now = now_ms();
-    let batch = BatchBuilder {
-        records: records
-            .into_iter()
-            .map(|(k, v)| NewRecord {
-                timestamp_ms: now,
-                key: Some(k),
-                value: v,
-                headers: Vec::new(),
-            })
-            .collect(),
-        ..BatchBuilder::default()
-    }
-    .build()
-    .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
-    let out = part.produce(batch, now).await;
-    if out.error != codes::NONE {
-        return Err(out.error);
-    }
-    Ok(out.base_offset)
 }
 
 #[cfg(test)]

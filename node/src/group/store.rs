@@ -15,57 +15,142 @@ use super::state::{Group, State};
 use crate::partition::Partition;
 use crate::shard::now_ms;
 
-/// Records per appended batch (a commit of many partitions becomes several batches).
-const RECORDS_PER_BATCH_MAX: usize = 500;
 /// Bytes asked of the log per read during replay.
 const REPLAY_READ_BYTES: usize = 1 << 20;
 /// Most bytes a compressed batch may inflate to during replay.
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
+/// Most bytes one record adds to a v2 batch besides its key and value bytes: length,
+/// attributes, timestamp and offset deltas, key and value lengths (varints at their
+/// widest), header count.
+const RECORD_OVERHEAD_MAX: usize = 5 + 1 + 10 + 5 + 5 + 5 + 1;
+/// A v2 batch header (Kafka's `RECORD_BATCH_OVERHEAD`).
+const BATCH_HEADER_BYTES: usize = 61;
 
-/// Appends `(key, value)` records (a `None` value is a tombstone).
-async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
-    let now = now_ms();
-    let mut records = records.into_iter().peekable();
-    while records.peek().is_some() {
-        let chunk = records
-            .by_ref()
-            .take(RECORDS_PER_BATCH_MAX)
-            .map(|(k, v)| NewRecord {
-                timestamp_ms: now,
-                key: Some(k),
-                value: v,
-                headers: Vec::new(),
-            });
-        let batch = BatchBuilder {
-            records: chunk.collect(),
-            ..BatchBuilder::default()
-        }
-        .build()
-        .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
-        let out = part.produce(batch, now).await;
-        if out.error != codes::NONE {
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
-    }
-    Ok(())
+/// The largest batch the coordinator appends to `part`: the topic's `max.message.bytes`
+/// (the log refuses larger ones), and never more than one segment holds.
+pub fn batch_bytes_max(part: &Partition) -> usize {
+    let segment = usize::try_from(part.log.config().segment_bytes).unwrap_or(usize::MAX);
+    part.max_message_bytes().min(segment)
 }
 
-/// Writes committed offsets.
+/// Packs `(key, value)` records (a `None` value is a tombstone), in order, into batches
+/// of at most `max_bytes` each. A record too large for a batch of its own is
+/// MESSAGE_TOO_LARGE.
+pub fn build_batches(
+    records: Vec<(Bytes, Option<Bytes>)>,
+    max_bytes: usize,
+    now: i64,
+) -> Result<Vec<Bytes>, i16> {
+    let mut out = Vec::new();
+    let mut batch = Vec::new();
+    let mut estimate = BATCH_HEADER_BYTES;
+    for (key, value) in records {
+        let size = key.len() + value.as_ref().map_or(0, Bytes::len) + RECORD_OVERHEAD_MAX;
+        if !batch.is_empty() && estimate + size > max_bytes {
+            out.push(build_batch(std::mem::take(&mut batch), max_bytes)?);
+            estimate = BATCH_HEADER_BYTES;
+        }
+        estimate += size;
+        batch.push(NewRecord {
+            timestamp_ms: now,
+            key: Some(key),
+            value,
+            headers: Vec::new(),
+        });
+    }
+    if !batch.is_empty() {
+        out.push(build_batch(batch, max_bytes)?);
+    }
+    Ok(out)
+}
+
+/// One batch of `records`; MESSAGE_TOO_LARGE if it comes out above `max_bytes`.
+fn build_batch(records: Vec<NewRecord>, max_bytes: usize) -> Result<Bytes, i16> {
+    let batch = BatchBuilder {
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
+    if batch.len() > max_bytes {
+        return Err(crate::errors::MESSAGE_TOO_LARGE);
+    }
+    Ok(batch)
+}
+
+/// Appends `batches` back to back — no other append of this shard lands between them —
+/// and waits until all are written. Returns the offset of the first record.
+///
+/// The log assigns an append's offsets in the append's first poll (its contract, see
+/// `storage::Log::append`), and every first poll runs here before this task yields. An
+/// append that did not take its offsets at once stops the rest (never out of order).
+pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<i64, i16> {
+    let now = now_ms();
+    let first = part.log.log_end_offset().get();
+    let mut waiting = Vec::with_capacity(batches.len());
+    for batch in batches {
+        let before = part.log.log_end_offset();
+        let mut append = Box::pin(part.produce(batch, now));
+        match futures_lite::future::poll_once(&mut append).await {
+            Some(out) if out.error != codes::NONE => return Err(out.error),
+            Some(_) => {}
+            None if part.log.log_end_offset() > before => waiting.push(append),
+            None => {
+                tracing::error!(partition = part.index, "append did not take its offsets");
+                return Err(codes::UNKNOWN_SERVER_ERROR);
+            }
+        }
+    }
+    for append in waiting {
+        let out = append.await;
+        if out.error != codes::NONE {
+            return Err(out.error);
+        }
+    }
+    Ok(first)
+}
+
+/// Appends `records` in as few batches as the batch limit allows, back to back.
+async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
+    let batches = build_batches(records, batch_bytes_max(part), now_ms())?;
+    append_contiguous(part, batches)
+        .await
+        .map(|_| ())
+        .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)
+}
+
+/// Writes committed offsets: all of one commit in one batch, so that a commit is stored
+/// whole or not at all (a batch is appended, and survives a crash, as a unit; a torn one
+/// is cut off by recovery). A commit larger than one batch may be is refused with
+/// INVALID_COMMIT_OFFSET_SIZE, as Kafka does, and nothing of it is written.
 pub async fn write_offsets(
     part: &Partition,
     group: &str,
     offsets: &[((String, i32), OffsetValue)],
 ) -> Result<(), i16> {
+    if offsets.is_empty() {
+        return Ok(());
+    }
     let records = offsets
         .iter()
-        .map(|((t, p), v)| {
-            (
-                schema::offset_key(group, t, *p),
-                Some(schema::offset_value(v)),
-            )
+        .map(|((t, p), v)| NewRecord {
+            timestamp_ms: v.commit_timestamp_ms,
+            key: Some(schema::offset_key(group, t, *p)),
+            value: Some(schema::offset_value(v)),
+            headers: Vec::new(),
         })
         .collect();
-    append(part, records).await
+    let too_large = |code| match code {
+        crate::errors::MESSAGE_TOO_LARGE | crate::errors::RECORD_LIST_TOO_LARGE => {
+            codes::INVALID_COMMIT_OFFSET_SIZE
+        }
+        _ => codes::COORDINATOR_NOT_AVAILABLE,
+    };
+    let batch = build_batch(records, batch_bytes_max(part)).map_err(too_large)?;
+    append_contiguous(part, vec![batch])
+        .await
+        .map(|_| ())
+        .map_err(too_large)
 }
 
 /// Writes a group's metadata.
@@ -251,6 +336,36 @@ mod tests {
             metadata: String::new(),
             commit_timestamp_ms: commit_ms,
         }
+    }
+
+    #[test]
+    fn batches_stay_within_the_limit_and_keep_the_order() {
+        let records: Vec<(Bytes, Option<Bytes>)> = (0..1000u32)
+            .map(|i| {
+                let key = Bytes::from(i.to_be_bytes().to_vec());
+                let value = (i % 7 != 0).then(|| Bytes::from(vec![b'v'; (i % 300) as usize]));
+                (key, value)
+            })
+            .collect();
+        let max = 16 << 10;
+        let batches = build_batches(records.clone(), max, 5).expect("fits");
+        assert!(batches.len() > 1, "needs several batches");
+        let mut seen = Vec::new();
+        for batch in &batches {
+            assert!(batch.len() <= max, "batch of {} bytes", batch.len());
+            let (_, recs) = batch_records(batch, max).expect("valid batch");
+            for r in recs {
+                let r = r.expect("record");
+                seen.push((r.key.expect("key"), r.value));
+            }
+        }
+        assert_eq!(seen, records, "every record once, in order");
+        let huge = vec![(Bytes::from_static(b"k"), Some(Bytes::from(vec![0u8; max])))];
+        assert_eq!(
+            build_batches(huge, max, 5),
+            Err(crate::errors::MESSAGE_TOO_LARGE)
+        );
+        assert!(build_batches(Vec::new(), max, 5).expect("empty").is_empty());
     }
 
     #[test]

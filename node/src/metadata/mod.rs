@@ -59,6 +59,10 @@ pub enum MetaError {
     InvalidName(String),
     #[error("invalid partition count {0}")]
     InvalidPartitions(i32),
+    #[error("topic {0} is internal: only the broker creates it")]
+    Internal(String),
+    #[error("topic '{0}' collides with existing topic: {1}")]
+    Collides(String, String),
     #[error("cannot persist topic catalogue: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -142,6 +146,56 @@ impl MetaStore {
         *guard = Arc::new(next);
         self.version.fetch_add(1, Ordering::AcqRel);
         Ok(out)
+    }
+}
+
+/// The internal topics (Kafka's `Topic.isInternal`): written only by the broker's own
+/// coordinators, never by a client's Produce, DeleteRecords, CreateTopics or a config
+/// change that would break them.
+pub const INTERNAL_TOPICS: &[&str] = &[crate::group::OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC];
+/// The transaction coordinator's internal topic (reserved before that coordinator exists).
+pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
+
+/// Overrides an internal topic must keep: the coordinators delete only with tombstones and
+/// their own compaction, so time or size retention (the broker's defaults once an override
+/// is removed) would erase committed state.
+pub const INTERNAL_TOPIC_PINNED_CONFIGS: &[(&str, &str)] = &[
+    ("cleanup.policy", "compact"),
+    ("retention.ms", "-1"),
+    ("retention.bytes", "-1"),
+];
+
+/// Whether `topic` is internal (see [`INTERNAL_TOPICS`]).
+pub fn is_internal(topic: &str) -> bool {
+    INTERNAL_TOPICS.contains(&topic)
+}
+
+/// Kafka's `Topic.unifyCollisionChars`: `.` and `_` map to the same metric name, so two
+/// topics whose names differ only there cannot coexist.
+pub fn collision_key(name: &str) -> String {
+    name.replace('.', "_")
+}
+
+impl Catalog {
+    /// Checks that a client may create `name` now: it does not exist, is not internal, and
+    /// does not collide with an existing topic (`t.1` vs `t_1`).
+    pub fn check_new_name(&self, name: &str) -> Result<(), MetaError> {
+        if self.topics.contains_key(name) {
+            return Err(MetaError::TopicExists(name.to_string()));
+        }
+        if is_internal(name) {
+            return Err(MetaError::Internal(name.to_string()));
+        }
+        let key = collision_key(name);
+        // Only names holding `.` or `_` can collide; skip the scan for the rest.
+        let colliding = name
+            .contains(['.', '_'])
+            .then(|| self.topics.keys().find(|t| collision_key(t) == key))
+            .flatten();
+        match colliding {
+            Some(existing) => Err(MetaError::Collides(name.to_string(), existing.clone())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -236,6 +290,35 @@ mod tests {
         assert!(validate_topic_name("ok.name-1_x").is_ok());
         assert!(validate_topic_name("bad/name").is_err());
         assert!(validate_topic_name("..").is_err());
+    }
+
+    #[test]
+    fn new_names_that_exist_are_internal_or_collide_are_refused() {
+        let mut c = Catalog::default();
+        for name in ["t.1", "plain"] {
+            let t = TopicMeta {
+                name: name.into(),
+                id: 1,
+                partitions: 1,
+                configs: BTreeMap::new(),
+            };
+            c.topics.insert(name.into(), Arc::new(t));
+        }
+        assert!(matches!(
+            c.check_new_name("t.1"),
+            Err(MetaError::TopicExists(_))
+        ));
+        assert!(matches!(c.check_new_name("t_1"), Err(MetaError::Collides(_, e)) if e == "t.1"));
+        assert!(c.check_new_name("t-1").is_ok(), "'-' does not collide");
+        assert!(c.check_new_name("plain.2").is_ok());
+        for internal in INTERNAL_TOPICS {
+            assert!(is_internal(internal));
+            assert!(matches!(
+                c.check_new_name(internal),
+                Err(MetaError::Internal(_))
+            ));
+        }
+        assert!(!is_internal("__consumer_offsets2"));
     }
 
     #[test]

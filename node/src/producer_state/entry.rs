@@ -121,6 +121,16 @@ impl ProducerEntry {
         Some(entry)
     }
 
+    /// Forgets the batches at or past `end` (the log was cut there: an out-of-space
+    /// rollback or a truncation), newest first. Returns false when no batch is left:
+    /// the caller drops the entry, and the producer is unknown again.
+    pub fn truncate_from(&mut self, end: Offset) -> bool {
+        while self.len > 0 && self.last_batch().last_offset >= end {
+            self.len -= 1;
+        }
+        self.len > 0
+    }
+
     fn slot(&self, i: usize) -> usize {
         (usize::from(self.head) + i) % BATCHES_RETAINED
     }

@@ -45,6 +45,8 @@ pub enum ProducerAppend {
 pub struct PartitionProducers {
     table: RefCell<ProducerStateTable>,
     last_expiry_ms: Cell<i64>,
+    /// The log's truncation count the table matches (see [`Log::truncations`]).
+    log_truncations: Cell<u64>,
 }
 
 impl PartitionProducers {
@@ -67,6 +69,7 @@ impl PartitionProducers {
         Ok(PartitionProducers {
             table: RefCell::new(table),
             last_expiry_ms: Cell::new(now_ms),
+            log_truncations: Cell::new(log.truncations()),
         })
     }
 
@@ -95,6 +98,7 @@ impl PartitionProducers {
         if batches != 1 {
             return Ok(ProducerAppend::Rejected(INVALID_RECORD));
         }
+        self.follow_truncation(log);
         let verdict = self.table.borrow_mut().check(&header);
         match verdict {
             Err(rejection) => Ok(ProducerAppend::Rejected(rejection.error_code())),
@@ -134,6 +138,25 @@ impl PartitionProducers {
         match first_poll {
             Some(result) => result,
             None => append.await,
+        }
+    }
+
+    /// After the log end moved back (an out-of-space rollback dropped unwritten appends),
+    /// forgets the batches past it and deletes snapshots past it, before the next check:
+    /// else a producer's resend of a rolled-back batch would be answered as a duplicate
+    /// of records that are not in the log. Synchronous, so no check sees a stale table.
+    fn follow_truncation(&self, log: &Log) {
+        let truncations = log.truncations();
+        if truncations == self.log_truncations.get() {
+            return;
+        }
+        self.log_truncations.set(truncations);
+        let end = log.log_end_offset();
+        self.table.borrow_mut().truncate_from(end);
+        for offset in list_snapshots(log.dir()) {
+            if offset > end {
+                remove_snapshot(log.dir(), offset);
+            }
         }
     }
 

@@ -271,6 +271,14 @@ impl ProducerStateTable {
         self.counters.producers_evicted += count as u64;
     }
 
+    /// Forgets every batch at or past `end`, after the log was cut there (an
+    /// out-of-space rollback, a truncation), so that a resend of a batch that is no longer
+    /// in the log is appended again instead of answered as a duplicate. Producers left
+    /// without batches are removed.
+    pub fn truncate_from(&mut self, end: Offset) {
+        self.producers.retain(|_, e| e.truncate_from(end));
+    }
+
     pub fn get(&self, producer_id: ProducerId) -> Option<&ProducerEntry> {
         self.producers.get(&producer_id)
     }

@@ -511,3 +511,28 @@ fn a_resend_after_rebuild_is_still_a_duplicate() {
         );
     }
 }
+
+#[test]
+fn a_log_cut_forgets_the_batches_past_it_so_their_resend_is_appended_again() {
+    let mut p = partition();
+    let first = header(PID.0, 0, 0, 3);
+    let second = header(PID.0, 0, 3, 2);
+    assert_eq!(p.produce(&first), Ok(Verdict::Append));
+    assert_eq!(p.produce(&second), Ok(Verdict::Append));
+    assert!(matches!(p.produce(&second), Ok(Verdict::Duplicate(_))));
+    // The second batch (offsets 3..5) was rolled back: the log ends at 3 again.
+    p.table.truncate_from(Offset(3));
+    p.log.pop();
+    p.log_end = Offset(3);
+    assert_eq!(
+        p.produce(&second),
+        Ok(Verdict::Append),
+        "resend appended again"
+    );
+    assert!(matches!(p.produce(&first), Ok(Verdict::Duplicate(_))));
+    // A cut below a producer's every batch forgets the producer: its resend of sequence
+    // 0 is a new producer's first batch.
+    p.table.truncate_from(Offset(0));
+    assert!(p.table.is_empty());
+    assert_eq!(p.table.check(&first), Ok(Verdict::Append));
+}

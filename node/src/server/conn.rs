@@ -1,16 +1,20 @@
 //! One client connection on its shard: reads frames (size checked before any buffer grows
-//! for it), hands each request to its own task so requests pipeline, and writes responses
-//! strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`] requests per
-//! connection are in flight; beyond that the reader stops reading, so a client that does
-//! not read its responses is held back by TCP instead of growing our buffers.
+//! for it, a large frame's size taken from the shard's request budget first, every frame
+//! finished within `request.read.timeout.ms`, an idle connection closed after
+//! `connections.max.idle.ms`), hands each request to its own task so requests pipeline,
+//! and writes responses strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`]
+//! requests per connection are in flight; beyond that the reader stops reading, so a
+//! client that does not read its responses is held back by TCP instead of growing our
+//! buffers.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -18,7 +22,9 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::task::JoinHandle;
 
+use super::budget::{FramePermit, RequestBudget, SMALL_FRAME_MAX_BYTES};
 use crate::api;
+use crate::config::Config;
 use crate::event::Event;
 use crate::proto;
 use crate::shard::Shard;
@@ -37,6 +43,18 @@ pub enum ConnError {
     FrameSize { size: i64, max: usize },
     #[error("connection closed in the middle of a frame ({have} of {need} bytes)")]
     Truncated { have: usize, need: usize },
+    #[error(
+        "frame not complete after {timeout_ms} ms (request.read.timeout.ms): {have} of {need} bytes"
+    )]
+    FrameTimeout {
+        have: usize,
+        need: usize,
+        timeout_ms: u128,
+    },
+    #[error("idle for {idle_ms} ms (connections.max.idle.ms)")]
+    Idle { idle_ms: u128 },
+    #[error("the shard's request budget is closed")]
+    BudgetClosed,
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -75,39 +93,89 @@ impl AsyncWrite for Half {
     }
 }
 
+/// What bounds one connection's reading: the shard's request budget and two deadlines.
+pub struct ReadLimits {
+    budget: Rc<RequestBudget>,
+    /// `request.read.timeout.ms`: a started frame must be complete this long after its
+    /// first byte (a large one: after its budget was granted).
+    frame_timeout: Duration,
+    /// `connections.max.idle.ms`: nothing read and nothing in flight this long closes it.
+    idle_timeout: Duration,
+}
+
+impl ReadLimits {
+    pub fn new(config: &Config, budget: Rc<RequestBudget>) -> ReadLimits {
+        ReadLimits {
+            budget,
+            frame_timeout: Duration::from_millis(config.request_read_timeout_ms),
+            idle_timeout: Duration::from_millis(config.connections_max_idle_ms),
+        }
+    }
+}
+
+/// When the connection last did something, and how many of its requests are being
+/// handled: an idle connection is one with none in flight and nothing read for
+/// `connections.max.idle.ms`.
+struct Activity {
+    last: Cell<Instant>,
+    in_flight: Cell<usize>,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last.set(Instant::now());
+    }
+
+    fn begin(&self) {
+        self.in_flight.set(self.in_flight.get() + 1);
+    }
+
+    fn end(&self) {
+        assert!(self.in_flight.get() > 0, "a request ends after it began");
+        self.in_flight.set(self.in_flight.get() - 1);
+        self.touch();
+    }
+}
+
+/// One request frame (without its size prefix) and the budget it holds until handled.
+struct Frame {
+    bytes: Bytes,
+    permit: Option<FramePermit>,
+}
+
 /// Splits size-prefixed frames out of the byte stream.
 struct FrameReader {
     half: Half,
     buf: BytesMut,
     max_bytes: usize,
+    limits: ReadLimits,
+    activity: Rc<Activity>,
+    /// Budget taken for the large frame being read; it goes with the frame.
+    permit: Option<FramePermit>,
+    /// When the frame being read must be complete (`None` between frames).
+    deadline: Option<Instant>,
 }
 
 impl FrameReader {
-    /// The next frame (without its size prefix); `None` at a clean end of stream.
-    async fn next(&mut self) -> Result<Option<Bytes>, ConnError> {
+    /// The next frame; `None` at a clean end of stream.
+    async fn next(&mut self) -> Result<Option<Frame>, ConnError> {
         loop {
             let mut need = 4;
-            if self.buf.len() >= 4 {
-                let size = i32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
-                if size <= 0 || size as usize > self.max_bytes {
-                    return Err(ConnError::FrameSize {
-                        size: size.into(),
-                        max: self.max_bytes,
-                    });
-                }
-                need = 4 + size as usize;
+            if let Some(size) = self.frame_size()? {
+                need = 4 + size;
                 if self.buf.len() >= need {
-                    self.buf.advance(4);
-                    if self.buf.len() == size as usize {
-                        // The buffer holds exactly this frame: hand over the allocation
-                        // whole, so the frame is its only owner (Produce then appends
-                        // the record bytes in place instead of copying them).
-                        return Ok(Some(std::mem::take(&mut self.buf).freeze()));
-                    }
-                    return Ok(Some(self.buf.split_to(size as usize).freeze()));
+                    return Ok(Some(self.take_frame(size)));
+                }
+                if size > SMALL_FRAME_MAX_BYTES && self.permit.is_none() {
+                    self.reserve_large(size).await?;
                 }
             }
-            if self.fill(need).await? == 0 {
+            let read = if self.buf.is_empty() {
+                self.fill_idle().await?
+            } else {
+                self.fill_frame(need).await?
+            };
+            if read == 0 {
                 if self.buf.is_empty() {
                     return Ok(None);
                 }
@@ -119,12 +187,104 @@ impl FrameReader {
         }
     }
 
-    /// Reads once. While a large frame is incomplete, reads only bytes of that frame (so it
-    /// ends the buffer and can be handed over whole), at most what the socket holds now
-    /// and [`LARGE_READ_MAX_BYTES`]: memory grows with the bytes received, not with
-    /// what a size prefix claims. Otherwise reads a chunk, which may also hold the next
-    /// pipelined requests.
-    async fn fill(&mut self, need: usize) -> Result<usize, ConnError> {
+    /// The size of the frame at the front of the buffer, once its prefix is there.
+    fn frame_size(&self) -> Result<Option<usize>, ConnError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let size = i32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+        if size <= 0 || size as usize > self.max_bytes {
+            return Err(ConnError::FrameSize {
+                size: size.into(),
+                max: self.max_bytes,
+            });
+        }
+        Ok(Some(size as usize))
+    }
+
+    /// Cuts the complete frame of `size` bytes off the front of the buffer.
+    fn take_frame(&mut self, size: usize) -> Frame {
+        assert!(self.buf.len() >= 4 + size, "the frame is complete");
+        self.deadline = None;
+        self.buf.advance(4);
+        let permit = self.permit.take();
+        if self.buf.len() == size {
+            // The buffer holds exactly this frame: hand over the allocation whole, so the
+            // frame is its only owner (Produce then appends the record bytes in place
+            // instead of copying them).
+            let bytes = std::mem::take(&mut self.buf).freeze();
+            return Frame { bytes, permit };
+        }
+        Frame {
+            bytes: self.buf.split_to(size).freeze(),
+            permit,
+        }
+    }
+
+    /// Takes a large frame's size from the shard's budget (waiting, and reading nothing,
+    /// while it does not fit: TCP holds the client back), then sizes the buffer for the
+    /// frame once. Its read deadline starts when the budget is granted: a client waiting
+    /// for others' frames is not at fault.
+    async fn reserve_large(&mut self, size: usize) -> Result<(), ConnError> {
+        let permit = self.limits.budget.acquire(size).await;
+        self.permit = Some(permit.ok_or(ConnError::BudgetClosed)?);
+        self.buf.reserve((4 + size).saturating_sub(self.buf.len()));
+        self.deadline = Some(Instant::now() + self.limits.frame_timeout);
+        Ok(())
+    }
+
+    /// Waits for the first bytes of the next frame; an error once the connection has been
+    /// idle for `connections.max.idle.ms` (while a request is in flight it is not idle).
+    async fn fill_idle(&mut self) -> Result<usize, ConnError> {
+        let idle = self.limits.idle_timeout;
+        let mut deadline = self.activity.last.get() + idle;
+        loop {
+            if let Some(read) = self.fill(4, deadline).await? {
+                return Ok(read);
+            }
+            let now = Instant::now();
+            let quiet_until = self.activity.last.get() + idle;
+            if self.activity.in_flight.get() == 0 && now >= quiet_until {
+                return Err(ConnError::Idle {
+                    idle_ms: (now - self.activity.last.get()).as_millis(),
+                });
+            }
+            // Busy or recently active: look again when it could first be idle.
+            deadline = if quiet_until > now {
+                quiet_until
+            } else {
+                now + idle
+            };
+        }
+    }
+
+    /// Reads more of a started frame; an error past the frame's deadline.
+    async fn fill_frame(&mut self, need: usize) -> Result<usize, ConnError> {
+        if self.permit.is_some() {
+            // A large frame arriving fast is read without ever waiting for the socket:
+            // give the shard's other tasks their turn between reads.
+            glommio::yield_if_needed().await;
+        }
+        let timeout = self.limits.frame_timeout;
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + timeout);
+        match self.fill(need, deadline).await? {
+            Some(read) => Ok(read),
+            None => Err(ConnError::FrameTimeout {
+                have: self.buf.len(),
+                need,
+                timeout_ms: timeout.as_millis(),
+            }),
+        }
+    }
+
+    /// Reads once, unless `deadline` passes first (`None`). While a large frame is
+    /// incomplete, reads only bytes of that frame (so it ends the buffer and can be handed
+    /// over whole), at most what the socket holds now and [`LARGE_READ_MAX_BYTES`].
+    /// Otherwise reads a chunk, which may also hold the next pipelined requests. The
+    /// buffer is left as it was if the deadline wins.
+    async fn fill(&mut self, need: usize, deadline: Instant) -> Result<Option<usize>, ConnError> {
         let missing = need.saturating_sub(self.buf.len());
         let want = if missing >= READ_CHUNK_BYTES {
             // The buffer is zeroed before each read: size it to what the socket holds
@@ -136,10 +296,23 @@ impl FrameReader {
         };
         let start = self.buf.len();
         self.buf.resize(start + want, 0);
-        let read = self.half.read(&mut self.buf[start..]).await;
-        let n = *read.as_ref().unwrap_or(&0);
+        let (half, buf) = (&mut self.half, &mut self.buf);
+        let timer = glommio::timer::Timer::new(deadline.saturating_duration_since(Instant::now()));
+        let read =
+            futures_lite::future::or(async { Some(half.read(&mut buf[start..]).await) }, async {
+                timer.await;
+                None
+            })
+            .await;
+        let n = match &read {
+            Some(Ok(n)) => *n,
+            _ => 0,
+        };
         self.buf.truncate(start + n);
-        Ok(read?)
+        if n > 0 {
+            self.activity.touch();
+        }
+        Ok(read.transpose()?)
     }
 }
 
@@ -159,17 +332,26 @@ fn readable_bytes(half: &Half) -> usize {
     }
 }
 
-/// Serves one connection until the client closes it, sends bad framing, or shutdown.
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one connection until the client closes it, sends bad framing, stalls in a frame,
+/// stays idle, or shutdown.
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits: ReadLimits) {
     let _ = stream.set_nodelay(true);
     let half = Half(Rc::new(RefCell::new(stream)));
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
     let writer = glommio::spawn_local(write_responses(half.clone(), rx, closing.clone()));
+    let activity = Rc::new(Activity {
+        last: Cell::new(Instant::now()),
+        in_flight: Cell::new(0),
+    });
     let mut reader = FrameReader {
         half,
         buf: BytesMut::new(),
         max_bytes: shard.config().socket_request_max_bytes as usize,
+        limits,
+        activity: activity.clone(),
+        permit: None,
+        deadline: None,
     };
     // Checked before each listen: an event fired before we listen is not heard.
     while !shard.shutting_down.get() {
@@ -178,31 +360,47 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
             stop.await;
             Ok(None)
         });
-        let frame = match next.await {
+        let Frame { bytes, permit } = match next.await {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(ConnError::Io(e)) => {
                 tracing::debug!(%peer, "connection read error: {e}");
                 break;
             }
+            Err(e @ ConnError::Idle { .. }) => {
+                tracing::debug!(%peer, "closing connection: {e}");
+                break;
+            }
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
-        let req = match proto::parse_request(frame) {
+        let req = match proto::parse_request(bytes) {
             Ok(req) => req,
             Err(e) => {
-                tracing::warn!(%peer, "closing connection: {e}");
+                crate::client_warn!(%peer, "closing connection: {e}");
                 break;
             }
         };
         let s = shard.clone();
-        let task = glommio::spawn_local(async move { api::handle(&s, req, peer).await }).detach();
+        let active = activity.clone();
+        active.begin();
+        let task = glommio::spawn_local(async move {
+            let response = api::handle(&s, req, peer).await;
+            // The frame's budget goes back once its request is handled: what the handler
+            // kept (records in the log's tail cache) is bounded by the log's own limits.
+            drop(permit);
+            active.end();
+            response
+        })
+        .detach();
         if tx.send(task).await.is_err() {
             break;
         }
     }
+    // A stalled or refused frame's bytes and budget go now, not after the last response.
+    drop(reader);
     drop(tx);
     writer.await;
 }

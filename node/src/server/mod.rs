@@ -1,12 +1,15 @@
 //! `weir serve`: starts one pinned glommio executor per shard, each accepting on the same
-//! port (SO_REUSEPORT), wires the shards together with channel meshes, prints the ready
-//! line, and shuts down cleanly on SIGTERM/SIGINT (in-flight requests answered, logs
-//! closed with the clean-shutdown marker).
+//! port (SO_REUSEPORT, a group only this process is in), wires the shards together with
+//! channel meshes, prints the ready line, and shuts down cleanly on SIGTERM/SIGINT
+//! (in-flight requests answered, logs closed with the clean-shutdown marker).
 
+pub mod admission;
+pub mod budget;
 pub mod conn;
+pub mod listen;
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -145,20 +148,21 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         drained: AtomicUsize::new(0),
         cluster_id,
     });
-    let (bound_tx, bound_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
     let requests = MeshBuilder::<Envelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
     let replies = MeshBuilder::<ReplyEnvelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
-    let mut listen = node.config.listen;
+    // Bound here, before any shard starts: a second process on the address fails now.
+    let (listen, listeners) = listen::bind_listeners(node.config.listen, shards)?;
+    let per_ip = Arc::new(admission::PerIp::default());
     let mut handles = Vec::new();
-    for s in 0..shards {
+    for (s, listener) in listeners.into_iter().enumerate() {
         let ctx = ShardStart {
             id: ShardId(s),
             node: node.clone(),
-            listen,
+            listener,
+            per_ip: per_ip.clone(),
             requests: requests.clone(),
             replies: replies.clone(),
-            bound: bound_tx.clone(),
             ready: ready_tx.clone(),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(s % cpus))
@@ -166,11 +170,6 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
             .spawn(move || run_shard(ctx))
             .map_err(|e| anyhow::anyhow!("cannot start shard executor: {e}"))?;
         handles.push(handle);
-        // Shard 0 binds first so that `:0` becomes a real port the other shards share.
-        let bound = wait_for(&bound_rx)?;
-        if s == 0 {
-            listen = bound;
-        }
     }
     for _ in 0..shards {
         wait_for(&ready_rx)?;
@@ -287,35 +286,37 @@ fn cluster_id(config: &Config) -> anyhow::Result<String> {
 struct ShardStart {
     id: ShardId,
     node: Arc<NodeShared>,
-    listen: SocketAddr,
+    /// This shard's listening socket (bound and listening; see [`listen`]).
+    listener: OwnedFd,
+    per_ip: Arc<admission::PerIp>,
     requests: MeshBuilder<Envelope, Full>,
     replies: MeshBuilder<ReplyEnvelope, Full>,
-    bound: mpsc::Sender<anyhow::Result<SocketAddr>>,
     ready: mpsc::Sender<anyhow::Result<SocketAddr>>,
+}
+
+/// What the accept loop of one shard enforces and hands to each connection.
+struct Admission {
+    per_ip: Arc<admission::PerIp>,
+    refusals: admission::RefusalLog,
+    budget: Rc<budget::RequestBudget>,
 }
 
 async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     let ShardStart {
         id,
         node,
-        listen,
+        listener,
+        per_ip,
         requests,
         replies,
-        bound,
         ready,
     } = start;
-    let listener = match TcpListener::bind(listen) {
-        Ok(l) => l,
-        Err(e) => {
-            let e = anyhow::anyhow!("cannot listen on {listen}: {e}");
-            let _ = bound.send(Err(anyhow::anyhow!("{e:#}")));
-            return Err(e);
-        }
-    };
+    // SAFETY: the descriptor is a bound, listening TCP socket that we own; the listener
+    // takes it over (and closes it).
+    let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
     let local = listener
         .local_addr()
         .map_err(|e| anyhow::anyhow!("local_addr: {e}"))?;
-    let _ = bound.send(Ok(local));
     if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
         let _ = ready.send(Err(anyhow::anyhow!("DMA probe failed: {e}")));
         return Err(e.into());
@@ -341,8 +342,17 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     shard.sync_partitions().await;
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
+    let admission = Admission {
+        per_ip,
+        refusals: admission::RefusalLog::default(),
+        budget: budget::RequestBudget::new(
+            node.config.queued_max_request_bytes,
+            node.config.shards,
+        ),
+    };
+    let trimmer = glommio::spawn_local(admission.budget.clone().trim_after_bursts());
     let _ = ready.send(Ok(local));
-    accept_loop(&shard, &listener).await;
+    accept_loop(&shard, &listener, &admission).await;
     drop(listener);
     drain(&shard).await;
     housekeeping.await;
@@ -354,6 +364,7 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         glommio::timer::sleep(Duration::from_millis(SIGNAL_POLL_MS)).await;
     }
     shard.close_all().await;
+    drop(trimmer);
     drop(inbox);
     drop(reply_box);
     tracing::info!(shard = %id, "shard stopped, logs closed");
@@ -422,8 +433,9 @@ impl AcceptBackoff {
     }
 }
 
-/// Accepts connections until shutdown, enforcing `max.connections` node-wide.
-async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
+/// Accepts connections until shutdown, enforcing `max.connections` and
+/// `max.connections.per.ip` node-wide (refusals logged at most once a second per shard).
+async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener, admission: &Admission) {
     let mut backoff = AcceptBackoff::default();
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
@@ -457,13 +469,29 @@ async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
         let open = shard.node.connections.fetch_add(1, Ordering::AcqRel);
         if open >= max {
             shard.node.connections.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(%peer, "refusing connection: {open} open, max.connections is {max}");
+            if let Some(more) = admission.refusals.allow() {
+                tracing::warn!(%peer, "refusing connection: {open} open, max.connections is {max} ({more} more refused since the last line)");
+            }
             drop(stream);
             continue;
         }
+        let max_ip = shard.config().max_connections_for(peer.ip());
+        let slot = match admission.per_ip.admit(peer.ip(), max_ip) {
+            Ok(slot) => slot,
+            Err(open_ip) => {
+                shard.node.connections.fetch_sub(1, Ordering::AcqRel);
+                if let Some(more) = admission.refusals.allow() {
+                    tracing::warn!(%peer, "refusing connection: {open_ip} open from {}, max.connections.per.ip is {max_ip} ({more} more refused since the last line)", peer.ip());
+                }
+                drop(stream);
+                continue;
+            }
+        };
         let s = shard.clone();
+        let limits = conn::ReadLimits::new(shard.config(), admission.budget.clone());
         glommio::spawn_local(async move {
-            conn::serve(s.clone(), stream, peer).await;
+            conn::serve(s.clone(), stream, peer, limits).await;
+            drop(slot);
             s.node.connections.fetch_sub(1, Ordering::AcqRel);
             s.open_connections.set(s.open_connections.get() - 1);
         })

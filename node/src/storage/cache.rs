@@ -116,7 +116,13 @@ impl TailCache {
 
     /// Whole batches from the one holding `start`, as a fetch wants them (see
     /// `Log::read`). Call only when [`covers`](Self::covers) is true.
-    pub fn read(&self, start: Offset, max_bytes: usize, upper_bound: Offset) -> Vec<Bytes> {
+    pub fn read(
+        &self,
+        start: Offset,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+        upper_bound: Offset,
+    ) -> Vec<Bytes> {
         let first = self.entries.partition_point(|e| e.last < start);
         let mut out = Vec::new();
         let mut total = 0usize;
@@ -124,7 +130,8 @@ impl TailCache {
             if e.last >= upper_bound {
                 break;
             }
-            if !out.is_empty() && total + e.bytes.len() > max_bytes {
+            let size = e.bytes.len();
+            if !super::read::batch_fits(out.is_empty(), total, size, max_bytes, hard_max_bytes) {
                 break;
             }
             total += e.bytes.len();
@@ -174,10 +181,38 @@ mod tests {
             "unwritten batches stay even over capacity"
         );
         c.evict(Offset(5));
-        assert_eq!(c.read(Offset(0), usize::MAX, Offset(10)).len(), 1);
+        assert_eq!(
+            c.read(Offset(0), usize::MAX, usize::MAX, Offset(10)).len(),
+            1
+        );
         c.truncate(Offset(4));
         assert!(!c.covers(Offset(4)));
         drop(c);
         assert_eq!(shard_cached_bytes(), before);
+    }
+
+    #[test]
+    fn reads_stop_at_the_soft_limit_after_the_first_batch_and_never_pass_the_hard_one() {
+        let mut c = TailCache::new(1 << 20);
+        for i in 0..3 {
+            let (b, l, bytes) = entry(i, 100);
+            c.push(b, l, bytes);
+        }
+        let upper = Offset(3);
+        assert_eq!(
+            c.read(Offset(0), 10, usize::MAX, upper).len(),
+            1,
+            "first batch whole"
+        );
+        assert_eq!(c.read(Offset(0), 250, usize::MAX, upper).len(), 2);
+        assert!(
+            c.read(Offset(0), 10, 99, upper).is_empty(),
+            "hard limit binds the first"
+        );
+        assert_eq!(
+            c.read(Offset(0), 300, 250, upper).len(),
+            2,
+            "hard limit binds later ones"
+        );
     }
 }

@@ -48,6 +48,11 @@ pub enum StorageError {
     /// a log dir offline) until it is reopened.
     #[error("log {path} failed earlier and is read-only: {reason}")]
     Failed { path: PathBuf, reason: String },
+    /// The log's filesystem ran out of space (ENOSPC/EDQUOT) on an earlier write: the
+    /// appends not yet written were rolled back (their callers got the error) and the log
+    /// refuses writes until `retry_in_ms` has passed, then tries again.
+    #[error("log {path} is out of disk space; writes are retried in {retry_in_ms} ms")]
+    NoSpace { path: PathBuf, retry_in_ms: u64 },
     /// The log was closed.
     #[error("log {path} is closed")]
     Closed { path: PathBuf },
@@ -70,6 +75,26 @@ impl StorageError {
         source: glommio::GlommioError<T>,
     ) -> Self {
         StorageError::io(op, path, source.into())
+    }
+}
+
+impl StorageError {
+    /// Whether this is a write that failed for lack of space (ENOSPC, EDQUOT), or the log
+    /// refusing writes after one: the log recovers from it once space is back. A failed fdatasync never is: after it the
+    /// kernel may have dropped the dirty data, so what is on disk is unknown.
+    pub fn is_out_of_space(&self) -> bool {
+        let (op, source) = match self {
+            StorageError::NoSpace { .. } => return true,
+            StorageError::Io { op, source, .. } => (op, source),
+            _ => return false,
+        };
+        if *op == "fdatasync" || *op == "fsync" || *op == "fsync dir" {
+            return false;
+        }
+        matches!(
+            source.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        ) || matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
     }
 }
 

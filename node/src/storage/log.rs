@@ -4,6 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::{Attributes, BatchHeader, TimestampType};
@@ -13,6 +14,7 @@ use zerocopy::FromBytes;
 use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
+use super::file::Disk;
 use super::gate::{GateLeave, IoGate, IoGuard};
 use super::segment::{BatchMeta, Segment, check_header};
 use super::writer::{SegmentWriter, WRITE_BYTES_MAX};
@@ -96,6 +98,8 @@ impl std::ops::Deref for Log {
 /// that dropping an `append` future midway (a client disconnects) never abandons a write.
 pub struct LogInner {
     pub(super) dir: PathBuf,
+    /// The real disk, or a simulated one in tests (the I/O seam).
+    pub(super) disk: Disk,
     pub(super) state: RefCell<State>,
     /// Which task does the log's disk I/O (the "I/O leader"): writes, syncs,
     /// truncation, segment deletion. Everything else is synchronous on `state`.
@@ -129,6 +133,13 @@ pub(super) struct State {
     pub last_flush_ms: i64,
     pub counters: LogCounters,
     pub failed: Option<String>,
+    /// Set when a write ran out of space: writes are refused until then, and the next
+    /// one after it tries the disk again (finding 6: ENOSPC is not permanent).
+    pub no_space_until: Option<Instant>,
+    /// How many times the log end moved back (an out-of-space rollback, a truncation):
+    /// an append waiting for its bytes sees that they are gone, and the producer state
+    /// knows to drop what it recorded past the new end.
+    pub truncations: u64,
     pub closed: bool,
 }
 
@@ -136,6 +147,10 @@ pub(super) struct State {
 pub(super) const LOG_START_FILE: &str = "weir-log-start-offset";
 /// Present only after a clean close: the next open may skip the rescan.
 pub(super) const CLEAN_SHUTDOWN_FILE: &str = ".weir-clean-shutdown";
+/// After a write runs out of space, writes are refused for this long, then the next
+/// append tries the disk again (a full disk frees up when an operator or retention
+/// deletes something; a short backoff keeps a full log from retrying on every append).
+pub const NO_SPACE_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 
 impl State {
     pub fn active(&self) -> Option<&Segment> {
@@ -154,7 +169,66 @@ impl State {
                 reason: reason.clone(),
             });
         }
+        if let Some(until) = self.no_space_until {
+            let left = until.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                return Err(StorageError::NoSpace {
+                    path: dir.to_path_buf(),
+                    retry_in_ms: left.as_millis().max(1) as u64,
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// The invariants of the write positions, checked wherever they move:
+    /// log start <= synced <= written <= log end, and the segments are contiguous
+    /// (each one starts where the previous one ends) with the last one ending at the
+    /// log end.
+    pub fn assert_positions(&self) {
+        assert!(
+            self.synced_next <= self.written_next,
+            "synced {} past written {}",
+            self.synced_next,
+            self.written_next
+        );
+        assert!(
+            self.written_next <= self.log_end,
+            "written {} past the log end {}",
+            self.written_next,
+            self.log_end
+        );
+        assert!(
+            self.log_start <= self.log_end,
+            "log start {} past the log end {}",
+            self.log_start,
+            self.log_end
+        );
+        // Per segment: cheap, but O(segments), so only in debug builds (every test).
+        // Contiguity holds for every log weir wrote; a Kafka log dir imported with gaps
+        // (compaction) would not, which is why this is not checked in release builds.
+        let mut expected: Option<Offset> = None;
+        for (base, seg) in &self.segments {
+            debug_assert_eq!(*base, seg.base, "segment keyed by another base");
+            debug_assert!(
+                seg.next_offset >= seg.base,
+                "segment {base} ends before it starts"
+            );
+            debug_assert!(
+                seg.written <= seg.size,
+                "segment {base} written past its size"
+            );
+            if let Some(prev_end) = expected {
+                debug_assert_eq!(seg.base, prev_end, "segments not contiguous at {base}");
+            }
+            expected = Some(seg.next_offset);
+        }
+        if let Some(end) = expected {
+            debug_assert_eq!(
+                end, self.log_end,
+                "the last segment does not end at the log end"
+            );
+        }
     }
 
     fn check_readable(&self, dir: &Path) -> Result<()> {
@@ -274,7 +348,12 @@ impl Log {
     /// [`StorageError::Corrupt`]. Call [`prime_dma_probe`](super::prime_dma_probe) on this
     /// shard first.
     pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
-        super::open::open(dir, config).await
+        super::open::open(dir, config, Disk::Real).await
+    }
+
+    /// [`open`](Self::open) on a given disk: a [`SimDisk`](super::SimDisk) in tests.
+    pub async fn open_on(dir: PathBuf, config: LogConfig, disk: Disk) -> Result<Log> {
+        super::open::open(dir, config, disk).await
     }
 
     /// Appends `records` — one or more whole v2 batches, already validated by the caller
@@ -406,22 +485,29 @@ impl Log {
     /// Waits until every offset below `next` is written to disk, doing the writing itself
     /// if no other task is (group write).
     pub(super) async fn wait_written(&self, next: Offset) -> Result<()> {
-        self.wait_until(|st| st.written_next >= next, None).await
+        let truncations = self.state.borrow().truncations;
+        let gone = move |st: &State| st.truncations != truncations;
+        self.wait_until(|st| st.written_next >= next, gone, None)
+            .await
     }
 
     /// Waits until every offset below `next` is fdatasynced; one detached I/O task writes
     /// and syncs for all waiting appends at once (group commit).
     pub(super) async fn wait_synced(&self, next: Offset, now_ms: i64) -> Result<()> {
-        self.wait_until(|st| st.synced_next >= next, Some(now_ms))
+        let truncations = self.state.borrow().truncations;
+        let gone = move |st: &State| st.truncations != truncations;
+        self.wait_until(|st| st.synced_next >= next, gone, Some(now_ms))
             .await
     }
 
     /// Waits for `done`; when no I/O task is running, starts one that writes everything
     /// pending (and fdatasyncs, with `sync_now_ms`). The I/O runs in a detached task, so
-    /// it completes even if this future is dropped.
+    /// it completes even if this future is dropped. `gone` says the awaited bytes were
+    /// rolled back (out of space): then this fails even once the log is writable again.
     async fn wait_until(
         &self,
         done: impl Fn(&State) -> bool,
+        gone: impl Fn(&State) -> bool,
         sync_now_ms: Option<i64>,
     ) -> Result<()> {
         loop {
@@ -431,6 +517,12 @@ impl Log {
                     return Ok(());
                 }
                 st.check_writable(&self.dir)?;
+                if gone(&st) {
+                    return Err(StorageError::NoSpace {
+                        path: self.dir.clone(),
+                        retry_in_ms: 0,
+                    });
+                }
             }
             if self.io_gate.try_enter_detached() {
                 let inner = self.inner.clone();
@@ -454,11 +546,14 @@ impl LogInner {
     /// errors mark the log failed (waiters see them), and leaving the gate wakes waiters.
     async fn run_io(&self, sync_now_ms: Option<i64>) {
         let _leave = GateLeave(&self.io_gate);
-        let mut result = self.write_pending().await;
-        if let (Ok(()), Some(now_ms)) = (&result, sync_now_ms) {
-            result = self.sync_written(now_ms).await;
+        // write_pending handles its own errors (rollback or failed); a sync error fails
+        // the log.
+        if self.write_pending().await.is_err() {
+            return;
         }
-        if let Err(e) = result {
+        if let Some(now_ms) = sync_now_ms
+            && let Err(e) = self.sync_written(now_ms).await
+        {
             self.state.borrow_mut().failed.get_or_insert(e.to_string());
         }
     }
@@ -476,6 +571,7 @@ impl LogInner {
         self.check_io(result)?;
         let mut st = self.state.borrow_mut();
         st.synced_next = st.synced_next.max(upto);
+        st.assert_positions();
         st.unflushed_records = 0;
         st.last_flush_ms = now_ms;
         st.counters.fdatasyncs += 1;
@@ -492,23 +588,52 @@ impl LogInner {
     }
 
     /// Writes every pending append, oldest first, sealing a segment when the next pending
-    /// bytes belong to a newer one. Caller holds the I/O lock.
+    /// bytes belong to a newer one. Caller holds the I/O lock. Out of space, the appends
+    /// not yet written are rolled back and the log refuses writes for a backoff; any other
+    /// error fails the log for good.
     pub(super) async fn write_pending(&self) -> Result<()> {
+        let result = self.write_pending_once().await;
+        match &result {
+            Ok(()) => {
+                let mut st = self.state.borrow_mut();
+                if st.no_space_until.take().is_some() {
+                    tracing::info!(dir = %self.dir.display(), "disk space is back; log writable again");
+                }
+            }
+            Err(e) if e.is_out_of_space() => {
+                if let Err(rollback) = self.roll_back_unwritten(e).await {
+                    tracing::error!(dir = %self.dir.display(), "rollback after ENOSPC failed: {rollback}");
+                    self.state
+                        .borrow_mut()
+                        .failed
+                        .get_or_insert(rollback.to_string());
+                }
+            }
+            Err(e) => {
+                tracing::error!(dir = %self.dir.display(), "log write failed, log is read-only: {e}");
+                self.state.borrow_mut().failed.get_or_insert(e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn write_pending_once(&self) -> Result<()> {
         loop {
             let Some((base, chunks, next)) = self.take_pending() else {
                 return Ok(());
             };
-            let mut writer = self.check_io(self.writer_for(base).await)?;
+            let mut writer = self.writer_for(base).await?;
             let result = writer.write(&chunks).await;
             let end = writer.end();
             self.writer.set(Some(writer));
-            let writes = self.check_io(result)?;
+            let writes = result?;
             let mut st = self.state.borrow_mut();
             st.written_next = next;
             st.counters.dma_writes += writes;
             if let Some(seg) = st.segments.get_mut(&base) {
                 seg.written = end;
             }
+            st.assert_positions();
             st.cache.evict(next);
         }
     }
@@ -554,7 +679,7 @@ impl LogInner {
             writer.set_preallocation(self.preallocation());
             return Ok(writer);
         }
-        let file = super::writer::create_log_file(&path).await?;
+        let file = super::writer::create_log_file(&self.disk, &path).await?;
         super::atomic::sync_dir(&self.dir)?;
         let mut writer = SegmentWriter::resume(file.clone(), &path, 0).await?;
         writer.set_preallocation(self.preallocation());
@@ -595,8 +720,10 @@ impl LogInner {
         };
         seg.seal_time_index();
         let next = seg.next_offset;
-        super::open::write_index_files(seg)?;
+        super::open::write_index_files(seg, &self.disk)?;
+        seg.sealed = true;
         st.synced_next = st.synced_next.max(next);
+        st.assert_positions();
         Ok(())
     }
 }
@@ -613,7 +740,20 @@ impl Log {
         max_bytes: usize,
         upper_bound: Offset,
     ) -> Result<ReadResult> {
-        super::read::read(self, start, max_bytes, upper_bound).await
+        super::read::read(self, start, max_bytes, usize::MAX, upper_bound).await
+    }
+
+    /// Like [`read`](Self::read), but never returns more than `hard_max_bytes`, not even
+    /// the first batch: a fetch whose response budget is nearly spent reads nothing it
+    /// could not send (only the first partition with data may exceed the budget).
+    pub async fn read_within(
+        &self,
+        start: Offset,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+        upper_bound: Offset,
+    ) -> Result<ReadResult> {
+        super::read::read(self, start, max_bytes, hard_max_bytes, upper_bound).await
     }
 
     /// ListOffsets by time: the first batch whose max timestamp is `>= timestamp_ms`, as
@@ -657,6 +797,21 @@ impl Log {
     /// Base offsets of the segments, oldest first.
     pub fn segment_bases(&self) -> Vec<Offset> {
         self.state.borrow().segments.keys().copied().collect()
+    }
+
+    /// How many times the log end moved back (out-of-space rollbacks, truncations). The
+    /// producer state compares it before each check to drop what it recorded past the end.
+    pub fn truncations(&self) -> u64 {
+        self.state.borrow().truncations
+    }
+
+    /// Whether the log refuses writes for lack of space right now (it retries after
+    /// [`NO_SPACE_RETRY_BACKOFF`]).
+    pub fn is_out_of_space(&self) -> bool {
+        self.state
+            .borrow()
+            .no_space_until
+            .is_some_and(|t| t > Instant::now())
     }
 
     /// I/O counters since open.

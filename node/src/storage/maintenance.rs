@@ -9,7 +9,7 @@ use wire::Offset;
 use super::atomic::{sync_dir, write_atomic};
 use super::error::{Result, StorageError};
 use super::index::relative;
-use super::log::{CLEAN_SHUTDOWN_FILE, Log, State};
+use super::log::{CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, State};
 use super::open::{remove_files, remove_segment_files, write_index_files, write_log_start};
 use super::recovery::FileWindow;
 use super::segment::{Segment, check_stored_header};
@@ -107,7 +107,9 @@ impl Log {
             next_offset: seg_next,
         })
     }
+}
 
+impl LogInner {
     /// Applies a cut in memory, then on disk: later segments deleted, the cut segment
     /// truncated and synced, its stale index files removed, the writer resumed.
     async fn apply_cut(&self, cut: &Cut) -> Result<()> {
@@ -128,11 +130,17 @@ impl Log {
                 .truncate_at(super::FilePosition(cut.position as u32), rel_end);
             seg.restore(cut.position, cut.next_offset, since);
             seg.max_timestamp = (-1, Offset::NONE);
+            seg.sealed = false;
+            if cut.position == 0 {
+                seg.roll_base_ms = None;
+            }
             let (file, path) = (seg.file.clone(), seg.path("log"));
             st.cache.truncate(cut.next_offset);
             st.log_end = cut.next_offset;
             st.written_next = cut.next_offset;
             st.synced_next = st.synced_next.min(cut.next_offset);
+            st.truncations += 1;
+            st.assert_positions();
             (doomed, file, path)
         };
         self.writer.set(None);
@@ -142,16 +150,55 @@ impl Log {
         if let Some(file) = file {
             file.truncate(cut.position)
                 .await
-                .map_err(|e| StorageError::glommio("truncate", &path, e))?;
+                .map_err(|e| StorageError::io("truncate", &path, e))?;
             file.fdatasync()
                 .await
-                .map_err(|e| StorageError::glommio("fdatasync", &path, e))?;
+                .map_err(|e| StorageError::io("fdatasync", &path, e))?;
             self.state.borrow_mut().counters.fdatasyncs += 1;
         }
         self.remove_active_index_files()?;
         sync_dir(&self.dir)?;
         self.restore_max_timestamp(cut.base).await?;
         self.resume_writer().await
+    }
+
+    /// Out of space (finding 6): forgets every append not yet written — their callers get
+    /// the error, nothing of them was acknowledged — so the log ends at what is on disk,
+    /// cuts the file there (a failed write may have left part of its bytes), and refuses
+    /// writes for [`NO_SPACE_RETRY_BACKOFF`]; the next append after it tries again, at the
+    /// same offsets. Nothing written is lost and nothing is written twice. Caller holds the
+    /// I/O lock. An error here fails the log.
+    ///
+    /// [`NO_SPACE_RETRY_BACKOFF`]: super::log::NO_SPACE_RETRY_BACKOFF
+    pub(super) async fn roll_back_unwritten(&self, cause: &StorageError) -> Result<()> {
+        let (cut, dropped) = {
+            let mut st = self.state.borrow_mut();
+            let keep = st.written_next;
+            if keep < st.log_start {
+                // DeleteRecords moved the start past appends that are now rolled back:
+                // the log would end below its start. Rare enough to fail loudly (a
+                // reopen restarts the log at its start) rather than guess.
+                return Err(StorageError::Failed {
+                    path: self.dir.clone(),
+                    reason: format!("out of space below the log start {}: {cause}", st.log_start),
+                });
+            }
+            let dropped = keep.get().abs_diff(st.log_end.get());
+            st.pending.clear();
+            st.cache.truncate(keep);
+            st.log_end = keep;
+            st.no_space_until = Some(std::time::Instant::now() + NO_SPACE_RETRY_BACKOFF);
+            (rollback_cut(&st, keep), dropped)
+        };
+        tracing::warn!(
+            dir = %self.dir.display(), log_end = %cut.next_offset, dropped_offsets = dropped,
+            retry_ms = NO_SPACE_RETRY_BACKOFF.as_millis() as u64,
+            "out of disk space: unwritten appends rolled back, writes refused until the retry: {cause}"
+        );
+        // The writer may stand past the segment's `written` (a write of several DMA
+        // buffers failed midway): resume from what the log accounts for.
+        self.writer.set(None);
+        self.apply_cut(&cut).await
     }
 
     /// Recomputes a segment's newest timestamp by reading its batch headers (rare: only
@@ -193,7 +240,9 @@ impl Log {
         };
         remove_files(active, &["index", "timeindex"])
     }
+}
 
+impl Log {
     /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
     async fn truncate_fully(&self, offset: Offset) -> Result<()> {
         let doomed: Vec<Segment> = {
@@ -205,6 +254,8 @@ impl Log {
             st.log_end = offset;
             st.written_next = offset;
             st.synced_next = offset;
+            st.truncations += 1;
+            st.assert_positions();
             doomed
         };
         self.writer.set(None);
@@ -288,7 +339,7 @@ impl Log {
             let mut st = self.state.borrow_mut();
             if let Some(active) = st.segments.values_mut().next_back() {
                 active.seal_time_index();
-                write_index_files(active)?;
+                write_index_files(active, &self.disk)?;
             }
             st.closed = true;
         }
@@ -309,7 +360,7 @@ impl Log {
             (missing, st.log_end)
         };
         if let Some(path) = missing {
-            let file = create_log_file(&path).await?;
+            let file = create_log_file(&self.disk, &path).await?;
             let _ = file.fdatasync().await;
             sync_dir(&self.dir)?;
         }
@@ -328,6 +379,33 @@ impl Log {
         }
         self.writer.set(None);
         fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("remove dir", &self.dir, e))
+    }
+}
+
+/// Where an out-of-space rollback cuts: at the written end of the segment the next write
+/// continues. A segment rolled at `keep` and never written is dropped again unless the
+/// one before it was sealed completely (else that one would stay unsealed, not active).
+fn rollback_cut(st: &State, keep: Offset) -> Cut {
+    let mut candidates = st.segments.range(..=keep).rev();
+    let chosen = match (candidates.next(), candidates.next()) {
+        (Some((_, last)), Some((_, prev)))
+            if last.base == keep && last.written == 0 && !prev.sealed =>
+        {
+            prev
+        }
+        (Some((_, last)), _) => last,
+        (None, _) => {
+            return Cut {
+                base: keep,
+                position: 0,
+                next_offset: keep,
+            };
+        }
+    };
+    Cut {
+        base: chosen.base,
+        position: chosen.written,
+        next_offset: keep,
     }
 }
 

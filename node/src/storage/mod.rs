@@ -42,6 +42,7 @@ mod cache;
 mod config;
 pub mod dump;
 mod error;
+pub mod file;
 mod gate;
 mod index;
 mod log;
@@ -59,8 +60,9 @@ pub use atomic::write_atomic;
 pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
 pub use config::LogConfig;
 pub use error::{Result, StorageError};
+pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};
-pub use log::{AppendInfo, Log, LogCounters, ReadResult};
+pub use log::{AppendInfo, Log, LogCounters, NO_SPACE_RETRY_BACKOFF, ReadResult};
 pub use probe::prime_dma_probe;
 
 /// A byte position inside one segment file. Kafka's index stores it as 4 bytes, so a

@@ -12,22 +12,23 @@ use super::atomic::{sync_dir, write_atomic};
 use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
+use super::file::{Disk, FaultPoint};
 use super::index::SegmentIndex;
 use super::log::{CLEAN_SHUTDOWN_FILE, LOG_START_FILE, Log, LogCounters, LogInner, State};
-use super::recovery::{FileWindow, Scan, Tail, scan};
+use super::recovery::{FileWindow, Scan, Tail, scan, scan_past_damage};
 use super::segment::Segment;
 use super::writer::{SegmentWriter, open_log_file};
 
 /// Opens the log in `dir`; see [`Log::open`].
-pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
+pub async fn open(dir: PathBuf, config: LogConfig, disk: Disk) -> Result<Log> {
     fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
     let clean = dir.join(CLEAN_SHUTDOWN_FILE).exists();
     let mut log_start = read_log_start(&dir)?.unwrap_or(Offset(0));
     let bases = list_segments(&dir)?;
     let mut segments = BTreeMap::new();
     for (i, &base) in bases.iter().enumerate() {
-        let active = i + 1 == bases.len();
-        let seg = load_segment(&dir, base, active, clean, &config).await?;
+        let next_base = bases.get(i + 1).copied();
+        let seg = load_segment(&disk, &dir, base, next_base, clean, &config).await?;
         segments.insert(base, seg);
     }
     drop_segments_below_start(&dir, &mut segments, log_start)?;
@@ -38,7 +39,7 @@ pub async fn open(dir: PathBuf, config: LogConfig) -> Result<Log> {
     if let Some(first) = segments.keys().next() {
         log_start = log_start.max(*first);
     }
-    let log = build(dir, config, segments, log_start);
+    let log = build(dir, config, segments, log_start, disk);
     log.resume_writer().await?;
     if clean {
         let marker = log.dir.join(CLEAN_SHUTDOWN_FILE);
@@ -53,6 +54,7 @@ fn build(
     config: LogConfig,
     segments: BTreeMap<Offset, Segment>,
     log_start: Offset,
+    disk: Disk,
 ) -> Log {
     let log_end = segments
         .values()
@@ -72,11 +74,14 @@ fn build(
         last_flush_ms: 0,
         counters: LogCounters::default(),
         failed: None,
+        no_space_until: None,
+        truncations: 0,
         closed: false,
     };
     Log {
         inner: std::rc::Rc::new(LogInner {
             dir,
+            disk,
             state: RefCell::new(state),
             io_gate: Default::default(),
             writer: Cell::new(None),
@@ -126,27 +131,36 @@ fn list_segments(dir: &Path) -> Result<Vec<Offset>> {
     Ok(bases)
 }
 
-/// Opens one segment. Sealed segments, and the active one after a clean shutdown, are
-/// trusted after their indexes load and the batches after the last index entry reach
-/// the end of the file exactly; otherwise the segment is rescanned from the start.
+/// Opens one segment (`next_base`: the base of the segment after it; none for the active
+/// one). Sealed segments, and the active one after a clean shutdown, are trusted after
+/// their indexes load and the batches after the last index entry reach the end of the
+/// file exactly; otherwise the segment is rescanned from the start. A sealed segment
+/// with damage opens anyway (see [`load_damaged`]).
 async fn load_segment(
+    disk: &Disk,
     dir: &Path,
     base: Offset,
-    active: bool,
+    next_base: Option<Offset>,
     clean: bool,
     config: &LogConfig,
 ) -> Result<Segment> {
+    let active = next_base.is_none();
     let mut seg = Segment::new(dir, base);
+    seg.sealed = !active;
     let path = seg.path("log");
-    let file = open_log_file(&path).await?;
+    let file = open_log_file(disk, &path).await?;
     let size = file
         .file_size()
         .await
-        .map_err(|e| StorageError::glommio("stat", &path, e))?;
+        .map_err(|e| StorageError::io("stat", &path, e))?;
     seg.file = Some(file.clone());
     let mut window = FileWindow::new(file, &path, size);
     let trusted = !active || clean;
     if trusted && quick_check(&mut seg, &mut window, config).await? {
+        return Ok(seg);
+    }
+    if let Some(next_base) = next_base {
+        load_damaged(&mut seg, &mut window, next_base, config).await?;
         return Ok(seg);
     }
     let scan = scan(&mut window, 0, base).await?;
@@ -173,17 +187,70 @@ async fn quick_check(
     };
     let Some((_, from)) = index.last_offset_entry() else {
         // No entries: the scan below covers the whole segment, so build the index too.
-        let scan = scan(window, 0, seg.base).await?;
+        let Some(scan) = not_corrupt(scan(window, 0, seg.base).await)? else {
+            return Ok(false);
+        };
         apply_full_scan(seg, &scan, config);
         return Ok(scan.tail == Tail::Clean);
     };
-    let scan = scan(window, from.get(), seg.base).await?;
+    let Some(scan) = not_corrupt(scan(window, from.get(), seg.base).await)? else {
+        return Ok(false);
+    };
     if scan.tail != Tail::Clean || scan.batches.is_empty() {
         return Ok(false);
     }
     apply_indexed_scan(seg, &scan, index, from.get());
     seg.roll_base_ms = first_batch_timestamp(window).await?;
     Ok(true)
+}
+
+/// A scan that found damage followed by a valid batch is `None` (the caller rescans);
+/// I/O errors stay errors.
+fn not_corrupt(scan: Result<Scan>) -> Result<Option<Scan>> {
+    match scan {
+        Ok(s) => Ok(Some(s)),
+        Err(StorageError::Corrupt { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Rescans a sealed segment whose quick check failed, stepping over damage: the log
+/// opens, every valid batch stays readable, and only a read that reaches a damaged range
+/// fails (with its file and position). Each damaged range is logged. The segment keeps
+/// its whole file size and ends at the next segment's base, so the offsets the damage
+/// hides are not skipped silently: reading them is an error until DeleteRecords moves
+/// the log start past them.
+async fn load_damaged(
+    seg: &mut Segment,
+    window: &mut FileWindow,
+    next_base: Offset,
+    config: &LogConfig,
+) -> Result<()> {
+    let path = seg.path("log");
+    let scan = scan_past_damage(window, seg.base).await?;
+    for (position, bytes, reason) in &scan.damage {
+        tracing::error!(
+            segment = %path.display(), position, bytes, %reason,
+            "damaged sealed segment: {} at byte {position}; reads reaching it fail (`weir log verify` lists all damage; DeleteRecords past it to skip it)",
+            path.display()
+        );
+    }
+    seg.index = SegmentIndex::default();
+    seg.restore(0, seg.base, 0);
+    let interval = config.index_interval_bytes;
+    for (pos, meta) in &scan.batches {
+        if *pos != seg.size {
+            // The first batch after damage gets an index entry, so reads that start
+            // past the damage begin here instead of stepping over it.
+            let next = seg.next_offset;
+            seg.restore(*pos, next, u64::from(interval) + 1);
+        }
+        seg.record_batch(meta, interval, meta.max_timestamp);
+    }
+    let next = seg.next_offset.max(next_base);
+    seg.restore(window.end(), next, 0);
+    seg.roll_base_ms = scan.batches.first().map(|(_, m)| m.max_timestamp);
+    Ok(())
 }
 
 /// Rebuilds a segment's summary and index from a scan of all its batches.
@@ -244,10 +311,10 @@ async fn repair_tail(seg: &mut Segment, scan: &Scan, active: bool, path: &Path) 
     };
     file.truncate(scan.end)
         .await
-        .map_err(|e| StorageError::glommio("truncate", path, e))?;
+        .map_err(|e| StorageError::io("truncate", path, e))?;
     file.fdatasync()
         .await
-        .map_err(|e| StorageError::glommio("fdatasync", path, e))?;
+        .map_err(|e| StorageError::io("fdatasync", path, e))?;
     if let Some(reason) = reason {
         tracing::warn!(
             segment = %path.display(), position = scan.end, dropped = ?scan.tail, %reason,
@@ -327,13 +394,15 @@ pub fn remove_files(seg: &Segment, extensions: &[&str]) -> Result<()> {
 /// from the `.log` when they do not check out, and after a crash a freshly written file is
 /// empty or a prefix of its entries — still a valid sparse index (the quick check scans
 /// from its last entry to the end of the segment). This saves four syncs per roll.
-pub fn write_index_files(seg: &Segment) -> Result<()> {
+pub fn write_index_files(seg: &Segment, disk: &Disk) -> Result<()> {
     for (ext, bytes) in [
         ("index", seg.index.encode_offsets()),
         ("timeindex", seg.index.encode_times()),
     ] {
         let path = seg.path(ext);
-        fs::write(&path, bytes).map_err(|e| StorageError::io("write", &path, e))?;
+        disk.probe(FaultPoint::IndexWrite)
+            .and_then(|()| fs::write(&path, bytes))
+            .map_err(|e| StorageError::io("write", &path, e))?;
     }
     Ok(())
 }

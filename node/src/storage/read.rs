@@ -5,15 +5,15 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use glommio::io::DmaFile;
 use wire::Offset;
-use wire::batch::BatchHeader;
+use wire::batch::{BatchHeader, validate_batch};
 
 use super::error::{Result, StorageError};
+use super::file::SegmentFile;
 use super::index::relative;
 use super::log::{Log, ReadResult, State};
-use super::recovery::FileWindow;
-use super::segment::check_stored_header;
+use super::recovery::{FileWindow, find_valid_batch};
+use super::segment::{BatchMeta, check_stored_header};
 
 /// Smallest window read from disk for a fetch: covers the index interval plus a batch.
 const READ_WINDOW_MIN: usize = 64 << 10;
@@ -22,15 +22,23 @@ const READ_WINDOW_MAX: usize = 8 << 20;
 
 /// Where in which file a disk read starts.
 struct DiskPlan {
-    file: Rc<DmaFile>,
+    file: Rc<SegmentFile>,
     path: PathBuf,
     base: Offset,
+    /// The segment's next offset: a stored batch reaching it is damage.
+    next_offset: Offset,
     from: u64,
     end: u64,
 }
 
-/// See [`Log::read`].
-pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> Result<ReadResult> {
+/// See [`Log::read`] and [`Log::read_within`].
+pub async fn read(
+    log: &Log,
+    start: Offset,
+    max_bytes: usize,
+    hard_max_bytes: usize,
+    upper: Offset,
+) -> Result<ReadResult> {
     log.check_readable()?;
     let mut result = {
         let mut st = log.state.borrow_mut();
@@ -52,7 +60,7 @@ pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> 
         }
         if st.cache.covers(start) {
             st.counters.cache_reads += 1;
-            let batches = st.cache.read(start, max_bytes, upper);
+            let batches = st.cache.read(start, max_bytes, hard_max_bytes, upper);
             return Ok(finish(result, batches));
         }
         st.counters.disk_reads += 1;
@@ -64,7 +72,7 @@ pub async fn read(log: &Log, start: Offset, max_bytes: usize, upper: Offset) -> 
         let Some(plan) = plan_disk_read(&log.state.borrow(), start, after)? else {
             break;
         };
-        let batches = read_file(&plan, start, max_bytes, upper).await?;
+        let batches = read_file(&plan, start, (max_bytes, hard_max_bytes), upper).await?;
         if !batches.is_empty() {
             result = finish(result, batches);
             break;
@@ -104,17 +112,24 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
         file,
         path: seg.path("log"),
         base: seg.base,
+        next_offset: seg.next_offset,
         from,
         end: seg.written,
     }))
 }
 
 /// Whole batches from one segment file: skips those before `start`, stops at the byte
-/// limit (after the first) or at the first batch reaching `upper`.
+/// limit (after the first, see [`batch_fits`]) or at the first batch reaching `upper`.
+///
+/// Every batch served is checked (framing, offsets, CRC-32C) before it leaves the node, so
+/// a damaged batch on disk is never handed to a client as data. Damage ends the read with
+/// the batches before it (the next fetch, starting at the damaged batch, gets the error);
+/// damage before `start` is stepped over to the next valid batch, so the records after it
+/// stay readable once `start` is past it (DeleteRecords is the operator's way past it).
 async fn read_file(
     plan: &DiskPlan,
     start: Offset,
-    max_bytes: usize,
+    (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
 ) -> Result<Vec<Bytes>> {
     let mut window = FileWindow::with_window(
@@ -126,20 +141,129 @@ async fn read_file(
     let mut out = Vec::new();
     let mut total = 0usize;
     let mut pos = plan.from;
+    // Offsets only grow inside a segment: a batch below this is damage (its base offset
+    // is outside the CRC).
+    let mut next_min = plan.base;
     while pos < plan.end {
-        let (header, size) = stored_header(&mut window, plan, pos).await?;
-        let last = header.last_offset();
-        if last >= start {
-            if last >= upper || (!out.is_empty() && total + size > max_bytes) {
+        let (meta, size) = match framed(&mut window, plan, pos, next_min).await? {
+            Ok(found) => found,
+            Err(damage) if out.is_empty() => {
+                let (at, meta) =
+                    step_over(&mut window, plan, (pos, damage), start, next_min).await?;
+                pos = at;
+                (meta, meta.size as usize)
+            }
+            Err(damage) => {
+                tracing::debug!(segment = %plan.path.display(), position = pos, %damage, "read stops before a damaged batch");
+                break;
+            }
+        };
+        if meta.last_offset >= start {
+            if meta.last_offset >= upper
+                || !batch_fits(out.is_empty(), total, size, max_bytes, hard_max_bytes)
+            {
                 break;
             }
             let bytes = window.get(pos, size).await?;
+            if let Err(e) = validate_batch(bytes) {
+                if out.is_empty() {
+                    return Err(corrupt(
+                        plan,
+                        pos,
+                        format!("stored batch fails its check: {e}"),
+                    ));
+                }
+                tracing::debug!(segment = %plan.path.display(), position = pos, "read stops before a batch that fails its CRC");
+                break;
+            }
             out.push(Bytes::copy_from_slice(bytes));
             total += size;
         }
+        next_min = meta.last_offset.add(1);
         pos += size as u64;
+        // A large cold read is mostly copying: let the shard's other tasks (produces on
+        // other connections) run when this one has used its time slice.
+        glommio::yield_if_needed().await;
     }
     Ok(out)
+}
+
+/// Whether a batch of `size` bytes joins a read that holds `total` bytes so far: the
+/// first batch always does up to `hard_max_bytes` (whole, even past `max_bytes`, as Kafka
+/// does), later ones only within `max_bytes`; nothing ever goes past `hard_max_bytes`.
+pub(super) fn batch_fits(
+    first: bool,
+    total: usize,
+    size: usize,
+    max_bytes: usize,
+    hard_max_bytes: usize,
+) -> bool {
+    let after = total.saturating_add(size);
+    after <= hard_max_bytes && (first || after <= max_bytes)
+}
+
+/// The header of the batch at `pos`, checked for framing and for offsets that grow
+/// (`>= next_min`). The inner error says why the bytes are not the next batch.
+async fn framed(
+    window: &mut FileWindow,
+    plan: &DiskPlan,
+    pos: u64,
+    next_min: Offset,
+) -> Result<Result<(BatchMeta, usize), String>> {
+    let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
+    Ok(match check_stored_header(head, plan.end - pos) {
+        Ok((h, _)) if h.base_offset() < next_min => Err(format!(
+            "batch base offset {} below the expected {next_min}",
+            h.base_offset()
+        )),
+        Ok((h, _)) if h.last_offset() >= plan.next_offset => Err(format!(
+            "batch last offset {} past the segment's end {}",
+            h.last_offset(),
+            plan.next_offset
+        )),
+        Ok((h, size)) => Ok((BatchMeta::of(h), size)),
+        Err(reason) => Err(reason.to_owned()),
+    })
+}
+
+/// Damage at `damage.0` was met before any batch to serve: finds the next valid batch
+/// after it. If `start` lies in the damaged bytes (no valid batch follows, or the next one
+/// begins after `start`), the read fails with [`StorageError::Corrupt`] naming the file
+/// and byte position of the damage.
+async fn step_over(
+    window: &mut FileWindow,
+    plan: &DiskPlan,
+    (pos, reason): (u64, String),
+    start: Offset,
+    next_min: Offset,
+) -> Result<(u64, BatchMeta)> {
+    let Some((at, meta)) = find_valid_batch(window, pos + 1, next_min).await? else {
+        return Err(corrupt(
+            plan,
+            pos,
+            format!("{reason}; no valid batch after it"),
+        ));
+    };
+    if meta.base_offset > start {
+        return Err(corrupt(
+            plan,
+            pos,
+            format!(
+                "{reason}; offset {start} is in the damaged bytes (next valid batch: offset {} at byte {at})",
+                meta.base_offset
+            ),
+        ));
+    }
+    tracing::debug!(segment = %plan.path.display(), position = pos, resumed = at, "read stepped over damaged bytes before its start offset");
+    Ok((at, meta))
+}
+
+fn corrupt(plan: &DiskPlan, position: u64, reason: String) -> StorageError {
+    StorageError::Corrupt {
+        path: plan.path.clone(),
+        position,
+        reason,
+    }
 }
 
 /// See [`Log::read_by_time`]. Batches wholly below the log start offset (still on disk
@@ -182,6 +306,7 @@ fn plan_time_scan(
         file: seg.file.clone()?,
         path: seg.path("log"),
         base: seg.base,
+        next_offset: seg.next_offset,
         from,
         end: seg.written,
     })

@@ -13,11 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::{DmaFile, ReadResult};
 use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, validate_batch};
 
 use super::error::{Result, StorageError};
+use super::file::{ReadBytes, SegmentFile};
 use super::segment::{BatchMeta, check_stored_header};
 
 /// Bytes read per window when scanning.
@@ -26,23 +26,23 @@ const WINDOW_BYTES: usize = 1 << 20;
 /// A read window over a DMA file: serves byte ranges, re-reading when a range falls
 /// outside the bytes it holds.
 pub struct FileWindow {
-    file: Rc<DmaFile>,
+    file: Rc<SegmentFile>,
     path: PathBuf,
     /// Readable size: nothing at or past it is read.
     end: u64,
     start: u64,
-    buf: Option<ReadResult>,
+    buf: Option<ReadBytes>,
     window_bytes: usize,
 }
 
 impl FileWindow {
-    pub fn new(file: Rc<DmaFile>, path: &Path, end: u64) -> FileWindow {
+    pub fn new(file: Rc<SegmentFile>, path: &Path, end: u64) -> FileWindow {
         FileWindow::with_window(file, path, end, WINDOW_BYTES)
     }
 
     /// A window that reads at least `window_bytes` at a time.
     pub fn with_window(
-        file: Rc<DmaFile>,
+        file: Rc<SegmentFile>,
         path: &Path,
         end: u64,
         window_bytes: usize,
@@ -70,7 +70,7 @@ impl FileWindow {
                 .file
                 .read_at(pos, size)
                 .await
-                .map_err(|e| StorageError::glommio("read", &self.path, e))?;
+                .map_err(|e| StorageError::io("read", &self.path, e))?;
             self.start = pos;
             self.buf = Some(read);
         }
@@ -141,6 +141,43 @@ pub async fn scan(window: &mut FileWindow, mut pos: u64, mut next_offset: Offset
     }
 }
 
+/// A sealed segment scanned end to end, stepping over damage: the valid batches and each
+/// damaged byte range (position, length, why).
+#[derive(Default)]
+pub struct DamagedScan {
+    pub batches: Vec<(u64, BatchMeta)>,
+    pub damage: Vec<(u64, u64, String)>,
+}
+
+/// Scans a whole sealed segment, checking every batch as [`scan`] does; damage does not
+/// end the scan: it resumes at the next valid batch (or the end of the file), so the
+/// batches around a damaged one stay readable. Sealed segments are never appended to,
+/// so damage there is not a torn write and nothing is truncated.
+pub async fn scan_past_damage(window: &mut FileWindow, base: Offset) -> Result<DamagedScan> {
+    let end = window.end();
+    let mut out = DamagedScan::default();
+    let mut pos = 0u64;
+    let mut next_offset = base;
+    // Bounded: every turn moves `pos` forward by at least one byte.
+    while pos < end {
+        match next_batch(window, pos, next_offset).await? {
+            Ok(meta) => {
+                out.batches.push((pos, meta));
+                next_offset = meta.last_offset.add(1);
+                pos += u64::from(meta.size);
+            }
+            Err(reason) => {
+                let resume = find_valid_batch(window, pos + 1, next_offset).await?;
+                let to = resume.map_or(end, |(q, _)| q);
+                debug_assert!(to > pos);
+                out.damage.push((pos, to - pos, reason));
+                pos = to;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Validates the batch at `pos`. The outer error is I/O; the inner is why the bytes are
 /// not a valid next batch.
 async fn next_batch(
@@ -186,7 +223,7 @@ async fn classify_damage(window: &mut FileWindow, pos: u64, reason: String) -> R
     if all_zero {
         return Ok(Tail::Padding { bytes: end - pos });
     }
-    if let Some(found) = find_valid_batch(window, pos + 1).await? {
+    if let Some((found, _)) = find_valid_batch(window, pos + 1, Offset(0)).await? {
         return Err(StorageError::Corrupt {
             path: window.path.clone(),
             position: pos,
@@ -201,20 +238,27 @@ async fn classify_damage(window: &mut FileWindow, pos: u64, reason: String) -> R
     })
 }
 
-/// The first position at or after `from` where a whole, CRC-valid batch starts.
-async fn find_valid_batch(window: &mut FileWindow, from: u64) -> Result<Option<u64>> {
+/// The first position at or after `from` where a whole, CRC-valid batch with a base offset
+/// at or above `min_base` starts, and that batch. Bounded by the file's end; used only
+/// where damage was found, never on the healthy path.
+pub async fn find_valid_batch(
+    window: &mut FileWindow,
+    from: u64,
+    min_base: Offset,
+) -> Result<Option<(u64, BatchMeta)>> {
     let end = window.end();
     let mut q = from;
     while q + BATCH_HEADER_SIZE as u64 <= end {
         // Cheap filters first: magic byte and a length that fits.
         let head = window.get(q, BATCH_HEADER_SIZE).await?;
         let plausible = check_stored_header(head, end - q)
-            .map(|(_, total)| total)
-            .ok();
+            .ok()
+            .filter(|(h, _)| h.base_offset() >= min_base)
+            .map(|(_, total)| total);
         if let Some(total) = plausible {
             let bytes = window.get(q, total).await?;
-            if validate_batch(bytes).is_ok() {
-                return Ok(Some(q));
+            if let Ok(view) = validate_batch(bytes) {
+                return Ok(Some((q, BatchMeta::of(view.header))));
             }
         }
         q += 1;

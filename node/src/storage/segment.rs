@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::DmaFile;
 use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, BatchHeader, LOG_OVERHEAD, MAGIC_V2, read_header};
 
+use super::file::SegmentFile;
 use super::index::{SegmentIndex, relative};
 use super::{FilePosition, segment_file_name};
 
@@ -92,7 +92,9 @@ pub struct Segment {
     /// `log.roll.ms`.
     pub roll_base_ms: Option<i64>,
     /// The open `.log` file; `None` until the first write creates it.
-    pub file: Option<Rc<DmaFile>>,
+    pub file: Option<Rc<SegmentFile>>,
+    /// Trimmed, fdatasynced and its index files written: no longer the active segment.
+    pub sealed: bool,
     /// The partition directory.
     dir: PathBuf,
 }
@@ -110,6 +112,7 @@ impl Segment {
             max_timestamp: (-1, Offset::NONE),
             roll_base_ms: None,
             file: None,
+            sealed: false,
             dir: dir.to_path_buf(),
         }
     }

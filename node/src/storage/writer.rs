@@ -15,22 +15,28 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use bytes::Bytes;
-use glommio::io::{DmaFile, OpenOptions};
 
 use super::error::{Result, StorageError};
+use super::file::{Disk, IoBuf, SegmentFile, SharedBuf};
 
 /// Largest single DMA write: bounds the buffer one write allocates.
 pub const WRITE_BYTES_MAX: usize = 4 << 20;
+/// Short writes continued before giving up (each continuation either completes, fails
+/// with the real cause such as ENOSPC, or is short again).
+const SHORT_WRITES_MAX: usize = 8;
 
 /// Writes to one segment file. Only the log's I/O leader (the holder of its I/O lock)
 /// uses it, so writes are never concurrent.
 pub struct SegmentWriter {
-    file: Rc<DmaFile>,
+    file: Rc<SegmentFile>,
     path: PathBuf,
     /// Block-aligned file position where `tail` starts.
     block_pos: u64,
     /// Bytes of the partial last block (shorter than `align`).
     tail: Vec<u8>,
+    /// The next `tail`, filled before a write and swapped in only once it succeeded (a
+    /// failed write leaves the writer where it was).
+    next_tail: Vec<u8>,
     align: u64,
     /// Blocks are reserved up to here (fallocate, file size unchanged).
     prealloc_to: u64,
@@ -40,24 +46,20 @@ pub struct SegmentWriter {
 }
 
 /// Opens an existing `.log` file for reading and writing with O_DIRECT.
-pub async fn open_log_file(path: &Path) -> Result<Rc<DmaFile>> {
-    open_with(path, false).await
+pub async fn open_log_file(disk: &Disk, path: &Path) -> Result<Rc<SegmentFile>> {
+    let file = disk
+        .open_log(path, false)
+        .await
+        .map_err(|e| StorageError::io("open", path, e))?;
+    Ok(Rc::new(file))
 }
 
 /// Creates a new, empty `.log` file (a stale file of that name is emptied).
-pub async fn create_log_file(path: &Path) -> Result<Rc<DmaFile>> {
-    open_with(path, true).await
-}
-
-async fn open_with(path: &Path, create: bool) -> Result<Rc<DmaFile>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(create)
-        .dma_open(path)
+pub async fn create_log_file(disk: &Disk, path: &Path) -> Result<Rc<SegmentFile>> {
+    let file = disk
+        .open_log(path, true)
         .await
-        .map_err(|e| StorageError::glommio("open", path, e))?;
+        .map_err(|e| StorageError::io("create", path, e))?;
     Ok(Rc::new(file))
 }
 
@@ -68,7 +70,7 @@ const PREALLOC_AHEAD_MAX: u64 = 64 << 20;
 
 impl SegmentWriter {
     /// A writer that continues the file at `size` (reads back the partial last block).
-    pub async fn resume(file: Rc<DmaFile>, path: &Path, size: u64) -> Result<SegmentWriter> {
+    pub async fn resume(file: Rc<SegmentFile>, path: &Path, size: u64) -> Result<SegmentWriter> {
         let align = file.alignment();
         let block_pos = size - size % align;
         let tail_len = (size - block_pos) as usize;
@@ -77,7 +79,7 @@ impl SegmentWriter {
             let read = file
                 .read_at_aligned(block_pos, align as usize)
                 .await
-                .map_err(|e| StorageError::glommio("read", path, e))?;
+                .map_err(|e| StorageError::io("read", path, e))?;
             if read.len() < tail_len {
                 return Err(StorageError::Corrupt {
                     path: path.to_path_buf(),
@@ -92,6 +94,7 @@ impl SegmentWriter {
             path: path.to_path_buf(),
             block_pos,
             tail,
+            next_tail: Vec::with_capacity(align as usize),
             align,
             prealloc_to: 0,
             prealloc_limit: None,
@@ -134,7 +137,7 @@ impl SegmentWriter {
         self.block_pos + self.tail.len() as u64
     }
 
-    pub fn file(&self) -> &Rc<DmaFile> {
+    pub fn file(&self) -> &Rc<SegmentFile> {
         &self.file
     }
 
@@ -147,7 +150,7 @@ impl SegmentWriter {
             let remaining = current.len() + chunks_len_after(&source);
             let want = (self.tail.len() + remaining).min(WRITE_BYTES_MAX);
             let padded = align_up(want as u64, self.align) as usize;
-            let mut buf = self.file.alloc_dma_buffer(padded);
+            let mut buf = self.file.alloc_buffer(padded);
             let dst = buf.as_bytes_mut();
             let mut filled = self.tail.len();
             dst[..filled].copy_from_slice(&self.tail);
@@ -173,25 +176,51 @@ impl SegmentWriter {
 
     /// Writes one aligned buffer at `block_pos` and advances past its full blocks,
     /// keeping the bytes of the last partial block as the new tail.
-    async fn write_block_run(&mut self, buf: glommio::io::DmaBuffer, filled: usize) -> Result<()> {
-        let buf = Rc::new(buf);
-        let written = self
-            .file
-            .write_rc_at(buf.clone(), self.block_pos)
-            .await
-            .map_err(|e| StorageError::glommio("write", &self.path, e))?;
-        if written != buf.len() {
-            return Err(StorageError::io(
-                "write",
-                &self.path,
-                std::io::Error::new(std::io::ErrorKind::WriteZero, "short DMA write"),
-            ));
-        }
+    async fn write_block_run(&mut self, buf: IoBuf, filled: usize) -> Result<()> {
+        let len = buf.as_bytes().len();
         let full = filled - filled % self.align as usize;
-        self.tail.clear();
-        self.tail.extend_from_slice(&buf.as_bytes()[full..filled]);
+        self.next_tail.clear();
+        self.next_tail
+            .extend_from_slice(&buf.as_bytes()[full..filled]);
+        self.write_all_at(buf.share(), len).await?;
+        std::mem::swap(&mut self.tail, &mut self.next_tail);
         self.block_pos += full as u64;
+        debug_assert!(self.tail.len() < self.align as usize);
         Ok(())
+    }
+
+    /// Writes all `len` bytes of `buf` at `block_pos`. A short write (a filesystem that
+    /// fills up midway writes what it could) is continued with the rest, so that the
+    /// error that stops it — ENOSPC — is the one the log sees and recovers from.
+    async fn write_all_at(&self, mut buf: SharedBuf, len: usize) -> Result<()> {
+        let mut pos = self.block_pos;
+        for _ in 0..SHORT_WRITES_MAX {
+            let written = self
+                .file
+                .write_at(&buf, pos)
+                .await
+                .map_err(|e| StorageError::io("write", &self.path, e))?;
+            let want = buf.as_bytes().len();
+            if written >= want {
+                return Ok(());
+            }
+            if written == 0 || !(written as u64).is_multiple_of(self.align) {
+                break;
+            }
+            let rest = &buf.as_bytes()[written..];
+            let mut next = self.file.alloc_buffer(rest.len());
+            next.as_bytes_mut().copy_from_slice(rest);
+            buf = next.share();
+            pos += written as u64;
+        }
+        Err(StorageError::io(
+            "write",
+            &self.path,
+            std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short DMA write of {len} bytes at {}", self.block_pos),
+            ),
+        ))
     }
 
     /// fdatasync: everything written so far is durable.
@@ -199,7 +228,7 @@ impl SegmentWriter {
         self.file
             .fdatasync()
             .await
-            .map_err(|e| StorageError::glommio("fdatasync", &self.path, e))
+            .map_err(|e| StorageError::io("fdatasync", &self.path, e))
     }
 
     /// Trims the zero padding so the file ends exactly at the last batch, then syncs.
@@ -207,7 +236,7 @@ impl SegmentWriter {
         self.file
             .truncate(self.end())
             .await
-            .map_err(|e| StorageError::glommio("truncate", &self.path, e))?;
+            .map_err(|e| StorageError::io("truncate", &self.path, e))?;
         self.sync().await
     }
 }
@@ -233,7 +262,7 @@ mod tests {
             let (root, path) = (dir.path().to_path_buf(), path.clone());
             move || async move {
                 crate::storage::prime_dma_probe(&root).await.unwrap();
-                let file = create_log_file(&path).await.unwrap();
+                let file = create_log_file(&Disk::Real, &path).await.unwrap();
                 let mut w = SegmentWriter::resume(file.clone(), &path, 0).await.unwrap();
                 // 3 unaligned chunks, then one more write that must keep the first bytes.
                 let a = Bytes::from(vec![1u8; 1000]);
@@ -264,7 +293,7 @@ mod tests {
             let (root, path) = (dir.path().to_path_buf(), path.clone());
             move || async move {
                 crate::storage::prime_dma_probe(&root).await.unwrap();
-                let file = open_log_file(&path).await.unwrap();
+                let file = open_log_file(&Disk::Real, &path).await.unwrap();
                 let mut w = SegmentWriter::resume(file, &path, 4097).await.unwrap();
                 w.write(&[Bytes::from(vec![8u8; 10])]).await.unwrap();
                 w.finish().await.unwrap();
@@ -285,7 +314,7 @@ mod tests {
             let (root, path) = (dir.path().to_path_buf(), path.clone());
             move || async move {
                 crate::storage::prime_dma_probe(&root).await.unwrap();
-                let file = create_log_file(&path).await.unwrap();
+                let file = create_log_file(&Disk::Real, &path).await.unwrap();
                 let mut w = SegmentWriter::resume(file, &path, 0).await.unwrap();
                 w.set_preallocation(Some(64 << 20));
                 w.write(&[Bytes::from(vec![9u8; 3 << 20])]).await.unwrap();

@@ -149,6 +149,11 @@ impl Broker {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The broker's process id (for `/proc/PID/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.addr())
     }
@@ -214,6 +219,11 @@ impl Client {
     pub fn connect(addr: &str) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        Client::from_stream(stream)
+    }
+
+    /// A client on a stream connected some other way (e.g. from a chosen source address).
+    pub fn from_stream(stream: TcpStream) -> Client {
         Client {
             stream,
             next_correlation: 1,

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# CPU per byte, in one run on this machine (issue 14): the floors (fio O_DIRECT write,
+# iperf3 loopback with the receiver's and sender's CPU seconds per GiB), then a single-node
+# weir driven by weir-loadgen: produce acks=1, produce acks=all and consume, each with its
+# MiB/s, the broker's CPU seconds per GiB (utime+stime from /proc/PID/stat) and the
+# loadgen's own CPU seconds per GiB (its rusage), each with its ratio to the iperf3 floor
+# (receiver floor for produce, sender floor for consume). Everything it writes on disk (fio
+# file, weir data dir) lives in one temp dir that is deleted on exit.
+#
+# Usage: bench/efficiency.sh            (from the repo root; BUILD=0 skips cargo build)
+#   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 bench/efficiency.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SHARDS=${SHARDS:-2}
+DUR=${DUR:-10s}
+RECORD=${RECORD:-1024}
+BATCH=${BATCH:-65536}
+PARTITIONS=${PARTITIONS:-2}
+CONNECTIONS=${CONNECTIONS:-1}
+BIN=${BIN:-target/release}
+CLK_TCK=$(getconf CLK_TCK)
+
+if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen --bins >/dev/null; fi
+command -v fio >/dev/null || { echo "needs fio (apt-get install fio)"; exit 1; }
+if ! command -v iperf3 >/dev/null; then
+    echo "installing iperf3" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y iperf3 >/dev/null
+fi
+
+# Real disk under target/, not /tmp (which may be tmpfs and refuses O_DIRECT).
+mkdir -p target
+WORK=$(mktemp -d "$PWD/target/efficiency.XXXXXX")
+WEIR_PID=
+IPERF_PID=
+cleanup() {
+    for p in $WEIR_PID $IPERF_PID; do
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# CPU seconds (user + system) a live process has used so far.
+cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
+# Runs a command; prints the CPU seconds it (and its children) used on fd 3.
+rusage() {
+    python3 -c '
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(r.ru_utime + r.ru_stime, file=open("/dev/fd/3", "w"))
+sys.exit(rc)' "$@"
+}
+
+echo "== fio: O_DIRECT sequential write, 1 MiB blocks, iodepth 16, 1 GiB file, 10 s"
+fio --name=seqwrite --filename="$WORK/fio.dat" --rw=write --bs=1M --size=1G --direct=1 \
+    --ioengine=libaio --iodepth=16 --runtime=10 --time_based --output-format=json \
+    > "$WORK/fio.json"
+rm -f "$WORK/fio.dat"
+FIO=$(python3 -c "import json;print(json.load(open('$WORK/fio.json'))['jobs'][0]['write']['bw_bytes']/2**20)")
+
+echo "== iperf3: loopback, 1 stream, 10 s"
+PORT=$((20000 + RANDOM % 20000))
+iperf3 -s -p "$PORT" >/dev/null 2>&1 &
+IPERF_PID=$!
+for _ in $(seq 1 100); do ss -ltn "sport = :$PORT" | grep -q LISTEN && break; sleep 0.05; done
+RECV0=$(cpu_of "$IPERF_PID")
+SEND_CPU=$(rusage iperf3 -c 127.0.0.1 -p "$PORT" -t 10 -J 3>&1 >"$WORK/iperf3.json")
+RECV1=$(cpu_of "$IPERF_PID")
+kill "$IPERF_PID"; wait "$IPERF_PID" 2>/dev/null || true; IPERF_PID=
+
+echo "== weir --shards $SHARDS"
+mkdir -p "$WORK/data"
+"$BIN/weir" serve --data-dir "$WORK/data" --listen 127.0.0.1:0 --shards "$SHARDS" \
+    > "$WORK/weir.log" 2>&1 &
+WEIR_PID=$!
+for _ in $(seq 1 200); do grep -q "listening on" "$WORK/weir.log" && break; sleep 0.05; done
+ADDR=$(grep -o "listening on [0-9.:]*" "$WORK/weir.log" | head -1 | awk '{print $3}')
+[ -n "$ADDR" ] || { cat "$WORK/weir.log"; exit 1; }
+
+LG="$BIN/weir-loadgen"
+COMMON=(--bootstrap "$ADDR" --partitions "$PARTITIONS" --record-size "$RECORD"
+        --batch-size "$BATCH" --linger-ms 5 --quiet)
+# phase NAME ARGS...: runs the loadgen, records broker and loadgen CPU seconds.
+phase() {
+    local name=$1; shift
+    echo "== $name"
+    local b0 b1 lg
+    b0=$(cpu_of "$WEIR_PID")
+    lg=$(rusage "$LG" "$@" --json "$WORK/$name.json" 3>&1 >/dev/null)
+    b1=$(cpu_of "$WEIR_PID")
+    echo "$b0 $b1 $lg" > "$WORK/$name.cpu"
+}
+phase produce-acks-1 produce "${COMMON[@]}" --topic t1 --acks 1 --rate max --duration "$DUR" \
+    --connections "$CONNECTIONS"
+phase produce-acks-all produce "${COMMON[@]}" --topic tall --acks all --rate max \
+    --duration "$DUR" --connections "$CONNECTIONS"
+phase consume consume --bootstrap "$ADDR" --topic tall --consumers 2 --from earliest --quiet
+
+python3 - "$WORK" "$FIO" "$RECV0" "$RECV1" "$SEND_CPU" "$RECORD" <<'EOF'
+import json, sys
+work, fio, r0, r1, send_cpu, record = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+GiB = 2**30
+ip = json.load(open(f"{work}/iperf3.json"))["end"]
+net_bytes = ip["sum_received"]["bytes"]
+net = ip["sum_received"]["bits_per_second"] / 8 / 2**20
+recv_floor = (r1 - r0) / (net_bytes / GiB)
+send_floor = send_cpu / (ip["sum_sent"]["bytes"] / GiB)
+print()
+print(f"fio O_DIRECT seq write 1 MiB qd16: {fio:,.0f} MiB/s")
+print(f"iperf3 loopback: {net:,.0f} MiB/s; receiver {recv_floor:.3f} CPU-s/GiB, sender {send_floor:.3f} CPU-s/GiB (the floors)")
+print(f"{'phase':<18} {'MiB/s':>8} {'x fio':>6} {'broker CPU-s/GiB':>17} {'x floor':>8} {'loadgen CPU-s/GiB':>18} {'x floor':>8}")
+for name, floor in [("produce-acks-1", recv_floor), ("produce-acks-all", recv_floor), ("consume", send_floor)]:
+    j = json.load(open(f"{work}/{name}.json"))
+    b0, b1, lg = map(float, open(f"{work}/{name}.cpu").read().split())
+    if name == "consume":
+        nbytes = j["consumed_records"] * record
+        mibs = j["consumed_mb_per_sec"]
+    else:
+        nbytes = j["bytes"]
+        mibs = j["mb_per_sec"]
+    gib = max(nbytes / GiB, 1e-9)
+    broker, loadgen = (b1 - b0) / gib, lg / gib
+    print(f"{name:<18} {mibs:>8,.0f} {mibs / fio:>6.2f} {broker:>17.3f} {broker / floor:>8.1f} {loadgen:>18.3f} {loadgen / floor:>8.1f}")
+EOF

@@ -1,0 +1,125 @@
+//! The shard's budget for request bytes being read or handled (`queued.max.request.bytes`,
+//! an equal share per shard), and giving freed memory back to the OS after a burst of
+//! large frames.
+//!
+//! A frame larger than [`SMALL_FRAME_MAX_BYTES`] takes its size from the budget before a
+//! byte of its body is buffered and keeps it until its request has been handled. A
+//! connection whose frame does not fit waits, reading nothing, so TCP holds the client
+//! back. Smaller frames are read into the connection's own read buffer and bypass the
+//! budget: that buffer is bounded per connection, and a full budget must not stall the
+//! small requests of well-behaved clients.
+//!
+//! The budget lives on its shard (no atomics or cross-thread wakes on the read path);
+//! SO_REUSEPORT spreads connections over the shards, so equal shares are the node-wide
+//! bound split as the load is.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use glommio::sync::{Semaphore, StaticPermit};
+
+use crate::event::Event;
+
+/// Frames up to this size are read into the connection's read buffer, outside the budget.
+pub const SMALL_FRAME_MAX_BYTES: usize = 64 * 1024;
+/// How long the budget must stay unused after large frames before freed memory is
+/// trimmed: the handlers' and responses' buffers are gone by then, and a busy burst is
+/// not interrupted by a trim per frame.
+const TRIM_DELAY: Duration = Duration::from_millis(500);
+
+/// One shard's share of `queued.max.request.bytes`.
+pub struct RequestBudget {
+    semaphore: Rc<Semaphore>,
+    share_bytes: u64,
+    /// Large-frame bytes taken since the last trim.
+    taken_since_trim_bytes: Cell<u64>,
+    /// Fired when the last outstanding large-frame permit is released.
+    idle: Event,
+}
+
+/// Budget held for one large frame; released (and the trimmer told) on drop.
+pub struct FramePermit {
+    permit: Option<StaticPermit>,
+    budget: Rc<RequestBudget>,
+}
+
+impl RequestBudget {
+    /// The share of `node_bytes` for one of `shards` shards (at least 1 byte).
+    pub fn new(node_bytes: u64, shards: usize) -> Rc<RequestBudget> {
+        let share_bytes = (node_bytes / shards.max(1) as u64).max(1);
+        Rc::new(RequestBudget {
+            semaphore: Rc::new(Semaphore::new(share_bytes)),
+            share_bytes,
+            taken_since_trim_bytes: Cell::new(0),
+            idle: Event::default(),
+        })
+    }
+
+    /// Waits until `frame_bytes` fit in the budget and takes them. A frame larger than
+    /// the whole share takes the whole share, so it is read alone instead of never.
+    pub async fn acquire(self: &Rc<Self>, frame_bytes: usize) -> Option<FramePermit> {
+        let units = (frame_bytes as u64).min(self.share_bytes);
+        assert!(units > 0, "a frame always has a size");
+        let permit = self.semaphore.acquire_static_permit(units).await.ok()?;
+        let taken = self.taken_since_trim_bytes.get().saturating_add(units);
+        self.taken_since_trim_bytes.set(taken);
+        Some(FramePermit {
+            permit: Some(permit),
+            budget: self.clone(),
+        })
+    }
+
+    /// Bytes of the share not taken right now.
+    pub fn available_bytes(&self) -> u64 {
+        self.semaphore.available()
+    }
+
+    fn is_idle(&self) -> bool {
+        let available = self.available_bytes();
+        assert!(available <= self.share_bytes, "more released than taken");
+        available == self.share_bytes
+    }
+
+    /// Runs on its shard until dropped: after a burst of large frames, once the budget has
+    /// been unused for [`TRIM_DELAY`], gives the freed heap pages back to the OS. glibc
+    /// keeps freed frames of up to 32 MiB in its arenas (its mmap threshold rises to the
+    /// largest freed chunk), so without this the RSS of a burst stays after it.
+    pub async fn trim_after_bursts(self: Rc<Self>) {
+        loop {
+            let idle = self.idle.listen();
+            if !(self.is_idle() && self.taken_since_trim_bytes.get() > 0) {
+                idle.await;
+                continue;
+            }
+            glommio::timer::sleep(TRIM_DELAY).await;
+            if !self.is_idle() {
+                continue;
+            }
+            self.taken_since_trim_bytes.set(0);
+            trim_heap();
+        }
+    }
+}
+
+impl Drop for FramePermit {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        if self.budget.is_idle() {
+            self.budget.idle.notify_all();
+        }
+    }
+}
+
+/// Returns free heap memory to the OS (glibc's `malloc_trim`; it also releases free pages
+/// in the middle of every arena, not only at the top).
+fn trim_heap() {
+    let t0 = std::time::Instant::now();
+    // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
+    let released = unsafe { libc::malloc_trim(0) };
+    tracing::debug!(
+        released = released != 0,
+        took_us = t0.elapsed().as_micros() as u64,
+        "heap trimmed after large request frames"
+    );
+}

@@ -1,0 +1,520 @@
+//! Internal topics and the group coordinator's own log, against a real `weir serve`:
+//! clients cannot write, delete records of, create or re-configure `__consumer_offsets`
+//! (committed offsets survive the attempts and a restart); compaction rewrites live state
+//! larger than one batch and keeps the log bounded; a commit too large for one batch is
+//! refused whole; topic names that differ only by `.` and `_` collide, as in Kafka.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Broker, Client};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use wire::api;
+use wire::batch::{BatchBuilder, NewRecord};
+
+const OFFSETS: &str = "__consumer_offsets";
+const TXN_STATE: &str = "__transaction_state";
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+const INVALID_TOPIC_EXCEPTION: i16 = 17;
+const INVALID_COMMIT_OFFSET_SIZE: i16 = 28;
+const TOPIC_ALREADY_EXISTS: i16 = 36;
+const INVALID_CONFIG: i16 = 40;
+const INVALID_REQUEST: i16 = 42;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// CreateTopics of `(name, partitions)`; the error code of each.
+fn create(c: &mut Client, topics: &[(&str, i32)]) -> Vec<i16> {
+    let topics = topics
+        .iter()
+        .map(|(name, partitions)| {
+            CreatableTopic::default()
+                .with_name(TopicName(s(name)))
+                .with_num_partitions(*partitions)
+                .with_replication_factor(1)
+        })
+        .collect();
+    let req = CreateTopicsRequest::default()
+        .with_topics(topics)
+        .with_timeout_ms(5000);
+    let resp: CreateTopicsResponse = c.call(api::CREATE_TOPICS, 7, &req);
+    resp.topics.iter().map(|t| t.error_code).collect()
+}
+
+fn metadata(c: &mut Client, name: &str, allow_create: bool) -> MetadataResponseTopic {
+    let req = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(s(name)))),
+        ]))
+        .with_allow_auto_topic_creation(allow_create);
+    let resp: MetadataResponse = c.call(api::METADATA, 12, &req);
+    resp.topics.into_iter().next().expect("one topic")
+}
+
+/// FindCoordinator, which creates `__consumer_offsets` on first use.
+fn find_coordinator(c: &mut Client, group: &str) {
+    let req = FindCoordinatorRequest::default().with_key(s(group));
+    let resp: FindCoordinatorResponse = c.call(api::FIND_COORDINATOR, 3, &req);
+    assert_eq!(resp.error_code, 0, "FindCoordinator");
+}
+
+/// A simple consumer's commit (no generation) of `(partition, offset, metadata)` to
+/// `topic`; the error code of each partition.
+fn commit(c: &mut Client, group: &str, topic: &str, offsets: &[(i32, i64, &str)]) -> Vec<i16> {
+    let partitions = offsets
+        .iter()
+        .map(|(p, o, m)| {
+            OffsetCommitRequestPartition::default()
+                .with_partition_index(*p)
+                .with_committed_offset(*o)
+                .with_committed_metadata(Some(s(m)))
+        })
+        .collect();
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partitions(partitions),
+        ]);
+    let resp: OffsetCommitResponse = c.call(api::OFFSET_COMMIT, 8, &req);
+    resp.topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect()
+}
+
+/// The committed (offset, metadata) of `partitions` of `topic` in `group`.
+fn fetch_offsets(
+    c: &mut Client,
+    group: &str,
+    topic: &str,
+    partitions: &[i32],
+) -> Vec<(i64, String)> {
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_topics(Some(vec![
+            OffsetFetchRequestTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partition_indexes(partitions.to_vec()),
+        ]));
+    let resp: OffsetFetchResponse = c.call(api::OFFSET_FETCH, 7, &req);
+    assert_eq!(resp.error_code, 0, "OffsetFetch");
+    let t = resp.topics.first().expect("the topic");
+    t.partitions
+        .iter()
+        .map(|p| {
+            assert_eq!(p.error_code, 0);
+            let meta = p
+                .metadata
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            (p.committed_offset, meta)
+        })
+        .collect()
+}
+
+/// Produce (acks=1) of one batch to every partition in `partitions` of `topic`.
+fn produce_to(c: &mut Client, topic: &str, partitions: i32, batch: &bytes::Bytes) -> Vec<i16> {
+    let data = (0..partitions)
+        .map(|p| {
+            PartitionProduceData::default()
+                .with_index(p)
+                .with_records(Some(batch.clone()))
+        })
+        .collect();
+    let req = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(s(topic)))
+                .with_partition_data(data),
+        ]);
+    let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
+    resp.responses
+        .iter()
+        .flat_map(|t| t.partition_responses.iter().map(|p| p.error_code))
+        .collect()
+}
+
+fn delete_records(c: &mut Client, topic: &str, partitions: i32) -> Vec<i16> {
+    let ps = (0..partitions)
+        .map(|p| {
+            DeleteRecordsPartition::default()
+                .with_partition_index(p)
+                .with_offset(-1)
+        })
+        .collect();
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partitions(ps),
+        ]);
+    let resp: DeleteRecordsResponse = c.call(api::DELETE_RECORDS, 2, &req);
+    resp.topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect()
+}
+
+/// The earliest offset (log start) of `topic`/`partition`.
+fn earliest(c: &mut Client, topic: &str, partition: i32) -> i64 {
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(partition)
+                        .with_timestamp(-2),
+                ]),
+        ]);
+    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 6, &req);
+    let p = &resp.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0, "ListOffsets");
+    p.offset
+}
+
+/// AlterConfigs (the whole override set) of a topic; its error code.
+fn alter(c: &mut Client, topic: &str, configs: &[(&str, &str)]) -> i16 {
+    use kafka_protocol::messages::alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let res = AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(s(topic))
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| {
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_value(Some(s(v)))
+                })
+                .collect(),
+        );
+    let req = AlterConfigsRequest::default().with_resources(vec![res]);
+    let resp: AlterConfigsResponse = c.call(api::ALTER_CONFIGS, 2, &req);
+    resp.responses[0].error_code
+}
+
+/// IncrementalAlterConfigs of one key (op 0 SET, 1 DELETE); its error code.
+fn alter_one(c: &mut Client, topic: &str, key: &str, op: i8, value: Option<&str>) -> i16 {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    let res = AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(s(topic))
+        .with_configs(vec![
+            AlterableConfig::default()
+                .with_name(s(key))
+                .with_config_operation(op)
+                .with_value(value.map(s)),
+        ]);
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![res]);
+    let resp: IncrementalAlterConfigsResponse = c.call(api::INCREMENTAL_ALTER_CONFIGS, 1, &req);
+    resp.responses[0].error_code
+}
+
+/// The value of `key` as DescribeConfigs reports it for `topic`.
+fn config_value(c: &mut Client, topic: &str, key: &str) -> String {
+    let res = DescribeConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(s(topic));
+    let req = DescribeConfigsRequest::default().with_resources(vec![res]);
+    let resp: DescribeConfigsResponse = c.call(api::DESCRIBE_CONFIGS, 4, &req);
+    let entry = resp.results[0]
+        .configs
+        .iter()
+        .find(|e| e.name.as_str() == key);
+    let value = entry.and_then(|e| e.value.as_ref()).expect("described");
+    value.to_string()
+}
+
+/// A client's attempts to write, truncate, pre-create and re-configure internal topics
+/// are refused with Kafka's codes; the committed offsets survive them and a restart.
+#[test]
+fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
+    let mut broker = Broker::start(2, &[("offsets.topic.num.partitions", "4")]);
+    let mut c = broker.client();
+    assert_eq!(
+        create(&mut c, &[(OFFSETS, 4), (TXN_STATE, 1)]),
+        vec![INVALID_REQUEST, INVALID_REQUEST],
+        "only the broker creates internal topics"
+    );
+    let txn = metadata(&mut c, TXN_STATE, true);
+    assert_eq!(
+        txn.error_code, UNKNOWN_TOPIC_OR_PARTITION,
+        "not auto-created"
+    );
+    let offsets = metadata(&mut c, OFFSETS, false);
+    assert_eq!(
+        offsets.error_code, UNKNOWN_TOPIC_OR_PARTITION,
+        "nothing created yet"
+    );
+
+    assert_eq!(create(&mut c, &[("data", 2)]), vec![0]);
+    find_coordinator(&mut c, "g");
+    assert_eq!(
+        commit(&mut c, "g", "data", &[(0, 5, "a"), (1, 7, "b")]),
+        vec![0, 0]
+    );
+    assert_eq!(create(&mut c, &[(OFFSETS, 4)]), vec![TOPIC_ALREADY_EXISTS]);
+    let md = metadata(&mut c, OFFSETS, true);
+    assert!(md.is_internal, "reported internal");
+    assert_eq!(md.partitions.len(), 4);
+
+    // A forged commit record for g/data/0 at offset 999, to every partition.
+    let forged = weir::group::schema::OffsetValue {
+        offset: 999,
+        leader_epoch: -1,
+        metadata: "forged".into(),
+        commit_timestamp_ms: 1,
+    };
+    let batch = BatchBuilder {
+        records: vec![NewRecord {
+            timestamp_ms: 1,
+            key: Some(weir::group::schema::offset_key("g", "data", 0)),
+            value: Some(weir::group::schema::offset_value(&forged)),
+            headers: Vec::new(),
+        }],
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("batch");
+    assert_eq!(
+        produce_to(&mut c, OFFSETS, 4, &batch),
+        vec![INVALID_TOPIC_EXCEPTION; 4]
+    );
+    assert_eq!(
+        produce_to(&mut c, TXN_STATE, 1, &batch),
+        vec![INVALID_TOPIC_EXCEPTION]
+    );
+    assert_eq!(
+        delete_records(&mut c, OFFSETS, 4),
+        vec![INVALID_TOPIC_EXCEPTION; 4]
+    );
+    assert_eq!(earliest(&mut c, OFFSETS, 0), 0, "nothing deleted");
+
+    assert_eq!(
+        alter(&mut c, OFFSETS, &[("retention.ms", "1")]),
+        INVALID_CONFIG
+    );
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "retention.ms", 0, Some("1")),
+        INVALID_CONFIG
+    );
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "retention.bytes", 0, Some("10")),
+        INVALID_CONFIG
+    );
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "retention.ms", 1, None),
+        INVALID_CONFIG,
+        "DELETE"
+    );
+    let policy = alter_one(&mut c, OFFSETS, "cleanup.policy", 0, Some("delete"));
+    assert_eq!(policy, INVALID_CONFIG);
+    let allowed = alter_one(&mut c, OFFSETS, "segment.bytes", 0, Some("2097152"));
+    assert_eq!(allowed, 0, "changes that keep offsets are allowed");
+    assert_eq!(config_value(&mut c, OFFSETS, "retention.ms"), "-1");
+    assert_eq!(config_value(&mut c, OFFSETS, "cleanup.policy"), "compact");
+    assert_eq!(config_value(&mut c, OFFSETS, "segment.bytes"), "2097152");
+
+    drop(c);
+    broker.restart();
+    let mut c = broker.client();
+    let got = fetch_offsets(&mut c, "g", "data", &[0, 1]);
+    assert_eq!(
+        got,
+        vec![(5, "a".to_string()), (7, "b".to_string())],
+        "intact"
+    );
+    assert_eq!(config_value(&mut c, OFFSETS, "retention.ms"), "-1");
+}
+
+/// A commit whose records do not fit one batch (`max.message.bytes`) is refused whole
+/// with INVALID_COMMIT_OFFSET_SIZE: none of it is visible, before or after a restart.
+/// (The old code wrote it in 500-record batches: the first was kept after the second was
+/// refused, and loaded after a restart.)
+#[test]
+fn a_commit_too_large_for_one_batch_is_refused_whole() {
+    let sets = [
+        ("offsets.topic.num.partitions", "1"),
+        ("message.max.bytes", "65536"),
+    ];
+    let mut broker = Broker::start(1, &sets);
+    let mut c = broker.client();
+    const COUNT: i32 = 520;
+    assert_eq!(create(&mut c, &[("big", COUNT)]), vec![0]);
+    find_coordinator(&mut c, "g");
+    let long = "m".repeat(4000);
+    // 500 small records, then 20 x 4 KB: ~100 KB in all, over the 64 KiB batch limit.
+    let offsets: Vec<(i32, i64, &str)> = (0..COUNT)
+        .map(|p| {
+            (
+                p,
+                10 + i64::from(p),
+                if p < 500 { "" } else { long.as_str() },
+            )
+        })
+        .collect();
+    let codes = commit(&mut c, "g", "big", &offsets);
+    assert_eq!(codes, vec![INVALID_COMMIT_OFFSET_SIZE; COUNT as usize]);
+    let all: Vec<i32> = (0..COUNT).collect();
+    let none = |got: &[(i64, String)]| got.iter().all(|(o, _)| *o == -1);
+    assert!(
+        none(&fetch_offsets(&mut c, "g", "big", &all)),
+        "nothing applied"
+    );
+    // A commit that fits is still accepted.
+    assert_eq!(commit(&mut c, "g", "big", &[(0, 3, "ok")]), vec![0]);
+    drop(c);
+    broker.restart();
+    let mut c = broker.client();
+    let got = fetch_offsets(&mut c, "g", "big", &all);
+    assert_eq!(got[0], (3, "ok".to_string()));
+    assert!(none(&got[1..]), "nothing of the refused commit was stored");
+}
+
+/// Total bytes of the `.log` files of a partition directory.
+fn log_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("partition dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum()
+}
+
+/// Groups, partitions per group and metadata bytes per offset of the compaction test:
+/// 30 x 50 offsets of ~1.1 KB each are ~1.6 MB of live state in one partition.
+const GROUPS: usize = 30;
+const PARTITIONS: i32 = 50;
+const METADATA_BYTES: usize = 1000;
+const ROUNDS: i64 = 10;
+
+fn meta_for(group: usize, partition: i32, round: i64) -> String {
+    let head = format!("{group}/{partition}/{round}:");
+    format!("{head}{}", "x".repeat(METADATA_BYTES - head.len()))
+}
+
+/// More than 1 MiB of live committed state in one `__consumer_offsets` partition is
+/// compacted (the old code wrote it as one batch, refused above 1 MiB, and the log grew
+/// without bound); the log stays bounded and every offset survives a restart.
+#[test]
+fn compaction_rewrites_live_state_above_one_batch_and_bounds_the_log() {
+    let sets = [
+        ("offsets.topic.num.partitions", "1"),
+        ("offsets.topic.segment.bytes", "1048576"),
+        ("offsets.compaction.min.records", "1000"),
+        ("log.cleaner.backoff.ms", "100"),
+    ];
+    let mut broker = Broker::start(1, &sets);
+    let mut c = broker.client();
+    assert_eq!(create(&mut c, &[("data", PARTITIONS)]), vec![0]);
+    find_coordinator(&mut c, "g0");
+    // The metadata last committed, per group and partition.
+    let mut last: Vec<Vec<String>> = vec![Vec::new(); GROUPS];
+    for round in 0..ROUNDS {
+        for (g, last) in last.iter_mut().enumerate() {
+            *last = (0..PARTITIONS).map(|p| meta_for(g, p, round)).collect();
+            let offsets: Vec<(i32, i64, &str)> = (0..PARTITIONS)
+                .map(|p| (p, round * 1000 + i64::from(p), last[p as usize].as_str()))
+                .collect();
+            let codes = commit(&mut c, &format!("g{g}"), "data", &offsets);
+            assert!(
+                codes.iter().all(|c| *c == 0),
+                "round {round} group {g}: {codes:?}"
+            );
+        }
+    }
+    let written_bytes = (ROUNDS as u64) * (GROUPS as u64) * (PARTITIONS as u64) * 1000;
+    // Compaction runs every 100 ms; allow a loaded machine a minute.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let dir = broker.data_dir.path().join(format!("{OFFSETS}-0"));
+    let live_bytes = (GROUPS as u64) * (PARTITIONS as u64) * (METADATA_BYTES as u64 + 100);
+    // Bound: the snapshot, as much again before the next compaction is due, what lands
+    // between two checks, and the dead head of the segment the snapshot starts in.
+    let bound = 4 * live_bytes + (1 << 20);
+    loop {
+        let start = earliest(&mut c, OFFSETS, 0);
+        let size = log_bytes(&dir);
+        if start > 0 && size <= bound {
+            println!(
+                "MEASURE compaction: log start {start}, {size} log bytes after ~{written_bytes} \
+                 bytes of commits (bound {bound})"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not compacted: log start {start}, {size} log bytes (bound {bound}, written \
+             {written_bytes}); compaction failed: {}",
+            broker.log_contains("compaction failed")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!broker.log_contains("compaction failed"));
+    drop(c);
+    broker.restart();
+    let mut c = broker.client();
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    for (g, metas) in last.iter().enumerate() {
+        let got = fetch_offsets(&mut c, &format!("g{g}"), "data", &all);
+        for (p, (offset, meta)) in got.iter().enumerate() {
+            assert_eq!(*offset, (ROUNDS - 1) * 1000 + p as i64, "g{g}/{p}");
+            assert_eq!(meta, &metas[p], "g{g}/{p} metadata");
+        }
+    }
+}
+
+/// Kafka refuses a topic whose name differs from an existing one only by `.` and `_`
+/// (INVALID_TOPIC_EXCEPTION), also inside one request and on auto-creation.
+#[test]
+fn topic_names_differing_only_by_dot_and_underscore_collide() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    assert_eq!(create(&mut c, &[("t.1", 1)]), vec![0]);
+    assert_eq!(create(&mut c, &[("t_1", 1)]), vec![INVALID_TOPIC_EXCEPTION]);
+    assert_eq!(create(&mut c, &[("t.1", 1)]), vec![TOPIC_ALREADY_EXISTS]);
+    assert_eq!(
+        create(&mut c, &[("a.b_c", 1), ("a_b.c", 1), ("a-b-c", 1)]),
+        vec![0, INVALID_TOPIC_EXCEPTION, 0],
+        "the second of a colliding pair in one request; '-' does not collide"
+    );
+    let auto = metadata(&mut c, "t_1", true);
+    assert_eq!(
+        auto.error_code, INVALID_TOPIC_EXCEPTION,
+        "auto-create collides too"
+    );
+    assert_eq!(metadata(&mut c, "t.1", true).error_code, 0);
+    let fresh = metadata(&mut c, "fresh_1", true);
+    assert_eq!(fresh.error_code, 0, "auto-create of a free name works");
+    assert_eq!(
+        metadata(&mut c, "fresh.1", true).error_code,
+        INVALID_TOPIC_EXCEPTION
+    );
+}
