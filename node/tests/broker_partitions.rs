@@ -435,7 +435,7 @@ fn measure_100000_partitions_create_fill_restart() {
     }
     let filled = t0.elapsed();
     let (samples, p99, max) = canary.finish();
-    let pid = broker.pid().expect("pid");
+    let pid = broker.pid();
     let (hwm, rss) = memory_mib(pid);
     println!(
         "one record into each: {filled:?}; canary p99 {p99:?} max {max:?} ({samples} samples); VmHWM {hwm} MiB, VmRSS {rss} MiB"
@@ -449,7 +449,7 @@ fn measure_100000_partitions_create_fill_restart() {
     let t1 = Instant::now();
     assert_eq!(latest_offsets(&mut c, "wide", 0..1000), vec![(0, 1); 1000]);
     let first_reads = t1.elapsed();
-    let (hwm, rss) = memory_mib(broker.pid().expect("pid"));
+    let (hwm, rss) = memory_mib(broker.pid());
     println!(
         "restart to ready: {ready:?}; ListOffsets of 1,000 partitions after: {first_reads:?}; VmHWM {hwm} MiB, VmRSS {rss} MiB"
     );

@@ -140,11 +140,6 @@ impl Broker {
         b
     }
 
-    /// The process id of the running broker.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
