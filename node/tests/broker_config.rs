@@ -187,6 +187,70 @@ fn background_retention_deletes_old_segments() {
     assert!(broker.log_contains("retention deleted"));
 }
 
+/// Logs open on first use, so after a restart an untouched partition has no open log:
+/// retention must still reach it (its old segments would otherwise stay forever).
+#[test]
+fn retention_reaches_partitions_not_opened_since_the_restart() {
+    // No retention check during the first life: the old segments are still there at the
+    // restart, and nothing opens the partition after it.
+    let mut broker = Broker::start(2, &[("log.retention.check.interval.ms", "3600000")]);
+    let mut c = broker.client();
+    let cfg = |k: &str, v: &str| {
+        CreatableTopicConfig::default()
+            .with_name(s(k))
+            .with_value(Some(s(v)))
+    };
+    let t = CreatableTopic::default()
+        .with_name(TopicName(s("idle-old")))
+        .with_num_partitions(1)
+        .with_replication_factor(1)
+        .with_configs(vec![
+            cfg("segment.bytes", "1024"),
+            cfg("retention.ms", "60000"),
+        ]);
+    let _: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![t]),
+    );
+    let value = vec![1u8; 400];
+    for _ in 0..10 {
+        // Timestamps from 1970: far older than retention.ms.
+        let p = PartitionProduceData::default()
+            .with_index(0)
+            .with_records(Some(batch(&[&value], 1_000)));
+        let req = ProduceRequest::default()
+            .with_acks(1)
+            .with_timeout_ms(1000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(s("idle-old")))
+                    .with_partition_data(vec![p]),
+            ]);
+        let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
+        assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
+    }
+    drop(c);
+    let dir = broker.data_dir.path().join("idle-old-0");
+    let segments = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .expect("partition dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .count()
+    };
+    let before = segments(&dir);
+    assert!(before > 1, "the produce rolled segments ({before})");
+    broker.restart_with(&[("log.retention.check.interval.ms", "100")]);
+    assert!(
+        broker.wait_log("retention deleted", Duration::from_secs(30)),
+        "retention ran on the partition nobody opened since the restart"
+    );
+    let after = segments(&dir);
+    assert!(after < before, "segments {before} -> {after}");
+    assert!(after >= 1, "the active segment is never deleted");
+}
+
 #[test]
 fn a_second_broker_on_the_same_data_dir_is_refused() {
     let broker = Broker::start(1, &[]);

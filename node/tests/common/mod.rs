@@ -174,6 +174,16 @@ impl Broker {
         self.spawn();
     }
 
+    /// SIGTERM, then start again on the same data dir with more `--set` pairs (a later
+    /// `--set` of a key wins over an earlier one).
+    pub fn restart_with(&mut self, sets: &[(&str, &str)]) {
+        for (k, v) in sets {
+            self.args.push("--set".into());
+            self.args.push(format!("{k}={v}"));
+        }
+        self.restart();
+    }
+
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log
             .lock()
