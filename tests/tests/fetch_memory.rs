@@ -305,3 +305,49 @@ fn settled_rss_kib(weir: &Weir, target_kib: u64) -> Result<u64> {
         thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// How long the other consumer keeps fetching while one client has pipelined 16 cold
+/// fetches it never reads (16 MiB each: four times the test's budget). Long enough for the stalled fetches to fill the budget on a loaded
+/// machine (they did within about a second before the turns), bounded in attempts too.
+const STARVE_PROBE: Duration = Duration::from_secs(8);
+const STARVE_ATTEMPTS_MAX: usize = 400;
+
+/// One client that pipelines Fetches and never reads the answers holds one response's
+/// budget at a time (a connection's Fetches take turns), so another consumer on the same
+/// shard keeps getting records. Before the turns, the stalled client's fetches held the
+/// whole budget and the other consumer's fetches were answered empty after max_wait.
+#[test]
+fn a_client_that_does_not_read_its_fetches_cannot_starve_another_consumer() -> Result<()> {
+    // 64 MiB of budget: four 16 MiB responses of the stalled client fill it (but for
+    // scraps smaller than the consumer's 8 MiB), one leaves room.
+    let config = WeirConfig::shards(1).set("fetch.response.buffer.max.bytes", 64 << 20);
+    let weir = cold_node(config)?;
+    let mut stalled = RawConn::connect_timeout(weir.addr(), IO_TIMEOUT)?;
+    let greedy = fetch_request(COLD_TOPIC, &[0], 16 << 20);
+    for _ in 0..FETCHES_PER_CONNECTION {
+        stalled.send(ApiKey::Fetch, 4, &greedy)?;
+    }
+    let mut consumer = RawConn::connect_timeout(weir.addr(), IO_TIMEOUT)?;
+    let modest = fetch_request(COLD_TOPIC, &[0], 8 << 20);
+    let (mut attempts, mut empty) = (0, 0);
+    let started = Instant::now();
+    while started.elapsed() < STARVE_PROBE && attempts < STARVE_ATTEMPTS_MAX {
+        let (_, bytes, _) = answered(&consumer.call(ApiKey::Fetch, 4, &modest)?)?;
+        attempts += 1;
+        if bytes == 0 {
+            empty += 1;
+        }
+    }
+    eprintln!("MEASURE starve attempts={attempts} answered_empty={empty}");
+    ensure!(
+        empty == 0,
+        "{empty} of {attempts} fetches answered without records while another client stalled"
+    );
+    // The stalled client's responses are still whole and in order once it reads.
+    for correlation_id in 1..=2 {
+        let resp: FetchResponse = stalled.recv(ApiKey::Fetch, 4, correlation_id)?;
+        let (_, bytes, base) = answered(&resp)?;
+        ensure!(base == Some(0) && bytes >= 8 << 20, "{bytes} bytes");
+    }
+    Ok(())
+}

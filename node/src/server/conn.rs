@@ -317,7 +317,46 @@ impl FrameReader {
 }
 
 /// A response slot in request order: `None` when the request has no response (acks=0).
-type Pending = JoinHandle<Option<Vec<Bytes>>>;
+struct Pending {
+    response: JoinHandle<Option<Vec<Bytes>>>,
+    /// A Fetch's turn, passed on when this slot is dropped: after its response was
+    /// written, or when the connection closes with it unwritten.
+    _turn: Option<TurnDone>,
+}
+
+/// The Fetches of one connection take turns: each starts reading only once the previous
+/// one's response has left for the socket. Other requests still pipeline. A client that
+/// pipelines Fetches and does not read the responses then holds at most one response's
+/// bytes (at most `fetch.max.bytes`) of its shard's fetch response budget instead of one
+/// per request in flight, so it cannot starve the other connections' fetches. Kafka goes
+/// further and serves one request of a connection at a time.
+#[derive(Default)]
+struct FetchTurn {
+    done: Cell<bool>,
+    passed: Event,
+}
+
+impl FetchTurn {
+    async fn wait(&self) {
+        while !self.done.get() {
+            let passed = self.passed.listen();
+            if self.done.get() {
+                break;
+            }
+            passed.await;
+        }
+    }
+}
+
+/// Passes a [`FetchTurn`] on when dropped.
+struct TurnDone(Rc<FetchTurn>);
+
+impl Drop for TurnDone {
+    fn drop(&mut self) {
+        self.0.done.set(true);
+        self.0.passed.notify_all();
+    }
+}
 
 /// Bytes the socket holds for us right now (0 if unknown).
 fn readable_bytes(half: &Half) -> usize {
@@ -353,6 +392,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
         permit: None,
         deadline: None,
     };
+    let mut last_fetch: Option<Rc<FetchTurn>> = None;
     // Checked before each listen: an event fired before we listen is not heard.
     while !shard.shutting_down.get() {
         let stop = futures_lite::future::or(shard.shutdown.listen(), closing.listen());
@@ -386,7 +426,16 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
         let s = shard.clone();
         let active = activity.clone();
         active.begin();
+        let (previous_fetch, turn) = if req.api_key == wire::api::FETCH {
+            let mine = Rc::new(FetchTurn::default());
+            (last_fetch.replace(mine.clone()), Some(TurnDone(mine)))
+        } else {
+            (None, None)
+        };
         let task = glommio::spawn_local(async move {
+            if let Some(previous) = previous_fetch {
+                previous.wait().await;
+            }
             let response = api::handle(&s, req, peer).await;
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
@@ -395,7 +444,11 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
             response
         })
         .detach();
-        if tx.send(task).await.is_err() {
+        let pending = Pending {
+            response: task,
+            _turn: turn,
+        };
+        if tx.send(pending).await.is_err() {
             break;
         }
     }
@@ -418,8 +471,10 @@ async fn write_responses(
 }
 
 async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pending>) {
-    while let Some(pending) = rx.recv().await {
-        let Some(response) = pending.await else { break };
+    while let Some(mut pending) = rx.recv().await {
+        let Some(response) = (&mut pending.response).await else {
+            break;
+        };
         let Some(chunks) = response else { continue };
         if chunks.is_empty() || write_chunks(half, &chunks).await.is_err() {
             break;
