@@ -123,17 +123,16 @@ fn wait_ready_port(child: &mut std::process::Child) -> u16 {
     panic!("no ready line");
 }
 
-#[test]
-fn background_retention_deletes_old_segments() {
-    let broker = Broker::start(2, &[("log.retention.check.interval.ms", "100")]);
-    let mut c = broker.client();
+/// Creates `topic` (one partition, 1 KiB segments, `retention.ms` 60 s) and appends ten
+/// 400-byte records stamped in 1970, far older than its retention: ten sealed segments.
+fn create_with_expired_segments(c: &mut common::Client, topic: &str) {
     let cfg = |k: &str, v: &str| {
         CreatableTopicConfig::default()
             .with_name(s(k))
             .with_value(Some(s(v)))
     };
     let t = CreatableTopic::default()
-        .with_name(TopicName(s("old")))
+        .with_name(TopicName(s(topic)))
         .with_num_partitions(1)
         .with_replication_factor(1)
         .with_configs(vec![
@@ -147,7 +146,6 @@ fn background_retention_deletes_old_segments() {
     );
     let value = vec![1u8; 400];
     for _ in 0..10 {
-        // Timestamps from 1970: far older than retention.ms.
         let p = PartitionProduceData::default()
             .with_index(0)
             .with_records(Some(batch(&[&value], 1_000)));
@@ -156,12 +154,19 @@ fn background_retention_deletes_old_segments() {
             .with_timeout_ms(1000)
             .with_topic_data(vec![
                 TopicProduceData::default()
-                    .with_name(TopicName(s("old")))
+                    .with_name(TopicName(s(topic)))
                     .with_partition_data(vec![p]),
             ]);
         let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
         assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
     }
+}
+
+#[test]
+fn background_retention_deletes_old_segments() {
+    let broker = Broker::start(2, &[("log.retention.check.interval.ms", "100")]);
+    let mut c = broker.client();
+    create_with_expired_segments(&mut c, "old");
     let earliest = |c: &mut common::Client| {
         let p = ListOffsetsPartition::default()
             .with_partition_index(0)
@@ -195,41 +200,7 @@ fn retention_reaches_partitions_not_opened_since_the_restart() {
     // restart, and nothing opens the partition after it.
     let mut broker = Broker::start(2, &[("log.retention.check.interval.ms", "3600000")]);
     let mut c = broker.client();
-    let cfg = |k: &str, v: &str| {
-        CreatableTopicConfig::default()
-            .with_name(s(k))
-            .with_value(Some(s(v)))
-    };
-    let t = CreatableTopic::default()
-        .with_name(TopicName(s("idle-old")))
-        .with_num_partitions(1)
-        .with_replication_factor(1)
-        .with_configs(vec![
-            cfg("segment.bytes", "1024"),
-            cfg("retention.ms", "60000"),
-        ]);
-    let _: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![t]),
-    );
-    let value = vec![1u8; 400];
-    for _ in 0..10 {
-        // Timestamps from 1970: far older than retention.ms.
-        let p = PartitionProduceData::default()
-            .with_index(0)
-            .with_records(Some(batch(&[&value], 1_000)));
-        let req = ProduceRequest::default()
-            .with_acks(1)
-            .with_timeout_ms(1000)
-            .with_topic_data(vec![
-                TopicProduceData::default()
-                    .with_name(TopicName(s("idle-old")))
-                    .with_partition_data(vec![p]),
-            ]);
-        let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
-        assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
-    }
+    create_with_expired_segments(&mut c, "idle-old");
     drop(c);
     let dir = broker.data_dir.path().join("idle-old-0");
     let segments = |dir: &std::path::Path| {

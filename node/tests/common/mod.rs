@@ -42,6 +42,10 @@ pub fn test_root() -> PathBuf {
 impl Broker {
     /// Starts a broker with `--shards shards` and `--set` pairs.
     pub fn start(shards: usize, sets: &[(&str, &str)]) -> Broker {
+        Broker::start_limited(None, shards, sets)
+    }
+
+    fn start_limited(nofile: Option<u64>, shards: usize, sets: &[(&str, &str)]) -> Broker {
         let data_dir = tempfile::tempdir_in(test_root()).expect("tempdir");
         let mut args = vec!["--shards".to_string(), shards.to_string()];
         for (k, v) in sets {
@@ -54,7 +58,7 @@ impl Broker {
             child: None,
             log: Arc::default(),
             args,
-            nofile: None,
+            nofile,
         };
         b.spawn();
         b
@@ -122,22 +126,7 @@ impl Broker {
     /// Starts a broker whose RLIMIT_NOFILE (soft and hard, so it cannot raise it) is
     /// `nofile`; restarts keep it.
     pub fn start_with_nofile(nofile: u64, shards: usize, sets: &[(&str, &str)]) -> Broker {
-        let data_dir = tempfile::tempdir_in(test_root()).expect("tempdir");
-        let mut args = vec!["--shards".to_string(), shards.to_string()];
-        for (k, v) in sets {
-            args.push("--set".into());
-            args.push(format!("{k}={v}"));
-        }
-        let mut b = Broker {
-            data_dir,
-            port: 0,
-            child: None,
-            log: Arc::default(),
-            args,
-            nofile: Some(nofile),
-        };
-        b.spawn();
-        b
+        Broker::start_limited(Some(nofile), shards, sets)
     }
 
     pub fn addr(&self) -> String {
