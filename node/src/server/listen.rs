@@ -62,8 +62,13 @@ fn probe_exclusive(addr: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One shard's listen socket. SO_REUSEADDR as well as SO_REUSEPORT: the connections it
+/// accepts inherit the flag, and after a crash their TIME_WAIT remnants then do not block
+/// the next start's probe (without it, a restart right after SIGKILL failed with "address
+/// in use" for as long as a client connection of the dead process lingered in TIME_WAIT).
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<Socket> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
     sock.bind(&SockAddr::from(addr))?;
     sock.listen(LISTEN_BACKLOG)?;
