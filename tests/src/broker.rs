@@ -69,18 +69,7 @@ impl Weir {
     pub fn start(config: WeirConfig) -> Result<Weir> {
         let root = target_dir().join("e2e-data");
         std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
-        let data_dir = tempfile::Builder::new()
-            .prefix("weir-")
-            .tempdir_in(&root)
-            .context("create data dir")?;
-        let mut weir = Weir {
-            config,
-            data_dir,
-            running: None,
-            past_log: Vec::new(),
-        };
-        weir.spawn()?;
-        Ok(weir)
+        Weir::start_in(config, &root)
     }
 
     /// Starts a broker whose data dir is a fresh directory inside `parent` (a test's own
