@@ -24,3 +24,6 @@ pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const POLICY_VIOLATION: i16 = 44;
+pub const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
+pub const FENCED_LEADER_EPOCH: i16 = 74;
+pub const UNKNOWN_LEADER_EPOCH: i16 = 75;

@@ -442,3 +442,54 @@ fn large_multi_partition_produce_is_stored_exactly() {
         );
     }
 }
+
+/// KIP-320 on the real broker: a Fetch or ListOffsets naming the partition's current
+/// leader epoch (0 on a single node) is served, one naming a newer epoch is answered
+/// UNKNOWN_LEADER_EPOCH, and -1 (a client that does not say) is served — on whichever
+/// shard owns the partition.
+#[test]
+fn leader_epochs_in_fetch_and_list_offsets_are_checked_by_the_owner() {
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    create(&mut c, "epochs", 2, &[]);
+    for partition in 0..2 {
+        assert_eq!(
+            produce(&mut c, "epochs", partition, 1, batch(&[b"e"], 1)).0,
+            0
+        );
+        for (epoch, want) in [(0, 0), (-1, 0), (5, 75)] {
+            let mut req = fetch_req("epochs", partition, 0, 0, 1);
+            req.topics[0].partitions[0].current_leader_epoch = epoch;
+            let resp: FetchResponse = c.call(api::FETCH, FETCH_V, &req);
+            let p = &resp.responses[0].partitions[0];
+            assert_eq!(
+                p.error_code, want,
+                "fetch, partition {partition}, epoch {epoch}"
+            );
+            let got = record_values(&p.records.clone().unwrap_or_default());
+            assert_eq!(
+                got.len(),
+                usize::from(want == 0),
+                "records only when served"
+            );
+
+            let lp = ListOffsetsPartition::default()
+                .with_partition_index(partition)
+                .with_timestamp(-1)
+                .with_current_leader_epoch(epoch);
+            let req = ListOffsetsRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    ListOffsetsTopic::default()
+                        .with_name(TopicName(s("epochs")))
+                        .with_partitions(vec![lp]),
+                ]);
+            let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, LIST_OFFSETS_V, &req);
+            let lo = &resp.topics[0].partitions[0];
+            assert_eq!(lo.error_code, want, "list offsets, epoch {epoch}");
+            if want == 0 {
+                assert_eq!((lo.offset, lo.leader_epoch), (1, 0));
+            }
+        }
+    }
+}

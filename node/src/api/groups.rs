@@ -43,12 +43,12 @@ use super::{Response, run, str_bytes, topic_name};
 use crate::group::state::{JoinArgs, JoinResult, SyncArgs, SyncResult};
 use crate::group::{
     CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
-    Settings, codes, partition_for,
+    OffsetCommit, Settings, codes, partition_for,
 };
 use crate::metadata::{self, MetaError, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
-use crate::shard::{Op, Reply, Shard};
+use crate::shard::Shard;
 
 /// Whether `key` is a group API this module answers.
 pub fn is_group_api(key: ApiKey) -> bool {
@@ -123,7 +123,7 @@ pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
         return Ok(t.partitions);
     }
-    let s = Settings::from_shard(shard);
+    let s = Settings::from_config(shard.config());
     let meta = TopicMeta {
         name: OFFSETS_TOPIC.to_string(),
         id: metadata::new_topic_id(),
@@ -180,11 +180,15 @@ async fn call_group_waiting(shard: &Rc<Shard>, group: &str, op: GroupOp) -> Grou
 /// any rebalance timeout a client sends).
 const PARKED_ROUNDS_MAX: u32 = 3600;
 
+/// Longest one coordinator call may take: a parked JoinGroup/SyncGroup answers within a
+/// slice (`group::park`), everything else at once; this bounds a stuck coordinator.
+const GROUP_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn call_shard(shard: &Rc<Shard>, target: ShardId, call: GroupCall) -> GroupReply {
-    match shard.call(target, Op::Group(Box::new(call))).await {
-        Reply::Group(reply) => *reply,
-        Reply::Refused(code) => GroupReply::Code(code),
-        _ => GroupReply::Code(codes::UNKNOWN_SERVER_ERROR),
+    let deadline = std::time::Instant::now() + GROUP_CALL_TIMEOUT;
+    match shard.call(target, call, deadline).await {
+        Ok(reply) => reply,
+        Err(e) => GroupReply::Code(e.code()),
     }
 }
 
@@ -459,13 +463,13 @@ async fn offset_commit(shard: &Rc<Shard>, req: OffsetCommitRequest) -> OffsetCom
             }
             decided.push((name.clone(), p.partition_index, None));
             let metadata = opt_string(&p.committed_metadata);
-            let entry = (
-                name.clone(),
-                p.partition_index,
-                p.committed_offset,
-                p.committed_leader_epoch,
+            let entry = OffsetCommit {
+                topic: name.clone(),
+                partition: p.partition_index,
+                offset: wire::Offset(p.committed_offset),
+                leader_epoch: wire::LeaderEpoch(p.committed_leader_epoch),
                 metadata,
-            );
+            };
             args.offsets.push(entry);
         }
     }
@@ -566,8 +570,8 @@ async fn offset_fetch(
             .map(|o| {
                 let mut p = OffsetFetchResponsePartition::default();
                 p.partition_index = o.partition;
-                p.committed_offset = o.offset;
-                p.committed_leader_epoch = o.leader_epoch;
+                p.committed_offset = o.offset.get();
+                p.committed_leader_epoch = o.leader_epoch.get();
                 p.metadata = opt_str_bytes(&o.metadata);
                 p.error_code = if version < 2 && code != codes::NONE {
                     code
@@ -598,8 +602,8 @@ fn fetch_group_v8(
             .map(|o| {
                 let mut p = OffsetFetchResponsePartitions::default();
                 p.partition_index = o.partition;
-                p.committed_offset = o.offset;
-                p.committed_leader_epoch = o.leader_epoch;
+                p.committed_offset = o.offset.get();
+                p.committed_leader_epoch = o.leader_epoch.get();
                 p.metadata = opt_str_bytes(&o.metadata);
                 p.error_code = o.error;
                 p

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::{admin, str_bytes, topic_name};
 use crate::errors;
 use crate::metadata::TopicMeta;
-use crate::partition::LEADER_EPOCH;
+use crate::partition::replica::SOLE_LEADER_EPOCH;
 use crate::shard::Shard;
 
 /// Metadata: all topics when none are named; named ones are created when
@@ -137,7 +137,7 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
             MetadataResponsePartition::default()
                 .with_partition_index(p)
                 .with_leader_id(node)
-                .with_leader_epoch(LEADER_EPOCH.get())
+                .with_leader_epoch(SOLE_LEADER_EPOCH.get())
                 .with_replica_nodes(vec![node])
                 .with_isr_nodes(vec![node])
         })

@@ -15,10 +15,19 @@ use kafka_protocol::messages::{
     DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse,
 };
 
+use std::time::{Duration, Instant};
+
+use wire::{LeaderEpoch, Offset};
+
 use super::topic_name;
 use crate::errors;
-use crate::partition::LEADER_EPOCH;
-use crate::shard::{Op, Reply, Shard};
+use crate::partition::ListedOffset;
+use crate::shard::{DeleteRecordsCall, ListOffsetCall, Shard};
+
+/// Longest a ListOffsets partition may take on its owner.
+const LIST_OFFSETS_TIMEOUT: Duration = Duration::from_secs(30);
+/// DeleteRecords' own `timeout_ms` is used when positive, else this.
+const DELETE_RECORDS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 /// ListOffsets.
 /// `leader_epoch` exists from v4; encoding it earlier is an error.
@@ -35,40 +44,37 @@ pub async fn list_offsets(
             .iter()
             .map(|p| {
                 let tp = (name.clone(), p.partition_index);
-                let op = Op::ListOffset {
+                let call = ListOffsetCall {
                     tp: tp.clone(),
                     timestamp: p.timestamp,
+                    current_epoch: LeaderEpoch(p.current_leader_epoch),
                 };
                 let s = shard.clone();
+                let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;
                 (
                     p.partition_index,
-                    glommio::spawn_local(async move { s.call_owner(&tp, op).await }),
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await }),
                 )
             })
             .collect();
         let mut partitions = Vec::new();
         for (index, task) in tasks {
-            let (error, timestamp, offset) = match task.await {
-                Reply::ListOffset {
-                    error,
-                    timestamp,
-                    offset,
-                } => (error, timestamp, offset),
-                Reply::Refused(code) => (code, -1, -1),
-                _ => (errors::UNKNOWN_SERVER_ERROR, -1, -1),
-            };
-            let epoch = if version >= 4 && error == errors::NONE && offset >= 0 {
-                LEADER_EPOCH.get()
+            let listed = task
+                .await
+                .unwrap_or_else(|e| ListedOffset::failed(e.code()));
+            let epoch = if version >= 4 && listed.error == errors::NONE && listed.offset.get() >= 0
+            {
+                listed.leader_epoch
             } else {
-                -1
+                LeaderEpoch::NONE
             };
             partitions.push(
                 ListOffsetsPartitionResponse::default()
                     .with_partition_index(index)
-                    .with_error_code(error)
-                    .with_timestamp(timestamp)
-                    .with_offset(offset)
-                    .with_leader_epoch(epoch),
+                    .with_error_code(listed.error)
+                    .with_timestamp(listed.timestamp)
+                    .with_offset(listed.offset.get())
+                    .with_leader_epoch(epoch.get()),
             );
         }
         topics.push(
@@ -82,29 +88,33 @@ pub async fn list_offsets(
 
 /// DeleteRecords: moves each partition's log start offset up.
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let timeout = match u64::try_from(req.timeout_ms) {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => DELETE_RECORDS_TIMEOUT_DEFAULT,
+    };
+    let deadline = Instant::now() + timeout;
     let mut topics = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
         let mut partitions = Vec::new();
         for p in &t.partitions {
             let tp = (name.clone(), p.partition_index);
-            let op = Op::DeleteRecords {
+            let call = DeleteRecordsCall {
                 tp: tp.clone(),
-                offset: p.offset,
+                offset: Offset(p.offset),
             };
             // Internal topics lose records only by their coordinator's compaction (Kafka:
             // "Cannot delete records of internal topic").
             let answer = match crate::metadata::is_internal(&name) {
-                true => Reply::Refused(errors::INVALID_TOPIC_EXCEPTION),
-                false => shard.call_owner(&tp, op).await,
+                true => Err(errors::INVALID_TOPIC_EXCEPTION),
+                false => match shard.call_owner(&tp, call, deadline).await {
+                    Ok(result) => result,
+                    Err(e) => Err(e.code()),
+                },
             };
             let (error, low) = match answer {
-                Reply::DeleteRecords {
-                    error,
-                    low_watermark,
-                } => (error, low_watermark),
-                Reply::Refused(code) => (code, -1),
-                _ => (errors::UNKNOWN_SERVER_ERROR, -1),
+                Ok(low) => (errors::NONE, low.get()),
+                Err(code) => (code, -1),
             };
             partitions.push(
                 DeleteRecordsPartitionResult::default()
