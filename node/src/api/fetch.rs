@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kafka_protocol::messages::FetchRequest;
 use wire::WireError;
-use wire::fetch::{FetchPartitionResponse, FetchResponseParts, FetchTopicResponse};
+use wire::fetch::{
+    AbortedTransaction, FetchPartitionResponse, FetchResponseParts, FetchTopicResponse,
+};
 
 use super::Response;
 use super::fetch_budget::{self, Hold, ResponseBudget};
@@ -278,10 +280,20 @@ fn wait_list(
             by_owner
                 .entry(owner)
                 .or_default()
-                .push((w.tp.clone(), w.offset.max(o.high_watermark)));
+                .push((w.tp.clone(), w.offset.max(readable_end(o))));
         }
     }
     by_owner
+}
+
+/// Where a consumer's reading of this outcome stopped: the LSO for read_committed (its
+/// outcome lists aborted transactions), else the HW.
+fn readable_end(o: &FetchOutcome) -> Offset {
+    if o.aborted.is_some() {
+        o.last_stable_offset
+    } else {
+        o.high_watermark
+    }
 }
 
 /// Parks until any partition in `waits` gets data past its offset, or the deadline.
@@ -324,6 +336,14 @@ fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
             high_watermark: o.high_watermark.get(),
             last_stable_offset: o.last_stable_offset.get(),
             log_start_offset: o.log_start_offset.get(),
+            aborted_transactions: o.aborted.map(|list| {
+                list.into_iter()
+                    .map(|(pid, first)| AbortedTransaction {
+                        producer_id: pid.get(),
+                        first_offset: first.get(),
+                    })
+                    .collect()
+            }),
             records: Some(o.batches),
             ..Default::default()
         };

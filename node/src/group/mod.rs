@@ -196,6 +196,13 @@ pub enum GroupOp {
     Await {
         ticket: u64,
     },
+    /// TxnOffsetCommit: offsets logged now, applied when the producer's COMMIT marker
+    /// reaches this partition, dropped on ABORT.
+    TxnCommit {
+        commit: CommitArgs,
+        producer_id: wire::ProducerId,
+        producer_epoch: wire::ProducerEpoch,
+    },
 }
 
 /// A [`GroupOp`] addressed to the coordinator of `partition` (ignored for `List`).
@@ -239,6 +246,8 @@ pub struct Coordinators {
     /// JoinGroup/SyncGroup answers still to come, by ticket (see `park`).
     parked: RefCell<HashMap<u64, (park::Pending, i64)>>,
     next_ticket: Cell<u64>,
+    /// Transactional offset commits waiting for their marker, by partition index.
+    pending_txn: RefCell<HashMap<i32, store::PendingTxnOffsets>>,
 }
 
 /// Counts a write as in flight while alive.
@@ -298,6 +307,14 @@ impl Coordinators {
                 self.delete_offsets(part, &group, partitions).await
             }
             GroupOp::Await { ticket } => self.await_ticket(ctx, ticket).await,
+            GroupOp::TxnCommit {
+                commit,
+                producer_id,
+                producer_epoch,
+            } => {
+                self.txn_commit(part, s, commit, (producer_id, producer_epoch))
+                    .await
+            }
             GroupOp::List => GroupReply::Code(codes::INVALID_REQUEST),
         }
     }
@@ -426,6 +443,82 @@ impl Coordinators {
         // no write in flight) never snapshots between the two.
         drop(writing);
         GroupReply::Codes(codes::NONE, per)
+    }
+
+    /// TxnOffsetCommit: checked like a commit (a generation of -1 skips the member
+    /// check), logged as a transactional batch, held until the producer's marker.
+    async fn txn_commit(
+        &self,
+        part: &Partition,
+        s: &Settings,
+        a: CommitArgs,
+        producer: (wire::ProducerId, wire::ProducerEpoch),
+    ) -> GroupReply {
+        let now = now_ms();
+        let check = match self.groups.borrow().get(&a.group) {
+            Some(_) if a.generation < 0 => Ok(()),
+            Some(g) => g.check_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
+            None => Ok(()),
+        };
+        if let Err(code) = check {
+            return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
+        }
+        let mut per = Vec::with_capacity(a.offsets.len());
+        let mut writes = Vec::new();
+        for c in &a.offsets {
+            let metadata = c.metadata.clone().unwrap_or_default();
+            if metadata.len() > s.metadata_max_bytes {
+                per.push(codes::OFFSET_METADATA_TOO_LARGE);
+                continue;
+            }
+            per.push(codes::NONE);
+            let value = OffsetValue {
+                offset: c.offset,
+                leader_epoch: c.leader_epoch,
+                metadata,
+                commit_timestamp_ms: now,
+            };
+            writes.push(((c.topic.clone(), c.partition), value));
+        }
+        let writing = self.writing();
+        if let Err(code) = store::write_txn_offsets(part, &a.group, producer, &writes).await {
+            let per = per
+                .iter()
+                .map(|c| if *c == codes::NONE { code } else { *c });
+            return GroupReply::Codes(codes::NONE, per.collect());
+        }
+        let mut pending = self.pending_txn.borrow_mut();
+        let held = pending
+            .entry(part.index)
+            .or_default()
+            .entry(producer.0)
+            .or_default();
+        held.extend(writes.into_iter().map(|(k, v)| (a.group.clone(), k, v)));
+        drop(writing);
+        GroupReply::Codes(codes::NONE, per)
+    }
+
+    /// The producer's marker was appended to `__consumer_offsets` partition `index` (on
+    /// this shard): its pending offset commits there are applied (COMMIT) or dropped.
+    pub async fn complete_txn(
+        &self,
+        ctx: &ServiceContext<'_>,
+        index: i32,
+        marker: crate::producer_state::partition::Marker,
+    ) -> i16 {
+        if let Err(code) = self.load(ctx, index).await {
+            return code;
+        }
+        let done = self
+            .pending_txn
+            .borrow_mut()
+            .get_mut(&index)
+            .and_then(|p| p.remove(&marker.producer_id))
+            .unwrap_or_default();
+        if marker.commit {
+            store::apply_committed(&mut self.groups.borrow_mut(), done, now_ms());
+        }
+        codes::NONE
     }
 
     fn fetch_offsets(&self, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> GroupReply {
@@ -645,8 +738,10 @@ impl Coordinators {
         let started = std::time::Instant::now();
         // Replayed into a map of its own: no borrow of `self.groups` across the reads.
         let mut loaded = HashMap::new();
-        let records = store::replay(&part, &mut loaded, now_ms()).await?;
+        let mut pending = store::PendingTxnOffsets::new();
+        let records = store::replay(&part, &mut loaded, &mut pending, now_ms()).await?;
         self.groups.borrow_mut().extend(loaded);
+        self.pending_txn.borrow_mut().insert(index, pending);
         tracing::info!(
             partition = index,
             records,

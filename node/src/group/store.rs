@@ -165,6 +165,49 @@ pub async fn write_offsets(
         .map_err(too_large)
 }
 
+/// Writes a transactional offset commit (TxnOffsetCommit): one transactional batch with
+/// the producer's id and epoch, applied only when the producer's COMMIT marker follows it
+/// in this partition (live: `Coordinators::complete_txn`; at load: `replay`).
+pub async fn write_txn_offsets(
+    part: &Partition,
+    group: &str,
+    producer: (wire::ProducerId, wire::ProducerEpoch),
+    offsets: &[((String, i32), OffsetValue)],
+) -> Result<(), i16> {
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    let records = offsets
+        .iter()
+        .map(|((t, p), v)| NewRecord {
+            timestamp_ms: v.commit_timestamp_ms,
+            key: Some(schema::offset_key(group, t, *p)),
+            value: Some(schema::offset_value(v)),
+            headers: Vec::new(),
+        })
+        .collect();
+    let batch = BatchBuilder {
+        producer_id: producer.0,
+        producer_epoch: producer.1,
+        transactional: true,
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
+    if batch.len() > batch_bytes_max(part) {
+        return Err(codes::INVALID_COMMIT_OFFSET_SIZE);
+    }
+    part.append_coordinator(bytes::BytesMut::from(&batch[..]), now_ms())
+        .await
+        .map(|_| ())
+        .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)
+}
+
+/// Transactional offset commits waiting for their producer's marker, by producer id:
+/// (group, (topic, partition), offset).
+pub type PendingTxnOffsets = HashMap<wire::ProducerId, Vec<(String, (String, i32), OffsetValue)>>;
+
 /// Writes a group's metadata.
 pub async fn write_group(part: &Partition, group: &str, value: &GroupValue) -> Result<(), i16> {
     let record = (schema::group_key(group), Some(schema::group_value(value)));
@@ -195,6 +238,7 @@ pub async fn tombstones(
 pub async fn replay(
     part: &Partition,
     groups: &mut HashMap<String, Group>,
+    pending: &mut PendingTxnOffsets,
     now: i64,
 ) -> Result<u64, i16> {
     let end = part.high_watermark().get();
@@ -218,7 +262,7 @@ pub async fn replay(
             break;
         }
         for chunk in &out.batches {
-            let next = replay_chunk(chunk, groups, now, &mut applied)?;
+            let next = replay_chunk(chunk, groups, pending, now, &mut applied)?;
             offset = offset.max(next);
         }
     }
@@ -230,6 +274,7 @@ pub async fn replay(
 fn replay_chunk(
     chunk: &Bytes,
     groups: &mut HashMap<String, Group>,
+    pending: &mut PendingTxnOffsets,
     now: i64,
     applied: &mut u64,
 ) -> Result<i64, i16> {
@@ -241,6 +286,14 @@ fn replay_chunk(
             .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
         next = header.next_offset().get();
         if header.attributes().is_control() {
+            let done = pending.remove(&header.producer_id()).unwrap_or_default();
+            if crate::producer_state::partition::marker_type(&batch) == Some(true) {
+                apply_committed(groups, done, now);
+            }
+            continue;
+        }
+        if header.attributes().is_transactional() {
+            hold_pending(pending, header.producer_id(), records);
             continue;
         }
         for record in records {
@@ -251,6 +304,50 @@ fn replay_chunk(
         }
     }
     Ok(next)
+}
+
+/// Holds a transactional batch's offset commits until its producer's marker.
+fn hold_pending(
+    pending: &mut PendingTxnOffsets,
+    producer_id: wire::ProducerId,
+    records: wire::batch::RecordIter,
+) {
+    let held = pending.entry(producer_id).or_default();
+    for record in records.flatten() {
+        let (Some(key), Some(value)) = (record.key, record.value) else {
+            continue;
+        };
+        let (
+            Ok(Key::Offset {
+                group,
+                topic,
+                partition,
+            }),
+            Ok(v),
+        ) = (
+            schema::decode_key(&key),
+            schema::decode_offset_value(&value),
+        )
+        else {
+            continue;
+        };
+        held.push((group, (topic, partition), v));
+    }
+}
+
+/// Applies the offset commits of a committed transaction.
+pub fn apply_committed(
+    groups: &mut HashMap<String, Group>,
+    done: Vec<(String, (String, i32), OffsetValue)>,
+    now: i64,
+) {
+    for (group, key, value) in done {
+        groups
+            .entry(group.clone())
+            .or_insert_with(|| Group::new(&group, now))
+            .offsets
+            .insert(key, value);
+    }
 }
 
 /// Applies one stored record: the latest value per key wins; a tombstone deletes.

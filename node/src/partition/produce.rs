@@ -11,7 +11,7 @@ use wire::batch::split_batches;
 
 use super::{Partition, storage_error_code, wire_error_code};
 use crate::errors;
-use crate::producer_state::partition::{ProducerAppend, wait_committed};
+use crate::producer_state::partition::{Marker, ProducerAppend, wait_committed};
 use crate::storage::AppendInfo;
 
 /// Longest a resent duplicate waits for its original to be committed.
@@ -191,6 +191,54 @@ impl Partition {
             })?;
         self.log_grew(info.last_offset.add(1));
         Ok(info)
+    }
+
+    /// A coordinator's append of a batch it built (see
+    /// `PartitionProducers::append_unchecked`), answered once the local append completed.
+    pub async fn append_coordinator(&self, records: BytesMut, now_ms: i64) -> Result<Offset, i16> {
+        let epoch = {
+            let replica = self.replica.borrow();
+            if !replica.is_leader() {
+                return Err(errors::NOT_LEADER_OR_FOLLOWER);
+            }
+            replica.leader_epoch()
+        };
+        self.validate(&records)?;
+        let info = self
+            .producers
+            .append_unchecked(&self.log, records, epoch, now_ms)
+            .await
+            .map_err(|e| storage_error_code(&e))?;
+        self.log_grew(info.last_offset.add(1));
+        Ok(info.first_offset)
+    }
+
+    /// Writes a transaction marker (WriteTxnMarkers, or the local coordinator) on the
+    /// leader; answered once the local append completed (the HW then covers it on a
+    /// single node). Returns a Kafka error code.
+    pub async fn write_marker(&self, marker: Marker, now_ms: i64) -> i16 {
+        let epoch = {
+            let replica = self.replica.borrow();
+            if !replica.is_leader() {
+                return errors::NOT_LEADER_OR_FOLLOWER;
+            }
+            replica.leader_epoch()
+        };
+        match self
+            .producers
+            .append_marker(&self.log, marker, epoch, now_ms)
+            .await
+        {
+            Ok(Ok(offset)) => {
+                self.log_grew(offset.add(1));
+                errors::NONE
+            }
+            Ok(Err(code)) => code,
+            Err(e) => {
+                tracing::warn!(topic = %self.topic, partition = self.index, "marker append failed: {e}");
+                storage_error_code(&e)
+            }
+        }
     }
 
     fn validate(&self, records: &[u8]) -> Result<(), i16> {

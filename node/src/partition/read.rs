@@ -4,7 +4,7 @@
 //! DeleteRecords.
 
 use bytes::Bytes;
-use wire::{LeaderEpoch, NodeId, Offset};
+use wire::{LeaderEpoch, NodeId, Offset, ProducerId};
 
 use super::replica::EpochCheck;
 use super::{Partition, storage_error_code};
@@ -14,8 +14,8 @@ use crate::storage::StorageError;
 /// Largest decompressed batch ListOffsets-by-time will look inside.
 const DECOMPRESSED_BATCH_MAX_BYTES: usize = 64 << 20;
 
-/// A consumer's `isolation_level`. Without transactions the LSO equals the HW, so both
-/// read up to the HW today.
+/// A consumer's `isolation_level`: read_uncommitted reads up to the HW, read_committed up
+/// to the LSO (the first offset of the oldest open transaction, at most the HW).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isolation {
     #[default]
@@ -39,6 +39,9 @@ pub struct FetchOutcome {
     pub log_start_offset: Offset,
     /// Whole batches, zero-copy slices of the log's buffers.
     pub batches: Vec<Bytes>,
+    /// read_committed only: the aborted transactions (producer id, first offset) that
+    /// overlap the returned batches; `None` for other readers (Kafka sends null).
+    pub aborted: Option<Vec<(ProducerId, Offset)>>,
 }
 
 impl FetchOutcome {
@@ -54,6 +57,7 @@ impl FetchOutcome {
             last_stable_offset: Offset::NONE,
             log_start_offset: Offset::NONE,
             batches: Vec::new(),
+            aborted: None,
         }
     }
 }
@@ -113,8 +117,10 @@ impl Partition {
         if let Err(code) = self.check_leader(current_epoch) {
             return FetchOutcome::refused(code);
         }
+        let lso = self.last_stable_offset();
         let upper = match reader {
-            ReadFor::Consumer(_) => self.high_watermark(),
+            ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
+            ReadFor::Consumer(Isolation::ReadCommitted) => lso,
             ReadFor::Follower(node) => {
                 let end = self.log.log_end_offset();
                 let advanced = self
@@ -128,18 +134,26 @@ impl Partition {
             }
         };
         let hw = self.high_watermark();
+        let committed = reader == ReadFor::Consumer(Isolation::ReadCommitted);
         let mut out = FetchOutcome {
             error: errors::NONE,
             high_watermark: hw,
-            last_stable_offset: hw,
+            last_stable_offset: lso,
             log_start_offset: self.log.log_start_offset(),
             batches: Vec::new(),
+            aborted: committed.then(Vec::new),
         };
-        if offset == upper {
+        // In range up to the HW (the LEO for a follower); read_committed stops at the LSO.
+        let range_end = if matches!(reader, ReadFor::Follower(_)) {
+            upper
+        } else {
+            hw
+        };
+        if offset > range_end || offset < out.log_start_offset {
+            out.error = errors::OFFSET_OUT_OF_RANGE;
             return out;
         }
-        if offset > upper || offset < out.log_start_offset {
-            out.error = errors::OFFSET_OUT_OF_RANGE;
+        if offset >= upper {
             return out;
         }
         if hard_max_bytes == 0 {
@@ -150,6 +164,10 @@ impl Partition {
             .read_within(offset, max_bytes, hard_max_bytes, upper);
         match read.await {
             Ok(read) => {
+                if committed && read.next_offset > offset {
+                    let aborted = self.producers.aborted_overlapping(offset, read.next_offset);
+                    out.aborted = Some(aborted);
+                }
                 out.batches = read.batches;
                 out.log_start_offset = read.log_start_offset;
                 out
@@ -163,6 +181,18 @@ impl Partition {
                 FetchOutcome::refused(storage_error_code(&e))
             }
         }
+    }
+
+    /// The last stable offset: no read_committed consumer reads past it. The first offset
+    /// of the oldest open transaction, or the HW if that is lower (or none is open).
+    pub fn last_stable_offset(&self) -> Offset {
+        let hw = self.high_watermark();
+        let lso = self
+            .producers
+            .first_unstable_offset()
+            .map_or(hw, |f| f.min(hw));
+        debug_assert!(lso <= hw);
+        lso
     }
 
     /// A consumer's read of everything from `offset` up to the HW, at most `max_bytes`

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::pin::pin;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use wire::batch::{BatchHeader, read_header};
-use wire::{LeaderEpoch, Offset};
+use bytes::{Bytes, BytesMut};
+use wire::batch::{BatchHeader, batch_records, control_batch, read_header};
+use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 
 use super::{
     BatchMetadata, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT, ProducerStateConfig,
@@ -20,7 +20,7 @@ use super::{
     parse_snapshot_file_name, plan_recovery, snapshot_file_name,
 };
 use crate::event::Event;
-use crate::storage::{AppendInfo, Log, StorageError, write_atomic};
+use crate::storage::{AbortedTxn, AppendInfo, Log, StorageError, TxnIndex, write_atomic};
 
 /// Snapshots kept on disk: the newest plus spares in case it is damaged.
 pub const SNAPSHOTS_KEPT: usize = 3;
@@ -44,6 +44,8 @@ pub enum ProducerAppend {
 #[derive(Debug)]
 pub struct PartitionProducers {
     table: RefCell<ProducerStateTable>,
+    /// Aborted transactions (the `.txnindex` files), for read_committed fetches.
+    aborted: RefCell<TxnIndex>,
     last_expiry_ms: Cell<i64>,
     /// The log's truncation count the table matches (see [`Log::truncations`]).
     log_truncations: Cell<u64>,
@@ -58,7 +60,8 @@ impl PartitionProducers {
         now_ms: i64,
     ) -> Result<PartitionProducers, StorageError> {
         let (mut table, replay_from) = load_newest_snapshot(log, config);
-        let replayed = replay(log, &mut table, replay_from, now_ms).await?;
+        let mut aborted = TxnIndex::load(log.dir(), log.log_end_offset());
+        let replayed = replay(log, &mut table, &mut aborted, replay_from, now_ms).await?;
         tracing::debug!(
             dir = %log.dir().display(),
             producers = table.len(),
@@ -68,6 +71,7 @@ impl PartitionProducers {
         );
         Ok(PartitionProducers {
             table: RefCell::new(table),
+            aborted: RefCell::new(aborted),
             last_expiry_ms: Cell::new(now_ms),
             log_truncations: Cell::new(log.truncations()),
         })
@@ -141,6 +145,24 @@ impl PartitionProducers {
         }
     }
 
+    /// The broker's own append of a batch it built (a coordinator's transactional offset
+    /// commit: producer id and epoch, no sequence): no sequence check, but the batch is
+    /// recorded, so a transactional one opens the producer's transaction here.
+    pub async fn append_unchecked(
+        &self,
+        log: &Log,
+        records: BytesMut,
+        epoch: LeaderEpoch,
+        now_ms: i64,
+    ) -> Result<AppendInfo, StorageError> {
+        self.follow_truncation(log);
+        let Some((header, 1)) = idempotent_header(&records) else {
+            return log.append(records, epoch, now_ms).await;
+        };
+        self.append_checked(log, records, &header, epoch, now_ms)
+            .await
+    }
+
     /// A follower's append of its leader's batches: no check (the leader checked them),
     /// offsets kept, and every idempotent batch recorded as the leader recorded it, so the
     /// follower's table matches the leader's when it takes over.
@@ -151,7 +173,10 @@ impl PartitionProducers {
         now_ms: i64,
     ) -> Result<AppendInfo, StorageError> {
         self.follow_truncation(log);
-        let headers = batch_headers(&records);
+        let headers: Vec<(BatchHeader, Option<bool>)> = batch_headers(&records)
+            .into_iter()
+            .zip(marker_types(&records))
+            .collect();
         let first = log.log_end_offset();
         let segments = log.segment_count();
         let mut append = pin!(log.append_keeping_offsets(records, now_ms));
@@ -161,14 +186,106 @@ impl PartitionProducers {
                 self.snapshot(log.dir(), first);
             }
             let mut table = self.table.borrow_mut();
-            for h in &headers {
+            for (h, commit) in &headers {
                 table.record_append(h, h.base_offset(), now_ms);
+                if let Some(commit) = commit {
+                    let done = table.complete_txn(h.producer_id(), h.base_offset());
+                    if let (false, Some(done)) = (*commit, done) {
+                        let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
+                        self.record_abort(log, done, lso);
+                    }
+                }
             }
         }
         match first_poll {
             Some(result) => result,
             None => append.await,
         }
+    }
+
+    /// Appends a COMMIT (`commit`) or ABORT marker for `producer_id` — a control batch in
+    /// Kafka's format — and closes the producer's open transaction here; an aborted one is
+    /// recorded in the segment's `.txnindex`. The producer's epoch in the marker must not
+    /// be older than the one this partition knows (else INVALID_PRODUCER_EPOCH, nothing
+    /// appended). Returns the marker's offset.
+    pub async fn append_marker(
+        &self,
+        log: &Log,
+        marker: Marker,
+        epoch: LeaderEpoch,
+        now_ms: i64,
+    ) -> Result<Result<Offset, i16>, StorageError> {
+        self.follow_truncation(log);
+        let known = self
+            .table
+            .borrow()
+            .get(marker.producer_id)
+            .map(|e| e.epoch());
+        if known.is_some_and(|e| marker.producer_epoch < e) {
+            return Ok(Err(super::INVALID_PRODUCER_EPOCH));
+        }
+        let batch = control_batch(
+            marker.producer_id,
+            marker.producer_epoch,
+            marker.commit,
+            marker.coordinator_epoch,
+            now_ms,
+        );
+        let Ok(batch) = batch else {
+            return Ok(Err(crate::errors::UNKNOWN_SERVER_ERROR));
+        };
+        let first = log.log_end_offset();
+        let segments = log.segment_count();
+        let mut append = pin!(log.append(BytesMut::from(&batch[..]), epoch, now_ms));
+        let first_poll = futures_lite::future::poll_once(&mut append).await;
+        if log.log_end_offset() > first {
+            if log.segment_count() > segments {
+                self.snapshot(log.dir(), first);
+            }
+            let (done, lso) = {
+                let mut table = self.table.borrow_mut();
+                let done = table.complete_txn(marker.producer_id, first);
+                (done, table.first_unstable_offset().unwrap_or(first.add(1)))
+            };
+            if let (false, Some(done)) = (marker.commit, done) {
+                self.record_abort(log, done, lso);
+            }
+        }
+        match first_poll {
+            Some(result) => result?,
+            None => append.await?,
+        };
+        Ok(Ok(first))
+    }
+
+    /// Writes an aborted transaction to the txn index of the active segment. A failed
+    /// write is logged: the entry is in memory, and a restart's replay adds it back only
+    /// if the marker is after the snapshot, so it is worth a loud line.
+    fn record_abort(&self, log: &Log, done: super::table::CompletedTxn, lso: Offset) {
+        let txn = AbortedTxn {
+            producer_id: done.producer_id,
+            first_offset: done.first_offset,
+            last_offset: done.last_offset,
+            last_stable_offset: lso,
+        };
+        let base = log
+            .segment_bases()
+            .last()
+            .copied()
+            .unwrap_or(done.last_offset);
+        if let Err(e) = self.aborted.borrow_mut().append(log.dir(), base, txn) {
+            tracing::error!(dir = %log.dir().display(), "cannot write txn index: {e}");
+        }
+    }
+
+    /// The first offset of the oldest open transaction in this partition.
+    pub fn first_unstable_offset(&self) -> Option<Offset> {
+        self.table.borrow().first_unstable_offset()
+    }
+
+    /// Aborted transactions overlapping `[from, upper)` (see [`TxnIndex::overlapping`]).
+    pub fn aborted_overlapping(&self, from: Offset, upper: Offset) -> Vec<(ProducerId, Offset)> {
+        self.aborted.borrow().overlapping(from, upper)
     }
 
     /// After the log end moved back (an out-of-space rollback dropped unwritten appends),
@@ -183,6 +300,7 @@ impl PartitionProducers {
         self.log_truncations.set(truncations);
         let end = log.log_end_offset();
         self.table.borrow_mut().truncate_from(end);
+        self.aborted.borrow_mut().truncate_from(end);
         for offset in list_snapshots(log.dir()) {
             if offset > end {
                 remove_snapshot(log.dir(), offset);
@@ -269,6 +387,53 @@ fn idempotent_header(records: &[u8]) -> Option<(BatchHeader, usize)> {
     }
 }
 
+/// A transaction marker to append (see [`PartitionProducers::append_marker`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Marker {
+    pub producer_id: ProducerId,
+    pub producer_epoch: ProducerEpoch,
+    /// COMMIT (true) or ABORT (false).
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+/// Largest control batch decoded to read its marker type.
+const CONTROL_BATCH_MAX_BYTES: usize = 4096;
+
+/// For a control batch: `Some(true)` for a COMMIT marker, `Some(false)` for ABORT (the
+/// record key: version int16, type int16 — 0 abort, 1 commit); `None` for a data batch or
+/// a control record of another type.
+pub fn marker_type(batch: &Bytes) -> Option<bool> {
+    let header = read_header(batch).ok()?;
+    if !header.attributes().is_control() {
+        return None;
+    }
+    let (_, mut records) = batch_records(batch, CONTROL_BATCH_MAX_BYTES).ok()?;
+    let key = records.next()?.ok()?.key?;
+    match key.get(2..4)? {
+        [0, 0] => Some(false),
+        [0, 1] => Some(true),
+        _ => None,
+    }
+}
+
+/// [`marker_type`] of each whole batch in `records`.
+fn marker_types(records: &BytesMut) -> Vec<Option<bool>> {
+    let frozen = Bytes::copy_from_slice(records);
+    let mut pos = 0usize;
+    let mut out = Vec::new();
+    while pos < frozen.len() {
+        let Ok(h) = read_header(&frozen[pos..]) else {
+            break;
+        };
+        let size = h.total_size().max(1);
+        let end = (pos + size).min(frozen.len());
+        out.push(marker_type(&frozen.slice(pos..end)));
+        pos += size;
+    }
+    out
+}
+
 /// The headers of the whole batches in `records`.
 fn batch_headers(records: &[u8]) -> Vec<BatchHeader> {
     let mut pos = 0usize;
@@ -322,6 +487,7 @@ fn load_newest_snapshot(log: &Log, config: ProducerStateConfig) -> (ProducerStat
 async fn replay(
     log: &Log,
     table: &mut ProducerStateTable,
+    aborted: &mut TxnIndex,
     from: Offset,
     now_ms: i64,
 ) -> Result<u64, StorageError> {
@@ -339,11 +505,42 @@ async fn replay(
             if let Ok(h) = read_header(batch) {
                 table.replay(h, now_ms);
                 batches += 1;
+                let Some(commit) = marker_type(batch) else {
+                    continue;
+                };
+                let done = table.complete_txn(h.producer_id(), h.base_offset());
+                if let (false, Some(done)) = (commit, done) {
+                    let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
+                    let txn = AbortedTxn {
+                        producer_id: done.producer_id,
+                        first_offset: done.first_offset,
+                        last_offset: done.last_offset,
+                        last_stable_offset: lso,
+                    };
+                    // Missing from the files (lost in a crash): written back.
+                    if aborted.insert(txn) {
+                        let base = segment_of(log, done.last_offset);
+                        if let Err(e) = aborted.append(log.dir(), base, txn) {
+                            tracing::warn!("cannot rewrite txn index entry: {e}");
+                        }
+                    }
+                }
             }
         }
         next = read.next_offset;
     }
     Ok(batches)
+}
+
+/// Base offset of the segment holding `offset`.
+fn segment_of(log: &Log, offset: Offset) -> Offset {
+    let bases = log.segment_bases();
+    bases
+        .iter()
+        .rev()
+        .find(|b| **b <= offset)
+        .copied()
+        .unwrap_or(offset)
 }
 
 fn list_snapshots(dir: &Path) -> Vec<Offset> {

@@ -1,8 +1,8 @@
 //! Producer-state snapshots: `<offset:020>.snapshot` files in the partition directory, so
 //! that a restart needs to replay only the log after the newest snapshot.
 //!
-//! The layout is weir's own (Kafka's snapshot holds transaction fields weir does not
-//! have yet), version 1, all integers big-endian:
+//! The layout is weir's own, version 2 (version 1, written before transactions, is
+//! still read: it has no open-transaction section), all integers big-endian:
 //!
 //! File header, 24 bytes ([`FileHeader`]):
 //!
@@ -34,6 +34,10 @@
 //! |  16 |    8 | last offset    |
 //! |  24 |    8 | max timestamp  |
 //!
+//! Version 2 then holds the open transactions: a 4-byte count T, then T 16-byte
+//! [`OngoingRecord`]s in ascending producer-id order: producer id (8), first offset of its
+//! open transaction (8, below the snapshot offset).
+//!
 //! A snapshot is derived data: one that fails any check is ignored (and deleted) and the
 //! state is rebuilt from an older snapshot or the whole log, never trusted in part.
 
@@ -48,7 +52,9 @@ use super::{ProducerStateConfig, ProducerStateTable};
 /// `WPSS`.
 pub const SNAPSHOT_MAGIC: [u8; 4] = *b"WPSS";
 /// The only layout version written and read.
-pub const SNAPSHOT_VERSION: u16 = 1;
+pub const SNAPSHOT_VERSION: u16 = 2;
+/// The layout before transactions (no open-transaction section), still read.
+pub const SNAPSHOT_VERSION_V1: u16 = 1;
 /// File name suffix, as Kafka's.
 pub const SNAPSHOT_SUFFIX: &str = ".snapshot";
 /// Where the CRC-covered bytes begin.
@@ -84,6 +90,15 @@ struct BatchRecord {
     max_timestamp: I64,
 }
 
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct OngoingRecord {
+    producer_id: I64,
+    first_offset: I64,
+}
+
+const ONGOING_RECORD_SIZE: usize = size_of::<OngoingRecord>();
+const _: () = assert!(ONGOING_RECORD_SIZE == 16);
 const FILE_HEADER_SIZE: usize = size_of::<FileHeader>();
 const ENTRY_HEADER_SIZE: usize = size_of::<EntryHeader>();
 const BATCH_RECORD_SIZE: usize = size_of::<BatchRecord>();
@@ -151,6 +166,19 @@ pub fn encode_snapshot(table: &ProducerStateTable, snapshot_offset: Offset) -> V
     for (pid, entry) in producers {
         encode_entry(&mut out, pid, entry, snapshot_offset);
     }
+    let ongoing: Vec<(ProducerId, Offset)> = table.ongoing_txns().collect();
+    out.extend_from_slice(&(ongoing.len() as u32).to_be_bytes());
+    for (pid, first) in ongoing {
+        debug_assert!(
+            first < snapshot_offset,
+            "open transaction past the snapshot"
+        );
+        let record = OngoingRecord {
+            producer_id: I64::new(pid.get()),
+            first_offset: I64::new(first.get()),
+        };
+        out.extend_from_slice(record.as_bytes());
+    }
     let crc = crc32c::crc32c(&out[CRC_START..]);
     out[8..12].copy_from_slice(&crc.to_be_bytes());
     out
@@ -216,6 +244,9 @@ pub fn decode_snapshot(
         table.insert_entry(pid, entry);
         pos = next;
     }
+    if header.version.get() >= SNAPSHOT_VERSION {
+        pos = decode_ongoing(bytes, pos, expected_offset, &mut table)?;
+    }
     if pos != bytes.len() {
         return Err(SnapshotError::Invalid {
             position: pos,
@@ -223,6 +254,52 @@ pub fn decode_snapshot(
         });
     }
     Ok(table)
+}
+
+/// The open-transaction section at `pos` (version 2): returns the position after it.
+fn decode_ongoing(
+    bytes: &[u8],
+    pos: usize,
+    limit: Offset,
+    table: &mut ProducerStateTable,
+) -> Result<usize, SnapshotError> {
+    let count_bytes: [u8; 4] = bytes
+        .get(pos..pos + 4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(SnapshotError::Truncated {
+            field: "open transaction count",
+            need: pos + 4,
+            have: bytes.len(),
+        })?;
+    let count = u32::from_be_bytes(count_bytes) as usize;
+    let start = pos + 4;
+    if count > (bytes.len() - start) / ONGOING_RECORD_SIZE {
+        return Err(invalid(
+            pos,
+            "open transaction count larger than the file can hold",
+        ));
+    }
+    let end = start + count * ONGOING_RECORD_SIZE;
+    let mut previous: Option<ProducerId> = None;
+    for (i, chunk) in bytes[start..end]
+        .chunks_exact(ONGOING_RECORD_SIZE)
+        .enumerate()
+    {
+        let at = start + i * ONGOING_RECORD_SIZE;
+        let (r, _) =
+            OngoingRecord::read_from_prefix(chunk).map_err(|_| invalid(at, "open transaction"))?;
+        let pid = ProducerId(r.producer_id.get());
+        let first = Offset(r.first_offset.get());
+        if !pid.is_some() || first.0 < 0 || first >= limit {
+            return Err(invalid(at, "open transaction outside the snapshot"));
+        }
+        if previous.is_some_and(|p| p >= pid) {
+            return Err(invalid(at, "open transactions not in producer id order"));
+        }
+        previous = Some(pid);
+        table.insert_ongoing(pid, first);
+    }
+    Ok(end)
 }
 
 fn check_file_header(
@@ -235,7 +312,7 @@ fn check_file_header(
             found: header.magic,
         });
     }
-    if header.version.get() != SNAPSHOT_VERSION {
+    if header.version.get() != SNAPSHOT_VERSION && header.version.get() != SNAPSHOT_VERSION_V1 {
         return Err(SnapshotError::UnsupportedVersion {
             found: header.version.get(),
         });

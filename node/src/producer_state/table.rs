@@ -20,7 +20,7 @@
 //! since 2.7 (KIP-588) they throw `InvalidProducerEpochException`, also 47. Code 90
 //! (PRODUCER_FENCED) exists only on InitProducerId v4+ and the transaction APIs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use wire::batch::BatchHeader;
 use wire::{Offset, ProducerEpoch, ProducerId, Sequence};
@@ -105,7 +105,22 @@ pub struct ProducerStateCounters {
 pub struct ProducerStateTable {
     config: ProducerStateConfig,
     producers: HashMap<ProducerId, ProducerEntry>,
+    /// Open transactions in this partition: producer id → offset of its first batch in
+    /// the transaction (Kafka's `currentTxnFirstOffset`). A transactional batch opens one
+    /// if none is open; the producer's COMMIT or ABORT marker closes it. Bounded by the
+    /// producers remembered (one per producer id).
+    ongoing: BTreeMap<ProducerId, Offset>,
     counters: ProducerStateCounters,
+}
+
+/// A transaction that a marker closed in this partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletedTxn {
+    pub producer_id: ProducerId,
+    /// Offset of its first batch here.
+    pub first_offset: Offset,
+    /// Offset of the marker.
+    pub last_offset: Offset,
 }
 
 impl ProducerStateTable {
@@ -113,6 +128,7 @@ impl ProducerStateTable {
         ProducerStateTable {
             config,
             producers: HashMap::new(),
+            ongoing: BTreeMap::new(),
             counters: ProducerStateCounters::default(),
         }
     }
@@ -214,6 +230,9 @@ impl ProducerStateTable {
         if !producer_id.is_some() || header.attributes().is_control() {
             return;
         }
+        if header.attributes().is_transactional() {
+            self.ongoing.entry(producer_id).or_insert(first_offset);
+        }
         let batch = BatchMetadata {
             first_sequence: header.base_sequence(),
             last_sequence: header.last_sequence(),
@@ -245,8 +264,11 @@ impl ProducerStateTable {
     pub fn expire(&mut self, now_ms: i64) -> usize {
         let limit_ms = self.config.producer_id_expiration_ms;
         let before = self.producers.len();
-        self.producers
-            .retain(|_, e| now_ms.saturating_sub(e.last_seen_ms()) < limit_ms);
+        // A producer with an open transaction stays (Kafka's rule): its marker must find it.
+        let ongoing = &self.ongoing;
+        self.producers.retain(|pid, e| {
+            now_ms.saturating_sub(e.last_seen_ms()) < limit_ms || ongoing.contains_key(pid)
+        });
         let removed = before - self.producers.len();
         self.counters.producers_expired += removed as u64;
         removed
@@ -277,6 +299,43 @@ impl ProducerStateTable {
     /// without batches are removed.
     pub fn truncate_from(&mut self, end: Offset) {
         self.producers.retain(|_, e| e.truncate_from(end));
+        self.ongoing.retain(|_, first| *first < end);
+    }
+
+    /// A COMMIT or ABORT marker of `producer_id` was given `marker_offset`: its open
+    /// transaction here (if it wrote here at all) is closed. A marker for a producer with
+    /// no open transaction closes nothing (the coordinator writes markers to every
+    /// partition it added, written to or not).
+    pub fn complete_txn(
+        &mut self,
+        producer_id: ProducerId,
+        marker_offset: Offset,
+    ) -> Option<CompletedTxn> {
+        let first_offset = self.ongoing.remove(&producer_id)?;
+        assert!(
+            first_offset < marker_offset,
+            "marker at {marker_offset} before its transaction's first batch at {first_offset}"
+        );
+        Some(CompletedTxn {
+            producer_id,
+            first_offset,
+            last_offset: marker_offset,
+        })
+    }
+
+    /// The first offset of the oldest open transaction: the LSO cannot pass it.
+    pub fn first_unstable_offset(&self) -> Option<Offset> {
+        self.ongoing.values().min().copied()
+    }
+
+    /// Open transactions (producer id, first offset), in producer-id order.
+    pub fn ongoing_txns(&self) -> impl Iterator<Item = (ProducerId, Offset)> + '_ {
+        self.ongoing.iter().map(|(p, o)| (*p, *o))
+    }
+
+    /// Restores an open transaction (snapshot loading).
+    pub(super) fn insert_ongoing(&mut self, producer_id: ProducerId, first_offset: Offset) {
+        self.ongoing.insert(producer_id, first_offset);
     }
 
     pub fn get(&self, producer_id: ProducerId) -> Option<&ProducerEntry> {
@@ -307,7 +366,7 @@ impl ProducerStateTable {
     /// Whether both tables hold the same producers with the same state (ignoring
     /// counters and config): the check that a rebuilt table equals the live one.
     pub fn same_producers(&self, other: &ProducerStateTable) -> bool {
-        self.producers == other.producers
+        self.producers == other.producers && self.ongoing == other.ongoing
     }
 
     /// Inserts a whole entry (snapshot loading). Past the bound, the least recently seen

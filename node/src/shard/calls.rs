@@ -12,6 +12,7 @@ use super::mesh::ShardCall;
 use super::{Shard, TopicPartition, now_ms};
 use crate::group::{GroupCall, GroupReply};
 use crate::partition::{Acks, FetchOutcome, ListedOffset, ProduceOutcome, ReadFor};
+use crate::producer_state::partition::Marker;
 
 /// Appends one Produce partition's records on its leader and answers as `acks` asks
 /// (acks=all waits there, on the owner, until the HW covers the batch or
@@ -158,6 +159,34 @@ impl ShardCall for SyncCall {
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) {
         shard.sync_partitions().await;
+    }
+}
+
+/// Writes a transaction marker (COMMIT or ABORT control batch) to a partition on its
+/// leader: from the transaction coordinator, or a WriteTxnMarkers request. A marker on a
+/// `__consumer_offsets` partition also completes the producer's pending transactional
+/// offset commits there (the group coordinator applies or drops them). Replies with a
+/// Kafka error code.
+pub struct WriteMarkerCall {
+    pub tp: TopicPartition,
+    pub marker: Marker,
+}
+
+impl ShardCall for WriteMarkerCall {
+    type Reply = i16;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> i16 {
+        let p = match shard.partition(&self.tp).await {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        let code = p.write_marker(self.marker, now_ms()).await;
+        if code == crate::errors::NONE && &*self.tp.0 == crate::group::OFFSETS_TOPIC {
+            let groups = shard.groups.clone();
+            let ctx = ServiceContext::new(&shard);
+            return groups.complete_txn(&ctx, self.tp.1, self.marker).await;
+        }
+        code
     }
 }
 

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
 use crate::metadata::{Catalog, MetaStore};
-use crate::partition::{Partition, ReadFor};
+use crate::partition::{Isolation, Partition, ReadFor};
 use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
 pub use calls::{
@@ -180,6 +180,7 @@ impl Shard {
         for (tp, offset) in tps {
             if let Ok(p) = self.partition(tp).await {
                 let upper = match reader {
+                    ReadFor::Consumer(Isolation::ReadCommitted) => p.last_stable_offset(),
                     ReadFor::Consumer(_) => p.high_watermark(),
                     ReadFor::Follower(_) => p.log.log_end_offset(),
                 };

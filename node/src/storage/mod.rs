@@ -54,6 +54,7 @@ mod recovery;
 mod segment;
 #[doc(hidden)]
 pub mod testing;
+pub mod txn_index;
 mod writer;
 
 pub use atomic::write_atomic;
@@ -64,6 +65,7 @@ pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};
 pub use log::{AppendInfo, Log, LogCounters, NO_SPACE_RETRY_BACKOFF, ReadResult};
 pub use probe::prime_dma_probe;
+pub use txn_index::{AbortedTxn, TxnIndex};
 
 /// A byte position inside one segment file. Kafka's index stores it as 4 bytes, so a
 /// segment is never larger than `i32::MAX` bytes.

@@ -373,7 +373,7 @@ fn drop_all_if_below_start(
 
 /// Removes a segment's `.log`, `.index` and `.timeindex` files (missing ones are fine).
 pub fn remove_segment_files(seg: &Segment) -> Result<()> {
-    remove_files(seg, &["log", "index", "timeindex"])
+    remove_files(seg, &["log", "index", "timeindex", "txnindex"])
 }
 
 /// Removes a segment's files with these extensions (missing ones are fine).
