@@ -10,6 +10,7 @@
 pub mod admin_cli;
 pub mod api;
 pub mod config;
+pub mod coordinator;
 pub mod errors;
 pub mod event;
 pub mod group;
@@ -23,3 +24,4 @@ pub mod send_turns;
 pub mod server;
 pub mod shard;
 pub mod storage;
+pub mod txn;

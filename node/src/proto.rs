@@ -37,6 +37,12 @@ pub const SERVED_KEYS: &[i16] = &[
     api::LIST_GROUPS,
     api::DELETE_GROUPS,
     api::OFFSET_DELETE,
+    // Transactions (node/src/txn, node/src/api/txn.rs).
+    api::ADD_PARTITIONS_TO_TXN,
+    api::ADD_OFFSETS_TO_TXN,
+    api::END_TXN,
+    api::WRITE_TXN_MARKERS,
+    api::TXN_OFFSET_COMMIT,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).
@@ -123,8 +129,9 @@ mod tests {
         assert!(parse_request(Bytes::from_static(&[0, 3])).is_err());
         assert!(is_served(api::PRODUCE, 3));
         assert!(!is_served(api::PRODUCE, 99));
+        assert!(is_served(api::WRITE_TXN_MARKERS, 1));
         assert!(
-            !is_served(api::WRITE_TXN_MARKERS, 1),
+            !is_served(api::SASL_HANDSHAKE, 1),
             "not implemented here, so not advertised"
         );
     }

@@ -153,7 +153,7 @@ pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
 }
 
 /// Sends `op` for `group` to its coordinator.
-async fn call_group(shard: &Rc<Shard>, group: &str, op: GroupOp) -> GroupReply {
+pub(crate) async fn call_group(shard: &Rc<Shard>, group: &str, op: GroupOp) -> GroupReply {
     let partitions = match offsets_partitions(shard).await {
         Ok(n) => n,
         Err(code) => return GroupReply::Code(code),
@@ -221,11 +221,16 @@ async fn find_coordinator(
 ) -> FindCoordinatorResponse {
     let (host, port) = shard.advertised.clone();
     let node = BrokerId(shard.config().node_id);
-    // Transaction coordinators are not served yet: only group keys (type 0) resolve.
-    let error = match (req.key_type, offsets_partitions(shard).await) {
-        (0, Ok(_)) => codes::NONE,
-        (0, Err(code)) => code,
-        _ => codes::COORDINATOR_NOT_AVAILABLE,
+    // Key type 0: a group (its `__consumer_offsets` partition); 1: a transactional id
+    // (its `__transaction_state` partition). Each topic is created on first use.
+    let found = match req.key_type {
+        0 => offsets_partitions(shard).await,
+        1 => super::txn::txn_partitions(shard).await,
+        _ => Err(codes::INVALID_REQUEST),
+    };
+    let error = match found {
+        Ok(_) => codes::NONE,
+        Err(code) => code,
     };
     let mut resp = FindCoordinatorResponse::default();
     if version < 4 {

@@ -14,6 +14,7 @@ pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod txn;
 pub mod versions;
 
 use std::net::SocketAddr;
@@ -68,7 +69,12 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
     match req.key() {
         Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v)).await,
         Some(ApiKey::DescribeCluster) => run(req, |r| metadata::describe_cluster(shard, r)).await,
-        Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id(shard, r, v)).await,
+        Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id_any(shard, r, v)).await,
+        Some(ApiKey::AddPartitionsToTxn) => run(req, |r| txn::add_partitions(shard, r)).await,
+        Some(ApiKey::AddOffsetsToTxn) => run(req, |r| txn::add_offsets(shard, r)).await,
+        Some(ApiKey::EndTxn) => run(req, |r| txn::end_txn(shard, r)).await,
+        Some(ApiKey::TxnOffsetCommit) => run(req, |r| txn::txn_offset_commit(shard, r)).await,
+        Some(ApiKey::WriteTxnMarkers) => run(req, |r| txn::write_txn_markers(shard, r)).await,
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
         Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
@@ -85,6 +91,19 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
             api_version: req.version,
         }),
     }
+}
+
+/// InitProducerId: with a transactional id to the transaction coordinator, else the
+/// idempotent producer id allocator of this shard.
+async fn init_producer_id_any(
+    shard: &Rc<Shard>,
+    req: kafka_protocol::messages::InitProducerIdRequest,
+    version: i16,
+) -> kafka_protocol::messages::InitProducerIdResponse {
+    if req.transactional_id.is_some() {
+        return txn::init_producer_id(shard, req, version).await;
+    }
+    init_producer_id(shard, req, version).await
 }
 
 /// Decode, run, encode: the shape of every handler that always answers.

@@ -45,9 +45,14 @@ struct Part {
 
 /// Handles a Produce request; `Ok(None)` for acks=0.
 pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireError> {
-    let (acks, timeout_ms, mut parts) = {
+    let (acks, timeout_ms, mut parts, txn_id) = {
         let view = ProduceRequestView::parse(&req.body, req.version)?;
-        (view.acks, view.timeout_ms, plan(shard, &view, &req.body))
+        let txn_id: Option<Arc<str>> = view
+            .transactional_id
+            .as_ref()
+            .map(|t| Arc::from(String::from_utf8_lossy(t).as_ref()));
+        let plan = plan(shard, &view, &req.body);
+        (view.acks, view.timeout_ms, plan, txn_id)
     };
     if req.version < FIRST_V2_FORMAT_VERSION {
         // v0–v2 carry message format v0/v1, which weir does not store (they are
@@ -60,7 +65,7 @@ pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireErr
     // Refused in `plan` when not a valid value.
     let acks_kind = Acks::from_wire(acks).unwrap_or(Acks::Leader);
     let timeout = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0));
-    let resp = respond(shard, parts, records, acks_kind, timeout).await;
+    let resp = respond(shard, parts, records, (acks_kind, txn_id), timeout).await;
     if acks == 0 {
         return Ok(None);
     }
@@ -172,7 +177,7 @@ async fn respond(
     shard: &Rc<Shard>,
     parts: Vec<Part>,
     records: Vec<Option<BytesMut>>,
-    acks: Acks,
+    (acks, transactional_id): (Acks, Option<Arc<str>>),
     timeout: Duration,
 ) -> ProduceResponseParts {
     let now = Instant::now();
@@ -190,6 +195,7 @@ async fn respond(
                     records,
                     acks,
                     replicated_by,
+                    transactional_id: transactional_id.clone(),
                 };
                 Ok(glommio::spawn_local(async move {
                     s.call_owner(&tp, call, deadline).await

@@ -22,7 +22,7 @@ use bytes::Bytes;
 
 use super::schema;
 use super::state::Group;
-use super::store;
+
 use super::{Coordinators, Settings, partition_for};
 use crate::partition::{Partition, storage_error_code};
 use crate::shard::now_ms;
@@ -55,7 +55,7 @@ pub fn is_due(total: i64, live: usize, min_records: i64) -> bool {
 impl Coordinators {
     /// Compacts every loaded partition that is due.
     pub(super) async fn compact_due(&self, s: &Settings) {
-        let parts: Vec<_> = self.partitions.borrow().values().cloned().collect();
+        let parts: Vec<_> = self.partitions.all().into_iter().map(|(_, p)| p).collect();
         for part in parts {
             if let Err(code) = self.compact(&part, s).await {
                 tracing::warn!(partition = part.index, "compaction failed: error {code}");
@@ -82,10 +82,13 @@ impl Coordinators {
         let (base, batches) = match records.is_empty() {
             true => (part.high_watermark().get(), 0),
             false => {
-                let max = store::batch_bytes_max(part);
-                let batches = store::build_batches(records, max, now_ms())?;
+                let max = crate::coordinator::batch_bytes_max(part);
+                let batches = crate::coordinator::build_batches(records, max, now_ms())?;
                 let count = batches.len();
-                (store::append_contiguous(part, batches).await?, count)
+                (
+                    crate::coordinator::append_contiguous(part, batches).await?,
+                    count,
+                )
             }
         };
         // The snapshot must be durable before the records it replaces go.

@@ -21,7 +21,7 @@ mod park;
 mod store;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -29,7 +29,6 @@ use bytes::Bytes;
 use glommio::channels::local_channel;
 use wire::{LeaderEpoch, Offset};
 
-use crate::event::Event;
 use crate::partition::Partition;
 use crate::shard::context::ServiceContext;
 use crate::shard::now_ms;
@@ -232,10 +231,8 @@ pub enum GroupReply {
 #[derive(Default)]
 pub struct Coordinators {
     groups: RefCell<HashMap<String, Group>>,
-    /// Loaded `__consumer_offsets` partitions of this shard, by index.
-    partitions: RefCell<BTreeMap<i32, Rc<Partition>>>,
-    /// Partitions being replayed right now (others wait for the replay).
-    loading: RefCell<HashMap<i32, Rc<Event>>>,
+    /// Loaded `__consumer_offsets` partitions of this shard (shared host machinery).
+    partitions: crate::coordinator::PartitionLoads,
     ticker_started: Cell<bool>,
     /// How many partitions `__consumer_offsets` has (from the catalogue, at load).
     topic_partitions: Cell<i32>,
@@ -709,21 +706,9 @@ impl Coordinators {
 
     /// The open, replayed partition `index` of `__consumer_offsets` on this shard.
     async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
-        if let Some(p) = self.partitions.borrow().get(&index) {
-            return Ok(p.clone());
-        }
-        let waiting = self.loading.borrow().get(&index).cloned();
-        if let Some(ev) = waiting {
-            ev.listen().await;
-            let loaded = self.partitions.borrow().get(&index).cloned();
-            return loaded.ok_or(codes::COORDINATOR_LOAD_IN_PROGRESS);
-        }
-        let ev = Rc::new(Event::default());
-        self.loading.borrow_mut().insert(index, ev.clone());
-        let result = self.replay(ctx, index).await;
-        self.loading.borrow_mut().remove(&index);
-        ev.notify_all();
-        result
+        self.partitions
+            .load(index, || self.replay(ctx, index))
+            .await
     }
 
     async fn replay(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
@@ -748,7 +733,6 @@ impl Coordinators {
             ms = started.elapsed().as_millis() as u64,
             "loaded group coordinator state"
         );
-        self.partitions.borrow_mut().insert(index, part.clone());
         Ok(part)
     }
 
@@ -825,7 +809,7 @@ impl Coordinators {
     /// The loaded partition that holds `group`.
     fn partition_of(&self, group: &str) -> Option<Rc<Partition>> {
         let index = partition_for(group, self.topic_partitions.get());
-        self.partitions.borrow().get(&index).cloned()
+        self.partitions.get(index)
     }
 
     /// Offsets retention (KIP-211): offsets of a group that has been empty for

@@ -7,121 +7,17 @@ use std::collections::{BTreeSet, HashMap};
 use bytes::Bytes;
 use kafka_protocol::messages::ConsumerProtocolSubscription;
 use kafka_protocol::protocol::Decodable;
-use wire::batch::{BatchBuilder, NewRecord, batch_records, split_batches};
+use wire::batch::{BatchBuilder, NewRecord, batch_records};
 
 use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
 use super::state::{Group, State};
-use crate::partition::{Acks, Partition};
+use crate::coordinator::{append_contiguous, batch_bytes_max, build_batch, build_batches};
+use crate::partition::Partition;
 use crate::shard::now_ms;
-use wire::Offset;
 
-/// Bytes asked of the log per read during replay.
-const REPLAY_READ_BYTES: usize = 1 << 20;
-/// The coordinator's own appends: answered once the local append completed. On a single
-/// node that is also when the HW covers them; with replicated `__consumer_offsets` the
-/// coordinator will wait for the HW (acks=all, as Kafka's does).
-const COORDINATOR_ACKS: Acks = Acks::Leader;
-/// How long a coordinator append may take before it is answered REQUEST_TIMED_OUT.
-const COORDINATOR_APPEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-fn far_deadline() -> std::time::Instant {
-    std::time::Instant::now() + COORDINATOR_APPEND_TIMEOUT
-}
 /// Most bytes a compressed batch may inflate to during replay.
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
-/// Most bytes one record adds to a v2 batch besides its key and value bytes: length,
-/// attributes, timestamp and offset deltas, key and value lengths (varints at their
-/// widest), header count.
-const RECORD_OVERHEAD_MAX: usize = 5 + 1 + 10 + 5 + 5 + 5 + 1;
-/// A v2 batch header (Kafka's `RECORD_BATCH_OVERHEAD`).
-const BATCH_HEADER_BYTES: usize = 61;
-
-/// The largest batch the coordinator appends to `part`: the topic's `max.message.bytes`
-/// (the log refuses larger ones), and never more than one segment holds.
-pub fn batch_bytes_max(part: &Partition) -> usize {
-    let segment = usize::try_from(part.log.config().segment_bytes).unwrap_or(usize::MAX);
-    part.max_message_bytes().min(segment)
-}
-
-/// Packs `(key, value)` records (a `None` value is a tombstone), in order, into batches
-/// of at most `max_bytes` each. A record too large for a batch of its own is
-/// MESSAGE_TOO_LARGE.
-pub fn build_batches(
-    records: Vec<(Bytes, Option<Bytes>)>,
-    max_bytes: usize,
-    now: i64,
-) -> Result<Vec<Bytes>, i16> {
-    let mut out = Vec::new();
-    let mut batch = Vec::new();
-    let mut estimate = BATCH_HEADER_BYTES;
-    for (key, value) in records {
-        let size = key.len() + value.as_ref().map_or(0, Bytes::len) + RECORD_OVERHEAD_MAX;
-        if !batch.is_empty() && estimate + size > max_bytes {
-            out.push(build_batch(std::mem::take(&mut batch), max_bytes)?);
-            estimate = BATCH_HEADER_BYTES;
-        }
-        estimate += size;
-        batch.push(NewRecord {
-            timestamp_ms: now,
-            key: Some(key),
-            value,
-            headers: Vec::new(),
-        });
-    }
-    if !batch.is_empty() {
-        out.push(build_batch(batch, max_bytes)?);
-    }
-    Ok(out)
-}
-
-/// One batch of `records`; MESSAGE_TOO_LARGE if it comes out above `max_bytes`.
-fn build_batch(records: Vec<NewRecord>, max_bytes: usize) -> Result<Bytes, i16> {
-    let batch = BatchBuilder {
-        records,
-        ..BatchBuilder::default()
-    }
-    .build()
-    .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
-    if batch.len() > max_bytes {
-        return Err(crate::errors::MESSAGE_TOO_LARGE);
-    }
-    Ok(batch)
-}
-
-/// Appends `batches` back to back — no other append of this shard lands between them —
-/// and waits until all are written. Returns the offset of the first record.
-///
-/// The log assigns an append's offsets in the append's first poll (its contract, see
-/// `storage::Log::append`), and every first poll runs here before this task yields. An
-/// append that did not take its offsets at once stops the rest (never out of order).
-pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<i64, i16> {
-    let now = now_ms();
-    let first = part.log.log_end_offset().get();
-    let mut waiting = Vec::with_capacity(batches.len());
-    for batch in batches {
-        let before = part.log.log_end_offset();
-        let mut append =
-            Box::pin(part.produce(batch.into(), COORDINATOR_ACKS, far_deadline(), now));
-        match futures_lite::future::poll_once(&mut append).await {
-            Some(out) if out.error != codes::NONE => return Err(out.error),
-            Some(_) => {}
-            None if part.log.log_end_offset() > before => waiting.push(append),
-            None => {
-                tracing::error!(partition = part.index, "append did not take its offsets");
-                return Err(codes::UNKNOWN_SERVER_ERROR);
-            }
-        }
-    }
-    for append in waiting {
-        let out = append.await;
-        if out.error != codes::NONE {
-            return Err(out.error);
-        }
-    }
-    Ok(first)
-}
-
 /// Appends `records` in as few batches as the batch limit allows, back to back.
 async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
     let batches = build_batches(records, batch_bytes_max(part), now_ms())?;
@@ -241,69 +137,43 @@ pub async fn replay(
     pending: &mut PendingTxnOffsets,
     now: i64,
 ) -> Result<u64, i16> {
-    let end = part.high_watermark().get();
-    let mut offset = part.log.log_start_offset().get();
     let mut applied = 0u64;
-    // Every read moves `offset` forward by at least one batch; bound the loop anyway.
-    let mut reads_left = end.saturating_sub(offset).max(0) + 1;
-    while offset < end && reads_left > 0 {
-        reads_left -= 1;
-        let out = part.fetch(Offset(offset), REPLAY_READ_BYTES).await;
-        if out.error != codes::NONE {
-            tracing::error!(
-                partition = part.index,
-                offset,
-                "replay read failed: error {}",
-                out.error
-            );
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
-        if out.batches.is_empty() {
-            break;
-        }
-        for chunk in &out.batches {
-            let next = replay_chunk(chunk, groups, pending, now, &mut applied)?;
-            offset = offset.max(next);
-        }
-    }
+    crate::coordinator::replay_batches(part, |batch| {
+        replay_batch(&batch, groups, pending, now, &mut applied)
+    })
+    .await?;
     groups.retain(|_, g| g.state != State::Empty || !g.offsets.is_empty() || g.generation > 0);
     Ok(applied)
 }
 
-/// Applies every record of the batches in `chunk`; returns the offset after the last.
-fn replay_chunk(
-    chunk: &Bytes,
+/// Applies every record of one batch.
+fn replay_batch(
+    batch: &Bytes,
     groups: &mut HashMap<String, Group>,
     pending: &mut PendingTxnOffsets,
     now: i64,
     applied: &mut u64,
-) -> Result<i64, i16> {
-    let mut next = 0;
-    for range in split_batches(chunk) {
-        let range = range.map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
-        let batch = chunk.slice(range);
-        let (header, records) = batch_records(&batch, REPLAY_DECOMPRESSED_MAX)
-            .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
-        next = header.next_offset().get();
-        if header.attributes().is_control() {
-            let done = pending.remove(&header.producer_id()).unwrap_or_default();
-            if crate::producer_state::partition::marker_type(&batch) == Some(true) {
-                apply_committed(groups, done, now);
-            }
-            continue;
+) -> Result<(), i16> {
+    let (header, records) = batch_records(batch, REPLAY_DECOMPRESSED_MAX)
+        .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
+    if header.attributes().is_control() {
+        let done = pending.remove(&header.producer_id()).unwrap_or_default();
+        if crate::producer_state::partition::marker_type(batch) == Some(true) {
+            apply_committed(groups, done, now);
         }
-        if header.attributes().is_transactional() {
-            hold_pending(pending, header.producer_id(), records);
-            continue;
-        }
-        for record in records {
-            let record = record.map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
-            let Some(key) = record.key else { continue };
-            apply(&key, record.value.as_ref(), groups, now);
-            *applied += 1;
-        }
+        return Ok(());
     }
-    Ok(next)
+    if header.attributes().is_transactional() {
+        hold_pending(pending, header.producer_id(), records);
+        return Ok(());
+    }
+    for record in records {
+        let record = record.map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
+        let Some(key) = record.key else { continue };
+        apply(&key, record.value.as_ref(), groups, now);
+        *applied += 1;
+    }
+    Ok(())
 }
 
 /// Holds a transactional batch's offset commits until its producer's marker.
@@ -437,6 +307,7 @@ pub fn expired_offsets(g: &Group, now: i64, retention_ms: i64) -> Vec<(String, i
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wire::Offset;
 
     fn offset(commit_ms: i64) -> OffsetValue {
         OffsetValue {

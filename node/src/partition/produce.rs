@@ -193,6 +193,25 @@ impl Partition {
         Ok(info)
     }
 
+    /// The producer of `records` if they are a transactional batch that would open a
+    /// transaction here (its producer has none open in this partition): such a batch is
+    /// checked with the transaction coordinator first (KIP-890).
+    pub fn opens_transaction(
+        &self,
+        records: &[u8],
+    ) -> Option<(wire::ProducerId, wire::ProducerEpoch)> {
+        let header = wire::batch::read_header(records).ok()?;
+        let attributes = header.attributes();
+        if !attributes.is_transactional() || attributes.is_control() {
+            return None;
+        }
+        let pid = header.producer_id();
+        if !pid.is_some() || self.producers.has_open_txn(pid) {
+            return None;
+        }
+        Some((pid, header.producer_epoch()))
+    }
+
     /// A coordinator's append of a batch it built (see
     /// `PartitionProducers::append_unchecked`), answered once the local append completed.
     pub async fn append_coordinator(&self, records: BytesMut, now_ms: i64) -> Result<Offset, i16> {

@@ -70,7 +70,7 @@ pub fn handle(
     }
 }
 
-fn allocate(
+pub(crate) fn allocate(
     place: ShardPlace<'_>,
     requested: Option<(ProducerId, ProducerEpoch)>,
     version: i16,

@@ -278,6 +278,11 @@ impl PartitionProducers {
         }
     }
 
+    /// Whether `producer_id` has a transaction open in this partition.
+    pub fn has_open_txn(&self, producer_id: ProducerId) -> bool {
+        self.table.borrow().has_ongoing(producer_id)
+    }
+
     /// The first offset of the oldest open transaction in this partition.
     pub fn first_unstable_offset(&self) -> Option<Offset> {
         self.table.borrow().first_unstable_offset()

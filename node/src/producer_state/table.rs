@@ -328,6 +328,11 @@ impl ProducerStateTable {
         self.ongoing.values().min().copied()
     }
 
+    /// Whether `producer_id` has a transaction open here.
+    pub fn has_ongoing(&self, producer_id: ProducerId) -> bool {
+        self.ongoing.contains_key(&producer_id)
+    }
+
     /// Open transactions (producer id, first offset), in producer-id order.
     pub fn ongoing_txns(&self) -> impl Iterator<Item = (ProducerId, Offset)> + '_ {
         self.ongoing.iter().map(|(p, o)| (*p, *o))

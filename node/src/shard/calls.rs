@@ -7,7 +7,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use wire::{LeaderEpoch, Offset};
 
-use super::context::ServiceContext;
+use super::context::{MarkerWriter, ServiceContext};
 use super::mesh::ShardCall;
 use super::{Shard, TopicPartition, now_ms};
 use crate::group::{GroupCall, GroupReply};
@@ -23,19 +23,32 @@ pub struct ProduceCall {
     pub records: BytesMut,
     pub acks: Acks,
     pub replicated_by: Instant,
+    /// The request's transactional id: a transactional batch that would open a
+    /// transaction here is first checked with its coordinator (KIP-890).
+    pub transactional_id: Option<std::sync::Arc<str>>,
 }
 
 impl ShardCall for ProduceCall {
     type Reply = ProduceOutcome;
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
-        match shard.partition(&self.tp).await {
-            Ok(p) => {
-                let produce = p.produce(self.records, self.acks, self.replicated_by, now_ms());
-                produce.await
+        let p = match shard.partition(&self.tp).await {
+            Ok(p) => p,
+            Err(code) => return ProduceOutcome::failed(code),
+        };
+        if let Some(producer) = p.opens_transaction(&self.records) {
+            let Some(txn_id) = &self.transactional_id else {
+                return ProduceOutcome::failed(crate::errors::INVALID_TXN_STATE);
+            };
+            let (topic, index) = (&self.tp.0, self.tp.1);
+            let code = crate::api::txn::verify_produce(&shard, txn_id, producer, topic, index);
+            let code = code.await;
+            if code != crate::errors::NONE {
+                return ProduceOutcome::failed(code);
             }
-            Err(code) => ProduceOutcome::failed(code),
         }
+        let produce = p.produce(self.records, self.acks, self.replicated_by, now_ms());
+        produce.await
     }
 }
 
@@ -198,5 +211,17 @@ impl ShardCall for GroupCall {
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> GroupReply {
         let groups = shard.groups.clone();
         groups.exec(&ServiceContext::new(&shard), self).await
+    }
+}
+
+/// Work for the transaction coordinator hosted on the target shard; it sees the shard
+/// through a [`ServiceContext`] and writes markers through a [`MarkerWriter`].
+impl ShardCall for crate::txn::TxnCall {
+    type Reply = crate::txn::TxnReply;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> crate::txn::TxnReply {
+        let txns = shard.txns.clone();
+        let markers = MarkerWriter::new(shard.clone());
+        txns.exec(&ServiceContext::new(&shard), markers, self).await
     }
 }

@@ -1,5 +1,5 @@
-//! What a service hosted on a shard (the group coordinator today; the transaction
-//! coordinator and replication fetchers next) may use of it: its identity and config, the
+//! What a service hosted on a shard (the group and transaction coordinators; replication
+//! fetchers next) may use of it: its identity and config, the
 //! committed catalogue, which partitions it owns, their open replicas, and its shutdown.
 //! Not the shard itself: a hosted service cannot reach the mesh, the open-partition
 //! bookkeeping or another service's state, so each can be read and tested on its own.
@@ -54,6 +54,35 @@ impl<'a> ServiceContext<'a> {
     pub async fn until_shutdown(&self) {
         if !self.shutting_down() {
             self.shard.shutdown.listen().await;
+        }
+    }
+}
+
+/// The transaction coordinator's one way off its shard: writing a transaction marker to a
+/// partition on whichever shard owns it (a `WriteMarkerCall` there). Owned, so the
+/// coordinator's ticker can keep it; it exposes nothing else of the shard.
+#[derive(Clone)]
+pub struct MarkerWriter {
+    shard: Rc<Shard>,
+}
+
+impl MarkerWriter {
+    pub fn new(shard: Rc<Shard>) -> MarkerWriter {
+        MarkerWriter { shard }
+    }
+
+    /// Writes `marker` to `tp` on its owner; a Kafka error code.
+    pub async fn write(
+        &self,
+        tp: TopicPartition,
+        marker: crate::producer_state::partition::Marker,
+        deadline: std::time::Instant,
+    ) -> i16 {
+        let owner = self.shard.router.owner(&tp.0, tp.1);
+        let call = super::calls::WriteMarkerCall { tp, marker };
+        match self.shard.call(owner, call, deadline).await {
+            Ok(code) => code,
+            Err(e) => e.code(),
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
 pub use calls::{
     DeleteRecordsCall, FetchCall, FetchRead, ListOffsetCall, ProduceCall, SyncCall, WaitCall,
+    WriteMarkerCall,
 };
 pub use mesh::{CallError, Envelope, INBOX_IN_FLIGHT_MAX, MESH_QUEUE_CAPACITY, ReplyEnvelope};
 
@@ -97,6 +98,8 @@ pub struct Shard {
     pub advertised: (String, u16),
     /// Group coordinators of the `__consumer_offsets` partitions this shard owns.
     pub groups: Rc<crate::group::Coordinators>,
+    /// The transaction coordinator's state for the `__transaction_state` partitions here.
+    pub txns: Rc<crate::txn::Coordinators>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -143,6 +146,7 @@ impl Shard {
             open_connections: Cell::new(0),
             advertised,
             groups: Rc::default(),
+            txns: Rc::default(),
         }
     }
 

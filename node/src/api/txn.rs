@@ -1,0 +1,399 @@
+//! The transaction APIs (KIP-98): InitProducerId with a transactional id,
+//! AddPartitionsToTxn, AddOffsetsToTxn, EndTxn (to the transaction coordinator, see
+//! `crate::txn`), TxnOffsetCommit (to the group coordinator), WriteTxnMarkers (to the
+//! partitions' owners), and the KIP-890 check a transactional produce passes.
+//!
+//! Each handler runs on the connection's shard and reaches the coordinator with a
+//! `TxnCall` to the shard owning the transactional id's `__transaction_state` partition,
+//! created (like `__consumer_offsets`) on first use.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::write_txn_markers_response::{
+    WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
+};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse, InitProducerIdRequest,
+    InitProducerIdResponse, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+};
+use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
+
+use super::topic_name;
+use crate::errors;
+use crate::group::{CommitArgs, GroupOp, GroupReply, OFFSETS_TOPIC, OffsetCommit};
+use crate::metadata::{self, MetaError, TopicMeta};
+use crate::producer_state::partition::Marker;
+use crate::shard::{Shard, WriteMarkerCall};
+use crate::txn::{
+    Settings, TRANSACTIONAL_ID_MAX_BYTES, TXN_TOPIC, TxnCall, TxnOp, TxnReply, partition_for,
+};
+
+/// Longest one coordinator call may take (it may write markers to many partitions).
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest one WriteTxnMarkers partition write may take.
+const MARKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn txn_topic_configs(s: &Settings) -> BTreeMap<String, String> {
+    let mut configs = BTreeMap::from([
+        ("segment.bytes".to_string(), s.segment_bytes.to_string()),
+        ("log.tail.cache.bytes".to_string(), "65536".to_string()),
+        ("preallocate".to_string(), "false".to_string()),
+    ]);
+    // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
+    let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
+    configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
+    configs
+}
+
+/// The partition count of `__transaction_state`, creating the topic on first use.
+pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
+    if let Some(t) = shard.catalog().topics.get(TXN_TOPIC) {
+        return Ok(t.partitions);
+    }
+    let s = Settings::from_config(shard.config());
+    let meta = TopicMeta {
+        name: TXN_TOPIC.to_string(),
+        id: metadata::new_topic_id(),
+        partitions: s.num_partitions,
+        configs: txn_topic_configs(&s),
+    };
+    let created = shard.node.meta.update(|c| {
+        if c.topics.contains_key(TXN_TOPIC) {
+            return Err(MetaError::TopicExists(TXN_TOPIC.to_string()));
+        }
+        c.topics.insert(TXN_TOPIC.to_string(), Arc::new(meta));
+        Ok(())
+    });
+    match created {
+        Ok(()) => tracing::info!(partitions = s.num_partitions, "created {TXN_TOPIC}"),
+        Err(MetaError::TopicExists(_)) => {}
+        Err(e) => {
+            tracing::error!("cannot create {TXN_TOPIC}: {e}");
+            return Err(errors::COORDINATOR_NOT_AVAILABLE);
+        }
+    }
+    shard.sync_all().await;
+    let topics = shard.catalog();
+    let t = topics.topics.get(TXN_TOPIC);
+    t.map(|t| t.partitions)
+        .ok_or(errors::COORDINATOR_NOT_AVAILABLE)
+}
+
+fn valid_txn_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= TRANSACTIONAL_ID_MAX_BYTES
+}
+
+/// Runs `op` on the coordinator of `txn_id`.
+pub async fn call_txn(shard: &Rc<Shard>, txn_id: &str, op: TxnOp) -> TxnReply {
+    let partitions = match txn_partitions(shard).await {
+        Ok(n) => n,
+        Err(code) => return TxnReply::Code(code),
+    };
+    let partition = partition_for(txn_id, partitions);
+    let target = shard.router.owner(TXN_TOPIC, partition);
+    let deadline = Instant::now() + TXN_CALL_TIMEOUT;
+    match shard
+        .call(target, TxnCall { partition, op }, deadline)
+        .await
+    {
+        Ok(reply) => reply,
+        Err(e) => TxnReply::Code(e.code()),
+    }
+}
+
+fn code_of(reply: &TxnReply) -> i16 {
+    match reply {
+        TxnReply::Code(c) => *c,
+        TxnReply::Producer { error, .. } => *error,
+        TxnReply::Partitions(codes) => codes
+            .iter()
+            .copied()
+            .find(|c| *c != errors::NONE)
+            .unwrap_or(errors::NONE),
+        TxnReply::Described(c, _) => *c,
+        TxnReply::Listed(_) => errors::NONE,
+    }
+}
+
+/// InitProducerId with a transactional id (the dispatcher sends the others to the
+/// idempotent allocator).
+pub async fn init_producer_id(
+    shard: &Rc<Shard>,
+    req: InitProducerIdRequest,
+    version: i16,
+) -> InitProducerIdResponse {
+    let txn_id = req
+        .transactional_id
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let error = |code: i16| {
+        InitProducerIdResponse::default()
+            .with_error_code(code)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1)
+    };
+    if !valid_txn_id(&txn_id) {
+        return error(errors::INVALID_REQUEST);
+    }
+    let producer = (version >= 3 && req.producer_id.0 >= 0).then_some((
+        ProducerId(req.producer_id.0),
+        ProducerEpoch(req.producer_epoch),
+    ));
+    let op = TxnOp::InitProducerId {
+        txn_id: txn_id.clone(),
+        timeout_ms: req.transaction_timeout_ms,
+        producer,
+        version,
+    };
+    match call_txn(shard, &txn_id, op).await {
+        TxnReply::Producer {
+            error: errors::NONE,
+            producer_id,
+            producer_epoch,
+        } => InitProducerIdResponse::default()
+            .with_producer_id(producer_id.get().into())
+            .with_producer_epoch(producer_epoch.get()),
+        other => error(code_of(&other)),
+    }
+}
+
+pub async fn add_partitions(
+    shard: &Rc<Shard>,
+    req: AddPartitionsToTxnRequest,
+) -> AddPartitionsToTxnResponse {
+    let txn_id = req.v3_and_below_transactional_id.0.to_string();
+    let mut wanted: Vec<(String, i32)> = Vec::new();
+    for t in &req.v3_and_below_topics {
+        for p in &t.partitions {
+            wanted.push((t.name.0.to_string(), *p));
+        }
+    }
+    let catalog = shard.catalog();
+    let known = |(t, p): &(String, i32)| {
+        t != OFFSETS_TOPIC
+            && t != TXN_TOPIC
+            && catalog
+                .topics
+                .get(t)
+                .is_some_and(|m| *p >= 0 && *p < m.partitions)
+    };
+    let per: Vec<i16> = if !valid_txn_id(&txn_id) {
+        vec![errors::INVALID_REQUEST; wanted.len()]
+    } else if wanted.iter().any(|tp| !known(tp)) {
+        // Kafka: the unknown ones get their error, the rest OPERATION_NOT_ATTEMPTED.
+        wanted
+            .iter()
+            .map(|tp| {
+                if known(tp) {
+                    errors::OPERATION_NOT_ATTEMPTED
+                } else {
+                    errors::UNKNOWN_TOPIC_OR_PARTITION
+                }
+            })
+            .collect()
+    } else {
+        let op = TxnOp::AddPartitions {
+            txn_id: txn_id.clone(),
+            producer_id: ProducerId(req.v3_and_below_producer_id.0),
+            producer_epoch: ProducerEpoch(req.v3_and_below_producer_epoch),
+            partitions: wanted.clone(),
+            verify_only: false,
+        };
+        let code = code_of(&call_txn(shard, &txn_id, op).await);
+        vec![code; wanted.len()]
+    };
+    let mut resp = AddPartitionsToTxnResponse::default();
+    let mut topics: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
+    for ((t, p), code) in wanted.iter().zip(per) {
+        let mut r = AddPartitionsToTxnPartitionResult::default();
+        r.partition_index = *p;
+        r.partition_error_code = code;
+        match topics.last_mut() {
+            Some(last) if last.name.0.as_str() == t => last.results_by_partition.push(r),
+            _ => {
+                let mut tr = AddPartitionsToTxnTopicResult::default();
+                tr.name = topic_name(t);
+                tr.results_by_partition.push(r);
+                topics.push(tr);
+            }
+        }
+    }
+    resp.results_by_topic_v3_and_below = topics;
+    resp
+}
+
+pub async fn add_offsets(
+    shard: &Rc<Shard>,
+    req: AddOffsetsToTxnRequest,
+) -> AddOffsetsToTxnResponse {
+    let txn_id = req.transactional_id.0.to_string();
+    let group = req.group_id.0.to_string();
+    let code = if !valid_txn_id(&txn_id) || group.is_empty() {
+        errors::INVALID_REQUEST
+    } else {
+        match super::groups::offsets_partitions(shard).await {
+            Err(code) => code,
+            Ok(n) => {
+                let partition = crate::group::partition_for(&group, n);
+                let op = TxnOp::AddPartitions {
+                    txn_id: txn_id.clone(),
+                    producer_id: ProducerId(req.producer_id.0),
+                    producer_epoch: ProducerEpoch(req.producer_epoch),
+                    partitions: vec![(OFFSETS_TOPIC.to_string(), partition)],
+                    verify_only: false,
+                };
+                code_of(&call_txn(shard, &txn_id, op).await)
+            }
+        }
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(code)
+}
+
+pub async fn end_txn(shard: &Rc<Shard>, req: EndTxnRequest) -> EndTxnResponse {
+    let txn_id = req.transactional_id.0.to_string();
+    let code = if !valid_txn_id(&txn_id) {
+        errors::INVALID_REQUEST
+    } else {
+        let op = TxnOp::EndTxn {
+            txn_id: txn_id.clone(),
+            producer_id: ProducerId(req.producer_id.0),
+            producer_epoch: ProducerEpoch(req.producer_epoch),
+            commit: req.committed,
+        };
+        code_of(&call_txn(shard, &txn_id, op).await)
+    };
+    EndTxnResponse::default().with_error_code(code)
+}
+
+/// TxnOffsetCommit: to the group coordinator, held there until the marker.
+pub async fn txn_offset_commit(
+    shard: &Rc<Shard>,
+    req: TxnOffsetCommitRequest,
+) -> TxnOffsetCommitResponse {
+    let group = req.group_id.0.to_string();
+    let args = CommitArgs {
+        group: group.clone(),
+        generation: req.generation_id,
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),
+        offsets: req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| OffsetCommit {
+                    topic: t.name.0.to_string(),
+                    partition: p.partition_index,
+                    offset: Offset(p.committed_offset),
+                    leader_epoch: LeaderEpoch(p.committed_leader_epoch),
+                    metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                })
+            })
+            .collect(),
+    };
+    let count = args.offsets.len();
+    let per = if group.is_empty() {
+        vec![errors::INVALID_REQUEST; count]
+    } else {
+        let op = GroupOp::TxnCommit {
+            commit: args,
+            producer_id: ProducerId(req.producer_id.0),
+            producer_epoch: ProducerEpoch(req.producer_epoch),
+        };
+        match super::groups::call_group(shard, &group, op).await {
+            GroupReply::Codes(_, per) if per.len() == count => per,
+            GroupReply::Code(code) | GroupReply::Codes(code, _) => vec![code; count],
+            _ => vec![errors::UNKNOWN_SERVER_ERROR; count],
+        }
+    };
+    let mut resp = TxnOffsetCommitResponse::default();
+    let mut codes = per.into_iter();
+    for t in &req.topics {
+        let mut tr = TxnOffsetCommitResponseTopic::default();
+        tr.name = t.name.clone();
+        for p in &t.partitions {
+            let mut pr = TxnOffsetCommitResponsePartition::default();
+            pr.partition_index = p.partition_index;
+            pr.error_code = codes.next().unwrap_or(errors::UNKNOWN_SERVER_ERROR);
+            tr.partitions.push(pr);
+        }
+        resp.topics.push(tr);
+    }
+    resp
+}
+
+/// WriteTxnMarkers (an inter-broker API, served for completeness): each marker to each
+/// of its partitions, on the partitions' owners.
+pub async fn write_txn_markers(
+    shard: &Rc<Shard>,
+    req: WriteTxnMarkersRequest,
+) -> WriteTxnMarkersResponse {
+    let mut resp = WriteTxnMarkersResponse::default();
+    for m in &req.markers {
+        let marker = Marker {
+            producer_id: ProducerId(m.producer_id.0),
+            producer_epoch: ProducerEpoch(m.producer_epoch),
+            commit: m.transaction_result,
+            coordinator_epoch: m.coordinator_epoch,
+        };
+        let mut result = WritableTxnMarkerResult::default();
+        result.producer_id = m.producer_id;
+        for t in &m.topics {
+            let mut tr = WritableTxnMarkerTopicResult::default();
+            tr.name = t.name.clone();
+            for p in &t.partition_indexes {
+                let tp = (Arc::from(t.name.0.as_str()), *p);
+                let owner = shard.router.owner(&tp.0, tp.1);
+                let deadline = Instant::now() + MARKER_TIMEOUT;
+                let call = WriteMarkerCall { tp, marker };
+                let code = match shard.call(owner, call, deadline).await {
+                    Ok(code) => code,
+                    Err(e) => e.code(),
+                };
+                let mut pr = WritableTxnMarkerPartitionResult::default();
+                pr.partition_index = *p;
+                pr.error_code = code;
+                tr.partitions.push(pr);
+            }
+            result.topics.push(tr);
+        }
+        resp.markers.push(result);
+    }
+    resp
+}
+
+/// KIP-890's check, on a transactional batch that would open a transaction in a
+/// partition: the partition must be in the producer's ongoing transaction (else
+/// INVALID_TXN_STATE), with the producer's current epoch (else PRODUCER_FENCED, which a
+/// Produce answers as INVALID_PRODUCER_EPOCH).
+pub async fn verify_produce(
+    shard: &Rc<Shard>,
+    txn_id: &str,
+    producer: (ProducerId, ProducerEpoch),
+    topic: &str,
+    partition: i32,
+) -> i16 {
+    let op = TxnOp::AddPartitions {
+        txn_id: txn_id.to_string(),
+        producer_id: producer.0,
+        producer_epoch: producer.1,
+        partitions: vec![(topic.to_string(), partition)],
+        verify_only: true,
+    };
+    match code_of(&call_txn(shard, txn_id, op).await) {
+        errors::PRODUCER_FENCED => errors::INVALID_PRODUCER_EPOCH,
+        errors::INVALID_PRODUCER_ID_MAPPING => errors::INVALID_TXN_STATE,
+        code => code,
+    }
+}

@@ -1,0 +1,692 @@
+//! The transaction coordinator (KIP-98): transactional ids, their producer ids and epochs,
+//! and each transaction's partitions, through Kafka's states (see [`state`]).
+//!
+//! A transactional id hashes (Kafka's rule, as group ids: `abs(id.hashCode) % partitions`)
+//! to one partition of `__transaction_state`; the shard that owns that partition hosts it,
+//! in [`Coordinators`] (a field of the shard), with the group coordinator's hosting
+//! machinery (`crate::coordinator`: partitions loaded and replayed once, appends).
+//!
+//! Every state change is appended to the partition (Kafka's key/value, [`schema`]) before
+//! it is acted on: EndTxn writes PrepareCommit/PrepareAbort, then a marker to every
+//! partition of the transaction (through `WriteMarkerCall`, on each partition's shard),
+//! then CompleteCommit/CompleteAbort. On first use after a start, a partition is replayed
+//! (latest value per id wins); a transaction found in Prepare* has its markers written
+//! again (markers are idempotent for the partitions: a second one closes nothing). An
+//! Ongoing one continues: its producer may go on with it, or `transaction.timeout.ms`
+//! after it began the ticker aborts it, with the producer's epoch bumped (fenced), as
+//! Kafka's coordinator does.
+//!
+//! One request per transactional id at a time: a second one meanwhile (or the ticker)
+//! gets CONCURRENT_TRANSACTIONS, which clients retry.
+
+pub mod schema;
+pub mod state;
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use wire::batch::batch_records;
+use wire::{ProducerEpoch, ProducerId};
+
+use crate::coordinator::{PartitionLoads, append_contiguous, batch_bytes_max, build_batches};
+use crate::errors;
+use crate::partition::Partition;
+use crate::producer_state::partition::Marker;
+use crate::shard::context::{MarkerWriter, ServiceContext};
+use crate::shard::now_ms;
+use state::{EndDecision, TxnMetadata, TxnState};
+
+/// The internal topic holding the transaction log.
+pub const TXN_TOPIC: &str = "__transaction_state";
+/// Most decompressed bytes one batch may have during replay.
+const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
+/// Attempts to write one marker before the transaction is left to the ticker.
+const MARKER_ATTEMPTS_MAX: u32 = 20;
+/// Pause between marker attempts.
+const MARKER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+/// How long one marker call may take.
+const MARKER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest transactional id (Kafka: a string; bounded here like group ids).
+pub const TRANSACTIONAL_ID_MAX_BYTES: usize = 255;
+/// Epochs above this start a new producer id instead (Kafka: `Short.MaxValue - 1`).
+const EPOCH_MAX: i16 = i16::MAX - 1;
+
+/// Coordinator settings, under Kafka's keys.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// `transaction.state.log.num.partitions`.
+    pub num_partitions: i32,
+    /// `transaction.state.log.segment.bytes`.
+    pub segment_bytes: i64,
+    /// `transaction.max.timeout.ms`: a client's `transaction.timeout.ms` above it is
+    /// refused with INVALID_TRANSACTION_TIMEOUT.
+    pub max_timeout_ms: i32,
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
+    pub abort_check_ms: u64,
+}
+
+impl Settings {
+    pub fn from_config(config: &crate::config::Config) -> Settings {
+        let num = |key: &str, default: i64| -> i64 {
+            config
+                .props
+                .get(key)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(default)
+        };
+        Settings {
+            num_partitions: num("transaction.state.log.num.partitions", 50).clamp(1, 1000) as i32,
+            segment_bytes: num("transaction.state.log.segment.bytes", 104_857_600).max(1 << 14),
+            max_timeout_ms: num("transaction.max.timeout.ms", 900_000).clamp(1, i64::from(i32::MAX))
+                as i32,
+            abort_check_ms: num(
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                10_000,
+            )
+            .clamp(10, 3_600_000) as u64,
+        }
+    }
+}
+
+/// Work for the coordinator of one transactional id (or, for `List`, all of a shard).
+#[derive(Debug, Clone)]
+pub enum TxnOp {
+    /// InitProducerId with a transactional id. `producer`: the id and epoch a v3+ client
+    /// sends to bump its epoch (KIP-360), if any.
+    InitProducerId {
+        txn_id: String,
+        timeout_ms: i32,
+        producer: Option<(ProducerId, ProducerEpoch)>,
+        version: i16,
+    },
+    /// AddPartitionsToTxn / AddOffsetsToTxn (the group's `__consumer_offsets` partition);
+    /// `verify_only` (KIP-890): only check that they are in the ongoing transaction.
+    AddPartitions {
+        txn_id: String,
+        producer_id: ProducerId,
+        producer_epoch: ProducerEpoch,
+        partitions: Vec<(String, i32)>,
+        verify_only: bool,
+    },
+    EndTxn {
+        txn_id: String,
+        producer_id: ProducerId,
+        producer_epoch: ProducerEpoch,
+        commit: bool,
+    },
+    Describe {
+        txn_id: String,
+    },
+    List,
+}
+
+impl TxnOp {
+    fn txn_id(&self) -> Option<&str> {
+        match self {
+            TxnOp::InitProducerId { txn_id, .. }
+            | TxnOp::AddPartitions { txn_id, .. }
+            | TxnOp::EndTxn { txn_id, .. }
+            | TxnOp::Describe { txn_id } => Some(txn_id),
+            TxnOp::List => None,
+        }
+    }
+}
+
+/// A [`TxnOp`] addressed to the coordinator of `partition` of `__transaction_state`.
+#[derive(Debug, Clone)]
+pub struct TxnCall {
+    pub partition: i32,
+    pub op: TxnOp,
+}
+
+/// The coordinator's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnReply {
+    Producer {
+        error: i16,
+        producer_id: ProducerId,
+        producer_epoch: ProducerEpoch,
+    },
+    /// One code for the request.
+    Code(i16),
+    /// One code per partition, in request order.
+    Partitions(Vec<i16>),
+    Described(i16, Option<TxnMetadata>),
+    /// (transactional id, producer id, state) of every transaction on the shard.
+    Listed(Vec<(String, ProducerId, &'static str)>),
+}
+
+impl TxnReply {
+    fn producer_error(error: i16) -> TxnReply {
+        TxnReply::Producer {
+            error,
+            producer_id: ProducerId::NONE,
+            producer_epoch: ProducerEpoch(-1),
+        }
+    }
+}
+
+/// The partition of `__transaction_state` holding `txn_id` (Kafka's hash).
+pub fn partition_for(txn_id: &str, partitions: i32) -> i32 {
+    crate::group::partition_for(txn_id, partitions)
+}
+
+/// The transaction coordinator state of one shard.
+#[derive(Default)]
+pub struct Coordinators {
+    txns: RefCell<HashMap<String, TxnMetadata>>,
+    partitions: PartitionLoads,
+    /// Transactional ids with a request (or the ticker) at work on them.
+    busy: RefCell<HashSet<String>>,
+    settings: OnceCell<Settings>,
+    markers: OnceCell<MarkerWriter>,
+    ticker_started: Cell<bool>,
+    /// How many partitions `__transaction_state` has (from the catalogue, at load).
+    topic_partitions: Cell<i32>,
+}
+
+/// Marks a transactional id busy while alive.
+struct Busy<'a> {
+    set: &'a RefCell<HashSet<String>>,
+    id: String,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.set.borrow_mut().remove(&self.id);
+    }
+}
+
+impl Coordinators {
+    /// Runs a call on this shard (the owner of the call's partition).
+    pub async fn exec(
+        self: &Rc<Self>,
+        ctx: &ServiceContext<'_>,
+        markers: MarkerWriter,
+        call: TxnCall,
+    ) -> TxnReply {
+        let settings = *self
+            .settings
+            .get_or_init(|| Settings::from_config(ctx.config()));
+        let _ = self.markers.set(markers);
+        self.start_ticker(settings);
+        if let TxnOp::List = call.op {
+            return self.list(ctx).await;
+        }
+        if !ctx.owns(TXN_TOPIC, call.partition) {
+            return TxnReply::Code(errors::NOT_COORDINATOR);
+        }
+        let part = match self.load(ctx, call.partition).await {
+            Ok(p) => p,
+            Err(code) => return TxnReply::Code(code),
+        };
+        let Some(id) = call.op.txn_id().map(str::to_string) else {
+            return TxnReply::Code(errors::INVALID_REQUEST);
+        };
+        if let TxnOp::Describe { .. } = call.op {
+            let found = self.txns.borrow().get(&id).cloned();
+            let code = if found.is_some() {
+                errors::NONE
+            } else {
+                errors::TRANSACTIONAL_ID_NOT_FOUND
+            };
+            return TxnReply::Described(code, found);
+        }
+        let Some(_busy) = self.claim(&id) else {
+            return match call.op {
+                TxnOp::InitProducerId { .. } => {
+                    TxnReply::producer_error(errors::CONCURRENT_TRANSACTIONS)
+                }
+                _ => TxnReply::Code(errors::CONCURRENT_TRANSACTIONS),
+            };
+        };
+        match call.op {
+            TxnOp::InitProducerId {
+                timeout_ms,
+                producer,
+                version,
+                ..
+            } => {
+                self.init_producer_id(ctx, &part, &settings, &id, timeout_ms, producer, version)
+                    .await
+            }
+            TxnOp::AddPartitions {
+                producer_id,
+                producer_epoch,
+                partitions,
+                verify_only,
+                ..
+            } => {
+                let producer = (producer_id, producer_epoch);
+                self.add_partitions(&part, &id, producer, partitions, verify_only)
+                    .await
+            }
+            TxnOp::EndTxn {
+                producer_id,
+                producer_epoch,
+                commit,
+                ..
+            } => {
+                let producer = (producer_id, producer_epoch);
+                TxnReply::Code(self.end_txn(&part, &id, producer, commit).await)
+            }
+            TxnOp::Describe { .. } | TxnOp::List => TxnReply::Code(errors::INVALID_REQUEST),
+        }
+    }
+
+    fn claim(&self, id: &str) -> Option<Busy<'_>> {
+        if !self.busy.borrow_mut().insert(id.to_string()) {
+            return None;
+        }
+        Some(Busy {
+            set: &self.busy,
+            id: id.to_string(),
+        })
+    }
+
+    /// InitProducerId: a new producer id for a new transactional id, else the next epoch
+    /// of its producer id (fencing the previous instance); an ongoing transaction of the
+    /// previous instance is aborted first, its markers written with the bumped epoch.
+    #[allow(clippy::too_many_arguments)]
+    async fn init_producer_id(
+        &self,
+        ctx: &ServiceContext<'_>,
+        part: &Partition,
+        s: &Settings,
+        id: &str,
+        timeout_ms: i32,
+        producer: Option<(ProducerId, ProducerEpoch)>,
+        version: i16,
+    ) -> TxnReply {
+        if timeout_ms <= 0 || timeout_ms > s.max_timeout_ms {
+            return TxnReply::producer_error(errors::INVALID_TRANSACTION_TIMEOUT);
+        }
+        let now = now_ms();
+        let existing = self.txns.borrow().get(id).cloned();
+        let next = match existing {
+            None => match fresh_producer_id(ctx, version) {
+                Ok(pid) => TxnMetadata::empty(pid, ProducerEpoch(0), timeout_ms, now),
+                Err(code) => return TxnReply::producer_error(code),
+            },
+            Some(m) => {
+                if let Some((pid, epoch)) = producer
+                    && (pid != m.producer_id || epoch != m.producer_epoch)
+                {
+                    return TxnReply::producer_error(fenced_code(version));
+                }
+                let m = match self.finish_open(part, id, m).await {
+                    Ok(m) => m,
+                    Err(code) => return TxnReply::producer_error(code),
+                };
+                match bump(ctx, &m, timeout_ms, now, version) {
+                    Ok(next) => next,
+                    Err(code) => return TxnReply::producer_error(code),
+                }
+            }
+        };
+        if let Err(code) = self.store(part, id, &next).await {
+            return TxnReply::producer_error(code);
+        }
+        TxnReply::Producer {
+            error: errors::NONE,
+            producer_id: next.producer_id,
+            producer_epoch: next.producer_epoch,
+        }
+    }
+
+    /// Before a new epoch: a transaction still open is aborted (fencing its producer with
+    /// the next epoch) or, if it was already ending, its markers are finished.
+    async fn finish_open(
+        &self,
+        part: &Partition,
+        id: &str,
+        m: TxnMetadata,
+    ) -> Result<TxnMetadata, i16> {
+        match m.state {
+            TxnState::Ongoing => self.fence_abort(part, id, m).await,
+            TxnState::PrepareCommit | TxnState::PrepareAbort => self.complete(part, id, m).await,
+            _ => Ok(m),
+        }
+    }
+
+    /// Aborts an ongoing transaction with the producer's epoch bumped, so that the
+    /// producer (a zombie, or one silent past its timeout) is fenced.
+    async fn fence_abort(
+        &self,
+        part: &Partition,
+        id: &str,
+        m: TxnMetadata,
+    ) -> Result<TxnMetadata, i16> {
+        let now = now_ms();
+        let mut fenced = m.prepare(false, now);
+        if m.producer_epoch.get() < EPOCH_MAX {
+            fenced.producer_epoch = ProducerEpoch(m.producer_epoch.get() + 1);
+        }
+        self.store(part, id, &fenced).await?;
+        self.complete(part, id, fenced).await
+    }
+
+    async fn add_partitions(
+        &self,
+        part: &Partition,
+        id: &str,
+        producer: (ProducerId, ProducerEpoch),
+        partitions: Vec<(String, i32)>,
+        verify_only: bool,
+    ) -> TxnReply {
+        let Some(m) = self.txns.borrow().get(id).cloned() else {
+            return TxnReply::Code(errors::INVALID_PRODUCER_ID_MAPPING);
+        };
+        if verify_only {
+            // KIP-890: a partition leader asks whether it may take a transactional batch.
+            let code = match m.check_producer(producer.0, producer.1) {
+                Err(code) => code,
+                Ok(()) if m.state != TxnState::Ongoing => errors::INVALID_TXN_STATE,
+                Ok(()) => errors::NONE,
+            };
+            let per = partitions
+                .iter()
+                .map(|p| {
+                    if code != errors::NONE || m.partitions.contains(p) {
+                        code
+                    } else {
+                        errors::INVALID_TXN_STATE
+                    }
+                })
+                .collect();
+            return TxnReply::Partitions(per);
+        }
+        match m.add_partitions(producer.0, producer.1, &partitions, now_ms()) {
+            Err(code) => TxnReply::Code(code),
+            Ok(None) => TxnReply::Code(errors::NONE),
+            Ok(Some(next)) => match self.store(part, id, &next).await {
+                Ok(()) => TxnReply::Code(errors::NONE),
+                Err(code) => TxnReply::Code(code),
+            },
+        }
+    }
+
+    /// EndTxn: PrepareCommit/PrepareAbort logged, markers written, Complete* logged.
+    async fn end_txn(
+        &self,
+        part: &Partition,
+        id: &str,
+        producer: (ProducerId, ProducerEpoch),
+        commit: bool,
+    ) -> i16 {
+        let Some(m) = self.txns.borrow().get(id).cloned() else {
+            return errors::INVALID_PRODUCER_ID_MAPPING;
+        };
+        let prepared = match m.end(producer.0, producer.1, commit, now_ms()) {
+            Err(code) => return code,
+            Ok(EndDecision::AlreadyDone) => return errors::NONE,
+            Ok(EndDecision::Prepare(p)) => p,
+        };
+        if let Err(code) = self.store(part, id, &prepared).await {
+            return code;
+        }
+        match self.complete(part, id, prepared).await {
+            Ok(_) => errors::NONE,
+            Err(code) => code,
+        }
+    }
+
+    /// Writes the markers of a Prepare* transaction to all its partitions, then logs
+    /// Complete*. If a marker cannot be written (after retries) the transaction stays in
+    /// Prepare* for the ticker to finish, and the caller gets that error.
+    async fn complete(
+        &self,
+        part: &Partition,
+        id: &str,
+        m: TxnMetadata,
+    ) -> Result<TxnMetadata, i16> {
+        assert!(m.state.is_preparing(), "markers for {:?}", m.state);
+        let marker = Marker {
+            producer_id: m.producer_id,
+            producer_epoch: m.producer_epoch,
+            commit: m.state == TxnState::PrepareCommit,
+            coordinator_epoch: part.leader_epoch().get(),
+        };
+        let Some(writer) = self.markers.get() else {
+            return Err(errors::COORDINATOR_NOT_AVAILABLE);
+        };
+        for (topic, index) in &m.partitions {
+            write_marker(writer, topic, *index, marker).await?;
+        }
+        let done = m.complete(now_ms());
+        self.store(part, id, &done).await?;
+        Ok(done)
+    }
+
+    /// Appends `m` for `id` and, once written, makes it the state.
+    async fn store(&self, part: &Partition, id: &str, m: &TxnMetadata) -> Result<(), i16> {
+        let records = vec![(schema::key(id), Some(schema::value(m)))];
+        let batches = build_batches(records, batch_bytes_max(part), now_ms())?;
+        append_contiguous(part, batches)
+            .await
+            .map_err(|_| errors::COORDINATOR_NOT_AVAILABLE)?;
+        self.txns.borrow_mut().insert(id.to_string(), m.clone());
+        Ok(())
+    }
+
+    /// Loads every partition of this shard, then lists its transactions.
+    async fn list(&self, ctx: &ServiceContext<'_>) -> TxnReply {
+        if let Some(topic) = ctx.catalog().topics.get(TXN_TOPIC).cloned() {
+            for p in 0..topic.partitions {
+                if ctx.owns(TXN_TOPIC, p) {
+                    let _ = self.load(ctx, p).await;
+                }
+            }
+        }
+        let listed = self
+            .txns
+            .borrow()
+            .iter()
+            .map(|(id, m)| (id.clone(), m.producer_id, m.state.name()))
+            .collect();
+        TxnReply::Listed(listed)
+    }
+
+    /// The open, replayed partition `index` of `__transaction_state` on this shard.
+    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+        self.partitions
+            .load(index, || self.replay(ctx, index))
+            .await
+    }
+
+    async fn replay(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+        let tp = (std::sync::Arc::from(TXN_TOPIC), index);
+        let part = ctx
+            .partition(&tp)
+            .await
+            .map_err(|_| errors::COORDINATOR_NOT_AVAILABLE)?;
+        if let Some(t) = ctx.catalog().topics.get(TXN_TOPIC) {
+            self.topic_partitions.set(t.partitions);
+        }
+        let started = Instant::now();
+        let mut loaded: HashMap<String, TxnMetadata> = HashMap::new();
+        let batches = crate::coordinator::replay_batches(&part, |batch| {
+            replay_batch(&batch, &mut loaded);
+            Ok(())
+        })
+        .await?;
+        tracing::info!(
+            partition = index,
+            batches,
+            transactional_ids = loaded.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "loaded transaction coordinator state"
+        );
+        self.txns.borrow_mut().extend(loaded);
+        Ok(part)
+    }
+
+    /// Starts this shard's timer task once: aborts timed-out transactions and finishes
+    /// those left in Prepare* (a marker that could not be written, or found at load).
+    fn start_ticker(self: &Rc<Self>, settings: Settings) {
+        if self.ticker_started.replace(true) {
+            return;
+        }
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(Duration::from_millis(settings.abort_check_ms)).await;
+                me.tick(now_ms()).await;
+            }
+        })
+        .detach();
+    }
+
+    async fn tick(&self, now: i64) {
+        let due: Vec<(String, TxnMetadata)> = self
+            .txns
+            .borrow()
+            .iter()
+            .filter(|(_, m)| m.timed_out(now) || m.state.is_preparing())
+            .map(|(id, m)| (id.clone(), m.clone()))
+            .collect();
+        for (id, m) in due {
+            let Some(part) = self.partition_of(&id) else {
+                continue;
+            };
+            let Some(_busy) = self.claim(&id) else {
+                continue;
+            };
+            // Re-read under the claim: a request may have moved it on meanwhile.
+            let Some(m) = self
+                .txns
+                .borrow()
+                .get(&id)
+                .cloned()
+                .filter(|now_m| *now_m == m)
+            else {
+                continue;
+            };
+            let timed_out = m.state == TxnState::Ongoing;
+            let result = self.finish_open(&part, &id, m).await;
+            match result {
+                Ok(done) if timed_out => tracing::info!(
+                    transactional_id = id,
+                    producer_id = %done.producer_id,
+                    epoch = %done.producer_epoch,
+                    "transaction timed out: aborted, producer fenced"
+                ),
+                Ok(_) => {}
+                Err(code) => {
+                    tracing::warn!(
+                        transactional_id = id,
+                        "cannot end transaction: error {code}"
+                    )
+                }
+            }
+        }
+    }
+
+    fn partition_of(&self, id: &str) -> Option<Rc<Partition>> {
+        let index = partition_for(id, self.topic_partitions.get());
+        self.partitions.get(index)
+    }
+}
+
+/// Applies one batch of the transaction log: the latest value per id wins.
+fn replay_batch(batch: &Bytes, loaded: &mut HashMap<String, TxnMetadata>) {
+    let Ok((header, records)) = batch_records(batch, REPLAY_DECOMPRESSED_MAX) else {
+        tracing::warn!("skipping unreadable __transaction_state batch");
+        return;
+    };
+    if header.attributes().is_control() {
+        return;
+    }
+    for record in records.flatten() {
+        let Some(key) = record.key else { continue };
+        let Ok(id) = schema::decode_key(&key) else {
+            tracing::warn!("skipping unreadable __transaction_state key");
+            continue;
+        };
+        match record.value.as_ref().map(schema::decode_value) {
+            None => {
+                loaded.remove(&id);
+            }
+            Some(Ok(m)) => {
+                loaded.insert(id, m);
+            }
+            Some(Err(e)) => tracing::warn!(transactional_id = id, "skipping unreadable value: {e}"),
+        }
+    }
+}
+
+/// Writes one marker, retrying a bounded number of times. A partition that no longer
+/// exists needs no marker (Kafka drops those too).
+async fn write_marker(
+    writer: &MarkerWriter,
+    topic: &str,
+    index: i32,
+    marker: Marker,
+) -> Result<(), i16> {
+    let tp = (std::sync::Arc::from(topic), index);
+    let mut last = errors::NONE;
+    for _ in 0..MARKER_ATTEMPTS_MAX {
+        let deadline = Instant::now() + MARKER_CALL_TIMEOUT;
+        last = writer.write(tp.clone(), marker, deadline).await;
+        match last {
+            errors::NONE | errors::UNKNOWN_TOPIC_OR_PARTITION => return Ok(()),
+            _ => glommio::timer::sleep(MARKER_RETRY_BACKOFF).await,
+        }
+    }
+    tracing::warn!(topic, partition = index, "marker not written: error {last}");
+    Err(errors::COORDINATOR_NOT_AVAILABLE)
+}
+
+/// The next epoch of `m`'s producer id, or a new producer id once epochs run out.
+fn bump(
+    ctx: &ServiceContext<'_>,
+    m: &TxnMetadata,
+    timeout_ms: i32,
+    now: i64,
+    version: i16,
+) -> Result<TxnMetadata, i16> {
+    let (pid, epoch) = if m.producer_epoch.get() >= EPOCH_MAX {
+        (fresh_producer_id(ctx, version)?, ProducerEpoch(0))
+    } else {
+        (m.producer_id, ProducerEpoch(m.producer_epoch.get() + 1))
+    };
+    let mut next = TxnMetadata::empty(pid, epoch, timeout_ms, now);
+    // The previous transaction's outcome stays visible (a retried EndTxn of it).
+    if matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort) {
+        next.state = m.state;
+    }
+    Ok(next)
+}
+
+/// PRODUCER_FENCED where the client knows it (InitProducerId v4+), else
+/// INVALID_PRODUCER_EPOCH.
+fn fenced_code(version: i16) -> i16 {
+    if version >= 4 {
+        errors::PRODUCER_FENCED
+    } else {
+        errors::INVALID_PRODUCER_EPOCH
+    }
+}
+
+/// A producer id from this shard's allocator (the same ids as idempotent producers).
+fn fresh_producer_id(ctx: &ServiceContext<'_>, version: i16) -> Result<ProducerId, i16> {
+    let config = ctx.config();
+    let place = crate::producer_state::init_producer_id::ShardPlace {
+        data_dir: &config.data_dir,
+        node_id: config.node_id,
+        shard: ctx.shard_id().0 as u32,
+    };
+    match crate::producer_state::init_producer_id::allocate(place, None, version, now_ms()) {
+        Ok(crate::producer_state::InitProducerIdOutcome::Granted { producer_id, .. }) => {
+            Ok(producer_id)
+        }
+        Ok(crate::producer_state::InitProducerIdOutcome::Fenced { error_code }) => Err(error_code),
+        Err(e) => {
+            tracing::error!("transactional producer id: {e}");
+            Err(errors::COORDINATOR_LOAD_IN_PROGRESS)
+        }
+    }
+}
