@@ -48,6 +48,8 @@ pub async fn list_offsets(
                     tp: tp.clone(),
                     timestamp: p.timestamp,
                     current_epoch: LeaderEpoch(p.current_leader_epoch),
+                    // v2+: read_committed's latest offset is the LSO (Kafka's rule).
+                    read_committed: version >= 2 && req.isolation_level == 1,
                 };
                 let s = shard.clone();
                 let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;

@@ -536,3 +536,56 @@ fn a_log_cut_forgets_the_batches_past_it_so_their_resend_is_appended_again() {
     assert!(p.table.is_empty());
     assert_eq!(p.table.check(&first), Ok(Verdict::Append));
 }
+
+/// A transactional batch header.
+fn txn_header(pid: i64, epoch: i16, first_seq: i32, count: i32) -> BatchHeader {
+    let mut h = header(pid, epoch, first_seq, count);
+    h.attributes.set(wire::batch::Attributes::TRANSACTIONAL_BIT);
+    h
+}
+
+#[test]
+fn an_open_transaction_holds_the_first_unstable_offset_until_its_marker() {
+    let mut p = partition();
+    p.produce(&header(9, 0, 0, 3)).unwrap();
+    assert_eq!(p.table.first_unstable_offset(), None);
+    p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
+    p.produce(&txn_header(PID.get(), 0, 2, 2)).unwrap();
+    assert_eq!(p.table.first_unstable_offset(), Some(Offset(3)));
+    assert!(p.table.has_ongoing(PID));
+    // The marker at offset 7 closes it.
+    let done = p.table.complete_txn(PID, Offset(7)).unwrap();
+    assert_eq!(
+        (done.first_offset, done.last_offset),
+        (Offset(3), Offset(7))
+    );
+    assert_eq!(p.table.first_unstable_offset(), None);
+    assert_eq!(
+        p.table.complete_txn(PID, Offset(8)),
+        None,
+        "nothing left to close"
+    );
+}
+
+#[test]
+fn snapshots_keep_open_transactions() {
+    let mut p = partition();
+    p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
+    p.produce(&txn_header(8, 1, 0, 1)).unwrap();
+    p.table.complete_txn(ProducerId(8), p.log_end).unwrap();
+    let bytes = encode_snapshot(&p.table, p.log_end.add(1));
+    let back = decode_snapshot(&bytes, p.log_end.add(1), ProducerStateConfig::default()).unwrap();
+    assert_eq!(back.first_unstable_offset(), Some(Offset(0)));
+    assert!(back.has_ongoing(PID));
+    assert!(!back.has_ongoing(ProducerId(8)));
+    assert!(back.same_producers(&p.table));
+}
+
+#[test]
+fn truncation_drops_transactions_opened_past_the_cut() {
+    let mut p = partition();
+    p.produce(&header(9, 0, 0, 3)).unwrap();
+    p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
+    p.table.truncate_from(Offset(3));
+    assert_eq!(p.table.first_unstable_offset(), None);
+}

@@ -341,6 +341,10 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     let reply_box = glommio::spawn_local(shard.clone().run_replies(rep_rx));
     shard.sync_partitions().await;
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
+    glommio::spawn_local(crate::shard::calls::load_transaction_coordinators(
+        shard.clone(),
+    ))
+    .detach();
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
     let admission = Admission {
         per_ip,

@@ -132,6 +132,8 @@ pub struct ListOffsetCall {
     pub tp: TopicPartition,
     pub timestamp: i64,
     pub current_epoch: LeaderEpoch,
+    /// `isolation_level` 1: latest (-1) is the LSO, not the HW.
+    pub read_committed: bool,
 }
 
 impl ShardCall for ListOffsetCall {
@@ -139,7 +141,17 @@ impl ShardCall for ListOffsetCall {
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ListedOffset {
         match shard.partition(&self.tp).await {
-            Ok(p) => p.list_offset(self.timestamp, self.current_epoch).await,
+            Ok(p) => {
+                let listed = p.list_offset(self.timestamp, self.current_epoch);
+                let listed = listed.await;
+                if self.read_committed && self.timestamp == -1 && listed.error == 0 {
+                    return ListedOffset {
+                        offset: p.last_stable_offset(),
+                        ..listed
+                    };
+                }
+                listed
+            }
             Err(code) => ListedOffset::failed(code),
         }
     }
@@ -223,5 +235,28 @@ impl ShardCall for crate::txn::TxnCall {
         let txns = shard.txns.clone();
         let markers = MarkerWriter::new(shard.clone());
         txns.exec(&ServiceContext::new(&shard), markers, self).await
+    }
+}
+
+/// At shard start: loads this shard's `__transaction_state` partitions (if the topic
+/// exists), so that transactions left open or ending by a stop are finished or timed out
+/// without waiting for their producers to come back (Kafka loads them on leadership).
+pub async fn load_transaction_coordinators(shard: Rc<Shard>) {
+    let Some(topic) = shard.catalog().topics.get(crate::txn::TXN_TOPIC).cloned() else {
+        return;
+    };
+    for index in 0..topic.partitions {
+        if shard.router.owner(crate::txn::TXN_TOPIC, index) != shard.id {
+            continue;
+        }
+        let txns = shard.txns.clone();
+        let markers = MarkerWriter::new(shard.clone());
+        let ctx = ServiceContext::new(&shard);
+        if let Err(code) = txns.load_owned(&ctx, markers, index).await {
+            tracing::warn!(
+                partition = index,
+                "cannot load transaction state: error {code}"
+            );
+        }
     }
 }

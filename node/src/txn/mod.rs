@@ -226,6 +226,17 @@ impl Coordinators {
         let Some(id) = call.op.txn_id().map(str::to_string) else {
             return TxnReply::Code(errors::INVALID_REQUEST);
         };
+        // A verification only reads (KIP-890): it never waits for, or blocks, the id.
+        if let TxnOp::AddPartitions {
+            producer_id,
+            producer_epoch,
+            partitions,
+            verify_only: true,
+            ..
+        } = &call.op
+        {
+            return self.verify(&id, (*producer_id, *producer_epoch), partitions);
+        }
         if let TxnOp::Describe { .. } = call.op {
             let found = self.txns.borrow().get(&id).cloned();
             let code = if found.is_some() {
@@ -275,6 +286,21 @@ impl Coordinators {
             }
             TxnOp::Describe { .. } | TxnOp::List => TxnReply::Code(errors::INVALID_REQUEST),
         }
+    }
+
+    /// Loads partition `index` and starts the ticker (at shard start).
+    pub async fn load_owned(
+        self: &Rc<Self>,
+        ctx: &ServiceContext<'_>,
+        markers: MarkerWriter,
+        index: i32,
+    ) -> Result<(), i16> {
+        let settings = *self
+            .settings
+            .get_or_init(|| Settings::from_config(ctx.config()));
+        let _ = self.markers.set(markers);
+        self.start_ticker(settings);
+        self.load(ctx, index).await.map(|_| ())
     }
 
     fn claim(&self, id: &str) -> Option<Busy<'_>> {
@@ -377,28 +403,12 @@ impl Coordinators {
         partitions: Vec<(String, i32)>,
         verify_only: bool,
     ) -> TxnReply {
+        if verify_only {
+            return self.verify(id, producer, &partitions);
+        }
         let Some(m) = self.txns.borrow().get(id).cloned() else {
             return TxnReply::Code(errors::INVALID_PRODUCER_ID_MAPPING);
         };
-        if verify_only {
-            // KIP-890: a partition leader asks whether it may take a transactional batch.
-            let code = match m.check_producer(producer.0, producer.1) {
-                Err(code) => code,
-                Ok(()) if m.state != TxnState::Ongoing => errors::INVALID_TXN_STATE,
-                Ok(()) => errors::NONE,
-            };
-            let per = partitions
-                .iter()
-                .map(|p| {
-                    if code != errors::NONE || m.partitions.contains(p) {
-                        code
-                    } else {
-                        errors::INVALID_TXN_STATE
-                    }
-                })
-                .collect();
-            return TxnReply::Partitions(per);
-        }
         match m.add_partitions(producer.0, producer.1, &partitions, now_ms()) {
             Err(code) => TxnReply::Code(code),
             Ok(None) => TxnReply::Code(errors::NONE),
@@ -407,6 +417,36 @@ impl Coordinators {
                 Err(code) => TxnReply::Code(code),
             },
         }
+    }
+
+    /// KIP-890: a partition leader asks whether it may take a transactional batch: the
+    /// producer's current epoch, an ongoing transaction, the partition in it.
+    fn verify(
+        &self,
+        id: &str,
+        producer: (ProducerId, ProducerEpoch),
+        partitions: &[(String, i32)],
+    ) -> TxnReply {
+        let txns = self.txns.borrow();
+        let Some(m) = txns.get(id) else {
+            return TxnReply::Code(errors::INVALID_PRODUCER_ID_MAPPING);
+        };
+        let code = match m.check_producer(producer.0, producer.1) {
+            Err(code) => code,
+            Ok(()) if m.state != TxnState::Ongoing => errors::INVALID_TXN_STATE,
+            Ok(()) => errors::NONE,
+        };
+        let per = partitions
+            .iter()
+            .map(|p| {
+                if code != errors::NONE || m.partitions.contains(p) {
+                    code
+                } else {
+                    errors::INVALID_TXN_STATE
+                }
+            })
+            .collect();
+        TxnReply::Partitions(per)
     }
 
     /// EndTxn: PrepareCommit/PrepareAbort logged, markers written, Complete* logged.
