@@ -260,5 +260,41 @@ fn every_served_api_answers_at_every_advertised_version() {
     answered += every_version::<_, DescribeClusterResponse>(&mut c, api::DESCRIBE_CLUSTER, |_| {
         DescribeClusterRequest::default()
     });
+    answered += transaction_apis(&mut c);
     assert!(answered >= 60, "{answered} (api, version) pairs answered");
+}
+
+/// The transaction APIs, for a transactional id the coordinator does not know (error
+/// answers, but decodable ones at every version).
+fn transaction_apis(c: &mut Client) -> usize {
+    let txn = || TransactionalId(StrBytes::from_static_str("versions-txn"));
+    let mut n = 0;
+    n += every_version::<_, AddPartitionsToTxnResponse>(c, api::ADD_PARTITIONS_TO_TXN, |_| {
+        AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(txn())
+            .with_v3_and_below_producer_id(7.into())
+            .with_v3_and_below_topics(vec![
+                kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                    .with_name(name())
+                    .with_partitions(vec![0]),
+            ])
+    });
+    n += every_version::<_, AddOffsetsToTxnResponse>(c, api::ADD_OFFSETS_TO_TXN, |_| {
+        AddOffsetsToTxnRequest::default()
+            .with_transactional_id(txn())
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+    });
+    n += every_version::<_, EndTxnResponse>(c, api::END_TXN, |_| {
+        EndTxnRequest::default().with_transactional_id(txn())
+    });
+    n += every_version::<_, TxnOffsetCommitResponse>(c, api::TXN_OFFSET_COMMIT, |_| {
+        TxnOffsetCommitRequest::default()
+            .with_transactional_id(txn())
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_generation_id(-1)
+    });
+    n += every_version::<_, WriteTxnMarkersResponse>(c, api::WRITE_TXN_MARKERS, |_| {
+        WriteTxnMarkersRequest::default()
+    });
+    n
 }
