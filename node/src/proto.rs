@@ -43,6 +43,8 @@ pub const SERVED_KEYS: &[i16] = &[
     api::END_TXN,
     api::WRITE_TXN_MARKERS,
     api::TXN_OFFSET_COMMIT,
+    api::DESCRIBE_TRANSACTIONS,
+    api::LIST_TRANSACTIONS,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).

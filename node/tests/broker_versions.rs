@@ -296,5 +296,11 @@ fn transaction_apis(c: &mut Client) -> usize {
     n += every_version::<_, WriteTxnMarkersResponse>(c, api::WRITE_TXN_MARKERS, |_| {
         WriteTxnMarkersRequest::default()
     });
+    n += every_version::<_, DescribeTransactionsResponse>(c, api::DESCRIBE_TRANSACTIONS, |_| {
+        DescribeTransactionsRequest::default().with_transactional_ids(vec![txn()])
+    });
+    n += every_version::<_, ListTransactionsResponse>(c, api::LIST_TRANSACTIONS, |_| {
+        ListTransactionsRequest::default()
+    });
     n
 }

@@ -64,6 +64,8 @@ pub const DELETE_GROUPS: i16 = 42;
 pub const INCREMENTAL_ALTER_CONFIGS: i16 = 44;
 pub const OFFSET_DELETE: i16 = 47;
 pub const DESCRIBE_CLUSTER: i16 = 60;
+pub const DESCRIBE_TRANSACTIONS: i16 = 65;
+pub const LIST_TRANSACTIONS: i16 = 66;
 
 /// Kafka error code UNSUPPORTED_VERSION.
 pub const ERROR_UNSUPPORTED_VERSION: i16 = 35;
@@ -147,6 +149,8 @@ pub const API_TABLE: &[ApiEntry] = &[
     ),
     entry(OFFSET_DELETE, "OffsetDelete", 0, 0, NEVER),
     entry(DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, 0),
+    entry(DESCRIBE_TRANSACTIONS, "DescribeTransactions", 0, 0, 0),
+    entry(LIST_TRANSACTIONS, "ListTransactions", 0, 0, 0),
 ];
 
 /// The table entry for `api_key`, if weir knows it.

@@ -75,6 +75,8 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::EndTxn) => run(req, |r| txn::end_txn(shard, r)).await,
         Some(ApiKey::TxnOffsetCommit) => run(req, |r| txn::txn_offset_commit(shard, r)).await,
         Some(ApiKey::WriteTxnMarkers) => run(req, |r| txn::write_txn_markers(shard, r)).await,
+        Some(ApiKey::DescribeTransactions) => run(req, |r| txn::describe(shard, r)).await,
+        Some(ApiKey::ListTransactions) => run(req, |r| txn::list(shard, r)).await,
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
         Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,

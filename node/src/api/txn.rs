@@ -23,9 +23,10 @@ use kafka_protocol::messages::write_txn_markers_response::{
 };
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
-    AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse, InitProducerIdRequest,
-    InitProducerIdResponse, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
-    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
+    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse,
+    ListTransactionsRequest, ListTransactionsResponse, TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 
@@ -396,4 +397,116 @@ pub async fn verify_produce(
         errors::INVALID_PRODUCER_ID_MAPPING => errors::INVALID_TXN_STATE,
         code => code,
     }
+}
+
+/// DescribeTransactions: each id's state from its coordinator.
+pub async fn describe(
+    shard: &Rc<Shard>,
+    req: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
+    use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+    let mut resp = DescribeTransactionsResponse::default();
+    for id in &req.transactional_ids {
+        let txn_id = id.0.to_string();
+        let mut state = TransactionState::default();
+        state.transactional_id = id.clone();
+        let reply = if valid_txn_id(&txn_id) {
+            let op = TxnOp::Describe {
+                txn_id: txn_id.clone(),
+            };
+            call_txn(shard, &txn_id, op).await
+        } else {
+            TxnReply::Code(errors::TRANSACTIONAL_ID_NOT_FOUND)
+        };
+        match reply {
+            TxnReply::Described(errors::NONE, Some(m)) => {
+                state.transaction_state = super::str_bytes(m.state.name());
+                state.transaction_timeout_ms = m.timeout_ms;
+                state.transaction_start_time_ms = m.start_ms;
+                state.producer_id = m.producer_id.get().into();
+                state.producer_epoch = m.producer_epoch.get();
+                let mut topics: Vec<TopicData> = Vec::new();
+                for (t, p) in &m.partitions {
+                    match topics.last_mut() {
+                        Some(last) if last.topic.0.as_str() == t => last.partitions.push(*p),
+                        _ => {
+                            let mut td = TopicData::default();
+                            td.topic = topic_name(t);
+                            td.partitions.push(*p);
+                            topics.push(td);
+                        }
+                    }
+                }
+                state.topics = topics;
+            }
+            other => {
+                state.error_code = match code_of(&other) {
+                    errors::NONE => errors::TRANSACTIONAL_ID_NOT_FOUND,
+                    code => code,
+                };
+                state.producer_id = (-1).into();
+                state.producer_epoch = -1;
+            }
+        }
+        resp.transaction_states.push(state);
+    }
+    resp
+}
+
+/// ListTransactions: every shard's transactions, filtered by state and producer id.
+pub async fn list(shard: &Rc<Shard>, req: ListTransactionsRequest) -> ListTransactionsResponse {
+    use kafka_protocol::messages::list_transactions_response::TransactionState;
+    let mut resp = ListTransactionsResponse::default();
+    const STATES: [&str; 8] = [
+        "Empty",
+        "Ongoing",
+        "PrepareCommit",
+        "PrepareAbort",
+        "CompleteCommit",
+        "CompleteAbort",
+        "Dead",
+        "PrepareEpochFence",
+    ];
+    resp.unknown_state_filters = req
+        .state_filters
+        .iter()
+        .filter(|f| !STATES.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    if shard.catalog().topics.get(TXN_TOPIC).is_none() {
+        return resp;
+    }
+    for s in 0..shard.router.shards() {
+        let call = TxnCall {
+            partition: -1,
+            op: TxnOp::List,
+        };
+        let deadline = Instant::now() + TXN_CALL_TIMEOUT;
+        let listed = match shard.call(crate::router::ShardId(s), call, deadline).await {
+            Ok(TxnReply::Listed(listed)) => listed,
+            Ok(other) => {
+                resp.error_code = code_of(&other);
+                continue;
+            }
+            Err(e) => {
+                resp.error_code = e.code();
+                continue;
+            }
+        };
+        for (id, pid, state) in listed {
+            let state_ok = req.state_filters.is_empty()
+                || req.state_filters.iter().any(|f| f.as_str() == state);
+            let pid_ok = req.producer_id_filters.is_empty()
+                || req.producer_id_filters.iter().any(|p| p.0 == pid.get());
+            if !(state_ok && pid_ok) {
+                continue;
+            }
+            let mut t = TransactionState::default();
+            t.transactional_id = kafka_protocol::messages::TransactionalId(super::str_bytes(&id));
+            t.producer_id = pid.get().into();
+            t.transaction_state = super::str_bytes(state);
+            resp.transaction_states.push(t);
+        }
+    }
+    resp
 }
