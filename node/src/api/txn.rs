@@ -473,7 +473,7 @@ pub async fn list(shard: &Rc<Shard>, req: ListTransactionsRequest) -> ListTransa
         .filter(|f| !STATES.contains(&f.as_str()))
         .cloned()
         .collect();
-    if shard.catalog().topics.get(TXN_TOPIC).is_none() {
+    if !shard.catalog().topics.contains_key(TXN_TOPIC) {
         return resp;
     }
     for s in 0..shard.router.shards() {
