@@ -29,7 +29,8 @@ pub struct ProducerEntry {
     batches: [BatchMetadata; BATCHES_RETAINED],
     /// Index of the oldest batch in `batches`.
     head: u8,
-    /// Number of valid batches, `1..=BATCHES_RETAINED` once the entry exists.
+    /// Number of valid batches, `1..=BATCHES_RETAINED` once the entry exists; 0 after a
+    /// transaction marker moved the producer to a newer epoch (no batch of it yet).
     len: u8,
     /// Broker clock (ms) of the last append by this producer; drives expiry.
     last_seen_ms: i64,
@@ -65,10 +66,23 @@ impl ProducerEntry {
         self.last_seen_ms
     }
 
-    /// The most recent batch: the one the next batch's sequence must follow.
-    pub fn last_batch(&self) -> &BatchMetadata {
-        debug_assert!(self.len >= 1);
-        &self.batches[self.slot(usize::from(self.len) - 1)]
+    /// The most recent batch: the one the next batch's sequence must follow. `None` when
+    /// the epoch has no batch yet (after [`Self::fence_to`]).
+    pub fn last_batch(&self) -> Option<&BatchMetadata> {
+        let last = usize::from(self.len).checked_sub(1)?;
+        Some(&self.batches[self.slot(last)])
+    }
+
+    /// A transaction marker of a newer epoch (the coordinator aborted the producer's
+    /// transaction and fenced it): batches of older epochs are refused from now on, and the
+    /// new epoch starts at sequence 0 (Kafka's `maybeUpdateProducerEpoch`).
+    pub fn fence_to(&mut self, epoch: ProducerEpoch) {
+        if epoch <= self.epoch {
+            return;
+        }
+        self.epoch = epoch;
+        self.head = 0;
+        self.len = 0;
     }
 
     /// The retained batches, oldest first.
@@ -110,7 +124,12 @@ impl ProducerEntry {
         batches: &[BatchMetadata],
         last_seen_ms: i64,
     ) -> Option<ProducerEntry> {
-        let (first, rest) = batches.split_first()?;
+        let Some((first, rest)) = batches.split_first() else {
+            // A fenced epoch with no batch yet (see `fence_to`).
+            let mut entry = ProducerEntry::new(epoch, EMPTY_BATCH, last_seen_ms);
+            entry.len = 0;
+            return Some(entry);
+        };
         if rest.len() >= BATCHES_RETAINED {
             return None;
         }
@@ -125,7 +144,7 @@ impl ProducerEntry {
     /// rollback or a truncation), newest first. Returns false when no batch is left:
     /// the caller drops the entry, and the producer is unknown again.
     pub fn truncate_from(&mut self, end: Offset) -> bool {
-        while self.len > 0 && self.last_batch().last_offset >= end {
+        while self.last_batch().is_some_and(|b| b.last_offset >= end) {
             self.len -= 1;
         }
         self.len > 0
@@ -170,7 +189,7 @@ mod tests {
         }
         let firsts: Vec<i32> = e.batches().map(|b| b.first_sequence.0).collect();
         assert_eq!(firsts, vec![3, 4, 5, 6, 7]);
-        assert_eq!(e.last_batch().last_sequence, Sequence(7));
+        assert_eq!(e.last_batch().unwrap().last_sequence, Sequence(7));
         assert!(e.find_batch(Sequence(2), Sequence(2)).is_none());
         assert_eq!(
             e.find_batch(Sequence(3), Sequence(3)),
@@ -188,8 +207,13 @@ mod tests {
     }
 
     #[test]
-    fn from_parts_rejects_empty_and_oversized() {
-        assert!(ProducerEntry::from_parts(ProducerEpoch(0), &[], 0).is_none());
+    fn from_parts_rejects_oversized_and_keeps_a_fenced_epoch() {
+        let fenced = ProducerEntry::from_parts(ProducerEpoch(2), &[], 0).unwrap();
+        assert_eq!(
+            (fenced.epoch(), fenced.batches().len()),
+            (ProducerEpoch(2), 0)
+        );
+        assert!(fenced.last_batch().is_none());
         let six: Vec<_> = (0..6).map(|i| batch(i, i, i64::from(i))).collect();
         assert!(ProducerEntry::from_parts(ProducerEpoch(0), &six, 0).is_none());
         let e = ProducerEntry::from_parts(ProducerEpoch(3), &six[1..], 9).unwrap();

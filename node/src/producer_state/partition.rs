@@ -189,7 +189,8 @@ impl PartitionProducers {
             for (h, commit) in &headers {
                 table.record_append(h, h.base_offset(), now_ms);
                 if let Some(commit) = commit {
-                    let done = table.complete_txn(h.producer_id(), h.base_offset());
+                    let done =
+                        table.complete_txn(h.producer_id(), h.producer_epoch(), h.base_offset());
                     if let (false, Some(done)) = (*commit, done) {
                         let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
                         self.record_abort(log, done, lso);
@@ -244,7 +245,7 @@ impl PartitionProducers {
             }
             let (done, lso) = {
                 let mut table = self.table.borrow_mut();
-                let done = table.complete_txn(marker.producer_id, first);
+                let done = table.complete_txn(marker.producer_id, marker.producer_epoch, first);
                 (done, table.first_unstable_offset().unwrap_or(first.add(1)))
             };
             if let (false, Some(done)) = (marker.commit, done) {
@@ -513,7 +514,7 @@ async fn replay(
                 let Some(commit) = marker_type(batch) else {
                     continue;
                 };
-                let done = table.complete_txn(h.producer_id(), h.base_offset());
+                let done = table.complete_txn(h.producer_id(), h.producer_epoch(), h.base_offset());
                 if let (false, Some(done)) = (commit, done) {
                     let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
                     let txn = AbortedTxn {

@@ -22,7 +22,7 @@
 //! |   0 |    8 | producer id (≥ 0)                           |
 //! |   8 |    2 | producer epoch (≥ 0)                        |
 //! |  10 |    8 | last seen (broker clock, ms)                |
-//! |  18 |    1 | batch count B, 1..=5                        |
+//! |  18 |    1 | batch count B, 0..=5 (0: an epoch a marker fenced to, no batch yet) |
 //!
 //! followed by B 32-byte [`BatchRecord`]s, oldest first:
 //!
@@ -105,8 +105,9 @@ const BATCH_RECORD_SIZE: usize = size_of::<BatchRecord>();
 const _: () = assert!(FILE_HEADER_SIZE == 24);
 const _: () = assert!(ENTRY_HEADER_SIZE == 19);
 const _: () = assert!(BATCH_RECORD_SIZE == 32);
-/// The smallest producer: entry header plus one batch. Bounds the count before trusting it.
-const MIN_ENTRY_SIZE: usize = ENTRY_HEADER_SIZE + BATCH_RECORD_SIZE;
+/// The smallest producer: an entry header (a fenced epoch has no batch). Bounds the count
+/// before trusting it.
+const MIN_ENTRY_SIZE: usize = ENTRY_HEADER_SIZE;
 
 /// Why a snapshot was not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -348,8 +349,8 @@ fn decode_entry(
         have: bytes.len(),
     })?;
     let count = usize::from(head.batch_count);
-    if count == 0 || count > BATCHES_RETAINED {
-        return Err(invalid(pos + 18, "batch count not in 1..=5"));
+    if count > BATCHES_RETAINED {
+        return Err(invalid(pos + 18, "batch count not in 0..=5"));
     }
     let pid = ProducerId(head.producer_id.get());
     let epoch = ProducerEpoch(head.epoch.get());

@@ -179,7 +179,10 @@ impl ProducerStateTable {
         } else if let Some(original) = entry.find_batch(first, header.last_sequence()) {
             return Ok(Verdict::Duplicate(*original));
         } else {
-            entry.last_batch().last_sequence.add_wrapping(1)
+            // No batch of this epoch yet (a marker fenced the older one): start at 0.
+            entry
+                .last_batch()
+                .map_or(Sequence(0), |b| b.last_sequence.add_wrapping(1))
         };
         if first == expected {
             Ok(Verdict::Append)
@@ -309,8 +312,12 @@ impl ProducerStateTable {
     pub fn complete_txn(
         &mut self,
         producer_id: ProducerId,
+        marker_epoch: ProducerEpoch,
         marker_offset: Offset,
     ) -> Option<CompletedTxn> {
+        if let Some(entry) = self.producers.get_mut(&producer_id) {
+            entry.fence_to(marker_epoch);
+        }
         let first_offset = self.ongoing.remove(&producer_id)?;
         assert!(
             first_offset < marker_offset,

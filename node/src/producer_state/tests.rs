@@ -554,14 +554,17 @@ fn an_open_transaction_holds_the_first_unstable_offset_until_its_marker() {
     assert_eq!(p.table.first_unstable_offset(), Some(Offset(3)));
     assert!(p.table.has_ongoing(PID));
     // The marker at offset 7 closes it.
-    let done = p.table.complete_txn(PID, Offset(7)).unwrap();
+    let done = p
+        .table
+        .complete_txn(PID, ProducerEpoch(0), Offset(7))
+        .unwrap();
     assert_eq!(
         (done.first_offset, done.last_offset),
         (Offset(3), Offset(7))
     );
     assert_eq!(p.table.first_unstable_offset(), None);
     assert_eq!(
-        p.table.complete_txn(PID, Offset(8)),
+        p.table.complete_txn(PID, ProducerEpoch(0), Offset(8)),
         None,
         "nothing left to close"
     );
@@ -572,7 +575,9 @@ fn snapshots_keep_open_transactions() {
     let mut p = partition();
     p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
     p.produce(&txn_header(8, 1, 0, 1)).unwrap();
-    p.table.complete_txn(ProducerId(8), p.log_end).unwrap();
+    p.table
+        .complete_txn(ProducerId(8), ProducerEpoch(1), p.log_end)
+        .unwrap();
     let bytes = encode_snapshot(&p.table, p.log_end.add(1));
     let back = decode_snapshot(&bytes, p.log_end.add(1), ProducerStateConfig::default()).unwrap();
     assert_eq!(back.first_unstable_offset(), Some(Offset(0)));
@@ -588,4 +593,35 @@ fn truncation_drops_transactions_opened_past_the_cut() {
     p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
     p.table.truncate_from(Offset(3));
     assert_eq!(p.table.first_unstable_offset(), None);
+}
+
+#[test]
+fn a_marker_of_a_newer_epoch_fences_the_older_one() {
+    let mut p = partition();
+    p.produce(&txn_header(PID.get(), 3, 0, 2)).unwrap();
+    // The coordinator aborted with the epoch bumped to 4.
+    p.table
+        .complete_txn(PID, ProducerEpoch(4), p.log_end)
+        .unwrap();
+    p.log_end = p.log_end.add(1);
+    assert_eq!(
+        p.produce(&txn_header(PID.get(), 3, 2, 1)).map(|_| ()),
+        Err(Rejection::InvalidProducerEpoch {
+            producer_id: PID,
+            epoch: ProducerEpoch(3),
+            current: ProducerEpoch(4),
+        })
+    );
+    // Survives a snapshot, and the next epoch starts at sequence 0.
+    let bytes = encode_snapshot(&p.table, p.log_end);
+    let mut back = decode_snapshot(&bytes, p.log_end, ProducerStateConfig::default()).unwrap();
+    assert_eq!(back.get(PID).map(|e| e.epoch()), Some(ProducerEpoch(4)));
+    assert_eq!(
+        back.check(&txn_header(PID.get(), 5, 0, 1)),
+        Ok(Verdict::Append)
+    );
+    assert_eq!(
+        back.check(&txn_header(PID.get(), 4, 0, 1)),
+        Ok(Verdict::Append)
+    );
 }
