@@ -516,10 +516,12 @@ async fn fetch_group(
     shard: &Rc<Shard>,
     group: &str,
     topics: Option<Vec<(String, Vec<i32>)>>,
+    require_stable: bool,
 ) -> (i16, Vec<FetchedOffset>) {
     let op = GroupOp::FetchOffsets {
         group: group.to_string(),
         topics,
+        require_stable,
     };
     match call_group(shard, group, op).await {
         GroupReply::Offsets(code, offsets) => (code, offsets),
@@ -552,7 +554,8 @@ async fn offset_fetch(
                     .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
                     .collect()
             });
-            let (code, offsets) = fetch_group(shard, &g.group_id, topics).await;
+            let stable = req.require_stable;
+            let (code, offsets) = fetch_group(shard, &g.group_id, topics, stable).await;
             resp.groups.push(fetch_group_v8(&g.group_id, code, offsets));
         }
         return resp;
@@ -562,7 +565,9 @@ async fn offset_fetch(
             .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
             .collect()
     });
-    let (code, offsets) = fetch_group(shard, &req.group_id, topics).await;
+    // v7+ (KIP-447): offsets of a pending transaction answer UNSTABLE_OFFSET_COMMIT.
+    let stable = version >= 7 && req.require_stable;
+    let (code, offsets) = fetch_group(shard, &req.group_id, topics, stable).await;
     // v0-v1 have no top-level code: an error goes on every partition.
     if version >= 2 {
         resp.error_code = code;

@@ -20,3 +20,5 @@ pub const MEMBER_ID_REQUIRED: i16 = 79;
 pub const GROUP_MAX_SIZE_REACHED: i16 = 81;
 pub const FENCED_INSTANCE_ID: i16 = 82;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
+/// KIP-447: an offset a pending transaction will change (OffsetFetch with require_stable).
+pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;

@@ -175,10 +175,12 @@ pub enum GroupOp {
         members: Vec<(String, Option<String>)>,
     },
     Commit(CommitArgs),
-    /// `topics: None` = every committed offset of the group.
+    /// `topics: None` = every committed offset of the group. `require_stable` (KIP-447):
+    /// a partition with a transactional commit pending answers UNSTABLE_OFFSET_COMMIT.
     FetchOffsets {
         group: String,
         topics: Option<Vec<(String, Vec<i32>)>>,
+        require_stable: bool,
     },
     Describe {
         group: String,
@@ -297,7 +299,18 @@ impl Coordinators {
             })),
             GroupOp::Leave { group, members } => self.leave(part, s, &group, members).await,
             GroupOp::Commit(a) => self.commit(part, s, a).await,
-            GroupOp::FetchOffsets { group, topics } => self.fetch_offsets(&group, topics),
+            GroupOp::FetchOffsets {
+                group,
+                topics,
+                require_stable,
+            } => {
+                let reply = self.fetch_offsets(&group, topics);
+                if require_stable {
+                    self.mark_unstable(part.index, &group, reply)
+                } else {
+                    reply
+                }
+            }
             GroupOp::Describe { group } => GroupReply::Described(self.describe(&group)),
             GroupOp::Delete { group } => GroupReply::Code(self.delete(part, &group).await),
             GroupOp::DeleteOffsets { group, partitions } => {
@@ -516,6 +529,27 @@ impl Coordinators {
             store::apply_committed(&mut self.groups.borrow_mut(), done, now_ms());
         }
         codes::NONE
+    }
+
+    /// Marks the offsets of `group` that a pending transaction will change.
+    fn mark_unstable(&self, index: i32, group: &str, reply: GroupReply) -> GroupReply {
+        let GroupReply::Offsets(code, mut offsets) = reply else {
+            return reply;
+        };
+        let pending = self.pending_txn.borrow();
+        let Some(pending) = pending.get(&index) else {
+            return GroupReply::Offsets(code, offsets);
+        };
+        for o in &mut offsets {
+            let unstable = pending
+                .values()
+                .flatten()
+                .any(|(g, (t, p), _)| g == group && *t == o.topic && *p == o.partition);
+            if unstable {
+                o.error = codes::UNSTABLE_OFFSET_COMMIT;
+            }
+        }
+        GroupReply::Offsets(code, offsets)
     }
 
     fn fetch_offsets(&self, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> GroupReply {

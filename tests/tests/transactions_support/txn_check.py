@@ -169,8 +169,11 @@ def offsets(boot, topic):
     p.init_transactions(30)
     positions = c.position([TopicPartition(src, 0)])
 
+    # A read_uncommitted client asks without require_stable: it sees what is committed.
+    plain_reader = consumer(boot, False, group)
+
     def committed():
-        return c.committed([TopicPartition(src, 0)], 10)[0].offset
+        return plain_reader.committed([TopicPartition(src, 0)], 10)[0].offset
 
     p.begin_transaction()
     produce(p, topic, "x", 5)
@@ -183,12 +186,26 @@ def offsets(boot, topic):
     p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
     if committed() >= 0:
         fail(f"offset visible before the commit: {committed()}")
+    # A read_committed client asks with require_stable (KIP-447): the pending offset is
+    # UNSTABLE_OFFSET_COMMIT, which librdkafka retries until its timeout.
+    unstable = None
+    try:
+        got = c.committed([TopicPartition(src, 0)], 2)[0]
+        unstable = got.error
+    except KafkaException as e:
+        unstable = e.args[0]
+    if unstable is None:
+        fail("read_committed OffsetFetch answered a pending offset as stable")
     p.commit_transaction(30)
     got = committed()
     if got != 5:
         fail(f"committed offset after commit: {got}")
+    stable = c.committed([TopicPartition(src, 0)], 10)[0].offset
+    if stable != 5:
+        fail(f"read_committed committed offset after commit: {stable}")
     c.close()
-    print("ok offsets: none after abort or before commit, 5 after commit", flush=True)
+    plain_reader.close()
+    print(f"ok offsets: none after abort or before commit ({unstable}), 5 after", flush=True)
 
 
 def fencing(boot, topic):
