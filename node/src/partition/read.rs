@@ -159,6 +159,20 @@ impl Partition {
         if hard_max_bytes == 0 {
             return out;
         }
+        self.read_into(out, offset, (max_bytes, hard_max_bytes), upper)
+            .await
+    }
+
+    /// The log read of [`Self::fetch_within`], up to `upper`, into `out`; read_committed
+    /// (its `aborted` is `Some`) also gets the aborted transactions of the returned range.
+    async fn read_into(
+        &self,
+        mut out: FetchOutcome,
+        offset: Offset,
+        (max_bytes, hard_max_bytes): (usize, usize),
+        upper: Offset,
+    ) -> FetchOutcome {
+        let committed = out.aborted.is_some();
         let read = self
             .log
             .read_within(offset, max_bytes, hard_max_bytes, upper);

@@ -254,14 +254,26 @@ impl Coordinators {
                 _ => TxnReply::Code(errors::CONCURRENT_TRANSACTIONS),
             };
         };
-        match call.op {
+        self.run(ctx, &part, &settings, &id, call.op).await
+    }
+
+    /// Runs a state-changing op on `id` (claimed by the caller).
+    async fn run(
+        &self,
+        ctx: &ServiceContext<'_>,
+        part: &Partition,
+        settings: &Settings,
+        id: &str,
+        op: TxnOp,
+    ) -> TxnReply {
+        match op {
             TxnOp::InitProducerId {
                 timeout_ms,
                 producer,
                 version,
                 ..
             } => {
-                self.init_producer_id(ctx, &part, &settings, &id, timeout_ms, producer, version)
+                self.init_producer_id(ctx, part, settings, id, timeout_ms, producer, version)
                     .await
             }
             TxnOp::AddPartitions {
@@ -272,7 +284,7 @@ impl Coordinators {
                 ..
             } => {
                 let producer = (producer_id, producer_epoch);
-                self.add_partitions(&part, &id, producer, partitions, verify_only)
+                self.add_partitions(part, id, producer, partitions, verify_only)
                     .await
             }
             TxnOp::EndTxn {
@@ -282,7 +294,7 @@ impl Coordinators {
                 ..
             } => {
                 let producer = (producer_id, producer_epoch);
-                TxnReply::Code(self.end_txn(&part, &id, producer, commit).await)
+                TxnReply::Code(self.end_txn(part, id, producer, commit).await)
             }
             TxnOp::Describe { .. } | TxnOp::List => TxnReply::Code(errors::INVALID_REQUEST),
         }
