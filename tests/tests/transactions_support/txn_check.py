@@ -13,6 +13,8 @@ import time
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 DEADLINE_S = 60.0
+# Records per consume-transform-produce transaction.
+TRANSFORM_BATCH = 10
 
 
 def fail(msg):
@@ -269,7 +271,75 @@ def after_restart(boot, topic):
     print(f"ok restart: LSO {rebuilt} after restart, {end} after the timeout abort", flush=True)
 
 
+def seed_input(boot, topic, n=60000):
+    """Writes `n` input records in-0 .. in-(n-1) to `topic`-in (plain producer)."""
+    plain = Producer({"bootstrap.servers": boot})
+    for i in range(n):
+        plain.produce(f"{topic}-in", value=f"in-{i}".encode(), partition=0)
+    plain.flush(30)
+    print(f"ok seeded {n}", flush=True)
+
+
+def transform(boot, topic):
+    """Consume-transform-produce: reads `topic`-in from the group's committed offset and
+    writes out-<i> for each in-<i> to `topic`, 10 records per transaction, with the
+    consumer offsets in the transaction. Exits 0 once the input is consumed; the test
+    SIGKILLs it (and the broker) at random points before that."""
+    src = f"{topic}-in"
+    p = producer(boot, f"{topic}-app", timeout_ms=10000)
+    p.init_transactions(60)
+    c = Consumer({
+        "bootstrap.servers": boot,
+        "group.id": f"{topic}-app",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    })
+    c.assign([TopicPartition(src, 0, -1001)])  # from the committed offset
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        msgs = [m for m in c.consume(TRANSFORM_BATCH, 1.0) if not m.error()]
+        if not msgs:
+            _, high = c.get_watermark_offsets(TopicPartition(src, 0), timeout=10, cached=False)
+            pos = c.position([TopicPartition(src, 0)])[0].offset
+            if pos < 0:  # nothing consumed by this instance: where the group is
+                pos = c.committed([TopicPartition(src, 0)], 30)[0].offset
+            if pos >= high:
+                print(f"ok transform done at {pos}", flush=True)
+                return
+            continue
+        p.begin_transaction()
+        for m in msgs:
+            p.produce(topic, value=m.value().decode().replace("in-", "out-").encode(), partition=0)
+        p.send_offsets_to_transaction(c.position([TopicPartition(src, 0)]),
+                                      c.consumer_group_metadata(), 60)
+        p.commit_transaction(60)
+    fail("transform did not finish")
+
+
+def verify_exactly_once(boot, topic, n=60000):
+    values, _ = read_all(boot, topic, True)
+    want = [f"out-{i}" for i in range(n)]
+    if sorted(values, key=lambda v: int(v.split("-")[1])) != want or len(values) != n:
+        dup = len(values) - len(set(values))
+        missing = len(set(want) - set(values))
+        fail(f"output: {len(values)} records, {dup} duplicated, {missing} missing")
+    if values != want:
+        fail("output out of input order")
+    print(f"ok exactly once: {n} outputs, in order", flush=True)
+
+
+def count(boot, topic):
+    values, _ = read_all(boot, topic, True, settle_s=0.5)
+    print(f"ok {len(values)} outputs committed, {len(values) - len(set(values))} duplicated",
+          flush=True)
+
+
 SCENARIOS = {
+    "count": count,
+    "seed-input": seed_input,
+    "transform": transform,
+    "verify-exactly-once": verify_exactly_once,
     "visibility": visibility,
     "timeout": timeout,
     "offsets": offsets,
