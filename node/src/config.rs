@@ -50,6 +50,16 @@ pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: u64 = 600_000;
 /// leaves room for many clients behind one NAT address.
 pub const MAX_CONNECTIONS_PER_IP_DEFAULT: u64 = 1_000;
 
+/// Kafka's default `broker.heartbeat.interval.ms`: how often a node heartbeats the
+/// active controller.
+pub const BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 2_000;
+/// Kafka's default `broker.session.timeout.ms`: a node not heard from this long is fenced.
+pub const BROKER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 9_000;
+/// Kafka's default `controller.quorum.election.timeout.ms`.
+pub const CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Most voters `controller.quorum.voters` may name.
+pub const QUORUM_VOTERS_MAX: usize = 64;
+
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -208,6 +218,14 @@ pub struct Config {
     /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
     pub max_connections_per_ip: u64,
     pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
+    /// `controller.quorum.voters`: voter id → controller `HOST:PORT`. Empty: a single
+    /// node (no controller thread, no controller port).
+    pub quorum_voters: BTreeMap<i32, String>,
+    /// `broker.heartbeat.interval.ms`, `broker.session.timeout.ms`,
+    /// `controller.quorum.election.timeout.ms` (used only with voters).
+    pub broker_heartbeat_interval_ms: u64,
+    pub broker_session_timeout_ms: u64,
+    pub controller_election_timeout_ms: u64,
 }
 
 /// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
@@ -339,6 +357,19 @@ impl Config {
             max_connections_per_ip: props
                 .parse_num(&["max.connections.per.ip"], MAX_CONNECTIONS_PER_IP_DEFAULT)?,
             max_connections_per_ip_overrides: per_ip_overrides(&props)?,
+            quorum_voters: quorum_voters(&props)?,
+            broker_heartbeat_interval_ms: props.parse_num(
+                &["broker.heartbeat.interval.ms"],
+                BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+            )?,
+            broker_session_timeout_ms: props.parse_num(
+                &["broker.session.timeout.ms"],
+                BROKER_SESSION_TIMEOUT_MS_DEFAULT,
+            )?,
+            controller_election_timeout_ms: props.parse_num(
+                &["controller.quorum.election.timeout.ms"],
+                CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT,
+            )?,
             props,
         };
         config.check()?;
@@ -353,6 +384,7 @@ impl Config {
                 "must be >= 1",
             ));
         }
+        self.check_quorum()?;
         if self.min_insync_replicas < 1 {
             let v = self.min_insync_replicas.to_string();
             return Err(value_err("min.insync.replicas", &v, "must be >= 1"));
@@ -404,6 +436,37 @@ impl Config {
         }
         if self.connections_max_idle_ms == 0 {
             return Err(value_err("connections.max.idle.ms", "0", "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// The quorum's timings must leave a heartbeat room inside a session, and a node id
+    /// must be a valid Kafka broker id.
+    fn check_quorum(&self) -> Result<(), ConfigError> {
+        if self.quorum_voters.is_empty() {
+            return Ok(());
+        }
+        if self.node_id < 0 {
+            let v = self.node_id.to_string();
+            return Err(value_err("node.id", &v, "must be >= 0"));
+        }
+        if self.broker_heartbeat_interval_ms == 0
+            || self.broker_session_timeout_ms < 2 * self.broker_heartbeat_interval_ms
+        {
+            let v = self.broker_session_timeout_ms.to_string();
+            return Err(value_err(
+                "broker.session.timeout.ms",
+                &v,
+                "must be at least twice broker.heartbeat.interval.ms (> 0)",
+            ));
+        }
+        if !(50..=60_000).contains(&self.controller_election_timeout_ms) {
+            let v = self.controller_election_timeout_ms.to_string();
+            return Err(value_err(
+                "controller.quorum.election.timeout.ms",
+                &v,
+                "must be 50..=60000",
+            ));
         }
         Ok(())
     }
@@ -476,6 +539,33 @@ fn per_ip_overrides(props: &Properties) -> Result<BTreeMap<IpAddr, u64>, ConfigE
         let ip: IpAddr = ip.parse().map_err(|_| bad())?;
         let count: u64 = count.trim().parse().map_err(|_| bad())?;
         out.insert(ip, count);
+    }
+    Ok(out)
+}
+
+/// `controller.quorum.voters`: `ID@HOST:PORT,...` (Kafka's syntax), each voter's
+/// controller address.
+fn quorum_voters(props: &Properties) -> Result<BTreeMap<i32, String>, ConfigError> {
+    const KEY: &str = "controller.quorum.voters";
+    let mut out = BTreeMap::new();
+    let Some(text) = props.get(KEY) else {
+        return Ok(out);
+    };
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || value_err(KEY, text, "expected ID@HOST:PORT[,ID@HOST:PORT...]");
+        let (id, addr) = item.split_once('@').ok_or_else(bad)?;
+        let id: i32 = id.trim().parse().map_err(|_| bad())?;
+        if id < 0 {
+            return Err(bad());
+        }
+        let addr = addr.trim();
+        parse_addr(KEY, addr)?;
+        if out.insert(id, addr.to_string()).is_some() {
+            return Err(value_err(KEY, text, "a voter id is named twice"));
+        }
+    }
+    if out.len() > QUORUM_VOTERS_MAX {
+        return Err(value_err(KEY, text, "more than 64 voters"));
     }
     Ok(out)
 }
@@ -591,6 +681,37 @@ mod tests {
         p.set("queued.max.request.bytes", "-1");
         assert!(Config::resolve(p.clone(), &CliOverrides::default()).is_err());
         p.set("queued.max.request.bytes", "0");
+        assert!(Config::resolve(p, &CliOverrides::default()).is_err());
+    }
+
+    #[test]
+    fn quorum_voters_parse_and_bad_ones_are_refused() {
+        let c = Config::resolve(Properties::default(), &CliOverrides::default()).unwrap();
+        assert!(c.quorum_voters.is_empty(), "no voters: a single node");
+        let mut p = Properties::default();
+        p.set(
+            "controller.quorum.voters",
+            "1@127.0.0.1:9093, 2@127.0.0.1:9094,3@localhost:9095",
+        );
+        let c = Config::resolve(p.clone(), &CliOverrides::default()).unwrap();
+        assert_eq!(c.quorum_voters.len(), 3);
+        assert_eq!(c.quorum_voters[&2], "127.0.0.1:9094");
+        for bad in [
+            "1@",
+            "x@127.0.0.1:1",
+            "127.0.0.1:1",
+            "1@a:1,1@a:2",
+            "-1@127.0.0.1:1",
+        ] {
+            p.set("controller.quorum.voters", bad);
+            assert!(
+                Config::resolve(p.clone(), &CliOverrides::default()).is_err(),
+                "{bad}"
+            );
+        }
+        p.set("controller.quorum.voters", "1@127.0.0.1:9093");
+        p.set("broker.heartbeat.interval.ms", "1000");
+        p.set("broker.session.timeout.ms", "1500");
         assert!(Config::resolve(p, &CliOverrides::default()).is_err());
     }
 }

@@ -10,6 +10,7 @@
 pub mod admin_cli;
 pub mod api;
 pub mod config;
+pub mod controller;
 pub mod errors;
 pub mod event;
 pub mod group;

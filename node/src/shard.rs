@@ -135,6 +135,8 @@ pub struct NodeShared {
     /// Shards that finished draining their connections during shutdown.
     pub drained: AtomicUsize,
     pub cluster_id: String,
+    /// Every metadata write goes through it (issue 12).
+    pub controller: crate::controller::Controller,
 }
 
 /// The state of one shard.

@@ -1,11 +1,11 @@
 //! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (broker configs are
-//! described read-only). Topic overrides are stored in the catalogue; changing them makes
+//! described read-only). Topic overrides are stored in the catalogue (changed through the
+//! controller); changing them makes
 //! each owning shard reopen the partition logs with the new settings. An internal topic's
 //! `cleanup.policy` and retention cannot be changed (INVALID_CONFIG).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse as AlterResult;
 use kafka_protocol::messages::describe_configs_response::{
@@ -19,8 +19,8 @@ use kafka_protocol::messages::{
 
 use super::admin::{TOPIC_CONFIG_KEYS, TopicError, validate_configs};
 use super::str_bytes;
+use crate::controller::{Command, Outcome};
 use crate::errors;
-use crate::metadata::MetaError;
 use crate::shard::Shard;
 
 /// Kafka's ConfigResource types.
@@ -176,19 +176,18 @@ async fn change_topic(
     if validate_only || configs == meta.configs {
         return Ok(());
     }
-    shard
-        .node
-        .meta
-        .update(|c| match c.topics.get_mut(topic) {
-            Some(t) if t.id == meta.id => {
-                let mut changed = (**t).clone();
-                changed.configs = configs;
-                *t = Arc::new(changed);
-                Ok(())
-            }
-            _ => Err(MetaError::UnknownTopic(topic.to_string())),
-        })
-        .map_err(|e| (errors::UNKNOWN_TOPIC_OR_PARTITION, e.to_string()))?;
+    let cmd = Command::AlterConfigs {
+        name: topic.to_string(),
+        id: meta.id,
+        configs,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Done(done) => done?,
+        other => {
+            let msg = format!("controller answered {other:?}");
+            return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+        }
+    }
     tracing::info!(topic, "topic config changed");
     shard.sync_all().await;
     Ok(())

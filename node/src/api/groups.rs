@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
@@ -45,7 +44,7 @@ use crate::group::{
     CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
     Settings, codes, partition_for,
 };
-use crate::metadata::{self, MetaError, TopicMeta};
+use crate::metadata::{self, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
 use crate::shard::{Op, Reply, Shard};
@@ -129,19 +128,31 @@ pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
         id: metadata::new_topic_id(),
         partitions: s.num_partitions,
         configs: offsets_topic_configs(&s),
+        assignment: Vec::new(),
     };
-    let created = shard.node.meta.update(|c| {
-        if c.topics.contains_key(OFFSETS_TOPIC) {
-            return Err(MetaError::TopicExists(OFFSETS_TOPIC.to_string()));
-        }
-        c.topics.insert(OFFSETS_TOPIC.to_string(), Arc::new(meta));
-        Ok(())
-    });
-    match created {
-        Ok(()) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
-        Err(MetaError::TopicExists(_)) => {}
-        Err(e) => {
-            tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
+    let topic = crate::controller::NewTopic {
+        meta,
+        internal: true,
+        replication_factor: shard.config().default_replication_factor,
+        assignments: Vec::new(),
+    };
+    let cmd = crate::controller::Command::CreateTopics {
+        topics: vec![topic],
+        max_partitions: shard.config().partition_limits.max_partitions,
+    };
+    let outcome = shard.node.controller.submit(&shard.node, cmd).await;
+    match outcome {
+        crate::controller::Outcome::Created(v) => match v.into_iter().next() {
+            Some(Ok(_)) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
+            Some(Err((crate::errors::TOPIC_ALREADY_EXISTS, _))) => {}
+            Some(Err((_, e))) => {
+                tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
+                return Err(codes::COORDINATOR_NOT_AVAILABLE);
+            }
+            None => return Err(codes::COORDINATOR_NOT_AVAILABLE),
+        },
+        other => {
+            tracing::error!("cannot create {OFFSETS_TOPIC}: controller answered {other:?}");
             return Err(codes::COORDINATOR_NOT_AVAILABLE);
         }
     }

@@ -136,23 +136,37 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let _lock = lock_data_dir(&config.data_dir)?;
-    let meta = MetaStore::open(&config.data_dir)?;
+    // In a cluster the catalogue is the controller quorum's image, rebuilt from its log.
+    let meta = if config.quorum_voters.is_empty() {
+        MetaStore::open(&config.data_dir)?
+    } else {
+        MetaStore::in_memory(&config.data_dir)
+    };
     let cluster_id = cluster_id(&config)?;
     let shards = config.shards;
     let node_id = config.node_id;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Bound here, before any shard starts: a second process on the address fails now.
+    let (listen, listeners) = listen::bind_listeners(config.listen, shards)?;
+    let quorum = prepare_quorum(&config, listen)?;
+    let controller = match &quorum {
+        None => crate::controller::Controller::local(),
+        Some(q) => crate::controller::Controller::quorum(q.handle.clone()),
+    };
     let node = Arc::new(NodeShared {
         config,
         meta,
         connections: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
         cluster_id,
+        controller,
     });
+    if let Some(q) = quorum {
+        crate::controller::quorum::start(q, node.clone())?;
+    }
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
     let requests = MeshBuilder::<Envelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
     let replies = MeshBuilder::<ReplyEnvelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
-    // Bound here, before any shard starts: a second process on the address fails now.
-    let (listen, listeners) = listen::bind_listeners(node.config.listen, shards)?;
     let per_ip = Arc::new(admission::PerIp::default());
     let mut handles = Vec::new();
     for (s, listener) in listeners.into_iter().enumerate() {
@@ -179,6 +193,26 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         "weir ready: node {node_id}, {shards} shards, advertised as {host}:{port}, listening on {listen}"
     );
     join_shards(handles)
+}
+
+/// With `controller.quorum.voters`: binds this voter's controller port and prepares the
+/// quorum handle. Without: `None` (no thread, no port).
+fn prepare_quorum(
+    config: &Config,
+    listen: SocketAddr,
+) -> anyhow::Result<Option<crate::controller::quorum::Prepared>> {
+    if config.quorum_voters.is_empty() {
+        return Ok(None);
+    }
+    let q = crate::controller::quorum::QuorumConfig {
+        node_id: config.node_id,
+        voters: config.quorum_voters.clone(),
+        advertised: advertised(config, listen),
+        heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
+        session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
+        election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
+    };
+    crate::controller::quorum::prepare(q).map(Some)
 }
 
 fn join_shards(
@@ -340,6 +374,9 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     let inbox = glommio::spawn_local(shard.clone().run_inbox(req_rx));
     let reply_box = glommio::spawn_local(shard.clone().run_replies(rep_rx));
     shard.sync_partitions().await;
+    if let Some(q) = node.controller.cluster() {
+        crate::controller::bridge::spawn_notices(shard.clone(), q);
+    }
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
     let admission = Admission {
