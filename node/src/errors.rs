@@ -24,3 +24,4 @@ pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const POLICY_VIOLATION: i16 = 44;
+pub const LEADER_NOT_AVAILABLE: i16 = 5;

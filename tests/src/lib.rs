@@ -3,6 +3,8 @@
 //!
 //! - [`broker`]: the `weir serve` process — start, wait for ready, SIGTERM/SIGKILL,
 //!   restart on the same data dir, RSS; always killed on drop.
+//! - [`cluster`]: several weir processes forming one cluster (controller quorum), and a
+//!   canonical dump of a node's Metadata to compare nodes by.
 //! - [`disk`]: what reached the data dir (record batches in segment files).
 //! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
 //! - [`fuzz`]: a mutation fuzzer over TCP seeded with captured client requests.
@@ -11,6 +13,7 @@
 
 pub mod broker;
 pub mod clients;
+pub mod cluster;
 pub mod disk;
 pub mod fuzz;
 pub mod raw;

@@ -226,16 +226,17 @@ async fn find_coordinator(
     req: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
-    let (host, port) = shard.advertised.clone();
-    let node = BrokerId(shard.config().node_id);
     // Transaction coordinators are not served yet: only group keys (type 0) resolve.
-    let error = match (req.key_type, offsets_partitions(shard).await) {
+    let partitions = offsets_partitions(shard).await;
+    let error = match (req.key_type, partitions) {
         (0, Ok(_)) => codes::NONE,
         (0, Err(code)) => code,
         _ => codes::COORDINATOR_NOT_AVAILABLE,
     };
+    let partitions = partitions.unwrap_or(1);
     let mut resp = FindCoordinatorResponse::default();
     if version < 4 {
+        let (error, node, host, port) = coordinator_of(shard, req.key.as_str(), partitions, error);
         resp.error_code = error;
         if error == codes::NONE {
             resp.node_id = node;
@@ -250,6 +251,7 @@ async fn find_coordinator(
         .coordinator_keys
         .iter()
         .map(|key| {
+            let (error, node, host, port) = coordinator_of(shard, key.as_str(), partitions, error);
             let mut c = Coordinator::default();
             c.key = key.clone();
             c.error_code = error;
@@ -264,6 +266,40 @@ async fn find_coordinator(
         })
         .collect();
     resp
+}
+
+/// The node hosting `group`'s coordinator: this node on a single node; in a cluster the
+/// leader of its `__consumer_offsets` partition (none yet: COORDINATOR_NOT_AVAILABLE).
+fn coordinator_of(
+    shard: &Shard,
+    group: &str,
+    partitions: i32,
+    error: i16,
+) -> (i16, BrokerId, String, u16) {
+    let (host, port) = shard.advertised.clone();
+    let me = (error, BrokerId(shard.config().node_id), host, port);
+    if error != codes::NONE || shard.node.controller.cluster().is_none() {
+        return me;
+    }
+    let image = shard.catalog();
+    let partition = partition_for(group, partitions);
+    let leader = image
+        .topics
+        .get(OFFSETS_TOPIC)
+        .and_then(|t| t.assignment.get(usize::try_from(partition).ok()?))
+        .map(|a| a.leader);
+    let Some(leader) = leader else {
+        return me;
+    };
+    match image.nodes.get(&leader).filter(|n| !n.fenced) {
+        Some(n) => (error, BrokerId(leader), n.host.clone(), n.port),
+        None => (
+            codes::COORDINATOR_NOT_AVAILABLE,
+            BrokerId(-1),
+            String::new(),
+            0,
+        ),
+    }
 }
 
 async fn join_group(

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::errors;
-use crate::metadata::{Catalog, MetaError, NodeInfo, PartitionAssignment, TopicMeta};
+use crate::metadata::{
+    Catalog, MetaError, NodeInfo, PARTITIONS_PER_TOPIC_MAX, PartitionAssignment, TopicMeta,
+};
 
 /// An error code and message for one topic (what the API layer answers with).
 pub type TopicError = (i16, String);
@@ -208,6 +210,10 @@ fn create_topics(c: &mut Catalog, topics: &[NewTopic], max: u64, cluster: bool) 
         .iter()
         .map(|t| {
             let name = &t.meta.name;
+            // Checked by the handler too; a command from the log is bounded all the same.
+            if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&t.meta.partitions) {
+                return Err(meta_error(MetaError::InvalidPartitions(t.meta.partitions)));
+            }
             if t.internal {
                 if c.topics.contains_key(name) {
                     return Err(meta_error(MetaError::TopicExists(name.clone())));
@@ -359,6 +365,9 @@ fn grow(
     };
     if total + added > max {
         return Err(over_node_limit(total, added, max));
+    }
+    if count > PARTITIONS_PER_TOPIC_MAX {
+        return Err(meta_error(MetaError::InvalidPartitions(count)));
     }
     let mut grown = (*current).clone();
     if cluster {

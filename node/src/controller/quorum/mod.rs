@@ -301,10 +301,14 @@ async fn propose(ctx: &Ctx, cmd: Command) -> Outcome {
     let deadline = Instant::now() + Duration::from_millis(PROPOSE_DEADLINE_MS);
     let mut peers: HashMap<u64, Peer> = HashMap::new();
     while Instant::now() < deadline {
-        let leader = match ctx.raft.client_write(cmd.clone()).await {
-            Ok(resp) => return resp.data,
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => f.leader_id,
-            Err(e) => {
+        // A leader cut off from its quorum never commits: bounded by the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let written = tokio::time::timeout(left, ctx.raft.client_write(cmd.clone())).await;
+        let leader = match written {
+            Err(_) => break,
+            Ok(Ok(resp)) => return resp.data,
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f.leader_id,
+            Ok(Err(e)) => {
                 tracing::warn!("controller write failed: {e}");
                 None
             }
@@ -391,13 +395,18 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
         Rpc::Append(r) => RpcReply::Append(ctx.raft.append_entries(r).await),
         Rpc::Vote(r) => RpcReply::Vote(ctx.raft.vote(r).await),
         Rpc::Snapshot(r) => RpcReply::Snapshot(ctx.raft.install_snapshot(r).await),
-        Rpc::Propose(cmd) => RpcReply::Propose(match ctx.raft.client_write(cmd).await {
-            Ok(resp) => Ok((resp.data, resp.log_id.index)),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(Refused::NotLeader(f.leader_id))
-            }
-            Err(e) => Err(Refused::Failed(e.to_string())),
-        }),
+        Rpc::Propose(cmd) => {
+            let deadline = Duration::from_millis(PROPOSE_DEADLINE_MS);
+            let written = tokio::time::timeout(deadline, ctx.raft.client_write(cmd)).await;
+            RpcReply::Propose(match written {
+                Err(_) => Err(Refused::Failed("not committed in time".into())),
+                Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                    Err(Refused::NotLeader(f.leader_id))
+                }
+                Ok(Err(e)) => Err(Refused::Failed(e.to_string())),
+            })
+        }
         Rpc::Heartbeat { id, host, port } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port)),
     }
 }
