@@ -158,6 +158,61 @@ fn sigkill_of_the_controller_elects_another_and_the_node_catches_up_on_restart()
     );
 }
 
+/// Whether every partition of `topic` has a live leader other than `dead` in `m`.
+fn led_without(m: &kafka_protocol::messages::MetadataResponse, topic: &str, dead: i32) -> bool {
+    let parts = placement(m, topic);
+    !parts.is_empty() && parts.iter().all(|(l, _)| *l >= 0 && *l != dead)
+}
+
+#[test]
+fn sigkill_of_a_partition_leader_moves_its_partitions_to_the_isr() {
+    let runs: usize = std::env::var("CLUSTER_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let name = format!("led-{run}");
+        assert!(create(&mut c, &name, 3, 3), "create {name}");
+        c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("agree on the topic");
+        // A node that is not the controller: only the partition leader fails over.
+        let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+        let victim = (1..=3)
+            .find(|id| *id != controller)
+            .expect("a non-controller");
+        c.node(victim).kill().expect("kill");
+        let t0 = Instant::now();
+        let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+        loop {
+            assert!(
+                t0.elapsed() < AGREE_TIMEOUT,
+                "partitions of {victim} not moved"
+            );
+            let moved = survivors.iter().all(|id| {
+                c.metadata(*id)
+                    .is_ok_and(|m| led_without(&m, &name, victim))
+            });
+            if moved {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        times.push(t0.elapsed());
+        c.node(victim).restart().expect("restart");
+        c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("the restarted node caught up");
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    println!(
+        "SIGKILL of a partition leader's node -> new leader in Metadata (broker.session.timeout.ms=3000): {runs} runs, median {median:?}, max {max:?}"
+    );
+}
+
 fn churn(cycles: usize) {
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");

@@ -81,6 +81,7 @@ pub fn spawn_notices(shard: Rc<Shard>, q: &Arc<Handle>) {
                 WAKES.fetch_add(1, Ordering::Relaxed);
                 WAKE_MICROS_TOTAL.fetch_add(us, Ordering::Relaxed);
                 WAKE_MICROS_MAX.fetch_max(us, Ordering::Relaxed);
+                tracing::debug!(shard = %shard.id, wake_us = us, "controller notice");
                 shard.sync_partitions().await;
             }
         },
@@ -112,6 +113,13 @@ mod tests {
         });
         let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
+                // A shard always has timers pending (its signal watcher polls every 50 ms,
+                // housekeeping, idle connections): the same here.
+                let ticking = glommio::spawn_local(async {
+                    loop {
+                        glommio::timer::sleep(Duration::from_millis(50)).await;
+                    }
+                });
                 let tq = glommio::executor().create_task_queue(Shares::default(), latency, "t");
                 let task = glommio::spawn_local_into(
                     async move {
@@ -129,7 +137,9 @@ mod tests {
                     tq,
                 )
                 .expect("task queue");
-                task.await
+                let out = task.await;
+                drop(ticking);
+                out
             })
             .expect("executor");
         let out = ex.join().expect("join");
