@@ -37,7 +37,7 @@ const RETRY_PAUSE_MS: u64 = 100;
 /// How often the leader looks for expired leases.
 const LEASE_CHECK_MS: u64 = 200;
 /// Connections the controller port serves at once.
-const CONNECTIONS_MAX: usize = 64;
+const CONNECTIONS_MAX: usize = 16;
 /// A controller connection with no request for this long is closed.
 const IDLE_TIMEOUT_MS: u64 = 60_000;
 /// Commands in the Raft log between two snapshots.
