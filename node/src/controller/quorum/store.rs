@@ -470,3 +470,79 @@ fn apply_one(meta: &MetaStore, cmd: &Command) -> Outcome {
         Err(e) => apply::write_failed(cmd, e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn record(index: u64) -> Vec<u8> {
+        let entry: Entry<TypeConfig> = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Command::DeleteTopic {
+                name: format!("t{index}"),
+            }),
+        };
+        let body = serde_json::to_vec(&entry).expect("encode");
+        let mut out = (body.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn temp_dir() -> tempfile::TempDir {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+        std::fs::create_dir_all(&root).expect("root");
+        tempfile::tempdir_in(root).expect("tempdir")
+    }
+
+    #[test]
+    fn a_torn_or_damaged_log_tail_is_cut_on_open() {
+        let dir = temp_dir();
+        let good: Vec<u8> = (1..=3).flat_map(record).collect();
+        for tail in [
+            record(4)[..7].to_vec(),  // torn header
+            record(4)[..20].to_vec(), // torn body
+            {
+                let mut r = record(4);
+                let last = r.len() - 1;
+                r[last] ^= 0xff; // damaged body: checksum mismatch
+                r
+            },
+        ] {
+            let mut bytes = good.clone();
+            bytes.extend_from_slice(&tail);
+            std::fs::write(dir.path().join("log"), &bytes).expect("write");
+            let store = LogStore::open(dir.path()).expect("open");
+            let inner = lock(&store.inner);
+            assert_eq!(inner.entries.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+            assert_eq!(inner.len, good.len() as u64);
+            drop(inner);
+            let on_disk = std::fs::metadata(dir.path().join("log"))
+                .expect("stat")
+                .len();
+            assert_eq!(on_disk, good.len() as u64, "the tail is cut from the file");
+        }
+    }
+
+    #[test]
+    fn a_damaged_state_file_is_an_error_not_a_default() {
+        let dir = temp_dir();
+        let path = dir.path().join("vote");
+        write_json(&path, &Some(7u64)).expect("write");
+        assert_eq!(
+            read_json::<Option<u64>>(&path).expect("read"),
+            Some(Some(7))
+        );
+        let mut bytes = std::fs::read(&path).expect("read");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(read_json::<Option<u64>>(&path).is_err());
+        assert!(
+            read_json::<u64>(&dir.path().join("absent"))
+                .expect("absent")
+                .is_none()
+        );
+    }
+}
