@@ -2,7 +2,8 @@
 //! (`controller.quorum.voters`): every node reports the same brokers, controller and
 //! partition placement; the controller's node can be SIGKILLed and another takes over;
 //! a random minority killed again and again under topic churn loses no acknowledged
-//! change, and every node ends with the same metadata, byte for byte.
+//! change, and every node ends with the same metadata, byte for byte; librdkafka
+//! produces and consumes through any node as bootstrap.
 //!
 //! The longer loop: `cargo test -p weir-tests --test cluster_quorum -- --ignored --nocapture`
 //! (`CLUSTER_CYCLES`, default 20; `CLUSTER_FAILOVER_RUNS` for the failover timing, default 20).
@@ -211,6 +212,33 @@ fn sigkill_of_a_partition_leader_moves_its_partitions_to_the_isr() {
     println!(
         "SIGKILL of a partition leader's node -> new leader in Metadata (broker.session.timeout.ms=3000): {runs} runs, median {median:?}, max {max:?}"
     );
+}
+
+#[test]
+fn rdkafka_produces_and_consumes_through_every_node_as_bootstrap() {
+    use weir_tests::clients;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "routed", 3, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "routed"))
+        .expect("agree on the topic");
+    let (mut sent, mut acked) = (Vec::new(), Vec::new());
+    for id in 1..=3 {
+        let bootstrap = c.node(id).bootstrap();
+        let (p, log) = clients::producer(&bootstrap, "all", "none", &[]).expect("producer");
+        let tag = format!("via-{id}");
+        let records =
+            clients::make_records(u64::from(id as u32) * 1_000, 300, &tag, clients::now_ms());
+        clients::produce_all(&p, "routed", &records, None).expect("produce");
+        assert!(log.failed().is_empty(), "via node {id}: {:?}", log.failed());
+        acked.extend(log.acked());
+        sent.extend(records);
+    }
+    // Read back through another node than the last producer's.
+    let bootstrap = c.node(1).bootstrap();
+    let got = clients::consume_to_end(&bootstrap, "routed", &[0, 1, 2]).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record read back");
+    assert_eq!(checked, 900);
 }
 
 fn churn(cycles: usize) {
