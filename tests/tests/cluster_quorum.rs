@@ -241,6 +241,39 @@ fn rdkafka_produces_and_consumes_through_every_node_as_bootstrap() {
     assert_eq!(checked, 900);
 }
 
+#[test]
+fn sigterm_moves_leadership_away_before_the_node_stops() {
+    // A lease far longer than the test waits: only the controlled shutdown can move it.
+    let mut c = Cluster::start(3, &[("broker.session.timeout.ms", "60000")]).expect("start");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "handover", 3, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "handover"))
+        .expect("agree on the topic");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let victim = (1..=3)
+        .find(|id| *id != controller)
+        .expect("a non-controller");
+    let t0 = Instant::now();
+    let status = c.node(victim).terminate().expect("SIGTERM");
+    assert!(status.success(), "clean exit: {status}");
+    let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+    loop {
+        let moved = survivors.iter().all(|id| {
+            c.metadata(*id)
+                .is_ok_and(|m| led_without(&m, "handover", victim))
+        });
+        if moved {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "partitions of {victim} not moved by its shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("SIGTERM -> leadership moved in {:?}", t0.elapsed());
+}
+
 fn churn(cycles: usize) {
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");

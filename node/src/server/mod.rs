@@ -30,6 +30,8 @@ use crate::shard::{Envelope, MESH_QUEUE_CAPACITY, NodeShared, ReplyEnvelope, Sha
 const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 /// How often shards look at the signal flag.
 const SIGNAL_POLL_MS: u64 = 50;
+/// How long a cluster node's shutdown waits for the controller to move its leadership.
+const CONTROLLED_SHUTDOWN_MS: u64 = 5_000;
 /// How long a shard waits for its connections to finish after a shutdown signal.
 const DRAIN_TIMEOUT_MS: u64 = 10_000;
 
@@ -416,7 +418,51 @@ async fn watch_signal(shard: Rc<Shard>) {
     if shard.id == ShardId(0) {
         tracing::info!("shutdown requested: answering in-flight requests, then closing logs");
     }
+    if let Some(q) = shard.node.controller.cluster() {
+        controlled_shutdown(&shard, q).await;
+    }
     shard.begin_shutdown();
+}
+
+/// Set once this cluster node's leadership has moved away (or the try timed out).
+static HANDED_OVER: AtomicBool = AtomicBool::new(false);
+
+/// Kafka's controlled shutdown: before a cluster node stops serving, it stops
+/// heartbeating and asks the controller to fence it, which moves every partition it leads
+/// to another ISR member; clients are still answered meanwhile. Shard 0 asks; the others
+/// wait for it. Bounded by [`CONTROLLED_SHUTDOWN_MS`] (no quorum: the lease does it later).
+async fn controlled_shutdown(shard: &Rc<Shard>, q: &Arc<crate::controller::quorum::Handle>) {
+    let deadline = Instant::now() + Duration::from_millis(CONTROLLED_SHUTDOWN_MS);
+    if shard.id == ShardId(0) {
+        q.stop_heartbeats();
+        let id = shard.config().node_id;
+        let fence = shard
+            .node
+            .controller
+            .submit(&shard.node, crate::controller::Command::FenceNode { id });
+        let timeout = glommio::timer::sleep(Duration::from_millis(CONTROLLED_SHUTDOWN_MS));
+        let done = futures_lite::future::or(
+            async {
+                fence.await;
+                true
+            },
+            async {
+                timeout.await;
+                false
+            },
+        )
+        .await;
+        if done {
+            tracing::info!("controlled shutdown: leadership moved to other nodes");
+        } else {
+            tracing::warn!("controlled shutdown: no controller answered; stopping anyway");
+        }
+        HANDED_OVER.store(true, Ordering::SeqCst);
+        return;
+    }
+    while !HANDED_OVER.load(Ordering::SeqCst) && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(SIGNAL_POLL_MS)).await;
+    }
 }
 
 /// First pause after a failed accept (EMFILE, ENFILE, ENOBUFS: retrying at once fails

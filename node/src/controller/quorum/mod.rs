@@ -71,12 +71,20 @@ pub struct Handle {
     leader: AtomicI64,
     /// One notice channel per shard: the image changed.
     subscribers: Mutex<Vec<flume::Sender<super::bridge::Notice>>>,
+    /// Set by a controlled shutdown: no more heartbeats (they would register the node
+    /// again once it is fenced).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Handle {
     /// The active controller's id (-1: none known).
     pub fn controller_id(&self) -> i32 {
         i32::try_from(self.leader.load(Ordering::Acquire)).unwrap_or(-1)
+    }
+
+    /// Stops this node's heartbeats (controlled shutdown).
+    pub fn stop_heartbeats(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
     }
 
     /// A shard's channel of image-change notices.
@@ -129,6 +137,7 @@ pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
         requests: tx,
         leader: AtomicI64::new(-1),
         subscribers: Mutex::new(Vec::new()),
+        stopping: std::sync::atomic::AtomicBool::new(false),
     });
     Ok(Prepared {
         handle,
@@ -255,7 +264,7 @@ async fn run(
     });
     tokio::spawn(serve(listener, ctx.clone()));
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
-    tokio::spawn(heartbeats(ctx.clone()));
+    tokio::spawn(heartbeats(ctx.clone(), handle.clone()));
     tokio::spawn(leases(ctx.clone()));
     let _ = started.send(Ok(()));
     while let Ok(req) = requests.recv_async().await {
@@ -459,11 +468,11 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<(), Refused>
 }
 
 /// This node's heartbeat to the leader, every `broker.heartbeat.interval.ms`.
-async fn heartbeats(ctx: Arc<Ctx>) {
+async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let mut peers: HashMap<u64, Peer> = HashMap::new();
     let (host, port) = ctx.config.advertised.clone();
     let id = ctx.config.node_id;
-    loop {
+    while !handle.stopping.load(Ordering::SeqCst) {
         let leader = ctx.raft.metrics().borrow().current_leader;
         match leader {
             Some(l) if l == id as u64 => {
