@@ -274,6 +274,69 @@ fn sigterm_moves_leadership_away_before_the_node_stops() {
     println!("SIGTERM -> leadership moved in {:?}", t0.elapsed());
 }
 
+#[test]
+fn five_nodes_keep_committing_with_two_killed_and_the_two_catch_up() {
+    let mut c = Cluster::start(5, &[]).expect("start cluster");
+    c.wait_agreed(5, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "five-before", 5, 3), "create");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    // The controller and one other: a minority of two.
+    let other = (1..=5).find(|id| *id != controller).expect("another node");
+    for id in [controller, other] {
+        c.node(id).kill().expect("kill");
+    }
+    assert!(
+        create(&mut c, "five-during", 5, 3),
+        "creation works with 3 of 5"
+    );
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "five-during"))
+        .expect("the three agree once the two are fenced");
+    for id in [controller, other] {
+        c.node(id).restart().expect("restart");
+    }
+    c.wait_agreed(5, AGREE_TIMEOUT, |m| {
+        has_topic(m, "five-before") && has_topic(m, "five-during")
+    })
+    .expect("all five agree");
+}
+
+#[test]
+fn sigkill_of_every_node_then_restart_keeps_every_committed_topic() {
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    for i in 0..5 {
+        assert!(
+            create(&mut c, &format!("kept-{i}"), 2, 3),
+            "create kept-{i}"
+        );
+    }
+    assert!(delete(&mut c, "kept-0"), "delete kept-0");
+    let before = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| {
+            has_topic(m, "kept-4") && !has_topic(m, "kept-0")
+        })
+        .expect("agree");
+    for id in 1..=3 {
+        c.node(id).kill().expect("kill");
+    }
+    for id in 1..=3 {
+        c.node(id).restart().expect("restart");
+    }
+    let after = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| {
+            (1..5).all(|i| has_topic(m, &format!("kept-{i}")))
+        })
+        .expect("agree after the restart");
+    assert!(!after.contains("topic kept-0 "), "{after}");
+    let topics = |d: &str| {
+        d.lines()
+            .filter(|l| l.starts_with("topic "))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(topics(&before), topics(&after));
+}
+
 fn churn(cycles: usize) {
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
