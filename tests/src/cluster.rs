@@ -43,6 +43,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` voters with short (test) timeouts plus `extra` settings.
     pub fn start(n: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
+        Cluster::start_with_brokers(n, 0, extra)
+    }
+
+    /// Starts `n` voters (ids 1..=n) and `brokers` broker-only nodes (ids after them).
+    pub fn start_with_brokers(n: usize, brokers: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
         let ports = free_ports(n)?;
         let voters: Vec<String> = ports
             .iter()
@@ -51,7 +56,7 @@ impl Cluster {
             .collect();
         let voters = voters.join(",");
         let mut nodes = Vec::new();
-        for i in 0..n {
+        for i in 0..n + brokers {
             let mut config = WeirConfig::shards(1)
                 .set("node.id", i + 1)
                 .set("controller.quorum.voters", &voters)

@@ -337,6 +337,34 @@ fn sigkill_of_every_node_then_restart_keeps_every_committed_topic() {
     assert_eq!(topics(&before), topics(&after));
 }
 
+#[test]
+fn a_broker_that_is_not_a_voter_joins_follows_the_image_and_forwards_writes() {
+    let mut c = Cluster::start_with_brokers(3, 1, &[]).expect("start cluster");
+    let dump = c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(dump.contains("broker 4 "), "{dump}");
+    let addr = c.node(4).addr();
+    assert_eq!(
+        cluster::create_topic(addr, "via-broker", 4, 4).expect("create"),
+        NONE
+    );
+    // Answered once node 4's own image has it.
+    let m = c.metadata(4).expect("metadata");
+    let parts = placement(&m, "via-broker");
+    assert_eq!(parts.len(), 4, "{}", cluster::dump(&m));
+    for (_, replicas) in &parts {
+        let set: BTreeSet<i32> = replicas.iter().copied().collect();
+        assert_eq!(set, BTreeSet::from([1, 2, 3, 4]));
+    }
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| has_topic(m, "via-broker"))
+        .expect("every node agrees");
+    // Killed, it is fenced; restarted, it catches up.
+    c.node(4).kill().expect("kill");
+    assert!(create(&mut c, "while-away", 2, 3), "create");
+    c.node(4).restart().expect("restart");
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| has_topic(m, "while-away"))
+        .expect("the broker caught up");
+}
+
 fn churn(cycles: usize) {
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");

@@ -4,6 +4,7 @@
 //! the active controller: it takes node heartbeats, fences a node whose lease
 //! (`broker.session.timeout.ms`) expired, and names the cluster.
 
+pub mod broker;
 pub mod net;
 pub mod store;
 
@@ -33,7 +34,7 @@ pub const REQUESTS_QUEUE: usize = 1024;
 /// How long a metadata write waits for a quorum before it fails with REQUEST_TIMED_OUT.
 pub const PROPOSE_DEADLINE_MS: u64 = 15_000;
 /// Pause between tries while no leader is known.
-const RETRY_PAUSE_MS: u64 = 100;
+pub(crate) const RETRY_PAUSE_MS: u64 = 100;
 /// How often the leader looks for expired leases.
 const LEASE_CHECK_MS: u64 = 200;
 /// Connections the controller port serves at once.
@@ -68,12 +69,12 @@ pub enum Request {
 pub struct Handle {
     pub requests: flume::Sender<Request>,
     /// The active controller's node id, -1 while none is known.
-    leader: AtomicI64,
+    pub(crate) leader: AtomicI64,
     /// One notice channel per shard: the image changed.
     subscribers: Mutex<Vec<flume::Sender<super::bridge::Notice>>>,
     /// Set by a controlled shutdown: no more heartbeats (they would register the node
     /// again once it is fenced).
-    stopping: std::sync::atomic::AtomicBool,
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Handle {
@@ -98,7 +99,7 @@ impl Handle {
         rx
     }
 
-    fn notify(&self) {
+    pub(crate) fn notify(&self) {
         let subs = match self.subscribers.lock() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
@@ -116,22 +117,24 @@ impl Handle {
 pub struct Prepared {
     pub handle: Arc<Handle>,
     requests: flume::Receiver<Request>,
-    listener: std::net::TcpListener,
+    /// The controller port; `None` on a broker-only node.
+    listener: Option<std::net::TcpListener>,
     config: QuorumConfig,
 }
 
 /// Binds this voter's controller address (so a taken port fails startup now) and makes
 /// the shards' handle.
 pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
-    let Some(addr) = config.voters.get(&config.node_id) else {
-        anyhow::bail!(
-            "node.id {} is not in controller.quorum.voters: brokers that are not voters are not supported yet",
-            config.node_id
-        );
+    // A node that is not a voter is a broker only: no Raft, no controller port.
+    let listener = match config.voters.get(&config.node_id) {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr.as_str())
+                .map_err(|e| anyhow::anyhow!("cannot listen on controller address {addr}: {e}"))?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
     };
-    let listener = std::net::TcpListener::bind(addr.as_str())
-        .map_err(|e| anyhow::anyhow!("cannot listen on controller address {addr}: {e}"))?;
-    listener.set_nonblocking(true)?;
     let (tx, rx) = flume::bounded(REQUESTS_QUEUE);
     let handle = Arc::new(Handle {
         requests: tx,
@@ -168,6 +171,9 @@ impl Ctx {
 
 /// Starts the controller thread; it runs until the process exits.
 pub fn start(prepared: Prepared, node: Arc<NodeShared>) -> anyhow::Result<()> {
+    if prepared.listener.is_none() {
+        return broker::start(prepared, node);
+    }
     let dir = node.config.data_dir.join("controller");
     std::fs::create_dir_all(&dir)?;
     let log = store::LogStore::open(&dir)?;
@@ -248,9 +254,13 @@ async fn run(
             tracing::debug!("controller quorum initialise: {e}");
         }
     }
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
+    let listener = match listener.map(tokio::net::TcpListener::from_std) {
+        Some(Ok(l)) => l,
+        None => {
+            let _ = started.send(Err(anyhow::anyhow!("a voter without a controller port")));
+            return;
+        }
+        Some(Err(e)) => {
             let _ = started.send(Err(e.into()));
             return;
         }
@@ -416,7 +426,25 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
                 Ok(Err(e)) => Err(Refused::Failed(e.to_string())),
             })
         }
-        Rpc::Heartbeat { id, host, port } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port)),
+        Rpc::Heartbeat {
+            id,
+            host,
+            port,
+            have,
+        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port).map(|()| {
+            let applied = ctx
+                .raft
+                .metrics()
+                .borrow()
+                .last_applied
+                .map_or(0, |l| l.index);
+            // Index read before the image: the image holds at least what it says.
+            let behind = have.is_some_and(|h| h < applied);
+            behind.then(|| net::ImageUpdate {
+                index: applied,
+                catalog: (*ctx.node.meta.snapshot()).clone(),
+            })
+        })),
     }
 }
 
@@ -485,6 +513,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         id,
                         host: host.clone(),
                         port,
+                        have: None,
                     };
                     let _ = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
                 }

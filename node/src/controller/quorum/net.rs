@@ -34,10 +34,13 @@ pub enum Rpc {
     /// A metadata write forwarded to the leader.
     Propose(Command),
     /// A node's liveness heartbeat (with its advertised address) sent to the leader.
+    /// `have`: the log index a broker-only node's image is at (voters: `None`, they
+    /// replicate the log themselves).
     Heartbeat {
         id: i32,
         host: String,
         port: u16,
+        have: Option<u64>,
     },
 }
 
@@ -56,7 +59,16 @@ pub enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
     /// The outcome and the index of the log entry that made it.
     Propose(Result<(Outcome, u64), Refused>),
-    Heartbeat(Result<(), Refused>),
+    /// For a broker-only node behind the leader: the leader's image and its log index.
+    Heartbeat(Result<Option<ImageUpdate>, Refused>),
+}
+
+/// The committed image sent to a broker-only node (it runs no Raft).
+#[derive(Serialize, Deserialize)]
+pub struct ImageUpdate {
+    /// Log index the image includes at least.
+    pub index: u64,
+    pub catalog: crate::metadata::Catalog,
 }
 
 /// Writes one frame.
