@@ -17,10 +17,18 @@ use weir_tests::cluster::{self, Cluster};
 /// a loaded 2-core machine.
 const AGREE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Tries of one metadata write while a controller is being elected.
-const WRITE_TRIES: usize = 100;
+const WRITE_TRIES: usize = 40;
 const NONE: i16 = 0;
 const TOPIC_ALREADY_EXISTS: i16 = 36;
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+
+/// The last log lines of every node, for a failure message.
+fn logs(c: &mut Cluster) -> String {
+    (1..=c.nodes.len() as i32)
+        .map(|id| format!("--- node {id}:\n{}", c.node(id).log_tail(40)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 /// Creates `name` through any live node, retrying while no controller answers; true once
 /// acknowledged (an "already exists" after a retry counts: the first try was made).
@@ -382,10 +390,9 @@ fn churn(cycles: usize) {
         c.node(victim).kill().expect("kill");
         for k in 0..2 {
             let name = format!("churn-{cycle}-{k}");
-            assert!(
-                create(&mut c, &name, 2, 2),
-                "create {name} without node {victim}"
-            );
+            if !create(&mut c, &name, 2, 2) {
+                panic!("create {name} without node {victim}\n{}", logs(&mut c));
+            }
             present.insert(name);
         }
         if let Some(gone) = present

@@ -133,20 +133,25 @@ impl Peer {
     }
 
     async fn exchange(&mut self, body: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
-        if self.conn.is_none() {
-            let connect = TcpStream::connect(self.addr.as_str());
-            let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
-            s.set_nodelay(true)?;
-            self.conn = Some(s);
-        }
-        let Some(s) = self.conn.as_mut() else {
-            return Err(std::io::Error::other("no connection"));
+        // The connection is taken for the exchange and given back only after a whole
+        // reply was read: a call dropped half way (openraft cancels RPCs) closes it, so a
+        // late reply is never read as the answer to the next request.
+        let mut s = match self.conn.take() {
+            Some(s) => s,
+            None => {
+                let connect = TcpStream::connect(self.addr.as_str());
+                let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
+                s.set_nodelay(true)?;
+                s
+            }
         };
-        timed(timeout, async {
-            write_frame(s, body).await?;
-            read_frame(s).await
+        let reply = timed(timeout, async {
+            write_frame(&mut s, body).await?;
+            read_frame(&mut s).await
         })
-        .await
+        .await?;
+        self.conn = Some(s);
+        Ok(reply)
     }
 }
 
