@@ -18,6 +18,7 @@ pub mod metadata;
 pub mod partition;
 pub mod producer_state;
 pub mod proto;
+pub mod replication;
 pub mod router;
 pub mod send_turns;
 pub mod server;

@@ -25,6 +25,7 @@ pub const SERVED_KEYS: &[i16] = &[
     api::INCREMENTAL_ALTER_CONFIGS,
     api::DESCRIBE_CLUSTER,
     api::INIT_PRODUCER_ID,
+    api::OFFSET_FOR_LEADER_EPOCH,
     // Group coordinator (node/src/group, node/src/api/groups.rs).
     api::OFFSET_COMMIT,
     api::OFFSET_FETCH,

@@ -260,5 +260,25 @@ fn every_served_api_answers_at_every_advertised_version() {
     answered += every_version::<_, DescribeClusterResponse>(&mut c, api::DESCRIBE_CLUSTER, |_| {
         DescribeClusterRequest::default()
     });
+    answered += every_version::<_, OffsetForLeaderEpochResponse>(
+        &mut c,
+        api::OFFSET_FOR_LEADER_EPOCH,
+        |_| {
+            use kafka_protocol::messages::offset_for_leader_epoch_request::{
+                OffsetForLeaderPartition, OffsetForLeaderTopic,
+            };
+            let p = OffsetForLeaderPartition::default()
+                .with_partition(0)
+                .with_current_leader_epoch(0)
+                .with_leader_epoch(0);
+            OffsetForLeaderEpochRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    OffsetForLeaderTopic::default()
+                        .with_topic(name())
+                        .with_partitions(vec![p]),
+                ])
+        },
+    );
     assert!(answered >= 60, "{answered} (api, version) pairs answered");
 }

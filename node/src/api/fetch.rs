@@ -51,6 +51,7 @@ struct Wanted {
     offset: Offset,
     max_bytes: usize,
     current_epoch: LeaderEpoch,
+    last_fetched_epoch: LeaderEpoch,
 }
 
 /// Who reads: a follower (its `replica_id`) or a consumer (its isolation level).
@@ -144,6 +145,7 @@ fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
                     offset: Offset(p.fetch_offset),
                     max_bytes: p.partition_max_bytes.max(0) as usize,
                     current_epoch: LeaderEpoch(p.current_leader_epoch),
+                    last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
                 });
             }
         }
@@ -216,6 +218,7 @@ async fn read_all(
                 offset: wanted[i].offset,
                 max_bytes: wanted[i].max_bytes,
                 current_epoch: wanted[i].current_epoch,
+                last_fetched_epoch: wanted[i].last_fetched_epoch,
             })
             .collect();
         let call = FetchCall {
@@ -324,6 +327,10 @@ fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
             high_watermark: o.high_watermark.get(),
             last_stable_offset: o.last_stable_offset.get(),
             log_start_offset: o.log_start_offset.get(),
+            diverging_epoch: o.diverging.map(|(epoch, end)| wire::fetch::DivergingEpoch {
+                epoch: epoch.get(),
+                end_offset: end.get(),
+            }),
             records: Some(o.batches),
             ..Default::default()
         };

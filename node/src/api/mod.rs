@@ -72,6 +72,9 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
         Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
+        Some(ApiKey::OffsetForLeaderEpoch) => {
+            run(req, |r| offsets::offset_for_leader_epoch(shard, r)).await
+        }
         Some(ApiKey::CreateTopics) => run(req, |r| admin::create_topics(shard, r)).await,
         Some(ApiKey::DeleteTopics) => run(req, |r| admin::delete_topics(shard, r)).await,
         Some(ApiKey::CreatePartitions) => run(req, |r| admin::create_partitions(shard, r)).await,

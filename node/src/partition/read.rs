@@ -39,6 +39,9 @@ pub struct FetchOutcome {
     pub log_start_offset: Offset,
     /// Whole batches, zero-copy slices of the log's buffers.
     pub batches: Vec<Bytes>,
+    /// KIP-320, to a follower: its log diverges from this leader's; the epoch (the
+    /// largest at or below the one it last fetched) and where it ends here.
+    pub diverging: Option<(LeaderEpoch, Offset)>,
 }
 
 impl FetchOutcome {
@@ -54,6 +57,7 @@ impl FetchOutcome {
             last_stable_offset: Offset::NONE,
             log_start_offset: Offset::NONE,
             batches: Vec::new(),
+            diverging: None,
         }
     }
 }
@@ -78,7 +82,7 @@ impl ListedOffset {
     }
 }
 
-fn epoch_error(check: EpochCheck) -> i16 {
+pub(super) fn epoch_error(check: EpochCheck) -> i16 {
     match check {
         EpochCheck::Fenced => errors::FENCED_LEADER_EPOCH,
         EpochCheck::Unknown => errors::UNKNOWN_LEADER_EPOCH,
@@ -134,6 +138,7 @@ impl Partition {
             last_stable_offset: hw,
             log_start_offset: self.log.log_start_offset(),
             batches: Vec::new(),
+            diverging: None,
         };
         if offset == upper {
             return out;
@@ -162,6 +167,44 @@ impl Partition {
                 crate::client_warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
                 FetchOutcome::refused(storage_error_code(&e))
             }
+        }
+    }
+
+    /// KIP-320, on the leader: a follower fetching at `offset` that last fetched under
+    /// `last_fetched` diverges if that epoch ended here before `offset` (or is unknown
+    /// here): it must truncate before fetching on. Kafka's check, on the epoch cache.
+    pub fn diverging(
+        &self,
+        offset: Offset,
+        last_fetched: LeaderEpoch,
+    ) -> Option<(LeaderEpoch, Offset)> {
+        if last_fetched == LeaderEpoch::NONE {
+            return None;
+        }
+        let end = self.log.log_end_offset();
+        let (epoch, epoch_end) = self.epochs.borrow().end_offset_for(last_fetched, end);
+        let diverges = epoch == LeaderEpoch::NONE || epoch < last_fetched || epoch_end < offset;
+        diverges.then_some((epoch, epoch_end))
+    }
+
+    /// The answer to a diverging follower: no records, and where to truncate. Its fetch
+    /// offset says nothing about what it holds, so its progress is not recorded.
+    pub fn diverged(
+        &self,
+        diverging: (LeaderEpoch, Offset),
+        current_epoch: LeaderEpoch,
+    ) -> FetchOutcome {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        let hw = self.high_watermark();
+        FetchOutcome {
+            error: errors::NONE,
+            high_watermark: hw,
+            last_stable_offset: hw,
+            log_start_offset: self.log.log_start_offset(),
+            batches: Vec::new(),
+            diverging: Some(diverging),
         }
     }
 

@@ -220,6 +220,23 @@ impl ReplicaState {
         self.role = Role::Follower { leader };
     }
 
+    /// The local log was truncated to end at `log_end` (a follower cutting off what the
+    /// leader does not have). The one case where the HW may move back: it cannot cover
+    /// records that are gone.
+    pub fn truncated(&mut self, log_end: Offset) {
+        assert!(!self.is_leader(), "a leader never truncates its log");
+        self.log_end = log_end;
+        self.high_watermark = self.high_watermark.min(log_end);
+    }
+
+    /// The local log was emptied and restarts at `offset` (a follower below its leader's
+    /// log start): nothing below it is here any more, and nothing above it yet.
+    pub fn restarted(&mut self, offset: Offset) {
+        assert!(!self.is_leader(), "a leader never restarts its log");
+        self.log_end = offset;
+        self.high_watermark = offset;
+    }
+
     /// Sets the HW to `hw` if that is ahead; never backwards, never past the local LEO.
     fn advance_high_watermark(&mut self, hw: Offset) -> bool {
         assert!(

@@ -54,6 +54,16 @@ impl Log {
         Ok(cut.next_offset)
     }
 
+    /// Empties the log and restarts it at `offset` — a follower whose log ends below its
+    /// leader's log start, which cannot copy the records in between. Durable before it
+    /// returns.
+    pub async fn restart_at(&self, offset: Offset) -> Result<()> {
+        let _permit = self.lock_io().await?;
+        self.write_pending().await?;
+        self.state.borrow().check_writable(&self.dir)?;
+        self.truncate_fully(offset.max(Offset(0))).await
+    }
+
     /// Finds the first batch holding an offset `>= offset`.
     async fn find_cut(&self, offset: Offset) -> Result<Cut> {
         let (base, file, path, from, end, seg_next) = {

@@ -41,6 +41,7 @@ mod atomic;
 mod cache;
 mod config;
 pub mod dump;
+pub mod epochs;
 mod error;
 pub mod file;
 mod gate;
