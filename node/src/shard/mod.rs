@@ -5,6 +5,8 @@
 //! - [`calls`]: the operations API handlers run on a partition's owner.
 //! - [`context`]: the narrow view hosted services (the group coordinator) get.
 //! - `housekeeping`: retention and interval flushes, per shard.
+//! - `replicas`: applying the cluster's assignments (lead / follow / offline) to the
+//!   shard's partitions and running its replication fetchers.
 //!
 //! This file: the shard's state and its open partitions (opened on first use, closed
 //! when idle past `max.open.partitions`, dropped when the catalogue deletes them).
@@ -13,6 +15,7 @@ pub mod calls;
 pub mod context;
 mod housekeeping;
 pub mod mesh;
+mod replicas;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -98,6 +101,8 @@ pub struct Shard {
     pub advertised: (String, u16),
     /// Group coordinators of the `__consumer_offsets` partitions this shard owns.
     pub groups: Rc<crate::group::Coordinators>,
+    /// Replication fetchers of this shard, one per source node (see `replicas`).
+    fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -144,6 +149,7 @@ impl Shard {
             open_connections: Cell::new(0),
             advertised,
             groups: Rc::default(),
+            fetchers: RefCell::new(BTreeMap::new()),
         }
     }
 
@@ -489,6 +495,7 @@ impl Shard {
     /// Begins shutdown: wakes everything that waits on the shard.
     pub fn begin_shutdown(&self) {
         self.shutting_down.set(true);
+        self.stop_fetchers();
         self.shutdown.notify_all();
         for p in self.partitions.borrow().values() {
             p.appended.notify_all();
