@@ -15,6 +15,7 @@ pub mod event;
 pub mod group;
 pub mod log_limit;
 pub mod metadata;
+pub mod metrics;
 pub mod partition;
 pub mod producer_state;
 pub mod proto;

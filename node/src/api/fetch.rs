@@ -118,6 +118,7 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
+            count_out(shard, &wanted, &read.outcomes);
             return (build(&wanted, read.outcomes), read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
@@ -315,6 +316,21 @@ async fn wait_for_data(
         sleep.await;
     })
     .await;
+}
+
+/// Adds what the response carries to each topic's bytes and records out.
+fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
+    for (w, o) in wanted.iter().zip(outcomes) {
+        if o.batches.is_empty() {
+            continue;
+        }
+        let records: u64 = o
+            .batches
+            .iter()
+            .map(|b| super::produce::record_count(b))
+            .sum();
+        shard.metrics().fetched(&w.tp.0, o.bytes() as u64, records);
+    }
 }
 
 /// Assembles the response in request order, grouping consecutive partitions by topic.

@@ -47,13 +47,18 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
         crate::client_warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
-    let (name, version) = (req.api_name(), req.version);
+    let (name, version, api_key) = (req.api_name(), req.version, req.api_key);
+    let started = std::time::Instant::now();
     let routed = match req.key() {
         Some(key) if groups::is_group_api(key) => groups::dispatch(shard, &req, peer).await,
         // Produce takes the request by value: it reuses the frame's bytes for the log.
         Some(ApiKey::Produce) => produce::handle(shard, req).await,
         _ => dispatch(shard, &req).await,
     };
+    let closed = routed.is_err();
+    shard
+        .metrics()
+        .request(api_key, version, started.elapsed(), closed);
     match routed {
         Ok(resp) => resp,
         Err(e) => {

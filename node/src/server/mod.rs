@@ -141,11 +141,22 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     let shards = config.shards;
     let node_id = config.node_id;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let metrics = Arc::new(crate::metrics::NodeMetrics::new(shards));
+    if let Some(addr) = config.props.get("metrics.listener") {
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .with_context(|| format!("metrics.listener={addr}: not HOST:PORT"))?;
+        let bound = crate::metrics::http::serve(addr, metrics.clone())
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        tracing::info!("metrics listening on {bound}");
+    }
     let node = Arc::new(NodeShared {
         config,
         meta,
         connections: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
+        metrics,
         cluster_id,
     });
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();

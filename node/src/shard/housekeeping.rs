@@ -45,6 +45,7 @@ impl Shard {
                 last_retention = now;
             }
             crate::api::fetch_budget::trim_shard_heap_if_idle();
+            self.publish_gauges();
         }
     }
 
@@ -75,6 +76,18 @@ impl Shard {
                 apply_retention(&p, now).await;
             }
         }
+    }
+
+    /// Publishes this shard's gauges to its metrics registry (once per housekeeping tick).
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = self.metrics();
+        m.partitions_open
+            .store(self.partitions.borrow().len() as u64, Relaxed);
+        let held = crate::api::fetch_budget::shard_held_bytes();
+        m.fetch_response_bytes_held.store(held, Relaxed);
+        m.connections_open
+            .store(self.open_connections.get() as u64, Relaxed);
     }
 
     /// Partitions of user topics this shard owns whose logs are not open now.

@@ -65,6 +65,8 @@ pub struct NodeShared {
     pub connections: AtomicUsize,
     /// Shards that finished draining their connections during shutdown.
     pub drained: AtomicUsize,
+    /// Every shard's metrics registry (see `metrics`).
+    pub metrics: Arc<crate::metrics::NodeMetrics>,
     pub cluster_id: String,
 }
 
@@ -155,6 +157,11 @@ impl Shard {
 
     pub fn config(&self) -> &Config {
         &self.node.config
+    }
+
+    /// This shard's metrics registry.
+    pub fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        self.node.metrics.shard(self.id.0)
     }
 
     /// The newest catalogue snapshot; one atomic load when nothing changed.
