@@ -52,6 +52,29 @@ impl Disk {
         }
     }
 
+    /// Renames a file (the log cleaner's `.cleaned` → `.swap` → `.log`), replacing `to`.
+    /// Not durable until the directory is synced. On the simulated disk the file's bytes
+    /// move with the name; the rename is probed at [`FaultPoint::Swap`].
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match self {
+            Disk::Real => std::fs::rename(from, to),
+            Disk::Sim(disk) => disk.rename(from, to),
+        }
+    }
+
+    /// Removes a file the log cleaner wrote or replaced (a missing one is fine); probed
+    /// at [`FaultPoint::Swap`] on the simulated disk.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        if let Disk::Sim(disk) = self {
+            disk.probe(FaultPoint::Swap)?;
+            disk.files.borrow_mut().remove(path);
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// A named fault point outside the segment files (index files): fails if the
     /// simulated disk has a fault armed there. Always `Ok` on the real disk.
     pub fn probe(&self, point: FaultPoint) -> io::Result<()> {
@@ -225,6 +248,8 @@ pub enum FaultPoint {
     IndexWrite,
     /// fdatasync of a segment file.
     Sync,
+    /// A rename or removal by the log cleaner's segment swap.
+    Swap,
 }
 
 /// How an armed fault fails.
@@ -380,6 +405,17 @@ impl SimDisk {
         if space_needed && self.full.get() {
             return Err(FaultKind::NoSpace.error());
         }
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.probe(FaultPoint::Swap)?;
+        std::fs::rename(from, to)?;
+        let mut files = self.files.borrow_mut();
+        match files.remove(from) {
+            Some(data) => files.insert(to.to_path_buf(), data),
+            None => files.remove(to),
+        };
         Ok(())
     }
 
