@@ -81,6 +81,8 @@ const PRODUCER_ENTRY_BYTES: u64 = 32;
 const WRITE_CHUNK_BYTES: usize = 1 << 20;
 /// Rounds one call may run (a round is bounded by the dedupe buffer).
 pub const ROUNDS_PER_CALL_MAX: u32 = 16;
+/// The cleaner yields to the shard's other tasks after this much I/O.
+const YIELD_EVERY_BYTES: u64 = 64 << 10;
 /// The throttle measures the I/O rate over windows of this length (Kafka's Throttler).
 const THROTTLE_WINDOW: Duration = Duration::from_secs(1);
 
@@ -92,6 +94,7 @@ pub struct CleanerBudget {
     io_bytes_per_second: u64,
     window_start: Cell<Instant>,
     window_bytes: Cell<u64>,
+    since_yield_bytes: Cell<u64>,
 }
 
 impl CleanerBudget {
@@ -103,6 +106,7 @@ impl CleanerBudget {
             io_bytes_per_second,
             window_start: Cell::new(Instant::now()),
             window_bytes: Cell::new(0),
+            since_yield_bytes: Cell::new(0),
         }
     }
 
@@ -127,7 +131,16 @@ impl CleanerBudget {
                 self.window_bytes.set(0);
             }
         }
-        glommio::yield_if_needed().await;
+        // Let the shard's other tasks (appends, fetches) run often, not only when the
+        // executor's time slice ran out: the cleaner is the least urgent task there is.
+        let since = self.since_yield_bytes.get().saturating_add(bytes);
+        if since >= YIELD_EVERY_BYTES {
+            self.since_yield_bytes.set(0);
+            futures_lite::future::yield_now().await;
+        } else {
+            self.since_yield_bytes.set(since);
+            glommio::yield_if_needed().await;
+        }
     }
 }
 
@@ -217,8 +230,10 @@ impl OffsetMap {
                 }
             }
         }
+        // An upper bound (a key repeated inside the batch is counted each time).
         let need: u64 = keys
             .iter()
+            .filter(|(k, _)| !self.keys.contains_key(&k[..]))
             .map(|(k, _)| k.len() as u64 + MAP_ENTRY_OVERHEAD_BYTES)
             .sum::<u64>()
             + PRODUCER_ENTRY_BYTES;
