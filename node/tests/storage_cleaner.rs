@@ -308,12 +308,12 @@ fn a_small_dedupe_buffer_cleans_in_rounds_and_young_segments_wait_for_the_lag() 
     });
 }
 
-/// Builds the log for the crash test on `disk`: 1,500 records over 30 keys, all durable.
+/// Builds the log for the crash test on `disk`: 800 records over 30 keys, all durable.
 async fn crash_fixture(path: &Path, cfg: &LogConfig, disk: &Rc<SimDisk>) -> Log {
     let log = Log::open_on(path.to_path_buf(), cfg.clone(), Disk::Sim(disk.clone()))
         .await
         .unwrap();
-    write(&log, 0, 1_500, 10, |i| format!("key-{}", i % 30), 30, 1_000).await;
+    write(&log, 0, 800, 10, |i| format!("key-{}", i % 30), 30, 1_000).await;
     log.flush(1_000).await.unwrap();
     log
 }
@@ -459,12 +459,16 @@ fn appends_continue_during_a_clean_with_bounded_latency() {
         let stats = cleaner.await;
         (p99(&mut idle), p99(&mut busy), busy.len(), stats)
     });
-    let mib_s = stats.bytes_read as f64 / (1 << 20) as f64 / stats.elapsed.as_secs_f64();
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let secs = stats.elapsed.as_secs_f64();
     eprintln!(
-        "append p99 idle {p99_idle:?}, during the clean {p99_cleaning:?} over {appends} appends; \
-         clean read {} MiB in {:?} ({mib_s:.1} MiB/s), {stats:?}",
-        stats.bytes_read >> 20,
-        stats.elapsed
+        "MEASURE append p99 idle {p99_idle:?}, during the clean {p99_cleaning:?} over {appends} \
+         appends; cleaned {:.1} MiB of sealed log in {secs:.2} s = {:.1} MiB/s (read {:.1} MiB, \
+         {:.1} MiB/s); {stats:?}",
+        mib(stats.bytes_before),
+        mib(stats.bytes_before) / secs,
+        mib(stats.bytes_read),
+        mib(stats.bytes_read) / secs,
     );
     assert!(stats.segments_swapped > 10, "{stats:?}");
     assert!(appends >= 20, "appends ran during the clean: {appends}");
