@@ -367,6 +367,8 @@ fn a_crash_at_any_point_of_a_clean_leaves_each_segment_old_or_new_and_loses_noth
         assert!(ops > 10);
         // Power loss before each of those operations, then reopen.
         let mut mixed_logs = 0;
+        // Crashes that left a `.cleaned` (uncommitted) and a `.swap` (committed) copy.
+        let mut leftovers_seen = [0usize; 2];
         for n in 0..ops {
             let disk = SimDisk::new();
             let path = root.join(format!("crash{n}-0"));
@@ -380,6 +382,10 @@ fn a_crash_at_any_point_of_a_clean_leaves_each_segment_old_or_new_and_loses_noth
             );
             drop(log);
             disk.restart();
+            for name in leftover_copies(&path) {
+                let kind = usize::from(name.ends_with(".swap"));
+                leftovers_seen[kind] += 1;
+            }
             let log = Log::open_on(path.clone(), cfg.clone(), Disk::Sim(disk.clone()))
                 .await
                 .unwrap();
@@ -403,17 +409,16 @@ fn a_crash_at_any_point_of_a_clean_leaves_each_segment_old_or_new_and_loses_noth
                 new,
                 "op {n}: a latest value was lost"
             );
-            let leftovers = std::fs::read_dir(&path)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".cleaned") || n.ends_with(".swap"))
-                .collect::<Vec<_>>();
+            let leftovers = leftover_copies(&path);
             assert!(leftovers.is_empty(), "op {n}: recovery left {leftovers:?}");
             // And the cleaner finishes the job after the restart.
             log.clean_if_due(1_000, &budget()).await.unwrap();
             assert_eq!(read_records(&log, Offset(0)).await, new, "op {n}: re-clean");
         }
         assert!(mixed_logs > 0, "some crashes fell after a committed swap");
+        eprintln!("crashes leaving .cleaned / .swap: {leftovers_seen:?}");
+        assert!(leftovers_seen[0] > 0, "recovery deleted uncommitted copies");
+        assert!(leftovers_seen[1] > 0, "recovery completed committed swaps");
     });
 }
 
@@ -478,6 +483,15 @@ fn appends_continue_during_a_clean_with_bounded_latency() {
     );
 }
 
+/// The cleaner's `.cleaned` / `.swap` files in a partition directory.
+fn leftover_copies(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cleaned") || n.ends_with(".swap"))
+        .collect()
+}
+
 async fn timed_append(log: &Log, seq: &mut u64, now: i64) -> Duration {
     *seq += 1;
     let b = keyed_batch(
@@ -492,4 +506,57 @@ async fn timed_append(log: &Log, seq: &mut u64, now: i64) -> Duration {
 fn p99(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[(samples.len() * 99 / 100).min(samples.len() - 1)]
+}
+
+#[test]
+fn delete_records_during_a_clean_aborts_the_swap_of_removed_segments_and_leaves_no_copy() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "16384")]);
+        let path = root.join("racing-0");
+        let log = Rc::new(Log::open(path.clone(), cfg).await.unwrap());
+        let now = 1_000;
+        write(&log, 0, 4_000, 10, |i| format!("key-{}", i % 50), 40, now).await;
+        let before = read_records(&log, Offset(0)).await;
+        // A slow clean (64 KiB/s), and DeleteRecords past half the log while it runs.
+        let cleaner = glommio::spawn_local({
+            let log = log.clone();
+            async move {
+                let slow = CleanerBudget::new(16 << 20, 64 << 10);
+                log.clean_if_due(now, &slow).await.unwrap()
+            }
+        });
+        glommio::timer::sleep(Duration::from_millis(300)).await;
+        let cut = Offset(2_000);
+        assert!(log.delete_records_before(cut).await.unwrap() >= cut);
+        let stats = cleaner.await;
+        // Its map pass alone takes seconds at that rate, so DeleteRecords came first and
+        // the first segment it rewrote was gone when it tried to swap it in.
+        assert_eq!(stats.segments_swapped, 0, "{stats:?}");
+        let start = log.log_start_offset();
+        let after = read_records(&log, start).await;
+        // Nothing the cleaner kept is lost: from the log start on, the latest value of
+        // every key is still there, and what is there is in the log before the clean.
+        let want = compacted(&before, active_base(&log));
+        let latest_after_start: Vec<Seen> = want
+            .iter()
+            .filter(|r| r.0 >= start.get())
+            .cloned()
+            .collect();
+        for r in &latest_after_start {
+            assert!(after.contains(r), "latest record {r:?} lost");
+        }
+        for r in &after {
+            assert!(before.contains(r), "record {r:?} was never written");
+        }
+        let copies = leftover_copies(&path);
+        assert!(copies.is_empty(), "copies left: {copies:?} ({stats:?})");
+        // The next clean finishes the job from the new log start.
+        log.clean_if_due(now, &budget()).await.unwrap();
+        let done = read_records(&log, log.log_start_offset()).await;
+        let want: Vec<Seen> = compacted(&after, active_base(&log));
+        assert_eq!(done, want);
+    });
 }
