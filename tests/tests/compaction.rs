@@ -167,7 +167,10 @@ fn a_compacted_topic_reads_back_the_latest_value_of_each_key_at_its_offset() -> 
         "partition log {bytes_before} -> {bytes_after} bytes, {} segments",
         after_bases.len()
     );
-    ensure!(after_bases == bases, "segments keep their base offsets");
+    ensure!(
+        after_bases.first() == bases.first() && after_bases.iter().all(|b| bases.contains(b)),
+        "cleaned (and merged) segments keep base offsets: {after_bases:?}"
+    );
     ensure!(
         bytes_after * 4 < bytes_before,
         "the log shrank: {bytes_before} -> {bytes_after}"

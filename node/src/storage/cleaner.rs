@@ -340,18 +340,20 @@ impl Log {
         stats: &mut CleanStats,
     ) -> Result<Option<Offset>> {
         let map = self.build_map(plan, budget, stats).await?;
+        let segment_bytes = self.state.borrow().config.segment_bytes;
         let mut horizon: Option<i64> = None;
-        for seg in plan.segments.iter().filter(|s| s.base < map.end) {
-            let (cleaned, seg_horizon) =
-                self.clean_segment(seg, &map, now_ms, budget, stats).await?;
-            horizon = min_some(horizon, seg_horizon);
+        let to_clean: Vec<&SegRef> = plan.segments.iter().filter(|s| s.base < map.end).collect();
+        for group in groups(&to_clean, segment_bytes) {
+            let (cleaned, group_horizon) =
+                self.clean_group(group, &map, now_ms, budget, stats).await?;
+            horizon = min_some(horizon, group_horizon);
             if let Some(new) = cleaned {
                 let size = new.size;
-                if !self.swap(seg, new)? {
+                if !self.swap(group, new)? {
                     return Ok(None);
                 }
-                stats.segments_swapped += 1;
-                stats.bytes_before += seg.size;
+                stats.segments_swapped += group.len() as u32;
+                stats.bytes_before += group.iter().map(|s| s.size).sum::<u64>();
                 stats.bytes_after += size;
             }
         }
@@ -401,24 +403,25 @@ impl Log {
         Ok(map)
     }
 
-    /// Writes the filtered copy of `seg` to `<base>.log.cleaned`. Returns the new segment
-    /// (durable, not yet swapped) if anything changed, and the earliest delete horizon of
-    /// the tombstones it keeps.
-    async fn clean_segment(
+    /// Writes the filtered copy of the segments of `group` (consecutive) into one
+    /// `<first base>.log.cleaned`. Returns the new segment (durable, not yet swapped) if
+    /// anything changed (a merge of several segments is a change), and the earliest
+    /// delete horizon of the tombstones it keeps.
+    async fn clean_group(
         &self,
-        seg: &SegRef,
+        group: &[&SegRef],
         map: &OffsetMap,
         now_ms: i64,
         budget: &CleanerBudget,
         stats: &mut CleanStats,
     ) -> Result<(Option<Segment>, Option<i64>)> {
-        let path = suffixed(&seg.path, CLEANED_SUFFIX);
+        let path = suffixed(&group[0].path, CLEANED_SUFFIX);
         let file = create_log_file(&self.disk, &path).await?;
         let result = self
-            .write_cleaned(seg, map, now_ms, budget, stats, (file, &path))
+            .write_cleaned(group, map, now_ms, budget, stats, (file, &path))
             .await;
         if !matches!(result, Ok((Some(_), _))) {
-            // Unchanged or failed: the old segment stays, the copy goes.
+            // Unchanged or failed: the old segments stay, the copy goes.
             let _ = self.disk.remove(&path);
         }
         result
@@ -426,7 +429,7 @@ impl Log {
 
     async fn write_cleaned(
         &self,
-        seg: &SegRef,
+        group: &[&SegRef],
         map: &OffsetMap,
         now_ms: i64,
         budget: &CleanerBudget,
@@ -440,53 +443,56 @@ impl Log {
                 st.config.delete_retention_ms,
             )
         };
+        let (first, last) = (group[0], group[group.len() - 1]);
         let mut writer = SegmentWriter::resume(file.clone(), path, 0).await?;
-        let mut new = Segment::new(&self.dir, seg.base);
-        let mut window = FileWindow::new(seg.file.clone(), &seg.path, seg.size);
+        let mut new = Segment::new(&self.dir, first.base);
         let (mut chunks, mut chunk_bytes) = (Vec::new(), 0usize);
-        let (mut changed, mut horizon) = (false, None);
-        let mut pos = 0;
-        while pos < seg.size {
-            let batch = read_batch(&mut window, &seg.path, pos, seg.size).await?;
-            let size = batch.len() as u64;
-            stats.bytes_read += size;
-            let (pid, base) = match read_header(&batch) {
-                Ok(h) => (h.producer_id.get(), h.base_offset()),
-                Err(e) => return Err(corrupt(&seg.path, pos, e.to_string())),
-            };
-            let rules = FilterRules {
-                now_ms,
-                delete_retention_ms,
-                last_of_producer: map.last_of_producer(pid, base),
-            };
-            let f =
-                filter_batch(&batch, &map.keys, rules).map_err(|e| corrupt(&seg.path, pos, e.0))?;
-            stats.records_removed += f.records_removed;
-            stats.tombstones_removed += f.tombstones_removed;
-            horizon = min_some(horizon, f.horizon_ms);
-            pos += size;
-            let out = match f.outcome {
-                Outcome::Keep => batch,
-                Outcome::Drop => {
-                    changed = true;
-                    continue;
+        let (mut changed, mut horizon) = (group.len() > 1, None);
+        for seg in group {
+            let mut window = FileWindow::new(seg.file.clone(), &seg.path, seg.size);
+            let mut pos = 0;
+            while pos < seg.size {
+                let batch = read_batch(&mut window, &seg.path, pos, seg.size).await?;
+                let size = batch.len() as u64;
+                stats.bytes_read += size;
+                let (pid, base) = match read_header(&batch) {
+                    Ok(h) => (h.producer_id.get(), h.base_offset()),
+                    Err(e) => return Err(corrupt(&seg.path, pos, e.to_string())),
+                };
+                let rules = FilterRules {
+                    now_ms,
+                    delete_retention_ms,
+                    last_of_producer: map.last_of_producer(pid, base),
+                };
+                let f = filter_batch(&batch, &map.keys, rules)
+                    .map_err(|e| corrupt(&seg.path, pos, e.0))?;
+                stats.records_removed += f.records_removed;
+                stats.tombstones_removed += f.tombstones_removed;
+                horizon = min_some(horizon, f.horizon_ms);
+                pos += size;
+                let out = match f.outcome {
+                    Outcome::Keep => batch,
+                    Outcome::Drop => {
+                        changed = true;
+                        continue;
+                    }
+                    Outcome::Rewrite(b) => {
+                        changed = true;
+                        b
+                    }
+                };
+                if let Ok(h) = read_header(&out) {
+                    new.record_batch(&BatchMeta::of(h), interval, h.max_timestamp());
                 }
-                Outcome::Rewrite(b) => {
-                    changed = true;
-                    b
+                chunk_bytes += out.len();
+                chunks.push(out);
+                if chunk_bytes >= WRITE_CHUNK_BYTES {
+                    writer.write(&chunks).await?;
+                    budget.throttle(chunk_bytes as u64).await;
+                    (chunks, chunk_bytes) = (Vec::new(), 0);
                 }
-            };
-            if let Ok(h) = read_header(&out) {
-                new.record_batch(&BatchMeta::of(h), interval, h.max_timestamp());
+                budget.throttle(size).await;
             }
-            chunk_bytes += out.len();
-            chunks.push(out);
-            if chunk_bytes >= WRITE_CHUNK_BYTES {
-                writer.write(&chunks).await?;
-                budget.throttle(chunk_bytes as u64).await;
-                (chunks, chunk_bytes) = (Vec::new(), 0);
-            }
-            budget.throttle(size).await;
         }
         if !changed {
             return Ok((None, horizon));
@@ -499,26 +505,30 @@ impl Log {
             size, new.size,
             "cleaned segment size differs from its batches"
         );
-        new.restore(size, seg.next_offset, 0);
-        new.roll_base_ms = seg.roll_base_ms;
+        new.restore(size, last.next_offset, 0);
+        new.roll_base_ms = first.roll_base_ms;
         new.seal_time_index();
         new.sealed = true;
         new.file = Some(file);
         Ok((Some(new), horizon))
     }
 
-    /// Swaps the cleaned copy in for `old` (see the module docs, step 3). Synchronous
-    /// from the check to the state update, so nothing else runs in between. Returns false
-    /// (the copy deleted) if `old` is no longer in the log as it was read.
-    fn swap(&self, old: &SegRef, new: Segment) -> Result<bool> {
-        let cleaned = suffixed(&old.path, CLEANED_SUFFIX);
-        let swap = suffixed(&old.path, SWAP_SUFFIX);
+    /// Swaps the cleaned copy in for the segments of `group` (see the module docs, step
+    /// 3). Synchronous from the check to the state update, so nothing else runs in
+    /// between. Returns false (the copy deleted) if a segment of the group is no longer
+    /// in the log as it was read.
+    fn swap(&self, group: &[&SegRef], new: Segment) -> Result<bool> {
+        let first = group[0];
+        let cleaned = suffixed(&first.path, CLEANED_SUFFIX);
+        let swap = suffixed(&first.path, SWAP_SUFFIX);
         let unchanged = {
             let st = self.state.borrow();
-            let same_file = st.segments.get(&old.base).is_some_and(|s| {
-                s.sealed && s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &old.file))
+            let same_files = group.iter().all(|old| {
+                st.segments.get(&old.base).is_some_and(|s| {
+                    s.sealed && s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &old.file))
+                })
             });
-            same_file && !st.closed && st.failed.is_none()
+            same_files && !st.closed && st.failed.is_none()
         };
         if !unchanged {
             self.disk
@@ -526,33 +536,70 @@ impl Log {
                 .map_err(|e| StorageError::io("remove", &cleaned, e))?;
             return Ok(false);
         }
-        let io = |op: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |e| StorageError::io(op, &path, e)
-        };
         self.disk
             .rename(&cleaned, &swap)
-            .map_err(io("rename", &cleaned))?;
+            .map_err(|e| StorageError::io("rename", &cleaned, e))?;
         // The commit point: from here recovery completes the swap.
         sync_dir(&self.dir)?;
-        for ext in ["index", "timeindex"] {
-            let index = new.path(ext);
-            self.disk.remove(&index).map_err(io("remove", &index))?;
+        // The merged segments after the first go, then the first's index files.
+        for old in group.iter().skip(1) {
+            remove_files(
+                &self.disk,
+                &self.dir,
+                old.base,
+                &["log", "index", "timeindex"],
+            )?;
         }
+        remove_files(&self.disk, &self.dir, first.base, &["index", "timeindex"])?;
         self.disk
-            .rename(&swap, &old.path)
-            .map_err(io("rename", &swap))?;
+            .rename(&swap, &first.path)
+            .map_err(|e| StorageError::io("rename", &swap, e))?;
         sync_dir(&self.dir)?;
         let mut st = self.state.borrow_mut();
         st.cache.drop_below(new.next_offset);
         if let Err(e) = write_index_files(&new, &self.disk) {
             // Rebuilt from the `.log` at the next open.
-            tracing::warn!(segment = %old.path.display(), "cleaned segment's index files: {e}");
+            tracing::warn!(segment = %first.path.display(), "cleaned segment's index files: {e}");
         }
-        st.segments.insert(old.base, new);
+        for old in group.iter().skip(1) {
+            st.segments.remove(&old.base);
+        }
+        st.segments.insert(first.base, new);
         st.assert_positions();
         Ok(true)
     }
+}
+
+/// Removes the files with `extensions` of the segment at `base` (missing ones are fine).
+fn remove_files(disk: &Disk, dir: &Path, base: Offset, extensions: &[&str]) -> Result<()> {
+    for ext in extensions {
+        let path = dir.join(super::segment_file_name(base, ext));
+        disk.remove(&path)
+            .map_err(|e| StorageError::io("remove", &path, e))?;
+    }
+    Ok(())
+}
+
+/// Splits consecutive segments into groups that are rewritten into one segment each:
+/// together at most `segment_bytes` before cleaning (so the result fits a segment, as
+/// Kafka groups them) and within the index's 4-byte relative offsets.
+fn groups<'a, 'b>(segments: &'b [&'a SegRef], segment_bytes: u64) -> Vec<&'b [&'a SegRef]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0u64;
+    for (i, seg) in segments.iter().enumerate() {
+        let fits = bytes + seg.size <= segment_bytes
+            && relative(segments[start].base, seg.next_offset).is_some();
+        if i > start && !fits {
+            out.push(&segments[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += seg.size;
+    }
+    if start < segments.len() {
+        out.push(&segments[start..]);
+    }
+    out
 }
 
 /// What a round of the log in `st` would clean, if it is due (see the module docs).
@@ -692,7 +739,7 @@ fn read_checkpoint(dir: &Path) -> Result<Option<Offset>> {
 /// interrupted. `<base>.log.cleaned` (not committed) is deleted; `<base>.log.swap`
 /// (committed, durable) replaces `<base>.log`, whose index files are deleted (they are
 /// rebuilt). Returns how many files it handled.
-pub(super) fn recover_leftovers(disk: &Disk, dir: &Path) -> Result<usize> {
+pub(super) async fn recover_leftovers(disk: &Disk, dir: &Path) -> Result<usize> {
     let entries = fs::read_dir(dir).map_err(|e| StorageError::io("read dir", dir, e))?;
     let mut names = Vec::new();
     for entry in entries {
@@ -708,13 +755,18 @@ pub(super) fn recover_leftovers(disk: &Disk, dir: &Path) -> Result<usize> {
             tracing::info!(file = %path.display(), "deleted an uncommitted cleaned segment");
             handled += 1;
         } else if let Some(log_name) = name.strip_suffix(SWAP_SUFFIX)
-            && let Some(stem) = log_name.strip_suffix(".log")
+            && let Some(base) = log_name.strip_suffix(".log").and_then(parse_base)
         {
-            for ext in ["index", "timeindex"] {
-                let index = dir.join(format!("{stem}.{ext}"));
-                disk.remove(&index)
-                    .map_err(|e| StorageError::io("remove", &index, e))?;
+            // Segments merged into the copy: those starting inside its offsets (Kafka's
+            // rule). A merged segment whose batches were all removed starts past them and
+            // stays, with its old, obsolete records: nothing live is lost.
+            let next = next_offset_of(disk, &path).await?;
+            for other in segment_bases(dir)? {
+                if other > base && other < next {
+                    remove_files(disk, dir, other, &["log", "index", "timeindex"])?;
+                }
             }
+            remove_files(disk, dir, base, &["index", "timeindex"])?;
             let target = dir.join(log_name);
             disk.rename(&path, &target)
                 .map_err(|e| StorageError::io("rename", &path, e))?;
@@ -726,4 +778,51 @@ pub(super) fn recover_leftovers(disk: &Disk, dir: &Path) -> Result<usize> {
         sync_dir(dir)?;
     }
     Ok(handled)
+}
+
+fn parse_base(stem: &str) -> Option<Offset> {
+    (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| stem.parse().ok().map(Offset))
+        .flatten()
+}
+
+/// Base offsets of the `.log` files in `dir`.
+fn segment_bases(dir: &Path) -> Result<Vec<Offset>> {
+    let entries = fs::read_dir(dir).map_err(|e| StorageError::io("read dir", dir, e))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| StorageError::io("read dir", dir, e))?;
+        let name = entry.file_name();
+        if let Some(base) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(parse_base)
+        {
+            out.push(base);
+        }
+    }
+    Ok(out)
+}
+
+/// The offset after the last batch of a (durable, complete) cleaned copy, by walking its
+/// batch headers; 0 if it holds none.
+async fn next_offset_of(disk: &Disk, path: &Path) -> Result<Offset> {
+    let file = super::writer::open_log_file(disk, path).await?;
+    let size = file
+        .file_size()
+        .await
+        .map_err(|e| StorageError::io("stat", path, e))?;
+    let mut window = FileWindow::new(file, path, size);
+    let mut next = Offset(0);
+    let mut pos = 0u64;
+    // Bounded: every turn moves `pos` forward by a whole batch.
+    while pos + BATCH_HEADER_SIZE as u64 <= size {
+        let head = window.get(pos, BATCH_HEADER_SIZE).await?;
+        let Ok((h, total)) = check_stored_header(head, size - pos) else {
+            break;
+        };
+        next = h.next_offset();
+        pos += total as u64;
+    }
+    Ok(next)
 }

@@ -24,7 +24,7 @@ pub async fn open(dir: PathBuf, config: LogConfig, disk: Disk) -> Result<Log> {
     fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
     let clean = dir.join(CLEAN_SHUTDOWN_FILE).exists();
     let mut log_start = read_log_start(&dir)?.unwrap_or(Offset(0));
-    super::cleaner::recover_leftovers(&disk, &dir)?;
+    super::cleaner::recover_leftovers(&disk, &dir).await?;
     let bases = list_segments(&dir)?;
     let mut segments = BTreeMap::new();
     for (i, &base) in bases.iter().enumerate() {
