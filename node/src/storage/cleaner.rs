@@ -11,23 +11,25 @@
 //!    mapped to its latest offset, within `log.cleaner.dedupe.buffer.size` (the key bytes
 //!    plus [`MAP_ENTRY_OVERHEAD_BYTES`] each). When the map is full the round stops at that
 //!    batch and the next round continues from it (at least one batch per round).
-//! 2. **Rewrite**: every cleanable sealed segment holding offsets below the map's end is
-//!    filtered batch by batch ([`batch::filter_batch`]) into `<base>.log.cleaned` beside
-//!    it, written with DMA, trimmed and fdatasynced. Segments that did not change are not
-//!    swapped. Sealed segments younger than `min.compaction.lag.ms` and the active segment
-//!    are never touched.
+//! 2. **Rewrite**: the cleanable sealed segments holding offsets below the map's end are
+//!    grouped (consecutive, together at most `segment.bytes` before cleaning, as Kafka
+//!    groups them) and each group is filtered batch by batch ([`batch::filter_batch`])
+//!    into `<first base>.log.cleaned` beside it, written with DMA, trimmed and
+//!    fdatasynced. A single segment that did not change is not swapped. Sealed segments
+//!    younger than `min.compaction.lag.ms` and the active segment are never touched.
 //! 3. **Swap** (synchronous, no await, so no append, truncation or retention interleaves):
-//!    the segment must still be the one read (same file); `.cleaned` is renamed to
-//!    `.swap` and the directory synced — the commit point — then the old index files go,
-//!    `.swap` is renamed over `<base>.log`, the directory synced, the new segment takes the
-//!    old one's place in memory and its index files are written.
+//!    the group's segments must still be the ones read (same files); `.cleaned` is
+//!    renamed to `.swap` and the directory synced — the commit point — then the group's
+//!    other segments and the first's index files go, `.swap` is renamed over the first
+//!    `.log`, the directory synced, the new segment replaces the group in memory and its
+//!    index files are written.
 //! 4. **Checkpoint**: the map's end is written to `cleaner-offset-checkpoint` in the
 //!    partition directory (Kafka's file format, one line; Kafka keeps one per log dir).
 //!
 //! Recovery ([`recover_leftovers`], at open): `.cleaned` files are deleted (the swap never
-//! committed: the old segment is intact), a `.swap` file is renamed over its `.log` (the
-//! swap committed: the cleaned segment is durable). So a crash leaves either the old or
-//! the new segment. A cleaned segment ends where the old one did (its next offset is the
+//! committed: the old segments are intact), a `.swap` file replaces every segment that
+//! starts inside its offsets and is renamed over its `.log` (the swap committed: the
+//! cleaned segment is durable). So a crash leaves each group old or new. A cleaned segment ends where the old one did (its next offset is the
 //! next segment's base), so offsets stay contiguous across segments.
 //!
 //! The cleaner never takes the log's I/O gate and never touches the active segment:
