@@ -7,7 +7,7 @@
 //! offset the producer was told.
 //!
 //! The Python interpreter is `WEIR_INTEROP_PYTHON`, else `target/interop-venv/bin/python`
-//! (made by `tests/interop/run.sh`), e.g.
+//! (made by `scripts/install-test-deps.sh`), e.g.
 //! `WEIR_INTEROP_PYTHON=/work/main/target/interop-venv/bin/python cargo test -p weir-tests --test compaction`.
 
 use std::collections::BTreeMap;
@@ -84,7 +84,7 @@ fn python() -> Result<PathBuf> {
         .unwrap_or_else(|| target_dir().join("interop-venv/bin/python"));
     ensure!(
         path.exists(),
-        "no Python with confluent-kafka at {} (run tests/interop/run.sh or set WEIR_INTEROP_PYTHON)",
+        "no Python with confluent-kafka at {} (run scripts/install-test-deps.sh or set WEIR_INTEROP_PYTHON)",
         path.display()
     );
     Ok(path)
