@@ -440,15 +440,17 @@ impl Log {
     ) -> Result<(Option<Segment>, Option<i64>)> {
         let (interval, delete_retention_ms) = {
             let st = self.state.borrow();
-            (
-                st.config.index_interval_bytes,
-                st.config.delete_retention_ms,
-            )
+            let c = &st.config;
+            (c.index_interval_bytes, c.delete_retention_ms)
         };
         let (first, last) = (group[0], group[group.len() - 1]);
-        let mut writer = SegmentWriter::resume(file.clone(), path, 0).await?;
-        let mut new = Segment::new(&self.dir, first.base);
-        let (mut chunks, mut chunk_bytes) = (Vec::new(), 0usize);
+        let mut copy = Copy {
+            writer: SegmentWriter::resume(file.clone(), path, 0).await?,
+            segment: Segment::new(&self.dir, first.base),
+            chunks: Vec::new(),
+            chunk_bytes: 0,
+            interval,
+        };
         let (mut changed, mut horizon) = (group.len() > 1, None);
         for seg in group {
             let mut window = FileWindow::new(seg.file.clone(), &seg.path, seg.size);
@@ -457,41 +459,16 @@ impl Log {
                 let batch = read_batch(&mut window, &seg.path, pos, seg.size).await?;
                 let size = batch.len() as u64;
                 stats.bytes_read += size;
-                let (pid, base) = match read_header(&batch) {
-                    Ok(h) => (h.producer_id.get(), h.base_offset()),
-                    Err(e) => return Err(corrupt(&seg.path, pos, e.to_string())),
-                };
-                let rules = FilterRules {
-                    now_ms,
-                    delete_retention_ms,
-                    last_of_producer: map.last_of_producer(pid, base),
-                };
-                let f = filter_batch(&batch, &map.keys, rules)
-                    .map_err(|e| corrupt(&seg.path, pos, e.0))?;
+                let f = filter_stored(&batch, (&seg.path, pos), map, now_ms, delete_retention_ms)?;
                 stats.records_removed += f.records_removed;
                 stats.tombstones_removed += f.tombstones_removed;
                 horizon = min_some(horizon, f.horizon_ms);
                 pos += size;
-                let out = match f.outcome {
-                    Outcome::Keep => batch,
-                    Outcome::Drop => {
-                        changed = true;
-                        continue;
-                    }
-                    Outcome::Rewrite(b) => {
-                        changed = true;
-                        b
-                    }
-                };
-                if let Ok(h) = read_header(&out) {
-                    new.record_batch(&BatchMeta::of(h), interval, h.max_timestamp());
-                }
-                chunk_bytes += out.len();
-                chunks.push(out);
-                if chunk_bytes >= WRITE_CHUNK_BYTES {
-                    writer.write(&chunks).await?;
-                    budget.throttle(chunk_bytes as u64).await;
-                    (chunks, chunk_bytes) = (Vec::new(), 0);
+                changed |= f.outcome != Outcome::Keep;
+                match f.outcome {
+                    Outcome::Keep => copy.push(batch, budget).await?,
+                    Outcome::Rewrite(b) => copy.push(b, budget).await?,
+                    Outcome::Drop => {}
                 }
                 budget.throttle(size).await;
             }
@@ -499,15 +476,8 @@ impl Log {
         if !changed {
             return Ok((None, horizon));
         }
-        writer.write(&chunks).await?;
-        // Durable before the swap commits: a crash after the rename keeps these bytes.
-        writer.finish().await?;
-        let size = writer.end();
-        assert_eq!(
-            size, new.size,
-            "cleaned segment size differs from its batches"
-        );
-        new.restore(size, last.next_offset, 0);
+        let mut new = copy.finish().await?;
+        new.restore(new.size, last.next_offset, 0);
         new.roll_base_ms = first.roll_base_ms;
         new.seal_time_index();
         new.sealed = true;
@@ -570,6 +540,67 @@ impl Log {
         st.assert_positions();
         Ok(true)
     }
+}
+
+/// A cleaned copy being written: the batches kept so far, in runs of
+/// [`WRITE_CHUNK_BYTES`], and the summary and indexes of the segment they make.
+struct Copy {
+    writer: SegmentWriter,
+    segment: Segment,
+    chunks: Vec<Bytes>,
+    chunk_bytes: usize,
+    interval: u32,
+}
+
+impl Copy {
+    async fn push(&mut self, batch: Bytes, budget: &CleanerBudget) -> Result<()> {
+        if let Ok(h) = read_header(&batch) {
+            self.segment
+                .record_batch(&BatchMeta::of(h), self.interval, h.max_timestamp());
+        }
+        self.chunk_bytes += batch.len();
+        self.chunks.push(batch);
+        if self.chunk_bytes >= WRITE_CHUNK_BYTES {
+            self.writer.write(&self.chunks).await?;
+            budget.throttle(self.chunk_bytes as u64).await;
+            self.chunks.clear();
+            self.chunk_bytes = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes the rest, trims and fdatasyncs: durable before the swap commits, so a crash
+    /// after the rename keeps these bytes.
+    async fn finish(mut self) -> Result<Segment> {
+        self.writer.write(&self.chunks).await?;
+        self.writer.finish().await?;
+        assert_eq!(
+            self.writer.end(),
+            self.segment.size,
+            "cleaned segment size differs from its batches"
+        );
+        Ok(self.segment)
+    }
+}
+
+/// Filters one stored batch (at `pos` in `path`) against the map.
+fn filter_stored(
+    batch: &Bytes,
+    (path, pos): (&Path, u64),
+    map: &OffsetMap,
+    now_ms: i64,
+    delete_retention_ms: i64,
+) -> Result<Filtered> {
+    let (pid, base) = match read_header(batch) {
+        Ok(h) => (h.producer_id.get(), h.base_offset()),
+        Err(e) => return Err(corrupt(path, pos, e.to_string())),
+    };
+    let rules = FilterRules {
+        now_ms,
+        delete_retention_ms,
+        last_of_producer: map.last_of_producer(pid, base),
+    };
+    filter_batch(batch, &map.keys, rules).map_err(|e| corrupt(path, pos, e.0))
 }
 
 /// Removes the files with `extensions` of the segment at `base` (missing ones are fine).
