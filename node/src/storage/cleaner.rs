@@ -380,6 +380,8 @@ impl Log {
             let mut window = FileWindow::new(seg.file.clone(), &seg.path, seg.size);
             let mut pos = seg.checkpoint_position;
             while pos < seg.size {
+                // A log closed meanwhile (shutdown, idle eviction) stops the clean.
+                self.check_readable()?;
                 let batch = read_batch(&mut window, &seg.path, pos, seg.size).await?;
                 let size = batch.len() as u64;
                 stats.bytes_read += size;
@@ -456,6 +458,7 @@ impl Log {
             let mut window = FileWindow::new(seg.file.clone(), &seg.path, seg.size);
             let mut pos = 0;
             while pos < seg.size {
+                self.check_readable()?;
                 let batch = read_batch(&mut window, &seg.path, pos, seg.size).await?;
                 let size = batch.len() as u64;
                 stats.bytes_read += size;
