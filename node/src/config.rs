@@ -208,6 +208,49 @@ pub struct Config {
     /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
     pub max_connections_per_ip: u64,
     pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
+    /// `log.cleaner.enable`, `log.cleaner.dedupe.buffer.size` (for the node, divided among
+    /// the shards), `log.cleaner.io.max.bytes.per.second` (per shard).
+    pub log_cleaner: LogCleanerSettings,
+}
+
+/// The log cleaner's node-level settings (Kafka's keys; see storage/cleaner.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct LogCleanerSettings {
+    pub enable: bool,
+    /// `log.cleaner.backoff.ms`: how often a shard checks its logs for cleaning.
+    pub backoff_ms: u64,
+    pub dedupe_buffer_size: u64,
+    /// `u64::MAX`: no limit (Kafka's default, `Double.MaxValue`).
+    pub io_max_bytes_per_second: u64,
+}
+
+impl LogCleanerSettings {
+    fn resolve(props: &Properties) -> Result<LogCleanerSettings, ConfigError> {
+        let io: f64 = props.parse_num(&["log.cleaner.io.max.bytes.per.second"], f64::MAX)?;
+        if io.is_nan() || io < 1.0 {
+            return Err(value_err(
+                "log.cleaner.io.max.bytes.per.second",
+                &io.to_string(),
+                "must be at least 1",
+            ));
+        }
+        Ok(LogCleanerSettings {
+            enable: props.parse_bool("log.cleaner.enable", true)?,
+            backoff_ms: props.parse_num(&["log.cleaner.backoff.ms"], 15_000)?,
+            dedupe_buffer_size: props.parse_num(
+                &["log.cleaner.dedupe.buffer.size"],
+                crate::storage::cleaner::DEDUPE_BUFFER_BYTES_DEFAULT,
+            )?,
+            // Saturating: f64::MAX and anything past u64::MAX mean no limit.
+            io_max_bytes_per_second: io as u64,
+        })
+    }
+
+    /// The budget of one shard of `shards`.
+    pub fn shard_budget(&self, shards: usize) -> crate::storage::CleanerBudget {
+        let share = self.dedupe_buffer_size / shards.max(1) as u64;
+        crate::storage::CleanerBudget::new(share, self.io_max_bytes_per_second)
+    }
 }
 
 /// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
@@ -339,6 +382,7 @@ impl Config {
             max_connections_per_ip: props
                 .parse_num(&["max.connections.per.ip"], MAX_CONNECTIONS_PER_IP_DEFAULT)?,
             max_connections_per_ip_overrides: per_ip_overrides(&props)?,
+            log_cleaner: LogCleanerSettings::resolve(&props)?,
             props,
         };
         config.check()?;
@@ -437,6 +481,21 @@ impl Config {
             "min.insync.replicas".into(),
             self.min_insync_replicas.to_string(),
         );
+        // The cleaner's broker defaults, under their topic-level names.
+        for (broker_key, topic_key) in [
+            (
+                "log.cleaner.min.cleanable.ratio",
+                "min.cleanable.dirty.ratio",
+            ),
+            ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
+            ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+            ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
+            ("log.roll.ms", "segment.ms"),
+        ] {
+            if let Some(v) = self.props.get(broker_key) {
+                m.insert(topic_key.into(), v.into());
+            }
+        }
         let ts_type = self
             .props
             .get("log.message.timestamp.type")

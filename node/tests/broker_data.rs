@@ -550,3 +550,28 @@ fn offset_for_leader_epoch_answers_from_the_epoch_checkpoint() {
         "Kafka's format: version, count, epoch start"
     );
 }
+
+/// Kafka refuses records without a key on a `cleanup.policy=compact` topic (the cleaner
+/// could not tell which to keep): INVALID_RECORD, nothing appended; keyed records pass.
+#[test]
+fn a_compacted_topic_refuses_keyless_records() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "compacted", 1, &[("cleanup.policy", "compact")]);
+    assert_eq!(
+        produce(&mut c, "compacted", 0, 1, batch(&[b"no key"], 1)).0,
+        87
+    );
+    let keyed = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord {
+            timestamp_ms: 1,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            headers: Vec::new(),
+        }],
+        ..wire::batch::BatchBuilder::default()
+    }
+    .build()
+    .expect("a keyed batch");
+    assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 0));
+}

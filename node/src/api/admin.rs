@@ -24,8 +24,7 @@ use crate::shard::Shard;
 pub type TopicError = (i16, String);
 
 /// Topic-level config keys weir accepts (Kafka's names). Those the log uses take effect;
-/// the rest are stored and reported for compatibility (e.g. `cleanup.policy=compact` is
-/// kept until compaction exists).
+/// the rest are stored and reported for compatibility.
 pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "cleanup.policy",
     "compression.type",

@@ -213,10 +213,19 @@ impl Partition {
         if records.is_empty() {
             return Err(errors::INVALID_RECORD);
         }
+        let compacted = self.log.config().cleanup_policy.compact;
         for range in split_batches(records) {
             let range = range.map_err(|e| wire_error_code(&e))?;
             if range.len() > self.max_message_bytes.get() {
                 return Err(errors::MESSAGE_TOO_LARGE);
+            }
+            // Kafka: a compacted topic refuses records without a key (the cleaner could
+            // not tell which to keep) with INVALID_RECORD.
+            if compacted {
+                let batch = bytes::Bytes::copy_from_slice(&records[range]);
+                if crate::storage::keyless_records(&batch).is_err() {
+                    return Err(errors::INVALID_RECORD);
+                }
             }
         }
         Ok(())

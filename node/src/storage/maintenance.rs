@@ -428,6 +428,10 @@ fn split_after(st: &mut State, base: Offset) -> Vec<Segment> {
 /// How many of the oldest sealed segments retention deletes, and the offset after them.
 fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
     let cfg = &st.config;
+    if !cfg.cleanup_policy.delete {
+        // `cleanup.policy=compact` alone: the cleaner, not retention, bounds the log.
+        return None;
+    }
     let mut total: i64 = st.segments.values().map(|s| s.size as i64).sum();
     let mut count = 0;
     let mut new_start = None;
