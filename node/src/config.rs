@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub mod dynamic;
+pub mod keys;
+
 /// Kafka's default `message.max.bytes` (1 MiB + record batch overhead).
 pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
 /// Kafka's default `socket.request.max.bytes` (100 MiB).
@@ -134,6 +137,11 @@ impl Properties {
         self.values.get(key).map(String::as_str)
     }
 
+    /// Every key set, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
     /// The first of `keys` that is set.
     fn first(&self, keys: &[&'static str]) -> Option<(&'static str, &str)> {
         keys.iter().find_map(|k| self.get(k).map(|v| (*k, v)))
@@ -208,6 +216,8 @@ pub struct Config {
     /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
     pub max_connections_per_ip: u64,
     pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
+    /// Broker configs set at runtime through the admin API (persisted in the data dir).
+    pub dynamic: std::sync::Arc<dynamic::DynamicConfigs>,
 }
 
 /// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
@@ -287,6 +297,7 @@ impl Config {
             ));
         }
         let retention_ms = retention_ms(&props)?;
+        let dynamic = std::sync::Arc::new(dynamic::DynamicConfigs::load(&data_dir)?);
         let config = Config {
             node_id: match cli.node_id {
                 Some(n) => n,
@@ -340,6 +351,7 @@ impl Config {
                 .parse_num(&["max.connections.per.ip"], MAX_CONNECTIONS_PER_IP_DEFAULT)?,
             max_connections_per_ip_overrides: per_ip_overrides(&props)?,
             props,
+            dynamic,
         };
         config.check()?;
         Ok(config)
@@ -442,6 +454,12 @@ impl Config {
             .get("log.message.timestamp.type")
             .unwrap_or("CreateTime");
         m.insert("message.timestamp.type".into(), ts_type.into());
+        // Dynamic broker configs (AlterConfigs on the BROKER resource) win over static ones.
+        for (broker_key, topic_key) in keys::DYNAMIC_APPLIED {
+            if let Some(v) = self.dynamic.get(broker_key) {
+                m.insert((*topic_key).to_string(), v);
+            }
+        }
         m
     }
 }

@@ -24,3 +24,6 @@ pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const POLICY_VIOLATION: i16 = 44;
+pub const LOG_DIR_NOT_FOUND: i16 = 57;
+pub const ELECTION_NOT_NEEDED: i16 = 84;
+pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;

@@ -25,6 +25,12 @@ pub const SERVED_KEYS: &[i16] = &[
     api::INCREMENTAL_ALTER_CONFIGS,
     api::DESCRIBE_CLUSTER,
     api::INIT_PRODUCER_ID,
+    // Replica admin APIs, single-node answers (api/replicas.rs).
+    api::ALTER_REPLICA_LOG_DIRS,
+    api::DESCRIBE_LOG_DIRS,
+    api::ELECT_LEADERS,
+    api::ALTER_PARTITION_REASSIGNMENTS,
+    api::LIST_PARTITION_REASSIGNMENTS,
     // Group coordinator (node/src/group, node/src/api/groups.rs).
     api::OFFSET_COMMIT,
     api::OFFSET_FETCH,
