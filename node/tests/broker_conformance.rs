@@ -85,6 +85,25 @@ fn message_format_version_is_accepted_as_a_topic_config() {
     assert_eq!(resp.responses[0].error_code, 0, "{resp:?}");
 }
 
+/// Produces one batch to `topic`/`partition` (acks=1); (error code, log_append_time_ms).
+fn produce_one(c: &mut common::Client, topic: &str, partition: i32) -> (i16, i64) {
+    let records = common::batch(&[b"one", b"two", b"three"], 1_700_000_000_000);
+    let part = produce_request::PartitionProduceData::default()
+        .with_index(partition)
+        .with_records(Some(records));
+    let produce = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            produce_request::TopicProduceData::default()
+                .with_name(TopicName(s(topic)))
+                .with_partition_data(vec![part]),
+        ]);
+    let r: ProduceResponse = c.call(api::PRODUCE, 9, &produce);
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.log_append_time_ms)
+}
+
 /// DescribeLogDirs: the data dir, every partition with its size on disk, no lag.
 #[test]
 fn describe_log_dirs_reports_the_data_dir_and_partition_sizes() {
@@ -92,20 +111,7 @@ fn describe_log_dirs_reports_the_data_dir_and_partition_sizes() {
     let broker = Broker::start(2, &[("log.flush.on.ack", "true")]);
     let mut c = broker.client();
     assert_eq!(create(&mut c, "dirs", 2, &[]), 0);
-    let records = common::batch(&[b"one", b"two", b"three"], 1_700_000_000_000);
-    let part = produce_request::PartitionProduceData::default()
-        .with_index(1)
-        .with_records(Some(records));
-    let produce = ProduceRequest::default()
-        .with_acks(1)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![
-            produce_request::TopicProduceData::default()
-                .with_name(TopicName(s("dirs")))
-                .with_partition_data(vec![part]),
-        ]);
-    let r: ProduceResponse = c.call(api::PRODUCE, 9, &produce);
-    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    assert_eq!(produce_one(&mut c, "dirs", 1).0, 0);
 
     for version in [1, 4] {
         let resp: DescribeLogDirsResponse = c.call(
@@ -353,6 +359,19 @@ fn broker_configs_are_described_and_dynamic_ones_altered() {
         40
     );
 
+    // A dynamic default reaches partitions already open: the next append is stamped.
+    assert_eq!(create(&mut c, "stamped", 1, &[]), 0);
+    assert_eq!(produce_one(&mut c, "stamped", 0), (0, -1), "CreateTime");
+    let log_append = [("log.message.timestamp.type", 0, "LogAppendTime")];
+    assert_eq!(alter_broker(&mut c, &log_append).0, 0);
+    let (code, stamp) = produce_one(&mut c, "stamped", 0);
+    assert_eq!(code, 0);
+    assert!(stamp > 1_700_000_000_000, "LogAppendTime at once: {stamp}");
+    assert_eq!(
+        alter_broker(&mut c, &[("log.message.timestamp.type", 1, "")]).0,
+        0
+    );
+
     // A dynamic topic default reaches topics without their own override, and persists.
     assert_eq!(create(&mut c, "plain", 1, &[]), 0);
     assert_eq!(
@@ -360,7 +379,9 @@ fn broker_configs_are_described_and_dynamic_ones_altered() {
         0
     );
     let topic = describe(&mut c, 2, "plain");
-    assert_eq!(find(&topic, "retention.ms").1.as_deref(), Some("123456"));
+    let retention = find(&topic, "retention.ms");
+    assert_eq!(retention.1.as_deref(), Some("123456"));
+    assert_eq!(retention.3, 3, "DYNAMIC_DEFAULT_BROKER_CONFIG");
     broker.restart();
     let mut c = broker.client();
     let all = describe(&mut c, 4, "0");

@@ -36,6 +36,7 @@ const RESOURCE_BROKER: i8 = 4;
 /// Kafka's config sources.
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_DYNAMIC_BROKER: i8 = 2;
+const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 /// Kafka's config types.
@@ -119,6 +120,12 @@ fn topic_entries(
         ));
     };
     let defaults = shard.config().topic_defaults();
+    // Topic keys whose broker default was set dynamically (AlterConfigs on the broker).
+    let dynamic_defaults: Vec<&str> = keys::DYNAMIC_APPLIED
+        .iter()
+        .filter(|(broker_key, _)| shard.config().dynamic.get(broker_key).is_some())
+        .map(|(_, topic_key)| *topic_key)
+        .collect();
     let mut keys: Vec<&str> = defaults.keys().map(String::as_str).collect();
     keys.extend(meta.configs.keys().map(String::as_str));
     keys.sort_unstable();
@@ -127,6 +134,9 @@ fn topic_entries(
         .into_iter()
         .filter_map(|k| match (meta.configs.get(k), defaults.get(k)) {
             (Some(v), _) => Some(entry(k, v, SOURCE_TOPIC, false)),
+            (None, Some(v)) if dynamic_defaults.contains(&k) => {
+                Some(entry(k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, false))
+            }
             (None, Some(v)) => Some(entry(k, v, SOURCE_DEFAULT, false)),
             (None, None) => None,
         })
