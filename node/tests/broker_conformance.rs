@@ -311,6 +311,12 @@ fn broker_configs_are_described_and_dynamic_ones_altered() {
     assert!(!find(&all, "log.retention.ms").2, "dynamic");
     assert_eq!(find(&all, "group.max.size").3, 5, "default");
     assert!(find(&all, "log.dirs").1.is_some());
+    let threads = find(&all, "background.threads");
+    assert_eq!(
+        (threads.1.as_deref(), threads.2),
+        (None, false),
+        "Kafka-dynamic, unused"
+    );
 
     // librdkafka 0081's own broker alterations.
     let set_append = [
@@ -333,7 +339,7 @@ fn broker_configs_are_described_and_dynamic_ones_altered() {
         find(&all, "log.cleanup.policy").1.as_deref(),
         Some("delete")
     );
-    assert!(all.iter().all(|e| e.0 != "background.threads"), "deleted");
+    assert_eq!(find(&all, "background.threads").1, None, "deleted");
     let alter = alter_configs_request::AlterConfigsResource::default()
         .with_resource_type(4)
         .with_resource_name(s("0"))

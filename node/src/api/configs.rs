@@ -143,11 +143,14 @@ fn topic_entries(
         .collect())
 }
 
-/// Every broker key weir reads and every dynamic key set, in key order.
+/// Every broker key weir reads, Kafka's dynamic keys it accepts without effect (null
+/// unless set: clients such as kafka-python alter only keys described as dynamic), and
+/// every dynamic key set, in key order.
 fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
     let c = shard.config();
     let dynamic = c.dynamic.all();
     let mut names: Vec<&str> = keys::WEIR_KEYS.to_vec();
+    names.extend(keys::KAFKA_DYNAMIC_IGNORED);
     names.extend(dynamic.keys().map(String::as_str));
     names.sort_unstable();
     names.dedup();

@@ -236,7 +236,7 @@ pub const DYNAMIC_APPLIED: &[(&str, &str)] = &[
 
 /// Kafka keys Kafka lets an admin change at runtime that weir does not use: accepted,
 /// stored and described like their static form, without effect.
-const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
+pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
     "background.threads",
     "compression.type",
     "log.cleaner.dedupe.buffer.size",
