@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub mod dynamic;
+pub mod keys;
+
 /// Kafka's default `message.max.bytes` (1 MiB + record batch overhead).
 pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
 /// Kafka's default `socket.request.max.bytes` (100 MiB).
@@ -134,6 +137,11 @@ impl Properties {
         self.values.get(key).map(String::as_str)
     }
 
+    /// Every key set, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
     /// The first of `keys` that is set.
     fn first(&self, keys: &[&'static str]) -> Option<(&'static str, &str)> {
         keys.iter().find_map(|k| self.get(k).map(|v| (*k, v)))
@@ -211,6 +219,8 @@ pub struct Config {
     /// `log.cleaner.enable`, `log.cleaner.dedupe.buffer.size` (for the node, divided among
     /// the shards), `log.cleaner.io.max.bytes.per.second` (per shard).
     pub log_cleaner: LogCleanerSettings,
+    /// Broker configs set at runtime through the admin API (persisted in the data dir).
+    pub dynamic: std::sync::Arc<dynamic::DynamicConfigs>,
 }
 
 /// The log cleaner's node-level settings (Kafka's keys; see storage/cleaner.rs).
@@ -330,6 +340,7 @@ impl Config {
             ));
         }
         let retention_ms = retention_ms(&props)?;
+        let dynamic = std::sync::Arc::new(dynamic::DynamicConfigs::load(&data_dir)?);
         let config = Config {
             node_id: match cli.node_id {
                 Some(n) => n,
@@ -384,6 +395,7 @@ impl Config {
             max_connections_per_ip_overrides: per_ip_overrides(&props)?,
             log_cleaner: LogCleanerSettings::resolve(&props)?,
             props,
+            dynamic,
         };
         config.check()?;
         Ok(config)
@@ -501,6 +513,12 @@ impl Config {
             .get("log.message.timestamp.type")
             .unwrap_or("CreateTime");
         m.insert("message.timestamp.type".into(), ts_type.into());
+        // Dynamic broker configs (AlterConfigs on the BROKER resource) win over static ones.
+        for (broker_key, topic_key) in keys::DYNAMIC_APPLIED {
+            if let Some(v) = self.dynamic.get(broker_key) {
+                m.insert((*topic_key).to_string(), v);
+            }
+        }
         m
     }
 }

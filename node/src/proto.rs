@@ -26,6 +26,12 @@ pub const SERVED_KEYS: &[i16] = &[
     api::DESCRIBE_CLUSTER,
     api::INIT_PRODUCER_ID,
     api::OFFSET_FOR_LEADER_EPOCH,
+    // Replica admin APIs, single-node answers (api/replicas.rs).
+    api::ALTER_REPLICA_LOG_DIRS,
+    api::DESCRIBE_LOG_DIRS,
+    api::ELECT_LEADERS,
+    api::ALTER_PARTITION_REASSIGNMENTS,
+    api::LIST_PARTITION_REASSIGNMENTS,
     // Group coordinator (node/src/group, node/src/api/groups.rs).
     api::OFFSET_COMMIT,
     api::OFFSET_FETCH,

@@ -35,6 +35,8 @@ pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "index.interval.bytes",
     "max.compaction.lag.ms",
     "max.message.bytes",
+    // Accepted and ignored, as Kafka 3.x does (it writes record batch v2 whatever the value).
+    "message.format.version",
     "message.timestamp.type",
     "min.cleanable.dirty.ratio",
     "min.compaction.lag.ms",

@@ -14,6 +14,7 @@ pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod replicas;
 pub mod versions;
 
 use std::net::SocketAddr;
@@ -87,6 +88,17 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::AlterConfigs) => run(req, |r| configs::alter(shard, r)).await,
         Some(ApiKey::IncrementalAlterConfigs) => {
             run(req, |r| configs::incremental_alter(shard, r)).await
+        }
+        Some(ApiKey::DescribeLogDirs) => run(req, |r| replicas::describe_log_dirs(shard, r)).await,
+        Some(ApiKey::AlterReplicaLogDirs) => {
+            run(req, |r| replicas::alter_replica_log_dirs(shard, r)).await
+        }
+        Some(ApiKey::ElectLeaders) => run(req, |r| replicas::elect_leaders(shard, r)).await,
+        Some(ApiKey::AlterPartitionReassignments) => {
+            run(req, |r| replicas::alter_partition_reassignments(shard, r)).await
+        }
+        Some(ApiKey::ListPartitionReassignments) => {
+            run(req, |r| replicas::list_partition_reassignments(shard, r)).await
         }
         _ => Err(WireError::UnsupportedVersion {
             api_key: req.api_key,
