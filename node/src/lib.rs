@@ -19,6 +19,7 @@ pub mod partition;
 pub mod producer_state;
 pub mod proto;
 pub mod router;
+pub mod security;
 pub mod send_turns;
 pub mod server;
 pub mod shard;

@@ -63,6 +63,8 @@ pub const CREATE_PARTITIONS: i16 = 37;
 pub const DELETE_GROUPS: i16 = 42;
 pub const INCREMENTAL_ALTER_CONFIGS: i16 = 44;
 pub const OFFSET_DELETE: i16 = 47;
+pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 50;
+pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 51;
 pub const DESCRIBE_CLUSTER: i16 = 60;
 
 /// Kafka error code UNSUPPORTED_VERSION.
@@ -146,6 +148,20 @@ pub const API_TABLE: &[ApiEntry] = &[
         1,
     ),
     entry(OFFSET_DELETE, "OffsetDelete", 0, 0, NEVER),
+    entry(
+        DESCRIBE_USER_SCRAM_CREDENTIALS,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
+    entry(
+        ALTER_USER_SCRAM_CREDENTIALS,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
     entry(DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, 0),
 ];
 
