@@ -113,16 +113,19 @@ def metadata(conf):
 
 def expect_auth_fail(conf):
     errors = []
-    conf = {**conf, "error_cb": lambda e: errors.append(e)}
-    admin = AdminClient(conf)
-    try:
-        admin.list_topics(timeout=15)
-    except KafkaException as e:
-        errors.append(e.args[0])
-    auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION
-            or "uthentication" in str(e)]
+    p = Producer({**conf, "error_cb": errors.append})
+    deadline = time.time() + 30
+    auth = []
+    while not auth and time.time() < deadline:
+        p.poll(0.5)
+        auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
     if not auth:
         fail(f"no authentication error, got {errors[:3]}")
+    try:
+        p.list_topics(timeout=5)
+        fail("Metadata was served without authentication")
+    except KafkaException:
+        pass
     print(f"OK {auth[0]}", flush=True)
 
 

@@ -56,6 +56,14 @@ fn confluent_kafka_over_every_listener_at_once() -> Result<()> {
     Ok(())
 }
 
+/// Debian's kcat with its own librdkafka: cargo's LD_LIBRARY_PATH holds the build's
+/// librdkafka (compiled without OpenSSL), which would otherwise be loaded instead.
+fn kcat() -> Command {
+    let mut cmd = Command::new("kcat");
+    cmd.env_remove("LD_LIBRARY_PATH");
+    cmd
+}
+
 /// kcat arguments for listener `name` of `b`.
 fn kcat_args(b: &SecureBroker, name: &str) -> Result<Vec<String>> {
     let mut args = Vec::new();
@@ -78,11 +86,11 @@ fn kcat_over_ssl_mutual_tls_and_sasl_ssl() -> Result<()> {
         let lines: Vec<String> = (0..50).map(|i| format!("{listener}-{i}")).collect();
         let input = lines.join("\n") + "\n";
         let base = kcat_args(&b, listener)?;
-        let mut produce = Command::new("kcat");
+        let mut produce = kcat();
         produce.args(&base).args(["-P", "-t", &topic, "-p", "0"]);
         let out = run_bounded_input(&mut produce, Some(&input), security_support::CLIENT_TIMEOUT)?;
         ensure!(out.ok, "{listener}: kcat -P failed: {}", out.stderr);
-        let mut consume = Command::new("kcat");
+        let mut consume = kcat();
         consume
             .args(&base)
             .args(["-C", "-t", &topic, "-p", "0", "-o", "beginning", "-e", "-q"]);

@@ -230,7 +230,9 @@ impl ScramServer {
         );
         let mut random = [0u8; SERVER_NONCE_BYTES];
         rand::Rng::fill(&mut rand::rng(), &mut random[..]);
-        let nonce = format!("{}{}", first.nonce, B64.encode(random));
+        // Alphanumeric, like Kafka's own server nonce.
+        let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let nonce = format!("{}{suffix}", first.nonce);
         let server_first = format!(
             "r={nonce},s={},i={}",
             credential.salt, credential.iterations
@@ -244,6 +246,20 @@ impl ScramServer {
             nonce,
         };
         (state, server_first.into_bytes())
+    }
+
+    /// RFC 5802: the client echoes the server's whole nonce. librdkafka before 2.6.1
+    /// (kcat and Debian's librdkafka 2.0.2 among them) sends its own nonce once more in
+    /// front of it (librdkafka PR 4895; Kafka 3.8.1 accepts that too). The server's nonce
+    /// is still checked in full, so a replayed final message cannot pass.
+    fn nonce_matches(&self, echoed: &str) -> bool {
+        if echoed == self.nonce {
+            return true;
+        }
+        let client_nonce_bytes = self.nonce.len() - SERVER_NONCE_BYTES * 2;
+        echoed.len() == self.nonce.len() + client_nonce_bytes
+            && echoed.starts_with(&self.nonce[..client_nonce_bytes])
+            && echoed.ends_with(self.nonce.as_str())
     }
 
     /// The user this exchange authenticates.
@@ -278,7 +294,7 @@ impl ScramServer {
                 return Err(ScramError::Malformed("unexpected channel binding"));
             }
         }
-        if nonce != Some(self.nonce.as_str()) {
+        if !self.nonce_matches(nonce.unwrap_or_default()) {
             return Err(ScramError::Malformed("nonce differs from the server's"));
         }
         let proof = B64
@@ -391,6 +407,26 @@ mod tests {
         };
         let v = state.finish(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=").unwrap();
         assert_eq!(v, b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=");
+    }
+
+    /// librdkafka < 2.6.1 echoes its nonce twice; any other nonce is refused.
+    #[test]
+    fn old_librdkafka_nonce_is_accepted_and_others_are_not() {
+        let mech = ScramMechanism::Sha256;
+        let salted = mech.salted_password(b"pw", b"salt", ITERATIONS_MIN);
+        let cred = ScramCredential::from_salted(mech, b"salt", ITERATIONS_MIN, &salted);
+        let first = parse_client_first(b"n,,n=u,r=abc").unwrap();
+        let (server, _) = ScramServer::start(mech, first, cred);
+        let full = server.nonce.clone();
+        assert!(server.nonce_matches(&full));
+        assert!(
+            server.nonce_matches(&format!("abc{full}")),
+            "librdkafka < 2.6.1"
+        );
+        assert!(!server.nonce_matches("abc"));
+        assert!(!server.nonce_matches(&format!("xyz{full}")));
+        assert!(!server.nonce_matches(&format!("abc{}", &full[..full.len() - 1])));
+        assert!(!server.nonce_matches(&full[3..]));
     }
 
     #[test]
