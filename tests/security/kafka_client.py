@@ -18,6 +18,9 @@ Actions:
   tls-apiversions         CONFIG_JSON is {"host","port","ca","cert","key"} (cert/key
                           optional): a TLS connection sends ApiVersions; prints
                           `OK answered` or `OK refused REASON`
+  tls-pieces              CONFIG_JSON like tls-apiversions: the TLS bytes both ways go
+                          through a relay in 1..7-byte pieces; handshake, ApiVersions
+                          and Metadata must complete
   bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
                           prints `OK produce_mibs=..`
   bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
@@ -154,6 +157,76 @@ def tls_apiversions(conf):
         print(f"OK refused connection closed ({data!r})", flush=True)
 
 
+def tls_pieces(conf):
+    """TLS records arriving in pieces: a local relay forwards the client's bytes to the
+    broker 1..7 bytes at a time (and the broker's back the same way); the handshake,
+    ApiVersions and Metadata must still complete."""
+    import random
+    import socket
+    import ssl
+    import struct
+    import threading
+    rng = random.Random(20261201)
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(4096)
+                if not data:
+                    break
+                i = 0
+                while i < len(data):
+                    n = rng.randint(1, 7)
+                    dst.sendall(data[i:i + n])
+                    i += n
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def relay():
+        client, _ = lsock.accept()
+        upstream = socket.create_connection((conf["host"], conf["port"]), timeout=30)
+        for s in (client, upstream):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        pump(upstream, client)
+
+    threading.Thread(target=relay, daemon=True).start()
+    ctx = ssl.create_default_context(cafile=conf["ca"])
+    raw = socket.create_connection(lsock.getsockname(), timeout=30)
+    s = ctx.wrap_socket(raw, server_hostname="localhost")
+
+    def call(api_key, version, body, cid):
+        header = struct.pack(">hhih", api_key, version, cid, 5) + b"probe"
+        s.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        size = struct.unpack(">i", recv_exact(4))[0]
+        resp = recv_exact(size)
+        if struct.unpack(">i", resp[:4])[0] != cid:
+            fail("correlation id mismatch")
+        return resp
+
+    def recv_exact(n):
+        out = b""
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk:
+                fail(f"connection closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    call(18, 0, b"", 1)
+    # Metadata v1, all topics (null array).
+    md = call(3, 1, struct.pack(">i", -1), 2)
+    print(f"OK handshake, ApiVersions and Metadata ({len(md)} bytes) in pieces", flush=True)
+
+
 def bench_produce(conf, topic, mib):
     create_topic(conf, topic, partitions=1)
     value = b"x" * 1024
@@ -212,6 +285,8 @@ def main():
             expect_auth_fail(conf)
         elif action == "tls-apiversions":
             tls_apiversions(conf)
+        elif action == "tls-pieces":
+            tls_pieces(conf)
         elif action == "bench-produce":
             bench_produce(conf, args[0], int(args[1]))
         elif action == "bench-consume":

@@ -190,6 +190,21 @@ fn tls_probe(b: &SecureBroker, name: &str, cert: Option<(&str, &str)>) -> Result
     run_client_json("tls-apiversions", &json, &[])
 }
 
+/// TLS records (handshake and requests, both ways) cut into 1..7-byte pieces are served.
+#[test]
+fn tls_records_arriving_in_pieces_are_served() -> Result<()> {
+    let b = broker()?;
+    let addr = b.addr("SSL")?;
+    let conf = vec![
+        ("host".to_string(), addr.ip().to_string()),
+        ("ca".to_string(), b.pki.ca_pem.display().to_string()),
+    ];
+    let json = json_object(&conf).replacen('{', &format!("{{\"port\":{},", addr.port()), 1);
+    let out = run_client_json("tls-pieces", &json, &[])?;
+    println!("{out}");
+    Ok(())
+}
+
 #[test]
 fn mutual_tls_refuses_clients_without_a_trusted_certificate() -> Result<()> {
     let b = broker()?;

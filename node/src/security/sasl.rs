@@ -314,6 +314,33 @@ mod tests {
         assert!(setup(&p, "X").is_err());
     }
 
+    proptest::proptest! {
+        /// Any bytes in any state: a step never panics, and only a complete valid exchange
+        /// can open the connection (random bytes never authenticate).
+        #[test]
+        fn arbitrary_tokens_never_panic_nor_authenticate(
+            tokens in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 1..4),
+            mech in 0usize..3,
+        ) {
+            let s = plain_setup();
+            let mut catalog = Catalog::default();
+            let m = ScramMechanism::Sha256;
+            let salted = m.salted_password(b"pw", b"salt", scram::ITERATIONS_MIN);
+            let cred = scram::ScramCredential::from_salted(m, b"salt", scram::ITERATIONS_MIN, &salted);
+            catalog.scram_users.entry("u".into()).or_default().insert(m.name().into(), cred);
+            let mechanism = [
+                Mechanism::Plain,
+                Mechanism::Scram(ScramMechanism::Sha256),
+                Mechanism::Scram(ScramMechanism::Sha512),
+            ][mech];
+            let mut state = SaslState::Token(mechanism);
+            for token in &tokens {
+                let _ = step(&mut state, &s, &catalog, token);
+                proptest::prop_assert!(!state.is_open(), "random bytes authenticated");
+            }
+        }
+    }
+
     #[test]
     fn scram_unknown_user_fails_at_once() {
         let s = plain_setup();
