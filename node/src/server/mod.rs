@@ -187,8 +187,9 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         .iter()
         .map(|(name, addr)| format!("{name}={addr}"))
         .collect();
+    // "listening on ADDR" (the first listener) stays last: scripts and tests parse it.
     println!(
-        "weir ready: node {node_id}, {shards} shards, advertised as {host}:{port}, listening on {listen}, listeners {}",
+        "weir ready: node {node_id}, {shards} shards, listeners {}, advertised as {host}:{port}, listening on {listen}",
         all.join(" ")
     );
     join_shards(handles)

@@ -123,7 +123,7 @@ impl SecureBroker {
     }
 }
 
-/// The address of `name` in a ready line `... listeners PLAINTEXT=127.0.0.1:1 SSL=...`.
+/// The address of `name` in a ready line `... listeners PLAINTEXT=127.0.0.1:1 SSL=..., ...`.
 pub fn listener_addr(log: &str, name: &str) -> Result<SocketAddr> {
     let line = log
         .lines()
@@ -133,6 +133,7 @@ pub fn listener_addr(log: &str, name: &str) -> Result<SocketAddr> {
     let prefix = format!("{name}=");
     list.split_whitespace()
         .find_map(|item| item.strip_prefix(&prefix))
+        .map(|addr| addr.trim_end_matches(','))
         .context("listener not in the ready line")?
         .parse()
         .context("listener address")
