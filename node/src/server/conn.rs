@@ -387,13 +387,28 @@ pub async fn serve(
     let _ = stream.set_nodelay(true);
     let (stream, tls_principal) = match &listener.tls {
         None => (Transport::Plain(stream), None),
-        Some(tls) => match transport::accept_tls(stream, tls).await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
+        Some(tls) => {
+            // A shutdown does not wait for handshakes (they have served nothing yet).
+            let stop = shard.shutdown.listen();
+            if shard.shutting_down.get() {
                 return;
             }
-        },
+            let handshake = futures_lite::future::or(
+                async { Some(transport::accept_tls(stream, tls).await) },
+                async {
+                    stop.await;
+                    None
+                },
+            );
+            match handshake.await {
+                None => return,
+                Some(Ok(accepted)) => accepted,
+                Some(Err(e)) => {
+                    crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
+                    return;
+                }
+            }
+        }
     };
     let session = Rc::new(Session::new(peer, listener, tls_principal));
     let half = Half(Rc::new(RefCell::new(stream)));
