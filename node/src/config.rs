@@ -184,6 +184,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `host:port` given to clients in Metadata; `None` means the bound address.
     pub advertised: Option<(String, u16)>,
+    /// Every listener (`listeners`, ...); the first is `listen`/`advertised` above.
+    pub listeners: Vec<crate::security::listener::ListenerConfig>,
     pub shards: usize,
     pub num_partitions: i32,
     pub auto_create_topics: bool,
@@ -317,17 +319,13 @@ impl Config {
             (None, Some((_, v))) => PathBuf::from(v.split(',').next().unwrap_or(v).trim()),
             (None, None) => PathBuf::from("./weir-data"),
         };
-        let listen_text = match (&cli.listen, props.get("listeners")) {
-            (Some(l), _) => l.clone(),
-            (None, Some(v)) => strip_listener(v).to_string(),
-            (None, None) => "127.0.0.1:9092".to_string(),
-        };
-        let listen = parse_addr("listeners", &listen_text)?;
-        let advertised = match (&cli.advertised_listener, props.get("advertised.listeners")) {
-            (Some(a), _) => Some(parse_host_port("--advertised-listener", a)?),
-            (None, Some(v)) => Some(parse_host_port("advertised.listeners", strip_listener(v))?),
-            (None, None) => None,
-        };
+        let listeners = crate::security::listener::resolve(
+            &props,
+            cli.listen.as_deref(),
+            cli.advertised_listener.as_deref(),
+        )?;
+        let listen = listeners[0].bind;
+        let advertised = listeners[0].advertised.clone();
         let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
         let shards = cli
             .shards
@@ -349,6 +347,7 @@ impl Config {
             data_dir,
             listen,
             advertised,
+            listeners,
             shards,
             num_partitions: props.parse_num(&["num.partitions"], 1)?,
             auto_create_topics: props.parse_bool("auto.create.topics.enable", true)?,
@@ -563,36 +562,6 @@ fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
         value: value.to_string(),
         reason,
     }
-}
-
-/// `PLAINTEXT://host:port[,...]` → `host:port` of the first listener.
-fn strip_listener(v: &str) -> &str {
-    let first = v.split(',').next().unwrap_or(v).trim();
-    first.split_once("://").map_or(first, |(_, rest)| rest)
-}
-
-fn parse_host_port(key: &str, v: &str) -> Result<(String, u16), ConfigError> {
-    let Some((host, port)) = v.rsplit_once(':') else {
-        return Err(value_err(key, v, "expected HOST:PORT"));
-    };
-    let port = port.parse().map_err(|_| value_err(key, v, "bad port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host.to_string(), port))
-}
-
-fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
-    use std::net::ToSocketAddrs;
-    let (host, port) = parse_host_port(key, v)?;
-    let host = if host.is_empty() {
-        "0.0.0.0".to_string()
-    } else {
-        host
-    };
-    (host.as_str(), port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut it| it.next())
-        .ok_or_else(|| value_err(key, v, "cannot resolve address"))
 }
 
 #[cfg(test)]

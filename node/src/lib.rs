@@ -21,6 +21,7 @@ pub mod producer_state;
 pub mod proto;
 pub mod replication;
 pub mod router;
+pub mod security;
 pub mod send_turns;
 pub mod server;
 pub mod shard;

@@ -44,6 +44,11 @@ pub const SERVED_KEYS: &[i16] = &[
     api::LIST_GROUPS,
     api::DELETE_GROUPS,
     api::OFFSET_DELETE,
+    // Security (node/src/api/sasl.rs).
+    api::SASL_HANDSHAKE,
+    api::SASL_AUTHENTICATE,
+    api::DESCRIBE_USER_SCRAM_CREDENTIALS,
+    api::ALTER_USER_SCRAM_CREDENTIALS,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).

@@ -68,6 +68,8 @@ pub const INCREMENTAL_ALTER_CONFIGS: i16 = 44;
 pub const ALTER_PARTITION_REASSIGNMENTS: i16 = 45;
 pub const LIST_PARTITION_REASSIGNMENTS: i16 = 46;
 pub const OFFSET_DELETE: i16 = 47;
+pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 50;
+pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 51;
 pub const DESCRIBE_CLUSTER: i16 = 60;
 
 /// Kafka error code UNSUPPORTED_VERSION.
@@ -168,6 +170,20 @@ pub const API_TABLE: &[ApiEntry] = &[
         0,
     ),
     entry(OFFSET_DELETE, "OffsetDelete", 0, 0, NEVER),
+    entry(
+        DESCRIBE_USER_SCRAM_CREDENTIALS,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
+    entry(
+        ALTER_USER_SCRAM_CREDENTIALS,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
     entry(DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, 0),
 ];
 

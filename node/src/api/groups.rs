@@ -8,7 +8,6 @@
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -48,6 +47,7 @@ use crate::group::{
 use crate::metadata::{self, MetaError, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
+use crate::server::session::Session;
 use crate::shard::Shard;
 
 /// Whether `key` is a group API this module answers.
@@ -72,8 +72,9 @@ pub fn is_group_api(key: ApiKey) -> bool {
 pub async fn dispatch(
     shard: &Rc<Shard>,
     req: &Request,
-    peer: SocketAddr,
+    session: &Session,
 ) -> Result<Response, WireError> {
+    let peer = session.peer;
     let v = req.version;
     let client_id = req
         .client_id
@@ -82,7 +83,9 @@ pub async fn dispatch(
         .unwrap_or_default()
         .to_string();
     match req.key() {
-        Some(ApiKey::FindCoordinator) => run(req, |r| find_coordinator(shard, r, v)).await,
+        Some(ApiKey::FindCoordinator) => {
+            run(req, |r| find_coordinator(shard, r, v, session.advertised())).await
+        }
         Some(ApiKey::JoinGroup) => {
             let who = (client_id, format!("/{}", peer.ip()));
             run(req, |r| join_group(shard, r, v, who)).await
@@ -218,8 +221,9 @@ async fn find_coordinator(
     shard: &Rc<Shard>,
     req: FindCoordinatorRequest,
     version: i16,
+    advertised: &(String, u16),
 ) -> FindCoordinatorResponse {
-    let (host, port) = shard.advertised.clone();
+    let (host, port) = advertised.clone();
     let node = BrokerId(shard.config().node_id);
     // Transaction coordinators are not served yet: only group keys (type 0) resolve.
     let error = match (req.key_type, offsets_partitions(shard).await) {

@@ -21,7 +21,12 @@ use crate::shard::Shard;
 /// Metadata: all topics when none are named; named ones are created when
 /// `auto.create.topics.enable` and the request allow it.
 /// In v0 an empty topic list means "all topics"; from v1 that is a null list.
-pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: MetadataRequest,
+    version: i16,
+    advertised: &(String, u16),
+) -> MetadataResponse {
     let all = match &req.topics {
         None => true,
         Some(t) => t.is_empty() && version == 0,
@@ -52,8 +57,8 @@ pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> Me
     let node_id = shard.config().node_id;
     let broker = MetadataResponseBroker::default()
         .with_node_id(BrokerId(node_id))
-        .with_host(str_bytes(&shard.advertised.0))
-        .with_port(i32::from(shard.advertised.1));
+        .with_host(str_bytes(&advertised.0))
+        .with_port(i32::from(advertised.1));
     MetadataResponse::default()
         .with_brokers(vec![broker])
         .with_cluster_id(Some(str_bytes(&shard.node.cluster_id)))
@@ -153,12 +158,13 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
 pub async fn describe_cluster(
     shard: &Rc<Shard>,
     _req: DescribeClusterRequest,
+    advertised: &(String, u16),
 ) -> DescribeClusterResponse {
     let node_id = shard.config().node_id;
     let broker = DescribeClusterBroker::default()
         .with_broker_id(BrokerId(node_id))
-        .with_host(str_bytes(&shard.advertised.0))
-        .with_port(i32::from(shard.advertised.1));
+        .with_host(str_bytes(&advertised.0))
+        .with_port(i32::from(advertised.1));
     DescribeClusterResponse::default()
         .with_cluster_id(str_bytes(&shard.node.cluster_id))
         .with_controller_id(BrokerId(node_id))

@@ -10,9 +10,10 @@
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -23,10 +24,13 @@ use glommio::net::TcpStream;
 use glommio::task::JoinHandle;
 
 use super::budget::{FramePermit, RequestBudget, SMALL_FRAME_MAX_BYTES};
+use super::session::Session;
+use super::transport::{self, Transport};
 use crate::api;
 use crate::config::Config;
 use crate::event::Event;
 use crate::proto;
+use crate::security::ListenerSetup;
 use crate::shard::Shard;
 
 /// Requests of one connection being worked on at once.
@@ -63,7 +67,7 @@ pub enum ConnError {
 /// is borrowed only inside one `poll_*` call, never across an await, and glommio keeps
 /// separate read and write sources, so the two halves never disturb each other.
 #[derive(Clone)]
-struct Half(Rc<RefCell<TcpStream>>);
+struct Half(Rc<RefCell<Transport>>);
 
 impl AsyncRead for Half {
     fn poll_read(
@@ -360,7 +364,7 @@ impl Drop for TurnDone {
 
 /// Bytes the socket holds for us right now (0 if unknown).
 fn readable_bytes(half: &Half) -> usize {
-    let fd = half.0.borrow().as_raw_fd();
+    let fd = half.0.borrow().raw_fd();
     let mut ready: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int into `ready`, which outlives the call.
     let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut ready) };
@@ -373,8 +377,40 @@ fn readable_bytes(half: &Half) -> usize {
 
 /// Serves one connection until the client closes it, sends bad framing, stalls in a frame,
 /// stays idle, or shutdown.
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits: ReadLimits) {
+pub async fn serve(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    limits: ReadLimits,
+    listener: Arc<ListenerSetup>,
+) {
     let _ = stream.set_nodelay(true);
+    let (stream, tls_principal) = match &listener.tls {
+        None => (Transport::Plain(stream), None),
+        Some(tls) => {
+            // A shutdown does not wait for handshakes (they have served nothing yet).
+            let stop = shard.shutdown.listen();
+            if shard.shutting_down.get() {
+                return;
+            }
+            let handshake = futures_lite::future::or(
+                async { Some(transport::accept_tls(stream, tls).await) },
+                async {
+                    stop.await;
+                    None
+                },
+            );
+            match handshake.await {
+                None => return,
+                Some(Ok(accepted)) => accepted,
+                Some(Err(e)) => {
+                    crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
+                    return;
+                }
+            }
+        }
+    };
+    let session = Rc::new(Session::new(peer, listener, tls_principal));
     let half = Half(Rc::new(RefCell::new(stream)));
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
@@ -423,7 +459,29 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
                 break;
             }
         };
+        if !session.is_open() {
+            // Before SASL authentication completes: only the SASL requests, one at a time
+            // (the next is read only once this one moved the state).
+            if !is_sasl_phase_api(req.api_key) {
+                let name = req.api_name();
+                crate::client_warn!(%peer, "closing connection: {name} before SASL authentication completed");
+                break;
+            }
+            let response = api::handle(&shard, req, &session).await;
+            drop(permit);
+            activity.touch();
+            let ready = glommio::spawn_local(async move { response }).detach();
+            let pending = Pending {
+                response: ready,
+                _turn: None,
+            };
+            if tx.send(pending).await.is_err() || session.has_failed() {
+                break;
+            }
+            continue;
+        }
         let s = shard.clone();
+        let session = session.clone();
         let active = activity.clone();
         active.begin();
         let (previous_fetch, turn) = if req.api_key == wire::api::FETCH {
@@ -436,7 +494,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
             if let Some(previous) = previous_fetch {
                 previous.wait().await;
             }
-            let response = api::handle(&s, req, peer).await;
+            let response = api::handle(&s, req, &session).await;
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
             drop(permit);
@@ -491,7 +549,10 @@ const IOV_CHUNKS_MAX: usize = 1024;
 /// the socket does not take at once is written through glommio, which waits for the
 /// socket to drain, and then the vectored send is tried again.
 async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
-    let fd = half.0.borrow().as_raw_fd();
+    if half.0.borrow().is_tls() {
+        return write_chunks_tls(half, chunks).await;
+    }
+    let fd = half.0.borrow().raw_fd();
     let (mut index, mut offset) = (0, 0);
     while index < chunks.len() {
         let sent = send_now(fd, &chunks[index..], offset)?;
@@ -503,6 +564,23 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
         (index, offset) = (index + 1, 0);
     }
     Ok(())
+}
+
+/// Under TLS the chunks go through rustls, which copies them into its records (at most
+/// 16 KiB each) and encrypts them; the flush pushes out the last record.
+async fn write_chunks_tls(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
+    for chunk in chunks {
+        half.write_all(chunk).await?;
+    }
+    half.flush().await
+}
+
+/// The requests a SASL listener serves before authentication (Kafka's rule).
+fn is_sasl_phase_api(api_key: i16) -> bool {
+    matches!(
+        api_key,
+        wire::api::API_VERSIONS | wire::api::SASL_HANDSHAKE | wire::api::SASL_AUTHENTICATE
+    )
 }
 
 /// Moves the position (`index`, `offset`) in `chunks` forward by `sent` bytes.
