@@ -5,7 +5,9 @@
 //! and writes responses strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`]
 //! requests per connection are in flight; beyond that the reader stops reading, so a
 //! client that does not read its responses is held back by TCP instead of growing our
-//! buffers.
+//! buffers. On a TLS listener the handshake comes first (bounded by
+//! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
+//! and SaslAuthenticate is served, one at a time, until authentication completes.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -65,7 +67,9 @@ pub enum ConnError {
 
 /// Read or write access to a stream shared by the reader and writer tasks. The `RefCell`
 /// is borrowed only inside one `poll_*` call, never across an await, and glommio keeps
-/// separate read and write sources, so the two halves never disturb each other.
+/// separate read and write sources, so the two halves never disturb each other. Under TLS
+/// both halves drive one rustls session the same way: it keeps its received and its
+/// outgoing records apart, and each poll registers its own waker with its own source.
 #[derive(Clone)]
 struct Half(Rc<RefCell<Transport>>);
 
