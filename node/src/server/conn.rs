@@ -68,8 +68,9 @@ pub enum ConnError {
 /// Read or write access to a stream shared by the reader and writer tasks. The `RefCell`
 /// is borrowed only inside one `poll_*` call, never across an await, and glommio keeps
 /// separate read and write sources, so the two halves never disturb each other. Under TLS
-/// both halves drive one rustls session the same way: it keeps its received and its
-/// outgoing records apart, and each poll registers its own waker with its own source.
+/// both halves drive one rustls session the same way: after the handshake futures-rustls
+/// reads the socket only in `poll_read` and writes it only in `poll_write`/`poll_flush`,
+/// so each half still waits on its own glommio source.
 #[derive(Clone)]
 struct Half(Rc<RefCell<Transport>>);
 
