@@ -17,6 +17,9 @@ pub struct TestPki {
     /// A client certificate signed by a different CA (not trusted by the broker).
     pub rogue_pem: PathBuf,
     pub rogue_key: PathBuf,
+    /// A client certificate of the trusted CA that expired in 2020.
+    pub expired_pem: PathBuf,
+    pub expired_key: PathBuf,
 }
 
 /// Subject of the trusted client certificate; its principal is `User:CN=alice,O=weir`.
@@ -105,7 +108,61 @@ fn leaf(dir: &Path, ca_name: &str, name: &str, subject: &str, ext: &str) -> Resu
     )
 }
 
-/// Makes a CA, a server and a client certificate (and a rogue client) in `dir`.
+/// `openssl ca`'s minimal configuration: the only way the CLI sets validity dates in the
+/// past (`x509 -days` cannot).
+const CA_CONFIG: &str = "[ca]\ndefault_ca = ca_default\n[ca_default]\ndir = .\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\ndefault_md = sha256\npolicy = policy_any\nunique_subject = no\n[policy_any]\ncommonName = supplied\norganizationName = optional\n";
+
+/// A client certificate of `ca` valid only on 2020-01-01.
+fn expired(dir: &Path, ext: &str) -> Result<()> {
+    std::fs::write(dir.join("ca.cnf"), CA_CONFIG)?;
+    std::fs::write(dir.join("index.txt"), "")?;
+    std::fs::write(dir.join("serial"), "01\n")?;
+    std::fs::write(dir.join("expired.ext"), ext)?;
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/O=weir/CN=old",
+            "-keyout",
+            "expired.key",
+            "-out",
+            "expired.csr",
+        ],
+    )?;
+    openssl(
+        dir,
+        &[
+            "ca",
+            "-batch",
+            "-notext",
+            "-config",
+            "ca.cnf",
+            "-cert",
+            "ca.pem",
+            "-keyfile",
+            "ca.key",
+            "-in",
+            "expired.csr",
+            "-out",
+            "expired.pem",
+            "-startdate",
+            "20200101000000Z",
+            "-enddate",
+            "20200102000000Z",
+            "-extfile",
+            "expired.ext",
+        ],
+    )
+}
+
+/// Makes a CA, a server and a client certificate (and a rogue and an expired client) in
+/// `dir`.
 pub fn make(dir: &Path) -> Result<TestPki> {
     ca(dir, "ca")?;
     ca(dir, "rogue-ca")?;
@@ -119,6 +176,7 @@ pub fn make(dir: &Path) -> Result<TestPki> {
     let client_ext = "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n";
     leaf(dir, "ca", "client", CLIENT_SUBJECT, client_ext)?;
     leaf(dir, "rogue-ca", "rogue", "/CN=mallory", client_ext)?;
+    expired(dir, client_ext)?;
     Ok(TestPki {
         dir: dir.to_path_buf(),
         ca_pem: dir.join("ca.pem"),
@@ -128,6 +186,8 @@ pub fn make(dir: &Path) -> Result<TestPki> {
         client_key: dir.join("client.key"),
         rogue_pem: dir.join("rogue.pem"),
         rogue_key: dir.join("rogue.key"),
+        expired_pem: dir.join("expired.pem"),
+        expired_key: dir.join("expired.key"),
     })
 }
 

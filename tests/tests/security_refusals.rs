@@ -1,7 +1,7 @@
 //! What the secure listeners refuse: a wrong password or an unknown user (answered with
 //! SASL_AUTHENTICATION_FAILED after the failed-authentication delay, then closed), any
 //! request before SASL completes (closed, nothing served), a TLS client without a trusted
-//! certificate under `ssl.client.auth=required` (handshake refused), plaintext bytes to a
+//! (or with an expired) certificate under `ssl.client.auth=required` (handshake refused), plaintext bytes to a
 //! TLS port, and a TLS client that stalls in its handshake (dropped at the deadline).
 
 mod security_support;
@@ -224,6 +224,19 @@ fn mutual_tls_refuses_clients_without_a_trusted_certificate() -> Result<()> {
     ensure!(
         rogue.starts_with("OK refused"),
         "untrusted certificate: {rogue}"
+    );
+    let (ecert, ekey) = (
+        b.pki.expired_pem.display().to_string(),
+        b.pki.expired_key.display().to_string(),
+    );
+    let expired = tls_probe(&b, "MTLS", Some((&ecert, &ekey)))?;
+    ensure!(
+        expired.starts_with("OK refused"),
+        "expired certificate: {expired}"
+    );
+    ensure!(
+        b.weir.log_text().to_lowercase().contains("expired"),
+        "the expired certificate is named in the log"
     );
     // The SSL listener (ssl.client.auth=none) serves a client without a certificate.
     let ssl = tls_probe(&b, "SSL", None)?;

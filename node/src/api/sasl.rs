@@ -35,6 +35,10 @@ use crate::shard::Shard;
 const SCRAM_CHANGES_PER_REQUEST_MAX: usize = 1_000;
 /// Longest SCRAM salt (bytes) accepted.
 const SCRAM_SALT_MAX_BYTES: usize = 1_024;
+/// Longest salted password accepted (SHA-512's output is 64 bytes).
+const SCRAM_SALTED_PASSWORD_MAX_BYTES: usize = 128;
+/// Longest SCRAM user name accepted (bytes).
+const SCRAM_USER_NAME_MAX_BYTES: usize = 256;
 
 /// SaslHandshake: picks the mechanism for the following SaslAuthenticate.
 pub fn handshake(session: &Session, req: SaslHandshakeRequest) -> SaslHandshakeResponse {
@@ -231,6 +235,11 @@ pub async fn alter_scram(
                         errors::RESOURCE_NOT_FOUND,
                         "no such credential to delete",
                     ),
+                    ScramOutcome::TooManyUsers => alter_result(
+                        user,
+                        errors::UNACCEPTABLE_CREDENTIAL,
+                        "too many SCRAM users on this node (10000)",
+                    ),
                 };
                 results.push(result);
             }
@@ -256,8 +265,11 @@ fn check_user(user: &str, too_many: bool, duplicate: bool) -> Result<(), (i16, &
             "too many credential changes in one request",
         ));
     }
-    if user.is_empty() {
-        return Err((errors::UNACCEPTABLE_CREDENTIAL, "empty user name"));
+    if user.is_empty() || user.len() > SCRAM_USER_NAME_MAX_BYTES {
+        return Err((
+            errors::UNACCEPTABLE_CREDENTIAL,
+            "user name must be 1..=256 bytes",
+        ));
     }
     if duplicate {
         return Err((
@@ -282,7 +294,12 @@ fn upsert_credential(
             errors::UNACCEPTABLE_CREDENTIAL,
             "iterations must be 4096..=16384",
         ))?;
-    if u.salt.is_empty() || u.salt.len() > SCRAM_SALT_MAX_BYTES || u.salted_password.is_empty() {
+    let salted_len = u.salted_password.len();
+    if u.salt.is_empty()
+        || u.salt.len() > SCRAM_SALT_MAX_BYTES
+        || salted_len == 0
+        || salted_len > SCRAM_SALTED_PASSWORD_MAX_BYTES
+    {
         return Err((
             errors::UNACCEPTABLE_CREDENTIAL,
             "salt and salted password are required",

@@ -18,12 +18,18 @@ pub enum ScramChange {
     },
 }
 
+/// Most users with SCRAM credentials, whole node: every credential change rewrites the
+/// catalogue, so its size must stay bounded whatever clients send.
+pub const SCRAM_USERS_MAX: usize = 10_000;
+
 /// The outcome of one change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScramOutcome {
     Done,
     /// A deletion of a credential that does not exist.
     NotFound,
+    /// An upsert for a new user while [`SCRAM_USERS_MAX`] users have credentials.
+    TooManyUsers,
 }
 
 /// Applies `changes` in one atomic catalogue write.
@@ -45,6 +51,10 @@ pub fn alter(meta: &MetaStore, changes: &[ScramChange]) -> Result<Vec<ScramOutco
 fn apply(catalog: &mut Catalog, change: &ScramChange) -> ScramOutcome {
     match change {
         ScramChange::Upsert { user, credential } => {
+            let known = catalog.scram_users.contains_key(user);
+            if !known && catalog.scram_users.len() >= SCRAM_USERS_MAX {
+                return ScramOutcome::TooManyUsers;
+            }
             let mechanisms = catalog.scram_users.entry(user.clone()).or_default();
             mechanisms.insert(credential.mechanism.name().to_string(), credential.clone());
             ScramOutcome::Done
@@ -112,5 +122,28 @@ mod tests {
         let out = alter(&meta, &[del(ScramMechanism::Sha256), del(mech)]).expect("delete");
         assert_eq!(out, vec![ScramOutcome::NotFound, ScramOutcome::Done]);
         assert!(meta.snapshot().scram_users.is_empty());
+    }
+
+    #[test]
+    fn new_users_past_the_limit_are_refused_and_known_ones_still_change() {
+        let mut catalog = Catalog::default();
+        let mech = ScramMechanism::Sha256;
+        let cred = ScramCredential::from_salted(mech, b"s", 4096, &[1; 32]);
+        let up = |user: String| ScramChange::Upsert {
+            user,
+            credential: cred.clone(),
+        };
+        for i in 0..SCRAM_USERS_MAX {
+            assert_eq!(
+                apply(&mut catalog, &up(format!("u{i}"))),
+                ScramOutcome::Done
+            );
+        }
+        assert_eq!(
+            apply(&mut catalog, &up("one-too-many".into())),
+            ScramOutcome::TooManyUsers
+        );
+        assert_eq!(apply(&mut catalog, &up("u0".into())), ScramOutcome::Done);
+        assert_eq!(catalog.scram_users.len(), SCRAM_USERS_MAX);
     }
 }

@@ -5,7 +5,9 @@
 //! and writes responses strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`]
 //! requests per connection are in flight; beyond that the reader stops reading, so a
 //! client that does not read its responses is held back by TCP instead of growing our
-//! buffers.
+//! buffers. On a TLS listener the handshake comes first (bounded by
+//! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
+//! and SaslAuthenticate is served, one at a time, until authentication completes.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -65,7 +67,10 @@ pub enum ConnError {
 
 /// Read or write access to a stream shared by the reader and writer tasks. The `RefCell`
 /// is borrowed only inside one `poll_*` call, never across an await, and glommio keeps
-/// separate read and write sources, so the two halves never disturb each other.
+/// separate read and write sources, so the two halves never disturb each other. Under TLS
+/// both halves drive one rustls session the same way: after the handshake futures-rustls
+/// reads the socket only in `poll_read` and writes it only in `poll_write`/`poll_flush`,
+/// so each half still waits on its own glommio source.
 #[derive(Clone)]
 struct Half(Rc<RefCell<Transport>>);
 
@@ -385,30 +390,9 @@ pub async fn serve(
     listener: Arc<ListenerSetup>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (stream, tls_principal) = match &listener.tls {
-        None => (Transport::Plain(stream), None),
-        Some(tls) => {
-            // A shutdown does not wait for handshakes (they have served nothing yet).
-            let stop = shard.shutdown.listen();
-            if shard.shutting_down.get() {
-                return;
-            }
-            let handshake = futures_lite::future::or(
-                async { Some(transport::accept_tls(stream, tls).await) },
-                async {
-                    stop.await;
-                    None
-                },
-            );
-            match handshake.await {
-                None => return,
-                Some(Ok(accepted)) => accepted,
-                Some(Err(e)) => {
-                    crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
-                    return;
-                }
-            }
-        }
+    let Some((stream, tls_principal)) = open_transport(&shard, stream, peer, &listener).await
+    else {
+        return;
     };
     let session = Rc::new(Session::new(peer, listener, tls_principal));
     let half = Half(Rc::new(RefCell::new(stream)));
@@ -462,19 +446,12 @@ pub async fn serve(
         if !session.is_open() {
             // Before SASL authentication completes: only the SASL requests, one at a time
             // (the next is read only once this one moved the state).
-            if !is_sasl_phase_api(req.api_key) {
-                let name = req.api_name();
-                crate::client_warn!(%peer, "closing connection: {name} before SASL authentication completed");
-                break;
-            }
-            let response = api::handle(&shard, req, &session).await;
+            let pending = match serve_before_auth(&shard, &session, req).await {
+                Some(pending) => pending,
+                None => break,
+            };
             drop(permit);
             activity.touch();
-            let ready = glommio::spawn_local(async move { response }).detach();
-            let pending = Pending {
-                response: ready,
-                _turn: None,
-            };
             if tx.send(pending).await.is_err() || session.has_failed() {
                 break;
             }
@@ -514,6 +491,58 @@ pub async fn serve(
     drop(reader);
     drop(tx);
     writer.await;
+}
+
+/// The connection's stream: plain, or TLS once the handshake is done (within the
+/// listener's deadline; a shutdown does not wait for it, nothing was served yet). `None`
+/// if the handshake failed (logged) or shutdown began.
+async fn open_transport(
+    shard: &Rc<Shard>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: &ListenerSetup,
+) -> Option<(Transport, Option<String>)> {
+    let Some(tls) = &listener.tls else {
+        return Some((Transport::Plain(stream), None));
+    };
+    let stop = shard.shutdown.listen();
+    if shard.shutting_down.get() {
+        return None;
+    }
+    let handshake = futures_lite::future::or(
+        async { Some(transport::accept_tls(stream, tls).await) },
+        async {
+            stop.await;
+            None
+        },
+    );
+    match handshake.await? {
+        Ok(accepted) => Some(accepted),
+        Err(e) => {
+            crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
+            None
+        }
+    }
+}
+
+/// Answers one request of a connection that has not authenticated yet: the SASL requests
+/// and ApiVersions are handled now (the response is ready when this returns); any other
+/// request closes the connection unanswered (`None`, logged).
+async fn serve_before_auth(
+    shard: &Rc<Shard>,
+    session: &Session,
+    req: proto::Request,
+) -> Option<Pending> {
+    if !is_sasl_phase_api(req.api_key) {
+        let (peer, name) = (session.peer, req.api_name());
+        crate::client_warn!(%peer, "closing connection: {name} before SASL authentication completed");
+        return None;
+    }
+    let response = api::handle(shard, req, session).await;
+    Some(Pending {
+        response: glommio::spawn_local(async move { response }).detach(),
+        _turn: None,
+    })
 }
 
 /// Writes responses in request order; stops at the first response that asks to close the
