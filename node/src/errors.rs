@@ -25,3 +25,16 @@ pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const POLICY_VIOLATION: i16 = 44;
 pub const LEADER_NOT_AVAILABLE: i16 = 5;
+pub const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
+pub const FENCED_LEADER_EPOCH: i16 = 74;
+pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
+pub const LOG_DIR_NOT_FOUND: i16 = 57;
+pub const ELECTION_NOT_NEEDED: i16 = 84;
+pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
+// Security (issue 16): SASL and SCRAM credential management.
+pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+pub const ILLEGAL_SASL_STATE: i16 = 34;
+pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
+pub const RESOURCE_NOT_FOUND: i16 = 91;
+pub const DUPLICATE_RESOURCE: i16 = 92;
+pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;

@@ -114,6 +114,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shards: args.shards,
     };
     let config = weir::config::Config::resolve(props, &cli)?;
+    for warning in weir::config::keys::warnings(&config.props) {
+        tracing::warn!("{warning}");
+    }
     weir::server::serve(config)
 }
 

@@ -25,6 +25,13 @@ pub const SERVED_KEYS: &[i16] = &[
     api::INCREMENTAL_ALTER_CONFIGS,
     api::DESCRIBE_CLUSTER,
     api::INIT_PRODUCER_ID,
+    api::OFFSET_FOR_LEADER_EPOCH,
+    // Replica admin APIs, single-node answers (api/replicas.rs).
+    api::ALTER_REPLICA_LOG_DIRS,
+    api::DESCRIBE_LOG_DIRS,
+    api::ELECT_LEADERS,
+    api::ALTER_PARTITION_REASSIGNMENTS,
+    api::LIST_PARTITION_REASSIGNMENTS,
     // Group coordinator (node/src/group, node/src/api/groups.rs).
     api::OFFSET_COMMIT,
     api::OFFSET_FETCH,
@@ -37,6 +44,11 @@ pub const SERVED_KEYS: &[i16] = &[
     api::LIST_GROUPS,
     api::DELETE_GROUPS,
     api::OFFSET_DELETE,
+    // Security (node/src/api/sasl.rs).
+    api::SASL_HANDSHAKE,
+    api::SASL_AUTHENTICATE,
+    api::DESCRIBE_USER_SCRAM_CREDENTIALS,
+    api::ALTER_USER_SCRAM_CREDENTIALS,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).

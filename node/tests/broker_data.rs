@@ -442,3 +442,136 @@ fn large_multi_partition_produce_is_stored_exactly() {
         );
     }
 }
+
+/// KIP-320 on the real broker: a Fetch or ListOffsets naming the partition's current
+/// leader epoch (0 on a single node) is served, one naming a newer epoch is answered
+/// UNKNOWN_LEADER_EPOCH, and -1 (a client that does not say) is served — on whichever
+/// shard owns the partition.
+#[test]
+fn leader_epochs_in_fetch_and_list_offsets_are_checked_by_the_owner() {
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    create(&mut c, "epochs", 2, &[]);
+    for partition in 0..2 {
+        assert_eq!(
+            produce(&mut c, "epochs", partition, 1, batch(&[b"e"], 1)).0,
+            0
+        );
+        for (epoch, want) in [(0, 0), (-1, 0), (5, 75)] {
+            let mut req = fetch_req("epochs", partition, 0, 0, 1);
+            req.topics[0].partitions[0].current_leader_epoch = epoch;
+            let resp: FetchResponse = c.call(api::FETCH, FETCH_V, &req);
+            let p = &resp.responses[0].partitions[0];
+            assert_eq!(
+                p.error_code, want,
+                "fetch, partition {partition}, epoch {epoch}"
+            );
+            let got = record_values(&p.records.clone().unwrap_or_default());
+            assert_eq!(
+                got.len(),
+                usize::from(want == 0),
+                "records only when served"
+            );
+
+            let lp = ListOffsetsPartition::default()
+                .with_partition_index(partition)
+                .with_timestamp(-1)
+                .with_current_leader_epoch(epoch);
+            let req = ListOffsetsRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    ListOffsetsTopic::default()
+                        .with_name(TopicName(s("epochs")))
+                        .with_partitions(vec![lp]),
+                ]);
+            let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, LIST_OFFSETS_V, &req);
+            let lo = &resp.topics[0].partitions[0];
+            assert_eq!(lo.error_code, want, "list offsets, epoch {epoch}");
+            if want == 0 {
+                assert_eq!((lo.offset, lo.leader_epoch), (1, 0));
+            }
+        }
+    }
+}
+
+/// OffsetForLeaderEpoch on the real broker (KIP-101/279): epoch 0, the only one a single
+/// node has, ends at the log end; an epoch the log never saw is unknown (-1, -1); a
+/// `current_leader_epoch` newer than the partition's is UNKNOWN_LEADER_EPOCH. After a
+/// restart the answer is the same (the `leader-epoch-checkpoint` file is Kafka's format).
+#[test]
+fn offset_for_leader_epoch_answers_from_the_epoch_checkpoint() {
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{
+        OffsetForLeaderPartition, OffsetForLeaderTopic,
+    };
+    let mut broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    create(&mut c, "lineage", 2, &[]);
+    for _ in 0..3 {
+        assert_eq!(
+            produce(&mut c, "lineage", 1, 1, batch(&[b"a", b"b"], 1)).0,
+            0
+        );
+    }
+    let ask = |c: &mut Client, epoch: i32, current: i32| {
+        let p = OffsetForLeaderPartition::default()
+            .with_partition(1)
+            .with_current_leader_epoch(current)
+            .with_leader_epoch(epoch);
+        let req = OffsetForLeaderEpochRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![
+                OffsetForLeaderTopic::default()
+                    .with_topic(TopicName(s("lineage")))
+                    .with_partitions(vec![p]),
+            ]);
+        let resp: OffsetForLeaderEpochResponse = c.call(api::OFFSET_FOR_LEADER_EPOCH, 4, &req);
+        let p = &resp.topics[0].partitions[0];
+        (p.error_code, p.leader_epoch, p.end_offset)
+    };
+    assert_eq!(
+        ask(&mut c, 0, 0),
+        (0, 0, 6),
+        "the latest epoch ends at the log end"
+    );
+    assert_eq!(
+        ask(&mut c, 3, -1),
+        (0, -1, -1),
+        "an epoch the log never saw"
+    );
+    assert_eq!(ask(&mut c, 0, 4).0, 75, "UNKNOWN_LEADER_EPOCH");
+    broker.restart();
+    let mut c = broker.client();
+    assert_eq!(ask(&mut c, 0, 0), (0, 0, 6), "after a restart");
+    let dir = broker.data_dir.path().join("lineage-1");
+    let checkpoint = std::fs::read_to_string(dir.join("leader-epoch-checkpoint"))
+        .expect("a leader-epoch-checkpoint in the partition dir");
+    assert_eq!(
+        checkpoint, "0\n1\n0 0\n",
+        "Kafka's format: version, count, epoch start"
+    );
+}
+
+/// Kafka refuses records without a key on a `cleanup.policy=compact` topic (the cleaner
+/// could not tell which to keep): INVALID_RECORD, nothing appended; keyed records pass.
+#[test]
+fn a_compacted_topic_refuses_keyless_records() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "compacted", 1, &[("cleanup.policy", "compact")]);
+    assert_eq!(
+        produce(&mut c, "compacted", 0, 1, batch(&[b"no key"], 1)).0,
+        87
+    );
+    let keyed = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord {
+            timestamp_ms: 1,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            headers: Vec::new(),
+        }],
+        ..wire::batch::BatchBuilder::default()
+    }
+    .build()
+    .expect("a keyed batch");
+    assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 0));
+}

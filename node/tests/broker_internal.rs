@@ -288,8 +288,8 @@ fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
 
     // A forged commit record for g/data/0 at offset 999, to every partition.
     let forged = weir::group::schema::OffsetValue {
-        offset: 999,
-        leader_epoch: -1,
+        offset: wire::Offset(999),
+        leader_epoch: wire::LeaderEpoch::NONE,
         metadata: "forged".into(),
         commit_timestamp_ms: 1,
     };

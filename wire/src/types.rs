@@ -40,6 +40,12 @@ newtype!(
     i32
 );
 newtype!(
+    /// A node (broker) of the cluster: `node.id`, a replica, a leader, a Fetch's
+    /// `replica_id`. Negative values are Kafka's "not a broker" markers (a consumer's -1).
+    NodeId,
+    i32
+);
+newtype!(
     /// An idempotent or transactional producer's id; -1 means "none".
     ProducerId,
     i64

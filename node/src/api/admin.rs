@@ -25,8 +25,7 @@ use crate::shard::Shard;
 pub use crate::controller::TopicError;
 
 /// Topic-level config keys weir accepts (Kafka's names). Those the log uses take effect;
-/// the rest are stored and reported for compatibility (e.g. `cleanup.policy=compact` is
-/// kept until compaction exists).
+/// the rest are stored and reported for compatibility.
 pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "cleanup.policy",
     "compression.type",
@@ -37,6 +36,8 @@ pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "index.interval.bytes",
     "max.compaction.lag.ms",
     "max.message.bytes",
+    // Accepted and ignored, as Kafka 3.x does (it writes record batch v2 whatever the value).
+    "message.format.version",
     "message.timestamp.type",
     "min.cleanable.dirty.ratio",
     "min.compaction.lag.ms",

@@ -9,6 +9,10 @@
 //! once (Kafka keys a fetch by partition), at the first entry's offset. Fetch sessions
 //! are answered without incremental support (session id 0), which tells clients to keep
 //! sending full fetch requests.
+//!
+//! A Fetch with `replica_id` ≥ 0 is a follower's: it reads up to the leader's log end and
+//! tells the leader the follower's progress (see `partition::read`). Every partition's
+//! `current_leader_epoch` is checked on the owner (KIP-320).
 
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
@@ -25,10 +29,11 @@ use super::fetch_budget::{self, Hold, ResponseBudget};
 use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
-use crate::partition::FetchOutcome;
+use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
-use crate::shard::{FetchRead, Op, Reply, Shard, TopicPartition};
+use crate::shard::{CallError, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
+use wire::{LeaderEpoch, NodeId, Offset};
 
 /// Longest long poll weir honours, whatever the client asks.
 const MAX_WAIT_MS_CAP: u64 = 300_000;
@@ -37,12 +42,27 @@ const PARTITIONS_PER_FETCH_MAX: usize = 100_000;
 /// Shortest wait for response budget, even when the long poll has no time left: under
 /// load a fetch with `max_wait_ms` 0 waits a little instead of making its client spin.
 const BUDGET_WAIT_MIN: Duration = Duration::from_millis(100);
+/// How long an owner may take to read, beyond the long poll's own wait.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One partition of the request.
 struct Wanted {
     tp: TopicPartition,
-    offset: i64,
+    offset: Offset,
     max_bytes: usize,
+    current_epoch: LeaderEpoch,
+    last_fetched_epoch: LeaderEpoch,
+}
+
+/// Who reads: a follower (its `replica_id`) or a consumer (its isolation level).
+fn reader_of(req: &FetchRequest) -> ReadFor {
+    if req.replica_id.0 >= 0 {
+        ReadFor::Follower(NodeId(req.replica_id.0))
+    } else if req.isolation_level == 1 {
+        ReadFor::Consumer(Isolation::ReadCommitted)
+    } else {
+        ReadFor::Consumer(Isolation::ReadUncommitted)
+    }
 }
 
 /// What one pass over the partitions read, and the budget its bytes hold.
@@ -72,6 +92,7 @@ fn shard_budget_bytes(config: &Config) -> u64 {
 
 async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, Hold) {
     let wanted = wanted_partitions(&req);
+    let reader = reader_of(&req);
     let budget = fetch_budget::shard_budget(shard_budget_bytes(shard.config()));
     let max_bytes = (req.max_bytes.max(0) as u64)
         .min(shard.config().fetch_max_bytes)
@@ -81,7 +102,7 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
     let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     loop {
-        let read = read_all(shard, &budget, &wanted, max_bytes, deadline).await;
+        let read = read_all(shard, &budget, &wanted, reader, max_bytes, deadline).await;
         let total: usize = read.outcomes.iter().map(FetchOutcome::bytes).sum();
         // KIP-74: only the first batch of the first partition with data may pass the limit.
         let first_batch = read
@@ -97,12 +118,13 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
+            count_out(shard, &wanted, &read.outcomes);
             return (build(&wanted, read.outcomes), read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
         let waits = wait_list(shard, &wanted, &read.outcomes);
         drop(read);
-        wait_for_data(shard, waits, deadline - now).await;
+        wait_for_data(shard, waits, reader, deadline).await;
     }
 }
 
@@ -121,8 +143,10 @@ fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
             if seen.insert(tp.clone()) {
                 wanted.push(Wanted {
                     tp,
-                    offset: p.fetch_offset,
+                    offset: Offset(p.fetch_offset),
                     max_bytes: p.partition_max_bytes.max(0) as usize,
+                    current_epoch: LeaderEpoch(p.current_leader_epoch),
+                    last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
                 });
             }
         }
@@ -154,6 +178,7 @@ async fn read_all(
     shard: &Rc<Shard>,
     budget: &ResponseBudget,
     wanted: &[Wanted],
+    reader: ReadFor,
     max_bytes: usize,
     deadline: Instant,
 ) -> Read {
@@ -193,14 +218,18 @@ async fn read_all(
                 tp: wanted[i].tp.clone(),
                 offset: wanted[i].offset,
                 max_bytes: wanted[i].max_bytes,
+                current_epoch: wanted[i].current_epoch,
+                last_fetched_epoch: wanted[i].last_fetched_epoch,
             })
             .collect();
-        let op = Op::Fetch {
+        let call = FetchCall {
             reads,
+            reader,
             budget_bytes: reserved,
             exceed_once: exceed_once && !read.starved,
         };
-        let got = place(&mut read.outcomes, &slots, shard.call(owner, op).await);
+        let reply = shard.call(owner, call, deadline + READ_TIMEOUT).await;
+        let got = place(&mut read.outcomes, &slots, reply);
         read.hold.settle(budget, reserved as u64, got as u64);
         exceed_once &= got == 0;
         left = left.saturating_sub(got);
@@ -209,9 +238,13 @@ async fn read_all(
 }
 
 /// Puts an owner's reply into the slots it answers; returns its record bytes.
-fn place(outcomes: &mut [FetchOutcome], slots: &[usize], reply: Reply) -> usize {
+fn place(
+    outcomes: &mut [FetchOutcome],
+    slots: &[usize],
+    reply: Result<Vec<FetchOutcome>, CallError>,
+) -> usize {
     match reply {
-        Reply::Fetch(got) if got.len() == slots.len() => {
+        Ok(got) if got.len() == slots.len() => {
             let mut bytes = 0;
             for (&slot, o) in slots.iter().zip(got) {
                 bytes += o.bytes();
@@ -219,13 +252,16 @@ fn place(outcomes: &mut [FetchOutcome], slots: &[usize], reply: Reply) -> usize 
             }
             bytes
         }
-        Reply::Refused(code) => {
+        Ok(got) => {
+            debug_assert!(false, "{} outcomes for {} reads", got.len(), slots.len());
+            0
+        }
+        Err(e) => {
             for &slot in slots {
-                outcomes[slot] = FetchOutcome::refused(code);
+                outcomes[slot] = FetchOutcome::refused(e.code());
             }
             0
         }
-        _ => 0,
     }
 }
 
@@ -235,8 +271,8 @@ fn wait_list(
     shard: &Shard,
     wanted: &[Wanted],
     outcomes: &[FetchOutcome],
-) -> BTreeMap<ShardId, Vec<(TopicPartition, i64)>> {
-    let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
+) -> BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> {
+    let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> = BTreeMap::new();
     for (w, o) in wanted.iter().zip(outcomes) {
         // Only partitions read to their end can be woken by new data. A partition left
         // empty by the response budget has data already: it waits for an append past its
@@ -252,24 +288,25 @@ fn wait_list(
     by_owner
 }
 
-/// Parks until any partition in `waits` gets data past its offset, or timeout.
+/// Parks until any partition in `waits` gets data past its offset, or the deadline.
 async fn wait_for_data(
     shard: &Rc<Shard>,
-    waits: BTreeMap<ShardId, Vec<(TopicPartition, i64)>>,
-    timeout: Duration,
+    waits: BTreeMap<ShardId, Vec<(TopicPartition, Offset)>>,
+    reader: ReadFor,
+    deadline: Instant,
 ) {
     let woken = Rc::new(Event::default());
     let first = woken.listen();
-    let timeout_ms = timeout.as_millis().min(u128::from(MAX_WAIT_MS_CAP)) as u64;
     for (owner, tps) in waits {
         let (s, woken) = (shard.clone(), woken.clone());
         glommio::spawn_local(async move {
-            s.call(owner, Op::Wait { tps, timeout_ms }).await;
+            // A wait that times out or is refused ends the same way: read again.
+            let _ = s.call(owner, WaitCall { tps, reader }, deadline).await;
             woken.notify_all();
         })
         .detach();
     }
-    let sleep = glommio::timer::sleep(timeout);
+    let sleep = glommio::timer::sleep(deadline.saturating_duration_since(Instant::now()));
     let stop = shard.shutdown.listen();
     if shard.shutting_down.get() {
         return;
@@ -281,6 +318,21 @@ async fn wait_for_data(
     .await;
 }
 
+/// Adds what the response carries to each topic's bytes and records out.
+fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
+    for (w, o) in wanted.iter().zip(outcomes) {
+        if o.batches.is_empty() {
+            continue;
+        }
+        let records: u64 = o
+            .batches
+            .iter()
+            .map(|b| super::produce::record_count(b))
+            .sum();
+        shard.metrics().fetched(&w.tp.0, o.bytes() as u64, records);
+    }
+}
+
 /// Assembles the response in request order, grouping consecutive partitions by topic.
 fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
     let mut topics: Vec<FetchTopicResponse> = Vec::new();
@@ -288,9 +340,13 @@ fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
         let p = FetchPartitionResponse {
             partition_index: w.tp.1,
             error_code: o.error,
-            high_watermark: o.high_watermark,
-            last_stable_offset: o.last_stable_offset,
-            log_start_offset: o.log_start_offset,
+            high_watermark: o.high_watermark.get(),
+            last_stable_offset: o.last_stable_offset.get(),
+            log_start_offset: o.log_start_offset.get(),
+            diverging_epoch: o.diverging.map(|(epoch, end)| wire::fetch::DivergingEpoch {
+                epoch: epoch.get(),
+                end_offset: end.get(),
+            }),
             records: Some(o.batches),
             ..Default::default()
         };

@@ -8,7 +8,6 @@
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::rc::Rc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -42,12 +41,13 @@ use super::{Response, run, str_bytes, topic_name};
 use crate::group::state::{JoinArgs, JoinResult, SyncArgs, SyncResult};
 use crate::group::{
     CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
-    Settings, codes, partition_for,
+    OffsetCommit, Settings, codes, partition_for,
 };
 use crate::metadata::{self, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
-use crate::shard::{Op, Reply, Shard};
+use crate::server::session::Session;
+use crate::shard::Shard;
 
 /// Whether `key` is a group API this module answers.
 pub fn is_group_api(key: ApiKey) -> bool {
@@ -71,8 +71,9 @@ pub fn is_group_api(key: ApiKey) -> bool {
 pub async fn dispatch(
     shard: &Rc<Shard>,
     req: &Request,
-    peer: SocketAddr,
+    session: &Session,
 ) -> Result<Response, WireError> {
+    let peer = session.peer;
     let v = req.version;
     let client_id = req
         .client_id
@@ -81,7 +82,9 @@ pub async fn dispatch(
         .unwrap_or_default()
         .to_string();
     match req.key() {
-        Some(ApiKey::FindCoordinator) => run(req, |r| find_coordinator(shard, r, v)).await,
+        Some(ApiKey::FindCoordinator) => {
+            run(req, |r| find_coordinator(shard, r, v, session.advertised())).await
+        }
         Some(ApiKey::JoinGroup) => {
             let who = (client_id, format!("/{}", peer.ip()));
             run(req, |r| join_group(shard, r, v, who)).await
@@ -122,7 +125,7 @@ pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
         return Ok(t.partitions);
     }
-    let s = Settings::from_shard(shard);
+    let s = Settings::from_config(shard.config());
     let meta = TopicMeta {
         name: OFFSETS_TOPIC.to_string(),
         id: metadata::new_topic_id(),
@@ -191,11 +194,15 @@ async fn call_group_waiting(shard: &Rc<Shard>, group: &str, op: GroupOp) -> Grou
 /// any rebalance timeout a client sends).
 const PARKED_ROUNDS_MAX: u32 = 3600;
 
+/// Longest one coordinator call may take: a parked JoinGroup/SyncGroup answers within a
+/// slice (`group::park`), everything else at once; this bounds a stuck coordinator.
+const GROUP_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn call_shard(shard: &Rc<Shard>, target: ShardId, call: GroupCall) -> GroupReply {
-    match shard.call(target, Op::Group(Box::new(call))).await {
-        Reply::Group(reply) => *reply,
-        Reply::Refused(code) => GroupReply::Code(code),
-        _ => GroupReply::Code(codes::UNKNOWN_SERVER_ERROR),
+    let deadline = std::time::Instant::now() + GROUP_CALL_TIMEOUT;
+    match shard.call(target, call, deadline).await {
+        Ok(reply) => reply,
+        Err(e) => GroupReply::Code(e.code()),
     }
 }
 
@@ -225,6 +232,7 @@ async fn find_coordinator(
     shard: &Rc<Shard>,
     req: FindCoordinatorRequest,
     version: i16,
+    advertised: &(String, u16),
 ) -> FindCoordinatorResponse {
     // Transaction coordinators are not served yet: only group keys (type 0) resolve.
     let partitions = offsets_partitions(shard).await;
@@ -236,7 +244,8 @@ async fn find_coordinator(
     let partitions = partitions.unwrap_or(1);
     let mut resp = FindCoordinatorResponse::default();
     if version < 4 {
-        let (error, node, host, port) = coordinator_of(shard, req.key.as_str(), partitions, error);
+        let (error, node, host, port) =
+            coordinator_of(shard, advertised, req.key.as_str(), partitions, error);
         resp.error_code = error;
         if error == codes::NONE {
             resp.node_id = node;
@@ -251,7 +260,8 @@ async fn find_coordinator(
         .coordinator_keys
         .iter()
         .map(|key| {
-            let (error, node, host, port) = coordinator_of(shard, key.as_str(), partitions, error);
+            let (error, node, host, port) =
+                coordinator_of(shard, advertised, key.as_str(), partitions, error);
             let mut c = Coordinator::default();
             c.key = key.clone();
             c.error_code = error;
@@ -272,11 +282,12 @@ async fn find_coordinator(
 /// leader of its `__consumer_offsets` partition (none yet: COORDINATOR_NOT_AVAILABLE).
 fn coordinator_of(
     shard: &Shard,
+    advertised: &(String, u16),
     group: &str,
     partitions: i32,
     error: i16,
 ) -> (i16, BrokerId, String, u16) {
-    let (host, port) = shard.advertised.clone();
+    let (host, port) = advertised.clone();
     let me = (error, BrokerId(shard.config().node_id), host, port);
     if error != codes::NONE || shard.node.controller.cluster().is_none() {
         return me;
@@ -506,13 +517,13 @@ async fn offset_commit(shard: &Rc<Shard>, req: OffsetCommitRequest) -> OffsetCom
             }
             decided.push((name.clone(), p.partition_index, None));
             let metadata = opt_string(&p.committed_metadata);
-            let entry = (
-                name.clone(),
-                p.partition_index,
-                p.committed_offset,
-                p.committed_leader_epoch,
+            let entry = OffsetCommit {
+                topic: name.clone(),
+                partition: p.partition_index,
+                offset: wire::Offset(p.committed_offset),
+                leader_epoch: wire::LeaderEpoch(p.committed_leader_epoch),
                 metadata,
-            );
+            };
             args.offsets.push(entry);
         }
     }
@@ -613,8 +624,8 @@ async fn offset_fetch(
             .map(|o| {
                 let mut p = OffsetFetchResponsePartition::default();
                 p.partition_index = o.partition;
-                p.committed_offset = o.offset;
-                p.committed_leader_epoch = o.leader_epoch;
+                p.committed_offset = o.offset.get();
+                p.committed_leader_epoch = o.leader_epoch.get();
                 p.metadata = opt_str_bytes(&o.metadata);
                 p.error_code = if version < 2 && code != codes::NONE {
                     code
@@ -645,8 +656,8 @@ fn fetch_group_v8(
             .map(|o| {
                 let mut p = OffsetFetchResponsePartitions::default();
                 p.partition_index = o.partition;
-                p.committed_offset = o.offset;
-                p.committed_leader_epoch = o.leader_epoch;
+                p.committed_offset = o.offset.get();
+                p.committed_leader_epoch = o.leader_epoch.get();
                 p.metadata = opt_str_bytes(&o.metadata);
                 p.error_code = o.error;
                 p

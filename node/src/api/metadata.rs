@@ -17,13 +17,18 @@ use uuid::Uuid;
 use super::{admin, str_bytes, topic_name};
 use crate::errors;
 use crate::metadata::TopicMeta;
-use crate::partition::LEADER_EPOCH;
+use crate::partition::replica::SOLE_LEADER_EPOCH;
 use crate::shard::Shard;
 
 /// Metadata: all topics when none are named; named ones are created when
 /// `auto.create.topics.enable` and the request allow it.
 /// In v0 an empty topic list means "all topics"; from v1 that is a null list.
-pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: MetadataRequest,
+    version: i16,
+    advertised: &(String, u16),
+) -> MetadataResponse {
     let all = match &req.topics {
         None => true,
         Some(t) => t.is_empty() && version == 0,
@@ -51,7 +56,7 @@ pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> Me
             );
         }
     }
-    let view = cluster_view(shard);
+    let view = cluster_view(shard, advertised);
     let brokers = view
         .brokers
         .iter()
@@ -79,9 +84,11 @@ pub struct ClusterView {
 
 /// The brokers, controller and cluster id to answer with: this node alone on a single
 /// node; the registered, unfenced nodes of the image in a cluster.
-pub fn cluster_view(shard: &Shard) -> ClusterView {
+/// `advertised` is this node's address on the listener the client came through (a
+/// cluster's other nodes are known by the one address they registered).
+pub fn cluster_view(shard: &Shard, advertised: &(String, u16)) -> ClusterView {
     let node_id = shard.config().node_id;
-    let me = (node_id, shard.advertised.0.clone(), shard.advertised.1);
+    let me = (node_id, advertised.0.clone(), advertised.1);
     let Some(q) = shard.node.controller.cluster() else {
         return ClusterView {
             brokers: vec![me],
@@ -190,7 +197,7 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
             MetadataResponsePartition::default()
                 .with_partition_index(p)
                 .with_leader_id(node)
-                .with_leader_epoch(LEADER_EPOCH.get())
+                .with_leader_epoch(SOLE_LEADER_EPOCH.get())
                 .with_replica_nodes(vec![node])
                 .with_isr_nodes(vec![node])
         })
@@ -239,8 +246,9 @@ fn describe_placed(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic {
 pub async fn describe_cluster(
     shard: &Rc<Shard>,
     _req: DescribeClusterRequest,
+    advertised: &(String, u16),
 ) -> DescribeClusterResponse {
-    let view = cluster_view(shard);
+    let view = cluster_view(shard, advertised);
     let brokers = view
         .brokers
         .iter()

@@ -1,6 +1,7 @@
-//! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp) and DeleteRecords,
-//! each partition answered by its owning shard. DeleteRecords on an internal topic is
-//! refused with INVALID_TOPIC_EXCEPTION.
+//! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp), DeleteRecords and
+//! OffsetForLeaderEpoch (where a leader epoch ends in the log, KIP-101/279: what a replica
+//! becoming follower truncates to), each partition answered by its owning shard.
+//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,14 +12,27 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
 use kafka_protocol::messages::{
     DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse,
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
 };
+
+use std::time::{Duration, Instant};
+
+use wire::{LeaderEpoch, Offset};
 
 use super::topic_name;
 use crate::errors;
-use crate::partition::LEADER_EPOCH;
-use crate::shard::{Op, Reply, Shard};
+use crate::partition::ListedOffset;
+use crate::shard::{DeleteRecordsCall, EpochEndCall, ListOffsetCall, Shard};
+
+/// Longest a ListOffsets partition may take on its owner.
+const LIST_OFFSETS_TIMEOUT: Duration = Duration::from_secs(30);
+/// DeleteRecords' own `timeout_ms` is used when positive, else this.
+const DELETE_RECORDS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 /// ListOffsets.
 /// `leader_epoch` exists from v4; encoding it earlier is an error.
@@ -35,40 +49,37 @@ pub async fn list_offsets(
             .iter()
             .map(|p| {
                 let tp = (name.clone(), p.partition_index);
-                let op = Op::ListOffset {
+                let call = ListOffsetCall {
                     tp: tp.clone(),
                     timestamp: p.timestamp,
+                    current_epoch: LeaderEpoch(p.current_leader_epoch),
                 };
                 let s = shard.clone();
+                let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;
                 (
                     p.partition_index,
-                    glommio::spawn_local(async move { s.call_owner(&tp, op).await }),
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await }),
                 )
             })
             .collect();
         let mut partitions = Vec::new();
         for (index, task) in tasks {
-            let (error, timestamp, offset) = match task.await {
-                Reply::ListOffset {
-                    error,
-                    timestamp,
-                    offset,
-                } => (error, timestamp, offset),
-                Reply::Refused(code) => (code, -1, -1),
-                _ => (errors::UNKNOWN_SERVER_ERROR, -1, -1),
-            };
-            let epoch = if version >= 4 && error == errors::NONE && offset >= 0 {
-                LEADER_EPOCH.get()
+            let listed = task
+                .await
+                .unwrap_or_else(|e| ListedOffset::failed(e.code()));
+            let epoch = if version >= 4 && listed.error == errors::NONE && listed.offset.get() >= 0
+            {
+                listed.leader_epoch
             } else {
-                -1
+                LeaderEpoch::NONE
             };
             partitions.push(
                 ListOffsetsPartitionResponse::default()
                     .with_partition_index(index)
-                    .with_error_code(error)
-                    .with_timestamp(timestamp)
-                    .with_offset(offset)
-                    .with_leader_epoch(epoch),
+                    .with_error_code(listed.error)
+                    .with_timestamp(listed.timestamp)
+                    .with_offset(listed.offset.get())
+                    .with_leader_epoch(epoch.get()),
             );
         }
         topics.push(
@@ -82,29 +93,33 @@ pub async fn list_offsets(
 
 /// DeleteRecords: moves each partition's log start offset up.
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let timeout = match u64::try_from(req.timeout_ms) {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => DELETE_RECORDS_TIMEOUT_DEFAULT,
+    };
+    let deadline = Instant::now() + timeout;
     let mut topics = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
         let mut partitions = Vec::new();
         for p in &t.partitions {
             let tp = (name.clone(), p.partition_index);
-            let op = Op::DeleteRecords {
+            let call = DeleteRecordsCall {
                 tp: tp.clone(),
-                offset: p.offset,
+                offset: Offset(p.offset),
             };
             // Internal topics lose records only by their coordinator's compaction (Kafka:
             // "Cannot delete records of internal topic").
             let answer = match crate::metadata::is_internal(&name) {
-                true => Reply::Refused(errors::INVALID_TOPIC_EXCEPTION),
-                false => shard.call_owner(&tp, op).await,
+                true => Err(errors::INVALID_TOPIC_EXCEPTION),
+                false => match shard.call_owner(&tp, call, deadline).await {
+                    Ok(result) => result,
+                    Err(e) => Err(e.code()),
+                },
             };
             let (error, low) = match answer {
-                Reply::DeleteRecords {
-                    error,
-                    low_watermark,
-                } => (error, low_watermark),
-                Reply::Refused(code) => (code, -1),
-                _ => (errors::UNKNOWN_SERVER_ERROR, -1),
+                Ok(low) => (errors::NONE, low.get()),
+                Err(code) => (code, -1),
             };
             partitions.push(
                 DeleteRecordsPartitionResult::default()
@@ -120,4 +135,53 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
         );
     }
     DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// OffsetForLeaderEpoch: for each partition, the end offset of the requested epoch in
+/// the owner's log (the partitions of a topic asked concurrently).
+pub async fn offset_for_leader_epoch(
+    shard: &Rc<Shard>,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;
+    let mut topics = Vec::new();
+    for t in req.topics {
+        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        let tasks: Vec<_> = t
+            .partitions
+            .iter()
+            .map(|p| {
+                let tp = (name.clone(), p.partition);
+                let call = EpochEndCall {
+                    tp: tp.clone(),
+                    epoch: LeaderEpoch(p.leader_epoch),
+                    current_epoch: LeaderEpoch(p.current_leader_epoch),
+                };
+                let s = shard.clone();
+                let task = async move { s.call_owner(&tp, call, deadline).await };
+                (p.partition, glommio::spawn_local(task))
+            })
+            .collect();
+        let mut partitions = Vec::with_capacity(tasks.len());
+        for (index, task) in tasks {
+            let answer = task.await.unwrap_or_else(|e| Err(e.code()));
+            let (error, (epoch, end)) = match answer {
+                Ok(found) => (errors::NONE, found),
+                Err(code) => (code, (LeaderEpoch::NONE, Offset::NONE)),
+            };
+            partitions.push(
+                EpochEndOffset::default()
+                    .with_partition(index)
+                    .with_error_code(error)
+                    .with_leader_epoch(epoch.get())
+                    .with_end_offset(end.get()),
+            );
+        }
+        topics.push(
+            OffsetForLeaderTopicResult::default()
+                .with_topic(topic_name(&name))
+                .with_partitions(partitions),
+        );
+    }
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

@@ -1,7 +1,8 @@
-//! Produce: validate every batch, route each partition's records to its owning shard,
-//! append there, answer per partition. acks=0 gets no response; acks=1 and acks=all are
-//! answered after the append (single node: the HW moves with the append), and acks=all
-//! is refused with NOT_ENOUGH_REPLICAS when `min.insync.replicas` exceeds the one replica.
+//! Produce: validate every batch, route each partition's records to its owning shard with
+//! the request's acks and timeout, append there, answer per partition. acks=0 gets no
+//! response; acks=1 is answered after the leader's append; acks=all waits on the owner
+//! until the HW covers the batch (`timeout_ms`, then REQUEST_TIMED_OUT), and is refused
+//! there with NOT_ENOUGH_REPLICAS while the ISR is smaller than `min.insync.replicas`.
 //! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION.
 //!
 //! Record bytes are not copied: the request frame is usually its own allocation (see
@@ -11,6 +12,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use wire::WireError;
@@ -21,15 +23,17 @@ use wire::produce::{
 use super::Response;
 use crate::errors;
 use crate::metadata::Catalog;
-use crate::partition::ProduceOutcome;
+use crate::partition::{Acks, ProduceOutcome};
 use crate::proto::Request;
-use crate::shard::{Op, Reply, Shard};
+use crate::shard::{ProduceCall, Shard};
 
 /// The first Produce version that carries record batches v2 (the only format stored).
 const FIRST_V2_FORMAT_VERSION: i16 = 3;
 
-/// In-sync replicas of every partition on a single node.
-const ISR_SIZE: i32 = 1;
+/// How long the owner may take to append, beyond the request's `timeout_ms` (which
+/// Kafka applies to waiting for replicas only): an append is never answered
+/// REQUEST_TIMED_OUT only because a client sent a short timeout.
+const APPEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One partition of the request: where its records sit in the body, or why it is refused
 /// before any append.
@@ -41,9 +45,9 @@ struct Part {
 
 /// Handles a Produce request; `Ok(None)` for acks=0.
 pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireError> {
-    let (acks, mut parts) = {
+    let (acks, timeout_ms, mut parts) = {
         let view = ProduceRequestView::parse(&req.body, req.version)?;
-        (view.acks, plan(shard, &view, &req.body))
+        (view.acks, view.timeout_ms, plan(shard, &view, &req.body))
     };
     if req.version < FIRST_V2_FORMAT_VERSION {
         // v0–v2 carry message format v0/v1, which weir does not store (they are
@@ -53,7 +57,10 @@ pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireErr
         }
     }
     let records = split_records(req.body, &parts);
-    let resp = respond(shard, parts, records).await;
+    // Refused in `plan` when not a valid value.
+    let acks_kind = Acks::from_wire(acks).unwrap_or(Acks::Leader);
+    let timeout = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0));
+    let resp = respond(shard, parts, records, acks_kind, timeout).await;
     if acks == 0 {
         return Ok(None);
     }
@@ -61,8 +68,9 @@ pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireErr
     Ok(Some(vec![frame]))
 }
 
-/// Checks what can be checked without the partition (acks, topic, partition range,
-/// `min.insync.replicas`) and locates each partition's records in `body`.
+/// Checks what can be checked without the partition (acks, topic, partition range) and
+/// locates each partition's records in `body`. Replica checks (leadership, ISR size) are
+/// the owner's: only it knows the partition's replica state.
 fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
     let catalog = shard.catalog();
     let mut parts = Vec::with_capacity(view.partition_count());
@@ -70,7 +78,7 @@ fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
         // A name that is not UTF-8 cannot exist in the catalogue.
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(&topic.name).as_ref());
         for part in &topic.partitions {
-            let refused = refusal(shard, &catalog, view.acks, &name, part.index);
+            let refused = refusal(&catalog, view.acks, &name, part.index);
             let records = match (refused, &part.records) {
                 (Some(code), _) => Err(code),
                 (None, None) => Err(errors::CORRUPT_MESSAGE),
@@ -86,8 +94,8 @@ fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
     parts
 }
 
-fn refusal(shard: &Shard, catalog: &Catalog, acks: i16, topic: &str, index: i32) -> Option<i16> {
-    if !matches!(acks, -1..=1) {
+fn refusal(catalog: &Catalog, acks: i16, topic: &str, index: i32) -> Option<i16> {
+    if Acks::from_wire(acks).is_none() {
         return Some(errors::INVALID_REQUIRED_ACKS);
     }
     // Only the coordinators write internal topics (Kafka: "Cannot append to internal
@@ -95,19 +103,11 @@ fn refusal(shard: &Shard, catalog: &Catalog, acks: i16, topic: &str, index: i32)
     if crate::metadata::is_internal(topic) {
         return Some(errors::INVALID_TOPIC_EXCEPTION);
     }
-    let Some(meta) = catalog
+    let known = catalog
         .topics
         .get(topic)
-        .filter(|m| (0..m.partitions).contains(&index))
-    else {
-        return Some(errors::UNKNOWN_TOPIC_OR_PARTITION);
-    };
-    let min_isr = meta
-        .configs
-        .get("min.insync.replicas")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(shard.config().min_insync_replicas);
-    (acks == -1 && min_isr > ISR_SIZE).then_some(errors::NOT_ENOUGH_REPLICAS)
+        .is_some_and(|m| (0..m.partitions).contains(&index));
+    (!known).then_some(errors::UNKNOWN_TOPIC_OR_PARTITION)
 }
 
 /// Where `slice` (a slice of `body`) lies within `body`.
@@ -161,6 +161,19 @@ fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
         .collect()
 }
 
+/// Records in whole batches (their headers' counts; 0 for what does not parse).
+pub fn record_count(blob: &[u8]) -> u64 {
+    wire::batch::split_batches(blob)
+        .filter_map(Result::ok)
+        .filter_map(|r| {
+            wire::batch::read_header(&blob[r])
+                .ok()
+                .map(|h| h.records_count())
+        })
+        .map(|n| u64::try_from(n).unwrap_or(0))
+        .sum()
+}
+
 fn copy_out(body: &[u8], ranges: &[Option<&Range<usize>>]) -> Vec<Option<BytesMut>> {
     ranges
         .iter()
@@ -172,20 +185,29 @@ async fn respond(
     shard: &Rc<Shard>,
     parts: Vec<Part>,
     records: Vec<Option<BytesMut>>,
+    acks: Acks,
+    timeout: Duration,
 ) -> ProduceResponseParts {
+    let now = Instant::now();
+    let replicated_by = now + timeout;
+    let deadline = replicated_by.max(now + APPEND_TIMEOUT);
     let mut pending = Vec::with_capacity(parts.len());
     for (part, records) in parts.into_iter().zip(records) {
         let task = match (part.records, records) {
             (Err(code), _) => Err(code),
             (Ok(_), None) => Err(errors::CORRUPT_MESSAGE),
             (Ok(_), Some(records)) => {
+                let size = (records.len() as u64, record_count(&records));
                 let (s, tp) = (shard.clone(), (part.topic.clone(), part.index));
-                let op = Op::Produce {
+                let call = ProduceCall {
                     tp: tp.clone(),
                     records,
+                    acks,
+                    replicated_by,
                 };
-                Ok(glommio::spawn_local(
-                    async move { s.call_owner(&tp, op).await },
+                Ok((
+                    size,
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await }),
                 ))
             }
         };
@@ -194,19 +216,21 @@ async fn respond(
     let mut topics: Vec<ProduceTopicResponse> = Vec::new();
     for (name, index, task) in pending {
         let outcome = match task {
-            Err(code) => failed(code),
-            Ok(t) => match t.await {
-                Reply::Produce(o) => o,
-                Reply::Refused(code) => failed(code),
-                _ => failed(errors::UNKNOWN_SERVER_ERROR),
-            },
+            Err(code) => ProduceOutcome::failed(code),
+            Ok(((bytes, records), t)) => {
+                let outcome = t.await.unwrap_or_else(|e| ProduceOutcome::failed(e.code()));
+                if outcome.error == errors::NONE {
+                    shard.metrics().produced(&name, bytes, records);
+                }
+                outcome
+            }
         };
         let p = ProducePartitionResponse {
             index,
             error_code: outcome.error,
-            base_offset: outcome.base_offset,
+            base_offset: outcome.base_offset.get(),
             log_append_time_ms: outcome.log_append_time_ms,
-            log_start_offset: outcome.log_start_offset,
+            log_start_offset: outcome.log_start_offset.get(),
             ..Default::default()
         };
         match topics.last_mut() {
@@ -220,15 +244,6 @@ async fn respond(
     ProduceResponseParts {
         topics,
         ..Default::default()
-    }
-}
-
-fn failed(error: i16) -> ProduceOutcome {
-    ProduceOutcome {
-        error,
-        base_offset: -1,
-        log_append_time_ms: -1,
-        log_start_offset: -1,
     }
 }
 

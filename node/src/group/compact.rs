@@ -20,7 +20,6 @@
 
 use bytes::Bytes;
 
-use super::codes;
 use super::schema;
 use super::state::Group;
 use super::store;
@@ -94,10 +93,7 @@ impl Coordinators {
             tracing::warn!(partition = part.index, "compaction flush failed: {e}");
             return Err(storage_error_code(&e));
         }
-        let (error, new_start) = part.delete_records(base).await;
-        if error != codes::NONE {
-            return Err(error);
-        }
+        let new_start = part.delete_records(wire::Offset(base)).await?.get();
         assert!(new_start <= base, "log start moved past the snapshot");
         tracing::info!(
             partition = part.index,
@@ -130,8 +126,8 @@ mod tests {
         let mut g = Group::new("g", 0);
         g.protocol_type = Some("consumer".into());
         let v = OffsetValue {
-            offset: 3,
-            leader_epoch: -1,
+            offset: wire::Offset(3),
+            leader_epoch: wire::LeaderEpoch::NONE,
             metadata: String::new(),
             commit_timestamp_ms: 0,
         };

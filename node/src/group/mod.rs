@@ -10,7 +10,7 @@
 //! the group empties, are appended to the group's partition in Kafka's record formats
 //! ([`schema`]). On first use after a start, a shard replays each of its partitions from
 //! the log start: the latest value per key wins, a null value (tombstone) deletes.
-//! Connection shards reach the coordinator with [`crate::shard::Op::Group`].
+//! Connection shards reach the coordinator with a [`GroupCall`] (see `shard::calls`).
 
 pub mod codes;
 pub mod schema;
@@ -27,10 +27,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use glommio::channels::local_channel;
+use wire::{LeaderEpoch, Offset};
 
 use crate::event::Event;
 use crate::partition::Partition;
-use crate::shard::{Shard, now_ms};
+use crate::shard::context::ServiceContext;
+use crate::shard::now_ms;
 use schema::OffsetValue;
 use state::{Group, JoinArgs, JoinResult, Limits, State, SyncArgs, SyncResult};
 
@@ -78,8 +80,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn from_shard(shard: &Shard) -> Settings {
-        let props = &shard.config().props;
+    pub fn from_config(config: &crate::config::Config) -> Settings {
+        let props = &config.props;
         let num = |key: &str, default: i64| -> i64 {
             props
                 .get(key)
@@ -113,8 +115,17 @@ pub struct CommitArgs {
     pub generation: i32,
     pub member_id: String,
     pub instance_id: Option<String>,
-    /// (topic, partition, offset, leader epoch, metadata).
-    pub offsets: Vec<(String, i32, i64, i32, Option<String>)>,
+    pub offsets: Vec<OffsetCommit>,
+}
+
+/// One partition's offset in a commit.
+#[derive(Clone, Debug, Default)]
+pub struct OffsetCommit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: Offset,
+    pub leader_epoch: LeaderEpoch,
+    pub metadata: Option<String>,
 }
 
 /// One committed offset in an OffsetFetch answer.
@@ -122,8 +133,8 @@ pub struct CommitArgs {
 pub struct FetchedOffset {
     pub topic: String,
     pub partition: i32,
-    pub offset: i64,
-    pub leader_epoch: i32,
+    pub offset: Offset,
+    pub leader_epoch: LeaderEpoch,
     pub metadata: Option<String>,
     pub error: i16,
 }
@@ -241,27 +252,35 @@ impl Drop for Writing<'_> {
 
 impl Coordinators {
     /// Runs a group call on this shard (the owner of the call's partition).
-    pub async fn exec(self: &Rc<Self>, shard: &Shard, call: GroupCall) -> GroupReply {
-        let settings = *self.settings.get_or_init(|| Settings::from_shard(shard));
+    pub async fn exec(self: &Rc<Self>, ctx: &ServiceContext<'_>, call: GroupCall) -> GroupReply {
+        let settings = *self
+            .settings
+            .get_or_init(|| Settings::from_config(ctx.config()));
         self.start_ticker(settings);
         if let GroupOp::List = call.op {
-            return self.list(shard).await;
+            return self.list(ctx).await;
         }
-        if shard.router.owner(OFFSETS_TOPIC, call.partition) != shard.id {
+        if !ctx.owns(OFFSETS_TOPIC, call.partition) {
             return GroupReply::Code(codes::NOT_COORDINATOR);
         }
-        let part = match self.load(shard, call.partition).await {
+        let part = match self.load(ctx, call.partition).await {
             Ok(p) => p,
             Err(code) => return GroupReply::Code(code),
         };
-        self.run(shard, &part, &settings, call.op).await
+        self.run(ctx, &part, &settings, call.op).await
     }
 
-    async fn run(&self, shard: &Shard, part: &Partition, s: &Settings, op: GroupOp) -> GroupReply {
+    async fn run(
+        &self,
+        ctx: &ServiceContext<'_>,
+        part: &Partition,
+        s: &Settings,
+        op: GroupOp,
+    ) -> GroupReply {
         let now = now_ms();
         match op {
-            GroupOp::Join(a) => self.join(shard, part, s, a).await,
-            GroupOp::Sync(a) => self.sync(shard, part, a).await,
+            GroupOp::Join(a) => self.join(ctx, part, s, a).await,
+            GroupOp::Sync(a) => self.sync(ctx, part, a).await,
             GroupOp::Heartbeat {
                 group,
                 member_id,
@@ -278,7 +297,7 @@ impl Coordinators {
             GroupOp::DeleteOffsets { group, partitions } => {
                 self.delete_offsets(part, &group, partitions).await
             }
-            GroupOp::Await { ticket } => self.await_ticket(shard, ticket).await,
+            GroupOp::Await { ticket } => self.await_ticket(ctx, ticket).await,
             GroupOp::List => GroupReply::Code(codes::INVALID_REQUEST),
         }
     }
@@ -288,7 +307,13 @@ impl Coordinators {
         self.groups.borrow_mut().get_mut(group).map_or(missing, f)
     }
 
-    async fn join(&self, shard: &Shard, part: &Partition, s: &Settings, a: JoinArgs) -> GroupReply {
+    async fn join(
+        &self,
+        ctx: &ServiceContext<'_>,
+        part: &Partition,
+        s: &Settings,
+        a: JoinArgs,
+    ) -> GroupReply {
         let now = now_ms();
         if a.session_timeout_ms < s.session_min_ms || a.session_timeout_ms > s.session_max_ms {
             return GroupReply::Join(JoinResult::error(
@@ -308,11 +333,11 @@ impl Coordinators {
             g.try_complete_join(now);
         }
         self.store_if_dirty(part, &group).await;
-        self.wait_pending(shard, park::Pending::Join(rx, member))
+        self.wait_pending(ctx, park::Pending::Join(rx, member))
             .await
     }
 
-    async fn sync(&self, shard: &Shard, part: &Partition, a: SyncArgs) -> GroupReply {
+    async fn sync(&self, ctx: &ServiceContext<'_>, part: &Partition, a: SyncArgs) -> GroupReply {
         let group = a.group.clone();
         let (tx, rx) = local_channel::new_bounded(1);
         let known = match self.groups.borrow_mut().get_mut(&group) {
@@ -326,7 +351,7 @@ impl Coordinators {
             return GroupReply::Sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
         }
         self.store_if_dirty(part, &group).await;
-        self.wait_pending(shard, park::Pending::Sync(rx)).await
+        self.wait_pending(ctx, park::Pending::Sync(rx)).await
     }
 
     async fn leave(
@@ -370,20 +395,20 @@ impl Coordinators {
         }
         let mut per = Vec::with_capacity(a.offsets.len());
         let mut writes = Vec::new();
-        for (topic, partition, offset, epoch, metadata) in &a.offsets {
-            let metadata = metadata.clone().unwrap_or_default();
+        for c in &a.offsets {
+            let metadata = c.metadata.clone().unwrap_or_default();
             if metadata.len() > s.metadata_max_bytes {
                 per.push(codes::OFFSET_METADATA_TOO_LARGE);
                 continue;
             }
             per.push(codes::NONE);
             let value = OffsetValue {
-                offset: *offset,
-                leader_epoch: *epoch,
+                offset: c.offset,
+                leader_epoch: c.leader_epoch,
                 metadata,
                 commit_timestamp_ms: now,
             };
-            writes.push(((topic.clone(), *partition), value));
+            writes.push(((c.topic.clone(), c.partition), value));
         }
         let writing = self.writing();
         if let Err(code) = store::write_offsets(part, &a.group, &writes).await {
@@ -412,8 +437,8 @@ impl Coordinators {
             FetchedOffset {
                 topic: t.to_string(),
                 partition: p,
-                offset: v.map_or(-1, |v| v.offset),
-                leader_epoch: v.map_or(-1, |v| v.leader_epoch),
+                offset: v.map_or(Offset::NONE, |v| v.offset),
+                leader_epoch: v.map_or(LeaderEpoch::NONE, |v| v.leader_epoch),
                 metadata: Some(v.map(|v| v.metadata.clone()).unwrap_or_default()),
                 error: codes::NONE,
             }
@@ -473,11 +498,11 @@ impl Coordinators {
     }
 
     /// Loads every partition of this shard, then lists its groups.
-    async fn list(&self, shard: &Shard) -> GroupReply {
-        if let Some(topic) = shard.catalog().topics.get(OFFSETS_TOPIC).cloned() {
+    async fn list(&self, ctx: &ServiceContext<'_>) -> GroupReply {
+        if let Some(topic) = ctx.catalog().topics.get(OFFSETS_TOPIC).cloned() {
             for p in 0..topic.partitions {
-                if shard.router.owner(OFFSETS_TOPIC, p) == shard.id {
-                    let _ = self.load(shard, p).await;
+                if ctx.owns(OFFSETS_TOPIC, p) {
+                    let _ = self.load(ctx, p).await;
                 }
             }
         }
@@ -590,7 +615,7 @@ impl Coordinators {
     }
 
     /// The open, replayed partition `index` of `__consumer_offsets` on this shard.
-    async fn load(&self, shard: &Shard, index: i32) -> Result<Rc<Partition>, i16> {
+    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
         if let Some(p) = self.partitions.borrow().get(&index) {
             return Ok(p.clone());
         }
@@ -602,19 +627,19 @@ impl Coordinators {
         }
         let ev = Rc::new(Event::default());
         self.loading.borrow_mut().insert(index, ev.clone());
-        let result = self.replay(shard, index).await;
+        let result = self.replay(ctx, index).await;
         self.loading.borrow_mut().remove(&index);
         ev.notify_all();
         result
     }
 
-    async fn replay(&self, shard: &Shard, index: i32) -> Result<Rc<Partition>, i16> {
+    async fn replay(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
         let tp = (std::sync::Arc::from(OFFSETS_TOPIC), index);
-        let part = shard
+        let part = ctx
             .partition(&tp)
             .await
             .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
-        if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
+        if let Some(t) = ctx.catalog().topics.get(OFFSETS_TOPIC) {
             self.topic_partitions.set(t.partitions);
         }
         let started = std::time::Instant::now();

@@ -17,7 +17,8 @@ use glommio::channels::local_channel::LocalReceiver;
 use super::codes;
 use super::state::{JoinResult, SyncResult};
 use super::{Coordinators, GroupReply};
-use crate::shard::{Shard, now_ms};
+use crate::shard::context::ServiceContext;
+use crate::shard::now_ms;
 
 /// Longest one coordinator call waits for a parked answer.
 pub const PARK_SLICE_MS: u64 = 1000;
@@ -38,8 +39,8 @@ enum Slice<T> {
 }
 
 /// Waits one slice for `rx`, or until the shard shuts down.
-async fn slice<T>(shard: &Shard, rx: &LocalReceiver<T>) -> Slice<T> {
-    if shard.shutting_down.get() {
+async fn slice<T>(ctx: &ServiceContext<'_>, rx: &LocalReceiver<T>) -> Slice<T> {
+    if ctx.shutting_down() {
         return Slice::Shutdown;
     }
     let timer = glommio::timer::sleep(Duration::from_millis(PARK_SLICE_MS));
@@ -49,7 +50,7 @@ async fn slice<T>(shard: &Shard, rx: &LocalReceiver<T>) -> Slice<T> {
         Slice::Timeout
     };
     let shutdown = async {
-        shard.shutdown.listen().await;
+        ctx.until_shutdown().await;
         Slice::Shutdown
     };
     futures_lite::future::or(answer, futures_lite::future::or(timeout, shutdown)).await
@@ -57,17 +58,21 @@ async fn slice<T>(shard: &Shard, rx: &LocalReceiver<T>) -> Slice<T> {
 
 impl Coordinators {
     /// Waits one slice for a pending answer; parks it again if it is still not there.
-    pub(super) async fn wait_pending(&self, shard: &Shard, pending: Pending) -> GroupReply {
+    pub(super) async fn wait_pending(
+        &self,
+        ctx: &ServiceContext<'_>,
+        pending: Pending,
+    ) -> GroupReply {
         let unavailable = codes::COORDINATOR_NOT_AVAILABLE;
         match pending {
-            Pending::Join(rx, member) => match slice(shard, &rx).await {
+            Pending::Join(rx, member) => match slice(ctx, &rx).await {
                 Slice::Answer(Some(r)) => GroupReply::Join(r),
                 Slice::Answer(None) | Slice::Shutdown => {
                     GroupReply::Join(JoinResult::error(unavailable, &member))
                 }
                 Slice::Timeout => GroupReply::Parked(self.park(Pending::Join(rx, member))),
             },
-            Pending::Sync(rx) => match slice(shard, &rx).await {
+            Pending::Sync(rx) => match slice(ctx, &rx).await {
                 Slice::Answer(Some(r)) => GroupReply::Sync(r),
                 Slice::Answer(None) | Slice::Shutdown => {
                     GroupReply::Sync(SyncResult::error(unavailable))
@@ -85,10 +90,10 @@ impl Coordinators {
     }
 
     /// The answer parked under `ticket`, waited for one more slice.
-    pub(super) async fn await_ticket(&self, shard: &Shard, ticket: u64) -> GroupReply {
+    pub(super) async fn await_ticket(&self, ctx: &ServiceContext<'_>, ticket: u64) -> GroupReply {
         let pending = self.parked.borrow_mut().remove(&ticket);
         match pending {
-            Some((pending, _)) => self.wait_pending(shard, pending).await,
+            Some((pending, _)) => self.wait_pending(ctx, pending).await,
             None => GroupReply::Code(codes::COORDINATOR_NOT_AVAILABLE),
         }
     }

@@ -20,6 +20,7 @@
 //! A record with a null value is a tombstone: the key is deleted.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use wire::{LeaderEpoch, Offset};
 
 /// Key version of an offset commit (0 and 1 share the layout).
 pub const KEY_OFFSET_COMMIT: i16 = 1;
@@ -55,8 +56,9 @@ pub enum Key {
 /// A committed offset as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffsetValue {
-    pub offset: i64,
-    pub leader_epoch: i32,
+    pub offset: Offset,
+    /// The leader epoch of the committed offset's record, `LeaderEpoch::NONE` if unknown.
+    pub leader_epoch: LeaderEpoch,
     pub metadata: String,
     pub commit_timestamp_ms: i64,
 }
@@ -129,8 +131,8 @@ pub fn group_key(group: &str) -> Bytes {
 pub fn offset_value(v: &OffsetValue) -> Bytes {
     let mut out = BytesMut::with_capacity(24 + v.metadata.len());
     out.put_i16(VALUE_OFFSET_COMMIT);
-    out.put_i64(v.offset);
-    out.put_i32(v.leader_epoch);
+    out.put_i64(v.offset.get());
+    out.put_i32(v.leader_epoch.get());
     put_str(&mut out, &v.metadata);
     out.put_i64(v.commit_timestamp_ms);
     out.freeze()
@@ -253,8 +255,8 @@ pub fn decode_offset_value(buf: &Bytes) -> Result<OffsetValue, SchemaError> {
             version,
         });
     }
-    let offset = r.i64()?;
-    let leader_epoch = if version >= 3 { r.i32()? } else { -1 };
+    let offset = Offset(r.i64()?);
+    let leader_epoch = LeaderEpoch(if version >= 3 { r.i32()? } else { -1 });
     let metadata = r.str()?;
     let commit_timestamp_ms = r.i64()?;
     if version == 1 {
@@ -354,8 +356,8 @@ mod tests {
         };
         assert_eq!((group.as_str(), topic.as_str(), partition), ("g", "t", 7));
         let v = OffsetValue {
-            offset: 42,
-            leader_epoch: 3,
+            offset: Offset(42),
+            leader_epoch: LeaderEpoch(3),
             metadata: "m".into(),
             commit_timestamp_ms: 1000,
         };

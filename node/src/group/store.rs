@@ -12,11 +12,22 @@ use wire::batch::{BatchBuilder, NewRecord, batch_records, split_batches};
 use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
 use super::state::{Group, State};
-use crate::partition::Partition;
+use crate::partition::{Acks, Partition};
 use crate::shard::now_ms;
+use wire::Offset;
 
 /// Bytes asked of the log per read during replay.
 const REPLAY_READ_BYTES: usize = 1 << 20;
+/// The coordinator's own appends: answered once the local append completed. On a single
+/// node that is also when the HW covers them; with replicated `__consumer_offsets` the
+/// coordinator will wait for the HW (acks=all, as Kafka's does).
+const COORDINATOR_ACKS: Acks = Acks::Leader;
+/// How long a coordinator append may take before it is answered REQUEST_TIMED_OUT.
+const COORDINATOR_APPEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn far_deadline() -> std::time::Instant {
+    std::time::Instant::now() + COORDINATOR_APPEND_TIMEOUT
+}
 /// Most bytes a compressed batch may inflate to during replay.
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
 /// Most bytes one record adds to a v2 batch besides its key and value bytes: length,
@@ -90,7 +101,8 @@ pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<
     let mut waiting = Vec::with_capacity(batches.len());
     for batch in batches {
         let before = part.log.log_end_offset();
-        let mut append = Box::pin(part.produce(batch, now));
+        let mut append =
+            Box::pin(part.produce(batch.into(), COORDINATOR_ACKS, far_deadline(), now));
         match futures_lite::future::poll_once(&mut append).await {
             Some(out) if out.error != codes::NONE => return Err(out.error),
             Some(_) => {}
@@ -192,7 +204,7 @@ pub async fn replay(
     let mut reads_left = end.saturating_sub(offset).max(0) + 1;
     while offset < end && reads_left > 0 {
         reads_left -= 1;
-        let out = part.fetch(offset, REPLAY_READ_BYTES).await;
+        let out = part.fetch(Offset(offset), REPLAY_READ_BYTES).await;
         if out.error != codes::NONE {
             tracing::error!(
                 partition = part.index,
@@ -331,8 +343,8 @@ mod tests {
 
     fn offset(commit_ms: i64) -> OffsetValue {
         OffsetValue {
-            offset: 1,
-            leader_epoch: -1,
+            offset: Offset(1),
+            leader_epoch: wire::LeaderEpoch::NONE,
             metadata: String::new(),
             commit_timestamp_ms: commit_ms,
         }
@@ -404,9 +416,9 @@ mod tests {
             0,
         );
         let mut later = offset(2);
-        later.offset = 7;
+        later.offset = Offset(7);
         apply(&key, Some(&schema::offset_value(&later)), &mut groups, 0);
-        assert_eq!(groups["g"].offsets[&("t".to_string(), 0)].offset, 7);
+        assert_eq!(groups["g"].offsets[&("t".to_string(), 0)].offset, Offset(7));
         apply(&key, None, &mut groups, 0);
         assert!(groups["g"].offsets.is_empty());
         let gv = GroupValue {

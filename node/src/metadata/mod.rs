@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub mod scram;
+
 /// File name of the catalogue inside the data dir.
 pub const CATALOG_FILE: &str = "topics.json";
 /// Longest topic name Kafka accepts.
@@ -74,6 +76,10 @@ pub struct Catalog {
     /// single node, which keeps its own `cluster.id` file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
+    /// SCRAM credentials by user, then mechanism (see [`scram`]); absent in catalogues
+    /// written before they existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scram_users: BTreeMap<String, BTreeMap<String, crate::security::scram::ScramCredential>>,
 }
 
 impl Catalog {

@@ -141,6 +141,36 @@ impl PartitionProducers {
         }
     }
 
+    /// A follower's append of its leader's batches: no check (the leader checked them),
+    /// offsets kept, and every idempotent batch recorded as the leader recorded it, so the
+    /// follower's table matches the leader's when it takes over.
+    pub async fn append_replicated(
+        &self,
+        log: &Log,
+        records: BytesMut,
+        now_ms: i64,
+    ) -> Result<AppendInfo, StorageError> {
+        self.follow_truncation(log);
+        let headers = batch_headers(&records);
+        let first = log.log_end_offset();
+        let segments = log.segment_count();
+        let mut append = pin!(log.append_keeping_offsets(records, now_ms));
+        let first_poll = futures_lite::future::poll_once(&mut append).await;
+        if log.log_end_offset() > first {
+            if log.segment_count() > segments {
+                self.snapshot(log.dir(), first);
+            }
+            let mut table = self.table.borrow_mut();
+            for h in &headers {
+                table.record_append(h, h.base_offset(), now_ms);
+            }
+        }
+        match first_poll {
+            Some(result) => result,
+            None => append.await,
+        }
+    }
+
     /// After the log end moved back (an out-of-space rollback dropped unwritten appends),
     /// forgets the batches past it and deletes snapshots past it, before the next check:
     /// else a producer's resend of a rolled-back batch would be answered as a duplicate
@@ -237,6 +267,20 @@ fn idempotent_header(records: &[u8]) -> Option<(BatchHeader, usize)> {
     } else {
         None
     }
+}
+
+/// The headers of the whole batches in `records`.
+fn batch_headers(records: &[u8]) -> Vec<BatchHeader> {
+    let mut pos = 0usize;
+    let mut out = Vec::new();
+    while pos < records.len() {
+        let Ok(h) = read_header(&records[pos..]) else {
+            break;
+        };
+        out.push(*h);
+        pos += h.total_size().max(1);
+    }
+    out
 }
 
 /// Applies the recovery table (see `snapshot`): returns the loaded (or empty) table and

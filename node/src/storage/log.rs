@@ -141,6 +141,8 @@ pub(super) struct State {
     /// knows to drop what it recorded past the new end.
     pub truncations: u64,
     pub closed: bool,
+    /// The log cleaner's checkpoint and schedule (compacted logs).
+    pub cleaner: super::cleaner::CleanerState,
 }
 
 /// Name of the file that persists the log start offset (text: version, offset).
@@ -325,6 +327,34 @@ fn stamp_batch(
     Ok(BatchMeta::of(header))
 }
 
+/// How an append treats the offsets in its batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stamp {
+    /// A leader's append: offsets from the log end, this epoch stamped in.
+    Assign(LeaderEpoch),
+    /// A follower's append: the batches keep the leader's offsets and epochs.
+    Keep,
+}
+
+/// A batch appended with the offsets it carries: its base offset must be `expected`.
+fn kept_batch(batch: &[u8], expected: Offset) -> Result<BatchMeta> {
+    let (header, _) =
+        BatchHeader::ref_from_prefix(batch).map_err(|_| StorageError::InvalidBatch {
+            position: 0,
+            reason: "short batch".into(),
+        })?;
+    if header.base_offset() != expected {
+        return Err(StorageError::InvalidBatch {
+            position: 0,
+            reason: format!(
+                "replicated batch at offset {} where the log ends at {expected}",
+                header.base_offset()
+            ),
+        });
+    }
+    Ok(BatchMeta::of(header))
+}
+
 /// Kafka's LogAppendTime: set the timestamp-type bit and maxTimestamp, then recompute the
 /// CRC, which covers both.
 fn set_log_append_time(batch: &mut [u8], now_ms: i64) {
@@ -368,7 +398,31 @@ impl Log {
         leader_epoch: LeaderEpoch,
         now_ms: i64,
     ) -> Result<AppendInfo> {
-        let (info, must_sync) = self.append_in_memory(records, leader_epoch, now_ms)?;
+        let (info, must_sync) =
+            self.append_in_memory(records, Stamp::Assign(leader_epoch), now_ms)?;
+        self.finish_append(info, must_sync, now_ms).await
+    }
+
+    /// Appends batches that already carry their offsets and leader epochs — a follower
+    /// copying its leader, whose log must stay byte for byte the leader's. The first
+    /// batch's base offset must be this log's end offset and the batches contiguous, else
+    /// [`StorageError::InvalidBatch`] and nothing is appended. Nothing in the batches is
+    /// rewritten (their CRCs stay the leader's).
+    pub async fn append_keeping_offsets(
+        &self,
+        records: BytesMut,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
+        let (info, must_sync) = self.append_in_memory(records, Stamp::Keep, now_ms)?;
+        self.finish_append(info, must_sync, now_ms).await
+    }
+
+    async fn finish_append(
+        &self,
+        info: AppendInfo,
+        must_sync: bool,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
         let next = info.last_offset.add(1);
         if must_sync {
             self.wait_synced(next, now_ms).await?;
@@ -382,7 +436,7 @@ impl Log {
     fn append_in_memory(
         &self,
         mut records: BytesMut,
-        epoch: LeaderEpoch,
+        stamp: Stamp,
         now_ms: i64,
     ) -> Result<(AppendInfo, bool)> {
         let mut st = self.state.borrow_mut();
@@ -399,18 +453,18 @@ impl Log {
         if st.needs_roll(blob_len, last_delta, now_ms) {
             st.roll(&self.dir);
         }
-        let append_time =
-            (st.config.message_timestamp_type == TimestampType::LogAppendTime).then_some(now_ms);
+        let append_time = (st.config.message_timestamp_type == TimestampType::LogAppendTime
+            && stamp != Stamp::Keep)
+            .then_some(now_ms);
         let first = st.log_end;
         let mut metas = Vec::with_capacity(batches.len());
         let mut next = first;
         for b in &batches {
-            let meta = stamp_batch(
-                &mut records[b.pos..b.pos + b.size],
-                next,
-                epoch,
-                append_time,
-            )?;
+            let batch = &mut records[b.pos..b.pos + b.size];
+            let meta = match stamp {
+                Stamp::Assign(epoch) => stamp_batch(batch, next, epoch, append_time)?,
+                Stamp::Keep => kept_batch(batch, next)?,
+            };
             next = meta.last_offset.add(1);
             metas.push(meta);
         }

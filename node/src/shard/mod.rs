@@ -1,36 +1,45 @@
 //! A shard: one glommio executor thread, pinned to a core, owning a subset of the
 //! partitions (chosen by [`Router`]). Its state lives on that thread only.
 //!
-//! Work for a partition owned by another shard travels over two bounded glommio channel
-//! meshes: requests ([`Envelope`]) to the owner, replies ([`ReplyEnvelope`]) back. A full
-//! queue makes the sender wait (backpressure), it never drops. Each shard runs one inbox
-//! task per peer; it handles at most [`INBOX_IN_FLIGHT_MAX`] requests from that peer at
-//! once, then stops pulling, which pushes back on the peer's connections.
+//! - [`mesh`]: typed calls to other shards, with deadlines, over bounded channel meshes.
+//! - [`calls`]: the operations API handlers run on a partition's owner.
+//! - [`context`]: the narrow view hosted services (the group coordinator) get.
+//! - `housekeeping`: retention and interval flushes, per shard.
+//! - `replicas`: applying the cluster's assignments (lead / follow / offline) to the
+//!   shard's partitions and running its replication fetchers.
+//!
+//! This file: the shard's state and its open partitions (opened on first use, closed
+//! when idle past `max.open.partitions`, dropped when the catalogue deletes them).
+
+pub mod calls;
+pub mod context;
+mod housekeeping;
+pub mod mesh;
+mod replicas;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::time::Duration;
+use std::time::Instant;
 
-use bytes::BytesMut;
-use glommio::channels::channel_mesh::{Receivers, Senders};
-use glommio::channels::local_channel::{self, LocalSender};
-use glommio::sync::Semaphore;
+use glommio::channels::channel_mesh::Senders;
+use glommio::channels::local_channel::LocalSender;
+use wire::{NodeId, Offset};
 
 use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
-use crate::metadata::{Catalog, MetaStore, is_internal};
-use crate::partition::{FetchOutcome, Partition, ProduceOutcome, partition_dir};
-use crate::router::{RouteRevision, Router, ShardId};
+use crate::metadata::{Catalog, MetaStore};
+use crate::partition::{Partition, ReadFor};
+use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
-
-/// Requests from one peer shard handled concurrently before its inbox stops pulling.
-pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
-/// Capacity of each mesh queue (per ordered pair of shards).
-pub const MESH_QUEUE_CAPACITY: usize = 1024;
+pub use calls::{
+    DeleteRecordsCall, EpochEndCall, FetchCall, FetchRead, ListOffsetCall, ProduceCall, SyncCall,
+    WaitCall,
+};
+pub use mesh::{CallError, Envelope, INBOX_IN_FLIGHT_MAX, MESH_QUEUE_CAPACITY, ReplyEnvelope};
 
 /// Partition logs one shard closes at the same time (shutdown, idle eviction).
 const OPEN_CONCURRENCY_MAX: usize = 32;
@@ -42,89 +51,11 @@ const OPEN_PER_SHARD_MIN: usize = 64;
 const EVICT_FRACTION: usize = 10;
 /// Partitions a catalogue sync handles between yields to the executor.
 const SYNC_YIELD_PARTITIONS: usize = 256;
-
-/// One partition read of a Fetch.
-#[derive(Debug, Clone)]
-pub struct FetchRead {
-    pub tp: TopicPartition,
-    pub offset: i64,
-    pub max_bytes: usize,
-}
+/// Longest a shard waits for another to apply a catalogue change.
+const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A partition key: topic name and index.
 pub type TopicPartition = (Arc<str>, i32);
-
-/// Work for a partition's owning shard.
-#[derive(Debug)]
-pub enum Op {
-    Produce {
-        tp: TopicPartition,
-        records: BytesMut,
-    },
-    /// Reads of several partitions owned by the same shard, in one message, in request
-    /// order: together they return at most `budget_bytes` of records, except that with
-    /// `exceed_once` the first partition with data returns its first batch whole even if
-    /// it is larger (KIP-74: a fetch always makes progress).
-    Fetch {
-        reads: Vec<FetchRead>,
-        budget_bytes: usize,
-        exceed_once: bool,
-    },
-    /// Completes when any of `tps` has a high watermark above the given offset (at once
-    /// if one already has), or after `timeout_ms`.
-    Wait {
-        tps: Vec<(TopicPartition, i64)>,
-        timeout_ms: u64,
-    },
-    ListOffset {
-        tp: TopicPartition,
-        timestamp: i64,
-    },
-    DeleteRecords {
-        tp: TopicPartition,
-        offset: i64,
-    },
-    /// Bring the open partitions in line with the catalogue (open new, drop deleted).
-    Sync,
-    /// Work for the group coordinator hosted here (see `group`).
-    Group(Box<crate::group::GroupCall>),
-}
-
-/// The owner's answer to an [`Op`].
-#[derive(Debug)]
-pub enum Reply {
-    Produce(ProduceOutcome),
-    /// One outcome per read, in order.
-    Fetch(Vec<FetchOutcome>),
-    Waited,
-    ListOffset {
-        error: i16,
-        timestamp: i64,
-        offset: i64,
-    },
-    DeleteRecords {
-        error: i16,
-        low_watermark: i64,
-    },
-    Synced,
-    Group(Box<crate::group::GroupReply>),
-    /// The op could not run here (unknown partition, wrong owner): a Kafka error code.
-    Refused(i16),
-}
-
-/// A request crossing the mesh.
-pub struct Envelope {
-    pub from: ShardId,
-    pub id: u64,
-    pub revision: RouteRevision,
-    pub op: Op,
-}
-
-/// A reply crossing back.
-pub struct ReplyEnvelope {
-    pub id: u64,
-    pub reply: Reply,
-}
 
 /// Everything that is shared by all shards of the node (immutable or atomic).
 pub struct NodeShared {
@@ -134,6 +65,8 @@ pub struct NodeShared {
     pub connections: AtomicUsize,
     /// Shards that finished draining their connections during shutdown.
     pub drained: AtomicUsize,
+    /// Every shard's metrics registry (see `metrics`).
+    pub metrics: Arc<crate::metrics::NodeMetrics>,
     pub cluster_id: String,
     /// Every metadata write goes through it (issue 12).
     pub controller: crate::controller::Controller,
@@ -146,7 +79,8 @@ pub struct Shard {
     pub router: Router,
     requests: Option<Senders<Envelope>>,
     replies: Option<Senders<ReplyEnvelope>>,
-    pending: RefCell<HashMap<u64, LocalSender<Reply>>>,
+    /// Callers waiting for a peer's reply, by call id (see `mesh`).
+    pending: RefCell<HashMap<u64, LocalSender<mesh::Delivery>>>,
     /// One FIFO turn per peer's request queue, so envelopes enter it in call order.
     send_turns: Vec<SendTurns>,
     next_id: Cell<u64>,
@@ -171,6 +105,8 @@ pub struct Shard {
     pub advertised: (String, u16),
     /// Group coordinators of the `__consumer_offsets` partitions this shard owns.
     pub groups: Rc<crate::group::Coordinators>,
+    /// Replication fetchers of this shard, one per source node (see `replicas`).
+    fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -217,11 +153,17 @@ impl Shard {
             open_connections: Cell::new(0),
             advertised,
             groups: Rc::default(),
+            fetchers: RefCell::new(BTreeMap::new()),
         }
     }
 
     pub fn config(&self) -> &Config {
         &self.node.config
+    }
+
+    /// This shard's metrics registry.
+    pub fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        self.node.metrics.shard(self.id.0)
     }
 
     /// The newest catalogue snapshot; one atomic load when nothing changed.
@@ -234,133 +176,30 @@ impl Shard {
         cached.1.clone()
     }
 
-    /// Runs `op` on the shard that owns its partition (or here for `Sync`/`Wait`
-    /// addressed with `target`).
-    pub async fn call(&self, target: ShardId, op: Op) -> Reply {
-        if target == self.id {
-            return self.exec(op).await;
-        }
-        let (Some(requests), Some(turns)) = (&self.requests, self.send_turns.get(target.0)) else {
-            return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
-        };
-        let id = self.next_id.get();
-        self.next_id.set(id.wrapping_add(1));
-        let (tx, rx) = local_channel::new_bounded(1);
-        self.pending.borrow_mut().insert(id, tx);
-        let env = Envelope {
-            from: self.id,
-            id,
-            revision: self.router.revision(),
-            op,
-        };
-        // In call order even when the queue is full (see `send_turns`): one connection's
-        // requests reach the owner in the order the client sent them.
-        let sent = {
-            let _turn = turns.wait().await;
-            requests.send_to(target.0, env).await
-        };
-        if sent.is_err() {
-            self.pending.borrow_mut().remove(&id);
-            return Reply::Refused(errors::UNKNOWN_SERVER_ERROR);
-        }
-        rx.recv()
-            .await
-            .unwrap_or(Reply::Refused(errors::UNKNOWN_SERVER_ERROR))
+    /// The node this shard belongs to (`node.id`).
+    pub fn node_id(&self) -> NodeId {
+        NodeId(self.node.config.node_id)
     }
 
-    /// Runs `op` on the owner of `tp`.
-    pub async fn call_owner(&self, tp: &TopicPartition, op: Op) -> Reply {
-        let owner = self.router.owner(&tp.0, tp.1);
-        self.call(owner, op).await
-    }
-
-    /// Executes an op on this shard (the owner).
-    pub async fn exec(&self, op: Op) -> Reply {
-        match op {
-            Op::Produce { tp, records } => match self.partition(&tp).await {
-                Ok(p) => Reply::Produce(p.produce(records, now_ms()).await),
-                Err(code) => Reply::Refused(code),
-            },
-            Op::Fetch {
-                reads,
-                budget_bytes,
-                exceed_once,
-            } => Reply::Fetch(self.fetch_many(reads, budget_bytes, exceed_once).await),
-            Op::Wait { tps, timeout_ms } => {
-                self.wait_for_append(&tps, timeout_ms).await;
-                Reply::Waited
-            }
-            Op::ListOffset { tp, timestamp } => match self.partition(&tp).await {
-                Ok(p) => {
-                    let (error, timestamp, offset) = p.list_offset(timestamp).await;
-                    Reply::ListOffset {
-                        error,
-                        timestamp,
-                        offset,
-                    }
-                }
-                Err(code) => Reply::Refused(code),
-            },
-            Op::DeleteRecords { tp, offset } => match self.partition(&tp).await {
-                Ok(p) => {
-                    let (error, low_watermark) = p.delete_records(offset).await;
-                    Reply::DeleteRecords {
-                        error,
-                        low_watermark,
-                    }
-                }
-                Err(code) => Reply::Refused(code),
-            },
-            Op::Sync => {
-                self.sync_partitions().await;
-                Reply::Synced
-            }
-            Op::Group(call) => {
-                let groups = self.groups.clone();
-                Reply::Group(Box::new(groups.exec(self, *call).await))
-            }
-        }
-    }
-
-    /// Reads local partitions one after another in request order, each limited by what
-    /// is left of `budget_bytes`, so nothing is read that the response will not carry
-    /// (see [`Op::Fetch`]). A partition reached with no budget left is not read at all.
-    async fn fetch_many(
+    /// Waits until one of the local partitions in `tps` can be read past its offset by
+    /// `reader`, or the deadline, or shutdown.
+    async fn wait_for_data(
         &self,
-        reads: Vec<FetchRead>,
-        budget_bytes: usize,
-        exceed_once: bool,
-    ) -> Vec<FetchOutcome> {
-        let mut left = budget_bytes;
-        let mut exceed = exceed_once;
-        let mut out = Vec::with_capacity(reads.len());
-        for r in reads {
-            let hard_max_bytes = if exceed { usize::MAX } else { left };
-            let outcome = match self.partition(&r.tp).await {
-                Ok(p) => {
-                    let max_bytes = r.max_bytes.min(left);
-                    p.fetch_within(r.offset, max_bytes, hard_max_bytes).await
-                }
-                Err(code) => FetchOutcome::refused(code),
-            };
-            let got = outcome.bytes();
-            assert!(exceed || got <= left, "read {got} bytes with {left} left");
-            exceed &= got == 0;
-            left = left.saturating_sub(got);
-            out.push(outcome);
-        }
-        out
-    }
-
-    /// Waits until one of the local partitions in `tps` is appended to, or the timeout.
-    async fn wait_for_append(&self, tps: &[(TopicPartition, i64)], timeout_ms: u64) {
+        tps: &[(TopicPartition, Offset)],
+        reader: ReadFor,
+        deadline: Instant,
+    ) {
         // Through `partition`: a log closed as idle since the fetch read it reopens, so
         // its appends still wake this wait.
         let mut parts: Vec<Rc<Partition>> = Vec::with_capacity(tps.len());
         let mut ready = false;
         for (tp, offset) in tps {
             if let Ok(p) = self.partition(tp).await {
-                ready |= p.high_watermark().get() > *offset;
+                let upper = match reader {
+                    ReadFor::Consumer(_) => p.high_watermark(),
+                    ReadFor::Follower(_) => p.log.log_end_offset(),
+                };
+                ready |= upper > *offset;
                 parts.push(p);
             }
         }
@@ -381,18 +220,8 @@ impl Shard {
                 std::task::Poll::Pending
             }
         });
-        let timeout = glommio::timer::sleep(Duration::from_millis(timeout_ms));
         let shutdown = self.shutdown.listen();
-        futures_lite::future::or(
-            any,
-            futures_lite::future::or(
-                async {
-                    timeout.await;
-                },
-                shutdown,
-            ),
-        )
-        .await;
+        mesh::within(deadline, futures_lite::future::or(any, shutdown)).await;
     }
 
     /// The open partition `tp`, opening it if the catalogue has it and this shard owns it.
@@ -446,7 +275,9 @@ impl Shard {
         self.opening.borrow_mut().insert(tp.clone(), ev.clone());
         let configs = self.topic_configs(overrides);
         let data_dir = self.config().data_dir.clone();
-        let opened = Partition::open(&data_dir, tp.0.clone(), tp.1, topic_id, configs).await;
+        let local = self.node_id();
+        let opened = Partition::open(&data_dir, local, tp.0.clone(), tp.1, topic_id, configs);
+        let opened = opened.await;
         self.opening.borrow_mut().remove(tp);
         ev.notify_all();
         match opened {
@@ -639,168 +470,15 @@ impl Shard {
         }
     }
 
-    /// Asks every shard (including this one) to sync with the catalogue, and waits.
-    pub async fn sync_all(&self) {
-        let calls = (0..self.router.shards()).map(|s| self.call(ShardId(s), Op::Sync));
-        for call in calls {
-            call.await;
-        }
-    }
-
-    /// Serves requests from peer `from` until the mesh closes.
-    pub async fn run_inbox(self: Rc<Self>, mut receivers: Receivers<Envelope>) {
-        let streams = receivers.streams();
-        let tasks: Vec<_> = streams
-            .into_iter()
-            .map(|(peer, rx)| {
-                let shard = self.clone();
-                glommio::spawn_local(async move {
-                    let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
-                    while let Some(env) = rx.recv().await {
-                        // A long-poll wait holds no permit: it is cheap, and parked waits
-                        // must not hold back the peer's produces and reads. Their number
-                        // is bounded by the peer's in-flight requests.
-                        let permit = if matches!(env.op, Op::Wait { .. }) {
-                            None
-                        } else {
-                            match permits.clone().acquire_static_permit(1).await {
-                                Ok(p) => Some(p),
-                                Err(_) => break,
-                            }
-                        };
-                        let shard = shard.clone();
-                        glommio::spawn_local(async move {
-                            shard.serve_envelope(env).await;
-                            drop(permit);
-                        })
-                        .detach();
-                    }
-                    tracing::debug!(shard = %shard.id, peer, "inbox closed");
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await;
-        }
-    }
-
-    async fn serve_envelope(&self, env: Envelope) {
-        let reply = if env.revision != self.router.revision() {
-            Reply::Refused(errors::NOT_LEADER_OR_FOLLOWER)
-        } else {
-            self.exec(env.op).await
-        };
-        if let Some(replies) = &self.replies {
-            let _ = replies
-                .send_to(env.from.0, ReplyEnvelope { id: env.id, reply })
-                .await;
-        }
-    }
-
-    /// Delivers replies from peers to the waiting callers.
-    pub async fn run_replies(self: Rc<Self>, mut receivers: Receivers<ReplyEnvelope>) {
-        let tasks: Vec<_> = receivers
-            .streams()
-            .into_iter()
-            .map(|(_, rx)| {
-                let shard = self.clone();
-                glommio::spawn_local(async move {
-                    while let Some(env) = rx.recv().await {
-                        let waiter = shard.pending.borrow_mut().remove(&env.id);
-                        if let Some(tx) = waiter {
-                            let _ = tx.try_send(env.reply);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await;
-        }
-    }
-
-    /// Periodic per-shard housekeeping: retention and interval flushes.
-    pub async fn run_housekeeping(self: Rc<Self>) {
-        let interval_ms = self
-            .config()
-            .retention_check_interval_ms
-            .clamp(100, 3_600_000);
-        let mut last_retention = now_ms();
-        while !self.shutting_down.get() {
-            let tick = glommio::timer::sleep(Duration::from_millis(1000.min(interval_ms)));
-            futures_lite::future::or(
-                async {
-                    tick.await;
-                },
-                self.shutdown.listen(),
-            )
-            .await;
-            if self.shutting_down.get() {
-                break;
-            }
-            let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
-            let now = now_ms();
-            let retention_due = now - last_retention >= interval_ms as i64;
-            for p in parts {
-                if let Err(e) = p.log.flush_if_due(now).await {
-                    tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
-                }
-                if retention_due {
-                    apply_retention(&p, now).await;
-                }
-            }
-            if retention_due {
-                self.retain_unopened(now).await;
-                last_retention = now;
-            }
-            crate::api::fetch_budget::trim_shard_heap_if_idle();
-        }
-    }
-
-    /// Retention for the partitions this shard owns that are not open (logs open on first
-    /// use, and idle ones close past `max.open.partitions`): those holding a sealed segment
-    /// on disk are opened (the open budget closes idle ones again) and retained. A log with
-    /// only its active segment has nothing retention could delete, so most idle partitions
-    /// cost one directory listing, done off the shard's thread.
-    async fn retain_unopened(&self, now: i64) {
-        let candidates = self.unopened_partitions();
-        if candidates.is_empty() {
-            return;
-        }
-        let data_dir = self.config().data_dir.clone();
-        let sealed = glommio::executor()
-            .spawn_blocking(move || {
-                candidates
-                    .into_iter()
-                    .filter(|tp| has_sealed_segment(&partition_dir(&data_dir, &tp.0, tp.1)))
-                    .collect::<Vec<_>>()
-            })
-            .await;
-        for tp in sealed {
-            if self.shutting_down.get() {
-                return;
-            }
-            if let Ok(p) = self.partition(&tp).await {
-                apply_retention(&p, now).await;
+    /// Asks every shard (including this one) to sync with the catalogue, and waits (each
+    /// at most [`SYNC_TIMEOUT`]; a shard that does not answer in time syncs later).
+    pub async fn sync_all(self: &Rc<Self>) {
+        for s in 0..self.router.shards() {
+            let deadline = Instant::now() + SYNC_TIMEOUT;
+            if let Err(e) = self.call(ShardId(s), SyncCall, deadline).await {
+                tracing::warn!(shard = s, "catalogue sync not confirmed: {e:?}");
             }
         }
-    }
-
-    /// Partitions of user topics this shard owns whose logs are not open now.
-    fn unopened_partitions(&self) -> Vec<TopicPartition> {
-        let catalog = self.catalog();
-        let open = self.partitions.borrow();
-        let mut out = Vec::new();
-        for (name, meta) in catalog.topics.iter().filter(|(n, _)| !is_internal(n)) {
-            let topic: Arc<str> = Arc::from(name.as_str());
-            for index in 0..meta.partitions {
-                let tp = (topic.clone(), index);
-                if self.router.owner(name, index) == self.id && !open.contains_key(&tp) {
-                    out.push(tp);
-                }
-            }
-        }
-        out
     }
 
     /// Closes every partition log (flush, clean-shutdown marker), a bounded number at once.
@@ -826,6 +504,7 @@ impl Shard {
     /// Begins shutdown: wakes everything that waits on the shard.
     pub fn begin_shutdown(&self) {
         self.shutting_down.set(true);
+        self.stop_fetchers();
         self.shutdown.notify_all();
         for p in self.partitions.borrow().values() {
             p.appended.notify_all();
@@ -854,28 +533,4 @@ async fn join_all<F: Future<Output = O> + Unpin, O>(mut futures: Vec<F>) -> Vec<
     })
     .await;
     done.into_iter().flatten().collect()
-}
-
-/// Applies retention to one open log, logging what it did.
-async fn apply_retention(p: &Partition, now: i64) {
-    match p.log.apply_retention(now).await {
-        Ok(0) => {}
-        Ok(n) => {
-            tracing::info!(topic = %p.topic, partition = p.index, "retention deleted {n} segments")
-        }
-        Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "retention: {e}"),
-    }
-}
-
-/// Whether a partition directory holds more than its active segment (two `.log` files or
-/// more); a missing directory holds none.
-fn has_sealed_segment(dir: &std::path::Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-        .nth(1)
-        .is_some()
 }

@@ -1,0 +1,270 @@
+//! One partition replica on its owning shard: the [`Log`], the idempotent producers'
+//! state, and the [`ReplicaState`] — role (leader or follower), leader epoch, and a high
+//! watermark kept apart from the log end offset — plus the [`Event`] that wakes
+//! long-polling fetches and delayed produces when the log or the HW moves.
+//!
+//! Lives on exactly one shard (`!Send`: `Rc<Log>`, `Cell`s); other shards reach it only
+//! through that shard's typed calls (see `shard::mesh`).
+//!
+//! - [`replica`]: role, epoch, HW, ISR and followers' progress, with their invariants.
+//! - `produce`: the leader's append (acks, delayed produce) and the follower's append
+//!   that keeps the leader's offsets.
+//! - `read`: Fetch for consumers (up to the HW) and followers (up to the LEO),
+//!   ListOffsets, DeleteRecords.
+
+pub mod replica;
+
+mod produce;
+mod read;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use wire::{LeaderEpoch, NodeId, Offset, WireError};
+
+use crate::errors;
+use crate::event::Event;
+use crate::producer_state::ProducerStateConfig;
+use crate::producer_state::partition::PartitionProducers;
+use crate::storage::epochs::LeaderEpochCache;
+use crate::storage::{Log, LogConfig, StorageError};
+
+pub use produce::{Acks, ProduceOutcome};
+pub use read::{FetchOutcome, Isolation, ListedOffset, ReadFor};
+use replica::ReplicaState;
+
+/// A partition replica owned by this shard.
+pub struct Partition {
+    pub topic: Arc<str>,
+    pub index: i32,
+    pub topic_id: u128,
+    /// The merged topic config in force (broker defaults + overrides).
+    configs: RefCell<BTreeMap<String, String>>,
+    pub log: Rc<Log>,
+    /// Idempotent producers' state (dedup, fencing), rebuilt when the log opens.
+    pub producers: PartitionProducers,
+    /// Role, leader epoch, HW (see [`replica`]).
+    replica: RefCell<ReplicaState>,
+    /// Where each leader epoch starts in the log (`leader-epoch-checkpoint`).
+    epochs: RefCell<LeaderEpochCache>,
+    /// Notified whenever the log end or the HW moves (wakes long-polling fetches and
+    /// delayed acks=all produces).
+    pub appended: Event,
+    max_message_bytes: Cell<usize>,
+    /// The topic's `min.insync.replicas`.
+    min_insync: Cell<usize>,
+    /// The shard's use clock when a request last took this partition (idle eviction).
+    pub last_used: Cell<u64>,
+}
+
+fn log_config(configs: &BTreeMap<String, String>) -> Result<LogConfig, StorageError> {
+    LogConfig::from_pairs(configs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// The topic's `max.message.bytes` (a batch larger than this is refused).
+fn max_message_bytes(configs: &BTreeMap<String, String>) -> usize {
+    configs
+        .get("max.message.bytes")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::config::MESSAGE_MAX_BYTES_DEFAULT as usize)
+}
+
+/// The topic's `min.insync.replicas` (at least 1).
+fn min_insync(configs: &BTreeMap<String, String>) -> usize {
+    configs
+        .get("min.insync.replicas")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// `<data_dir>/<topic>-<partition>`, Kafka's layout.
+pub fn partition_dir(data_dir: &Path, topic: &str, partition: i32) -> PathBuf {
+    data_dir.join(format!("{topic}-{partition}"))
+}
+
+impl Partition {
+    /// Opens (and recovers) the partition's log, as its only replica on `local`: leader,
+    /// ISR = {local}, HW = LEO (until the cluster assigns it otherwise).
+    pub async fn open(
+        data_dir: &Path,
+        local: NodeId,
+        topic: Arc<str>,
+        index: i32,
+        topic_id: u128,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Partition, StorageError> {
+        let log_config = log_config(&configs)?;
+        let dir = partition_dir(data_dir, &topic, index);
+        let log = Log::open(dir, log_config).await?;
+        let producer_config = ProducerStateConfig::from_configs(&configs);
+        let producers =
+            PartitionProducers::open(&log, producer_config, crate::shard::now_ms()).await?;
+        let leo = log.log_end_offset();
+        let epochs = open_epochs(&log)?;
+        Ok(Partition {
+            topic,
+            index,
+            topic_id,
+            max_message_bytes: Cell::new(max_message_bytes(&configs)),
+            min_insync: Cell::new(min_insync(&configs)),
+            configs: RefCell::new(configs),
+            log: Rc::new(log),
+            producers,
+            replica: RefCell::new(ReplicaState::sole(local, leo)),
+            epochs: RefCell::new(epochs),
+            appended: Event::default(),
+            last_used: Cell::new(0),
+        })
+    }
+
+    /// The merged config in force.
+    pub fn configs(&self) -> BTreeMap<String, String> {
+        self.configs.borrow().clone()
+    }
+
+    /// Applies changed topic configs (AlterConfigs) to the running log.
+    pub fn reconfigure(&self, configs: BTreeMap<String, String>) -> Result<(), StorageError> {
+        self.log.set_config(log_config(&configs)?);
+        self.max_message_bytes.set(max_message_bytes(&configs));
+        self.min_insync.set(min_insync(&configs));
+        *self.configs.borrow_mut() = configs;
+        Ok(())
+    }
+
+    /// The largest batch an append may carry (the topic's `max.message.bytes`).
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.get()
+    }
+
+    pub fn high_watermark(&self) -> Offset {
+        self.replica.borrow().high_watermark()
+    }
+
+    pub fn leader_epoch(&self) -> LeaderEpoch {
+        self.replica.borrow().leader_epoch()
+    }
+
+    /// The replica state, to read (role, ISR size, leader).
+    pub fn replica(&self) -> std::cell::Ref<'_, ReplicaState> {
+        self.replica.borrow()
+    }
+
+    /// Changes the replica state (the controller's become-leader / become-follower) and
+    /// wakes everything waiting on the partition, which re-checks its role.
+    pub fn update_replica(&self, change: impl FnOnce(&mut ReplicaState)) {
+        change(&mut self.replica.borrow_mut());
+        self.appended.notify_all();
+    }
+
+    /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
+    /// (before the append, so the entry's offset is the epoch's first).
+    fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {
+        let assigned = self.epochs.borrow_mut().assign(epoch, start);
+        assigned.map(|_| ()).map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            errors::KAFKA_STORAGE_ERROR
+        })
+    }
+
+    /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
+    /// epoch ≤ it, its end offset), after checking the caller's `current_epoch`.
+    pub fn epoch_end_offset(
+        &self,
+        epoch: LeaderEpoch,
+        current_epoch: LeaderEpoch,
+    ) -> Result<(LeaderEpoch, Offset), i16> {
+        self.replica
+            .borrow()
+            .check_epoch(current_epoch)
+            .map_err(read::epoch_error)?;
+        let end = self.log.log_end_offset();
+        Ok(self.epochs.borrow().end_offset_for(epoch, end))
+    }
+
+    /// The leader epochs of this log and where each starts.
+    pub fn epoch_entries(&self) -> Vec<(LeaderEpoch, Offset)> {
+        self.epochs.borrow().entries()
+    }
+
+    /// A follower cuts its log at `offset` (the end of the leader's matching epoch):
+    /// everything from it on is removed, with the epochs that started there; producer
+    /// state follows at the next append. Returns the new log end.
+    pub async fn truncate_to(&self, offset: Offset) -> Result<Offset, i16> {
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        let end = self.log.truncate_to(offset).await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "truncation: {e}");
+            storage_error_code(&e)
+        })?;
+        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(end) {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        self.replica.borrow_mut().truncated(end);
+        tracing::info!(topic = %self.topic, partition = self.index, offset = %end, "truncated as follower");
+        Ok(end)
+    }
+
+    /// A follower whose log ends below its leader's log start starts over, empty, at
+    /// `offset`: the epochs and the HW go with the records.
+    pub async fn restart_at(&self, offset: Offset) -> Result<(), i16> {
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        self.log.restart_at(offset).await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "restart: {e}");
+            storage_error_code(&e)
+        })?;
+        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(Offset(0)) {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        self.replica.borrow_mut().restarted(offset);
+        tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
+        Ok(())
+    }
+
+    /// An append ending at `end` completed: the HW follows where the ISR allows. Not the
+    /// log's end offset, which counts appends still being written.
+    fn log_grew(&self, end: Offset) {
+        self.replica.borrow_mut().local_log_end(end);
+        self.appended.notify_all();
+    }
+}
+
+/// The partition's epoch cache, in line with its recovered log: entries past the log end
+/// (a torn tail was cut) are dropped; a log written before the cache existed — by a
+/// single node, whose only epoch is [`replica::SOLE_LEADER_EPOCH`] — starts its cache there.
+fn open_epochs(log: &Log) -> Result<LeaderEpochCache, StorageError> {
+    let mut epochs = LeaderEpochCache::load(log.dir())?;
+    let (start, end) = (log.log_start_offset(), log.log_end_offset());
+    epochs.truncate_from_end(end)?;
+    if epochs.latest().is_none() && end > start {
+        epochs.assign(replica::SOLE_LEADER_EPOCH, start)?;
+    }
+    Ok(epochs)
+}
+
+/// The Kafka error a produce gets for a batch `wire` rejected.
+pub fn wire_error_code(e: &WireError) -> i16 {
+    match e {
+        WireError::CrcMismatch { .. } | WireError::UnexpectedEof { .. } => errors::CORRUPT_MESSAGE,
+        _ => errors::INVALID_RECORD,
+    }
+}
+
+/// The Kafka error for a storage failure.
+pub fn storage_error_code(e: &StorageError) -> i16 {
+    match e {
+        StorageError::OffsetOutOfRange { .. } => errors::OFFSET_OUT_OF_RANGE,
+        StorageError::InvalidBatch { .. } => errors::CORRUPT_MESSAGE,
+        StorageError::RecordSetTooLarge { .. } => errors::RECORD_LIST_TOO_LARGE,
+        StorageError::Closed { .. } => errors::NOT_LEADER_OR_FOLLOWER,
+        _ => errors::KAFKA_STORAGE_ERROR,
+    }
+}

@@ -1,0 +1,233 @@
+//! Appends to a partition replica: the leader's append for clients (idempotence check,
+//! offsets assigned, then acks: 1 answers once the local append completed, all once the HW
+//! covers the batch — a delayed produce — and only while the ISR has at least
+//! `min.insync.replicas`), and the follower's append that keeps the leader's offsets.
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use wire::Offset;
+use wire::batch::{read_header, split_batches};
+
+use super::{Partition, storage_error_code, wire_error_code};
+use crate::errors;
+use crate::producer_state::partition::{ProducerAppend, wait_committed};
+use crate::storage::AppendInfo;
+
+/// Longest a resent duplicate waits for its original to be committed.
+const DUPLICATE_WAIT: Duration = Duration::from_secs(30);
+
+/// A Produce request's `acks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acks {
+    /// 0: the client wants no answer (the append still happens).
+    None,
+    /// 1: answered once the leader has appended.
+    Leader,
+    /// -1: answered once every ISR member has the batch (the HW covers it).
+    All,
+}
+
+impl Acks {
+    /// Kafka's wire value; anything else is INVALID_REQUIRED_ACKS.
+    pub fn from_wire(acks: i16) -> Option<Acks> {
+        match acks {
+            0 => Some(Acks::None),
+            1 => Some(Acks::Leader),
+            -1 => Some(Acks::All),
+            _ => None,
+        }
+    }
+}
+
+/// Result of appending one Produce partition's records.
+#[derive(Clone, Copy, Debug)]
+pub struct ProduceOutcome {
+    pub error: i16,
+    pub base_offset: Offset,
+    /// The append time when the topic uses LogAppendTime, else -1.
+    pub log_append_time_ms: i64,
+    pub log_start_offset: Offset,
+}
+
+impl ProduceOutcome {
+    /// A produce that appended nothing (`error` is a Kafka error code).
+    pub fn failed(error: i16) -> ProduceOutcome {
+        ProduceOutcome {
+            error,
+            base_offset: Offset::NONE,
+            log_append_time_ms: -1,
+            log_start_offset: Offset::NONE,
+        }
+    }
+
+    fn appended(info: &AppendInfo) -> ProduceOutcome {
+        ProduceOutcome {
+            error: errors::NONE,
+            base_offset: info.first_offset,
+            log_append_time_ms: info.log_append_time_ms.unwrap_or(-1),
+            log_start_offset: info.log_start_offset,
+        }
+    }
+}
+
+impl Partition {
+    /// A client's produce on the leader: validates every batch (CRC, sizes,
+    /// `max.message.bytes`), appends them, then answers as `acks` asks, at the latest at
+    /// `deadline` (REQUEST_TIMED_OUT). `records` is ideally a unique buffer (patched in
+    /// place). A replica that does not lead answers NOT_LEADER_OR_FOLLOWER.
+    pub async fn produce(
+        &self,
+        records: BytesMut,
+        acks: Acks,
+        deadline: Instant,
+        now_ms: i64,
+    ) -> ProduceOutcome {
+        let epoch = {
+            let replica = self.replica.borrow();
+            if !replica.is_leader() {
+                return ProduceOutcome::failed(errors::NOT_LEADER_OR_FOLLOWER);
+            }
+            // Kafka checks before appending: with too few in-sync replicas an acks=all
+            // batch is refused whole (NOT_ENOUGH_REPLICAS), nothing is written.
+            if acks == Acks::All && replica.isr_len() < self.min_insync.get() {
+                return ProduceOutcome::failed(errors::NOT_ENOUGH_REPLICAS);
+            }
+            replica.leader_epoch()
+        };
+        if let Err(error) = self.validate(&records) {
+            return ProduceOutcome::failed(error);
+        }
+        if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
+            return ProduceOutcome::failed(error);
+        }
+        let appended = self
+            .producers
+            .append(&self.log, records, epoch, now_ms)
+            .await;
+        let info = match appended {
+            Ok(ProducerAppend::Appended(info)) => info,
+            Ok(ProducerAppend::Duplicate(original)) => {
+                return self
+                    .duplicate(original.first_offset, original.last_offset)
+                    .await;
+            }
+            Ok(ProducerAppend::Rejected(error)) => return ProduceOutcome::failed(error),
+            Err(e) => {
+                tracing::warn!(topic = %self.topic, partition = self.index, "append failed: {e}");
+                return ProduceOutcome::failed(storage_error_code(&e));
+            }
+        };
+        self.log_grew(info.last_offset.add(1));
+        let outcome = ProduceOutcome::appended(&info);
+        if acks != Acks::All {
+            return outcome;
+        }
+        self.await_replicated(info.last_offset, deadline, outcome)
+            .await
+    }
+
+    /// The delayed produce of acks=all: waits until the HW passes `last` (every ISR member
+    /// has the batch), at most until `deadline`.
+    async fn await_replicated(
+        &self,
+        last: Offset,
+        deadline: Instant,
+        outcome: ProduceOutcome,
+    ) -> ProduceOutcome {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let hw = || self.high_watermark();
+        if !wait_committed(last, hw, &self.appended, wait).await {
+            return ProduceOutcome {
+                error: errors::REQUEST_TIMED_OUT,
+                ..outcome
+            };
+        }
+        // Kafka: the batch is in the log, but the ISR shrank below the minimum meanwhile.
+        if self.replica.borrow().isr_len() < self.min_insync.get() {
+            return ProduceOutcome {
+                error: errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                ..outcome
+            };
+        }
+        outcome
+    }
+
+    /// A resend of an appended batch: its original offsets once the original is committed
+    /// (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its append failed).
+    async fn duplicate(&self, first: Offset, last: Offset) -> ProduceOutcome {
+        let hw = || self.high_watermark();
+        let committed = wait_committed(last, hw, &self.appended, DUPLICATE_WAIT).await;
+        ProduceOutcome {
+            error: if committed {
+                errors::NONE
+            } else {
+                errors::REQUEST_TIMED_OUT
+            },
+            base_offset: if committed { first } else { Offset::NONE },
+            log_append_time_ms: -1,
+            log_start_offset: self.log.log_start_offset(),
+        }
+    }
+
+    /// A follower's append of batches fetched from its leader: they keep the leader's
+    /// offsets and epochs (the first must start at this replica's log end), and the
+    /// producer state learns them as the leader's did, so idempotence survives a failover.
+    pub async fn append_as_follower(
+        &self,
+        records: BytesMut,
+        now_ms: i64,
+    ) -> Result<AppendInfo, i16> {
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        // The leader's batches continue this log exactly (else the fetcher must truncate
+        // first); checked before any epoch is noted, so a refused append changes nothing.
+        let mut headers = Vec::new();
+        let mut next = self.log.log_end_offset();
+        for range in split_batches(&records) {
+            let range = range.map_err(|e| wire_error_code(&e))?;
+            let header = *read_header(&records[range]).map_err(|e| wire_error_code(&e))?;
+            if header.base_offset() != next {
+                return Err(errors::OFFSET_OUT_OF_RANGE);
+            }
+            next = header.next_offset();
+            headers.push(header);
+        }
+        for h in &headers {
+            self.note_epoch(h.partition_leader_epoch(), h.base_offset())?;
+        }
+        let info = self
+            .producers
+            .append_replicated(&self.log, records, now_ms)
+            .await
+            .map_err(|e| {
+                tracing::warn!(topic = %self.topic, partition = self.index, "replicated append failed: {e}");
+                storage_error_code(&e)
+            })?;
+        self.log_grew(info.last_offset.add(1));
+        Ok(info)
+    }
+
+    fn validate(&self, records: &[u8]) -> Result<(), i16> {
+        if records.is_empty() {
+            return Err(errors::INVALID_RECORD);
+        }
+        let compacted = self.log.config().cleanup_policy.compact;
+        for range in split_batches(records) {
+            let range = range.map_err(|e| wire_error_code(&e))?;
+            if range.len() > self.max_message_bytes.get() {
+                return Err(errors::MESSAGE_TOO_LARGE);
+            }
+            // Kafka: a compacted topic refuses records without a key (the cleaner could
+            // not tell which to keep) with INVALID_RECORD.
+            if compacted {
+                let batch = bytes::Bytes::copy_from_slice(&records[range]);
+                if crate::storage::keyless_records(&batch).is_err() {
+                    return Err(errors::INVALID_RECORD);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,305 @@
+//! Reads from a partition replica: Fetch for consumers (up to the HW, on the leader) and
+//! for followers (up to the leader's log end, recording the follower's progress, which may
+//! move the HW), with the request's leader epoch checked (KIP-320); ListOffsets and
+//! DeleteRecords.
+
+use bytes::Bytes;
+use wire::{LeaderEpoch, NodeId, Offset};
+
+use super::replica::EpochCheck;
+use super::{Partition, storage_error_code};
+use crate::errors;
+use crate::storage::StorageError;
+
+/// Largest decompressed batch ListOffsets-by-time will look inside.
+const DECOMPRESSED_BATCH_MAX_BYTES: usize = 64 << 20;
+
+/// A consumer's `isolation_level`. Without transactions the LSO equals the HW, so both
+/// read up to the HW today.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    #[default]
+    ReadUncommitted,
+    ReadCommitted,
+}
+
+/// Who reads: a consumer (Fetch `replica_id` -1) or a follower replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFor {
+    Consumer(Isolation),
+    Follower(NodeId),
+}
+
+/// Result of one Fetch partition read.
+#[derive(Clone, Debug)]
+pub struct FetchOutcome {
+    pub error: i16,
+    pub high_watermark: Offset,
+    pub last_stable_offset: Offset,
+    pub log_start_offset: Offset,
+    /// Whole batches, zero-copy slices of the log's buffers.
+    pub batches: Vec<Bytes>,
+    /// KIP-320, to a follower: its log diverges from this leader's; the epoch (the
+    /// largest at or below the one it last fetched) and where it ends here.
+    pub diverging: Option<(LeaderEpoch, Offset)>,
+}
+
+impl FetchOutcome {
+    pub fn bytes(&self) -> usize {
+        self.batches.iter().map(Bytes::len).sum()
+    }
+
+    /// The outcome of a read that could not run (`error` is a Kafka error code).
+    pub fn refused(error: i16) -> FetchOutcome {
+        FetchOutcome {
+            error,
+            high_watermark: Offset::NONE,
+            last_stable_offset: Offset::NONE,
+            log_start_offset: Offset::NONE,
+            batches: Vec::new(),
+            diverging: None,
+        }
+    }
+}
+
+/// A ListOffsets answer for one partition.
+#[derive(Clone, Copy, Debug)]
+pub struct ListedOffset {
+    pub error: i16,
+    pub timestamp: i64,
+    pub offset: Offset,
+    pub leader_epoch: LeaderEpoch,
+}
+
+impl ListedOffset {
+    pub fn failed(error: i16) -> ListedOffset {
+        ListedOffset {
+            error,
+            timestamp: -1,
+            offset: Offset::NONE,
+            leader_epoch: LeaderEpoch::NONE,
+        }
+    }
+}
+
+pub(super) fn epoch_error(check: EpochCheck) -> i16 {
+    match check {
+        EpochCheck::Fenced => errors::FENCED_LEADER_EPOCH,
+        EpochCheck::Unknown => errors::UNKNOWN_LEADER_EPOCH,
+    }
+}
+
+impl Partition {
+    /// Checks that this replica leads and the request's epoch is current.
+    fn check_leader(&self, current_epoch: LeaderEpoch) -> Result<(), i16> {
+        let replica = self.replica.borrow();
+        replica.check_epoch(current_epoch).map_err(epoch_error)?;
+        if replica.is_leader() {
+            Ok(())
+        } else {
+            Err(errors::NOT_LEADER_OR_FOLLOWER)
+        }
+    }
+
+    /// Reads from `offset` for `reader`, at most `max_bytes` of records except that the
+    /// first batch is returned whole up to `hard_max_bytes` (see `Log::read_within`). With
+    /// `hard_max_bytes` 0 the log is not read at all: the outcome carries only the offsets
+    /// and the error. A follower's read also records its progress (its LEO is `offset`).
+    pub async fn fetch_within(
+        &self,
+        offset: Offset,
+        reader: ReadFor,
+        current_epoch: LeaderEpoch,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+        now_ms: i64,
+    ) -> FetchOutcome {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        let upper = match reader {
+            ReadFor::Consumer(_) => self.high_watermark(),
+            ReadFor::Follower(node) => {
+                let end = self.log.log_end_offset();
+                let advanced = self
+                    .replica
+                    .borrow_mut()
+                    .follower_fetched(node, offset, end, now_ms);
+                if advanced {
+                    self.appended.notify_all();
+                }
+                end
+            }
+        };
+        let hw = self.high_watermark();
+        let mut out = FetchOutcome {
+            error: errors::NONE,
+            high_watermark: hw,
+            last_stable_offset: hw,
+            log_start_offset: self.log.log_start_offset(),
+            batches: Vec::new(),
+            diverging: None,
+        };
+        if offset == upper {
+            return out;
+        }
+        if offset > upper || offset < out.log_start_offset {
+            out.error = errors::OFFSET_OUT_OF_RANGE;
+            return out;
+        }
+        if hard_max_bytes == 0 {
+            return out;
+        }
+        let read = self
+            .log
+            .read_within(offset, max_bytes, hard_max_bytes, upper);
+        match read.await {
+            Ok(read) => {
+                out.batches = read.batches;
+                out.log_start_offset = read.log_start_offset;
+                out
+            }
+            Err(StorageError::OffsetOutOfRange { .. }) => {
+                out.error = errors::OFFSET_OUT_OF_RANGE;
+                out
+            }
+            Err(e) => {
+                crate::client_warn!(topic = %self.topic, partition = self.index, "read failed: {e}");
+                FetchOutcome::refused(storage_error_code(&e))
+            }
+        }
+    }
+
+    /// KIP-320, on the leader: a follower fetching at `offset` that last fetched under
+    /// `last_fetched` diverges if that epoch ended here before `offset` (or is unknown
+    /// here): it must truncate before fetching on. Kafka's check, on the epoch cache.
+    pub fn diverging(
+        &self,
+        offset: Offset,
+        last_fetched: LeaderEpoch,
+    ) -> Option<(LeaderEpoch, Offset)> {
+        if last_fetched == LeaderEpoch::NONE {
+            return None;
+        }
+        let end = self.log.log_end_offset();
+        let (epoch, epoch_end) = self.epochs.borrow().end_offset_for(last_fetched, end);
+        let diverges = epoch == LeaderEpoch::NONE || epoch < last_fetched || epoch_end < offset;
+        diverges.then_some((epoch, epoch_end))
+    }
+
+    /// The answer to a diverging follower: no records, and where to truncate. Its fetch
+    /// offset says nothing about what it holds, so its progress is not recorded.
+    pub fn diverged(
+        &self,
+        diverging: (LeaderEpoch, Offset),
+        current_epoch: LeaderEpoch,
+    ) -> FetchOutcome {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        let hw = self.high_watermark();
+        FetchOutcome {
+            error: errors::NONE,
+            high_watermark: hw,
+            last_stable_offset: hw,
+            log_start_offset: self.log.log_start_offset(),
+            batches: Vec::new(),
+            diverging: Some(diverging),
+        }
+    }
+
+    /// A consumer's read of everything from `offset` up to the HW, at most `max_bytes`
+    /// (the first batch whole).
+    pub async fn fetch(&self, offset: Offset, max_bytes: usize) -> FetchOutcome {
+        let reader = ReadFor::Consumer(Isolation::ReadUncommitted);
+        let now = crate::shard::now_ms();
+        self.fetch_within(
+            offset,
+            reader,
+            LeaderEpoch::NONE,
+            max_bytes,
+            usize::MAX,
+            now,
+        )
+        .await
+    }
+
+    /// ListOffsets: -2 earliest, -1 latest (the HW), -3 max timestamp, else the first
+    /// offset whose timestamp is >= `timestamp`.
+    pub async fn list_offset(&self, timestamp: i64, current_epoch: LeaderEpoch) -> ListedOffset {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return ListedOffset::failed(code);
+        }
+        let found = |timestamp: i64, offset: Offset| ListedOffset {
+            error: errors::NONE,
+            timestamp,
+            offset,
+            leader_epoch: self.leader_epoch(),
+        };
+        match timestamp {
+            -2 => found(-1, self.log.log_start_offset()),
+            -1 => found(-1, self.high_watermark()),
+            -3 => {
+                let (ts, offset) = self.log.max_timestamp();
+                if ts < 0 {
+                    found(-1, Offset::NONE)
+                } else {
+                    found(ts, offset)
+                }
+            }
+            ts if ts < 0 => ListedOffset::failed(errors::UNSUPPORTED_VERSION),
+            ts => match self.log.read_by_time(ts).await {
+                Ok(Some((offset, found_ts))) => {
+                    let exact = self.first_record_at(offset, ts).await;
+                    let (ts, offset) = exact.unwrap_or((found_ts, offset));
+                    found(ts, offset)
+                }
+                Ok(None) => found(-1, Offset::NONE),
+                Err(e) => ListedOffset::failed(storage_error_code(&e)),
+            },
+        }
+    }
+
+    /// Within the batch at `batch_offset` (found by the time index), the first record whose
+    /// timestamp is >= `ts`, as (its timestamp, its offset): Kafka answers ListOffsets by
+    /// time with that exact record, not the batch. `None` if the batch cannot be read.
+    async fn first_record_at(&self, batch_offset: Offset, ts: i64) -> Option<(i64, Offset)> {
+        let read = self
+            .log
+            .read(batch_offset, 1, self.high_watermark())
+            .await
+            .ok()?;
+        let batch = read.batches.into_iter().next()?;
+        let (header, records) =
+            wire::batch::batch_records(&batch, DECOMPRESSED_BATCH_MAX_BYTES).ok()?;
+        if header.attributes().timestamp_type() == wire::batch::TimestampType::LogAppendTime {
+            return Some((header.max_timestamp(), header.base_offset()));
+        }
+        for record in records {
+            let record = record.ok()?;
+            let record_ts = header
+                .base_timestamp()
+                .saturating_add(record.timestamp_delta);
+            let offset = header.base_offset().add(i64::from(record.offset_delta));
+            if record_ts >= ts && offset >= batch_offset {
+                return Some((record_ts, offset));
+            }
+        }
+        None
+    }
+
+    /// DeleteRecords: `Offset::NONE` (-1) means "up to the HW". Returns the new low
+    /// watermark, or a Kafka error.
+    pub async fn delete_records(&self, offset: Offset) -> Result<Offset, i16> {
+        self.check_leader(LeaderEpoch::NONE)?;
+        let hw = self.high_watermark();
+        let target = if offset == Offset::NONE { hw } else { offset };
+        if target > hw || target.get() < 0 {
+            return Err(errors::OFFSET_OUT_OF_RANGE);
+        }
+        self.log
+            .delete_records_before(target)
+            .await
+            .map_err(|e| storage_error_code(&e))
+    }
+}

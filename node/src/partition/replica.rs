@@ -1,0 +1,504 @@
+//! The replica state of one partition on its owning shard: whether this node leads it or
+//! follows another, under which leader epoch, and the high watermark — kept apart from the
+//! log end offset (LEO), because with followers the HW is the smallest LEO in the ISR.
+//!
+//! A single node is the case ISR = {self}: the HW follows the local LEO as appends complete.
+//! The replication fetchers and the controller drive the other transitions (become leader
+//! or follower at an epoch, followers' fetch offsets, ISR changes); the invariants they must
+//! keep are asserted here, where the state changes: the HW never moves backwards, never
+//! passes the local LEO, and a leader is always in its own ISR.
+
+use std::collections::BTreeMap;
+
+use wire::{LeaderEpoch, NodeId, Offset};
+
+/// The leader epoch of a partition whose only replica leads it since it was created
+/// (single node: the leader never changes). The cluster's metadata image carries real
+/// epochs; Metadata answers this one where there is no image.
+pub const SOLE_LEADER_EPOCH: LeaderEpoch = LeaderEpoch(0);
+
+/// What this replica does for its partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// This node appends for clients; followers fetch from it.
+    Leader(LeaderState),
+    /// This node copies from `leader` (replication fetchers append with the leader's
+    /// offsets); clients are told NOT_LEADER_OR_FOLLOWER.
+    Follower { leader: NodeId },
+}
+
+/// A leader's view of its replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderState {
+    /// In-sync replicas, this node included.
+    isr: Vec<NodeId>,
+    /// Each other replica's progress, as its fetches report it.
+    followers: BTreeMap<NodeId, FollowerProgress>,
+}
+
+/// One follower, as the leader sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FollowerProgress {
+    /// The follower's log end offset: the offset of its last fetch.
+    pub log_end: Offset,
+    /// When its fetch last reached the leader's LEO (for `replica.lag.time.max.ms`).
+    pub caught_up_ms: i64,
+}
+
+/// Where a partition lives, as the cluster metadata committed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// Nodes holding a replica (the first is the preferred leader).
+    pub replicas: Vec<NodeId>,
+    /// The leader; `None` while no ISR member is alive (the partition is offline).
+    pub leader: Option<NodeId>,
+    pub leader_epoch: LeaderEpoch,
+    pub isr: Vec<NodeId>,
+    /// Bumped on every change of the record; an ISR change proposed by the leader names
+    /// the epoch it was based on.
+    pub partition_epoch: i32,
+}
+
+/// What applying an [`Assignment`] asks of the shard's replication fetchers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleChange {
+    /// Nothing (a stale record, or the same role; an ISR update on a leader).
+    Unchanged,
+    /// Became (or stays, under a new epoch) leader: stop fetching.
+    Lead,
+    /// Follows this leader now: fetch from it.
+    Follow(NodeId),
+    /// No leader: stop fetching, refuse clients.
+    Offline,
+}
+
+/// The leader of a partition that has none (offline): `Role::Follower` of nobody.
+pub const NO_LEADER: NodeId = NodeId(-1);
+
+/// Why a request for this replica is refused (each a Kafka error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochCheck {
+    /// The request's epoch is older than ours (KIP-320): FENCED_LEADER_EPOCH.
+    Fenced,
+    /// The request's epoch is newer than ours: UNKNOWN_LEADER_EPOCH (we have not heard yet).
+    Unknown,
+}
+
+/// Role, leader epoch and HW of one partition replica.
+#[derive(Clone, Debug)]
+pub struct ReplicaState {
+    local: NodeId,
+    role: Role,
+    leader_epoch: LeaderEpoch,
+    /// The partition epoch of the assignment in force (0 for a sole replica).
+    partition_epoch: i32,
+    high_watermark: Offset,
+    /// The end of what the local log has completed writing (appends still in flight are
+    /// not counted: the HW must not cover them).
+    log_end: Offset,
+}
+
+impl ReplicaState {
+    /// The only replica: leader at epoch 0, ISR = {local}, HW = the log's end (what a
+    /// single node had acknowledged is all on its own disk).
+    pub fn sole(local: NodeId, log_end: Offset) -> ReplicaState {
+        ReplicaState {
+            local,
+            role: Role::Leader(LeaderState {
+                isr: vec![local],
+                followers: BTreeMap::new(),
+            }),
+            leader_epoch: SOLE_LEADER_EPOCH,
+            partition_epoch: 0,
+            high_watermark: log_end,
+            log_end,
+        }
+    }
+
+    pub fn local(&self) -> NodeId {
+        self.local
+    }
+
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    pub fn is_leader(&self) -> bool {
+        matches!(self.role, Role::Leader(_))
+    }
+
+    pub fn leader_epoch(&self) -> LeaderEpoch {
+        self.leader_epoch
+    }
+
+    pub fn high_watermark(&self) -> Offset {
+        self.high_watermark
+    }
+
+    /// Members of the ISR (0 on a follower: it does not know the leader's ISR).
+    pub fn isr_len(&self) -> usize {
+        match &self.role {
+            Role::Leader(l) => l.isr.len(),
+            Role::Follower { .. } => 0,
+        }
+    }
+
+    /// The leader this replica follows or is.
+    pub fn leader(&self) -> NodeId {
+        match &self.role {
+            Role::Leader(_) => self.local,
+            Role::Follower { leader } => *leader,
+        }
+    }
+
+    /// Checks a request's `current_leader_epoch` (-1: the client does not say).
+    pub fn check_epoch(&self, requested: LeaderEpoch) -> Result<(), EpochCheck> {
+        if requested == LeaderEpoch::NONE || requested == self.leader_epoch {
+            Ok(())
+        } else if requested < self.leader_epoch {
+            Err(EpochCheck::Fenced)
+        } else {
+            Err(EpochCheck::Unknown)
+        }
+    }
+
+    /// The local log completed writing up to `log_end`. On a leader the HW becomes the
+    /// smallest LEO over the ISR. Returns whether the HW advanced.
+    pub fn local_log_end(&mut self, log_end: Offset) -> bool {
+        self.log_end = self.log_end.max(log_end);
+        self.recompute_high_watermark()
+    }
+
+    /// The local log end the HW is bounded by.
+    pub fn log_end(&self) -> Offset {
+        self.log_end
+    }
+
+    /// A follower's fetch at `offset` says it holds everything before it; `leader_end` is
+    /// the end of the leader's log including appends still being written (a follower may
+    /// have copied those from the tail cache). Returns whether the HW advanced. Unknown
+    /// replicas are ignored (not assigned to this partition).
+    pub fn follower_fetched(
+        &mut self,
+        follower: NodeId,
+        offset: Offset,
+        leader_end: Offset,
+        now_ms: i64,
+    ) -> bool {
+        let Role::Leader(l) = &mut self.role else {
+            return false;
+        };
+        let Some(p) = l.followers.get_mut(&follower) else {
+            return false;
+        };
+        // Never beyond what the leader has: a follower cannot vouch for more.
+        p.log_end = offset.min(leader_end);
+        if offset >= leader_end {
+            p.caught_up_ms = now_ms;
+        }
+        self.recompute_high_watermark()
+    }
+
+    /// A follower learns the leader's HW from a fetch response: its own HW is the smaller
+    /// of that and what it holds.
+    pub fn learn_high_watermark(&mut self, leader_hw: Offset) -> bool {
+        if self.is_leader() {
+            return false;
+        }
+        self.advance_high_watermark(leader_hw.min(self.log_end))
+    }
+
+    /// On a leader: HW = the smallest log end over the ISR (this node's included).
+    fn recompute_high_watermark(&mut self) -> bool {
+        let Role::Leader(l) = &self.role else {
+            return false;
+        };
+        let hw = l
+            .isr
+            .iter()
+            .filter(|n| **n != self.local)
+            .map(|n| l.followers.get(n).map_or(Offset(0), |f| f.log_end))
+            .fold(self.log_end, Ord::min);
+        self.advance_high_watermark(hw)
+    }
+
+    /// Becomes leader at `epoch` with `isr` (which must include this node) and the other
+    /// `replicas` as followers, whose progress starts unknown (offset 0) as in Kafka.
+    pub fn become_leader(&mut self, epoch: LeaderEpoch, isr: Vec<NodeId>, replicas: &[NodeId]) {
+        assert!(
+            epoch >= self.leader_epoch,
+            "leader epoch moves forward: {} -> {epoch}",
+            self.leader_epoch
+        );
+        assert!(isr.contains(&self.local), "a leader is in its own ISR");
+        let followers = replicas
+            .iter()
+            .filter(|n| **n != self.local)
+            .map(|n| (*n, FollowerProgress::default()))
+            .collect();
+        self.leader_epoch = epoch;
+        self.role = Role::Leader(LeaderState { isr, followers });
+        self.recompute_high_watermark();
+    }
+
+    /// Becomes a follower of `leader` at `epoch`.
+    pub fn become_follower(&mut self, leader: NodeId, epoch: LeaderEpoch) {
+        assert!(
+            epoch >= self.leader_epoch,
+            "leader epoch moves forward: {} -> {epoch}",
+            self.leader_epoch
+        );
+        assert_ne!(leader, self.local, "a follower follows another node");
+        self.leader_epoch = epoch;
+        self.role = Role::Follower { leader };
+    }
+
+    /// The local log was truncated to end at `log_end` (a follower cutting off what the
+    /// leader does not have). The one case where the HW may move back: it cannot cover
+    /// records that are gone.
+    pub fn truncated(&mut self, log_end: Offset) {
+        assert!(!self.is_leader(), "a leader never truncates its log");
+        self.log_end = log_end;
+        self.high_watermark = self.high_watermark.min(log_end);
+    }
+
+    /// The local log was emptied and restarts at `offset` (a follower below its leader's
+    /// log start): nothing below it is here any more, and nothing above it yet.
+    pub fn restarted(&mut self, offset: Offset) {
+        assert!(!self.is_leader(), "a leader never restarts its log");
+        self.log_end = offset;
+        self.high_watermark = offset;
+    }
+
+    pub fn partition_epoch(&self) -> i32 {
+        self.partition_epoch
+    }
+
+    /// Applies a committed assignment at `now_ms`. A record older than the epoch in force
+    /// changes nothing; on a leader that stays leader under the same epoch it updates the
+    /// ISR, keeping what it knows of its followers. A new leader counts its ISR members as
+    /// caught up now (Kafka's rule), so none is dropped before it could fetch.
+    pub fn apply(&mut self, a: &Assignment, now_ms: i64) -> RoleChange {
+        if a.leader_epoch < self.leader_epoch {
+            return RoleChange::Unchanged;
+        }
+        let newer = a.leader_epoch > self.leader_epoch;
+        self.partition_epoch = self.partition_epoch.max(a.partition_epoch);
+        match a.leader {
+            Some(leader) if leader == self.local => {
+                if !newer && self.is_leader() {
+                    self.update_isr(&a.isr, &a.replicas, now_ms);
+                    return RoleChange::Unchanged;
+                }
+                let mut isr = a.isr.clone();
+                if !isr.contains(&self.local) {
+                    isr.push(self.local);
+                }
+                self.become_leader(a.leader_epoch, isr, &a.replicas);
+                self.followers_caught_up_now(now_ms);
+                RoleChange::Lead
+            }
+            Some(leader) => {
+                let same = matches!(self.role, Role::Follower { leader: l } if l == leader);
+                if same && !newer {
+                    return RoleChange::Unchanged;
+                }
+                self.become_follower(leader, a.leader_epoch);
+                RoleChange::Follow(leader)
+            }
+            None => {
+                if matches!(self.role, Role::Follower { leader } if leader == NO_LEADER) {
+                    return RoleChange::Unchanged;
+                }
+                self.leader_epoch = a.leader_epoch;
+                self.role = Role::Follower { leader: NO_LEADER };
+                RoleChange::Offline
+            }
+        }
+    }
+
+    /// A leader's ISR as committed: followers keep their progress; replicas that just
+    /// joined the ISR count as caught up now.
+    fn update_isr(&mut self, isr: &[NodeId], replicas: &[NodeId], now_ms: i64) {
+        let local = self.local;
+        let Role::Leader(l) = &mut self.role else {
+            return;
+        };
+        let mut isr = isr.to_vec();
+        if !isr.contains(&local) {
+            isr.push(local);
+        }
+        l.followers.retain(|n, _| replicas.contains(n));
+        for n in replicas.iter().filter(|n| **n != local) {
+            let joined = isr.contains(n) && !l.isr.contains(n);
+            let p = l.followers.entry(*n).or_default();
+            if joined {
+                p.caught_up_ms = now_ms;
+            }
+        }
+        l.isr = isr;
+        self.recompute_high_watermark();
+    }
+
+    /// A new leader counts every follower as caught up now (Kafka's rule): none leaves
+    /// the ISR before it had `replica.lag.time.max.ms` to fetch from the new leader.
+    fn followers_caught_up_now(&mut self, now_ms: i64) {
+        if let Role::Leader(l) = &mut self.role {
+            for p in l.followers.values_mut() {
+                p.caught_up_ms = now_ms;
+            }
+        }
+    }
+
+    /// On a leader, the ISR it should have at `now_ms`: members whose fetches have not
+    /// reached its log end for `lag_max_ms` leave; followers outside that hold everything
+    /// up to the HW join. `None` when the ISR is right as it is (or not a leader).
+    pub fn wanted_isr(&self, now_ms: i64, lag_max_ms: i64) -> Option<Vec<NodeId>> {
+        let Role::Leader(l) = &self.role else {
+            return None;
+        };
+        let mut wanted: Vec<NodeId> = l
+            .isr
+            .iter()
+            .copied()
+            .filter(|n| {
+                *n == self.local
+                    || l.followers
+                        .get(n)
+                        .is_some_and(|p| now_ms - p.caught_up_ms <= lag_max_ms)
+            })
+            .collect();
+        for (n, p) in &l.followers {
+            let caught_up =
+                p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
+            if !wanted.contains(n) && caught_up {
+                wanted.push(*n);
+            }
+        }
+        wanted.sort();
+        let mut current = l.isr.clone();
+        current.sort();
+        (wanted != current).then_some(wanted)
+    }
+
+    /// Sets the HW to `hw` if that is ahead; never backwards, never past the local LEO.
+    fn advance_high_watermark(&mut self, hw: Offset) -> bool {
+        assert!(
+            hw <= self.log_end,
+            "HW {hw} past the local log end {}",
+            self.log_end
+        );
+        if hw > self.high_watermark {
+            self.high_watermark = hw;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sole_replica_moves_its_high_watermark_with_its_log() {
+        let mut r = ReplicaState::sole(NodeId(1), Offset(5));
+        assert!(r.is_leader());
+        assert_eq!((r.high_watermark(), r.isr_len()), (Offset(5), 1));
+        assert!(r.local_log_end(Offset(9)));
+        assert!(!r.local_log_end(Offset(9)), "no change, no advance");
+        assert_eq!(r.high_watermark(), Offset(9));
+    }
+
+    #[test]
+    fn the_high_watermark_is_the_smallest_log_end_in_the_isr() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let mut r = ReplicaState::sole(a, Offset(0));
+        r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c]);
+        assert!(!r.local_log_end(Offset(10)), "followers hold nothing yet");
+        assert!(!r.follower_fetched(b, Offset(10), Offset(10), 0));
+        assert!(r.follower_fetched(c, Offset(7), Offset(10), 0));
+        assert_eq!(r.high_watermark(), Offset(7));
+        // A follower that reports less later cannot move the HW back.
+        r.follower_fetched(c, Offset(3), Offset(10), 0);
+        assert_eq!(r.high_watermark(), Offset(7));
+        assert!(!r.follower_fetched(NodeId(9), Offset(10), Offset(10), 0));
+        // Followers ahead of the leader's written end (copied from its tail cache): the
+        // HW waits for the leader's own write.
+        r.follower_fetched(b, Offset(12), Offset(12), 0);
+        r.follower_fetched(c, Offset(12), Offset(12), 0);
+        assert_eq!(r.high_watermark(), Offset(10));
+        assert!(r.local_log_end(Offset(12)));
+        assert_eq!(r.high_watermark(), Offset(12));
+    }
+
+    fn assignment(leader: Option<i32>, epoch: i32, isr: &[i32]) -> Assignment {
+        Assignment {
+            replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
+            leader: leader.map(NodeId),
+            leader_epoch: LeaderEpoch(epoch),
+            isr: isr.iter().copied().map(NodeId).collect(),
+            partition_epoch: epoch,
+        }
+    }
+
+    #[test]
+    fn assignments_move_the_role_and_the_isr_follows_the_followers_progress() {
+        let lag = 10_000;
+        let mut r = ReplicaState::sole(NodeId(1), Offset(0));
+        assert_eq!(
+            r.apply(&assignment(Some(1), 1, &[1, 2, 3]), 0),
+            RoleChange::Lead
+        );
+        assert_eq!(r.isr_len(), 3);
+        assert_eq!(r.wanted_isr(lag, lag), None, "all caught up at the start");
+        r.local_log_end(Offset(10));
+        r.follower_fetched(NodeId(2), Offset(10), Offset(10), 5_000);
+        // Node 3 never fetches: out after the lag, node 2 stays.
+        assert_eq!(r.wanted_isr(lag + 1, lag), Some(vec![NodeId(1), NodeId(2)]));
+        assert_eq!(
+            r.apply(&assignment(Some(1), 1, &[1, 2]), lag + 1),
+            RoleChange::Unchanged
+        );
+        assert_eq!((r.isr_len(), r.high_watermark()), (2, Offset(10)));
+        // Node 3 catches up: it may rejoin.
+        r.follower_fetched(NodeId(3), Offset(10), Offset(10), lag + 2);
+        assert_eq!(
+            r.wanted_isr(lag + 3, lag),
+            Some(vec![NodeId(1), NodeId(2), NodeId(3)])
+        );
+        // A stale record changes nothing; a newer epoch with another leader demotes.
+        assert_eq!(
+            r.apply(&assignment(Some(2), 0, &[2]), 0),
+            RoleChange::Unchanged
+        );
+        assert_eq!(
+            r.apply(&assignment(Some(2), 2, &[2, 3]), 0),
+            RoleChange::Follow(NodeId(2))
+        );
+        assert_eq!(
+            r.apply(&assignment(Some(2), 2, &[2, 3]), 0),
+            RoleChange::Unchanged
+        );
+        assert_eq!(r.apply(&assignment(None, 3, &[]), 0), RoleChange::Offline);
+        assert!(!r.is_leader());
+        assert_eq!(r.leader(), NO_LEADER);
+    }
+
+    #[test]
+    fn epochs_fence_old_requests_and_a_follower_learns_the_leaders_hw() {
+        let mut r = ReplicaState::sole(NodeId(1), Offset(4));
+        r.become_follower(NodeId(2), LeaderEpoch(3));
+        assert_eq!(r.check_epoch(LeaderEpoch(2)), Err(EpochCheck::Fenced));
+        assert_eq!(r.check_epoch(LeaderEpoch(4)), Err(EpochCheck::Unknown));
+        assert_eq!(r.check_epoch(LeaderEpoch::NONE), Ok(()));
+        assert_eq!(r.leader(), NodeId(2));
+        assert!(
+            !r.local_log_end(Offset(6)),
+            "a follower's HW comes from its leader"
+        );
+        assert!(r.learn_high_watermark(Offset(9)));
+        assert_eq!(r.high_watermark(), Offset(6), "not past what it holds");
+    }
+}

@@ -1,0 +1,208 @@
+//! The operations the API handlers run on a partition's owning shard, one type each with
+//! its own reply (see [`ShardCall`]). Offsets and epochs travel as their newtypes.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use wire::{LeaderEpoch, Offset};
+
+use super::context::ServiceContext;
+use super::mesh::ShardCall;
+use super::{Shard, TopicPartition, now_ms};
+use crate::group::{GroupCall, GroupReply};
+use crate::partition::{Acks, FetchOutcome, ListedOffset, ProduceOutcome, ReadFor};
+
+/// Appends one Produce partition's records on its leader and answers as `acks` asks
+/// (acks=all waits there, on the owner, until the HW covers the batch or
+/// `replicated_by`, the request's `timeout_ms`; the call's own deadline is later, so that
+/// the append itself is never cut short by a short client timeout).
+pub struct ProduceCall {
+    pub tp: TopicPartition,
+    pub records: BytesMut,
+    pub acks: Acks,
+    pub replicated_by: Instant,
+}
+
+impl ShardCall for ProduceCall {
+    type Reply = ProduceOutcome;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
+        match shard.partition(&self.tp).await {
+            Ok(p) => {
+                let produce = p.produce(self.records, self.acks, self.replicated_by, now_ms());
+                produce.await
+            }
+            Err(code) => ProduceOutcome::failed(code),
+        }
+    }
+}
+
+/// One partition read of a Fetch.
+#[derive(Debug, Clone)]
+pub struct FetchRead {
+    pub tp: TopicPartition,
+    pub offset: Offset,
+    pub max_bytes: usize,
+    /// The request's `current_leader_epoch` (-1: not given).
+    pub current_epoch: LeaderEpoch,
+    /// A follower's `last_fetched_epoch` (-1: not given), checked for divergence.
+    pub last_fetched_epoch: LeaderEpoch,
+}
+
+/// Reads of several partitions owned by the same shard, in request order: together they
+/// return at most `budget_bytes` of records, except that with `exceed_once` the first
+/// partition with data returns its first batch whole even if it is larger (KIP-74: a
+/// fetch always makes progress). A partition reached with no budget left is not read.
+pub struct FetchCall {
+    pub reads: Vec<FetchRead>,
+    pub reader: ReadFor,
+    pub budget_bytes: usize,
+    pub exceed_once: bool,
+}
+
+impl ShardCall for FetchCall {
+    /// One outcome per read, in order.
+    type Reply = Vec<FetchOutcome>;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Vec<FetchOutcome> {
+        let mut left = self.budget_bytes;
+        let mut exceed = self.exceed_once;
+        let mut out = Vec::with_capacity(self.reads.len());
+        for r in self.reads {
+            let hard_max_bytes = if exceed { usize::MAX } else { left };
+            let outcome = match shard.partition(&r.tp).await {
+                Ok(p) if matches!(self.reader, ReadFor::Follower(_)) && p.replica().is_leader() => {
+                    match p.diverging(r.offset, r.last_fetched_epoch) {
+                        Some(diverging) => p.diverged(diverging, r.current_epoch),
+                        None => {
+                            let max_bytes = r.max_bytes.min(left);
+                            let read = p.fetch_within(
+                                r.offset,
+                                self.reader,
+                                r.current_epoch,
+                                max_bytes,
+                                hard_max_bytes,
+                                now_ms(),
+                            );
+                            read.await
+                        }
+                    }
+                }
+                Ok(p) => {
+                    let max_bytes = r.max_bytes.min(left);
+                    let read = p.fetch_within(
+                        r.offset,
+                        self.reader,
+                        r.current_epoch,
+                        max_bytes,
+                        hard_max_bytes,
+                        now_ms(),
+                    );
+                    read.await
+                }
+                Err(code) => FetchOutcome::refused(code),
+            };
+            let got = outcome.bytes();
+            assert!(exceed || got <= left, "read {got} bytes with {left} left");
+            exceed &= got == 0;
+            left = left.saturating_sub(got);
+            out.push(outcome);
+        }
+        out
+    }
+}
+
+/// Completes when any of `tps` can be read past its offset (the HW for a consumer, the
+/// log end for a follower) — at once if one already can — or at the deadline.
+pub struct WaitCall {
+    pub tps: Vec<(TopicPartition, Offset)>,
+    pub reader: ReadFor,
+}
+
+impl ShardCall for WaitCall {
+    type Reply = ();
+
+    async fn run(self, shard: Rc<Shard>, deadline: Instant) {
+        shard.wait_for_data(&self.tps, self.reader, deadline).await;
+    }
+
+    fn takes_inbox_slot(&self) -> bool {
+        false
+    }
+}
+
+/// ListOffsets for one partition.
+pub struct ListOffsetCall {
+    pub tp: TopicPartition,
+    pub timestamp: i64,
+    pub current_epoch: LeaderEpoch,
+}
+
+impl ShardCall for ListOffsetCall {
+    type Reply = ListedOffset;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ListedOffset {
+        match shard.partition(&self.tp).await {
+            Ok(p) => p.list_offset(self.timestamp, self.current_epoch).await,
+            Err(code) => ListedOffset::failed(code),
+        }
+    }
+}
+
+/// DeleteRecords for one partition: the new low watermark, or a Kafka error.
+pub struct DeleteRecordsCall {
+    pub tp: TopicPartition,
+    pub offset: Offset,
+}
+
+impl ShardCall for DeleteRecordsCall {
+    type Reply = Result<Offset, i16>;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Result<Offset, i16> {
+        shard
+            .partition(&self.tp)
+            .await?
+            .delete_records(self.offset)
+            .await
+    }
+}
+
+/// OffsetForLeaderEpoch for one partition: where `epoch` ends in the owner's log.
+pub struct EpochEndCall {
+    pub tp: TopicPartition,
+    pub epoch: LeaderEpoch,
+    pub current_epoch: LeaderEpoch,
+}
+
+impl ShardCall for EpochEndCall {
+    type Reply = Result<(LeaderEpoch, Offset), i16>;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Self::Reply {
+        let p = shard.partition(&self.tp).await?;
+        p.epoch_end_offset(self.epoch, self.current_epoch)
+    }
+}
+
+/// Brings the shard's open partitions in line with the catalogue (drop deleted topics,
+/// apply config changes).
+pub struct SyncCall;
+
+impl ShardCall for SyncCall {
+    type Reply = ();
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) {
+        shard.sync_partitions().await;
+    }
+}
+
+/// Work for the group coordinator hosted on the target shard; it sees the shard only
+/// through a [`ServiceContext`].
+impl ShardCall for GroupCall {
+    type Reply = GroupReply;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> GroupReply {
+        let groups = shard.groups.clone();
+        groups.exec(&ServiceContext::new(&shard), self).await
+    }
+}

@@ -1,0 +1,156 @@
+//! Per-shard housekeeping: interval flushes and retention, for open partition logs and
+//! for the unopened ones that hold sealed segments.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::{Shard, TopicPartition, now_ms};
+use crate::metadata::is_internal;
+use crate::partition::{Partition, partition_dir};
+use std::sync::Arc;
+
+impl Shard {
+    /// Periodic per-shard housekeeping: retention and interval flushes.
+    pub async fn run_housekeeping(self: Rc<Self>) {
+        let interval_ms = self
+            .config()
+            .retention_check_interval_ms
+            .clamp(100, 3_600_000);
+        let mut last_retention = now_ms();
+        let cleaner = self.config().log_cleaner;
+        let (cleaner_budget, mut last_clean) = (cleaner.shard_budget(self.config().shards), 0);
+        while !self.shutting_down.get() {
+            let tick = glommio::timer::sleep(Duration::from_millis(1000.min(interval_ms)));
+            futures_lite::future::or(
+                async {
+                    tick.await;
+                },
+                self.shutdown.listen(),
+            )
+            .await;
+            if self.shutting_down.get() {
+                break;
+            }
+            let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+            let now = now_ms();
+            let retention_due = now - last_retention >= interval_ms as i64;
+            let clean_due = cleaner.enable && now - last_clean >= cleaner.backoff_ms as i64;
+            for p in parts {
+                if let Err(e) = p.log.flush_if_due(now).await {
+                    tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
+                }
+                if retention_due {
+                    apply_retention(&p, now).await;
+                }
+                if clean_due {
+                    clean_log(&p, now, &cleaner_budget).await;
+                }
+            }
+            if clean_due {
+                last_clean = now;
+            }
+            if retention_due {
+                self.retain_unopened(now).await;
+                last_retention = now;
+            }
+            crate::api::fetch_budget::trim_shard_heap_if_idle();
+            self.publish_gauges();
+        }
+    }
+
+    /// Retention for the partitions this shard owns that are not open (logs open on first
+    /// use, and idle ones close past `max.open.partitions`): those holding a sealed segment
+    /// on disk are opened (the open budget closes idle ones again) and retained. A log with
+    /// only its active segment has nothing retention could delete, so most idle partitions
+    /// cost one directory listing, done off the shard's thread.
+    async fn retain_unopened(&self, now: i64) {
+        let candidates = self.unopened_partitions();
+        if candidates.is_empty() {
+            return;
+        }
+        let data_dir = self.config().data_dir.clone();
+        let sealed = glommio::executor()
+            .spawn_blocking(move || {
+                candidates
+                    .into_iter()
+                    .filter(|tp| has_sealed_segment(&partition_dir(&data_dir, &tp.0, tp.1)))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        for tp in sealed {
+            if self.shutting_down.get() {
+                return;
+            }
+            if let Ok(p) = self.partition(&tp).await {
+                apply_retention(&p, now).await;
+            }
+        }
+    }
+
+    /// Publishes this shard's gauges to its metrics registry (once per housekeeping tick).
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = self.metrics();
+        m.partitions_open
+            .store(self.partitions.borrow().len() as u64, Relaxed);
+        let held = crate::api::fetch_budget::shard_held_bytes();
+        m.fetch_response_bytes_held.store(held, Relaxed);
+        m.connections_open
+            .store(self.open_connections.get() as u64, Relaxed);
+    }
+
+    /// Partitions of user topics this shard owns whose logs are not open now.
+    fn unopened_partitions(&self) -> Vec<TopicPartition> {
+        let catalog = self.catalog();
+        let open = self.partitions.borrow();
+        let mut out = Vec::new();
+        for (name, meta) in catalog.topics.iter().filter(|(n, _)| !is_internal(n)) {
+            let topic: Arc<str> = Arc::from(name.as_str());
+            for index in 0..meta.partitions {
+                let tp = (topic.clone(), index);
+                if self.router.owner(name, index) == self.id && !open.contains_key(&tp) {
+                    out.push(tp);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Applies retention to one open log, logging what it did.
+async fn apply_retention(p: &Partition, now: i64) {
+    match p.log.apply_retention(now).await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(topic = %p.topic, partition = p.index, "retention deleted {n} segments")
+        }
+        Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "retention: {e}"),
+    }
+}
+
+/// Compacts a `cleanup.policy=compact` log if it is due (storage/cleaner.rs).
+async fn clean_log(p: &Partition, now: i64, budget: &crate::storage::CleanerBudget) {
+    match p.log.clean_if_due(now, budget).await {
+        Ok(s) if s.rounds == 0 => {}
+        Ok(s) => tracing::info!(
+            topic = %p.topic, partition = p.index, segments = s.segments_swapped,
+            bytes_before = s.bytes_before, bytes_after = s.bytes_after,
+            records_removed = s.records_removed, ms = s.elapsed.as_millis() as u64,
+            "log cleaner compacted"
+        ),
+        Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "log cleaner: {e}"),
+    }
+}
+
+/// Whether a partition directory holds more than its active segment (two `.log` files or
+/// more); a missing directory holds none.
+fn has_sealed_segment(dir: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .nth(1)
+        .is_some()
+}

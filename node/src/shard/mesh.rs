@@ -1,0 +1,302 @@
+//! Typed calls between shards. Each operation is a type implementing [`ShardCall`] with
+//! its own reply type; [`Shard::call`] runs it on the target shard and returns that reply,
+//! or a [`CallError`] — never a reply of another operation, so callers have nothing to
+//! re-match. Every call carries a deadline: the caller stops waiting at it
+//! (REQUEST_TIMED_OUT), and the owner does not start a call whose deadline has passed.
+//! A call that has started is never cancelled half-way (an append runs to its end); its
+//! late reply is dropped.
+//!
+//! Transport: two bounded glommio channel meshes, requests ([`Envelope`]) to the owner and
+//! replies ([`ReplyEnvelope`]) back. A full queue makes the sender wait (backpressure),
+//! it never drops. Each shard runs one inbox task per peer; it handles at most
+//! [`INBOX_IN_FLIGHT_MAX`] calls from that peer at once, then stops pulling, which pushes
+//! back on the peer's connections. The call crosses as a boxed job and its reply as a
+//! boxed value; the only place that turns one back into its type is [`Shard::call`], which
+//! created the pairing.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Instant;
+
+use glommio::channels::channel_mesh::Receivers;
+use glommio::channels::local_channel;
+use glommio::sync::Semaphore;
+
+use super::Shard;
+use crate::errors;
+use crate::router::{RouteRevision, ShardId};
+
+/// Calls from one peer shard handled concurrently before its inbox stops pulling.
+pub const INBOX_IN_FLIGHT_MAX: u64 = 256;
+/// Capacity of each mesh queue (per ordered pair of shards).
+pub const MESH_QUEUE_CAPACITY: usize = 1024;
+
+/// An operation that runs on a chosen shard (usually a partition's owner).
+pub trait ShardCall: Send + 'static {
+    /// What the caller gets back.
+    type Reply: Send + 'static;
+
+    /// Runs on the target shard. `deadline` is the caller's: work that waits (a delayed
+    /// produce, a long poll) ends by it.
+    fn run(self, shard: Rc<Shard>, deadline: Instant) -> impl Future<Output = Self::Reply>;
+
+    /// Whether this call takes one of the peer's [`INBOX_IN_FLIGHT_MAX`] slots. A parked
+    /// long-poll does not: it is cheap, and parked waits must not hold back the peer's
+    /// produces and reads (their number is bounded by the peer's requests in flight).
+    fn takes_inbox_slot(&self) -> bool {
+        true
+    }
+}
+
+/// Why a call returned no reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// The deadline passed before the reply came.
+    TimedOut,
+    /// The call could not run there: a Kafka error code (routing revision changed, the
+    /// mesh is closed during shutdown).
+    Refused(i16),
+}
+
+impl CallError {
+    /// The Kafka error a client gets for it.
+    pub fn code(self) -> i16 {
+        match self {
+            CallError::TimedOut => errors::REQUEST_TIMED_OUT,
+            CallError::Refused(code) => code,
+        }
+    }
+}
+
+type Answer = Box<dyn Any + Send>;
+pub(super) type Delivery = Result<Answer, CallError>;
+
+/// A call in a box, as it crosses the mesh.
+pub trait Job: Send {
+    fn run(
+        self: Box<Self>,
+        shard: Rc<Shard>,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Answer>>>;
+    fn takes_inbox_slot(&self) -> bool;
+}
+
+struct Boxed<C>(C);
+
+impl<C: ShardCall> Job for Boxed<C> {
+    fn run(
+        self: Box<Self>,
+        shard: Rc<Shard>,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Answer>>> {
+        Box::pin(async move { Box::new(self.0.run(shard, deadline).await) as Answer })
+    }
+
+    fn takes_inbox_slot(&self) -> bool {
+        self.0.takes_inbox_slot()
+    }
+}
+
+/// A call crossing the mesh.
+pub struct Envelope {
+    pub from: ShardId,
+    pub id: u64,
+    pub revision: RouteRevision,
+    pub deadline: Instant,
+    pub job: Box<dyn Job>,
+}
+
+/// A reply crossing back.
+pub struct ReplyEnvelope {
+    pub id: u64,
+    pub delivery: Delivery,
+}
+
+/// Waits for `f` until `deadline`; `None` if the deadline came first (`f` is dropped).
+pub async fn within<T>(deadline: Instant, f: impl Future<Output = T>) -> Option<T> {
+    let timer = glommio::timer::sleep(deadline.saturating_duration_since(Instant::now()));
+    futures_lite::future::or(async { Some(f.await) }, async {
+        timer.await;
+        None
+    })
+    .await
+}
+
+/// Removes a caller's pending entry when the caller stops waiting (reply or timeout).
+struct PendingGuard<'a> {
+    shard: &'a Shard,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.shard.pending.borrow_mut().remove(&self.id);
+    }
+}
+
+/// The reply of a call of type `C`, out of its box. The box was filled by `Boxed<C>` for
+/// this call id, so a mismatch is a bug in this module, answered as a server error.
+fn unbox<C: ShardCall>(delivery: Delivery) -> Result<C::Reply, CallError> {
+    let answer = delivery?;
+    match answer.downcast::<C::Reply>() {
+        Ok(reply) => Ok(*reply),
+        Err(_) => {
+            debug_assert!(false, "a reply of another call type");
+            Err(CallError::Refused(errors::UNKNOWN_SERVER_ERROR))
+        }
+    }
+}
+
+impl Shard {
+    /// Runs `call` on shard `target` (this one included) and returns its reply, or
+    /// [`CallError::TimedOut`] once `deadline` passes.
+    pub async fn call<C: ShardCall>(
+        self: &Rc<Self>,
+        target: ShardId,
+        call: C,
+        deadline: Instant,
+    ) -> Result<C::Reply, CallError> {
+        if target == self.id {
+            return self.call_here(call, deadline).await;
+        }
+        let (Some(requests), Some(turns)) = (&self.requests, self.send_turns.get(target.0)) else {
+            return Err(CallError::Refused(errors::UNKNOWN_SERVER_ERROR));
+        };
+        let id = self.next_id.get();
+        self.next_id.set(id.wrapping_add(1));
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.pending.borrow_mut().insert(id, tx);
+        let _pending = PendingGuard { shard: self, id };
+        let env = Envelope {
+            from: self.id,
+            id,
+            revision: self.router.revision(),
+            deadline,
+            job: Box::new(Boxed(call)),
+        };
+        // In call order even when the queue is full (see `send_turns`): one connection's
+        // requests reach the owner in the order the client sent them.
+        let send = async {
+            let _turn = turns.wait().await;
+            requests.send_to(target.0, env).await.is_ok()
+        };
+        match within(deadline, send).await {
+            None => return Err(CallError::TimedOut),
+            Some(false) => return Err(CallError::Refused(errors::UNKNOWN_SERVER_ERROR)),
+            Some(true) => {}
+        }
+        match within(deadline, rx.recv()).await {
+            None => Err(CallError::TimedOut),
+            Some(None) => Err(CallError::Refused(errors::UNKNOWN_SERVER_ERROR)),
+            Some(Some(delivery)) => unbox::<C>(delivery),
+        }
+    }
+
+    /// A call to this shard runs as its own task, so that a caller giving up at the
+    /// deadline never cancels it half-way (as for a call to another shard).
+    async fn call_here<C: ShardCall>(
+        self: &Rc<Self>,
+        call: C,
+        deadline: Instant,
+    ) -> Result<C::Reply, CallError> {
+        let (tx, rx) = local_channel::new_bounded(1);
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            let reply = call.run(shard, deadline).await;
+            let _ = tx.try_send(reply);
+        })
+        .detach();
+        match within(deadline, rx.recv()).await {
+            None => Err(CallError::TimedOut),
+            Some(None) => Err(CallError::Refused(errors::UNKNOWN_SERVER_ERROR)),
+            Some(Some(reply)) => Ok(reply),
+        }
+    }
+
+    /// Runs `call` on the owner of `tp`.
+    pub async fn call_owner<C: ShardCall>(
+        self: &Rc<Self>,
+        tp: &super::TopicPartition,
+        call: C,
+        deadline: Instant,
+    ) -> Result<C::Reply, CallError> {
+        let owner = self.router.owner(&tp.0, tp.1);
+        self.call(owner, call, deadline).await
+    }
+
+    /// Serves calls from every peer until the mesh closes.
+    pub async fn run_inbox(self: Rc<Self>, mut receivers: Receivers<Envelope>) {
+        let streams = receivers.streams();
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|(peer, rx)| {
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
+                    while let Some(env) = rx.recv().await {
+                        let permit = if env.job.takes_inbox_slot() {
+                            match permits.clone().acquire_static_permit(1).await {
+                                Ok(p) => Some(p),
+                                Err(_) => break,
+                            }
+                        } else {
+                            None
+                        };
+                        let shard = shard.clone();
+                        glommio::spawn_local(async move {
+                            shard.serve_envelope(env).await;
+                            drop(permit);
+                        })
+                        .detach();
+                    }
+                    tracing::debug!(shard = %shard.id, peer, "inbox closed");
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+    }
+
+    async fn serve_envelope(self: Rc<Self>, env: Envelope) {
+        let delivery = if env.revision != self.router.revision() {
+            Err(CallError::Refused(errors::NOT_LEADER_OR_FOLLOWER))
+        } else if Instant::now() >= env.deadline {
+            // The caller has stopped waiting: do not start work nobody will see.
+            Err(CallError::TimedOut)
+        } else {
+            Ok(env.job.run(self.clone(), env.deadline).await)
+        };
+        if let Some(replies) = &self.replies {
+            let reply = ReplyEnvelope {
+                id: env.id,
+                delivery,
+            };
+            let _ = replies.send_to(env.from.0, reply).await;
+        }
+    }
+
+    /// Delivers replies from peers to the waiting callers.
+    pub async fn run_replies(self: Rc<Self>, mut receivers: Receivers<ReplyEnvelope>) {
+        let tasks: Vec<_> = receivers
+            .streams()
+            .into_iter()
+            .map(|(_, rx)| {
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    while let Some(env) = rx.recv().await {
+                        let waiter = shard.pending.borrow_mut().remove(&env.id);
+                        if let Some(tx) = waiter {
+                            let _ = tx.try_send(env.delivery);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! The replica-shaped partition on a real log on the real disk: a leader whose ISR has
+//! another member keeps its HW at the smallest log end in the ISR, so an acks=all produce
+//! waits on the owner until the follower's fetch covers it (or times out); too small an
+//! ISR refuses acks=all before appending; stale and future leader epochs are fenced; and a
+//! follower appends its leader's batches keeping their offsets and epochs, byte for byte,
+//! rebuilding producer state so that after taking over it still recognises a resend.
+//!
+//! The followers here are driven by hand (the replication fetchers are the next step);
+//! the partition code under test is the one a running broker uses.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use weir::errors;
+use weir::partition::{Acks, Isolation, Partition, ReadFor};
+use weir::producer_state::OUT_OF_ORDER_SEQUENCE_NUMBER;
+use weir::storage::prime_dma_probe;
+use weir::storage::testing::run_on_shard;
+use wire::batch::{BatchBuilder, NewRecord, read_header};
+use wire::{LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};
+
+const NOW_MS: i64 = 1_700_000_000_000;
+const LEADER: NodeId = NodeId(1);
+const FOLLOWER: NodeId = NodeId(2);
+const CONSUMER: ReadFor = ReadFor::Consumer(Isolation::ReadUncommitted);
+/// Long enough for any append on a loaded machine; the tests never wait this long when
+/// they pass.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn test_root() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+    std::fs::create_dir_all(&root).expect("create target/tmp");
+    root
+}
+
+fn configs(min_insync: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("min.insync.replicas".to_string(), min_insync.to_string()),
+        ("segment.bytes".to_string(), "65536".to_string()),
+    ])
+}
+
+async fn open(dir: &Path, local: NodeId, min_insync: u32) -> Rc<Partition> {
+    let topic: Arc<str> = Arc::from("orders");
+    let p = Partition::open(dir, local, topic, 0, 7, configs(min_insync))
+        .await
+        .expect("open partition");
+    Rc::new(p)
+}
+
+fn batch(producer: Option<(i64, i32)>, count: i32, tag: &str) -> BytesMut {
+    let records = (0..count)
+        .map(|i| NewRecord::value(NOW_MS, format!("{tag}-{i}")))
+        .collect();
+    let (pid, seq) = producer.unwrap_or((-1, -1));
+    let bytes = BatchBuilder {
+        producer_id: ProducerId(pid),
+        producer_epoch: ProducerEpoch(if pid >= 0 { 0 } else { -1 }),
+        base_sequence: Sequence(seq),
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("a batch from test data");
+    BytesMut::from(&bytes[..])
+}
+
+fn soon() -> Instant {
+    Instant::now() + PATIENCE
+}
+
+/// A follower's fetch at `offset`, as the leader serves it.
+async fn follower_fetch(p: &Partition, offset: Offset, epoch: LeaderEpoch) -> (i16, Vec<Bytes>) {
+    let out = p
+        .fetch_within(
+            offset,
+            ReadFor::Follower(FOLLOWER),
+            epoch,
+            1 << 20,
+            usize::MAX,
+            NOW_MS,
+        )
+        .await;
+    (out.error, out.batches)
+}
+
+#[test]
+fn acks_all_waits_on_the_leader_until_the_isr_has_the_batch() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let p = open(&root.path().join("orders-0"), LEADER, 2).await;
+        let epoch = LeaderEpoch(1);
+        p.update_replica(|r| r.become_leader(epoch, vec![LEADER, FOLLOWER], &[LEADER, FOLLOWER]));
+
+        // acks=1 is answered after the local append; the HW waits for the follower.
+        let one = p
+            .produce(batch(None, 3, "a"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!((one.error, one.base_offset), (errors::NONE, Offset(0)));
+        assert_eq!(
+            p.high_watermark(),
+            Offset(0),
+            "the follower holds nothing yet"
+        );
+        let consumer = p
+            .fetch_within(Offset(0), CONSUMER, epoch, 1 << 20, usize::MAX, NOW_MS)
+            .await;
+        assert!(
+            consumer.batches.is_empty(),
+            "consumers read up to the HW only"
+        );
+
+        // acks=all with a follower that never fetches: appended, then REQUEST_TIMED_OUT.
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        let lost = p
+            .produce(batch(None, 2, "b"), Acks::All, deadline, NOW_MS)
+            .await;
+        assert_eq!(lost.error, errors::REQUEST_TIMED_OUT);
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "waited for the deadline"
+        );
+        assert_eq!(
+            p.log.log_end_offset(),
+            Offset(5),
+            "the batch is in the leader's log"
+        );
+
+        // acks=all answered once the follower's fetch says it has everything.
+        let waiting = glommio::spawn_local({
+            let p = p.clone();
+            async move {
+                p.produce(batch(None, 4, "c"), Acks::All, soon(), NOW_MS)
+                    .await
+            }
+        });
+        let (error, batches) = follower_fetch(&p, Offset(0), epoch).await;
+        assert_eq!(error, errors::NONE);
+        let got: i64 = batches
+            .iter()
+            .map(|b| i64::from(read_header(b).expect("header").last_offset_delta.get()) + 1)
+            .sum();
+        assert_eq!(
+            got, 9,
+            "a follower reads up to the leader's log end, past the HW"
+        );
+        assert_eq!(p.high_watermark(), Offset(0), "fetched is not yet held");
+        let (error, _) = follower_fetch(&p, Offset(9), epoch).await;
+        assert_eq!(error, errors::NONE);
+        // Answered once the leader's own write is done too: HW = smallest LEO in the ISR.
+        let answered = waiting.await;
+        assert_eq!(p.high_watermark(), Offset(9));
+        assert_eq!(
+            (answered.error, answered.base_offset),
+            (errors::NONE, Offset(5))
+        );
+
+        // KIP-320: a fetch under an older epoch is fenced, a newer one is not known yet.
+        let (error, _) = follower_fetch(&p, Offset(9), LeaderEpoch(0)).await;
+        assert_eq!(error, errors::FENCED_LEADER_EPOCH);
+        let (error, _) = follower_fetch(&p, Offset(9), LeaderEpoch(2)).await;
+        assert_eq!(error, errors::UNKNOWN_LEADER_EPOCH);
+
+        // The ISR shrinks to the leader alone: acks=all is refused before appending,
+        // acks=1 still appends.
+        p.update_replica(|r| r.become_leader(LeaderEpoch(2), vec![LEADER], &[LEADER, FOLLOWER]));
+        let refused = p
+            .produce(batch(None, 1, "d"), Acks::All, soon(), NOW_MS)
+            .await;
+        assert_eq!(refused.error, errors::NOT_ENOUGH_REPLICAS);
+        assert_eq!(p.log.log_end_offset(), Offset(9), "nothing appended");
+        let one = p
+            .produce(batch(None, 1, "e"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!(one.error, errors::NONE);
+        assert_eq!(
+            p.high_watermark(),
+            Offset(10),
+            "ISR = {{leader}}: HW follows its log"
+        );
+    });
+}
+
+#[test]
+fn a_follower_keeps_its_leaders_offsets_and_recognises_resends_after_taking_over() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let leader = open(&root.path().join("leader/orders-0"), LEADER, 1).await;
+        let follower = open(&root.path().join("follower/orders-0"), FOLLOWER, 1).await;
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(0)));
+
+        let pid = 7;
+        let mut sent = Vec::new();
+        for (i, seq) in [0, 3, 6].into_iter().enumerate() {
+            let b = batch(Some((pid, seq)), 3, &format!("idem{i}"));
+            sent.push(b.clone());
+            let out = leader.produce(b, Acks::All, soon(), NOW_MS).await;
+            assert_eq!(out.error, errors::NONE);
+            let plain = leader.produce(batch(None, 2, "plain"), Acks::Leader, soon(), NOW_MS);
+            assert_eq!(plain.await.error, errors::NONE);
+        }
+        assert_eq!(leader.log.log_end_offset(), Offset(15));
+
+        // Clients are refused on a follower.
+        let refused = follower.produce(batch(None, 1, "x"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(refused.await.error, errors::NOT_LEADER_OR_FOLLOWER);
+
+        // Copy the way a replication fetcher does: fetch from the follower's log end.
+        for _ in 0..100 {
+            let from = follower.log.log_end_offset();
+            if from >= leader.log.log_end_offset() {
+                break;
+            }
+            let (error, batches) = follower_fetch(&leader, from, LeaderEpoch::NONE).await;
+            assert_eq!(error, errors::NONE);
+            for b in batches {
+                let appended = follower.append_as_follower(BytesMut::from(&b[..]), NOW_MS);
+                appended.await.expect("replicated append");
+            }
+        }
+        let end = leader.log.log_end_offset();
+        assert_eq!(
+            whole_log(&follower).await,
+            whole_log(&leader).await,
+            "the follower's log is the leader's, byte for byte"
+        );
+
+        // A batch that does not start at the follower's log end is refused, nothing kept.
+        let first = leader.log.read(Offset(0), 1, end).await.expect("read");
+        let again = BytesMut::from(&first.batches[0][..]);
+        assert!(follower.append_as_follower(again, NOW_MS).await.is_err());
+        assert_eq!(follower.log.log_end_offset(), end);
+
+        // The follower takes over: a resend of the producer's last batch is a duplicate
+        // answered with its original offsets, the next one is appended under epoch 1.
+        follower.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![FOLLOWER], &[FOLLOWER]));
+        assert_eq!(follower.high_watermark(), end, "ISR = {{new leader}}");
+        let resend = follower
+            .produce(sent[2].clone(), Acks::All, soon(), NOW_MS)
+            .await;
+        assert_eq!(
+            (resend.error, resend.base_offset),
+            (errors::NONE, Offset(10))
+        );
+        assert_eq!(
+            follower.log.log_end_offset(),
+            end,
+            "a duplicate appends nothing"
+        );
+        let next = follower.produce(batch(Some((pid, 9)), 1, "next"), Acks::All, soon(), NOW_MS);
+        let next = next.await;
+        assert_eq!((next.error, next.base_offset), (errors::NONE, end));
+        let read = follower
+            .log
+            .read(end, 1 << 20, end.add(1))
+            .await
+            .expect("read");
+        let header = read_header(&read.batches[0]).expect("header");
+        assert_eq!(header.partition_leader_epoch(), LeaderEpoch(1));
+        let gap = follower.produce(batch(Some((pid, 20)), 1, "gap"), Acks::All, soon(), NOW_MS);
+        assert_eq!(gap.await.error, OUT_OF_ORDER_SEQUENCE_NUMBER);
+    });
+}
+
+/// Copies `from`'s log onto `to` (a follower) the way a replication fetcher does.
+async fn catch_up(from: &Partition, to: &Partition) {
+    for _ in 0..100 {
+        let at = to.log.log_end_offset();
+        if at >= from.log.log_end_offset() {
+            return;
+        }
+        let (error, batches) = follower_fetch(from, at, LeaderEpoch::NONE).await;
+        assert_eq!(error, errors::NONE);
+        for b in batches {
+            let appended = to.append_as_follower(BytesMut::from(&b[..]), NOW_MS);
+            appended.await.expect("replicated append");
+        }
+    }
+    panic!("no catch-up in 100 fetches");
+}
+
+/// Every byte of `p`'s log from its start (a read returns what one source holds, disk or
+/// tail cache: read on to the end).
+async fn whole_log(p: &Partition) -> Vec<u8> {
+    let end = p.log.log_end_offset();
+    let (mut log, mut at) = (Vec::new(), p.log.log_start_offset());
+    for _ in 0..1000 {
+        if at >= end {
+            break;
+        }
+        let read = p.log.read(at, 1 << 24, end).await.expect("read log");
+        log.extend(read.batches.concat());
+        at = read.next_offset;
+    }
+    log
+}
+
+/// The seeds' divergence: a leader appends past what its follower copied and dies; the
+/// follower becomes leader under a new epoch and appends its own records at the same
+/// offsets; the old leader returns as follower, asks the new one where its last epoch
+/// ended (OffsetForLeaderEpoch), truncates there — not to its HW — and copies the rest:
+/// both logs end identical, and the epoch checkpoints say which epoch wrote what.
+#[test]
+fn a_returning_leader_truncates_by_epoch_and_ends_identical_to_the_new_one() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        a.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![LEADER], &[LEADER, FOLLOWER]));
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+
+        for i in 0..5 {
+            let out = a.produce(
+                batch(None, 2, &format!("a{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        catch_up(&a, &b).await;
+        assert_eq!(b.log.log_end_offset(), Offset(10));
+        // Past what the follower copied: these die with the old leader.
+        for i in 0..2 {
+            let out = a.produce(
+                batch(None, 3, &format!("lost{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        assert_eq!(a.log.log_end_offset(), Offset(16));
+
+        // The follower takes over under epoch 2 and writes offsets 10.. itself.
+        b.update_replica(|r| r.become_leader(LeaderEpoch(2), vec![FOLLOWER], &[LEADER, FOLLOWER]));
+        for i in 0..2 {
+            let out = b.produce(
+                batch(None, 1, &format!("b{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        assert_eq!(
+            b.epoch_entries(),
+            vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(10))]
+        );
+
+        // The old leader returns as follower under epoch 2.
+        a.update_replica(|r| r.become_follower(FOLLOWER, LeaderEpoch(2)));
+        let (latest, _) = *a.epoch_entries().last().expect("an epoch");
+        let (epoch, end) = b.epoch_end_offset(latest, LeaderEpoch(2)).expect("answer");
+        assert_eq!(
+            (epoch, end),
+            (LeaderEpoch(1), Offset(10)),
+            "epoch 1 ended at 10 on b"
+        );
+        assert_eq!(a.truncate_to(end).await, Ok(Offset(10)));
+        catch_up(&b, &a).await;
+        assert_eq!(a.log.log_end_offset(), Offset(12));
+        assert_eq!(
+            whole_log(&a).await,
+            whole_log(&b).await,
+            "no divergence left"
+        );
+        assert_eq!(a.epoch_entries(), b.epoch_entries());
+        // A stale OffsetForLeaderEpoch (current epoch 1) is fenced by the new leader.
+        assert_eq!(
+            b.epoch_end_offset(LeaderEpoch(1), LeaderEpoch(1)),
+            Err(errors::FENCED_LEADER_EPOCH)
+        );
+    });
+}
