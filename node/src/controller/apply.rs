@@ -67,6 +67,18 @@ pub enum Command {
     InitCluster {
         id: String,
     },
+    /// A partition leader asks for a new ISR (Kafka's AlterPartition): applied only if the
+    /// record is still the one the leader saw (same leader, leader epoch and partition
+    /// epoch) and the ISR is made of the partition's replicas, the leader among them.
+    AlterPartition {
+        topic: String,
+        id: u128,
+        partition: i32,
+        leader: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+    },
 }
 
 /// What a command did, in the shape its caller answers with.
@@ -91,9 +103,9 @@ impl Outcome {
                 Outcome::Created(topics.iter().map(|_| Err(err.clone())).collect())
             }
             Command::DeleteTopic { .. } => Outcome::Deleted(Err(err)),
-            Command::CreatePartitions { .. } | Command::AlterConfigs { .. } => {
-                Outcome::Done(Err(err))
-            }
+            Command::CreatePartitions { .. }
+            | Command::AlterConfigs { .. }
+            | Command::AlterPartition { .. } => Outcome::Done(Err(err)),
             _ => Outcome::Noted,
         }
     }
@@ -192,6 +204,26 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             }
             _ => (Outcome::Noted, false),
         },
+        Command::AlterPartition {
+            topic,
+            id,
+            partition,
+            leader,
+            leader_epoch,
+            partition_epoch,
+            isr,
+        } => {
+            let done = alter_partition(
+                c,
+                topic,
+                *id,
+                *partition,
+                (*leader, *leader_epoch, *partition_epoch),
+                isr,
+            );
+            let changed = done.is_ok();
+            (Outcome::Done(done), changed)
+        }
         Command::InitCluster { id } => {
             if c.cluster_id.is_some() {
                 return (Outcome::Noted, false);
@@ -428,6 +460,62 @@ fn fence(c: &mut Catalog, dead: i32) {
         }
         *t = Arc::new(changed);
     }
+}
+
+/// Kafka's AlterPartition checks, then the new ISR with the partition epoch bumped.
+/// `seen` is (leader, leader epoch, partition epoch) of the record the leader acted on.
+fn alter_partition(
+    c: &mut Catalog,
+    topic: &str,
+    id: u128,
+    partition: i32,
+    seen: (i32, i32, i32),
+    isr: &[i32],
+) -> Result<(), TopicError> {
+    let stale = |why: &str| (errors::INVALID_UPDATE_VERSION, why.to_string());
+    let Some(t) = c.topics.get_mut(topic).filter(|t| t.id == id) else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no topic {topic}"),
+        ));
+    };
+    let Some(a) = usize::try_from(partition)
+        .ok()
+        .and_then(|i| t.assignment.get(i))
+    else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no partition {partition}"),
+        ));
+    };
+    if (a.leader, a.leader_epoch, a.partition_epoch) != seen {
+        return Err(stale("the partition changed since the leader saw it"));
+    }
+    let (leader, _, _) = seen;
+    if !isr.contains(&leader) || isr.iter().any(|r| !a.replicas.contains(r)) {
+        return Err((
+            errors::INVALID_REQUEST,
+            "ISR must be replicas, leader among them".into(),
+        ));
+    }
+    let fenced: BTreeSet<i32> = c
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.fenced)
+        .map(|(id, _)| *id)
+        .collect();
+    let index = usize::try_from(partition).unwrap_or(usize::MAX);
+    let mut changed = (**t).clone();
+    let a = &mut changed.assignment[index];
+    // A fenced node does not rejoin the ISR (its lease expired).
+    a.isr = isr
+        .iter()
+        .copied()
+        .filter(|r| !fenced.contains(r) || *r == leader)
+        .collect();
+    a.partition_epoch += 1;
+    *t = Arc::new(changed);
+    Ok(())
 }
 
 /// Partitions without a leader get one when a node of their ISR is live again.

@@ -55,6 +55,7 @@ impl Shard {
             }
             crate::api::fetch_budget::trim_shard_heap_if_idle();
             self.publish_gauges();
+            self.propose_isr_changes();
         }
     }
 

@@ -107,6 +107,8 @@ pub struct Shard {
     pub groups: Rc<crate::group::Coordinators>,
     /// Replication fetchers of this shard, one per source node (see `replicas`).
     fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
+    /// Partitions whose ISR change is being proposed to the controller.
+    isr_proposing: RefCell<std::collections::HashSet<TopicPartition>>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -154,6 +156,7 @@ impl Shard {
             advertised,
             groups: Rc::default(),
             fetchers: RefCell::new(BTreeMap::new()),
+            isr_proposing: RefCell::default(),
         }
     }
 
@@ -241,6 +244,10 @@ impl Shard {
             if tp.1 < 0 || tp.1 >= meta.partitions {
                 return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
             }
+            // In a cluster a node holds only the partitions assigned to it.
+            if !replicas::hosted_here(meta, tp.1, self.node_id()) {
+                return Err(errors::NOT_LEADER_OR_FOLLOWER);
+            }
             let meta = meta.clone();
             self.open_partition(tp, meta.id, &meta.configs).await?;
         }
@@ -285,6 +292,8 @@ impl Shard {
                 let p = Rc::new(p);
                 self.touch(&p);
                 self.apply_newest_configs(tp, &p);
+                // Its role before anyone can use it: a replica opens as the sole leader.
+                self.apply_catalog_assignment(tp, &p);
                 self.partitions.borrow_mut().insert(tp.clone(), p);
                 Ok(())
             }
@@ -435,6 +444,7 @@ impl Shard {
                 self.remove_unopened(name, old.partitions).await;
             }
         }
+        self.apply_assignments().await;
     }
 
     /// Removes the directories of a deleted topic's partitions that this shard owns and

@@ -4,12 +4,14 @@
 //! partitions it leads, the ISR each should have now (`replica.lag.time.max.ms`), for the
 //! controller to commit.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
+use std::sync::Arc;
 
-use wire::NodeId;
+use wire::{LeaderEpoch, NodeId};
 
 use super::{Shard, TopicPartition, now_ms};
+use crate::metadata::{Catalog, PartitionAssignment, TopicMeta};
 use crate::partition::Partition;
 use crate::partition::replica::{Assignment, RoleChange};
 use crate::replication::{FetcherConfig, ReplicaFetcher};
@@ -18,16 +20,91 @@ use crate::replication::{FetcherConfig, ReplicaFetcher};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IsrProposal {
     pub tp: TopicPartition,
+    pub topic_id: u128,
+    pub leader_epoch: LeaderEpoch,
     /// The partition epoch the proposal is based on (the controller refuses stale ones).
     pub partition_epoch: i32,
     pub isr: Vec<NodeId>,
 }
 
+/// Whether `node` holds a replica of partition `index` of `meta`: always on a single node
+/// (no assignment), else when the assignment names it.
+pub fn hosted_here(meta: &TopicMeta, index: i32, node: NodeId) -> bool {
+    let Some(a) = usize::try_from(index)
+        .ok()
+        .and_then(|i| meta.assignment.get(i))
+    else {
+        return meta.assignment.is_empty();
+    };
+    a.replicas.contains(&node.get())
+}
+
+/// The catalogue's record, in the replica layer's types.
+fn assignment(a: &PartitionAssignment) -> Assignment {
+    let nodes = |v: &[i32]| v.iter().copied().map(NodeId).collect::<Vec<_>>();
+    Assignment {
+        replicas: nodes(&a.replicas),
+        leader: (a.leader >= 0).then_some(NodeId(a.leader)),
+        leader_epoch: LeaderEpoch(a.leader_epoch),
+        isr: nodes(&a.isr),
+        partition_epoch: a.partition_epoch,
+    }
+}
+
+/// Where `node` takes fetches: its registered (advertised) address.
+fn node_addr(catalog: &Catalog, node: NodeId) -> Option<SocketAddr> {
+    let n = catalog.nodes.get(&node.get())?;
+    (n.host.as_str(), n.port).to_socket_addrs().ok()?.next()
+}
+
 impl Shard {
+    /// Opens every partition this shard owns and this node replicates (a follower must
+    /// fetch whether or not a client ever asks for it), and applies its assignment.
+    pub async fn apply_assignments(&self) {
+        let catalog = self.catalog();
+        let local = self.node_id();
+        for (name, meta) in catalog
+            .topics
+            .iter()
+            .filter(|(_, t)| !t.assignment.is_empty())
+        {
+            let topic: Arc<str> = Arc::from(name.as_str());
+            for (index, a) in meta.assignment.iter().enumerate() {
+                let Ok(index) = i32::try_from(index) else {
+                    break;
+                };
+                if self.router.owner(name, index) != self.id || !a.replicas.contains(&local.get()) {
+                    continue;
+                }
+                let tp: TopicPartition = (topic.clone(), index);
+                // Opening applies the assignment too; an open one gets the newest here.
+                if let Ok(p) = self.partition(&tp).await {
+                    self.apply_catalog_assignment(&tp, &p);
+                }
+            }
+        }
+    }
+
+    /// Applies the catalogue's assignment of `tp` (if it has one) to its open replica.
+    pub fn apply_catalog_assignment(&self, tp: &TopicPartition, p: &Rc<Partition>) {
+        let catalog = self.catalog();
+        let Some(a) = catalog
+            .topics
+            .get(&*tp.0)
+            .filter(|t| t.id == p.topic_id)
+            .and_then(|t| usize::try_from(tp.1).ok().and_then(|i| t.assignment.get(i)))
+        else {
+            return;
+        };
+        let a = assignment(a);
+        let addr = a.leader.and_then(|l| node_addr(&catalog, l));
+        self.apply_assignment(tp, p, &a, addr);
+    }
+
     /// Applies `assignment` to the open replica `p` of `tp`; `leader_addr` is where the
     /// leader takes fetches when it is another node.
     pub fn apply_assignment(
-        self: &Rc<Self>,
+        &self,
         tp: &TopicPartition,
         p: &Rc<Partition>,
         assignment: &Assignment,
@@ -103,11 +180,48 @@ impl Shard {
                 let isr = r.wanted_isr(now, lag_max_ms)?;
                 Some(IsrProposal {
                     tp: tp.clone(),
+                    topic_id: p.topic_id,
+                    leader_epoch: r.leader_epoch(),
                     partition_epoch: r.partition_epoch(),
                     isr,
                 })
             })
             .collect()
+    }
+}
+
+impl Shard {
+    /// Asks the controller for every ISR change this shard's leaders want, one request in
+    /// flight per partition (a committed change comes back as a new assignment).
+    pub fn propose_isr_changes(self: &Rc<Self>) {
+        if self.node.controller.cluster().is_none() {
+            return;
+        }
+        for proposal in self.isr_proposals() {
+            if !self.isr_proposing.borrow_mut().insert(proposal.tp.clone()) {
+                continue;
+            }
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                let tp = proposal.tp.clone();
+                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change");
+                let cmd = crate::controller::Command::AlterPartition {
+                    topic: tp.0.to_string(),
+                    id: proposal.topic_id,
+                    partition: tp.1,
+                    leader: shard.node_id().get(),
+                    leader_epoch: proposal.leader_epoch.get(),
+                    partition_epoch: proposal.partition_epoch,
+                    isr: proposal.isr.iter().map(|n| n.get()).collect(),
+                };
+                let out = shard.node.controller.submit(&shard.node, cmd).await;
+                if let crate::controller::Outcome::Done(Err((code, why))) = out {
+                    tracing::info!(topic = %tp.0, partition = tp.1, code, "ISR change not applied: {why}");
+                }
+                shard.isr_proposing.borrow_mut().remove(&tp);
+            })
+            .detach();
+        }
     }
 }
 
