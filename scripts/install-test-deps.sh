@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine (run as root in CI):
 # - apt: a C toolchain and cmake (the rdkafka crate compiles librdkafka from source),
-#   fio (disk baseline for benchmarks), kcat, Python's venv, Node and npm;
+#   fio (disk baseline for benchmarks), kcat, openssl (test certificates), Python's venv,
+#   Node and npm;
 # - PyPI: confluent-kafka, kafka-python, aiokafka into a venv at target/interop-venv;
 # - npm: kafkajs into tests/interop/node/node_modules (versions pinned by its lock file).
 # Idempotent: each step is skipped when what it installs is already present.
@@ -18,6 +19,8 @@ need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v kcat >/dev/null || need_apt+=(kcat)
+# The security tests make their certificates with the openssl CLI.
+command -v openssl >/dev/null || need_apt+=(openssl)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v make >/dev/null || need_apt+=(make)
 command -v perl >/dev/null || need_apt+=(perl)

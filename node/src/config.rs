@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub mod dynamic;
+pub mod keys;
+
 /// Kafka's default `message.max.bytes` (1 MiB + record batch overhead).
 pub const MESSAGE_MAX_BYTES_DEFAULT: u64 = 1_048_588;
 /// Kafka's default `socket.request.max.bytes` (100 MiB).
@@ -49,6 +52,16 @@ pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: u64 = 600_000;
 /// take every `max.connections` slot; a tenth of the default `max.connections` still
 /// leaves room for many clients behind one NAT address.
 pub const MAX_CONNECTIONS_PER_IP_DEFAULT: u64 = 1_000;
+
+/// Kafka's default `broker.heartbeat.interval.ms`: how often a node heartbeats the
+/// active controller.
+pub const BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 2_000;
+/// Kafka's default `broker.session.timeout.ms`: a node not heard from this long is fenced.
+pub const BROKER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 9_000;
+/// Kafka's default `controller.quorum.election.timeout.ms`.
+pub const CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Most voters `controller.quorum.voters` may name.
+pub const QUORUM_VOTERS_MAX: usize = 64;
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +147,11 @@ impl Properties {
         self.values.get(key).map(String::as_str)
     }
 
+    /// Every key set, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
     /// The first of `keys` that is set.
     fn first(&self, keys: &[&'static str]) -> Option<(&'static str, &str)> {
         keys.iter().find_map(|k| self.get(k).map(|v| (*k, v)))
@@ -176,6 +194,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `host:port` given to clients in Metadata; `None` means the bound address.
     pub advertised: Option<(String, u16)>,
+    /// Every listener (`listeners`, ...); the first is `listen`/`advertised` above.
+    pub listeners: Vec<crate::security::listener::ListenerConfig>,
     pub shards: usize,
     pub num_partitions: i32,
     pub auto_create_topics: bool,
@@ -208,6 +228,59 @@ pub struct Config {
     /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
     pub max_connections_per_ip: u64,
     pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
+    /// `controller.quorum.voters`: voter id → controller `HOST:PORT`. Empty: a single
+    /// node (no controller thread, no controller port).
+    pub quorum_voters: BTreeMap<i32, String>,
+    /// `broker.heartbeat.interval.ms`, `broker.session.timeout.ms`,
+    /// `controller.quorum.election.timeout.ms` (used only with voters).
+    pub broker_heartbeat_interval_ms: u64,
+    pub broker_session_timeout_ms: u64,
+    pub controller_election_timeout_ms: u64,
+    /// `log.cleaner.enable`, `log.cleaner.dedupe.buffer.size` (for the node, divided among
+    /// the shards), `log.cleaner.io.max.bytes.per.second` (per shard).
+    pub log_cleaner: LogCleanerSettings,
+    /// Broker configs set at runtime through the admin API (persisted in the data dir).
+    pub dynamic: std::sync::Arc<dynamic::DynamicConfigs>,
+}
+
+/// The log cleaner's node-level settings (Kafka's keys; see storage/cleaner.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct LogCleanerSettings {
+    pub enable: bool,
+    /// `log.cleaner.backoff.ms`: how often a shard checks its logs for cleaning.
+    pub backoff_ms: u64,
+    pub dedupe_buffer_size: u64,
+    /// `u64::MAX`: no limit (Kafka's default, `Double.MaxValue`).
+    pub io_max_bytes_per_second: u64,
+}
+
+impl LogCleanerSettings {
+    fn resolve(props: &Properties) -> Result<LogCleanerSettings, ConfigError> {
+        let io: f64 = props.parse_num(&["log.cleaner.io.max.bytes.per.second"], f64::MAX)?;
+        if io.is_nan() || io < 1.0 {
+            return Err(value_err(
+                "log.cleaner.io.max.bytes.per.second",
+                &io.to_string(),
+                "must be at least 1",
+            ));
+        }
+        Ok(LogCleanerSettings {
+            enable: props.parse_bool("log.cleaner.enable", true)?,
+            backoff_ms: props.parse_num(&["log.cleaner.backoff.ms"], 15_000)?,
+            dedupe_buffer_size: props.parse_num(
+                &["log.cleaner.dedupe.buffer.size"],
+                crate::storage::cleaner::DEDUPE_BUFFER_BYTES_DEFAULT,
+            )?,
+            // Saturating: f64::MAX and anything past u64::MAX mean no limit.
+            io_max_bytes_per_second: io as u64,
+        })
+    }
+
+    /// The budget of one shard of `shards`.
+    pub fn shard_budget(&self, shards: usize) -> crate::storage::CleanerBudget {
+        let share = self.dedupe_buffer_size / shards.max(1) as u64;
+        crate::storage::CleanerBudget::new(share, self.io_max_bytes_per_second)
+    }
 }
 
 /// Bounds on partition counts (see the `*_DEFAULT` constants for each key's meaning).
@@ -264,17 +337,13 @@ impl Config {
             (None, Some((_, v))) => PathBuf::from(v.split(',').next().unwrap_or(v).trim()),
             (None, None) => PathBuf::from("./weir-data"),
         };
-        let listen_text = match (&cli.listen, props.get("listeners")) {
-            (Some(l), _) => l.clone(),
-            (None, Some(v)) => strip_listener(v).to_string(),
-            (None, None) => "127.0.0.1:9092".to_string(),
-        };
-        let listen = parse_addr("listeners", &listen_text)?;
-        let advertised = match (&cli.advertised_listener, props.get("advertised.listeners")) {
-            (Some(a), _) => Some(parse_host_port("--advertised-listener", a)?),
-            (None, Some(v)) => Some(parse_host_port("advertised.listeners", strip_listener(v))?),
-            (None, None) => None,
-        };
+        let listeners = crate::security::listener::resolve(
+            &props,
+            cli.listen.as_deref(),
+            cli.advertised_listener.as_deref(),
+        )?;
+        let listen = listeners[0].bind;
+        let advertised = listeners[0].advertised.clone();
         let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
         let shards = cli
             .shards
@@ -287,6 +356,7 @@ impl Config {
             ));
         }
         let retention_ms = retention_ms(&props)?;
+        let dynamic = std::sync::Arc::new(dynamic::DynamicConfigs::load(&data_dir)?);
         let config = Config {
             node_id: match cli.node_id {
                 Some(n) => n,
@@ -295,6 +365,7 @@ impl Config {
             data_dir,
             listen,
             advertised,
+            listeners,
             shards,
             num_partitions: props.parse_num(&["num.partitions"], 1)?,
             auto_create_topics: props.parse_bool("auto.create.topics.enable", true)?,
@@ -339,7 +410,22 @@ impl Config {
             max_connections_per_ip: props
                 .parse_num(&["max.connections.per.ip"], MAX_CONNECTIONS_PER_IP_DEFAULT)?,
             max_connections_per_ip_overrides: per_ip_overrides(&props)?,
+            quorum_voters: quorum_voters(&props)?,
+            broker_heartbeat_interval_ms: props.parse_num(
+                &["broker.heartbeat.interval.ms"],
+                BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+            )?,
+            broker_session_timeout_ms: props.parse_num(
+                &["broker.session.timeout.ms"],
+                BROKER_SESSION_TIMEOUT_MS_DEFAULT,
+            )?,
+            controller_election_timeout_ms: props.parse_num(
+                &["controller.quorum.election.timeout.ms"],
+                CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT,
+            )?,
+            log_cleaner: LogCleanerSettings::resolve(&props)?,
             props,
+            dynamic,
         };
         config.check()?;
         Ok(config)
@@ -353,6 +439,7 @@ impl Config {
                 "must be >= 1",
             ));
         }
+        self.check_quorum()?;
         if self.min_insync_replicas < 1 {
             let v = self.min_insync_replicas.to_string();
             return Err(value_err("min.insync.replicas", &v, "must be >= 1"));
@@ -408,6 +495,37 @@ impl Config {
         Ok(())
     }
 
+    /// The quorum's timings must leave a heartbeat room inside a session, and a node id
+    /// must be a valid Kafka broker id.
+    fn check_quorum(&self) -> Result<(), ConfigError> {
+        if self.quorum_voters.is_empty() {
+            return Ok(());
+        }
+        if self.node_id < 0 {
+            let v = self.node_id.to_string();
+            return Err(value_err("node.id", &v, "must be >= 0"));
+        }
+        if self.broker_heartbeat_interval_ms == 0
+            || self.broker_session_timeout_ms < 2 * self.broker_heartbeat_interval_ms
+        {
+            let v = self.broker_session_timeout_ms.to_string();
+            return Err(value_err(
+                "broker.session.timeout.ms",
+                &v,
+                "must be at least twice broker.heartbeat.interval.ms (> 0)",
+            ));
+        }
+        if !(50..=60_000).contains(&self.controller_election_timeout_ms) {
+            let v = self.controller_election_timeout_ms.to_string();
+            return Err(value_err(
+                "controller.quorum.election.timeout.ms",
+                &v,
+                "must be 50..=60000",
+            ));
+        }
+        Ok(())
+    }
+
     /// The `max.connections.per.ip` limit for one address (its override if it has one).
     pub fn max_connections_for(&self, ip: IpAddr) -> u64 {
         self.max_connections_per_ip_overrides
@@ -437,11 +555,32 @@ impl Config {
             "min.insync.replicas".into(),
             self.min_insync_replicas.to_string(),
         );
+        // The cleaner's broker defaults, under their topic-level names.
+        for (broker_key, topic_key) in [
+            (
+                "log.cleaner.min.cleanable.ratio",
+                "min.cleanable.dirty.ratio",
+            ),
+            ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
+            ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+            ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
+            ("log.roll.ms", "segment.ms"),
+        ] {
+            if let Some(v) = self.props.get(broker_key) {
+                m.insert(topic_key.into(), v.into());
+            }
+        }
         let ts_type = self
             .props
             .get("log.message.timestamp.type")
             .unwrap_or("CreateTime");
         m.insert("message.timestamp.type".into(), ts_type.into());
+        // Dynamic broker configs (AlterConfigs on the BROKER resource) win over static ones.
+        for (broker_key, topic_key) in keys::DYNAMIC_APPLIED {
+            if let Some(v) = self.dynamic.get(broker_key) {
+                m.insert((*topic_key).to_string(), v);
+            }
+        }
         m
     }
 }
@@ -480,42 +619,39 @@ fn per_ip_overrides(props: &Properties) -> Result<BTreeMap<IpAddr, u64>, ConfigE
     Ok(out)
 }
 
+/// `controller.quorum.voters`: `ID@HOST:PORT,...` (Kafka's syntax), each voter's
+/// controller address.
+fn quorum_voters(props: &Properties) -> Result<BTreeMap<i32, String>, ConfigError> {
+    const KEY: &str = "controller.quorum.voters";
+    let mut out = BTreeMap::new();
+    let Some(text) = props.get(KEY) else {
+        return Ok(out);
+    };
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || value_err(KEY, text, "expected ID@HOST:PORT[,ID@HOST:PORT...]");
+        let (id, addr) = item.split_once('@').ok_or_else(bad)?;
+        let id: i32 = id.trim().parse().map_err(|_| bad())?;
+        if id < 0 {
+            return Err(bad());
+        }
+        let addr = addr.trim();
+        crate::security::listener::parse_addr(KEY, addr)?;
+        if out.insert(id, addr.to_string()).is_some() {
+            return Err(value_err(KEY, text, "a voter id is named twice"));
+        }
+    }
+    if out.len() > QUORUM_VOTERS_MAX {
+        return Err(value_err(KEY, text, "more than 64 voters"));
+    }
+    Ok(out)
+}
+
 fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
     ConfigError::Value {
         key: key.to_string(),
         value: value.to_string(),
         reason,
     }
-}
-
-/// `PLAINTEXT://host:port[,...]` → `host:port` of the first listener.
-fn strip_listener(v: &str) -> &str {
-    let first = v.split(',').next().unwrap_or(v).trim();
-    first.split_once("://").map_or(first, |(_, rest)| rest)
-}
-
-fn parse_host_port(key: &str, v: &str) -> Result<(String, u16), ConfigError> {
-    let Some((host, port)) = v.rsplit_once(':') else {
-        return Err(value_err(key, v, "expected HOST:PORT"));
-    };
-    let port = port.parse().map_err(|_| value_err(key, v, "bad port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host.to_string(), port))
-}
-
-fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
-    use std::net::ToSocketAddrs;
-    let (host, port) = parse_host_port(key, v)?;
-    let host = if host.is_empty() {
-        "0.0.0.0".to_string()
-    } else {
-        host
-    };
-    (host.as_str(), port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut it| it.next())
-        .ok_or_else(|| value_err(key, v, "cannot resolve address"))
 }
 
 #[cfg(test)]
@@ -591,6 +727,37 @@ mod tests {
         p.set("queued.max.request.bytes", "-1");
         assert!(Config::resolve(p.clone(), &CliOverrides::default()).is_err());
         p.set("queued.max.request.bytes", "0");
+        assert!(Config::resolve(p, &CliOverrides::default()).is_err());
+    }
+
+    #[test]
+    fn quorum_voters_parse_and_bad_ones_are_refused() {
+        let c = Config::resolve(Properties::default(), &CliOverrides::default()).unwrap();
+        assert!(c.quorum_voters.is_empty(), "no voters: a single node");
+        let mut p = Properties::default();
+        p.set(
+            "controller.quorum.voters",
+            "1@127.0.0.1:9093, 2@127.0.0.1:9094,3@localhost:9095",
+        );
+        let c = Config::resolve(p.clone(), &CliOverrides::default()).unwrap();
+        assert_eq!(c.quorum_voters.len(), 3);
+        assert_eq!(c.quorum_voters[&2], "127.0.0.1:9094");
+        for bad in [
+            "1@",
+            "x@127.0.0.1:1",
+            "127.0.0.1:1",
+            "1@a:1,1@a:2",
+            "-1@127.0.0.1:1",
+        ] {
+            p.set("controller.quorum.voters", bad);
+            assert!(
+                Config::resolve(p.clone(), &CliOverrides::default()).is_err(),
+                "{bad}"
+            );
+        }
+        p.set("controller.quorum.voters", "1@127.0.0.1:9093");
+        p.set("broker.heartbeat.interval.ms", "1000");
+        p.set("broker.session.timeout.ms", "1500");
         assert!(Config::resolve(p, &CliOverrides::default()).is_err());
     }
 }

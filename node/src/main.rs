@@ -30,6 +30,21 @@ enum Command {
         #[command(subcommand)]
         command: GroupsCommand,
     },
+    /// The cluster as a running node sees it: nodes, controller, under-replicated and
+    /// offline partitions.
+    Cluster {
+        /// HOST:PORT of any node.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap_server: String,
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Nodes, the active controller, under-replicated and offline partitions.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -99,6 +114,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shards: args.shards,
     };
     let config = weir::config::Config::resolve(props, &cli)?;
+    for warning in weir::config::keys::warnings(&config.props) {
+        tracing::warn!("{warning}");
+    }
     weir::server::serve(config)
 }
 
@@ -140,6 +158,19 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir groups: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Cluster {
+            bootstrap_server,
+            command: ClusterCommand::Status,
+        } => {
+            match weir::admin_cli::cluster::status(&bootstrap_server, &mut std::io::stdout().lock())
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weir cluster status: {e:#}");
                     ExitCode::FAILURE
                 }
             }

@@ -25,6 +25,13 @@ pub const SERVED_KEYS: &[i16] = &[
     api::INCREMENTAL_ALTER_CONFIGS,
     api::DESCRIBE_CLUSTER,
     api::INIT_PRODUCER_ID,
+    api::OFFSET_FOR_LEADER_EPOCH,
+    // Replica admin APIs, single-node answers (api/replicas.rs).
+    api::ALTER_REPLICA_LOG_DIRS,
+    api::DESCRIBE_LOG_DIRS,
+    api::ELECT_LEADERS,
+    api::ALTER_PARTITION_REASSIGNMENTS,
+    api::LIST_PARTITION_REASSIGNMENTS,
     // Group coordinator (node/src/group, node/src/api/groups.rs).
     api::OFFSET_COMMIT,
     api::OFFSET_FETCH,
@@ -45,6 +52,11 @@ pub const SERVED_KEYS: &[i16] = &[
     api::TXN_OFFSET_COMMIT,
     api::DESCRIBE_TRANSACTIONS,
     api::LIST_TRANSACTIONS,
+    // Security (node/src/api/sasl.rs).
+    api::SASL_HANDSHAKE,
+    api::SASL_AUTHENTICATE,
+    api::DESCRIBE_USER_SCRAM_CREDENTIALS,
+    api::ALTER_USER_SCRAM_CREDENTIALS,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).
@@ -132,9 +144,6 @@ mod tests {
         assert!(is_served(api::PRODUCE, 3));
         assert!(!is_served(api::PRODUCE, 99));
         assert!(is_served(api::WRITE_TXN_MARKERS, 1));
-        assert!(
-            !is_served(api::SASL_HANDSHAKE, 1),
-            "not implemented here, so not advertised"
-        );
+        assert!(is_served(api::SASL_HANDSHAKE, 1));
     }
 }

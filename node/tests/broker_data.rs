@@ -493,3 +493,85 @@ fn leader_epochs_in_fetch_and_list_offsets_are_checked_by_the_owner() {
         }
     }
 }
+
+/// OffsetForLeaderEpoch on the real broker (KIP-101/279): epoch 0, the only one a single
+/// node has, ends at the log end; an epoch the log never saw is unknown (-1, -1); a
+/// `current_leader_epoch` newer than the partition's is UNKNOWN_LEADER_EPOCH. After a
+/// restart the answer is the same (the `leader-epoch-checkpoint` file is Kafka's format).
+#[test]
+fn offset_for_leader_epoch_answers_from_the_epoch_checkpoint() {
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{
+        OffsetForLeaderPartition, OffsetForLeaderTopic,
+    };
+    let mut broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    create(&mut c, "lineage", 2, &[]);
+    for _ in 0..3 {
+        assert_eq!(
+            produce(&mut c, "lineage", 1, 1, batch(&[b"a", b"b"], 1)).0,
+            0
+        );
+    }
+    let ask = |c: &mut Client, epoch: i32, current: i32| {
+        let p = OffsetForLeaderPartition::default()
+            .with_partition(1)
+            .with_current_leader_epoch(current)
+            .with_leader_epoch(epoch);
+        let req = OffsetForLeaderEpochRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![
+                OffsetForLeaderTopic::default()
+                    .with_topic(TopicName(s("lineage")))
+                    .with_partitions(vec![p]),
+            ]);
+        let resp: OffsetForLeaderEpochResponse = c.call(api::OFFSET_FOR_LEADER_EPOCH, 4, &req);
+        let p = &resp.topics[0].partitions[0];
+        (p.error_code, p.leader_epoch, p.end_offset)
+    };
+    assert_eq!(
+        ask(&mut c, 0, 0),
+        (0, 0, 6),
+        "the latest epoch ends at the log end"
+    );
+    assert_eq!(
+        ask(&mut c, 3, -1),
+        (0, -1, -1),
+        "an epoch the log never saw"
+    );
+    assert_eq!(ask(&mut c, 0, 4).0, 75, "UNKNOWN_LEADER_EPOCH");
+    broker.restart();
+    let mut c = broker.client();
+    assert_eq!(ask(&mut c, 0, 0), (0, 0, 6), "after a restart");
+    let dir = broker.data_dir.path().join("lineage-1");
+    let checkpoint = std::fs::read_to_string(dir.join("leader-epoch-checkpoint"))
+        .expect("a leader-epoch-checkpoint in the partition dir");
+    assert_eq!(
+        checkpoint, "0\n1\n0 0\n",
+        "Kafka's format: version, count, epoch start"
+    );
+}
+
+/// Kafka refuses records without a key on a `cleanup.policy=compact` topic (the cleaner
+/// could not tell which to keep): INVALID_RECORD, nothing appended; keyed records pass.
+#[test]
+fn a_compacted_topic_refuses_keyless_records() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "compacted", 1, &[("cleanup.policy", "compact")]);
+    assert_eq!(
+        produce(&mut c, "compacted", 0, 1, batch(&[b"no key"], 1)).0,
+        87
+    );
+    let keyed = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord {
+            timestamp_ms: 1,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            headers: Vec::new(),
+        }],
+        ..wire::batch::BatchBuilder::default()
+    }
+    .build()
+    .expect("a keyed batch");
+    assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 0));
+}

@@ -261,6 +261,54 @@ fn every_served_api_answers_at_every_advertised_version() {
         DescribeClusterRequest::default()
     });
     answered += transaction_apis(&mut c);
+    answered += every_version::<_, OffsetForLeaderEpochResponse>(
+        &mut c,
+        api::OFFSET_FOR_LEADER_EPOCH,
+        |_| {
+            use kafka_protocol::messages::offset_for_leader_epoch_request::{
+                OffsetForLeaderPartition, OffsetForLeaderTopic,
+            };
+            let p = OffsetForLeaderPartition::default()
+                .with_partition(0)
+                .with_current_leader_epoch(0)
+                .with_leader_epoch(0);
+            OffsetForLeaderEpochRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    OffsetForLeaderTopic::default()
+                        .with_topic(name())
+                        .with_partitions(vec![p]),
+                ])
+        },
+    );
+    // On a PLAINTEXT listener the SASL APIs answer ILLEGAL_SASL_STATE (as Kafka's do).
+    answered += every_version::<_, SaslHandshakeResponse>(&mut c, api::SASL_HANDSHAKE, |_| {
+        SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"))
+    });
+    answered +=
+        every_version::<_, SaslAuthenticateResponse>(&mut c, api::SASL_AUTHENTICATE, |_| {
+            SaslAuthenticateRequest::default()
+        });
+    answered += every_version::<_, AlterUserScramCredentialsResponse>(
+        &mut c,
+        api::ALTER_USER_SCRAM_CREDENTIALS,
+        |_| {
+            use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion;
+            AlterUserScramCredentialsRequest::default().with_upsertions(vec![
+                ScramCredentialUpsertion::default()
+                    .with_name(StrBytes::from_static_str("alice"))
+                    .with_mechanism(2)
+                    .with_iterations(4096)
+                    .with_salt(bytes::Bytes::from_static(b"salt"))
+                    .with_salted_password(bytes::Bytes::from_static(&[7; 64])),
+            ])
+        },
+    );
+    answered += every_version::<_, DescribeUserScramCredentialsResponse>(
+        &mut c,
+        api::DESCRIBE_USER_SCRAM_CREDENTIALS,
+        |_| DescribeUserScramCredentialsRequest::default(),
+    );
     assert!(answered >= 60, "{answered} (api, version) pairs answered");
 }
 

@@ -226,13 +226,9 @@ fn a_follower_keeps_its_leaders_offsets_and_recognises_resends_after_taking_over
             }
         }
         let end = leader.log.log_end_offset();
-        let read_all = |p: Rc<Partition>| async move {
-            let read = p.log.read(Offset(0), 1 << 20, end).await.expect("read log");
-            read.batches.concat()
-        };
         assert_eq!(
-            read_all(follower.clone()).await,
-            read_all(leader.clone()).await,
+            whole_log(&follower).await,
+            whole_log(&leader).await,
             "the follower's log is the leader's, byte for byte"
         );
 
@@ -270,5 +266,118 @@ fn a_follower_keeps_its_leaders_offsets_and_recognises_resends_after_taking_over
         assert_eq!(header.partition_leader_epoch(), LeaderEpoch(1));
         let gap = follower.produce(batch(Some((pid, 20)), 1, "gap"), Acks::All, soon(), NOW_MS);
         assert_eq!(gap.await.error, OUT_OF_ORDER_SEQUENCE_NUMBER);
+    });
+}
+
+/// Copies `from`'s log onto `to` (a follower) the way a replication fetcher does.
+async fn catch_up(from: &Partition, to: &Partition) {
+    for _ in 0..100 {
+        let at = to.log.log_end_offset();
+        if at >= from.log.log_end_offset() {
+            return;
+        }
+        let (error, batches) = follower_fetch(from, at, LeaderEpoch::NONE).await;
+        assert_eq!(error, errors::NONE);
+        for b in batches {
+            let appended = to.append_as_follower(BytesMut::from(&b[..]), NOW_MS);
+            appended.await.expect("replicated append");
+        }
+    }
+    panic!("no catch-up in 100 fetches");
+}
+
+/// Every byte of `p`'s log from its start (a read returns what one source holds, disk or
+/// tail cache: read on to the end).
+async fn whole_log(p: &Partition) -> Vec<u8> {
+    let end = p.log.log_end_offset();
+    let (mut log, mut at) = (Vec::new(), p.log.log_start_offset());
+    for _ in 0..1000 {
+        if at >= end {
+            break;
+        }
+        let read = p.log.read(at, 1 << 24, end).await.expect("read log");
+        log.extend(read.batches.concat());
+        at = read.next_offset;
+    }
+    log
+}
+
+/// The seeds' divergence: a leader appends past what its follower copied and dies; the
+/// follower becomes leader under a new epoch and appends its own records at the same
+/// offsets; the old leader returns as follower, asks the new one where its last epoch
+/// ended (OffsetForLeaderEpoch), truncates there — not to its HW — and copies the rest:
+/// both logs end identical, and the epoch checkpoints say which epoch wrote what.
+#[test]
+fn a_returning_leader_truncates_by_epoch_and_ends_identical_to_the_new_one() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        a.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![LEADER], &[LEADER, FOLLOWER]));
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+
+        for i in 0..5 {
+            let out = a.produce(
+                batch(None, 2, &format!("a{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        catch_up(&a, &b).await;
+        assert_eq!(b.log.log_end_offset(), Offset(10));
+        // Past what the follower copied: these die with the old leader.
+        for i in 0..2 {
+            let out = a.produce(
+                batch(None, 3, &format!("lost{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        assert_eq!(a.log.log_end_offset(), Offset(16));
+
+        // The follower takes over under epoch 2 and writes offsets 10.. itself.
+        b.update_replica(|r| r.become_leader(LeaderEpoch(2), vec![FOLLOWER], &[LEADER, FOLLOWER]));
+        for i in 0..2 {
+            let out = b.produce(
+                batch(None, 1, &format!("b{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        assert_eq!(
+            b.epoch_entries(),
+            vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(10))]
+        );
+
+        // The old leader returns as follower under epoch 2.
+        a.update_replica(|r| r.become_follower(FOLLOWER, LeaderEpoch(2)));
+        let (latest, _) = *a.epoch_entries().last().expect("an epoch");
+        let (epoch, end) = b.epoch_end_offset(latest, LeaderEpoch(2)).expect("answer");
+        assert_eq!(
+            (epoch, end),
+            (LeaderEpoch(1), Offset(10)),
+            "epoch 1 ended at 10 on b"
+        );
+        assert_eq!(a.truncate_to(end).await, Ok(Offset(10)));
+        catch_up(&b, &a).await;
+        assert_eq!(a.log.log_end_offset(), Offset(12));
+        assert_eq!(
+            whole_log(&a).await,
+            whole_log(&b).await,
+            "no divergence left"
+        );
+        assert_eq!(a.epoch_entries(), b.epoch_entries());
+        // A stale OffsetForLeaderEpoch (current epoch 1) is fenced by the new leader.
+        assert_eq!(
+            b.epoch_end_offset(LeaderEpoch(1), LeaderEpoch(1)),
+            Err(errors::FENCED_LEADER_EPOCH)
+        );
     });
 }

@@ -1,8 +1,11 @@
 //! Helpers for weir's end-to-end tests: start a real `weir` process on an ephemeral port
 //! in a temporary data dir on the real disk, talk to it with real clients, and stop it.
 //!
+//! - [`certs`]: a CA and server/client certificates made with the openssl CLI.
 //! - [`broker`]: the `weir serve` process — start, wait for ready, SIGTERM/SIGKILL,
 //!   restart on the same data dir, RSS; always killed on drop.
+//! - [`cluster`]: several weir processes forming one cluster (controller quorum), and a
+//!   canonical dump of a node's Metadata to compare nodes by.
 //! - [`disk`]: what reached the data dir (record batches in segment files).
 //! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
 //! - [`fuzz`]: a mutation fuzzer over TCP seeded with captured client requests.
@@ -10,7 +13,9 @@
 //!   configured for a weir under test, with bounded waits.
 
 pub mod broker;
+pub mod certs;
 pub mod clients;
+pub mod cluster;
 pub mod disk;
 pub mod fuzz;
 pub mod raw;

@@ -449,8 +449,8 @@ fn standalone_commits_and_offset_delete() -> Result<()> {
         "{r:?}"
     );
     ensure!(
-        commit(&mut c, 8, "live", -1, "", 5)? == ILLEGAL_GENERATION,
-        "no simple commits into a live group"
+        commit(&mut c, 8, "live", -1, "", 5)? == UNKNOWN_MEMBER_ID,
+        "no simple (or admin) commits into a live group: Kafka's UNKNOWN_MEMBER_ID"
     );
 
     let part = OffsetCommitRequestPartition::default()

@@ -195,9 +195,21 @@ fn cooperative_sticky_rebalances_incrementally() -> Result<()> {
 /// no revocation — and the restarted instance has a new member id.
 #[test]
 fn static_member_restart_keeps_partitions_without_rebalance() -> Result<()> {
+    static_restart_without_rebalance("pickers", false)
+}
+
+/// The same when the restarting static member is the group's leader (librdkafka's
+/// 0102_static_group_rebalance): Kafka rebalances only if the group's selected protocol
+/// would change, so the other member is not revoked.
+#[test]
+fn static_leader_restart_keeps_partitions_without_rebalance() -> Result<()> {
+    static_restart_without_rebalance("packers", true)
+}
+
+fn static_restart_without_rebalance(group: &str, restart_leader: bool) -> Result<()> {
     let weir = groups_support::start_weir()?;
     let bootstrap = weir.bootstrap();
-    let (topic, group) = ("inventory", "pickers");
+    let topic = "inventory";
     clients::create_topics(&bootstrap, &[topic], PARTITIONS, &[])?;
     let statik = |name: &'static str| -> Result<Member> {
         Member::start_with(
@@ -209,31 +221,40 @@ fn static_member_restart_keeps_partitions_without_rebalance() -> Result<()> {
             &[("group.instance.id", name)],
         )
     };
-    // b joins first, so it leads; a is a follower and may come back silently.
-    let b = statik("static-b")?;
-    wait_until("b alone", Duration::from_secs(30), || {
-        Ok(b.assignment().len() == PARTITIONS as usize)
+    // The first to join leads; the second is a follower.
+    let (first, second) = ("static-lead", "static-follow");
+    let lead = statik(first)?;
+    wait_until("leader alone", Duration::from_secs(30), || {
+        Ok(lead.assignment().len() == PARTITIONS as usize)
     })?;
-    let mut a = statik("static-a")?;
+    let follow = statik(second)?;
     wait_until("3+3", Duration::from_secs(30), || {
-        Ok(sizes(&[&a, &b]) == [3, 3])
+        Ok(sizes(&[&lead, &follow]) == [3, 3])
     })?;
-    let owned = a.assignment();
+    let (mut restarting, stays, name) = if restart_leader {
+        (lead, follow, first)
+    } else {
+        (follow, lead, second)
+    };
+    let owned = restarting.assignment();
     let (_, before) = describe(&weir, group)?;
-    let revocations = b.seen().revoked.len();
+    let revocations = stays.seen().revoked.len();
 
-    a.leave()?; // a static member's close sends no LeaveGroup
-    let a2 = statik("static-a")?;
-    wait_until("a back", Duration::from_secs(30), || {
-        Ok(a2.assignment() == owned)
+    restarting.leave()?; // a static member's close sends no LeaveGroup
+    let back = statik(name)?;
+    wait_until("restarted member back", Duration::from_secs(30), || {
+        Ok(back.assignment() == owned)
     })?;
     thread_sleep_ms(1000);
     ensure!(
-        b.seen().revoked.len() == revocations,
-        "b saw a rebalance: {:?}",
-        b.seen().revoked
+        stays.seen().revoked.len() == revocations,
+        "the other member saw a rebalance: {:?}",
+        stays.seen().revoked
     );
-    ensure!(b.assignment().len() == 3, "b kept its partitions");
+    ensure!(
+        stays.assignment().len() == 3,
+        "the other kept its partitions"
+    );
     let (head, after) = describe(&weir, group)?;
     ensure!(
         head.contains("STATE Stable") && head.contains("MEMBERS 2"),

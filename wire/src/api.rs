@@ -58,11 +58,18 @@ pub const WRITE_TXN_MARKERS: i16 = 27;
 pub const TXN_OFFSET_COMMIT: i16 = 28;
 pub const DESCRIBE_CONFIGS: i16 = 32;
 pub const ALTER_CONFIGS: i16 = 33;
+pub const ALTER_REPLICA_LOG_DIRS: i16 = 34;
+pub const DESCRIBE_LOG_DIRS: i16 = 35;
 pub const SASL_AUTHENTICATE: i16 = 36;
 pub const CREATE_PARTITIONS: i16 = 37;
 pub const DELETE_GROUPS: i16 = 42;
+pub const ELECT_LEADERS: i16 = 43;
 pub const INCREMENTAL_ALTER_CONFIGS: i16 = 44;
+pub const ALTER_PARTITION_REASSIGNMENTS: i16 = 45;
+pub const LIST_PARTITION_REASSIGNMENTS: i16 = 46;
 pub const OFFSET_DELETE: i16 = 47;
+pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 50;
+pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 51;
 pub const DESCRIBE_CLUSTER: i16 = 60;
 pub const DESCRIBE_TRANSACTIONS: i16 = 65;
 pub const LIST_TRANSACTIONS: i16 = 66;
@@ -137,9 +144,12 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(TXN_OFFSET_COMMIT, "TxnOffsetCommit", 0, 3, 3),
     entry(DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, 4),
     entry(ALTER_CONFIGS, "AlterConfigs", 0, 2, 2),
+    entry(ALTER_REPLICA_LOG_DIRS, "AlterReplicaLogDirs", 1, 2, 2),
+    entry(DESCRIBE_LOG_DIRS, "DescribeLogDirs", 1, 4, 2),
     entry(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2, 2),
     entry(CREATE_PARTITIONS, "CreatePartitions", 0, 3, 2),
     entry(DELETE_GROUPS, "DeleteGroups", 0, 2, 2),
+    entry(ELECT_LEADERS, "ElectLeaders", 0, 2, 2),
     entry(
         INCREMENTAL_ALTER_CONFIGS,
         "IncrementalAlterConfigs",
@@ -147,7 +157,35 @@ pub const API_TABLE: &[ApiEntry] = &[
         1,
         1,
     ),
+    entry(
+        ALTER_PARTITION_REASSIGNMENTS,
+        "AlterPartitionReassignments",
+        0,
+        1,
+        0,
+    ),
+    entry(
+        LIST_PARTITION_REASSIGNMENTS,
+        "ListPartitionReassignments",
+        0,
+        0,
+        0,
+    ),
     entry(OFFSET_DELETE, "OffsetDelete", 0, 0, NEVER),
+    entry(
+        DESCRIBE_USER_SCRAM_CREDENTIALS,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
+    entry(
+        ALTER_USER_SCRAM_CREDENTIALS,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        0,
+    ),
     entry(DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, 0),
     entry(DESCRIBE_TRANSACTIONS, "DescribeTransactions", 0, 0, 0),
     entry(LIST_TRANSACTIONS, "ListTransactions", 0, 0, 0),

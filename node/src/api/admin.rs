@@ -1,10 +1,10 @@
 //! Topic administration: CreateTopics (with configs, validate_only), DeleteTopics,
-//! CreatePartitions. Changes go to the catalogue first (persisted), then every shard is
-//! told to sync its open partitions with it.
+//! CreatePartitions. Requests are checked here; changes are made by the controller
+//! (`crate::controller`: the catalogue on a single node, the quorum in a cluster), then
+//! every shard is told to sync its open partitions with it.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
@@ -16,16 +16,16 @@ use kafka_protocol::messages::{
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
+use crate::controller::{Command, NewTopic, Outcome, meta_error};
 use crate::errors;
 use crate::metadata::{self, MetaError, PARTITIONS_PER_TOPIC_MAX, TopicMeta};
 use crate::shard::Shard;
 
 /// An error code and message for one topic.
-pub type TopicError = (i16, String);
+pub use crate::controller::TopicError;
 
 /// Topic-level config keys weir accepts (Kafka's names). Those the log uses take effect;
-/// the rest are stored and reported for compatibility (e.g. `cleanup.policy=compact` is
-/// kept until compaction exists).
+/// the rest are stored and reported for compatibility.
 pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "cleanup.policy",
     "compression.type",
@@ -36,6 +36,8 @@ pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "index.interval.bytes",
     "max.compaction.lag.ms",
     "max.message.bytes",
+    // Accepted and ignored, as Kafka 3.x does (it writes record batch v2 whatever the value).
+    "message.format.version",
     "message.timestamp.type",
     "min.cleanable.dirty.ratio",
     "min.compaction.lag.ms",
@@ -80,19 +82,6 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
     Ok(())
 }
 
-fn meta_error(e: MetaError) -> TopicError {
-    let code = match &e {
-        MetaError::TopicExists(_) => errors::TOPIC_ALREADY_EXISTS,
-        MetaError::UnknownTopic(_) => errors::UNKNOWN_TOPIC_OR_PARTITION,
-        MetaError::InvalidName(_) => errors::INVALID_TOPIC_EXCEPTION,
-        MetaError::InvalidPartitions(_) => errors::INVALID_PARTITIONS,
-        MetaError::Internal(_) => errors::INVALID_REQUEST,
-        MetaError::Collides(..) => errors::INVALID_TOPIC_EXCEPTION,
-        MetaError::Io(_) => errors::KAFKA_STORAGE_ERROR,
-    };
-    (code, e.to_string())
-}
-
 /// Topics of one CreateTopics request checked between yields to the executor, so a
 /// request naming thousands of topics does not hold the shard's other clients back.
 const CHECK_YIELD_TOPICS: usize = 256;
@@ -134,14 +123,6 @@ impl RequestBudget {
     }
 }
 
-/// POLICY_VIOLATION for a change that would take the node past `max.partitions`.
-fn over_node_limit(existing: u64, added: u64, max: u64) -> TopicError {
-    (
-        errors::POLICY_VIOLATION,
-        format!("node has {existing} partitions; adding {added} would exceed max.partitions={max}"),
-    )
-}
-
 /// Checks that a topic could be created as asked (name, partition count, configs, not
 /// already there).
 fn check_topic(
@@ -160,55 +141,44 @@ fn check_topic(
     shard.catalog().check_new_name(name).map_err(meta_error)
 }
 
-/// Adds checked topics to the catalogue in one atomic write. Each is checked again under
-/// the catalogue's lock (another shard may have created it, or taken the node's
-/// partitions, meanwhile). One outcome per topic, in order: its id or its error.
-/// The write (serialise, write, fsync) runs off the shard's thread, so the shard keeps
-/// serving its other clients meanwhile.
-async fn insert_topics(shard: &Shard, topics: Vec<TopicMeta>) -> Vec<Result<u128, TopicError>> {
-    let node = shard.node.clone();
-    glommio::executor()
-        .spawn_blocking(move || insert_topics_blocking(&node, topics))
-        .await
-}
-
-fn insert_topics_blocking(
-    node: &crate::shard::NodeShared,
-    topics: Vec<TopicMeta>,
-) -> Vec<Result<u128, TopicError>> {
-    let max = node.config.partition_limits.max_partitions;
+/// Adds checked topics through the controller in one write. Each is checked again there
+/// (another shard may have created it, or taken the node's partitions, meanwhile). One
+/// outcome per topic, in order: its id or its error.
+async fn insert_topics(shard: &Shard, topics: Vec<NewTopic>) -> Vec<Result<u128, TopicError>> {
     let count = topics.len();
-    let written = node.meta.update_batch(|c| {
-        let mut total = c.partition_count();
-        let mut changed = false;
-        let outcomes: Vec<_> = topics
-            .into_iter()
-            .map(|t| {
-                // Also catches a collision with a topic added earlier in this request.
-                c.check_new_name(&t.name).map_err(meta_error)?;
-                let added = u64::try_from(t.partitions).unwrap_or(0);
-                if total + added > max {
-                    return Err(over_node_limit(total, added, max));
-                }
-                total += added;
-                changed = true;
-                let id = t.id;
-                c.topics.insert(t.name.clone(), Arc::new(t));
-                Ok(id)
-            })
-            .collect();
-        assert!(
-            total <= max,
-            "the node's partitions stay within max.partitions"
-        );
-        (outcomes, changed)
-    });
-    match written {
-        Ok(outcomes) => outcomes,
-        Err(e) => {
-            let err = meta_error(e);
+    let cmd = Command::CreateTopics {
+        topics,
+        max_partitions: shard.config().partition_limits.max_partitions,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Created(outcomes) if outcomes.len() == count => outcomes,
+        other => {
+            let err = (
+                errors::UNKNOWN_SERVER_ERROR,
+                format!("controller answered {other:?}"),
+            );
             (0..count).map(|_| Err(err.clone())).collect()
         }
+    }
+}
+
+/// Whether this node is one of a cluster (partitions placed on several nodes).
+fn in_cluster(shard: &Shard) -> bool {
+    shard.node.controller.cluster().is_some()
+}
+
+/// A topic created with the defaults of this node (auto-creation).
+fn new_topic(shard: &Shard, meta: TopicMeta) -> NewTopic {
+    let replication_factor = if in_cluster(shard) {
+        shard.config().default_replication_factor
+    } else {
+        1
+    };
+    NewTopic {
+        meta,
+        internal: false,
+        replication_factor,
+        assignments: Vec::new(),
     }
 }
 
@@ -245,8 +215,9 @@ pub async fn create_topic(
         id: metadata::new_topic_id(),
         partitions,
         configs,
+        assignment: Vec::new(),
     };
-    let outcome = insert_topics(shard, vec![meta])
+    let outcome = insert_topics(shard, vec![new_topic(shard, meta)])
         .await
         .pop()
         .unwrap_or(Err((errors::UNKNOWN_SERVER_ERROR, "no outcome".into())));
@@ -257,13 +228,22 @@ pub async fn create_topic(
     outcome
 }
 
-/// One CreateTopics topic: its partition count (`-1`: `num.partitions`) and configs, or
-/// why it cannot be created.
+/// One CreateTopics topic as asked for: partitions, configs, replication factor and the
+/// explicit replica lists (empty: placed by the controller).
+struct Requested {
+    partitions: i32,
+    configs: BTreeMap<String, String>,
+    replication_factor: i16,
+    assignments: Vec<Vec<i32>>,
+}
+
+/// One CreateTopics topic: its partition count (`-1`: `num.partitions`), configs and
+/// placement, or why it cannot be created.
 fn requested_topic(
     shard: &Rc<Shard>,
     t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
     budget: &RequestBudget,
-) -> Result<(i32, BTreeMap<String, String>), TopicError> {
+) -> Result<Requested, TopicError> {
     let name = t.name.0.as_str();
     let partitions = if t.num_partitions == -1 {
         shard.config().num_partitions
@@ -284,6 +264,9 @@ fn requested_topic(
                 .map(|v| (c.name.to_string(), v.to_string()))
         })
         .collect();
+    if in_cluster(shard) {
+        return requested_in_cluster(shard, t, partitions, rf, configs, budget);
+    }
     if rf != 1 {
         return Err((
             errors::INVALID_REPLICATION_FACTOR,
@@ -298,7 +281,76 @@ fn requested_topic(
     }
     check_topic(shard, name, partitions, &configs)?;
     budget.take(partitions)?;
-    Ok((partitions, configs))
+    Ok(Requested {
+        partitions,
+        configs,
+        replication_factor: 1,
+        assignments: Vec::new(),
+    })
+}
+
+/// A CreateTopics topic on a cluster node: an explicit assignment (Kafka: then neither
+/// a partition count nor a replication factor) gives both; the controller checks the
+/// replication factor against the live nodes.
+fn requested_in_cluster(
+    shard: &Rc<Shard>,
+    t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+    partitions: i32,
+    rf: i16,
+    configs: BTreeMap<String, String>,
+    budget: &RequestBudget,
+) -> Result<Requested, TopicError> {
+    let name = t.name.0.as_str();
+    if t.assignments.is_empty() {
+        check_topic(shard, name, partitions, &configs)?;
+        budget.take(partitions)?;
+        return Ok(Requested {
+            partitions,
+            configs,
+            replication_factor: rf,
+            assignments: Vec::new(),
+        });
+    }
+    if t.num_partitions != -1 || t.replication_factor != -1 {
+        return Err((
+            errors::INVALID_REQUEST,
+            "give either an assignment or a partition count and replication factor".into(),
+        ));
+    }
+    let mut given: Vec<(i32, Vec<i32>)> = t
+        .assignments
+        .iter()
+        .map(|a| {
+            (
+                a.partition_index,
+                a.broker_ids.iter().map(|b| b.0).collect(),
+            )
+        })
+        .collect();
+    given.sort_by_key(|(p, _)| *p);
+    let in_order = given
+        .iter()
+        .enumerate()
+        .all(|(i, (p, _))| usize::try_from(*p).ok() == Some(i));
+    if !in_order {
+        return Err((
+            errors::INVALID_REPLICA_ASSIGNMENT,
+            "assignments must name partitions 0..n once each".into(),
+        ));
+    }
+    let assignments: Vec<Vec<i32>> = given.into_iter().map(|(_, b)| b).collect();
+    let partitions = i32::try_from(assignments.len()).unwrap_or(i32::MAX);
+    check_topic(shard, name, partitions, &configs)?;
+    budget.take(partitions)?;
+    let replication_factor = assignments
+        .first()
+        .map_or(0, |a| i16::try_from(a.len()).unwrap_or(i16::MAX));
+    Ok(Requested {
+        partitions,
+        configs,
+        replication_factor,
+        assignments,
+    })
 }
 
 /// CreateTopics: every topic is checked (yielding between chunks), then all that passed
@@ -306,7 +358,7 @@ fn requested_topic(
 pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> CreateTopicsResponse {
     let budget = RequestBudget::new(shard);
     let mut results = Vec::with_capacity(req.topics.len());
-    let mut pending: Vec<(usize, TopicMeta)> = Vec::new();
+    let mut pending: Vec<(usize, NewTopic)> = Vec::new();
     for (i, t) in req.topics.iter().enumerate() {
         if i % CHECK_YIELD_TOPICS == CHECK_YIELD_TOPICS - 1 {
             glommio::executor().yield_if_needed().await;
@@ -314,17 +366,27 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
         let name = t.name.0.to_string();
         let mut r = CreatableTopicResult::default().with_name(topic_name(&name));
         match requested_topic(shard, t, &budget) {
-            Ok((partitions, configs)) => {
-                r = r.with_num_partitions(partitions).with_replication_factor(1);
+            Ok(asked) => {
+                let partitions = asked.partitions;
+                r = r
+                    .with_num_partitions(partitions)
+                    .with_replication_factor(asked.replication_factor);
                 if !req.validate_only {
                     let id = metadata::new_topic_id();
                     let meta = TopicMeta {
                         name,
                         id,
                         partitions,
-                        configs,
+                        configs: asked.configs,
+                        assignment: Vec::new(),
                     };
-                    pending.push((i, meta));
+                    let topic = NewTopic {
+                        meta,
+                        internal: false,
+                        replication_factor: asked.replication_factor,
+                        assignments: asked.assignments,
+                    };
+                    pending.push((i, topic));
                 }
             }
             Err((code, msg)) => {
@@ -337,7 +399,7 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
     }
     let names: Vec<(usize, String, i32)> = pending
         .iter()
-        .map(|(i, m)| (*i, m.name.clone(), m.partitions))
+        .map(|(i, t)| (*i, t.meta.name.clone(), t.meta.partitions))
         .collect();
     let outcomes = insert_topics(shard, pending.into_iter().map(|(_, m)| m).collect()).await;
     let mut created = Vec::new();
@@ -380,14 +442,16 @@ fn refuse_internal(name: &str, what: &str) -> Result<(), TopicError> {
 /// Deletes a topic: catalogue first, then every shard closes and removes its partitions.
 pub async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<u128, TopicError> {
     refuse_internal(name, "delete")?;
-    let id = shard
-        .node
-        .meta
-        .update(|c| match c.topics.remove(name) {
-            Some(t) => Ok(t.id),
-            None => Err(MetaError::UnknownTopic(name.to_string())),
-        })
-        .map_err(meta_error)?;
+    let cmd = Command::DeleteTopic {
+        name: name.to_string(),
+    };
+    let id = match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Deleted(outcome) => outcome?,
+        other => {
+            let msg = format!("controller answered {other:?}");
+            return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+        }
+    };
     tracing::info!(topic = %name, "topic deleted");
     shard.sync_all().await;
     Ok(id)
@@ -444,11 +508,17 @@ pub async fn create_partitions(
     let mut results = Vec::new();
     for t in req.topics {
         let name = t.name.0.to_string();
+        let assignments: Vec<Vec<i32>> = t
+            .assignments
+            .iter()
+            .flatten()
+            .map(|a| a.broker_ids.iter().map(|b| b.0).collect())
+            .collect();
         let outcome = grow_topic(
             shard,
             &name,
             t.count,
-            t.assignments.as_ref().is_some_and(|a| !a.is_empty()),
+            assignments,
             req.validate_only,
             &budget,
         )
@@ -468,7 +538,7 @@ async fn grow_topic(
     shard: &Rc<Shard>,
     name: &str,
     count: i32,
-    assigned: bool,
+    assignments: Vec<Vec<i32>>,
     validate_only: bool,
     budget: &RequestBudget,
 ) -> Result<(), TopicError> {
@@ -476,7 +546,7 @@ async fn grow_topic(
     let Some(current) = shard.catalog().topics.get(name).cloned() else {
         return Err(meta_error(MetaError::UnknownTopic(name.to_string())));
     };
-    if assigned {
+    if !assignments.is_empty() && !in_cluster(shard) {
         return Err((
             errors::INVALID_REPLICA_ASSIGNMENT,
             "manual assignment is not supported".into(),
@@ -493,33 +563,19 @@ async fn grow_topic(
     if validate_only {
         return Ok(());
     }
-    let max = shard.config().partition_limits.max_partitions;
-    let grown = shard
-        .node
-        .meta
-        .update_batch(|c| {
-            let total = c.partition_count();
-            let Some(t) = c.topics.get_mut(name) else {
-                return (
-                    Err(meta_error(MetaError::UnknownTopic(name.to_string()))),
-                    false,
-                );
-            };
-            // Another request may have grown it since the check above.
-            let Some(added) = u64::try_from(count - t.partitions).ok().filter(|a| *a > 0) else {
-                let msg = format!("topic {name} already has {} partitions", t.partitions);
-                return (Err((errors::INVALID_PARTITIONS, msg)), false);
-            };
-            if total + added > max {
-                return (Err(over_node_limit(total, added, max)), false);
-            }
-            let mut grown = (**t).clone();
-            grown.partitions = count;
-            *t = Arc::new(grown);
-            (Ok(()), true)
-        })
-        .map_err(meta_error)?;
-    grown?;
+    let cmd = Command::CreatePartitions {
+        name: name.to_string(),
+        count,
+        max_partitions: shard.config().partition_limits.max_partitions,
+        assignments,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Done(done) => done?,
+        other => {
+            let msg = format!("controller answered {other:?}");
+            return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+        }
+    }
     tracing::info!(topic = %name, partitions = count, "partitions added");
     shard.sync_all().await;
     Ok(())

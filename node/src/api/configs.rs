@@ -1,7 +1,14 @@
-//! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (broker configs are
-//! described read-only). Topic overrides are stored in the catalogue; changing them makes
-//! each owning shard reopen the partition logs with the new settings. An internal topic's
-//! `cleanup.policy` and retention cannot be changed (INVALID_CONFIG).
+//! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics and the broker.
+//! Topic overrides are stored in the catalogue (changed through the
+//! controller); changing them makes each owning shard
+//! reopen the partition logs with the new settings. An internal topic's `cleanup.policy`
+//! and retention cannot be changed (INVALID_CONFIG).
+//!
+//! The BROKER resource describes every key weir reads, with its value, source and whether
+//! it can change at runtime. Dynamic broker configs ([`crate::config::dynamic`]): the
+//! topic defaults in [`keys::DYNAMIC_APPLIED`] apply at once; Kafka's dynamic keys weir
+//! does not use are stored and described without effect; every other key is refused with
+//! INVALID_CONFIG and a message saying why.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -19,8 +26,9 @@ use kafka_protocol::messages::{
 
 use super::admin::{TOPIC_CONFIG_KEYS, TopicError, validate_configs};
 use super::str_bytes;
+use crate::config::keys::{self, Dynamic};
+use crate::controller::{Command, Outcome};
 use crate::errors;
-use crate::metadata::MetaError;
 use crate::shard::Shard;
 
 /// Kafka's ConfigResource types.
@@ -28,24 +36,25 @@ const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
 /// Kafka's config sources.
 const SOURCE_TOPIC: i8 = 1;
+const SOURCE_DYNAMIC_BROKER: i8 = 2;
+const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 /// Kafka's config types.
+const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_LONG: i8 = 5;
 
-/// Broker keys DescribeConfigs reports for the broker resource.
-const BROKER_KEYS: &[&str] = &[
-    "auto.create.topics.enable",
-    "default.replication.factor",
-    "log.retention.bytes",
-    "log.retention.ms",
-    "log.segment.bytes",
-    "max.connections",
-    "message.max.bytes",
-    "min.insync.replicas",
-    "num.partitions",
-    "socket.request.max.bytes",
+/// Broker keys set by the command line's dedicated flags or their Kafka keys: always
+/// static (given at startup one way or the other).
+const FLAG_KEYS: &[&str] = &[
+    "advertised.listeners",
+    "broker.id",
+    "listeners",
+    "log.dir",
+    "log.dirs",
+    "node.id",
+    "weir.shards",
 ];
 
 /// DescribeConfigs.
@@ -65,7 +74,8 @@ pub async fn describe(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Describ
                 .with_resource_name(r.resource_name.clone());
             let entries = match r.resource_type {
                 RESOURCE_TOPIC => topic_entries(shard, r.resource_name.as_str()),
-                RESOURCE_BROKER => Ok(broker_entries(shard)),
+                RESOURCE_BROKER => check_broker_name(shard, r.resource_name.as_str())
+                    .map(|()| broker_entries(shard)),
                 _ => Err((
                     errors::INVALID_REQUEST,
                     "unsupported resource type".to_string(),
@@ -111,6 +121,12 @@ fn topic_entries(
         ));
     };
     let defaults = shard.config().topic_defaults();
+    // Topic keys whose broker default was set dynamically (AlterConfigs on the broker).
+    let dynamic_defaults: Vec<&str> = keys::DYNAMIC_APPLIED
+        .iter()
+        .filter(|(broker_key, _)| shard.config().dynamic.get(broker_key).is_some())
+        .map(|(_, topic_key)| *topic_key)
+        .collect();
     let mut keys: Vec<&str> = defaults.keys().map(String::as_str).collect();
     keys.extend(meta.configs.keys().map(String::as_str));
     keys.sort_unstable();
@@ -119,32 +135,219 @@ fn topic_entries(
         .into_iter()
         .filter_map(|k| match (meta.configs.get(k), defaults.get(k)) {
             (Some(v), _) => Some(entry(k, v, SOURCE_TOPIC, false)),
+            (None, Some(v)) if dynamic_defaults.contains(&k) => {
+                Some(entry(k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, false))
+            }
             (None, Some(v)) => Some(entry(k, v, SOURCE_DEFAULT, false)),
             (None, None) => None,
         })
         .collect())
 }
 
+/// Every broker key weir reads, Kafka's dynamic keys it accepts without effect (null
+/// unless set: clients such as kafka-python alter only keys described as dynamic), and
+/// every dynamic key set, in key order.
 fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
     let c = shard.config();
-    BROKER_KEYS
-        .iter()
+    let dynamic = c.dynamic.all();
+    let mut names: Vec<&str> = keys::WEIR_KEYS.to_vec();
+    names.extend(keys::KAFKA_DYNAMIC_IGNORED);
+    names.extend(dynamic.keys().map(String::as_str));
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
         .map(|k| {
-            let value = match *k {
-                "auto.create.topics.enable" => c.auto_create_topics.to_string(),
-                "default.replication.factor" => c.default_replication_factor.to_string(),
-                "log.retention.bytes" => c.retention_bytes.to_string(),
-                "log.retention.ms" => c.retention_ms.to_string(),
-                "log.segment.bytes" => c.segment_bytes.to_string(),
-                "max.connections" => c.max_connections.to_string(),
-                "message.max.bytes" => c.message_max_bytes.to_string(),
-                "min.insync.replicas" => c.min_insync_replicas.to_string(),
-                "num.partitions" => c.num_partitions.to_string(),
-                _ => c.socket_request_max_bytes.to_string(),
+            let read_only = !matches!(keys::dynamic_kind(k), Dynamic::Applied(_) | Dynamic::Stored);
+            let (value, source) = match dynamic.get(k) {
+                Some(v) => (Some(v.clone()), SOURCE_DYNAMIC_BROKER),
+                None if FLAG_KEYS.contains(&k) || c.props.get(k).is_some() => {
+                    (broker_value(shard, k), SOURCE_STATIC_BROKER)
+                }
+                None => (broker_value(shard, k), SOURCE_DEFAULT),
             };
-            entry(k, &value, SOURCE_STATIC_BROKER, true)
+            let config_type = match value.as_deref() {
+                Some("true" | "false") => TYPE_BOOLEAN,
+                Some(v) if v.parse::<i64>().is_ok() => TYPE_LONG,
+                _ => TYPE_STRING,
+            };
+            DescribeConfigsResourceResult::default()
+                .with_name(str_bytes(k))
+                .with_value(value.map(|v| str_bytes(&v)))
+                .with_read_only(read_only)
+                .with_config_source(source)
+                .with_config_type(config_type)
         })
         .collect()
+}
+
+/// The value weir runs with for broker key `key` (static or default; `None` where Kafka's
+/// default is null, e.g. `log.retention.minutes`).
+fn broker_value(shard: &Shard, key: &str) -> Option<String> {
+    let c = shard.config();
+    let log = crate::storage::LogConfig::default();
+    let group = crate::group::Settings::from_config(shard.config());
+    let limits = &c.partition_limits;
+    let (host, port) = &shard.advertised;
+    let value = match key {
+        "advertised.listeners" => format!("PLAINTEXT://{host}:{port}"),
+        "listeners" => format!("PLAINTEXT://{}", c.listen),
+        "log.dir" | "log.dirs" => c.data_dir.display().to_string(),
+        "node.id" | "broker.id" => c.node_id.to_string(),
+        "weir.shards" => c.shards.to_string(),
+        "auto.create.topics.enable" => c.auto_create_topics.to_string(),
+        "connections.max.idle.ms" => c.connections_max_idle_ms.to_string(),
+        "default.replication.factor" => c.default_replication_factor.to_string(),
+        "fetch.max.bytes" => c.fetch_max_bytes.to_string(),
+        "fetch.response.buffer.max.bytes" => c.fetch_response_buffer_max_bytes.to_string(),
+        "log.flush.on.ack" => c.flush_on_ack.to_string(),
+        "log.retention.bytes" | "retention.bytes" => c.retention_bytes.to_string(),
+        "log.retention.ms" | "retention.ms" => c.retention_ms.to_string(),
+        "log.segment.bytes" | "segment.bytes" => c.segment_bytes.to_string(),
+        "log.retention.check.interval.ms" => c.retention_check_interval_ms.to_string(),
+        "max.connections" => c.max_connections.to_string(),
+        "max.connections.per.ip" => c.max_connections_per_ip.to_string(),
+        "max.open.partitions" => limits.max_open_partitions.to_string(),
+        "max.partitions" => limits.max_partitions.to_string(),
+        "max.partitions.per.request" => limits.max_partitions_per_request.to_string(),
+        "message.max.bytes" => c.message_max_bytes.to_string(),
+        "min.insync.replicas" => c.min_insync_replicas.to_string(),
+        "num.partitions" => c.num_partitions.to_string(),
+        "queued.max.request.bytes" => c.queued_max_request_bytes.to_string(),
+        "request.read.timeout.ms" => c.request_read_timeout_ms.to_string(),
+        "socket.request.max.bytes" => c.socket_request_max_bytes.to_string(),
+        _ => {
+            return c.props.get(key).map(str::to_string).or_else(|| {
+                // Keys read elsewhere: their own defaults.
+                let v = match key {
+                    "log.cleanup.policy" => "delete".to_string(),
+                    "log.message.timestamp.type" => "CreateTime".to_string(),
+                    "log.retention.hours" => "168".to_string(),
+                    "log.flush.interval.messages" => log.flush_interval_messages.to_string(),
+                    "log.flush.interval.ms" => log.flush_interval_ms.to_string(),
+                    "log.index.interval.bytes" => log.index_interval_bytes.to_string(),
+                    "log.roll.ms" => log.segment_ms.to_string(),
+                    "log.tail.cache.bytes" => log.tail_cache_bytes.to_string(),
+                    "producer.id.expiration.ms" => {
+                        crate::producer_state::PRODUCER_ID_EXPIRATION_MS_DEFAULT.to_string()
+                    }
+                    "group.initial.rebalance.delay.ms" => group.limits.initial_delay_ms.to_string(),
+                    "group.max.session.timeout.ms" => group.session_max_ms.to_string(),
+                    "group.max.size" => group.limits.max_size.to_string(),
+                    "group.min.session.timeout.ms" => group.session_min_ms.to_string(),
+                    "log.cleaner.backoff.ms" => group.compaction_backoff_ms.to_string(),
+                    "offset.metadata.max.bytes" => group.metadata_max_bytes.to_string(),
+                    "offsets.compaction.min.records" => group.compaction_min_records.to_string(),
+                    "offsets.retention.check.interval.ms" => group.retention_check_ms.to_string(),
+                    "offsets.retention.minutes" => (group.retention_ms / 60_000).to_string(),
+                    "offsets.topic.num.partitions" => group.num_partitions.to_string(),
+                    "offsets.topic.segment.bytes" => group.segment_bytes.to_string(),
+                    _ => return None,
+                };
+                Some(v)
+            });
+        }
+    };
+    Some(value)
+}
+
+/// A BROKER resource names this node (its id) or, empty, the cluster-wide default; a
+/// single node keeps one set for both.
+fn check_broker_name(shard: &Shard, name: &str) -> Result<(), TopicError> {
+    let node = shard.config().node_id;
+    if name.is_empty() || name.trim() == node.to_string() {
+        return Ok(());
+    }
+    Err((
+        errors::INVALID_REQUEST,
+        format!("broker {name} is not this node (node {node})"),
+    ))
+}
+
+/// Replaces (`AlterConfigs`) or edits (`IncrementalAlterConfigs`) the dynamic broker
+/// configs. `edit` gets the current dynamic set and the value weir runs with for a key
+/// (for APPEND/SUBTRACT on a key without a dynamic value).
+async fn change_broker(
+    shard: &Rc<Shard>,
+    name: &str,
+    validate_only: bool,
+    edit: impl FnOnce(
+        &mut BTreeMap<String, String>,
+        &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), TopicError>,
+) -> Result<(), TopicError> {
+    check_broker_name(shard, name)?;
+    let store = shard.config().dynamic.clone();
+    let old = store.all();
+    let mut new = old.clone();
+    let effective = |k: &str| broker_value(shard, k);
+    edit(&mut new, &effective)?;
+    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
+        check_dynamic(k, v)?;
+    }
+    if validate_only || new == old {
+        return Ok(());
+    }
+    let applied = keys::DYNAMIC_APPLIED
+        .iter()
+        .any(|(k, _)| old.get(*k) != new.get(*k));
+    let shown = format!("{new:?}");
+    glommio::executor()
+        .spawn_blocking(move || store.replace(new))
+        .await
+        .map_err(|e| {
+            let msg = format!("cannot persist dynamic broker configs: {e}");
+            (errors::KAFKA_STORAGE_ERROR, msg)
+        })?;
+    tracing::info!(configs = %shown, "dynamic broker configs changed");
+    if applied {
+        reconfigure_all_topics(shard).await;
+    }
+    Ok(())
+}
+
+/// Whether `key` may be set to `value` at runtime.
+fn check_dynamic(key: &str, value: &str) -> Result<(), TopicError> {
+    match keys::dynamic_kind(key) {
+        Dynamic::Applied(topic_key) => {
+            let one = BTreeMap::from([(topic_key.to_string(), value.to_string())]);
+            validate_configs(&one).map_err(|(code, msg)| (code, format!("{key}: {msg}")))
+        }
+        Dynamic::Stored => Ok(()),
+        Dynamic::ReadOnly => Err((
+            errors::INVALID_CONFIG,
+            format!(
+                "{key} cannot be changed while weir runs: set it in server.properties or with \
+                 --set and restart (dynamic keys: {})",
+                keys::DYNAMIC_APPLIED
+                    .iter()
+                    .map(|(k, _)| *k)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+        Dynamic::Unknown => Err((
+            errors::INVALID_CONFIG,
+            format!("unknown broker config {key}"),
+        )),
+    }
+}
+
+/// A broker default changed the effective config of every topic without its own
+/// override. The shards reconfigure open partitions whose catalogue entry changed, so
+/// every entry is replaced by an equal copy (one catalogue write), then all shards sync.
+async fn reconfigure_all_topics(shard: &Rc<Shard>) {
+    let touched = shard.node.meta.update(|c| {
+        for t in c.topics.values_mut() {
+            *t = Arc::new((**t).clone());
+        }
+        Ok(())
+    });
+    if let Err(e) = touched {
+        tracing::warn!("broker defaults changed, open partitions not reconfigured: {e}");
+        return;
+    }
+    shard.sync_all().await;
 }
 
 /// Replaces (`AlterConfigs`) or edits (`IncrementalAlterConfigs`) a topic's overrides.
@@ -158,7 +361,7 @@ async fn change_topic(
     if resource_type != RESOURCE_TOPIC {
         return Err((
             errors::INVALID_REQUEST,
-            "only topic configs can be altered".into(),
+            "only topic and broker configs can be altered".into(),
         ));
     }
     let Some(meta) = shard.catalog().topics.get(topic).cloned() else {
@@ -176,19 +379,18 @@ async fn change_topic(
     if validate_only || configs == meta.configs {
         return Ok(());
     }
-    shard
-        .node
-        .meta
-        .update(|c| match c.topics.get_mut(topic) {
-            Some(t) if t.id == meta.id => {
-                let mut changed = (**t).clone();
-                changed.configs = configs;
-                *t = Arc::new(changed);
-                Ok(())
-            }
-            _ => Err(MetaError::UnknownTopic(topic.to_string())),
-        })
-        .map_err(|e| (errors::UNKNOWN_TOPIC_OR_PARTITION, e.to_string()))?;
+    let cmd = Command::AlterConfigs {
+        name: topic.to_string(),
+        id: meta.id,
+        configs,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Done(done) => done?,
+        other => {
+            let msg = format!("controller answered {other:?}");
+            return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+        }
+    }
     tracing::info!(topic, "topic config changed");
     shard.sync_all().await;
     Ok(())
@@ -244,17 +446,30 @@ pub async fn alter(shard: &Rc<Shard>, req: AlterConfigsRequest) -> AlterConfigsR
                     .map(|v| (c.name.to_string(), v.to_string()))
             })
             .collect();
-        let outcome = change_topic(
-            shard,
-            r.resource_type,
-            r.resource_name.as_str(),
-            req.validate_only,
-            |c| {
-                *c = new;
-                Ok(())
-            },
-        )
-        .await;
+        let outcome = if r.resource_type == RESOURCE_BROKER {
+            change_broker(
+                shard,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |c, _| {
+                    *c = new;
+                    Ok(())
+                },
+            )
+            .await
+        } else {
+            change_topic(
+                shard,
+                r.resource_type,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |c| {
+                    *c = new;
+                    Ok(())
+                },
+            )
+            .await
+        };
         let mut resp = AlterResult::default()
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
@@ -286,14 +501,24 @@ pub async fn incremental_alter(
                 )
             })
             .collect();
-        let outcome = change_topic(
-            shard,
-            r.resource_type,
-            r.resource_name.as_str(),
-            req.validate_only,
-            |c| apply_ops(c, ops),
-        )
-        .await;
+        let outcome = if r.resource_type == RESOURCE_BROKER {
+            change_broker(
+                shard,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |c, now| apply_broker_ops(c, ops, now),
+            )
+            .await
+        } else {
+            change_topic(
+                shard,
+                r.resource_type,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |c| apply_ops(c, ops),
+            )
+            .await
+        };
         let mut resp = IncResult::default()
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
@@ -328,6 +553,44 @@ fn apply_ops(
             (2, Some(v)) | (3, Some(v)) if key == "cleanup.policy" => {
                 let mut items: Vec<String> = configs
                     .get(&key)
+                    .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
+                    .unwrap_or_default();
+                items.retain(|x| !x.is_empty() && *x != v);
+                if op == 2 {
+                    items.push(v);
+                }
+                configs.insert(key, items.join(","));
+            }
+            _ => {
+                return Err((
+                    errors::INVALID_CONFIG,
+                    format!("bad operation {op} for {key}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// IncrementalAlterConfigs on the broker: SET and DELETE for any key (checked after),
+/// APPEND and SUBTRACT for the list key `log.cleanup.policy`, starting from the value weir
+/// runs with when no dynamic value is set.
+fn apply_broker_ops(
+    configs: &mut BTreeMap<String, String>,
+    ops: Vec<(String, i8, Option<String>)>,
+    effective: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), TopicError> {
+    for (key, op, value) in ops {
+        match (op, value) {
+            (0, Some(v)) => {
+                configs.insert(key, v);
+            }
+            (1, _) => {
+                configs.remove(&key);
+            }
+            (2, Some(v)) | (3, Some(v)) if key == "log.cleanup.policy" => {
+                let current = configs.get(&key).cloned().or_else(|| effective(&key));
+                let mut items: Vec<String> = current
                     .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
                     .unwrap_or_default();
                 items.retain(|x| !x.is_empty() && *x != v);

@@ -53,6 +53,7 @@ struct Wanted {
     offset: Offset,
     max_bytes: usize,
     current_epoch: LeaderEpoch,
+    last_fetched_epoch: LeaderEpoch,
 }
 
 /// Who reads: a follower (its `replica_id`) or a consumer (its isolation level).
@@ -119,6 +120,7 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
+            count_out(shard, &wanted, &read.outcomes);
             return (build(&wanted, read.outcomes), read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
@@ -146,6 +148,7 @@ fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
                     offset: Offset(p.fetch_offset),
                     max_bytes: p.partition_max_bytes.max(0) as usize,
                     current_epoch: LeaderEpoch(p.current_leader_epoch),
+                    last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
                 });
             }
         }
@@ -218,6 +221,7 @@ async fn read_all(
                 offset: wanted[i].offset,
                 max_bytes: wanted[i].max_bytes,
                 current_epoch: wanted[i].current_epoch,
+                last_fetched_epoch: wanted[i].last_fetched_epoch,
             })
             .collect();
         let call = FetchCall {
@@ -326,6 +330,21 @@ async fn wait_for_data(
     .await;
 }
 
+/// Adds what the response carries to each topic's bytes and records out.
+fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
+    for (w, o) in wanted.iter().zip(outcomes) {
+        if o.batches.is_empty() {
+            continue;
+        }
+        let records: u64 = o
+            .batches
+            .iter()
+            .map(|b| super::produce::record_count(b))
+            .sum();
+        shard.metrics().fetched(&w.tp.0, o.bytes() as u64, records);
+    }
+}
+
 /// Assembles the response in request order, grouping consecutive partitions by topic.
 fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
     let mut topics: Vec<FetchTopicResponse> = Vec::new();
@@ -343,6 +362,10 @@ fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
                         first_offset: first.get(),
                     })
                     .collect()
+            }),
+            diverging_epoch: o.diverging.map(|(epoch, end)| wire::fetch::DivergingEpoch {
+                epoch: epoch.get(),
+                end_offset: end.get(),
             }),
             records: Some(o.batches),
             ..Default::default()

@@ -52,6 +52,11 @@ pub fn shard_budget(capacity_bytes: u64) -> Rc<ResponseBudget> {
     })
 }
 
+/// Bytes held by this shard's unwritten responses (0 before its first fetch).
+pub fn shard_held_bytes() -> u64 {
+    SHARD_BUDGET.with(|slot| slot.borrow().as_ref().map_or(0, |b| b.held_bytes()))
+}
+
 /// Returns `bytes` to this thread's budget (see [`Hold`]'s drop).
 fn release_on_this_thread(bytes: u64) {
     SHARD_BUDGET.with(|slot| {

@@ -8,9 +8,7 @@
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
@@ -45,9 +43,10 @@ use crate::group::{
     CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
     OffsetCommit, Settings, codes, partition_for,
 };
-use crate::metadata::{self, MetaError, TopicMeta};
+use crate::metadata::{self, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
+use crate::server::session::Session;
 use crate::shard::Shard;
 
 /// Whether `key` is a group API this module answers.
@@ -72,8 +71,9 @@ pub fn is_group_api(key: ApiKey) -> bool {
 pub async fn dispatch(
     shard: &Rc<Shard>,
     req: &Request,
-    peer: SocketAddr,
+    session: &Session,
 ) -> Result<Response, WireError> {
+    let peer = session.peer;
     let v = req.version;
     let client_id = req
         .client_id
@@ -82,7 +82,9 @@ pub async fn dispatch(
         .unwrap_or_default()
         .to_string();
     match req.key() {
-        Some(ApiKey::FindCoordinator) => run(req, |r| find_coordinator(shard, r, v)).await,
+        Some(ApiKey::FindCoordinator) => {
+            run(req, |r| find_coordinator(shard, r, v, session.advertised())).await
+        }
         Some(ApiKey::JoinGroup) => {
             let who = (client_id, format!("/{}", peer.ip()));
             run(req, |r| join_group(shard, r, v, who)).await
@@ -129,19 +131,31 @@ pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
         id: metadata::new_topic_id(),
         partitions: s.num_partitions,
         configs: offsets_topic_configs(&s),
+        assignment: Vec::new(),
     };
-    let created = shard.node.meta.update(|c| {
-        if c.topics.contains_key(OFFSETS_TOPIC) {
-            return Err(MetaError::TopicExists(OFFSETS_TOPIC.to_string()));
-        }
-        c.topics.insert(OFFSETS_TOPIC.to_string(), Arc::new(meta));
-        Ok(())
-    });
-    match created {
-        Ok(()) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
-        Err(MetaError::TopicExists(_)) => {}
-        Err(e) => {
-            tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
+    let topic = crate::controller::NewTopic {
+        meta,
+        internal: true,
+        replication_factor: shard.config().default_replication_factor,
+        assignments: Vec::new(),
+    };
+    let cmd = crate::controller::Command::CreateTopics {
+        topics: vec![topic],
+        max_partitions: shard.config().partition_limits.max_partitions,
+    };
+    let outcome = shard.node.controller.submit(&shard.node, cmd).await;
+    match outcome {
+        crate::controller::Outcome::Created(v) => match v.into_iter().next() {
+            Some(Ok(_)) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
+            Some(Err((crate::errors::TOPIC_ALREADY_EXISTS, _))) => {}
+            Some(Err((_, e))) => {
+                tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
+                return Err(codes::COORDINATOR_NOT_AVAILABLE);
+            }
+            None => return Err(codes::COORDINATOR_NOT_AVAILABLE),
+        },
+        other => {
+            tracing::error!("cannot create {OFFSETS_TOPIC}: controller answered {other:?}");
             return Err(codes::COORDINATOR_NOT_AVAILABLE);
         }
     }
@@ -218,22 +232,33 @@ async fn find_coordinator(
     shard: &Rc<Shard>,
     req: FindCoordinatorRequest,
     version: i16,
+    advertised: &(String, u16),
 ) -> FindCoordinatorResponse {
-    let (host, port) = shard.advertised.clone();
-    let node = BrokerId(shard.config().node_id);
     // Key type 0: a group (its `__consumer_offsets` partition); 1: a transactional id
     // (its `__transaction_state` partition). Each topic is created on first use.
-    let found = match req.key_type {
-        0 => offsets_partitions(shard).await,
-        1 => super::txn::txn_partitions(shard).await,
-        _ => Err(codes::INVALID_REQUEST),
+    let (topic, found) = match req.key_type {
+        0 => (OFFSETS_TOPIC, offsets_partitions(shard).await),
+        1 => (
+            crate::txn::TXN_TOPIC,
+            super::txn::txn_partitions(shard).await,
+        ),
+        _ => (OFFSETS_TOPIC, Err(codes::INVALID_REQUEST)),
     };
     let error = match found {
         Ok(_) => codes::NONE,
         Err(code) => code,
     };
+    let partitions = found.unwrap_or(1);
     let mut resp = FindCoordinatorResponse::default();
     if version < 4 {
+        let (error, node, host, port) = coordinator_of(
+            shard,
+            advertised,
+            topic,
+            req.key.as_str(),
+            partitions,
+            error,
+        );
         resp.error_code = error;
         if error == codes::NONE {
             resp.node_id = node;
@@ -248,6 +273,8 @@ async fn find_coordinator(
         .coordinator_keys
         .iter()
         .map(|key| {
+            let (error, node, host, port) =
+                coordinator_of(shard, advertised, topic, key.as_str(), partitions, error);
             let mut c = Coordinator::default();
             c.key = key.clone();
             c.error_code = error;
@@ -262,6 +289,43 @@ async fn find_coordinator(
         })
         .collect();
     resp
+}
+
+/// The node hosting the coordinator of `key` (a group or transactional id) on `topic`
+/// (`__consumer_offsets` or `__transaction_state`): this node on a single node; in a
+/// cluster the leader of its partition (none yet: COORDINATOR_NOT_AVAILABLE).
+fn coordinator_of(
+    shard: &Shard,
+    advertised: &(String, u16),
+    topic: &str,
+    group: &str,
+    partitions: i32,
+    error: i16,
+) -> (i16, BrokerId, String, u16) {
+    let (host, port) = advertised.clone();
+    let me = (error, BrokerId(shard.config().node_id), host, port);
+    if error != codes::NONE || shard.node.controller.cluster().is_none() {
+        return me;
+    }
+    let image = shard.catalog();
+    let partition = partition_for(group, partitions);
+    let leader = image
+        .topics
+        .get(topic)
+        .and_then(|t| t.assignment.get(usize::try_from(partition).ok()?))
+        .map(|a| a.leader);
+    let Some(leader) = leader else {
+        return me;
+    };
+    match image.nodes.get(&leader).filter(|n| !n.fenced) {
+        Some(n) => (error, BrokerId(leader), n.host.clone(), n.port),
+        None => (
+            codes::COORDINATOR_NOT_AVAILABLE,
+            BrokerId(-1),
+            String::new(),
+            0,
+        ),
+    }
 }
 
 async fn join_group(

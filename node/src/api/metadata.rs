@@ -1,5 +1,7 @@
-//! Metadata (with auto-creation of topics) and DescribeCluster: this node is the only
-//! broker, the controller, and the leader of every partition.
+//! Metadata (with auto-creation of topics) and DescribeCluster. A single node is the only
+//! broker, the controller, and the leader of every partition; a cluster node answers from
+//! the controller quorum's committed image (live brokers, active controller, per
+//! partition leader, leader epoch, replicas, ISR).
 
 use std::rc::Rc;
 
@@ -21,7 +23,12 @@ use crate::shard::Shard;
 /// Metadata: all topics when none are named; named ones are created when
 /// `auto.create.topics.enable` and the request allow it.
 /// In v0 an empty topic list means "all topics"; from v1 that is a null list.
-pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: MetadataRequest,
+    version: i16,
+    advertised: &(String, u16),
+) -> MetadataResponse {
     let all = match &req.topics {
         None => true,
         Some(t) => t.is_empty() && version == 0,
@@ -49,16 +56,65 @@ pub async fn handle(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> Me
             );
         }
     }
-    let node_id = shard.config().node_id;
-    let broker = MetadataResponseBroker::default()
-        .with_node_id(BrokerId(node_id))
-        .with_host(str_bytes(&shard.advertised.0))
-        .with_port(i32::from(shard.advertised.1));
+    let view = cluster_view(shard, advertised);
+    let brokers = view
+        .brokers
+        .iter()
+        .map(|(id, host, port)| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(*id))
+                .with_host(str_bytes(host))
+                .with_port(i32::from(*port))
+        })
+        .collect();
     MetadataResponse::default()
-        .with_brokers(vec![broker])
-        .with_cluster_id(Some(str_bytes(&shard.node.cluster_id)))
-        .with_controller_id(BrokerId(node_id))
+        .with_brokers(brokers)
+        .with_cluster_id(Some(str_bytes(&view.cluster_id)))
+        .with_controller_id(BrokerId(view.controller))
         .with_topics(topics)
+}
+
+/// Who the cluster is, as this node's image says.
+pub struct ClusterView {
+    /// Live brokers: id, advertised host and port.
+    pub brokers: Vec<(i32, String, u16)>,
+    pub controller: i32,
+    pub cluster_id: String,
+}
+
+/// The brokers, controller and cluster id to answer with: this node alone on a single
+/// node; the registered, unfenced nodes of the image in a cluster.
+/// `advertised` is this node's address on the listener the client came through (a
+/// cluster's other nodes are known by the one address they registered).
+pub fn cluster_view(shard: &Shard, advertised: &(String, u16)) -> ClusterView {
+    let node_id = shard.config().node_id;
+    let me = (node_id, advertised.0.clone(), advertised.1);
+    let Some(q) = shard.node.controller.cluster() else {
+        return ClusterView {
+            brokers: vec![me],
+            controller: node_id,
+            cluster_id: shard.node.cluster_id.clone(),
+        };
+    };
+    let image = shard.catalog();
+    let mut brokers: Vec<(i32, String, u16)> = image
+        .nodes
+        .iter()
+        .filter(|(_, n)| !n.fenced)
+        .map(|(id, n)| (*id, n.host.clone(), n.port))
+        .collect();
+    if brokers.is_empty() {
+        // Not registered yet: a client still needs an address to retry on.
+        brokers.push(me);
+    }
+    ClusterView {
+        brokers,
+        controller: q.controller_id(),
+        cluster_id: image
+            .cluster_id
+            .clone()
+            .unwrap_or_else(|| shard.node.cluster_id.clone()),
+    }
 }
 
 async fn requested_topic(
@@ -129,9 +185,13 @@ async fn auto_create_internal(
     }
 }
 
-/// One topic's metadata: every partition led by this node, ISR = {this node}.
+/// One topic's metadata: on a single node every partition led by this node, ISR = {this
+/// node}; in a cluster as the controller placed it (no leader: LEADER_NOT_AVAILABLE).
 pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic {
     let node = BrokerId(shard.config().node_id);
+    if !meta.assignment.is_empty() {
+        return describe_placed(shard, meta);
+    }
     let partitions = (0..meta.partitions)
         .map(|p| {
             MetadataResponsePartition::default()
@@ -149,18 +209,58 @@ pub fn describe_topic(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic 
         .with_partitions(partitions)
 }
 
-/// DescribeCluster: this node alone, as controller.
+/// A cluster topic's partitions from the image.
+fn describe_placed(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic {
+    let image = shard.catalog();
+    let fenced = |id: &i32| image.nodes.get(id).is_none_or(|n| n.fenced);
+    let ids = |v: &[i32]| v.iter().map(|id| BrokerId(*id)).collect::<Vec<_>>();
+    let partitions = meta
+        .assignment
+        .iter()
+        .zip(0..)
+        .map(|(a, p)| {
+            let offline: Vec<i32> = a.replicas.iter().copied().filter(fenced).collect();
+            let code = if a.leader < 0 {
+                errors::LEADER_NOT_AVAILABLE
+            } else {
+                errors::NONE
+            };
+            MetadataResponsePartition::default()
+                .with_error_code(code)
+                .with_partition_index(p)
+                .with_leader_id(BrokerId(a.leader))
+                .with_leader_epoch(a.leader_epoch)
+                .with_replica_nodes(ids(&a.replicas))
+                .with_isr_nodes(ids(&a.isr))
+                .with_offline_replicas(ids(&offline))
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(topic_name(&meta.name)))
+        .with_topic_id(Uuid::from_u128(meta.id))
+        .with_is_internal(crate::metadata::is_internal(&meta.name))
+        .with_partitions(partitions)
+}
+
+/// DescribeCluster: the live brokers and the active controller (a single node: itself).
 pub async fn describe_cluster(
     shard: &Rc<Shard>,
     _req: DescribeClusterRequest,
+    advertised: &(String, u16),
 ) -> DescribeClusterResponse {
-    let node_id = shard.config().node_id;
-    let broker = DescribeClusterBroker::default()
-        .with_broker_id(BrokerId(node_id))
-        .with_host(str_bytes(&shard.advertised.0))
-        .with_port(i32::from(shard.advertised.1));
+    let view = cluster_view(shard, advertised);
+    let brokers = view
+        .brokers
+        .iter()
+        .map(|(id, host, port)| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(*id))
+                .with_host(str_bytes(host))
+                .with_port(i32::from(*port))
+        })
+        .collect();
     DescribeClusterResponse::default()
-        .with_cluster_id(str_bytes(&shard.node.cluster_id))
-        .with_controller_id(BrokerId(node_id))
-        .with_brokers(vec![broker])
+        .with_cluster_id(str_bytes(&view.cluster_id))
+        .with_controller_id(BrokerId(view.controller))
+        .with_brokers(brokers)
 }

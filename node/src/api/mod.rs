@@ -14,10 +14,11 @@ pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod replicas;
+pub mod sasl;
 pub mod txn;
 pub mod versions;
 
-use std::net::SocketAddr;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -28,6 +29,7 @@ use wire::{WireError, api};
 
 use crate::producer_state::init_producer_id::handle_on_shard as init_producer_id;
 use crate::proto::{self, Request};
+use crate::server::session::Session;
 use crate::shard::Shard;
 
 /// Frames to write for one request: `None` = no response; `Some(vec![])` = close.
@@ -38,8 +40,9 @@ pub fn close() -> Response {
     Some(Vec::new())
 }
 
-/// Handles one request; never panics on its content.
-pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Response {
+/// Handles one request of `session`'s connection; never panics on its content.
+pub async fn handle(shard: &Rc<Shard>, req: Request, session: &Session) -> Response {
+    let peer = session.peer;
     if req.api_key == api::API_VERSIONS {
         return versions::handle(&req);
     }
@@ -48,13 +51,21 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
         crate::client_warn!(%peer, "closing connection: unsupported api key {key} version {version}");
         return close();
     }
-    let (name, version) = (req.api_name(), req.version);
+    let (name, version, api_key) = (req.api_name(), req.version, req.api_key);
+    let started = std::time::Instant::now();
     let routed = match req.key() {
-        Some(key) if groups::is_group_api(key) => groups::dispatch(shard, &req, peer).await,
+        Some(key) if groups::is_group_api(key) => groups::dispatch(shard, &req, session).await,
+        Some(ApiKey::SaslHandshake | ApiKey::SaslAuthenticate) => {
+            sasl::handle(shard, &req, session).await
+        }
         // Produce takes the request by value: it reuses the frame's bytes for the log.
         Some(ApiKey::Produce) => produce::handle(shard, req).await,
-        _ => dispatch(shard, &req).await,
+        _ => dispatch(shard, &req, session.advertised()).await,
     };
+    let closed = routed.is_err();
+    shard
+        .metrics()
+        .request(api_key, version, started.elapsed(), closed);
     match routed {
         Ok(resp) => resp,
         Err(e) => {
@@ -64,11 +75,21 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, peer: SocketAddr) -> Respon
     }
 }
 
-async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
+async fn dispatch(
+    shard: &Rc<Shard>,
+    req: &Request,
+    advertised: &(String, u16),
+) -> Result<Response, WireError> {
     let v = req.version;
     match req.key() {
-        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v)).await,
-        Some(ApiKey::DescribeCluster) => run(req, |r| metadata::describe_cluster(shard, r)).await,
+        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, advertised)).await,
+        Some(ApiKey::DescribeCluster) => {
+            run(req, |r| metadata::describe_cluster(shard, r, advertised)).await
+        }
+        Some(ApiKey::DescribeUserScramCredentials) => {
+            run(req, |r| sasl::describe_scram(shard, r)).await
+        }
+        Some(ApiKey::AlterUserScramCredentials) => run(req, |r| sasl::alter_scram(shard, r)).await,
         Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id_any(shard, r, v)).await,
         Some(ApiKey::AddPartitionsToTxn) => run(req, |r| txn::add_partitions(shard, r)).await,
         Some(ApiKey::AddOffsetsToTxn) => run(req, |r| txn::add_offsets(shard, r)).await,
@@ -80,6 +101,9 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
         Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
         Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
+        Some(ApiKey::OffsetForLeaderEpoch) => {
+            run(req, |r| offsets::offset_for_leader_epoch(shard, r)).await
+        }
         Some(ApiKey::CreateTopics) => run(req, |r| admin::create_topics(shard, r)).await,
         Some(ApiKey::DeleteTopics) => run(req, |r| admin::delete_topics(shard, r)).await,
         Some(ApiKey::CreatePartitions) => run(req, |r| admin::create_partitions(shard, r)).await,
@@ -87,6 +111,17 @@ async fn dispatch(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireErro
         Some(ApiKey::AlterConfigs) => run(req, |r| configs::alter(shard, r)).await,
         Some(ApiKey::IncrementalAlterConfigs) => {
             run(req, |r| configs::incremental_alter(shard, r)).await
+        }
+        Some(ApiKey::DescribeLogDirs) => run(req, |r| replicas::describe_log_dirs(shard, r)).await,
+        Some(ApiKey::AlterReplicaLogDirs) => {
+            run(req, |r| replicas::alter_replica_log_dirs(shard, r)).await
+        }
+        Some(ApiKey::ElectLeaders) => run(req, |r| replicas::elect_leaders(shard, r)).await,
+        Some(ApiKey::AlterPartitionReassignments) => {
+            run(req, |r| replicas::alter_partition_reassignments(shard, r)).await
+        }
+        Some(ApiKey::ListPartitionReassignments) => {
+            run(req, |r| replicas::list_partition_reassignments(shard, r)).await
         }
         _ => Err(WireError::UnsupportedVersion {
             api_key: req.api_key,

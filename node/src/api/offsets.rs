@@ -1,6 +1,7 @@
-//! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp) and DeleteRecords,
-//! each partition answered by its owning shard. DeleteRecords on an internal topic is
-//! refused with INVALID_TOPIC_EXCEPTION.
+//! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp), DeleteRecords and
+//! OffsetForLeaderEpoch (where a leader epoch ends in the log, KIP-101/279: what a replica
+//! becoming follower truncates to), each partition answered by its owning shard.
+//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,8 +12,12 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
 use kafka_protocol::messages::{
     DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse,
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
 };
 
 use std::time::{Duration, Instant};
@@ -22,7 +27,7 @@ use wire::{LeaderEpoch, Offset};
 use super::topic_name;
 use crate::errors;
 use crate::partition::ListedOffset;
-use crate::shard::{DeleteRecordsCall, ListOffsetCall, Shard};
+use crate::shard::{DeleteRecordsCall, EpochEndCall, ListOffsetCall, Shard};
 
 /// Longest a ListOffsets partition may take on its owner.
 const LIST_OFFSETS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -132,4 +137,53 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
         );
     }
     DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// OffsetForLeaderEpoch: for each partition, the end offset of the requested epoch in
+/// the owner's log (the partitions of a topic asked concurrently).
+pub async fn offset_for_leader_epoch(
+    shard: &Rc<Shard>,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;
+    let mut topics = Vec::new();
+    for t in req.topics {
+        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        let tasks: Vec<_> = t
+            .partitions
+            .iter()
+            .map(|p| {
+                let tp = (name.clone(), p.partition);
+                let call = EpochEndCall {
+                    tp: tp.clone(),
+                    epoch: LeaderEpoch(p.leader_epoch),
+                    current_epoch: LeaderEpoch(p.current_leader_epoch),
+                };
+                let s = shard.clone();
+                let task = async move { s.call_owner(&tp, call, deadline).await };
+                (p.partition, glommio::spawn_local(task))
+            })
+            .collect();
+        let mut partitions = Vec::with_capacity(tasks.len());
+        for (index, task) in tasks {
+            let answer = task.await.unwrap_or_else(|e| Err(e.code()));
+            let (error, (epoch, end)) = match answer {
+                Ok(found) => (errors::NONE, found),
+                Err(code) => (code, (LeaderEpoch::NONE, Offset::NONE)),
+            };
+            partitions.push(
+                EpochEndOffset::default()
+                    .with_partition(index)
+                    .with_error_code(error)
+                    .with_leader_epoch(epoch.get())
+                    .with_end_offset(end.get()),
+            );
+        }
+        topics.push(
+            OffsetForLeaderTopicResult::default()
+                .with_topic(topic_name(&name))
+                .with_partitions(partitions),
+        );
+    }
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

@@ -166,6 +166,19 @@ fn split_records(body: Bytes, parts: &[Part]) -> Vec<Option<BytesMut>> {
         .collect()
 }
 
+/// Records in whole batches (their headers' counts; 0 for what does not parse).
+pub fn record_count(blob: &[u8]) -> u64 {
+    wire::batch::split_batches(blob)
+        .filter_map(Result::ok)
+        .filter_map(|r| {
+            wire::batch::read_header(&blob[r])
+                .ok()
+                .map(|h| h.records_count())
+        })
+        .map(|n| u64::try_from(n).unwrap_or(0))
+        .sum()
+}
+
 fn copy_out(body: &[u8], ranges: &[Option<&Range<usize>>]) -> Vec<Option<BytesMut>> {
     ranges
         .iter()
@@ -189,6 +202,7 @@ async fn respond(
             (Err(code), _) => Err(code),
             (Ok(_), None) => Err(errors::CORRUPT_MESSAGE),
             (Ok(_), Some(records)) => {
+                let size = (records.len() as u64, record_count(&records));
                 let (s, tp) = (shard.clone(), (part.topic.clone(), part.index));
                 let call = ProduceCall {
                     tp: tp.clone(),
@@ -197,9 +211,10 @@ async fn respond(
                     replicated_by,
                     transactional_id: transactional_id.clone(),
                 };
-                Ok(glommio::spawn_local(async move {
-                    s.call_owner(&tp, call, deadline).await
-                }))
+                Ok((
+                    size,
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await }),
+                ))
             }
         };
         pending.push((part.topic, part.index, task));
@@ -208,7 +223,13 @@ async fn respond(
     for (name, index, task) in pending {
         let outcome = match task {
             Err(code) => ProduceOutcome::failed(code),
-            Ok(t) => t.await.unwrap_or_else(|e| ProduceOutcome::failed(e.code())),
+            Ok(((bytes, records), t)) => {
+                let outcome = t.await.unwrap_or_else(|e| ProduceOutcome::failed(e.code()));
+                if outcome.error == errors::NONE {
+                    shard.metrics().produced(&name, bytes, records);
+                }
+                outcome
+            }
         };
         let p = ProducePartitionResponse {
             index,

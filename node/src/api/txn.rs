@@ -33,7 +33,7 @@ use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 use super::topic_name;
 use crate::errors;
 use crate::group::{CommitArgs, GroupOp, GroupReply, OFFSETS_TOPIC, OffsetCommit};
-use crate::metadata::{self, MetaError, TopicMeta};
+use crate::metadata::{self, TopicMeta};
 use crate::producer_state::partition::Marker;
 use crate::shard::{Shard, WriteMarkerCall};
 use crate::txn::{
@@ -68,19 +68,31 @@ pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
         id: metadata::new_topic_id(),
         partitions: s.num_partitions,
         configs: txn_topic_configs(&s),
+        assignment: Vec::new(),
     };
-    let created = shard.node.meta.update(|c| {
-        if c.topics.contains_key(TXN_TOPIC) {
-            return Err(MetaError::TopicExists(TXN_TOPIC.to_string()));
-        }
-        c.topics.insert(TXN_TOPIC.to_string(), Arc::new(meta));
-        Ok(())
-    });
-    match created {
-        Ok(()) => tracing::info!(partitions = s.num_partitions, "created {TXN_TOPIC}"),
-        Err(MetaError::TopicExists(_)) => {}
-        Err(e) => {
-            tracing::error!("cannot create {TXN_TOPIC}: {e}");
+    // Through the controller, like every metadata write (placed on nodes in a cluster).
+    let topic = crate::controller::NewTopic {
+        meta,
+        internal: true,
+        replication_factor: shard.config().default_replication_factor,
+        assignments: Vec::new(),
+    };
+    let cmd = crate::controller::Command::CreateTopics {
+        topics: vec![topic],
+        max_partitions: shard.config().partition_limits.max_partitions,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        crate::controller::Outcome::Created(v) => match v.into_iter().next() {
+            Some(Ok(_)) => tracing::info!(partitions = s.num_partitions, "created {TXN_TOPIC}"),
+            Some(Err((errors::TOPIC_ALREADY_EXISTS, _))) => {}
+            Some(Err((_, e))) => {
+                tracing::error!("cannot create {TXN_TOPIC}: {e}");
+                return Err(errors::COORDINATOR_NOT_AVAILABLE);
+            }
+            None => return Err(errors::COORDINATOR_NOT_AVAILABLE),
+        },
+        other => {
+            tracing::error!("cannot create {TXN_TOPIC}: controller answered {other:?}");
             return Err(errors::COORDINATOR_NOT_AVAILABLE);
         }
     }

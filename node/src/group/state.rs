@@ -267,7 +267,17 @@ impl Group {
         std::mem::take(&mut self.dirty)
     }
 
-    fn set_state(&mut self, state: State, now_ms: i64) {
+    /// Every transition goes through here, logged at debug (`WEIR_LOG=weir::group=debug`)
+    /// with the generation and why: the trail to follow when a rebalance takes long.
+    fn set_state(&mut self, state: State, now_ms: i64, reason: &str) {
+        tracing::debug!(
+            group = %self.id,
+            generation = self.generation,
+            members = self.members.len(),
+            "{} -> {}: {reason}",
+            self.state.name(),
+            state.name()
+        );
         self.state = state;
         self.state_since_ms = now_ms;
     }
@@ -359,7 +369,7 @@ impl Group {
             self.protocol_type = Some(a.protocol_type.clone());
         }
         self.extend_initial_delay(now_ms, limits);
-        self.prepare_rebalance_if_settled(now_ms, limits);
+        self.prepare_rebalance_if_settled(now_ms, limits, "a new member joined");
     }
 
     /// A new member arriving during an empty group's initial delay buys it another delay
@@ -381,12 +391,12 @@ impl Group {
     ) {
         let new_id = new_member_id(a.instance_id.as_deref().unwrap_or("static"));
         let was_leader = self.is_leader(old);
+        let leader_before = self.leader.clone().unwrap_or_default();
         let Some(m) = self.member_mut(old) else {
             return;
         };
         m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old));
         m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID));
-        let changed = m.protocols != a.protocols;
         m.id = new_id.clone();
         m.protocols = a.protocols.clone();
         m.session_timeout_ms = a.session_timeout_ms;
@@ -397,10 +407,22 @@ impl Group {
         if was_leader {
             self.leader = Some(new_id.clone());
         }
+        // Kafka (`updateStaticMemberAndRebalance`): a Stable group rebalances only if the
+        // protocol it would select now differs from the current one. Otherwise the member
+        // keeps its old assignment; the answer names the leader as it was before the
+        // replacement and carries no member list (JoinGroup < v9 has no `skip_assignment`),
+        // so a rejoining leader acts as a follower, syncs, and gets its assignment back.
+        let keeps_protocol = self.select_protocol() == self.protocol;
         match self.state {
-            State::Stable if !changed && !was_leader => {
+            State::Stable if keeps_protocol => {
+                tracing::debug!(
+                    group = %self.id, generation = self.generation, member = %new_id, was_leader,
+                    "static member rejoined: no rebalance (selected protocol unchanged)"
+                );
                 self.dirty = true;
-                let result = self.current_join_result(&new_id);
+                let mut result = self.current_join_result(&new_id);
+                result.members.clear();
+                result.leader = leader_before;
                 let _ = reply.try_send(result);
             }
             _ => self.rejoin(&new_id, &a, now_ms, limits, reply),
@@ -457,20 +479,20 @@ impl Group {
         m.last_seen_ms = now_ms;
         m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, id));
         m.join_waiter = Some(reply);
-        self.prepare_rebalance_if_settled(now_ms, limits);
+        self.prepare_rebalance_if_settled(now_ms, limits, "a member rejoined");
     }
 
     /// Starts a rebalance unless one is already under way.
-    fn prepare_rebalance_if_settled(&mut self, now_ms: i64, limits: &Limits) {
+    fn prepare_rebalance_if_settled(&mut self, now_ms: i64, limits: &Limits, reason: &str) {
         if matches!(
             self.state,
             State::Empty | State::Stable | State::CompletingRebalance
         ) {
-            self.prepare_rebalance(now_ms, limits);
+            self.prepare_rebalance(now_ms, limits, reason);
         }
     }
 
-    fn prepare_rebalance(&mut self, now_ms: i64, limits: &Limits) {
+    fn prepare_rebalance(&mut self, now_ms: i64, limits: &Limits, reason: &str) {
         if self.state == State::CompletingRebalance {
             for m in &mut self.members {
                 m.assignment = Bytes::new();
@@ -478,7 +500,7 @@ impl Group {
             }
         }
         let first = self.state == State::Empty;
-        self.set_state(State::PreparingRebalance, now_ms);
+        self.set_state(State::PreparingRebalance, now_ms, reason);
         let timeout = self
             .members
             .iter()
@@ -524,7 +546,7 @@ impl Group {
         if self.members.is_empty() {
             self.protocol = None;
             self.leader = None;
-            self.set_state(State::Empty, now_ms);
+            self.set_state(State::Empty, now_ms, "join phase over with no members");
             self.dirty = true;
             return;
         }
@@ -536,7 +558,7 @@ impl Group {
         if !leader_present {
             self.leader = self.members.first().map(|m| m.id.clone());
         }
-        self.set_state(State::CompletingRebalance, now_ms);
+        self.set_state(State::CompletingRebalance, now_ms, "join phase over");
         let timeout = self.members.iter().map(|m| m.rebalance_timeout_ms).max();
         self.deadline_ms = now_ms + i64::from(timeout.unwrap_or(0));
         let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
@@ -681,7 +703,7 @@ impl Group {
         for m in &mut self.members {
             m.assignment = by_member.remove(&m.id).unwrap_or_default();
         }
-        self.set_state(State::Stable, now_ms);
+        self.set_state(State::Stable, now_ms, "the leader's assignment");
         self.dirty = true;
         let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
         for id in ids {
@@ -745,7 +767,7 @@ impl Group {
             None if self.member(member_id).is_none() => return codes::UNKNOWN_MEMBER_ID,
             None => member_id.to_string(),
         };
-        self.remove_member(&id, now_ms, limits);
+        self.remove_member(&id, now_ms, limits, "a member left");
         codes::NONE
     }
 
@@ -763,10 +785,10 @@ impl Group {
     }
 
     /// Removes a member (left, expired); the others rebalance.
-    fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits) {
+    fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits, reason: &str) {
         self.drop_member(id);
         if matches!(self.state, State::Stable | State::CompletingRebalance) {
-            self.prepare_rebalance(now_ms, limits);
+            self.prepare_rebalance(now_ms, limits, reason);
         }
         // The last member gone: the group is empty at once, not at the next tick.
         self.try_complete_join(now_ms);
@@ -784,7 +806,7 @@ impl Group {
             .collect();
         for id in expired {
             tracing::info!(group = %self.id, member = %id, "session expired");
-            self.remove_member(&id, now_ms, limits);
+            self.remove_member(&id, now_ms, limits, "a member's session expired");
         }
         if self.state == State::CompletingRebalance && now_ms >= self.deadline_ms {
             // The leader never sent its assignment: drop whoever has not synced, retry.
@@ -797,13 +819,15 @@ impl Group {
             for id in late {
                 self.drop_member(&id);
             }
-            self.prepare_rebalance(now_ms, limits);
+            self.prepare_rebalance(now_ms, limits, "the leader did not sync in time");
         }
         self.try_complete_join(now_ms);
     }
 
     /// Checks an OffsetCommit's member and generation (Kafka's rules: a commit with no
-    /// member and a negative generation is allowed only while the group is empty).
+    /// member and a negative generation — a simple consumer's, or an admin's
+    /// AlterConsumerGroupOffsets — is allowed only while the group is empty; into a group
+    /// with members it gets UNKNOWN_MEMBER_ID, as Kafka's `validateOffsetCommit` answers).
     pub fn check_commit(
         &self,
         member_id: &str,
@@ -814,7 +838,7 @@ impl Group {
             return if self.members.is_empty() {
                 Ok(())
             } else {
-                Err(codes::ILLEGAL_GENERATION)
+                Err(codes::UNKNOWN_MEMBER_ID)
             };
         }
         if self.is_fenced(member_id, instance) {

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub mod scram;
+
 /// File name of the catalogue inside the data dir.
 pub const CATALOG_FILE: &str = "topics.json";
 /// Longest topic name Kafka accepts.
@@ -30,12 +32,54 @@ pub struct TopicMeta {
     pub partitions: i32,
     /// Topic-level overrides only (Kafka names: `retention.ms`, `segment.bytes`, ...).
     pub configs: BTreeMap<String, String>,
+    /// Per partition (index = partition): replicas, leader, leader epoch, ISR. Empty on a
+    /// single node (this node leads every partition), so its `topics.json` is unchanged;
+    /// in a cluster the controller places every partition (see `controller`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assignment: Vec<PartitionAssignment>,
+}
+
+/// Where one partition lives in a cluster, as the controller's quorum committed it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionAssignment {
+    /// Node ids holding a replica; the first is the preferred leader.
+    pub replicas: Vec<i32>,
+    /// The node leading the partition; -1 while none of its ISR is alive (offline).
+    pub leader: i32,
+    /// Bumped on every leader change (fences the old leader's writes).
+    pub leader_epoch: i32,
+    /// In-sync replicas (the leader among them).
+    pub isr: Vec<i32>,
+    /// Bumped on every change of this record (leader, ISR, replicas).
+    pub partition_epoch: i32,
+}
+
+/// One node of the cluster as registered with the controller.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The address clients are given (`advertised.listeners`).
+    pub host: String,
+    pub port: u16,
+    /// True once the node's heartbeat lease expired: it leads nothing until it heartbeats
+    /// again.
+    pub fenced: bool,
 }
 
 /// An immutable snapshot of every topic.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Catalog {
     pub topics: BTreeMap<String, Arc<TopicMeta>>,
+    /// Registered nodes of a cluster (empty on a single node).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes: BTreeMap<i32, NodeInfo>,
+    /// The id the whole cluster shares (set once by the first controller; `None` on a
+    /// single node, which keeps its own `cluster.id` file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// SCRAM credentials by user, then mechanism (see [`scram`]); absent in catalogues
+    /// written before they existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scram_users: BTreeMap<String, BTreeMap<String, crate::security::scram::ScramCredential>>,
 }
 
 impl Catalog {
@@ -70,6 +114,9 @@ pub enum MetaError {
 /// The persisted, shared catalogue.
 pub struct MetaStore {
     path: PathBuf,
+    /// False in a cluster: the controller's Raft log is the durable record there, and the
+    /// catalogue is rebuilt from it on start.
+    persist: bool,
     version: AtomicU64,
     current: Mutex<Arc<Catalog>>,
 }
@@ -88,8 +135,28 @@ impl MetaStore {
         };
         Ok(MetaStore {
             path,
+            persist: true,
             version: AtomicU64::new(1),
             current: Mutex::new(Arc::new(catalog)),
+        })
+    }
+
+    /// An empty catalogue that is never written to disk: a cluster node's image, filled
+    /// by the controller's state machine from the Raft log.
+    pub fn in_memory(data_dir: &Path) -> MetaStore {
+        MetaStore {
+            path: data_dir.join(CATALOG_FILE),
+            persist: false,
+            version: AtomicU64::new(1),
+            current: Mutex::new(Arc::new(Catalog::default())),
+        }
+    }
+
+    /// Replaces the whole catalogue (a cluster node installing a snapshot).
+    pub fn replace(&self, catalog: Catalog) -> Result<(), MetaError> {
+        self.update_batch(|c| {
+            *c = catalog;
+            ((), true)
         })
     }
 
@@ -122,8 +189,10 @@ impl MetaStore {
         if !changed {
             return Ok(out);
         }
-        let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
-        write_atomic(&self.path, &json)?;
+        if self.persist {
+            let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
+            write_atomic(&self.path, &json)?;
+        }
         *guard = Arc::new(next);
         self.version.fetch_add(1, Ordering::AcqRel);
         Ok(out)
@@ -141,8 +210,10 @@ impl MetaStore {
         };
         let mut next = (**guard).clone();
         let out = change(&mut next)?;
-        let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
-        write_atomic(&self.path, &json)?;
+        if self.persist {
+            let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
+            write_atomic(&self.path, &json)?;
+        }
         *guard = Arc::new(next);
         self.version.fetch_add(1, Ordering::AcqRel);
         Ok(out)
@@ -278,6 +349,7 @@ mod tests {
                     id: new_topic_id(),
                     partitions: 3,
                     configs: BTreeMap::from([("retention.ms".into(), "10".into())]),
+                    assignment: Vec::new(),
                 };
                 c.topics.insert("a".into(), Arc::new(t));
                 Ok(())
@@ -301,6 +373,7 @@ mod tests {
                 id: 1,
                 partitions: 1,
                 configs: BTreeMap::new(),
+                assignment: Vec::new(),
             };
             c.topics.insert(name.into(), Arc::new(t));
         }

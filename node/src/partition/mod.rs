@@ -29,6 +29,7 @@ use crate::errors;
 use crate::event::Event;
 use crate::producer_state::ProducerStateConfig;
 use crate::producer_state::partition::PartitionProducers;
+use crate::storage::epochs::LeaderEpochCache;
 use crate::storage::{Log, LogConfig, StorageError};
 
 pub use produce::{Acks, ProduceOutcome};
@@ -47,6 +48,8 @@ pub struct Partition {
     pub producers: PartitionProducers,
     /// Role, leader epoch, HW (see [`replica`]).
     replica: RefCell<ReplicaState>,
+    /// Where each leader epoch starts in the log (`leader-epoch-checkpoint`).
+    epochs: RefCell<LeaderEpochCache>,
     /// Notified whenever the log end or the HW moves (wakes long-polling fetches and
     /// delayed acks=all produces).
     pub appended: Event,
@@ -101,6 +104,7 @@ impl Partition {
         let producers =
             PartitionProducers::open(&log, producer_config, crate::shard::now_ms()).await?;
         let leo = log.log_end_offset();
+        let epochs = open_epochs(&log)?;
         Ok(Partition {
             topic,
             index,
@@ -111,6 +115,7 @@ impl Partition {
             log: Rc::new(log),
             producers,
             replica: RefCell::new(ReplicaState::sole(local, leo)),
+            epochs: RefCell::new(epochs),
             appended: Event::default(),
             last_used: Cell::new(0),
         })
@@ -155,12 +160,94 @@ impl Partition {
         self.appended.notify_all();
     }
 
+    /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
+    /// (before the append, so the entry's offset is the epoch's first).
+    fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {
+        let assigned = self.epochs.borrow_mut().assign(epoch, start);
+        assigned.map(|_| ()).map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            errors::KAFKA_STORAGE_ERROR
+        })
+    }
+
+    /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
+    /// epoch ≤ it, its end offset), after checking the caller's `current_epoch`.
+    pub fn epoch_end_offset(
+        &self,
+        epoch: LeaderEpoch,
+        current_epoch: LeaderEpoch,
+    ) -> Result<(LeaderEpoch, Offset), i16> {
+        self.replica
+            .borrow()
+            .check_epoch(current_epoch)
+            .map_err(read::epoch_error)?;
+        let end = self.log.log_end_offset();
+        Ok(self.epochs.borrow().end_offset_for(epoch, end))
+    }
+
+    /// The leader epochs of this log and where each starts.
+    pub fn epoch_entries(&self) -> Vec<(LeaderEpoch, Offset)> {
+        self.epochs.borrow().entries()
+    }
+
+    /// A follower cuts its log at `offset` (the end of the leader's matching epoch):
+    /// everything from it on is removed, with the epochs that started there; producer
+    /// state follows at the next append. Returns the new log end.
+    pub async fn truncate_to(&self, offset: Offset) -> Result<Offset, i16> {
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        let end = self.log.truncate_to(offset).await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "truncation: {e}");
+            storage_error_code(&e)
+        })?;
+        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(end) {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        self.replica.borrow_mut().truncated(end);
+        tracing::info!(topic = %self.topic, partition = self.index, offset = %end, "truncated as follower");
+        Ok(end)
+    }
+
+    /// A follower whose log ends below its leader's log start starts over, empty, at
+    /// `offset`: the epochs and the HW go with the records.
+    pub async fn restart_at(&self, offset: Offset) -> Result<(), i16> {
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        self.log.restart_at(offset).await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "restart: {e}");
+            storage_error_code(&e)
+        })?;
+        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(Offset(0)) {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        self.replica.borrow_mut().restarted(offset);
+        tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
+        Ok(())
+    }
+
     /// An append ending at `end` completed: the HW follows where the ISR allows. Not the
     /// log's end offset, which counts appends still being written.
     fn log_grew(&self, end: Offset) {
         self.replica.borrow_mut().local_log_end(end);
         self.appended.notify_all();
     }
+}
+
+/// The partition's epoch cache, in line with its recovered log: entries past the log end
+/// (a torn tail was cut) are dropped; a log written before the cache existed — by a
+/// single node, whose only epoch is [`replica::SOLE_LEADER_EPOCH`] — starts its cache there.
+fn open_epochs(log: &Log) -> Result<LeaderEpochCache, StorageError> {
+    let mut epochs = LeaderEpochCache::load(log.dir())?;
+    let (start, end) = (log.log_start_offset(), log.log_end_offset());
+    epochs.truncate_from_end(end)?;
+    if epochs.latest().is_none() && end > start {
+        epochs.assign(replica::SOLE_LEADER_EPOCH, start)?;
+    }
+    Ok(epochs)
 }
 
 /// The Kafka error a produce gets for a batch `wire` rejected.

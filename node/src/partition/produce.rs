@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use wire::Offset;
-use wire::batch::split_batches;
+use wire::batch::{read_header, split_batches};
 
 use super::{Partition, storage_error_code, wire_error_code};
 use crate::errors;
@@ -98,6 +98,9 @@ impl Partition {
         if let Err(error) = self.validate(&records) {
             return ProduceOutcome::failed(error);
         }
+        if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
+            return ProduceOutcome::failed(error);
+        }
         let appended = self
             .producers
             .append(&self.log, records, epoch, now_ms)
@@ -178,8 +181,21 @@ impl Partition {
         if self.replica.borrow().is_leader() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
+        // The leader's batches continue this log exactly (else the fetcher must truncate
+        // first); checked before any epoch is noted, so a refused append changes nothing.
+        let mut headers = Vec::new();
+        let mut next = self.log.log_end_offset();
         for range in split_batches(&records) {
-            range.map_err(|e| wire_error_code(&e))?;
+            let range = range.map_err(|e| wire_error_code(&e))?;
+            let header = *read_header(&records[range]).map_err(|e| wire_error_code(&e))?;
+            if header.base_offset() != next {
+                return Err(errors::OFFSET_OUT_OF_RANGE);
+            }
+            next = header.next_offset();
+            headers.push(header);
+        }
+        for h in &headers {
+            self.note_epoch(h.partition_leader_epoch(), h.base_offset())?;
         }
         let info = self
             .producers
@@ -264,10 +280,19 @@ impl Partition {
         if records.is_empty() {
             return Err(errors::INVALID_RECORD);
         }
+        let compacted = self.log.config().cleanup_policy.compact;
         for range in split_batches(records) {
             let range = range.map_err(|e| wire_error_code(&e))?;
             if range.len() > self.max_message_bytes.get() {
                 return Err(errors::MESSAGE_TOO_LARGE);
+            }
+            // Kafka: a compacted topic refuses records without a key (the cleaner could
+            // not tell which to keep) with INVALID_RECORD.
+            if compacted {
+                let batch = bytes::Bytes::copy_from_slice(&records[range]);
+                if crate::storage::keyless_records(&batch).is_err() {
+                    return Err(errors::INVALID_RECORD);
+                }
             }
         }
         Ok(())

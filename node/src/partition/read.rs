@@ -42,6 +42,9 @@ pub struct FetchOutcome {
     /// read_committed only: the aborted transactions (producer id, first offset) that
     /// overlap the returned batches; `None` for other readers (Kafka sends null).
     pub aborted: Option<Vec<(ProducerId, Offset)>>,
+    /// KIP-320, to a follower: its log diverges from this leader's; the epoch (the
+    /// largest at or below the one it last fetched) and where it ends here.
+    pub diverging: Option<(LeaderEpoch, Offset)>,
 }
 
 impl FetchOutcome {
@@ -58,6 +61,7 @@ impl FetchOutcome {
             log_start_offset: Offset::NONE,
             batches: Vec::new(),
             aborted: None,
+            diverging: None,
         }
     }
 }
@@ -82,7 +86,7 @@ impl ListedOffset {
     }
 }
 
-fn epoch_error(check: EpochCheck) -> i16 {
+pub(super) fn epoch_error(check: EpochCheck) -> i16 {
     match check {
         EpochCheck::Fenced => errors::FENCED_LEADER_EPOCH,
         EpochCheck::Unknown => errors::UNKNOWN_LEADER_EPOCH,
@@ -142,6 +146,7 @@ impl Partition {
             log_start_offset: self.log.log_start_offset(),
             batches: Vec::new(),
             aborted: committed.then(Vec::new),
+            diverging: None,
         };
         // In range up to the HW (the LEO for a follower); read_committed stops at the LSO.
         let range_end = if matches!(reader, ReadFor::Follower(_)) {
@@ -207,6 +212,45 @@ impl Partition {
             .map_or(hw, |f| f.min(hw));
         debug_assert!(lso <= hw);
         lso
+    }
+
+    /// KIP-320, on the leader: a follower fetching at `offset` that last fetched under
+    /// `last_fetched` diverges if that epoch ended here before `offset` (or is unknown
+    /// here): it must truncate before fetching on. Kafka's check, on the epoch cache.
+    pub fn diverging(
+        &self,
+        offset: Offset,
+        last_fetched: LeaderEpoch,
+    ) -> Option<(LeaderEpoch, Offset)> {
+        if last_fetched == LeaderEpoch::NONE {
+            return None;
+        }
+        let end = self.log.log_end_offset();
+        let (epoch, epoch_end) = self.epochs.borrow().end_offset_for(last_fetched, end);
+        let diverges = epoch == LeaderEpoch::NONE || epoch < last_fetched || epoch_end < offset;
+        diverges.then_some((epoch, epoch_end))
+    }
+
+    /// The answer to a diverging follower: no records, and where to truncate. Its fetch
+    /// offset says nothing about what it holds, so its progress is not recorded.
+    pub fn diverged(
+        &self,
+        diverging: (LeaderEpoch, Offset),
+        current_epoch: LeaderEpoch,
+    ) -> FetchOutcome {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        let hw = self.high_watermark();
+        FetchOutcome {
+            error: errors::NONE,
+            high_watermark: hw,
+            last_stable_offset: self.last_stable_offset(),
+            log_start_offset: self.log.log_start_offset(),
+            batches: Vec::new(),
+            aborted: None,
+            diverging: Some(diverging),
+        }
     }
 
     /// A consumer's read of everything from `offset` up to the HW, at most `max_bytes`

@@ -45,6 +45,36 @@ pub struct FollowerProgress {
     pub caught_up_ms: i64,
 }
 
+/// Where a partition lives, as the cluster metadata committed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// Nodes holding a replica (the first is the preferred leader).
+    pub replicas: Vec<NodeId>,
+    /// The leader; `None` while no ISR member is alive (the partition is offline).
+    pub leader: Option<NodeId>,
+    pub leader_epoch: LeaderEpoch,
+    pub isr: Vec<NodeId>,
+    /// Bumped on every change of the record; an ISR change proposed by the leader names
+    /// the epoch it was based on.
+    pub partition_epoch: i32,
+}
+
+/// What applying an [`Assignment`] asks of the shard's replication fetchers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleChange {
+    /// Nothing (a stale record, or the same role; an ISR update on a leader).
+    Unchanged,
+    /// Became (or stays, under a new epoch) leader: stop fetching.
+    Lead,
+    /// Follows this leader now: fetch from it.
+    Follow(NodeId),
+    /// No leader: stop fetching, refuse clients.
+    Offline,
+}
+
+/// The leader of a partition that has none (offline): `Role::Follower` of nobody.
+pub const NO_LEADER: NodeId = NodeId(-1);
+
 /// Why a request for this replica is refused (each a Kafka error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpochCheck {
@@ -60,6 +90,8 @@ pub struct ReplicaState {
     local: NodeId,
     role: Role,
     leader_epoch: LeaderEpoch,
+    /// The partition epoch of the assignment in force (0 for a sole replica).
+    partition_epoch: i32,
     high_watermark: Offset,
     /// The end of what the local log has completed writing (appends still in flight are
     /// not counted: the HW must not cover them).
@@ -77,6 +109,7 @@ impl ReplicaState {
                 followers: BTreeMap::new(),
             }),
             leader_epoch: SOLE_LEADER_EPOCH,
+            partition_epoch: 0,
             high_watermark: log_end,
             log_end,
         }
@@ -220,6 +253,134 @@ impl ReplicaState {
         self.role = Role::Follower { leader };
     }
 
+    /// The local log was truncated to end at `log_end` (a follower cutting off what the
+    /// leader does not have). The one case where the HW may move back: it cannot cover
+    /// records that are gone.
+    pub fn truncated(&mut self, log_end: Offset) {
+        assert!(!self.is_leader(), "a leader never truncates its log");
+        self.log_end = log_end;
+        self.high_watermark = self.high_watermark.min(log_end);
+    }
+
+    /// The local log was emptied and restarts at `offset` (a follower below its leader's
+    /// log start): nothing below it is here any more, and nothing above it yet.
+    pub fn restarted(&mut self, offset: Offset) {
+        assert!(!self.is_leader(), "a leader never restarts its log");
+        self.log_end = offset;
+        self.high_watermark = offset;
+    }
+
+    pub fn partition_epoch(&self) -> i32 {
+        self.partition_epoch
+    }
+
+    /// Applies a committed assignment at `now_ms`. A record older than the epoch in force
+    /// changes nothing; on a leader that stays leader under the same epoch it updates the
+    /// ISR, keeping what it knows of its followers. A new leader counts its ISR members as
+    /// caught up now (Kafka's rule), so none is dropped before it could fetch.
+    pub fn apply(&mut self, a: &Assignment, now_ms: i64) -> RoleChange {
+        if a.leader_epoch < self.leader_epoch {
+            return RoleChange::Unchanged;
+        }
+        let newer = a.leader_epoch > self.leader_epoch;
+        self.partition_epoch = self.partition_epoch.max(a.partition_epoch);
+        match a.leader {
+            Some(leader) if leader == self.local => {
+                if !newer && self.is_leader() {
+                    self.update_isr(&a.isr, &a.replicas, now_ms);
+                    return RoleChange::Unchanged;
+                }
+                let mut isr = a.isr.clone();
+                if !isr.contains(&self.local) {
+                    isr.push(self.local);
+                }
+                self.become_leader(a.leader_epoch, isr, &a.replicas);
+                self.followers_caught_up_now(now_ms);
+                RoleChange::Lead
+            }
+            Some(leader) => {
+                let same = matches!(self.role, Role::Follower { leader: l } if l == leader);
+                if same && !newer {
+                    return RoleChange::Unchanged;
+                }
+                self.become_follower(leader, a.leader_epoch);
+                RoleChange::Follow(leader)
+            }
+            None => {
+                if matches!(self.role, Role::Follower { leader } if leader == NO_LEADER) {
+                    return RoleChange::Unchanged;
+                }
+                self.leader_epoch = a.leader_epoch;
+                self.role = Role::Follower { leader: NO_LEADER };
+                RoleChange::Offline
+            }
+        }
+    }
+
+    /// A leader's ISR as committed: followers keep their progress; replicas that just
+    /// joined the ISR count as caught up now.
+    fn update_isr(&mut self, isr: &[NodeId], replicas: &[NodeId], now_ms: i64) {
+        let local = self.local;
+        let Role::Leader(l) = &mut self.role else {
+            return;
+        };
+        let mut isr = isr.to_vec();
+        if !isr.contains(&local) {
+            isr.push(local);
+        }
+        l.followers.retain(|n, _| replicas.contains(n));
+        for n in replicas.iter().filter(|n| **n != local) {
+            let joined = isr.contains(n) && !l.isr.contains(n);
+            let p = l.followers.entry(*n).or_default();
+            if joined {
+                p.caught_up_ms = now_ms;
+            }
+        }
+        l.isr = isr;
+        self.recompute_high_watermark();
+    }
+
+    /// A new leader counts every follower as caught up now (Kafka's rule): none leaves
+    /// the ISR before it had `replica.lag.time.max.ms` to fetch from the new leader.
+    fn followers_caught_up_now(&mut self, now_ms: i64) {
+        if let Role::Leader(l) = &mut self.role {
+            for p in l.followers.values_mut() {
+                p.caught_up_ms = now_ms;
+            }
+        }
+    }
+
+    /// On a leader, the ISR it should have at `now_ms`: members whose fetches have not
+    /// reached its log end for `lag_max_ms` leave; followers outside that hold everything
+    /// up to the HW join. `None` when the ISR is right as it is (or not a leader).
+    pub fn wanted_isr(&self, now_ms: i64, lag_max_ms: i64) -> Option<Vec<NodeId>> {
+        let Role::Leader(l) = &self.role else {
+            return None;
+        };
+        let mut wanted: Vec<NodeId> = l
+            .isr
+            .iter()
+            .copied()
+            .filter(|n| {
+                *n == self.local
+                    || l.followers
+                        .get(n)
+                        .is_some_and(|p| now_ms - p.caught_up_ms <= lag_max_ms)
+            })
+            .collect();
+        for (n, p) in &l.followers {
+            let caught_up =
+                p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
+            if !wanted.contains(n) && caught_up {
+                wanted.push(*n);
+            }
+        }
+        wanted.sort();
+        let mut current = l.isr.clone();
+        current.sort();
+        (wanted != current).then_some(wanted)
+    }
+
     /// Sets the HW to `hw` if that is ahead; never backwards, never past the local LEO.
     fn advance_high_watermark(&mut self, hw: Offset) -> bool {
         assert!(
@@ -270,6 +431,59 @@ mod tests {
         assert_eq!(r.high_watermark(), Offset(10));
         assert!(r.local_log_end(Offset(12)));
         assert_eq!(r.high_watermark(), Offset(12));
+    }
+
+    fn assignment(leader: Option<i32>, epoch: i32, isr: &[i32]) -> Assignment {
+        Assignment {
+            replicas: vec![NodeId(1), NodeId(2), NodeId(3)],
+            leader: leader.map(NodeId),
+            leader_epoch: LeaderEpoch(epoch),
+            isr: isr.iter().copied().map(NodeId).collect(),
+            partition_epoch: epoch,
+        }
+    }
+
+    #[test]
+    fn assignments_move_the_role_and_the_isr_follows_the_followers_progress() {
+        let lag = 10_000;
+        let mut r = ReplicaState::sole(NodeId(1), Offset(0));
+        assert_eq!(
+            r.apply(&assignment(Some(1), 1, &[1, 2, 3]), 0),
+            RoleChange::Lead
+        );
+        assert_eq!(r.isr_len(), 3);
+        assert_eq!(r.wanted_isr(lag, lag), None, "all caught up at the start");
+        r.local_log_end(Offset(10));
+        r.follower_fetched(NodeId(2), Offset(10), Offset(10), 5_000);
+        // Node 3 never fetches: out after the lag, node 2 stays.
+        assert_eq!(r.wanted_isr(lag + 1, lag), Some(vec![NodeId(1), NodeId(2)]));
+        assert_eq!(
+            r.apply(&assignment(Some(1), 1, &[1, 2]), lag + 1),
+            RoleChange::Unchanged
+        );
+        assert_eq!((r.isr_len(), r.high_watermark()), (2, Offset(10)));
+        // Node 3 catches up: it may rejoin.
+        r.follower_fetched(NodeId(3), Offset(10), Offset(10), lag + 2);
+        assert_eq!(
+            r.wanted_isr(lag + 3, lag),
+            Some(vec![NodeId(1), NodeId(2), NodeId(3)])
+        );
+        // A stale record changes nothing; a newer epoch with another leader demotes.
+        assert_eq!(
+            r.apply(&assignment(Some(2), 0, &[2]), 0),
+            RoleChange::Unchanged
+        );
+        assert_eq!(
+            r.apply(&assignment(Some(2), 2, &[2, 3]), 0),
+            RoleChange::Follow(NodeId(2))
+        );
+        assert_eq!(
+            r.apply(&assignment(Some(2), 2, &[2, 3]), 0),
+            RoleChange::Unchanged
+        );
+        assert_eq!(r.apply(&assignment(None, 3, &[]), 0), RoleChange::Offline);
+        assert!(!r.is_leader());
+        assert_eq!(r.leader(), NO_LEADER);
     }
 
     #[test]

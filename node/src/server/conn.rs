@@ -5,14 +5,17 @@
 //! and writes responses strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`]
 //! requests per connection are in flight; beyond that the reader stops reading, so a
 //! client that does not read its responses is held back by TCP instead of growing our
-//! buffers.
+//! buffers. On a TLS listener the handshake comes first (bounded by
+//! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
+//! and SaslAuthenticate is served, one at a time, until authentication completes.
 
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -23,10 +26,13 @@ use glommio::net::TcpStream;
 use glommio::task::JoinHandle;
 
 use super::budget::{FramePermit, RequestBudget, SMALL_FRAME_MAX_BYTES};
+use super::session::Session;
+use super::transport::{self, Transport};
 use crate::api;
 use crate::config::Config;
 use crate::event::Event;
 use crate::proto;
+use crate::security::ListenerSetup;
 use crate::shard::Shard;
 
 /// Requests of one connection being worked on at once.
@@ -61,9 +67,12 @@ pub enum ConnError {
 
 /// Read or write access to a stream shared by the reader and writer tasks. The `RefCell`
 /// is borrowed only inside one `poll_*` call, never across an await, and glommio keeps
-/// separate read and write sources, so the two halves never disturb each other.
+/// separate read and write sources, so the two halves never disturb each other. Under TLS
+/// both halves drive one rustls session the same way: after the handshake futures-rustls
+/// reads the socket only in `poll_read` and writes it only in `poll_write`/`poll_flush`,
+/// so each half still waits on its own glommio source.
 #[derive(Clone)]
-struct Half(Rc<RefCell<TcpStream>>);
+struct Half(Rc<RefCell<Transport>>);
 
 impl AsyncRead for Half {
     fn poll_read(
@@ -360,7 +369,7 @@ impl Drop for TurnDone {
 
 /// Bytes the socket holds for us right now (0 if unknown).
 fn readable_bytes(half: &Half) -> usize {
-    let fd = half.0.borrow().as_raw_fd();
+    let fd = half.0.borrow().raw_fd();
     let mut ready: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int into `ready`, which outlives the call.
     let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut ready) };
@@ -373,8 +382,19 @@ fn readable_bytes(half: &Half) -> usize {
 
 /// Serves one connection until the client closes it, sends bad framing, stalls in a frame,
 /// stays idle, or shutdown.
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits: ReadLimits) {
+pub async fn serve(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    limits: ReadLimits,
+    listener: Arc<ListenerSetup>,
+) {
     let _ = stream.set_nodelay(true);
+    let Some((stream, tls_principal)) = open_transport(&shard, stream, peer, &listener).await
+    else {
+        return;
+    };
+    let session = Rc::new(Session::new(peer, listener, tls_principal));
     let half = Half(Rc::new(RefCell::new(stream)));
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
@@ -423,7 +443,22 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
                 break;
             }
         };
+        if !session.is_open() {
+            // Before SASL authentication completes: only the SASL requests, one at a time
+            // (the next is read only once this one moved the state).
+            let pending = match serve_before_auth(&shard, &session, req).await {
+                Some(pending) => pending,
+                None => break,
+            };
+            drop(permit);
+            activity.touch();
+            if tx.send(pending).await.is_err() || session.has_failed() {
+                break;
+            }
+            continue;
+        }
         let s = shard.clone();
+        let session = session.clone();
         let active = activity.clone();
         active.begin();
         let (previous_fetch, turn) = if req.api_key == wire::api::FETCH {
@@ -436,7 +471,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
             if let Some(previous) = previous_fetch {
                 previous.wait().await;
             }
-            let response = api::handle(&s, req, peer).await;
+            let response = api::handle(&s, req, &session).await;
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
             drop(permit);
@@ -456,6 +491,58 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr, limits
     drop(reader);
     drop(tx);
     writer.await;
+}
+
+/// The connection's stream: plain, or TLS once the handshake is done (within the
+/// listener's deadline; a shutdown does not wait for it, nothing was served yet). `None`
+/// if the handshake failed (logged) or shutdown began.
+async fn open_transport(
+    shard: &Rc<Shard>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: &ListenerSetup,
+) -> Option<(Transport, Option<String>)> {
+    let Some(tls) = &listener.tls else {
+        return Some((Transport::Plain(stream), None));
+    };
+    let stop = shard.shutdown.listen();
+    if shard.shutting_down.get() {
+        return None;
+    }
+    let handshake = futures_lite::future::or(
+        async { Some(transport::accept_tls(stream, tls).await) },
+        async {
+            stop.await;
+            None
+        },
+    );
+    match handshake.await? {
+        Ok(accepted) => Some(accepted),
+        Err(e) => {
+            crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
+            None
+        }
+    }
+}
+
+/// Answers one request of a connection that has not authenticated yet: the SASL requests
+/// and ApiVersions are handled now (the response is ready when this returns); any other
+/// request closes the connection unanswered (`None`, logged).
+async fn serve_before_auth(
+    shard: &Rc<Shard>,
+    session: &Session,
+    req: proto::Request,
+) -> Option<Pending> {
+    if !is_sasl_phase_api(req.api_key) {
+        let (peer, name) = (session.peer, req.api_name());
+        crate::client_warn!(%peer, "closing connection: {name} before SASL authentication completed");
+        return None;
+    }
+    let response = api::handle(shard, req, session).await;
+    Some(Pending {
+        response: glommio::spawn_local(async move { response }).detach(),
+        _turn: None,
+    })
 }
 
 /// Writes responses in request order; stops at the first response that asks to close the
@@ -491,7 +578,10 @@ const IOV_CHUNKS_MAX: usize = 1024;
 /// the socket does not take at once is written through glommio, which waits for the
 /// socket to drain, and then the vectored send is tried again.
 async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
-    let fd = half.0.borrow().as_raw_fd();
+    if half.0.borrow().is_tls() {
+        return write_chunks_tls(half, chunks).await;
+    }
+    let fd = half.0.borrow().raw_fd();
     let (mut index, mut offset) = (0, 0);
     while index < chunks.len() {
         let sent = send_now(fd, &chunks[index..], offset)?;
@@ -503,6 +593,23 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
         (index, offset) = (index + 1, 0);
     }
     Ok(())
+}
+
+/// Under TLS the chunks go through rustls, which copies them into its records (at most
+/// 16 KiB each) and encrypts them; the flush pushes out the last record.
+async fn write_chunks_tls(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
+    for chunk in chunks {
+        half.write_all(chunk).await?;
+    }
+    half.flush().await
+}
+
+/// The requests a SASL listener serves before authentication (Kafka's rule).
+fn is_sasl_phase_api(api_key: i16) -> bool {
+    matches!(
+        api_key,
+        wire::api::API_VERSIONS | wire::api::SASL_HANDSHAKE | wire::api::SASL_AUTHENTICATE
+    )
 }
 
 /// Moves the position (`index`, `offset`) in `chunks` forward by `sent` bytes.

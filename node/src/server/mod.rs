@@ -7,6 +7,8 @@ pub mod admission;
 pub mod budget;
 pub mod conn;
 pub mod listen;
+pub mod session;
+pub mod transport;
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -24,12 +26,15 @@ use glommio::{LocalExecutorBuilder, Placement};
 use crate::config::Config;
 use crate::metadata::MetaStore;
 use crate::router::ShardId;
+use crate::security::ListenerSetup;
 use crate::shard::{Envelope, MESH_QUEUE_CAPACITY, NodeShared, ReplyEnvelope, Shard};
 
 /// glommio needs this much locked memory for its io_uring buffers.
 const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 /// How often shards look at the signal flag.
 const SIGNAL_POLL_MS: u64 = 50;
+/// How long a cluster node's shutdown waits for the controller to move its leadership.
+const CONTROLLED_SHUTDOWN_MS: u64 = 5_000;
 /// How long a shard waits for its connections to finish after a shutdown signal.
 const DRAIN_TIMEOUT_MS: u64 = 10_000;
 
@@ -136,30 +141,60 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let _lock = lock_data_dir(&config.data_dir)?;
-    let meta = MetaStore::open(&config.data_dir)?;
+    // In a cluster the catalogue is the controller quorum's image, rebuilt from its log.
+    let meta = if config.quorum_voters.is_empty() {
+        MetaStore::open(&config.data_dir)?
+    } else {
+        MetaStore::in_memory(&config.data_dir)
+    };
     let cluster_id = cluster_id(&config)?;
     let shards = config.shards;
     let node_id = config.node_id;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Bound here, before any shard starts: a second process on the address fails now.
+    let (bound, mut per_shard) = bind_all(&config)?;
+    let listen = bound[0].1;
+    let quorum = prepare_quorum(&config, listen)?;
+    let controller = match &quorum {
+        None => crate::controller::Controller::local(),
+        Some(q) => crate::controller::Controller::quorum(q.handle.clone()),
+    };
+    let metrics = Arc::new(crate::metrics::NodeMetrics::new(shards));
+    if let Some(addr) = config.props.get("metrics.listener") {
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .with_context(|| format!("metrics.listener={addr}: not HOST:PORT"))?;
+        let bound = crate::metrics::http::serve(addr, metrics.clone())
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        tracing::info!("metrics listening on {bound}");
+    }
     let node = Arc::new(NodeShared {
         config,
         meta,
         connections: AtomicUsize::new(0),
         drained: AtomicUsize::new(0),
+        metrics,
         cluster_id,
+        controller,
     });
+    if let Some(q) = quorum {
+        crate::controller::quorum::start(q, node.clone())?;
+    }
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<SocketAddr>>();
     let requests = MeshBuilder::<Envelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
     let replies = MeshBuilder::<ReplyEnvelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
-    // Bound here, before any shard starts: a second process on the address fails now.
-    let (listen, listeners) = listen::bind_listeners(node.config.listen, shards)?;
     let per_ip = Arc::new(admission::PerIp::default());
     let mut handles = Vec::new();
-    for (s, listener) in listeners.into_iter().enumerate() {
+    for s in 0..shards {
+        let listeners = per_shard
+            .iter_mut()
+            .map(|(setup, fds)| (setup.clone(), fds.remove(0)))
+            .collect();
         let ctx = ShardStart {
             id: ShardId(s),
             node: node.clone(),
-            listener,
+            listeners,
             per_ip: per_ip.clone(),
             requests: requests.clone(),
             replies: replies.clone(),
@@ -175,10 +210,36 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         wait_for(&ready_rx)?;
     }
     let (host, port) = advertised(&node.config, listen);
+    let all: Vec<String> = bound
+        .iter()
+        .map(|(name, addr)| format!("{name}={addr}"))
+        .collect();
+    // "listening on ADDR" (the first listener) stays last: scripts and tests parse it.
     println!(
-        "weir ready: node {node_id}, {shards} shards, advertised as {host}:{port}, listening on {listen}"
+        "weir ready: node {node_id}, {shards} shards, listeners {}, advertised as {host}:{port}, listening on {listen}",
+        all.join(" ")
     );
     join_shards(handles)
+}
+
+/// With `controller.quorum.voters`: binds this voter's controller port and prepares the
+/// quorum handle. Without: `None` (no thread, no port).
+fn prepare_quorum(
+    config: &Config,
+    listen: SocketAddr,
+) -> anyhow::Result<Option<crate::controller::quorum::Prepared>> {
+    if config.quorum_voters.is_empty() {
+        return Ok(None);
+    }
+    let q = crate::controller::quorum::QuorumConfig {
+        node_id: config.node_id,
+        voters: config.quorum_voters.clone(),
+        advertised: advertised(config, listen),
+        heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
+        session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
+        election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
+    };
+    crate::controller::quorum::prepare(q).map(Some)
 }
 
 fn join_shards(
@@ -257,10 +318,34 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     }
 }
 
-/// The address given to clients: `--advertised-listener`, else the bound address (with
-/// `0.0.0.0` replaced by `127.0.0.1`, the only address known to reach us).
-pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
-    if let Some((h, p)) = &config.advertised {
+/// Listener sockets by listener: (setup, one socket per shard).
+type BoundListeners = Vec<(Arc<ListenerSetup>, Vec<OwnedFd>)>;
+
+/// Binds every listener (one socket per shard each) and builds its TLS and SASL setup;
+/// returns each listener's name and bound address, in `listeners` order, and the sockets.
+fn bind_all(config: &Config) -> anyhow::Result<(Vec<(String, SocketAddr)>, BoundListeners)> {
+    let mut names = Vec::new();
+    let mut out = Vec::new();
+    for l in &config.listeners {
+        let (bound, fds) = listen::bind_listeners(l.bind, config.shards)?;
+        let adv = advertised_for(l.advertised.as_ref(), bound);
+        let setup = ListenerSetup::new(config, l.clone(), adv)
+            .with_context(|| format!("listener {}", l.name))?;
+        names.push((l.name.clone(), bound));
+        out.push((Arc::new(setup), fds));
+    }
+    assert_eq!(
+        names.len(),
+        config.listeners.len(),
+        "every listener is bound"
+    );
+    Ok((names, out))
+}
+
+/// A listener's advertised address: its `advertised.listeners` entry, else the bound
+/// address (`0.0.0.0` replaced by `127.0.0.1`, the only address known to reach us).
+fn advertised_for(configured: Option<&(String, u16)>, bound: SocketAddr) -> (String, u16) {
+    if let Some((h, p)) = configured {
         return (h.clone(), *p);
     }
     let host = if bound.ip().is_unspecified() {
@@ -269,6 +354,12 @@ pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
         bound.ip().to_string()
     };
     (host, bound.port())
+}
+
+/// The address given to clients: `--advertised-listener`, else the bound address (with
+/// `0.0.0.0` replaced by `127.0.0.1`, the only address known to reach us).
+pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
+    advertised_for(config.advertised.as_ref(), bound)
 }
 
 /// A stable cluster id, created once and kept in `cluster.id` in the data dir.
@@ -286,8 +377,8 @@ fn cluster_id(config: &Config) -> anyhow::Result<String> {
 struct ShardStart {
     id: ShardId,
     node: Arc<NodeShared>,
-    /// This shard's listening socket (bound and listening; see [`listen`]).
-    listener: OwnedFd,
+    /// This shard's listening socket of each listener (bound and listening; see [`listen`]).
+    listeners: Vec<(Arc<ListenerSetup>, OwnedFd)>,
     per_ip: Arc<admission::PerIp>,
     requests: MeshBuilder<Envelope, Full>,
     replies: MeshBuilder<ReplyEnvelope, Full>,
@@ -305,16 +396,22 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     let ShardStart {
         id,
         node,
-        listener,
+        listeners,
         per_ip,
         requests,
         replies,
         ready,
     } = start;
-    // SAFETY: the descriptor is a bound, listening TCP socket that we own; the listener
-    // takes it over (and closes it).
-    let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-    let local = listener
+    let listeners: Vec<(Arc<ListenerSetup>, TcpListener)> = listeners
+        .into_iter()
+        .map(|(setup, fd)| {
+            // SAFETY: the descriptor is a bound, listening TCP socket that we own; the
+            // listener takes it over (and closes it).
+            (setup, unsafe { TcpListener::from_raw_fd(fd.into_raw_fd()) })
+        })
+        .collect();
+    let local = listeners[0]
+        .1
         .local_addr()
         .map_err(|e| anyhow::anyhow!("local_addr: {e}"))?;
     if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
@@ -340,24 +437,38 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     let inbox = glommio::spawn_local(shard.clone().run_inbox(req_rx));
     let reply_box = glommio::spawn_local(shard.clone().run_replies(rep_rx));
     shard.sync_partitions().await;
+    if let Some(q) = node.controller.cluster() {
+        crate::controller::bridge::spawn_notices(shard.clone(), q);
+    }
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
     glommio::spawn_local(crate::shard::calls::load_transaction_coordinators(
         shard.clone(),
     ))
     .detach();
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
-    let admission = Admission {
+    let admission = Rc::new(Admission {
         per_ip,
         refusals: admission::RefusalLog::default(),
         budget: budget::RequestBudget::new(
             node.config.queued_max_request_bytes,
             node.config.shards,
         ),
-    };
+    });
     let trimmer = glommio::spawn_local(admission.budget.clone().trim_after_bursts());
     let _ = ready.send(Ok(local));
-    accept_loop(&shard, &listener, &admission).await;
-    drop(listener);
+    // One accept loop per listener; each ends at shutdown and closes its socket.
+    let loops: Vec<_> = listeners
+        .into_iter()
+        .map(|(setup, listener)| {
+            let (shard, admission) = (shard.clone(), admission.clone());
+            glommio::spawn_local(async move {
+                accept_loop(&shard, &listener, &admission, &setup).await;
+            })
+        })
+        .collect();
+    for accept in loops {
+        accept.await;
+    }
     drain(&shard).await;
     housekeeping.await;
     watcher.await;
@@ -383,7 +494,51 @@ async fn watch_signal(shard: Rc<Shard>) {
     if shard.id == ShardId(0) {
         tracing::info!("shutdown requested: answering in-flight requests, then closing logs");
     }
+    if let Some(q) = shard.node.controller.cluster() {
+        controlled_shutdown(&shard, q).await;
+    }
     shard.begin_shutdown();
+}
+
+/// Set once this cluster node's leadership has moved away (or the try timed out).
+static HANDED_OVER: AtomicBool = AtomicBool::new(false);
+
+/// Kafka's controlled shutdown: before a cluster node stops serving, it stops
+/// heartbeating and asks the controller to fence it, which moves every partition it leads
+/// to another ISR member; clients are still answered meanwhile. Shard 0 asks; the others
+/// wait for it. Bounded by [`CONTROLLED_SHUTDOWN_MS`] (no quorum: the lease does it later).
+async fn controlled_shutdown(shard: &Rc<Shard>, q: &Arc<crate::controller::quorum::Handle>) {
+    let deadline = Instant::now() + Duration::from_millis(CONTROLLED_SHUTDOWN_MS);
+    if shard.id == ShardId(0) {
+        q.stop_heartbeats();
+        let id = shard.config().node_id;
+        let fence = shard
+            .node
+            .controller
+            .submit(&shard.node, crate::controller::Command::FenceNode { id });
+        let timeout = glommio::timer::sleep(Duration::from_millis(CONTROLLED_SHUTDOWN_MS));
+        let done = futures_lite::future::or(
+            async {
+                fence.await;
+                true
+            },
+            async {
+                timeout.await;
+                false
+            },
+        )
+        .await;
+        if done {
+            tracing::info!("controlled shutdown: leadership moved to other nodes");
+        } else {
+            tracing::warn!("controlled shutdown: no controller answered; stopping anyway");
+        }
+        HANDED_OVER.store(true, Ordering::SeqCst);
+        return;
+    }
+    while !HANDED_OVER.load(Ordering::SeqCst) && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(SIGNAL_POLL_MS)).await;
+    }
 }
 
 /// First pause after a failed accept (EMFILE, ENFILE, ENOBUFS: retrying at once fails
@@ -439,7 +594,12 @@ impl AcceptBackoff {
 
 /// Accepts connections until shutdown, enforcing `max.connections` and
 /// `max.connections.per.ip` node-wide (refusals logged at most once a second per shard).
-async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener, admission: &Admission) {
+async fn accept_loop(
+    shard: &Rc<Shard>,
+    listener: &TcpListener,
+    admission: &Admission,
+    setup: &Arc<ListenerSetup>,
+) {
     let mut backoff = AcceptBackoff::default();
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
@@ -493,8 +653,9 @@ async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener, admission: &Admi
         };
         let s = shard.clone();
         let limits = conn::ReadLimits::new(shard.config(), admission.budget.clone());
+        let setup = setup.clone();
         glommio::spawn_local(async move {
-            conn::serve(s.clone(), stream, peer, limits).await;
+            conn::serve(s.clone(), stream, peer, limits, setup).await;
             drop(slot);
             s.node.connections.fetch_sub(1, Ordering::AcqRel);
             s.open_connections.set(s.open_connections.get() - 1);

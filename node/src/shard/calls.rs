@@ -60,6 +60,8 @@ pub struct FetchRead {
     pub max_bytes: usize,
     /// The request's `current_leader_epoch` (-1: not given).
     pub current_epoch: LeaderEpoch,
+    /// A follower's `last_fetched_epoch` (-1: not given), checked for divergence.
+    pub last_fetched_epoch: LeaderEpoch,
 }
 
 /// Reads of several partitions owned by the same shard, in request order: together they
@@ -84,6 +86,23 @@ impl ShardCall for FetchCall {
         for r in self.reads {
             let hard_max_bytes = if exceed { usize::MAX } else { left };
             let outcome = match shard.partition(&r.tp).await {
+                Ok(p) if matches!(self.reader, ReadFor::Follower(_)) && p.replica().is_leader() => {
+                    match p.diverging(r.offset, r.last_fetched_epoch) {
+                        Some(diverging) => p.diverged(diverging, r.current_epoch),
+                        None => {
+                            let max_bytes = r.max_bytes.min(left);
+                            let read = p.fetch_within(
+                                r.offset,
+                                self.reader,
+                                r.current_epoch,
+                                max_bytes,
+                                hard_max_bytes,
+                                now_ms(),
+                            );
+                            read.await
+                        }
+                    }
+                }
                 Ok(p) => {
                     let max_bytes = r.max_bytes.min(left);
                     let read = p.fetch_within(
@@ -172,6 +191,22 @@ impl ShardCall for DeleteRecordsCall {
             .await?
             .delete_records(self.offset)
             .await
+    }
+}
+
+/// OffsetForLeaderEpoch for one partition: where `epoch` ends in the owner's log.
+pub struct EpochEndCall {
+    pub tp: TopicPartition,
+    pub epoch: LeaderEpoch,
+    pub current_epoch: LeaderEpoch,
+}
+
+impl ShardCall for EpochEndCall {
+    type Reply = Result<(LeaderEpoch, Offset), i16>;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Self::Reply {
+        let p = shard.partition(&self.tp).await?;
+        p.epoch_end_offset(self.epoch, self.current_epoch)
     }
 }
 

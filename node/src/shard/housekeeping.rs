@@ -17,6 +17,8 @@ impl Shard {
             .retention_check_interval_ms
             .clamp(100, 3_600_000);
         let mut last_retention = now_ms();
+        let cleaner = self.config().log_cleaner;
+        let (cleaner_budget, mut last_clean) = (cleaner.shard_budget(self.config().shards), 0);
         while !self.shutting_down.get() {
             let tick = glommio::timer::sleep(Duration::from_millis(1000.min(interval_ms)));
             futures_lite::future::or(
@@ -32,6 +34,7 @@ impl Shard {
             let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             let now = now_ms();
             let retention_due = now - last_retention >= interval_ms as i64;
+            let clean_due = cleaner.enable && now - last_clean >= cleaner.backoff_ms as i64;
             for p in parts {
                 if let Err(e) = p.log.flush_if_due(now).await {
                     tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
@@ -39,12 +42,20 @@ impl Shard {
                 if retention_due {
                     apply_retention(&p, now).await;
                 }
+                if clean_due {
+                    clean_log(&p, now, &cleaner_budget).await;
+                }
+            }
+            if clean_due {
+                last_clean = now;
             }
             if retention_due {
                 self.retain_unopened(now).await;
                 last_retention = now;
             }
             crate::api::fetch_budget::trim_shard_heap_if_idle();
+            self.publish_gauges();
+            self.propose_isr_changes();
         }
     }
 
@@ -77,6 +88,18 @@ impl Shard {
         }
     }
 
+    /// Publishes this shard's gauges to its metrics registry (once per housekeeping tick).
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = self.metrics();
+        m.partitions_open
+            .store(self.partitions.borrow().len() as u64, Relaxed);
+        let held = crate::api::fetch_budget::shard_held_bytes();
+        m.fetch_response_bytes_held.store(held, Relaxed);
+        m.connections_open
+            .store(self.open_connections.get() as u64, Relaxed);
+    }
+
     /// Partitions of user topics this shard owns whose logs are not open now.
     fn unopened_partitions(&self) -> Vec<TopicPartition> {
         let catalog = self.catalog();
@@ -103,6 +126,20 @@ async fn apply_retention(p: &Partition, now: i64) {
             tracing::info!(topic = %p.topic, partition = p.index, "retention deleted {n} segments")
         }
         Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "retention: {e}"),
+    }
+}
+
+/// Compacts a `cleanup.policy=compact` log if it is due (storage/cleaner.rs).
+async fn clean_log(p: &Partition, now: i64, budget: &crate::storage::CleanerBudget) {
+    match p.log.clean_if_due(now, budget).await {
+        Ok(s) if s.rounds == 0 => {}
+        Ok(s) => tracing::info!(
+            topic = %p.topic, partition = p.index, segments = s.segments_swapped,
+            bytes_before = s.bytes_before, bytes_after = s.bytes_after,
+            records_removed = s.records_removed, ms = s.elapsed.as_millis() as u64,
+            "log cleaner compacted"
+        ),
+        Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "log cleaner: {e}"),
     }
 }
 

@@ -5,6 +5,8 @@
 //! - [`calls`]: the operations API handlers run on a partition's owner.
 //! - [`context`]: the narrow view hosted services (the group coordinator) get.
 //! - `housekeeping`: retention and interval flushes, per shard.
+//! - `replicas`: applying the cluster's assignments (lead / follow / offline) to the
+//!   shard's partitions and running its replication fetchers.
 //!
 //! This file: the shard's state and its open partitions (opened on first use, closed
 //! when idle past `max.open.partitions`, dropped when the catalogue deletes them).
@@ -13,6 +15,7 @@ pub mod calls;
 pub mod context;
 mod housekeeping;
 pub mod mesh;
+mod replicas;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -33,8 +36,8 @@ use crate::partition::{Isolation, Partition, ReadFor};
 use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
 pub use calls::{
-    DeleteRecordsCall, FetchCall, FetchRead, ListOffsetCall, ProduceCall, SyncCall, WaitCall,
-    WriteMarkerCall,
+    DeleteRecordsCall, EpochEndCall, FetchCall, FetchRead, ListOffsetCall, ProduceCall, SyncCall,
+    WaitCall, WriteMarkerCall,
 };
 pub use mesh::{CallError, Envelope, INBOX_IN_FLIGHT_MAX, MESH_QUEUE_CAPACITY, ReplyEnvelope};
 
@@ -62,7 +65,11 @@ pub struct NodeShared {
     pub connections: AtomicUsize,
     /// Shards that finished draining their connections during shutdown.
     pub drained: AtomicUsize,
+    /// Every shard's metrics registry (see `metrics`).
+    pub metrics: Arc<crate::metrics::NodeMetrics>,
     pub cluster_id: String,
+    /// Every metadata write goes through it (issue 12).
+    pub controller: crate::controller::Controller,
 }
 
 /// The state of one shard.
@@ -100,6 +107,10 @@ pub struct Shard {
     pub groups: Rc<crate::group::Coordinators>,
     /// The transaction coordinator's state for the `__transaction_state` partitions here.
     pub txns: Rc<crate::txn::Coordinators>,
+    /// Replication fetchers of this shard, one per source node (see `replicas`).
+    fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
+    /// Partitions whose ISR change is being proposed to the controller.
+    isr_proposing: RefCell<std::collections::HashSet<TopicPartition>>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -147,11 +158,18 @@ impl Shard {
             advertised,
             groups: Rc::default(),
             txns: Rc::default(),
+            fetchers: RefCell::new(BTreeMap::new()),
+            isr_proposing: RefCell::default(),
         }
     }
 
     pub fn config(&self) -> &Config {
         &self.node.config
+    }
+
+    /// This shard's metrics registry.
+    pub fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        self.node.metrics.shard(self.id.0)
     }
 
     /// The newest catalogue snapshot; one atomic load when nothing changed.
@@ -230,6 +248,10 @@ impl Shard {
             if tp.1 < 0 || tp.1 >= meta.partitions {
                 return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
             }
+            // In a cluster a node holds only the partitions assigned to it.
+            if !replicas::hosted_here(meta, tp.1, self.node_id()) {
+                return Err(errors::NOT_LEADER_OR_FOLLOWER);
+            }
             let meta = meta.clone();
             self.open_partition(tp, meta.id, &meta.configs).await?;
         }
@@ -274,6 +296,8 @@ impl Shard {
                 let p = Rc::new(p);
                 self.touch(&p);
                 self.apply_newest_configs(tp, &p);
+                // Its role before anyone can use it: a replica opens as the sole leader.
+                self.apply_catalog_assignment(tp, &p);
                 self.partitions.borrow_mut().insert(tp.clone(), p);
                 Ok(())
             }
@@ -424,6 +448,7 @@ impl Shard {
                 self.remove_unopened(name, old.partitions).await;
             }
         }
+        self.apply_assignments().await;
     }
 
     /// Removes the directories of a deleted topic's partitions that this shard owns and
@@ -493,6 +518,7 @@ impl Shard {
     /// Begins shutdown: wakes everything that waits on the shard.
     pub fn begin_shutdown(&self) {
         self.shutting_down.set(true);
+        self.stop_fetchers();
         self.shutdown.notify_all();
         for p in self.partitions.borrow().values() {
             p.appended.notify_all();

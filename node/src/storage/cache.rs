@@ -103,6 +103,14 @@ impl TailCache {
         }
     }
 
+    /// Drops batches holding only offsets below `next` (the log cleaner rewrote them on
+    /// disk; reads there must see the cleaned segment). They are written, being sealed.
+    pub fn drop_below(&mut self, next: Offset) {
+        while self.entries.front().is_some_and(|e| e.last < next) {
+            let _ = self.pop_front();
+        }
+    }
+
     pub fn clear(&mut self) {
         shard_sub(self.bytes);
         self.entries.clear();

@@ -42,6 +42,46 @@ pub struct LogConfig {
     /// `log.tail.cache.bytes` (weir's own key): recently appended batches kept in memory
     /// so that fetches of the tail never touch the disk.
     pub tail_cache_bytes: u64,
+    /// `log.cleanup.policy` / `cleanup.policy`: `delete` (retention deletes old segments),
+    /// `compact` (the log cleaner keeps the latest record per key, no retention) or both.
+    pub cleanup_policy: CleanupPolicy,
+    /// `log.cleaner.min.cleanable.ratio` / `min.cleanable.dirty.ratio`: clean once the
+    /// bytes written after the cleaner's checkpoint are this share of the sealed bytes.
+    pub min_cleanable_dirty_ratio: f64,
+    /// `log.cleaner.delete.retention.ms` / `delete.retention.ms`: a tombstone (null value)
+    /// is kept at least this long after the cleaner first passed it.
+    pub delete_retention_ms: i64,
+    /// `log.cleaner.min.compaction.lag.ms` / `min.compaction.lag.ms`: a segment whose
+    /// newest record is younger than this is not cleaned.
+    pub min_compaction_lag_ms: i64,
+    /// `log.cleaner.max.compaction.lag.ms` / `max.compaction.lag.ms`: a dirty segment whose
+    /// oldest record is older than this is cleaned whatever the dirty ratio.
+    pub max_compaction_lag_ms: i64,
+}
+
+/// `cleanup.policy`: which of retention and compaction apply to a log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanupPolicy {
+    pub delete: bool,
+    pub compact: bool,
+}
+
+impl CleanupPolicy {
+    /// Parses Kafka's list form: `delete`, `compact`, `compact,delete` (any order).
+    pub fn parse(value: &str) -> Option<CleanupPolicy> {
+        let mut policy = CleanupPolicy {
+            delete: false,
+            compact: false,
+        };
+        for part in value.split(',') {
+            match part.trim() {
+                "delete" => policy.delete = true,
+                "compact" => policy.compact = true,
+                _ => return None,
+            }
+        }
+        Some(policy)
+    }
 }
 
 impl Default for LogConfig {
@@ -58,6 +98,14 @@ impl Default for LogConfig {
             message_timestamp_type: TimestampType::CreateTime,
             preallocate: true,
             tail_cache_bytes: 4 << 20,
+            cleanup_policy: CleanupPolicy {
+                delete: true,
+                compact: false,
+            },
+            min_cleanable_dirty_ratio: 0.5,
+            delete_retention_ms: 24 * 3600 * 1000,
+            min_compaction_lag_ms: 0,
+            max_compaction_lag_ms: i64::MAX,
         }
     }
 }
@@ -116,6 +164,26 @@ impl LogConfig {
             }
             "preallocate" => self.preallocate = parse(key, value)?,
             "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
+            "cleanup.policy" => {
+                self.cleanup_policy = CleanupPolicy::parse(value)
+                    .ok_or_else(|| bad(key, value, "must be delete, compact or compact,delete"))?
+            }
+            "min.cleanable.dirty.ratio" | "cleaner.min.cleanable.ratio" => {
+                let v: f64 = parse(key, value)?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad(key, value, "must be between 0 and 1"));
+                }
+                self.min_cleanable_dirty_ratio = v;
+            }
+            "delete.retention.ms" | "cleaner.delete.retention.ms" => {
+                self.delete_retention_ms = non_negative(key, value)?
+            }
+            "min.compaction.lag.ms" | "cleaner.min.compaction.lag.ms" => {
+                self.min_compaction_lag_ms = non_negative(key, value)?
+            }
+            "max.compaction.lag.ms" | "cleaner.max.compaction.lag.ms" => {
+                self.max_compaction_lag_ms = positive(key, value)?
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -141,6 +209,14 @@ fn positive<T: std::str::FromStr + PartialOrd + Default>(key: &str, value: &str)
     let v: T = parse(key, value)?;
     if v <= T::default() {
         return Err(bad(key, value, "must be positive"));
+    }
+    Ok(v)
+}
+
+fn non_negative(key: &str, value: &str) -> Result<i64> {
+    let v: i64 = parse(key, value)?;
+    if v < 0 {
+        return Err(bad(key, value, "must be 0 or more"));
     }
     Ok(v)
 }
@@ -181,5 +257,28 @@ mod tests {
         assert!(c.set("retention.bytes", "-2").is_err());
         assert!(!c.set("min.insync.replicas", "2").unwrap());
         assert_eq!(c, LogConfig::default());
+    }
+
+    #[test]
+    fn compaction_keys_parse_under_broker_and_topic_names() {
+        let c = LogConfig::from_pairs([
+            ("cleanup.policy", "compact,delete"),
+            ("log.cleaner.min.cleanable.ratio", "0.1"),
+            ("delete.retention.ms", "100"),
+            ("log.cleaner.min.compaction.lag.ms", "5"),
+            ("max.compaction.lag.ms", "1000"),
+        ])
+        .unwrap();
+        assert!(c.cleanup_policy.compact && c.cleanup_policy.delete);
+        assert_eq!(c.min_cleanable_dirty_ratio, 0.1);
+        assert_eq!(c.delete_retention_ms, 100);
+        assert_eq!(c.min_compaction_lag_ms, 5);
+        assert_eq!(c.max_compaction_lag_ms, 1000);
+        let mut c = LogConfig::default();
+        assert!(c.set("cleanup.policy", "compact,nope").is_err());
+        assert!(c.set("min.cleanable.dirty.ratio", "1.5").is_err());
+        assert!(c.set("delete.retention.ms", "-1").is_err());
+        assert!(c.set("log.cleanup.policy", "compact").unwrap());
+        assert!(c.cleanup_policy.compact && !c.cleanup_policy.delete);
     }
 }

@@ -52,6 +52,29 @@ impl Disk {
         }
     }
 
+    /// Renames a file (the log cleaner's `.cleaned` → `.swap` → `.log`), replacing `to`.
+    /// Not durable until the directory is synced. On the simulated disk the file's bytes
+    /// move with the name; the rename is probed at [`FaultPoint::Swap`].
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match self {
+            Disk::Real => std::fs::rename(from, to),
+            Disk::Sim(disk) => disk.rename(from, to),
+        }
+    }
+
+    /// Removes a file the log cleaner wrote or replaced (a missing one is fine); probed
+    /// at [`FaultPoint::Swap`] on the simulated disk.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        if let Disk::Sim(disk) = self {
+            disk.probe(FaultPoint::Swap)?;
+            disk.files.borrow_mut().remove(path);
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// A named fault point outside the segment files (index files): fails if the
     /// simulated disk has a fault armed there. Always `Ok` on the real disk.
     pub fn probe(&self, point: FaultPoint) -> io::Result<()> {
@@ -225,6 +248,8 @@ pub enum FaultPoint {
     IndexWrite,
     /// fdatasync of a segment file.
     Sync,
+    /// A rename or removal by the log cleaner's segment swap.
+    Swap,
 }
 
 /// How an armed fault fails.
@@ -275,6 +300,10 @@ pub struct SimDisk {
     crash_countdown: Cell<Option<(u64, Option<u64>)>>,
     /// Operations seen per point (for tests: that a point was reached).
     seen: RefCell<HashMap<FaultPoint, u64>>,
+    /// With [`SimDisk::set_halt_on_crash`]: after a crash every operation fails until
+    /// [`SimDisk::restart`], as the crashed process does nothing more.
+    halt_on_crash: Cell<bool>,
+    halted: Cell<bool>,
 }
 
 /// Bound on armed faults (a test arms a few).
@@ -308,6 +337,17 @@ impl SimDisk {
         self.crash_countdown.set(Some((ops, torn_seed)));
     }
 
+    /// After a crash, fail every operation (a dead process does no cleanup) until
+    /// [`restart`](Self::restart).
+    pub fn set_halt_on_crash(&self, halt: bool) {
+        self.halt_on_crash.set(halt);
+    }
+
+    /// The process "restarted": operations work again (reopen the log).
+    pub fn restart(&self) {
+        self.halted.set(false);
+    }
+
     /// Whether the disk crashed since `epoch` (see [`crashes`](Self::crashes)).
     pub fn crashes(&self) -> u64 {
         self.epoch.get()
@@ -324,6 +364,7 @@ impl SimDisk {
     /// from now on; reopen the log to continue.
     pub fn crash(&self, torn_seed: Option<u64>) {
         self.epoch.set(self.epoch.get() + 1);
+        self.halted.set(self.halt_on_crash.get());
         self.faults.borrow_mut().clear();
         self.crash_countdown.set(None);
         let mut state = torn_seed.unwrap_or(0) | 1;
@@ -357,6 +398,9 @@ impl SimDisk {
     /// Counts an operation at `point` and fails it if a fault is armed there.
     pub fn probe(&self, point: FaultPoint) -> io::Result<()> {
         *self.seen.borrow_mut().entry(point).or_insert(0) += 1;
+        if self.halted.get() {
+            return Err(io::Error::other("simulated crash: the process is gone"));
+        }
         if let Some((left, torn_seed)) = self.crash_countdown.get() {
             if left == 0 {
                 self.crash_countdown.set(None);
@@ -380,6 +424,17 @@ impl SimDisk {
         if space_needed && self.full.get() {
             return Err(FaultKind::NoSpace.error());
         }
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.probe(FaultPoint::Swap)?;
+        std::fs::rename(from, to)?;
+        let mut files = self.files.borrow_mut();
+        match files.remove(from) {
+            Some(data) => files.insert(to.to_path_buf(), data),
+            None => files.remove(to),
+        };
         Ok(())
     }
 

@@ -141,6 +141,8 @@ pub(super) struct State {
     /// knows to drop what it recorded past the new end.
     pub truncations: u64,
     pub closed: bool,
+    /// The log cleaner's checkpoint and schedule (compacted logs).
+    pub cleaner: super::cleaner::CleanerState,
 }
 
 /// Name of the file that persists the log start offset (text: version, offset).

@@ -54,6 +54,16 @@ impl Log {
         Ok(cut.next_offset)
     }
 
+    /// Empties the log and restarts it at `offset` — a follower whose log ends below its
+    /// leader's log start, which cannot copy the records in between. Durable before it
+    /// returns.
+    pub async fn restart_at(&self, offset: Offset) -> Result<()> {
+        let _permit = self.lock_io().await?;
+        self.write_pending().await?;
+        self.state.borrow().check_writable(&self.dir)?;
+        self.truncate_fully(offset.max(Offset(0))).await
+    }
+
     /// Finds the first batch holding an offset `>= offset`.
     async fn find_cut(&self, offset: Offset) -> Result<Cut> {
         let (base, file, path, from, end, seg_next) = {
@@ -418,6 +428,10 @@ fn split_after(st: &mut State, base: Offset) -> Vec<Segment> {
 /// How many of the oldest sealed segments retention deletes, and the offset after them.
 fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
     let cfg = &st.config;
+    if !cfg.cleanup_policy.delete {
+        // `cleanup.policy=compact` alone: the cleaner, not retention, bounds the log.
+        return None;
+    }
     let mut total: i64 = st.segments.values().map(|s| s.size as i64).sum();
     let mut count = 0;
     let mut new_start = None;

@@ -39,8 +39,10 @@
 
 mod atomic;
 mod cache;
+pub mod cleaner;
 mod config;
 pub mod dump;
+pub mod epochs;
 mod error;
 pub mod file;
 mod gate;
@@ -59,7 +61,8 @@ mod writer;
 
 pub use atomic::write_atomic;
 pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
-pub use config::LogConfig;
+pub use cleaner::{CleanStats, CleanerBudget, keyless_records};
+pub use config::{CleanupPolicy, LogConfig};
 pub use error::{Result, StorageError};
 pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};

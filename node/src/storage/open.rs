@@ -24,11 +24,17 @@ pub async fn open(dir: PathBuf, config: LogConfig, disk: Disk) -> Result<Log> {
     fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
     let clean = dir.join(CLEAN_SHUTDOWN_FILE).exists();
     let mut log_start = read_log_start(&dir)?.unwrap_or(Offset(0));
+    super::cleaner::recover_leftovers(&disk, &dir).await?;
     let bases = list_segments(&dir)?;
     let mut segments = BTreeMap::new();
     for (i, &base) in bases.iter().enumerate() {
         let next_base = bases.get(i + 1).copied();
-        let seg = load_segment(&disk, &dir, base, next_base, clean, &config).await?;
+        let mut seg = load_segment(&disk, &dir, base, next_base, clean, &config).await?;
+        if let Some(next_base) = next_base {
+            // A compacted segment may have lost its last batches: it still ends where the
+            // next one starts, so the segments stay contiguous and reads there go on.
+            seg.next_offset = seg.next_offset.max(next_base);
+        }
         segments.insert(base, seg);
     }
     drop_segments_below_start(&dir, &mut segments, log_start)?;
@@ -77,6 +83,7 @@ fn build(
         no_space_until: None,
         truncations: 0,
         closed: false,
+        cleaner: Default::default(),
     };
     Log {
         inner: std::rc::Rc::new(LogInner {

@@ -114,6 +114,9 @@ fn two_members_join_sync_and_leave() {
     assert_eq!(g.heartbeat("nobody", None, 2, 40), codes::UNKNOWN_MEMBER_ID);
     assert_eq!(g.check_commit(&a, None, 1), Err(codes::ILLEGAL_GENERATION));
     assert_eq!(g.check_commit(&a, None, 2), Ok(()));
+    // An admin commit (AlterConsumerGroupOffsets: generation -1, no member) into a group
+    // with members: Kafka's UNKNOWN_MEMBER_ID.
+    assert_eq!(g.check_commit("", None, -1), Err(codes::UNKNOWN_MEMBER_ID));
 
     // b leaves: a must rejoin, and alone it completes generation 3.
     assert_eq!(g.leave(&b, None, 50, &LIMITS), codes::NONE);
@@ -196,7 +199,7 @@ fn static_member_rejoin_fences_the_old_id() {
     ))
     .expect("synced");
     // Restarted with the same instance id: new member id, same generation (no rebalance
-    // for a follower; the leader rebalances) — here it is the leader.
+    // while the selected protocol stays) — here it is the (sole) leader.
     let rx = join(&mut g, a.clone(), 100);
     let r2 = take(&rx).expect("sole member");
     assert_ne!(r2.member_id, old);
@@ -209,6 +212,54 @@ fn static_member_rejoin_fences_the_old_id() {
         codes::FENCED_INSTANCE_ID
     );
     assert_eq!(g.leave("", Some("i1"), 200, &LIMITS), codes::NONE);
+}
+
+/// The static leader restarts (0102_static_group_rebalance): no rebalance, the follower
+/// keeps its generation, the leader gets its old assignment back through SyncGroup.
+#[test]
+fn static_leader_restart_keeps_the_generation() {
+    let mut g = Group::new("g", 0);
+    let statik = |instance: &str| {
+        let mut a = args("", b"m");
+        a.instance_id = Some(instance.into());
+        a
+    };
+    let ra = take(&join(&mut g, statik("i1"), 0)).expect("joined");
+    let leader = ra.member_id.clone();
+    let asg = vec![(leader.clone(), Bytes::from_static(b"A"))];
+    take(&sync(&mut g, &leader, 1, asg)).expect("synced");
+    // The follower joins: generation 2 with both.
+    let rx_b = join(&mut g, statik("i2"), 10);
+    let rx_a = join(&mut g, args(&leader, b"m"), 10);
+    let (ra, rb) = (take(&rx_a).expect("a"), take(&rx_b).expect("b"));
+    assert_eq!((ra.generation, ra.leader.as_str()), (2, leader.as_str()));
+    let follower = rb.member_id.clone();
+    let asg = vec![
+        (leader.clone(), Bytes::from_static(b"A")),
+        (follower.clone(), Bytes::from_static(b"B")),
+    ];
+    let rx_fb = sync(&mut g, &follower, 2, vec![]);
+    take(&sync(&mut g, &leader, 2, asg)).expect("leader synced");
+    assert_eq!(
+        take(&rx_fb).map(|r| r.assignment),
+        Some(Bytes::from_static(b"B"))
+    );
+
+    // The leader restarts with an empty member id and the same instance id.
+    let r = take(&join(&mut g, statik("i1"), 100)).expect("answered at once, no rebalance");
+    assert_eq!(r.error, codes::NONE);
+    assert_eq!(r.generation, 2);
+    assert_ne!(r.member_id, leader);
+    assert_eq!(
+        r.leader, leader,
+        "the old leader id: the new member syncs as a follower"
+    );
+    assert!(r.members.is_empty());
+    assert_eq!(g.state, State::Stable);
+    assert_eq!(g.heartbeat(&follower, None, 2, 110), codes::NONE);
+    let back = take(&sync(&mut g, &r.member_id, 2, vec![])).expect("stable sync");
+    assert_eq!(back.assignment, Bytes::from_static(b"A"));
+    assert_eq!(g.leader.as_deref(), Some(r.member_id.as_str()));
 }
 
 #[test]

@@ -1,0 +1,322 @@
+//! SaslHandshake (v0–v1) and SaslAuthenticate (v0–v2), which drive the connection's SASL
+//! state ([`crate::security::sasl`]), and the SCRAM credential APIs
+//! DescribeUserScramCredentials / AlterUserScramCredentials (KIP-554).
+//!
+//! A failed authentication is logged (rate limited), answered with
+//! SASL_AUTHENTICATION_FAILED after `connection.failed.authentication.delay.ms`, and the
+//! connection is closed after that answer.
+
+use std::collections::BTreeSet;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
+use kafka_protocol::messages::describe_user_scram_credentials_response::{
+    CredentialInfo, DescribeUserScramCredentialsResult,
+};
+use kafka_protocol::messages::{
+    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse,
+    DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse,
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+};
+use wire::WireError;
+
+use super::{Response, str_bytes};
+use crate::errors;
+use crate::metadata::scram::{self as stored, ScramChange, ScramOutcome};
+use crate::proto::{self, Request};
+use crate::security::sasl::{self, Mechanism, SaslState, Step};
+use crate::security::scram::{self, ScramCredential, ScramMechanism};
+use crate::server::session::Session;
+use crate::shard::Shard;
+
+/// Most credential changes one AlterUserScramCredentials request may carry.
+const SCRAM_CHANGES_PER_REQUEST_MAX: usize = 1_000;
+/// Longest SCRAM salt (bytes) accepted.
+const SCRAM_SALT_MAX_BYTES: usize = 1_024;
+/// Longest salted password accepted (SHA-512's output is 64 bytes).
+const SCRAM_SALTED_PASSWORD_MAX_BYTES: usize = 128;
+/// Longest SCRAM user name accepted (bytes).
+const SCRAM_USER_NAME_MAX_BYTES: usize = 256;
+
+/// SaslHandshake: picks the mechanism for the following SaslAuthenticate.
+pub fn handshake(session: &Session, req: SaslHandshakeRequest) -> SaslHandshakeResponse {
+    let Some(setup) = &session.listener.sasl else {
+        return handshake_error(errors::ILLEGAL_SASL_STATE, &[]);
+    };
+    let offered: Vec<&str> = setup.mechanisms.iter().map(|m| m.name()).collect();
+    let mut state = session.sasl.borrow_mut();
+    if !matches!(*state, SaslState::Handshake) {
+        // Kafka answers an unexpected handshake without closing (no re-authentication).
+        return handshake_error(errors::ILLEGAL_SASL_STATE, &offered);
+    }
+    let wanted = Mechanism::parse(req.mechanism.as_str()).filter(|m| setup.mechanisms.contains(m));
+    match wanted {
+        Some(m) => {
+            *state = SaslState::Token(m);
+            handshake_error(errors::NONE, &offered)
+        }
+        None => {
+            crate::client_warn!(peer = %session.peer, "SASL: mechanism {:?} not enabled; closing", req.mechanism.as_str());
+            *state = SaslState::Failed;
+            handshake_error(errors::UNSUPPORTED_SASL_MECHANISM, &offered)
+        }
+    }
+}
+
+fn handshake_error(code: i16, mechanisms: &[&str]) -> SaslHandshakeResponse {
+    SaslHandshakeResponse::default()
+        .with_error_code(code)
+        .with_mechanisms(mechanisms.iter().map(|m| str_bytes(m)).collect())
+}
+
+/// SaslAuthenticate: one token of the chosen mechanism.
+pub async fn authenticate(
+    shard: &Rc<Shard>,
+    session: &Session,
+    req: SaslAuthenticateRequest,
+) -> SaslAuthenticateResponse {
+    let Some(setup) = &session.listener.sasl else {
+        return auth_error(errors::ILLEGAL_SASL_STATE, "this listener has no SASL");
+    };
+    if session.is_open() {
+        return auth_error(errors::ILLEGAL_SASL_STATE, "already authenticated");
+    }
+    let catalog = shard.node.meta.snapshot();
+    let step = sasl::step(
+        &mut session.sasl.borrow_mut(),
+        setup,
+        &catalog,
+        &req.auth_bytes,
+    );
+    match step {
+        Step::Challenge(token) => {
+            SaslAuthenticateResponse::default().with_auth_bytes(Bytes::from(token))
+        }
+        Step::Success { token, user } => {
+            let principal = format!("User:{user}");
+            tracing::debug!(peer = %session.peer, %principal, "SASL authentication succeeded");
+            session.authenticated_as(principal);
+            SaslAuthenticateResponse::default().with_auth_bytes(Bytes::from(token))
+        }
+        Step::Failure(why) => {
+            crate::client_warn!(peer = %session.peer, listener = %session.listener.config.name, "SASL authentication failed: {why}");
+            // Slow down guessing: the answer (and the close) come only after the delay.
+            glommio::timer::sleep(Duration::from_millis(setup.failed_auth_delay_ms)).await;
+            auth_error(
+                errors::SASL_AUTHENTICATION_FAILED,
+                "Authentication failed: invalid credentials",
+            )
+        }
+    }
+}
+
+fn auth_error(code: i16, message: &str) -> SaslAuthenticateResponse {
+    SaslAuthenticateResponse::default()
+        .with_error_code(code)
+        .with_error_message(Some(str_bytes(message)))
+}
+
+/// Decodes, runs and encodes the two SASL APIs (they need the session, not just the shard).
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: &Request,
+    session: &Session,
+) -> Result<Response, WireError> {
+    let frame = if req.api_key == wire::api::SASL_HANDSHAKE {
+        let typed: SaslHandshakeRequest = proto::decode(req)?;
+        proto::encode_response(req, &handshake(session, typed))?
+    } else {
+        let typed: SaslAuthenticateRequest = proto::decode(req)?;
+        let resp = authenticate(shard, session, typed).await;
+        proto::encode_response(req, &resp)?
+    };
+    Ok(Some(vec![frame]))
+}
+
+/// DescribeUserScramCredentials: mechanisms and iterations per user (never the keys).
+pub async fn describe_scram(
+    shard: &Rc<Shard>,
+    req: DescribeUserScramCredentialsRequest,
+) -> DescribeUserScramCredentialsResponse {
+    let catalog = shard.node.meta.snapshot();
+    let names: Vec<String> = match &req.users {
+        Some(users) if !users.is_empty() => users.iter().map(|u| u.name.to_string()).collect(),
+        _ => catalog.scram_users.keys().cloned().collect(),
+    };
+    let mut seen = BTreeSet::new();
+    let results = names
+        .into_iter()
+        .map(|user| {
+            let result = DescribeUserScramCredentialsResult::default().with_user(str_bytes(&user));
+            if !seen.insert(user.clone()) {
+                return result
+                    .with_error_code(errors::DUPLICATE_RESOURCE)
+                    .with_error_message(Some(str_bytes("user named twice")));
+            }
+            match catalog.scram_users.get(&user) {
+                None => result
+                    .with_error_code(errors::RESOURCE_NOT_FOUND)
+                    .with_error_message(Some(str_bytes("no SCRAM credential for this user"))),
+                Some(mechs) => result.with_credential_infos(
+                    mechs
+                        .values()
+                        .map(|c| {
+                            CredentialInfo::default()
+                                .with_mechanism(c.mechanism.code())
+                                .with_iterations(i32::try_from(c.iterations).unwrap_or(i32::MAX))
+                        })
+                        .collect(),
+                ),
+            }
+        })
+        .collect();
+    DescribeUserScramCredentialsResponse::default().with_results(results)
+}
+
+/// AlterUserScramCredentials: upserts (from the client's SaltedPassword) and deletions,
+/// checked as Kafka does, written in one catalogue update.
+pub async fn alter_scram(
+    shard: &Rc<Shard>,
+    req: AlterUserScramCredentialsRequest,
+) -> AlterUserScramCredentialsResponse {
+    let mut results = Vec::new();
+    let mut changes = Vec::new();
+    let mut users = Vec::new();
+    let named: Vec<String> = req
+        .deletions
+        .iter()
+        .map(|d| d.name.to_string())
+        .chain(req.upsertions.iter().map(|u| u.name.to_string()))
+        .collect();
+    let dup = |name: &str| named.iter().filter(|n| *n == name).count() > 1;
+    let too_many = named.len() > SCRAM_CHANGES_PER_REQUEST_MAX;
+    for d in &req.deletions {
+        let user = d.name.to_string();
+        let checked = check_user(&user, too_many, dup(&user)).and_then(|()| {
+            ScramMechanism::from_code(d.mechanism).ok_or((
+                errors::UNSUPPORTED_SASL_MECHANISM,
+                "unknown SCRAM mechanism",
+            ))
+        });
+        match checked {
+            Ok(mechanism) => {
+                changes.push(ScramChange::Delete {
+                    user: user.clone(),
+                    mechanism,
+                });
+                users.push(user);
+            }
+            Err((code, msg)) => results.push(alter_result(&user, code, msg)),
+        }
+    }
+    for u in &req.upsertions {
+        let user = u.name.to_string();
+        let checked = check_user(&user, too_many, dup(&user)).and_then(|()| upsert_credential(u));
+        match checked {
+            Ok(credential) => {
+                changes.push(ScramChange::Upsert {
+                    user: user.clone(),
+                    credential,
+                });
+                users.push(user);
+            }
+            Err((code, msg)) => results.push(alter_result(&user, code, msg)),
+        }
+    }
+    match stored::alter(&shard.node.meta, &changes) {
+        Ok(outcomes) => {
+            for (user, outcome) in users.iter().zip(outcomes) {
+                let result = match outcome {
+                    ScramOutcome::Done => alter_result(user, errors::NONE, ""),
+                    ScramOutcome::NotFound => alter_result(
+                        user,
+                        errors::RESOURCE_NOT_FOUND,
+                        "no such credential to delete",
+                    ),
+                    ScramOutcome::TooManyUsers => alter_result(
+                        user,
+                        errors::UNACCEPTABLE_CREDENTIAL,
+                        "too many SCRAM users on this node (10000)",
+                    ),
+                };
+                results.push(result);
+            }
+        }
+        Err(e) => {
+            tracing::error!("cannot store SCRAM credentials: {e}");
+            for user in &users {
+                results.push(alter_result(
+                    user,
+                    errors::UNKNOWN_SERVER_ERROR,
+                    "cannot persist",
+                ));
+            }
+        }
+    }
+    AlterUserScramCredentialsResponse::default().with_results(results)
+}
+
+fn check_user(user: &str, too_many: bool, duplicate: bool) -> Result<(), (i16, &'static str)> {
+    if too_many {
+        return Err((
+            errors::INVALID_REQUEST,
+            "too many credential changes in one request",
+        ));
+    }
+    if user.is_empty() || user.len() > SCRAM_USER_NAME_MAX_BYTES {
+        return Err((
+            errors::UNACCEPTABLE_CREDENTIAL,
+            "user name must be 1..=256 bytes",
+        ));
+    }
+    if duplicate {
+        return Err((
+            errors::DUPLICATE_RESOURCE,
+            "a user may appear once per request",
+        ));
+    }
+    Ok(())
+}
+
+fn upsert_credential(
+    u: &kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion,
+) -> Result<ScramCredential, (i16, &'static str)> {
+    let mechanism = ScramMechanism::from_code(u.mechanism).ok_or((
+        errors::UNSUPPORTED_SASL_MECHANISM,
+        "unknown SCRAM mechanism",
+    ))?;
+    let iterations = u32::try_from(u.iterations)
+        .ok()
+        .filter(|i| (scram::ITERATIONS_MIN..=scram::ITERATIONS_MAX).contains(i))
+        .ok_or((
+            errors::UNACCEPTABLE_CREDENTIAL,
+            "iterations must be 4096..=16384",
+        ))?;
+    let salted_len = u.salted_password.len();
+    if u.salt.is_empty()
+        || u.salt.len() > SCRAM_SALT_MAX_BYTES
+        || salted_len == 0
+        || salted_len > SCRAM_SALTED_PASSWORD_MAX_BYTES
+    {
+        return Err((
+            errors::UNACCEPTABLE_CREDENTIAL,
+            "salt and salted password are required",
+        ));
+    }
+    Ok(ScramCredential::from_salted(
+        mechanism,
+        &u.salt,
+        iterations,
+        &u.salted_password,
+    ))
+}
+
+fn alter_result(user: &str, code: i16, message: &str) -> AlterUserScramCredentialsResult {
+    let message = (code != errors::NONE).then(|| str_bytes(message));
+    AlterUserScramCredentialsResult::default()
+        .with_user(str_bytes(user))
+        .with_error_code(code)
+        .with_error_message(message)
+}

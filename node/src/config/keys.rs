@@ -1,0 +1,386 @@
+//! Which configuration keys weir knows: the keys it reads, and Kafka's broker keys it
+//! accepts and ignores, so that startup can warn about every other key by name (a typo
+//! or a feature weir lacks must not pass silently; Kafka logs "was supplied but isn't a
+//! known config" for the same reason).
+//!
+//! A module that starts reading a new key adds it to [`WEIR_KEYS`] (else startup calls
+//! it ignored).
+
+use super::Properties;
+
+/// Every broker key weir reads (Kafka's names, and weir's own keys).
+pub const WEIR_KEYS: &[&str] = &[
+    // config.rs
+    "advertised.listeners",
+    "auto.create.topics.enable",
+    "broker.id",
+    "connections.max.idle.ms",
+    "default.replication.factor",
+    "fetch.max.bytes",
+    "fetch.response.buffer.max.bytes",
+    "listeners",
+    "log.cleanup.policy",
+    "log.dir",
+    "log.dirs",
+    "log.flush.on.ack",
+    "log.message.timestamp.type",
+    "log.retention.bytes",
+    "log.retention.check.interval.ms",
+    "log.retention.hours",
+    "log.retention.minutes",
+    "log.retention.ms",
+    "log.segment.bytes",
+    "max.connections",
+    "max.connections.per.ip",
+    "max.connections.per.ip.overrides",
+    "max.open.partitions",
+    "max.partitions",
+    "max.partitions.per.request",
+    "message.max.bytes",
+    "min.insync.replicas",
+    "node.id",
+    "num.partitions",
+    "queued.max.request.bytes",
+    "request.read.timeout.ms",
+    "socket.request.max.bytes",
+    "weir.shards",
+    // Topic-level names accepted as broker defaults (config.rs).
+    "retention.bytes",
+    "retention.ms",
+    "segment.bytes",
+    // Passed to the storage engine and producer state (shard.rs `topic_configs`).
+    "log.flush.interval.messages",
+    "log.flush.interval.ms",
+    "log.index.interval.bytes",
+    "log.roll.ms",
+    "log.tail.cache.bytes",
+    "producer.id.expiration.ms",
+    // The group coordinator (group/mod.rs `Settings`).
+    "group.initial.rebalance.delay.ms",
+    "group.max.session.timeout.ms",
+    "group.max.size",
+    "group.min.session.timeout.ms",
+    "log.cleaner.backoff.ms",
+    "offset.metadata.max.bytes",
+    "offsets.compaction.min.records",
+    "offsets.retention.check.interval.ms",
+    "offsets.retention.minutes",
+    "offsets.topic.num.partitions",
+    "offsets.topic.segment.bytes",
+];
+
+/// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
+const KAFKA_KEYS: &[&str] = &[
+    "alter.config.policy.class.name",
+    "alter.log.dirs.replication.quota.window.num",
+    "authorizer.class.name",
+    "auto.include.jmx.reporter",
+    "auto.leader.rebalance.enable",
+    "background.threads",
+    "broker.heartbeat.interval.ms",
+    "broker.id.generation.enable",
+    "broker.rack",
+    "broker.session.timeout.ms",
+    "client.quota.callback.class",
+    "compression.type",
+    "connection.failed.authentication.delay.ms",
+    "connections.max.reauth.ms",
+    "control.plane.listener.name",
+    "controlled.shutdown.enable",
+    "controlled.shutdown.max.retries",
+    "controlled.shutdown.retry.backoff.ms",
+    "controller.listener.names",
+    "controller.quorum.append.linger.ms",
+    "controller.quorum.bootstrap.servers",
+    "controller.quorum.election.backoff.max.ms",
+    "controller.quorum.election.timeout.ms",
+    "controller.quorum.fetch.timeout.ms",
+    "controller.quorum.request.timeout.ms",
+    "controller.quorum.retry.backoff.ms",
+    "controller.quorum.voters",
+    "controller.socket.timeout.ms",
+    "create.topic.policy.class.name",
+    "delete.records.purgatory.purge.interval.requests",
+    "delete.topic.enable",
+    "early.start.listeners",
+    "eligible.leader.replicas.enable",
+    "fetch.purgatory.purge.interval.requests",
+    "group.coordinator.rebalance.protocols",
+    "group.coordinator.threads",
+    "initial.broker.registration.timeout.ms",
+    "inter.broker.listener.name",
+    "inter.broker.protocol.version",
+    "leader.imbalance.check.interval.seconds",
+    "leader.imbalance.per.broker.percentage",
+    "listener.security.protocol.map",
+    "log.cleaner.dedupe.buffer.size",
+    "log.cleaner.delete.retention.ms",
+    "log.cleaner.enable",
+    "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.buffer.size",
+    "log.cleaner.io.max.bytes.per.second",
+    "log.cleaner.max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio",
+    "log.cleaner.min.compaction.lag.ms",
+    "log.cleaner.threads",
+    "log.dir.failure.timeout.ms",
+    "log.flush.offset.checkpoint.interval.ms",
+    "log.flush.scheduler.interval.ms",
+    "log.flush.start.offset.checkpoint.interval.ms",
+    "log.index.size.max.bytes",
+    "log.initial.task.delay.ms",
+    "log.local.retention.bytes",
+    "log.local.retention.ms",
+    "log.message.downconversion.enable",
+    "log.message.format.version",
+    "log.message.timestamp.after.max.ms",
+    "log.message.timestamp.before.max.ms",
+    "log.message.timestamp.difference.max.ms",
+    "log.preallocate",
+    "log.roll.hours",
+    "log.roll.jitter.hours",
+    "log.roll.jitter.ms",
+    "log.segment.delete.delay.ms",
+    "max.connection.creation.rate",
+    "max.incremental.fetch.session.cache.slots",
+    "metadata.log.dir",
+    "metadata.log.max.record.bytes.between.snapshots",
+    "metadata.log.max.snapshot.interval.ms",
+    "metadata.log.segment.bytes",
+    "metadata.log.segment.ms",
+    "metadata.max.idle.interval.ms",
+    "metadata.max.retention.bytes",
+    "metadata.max.retention.ms",
+    "metric.reporters",
+    "metrics.num.samples",
+    "metrics.recording.level",
+    "metrics.sample.window.ms",
+    "num.io.threads",
+    "num.network.threads",
+    "num.recovery.threads.per.data.dir",
+    "num.replica.alter.log.dirs.threads",
+    "num.replica.fetchers",
+    "offsets.commit.required.acks",
+    "offsets.commit.timeout.ms",
+    "offsets.load.buffer.size",
+    "offsets.topic.compression.codec",
+    "offsets.topic.replication.factor",
+    "principal.builder.class",
+    "process.roles",
+    "producer.id.expiration.check.interval.ms",
+    "producer.purgatory.purge.interval.requests",
+    "queued.max.requests",
+    "quota.window.num",
+    "quota.window.size.seconds",
+    "replica.fetch.backoff.ms",
+    "replica.fetch.max.bytes",
+    "replica.fetch.min.bytes",
+    "replica.fetch.response.max.bytes",
+    "replica.fetch.wait.max.ms",
+    "replica.high.watermark.checkpoint.interval.ms",
+    "replica.lag.time.max.ms",
+    "replica.selector.class",
+    "replica.socket.receive.buffer.bytes",
+    "replica.socket.timeout.ms",
+    "replication.quota.window.num",
+    "replication.quota.window.size.seconds",
+    "request.timeout.ms",
+    "reserved.broker.max.id",
+    "security.inter.broker.protocol",
+    "socket.connection.setup.timeout.max.ms",
+    "socket.connection.setup.timeout.ms",
+    "socket.listen.backlog.size",
+    "socket.receive.buffer.bytes",
+    "socket.send.buffer.bytes",
+    "super.users",
+    "allow.everyone.if.no.acl.found",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+    "transaction.max.timeout.ms",
+    "transaction.partition.verification.enable",
+    "transaction.remove.expired.transaction.cleanup.interval.ms",
+    "transaction.state.log.load.buffer.size",
+    "transaction.state.log.min.isr",
+    "transaction.state.log.num.partitions",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.segment.bytes",
+    "transactional.id.expiration.ms",
+    "unclean.leader.election.enable",
+];
+
+/// Families of Kafka keys too many to list one by one (TLS, SASL, ZooKeeper, tiered
+/// storage, per-listener overrides, ...): accepted and ignored like [`KAFKA_KEYS`].
+const KAFKA_PREFIXES: &[&str] = &[
+    "delegation.token.",
+    "group.consumer.",
+    "group.share.",
+    "kafka.metrics.",
+    "listener.name.",
+    "password.encoder.",
+    "remote.log.",
+    "sasl.",
+    "share.",
+    "ssl.",
+    "zookeeper.",
+];
+
+/// Broker keys weir applies at runtime when set dynamically (AlterConfigs on the BROKER
+/// resource), with the topic-level key each is the default of: they change the defaults
+/// of every topic without its own override, at once for open partitions too.
+pub const DYNAMIC_APPLIED: &[(&str, &str)] = &[
+    ("log.cleanup.policy", "cleanup.policy"),
+    ("log.message.timestamp.type", "message.timestamp.type"),
+    ("log.retention.bytes", "retention.bytes"),
+    ("log.retention.ms", "retention.ms"),
+    ("log.segment.bytes", "segment.bytes"),
+];
+
+/// Kafka keys Kafka lets an admin change at runtime that weir does not use: accepted,
+/// stored and described like their static form, without effect.
+pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
+    "background.threads",
+    "compression.type",
+    "log.cleaner.dedupe.buffer.size",
+    "log.cleaner.delete.retention.ms",
+    "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.buffer.size",
+    "log.cleaner.io.max.bytes.per.second",
+    "log.cleaner.max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio",
+    "log.cleaner.min.compaction.lag.ms",
+    "log.cleaner.threads",
+    "log.message.downconversion.enable",
+    "log.preallocate",
+    "log.roll.hours",
+    "log.roll.jitter.hours",
+    "log.roll.jitter.ms",
+    "log.segment.delete.delay.ms",
+    "max.connection.creation.rate",
+    "num.io.threads",
+    "num.network.threads",
+    "num.recovery.threads.per.data.dir",
+    "num.replica.alter.log.dirs.threads",
+    "num.replica.fetchers",
+    "unclean.leader.election.enable",
+];
+
+/// Families of per-listener security keys Kafka reconfigures at runtime.
+const KAFKA_DYNAMIC_IGNORED_PREFIXES: &[&str] = &["listener.name.", "sasl.", "ssl."];
+
+/// Whether and how a broker key may be set dynamically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dynamic {
+    /// Applied at once, as the default of this topic-level key.
+    Applied(&'static str),
+    /// A Kafka dynamic key weir does not use: stored and described, no effect.
+    Stored,
+    /// A key weir reads only at startup: refused (set it statically and restart).
+    ReadOnly,
+    /// Neither weir nor Kafka knows it: refused.
+    Unknown,
+}
+
+/// How AlterConfigs on the BROKER resource treats `key`.
+pub fn dynamic_kind(key: &str) -> Dynamic {
+    if let Some((_, topic_key)) = DYNAMIC_APPLIED.iter().find(|(k, _)| *k == key) {
+        return Dynamic::Applied(topic_key);
+    }
+    match kind(key) {
+        KeyKind::Used => Dynamic::ReadOnly,
+        KeyKind::KafkaIgnored
+            if KAFKA_DYNAMIC_IGNORED.contains(&key)
+                || KAFKA_DYNAMIC_IGNORED_PREFIXES
+                    .iter()
+                    .any(|p| key.starts_with(p)) =>
+        {
+            Dynamic::Stored
+        }
+        KeyKind::KafkaIgnored => Dynamic::ReadOnly,
+        KeyKind::Unknown => Dynamic::Unknown,
+    }
+}
+
+/// How weir treats a configuration key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// weir reads it.
+    Used,
+    /// Kafka knows it; weir accepts and ignores it.
+    KafkaIgnored,
+    /// Neither weir nor Kafka knows it (a typo?).
+    Unknown,
+}
+
+/// What weir does with `key`.
+pub fn kind(key: &str) -> KeyKind {
+    if WEIR_KEYS.contains(&key) {
+        KeyKind::Used
+    } else if KAFKA_KEYS.contains(&key) || KAFKA_PREFIXES.iter().any(|p| key.starts_with(p)) {
+        KeyKind::KafkaIgnored
+    } else {
+        KeyKind::Unknown
+    }
+}
+
+/// One warning line per key weir does not use, naming it, in key order.
+pub fn warnings(props: &Properties) -> Vec<String> {
+    props
+        .keys()
+        .filter_map(|key| match kind(key) {
+            KeyKind::Used => None,
+            KeyKind::KafkaIgnored => Some(format!(
+                "config key {key} is a Kafka setting weir does not use: ignored"
+            )),
+            KeyKind::Unknown => Some(format!(
+                "unknown config key {key}: weir does not know it (a typo?), ignored"
+            )),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_kafka_and_used_keys_are_told_apart() {
+        assert_eq!(kind("num.partitions"), KeyKind::Used);
+        assert_eq!(kind("controller.quorum.voters"), KeyKind::KafkaIgnored);
+        assert_eq!(kind("ssl.keystore.location"), KeyKind::KafkaIgnored);
+        assert_eq!(kind("foo.bar"), KeyKind::Unknown);
+        assert_eq!(kind("num.partition"), KeyKind::Unknown);
+        let mut p = Properties::default();
+        p.set("foo.bar", "1");
+        p.set("num.partitions", "3");
+        p.set("controller.quorum.voters", "1@h:9093");
+        let w = warnings(&p);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("controller.quorum.voters") && w[0].contains("Kafka setting"));
+        assert!(w[1].contains("unknown config key foo.bar"));
+    }
+
+    #[test]
+    fn dynamic_keys_are_applied_stored_or_refused() {
+        assert_eq!(
+            dynamic_kind("log.retention.ms"),
+            Dynamic::Applied("retention.ms")
+        );
+        assert_eq!(dynamic_kind("background.threads"), Dynamic::Stored);
+        assert_eq!(
+            dynamic_kind("sasl.kerberos.min.time.before.relogin"),
+            Dynamic::Stored
+        );
+        assert_eq!(dynamic_kind("num.partitions"), Dynamic::ReadOnly);
+        assert_eq!(dynamic_kind("broker.rack"), Dynamic::ReadOnly);
+        assert_eq!(dynamic_kind("foo.bar"), Dynamic::Unknown);
+        for (k, _) in DYNAMIC_APPLIED {
+            assert_eq!(kind(k), KeyKind::Used, "{k}");
+        }
+    }
+
+    #[test]
+    fn lists_do_not_overlap() {
+        for k in WEIR_KEYS {
+            assert!(!KAFKA_KEYS.contains(k), "{k} is in both lists");
+        }
+    }
+}

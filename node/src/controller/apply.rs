@@ -1,0 +1,624 @@
+//! The metadata changes as pure functions of the catalogue: one [`Command`] applied to a
+//! [`Catalog`] gives the same catalogue and the same [`Outcome`] on every node, which is
+//! what makes them fit a replicated log. Placement, leader election and fencing live here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::errors;
+use crate::metadata::{
+    Catalog, MetaError, NodeInfo, PARTITIONS_PER_TOPIC_MAX, PartitionAssignment, TopicMeta,
+};
+
+/// An error code and message for one topic (what the API layer answers with).
+pub type TopicError = (i16, String);
+
+/// One topic a CreateTopics (or a coordinator) asks for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NewTopic {
+    pub meta: TopicMeta,
+    /// Created by the broker itself (`__consumer_offsets`): no client name checks, no
+    /// `max.partitions`, and an existing topic is not an error to report.
+    pub internal: bool,
+    /// Replicas per partition (already resolved from `default.replication.factor`).
+    pub replication_factor: i16,
+    /// Explicit replica lists, one per partition (empty: the controller places them).
+    pub assignments: Vec<Vec<i32>>,
+}
+
+/// A metadata write. Every field the outcome depends on is in the command (ids, limits),
+/// so that applying it is deterministic.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Command {
+    CreateTopics {
+        topics: Vec<NewTopic>,
+        max_partitions: u64,
+    },
+    DeleteTopic {
+        name: String,
+    },
+    CreatePartitions {
+        name: String,
+        count: i32,
+        max_partitions: u64,
+        /// Replica lists of the added partitions (empty: placed by the controller).
+        assignments: Vec<Vec<i32>>,
+    },
+    AlterConfigs {
+        name: String,
+        /// The topic the change was checked against (a recreated topic is not changed).
+        id: u128,
+        configs: BTreeMap<String, String>,
+    },
+    /// A node heartbeat from a node the image does not know, or knows as fenced or at
+    /// another address.
+    RegisterNode {
+        id: i32,
+        host: String,
+        port: u16,
+    },
+    /// A node's lease expired: it leads nothing any more.
+    FenceNode {
+        id: i32,
+    },
+    /// The first controller names the cluster.
+    InitCluster {
+        id: String,
+    },
+    /// A partition leader asks for a new ISR (Kafka's AlterPartition): applied only if the
+    /// record is still the one the leader saw (same leader, leader epoch and partition
+    /// epoch) and the ISR is made of the partition's replicas, the leader among them.
+    AlterPartition {
+        topic: String,
+        id: u128,
+        partition: i32,
+        leader: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+    },
+}
+
+/// What a command did, in the shape its caller answers with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Outcome {
+    /// Per topic of a CreateTopics, in order: its id or its error.
+    Created(Vec<Result<u128, TopicError>>),
+    /// A deleted topic's id.
+    Deleted(Result<u128, TopicError>),
+    /// CreatePartitions, AlterConfigs.
+    Done(Result<(), TopicError>),
+    /// Node and cluster records.
+    Noted,
+}
+
+impl Outcome {
+    /// The outcome of `cmd` when the change could not be made at all (the catalogue could
+    /// not be persisted, or the quorum did not answer).
+    pub fn failed(cmd: &Command, err: TopicError) -> Outcome {
+        match cmd {
+            Command::CreateTopics { topics, .. } => {
+                Outcome::Created(topics.iter().map(|_| Err(err.clone())).collect())
+            }
+            Command::DeleteTopic { .. } => Outcome::Deleted(Err(err)),
+            Command::CreatePartitions { .. }
+            | Command::AlterConfigs { .. }
+            | Command::AlterPartition { .. } => Outcome::Done(Err(err)),
+            _ => Outcome::Noted,
+        }
+    }
+}
+
+/// Maps a catalogue refusal to Kafka's error code.
+pub fn meta_error(e: MetaError) -> TopicError {
+    let code = match &e {
+        MetaError::TopicExists(_) => errors::TOPIC_ALREADY_EXISTS,
+        MetaError::UnknownTopic(_) => errors::UNKNOWN_TOPIC_OR_PARTITION,
+        MetaError::InvalidName(_) => errors::INVALID_TOPIC_EXCEPTION,
+        MetaError::InvalidPartitions(_) => errors::INVALID_PARTITIONS,
+        MetaError::Internal(_) => errors::INVALID_REQUEST,
+        MetaError::Collides(..) => errors::INVALID_TOPIC_EXCEPTION,
+        MetaError::Io(_) => errors::KAFKA_STORAGE_ERROR,
+    };
+    (code, e.to_string())
+}
+
+/// The error a write gets when the catalogue write itself failed.
+pub fn write_failed(cmd: &Command, e: MetaError) -> Outcome {
+    match cmd {
+        // AlterConfigs always answered a failed catalogue write this way.
+        Command::AlterConfigs { .. } => {
+            Outcome::Done(Err((errors::UNKNOWN_TOPIC_OR_PARTITION, e.to_string())))
+        }
+        _ => Outcome::failed(cmd, meta_error(e)),
+    }
+}
+
+/// POLICY_VIOLATION for a change that would take the node past `max.partitions`.
+fn over_node_limit(existing: u64, added: u64, max: u64) -> TopicError {
+    (
+        errors::POLICY_VIOLATION,
+        format!("node has {existing} partitions; adding {added} would exceed max.partitions={max}"),
+    )
+}
+
+/// Applies `cmd` to `c`. `cluster` says whether partitions are placed on nodes (a
+/// cluster) or all led by the one node (empty assignments). Returns the outcome and
+/// whether the catalogue changed.
+pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
+    match cmd {
+        Command::CreateTopics {
+            topics,
+            max_partitions,
+        } => create_topics(c, topics, *max_partitions, cluster),
+        Command::DeleteTopic { name } => match c.topics.remove(name) {
+            Some(t) => (Outcome::Deleted(Ok(t.id)), true),
+            None => (
+                Outcome::Deleted(Err(meta_error(MetaError::UnknownTopic(name.clone())))),
+                false,
+            ),
+        },
+        Command::CreatePartitions {
+            name,
+            count,
+            max_partitions,
+            assignments,
+        } => {
+            let done = grow(c, name, *count, *max_partitions, assignments, cluster);
+            let changed = done.is_ok();
+            (Outcome::Done(done), changed)
+        }
+        Command::AlterConfigs { name, id, configs } => {
+            let Some(t) = c.topics.get_mut(name).filter(|t| t.id == *id) else {
+                let e = MetaError::UnknownTopic(name.clone());
+                return (
+                    Outcome::Done(Err((errors::UNKNOWN_TOPIC_OR_PARTITION, e.to_string()))),
+                    false,
+                );
+            };
+            let mut changed = (**t).clone();
+            changed.configs = configs.clone();
+            *t = Arc::new(changed);
+            (Outcome::Done(Ok(())), true)
+        }
+        Command::RegisterNode { id, host, port } => {
+            let info = NodeInfo {
+                host: host.clone(),
+                port: *port,
+                fenced: false,
+            };
+            if c.nodes.get(id) == Some(&info) {
+                return (Outcome::Noted, false);
+            }
+            c.nodes.insert(*id, info);
+            elect_offline(c);
+            (Outcome::Noted, true)
+        }
+        Command::FenceNode { id } => match c.nodes.get_mut(id) {
+            Some(n) if !n.fenced => {
+                n.fenced = true;
+                fence(c, *id);
+                (Outcome::Noted, true)
+            }
+            _ => (Outcome::Noted, false),
+        },
+        Command::AlterPartition {
+            topic,
+            id,
+            partition,
+            leader,
+            leader_epoch,
+            partition_epoch,
+            isr,
+        } => {
+            let done = alter_partition(
+                c,
+                topic,
+                *id,
+                *partition,
+                (*leader, *leader_epoch, *partition_epoch),
+                isr,
+            );
+            let changed = done.is_ok();
+            (Outcome::Done(done), changed)
+        }
+        Command::InitCluster { id } => {
+            if c.cluster_id.is_some() {
+                return (Outcome::Noted, false);
+            }
+            c.cluster_id = Some(id.clone());
+            (Outcome::Noted, true)
+        }
+    }
+}
+
+fn create_topics(c: &mut Catalog, topics: &[NewTopic], max: u64, cluster: bool) -> (Outcome, bool) {
+    let start = c.partition_count();
+    let mut total = start;
+    let mut changed = false;
+    let outcomes: Vec<_> = topics
+        .iter()
+        .map(|t| {
+            let name = &t.meta.name;
+            // Checked by the handler too; a command from the log is bounded all the same.
+            if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&t.meta.partitions) {
+                return Err(meta_error(MetaError::InvalidPartitions(t.meta.partitions)));
+            }
+            if t.internal {
+                if c.topics.contains_key(name) {
+                    return Err(meta_error(MetaError::TopicExists(name.clone())));
+                }
+            } else {
+                // Also catches a collision with a topic added earlier in this request.
+                c.check_new_name(name).map_err(meta_error)?;
+                let added = u64::try_from(t.meta.partitions).unwrap_or(0);
+                if total + added > max {
+                    return Err(over_node_limit(total, added, max));
+                }
+                total += added;
+            }
+            let mut meta = t.meta.clone();
+            if cluster {
+                meta.assignment = place(c, t)?;
+            }
+            changed = true;
+            let id = meta.id;
+            c.topics.insert(name.clone(), Arc::new(meta));
+            Ok(id)
+        })
+        .collect();
+    assert!(
+        total <= max.max(start),
+        "client topics stay within max.partitions"
+    );
+    (Outcome::Created(outcomes), changed)
+}
+
+/// Live (not fenced) registered nodes, by id.
+fn live_nodes(c: &Catalog) -> Vec<i32> {
+    c.nodes
+        .iter()
+        .filter(|(_, n)| !n.fenced)
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// Replica lists for a new topic: as given, or spread round-robin over live nodes.
+fn place(c: &Catalog, t: &NewTopic) -> Result<Vec<PartitionAssignment>, TopicError> {
+    let live = live_nodes(c);
+    if !t.assignments.is_empty() {
+        return assigned(c, &t.assignments, &live);
+    }
+    // A broker-made topic takes what the cluster has (Kafka refuses below
+    // offsets.topic.replication.factor; weir would rather have the coordinator).
+    let rf = if t.internal {
+        i64::from(t.replication_factor)
+            .min(live.len() as i64)
+            .max(1)
+    } else {
+        i64::from(t.replication_factor)
+    };
+    spread(c, t.meta.partitions, 0, rf, &live)
+}
+
+/// Partitions `first..first+count` placed round-robin: partition p's replicas start at
+/// live node `(p + topics) % n`, so leaders spread over the nodes and over topics.
+fn spread(
+    c: &Catalog,
+    count: i32,
+    first: i32,
+    rf: i64,
+    live: &[i32],
+) -> Result<Vec<PartitionAssignment>, TopicError> {
+    let n = live.len();
+    if rf < 1 || rf as usize > n {
+        return Err((
+            errors::INVALID_REPLICATION_FACTOR,
+            format!("replication factor {rf} is not within 1..={n}, the live brokers"),
+        ));
+    }
+    let shift = c.topics.len();
+    let out = (first..first + count)
+        .map(|p| {
+            let base = usize::try_from(p).unwrap_or(0) + shift;
+            let replicas: Vec<i32> = (0..rf as usize).map(|i| live[(base + i) % n]).collect();
+            PartitionAssignment {
+                leader: replicas[0],
+                leader_epoch: 0,
+                isr: replicas.clone(),
+                replicas,
+                partition_epoch: 0,
+            }
+        })
+        .collect();
+    Ok(out)
+}
+
+/// Explicit replica lists (CreateTopics/CreatePartitions assignments), checked: known
+/// nodes, no node twice, all of one length. The leader is the first live replica.
+fn assigned(
+    c: &Catalog,
+    lists: &[Vec<i32>],
+    live: &[i32],
+) -> Result<Vec<PartitionAssignment>, TopicError> {
+    let bad = |msg: String| Err((errors::INVALID_REPLICA_ASSIGNMENT, msg));
+    let len = lists.first().map_or(0, Vec::len);
+    let mut out = Vec::with_capacity(lists.len());
+    for (p, replicas) in lists.iter().enumerate() {
+        if replicas.is_empty() || replicas.len() != len {
+            return bad(format!(
+                "partition {p}: every partition needs the same, non-zero number of replicas"
+            ));
+        }
+        let unique: BTreeSet<i32> = replicas.iter().copied().collect();
+        if unique.len() != replicas.len() {
+            return bad(format!("partition {p}: a node is named twice"));
+        }
+        if let Some(unknown) = replicas.iter().find(|r| !c.nodes.contains_key(r)) {
+            return bad(format!("partition {p}: node {unknown} is not registered"));
+        }
+        let isr: Vec<i32> = replicas
+            .iter()
+            .copied()
+            .filter(|r| live.contains(r))
+            .collect();
+        out.push(PartitionAssignment {
+            leader: isr.first().copied().unwrap_or(-1),
+            leader_epoch: 0,
+            isr,
+            replicas: replicas.clone(),
+            partition_epoch: 0,
+        });
+    }
+    Ok(out)
+}
+
+fn grow(
+    c: &mut Catalog,
+    name: &str,
+    count: i32,
+    max: u64,
+    assignments: &[Vec<i32>],
+    cluster: bool,
+) -> Result<(), TopicError> {
+    let total = c.partition_count();
+    let Some(current) = c.topics.get(name).cloned() else {
+        return Err(meta_error(MetaError::UnknownTopic(name.to_string())));
+    };
+    // Another request may have grown it since the handler's check.
+    let Some(added) = u64::try_from(count - current.partitions)
+        .ok()
+        .filter(|a| *a > 0)
+    else {
+        let msg = format!("topic {name} already has {} partitions", current.partitions);
+        return Err((errors::INVALID_PARTITIONS, msg));
+    };
+    if total + added > max {
+        return Err(over_node_limit(total, added, max));
+    }
+    if count > PARTITIONS_PER_TOPIC_MAX {
+        return Err(meta_error(MetaError::InvalidPartitions(count)));
+    }
+    let mut grown = (*current).clone();
+    if cluster {
+        let live = live_nodes(c);
+        let new = if assignments.is_empty() {
+            let rf = current.assignment.first().map_or(1, |a| a.replicas.len()) as i64;
+            spread(c, count - current.partitions, current.partitions, rf, &live)?
+        } else {
+            if assignments.len() as u64 != added {
+                return Err((
+                    errors::INVALID_REPLICA_ASSIGNMENT,
+                    format!(
+                        "{} assignments for {added} new partitions",
+                        assignments.len()
+                    ),
+                ));
+            }
+            assigned(c, assignments, &live)?
+        };
+        grown.assignment.extend(new);
+    }
+    grown.partitions = count;
+    c.topics.insert(name.to_string(), Arc::new(grown));
+    Ok(())
+}
+
+/// A fenced node leaves the ISR of every partition (unless it is the last member: the
+/// ISR then keeps naming the replica that has every acknowledged record, and with
+/// `unclean.leader.election.enable=false` the partition waits for it), and every
+/// partition it led gets the first live ISR member as leader, or none (-1, offline).
+fn fence(c: &mut Catalog, dead: i32) {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    for t in c.topics.values_mut() {
+        if !t.assignment.iter().any(|a| a.replicas.contains(&dead)) {
+            continue;
+        }
+        let mut changed = (**t).clone();
+        for a in &mut changed.assignment {
+            if !a.replicas.contains(&dead) {
+                continue;
+            }
+            let before = a.clone();
+            if a.isr.len() > 1 {
+                a.isr.retain(|r| *r != dead);
+            }
+            if a.leader == dead {
+                a.leader = a
+                    .isr
+                    .iter()
+                    .copied()
+                    .find(|r| live.contains(r))
+                    .unwrap_or(-1);
+                a.leader_epoch += 1;
+            }
+            if *a != before {
+                a.partition_epoch += 1;
+            }
+        }
+        *t = Arc::new(changed);
+    }
+}
+
+/// Kafka's AlterPartition checks, then the new ISR with the partition epoch bumped.
+/// `seen` is (leader, leader epoch, partition epoch) of the record the leader acted on.
+fn alter_partition(
+    c: &mut Catalog,
+    topic: &str,
+    id: u128,
+    partition: i32,
+    seen: (i32, i32, i32),
+    isr: &[i32],
+) -> Result<(), TopicError> {
+    let stale = |why: &str| (errors::INVALID_UPDATE_VERSION, why.to_string());
+    let Some(t) = c.topics.get_mut(topic).filter(|t| t.id == id) else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no topic {topic}"),
+        ));
+    };
+    let Some(a) = usize::try_from(partition)
+        .ok()
+        .and_then(|i| t.assignment.get(i))
+    else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no partition {partition}"),
+        ));
+    };
+    if (a.leader, a.leader_epoch, a.partition_epoch) != seen {
+        return Err(stale("the partition changed since the leader saw it"));
+    }
+    let (leader, _, _) = seen;
+    if !isr.contains(&leader) || isr.iter().any(|r| !a.replicas.contains(r)) {
+        return Err((
+            errors::INVALID_REQUEST,
+            "ISR must be replicas, leader among them".into(),
+        ));
+    }
+    let fenced: BTreeSet<i32> = c
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.fenced)
+        .map(|(id, _)| *id)
+        .collect();
+    let index = usize::try_from(partition).unwrap_or(usize::MAX);
+    let mut changed = (**t).clone();
+    let a = &mut changed.assignment[index];
+    // A fenced node does not rejoin the ISR (its lease expired).
+    a.isr = isr
+        .iter()
+        .copied()
+        .filter(|r| !fenced.contains(r) || *r == leader)
+        .collect();
+    a.partition_epoch += 1;
+    *t = Arc::new(changed);
+    Ok(())
+}
+
+/// Partitions without a leader get one when a node of their ISR is live again.
+fn elect_offline(c: &mut Catalog) {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    for t in c.topics.values_mut() {
+        let offline =
+            |a: &PartitionAssignment| a.leader == -1 && a.isr.iter().any(|r| live.contains(r));
+        if !t.assignment.iter().any(offline) {
+            continue;
+        }
+        let mut changed = (**t).clone();
+        for a in changed.assignment.iter_mut().filter(|a| offline(a)) {
+            a.leader = a
+                .isr
+                .iter()
+                .copied()
+                .find(|r| live.contains(r))
+                .unwrap_or(-1);
+            a.leader_epoch += 1;
+            a.partition_epoch += 1;
+        }
+        *t = Arc::new(changed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(c: &mut Catalog, id: i32) {
+        let cmd = Command::RegisterNode {
+            id,
+            host: "127.0.0.1".into(),
+            port: 9000 + id as u16,
+        };
+        apply(c, &cmd, true);
+    }
+
+    fn topic(name: &str, partitions: i32, rf: i16) -> Command {
+        Command::CreateTopics {
+            topics: vec![NewTopic {
+                meta: TopicMeta {
+                    name: name.into(),
+                    id: 7,
+                    partitions,
+                    configs: BTreeMap::new(),
+                    assignment: Vec::new(),
+                },
+                internal: false,
+                replication_factor: rf,
+                assignments: Vec::new(),
+            }],
+            max_partitions: 1000,
+        }
+    }
+
+    #[test]
+    fn replicas_and_leaders_spread_and_fencing_elects_from_the_isr() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        let (out, changed) = apply(&mut c, &topic("t", 6, 3), true);
+        assert!(changed);
+        assert_eq!(out, Outcome::Created(vec![Ok(7)]));
+        let t = c.topics["t"].clone();
+        let leaders: BTreeSet<i32> = t.assignment.iter().map(|a| a.leader).collect();
+        assert_eq!(leaders.len(), 3, "leaders on every node");
+        for a in &t.assignment {
+            assert_eq!(a.replicas.iter().collect::<BTreeSet<_>>().len(), 3);
+        }
+        let (out, _) = apply(&mut c, &topic("u", 1, 4), true);
+        assert!(
+            matches!(out, Outcome::Created(ref v) if v[0].as_ref().err().map(|e| e.0) == Some(errors::INVALID_REPLICATION_FACTOR))
+        );
+
+        apply(&mut c, &Command::FenceNode { id: 1 }, true);
+        for a in &c.topics["t"].assignment {
+            assert_ne!(a.leader, 1);
+            assert!(!a.isr.contains(&1));
+        }
+        let moved = t.assignment.iter().filter(|a| a.leader == 1).count();
+        let bumped = c.topics["t"]
+            .assignment
+            .iter()
+            .filter(|a| a.leader_epoch == 1)
+            .count();
+        assert_eq!(moved, bumped);
+        // The last ISR member is kept; its partition goes offline, and returns with it.
+        apply(&mut c, &Command::FenceNode { id: 2 }, true);
+        apply(&mut c, &Command::FenceNode { id: 3 }, true);
+        assert!(c.topics["t"].assignment.iter().all(|a| a.leader == -1));
+        assert!(c.topics["t"].assignment.iter().all(|a| a.isr == vec![3]));
+        node(&mut c, 3);
+        assert!(c.topics["t"].assignment.iter().all(|a| a.leader == 3));
+    }
+
+    #[test]
+    fn single_node_topics_carry_no_assignment() {
+        let mut c = Catalog::default();
+        let (out, _) = apply(&mut c, &topic("t", 2, 1), false);
+        assert_eq!(out, Outcome::Created(vec![Ok(7)]));
+        assert!(c.topics["t"].assignment.is_empty());
+    }
+}

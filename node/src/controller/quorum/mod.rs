@@ -1,0 +1,572 @@
+//! The controller quorum (`controller.quorum.voters`): openraft on a dedicated thread with
+//! a tokio current-thread runtime. Shards talk to it over bounded flume channels
+//! ([`super::bridge`]); voters talk to each other over TCP ([`net`]). The Raft leader is
+//! the active controller: it takes node heartbeats, fences a node whose lease
+//! (`broker.session.timeout.ms`) expired, and names the cluster.
+
+pub mod broker;
+pub mod net;
+pub mod store;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Cursor;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft};
+
+use super::{Command, Outcome};
+use crate::errors;
+use crate::shard::NodeShared;
+use net::{Peer, Refused, Rpc, RpcReply};
+
+openraft::declare_raft_types!(
+    /// The quorum's types: metadata commands in, outcomes out.
+    pub TypeConfig:
+        D = Command,
+        R = Outcome,
+);
+
+/// Requests from the shards waiting at the controller thread.
+pub const REQUESTS_QUEUE: usize = 1024;
+/// How long a metadata write waits for a quorum before it fails with REQUEST_TIMED_OUT.
+pub const PROPOSE_DEADLINE_MS: u64 = 15_000;
+/// Pause between tries while no leader is known.
+pub(crate) const RETRY_PAUSE_MS: u64 = 100;
+/// How often the leader looks for expired leases.
+const LEASE_CHECK_MS: u64 = 200;
+/// Connections the controller port serves at once.
+const CONNECTIONS_MAX: usize = 16;
+/// A controller connection with no request for this long is closed.
+const IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Commands in the Raft log between two snapshots.
+const SNAPSHOT_EVERY: u64 = 1_000;
+
+/// What the quorum needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct QuorumConfig {
+    pub node_id: i32,
+    /// Voter id → controller address (`HOST:PORT`).
+    pub voters: BTreeMap<i32, String>,
+    /// This node's client address, registered with the controller.
+    pub advertised: (String, u16),
+    pub heartbeat_interval: Duration,
+    pub session_timeout: Duration,
+    pub election_timeout: Duration,
+}
+
+/// A request from a shard.
+pub enum Request {
+    Propose {
+        cmd: Command,
+        reply: flume::Sender<Outcome>,
+    },
+}
+
+/// The shards' side of the quorum (in `NodeShared`).
+pub struct Handle {
+    pub requests: flume::Sender<Request>,
+    /// The active controller's node id, -1 while none is known.
+    pub(crate) leader: AtomicI64,
+    /// One notice channel per shard: the image changed.
+    subscribers: Mutex<Vec<flume::Sender<super::bridge::Notice>>>,
+    /// Set by a controlled shutdown: no more heartbeats (they would register the node
+    /// again once it is fenced).
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Handle {
+    /// The active controller's id (-1: none known).
+    pub fn controller_id(&self) -> i32 {
+        i32::try_from(self.leader.load(Ordering::Acquire)).unwrap_or(-1)
+    }
+
+    /// Stops this node's heartbeats (controlled shutdown).
+    pub fn stop_heartbeats(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// A shard's channel of image-change notices.
+    pub fn subscribe(&self) -> flume::Receiver<super::bridge::Notice> {
+        // One pending notice is enough: the shard syncs with the newest image anyway.
+        let (tx, rx) = flume::bounded(1);
+        match self.subscribers.lock() {
+            Ok(mut s) => s.push(tx),
+            Err(p) => p.into_inner().push(tx),
+        }
+        rx
+    }
+
+    pub(crate) fn notify(&self) {
+        let subs = match self.subscribers.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        for s in subs.iter() {
+            // Full: a notice is pending, which covers this change too.
+            let _ = s.try_send(super::bridge::Notice {
+                sent: Instant::now(),
+            });
+        }
+    }
+}
+
+/// The handle and what the controller thread starts with.
+pub struct Prepared {
+    pub handle: Arc<Handle>,
+    requests: flume::Receiver<Request>,
+    /// The controller port; `None` on a broker-only node.
+    listener: Option<std::net::TcpListener>,
+    config: QuorumConfig,
+}
+
+/// Binds this voter's controller address (so a taken port fails startup now) and makes
+/// the shards' handle.
+pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
+    // A node that is not a voter is a broker only: no Raft, no controller port.
+    let listener = match config.voters.get(&config.node_id) {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr.as_str())
+                .map_err(|e| anyhow::anyhow!("cannot listen on controller address {addr}: {e}"))?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+    };
+    let (tx, rx) = flume::bounded(REQUESTS_QUEUE);
+    let handle = Arc::new(Handle {
+        requests: tx,
+        leader: AtomicI64::new(-1),
+        subscribers: Mutex::new(Vec::new()),
+        stopping: std::sync::atomic::AtomicBool::new(false),
+    });
+    Ok(Prepared {
+        handle,
+        requests: rx,
+        listener,
+        config,
+    })
+}
+
+/// What the controller thread's tasks share.
+struct Ctx {
+    raft: Raft<TypeConfig>,
+    node: Arc<NodeShared>,
+    config: QuorumConfig,
+    /// Leader only: when each node last heartbeated, and the term that started counting.
+    seen: Mutex<(u64, HashMap<i32, Instant>)>,
+    /// Leader only: node registrations being proposed (one at a time per node).
+    registering: Arc<Mutex<HashSet<i32>>>,
+}
+
+impl Ctx {
+    fn addr_of(&self, id: u64) -> Option<String> {
+        i32::try_from(id)
+            .ok()
+            .and_then(|id| self.config.voters.get(&id).cloned())
+    }
+}
+
+/// Starts the controller thread; it runs until the process exits.
+pub fn start(prepared: Prepared, node: Arc<NodeShared>) -> anyhow::Result<()> {
+    if prepared.listener.is_none() {
+        return broker::start(prepared, node);
+    }
+    let dir = node.config.data_dir.join("controller");
+    std::fs::create_dir_all(&dir)?;
+    let log = store::LogStore::open(&dir)?;
+    let handle = prepared.handle.clone();
+    let notify = {
+        let h = handle.clone();
+        Arc::new(move || h.notify()) as Arc<dyn Fn() + Send + Sync>
+    };
+    let sm = store::StateMachine::open(&dir, node.clone(), notify)?;
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    std::thread::Builder::new()
+        .name("weir-controller".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            rt.block_on(run(prepared, node, log, sm, started_tx));
+        })?;
+    match started_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("the controller thread did not start"),
+    }
+}
+
+async fn run(
+    prepared: Prepared,
+    node: Arc<NodeShared>,
+    log: store::LogStore,
+    sm: store::StateMachine,
+    started: std::sync::mpsc::Sender<anyhow::Result<()>>,
+) {
+    let Prepared {
+        handle,
+        requests,
+        listener,
+        config,
+    } = prepared;
+    let election = config.election_timeout.as_millis() as u64;
+    let raft_config = openraft::Config {
+        cluster_name: "weir".into(),
+        election_timeout_min: election,
+        election_timeout_max: election * 2,
+        heartbeat_interval: (election / 5).max(10),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        ..Default::default()
+    };
+    let raft_config = match raft_config.validate() {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            let _ = started.send(Err(anyhow::anyhow!("controller raft config: {e}")));
+            return;
+        }
+    };
+    let id = config.node_id as u64;
+    let raft = match Raft::new(id, raft_config, net::Factory, log, sm).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = started.send(Err(anyhow::anyhow!("controller raft: {e}")));
+            return;
+        }
+    };
+    // Every voter initialises a pristine quorum with the same members; openraft accepts
+    // that (the entries are identical), and a node with a log refuses, which is fine.
+    if matches!(raft.is_initialized().await, Ok(false)) {
+        let members: BTreeMap<u64, BasicNode> = config
+            .voters
+            .iter()
+            .map(|(id, addr)| (*id as u64, BasicNode::new(addr)))
+            .collect();
+        if let Err(e) = raft.initialize(members).await {
+            tracing::debug!("controller quorum initialise: {e}");
+        }
+    }
+    let listener = match listener.map(tokio::net::TcpListener::from_std) {
+        Some(Ok(l)) => l,
+        None => {
+            let _ = started.send(Err(anyhow::anyhow!("a voter without a controller port")));
+            return;
+        }
+        Some(Err(e)) => {
+            let _ = started.send(Err(e.into()));
+            return;
+        }
+    };
+    let ctx = Arc::new(Ctx {
+        raft,
+        node,
+        config,
+        seen: Mutex::new((0, HashMap::new())),
+        registering: Arc::new(Mutex::new(HashSet::new())),
+    });
+    tokio::spawn(serve(listener, ctx.clone()));
+    tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
+    tokio::spawn(heartbeats(ctx.clone(), handle.clone()));
+    tokio::spawn(leases(ctx.clone()));
+    let _ = started.send(Ok(()));
+    while let Ok(req) = requests.recv_async().await {
+        match req {
+            Request::Propose { cmd, reply } => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let out = propose(&ctx, cmd).await;
+                    let _ = reply.send_async(out).await;
+                });
+            }
+        }
+    }
+}
+
+/// Publishes the current leader for the shards (Metadata's controller id).
+async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
+    let mut rx = ctx.raft.metrics();
+    loop {
+        let leader = rx.borrow().current_leader;
+        let was = handle
+            .leader
+            .swap(leader.map_or(-1, |l| l as i64), Ordering::AcqRel);
+        if was != leader.map_or(-1, |l| l as i64) {
+            tracing::info!(
+                controller = leader.map_or(-1, |l| l as i64),
+                "controller changed"
+            );
+            handle.notify();
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Proposes on this node, or forwards to the leader; returns once committed and applied
+/// here, or fails after [`PROPOSE_DEADLINE_MS`].
+///
+/// A forwarded command whose reply was lost is sent again: a creation then answers
+/// TOPIC_ALREADY_EXISTS although it was made (the client's retry sees the same).
+async fn propose(ctx: &Ctx, cmd: Command) -> Outcome {
+    let deadline = Instant::now() + Duration::from_millis(PROPOSE_DEADLINE_MS);
+    let mut peers: HashMap<u64, Peer> = HashMap::new();
+    while Instant::now() < deadline {
+        // A leader cut off from its quorum never commits: bounded by the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let written = tokio::time::timeout(left, ctx.raft.client_write(cmd.clone())).await;
+        let leader = match written {
+            Err(_) => break,
+            Ok(Ok(resp)) => return resp.data,
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f.leader_id,
+            Ok(Err(e)) => {
+                tracing::warn!("controller write failed: {e}");
+                None
+            }
+        };
+        let Some((leader, addr)) = leader.and_then(|l| ctx.addr_of(l).map(|a| (l, a))) else {
+            tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+            continue;
+        };
+        let peer = peers.entry(leader).or_insert_with(|| Peer::new(addr));
+        let left = deadline.saturating_duration_since(Instant::now());
+        match peer.call(&Rpc::Propose(cmd.clone()), left).await {
+            Ok(RpcReply::Propose(Ok((out, index)))) => {
+                // Answer once this node's image has it, so the client's next request
+                // here sees its change.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let waited = ctx
+                    .raft
+                    .wait(Some(left))
+                    .applied_index_at_least(Some(index), "forwarded write")
+                    .await;
+                if let Err(e) = waited {
+                    tracing::warn!("forwarded write {index} not applied here yet: {e}");
+                }
+                return out;
+            }
+            Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await,
+        }
+    }
+    Outcome::failed(
+        &cmd,
+        (
+            errors::REQUEST_TIMED_OUT,
+            "no controller quorum answered in time".into(),
+        ),
+    )
+}
+
+/// Serves the controller port: other voters' Raft RPCs, forwarded writes, heartbeats.
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let Ok((stream, _peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            connection(stream, &ctx).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn connection(mut stream: tokio::net::TcpStream, ctx: &Ctx) {
+    loop {
+        let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
+        let body = match tokio::time::timeout(idle, net::read_frame(&mut stream)).await {
+            Ok(Ok(b)) => b,
+            _ => return,
+        };
+        let Ok(rpc) = serde_json::from_slice::<Rpc>(&body) else {
+            tracing::warn!("controller port: undecodable request; closing");
+            return;
+        };
+        let reply = handle_rpc(ctx, rpc).await;
+        let Ok(out) = serde_json::to_vec(&reply) else {
+            return;
+        };
+        let write = net::write_frame(&mut stream, &out);
+        let rpc_timeout = Duration::from_millis(net::RPC_TIMEOUT_MS);
+        if !matches!(tokio::time::timeout(rpc_timeout, write).await, Ok(Ok(()))) {
+            return;
+        }
+    }
+}
+
+async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
+    match rpc {
+        Rpc::Append(r) => RpcReply::Append(ctx.raft.append_entries(r).await),
+        Rpc::Vote(r) => RpcReply::Vote(ctx.raft.vote(r).await),
+        Rpc::Snapshot(r) => RpcReply::Snapshot(ctx.raft.install_snapshot(r).await),
+        Rpc::Propose(cmd) => {
+            let deadline = Duration::from_millis(PROPOSE_DEADLINE_MS);
+            let written = tokio::time::timeout(deadline, ctx.raft.client_write(cmd)).await;
+            RpcReply::Propose(match written {
+                Err(_) => Err(Refused::Failed("not committed in time".into())),
+                Ok(Ok(resp)) => Ok((resp.data, resp.log_id.index)),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                    Err(Refused::NotLeader(f.leader_id))
+                }
+                Ok(Err(e)) => Err(Refused::Failed(e.to_string())),
+            })
+        }
+        Rpc::Heartbeat {
+            id,
+            host,
+            port,
+            have,
+        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port).map(|()| {
+            let applied = ctx
+                .raft
+                .metrics()
+                .borrow()
+                .last_applied
+                .map_or(0, |l| l.index);
+            // Index read before the image: the image holds at least what it says.
+            let behind = have.is_some_and(|h| h < applied);
+            behind.then(|| net::ImageUpdate {
+                index: applied,
+                catalog: (*ctx.node.meta.snapshot()).clone(),
+            })
+        })),
+    }
+}
+
+fn is_leader(ctx: &Ctx) -> bool {
+    let m = ctx.raft.metrics();
+    let m = m.borrow();
+    m.current_leader == Some(ctx.config.node_id as u64)
+}
+
+/// The leader notes a heartbeat, and registers the node if the image does not have it
+/// live at this address.
+fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<(), Refused> {
+    if !is_leader(ctx) {
+        return Err(Refused::NotLeader(
+            ctx.raft.metrics().borrow().current_leader,
+        ));
+    }
+    match ctx.seen.lock() {
+        Ok(mut s) => s.1.insert(id, Instant::now()),
+        Err(p) => p.into_inner().1.insert(id, Instant::now()),
+    };
+    let image = ctx.node.meta.snapshot();
+    let known = image
+        .nodes
+        .get(&id)
+        .is_some_and(|n| !n.fenced && n.host == host && n.port == port);
+    if known {
+        return Ok(());
+    }
+    let fresh = match ctx.registering.lock() {
+        Ok(mut r) => r.insert(id),
+        Err(p) => p.into_inner().insert(id),
+    };
+    if fresh {
+        let raft = ctx.raft.clone();
+        let registering = ctx.registering.clone();
+        let cmd = Command::RegisterNode { id, host, port };
+        tokio::spawn(async move {
+            if let Err(e) = raft.client_write(cmd).await {
+                tracing::debug!(node = id, "registering node: {e}");
+            }
+            match registering.lock() {
+                Ok(mut r) => r.remove(&id),
+                Err(p) => p.into_inner().remove(&id),
+            };
+        });
+    }
+    Ok(())
+}
+
+/// This node's heartbeat to the leader, every `broker.heartbeat.interval.ms`.
+async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
+    let mut peers: HashMap<u64, Peer> = HashMap::new();
+    let (host, port) = ctx.config.advertised.clone();
+    let id = ctx.config.node_id;
+    while !handle.stopping.load(Ordering::SeqCst) {
+        let leader = ctx.raft.metrics().borrow().current_leader;
+        match leader {
+            Some(l) if l == id as u64 => {
+                let _ = heartbeat(&ctx, id, host.clone(), port);
+            }
+            Some(l) => {
+                if let Some(addr) = ctx.addr_of(l) {
+                    let peer = peers.entry(l).or_insert_with(|| Peer::new(addr));
+                    let rpc = Rpc::Heartbeat {
+                        id,
+                        host: host.clone(),
+                        port,
+                        have: None,
+                    };
+                    let _ = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
+                }
+            }
+            None => {}
+        }
+        tokio::time::sleep(ctx.config.heartbeat_interval).await;
+    }
+}
+
+/// The leader fences nodes whose lease expired, and names the cluster once.
+async fn leases(ctx: Arc<Ctx>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(LEASE_CHECK_MS)).await;
+        if !is_leader(&ctx) {
+            continue;
+        }
+        let term = ctx.raft.metrics().borrow().current_term;
+        let image = ctx.node.meta.snapshot();
+        if image.cluster_id.is_none() {
+            let cmd = Command::InitCluster {
+                id: ctx.node.cluster_id.clone(),
+            };
+            let _ = ctx.raft.client_write(cmd).await;
+        }
+        let expired: Vec<i32> = {
+            let mut seen = match ctx.seen.lock() {
+                Ok(s) => s,
+                Err(p) => p.into_inner(),
+            };
+            let now = Instant::now();
+            if seen.0 != term {
+                // A new leader gives every node a full lease from now.
+                seen.0 = term;
+                for id in image.nodes.keys() {
+                    seen.1.insert(*id, now);
+                }
+            }
+            image
+                .nodes
+                .iter()
+                .filter(|(_, n)| !n.fenced)
+                .filter(|(id, _)| {
+                    seen.1
+                        .get(id)
+                        .is_none_or(|t| now.duration_since(*t) > ctx.config.session_timeout)
+                })
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in expired {
+            tracing::warn!(node = id, "node lease expired: fencing it");
+            let _ = ctx.raft.client_write(Command::FenceNode { id }).await;
+        }
+    }
+}

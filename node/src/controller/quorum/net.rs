@@ -1,0 +1,237 @@
+//! The voters' network: TCP on each voter's controller address, one request and one
+//! response per exchange, each a frame of a u32 big-endian length and a JSON body
+//! (bounded by [`FRAME_MAX_BYTES`]), every read and write under a timeout.
+
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::TypeConfig;
+use crate::controller::{Command, Outcome};
+
+/// Largest frame sent or accepted (a snapshot chunk, a batch of log entries).
+pub const FRAME_MAX_BYTES: usize = 64 << 20;
+/// Connecting to a voter gives up after this long.
+pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// An RPC that carries no deadline of its own (propose, heartbeat) gives up after this.
+pub const RPC_TIMEOUT_MS: u64 = 5_000;
+
+/// What one voter asks another.
+#[derive(Serialize, Deserialize)]
+pub enum Rpc {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<u64>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A metadata write forwarded to the leader.
+    Propose(Command),
+    /// A node's liveness heartbeat (with its advertised address) sent to the leader.
+    /// `have`: the log index a broker-only node's image is at (voters: `None`, they
+    /// replicate the log themselves).
+    Heartbeat {
+        id: i32,
+        host: String,
+        port: u16,
+        have: Option<u64>,
+    },
+}
+
+/// Why a forwarded request was not done by the node asked.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Refused {
+    /// It is not the leader; the leader it knows, if any.
+    NotLeader(Option<u64>),
+    Failed(String),
+}
+
+#[derive(Serialize, Deserialize)]
+pub enum RpcReply {
+    Append(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
+    /// The outcome and the index of the log entry that made it.
+    Propose(Result<(Outcome, u64), Refused>),
+    /// For a broker-only node behind the leader: the leader's image and its log index.
+    Heartbeat(Result<Option<ImageUpdate>, Refused>),
+}
+
+/// The committed image sent to a broker-only node (it runs no Raft).
+#[derive(Serialize, Deserialize)]
+pub struct ImageUpdate {
+    /// Log index the image includes at least.
+    pub index: u64,
+    pub catalog: crate::metadata::Catalog,
+}
+
+/// Writes one frame.
+pub async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    if body.len() > FRAME_MAX_BYTES {
+        return Err(std::io::Error::other("frame larger than FRAME_MAX_BYTES"));
+    }
+    let mut buf = Vec::with_capacity(body.len() + 4);
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(body);
+    s.write_all(&buf).await
+}
+
+/// Reads one frame (refusing one larger than [`FRAME_MAX_BYTES`]).
+pub async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_MAX_BYTES {
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes is larger than {FRAME_MAX_BYTES}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+async fn timed<T>(
+    ms: Duration,
+    f: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    match tokio::time::timeout(ms, f).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "controller RPC timed out",
+        )),
+    }
+}
+
+/// A connection to one voter, made on first use and again after any failure.
+pub struct Peer {
+    addr: String,
+    conn: Option<TcpStream>,
+}
+
+impl Peer {
+    pub fn new(addr: String) -> Peer {
+        Peer { addr, conn: None }
+    }
+
+    /// Sends `rpc` and waits (at most `timeout`) for its reply.
+    pub async fn call(&mut self, rpc: &Rpc, timeout: Duration) -> std::io::Result<RpcReply> {
+        let body = serde_json::to_vec(rpc).map_err(std::io::Error::other)?;
+        let out = self.exchange(&body, timeout).await;
+        if out.is_err() {
+            self.conn = None;
+        }
+        let reply = out?;
+        serde_json::from_slice(&reply).map_err(std::io::Error::other)
+    }
+
+    async fn exchange(&mut self, body: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+        // The connection is taken for the exchange and given back only after a whole
+        // reply was read: a call dropped half way (openraft cancels RPCs) closes it, so a
+        // late reply is never read as the answer to the next request.
+        let mut s = match self.conn.take() {
+            Some(s) => s,
+            None => {
+                let connect = TcpStream::connect(self.addr.as_str());
+                let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
+                s.set_nodelay(true)?;
+                s
+            }
+        };
+        let reply = timed(timeout, async {
+            write_frame(&mut s, body).await?;
+            read_frame(&mut s).await
+        })
+        .await?;
+        self.conn = Some(s);
+        Ok(reply)
+    }
+}
+
+/// Makes a [`Network`] per target voter.
+pub struct Factory;
+
+impl RaftNetworkFactory<TypeConfig> for Factory {
+    type Network = Network;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Network {
+        Network {
+            target,
+            peer: Peer::new(node.addr.clone()),
+        }
+    }
+}
+
+/// openraft's client side to one voter.
+pub struct Network {
+    target: u64,
+    peer: Peer,
+}
+
+type RpcErr<E = openraft::error::Infallible> = RPCError<u64, BasicNode, RaftError<u64, E>>;
+
+impl Network {
+    async fn send<E: std::error::Error>(
+        &mut self,
+        rpc: Rpc,
+        option: &RPCOption,
+    ) -> Result<RpcReply, RPCError<u64, BasicNode, E>> {
+        self.peer
+            .call(&rpc, option.hard_ttl())
+            .await
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+
+    fn unexpected<E: std::error::Error>() -> RPCError<u64, BasicNode, E> {
+        let e = std::io::Error::other("unexpected reply kind");
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Network {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RpcErr> {
+        match self.send(Rpc::Append(rpc), &option).await? {
+            RpcReply::Append(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(Self::unexpected()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RpcErr<InstallSnapshotError>> {
+        match self.send(Rpc::Snapshot(rpc), &option).await? {
+            RpcReply::Snapshot(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(Self::unexpected()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RpcErr> {
+        match self.send(Rpc::Vote(rpc), &option).await? {
+            RpcReply::Vote(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(Self::unexpected()),
+        }
+    }
+}

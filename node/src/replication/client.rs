@@ -1,0 +1,105 @@
+//! A broker's own client connection to another broker, on the shard's glommio executor:
+//! one request at a time (a replication fetcher sends one Fetch, waits for it, sends the
+//! next), every step bounded by a deadline, every response bounded in size. Framing and
+//! messages go through `wire`, as the load generator's client does.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use kafka_protocol::protocol::Request;
+use wire::frame::{self, FrameStatus, RequestHeader};
+
+use crate::shard::mesh::within;
+
+/// Largest response a broker connection accepts (a fetch carries at most
+/// `replica.fetch.response.max.bytes`; this bounds a broken peer).
+pub const RESPONSE_MAX_BYTES: usize = 256 << 20;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CLIENT_ID: &str = "weir-replica-fetcher";
+
+/// Why a call to another broker failed; the fetcher reconnects after any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0} timed out")]
+    TimedOut(&'static str),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Wire(#[from] wire::WireError),
+    #[error("correlation id {got}, expected {want}")]
+    Correlation { got: i32, want: i32 },
+}
+
+/// One connection to a broker.
+pub struct BrokerConn {
+    stream: TcpStream,
+    next_correlation_id: i32,
+}
+
+impl BrokerConn {
+    pub async fn connect(addr: SocketAddr) -> Result<BrokerConn, ClientError> {
+        let connect = TcpStream::connect_timeout(addr, CONNECT_TIMEOUT);
+        let stream = connect.await.map_err(|e| ClientError::Connect {
+            addr,
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(BrokerConn {
+            stream,
+            next_correlation_id: 1,
+        })
+    }
+
+    /// Sends `req` at `version` and returns its response, all by `deadline`.
+    pub async fn call<R: Request>(
+        &mut self,
+        req: &R,
+        version: i16,
+        deadline: Instant,
+    ) -> Result<R::Response, ClientError> {
+        let id = self.next_correlation_id;
+        self.next_correlation_id = id.wrapping_add(1).max(1);
+        let header = RequestHeader {
+            api_key: R::KEY,
+            api_version: version,
+            correlation_id: id,
+            client_id: Some(Bytes::from_static(CLIENT_ID.as_bytes())),
+        };
+        let frame = wire::messages::encode_request(&header, req)?;
+        within(deadline, self.stream.write_all(&frame))
+            .await
+            .ok_or(ClientError::TimedOut("request write"))??;
+        let body = within(deadline, read_frame(&mut self.stream))
+            .await
+            .ok_or(ClientError::TimedOut("response read"))??;
+        let (got, resp) =
+            wire::messages::decode_response_as::<R::Response>(R::KEY, version, &body)?;
+        if got != id {
+            return Err(ClientError::Correlation { got, want: id });
+        }
+        Ok(resp)
+    }
+}
+
+/// Reads one response frame (without its size prefix), at most [`RESPONSE_MAX_BYTES`].
+async fn read_frame(stream: &mut TcpStream) -> Result<Bytes, ClientError> {
+    let mut prefix = [0u8; frame::SIZE_PREFIX_BYTES];
+    stream.read_exact(&mut prefix).await?;
+    let size = match frame::check_frame(&prefix, RESPONSE_MAX_BYTES)? {
+        FrameStatus::Incomplete { need } => need - frame::SIZE_PREFIX_BYTES,
+        FrameStatus::Complete { .. } => 0,
+    };
+    let mut body = BytesMut::zeroed(size);
+    stream.read_exact(&mut body).await?;
+    Ok(body.freeze())
+}

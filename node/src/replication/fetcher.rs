@@ -1,0 +1,401 @@
+//! A replication fetcher: one per (shard, source node). It follows every partition this
+//! shard replicates from that node with one Fetch (`replica_id` = this node) per round,
+//! each partition at its log end with its current leader epoch and the epoch it last
+//! fetched, and for each partition in the answer:
+//!
+//! - records: appended keeping the leader's offsets and epochs (`append_as_follower`);
+//!   the response frame is one allocation, so when one partition's records are the only
+//!   slice left of it they are appended in place, else copied once;
+//! - the leader's HW: learned (bounded by what this replica holds);
+//! - a diverging epoch (KIP-320): truncate where the leader's epoch ended — never blindly
+//!   to the HW — then fetch on;
+//! - OFFSET_OUT_OF_RANGE: this log is past the leader's end or below its start: cut to
+//!   the leader's end, or restart empty at its start (ListOffsets with this replica id);
+//! - NOT_LEADER_OR_FOLLOWER, FENCED / UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION:
+//!   the partition waits (paused) until the metadata moves it (a new `follow`).
+//!
+//! The leader parks the fetch (`replica.fetch.wait.max.ms`) until it has data past the
+//! follower's end, so an idle fetcher costs one request per wait, not a spin.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{
+    BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use wire::{LeaderEpoch, NodeId, Offset};
+
+use super::client::{BrokerConn, ClientError};
+use crate::errors;
+use crate::partition::Partition;
+use crate::shard::TopicPartition;
+
+/// The Fetch version a fetcher speaks (diverging epochs, last fetched epoch: KIP-320).
+const FETCH_VERSION: i16 = 12;
+const LIST_OFFSETS_VERSION: i16 = 6;
+/// Slack on top of the leader's long poll before a fetch is declared lost.
+const FETCH_SLACK: Duration = Duration::from_secs(10);
+/// Reconnect backoff bounds after a failed connection or request.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Fetcher settings, Kafka's keys.
+#[derive(Clone, Copy, Debug)]
+pub struct FetcherConfig {
+    /// `replica.fetch.wait.max.ms`: the leader's long poll.
+    pub wait_max: Duration,
+    /// `replica.fetch.max.bytes`: per partition per fetch.
+    pub partition_max_bytes: i32,
+    /// `replica.fetch.response.max.bytes`: per fetch.
+    pub response_max_bytes: i32,
+}
+
+impl Default for FetcherConfig {
+    fn default() -> Self {
+        FetcherConfig {
+            wait_max: Duration::from_millis(500),
+            partition_max_bytes: 1 << 20,
+            response_max_bytes: 10 << 20,
+        }
+    }
+}
+
+/// One followed partition.
+struct Followed {
+    partition: Rc<Partition>,
+    /// Refused by the leader (not leader, fenced ...): skipped until followed again.
+    paused: bool,
+}
+
+/// What one fetch round did, for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    pub appended_batches: u64,
+    pub appended_bytes: u64,
+    pub copied_bytes: u64,
+    pub truncations: u64,
+    pub paused: u64,
+}
+
+/// The fetcher of one shard for one source node.
+pub struct ReplicaFetcher {
+    local: NodeId,
+    source: NodeId,
+    addr: SocketAddr,
+    config: FetcherConfig,
+    followed: RefCell<BTreeMap<TopicPartition, Followed>>,
+    stopped: Cell<bool>,
+    totals: Cell<RoundStats>,
+}
+
+impl ReplicaFetcher {
+    pub fn new(local: NodeId, source: NodeId, addr: SocketAddr, config: FetcherConfig) -> Rc<Self> {
+        Rc::new(ReplicaFetcher {
+            local,
+            source,
+            addr,
+            config,
+            followed: RefCell::new(BTreeMap::new()),
+            stopped: Cell::new(false),
+            totals: Cell::new(RoundStats::default()),
+        })
+    }
+
+    pub fn source(&self) -> NodeId {
+        self.source
+    }
+
+    /// Follows `tp` (its replica already a follower of the source).
+    pub fn follow(&self, tp: TopicPartition, partition: Rc<Partition>) {
+        let followed = Followed {
+            partition,
+            paused: false,
+        };
+        self.followed.borrow_mut().insert(tp, followed);
+    }
+
+    pub fn unfollow(&self, tp: &TopicPartition) {
+        self.followed.borrow_mut().remove(tp);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.followed.borrow().is_empty()
+    }
+
+    pub fn stop(&self) {
+        self.stopped.set(true);
+    }
+
+    /// Everything appended, truncated and paused so far.
+    pub fn totals(&self) -> RoundStats {
+        self.totals.get()
+    }
+
+    /// Fetches until stopped, reconnecting with backoff after failures.
+    pub async fn run(self: Rc<Self>) {
+        let mut backoff = BACKOFF_MIN;
+        while !self.stopped.get() {
+            let mut conn = match BrokerConn::connect(self.addr).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(source = %self.source, "replica fetcher: {e}");
+                    glommio::timer::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            };
+            while !self.stopped.get() {
+                match self.round(&mut conn).await {
+                    Ok(_) => backoff = BACKOFF_MIN,
+                    Err(e) => {
+                        tracing::info!(source = %self.source, "replica fetcher reconnects: {e}");
+                        break;
+                    }
+                }
+            }
+            glommio::timer::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One Fetch to the source and everything its answer asks for.
+    pub async fn round(&self, conn: &mut BrokerConn) -> Result<RoundStats, ClientError> {
+        let mut stats = RoundStats::default();
+        let Some(req) = self.fetch_request() else {
+            // Nothing to fetch: wait as long as a parked fetch would.
+            glommio::timer::sleep(self.config.wait_max).await;
+            return Ok(stats);
+        };
+        let deadline = Instant::now() + self.config.wait_max + FETCH_SLACK;
+        let resp: FetchResponse = conn.call(&req, FETCH_VERSION, deadline).await?;
+        let answers = take_answers(resp);
+        for (tp, answer) in answers {
+            self.apply(conn, &tp, answer, &mut stats).await?;
+        }
+        let mut totals = self.totals.get();
+        totals.appended_batches += stats.appended_batches;
+        totals.appended_bytes += stats.appended_bytes;
+        totals.copied_bytes += stats.copied_bytes;
+        totals.truncations += stats.truncations;
+        totals.paused += stats.paused;
+        self.totals.set(totals);
+        Ok(stats)
+    }
+
+    fn fetch_request(&self) -> Option<FetchRequest> {
+        let mut topics: Vec<FetchTopic> = Vec::new();
+        for (tp, f) in self.followed.borrow().iter().filter(|(_, f)| !f.paused) {
+            let p = &f.partition;
+            let last_fetched = p
+                .epoch_entries()
+                .last()
+                .map_or(LeaderEpoch::NONE, |(e, _)| *e);
+            let part = FetchPartition::default()
+                .with_partition(tp.1)
+                .with_current_leader_epoch(p.leader_epoch().get())
+                .with_fetch_offset(p.log.log_end_offset().get())
+                .with_last_fetched_epoch(last_fetched.get())
+                .with_log_start_offset(p.log.log_start_offset().get())
+                .with_partition_max_bytes(self.config.partition_max_bytes);
+            match topics.last_mut() {
+                Some(t) if t.topic.0.as_str() == &*tp.0 => t.partitions.push(part),
+                _ => topics.push(
+                    FetchTopic::default()
+                        .with_topic(topic_name(&tp.0))
+                        .with_partitions(vec![part]),
+                ),
+            }
+        }
+        if topics.is_empty() {
+            return None;
+        }
+        let wait_ms = i32::try_from(self.config.wait_max.as_millis()).unwrap_or(i32::MAX);
+        Some(
+            FetchRequest::default()
+                .with_replica_id(BrokerId(self.local.get()))
+                .with_max_wait_ms(wait_ms)
+                .with_min_bytes(1)
+                .with_max_bytes(self.config.response_max_bytes)
+                .with_topics(topics),
+        )
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut BrokerConn,
+        tp: &TopicPartition,
+        answer: Answer,
+        stats: &mut RoundStats,
+    ) -> Result<(), ClientError> {
+        let Some(p) = self.followed.borrow().get(tp).map(|f| f.partition.clone()) else {
+            return Ok(());
+        };
+        match answer.error {
+            errors::NONE => {}
+            errors::OFFSET_OUT_OF_RANGE => {
+                self.realign(conn, tp, &p, stats).await?;
+                return Ok(());
+            }
+            code => {
+                tracing::info!(topic = %tp.0, partition = tp.1, source = %self.source, code, "follower paused: the source refused the fetch");
+                if let Some(f) = self.followed.borrow_mut().get_mut(tp) {
+                    f.paused = true;
+                }
+                stats.paused += 1;
+                return Ok(());
+            }
+        }
+        if let Some((epoch, end)) = answer.diverging {
+            self.truncate_diverged(tp, &p, epoch, end, stats).await;
+            return Ok(());
+        }
+        if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
+            let len = records.len() as u64;
+            let (buf, copied) = match records.try_into_mut() {
+                Ok(unique) => (unique, 0),
+                Err(shared) => (BytesMut::from(&shared[..]), len),
+            };
+            let batches = wire::batch::split_batches(&buf).count() as u64;
+            match p.append_as_follower(buf, crate::shard::now_ms()).await {
+                Ok(_) => {
+                    stats.appended_batches += batches;
+                    stats.appended_bytes += len;
+                    stats.copied_bytes += copied;
+                }
+                Err(code) => {
+                    tracing::warn!(topic = %tp.0, partition = tp.1, code, "replicated append refused; refetching");
+                }
+            }
+        }
+        p.update_replica(|r| {
+            r.learn_high_watermark(answer.high_watermark);
+        });
+        Ok(())
+    }
+
+    /// KIP-320: the leader says our last epoch ended at `end` there. Truncate to the
+    /// smaller of that and where the same epoch ends here; an epoch the leader does not
+    /// know leaves only what both agree on for sure, our HW.
+    async fn truncate_diverged(
+        &self,
+        tp: &TopicPartition,
+        p: &Partition,
+        epoch: LeaderEpoch,
+        end: Offset,
+        stats: &mut RoundStats,
+    ) {
+        let cut = if epoch == LeaderEpoch::NONE {
+            p.high_watermark()
+        } else {
+            let (ours, our_end) = p
+                .epoch_end_offset(epoch, LeaderEpoch::NONE)
+                .unwrap_or((LeaderEpoch::NONE, Offset::NONE));
+            if ours == epoch { end.min(our_end) } else { end }
+        };
+        tracing::info!(topic = %tp.0, partition = tp.1, %epoch, %end, %cut, "follower diverged from its leader; truncating");
+        if p.truncate_to(cut).await.is_ok() {
+            stats.truncations += 1;
+        }
+    }
+
+    /// After OFFSET_OUT_OF_RANGE: asks the leader for its log start and end, then cuts
+    /// this log back to the end, or restarts it empty at the start.
+    async fn realign(
+        &self,
+        conn: &mut BrokerConn,
+        tp: &TopicPartition,
+        p: &Partition,
+        stats: &mut RoundStats,
+    ) -> Result<(), ClientError> {
+        let earliest = self.list_offset(conn, tp, p.leader_epoch(), -2).await?;
+        let latest = self.list_offset(conn, tp, p.leader_epoch(), -1).await?;
+        let ours = p.log.log_end_offset();
+        let done = match (earliest, latest) {
+            (Some(start), _) if ours < start => p.restart_at(start).await,
+            (_, Some(end)) if ours > end => {
+                tracing::info!(topic = %tp.0, partition = tp.1, %ours, %end, "follower past its leader's log end; truncating");
+                p.truncate_to(end).await.map(|_| ())
+            }
+            _ => return Ok(()),
+        };
+        if done.is_ok() {
+            stats.truncations += 1;
+        }
+        Ok(())
+    }
+
+    async fn list_offset(
+        &self,
+        conn: &mut BrokerConn,
+        tp: &TopicPartition,
+        epoch: LeaderEpoch,
+        timestamp: i64,
+    ) -> Result<Option<Offset>, ClientError> {
+        let p = ListOffsetsPartition::default()
+            .with_partition_index(tp.1)
+            .with_current_leader_epoch(epoch.get())
+            .with_timestamp(timestamp);
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(self.local.get()))
+            .with_topics(vec![
+                ListOffsetsTopic::default()
+                    .with_name(topic_name(&tp.0))
+                    .with_partitions(vec![p]),
+            ]);
+        let deadline = Instant::now() + FETCH_SLACK;
+        let resp = conn.call(&req, LIST_OFFSETS_VERSION, deadline).await?;
+        let found = resp
+            .topics
+            .first()
+            .and_then(|t| t.partitions.first())
+            .filter(|p| p.error_code == errors::NONE)
+            .map(|p| Offset(p.offset));
+        Ok(found)
+    }
+}
+
+/// One partition of a Fetch answer, out of the response.
+struct Answer {
+    error: i16,
+    high_watermark: Offset,
+    records: Option<Bytes>,
+    diverging: Option<(LeaderEpoch, Offset)>,
+}
+
+/// Takes every partition's answer out of `resp`, so that the response's other fields are
+/// dropped and the records slices are the last references to the frame.
+fn take_answers(resp: FetchResponse) -> Vec<(TopicPartition, Answer)> {
+    let mut out = Vec::new();
+    for t in resp.responses {
+        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        for p in t.partitions {
+            let diverging = (p.diverging_epoch.epoch >= 0 || p.diverging_epoch.end_offset >= 0)
+                .then_some((
+                    LeaderEpoch(p.diverging_epoch.epoch),
+                    Offset(p.diverging_epoch.end_offset),
+                ));
+            out.push((
+                (name.clone(), p.partition_index),
+                Answer {
+                    error: p.error_code,
+                    high_watermark: Offset(p.high_watermark),
+                    records: p.records,
+                    diverging,
+                },
+            ));
+        }
+    }
+    out
+}
+
+fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_string()))
+}

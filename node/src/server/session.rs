@@ -1,0 +1,66 @@
+//! What one connection is, beyond its bytes: the client's address, the listener it came
+//! through (which decides the advertised address and the security protocol), the
+//! principal it acts as (for the authorizer to come) and where it is in SASL.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::security::sasl::SaslState;
+use crate::security::{ANONYMOUS, ListenerSetup};
+
+pub struct Session {
+    pub peer: SocketAddr,
+    pub listener: Arc<ListenerSetup>,
+    principal: RefCell<String>,
+    pub sasl: RefCell<SaslState>,
+}
+
+impl Session {
+    /// A new connection; `tls_principal` is the client certificate's principal, if any.
+    pub fn new(
+        peer: SocketAddr,
+        listener: Arc<ListenerSetup>,
+        tls_principal: Option<String>,
+    ) -> Session {
+        let sasl = match listener.sasl {
+            Some(_) => SaslState::Handshake,
+            None => SaslState::NotRequired,
+        };
+        Session {
+            peer,
+            listener,
+            principal: RefCell::new(tls_principal.unwrap_or_else(|| ANONYMOUS.to_string())),
+            sasl: RefCell::new(sasl),
+        }
+    }
+
+    /// The principal: `User:ANONYMOUS`, `User:CN=...` (client certificate) or
+    /// `User:NAME` (SASL).
+    pub fn principal(&self) -> String {
+        self.principal.borrow().clone()
+    }
+
+    /// Sets the principal once SASL authentication succeeded.
+    pub fn authenticated_as(&self, principal: String) {
+        assert!(
+            self.sasl.borrow().is_open(),
+            "the principal changes only when authentication completes"
+        );
+        *self.principal.borrow_mut() = principal;
+    }
+
+    /// Whether requests beyond the SASL ones may be served.
+    pub fn is_open(&self) -> bool {
+        self.sasl.borrow().is_open()
+    }
+
+    /// Whether authentication failed (the connection closes after the answer).
+    pub fn has_failed(&self) -> bool {
+        matches!(*self.sasl.borrow(), SaslState::Failed)
+    }
+
+    pub fn advertised(&self) -> &(String, u16) {
+        &self.listener.advertised
+    }
+}

@@ -1,0 +1,254 @@
+//! The shard's side of replication: applying a committed [`Assignment`] to one of its
+//! partitions (become leader, follower or offline) and keeping its replication fetchers
+//! — one per source node — following exactly the partitions it follows; and, for the
+//! partitions it leads, the ISR each should have now (`replica.lag.time.max.ms`), for the
+//! controller to commit.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use wire::{LeaderEpoch, NodeId};
+
+use super::{Shard, TopicPartition, now_ms};
+use crate::metadata::{Catalog, PartitionAssignment, TopicMeta};
+use crate::partition::Partition;
+use crate::partition::replica::{Assignment, RoleChange};
+use crate::replication::{FetcherConfig, ReplicaFetcher};
+
+/// An ISR change a leader asks the controller for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IsrProposal {
+    pub tp: TopicPartition,
+    pub topic_id: u128,
+    pub leader_epoch: LeaderEpoch,
+    /// The partition epoch the proposal is based on (the controller refuses stale ones).
+    pub partition_epoch: i32,
+    pub isr: Vec<NodeId>,
+}
+
+/// Whether `node` holds a replica of partition `index` of `meta`: always on a single node
+/// (no assignment), else when the assignment names it.
+pub fn hosted_here(meta: &TopicMeta, index: i32, node: NodeId) -> bool {
+    let Some(a) = usize::try_from(index)
+        .ok()
+        .and_then(|i| meta.assignment.get(i))
+    else {
+        return meta.assignment.is_empty();
+    };
+    a.replicas.contains(&node.get())
+}
+
+/// The catalogue's record, in the replica layer's types.
+fn assignment(a: &PartitionAssignment) -> Assignment {
+    let nodes = |v: &[i32]| v.iter().copied().map(NodeId).collect::<Vec<_>>();
+    Assignment {
+        replicas: nodes(&a.replicas),
+        leader: (a.leader >= 0).then_some(NodeId(a.leader)),
+        leader_epoch: LeaderEpoch(a.leader_epoch),
+        isr: nodes(&a.isr),
+        partition_epoch: a.partition_epoch,
+    }
+}
+
+/// Where `node` takes fetches: its registered (advertised) address.
+fn node_addr(catalog: &Catalog, node: NodeId) -> Option<SocketAddr> {
+    let n = catalog.nodes.get(&node.get())?;
+    (n.host.as_str(), n.port).to_socket_addrs().ok()?.next()
+}
+
+impl Shard {
+    /// Opens every partition this shard owns and this node replicates (a follower must
+    /// fetch whether or not a client ever asks for it), and applies its assignment.
+    pub async fn apply_assignments(&self) {
+        let catalog = self.catalog();
+        let local = self.node_id();
+        for (name, meta) in catalog
+            .topics
+            .iter()
+            .filter(|(_, t)| !t.assignment.is_empty())
+        {
+            let topic: Arc<str> = Arc::from(name.as_str());
+            for (index, a) in meta.assignment.iter().enumerate() {
+                let Ok(index) = i32::try_from(index) else {
+                    break;
+                };
+                if self.router.owner(name, index) != self.id || !a.replicas.contains(&local.get()) {
+                    continue;
+                }
+                let tp: TopicPartition = (topic.clone(), index);
+                // Opening applies the assignment too; an open one gets the newest here.
+                if let Ok(p) = self.partition(&tp).await {
+                    self.apply_catalog_assignment(&tp, &p);
+                }
+            }
+        }
+    }
+
+    /// Applies the catalogue's assignment of `tp` (if it has one) to its open replica.
+    pub fn apply_catalog_assignment(&self, tp: &TopicPartition, p: &Rc<Partition>) {
+        let catalog = self.catalog();
+        let Some(a) = catalog
+            .topics
+            .get(&*tp.0)
+            .filter(|t| t.id == p.topic_id)
+            .and_then(|t| usize::try_from(tp.1).ok().and_then(|i| t.assignment.get(i)))
+        else {
+            return;
+        };
+        let a = assignment(a);
+        let addr = a.leader.and_then(|l| node_addr(&catalog, l));
+        self.apply_assignment(tp, p, &a, addr);
+    }
+
+    /// Applies `assignment` to the open replica `p` of `tp`; `leader_addr` is where the
+    /// leader takes fetches when it is another node.
+    pub fn apply_assignment(
+        &self,
+        tp: &TopicPartition,
+        p: &Rc<Partition>,
+        assignment: &Assignment,
+        leader_addr: Option<SocketAddr>,
+    ) {
+        let mut change = RoleChange::Unchanged;
+        p.update_replica(|r| change = r.apply(assignment, now_ms()));
+        match change {
+            RoleChange::Unchanged => {}
+            RoleChange::Lead | RoleChange::Offline => {
+                tracing::info!(topic = %tp.0, partition = tp.1, epoch = %assignment.leader_epoch, ?change, "replica role changed");
+                self.unfollow(tp);
+            }
+            RoleChange::Follow(leader) => {
+                tracing::info!(topic = %tp.0, partition = tp.1, epoch = %assignment.leader_epoch, %leader, "replica follows");
+                self.unfollow(tp);
+                match leader_addr {
+                    Some(addr) => self.fetcher_for(leader, addr).follow(tp.clone(), p.clone()),
+                    None => tracing::warn!(%leader, "no address for the leader: not fetching"),
+                }
+            }
+        }
+    }
+
+    /// Stops following `tp` (on every fetcher); fetchers left with nothing stop.
+    fn unfollow(&self, tp: &TopicPartition) {
+        let mut fetchers = self.fetchers.borrow_mut();
+        for f in fetchers.values() {
+            f.unfollow(tp);
+        }
+        fetchers.retain(|_, f| {
+            let keep = !f.is_empty();
+            if !keep {
+                f.stop();
+            }
+            keep
+        });
+    }
+
+    /// This shard's fetcher for `source`, started on first use.
+    fn fetcher_for(&self, source: NodeId, addr: SocketAddr) -> Rc<ReplicaFetcher> {
+        if let Some(f) = self.fetchers.borrow().get(&source) {
+            return f.clone();
+        }
+        let config = fetcher_config(self.config());
+        let f = ReplicaFetcher::new(self.node_id(), source, addr, config);
+        self.fetchers.borrow_mut().insert(source, f.clone());
+        glommio::spawn_local(f.clone().run()).detach();
+        f
+    }
+
+    /// Stops every fetcher (shutdown).
+    pub fn stop_fetchers(&self) {
+        for f in self.fetchers.borrow_mut().values() {
+            f.stop();
+        }
+        self.fetchers.borrow_mut().clear();
+    }
+
+    /// For every open partition this shard leads, the ISR it should have now, where that
+    /// differs from the committed one.
+    pub fn isr_proposals(&self) -> Vec<IsrProposal> {
+        let lag_max_ms = self.config().props.get("replica.lag.time.max.ms");
+        let lag_max_ms = lag_max_ms
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(REPLICA_LAG_TIME_MAX_MS_DEFAULT);
+        let now = now_ms();
+        let parts = self.partitions.borrow();
+        parts
+            .iter()
+            .filter_map(|(tp, p)| {
+                let r = p.replica();
+                let isr = r.wanted_isr(now, lag_max_ms)?;
+                Some(IsrProposal {
+                    tp: tp.clone(),
+                    topic_id: p.topic_id,
+                    leader_epoch: r.leader_epoch(),
+                    partition_epoch: r.partition_epoch(),
+                    isr,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Shard {
+    /// Asks the controller for every ISR change this shard's leaders want, one request in
+    /// flight per partition (a committed change comes back as a new assignment).
+    pub fn propose_isr_changes(self: &Rc<Self>) {
+        if self.node.controller.cluster().is_none() {
+            return;
+        }
+        for proposal in self.isr_proposals() {
+            if !self.isr_proposing.borrow_mut().insert(proposal.tp.clone()) {
+                continue;
+            }
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                let tp = proposal.tp.clone();
+                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change");
+                let cmd = crate::controller::Command::AlterPartition {
+                    topic: tp.0.to_string(),
+                    id: proposal.topic_id,
+                    partition: tp.1,
+                    leader: shard.node_id().get(),
+                    leader_epoch: proposal.leader_epoch.get(),
+                    partition_epoch: proposal.partition_epoch,
+                    isr: proposal.isr.iter().map(|n| n.get()).collect(),
+                };
+                let out = shard.node.controller.submit(&shard.node, cmd).await;
+                if let crate::controller::Outcome::Done(Err((code, why))) = out {
+                    tracing::info!(topic = %tp.0, partition = tp.1, code, "ISR change not applied: {why}");
+                }
+                shard.isr_proposing.borrow_mut().remove(&tp);
+            })
+            .detach();
+        }
+    }
+}
+
+/// Kafka's `replica.lag.time.max.ms` default: a follower that has not reached the
+/// leader's log end for this long leaves the ISR.
+pub const REPLICA_LAG_TIME_MAX_MS_DEFAULT: i64 = 30_000;
+
+/// The fetchers' settings from Kafka's keys.
+fn fetcher_config(config: &crate::config::Config) -> FetcherConfig {
+    let get = |key: &str| {
+        config
+            .props
+            .get(key)
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    let default = FetcherConfig::default();
+    FetcherConfig {
+        wait_max: get("replica.fetch.wait.max.ms").map_or(default.wait_max, |ms| {
+            std::time::Duration::from_millis(ms.clamp(1, 60_000) as u64)
+        }),
+        partition_max_bytes: get("replica.fetch.max.bytes")
+            .map_or(default.partition_max_bytes, |b| {
+                b.clamp(1024, i64::from(i32::MAX)) as i32
+            }),
+        response_max_bytes: get("replica.fetch.response.max.bytes")
+            .map_or(default.response_max_bytes, |b| {
+                b.clamp(1024, i64::from(i32::MAX)) as i32
+            }),
+    }
+}

@@ -1,0 +1,220 @@
+//! The leader epoch cache of one partition replica (KIP-101/279): for each leader epoch
+//! seen in the log, the first offset written under it, persisted as Kafka's
+//! `leader-epoch-checkpoint` (text: version `0`, the entry count, then one
+//! `<epoch> <start offset>` line per entry) with an atomic write.
+//!
+//! It answers OffsetForLeaderEpoch — where did epoch E end in this log? — which is how a
+//! replica that becomes follower finds the point where its log diverges from the new
+//! leader's, instead of truncating blindly to its HW.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use wire::{LeaderEpoch, Offset};
+
+use super::atomic::write_atomic;
+use super::error::{Result, StorageError};
+
+/// Kafka's file name, inside the partition directory.
+pub const CHECKPOINT_FILE: &str = "leader-epoch-checkpoint";
+const CHECKPOINT_VERSION: u32 = 0;
+/// Most entries a checkpoint may hold (an epoch per leader change; a real log has few).
+const ENTRIES_MAX: usize = 1 << 20;
+
+/// Epoch → first offset written under it, ascending in both.
+#[derive(Debug)]
+pub struct LeaderEpochCache {
+    path: PathBuf,
+    entries: BTreeMap<LeaderEpoch, Offset>,
+}
+
+impl LeaderEpochCache {
+    /// Loads `dir`'s checkpoint (empty if there is none). A damaged file is an error
+    /// naming it: the answers it gives decide what a follower truncates.
+    pub fn load(dir: &Path) -> Result<LeaderEpochCache> {
+        let path = dir.join(CHECKPOINT_FILE);
+        let entries = match std::fs::read_to_string(&path) {
+            Ok(text) => parse(&text).map_err(|reason| StorageError::Corrupt {
+                path: path.clone(),
+                position: 0,
+                reason,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(StorageError::io("read", &path, e)),
+        };
+        Ok(LeaderEpochCache { path, entries })
+    }
+
+    /// The newest epoch and where it started.
+    pub fn latest(&self) -> Option<(LeaderEpoch, Offset)> {
+        self.entries.iter().next_back().map(|(e, o)| (*e, *o))
+    }
+
+    pub fn entries(&self) -> Vec<(LeaderEpoch, Offset)> {
+        self.entries.iter().map(|(e, o)| (*e, *o)).collect()
+    }
+
+    /// Records that `epoch` starts at `start` if it is newer than every epoch here (an
+    /// append under an older or the same epoch changes nothing). Persists the change.
+    /// Returns whether an entry was added.
+    pub fn assign(&mut self, epoch: LeaderEpoch, start: Offset) -> Result<bool> {
+        if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
+            return Ok(false);
+        }
+        if let Some((_, last_start)) = self.latest() {
+            assert!(
+                start >= last_start,
+                "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
+            );
+        }
+        self.entries.insert(epoch, start);
+        self.persist()?;
+        Ok(true)
+    }
+
+    /// Where `requested` ended in this log, as (epoch, end offset), Kafka's rule: the
+    /// latest epoch ends at the log end; an older one at the start of the next epoch
+    /// above it, answered with the largest epoch at or below the requested one; an epoch
+    /// newer than every entry (or an empty cache) is unknown: (-1, -1).
+    pub fn end_offset_for(&self, requested: LeaderEpoch, log_end: Offset) -> (LeaderEpoch, Offset) {
+        let undefined = (LeaderEpoch::NONE, Offset::NONE);
+        if requested == LeaderEpoch::NONE {
+            return undefined;
+        }
+        match self.latest() {
+            Some((latest, _)) if latest == requested => return (requested, log_end),
+            None => return undefined,
+            Some(_) => {}
+        }
+        let higher = self
+            .entries
+            .range((
+                std::ops::Bound::Excluded(requested),
+                std::ops::Bound::Unbounded,
+            ))
+            .next();
+        let Some((_, higher_start)) = higher else {
+            return undefined;
+        };
+        match self.entries.range(..=requested).next_back() {
+            Some((floor, _)) => (*floor, *higher_start),
+            None => (requested, *higher_start),
+        }
+    }
+
+    /// The log was truncated to end at `end`: epochs that start at or after it are gone.
+    pub fn truncate_from_end(&mut self, end: Offset) -> Result<()> {
+        let before = self.entries.len();
+        self.entries.retain(|_, start| *start < end);
+        if self.entries.len() != before {
+            self.persist()?;
+        }
+        Ok(())
+    }
+
+    fn persist(&self) -> Result<()> {
+        let mut text = format!("{CHECKPOINT_VERSION}\n{}\n", self.entries.len());
+        for (epoch, start) in &self.entries {
+            text.push_str(&format!("{epoch} {start}\n"));
+        }
+        write_atomic(&self.path, text.as_bytes())
+    }
+}
+
+fn parse(text: &str) -> std::result::Result<BTreeMap<LeaderEpoch, Offset>, String> {
+    let mut lines = text.lines();
+    let version = lines.next().ok_or("empty file")?;
+    if version.trim() != CHECKPOINT_VERSION.to_string() {
+        return Err(format!("unknown version {version:?}"));
+    }
+    let count: usize = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or("no entry count")?;
+    if count > ENTRIES_MAX {
+        return Err(format!("{count} entries"));
+    }
+    let mut entries = BTreeMap::new();
+    let mut previous: Option<(LeaderEpoch, Offset)> = None;
+    for _ in 0..count {
+        let line = lines.next().ok_or("fewer entries than counted")?;
+        let mut fields = line.split_whitespace();
+        let epoch = fields.next().and_then(|f| f.parse::<i32>().ok());
+        let start = fields.next().and_then(|f| f.parse::<i64>().ok());
+        let (Some(epoch), Some(start)) = (epoch, start) else {
+            return Err(format!("bad entry {line:?}"));
+        };
+        let (epoch, start) = (LeaderEpoch(epoch), Offset(start));
+        if previous.is_some_and(|(e, o)| epoch <= e || start < o) {
+            return Err(format!("entry {line:?} out of order"));
+        }
+        previous = Some((epoch, start));
+        entries.insert(epoch, start);
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_end_where_the_next_begins_and_survive_a_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = LeaderEpochCache::load(dir.path()).expect("empty");
+        assert_eq!(
+            c.end_offset_for(LeaderEpoch(0), Offset(0)),
+            (LeaderEpoch::NONE, Offset::NONE)
+        );
+        assert!(c.assign(LeaderEpoch(0), Offset(0)).expect("assign"));
+        assert!(!c.assign(LeaderEpoch(0), Offset(5)).expect("same epoch"));
+        assert!(c.assign(LeaderEpoch(2), Offset(10)).expect("assign"));
+        assert!(c.assign(LeaderEpoch(5), Offset(30)).expect("assign"));
+        let end = Offset(42);
+        assert_eq!(c.end_offset_for(LeaderEpoch(5), end), (LeaderEpoch(5), end));
+        assert_eq!(
+            c.end_offset_for(LeaderEpoch(2), end),
+            (LeaderEpoch(2), Offset(30))
+        );
+        // Epoch 3 never led here: it ends where 5 began, answered as epoch 2.
+        assert_eq!(
+            c.end_offset_for(LeaderEpoch(3), end),
+            (LeaderEpoch(2), Offset(30))
+        );
+        assert_eq!(
+            c.end_offset_for(LeaderEpoch(9), end),
+            (LeaderEpoch::NONE, Offset::NONE)
+        );
+
+        let text = std::fs::read_to_string(dir.path().join(CHECKPOINT_FILE)).expect("file");
+        assert_eq!(text, "0\n3\n0 0\n2 10\n5 30\n", "Kafka's checkpoint format");
+        let again = LeaderEpochCache::load(dir.path()).expect("reload");
+        assert_eq!(again.entries(), c.entries());
+
+        c.truncate_from_end(Offset(30)).expect("truncate");
+        assert_eq!(c.latest(), Some((LeaderEpoch(2), Offset(10))));
+        assert_eq!(
+            LeaderEpochCache::load(dir.path())
+                .expect("reload")
+                .entries()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for bad in [
+            "",
+            "1\n0\n",
+            "0\n2\n0 0\n",
+            "0\n2\n3 10\n1 20\n",
+            "0\n1\nx y\n",
+        ] {
+            std::fs::write(dir.path().join(CHECKPOINT_FILE), bad).expect("write");
+            let err = LeaderEpochCache::load(dir.path()).expect_err(bad);
+            assert!(err.to_string().contains(CHECKPOINT_FILE), "{err}");
+        }
+    }
+}

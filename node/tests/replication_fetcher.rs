@@ -1,0 +1,239 @@
+//! The replication fetcher against a real `weir serve` as its leader: a follower replica
+//! in this test process (its own log on the real disk, node 2) fetches over TCP with
+//! `replica_id` 2, the way a follower broker's shard will once the cluster assigns it.
+//! It copies the leader's log byte for byte keeping offsets, learns the HW, resumes after
+//! its own restart from its log end, parks on the leader instead of spinning when there
+//! is nothing new, and realigns to the leader's log start after DeleteRecords there.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Broker, Client, batch};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use weir::partition::Partition;
+use weir::replication::client::BrokerConn;
+use weir::replication::{FetcherConfig, ReplicaFetcher};
+use weir::storage::prime_dma_probe;
+use weir::storage::testing::run_on_shard;
+use wire::{LeaderEpoch, NodeId, Offset, api};
+
+const TOPIC: &str = "replicated";
+const LEADER: NodeId = NodeId(0);
+const FOLLOWER: NodeId = NodeId(2);
+const ROUNDS_MAX: usize = 500;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn create(c: &mut Client) {
+    let t = CreatableTopic::default()
+        .with_name(TopicName(s(TOPIC)))
+        .with_num_partitions(1)
+        .with_replication_factor(1);
+    let resp: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![t]),
+    );
+    assert_eq!(resp.topics[0].error_code, 0);
+}
+
+fn produce(c: &mut Client, n: usize, tag: &str) {
+    for i in 0..n {
+        let value = format!("{tag}-{i}");
+        let p = PartitionProduceData::default()
+            .with_index(0)
+            .with_records(Some(batch(&[value.as_bytes(), b"second"], 1)));
+        let req = ProduceRequest::default()
+            .with_acks(1)
+            .with_timeout_ms(5000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(s(TOPIC)))
+                    .with_partition_data(vec![p]),
+            ]);
+        let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
+        assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
+    }
+}
+
+/// The leader's records from `offset` as a consumer fetch returns them, and its HW.
+fn leader_log(c: &mut Client, offset: i64) -> (Bytes, i64) {
+    let p = FetchPartition::default()
+        .with_partition(0)
+        .with_fetch_offset(offset)
+        .with_partition_max_bytes(64 << 20);
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_bytes(64 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(s(TOPIC)))
+                .with_partitions(vec![p]),
+        ]);
+    let resp: FetchResponse = c.call(api::FETCH, 12, &req);
+    let p = &resp.responses[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    (p.records.clone().unwrap_or_default(), p.high_watermark)
+}
+
+async fn open_follower(dir: &Path) -> Rc<Partition> {
+    let configs = BTreeMap::from([("segment.bytes".to_string(), "1048576".to_string())]);
+    let p = Partition::open(dir, FOLLOWER, Arc::from(TOPIC), 0, 1, configs)
+        .await
+        .expect("open follower replica");
+    p.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(0)));
+    Rc::new(p)
+}
+
+struct Caught {
+    log: Vec<u8>,
+    log_start: Offset,
+    log_end: Offset,
+    high_watermark: Offset,
+    copied_bytes: u64,
+    truncations: u64,
+    idle_round: Duration,
+}
+
+/// Opens the follower in `dir`, fetches until its log end is `target`, then times one
+/// round with nothing new.
+fn catch_up(addr: SocketAddr, dir: std::path::PathBuf, target: i64) -> Caught {
+    run_on_shard(move || async move {
+        prime_dma_probe(&dir).await.expect("prime DMA probe");
+        let p = open_follower(&dir.join(format!("{TOPIC}-0"))).await;
+        let config = FetcherConfig {
+            wait_max: Duration::from_millis(200),
+            ..FetcherConfig::default()
+        };
+        let fetcher = ReplicaFetcher::new(FOLLOWER, LEADER, addr, config);
+        fetcher.follow((Arc::from(TOPIC), 0), p.clone());
+        let mut conn = BrokerConn::connect(addr)
+            .await
+            .expect("connect to the leader");
+        for _ in 0..ROUNDS_MAX {
+            if p.log.log_end_offset() >= Offset(target) && p.high_watermark() >= Offset(target) {
+                break;
+            }
+            fetcher.round(&mut conn).await.expect("fetch round");
+        }
+        let started = Instant::now();
+        fetcher.round(&mut conn).await.expect("idle round");
+        let idle_round = started.elapsed();
+        let end = p.log.log_end_offset();
+        // A read returns what one source holds (disk or tail cache): read on to the end.
+        let (mut log, mut at) = (Vec::new(), p.log.log_start_offset());
+        for _ in 0..ROUNDS_MAX {
+            if at >= end {
+                break;
+            }
+            let read = p
+                .log
+                .read(at, 64 << 20, end)
+                .await
+                .expect("read follower log");
+            log.extend(read.batches.concat());
+            at = read.next_offset;
+        }
+        let totals = fetcher.totals();
+        let caught = Caught {
+            log,
+            log_start: p.log.log_start_offset(),
+            log_end: end,
+            high_watermark: p.high_watermark(),
+            copied_bytes: totals.copied_bytes,
+            truncations: totals.truncations,
+            idle_round,
+        };
+        p.log.close().await.expect("close follower log");
+        caught
+    })
+}
+
+#[test]
+fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
+    let broker = Broker::start(2, &[]);
+    let addr: SocketAddr = broker.addr().parse().expect("broker address");
+    let mut c = broker.client();
+    create(&mut c);
+    produce(&mut c, 30, "first");
+    let follower_dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
+    let dir = follower_dir.path().to_path_buf();
+
+    let caught = catch_up(addr, dir.clone(), 60);
+    let (leader, hw) = leader_log(&mut c, 0);
+    assert_eq!(caught.log_end, Offset(60));
+    assert_eq!(
+        caught.log,
+        leader.to_vec(),
+        "the follower's log is the leader's, byte for byte"
+    );
+    assert_eq!(
+        caught.high_watermark,
+        Offset(hw),
+        "the follower learned the leader's HW"
+    );
+    assert_eq!(
+        caught.copied_bytes, 0,
+        "one partition per fetch: appended in place"
+    );
+    assert!(
+        caught.idle_round >= Duration::from_millis(150),
+        "with nothing new the leader parks the fetch ({:?})",
+        caught.idle_round
+    );
+
+    // More records while the follower is down; it resumes from its own log end.
+    produce(&mut c, 10, "second");
+    let caught = catch_up(addr, dir.clone(), 80);
+    let (leader, _) = leader_log(&mut c, 0);
+    assert_eq!(caught.log_end, Offset(80));
+    assert_eq!(caught.log, leader.to_vec(), "resumed, still identical");
+    assert_eq!(caught.truncations, 0);
+
+    // The leader drops records below 90 and moves on; a new follower starting empty is
+    // below the leader's log start (OFFSET_OUT_OF_RANGE): it restarts its log there.
+    produce(&mut c, 10, "third");
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(TopicName(s(TOPIC)))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(90),
+                ]),
+        ]);
+    let resp: DeleteRecordsResponse = c.call(api::DELETE_RECORDS, 2, &req);
+    assert_eq!(resp.topics[0].partitions[0].error_code, 0);
+    let fresh = tempfile::tempdir_in(common::test_root()).expect("tempdir");
+    let caught = catch_up(addr, fresh.path().to_path_buf(), 100);
+    assert_eq!(
+        caught.log_start,
+        Offset(90),
+        "restarted at the leader's log start"
+    );
+    assert_eq!(caught.truncations, 1);
+    let (leader, _) = leader_log(&mut c, 90);
+    assert_eq!(
+        caught.log,
+        leader.to_vec(),
+        "identical from the log start on"
+    );
+}

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""confluent-kafka driver for weir's security tests (tests/tests/security_*.rs).
+
+Usage: kafka_client.py ACTION CONFIG_JSON [ARGS...]
+CONFIG_JSON holds the librdkafka settings (bootstrap.servers, security.protocol, ssl.*,
+sasl.*). Every wait is bounded; the last line printed is `OK ...` or `FAIL ...`, and the
+exit status is 0 only for OK.
+
+Actions:
+  roundtrip TOPIC N       create TOPIC, produce N keyed records with an idempotent
+                          producer, consume them all back in a consumer group, commit,
+                          and check the committed offset
+  scram-add USER PASSWORD MECHANISM
+                          AlterUserScramCredentials upsert (MECHANISM SCRAM-SHA-256/512)
+  scram-describe USER     DescribeUserScramCredentials: prints the mechanisms
+  metadata                prints `OK host:port` of the broker Metadata advertises
+  expect-auth-fail        Metadata must fail with an authentication error
+  tls-apiversions         CONFIG_JSON is {"host","port","ca","cert","key"} (cert/key
+                          optional): a TLS connection sends ApiVersions; prints
+                          `OK answered` or `OK refused REASON`
+  tls-pieces              CONFIG_JSON like tls-apiversions: the TLS bytes both ways go
+                          through a relay in 1..7-byte pieces; handshake, ApiVersions
+                          and Metadata must complete
+  bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
+                          prints `OK produce_mibs=..`
+  bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
+"""
+
+import json
+import sys
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    NewTopic,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+TIMEOUT_S = 60
+
+
+def fail(msg):
+    print(f"FAIL {msg}", flush=True)
+    sys.exit(1)
+
+
+def create_topic(conf, topic, partitions=2):
+    admin = AdminClient(conf)
+    fs = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for f in fs.values():
+        f.result(timeout=TIMEOUT_S)
+
+
+def roundtrip(conf, topic, n):
+    create_topic(conf, topic)
+    errors = []
+    p = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    for i in range(n):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(),
+                  on_delivery=lambda e, m: errors.append(e) if e else None)
+        p.poll(0)
+    left = p.flush(TIMEOUT_S)
+    if left or errors:
+        fail(f"produce: {left} unflushed, errors {errors[:3]}")
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    seen = set()
+    deadline = time.time() + TIMEOUT_S
+    while len(seen) < n and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            fail(f"consume: {m.error()}")
+        seen.add(m.value().decode())
+    if len(seen) != n:
+        fail(f"consumed {len(seen)} of {n}")
+    c.commit(asynchronous=False)
+    committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=TIMEOUT_S)
+    total = sum(max(tp.offset, 0) for tp in committed)
+    c.close()
+    if total != n:
+        fail(f"committed offsets sum to {total}, expected {n}")
+    print(f"OK {n} records via group {group}", flush=True)
+
+
+def scram_add(conf, user, password, mechanism):
+    mech = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
+            "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}[mechanism]
+    admin = AdminClient(conf)
+    up = UserScramCredentialUpsertion(user, ScramCredentialInfo(mech, 8192), password.encode())
+    for f in admin.alter_user_scram_credentials([up]).values():
+        f.result(timeout=TIMEOUT_S)
+    print(f"OK {user} {mechanism}", flush=True)
+
+
+def scram_describe(conf, user):
+    admin = AdminClient(conf)
+    fut = admin.describe_user_scram_credentials([user])
+    desc = fut[user].result(timeout=TIMEOUT_S)
+    mechs = sorted(str(i.mechanism) for i in desc.scram_credential_infos)
+    print(f"OK {' '.join(mechs)}", flush=True)
+
+
+def metadata(conf):
+    admin = AdminClient(conf)
+    md = admin.list_topics(timeout=TIMEOUT_S)
+    b = next(iter(md.brokers.values()))
+    print(f"OK {b.host}:{b.port}", flush=True)
+
+
+def expect_auth_fail(conf):
+    errors = []
+    p = Producer({**conf, "error_cb": errors.append})
+    deadline = time.time() + 30
+    auth = []
+    while not auth and time.time() < deadline:
+        p.poll(0.5)
+        auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+    if not auth:
+        fail(f"no authentication error, got {errors[:3]}")
+    try:
+        p.list_topics(timeout=5)
+        fail("Metadata was served without authentication")
+    except KafkaException:
+        pass
+    print(f"OK {auth[0]}", flush=True)
+
+
+def tls_apiversions(conf):
+    import socket
+    import ssl
+    import struct
+    ctx = ssl.create_default_context(cafile=conf["ca"])
+    if conf.get("cert"):
+        ctx.load_cert_chain(conf["cert"], conf["key"])
+    # ApiVersions v0: api key 18, version 0, correlation id 1, client id "probe".
+    header = struct.pack(">hhih", 18, 0, 1, 5) + b"probe"
+    frame = struct.pack(">i", len(header)) + header
+    try:
+        raw = socket.create_connection((conf["host"], conf["port"]), timeout=20)
+        s = ctx.wrap_socket(raw, server_hostname="localhost")
+        s.sendall(frame)
+        data = s.recv(4)
+    except (ssl.SSLError, OSError) as e:
+        print(f"OK refused {e}", flush=True)
+        return
+    if len(data) == 4:
+        print("OK answered", flush=True)
+    else:
+        print(f"OK refused connection closed ({data!r})", flush=True)
+
+
+def tls_pieces(conf):
+    """TLS records arriving in pieces: a local relay forwards the client's bytes to the
+    broker 1..7 bytes at a time (and the broker's back the same way); the handshake,
+    ApiVersions and Metadata must still complete."""
+    import random
+    import socket
+    import ssl
+    import struct
+    import threading
+    rng = random.Random(20261201)
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(4096)
+                if not data:
+                    break
+                i = 0
+                while i < len(data):
+                    n = rng.randint(1, 7)
+                    dst.sendall(data[i:i + n])
+                    i += n
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def relay():
+        client, _ = lsock.accept()
+        upstream = socket.create_connection((conf["host"], conf["port"]), timeout=30)
+        for s in (client, upstream):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        pump(upstream, client)
+
+    threading.Thread(target=relay, daemon=True).start()
+    ctx = ssl.create_default_context(cafile=conf["ca"])
+    raw = socket.create_connection(lsock.getsockname(), timeout=30)
+    s = ctx.wrap_socket(raw, server_hostname="localhost")
+
+    def call(api_key, version, body, cid):
+        header = struct.pack(">hhih", api_key, version, cid, 5) + b"probe"
+        s.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        size = struct.unpack(">i", recv_exact(4))[0]
+        resp = recv_exact(size)
+        if struct.unpack(">i", resp[:4])[0] != cid:
+            fail("correlation id mismatch")
+        return resp
+
+    def recv_exact(n):
+        out = b""
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk:
+                fail(f"connection closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    call(18, 0, b"", 1)
+    # Metadata v1, all topics (null array).
+    md = call(3, 1, struct.pack(">i", -1), 2)
+    print(f"OK handshake, ApiVersions and Metadata ({len(md)} bytes) in pieces", flush=True)
+
+
+def bench_produce(conf, topic, mib):
+    create_topic(conf, topic, partitions=1)
+    value = b"x" * 1024
+    n = mib * 1024
+    p = Producer({**conf, "linger.ms": 5, "batch.size": 1 << 20, "acks": 1,
+                  "compression.type": "none", "queue.buffering.max.kbytes": 1 << 20})
+    start = time.time()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, value=value)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    if p.flush(TIMEOUT_S * 5):
+        fail("produce did not finish")
+    print(f"OK produce_mibs={mib / (time.time() - start):.1f}", flush=True)
+
+
+def bench_consume(conf, topic, mib):
+    n = mib * 1024
+    c = Consumer({**conf, "group.id": f"b-{uuid.uuid4().hex[:8]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    start = time.time()
+    deadline = start + TIMEOUT_S * 5
+    while got < n and time.time() < deadline:
+        for m in c.consume(10000, 1.0):
+            if m.error():
+                fail(f"consume: {m.error()}")
+            got += 1
+    took = time.time() - start
+    c.close()
+    if got < n:
+        fail(f"consumed {got} of {n}")
+    print(f"OK consume_mibs={mib / took:.1f}", flush=True)
+
+
+def main():
+    action, conf = sys.argv[1], json.loads(sys.argv[2])
+    args = sys.argv[3:]
+    try:
+        if action == "roundtrip":
+            roundtrip(conf, args[0], int(args[1]))
+        elif action == "scram-add":
+            scram_add(conf, args[0], args[1], args[2])
+        elif action == "scram-describe":
+            scram_describe(conf, args[0])
+        elif action == "metadata":
+            metadata(conf)
+        elif action == "expect-auth-fail":
+            expect_auth_fail(conf)
+        elif action == "tls-apiversions":
+            tls_apiversions(conf)
+        elif action == "tls-pieces":
+            tls_pieces(conf)
+        elif action == "bench-produce":
+            bench_produce(conf, args[0], int(args[1]))
+        elif action == "bench-consume":
+            bench_consume(conf, args[0], int(args[1]))
+        else:
+            fail(f"unknown action {action}")
+    except KafkaException as e:
+        fail(f"{action}: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+//! Several `weir serve` processes forming one cluster on 127.0.0.1: node ids 1..=n, each
+//! a voter of `controller.quorum.voters` on a controller port chosen here (free ephemeral
+//! ports, kept across restarts), client ports ephemeral. Metadata is read with a raw
+//! client and reduced to a canonical [`dump`] that nodes can be compared by.
+
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    MetadataRequest, MetadataResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::{Weir, WeirConfig};
+use crate::raw::RawConn;
+
+/// Metadata version the harness reads (leader epochs, offline replicas, cluster id).
+const METADATA_VERSION: i16 = 9;
+/// How long one request to a node may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Free ports on 127.0.0.1 (bound, then released for the node to take).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    held.iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect::<Result<_>>()
+}
+
+/// A cluster under test; dropping it kills every node.
+pub struct Cluster {
+    /// Node `i` has id `i + 1` (stopped ones stay, to restart).
+    pub nodes: Vec<Weir>,
+}
+
+impl Cluster {
+    /// Starts `n` voters with short (test) timeouts plus `extra` settings.
+    pub fn start(n: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
+        Cluster::start_with_brokers(n, 0, extra)
+    }
+
+    /// Starts `n` voters (ids 1..=n) and `brokers` broker-only nodes (ids after them).
+    pub fn start_with_brokers(n: usize, brokers: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
+        let ports = free_ports(n)?;
+        let voters: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+            .collect();
+        let voters = voters.join(",");
+        let mut nodes = Vec::new();
+        for i in 0..n + brokers {
+            let mut config = WeirConfig::shards(1)
+                .set("node.id", i + 1)
+                .set("controller.quorum.voters", &voters)
+                .set("broker.heartbeat.interval.ms", 200)
+                .set("broker.session.timeout.ms", 3000)
+                .set("controller.quorum.election.timeout.ms", 500);
+            for (k, v) in extra {
+                config = config.set(k, v);
+            }
+            nodes.push(Weir::start(config).with_context(|| format!("start node {}", i + 1))?);
+        }
+        Ok(Cluster { nodes })
+    }
+
+    /// The node with id `id`.
+    pub fn node(&mut self, id: i32) -> &mut Weir {
+        let i = usize::try_from(id - 1).unwrap_or(0);
+        &mut self.nodes[i]
+    }
+
+    /// Ids of the running nodes.
+    pub fn live(&mut self) -> Vec<i32> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_alive())
+            .map(|i| i as i32 + 1)
+            .collect()
+    }
+
+    /// Metadata (all topics) from node `id`.
+    pub fn metadata(&mut self, id: i32) -> Result<MetadataResponse> {
+        let addr = self.node(id).addr();
+        metadata_at(addr)
+    }
+
+    /// Waits (bounded) until every live node reports the same dump with `want` brokers
+    /// and a controller, and `check` accepts it; returns the dump.
+    pub fn wait_agreed(
+        &mut self,
+        want_brokers: usize,
+        timeout: Duration,
+        check: impl Fn(&MetadataResponse) -> bool,
+    ) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let live = self.live();
+            let mut dumps = Vec::new();
+            let mut ok = true;
+            for id in &live {
+                match self.metadata(*id) {
+                    Ok(m) => {
+                        ok &=
+                            m.brokers.len() == want_brokers && m.controller_id.0 >= 0 && check(&m);
+                        dumps.push(dump(&m));
+                    }
+                    Err(e) => {
+                        ok = false;
+                        dumps.push(format!("error: {e:#}"));
+                    }
+                }
+            }
+            if ok && dumps.windows(2).all(|w| w[0] == w[1]) {
+                return Ok(dumps.swap_remove(0));
+            }
+            last = dumps
+                .iter()
+                .zip(&live)
+                .map(|(d, id)| format!("node {id}:\n{d}"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("nodes did not agree within {timeout:?}; last dumps:\n{last}")
+    }
+
+    /// The controller every live node reports, once they agree (bounded).
+    pub fn controller(&mut self, timeout: Duration) -> Result<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let live = self.live();
+            let ids: Vec<i32> = live
+                .iter()
+                .filter_map(|id| self.metadata(*id).ok().map(|m| m.controller_id.0))
+                .collect();
+            if ids.len() == live.len()
+                && ids.first().is_some_and(|c| live.contains(c))
+                && ids.windows(2).all(|w| w[0] == w[1])
+            {
+                return Ok(ids[0]);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("no agreed live controller within {timeout:?}")
+    }
+}
+
+/// Metadata v9 for all topics from `addr`.
+pub fn metadata_at(addr: SocketAddr) -> Result<MetadataResponse> {
+    let mut conn = RawConn::connect_timeout(addr, CALL_TIMEOUT)?;
+    conn.call(
+        ApiKey::Metadata,
+        METADATA_VERSION,
+        &MetadataRequest::default().with_topics(None::<Vec<MetadataRequestTopic>>),
+    )
+}
+
+/// CreateTopics (v5) of one topic at `addr`; returns its error code.
+pub fn create_topic(addr: SocketAddr, name: &str, partitions: i32, rf: i16) -> Result<i16> {
+    let mut conn = RawConn::connect_timeout(addr, CALL_TIMEOUT)?;
+    let topic = CreatableTopic::default()
+        .with_name(TopicName(StrBytes::from_string(name.to_string())))
+        .with_num_partitions(partitions)
+        .with_replication_factor(rf);
+    let req = CreateTopicsRequest::default()
+        .with_topics(vec![topic])
+        .with_timeout_ms(30_000);
+    let resp: CreateTopicsResponse = conn.call(ApiKey::CreateTopics, 5, &req)?;
+    Ok(resp.topics.first().map_or(-1, |t| t.error_code))
+}
+
+/// DeleteTopics (v4) of one topic at `addr`; returns its error code.
+pub fn delete_topic(addr: SocketAddr, name: &str) -> Result<i16> {
+    let mut conn = RawConn::connect_timeout(addr, CALL_TIMEOUT)?;
+    let req = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(StrBytes::from_string(name.to_string()))])
+        .with_timeout_ms(30_000);
+    let resp: DeleteTopicsResponse = conn.call(ApiKey::DeleteTopics, 4, &req)?;
+    Ok(resp.responses.first().map_or(-1, |t| t.error_code))
+}
+
+/// A canonical text of what a node says about the cluster: brokers (id, address),
+/// controller, cluster id, and per topic per partition leader, epoch, replicas, ISR.
+/// Two nodes agree when their dumps are byte for byte the same.
+pub fn dump(m: &MetadataResponse) -> String {
+    let mut out = String::new();
+    let mut brokers: Vec<_> = m
+        .brokers
+        .iter()
+        .map(|b| (b.node_id.0, b.host.to_string(), b.port))
+        .collect();
+    brokers.sort();
+    let _ = writeln!(
+        out,
+        "cluster {:?} controller {}",
+        m.cluster_id.as_ref().map(|c| c.to_string()),
+        m.controller_id.0
+    );
+    for (id, host, port) in brokers {
+        let _ = writeln!(out, "broker {id} {host}:{port}");
+    }
+    let mut topics: Vec<_> = m.topics.iter().collect();
+    topics.sort_by_key(|t| t.name.as_ref().map(|n| n.0.to_string()));
+    for t in topics {
+        let name = t.name.as_ref().map_or(String::new(), |n| n.0.to_string());
+        let _ = writeln!(out, "topic {name} error {}", t.error_code);
+        let mut parts: Vec<_> = t.partitions.iter().collect();
+        parts.sort_by_key(|p| p.partition_index);
+        for p in parts {
+            let ids = |v: &[kafka_protocol::messages::BrokerId]| {
+                v.iter()
+                    .map(|b| b.0.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let _ = writeln!(
+                out,
+                "  p{} leader {} epoch {} replicas [{}] isr [{}] error {}",
+                p.partition_index,
+                p.leader_id.0,
+                p.leader_epoch,
+                ids(&p.replica_nodes),
+                ids(&p.isr_nodes),
+                p.error_code
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,435 @@
+//! Three weir processes on 127.0.0.1 form one cluster through the controller quorum
+//! (`controller.quorum.voters`): every node reports the same brokers, controller and
+//! partition placement; the controller's node can be SIGKILLed and another takes over;
+//! a random minority killed again and again under topic churn loses no acknowledged
+//! change, and every node ends with the same metadata, byte for byte; librdkafka
+//! produces and consumes through any node as bootstrap.
+//!
+//! The longer loop: `cargo test -p weir-tests --test cluster_quorum -- --ignored --nocapture`
+//! (`CLUSTER_CYCLES`, default 20; `CLUSTER_FAILOVER_RUNS` for the failover timing, default 20).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use weir_tests::cluster::{self, Cluster};
+
+/// Bound on every "until the nodes agree" wait: elections, lease expiry and catch-up on
+/// a loaded 2-core machine.
+const AGREE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Tries of one metadata write while a controller is being elected.
+const WRITE_TRIES: usize = 40;
+const NONE: i16 = 0;
+const TOPIC_ALREADY_EXISTS: i16 = 36;
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+
+/// The last log lines of every node, for a failure message.
+fn logs(c: &mut Cluster) -> String {
+    (1..=c.nodes.len() as i32)
+        .map(|id| format!("--- node {id}:\n{}", c.node(id).log_tail(40)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Creates `name` through any live node, retrying while no controller answers; true once
+/// acknowledged (an "already exists" after a retry counts: the first try was made).
+fn create(c: &mut Cluster, name: &str, partitions: i32, rf: i16) -> bool {
+    for attempt in 0..WRITE_TRIES {
+        let live = c.live();
+        let id = live[attempt % live.len()];
+        let addr = c.node(id).addr();
+        match cluster::create_topic(addr, name, partitions, rf) {
+            Ok(NONE) => return true,
+            Ok(TOPIC_ALREADY_EXISTS) if attempt > 0 => return true,
+            Ok(_) | Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    false
+}
+
+fn delete(c: &mut Cluster, name: &str) -> bool {
+    for attempt in 0..WRITE_TRIES {
+        let live = c.live();
+        let id = live[attempt % live.len()];
+        let addr = c.node(id).addr();
+        match cluster::delete_topic(addr, name) {
+            Ok(NONE) => return true,
+            Ok(UNKNOWN_TOPIC_OR_PARTITION) if attempt > 0 => return true,
+            Ok(_) | Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    false
+}
+
+/// Replica sets and leaders of `topic` in `m`.
+fn placement(m: &kafka_protocol::messages::MetadataResponse, topic: &str) -> Vec<(i32, Vec<i32>)> {
+    m.topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+        .map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.leader_id.0, p.replica_nodes.iter().map(|b| b.0).collect()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn has_topic(m: &kafka_protocol::messages::MetadataResponse, topic: &str) -> bool {
+    !placement(m, topic).is_empty()
+}
+
+#[test]
+fn three_nodes_agree_and_a_topic_created_through_node_2_is_spread_over_all() {
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    let first = c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(
+        first.contains("broker 1 ") && first.contains("broker 3 "),
+        "{first}"
+    );
+    let addr = c.node(2).addr();
+    assert_eq!(
+        cluster::create_topic(addr, "spread", 6, 3).expect("create"),
+        NONE
+    );
+    // Too many replicas for the live nodes.
+    assert_eq!(
+        cluster::create_topic(addr, "too-wide", 1, 4).expect("create"),
+        38,
+        "INVALID_REPLICATION_FACTOR"
+    );
+    let dump = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "spread"))
+        .expect("every node has the topic");
+    let m = c.metadata(1).expect("metadata");
+    let parts = placement(&m, "spread");
+    assert_eq!(parts.len(), 6, "{dump}");
+    for (leader, replicas) in &parts {
+        let set: BTreeSet<i32> = replicas.iter().copied().collect();
+        assert_eq!(set, BTreeSet::from([1, 2, 3]), "{dump}");
+        assert!(set.contains(leader), "{dump}");
+    }
+    let mut leaders: BTreeMap<i32, usize> = BTreeMap::new();
+    for (leader, _) in &parts {
+        *leaders.entry(*leader).or_default() += 1;
+    }
+    assert_eq!(leaders.len(), 3, "leaders spread: {leaders:?}\n{dump}");
+    assert!(leaders.values().all(|n| *n == 2), "evenly: {leaders:?}");
+}
+
+/// Kills the controller's node, returns how long until the others agree on a new one.
+fn kill_controller_and_time(c: &mut Cluster) -> (i32, Duration) {
+    let old = c.controller(AGREE_TIMEOUT).expect("controller");
+    c.node(old).kill().expect("kill");
+    let t0 = Instant::now();
+    let deadline = t0 + AGREE_TIMEOUT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no new controller after killing {old}"
+        );
+        let new = c.controller(Duration::from_secs(5));
+        if let Ok(new) = new
+            && new != old
+        {
+            return (old, t0.elapsed());
+        }
+    }
+}
+
+#[test]
+fn sigkill_of_the_controller_elects_another_and_the_node_catches_up_on_restart() {
+    let runs: usize = std::env::var("CLUSTER_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let (old, took) = kill_controller_and_time(&mut c);
+        times.push(took);
+        let name = format!("after-kill-{run}");
+        assert!(
+            create(&mut c, &name, 3, 2),
+            "creation works without node {old}"
+        );
+        c.wait_agreed(2, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("the two survivors agree");
+        c.node(old).restart().expect("restart");
+        c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("the restarted node caught up");
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    println!(
+        "SIGKILL of the controller -> new controller in Metadata: {runs} runs, median {median:?}, max {max:?}"
+    );
+}
+
+/// Whether every partition of `topic` has a live leader other than `dead` in `m`.
+fn led_without(m: &kafka_protocol::messages::MetadataResponse, topic: &str, dead: i32) -> bool {
+    let parts = placement(m, topic);
+    !parts.is_empty() && parts.iter().all(|(l, _)| *l >= 0 && *l != dead)
+}
+
+#[test]
+fn sigkill_of_a_partition_leader_moves_its_partitions_to_the_isr() {
+    let runs: usize = std::env::var("CLUSTER_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let name = format!("led-{run}");
+        assert!(create(&mut c, &name, 3, 3), "create {name}");
+        c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("agree on the topic");
+        // A node that is not the controller: only the partition leader fails over.
+        let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+        let victim = (1..=3)
+            .find(|id| *id != controller)
+            .expect("a non-controller");
+        c.node(victim).kill().expect("kill");
+        let t0 = Instant::now();
+        let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+        loop {
+            assert!(
+                t0.elapsed() < AGREE_TIMEOUT,
+                "partitions of {victim} not moved"
+            );
+            let moved = survivors.iter().all(|id| {
+                c.metadata(*id)
+                    .is_ok_and(|m| led_without(&m, &name, victim))
+            });
+            if moved {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        times.push(t0.elapsed());
+        c.node(victim).restart().expect("restart");
+        c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, &name))
+            .expect("the restarted node caught up");
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    println!(
+        "SIGKILL of a partition leader's node -> new leader in Metadata (broker.session.timeout.ms=3000): {runs} runs, median {median:?}, max {max:?}"
+    );
+}
+
+#[test]
+fn rdkafka_produces_and_consumes_through_every_node_as_bootstrap() {
+    use weir_tests::clients;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "routed", 3, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "routed"))
+        .expect("agree on the topic");
+    let (mut sent, mut acked) = (Vec::new(), Vec::new());
+    for id in 1..=3 {
+        let bootstrap = c.node(id).bootstrap();
+        let (p, log) = clients::producer(&bootstrap, "all", "none", &[]).expect("producer");
+        let tag = format!("via-{id}");
+        let records =
+            clients::make_records(u64::from(id as u32) * 1_000, 300, &tag, clients::now_ms());
+        clients::produce_all(&p, "routed", &records, None).expect("produce");
+        assert!(log.failed().is_empty(), "via node {id}: {:?}", log.failed());
+        acked.extend(log.acked());
+        sent.extend(records);
+    }
+    // Read back through another node than the last producer's.
+    let bootstrap = c.node(1).bootstrap();
+    let got = clients::consume_to_end(&bootstrap, "routed", &[0, 1, 2]).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record read back");
+    assert_eq!(checked, 900);
+}
+
+#[test]
+fn sigterm_moves_leadership_away_before_the_node_stops() {
+    // A lease far longer than the test waits: only the controlled shutdown can move it.
+    let mut c = Cluster::start(3, &[("broker.session.timeout.ms", "60000")]).expect("start");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "handover", 3, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "handover"))
+        .expect("agree on the topic");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let victim = (1..=3)
+        .find(|id| *id != controller)
+        .expect("a non-controller");
+    let t0 = Instant::now();
+    let status = c.node(victim).terminate().expect("SIGTERM");
+    assert!(status.success(), "clean exit: {status}");
+    let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+    loop {
+        let moved = survivors.iter().all(|id| {
+            c.metadata(*id)
+                .is_ok_and(|m| led_without(&m, "handover", victim))
+        });
+        if moved {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "partitions of {victim} not moved by its shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("SIGTERM -> leadership moved in {:?}", t0.elapsed());
+}
+
+#[test]
+fn five_nodes_keep_committing_with_two_killed_and_the_two_catch_up() {
+    let mut c = Cluster::start(5, &[]).expect("start cluster");
+    c.wait_agreed(5, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "five-before", 5, 3), "create");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    // The controller and one other: a minority of two.
+    let other = (1..=5).find(|id| *id != controller).expect("another node");
+    for id in [controller, other] {
+        c.node(id).kill().expect("kill");
+    }
+    assert!(
+        create(&mut c, "five-during", 5, 3),
+        "creation works with 3 of 5"
+    );
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "five-during"))
+        .expect("the three agree once the two are fenced");
+    for id in [controller, other] {
+        c.node(id).restart().expect("restart");
+    }
+    c.wait_agreed(5, AGREE_TIMEOUT, |m| {
+        has_topic(m, "five-before") && has_topic(m, "five-during")
+    })
+    .expect("all five agree");
+}
+
+#[test]
+fn sigkill_of_every_node_then_restart_keeps_every_committed_topic() {
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    for i in 0..5 {
+        assert!(
+            create(&mut c, &format!("kept-{i}"), 2, 3),
+            "create kept-{i}"
+        );
+    }
+    assert!(delete(&mut c, "kept-0"), "delete kept-0");
+    let before = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| {
+            has_topic(m, "kept-4") && !has_topic(m, "kept-0")
+        })
+        .expect("agree");
+    for id in 1..=3 {
+        c.node(id).kill().expect("kill");
+    }
+    for id in 1..=3 {
+        c.node(id).restart().expect("restart");
+    }
+    let after = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| {
+            (1..5).all(|i| has_topic(m, &format!("kept-{i}")))
+        })
+        .expect("agree after the restart");
+    assert!(!after.contains("topic kept-0 "), "{after}");
+    let topics = |d: &str| {
+        d.lines()
+            .filter(|l| l.starts_with("topic "))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(topics(&before), topics(&after));
+}
+
+#[test]
+fn a_broker_that_is_not_a_voter_joins_follows_the_image_and_forwards_writes() {
+    let mut c = Cluster::start_with_brokers(3, 1, &[]).expect("start cluster");
+    let dump = c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(dump.contains("broker 4 "), "{dump}");
+    let addr = c.node(4).addr();
+    assert_eq!(
+        cluster::create_topic(addr, "via-broker", 4, 4).expect("create"),
+        NONE
+    );
+    // Answered once node 4's own image has it.
+    let m = c.metadata(4).expect("metadata");
+    let parts = placement(&m, "via-broker");
+    assert_eq!(parts.len(), 4, "{}", cluster::dump(&m));
+    for (_, replicas) in &parts {
+        let set: BTreeSet<i32> = replicas.iter().copied().collect();
+        assert_eq!(set, BTreeSet::from([1, 2, 3, 4]));
+    }
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| has_topic(m, "via-broker"))
+        .expect("every node agrees");
+    // Killed, it is fenced; restarted, it catches up.
+    c.node(4).kill().expect("kill");
+    assert!(create(&mut c, "while-away", 2, 3), "create");
+    c.node(4).restart().expect("restart");
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| has_topic(m, "while-away"))
+        .expect("the broker caught up");
+}
+
+fn churn(cycles: usize) {
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut present: BTreeSet<String> = BTreeSet::new();
+    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    for cycle in 0..cycles {
+        let victim = (rand() % 3) as i32 + 1;
+        c.node(victim).kill().expect("kill");
+        for k in 0..2 {
+            let name = format!("churn-{cycle}-{k}");
+            if !create(&mut c, &name, 2, 2) {
+                panic!("create {name} without node {victim}\n{}", logs(&mut c));
+            }
+            present.insert(name);
+        }
+        if let Some(gone) = present
+            .iter()
+            .nth((rand() as usize) % present.len())
+            .cloned()
+        {
+            assert!(delete(&mut c, &gone), "delete {gone}");
+            present.remove(&gone);
+            deleted.insert(gone);
+        }
+        c.node(victim).restart().expect("restart");
+    }
+    let dump = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| {
+            present.iter().all(|t| has_topic(m, t))
+        })
+        .expect("every node ends with the same metadata");
+    for t in &deleted {
+        assert!(
+            !dump.contains(&format!("topic {t} ")),
+            "{t} was deleted:\n{dump}"
+        );
+    }
+}
+
+#[test]
+fn random_minority_sigkills_under_topic_churn_lose_no_acknowledged_change() {
+    churn(10);
+}
+
+#[test]
+#[ignore]
+fn random_minority_sigkills_under_topic_churn_long() {
+    let cycles = std::env::var("CLUSTER_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    churn(cycles);
+}

@@ -1,0 +1,159 @@
+//! Replication across real nodes (issue 11): three `weir` processes on 127.0.0.1, a topic
+//! with replication factor 3 and `min.insync.replicas=2`. Followers fetch from the leader
+//! (replica fetchers), the leader's HW waits for its ISR, so an acks=all confluent-kafka
+//! producer's acknowledged records are on every ISR member. The leader's node is
+//! SIGKILLed: the controller elects a new leader from the ISR, producing goes on with two
+//! replicas, the killed node restarts, catches up and rejoins the ISR, and at the end every
+//! acknowledged record is read back exactly once, in order, and the three replicas' logs
+//! are identical byte for byte.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::MetadataResponse;
+use weir_tests::clients;
+use weir_tests::cluster::{self, Cluster};
+
+const AGREE_TIMEOUT: Duration = Duration::from_secs(60);
+const TOPIC: &str = "replicated";
+
+/// (leader, ISR) of partition 0 of `topic` in `m`.
+fn placement(m: &MetadataResponse, topic: &str) -> Option<(i32, Vec<i32>)> {
+    let t = m
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))?;
+    let p = t.partitions.iter().find(|p| p.partition_index == 0)?;
+    let mut isr: Vec<i32> = p.isr_nodes.iter().map(|n| n.0).collect();
+    isr.sort();
+    Some((p.leader_id.0, isr))
+}
+
+/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
+/// at the end of the last whole batch (preallocated space and block padding dropped).
+fn log_bytes(dir: &Path) -> Vec<u8> {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    segments.sort();
+    let mut out = Vec::new();
+    for seg in segments {
+        let bytes = std::fs::read(&seg).unwrap_or_default();
+        let mut at = 0usize;
+        while at + 12 <= bytes.len() {
+            let len =
+                i32::from_be_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]);
+            let Ok(len) = usize::try_from(len) else { break };
+            if len == 0 || at + 12 + len > bytes.len() {
+                break;
+            }
+            out.extend_from_slice(&bytes[at..at + 12 + len]);
+            at += 12 + len;
+        }
+    }
+    out
+}
+
+fn partition_dir(c: &mut Cluster, id: i32) -> std::path::PathBuf {
+    c.node(id).data_dir().join(format!("{TOPIC}-0"))
+}
+
+/// Waits (bounded) until every node's replica log is identical; returns its length.
+fn wait_identical(c: &mut Cluster, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let logs: Vec<Vec<u8>> = (1..=3).map(|id| log_bytes(&partition_dir(c, id))).collect();
+        if !logs[0].is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
+            return logs[0].len();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica logs differ after {timeout:?}: lengths {:?}",
+            logs.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every live node reports partition 0 with a live leader and `isr_len` ISR
+/// members; returns (leader, ISR).
+fn wait_placement(c: &mut Cluster, isr_len: usize, timeout: Duration) -> (i32, Vec<i32>) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let live = c.live();
+        let seen: Vec<Option<(i32, Vec<i32>)>> = live
+            .iter()
+            .map(|id| c.metadata(*id).ok().and_then(|m| placement(&m, TOPIC)))
+            .collect();
+        if let Some(Some((leader, isr))) = seen.first().cloned() {
+            let agreed = seen
+                .iter()
+                .all(|s| s.as_ref() == Some(&(leader, isr.clone())));
+            if agreed && live.contains(&leader) && isr.len() == isr_len {
+                return (leader, isr);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no placement with {isr_len} in sync: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn produce(
+    c: &mut Cluster,
+    via: i32,
+    first_id: u64,
+    n: u64,
+    tag: &str,
+) -> (Vec<clients::Sent>, Vec<clients::Acked>) {
+    let bootstrap = c.node(via).bootstrap();
+    let (p, log) = clients::producer(&bootstrap, "all", "none", &[("enable.idempotence", "true")])
+        .expect("producer");
+    let records = clients::make_records(first_id, n, tag, clients::now_ms());
+    clients::produce_all(&p, TOPIC, &records, Some(0)).expect("produce");
+    assert!(
+        log.failed().is_empty(),
+        "failed deliveries: {:?}",
+        log.failed()
+    );
+    (records, log.acked())
+}
+
+#[test]
+fn acks_all_survives_the_leaders_sigkill_and_the_replicas_end_identical() {
+    let mut c = Cluster::start(3, &[("min.insync.replicas", "2")]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 3).expect("create"), 0);
+    let (leader, isr) = wait_placement(&mut c, 3, AGREE_TIMEOUT);
+    assert_eq!(isr, vec![1, 2, 3]);
+
+    let (mut sent, mut acked) = produce(&mut c, leader, 0, 400, "first");
+    wait_identical(&mut c, AGREE_TIMEOUT);
+
+    // The leader dies; a member of the ISR takes over and acks=all goes on with two.
+    c.node(leader).kill().expect("SIGKILL the leader");
+    let (new_leader, isr) = wait_placement(&mut c, 2, AGREE_TIMEOUT);
+    assert_ne!(new_leader, leader);
+    assert!(
+        !isr.contains(&leader),
+        "the dead node left the ISR: {isr:?}"
+    );
+    let (s, a) = produce(&mut c, new_leader, 10_000, 400, "second");
+    sent.extend(s);
+    acked.extend(a);
+
+    // Back up, it truncates to the new leader's log if it must, catches up, rejoins.
+    c.node(leader).restart().expect("restart");
+    let (_, isr) = wait_placement(&mut c, 3, AGREE_TIMEOUT);
+    assert_eq!(isr, vec![1, 2, 3], "the restarted node rejoined the ISR");
+    wait_identical(&mut c, AGREE_TIMEOUT);
+
+    let bootstrap = c.node(new_leader).bootstrap();
+    let got = clients::consume_to_end(&bootstrap, TOPIC, &[0]).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
+    assert_eq!(checked, 800);
+}
