@@ -67,11 +67,16 @@ fn wait_identical(c: &mut Cluster, timeout: Duration) -> usize {
         if !logs[0].is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
             return logs[0].len();
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica logs differ after {timeout:?}: lengths {:?}",
-            logs.iter().map(Vec::len).collect::<Vec<_>>()
-        );
+        if Instant::now() >= deadline {
+            let tails: Vec<String> = (1..=3)
+                .map(|id| format!("--- node {id}:\n{}", c.node(id).log_tail(30)))
+                .collect();
+            panic!(
+                "replica logs differ after {timeout:?}: lengths {:?}\n{}",
+                logs.iter().map(Vec::len).collect::<Vec<_>>(),
+                tails.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }

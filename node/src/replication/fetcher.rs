@@ -12,7 +12,9 @@
 //! - OFFSET_OUT_OF_RANGE: this log is past the leader's end or below its start: cut to
 //!   the leader's end, or restart empty at its start (ListOffsets with this replica id);
 //! - NOT_LEADER_OR_FOLLOWER, FENCED / UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION:
-//!   the partition waits (paused) until the metadata moves it (a new `follow`).
+//!   the partition waits [`REFUSED_RETRY`] and asks again: the leader may not have applied
+//!   the same metadata yet, or this replica is stale and the controller's next assignment
+//!   will move it (a new `follow`).
 //!
 //! The leader parks the fetch (`replica.fetch.wait.max.ms`) until it has data past the
 //! follower's end, so an idle fetcher costs one request per wait, not a spin.
@@ -46,6 +48,8 @@ const FETCH_SLACK: Duration = Duration::from_secs(10);
 /// Reconnect backoff bounds after a failed connection or request.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long a partition the source refused waits before it is fetched again.
+pub const REFUSED_RETRY: Duration = Duration::from_millis(200);
 
 /// Fetcher settings, Kafka's keys.
 #[derive(Clone, Copy, Debug)]
@@ -71,8 +75,8 @@ impl Default for FetcherConfig {
 /// One followed partition.
 struct Followed {
     partition: Rc<Partition>,
-    /// Refused by the leader (not leader, fenced ...): skipped until followed again.
-    paused: bool,
+    /// Refused by the leader (not leader yet, fenced ...): not fetched before this.
+    paused_until: Option<Instant>,
 }
 
 /// What one fetch round did, for tests and metrics.
@@ -117,7 +121,7 @@ impl ReplicaFetcher {
     pub fn follow(&self, tp: TopicPartition, partition: Rc<Partition>) {
         let followed = Followed {
             partition,
-            paused: false,
+            paused_until: None,
         };
         self.followed.borrow_mut().insert(tp, followed);
     }
@@ -192,7 +196,9 @@ impl ReplicaFetcher {
 
     fn fetch_request(&self) -> Option<FetchRequest> {
         let mut topics: Vec<FetchTopic> = Vec::new();
-        for (tp, f) in self.followed.borrow().iter().filter(|(_, f)| !f.paused) {
+        let now = Instant::now();
+        let ready = |f: &&Followed| f.paused_until.is_none_or(|t| t <= now);
+        for (tp, f) in self.followed.borrow().iter().filter(|(_, f)| ready(f)) {
             let p = &f.partition;
             let last_fetched = p
                 .epoch_entries()
@@ -245,9 +251,9 @@ impl ReplicaFetcher {
                 return Ok(());
             }
             code => {
-                tracing::info!(topic = %tp.0, partition = tp.1, source = %self.source, code, "follower paused: the source refused the fetch");
+                crate::client_warn!(topic = %tp.0, partition = tp.1, source = %self.source, code, "the source refused a follower fetch; retrying");
                 if let Some(f) = self.followed.borrow_mut().get_mut(tp) {
-                    f.paused = true;
+                    f.paused_until = Some(Instant::now() + REFUSED_RETRY);
                 }
                 stats.paused += 1;
                 return Ok(());
