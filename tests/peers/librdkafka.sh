@@ -92,7 +92,8 @@ for t in $TESTS_LIST; do
     else
         failed=$((failed + 1))
         failed_list="$failed_list $t"
-        why="$(grep -m1 -E "FAIL|Assertion|TIMEOUT|timed out" "$log" | cut -c1-160)"
+        # The line after librdkafka's "### Test ... failed at ..." banner says why.
+        why="$(grep -m1 -A1 '^.*### Test' "$log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-160)"
         [ $rc -eq 124 ] && why="time cap ${CAP}s; $why"
         echo "FAIL $t ${secs}s $why"
     fi
