@@ -309,6 +309,7 @@ fn every_served_api_answers_at_every_advertised_version() {
         api::DESCRIBE_USER_SCRAM_CREDENTIALS,
         |_| DescribeUserScramCredentialsRequest::default(),
     );
+    answered += replica_apis_every_version(&mut c);
     assert!(answered >= 60, "{answered} (api, version) pairs answered");
 }
 
@@ -351,4 +352,35 @@ fn transaction_apis(c: &mut Client) -> usize {
         ListTransactionsRequest::default()
     });
     n
+}
+
+/// The replica admin APIs (api/replicas.rs) at every advertised version.
+fn replica_apis_every_version(c: &mut Client) -> usize {
+    let mut answered =
+        every_version::<_, DescribeLogDirsResponse>(c, api::DESCRIBE_LOG_DIRS, |_| {
+            DescribeLogDirsRequest::default().with_topics(None)
+        });
+    answered +=
+        every_version::<_, AlterReplicaLogDirsResponse>(c, api::ALTER_REPLICA_LOG_DIRS, |_| {
+            AlterReplicaLogDirsRequest::default()
+        });
+    answered += every_version::<_, ElectLeadersResponse>(c, api::ELECT_LEADERS, |_| {
+        use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+        ElectLeadersRequest::default().with_topic_partitions(Some(vec![
+            TopicPartitions::default()
+                .with_topic(name())
+                .with_partitions(vec![0]),
+        ]))
+    });
+    answered += every_version::<_, AlterPartitionReassignmentsResponse>(
+        c,
+        api::ALTER_PARTITION_REASSIGNMENTS,
+        |_| AlterPartitionReassignmentsRequest::default(),
+    );
+    answered += every_version::<_, ListPartitionReassignmentsResponse>(
+        c,
+        api::LIST_PARTITION_REASSIGNMENTS,
+        |_| ListPartitionReassignmentsRequest::default(),
+    );
+    answered
 }

@@ -582,6 +582,65 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
     Ok(())
 }
 
+/// librdkafka asks for a new KIP-394 member id when `subscribe()` is called again before
+/// its first JoinGroup is answered (0113 u_multiple_subscription_changes: three
+/// subscribes in a row). The id it gave up never joins; it must not hold the rebalance
+/// until its session timeout (there 45 s, per subscription change).
+#[test]
+fn a_superseded_member_id_does_not_hold_the_rebalance() -> Result<()> {
+    let (weir, mut a) = start()?;
+    let g = "resubscribe";
+    // Long sessions and rebalance timeouts: only the fix lets the join phase end early.
+    let req = |member: &str| -> Result<JoinGroupRequest> {
+        Ok(join_req(g, member, None, 30_000)?.with_rebalance_timeout_ms(60_000))
+    };
+    let first: JoinGroupResponse = a.call(ApiKey::JoinGroup, 7, &req("")?)?;
+    let ma = first.member_id.to_string();
+    let ja: JoinGroupResponse = a.call(ApiKey::JoinGroup, 7, &req(&ma)?)?;
+    ensure!(ja.error_code == NONE, "{ja:?}");
+    sync(&mut a, 5, g, ja.generation_id, &ma, &[(&ma, b"all")])?;
+
+    let addr = weir.addr();
+    let b_join = thread::spawn(move || -> Result<JoinGroupResponse> {
+        let mut b = RawConn::connect(addr)?;
+        let given_up: JoinGroupResponse = b.call(ApiKey::JoinGroup, 7, &req("")?)?;
+        let kept: JoinGroupResponse = b.call(ApiKey::JoinGroup, 7, &req("")?)?;
+        ensure!(
+            given_up.error_code == MEMBER_ID_REQUIRED && kept.error_code == MEMBER_ID_REQUIRED,
+            "{given_up:?} {kept:?}"
+        );
+        ensure!(given_up.member_id != kept.member_id, "two ids handed out");
+        b.call(ApiKey::JoinGroup, 7, &req(&kept.member_id)?)
+    });
+    // a learns of the rebalance by heartbeat (bounded: 20 s), then rejoins.
+    let mut code = NONE;
+    for _ in 0..200 {
+        code = heartbeat(&mut a, 4, g, ja.generation_id, &ma, None)?;
+        if code != NONE {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(code == REBALANCE_IN_PROGRESS, "told to rejoin: {code}");
+    let started = std::time::Instant::now();
+    let ja2: JoinGroupResponse = a.call(ApiKey::JoinGroup, 7, &req(&ma)?)?;
+    let waited = started.elapsed();
+    let jb = b_join
+        .join()
+        .map_err(|_| anyhow::anyhow!("join thread"))??;
+    ensure!(
+        ja2.error_code == NONE && ja2.members.len() == 2,
+        "both joined: {ja2:?}"
+    );
+    ensure!(jb.error_code == NONE && jb.generation_id == ja2.generation_id);
+    // Without the fix the phase waits for the given-up id's 30 s session.
+    ensure!(
+        waited < Duration::from_secs(15),
+        "the join phase took {waited:?}: held by the given-up member id"
+    );
+    Ok(())
+}
+
 /// Log start offset of each `__consumer_offsets` partition (ListOffsets earliest).
 fn offsets_topic_starts(c: &mut RawConn) -> Result<Vec<i64>> {
     use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};

@@ -86,7 +86,7 @@ pub async fn dispatch(
             run(req, |r| find_coordinator(shard, r, v, session.advertised())).await
         }
         Some(ApiKey::JoinGroup) => {
-            let who = (client_id, format!("/{}", peer.ip()));
+            let who = (client_id, format!("/{}", peer.ip()), peer.to_string());
             run(req, |r| join_group(shard, r, v, who)).await
         }
         Some(ApiKey::SyncGroup) => run(req, |r| sync_group(shard, r, v)).await,
@@ -332,7 +332,7 @@ async fn join_group(
     shard: &Rc<Shard>,
     req: JoinGroupRequest,
     version: i16,
-    (client_id, client_host): (String, String),
+    (client_id, client_host, connection): (String, String, String),
 ) -> JoinGroupResponse {
     let group = req.group_id.to_string();
     let instance_len = req.group_instance_id.as_ref().map_or(0, |i| i.len());
@@ -361,6 +361,7 @@ async fn join_group(
             client_id,
             client_host,
             require_known_member_id: version >= 4,
+            connection,
         };
         match call_group_waiting(shard, &group, GroupOp::Join(args)).await {
             GroupReply::Join(r) => r,

@@ -67,6 +67,10 @@ pub struct JoinArgs {
     pub client_host: String,
     /// v4+: an unknown member first gets MEMBER_ID_REQUIRED (KIP-394).
     pub require_known_member_id: bool,
+    /// The client connection the request came on (peer `ip:port`; empty if unknown): a
+    /// client is one member of a group at a time, so a new KIP-394 id asked for on a
+    /// connection supersedes the one handed out there before (see [`Pending`]).
+    pub connection: String,
 }
 
 /// One member in the leader's JoinGroup answer.
@@ -193,8 +197,8 @@ pub struct Group {
     pub leader: Option<String>,
     /// In join order (a `Vec`: groups are small, and join order picks the next leader).
     pub members: Vec<Member>,
-    /// KIP-394: member ids handed out with MEMBER_ID_REQUIRED, and when they expire.
-    pending: HashMap<String, i64>,
+    /// KIP-394: member ids handed out with MEMBER_ID_REQUIRED, not yet joined.
+    pending: HashMap<String, Pending>,
     pub offsets: BTreeMap<(String, i32), OffsetValue>,
     /// When the group entered its current state (offsets retention counts from here).
     pub state_since_ms: i64,
@@ -205,6 +209,15 @@ pub struct Group {
     initial_delay_until_ms: Option<i64>,
     /// The group's metadata changed in a way that must be written to the log.
     dirty: bool,
+}
+
+/// A member id handed out with MEMBER_ID_REQUIRED (KIP-394). Until it joins or expires,
+/// the join phase waits for it (Kafka's `hasAllMembersJoined`).
+#[derive(Clone, Debug)]
+struct Pending {
+    expires_ms: i64,
+    /// The connection it was handed out on (empty: unknown).
+    connection: String,
 }
 
 fn new_member_id(prefix: &str) -> String {
@@ -323,6 +336,10 @@ impl Group {
         if !self.supports(&a.protocol_type, &a.protocols) {
             return refuse(codes::INCONSISTENT_GROUP_PROTOCOL);
         }
+        tracing::debug!(
+            group = %self.id, generation = self.generation, member = %a.member_id,
+            instance = ?a.instance_id, state = self.state.name(), "join"
+        );
         if a.member_id.is_empty() {
             self.join_new(a, now_ms, limits, reply);
         } else {
@@ -335,6 +352,9 @@ impl Group {
         if let Some(old) = returning.map(|m| m.id.clone()) {
             return self.replace_static(&old, a, now_ms, limits, reply);
         }
+        if a.instance_id.is_none() && a.require_known_member_id {
+            self.forget_superseded_pending(&a.connection);
+        }
         if self.members.len() + self.pending.len() >= limits.max_size {
             let _ = reply.try_send(JoinResult::error(codes::GROUP_MAX_SIZE_REACHED, ""));
             return;
@@ -342,12 +362,35 @@ impl Group {
         let prefix = a.instance_id.as_deref().unwrap_or(&a.client_id);
         let id = new_member_id(prefix);
         if a.instance_id.is_none() && a.require_known_member_id {
-            let expires = now_ms + i64::from(a.session_timeout_ms);
-            self.pending.insert(id.clone(), expires);
+            let pending = Pending {
+                expires_ms: now_ms + i64::from(a.session_timeout_ms),
+                connection: a.connection.clone(),
+            };
+            self.pending.insert(id.clone(), pending);
             let _ = reply.try_send(JoinResult::error(codes::MEMBER_ID_REQUIRED, &id));
             return;
         }
         self.add_member(id, &a, now_ms, limits, reply);
+    }
+
+    /// A client that asks for a new member id on a connection has given up the id handed
+    /// out there before (librdkafka does so when `subscribe()` is called again while its
+    /// first JoinGroup is answered): that id will never join, and would hold the join
+    /// phase until its session timeout (45 s by default) expires. Kafka waits for it;
+    /// weir forgets it at once.
+    fn forget_superseded_pending(&mut self, connection: &str) {
+        if connection.is_empty() {
+            return;
+        }
+        let before = self.pending.len();
+        self.pending.retain(|_, p| p.connection != connection);
+        let forgotten = before - self.pending.len();
+        if forgotten > 0 {
+            tracing::debug!(
+                group = %self.id, connection, forgotten,
+                "pending member id superseded by a new one on the same connection"
+            );
+        }
     }
 
     fn add_member(
@@ -752,6 +795,18 @@ impl Group {
         now_ms: i64,
         limits: &Limits,
     ) -> i16 {
+        let code = self.leave_member(member_id, instance, now_ms, limits);
+        tracing::debug!(group = %self.id, member = member_id, ?instance, code, "leave");
+        code
+    }
+
+    fn leave_member(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        now_ms: i64,
+        limits: &Limits,
+    ) -> i16 {
         let id = match instance {
             Some(i) => match self.static_member(i) {
                 None => return codes::UNKNOWN_MEMBER_ID,
@@ -796,7 +851,7 @@ impl Group {
 
     /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
     pub fn tick(&mut self, now_ms: i64, limits: &Limits) {
-        self.pending.retain(|_, expires| *expires > now_ms);
+        self.pending.retain(|_, p| p.expires_ms > now_ms);
         let expired: Vec<String> = self
             .members
             .iter()

@@ -262,6 +262,33 @@ fn static_leader_restart_keeps_the_generation() {
     assert_eq!(g.leader.as_deref(), Some(r.member_id.as_str()));
 }
 
+/// A second MEMBER_ID_REQUIRED asked for on the same connection supersedes the first id:
+/// the join phase does not wait for an id its client gave up.
+#[test]
+fn a_new_member_id_on_a_connection_supersedes_the_pending_one() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
+    take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
+    let on_b = |member: &str| {
+        let mut x = args(member, b"m");
+        x.connection = "127.0.0.1:40000".into();
+        x
+    };
+    let given_up = take(&join(&mut g, on_b(""), 10)).expect("id");
+    let kept = take(&join(&mut g, on_b(""), 10)).expect("id");
+    assert_eq!(kept.error, codes::MEMBER_ID_REQUIRED);
+    assert_ne!(given_up.member_id, kept.member_id);
+    let rx_b = join(&mut g, on_b(&kept.member_id), 20);
+    let rx_a = join(&mut g, args(&a, b"m"), 30);
+    let rb = take(&rx_b).expect("completed without waiting for the given-up id");
+    assert_eq!(rb.generation, 2);
+    assert!(take(&rx_a).is_some());
+    // The given-up id is unknown now.
+    let late = take(&join(&mut g, on_b(&given_up.member_id), 40)).expect("refused");
+    assert_eq!(late.error, codes::UNKNOWN_MEMBER_ID);
+}
+
 #[test]
 fn protocols_must_match_and_the_vote_picks_a_common_one() {
     let mut g = Group::new("g", 0);
