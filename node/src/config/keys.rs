@@ -67,6 +67,42 @@ pub const WEIR_KEYS: &[&str] = &[
     "offsets.retention.minutes",
     "offsets.topic.num.partitions",
     "offsets.topic.segment.bytes",
+    // cluster, replication, metrics, security, cleaner, transactions (merged later)
+    "broker.heartbeat.interval.ms",
+    "broker.session.timeout.ms",
+    "controller.quorum.election.timeout.ms",
+    "controller.quorum.voters",
+    "connection.failed.authentication.delay.ms",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "log.cleaner.dedupe.buffer.size",
+    "log.cleaner.delete.retention.ms",
+    "log.cleaner.enable",
+    "log.cleaner.io.max.bytes.per.second",
+    "log.cleaner.max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio",
+    "log.cleaner.min.compaction.lag.ms",
+    "metrics.listener",
+    "replica.fetch.max.bytes",
+    "replica.fetch.response.max.bytes",
+    "replica.fetch.wait.max.ms",
+    "replica.lag.time.max.ms",
+    "sasl.enabled.mechanisms",
+    "sasl.plain.users",
+    "ssl.client.auth",
+    "ssl.handshake.timeout.ms",
+    "ssl.key.password",
+    "ssl.keystore.certificate.chain",
+    "ssl.keystore.key",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+    "ssl.truststore.certificates",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+    "transaction.max.timeout.ms",
+    "transaction.state.log.num.partitions",
+    "transaction.state.log.segment.bytes",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
@@ -77,13 +113,10 @@ const KAFKA_KEYS: &[&str] = &[
     "auto.include.jmx.reporter",
     "auto.leader.rebalance.enable",
     "background.threads",
-    "broker.heartbeat.interval.ms",
     "broker.id.generation.enable",
     "broker.rack",
-    "broker.session.timeout.ms",
     "client.quota.callback.class",
     "compression.type",
-    "connection.failed.authentication.delay.ms",
     "connections.max.reauth.ms",
     "control.plane.listener.name",
     "controlled.shutdown.enable",
@@ -93,11 +126,9 @@ const KAFKA_KEYS: &[&str] = &[
     "controller.quorum.append.linger.ms",
     "controller.quorum.bootstrap.servers",
     "controller.quorum.election.backoff.max.ms",
-    "controller.quorum.election.timeout.ms",
     "controller.quorum.fetch.timeout.ms",
     "controller.quorum.request.timeout.ms",
     "controller.quorum.retry.backoff.ms",
-    "controller.quorum.voters",
     "controller.socket.timeout.ms",
     "create.topic.policy.class.name",
     "delete.records.purgatory.purge.interval.requests",
@@ -108,20 +139,11 @@ const KAFKA_KEYS: &[&str] = &[
     "group.coordinator.rebalance.protocols",
     "group.coordinator.threads",
     "initial.broker.registration.timeout.ms",
-    "inter.broker.listener.name",
     "inter.broker.protocol.version",
     "leader.imbalance.check.interval.seconds",
     "leader.imbalance.per.broker.percentage",
-    "listener.security.protocol.map",
-    "log.cleaner.dedupe.buffer.size",
-    "log.cleaner.delete.retention.ms",
-    "log.cleaner.enable",
     "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.buffer.size",
-    "log.cleaner.io.max.bytes.per.second",
-    "log.cleaner.max.compaction.lag.ms",
-    "log.cleaner.min.cleanable.ratio",
-    "log.cleaner.min.compaction.lag.ms",
     "log.cleaner.threads",
     "log.dir.failure.timeout.ms",
     "log.flush.offset.checkpoint.interval.ms",
@@ -173,12 +195,8 @@ const KAFKA_KEYS: &[&str] = &[
     "quota.window.num",
     "quota.window.size.seconds",
     "replica.fetch.backoff.ms",
-    "replica.fetch.max.bytes",
     "replica.fetch.min.bytes",
-    "replica.fetch.response.max.bytes",
-    "replica.fetch.wait.max.ms",
     "replica.high.watermark.checkpoint.interval.ms",
-    "replica.lag.time.max.ms",
     "replica.selector.class",
     "replica.socket.receive.buffer.bytes",
     "replica.socket.timeout.ms",
@@ -194,15 +212,11 @@ const KAFKA_KEYS: &[&str] = &[
     "socket.send.buffer.bytes",
     "super.users",
     "allow.everyone.if.no.acl.found",
-    "transaction.abort.timed.out.transaction.cleanup.interval.ms",
-    "transaction.max.timeout.ms",
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
     "transaction.state.log.min.isr",
-    "transaction.state.log.num.partitions",
     "transaction.state.log.replication.factor",
-    "transaction.state.log.segment.bytes",
     "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];
@@ -344,18 +358,25 @@ mod tests {
     #[test]
     fn unknown_kafka_and_used_keys_are_told_apart() {
         assert_eq!(kind("num.partitions"), KeyKind::Used);
-        assert_eq!(kind("controller.quorum.voters"), KeyKind::KafkaIgnored);
-        assert_eq!(kind("ssl.keystore.location"), KeyKind::KafkaIgnored);
+        assert_eq!(kind("controller.quorum.voters"), KeyKind::Used);
+        assert_eq!(kind("ssl.keystore.location"), KeyKind::Used);
         assert_eq!(kind("foo.bar"), KeyKind::Unknown);
         assert_eq!(kind("num.partition"), KeyKind::Unknown);
         let mut p = Properties::default();
         p.set("foo.bar", "1");
         p.set("num.partitions", "3");
-        p.set("controller.quorum.voters", "1@h:9093");
+        p.set("num.replica.fetchers", "2");
         let w = warnings(&p);
         assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("controller.quorum.voters") && w[0].contains("Kafka setting"));
-        assert!(w[1].contains("unknown config key foo.bar"));
+        assert!(
+            w.iter()
+                .any(|l| l.contains("num.replica.fetchers") && l.contains("Kafka setting")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().any(|l| l.contains("unknown config key foo.bar")),
+            "{w:?}"
+        );
     }
 
     #[test]
