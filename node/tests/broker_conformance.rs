@@ -46,14 +46,14 @@ fn unknown_and_ignored_config_keys_are_warned_about_by_name() {
         1,
         &[
             ("foo.bar", "1"),
-            ("controller.quorum.voters", "1@127.0.0.1:9093"),
+            ("num.replica.fetchers", "2"),
             ("num.partitions", "2"),
         ],
     );
     let wait = Duration::from_secs(10);
     assert!(broker.wait_log("unknown config key foo.bar", wait));
     assert!(broker.wait_log(
-        "config key controller.quorum.voters is a Kafka setting weir does not use",
+        "config key num.replica.fetchers is a Kafka setting weir does not use",
         wait
     ));
     assert!(
