@@ -580,3 +580,67 @@ async fn grow_topic(
     shard.sync_all().await;
     Ok(())
 }
+
+/// The partition count of an internal topic (`__consumer_offsets`, `__transaction_state`),
+/// created on first use through the controller like every metadata write (placed on
+/// nodes in a cluster): kept forever (cleanup.policy=compact, no time or size retention;
+/// the coordinator deletes with tombstones), a small tail cache and no preallocation (its
+/// partitions see little traffic; 50 preallocated ones would reserve ~1 GiB). Any failure
+/// is COORDINATOR_NOT_AVAILABLE, which clients retry.
+pub async fn internal_topic_partitions(
+    shard: &Rc<Shard>,
+    name: &str,
+    partitions: i32,
+    segment_bytes: i64,
+) -> Result<i32, i16> {
+    if let Some(t) = shard.catalog().topics.get(name) {
+        return Ok(t.partitions);
+    }
+    let mut configs = BTreeMap::from([
+        ("segment.bytes".to_string(), segment_bytes.to_string()),
+        ("log.tail.cache.bytes".to_string(), "65536".to_string()),
+        ("preallocate".to_string(), "false".to_string()),
+    ]);
+    // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
+    let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
+    configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
+    let meta = TopicMeta {
+        name: name.to_string(),
+        id: metadata::new_topic_id(),
+        partitions,
+        configs,
+        assignment: Vec::new(),
+    };
+    let topic = NewTopic {
+        meta,
+        internal: true,
+        replication_factor: shard.config().default_replication_factor,
+        assignments: Vec::new(),
+    };
+    let cmd = Command::CreateTopics {
+        topics: vec![topic],
+        max_partitions: shard.config().partition_limits.max_partitions,
+    };
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Created(v) => match v.into_iter().next() {
+            Some(Ok(_)) => tracing::info!(partitions, "created {name}"),
+            Some(Err((errors::TOPIC_ALREADY_EXISTS, _))) => {}
+            Some(Err((_, e))) => {
+                tracing::error!("cannot create {name}: {e}");
+                return Err(errors::COORDINATOR_NOT_AVAILABLE);
+            }
+            None => return Err(errors::COORDINATOR_NOT_AVAILABLE),
+        },
+        other => {
+            tracing::error!("cannot create {name}: controller answered {other:?}");
+            return Err(errors::COORDINATOR_NOT_AVAILABLE);
+        }
+    }
+    shard.sync_all().await;
+    let topics = shard.catalog();
+    topics
+        .topics
+        .get(name)
+        .map(|t| t.partitions)
+        .ok_or(errors::COORDINATOR_NOT_AVAILABLE)
+}

@@ -7,7 +7,6 @@
 //! Requests naming several groups (FindCoordinator v4+, OffsetFetch v8+, DescribeGroups,
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -43,7 +42,6 @@ use crate::group::{
     CommitArgs, FetchedOffset, GroupCall, GroupOp, GroupReply, GroupSummary, OFFSETS_TOPIC,
     OffsetCommit, Settings, codes, partition_for,
 };
-use crate::metadata::{self, TopicMeta};
 use crate::proto::Request;
 use crate::router::ShardId;
 use crate::server::session::Session;
@@ -105,65 +103,11 @@ pub async fn dispatch(
     }
 }
 
-/// Topic configs of `__consumer_offsets`: kept forever (no time or size retention: the
-/// coordinator deletes with tombstones), marked compact like Kafka's, small tail cache,
-/// no preallocation (little traffic; 50 partitions would otherwise reserve ~1 GiB).
-fn offsets_topic_configs(s: &Settings) -> BTreeMap<String, String> {
-    let mut configs = BTreeMap::from([
-        ("segment.bytes".to_string(), s.segment_bytes.to_string()),
-        ("log.tail.cache.bytes".to_string(), "65536".to_string()),
-        ("preallocate".to_string(), "false".to_string()),
-    ]);
-    // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
-    let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
-    configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
-    configs
-}
-
 /// The partition count of `__consumer_offsets`, creating the topic on first use.
 pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
-    if let Some(t) = shard.catalog().topics.get(OFFSETS_TOPIC) {
-        return Ok(t.partitions);
-    }
     let s = Settings::from_config(shard.config());
-    let meta = TopicMeta {
-        name: OFFSETS_TOPIC.to_string(),
-        id: metadata::new_topic_id(),
-        partitions: s.num_partitions,
-        configs: offsets_topic_configs(&s),
-        assignment: Vec::new(),
-    };
-    let topic = crate::controller::NewTopic {
-        meta,
-        internal: true,
-        replication_factor: shard.config().default_replication_factor,
-        assignments: Vec::new(),
-    };
-    let cmd = crate::controller::Command::CreateTopics {
-        topics: vec![topic],
-        max_partitions: shard.config().partition_limits.max_partitions,
-    };
-    let outcome = shard.node.controller.submit(&shard.node, cmd).await;
-    match outcome {
-        crate::controller::Outcome::Created(v) => match v.into_iter().next() {
-            Some(Ok(_)) => tracing::info!(partitions = s.num_partitions, "created {OFFSETS_TOPIC}"),
-            Some(Err((crate::errors::TOPIC_ALREADY_EXISTS, _))) => {}
-            Some(Err((_, e))) => {
-                tracing::error!("cannot create {OFFSETS_TOPIC}: {e}");
-                return Err(codes::COORDINATOR_NOT_AVAILABLE);
-            }
-            None => return Err(codes::COORDINATOR_NOT_AVAILABLE),
-        },
-        other => {
-            tracing::error!("cannot create {OFFSETS_TOPIC}: controller answered {other:?}");
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
-    }
-    shard.sync_all().await;
-    let topics = shard.catalog();
-    let t = topics.topics.get(OFFSETS_TOPIC);
-    t.map(|t| t.partitions)
-        .ok_or(codes::COORDINATOR_NOT_AVAILABLE)
+    super::admin::internal_topic_partitions(shard, OFFSETS_TOPIC, s.num_partitions, s.segment_bytes)
+        .await
 }
 
 /// Sends `op` for `group` to its coordinator.

@@ -7,7 +7,6 @@
 //! `TxnCall` to the shard owning the transactional id's `__transaction_state` partition,
 //! created (like `__consumer_offsets`) on first use.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +32,6 @@ use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 use super::topic_name;
 use crate::errors;
 use crate::group::{CommitArgs, GroupOp, GroupReply, OFFSETS_TOPIC, OffsetCommit};
-use crate::metadata::{self, TopicMeta};
 use crate::producer_state::partition::Marker;
 use crate::shard::{Shard, WriteMarkerCall};
 use crate::txn::{
@@ -45,62 +43,11 @@ const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest one WriteTxnMarkers partition write may take.
 const MARKER_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn txn_topic_configs(s: &Settings) -> BTreeMap<String, String> {
-    let mut configs = BTreeMap::from([
-        ("segment.bytes".to_string(), s.segment_bytes.to_string()),
-        ("log.tail.cache.bytes".to_string(), "65536".to_string()),
-        ("preallocate".to_string(), "false".to_string()),
-    ]);
-    // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
-    let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
-    configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
-    configs
-}
-
 /// The partition count of `__transaction_state`, creating the topic on first use.
 pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
-    if let Some(t) = shard.catalog().topics.get(TXN_TOPIC) {
-        return Ok(t.partitions);
-    }
     let s = Settings::from_config(shard.config());
-    let meta = TopicMeta {
-        name: TXN_TOPIC.to_string(),
-        id: metadata::new_topic_id(),
-        partitions: s.num_partitions,
-        configs: txn_topic_configs(&s),
-        assignment: Vec::new(),
-    };
-    // Through the controller, like every metadata write (placed on nodes in a cluster).
-    let topic = crate::controller::NewTopic {
-        meta,
-        internal: true,
-        replication_factor: shard.config().default_replication_factor,
-        assignments: Vec::new(),
-    };
-    let cmd = crate::controller::Command::CreateTopics {
-        topics: vec![topic],
-        max_partitions: shard.config().partition_limits.max_partitions,
-    };
-    match shard.node.controller.submit(&shard.node, cmd).await {
-        crate::controller::Outcome::Created(v) => match v.into_iter().next() {
-            Some(Ok(_)) => tracing::info!(partitions = s.num_partitions, "created {TXN_TOPIC}"),
-            Some(Err((errors::TOPIC_ALREADY_EXISTS, _))) => {}
-            Some(Err((_, e))) => {
-                tracing::error!("cannot create {TXN_TOPIC}: {e}");
-                return Err(errors::COORDINATOR_NOT_AVAILABLE);
-            }
-            None => return Err(errors::COORDINATOR_NOT_AVAILABLE),
-        },
-        other => {
-            tracing::error!("cannot create {TXN_TOPIC}: controller answered {other:?}");
-            return Err(errors::COORDINATOR_NOT_AVAILABLE);
-        }
-    }
-    shard.sync_all().await;
-    let topics = shard.catalog();
-    let t = topics.topics.get(TXN_TOPIC);
-    t.map(|t| t.partitions)
-        .ok_or(errors::COORDINATOR_NOT_AVAILABLE)
+    super::admin::internal_topic_partitions(shard, TXN_TOPIC, s.num_partitions, s.segment_bytes)
+        .await
 }
 
 fn valid_txn_id(id: &str) -> bool {

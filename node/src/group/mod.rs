@@ -420,29 +420,10 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let mut per = Vec::with_capacity(a.offsets.len());
-        let mut writes = Vec::new();
-        for c in &a.offsets {
-            let metadata = c.metadata.clone().unwrap_or_default();
-            if metadata.len() > s.metadata_max_bytes {
-                per.push(codes::OFFSET_METADATA_TOO_LARGE);
-                continue;
-            }
-            per.push(codes::NONE);
-            let value = OffsetValue {
-                offset: c.offset,
-                leader_epoch: c.leader_epoch,
-                metadata,
-                commit_timestamp_ms: now,
-            };
-            writes.push(((c.topic.clone(), c.partition), value));
-        }
+        let (per, writes) = offset_writes(&a, s, now);
         let writing = self.writing();
         if let Err(code) = store::write_offsets(part, &a.group, &writes).await {
-            let per = per
-                .iter()
-                .map(|c| if *c == codes::NONE { code } else { *c });
-            return GroupReply::Codes(codes::NONE, per.collect());
+            return GroupReply::Codes(codes::NONE, failed_writes(&per, code));
         }
         let mut groups = self.groups.borrow_mut();
         let g = groups
@@ -473,29 +454,10 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let mut per = Vec::with_capacity(a.offsets.len());
-        let mut writes = Vec::new();
-        for c in &a.offsets {
-            let metadata = c.metadata.clone().unwrap_or_default();
-            if metadata.len() > s.metadata_max_bytes {
-                per.push(codes::OFFSET_METADATA_TOO_LARGE);
-                continue;
-            }
-            per.push(codes::NONE);
-            let value = OffsetValue {
-                offset: c.offset,
-                leader_epoch: c.leader_epoch,
-                metadata,
-                commit_timestamp_ms: now,
-            };
-            writes.push(((c.topic.clone(), c.partition), value));
-        }
+        let (per, writes) = offset_writes(&a, s, now);
         let writing = self.writing();
         if let Err(code) = store::write_txn_offsets(part, &a.group, producer, &writes).await {
-            let per = per
-                .iter()
-                .map(|c| if *c == codes::NONE { code } else { *c });
-            return GroupReply::Codes(codes::NONE, per.collect());
+            return GroupReply::Codes(codes::NONE, failed_writes(&per, code));
         }
         let mut pending = self.pending_txn.borrow_mut();
         let held = pending
@@ -897,4 +859,38 @@ impl Coordinators {
         }
         tracing::info!(group, offsets = keys.len(), all_gone, "offsets expired");
     }
+}
+
+/// One committed offset to store: its (topic, partition) key and value.
+type OffsetWrite = ((String, i32), OffsetValue);
+
+/// The offsets of a commit to write, and one code per offset: too-large metadata is
+/// refused (OFFSET_METADATA_TOO_LARGE), the rest are written.
+fn offset_writes(a: &CommitArgs, s: &Settings, now: i64) -> (Vec<i16>, Vec<OffsetWrite>) {
+    let mut per = Vec::with_capacity(a.offsets.len());
+    let mut writes = Vec::new();
+    for c in &a.offsets {
+        let metadata = c.metadata.clone().unwrap_or_default();
+        if metadata.len() > s.metadata_max_bytes {
+            per.push(codes::OFFSET_METADATA_TOO_LARGE);
+            continue;
+        }
+        per.push(codes::NONE);
+        let value = OffsetValue {
+            offset: c.offset,
+            leader_epoch: c.leader_epoch,
+            metadata,
+            commit_timestamp_ms: now,
+        };
+        writes.push(((c.topic.clone(), c.partition), value));
+    }
+    (per, writes)
+}
+
+/// The codes of a commit whose write failed with `code`: every offset that was to be
+/// written gets it.
+fn failed_writes(per: &[i16], code: i16) -> Vec<i16> {
+    per.iter()
+        .map(|c| if *c == codes::NONE { code } else { *c })
+        .collect()
 }

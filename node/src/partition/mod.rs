@@ -56,6 +56,8 @@ pub struct Partition {
     max_message_bytes: Cell<usize>,
     /// The topic's `min.insync.replicas`.
     min_insync: Cell<usize>,
+    /// `cleanup.policy` includes compact: records without a key are refused.
+    compacted: Cell<bool>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
 }
@@ -99,6 +101,7 @@ impl Partition {
     ) -> Result<Partition, StorageError> {
         let log_config = log_config(&configs)?;
         let dir = partition_dir(data_dir, &topic, index);
+        let compacted = log_config.cleanup_policy.compact;
         let log = Log::open(dir, log_config).await?;
         let producer_config = ProducerStateConfig::from_configs(&configs);
         let producers =
@@ -111,6 +114,7 @@ impl Partition {
             topic_id,
             max_message_bytes: Cell::new(max_message_bytes(&configs)),
             min_insync: Cell::new(min_insync(&configs)),
+            compacted: Cell::new(compacted),
             configs: RefCell::new(configs),
             log: Rc::new(log),
             producers,
@@ -128,7 +132,9 @@ impl Partition {
 
     /// Applies changed topic configs (AlterConfigs) to the running log.
     pub fn reconfigure(&self, configs: BTreeMap<String, String>) -> Result<(), StorageError> {
-        self.log.set_config(log_config(&configs)?);
+        let log_config = log_config(&configs)?;
+        self.compacted.set(log_config.cleanup_policy.compact);
+        self.log.set_config(log_config);
         self.max_message_bytes.set(max_message_bytes(&configs));
         self.min_insync.set(min_insync(&configs));
         *self.configs.borrow_mut() = configs;

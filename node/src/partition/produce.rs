@@ -280,7 +280,7 @@ impl Partition {
         if records.is_empty() {
             return Err(errors::INVALID_RECORD);
         }
-        let compacted = self.log.config().cleanup_policy.compact;
+        let compacted = self.compacted.get();
         for range in split_batches(records) {
             let range = range.map_err(|e| wire_error_code(&e))?;
             if range.len() > self.max_message_bytes.get() {
