@@ -556,3 +556,29 @@ fn elect_leaders_gives_leadership_back_to_the_preferred_replica() {
     c.wait_agreed(3, AGREE_TIMEOUT, |m| preferred_lead(m, "elect"))
         .expect("preferred leaders after ElectLeaders");
 }
+
+#[test]
+fn kafka_python_creates_produces_and_consumes_through_different_nodes() {
+    let py = weir_tests::broker::python().expect("python");
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("interop/python/cluster_kafka_python.py");
+    let (a, b, d) = (
+        c.node(1).bootstrap(),
+        c.node(2).bootstrap(),
+        c.node(3).bootstrap(),
+    );
+    let out = std::process::Command::new(py)
+        .arg(&script)
+        .args([&a, &b, &d, "kp-routed"])
+        .output()
+        .expect("run kafka-python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}\n{}", logs(&mut c));
+    assert!(text.contains("ok: 300 records"), "{text}");
+}
