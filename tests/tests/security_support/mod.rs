@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use weir_tests::broker::target_dir;
 use weir_tests::certs::{self, TestPki};
 use weir_tests::{Weir, WeirConfig};
 
