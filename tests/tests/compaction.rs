@@ -11,7 +11,7 @@
 //! `WEIR_TEST_PYTHON=/work/main/target/interop-venv/bin/python cargo test -p weir-tests --test compaction`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
