@@ -103,6 +103,7 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
     let min_bytes = req.min_bytes.max(0) as usize;
     let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut waited = Duration::ZERO;
     loop {
         let read = read_all(shard, &budget, &wanted, reader, max_bytes, deadline).await;
         let total: usize = read.outcomes.iter().map(FetchOutcome::bytes).sum();
@@ -121,12 +122,15 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
             count_out(shard, &wanted, &read.outcomes);
+            shard.metrics().fetch_waited(waited);
             return (build(&wanted, read.outcomes), read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
         let waits = wait_list(shard, &wanted, &read.outcomes);
         drop(read);
+        let parked = Instant::now();
         wait_for_data(shard, waits, reader, deadline).await;
+        waited += parked.elapsed();
     }
 }
 

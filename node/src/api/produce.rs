@@ -203,6 +203,7 @@ async fn respond(
             (Ok(_), None) => Err(errors::CORRUPT_MESSAGE),
             (Ok(_), Some(records)) => {
                 let size = (records.len() as u64, record_count(&records));
+                shard.metrics().produce_batch(size.0);
                 let (s, tp) = (shard.clone(), (part.topic.clone(), part.index));
                 let call = ProduceCall {
                     tp: tp.clone(),

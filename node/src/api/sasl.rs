@@ -101,6 +101,7 @@ pub async fn authenticate(
             SaslAuthenticateResponse::default().with_auth_bytes(Bytes::from(token))
         }
         Step::Failure(why) => {
+            crate::metrics::local(|m| m.refused(crate::metrics::Refusal::AuthenticationFailed));
             crate::client_warn!(peer = %session.peer, listener = %session.listener.config.name, "SASL authentication failed: {why}");
             // Slow down guessing: the answer (and the close) come only after the delay.
             glommio::timer::sleep(Duration::from_millis(setup.failed_auth_delay_ms)).await;

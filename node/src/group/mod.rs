@@ -259,6 +259,11 @@ impl Drop for Writing<'_> {
 }
 
 impl Coordinators {
+    /// Visits every group of this shard (metrics: state, members, committed offsets).
+    pub fn for_each_group(&self, f: impl FnMut(&Group)) {
+        self.groups.borrow().values().for_each(f);
+    }
+
     /// Runs a group call on this shard (the owner of the call's partition).
     pub async fn exec(self: &Rc<Self>, ctx: &ServiceContext<'_>, call: GroupCall) -> GroupReply {
         let settings = *self

@@ -10,6 +10,7 @@
 //! documented one (`# HELP`, `# TYPE`, `name{labels} value`).
 
 pub mod http;
+pub mod snapshot;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -27,23 +28,96 @@ const LATENCY_BUCKETS_S: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
-/// A latency histogram of atomics (cumulative buckets are computed at scrape).
-#[derive(Default)]
+/// Upper bounds of the fsync latency buckets, in seconds (an SSD's fdatasync is 0.1-5 ms).
+const FSYNC_BUCKETS_S: [f64; 12] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0,
+];
+/// Upper bounds of the produce batch size buckets, in bytes.
+const BATCH_BUCKETS_BYTES: [f64; 10] = [
+    256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0,
+];
+/// Upper bounds of the group-commit buckets: appends made durable by one fdatasync.
+const GROUP_COMMIT_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+/// A histogram of atomics over fixed bucket bounds (cumulative counts are computed at
+/// scrape). The sum is kept in integer units of `unit` (1e-6 for seconds: microseconds).
 struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS_S.len()],
+    bounds: &'static [f64],
+    unit: f64,
+    buckets: Box<[AtomicU64]>,
     count: AtomicU64,
-    sum_micros: AtomicU64,
+    sum_units: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(&LATENCY_BUCKETS_S, 1e-6)
+    }
 }
 
 impl Histogram {
+    fn new(bounds: &'static [f64], unit: f64) -> Histogram {
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        assert!(unit > 0.0);
+        Histogram {
+            bounds,
+            unit,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_units: AtomicU64::new(0),
+        }
+    }
+
     fn observe(&self, elapsed: Duration) {
-        let s = elapsed.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS_S.iter().position(|b| s <= *b) {
+        self.observe_value(elapsed.as_secs_f64());
+    }
+
+    /// Counts one observation of `v` (in the metric's unit: seconds, bytes, appends).
+    fn observe_value(&self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        let units = (v / self.unit).round();
+        let units = if units.is_finite() && units > 0.0 {
+            units.min(u64::MAX as f64) as u64
+        } else {
+            0
+        };
+        self.sum_units.fetch_add(units, Ordering::Relaxed);
+    }
+}
+
+/// Why a connection was refused (`weir_connections_refused_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max.connections` reached, node-wide.
+    MaxConnections = 0,
+    /// `max.connections.per.ip` reached for the client's address.
+    MaxConnectionsPerIp = 1,
+    /// SASL authentication failed (the connection closes after the answer).
+    AuthenticationFailed = 2,
+    /// The TLS handshake failed or timed out.
+    TlsHandshake = 3,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 4] = [
+        Refusal::MaxConnections,
+        Refusal::MaxConnectionsPerIp,
+        Refusal::AuthenticationFailed,
+        Refusal::TlsHandshake,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::MaxConnections => "max_connections",
+            Refusal::MaxConnectionsPerIp => "max_connections_per_ip",
+            Refusal::AuthenticationFailed => "authentication_failed",
+            Refusal::TlsHandshake => "tls_handshake",
+        }
     }
 }
 
@@ -62,11 +136,39 @@ pub struct ShardMetrics {
     /// Requests that ended with the connection closed (undecodable, unsupported).
     closed: Vec<AtomicU64>,
     latency: Vec<Histogram>,
+    /// Kafka's request time split, by API: read to handler start (queue), and response
+    /// ready to written (send); `latency` is the handler's time (local + remote).
+    queue: Vec<Histogram>,
+    send: Vec<Histogram>,
     topics: Mutex<BTreeMap<String, Arc<TopicCounters>>>,
     /// Gauges the shard publishes from its housekeeping.
     pub partitions_open: AtomicU64,
     pub fetch_response_bytes_held: AtomicU64,
     pub connections_open: AtomicU64,
+    /// Bytes of this shard's request budget (`queued.max.request.bytes`) held by frames.
+    pub request_budget_bytes_held: AtomicU64,
+    /// Record bytes per partition of a Produce.
+    produce_batch: Histogram,
+    /// Time a Fetch waited for data (`max_wait_ms`), and an acks=all append for its ISR.
+    fetch_wait: Histogram,
+    produce_replication_wait: Histogram,
+    /// Storage: appends, fdatasyncs of segment files, their latency, and how many appends
+    /// one group-commit fdatasync made durable.
+    pub storage_appends: AtomicU64,
+    pub storage_fdatasyncs: AtomicU64,
+    fsync_latency: Histogram,
+    group_commit: Histogram,
+    /// Idempotence: resent batches answered from the dedup window, and refused ones.
+    pub producer_duplicates: AtomicU64,
+    pub producer_out_of_order: AtomicU64,
+    refused: [AtomicU64; Refusal::ALL.len()],
+    /// Replication: committed ISR changes seen by a leader, and its fetchers' traffic.
+    pub isr_shrinks: AtomicU64,
+    pub isr_expands: AtomicU64,
+    pub replica_fetch_bytes: AtomicU64,
+    pub replica_fetch_errors: AtomicU64,
+    /// What the shard's housekeeping computed from its state, replaced once per tick.
+    pub snapshot: Mutex<snapshot::ShardSnapshot>,
 }
 
 impl Default for ShardMetrics {
@@ -77,10 +179,28 @@ impl Default for ShardMetrics {
                 .collect(),
             closed: (0..API_KEYS).map(|_| AtomicU64::new(0)).collect(),
             latency: (0..API_KEYS).map(|_| Histogram::default()).collect(),
+            queue: (0..API_KEYS).map(|_| Histogram::default()).collect(),
+            send: (0..API_KEYS).map(|_| Histogram::default()).collect(),
             topics: Mutex::new(BTreeMap::new()),
             partitions_open: AtomicU64::new(0),
             fetch_response_bytes_held: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
+            request_budget_bytes_held: AtomicU64::new(0),
+            produce_batch: Histogram::new(&BATCH_BUCKETS_BYTES, 1.0),
+            fetch_wait: Histogram::default(),
+            produce_replication_wait: Histogram::default(),
+            storage_appends: AtomicU64::new(0),
+            storage_fdatasyncs: AtomicU64::new(0),
+            fsync_latency: Histogram::new(&FSYNC_BUCKETS_S, 1e-6),
+            group_commit: Histogram::new(&GROUP_COMMIT_BUCKETS, 1.0),
+            producer_duplicates: AtomicU64::new(0),
+            producer_out_of_order: AtomicU64::new(0),
+            refused: Default::default(),
+            isr_shrinks: AtomicU64::new(0),
+            isr_expands: AtomicU64::new(0),
+            replica_fetch_bytes: AtomicU64::new(0),
+            replica_fetch_errors: AtomicU64::new(0),
+            snapshot: Mutex::default(),
         }
     }
 }
@@ -93,6 +213,45 @@ thread_local! {
 
 /// Most topics a shard keeps counters for (bounds memory under a flood of names).
 const TOPICS_MAX: usize = 100_000;
+
+thread_local! {
+    /// The registry of the shard running on this thread, for layers that do not hold the
+    /// shard (storage, producer state, replica state): one thread-local read, no lock.
+    static LOCAL: RefCell<Option<(Arc<NodeMetrics>, usize)>> = const { RefCell::new(None) };
+}
+
+/// Makes shard `shard`'s registry the one [`local`] finds on this thread.
+pub fn bind_thread(node: Arc<NodeMetrics>, shard: usize) {
+    LOCAL.with(|l| *l.borrow_mut() = Some((node, shard)));
+}
+
+/// Runs `f` on this thread's shard registry; nothing on a thread no shard runs on (unit
+/// tests, tools), so the layers below stay usable without a node.
+pub fn local(f: impl FnOnce(&ShardMetrics)) {
+    LOCAL.with(|l| {
+        if let Some((node, i)) = l.borrow().as_ref() {
+            f(node.shard(*i));
+        }
+    });
+}
+
+/// Counts a leader's committed ISR change from `old` to `new`: a shrink if a member left,
+/// an expand if one joined (both if one was swapped for another).
+pub fn isr_changed(old: &[wire::NodeId], new: &[wire::NodeId]) {
+    if old.iter().any(|n| !new.contains(n)) {
+        add(|m| &m.isr_shrinks, 1);
+    }
+    if new.iter().any(|n| !old.contains(n)) {
+        add(|m| &m.isr_expands, 1);
+    }
+}
+
+/// Adds `n` to the counter `pick` of this thread's shard registry.
+pub fn add(pick: fn(&ShardMetrics) -> &AtomicU64, n: u64) {
+    local(|m| {
+        pick(m).fetch_add(n, Ordering::Relaxed);
+    });
+}
 
 impl ShardMetrics {
     /// Counts one request of `api_key` v`version` that took `elapsed`; `closed` when it
@@ -110,6 +269,53 @@ impl ShardMetrics {
             self.closed[key].fetch_add(1, Ordering::Relaxed);
         }
         self.latency[key].observe(elapsed);
+    }
+
+    /// Counts the queue time of a request (frame read to handler start).
+    pub fn queued(&self, api_key: i16, elapsed: Duration) {
+        if let Some(h) = usize::try_from(api_key)
+            .ok()
+            .and_then(|k| self.queue.get(k))
+        {
+            h.observe(elapsed);
+        }
+    }
+
+    /// Counts the send time of a response (ready to written to the socket).
+    pub fn sent(&self, api_key: i16, elapsed: Duration) {
+        if let Some(h) = usize::try_from(api_key).ok().and_then(|k| self.send.get(k)) {
+            h.observe(elapsed);
+        }
+    }
+
+    /// One partition's records of a Produce, `bytes` long.
+    pub fn produce_batch(&self, bytes: u64) {
+        self.produce_batch.observe_value(bytes as f64);
+    }
+
+    /// A Fetch waited `elapsed` for data (0 when it answered at once).
+    pub fn fetch_waited(&self, elapsed: Duration) {
+        self.fetch_wait.observe(elapsed);
+    }
+
+    /// An acks=all append waited `elapsed` for its ISR.
+    pub fn replication_waited(&self, elapsed: Duration) {
+        self.produce_replication_wait.observe(elapsed);
+    }
+
+    /// One fdatasync of a segment file took `elapsed`; `appends` is how many appends it
+    /// made durable when it was a group commit (None for seals and truncations).
+    pub fn fdatasync(&self, elapsed: Duration, appends: Option<u64>) {
+        self.storage_fdatasyncs.fetch_add(1, Ordering::Relaxed);
+        self.fsync_latency.observe(elapsed);
+        if let Some(n) = appends.filter(|n| *n > 0) {
+            self.group_commit.observe_value(n as f64);
+        }
+    }
+
+    /// A connection refused (or closed unserved) for `why`.
+    pub fn refused(&self, why: Refusal) {
+        self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters of `topic` on this shard (call on the shard's own thread).
@@ -167,18 +373,146 @@ impl NodeMetrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         self.render_requests(&mut out);
+        self.render_phases(&mut out);
         self.render_topics(&mut out);
         self.render_gauges(&mut out);
+        self.render_node_histograms(&mut out);
+        self.render_counters(&mut out);
+        snapshot::render(&self.shards, &mut out);
         out
     }
 
+    /// The queue and send parts of Kafka's request time split, by API.
+    fn render_phases(&self, out: &mut String) {
+        let phases: [(&str, &str, fn(&ShardMetrics) -> &[Histogram]); 2] = [
+            (
+                "weir_request_queue_seconds",
+                "Time from a request's frame being read to its handler starting (Kafka's queue time), by API.",
+                |s| &s.queue,
+            ),
+            (
+                "weir_request_send_seconds",
+                "Time to write a ready response to the socket (Kafka's send time), by API.",
+                |s| &s.send,
+            ),
+        ];
+        for (metric, help, pick) in phases {
+            header(out, metric, "histogram", help);
+            for key in 0..API_KEYS {
+                let hs: Vec<&Histogram> = self.shards.iter().map(|s| &pick(s)[key]).collect();
+                if hs
+                    .iter()
+                    .map(|h| h.count.load(Ordering::Relaxed))
+                    .sum::<u64>()
+                    == 0
+                {
+                    continue;
+                }
+                let label = format!("api=\"{}\"", api_name(key));
+                write_histogram(out, metric, &label, &hs);
+            }
+        }
+    }
+
+    /// Node-wide histograms (summed over shards).
+    fn render_node_histograms(&self, out: &mut String) {
+        let all: [(&str, &str, fn(&ShardMetrics) -> &Histogram); 5] = [
+            (
+                "weir_produce_batch_size_bytes",
+                "Record bytes of one partition of a Produce request.",
+                |s| &s.produce_batch,
+            ),
+            (
+                "weir_fetch_wait_seconds",
+                "Time a Fetch waited for data within its max_wait_ms (Kafka's remote time of Fetch).",
+                |s| &s.fetch_wait,
+            ),
+            (
+                "weir_produce_replication_wait_seconds",
+                "Time an acks=all append waited for its ISR (Kafka's remote time of Produce), per partition.",
+                |s| &s.produce_replication_wait,
+            ),
+            (
+                "weir_storage_fsync_seconds",
+                "Latency of fdatasync on segment files.",
+                |s| &s.fsync_latency,
+            ),
+            (
+                "weir_storage_group_commit_appends",
+                "Appends made durable by one group-commit fdatasync.",
+                |s| &s.group_commit,
+            ),
+        ];
+        for (metric, help, pick) in all {
+            header(out, metric, "histogram", help);
+            let hs: Vec<&Histogram> = self.shards.iter().map(pick).collect();
+            write_histogram(out, metric, "", &hs);
+        }
+    }
+
+    /// Node-wide counters (summed over shards).
+    fn render_counters(&self, out: &mut String) {
+        let counters: [Gauge; 8] = [
+            (
+                "weir_storage_appends_total",
+                "Appends to partition logs.",
+                |s| &s.storage_appends,
+            ),
+            (
+                "weir_storage_fdatasyncs_total",
+                "fdatasync calls on segment files (group commit: fewer than appends).",
+                |s| &s.storage_fdatasyncs,
+            ),
+            (
+                "weir_producer_duplicates_total",
+                "Resent idempotent batches answered from the dedup window instead of appended.",
+                |s| &s.producer_duplicates,
+            ),
+            (
+                "weir_producer_out_of_order_total",
+                "Idempotent batches refused with OUT_OF_ORDER_SEQUENCE_NUMBER.",
+                |s| &s.producer_out_of_order,
+            ),
+            (
+                "weir_isr_shrinks_total",
+                "Committed ISR changes that removed a replica, seen by the partition's leader.",
+                |s| &s.isr_shrinks,
+            ),
+            (
+                "weir_isr_expands_total",
+                "Committed ISR changes that added a replica, seen by the partition's leader.",
+                |s| &s.isr_expands,
+            ),
+            (
+                "weir_replica_fetch_bytes_total",
+                "Record bytes the replication fetchers appended to follower logs.",
+                |s| &s.replica_fetch_bytes,
+            ),
+            (
+                "weir_replica_fetch_errors_total",
+                "Replication fetch rounds or connects that failed (the fetcher reconnects).",
+                |s| &s.replica_fetch_errors,
+            ),
+        ];
+        for (metric, help, get) in counters {
+            header(out, metric, "counter", help);
+            let _ = writeln!(out, "{metric} {}", self.sum(get));
+        }
+        let metric = "weir_connections_refused_total";
+        header(
+            out,
+            metric,
+            "counter",
+            "Connections refused or closed unserved, by reason.",
+        );
+        for why in Refusal::ALL {
+            let n = self.sum(|s| &s.refused[why as usize]);
+            let _ = writeln!(out, "{metric}{{reason=\"{}\"}} {n}", why.label());
+        }
+    }
+
     fn render_requests(&self, out: &mut String) {
-        let name = |key: usize| {
-            i16::try_from(key)
-                .ok()
-                .and_then(wire::api::lookup)
-                .map_or_else(|| format!("key{key}"), |e| e.name.to_string())
-        };
+        let name = api_name;
         header(
             out,
             "weir_requests_total",
@@ -237,7 +571,7 @@ impl NodeMetrics {
                 out,
                 "weir_request_duration_seconds_bucket{{api=\"{api}\",le=\"+Inf\"}} {count}"
             );
-            let sum_s = self.sum(|s| &s.latency[key].sum_micros) as f64 / 1e6;
+            let sum_s = self.sum(|s| &s.latency[key].sum_units) as f64 / 1e6;
             let _ = writeln!(
                 out,
                 "weir_request_duration_seconds_sum{{api=\"{api}\"}} {sum_s}"
@@ -290,7 +624,7 @@ impl NodeMetrics {
     }
 
     fn render_gauges(&self, out: &mut String) {
-        let gauges: [Gauge; 3] = [
+        let gauges: [Gauge; 4] = [
             (
                 "weir_partitions_open",
                 "Partition logs open, by shard.",
@@ -305,6 +639,11 @@ impl NodeMetrics {
                 "weir_connections_open",
                 "Client connections open, by shard.",
                 |s| &s.connections_open,
+            ),
+            (
+                "weir_request_budget_bytes",
+                "Bytes of queued.max.request.bytes held by request frames being read or handled, by shard.",
+                |s| &s.request_budget_bytes_held,
             ),
         ];
         for (metric, help, get) in gauges {
@@ -327,16 +666,54 @@ impl NodeMetrics {
     }
 }
 
+/// The name of API `key` as Kafka spells it (`key{N}` for an unknown one).
+fn api_name(key: usize) -> String {
+    i16::try_from(key)
+        .ok()
+        .and_then(wire::api::lookup)
+        .map_or_else(|| format!("key{key}"), |e| e.name.to_string())
+}
+
+/// Writes the series of one histogram summed over `hs` (one per shard), with `labels`
+/// (`a="b"`, or empty) before `le`.
+fn write_histogram(out: &mut String, metric: &str, labels: &str, hs: &[&Histogram]) {
+    let Some(first) = hs.first() else {
+        return;
+    };
+    let sep = if labels.is_empty() { "" } else { "," };
+    let mut cumulative = 0;
+    for (i, bound) in first.bounds.iter().enumerate() {
+        cumulative += hs
+            .iter()
+            .map(|h| h.buckets[i].load(Ordering::Relaxed))
+            .sum::<u64>();
+        let _ = writeln!(
+            out,
+            "{metric}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+        );
+    }
+    let count: u64 = hs.iter().map(|h| h.count.load(Ordering::Relaxed)).sum();
+    let units: u64 = hs.iter().map(|h| h.sum_units.load(Ordering::Relaxed)).sum();
+    let _ = writeln!(out, "{metric}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+    let braces = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{metric}_sum{braces} {}", units as f64 * first.unit);
+    let _ = writeln!(out, "{metric}_count{braces} {count}");
+}
+
 /// A per-shard gauge: name, help, and where it lives in a shard's registry.
 type Gauge = (&'static str, &'static str, fn(&ShardMetrics) -> &AtomicU64);
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// A label value in the text format: backslash, quote and newline escaped.
-fn escape(v: &str) -> String {
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -135,9 +135,14 @@ impl Partition {
         deadline: Instant,
         outcome: ProduceOutcome,
     ) -> ProduceOutcome {
-        let wait = deadline.saturating_duration_since(Instant::now());
+        let (started, wait) = (
+            Instant::now(),
+            deadline.saturating_duration_since(Instant::now()),
+        );
         let hw = || self.high_watermark();
-        if !wait_committed(last, hw, &self.appended, wait).await {
+        let committed = wait_committed(last, hw, &self.appended, wait).await;
+        crate::metrics::local(|m| m.replication_waited(started.elapsed()));
+        if !committed {
             return ProduceOutcome {
                 error: errors::REQUEST_TIMED_OUT,
                 ..outcome

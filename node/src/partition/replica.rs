@@ -144,6 +144,16 @@ impl ReplicaState {
     }
 
     /// The leader this replica follows or is.
+    /// On a leader, each follower's progress (for metrics); none on a follower.
+    pub fn followers(&self) -> impl Iterator<Item = (NodeId, FollowerProgress)> + '_ {
+        let l = match &self.role {
+            Role::Leader(l) => Some(l),
+            Role::Follower { .. } => None,
+        };
+        l.into_iter()
+            .flat_map(|l| l.followers.iter().map(|(n, p)| (*n, *p)))
+    }
+
     pub fn leader(&self) -> NodeId {
         match &self.role {
             Role::Leader(_) => self.local,
@@ -336,6 +346,7 @@ impl ReplicaState {
                 p.caught_up_ms = now_ms;
             }
         }
+        crate::metrics::isr_changed(&l.isr, &isr);
         l.isr = isr;
         self.recompute_high_watermark();
     }

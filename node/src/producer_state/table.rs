@@ -138,8 +138,14 @@ impl ProducerStateTable {
     pub fn check(&mut self, header: &BatchHeader) -> Result<Verdict, Rejection> {
         let verdict = self.classify(header);
         match &verdict {
-            Ok(Verdict::Duplicate(_)) => self.counters.duplicates_dropped += 1,
-            Err(Rejection::OutOfOrderSequence { .. }) => self.counters.out_of_order_rejections += 1,
+            Ok(Verdict::Duplicate(_)) => {
+                self.counters.duplicates_dropped += 1;
+                crate::metrics::add(|m| &m.producer_duplicates, 1);
+            }
+            Err(Rejection::OutOfOrderSequence { .. }) => {
+                self.counters.out_of_order_rejections += 1;
+                crate::metrics::add(|m| &m.producer_out_of_order, 1);
+            }
             Err(Rejection::InvalidProducerEpoch { .. }) => self.counters.fenced_requests += 1,
             Err(Rejection::UnknownProducerId { .. }) => {
                 self.counters.unknown_producer_rejections += 1

@@ -150,6 +150,7 @@ impl ReplicaFetcher {
             let mut conn = match BrokerConn::connect(self.addr).await {
                 Ok(c) => c,
                 Err(e) => {
+                    crate::metrics::add(|m| &m.replica_fetch_errors, 1);
                     tracing::debug!(source = %self.source, "replica fetcher: {e}");
                     glommio::timer::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -158,8 +159,12 @@ impl ReplicaFetcher {
             };
             while !self.stopped.get() {
                 match self.round(&mut conn).await {
-                    Ok(_) => backoff = BACKOFF_MIN,
+                    Ok(r) => {
+                        crate::metrics::add(|m| &m.replica_fetch_bytes, r.appended_bytes);
+                        backoff = BACKOFF_MIN;
+                    }
                     Err(e) => {
+                        crate::metrics::add(|m| &m.replica_fetch_errors, 1);
                         tracing::info!(source = %self.source, "replica fetcher reconnects: {e}");
                         break;
                     }

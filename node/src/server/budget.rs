@@ -64,6 +64,7 @@ impl RequestBudget {
         let permit = self.semaphore.acquire_static_permit(units).await.ok()?;
         let taken = self.taken_since_trim_bytes.get().saturating_add(units);
         self.taken_since_trim_bytes.set(taken);
+        self.publish_held();
         Some(FramePermit {
             permit: Some(permit),
             budget: self.clone(),
@@ -73,6 +74,15 @@ impl RequestBudget {
     /// Bytes of the share not taken right now.
     pub fn available_bytes(&self) -> u64 {
         self.semaphore.available()
+    }
+
+    /// Publishes the bytes held now to the shard's `weir_request_budget_bytes` gauge.
+    fn publish_held(&self) {
+        let held = self.share_bytes - self.available_bytes().min(self.share_bytes);
+        crate::metrics::local(|m| {
+            m.request_budget_bytes_held
+                .store(held, std::sync::atomic::Ordering::Relaxed)
+        });
     }
 
     fn is_idle(&self) -> bool {
@@ -105,6 +115,7 @@ impl RequestBudget {
 impl Drop for FramePermit {
     fn drop(&mut self) {
         drop(self.permit.take());
+        self.budget.publish_held();
         if self.budget.is_idle() {
             self.budget.idle.notify_all();
         }

@@ -328,6 +328,8 @@ impl FrameReader {
 /// A response slot in request order: `None` when the request has no response (acks=0).
 struct Pending {
     response: JoinHandle<Option<Vec<Bytes>>>,
+    /// The request's API (its send time is counted under it).
+    api_key: i16,
     /// A Fetch's turn, passed on when this slot is dropped: after its response was
     /// written, or when the connection closes with it unwritten.
     _turn: Option<TurnDone>,
@@ -436,6 +438,7 @@ pub async fn serve(
                 break;
             }
         };
+        let read_at = Instant::now();
         let req = match proto::parse_request(bytes) {
             Ok(req) => req,
             Err(e) => {
@@ -467,10 +470,12 @@ pub async fn serve(
         } else {
             (None, None)
         };
+        let api_key = req.api_key;
         let task = glommio::spawn_local(async move {
             if let Some(previous) = previous_fetch {
                 previous.wait().await;
             }
+            s.metrics().queued(api_key, read_at.elapsed());
             let response = api::handle(&s, req, &session).await;
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
@@ -481,6 +486,7 @@ pub async fn serve(
         .detach();
         let pending = Pending {
             response: task,
+            api_key,
             _turn: turn,
         };
         if tx.send(pending).await.is_err() {
@@ -519,6 +525,9 @@ async fn open_transport(
     match handshake.await? {
         Ok(accepted) => Some(accepted),
         Err(e) => {
+            shard
+                .metrics()
+                .refused(crate::metrics::Refusal::TlsHandshake);
             crate::client_warn!(%peer, listener = %listener.config.name, "closing connection: {e}");
             None
         }
@@ -538,9 +547,11 @@ async fn serve_before_auth(
         crate::client_warn!(%peer, "closing connection: {name} before SASL authentication completed");
         return None;
     }
+    let api_key = req.api_key;
     let response = api::handle(shard, req, session).await;
     Some(Pending {
         response: glommio::spawn_local(async move { response }).detach(),
+        api_key,
         _turn: None,
     })
 }
@@ -563,9 +574,14 @@ async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pendi
             break;
         };
         let Some(chunks) = response else { continue };
-        if chunks.is_empty() || write_chunks(half, &chunks).await.is_err() {
+        if chunks.is_empty() {
             break;
         }
+        let started = Instant::now();
+        if write_chunks(half, &chunks).await.is_err() {
+            break;
+        }
+        crate::metrics::local(|m| m.sent(pending.api_key, started.elapsed()));
     }
 }
 

@@ -428,6 +428,7 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         .await
         .map_err(|_| anyhow::anyhow!("reply mesh join failed"))?;
     let adv = advertised(&node.config, local);
+    crate::metrics::bind_thread(node.metrics.clone(), id.0);
     let shard = Rc::new(Shard::new(
         id,
         node.clone(),
@@ -634,6 +635,9 @@ async fn accept_loop(
         let open = shard.node.connections.fetch_add(1, Ordering::AcqRel);
         if open >= max {
             shard.node.connections.fetch_sub(1, Ordering::AcqRel);
+            shard
+                .metrics()
+                .refused(crate::metrics::Refusal::MaxConnections);
             if let Some(more) = admission.refusals.allow() {
                 tracing::warn!(%peer, "refusing connection: {open} open, max.connections is {max} ({more} more refused since the last line)");
             }
@@ -645,6 +649,9 @@ async fn accept_loop(
             Ok(slot) => slot,
             Err(open_ip) => {
                 shard.node.connections.fetch_sub(1, Ordering::AcqRel);
+                shard
+                    .metrics()
+                    .refused(crate::metrics::Refusal::MaxConnectionsPerIp);
                 if let Some(more) = admission.refusals.allow() {
                     tracing::warn!(%peer, "refusing connection: {open_ip} open from {}, max.connections.per.ip is {max_ip} ({more} more refused since the last line)", peer.ip());
                 }

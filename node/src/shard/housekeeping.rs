@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::{Shard, TopicPartition, now_ms};
 use crate::metadata::is_internal;
+use crate::metrics::snapshot::{self, FollowerLag, GroupSnapshot, ShardSnapshot};
 use crate::partition::{Partition, partition_dir};
 use std::sync::Arc;
 
@@ -98,6 +99,76 @@ impl Shard {
         m.fetch_response_bytes_held.store(held, Relaxed);
         m.connections_open
             .store(self.open_connections.get() as u64, Relaxed);
+        let snapshot = self.compute_snapshot();
+        if let Ok(mut s) = m.snapshot.lock() {
+            *s = snapshot;
+        }
+    }
+
+    /// The gauges computed from the shard's own state (see `metrics::snapshot`), bounded
+    /// in series per shard.
+    fn compute_snapshot(&self) -> ShardSnapshot {
+        let mut snap = ShardSnapshot::default();
+        let now = now_ms();
+        for (tp, p) in self.partitions.borrow().iter() {
+            snap.open_files += p.log.open_files() as u64;
+            let r = p.replica();
+            if snap.high_watermarks.len() < snapshot::HIGH_WATERMARKS_MAX {
+                snap.high_watermarks
+                    .insert(tp.clone(), r.high_watermark().get());
+            }
+            if !r.is_leader() {
+                continue;
+            }
+            let mut replicas = 1;
+            for (node, f) in r.followers() {
+                replicas += 1;
+                snap.followers.push(FollowerLag {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    follower: node.0,
+                    lag_records: (r.log_end().get() - f.log_end.get()).max(0) as u64,
+                    since_caught_up_ms: now - f.caught_up_ms,
+                });
+            }
+            if r.isr_len() < replicas {
+                snap.under_replicated += 1;
+            }
+        }
+        if snap.followers.len() > snapshot::FOLLOWERS_MAX {
+            // Keep the laggiest: those are the ones an operator looks for.
+            snap.followers
+                .sort_by_key(|f| std::cmp::Reverse(f.lag_records));
+            snap.omitted += (snap.followers.len() - snapshot::FOLLOWERS_MAX) as u64;
+            snap.followers.truncate(snapshot::FOLLOWERS_MAX);
+        }
+        self.snapshot_groups(&mut snap);
+        snap
+    }
+
+    /// Groups, their members and committed offsets, within the per-shard bounds.
+    fn snapshot_groups(&self, snap: &mut ShardSnapshot) {
+        let mut offsets_left = snapshot::GROUP_OFFSETS_MAX;
+        self.groups.for_each_group(|g| {
+            if snap.groups.len() >= snapshot::GROUPS_MAX {
+                snap.omitted += 1;
+                return;
+            }
+            let take = g.offsets.len().min(offsets_left);
+            offsets_left -= take;
+            snap.omitted += (g.offsets.len() - take) as u64;
+            snap.groups.push(GroupSnapshot {
+                id: g.id.clone(),
+                state: g.state.name(),
+                members: g.members.len(),
+                offsets: g
+                    .offsets
+                    .iter()
+                    .take(take)
+                    .map(|((t, i), v)| (Arc::from(t.as_str()), *i, v.offset.get()))
+                    .collect(),
+            });
+        });
     }
 
     /// Partitions of user topics this shard owns whose logs are not open now.

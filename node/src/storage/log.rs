@@ -78,6 +78,8 @@ pub struct LogCounters {
     pub disk_reads: u64,
     /// Segments rolled.
     pub rolls: u64,
+    /// `appends` as of the last interval or on-ack fdatasync (group-commit size metric).
+    pub appends_at_sync: u64,
 }
 
 /// One partition replica's log. See the module docs for ownership and concurrency:
@@ -518,6 +520,7 @@ impl Log {
         st.log_end = next;
         st.unflushed_records += records;
         st.counters.appends += 1;
+        crate::metrics::add(|m| &m.storage_appends, 1);
         st.counters.batches += metas.len() as u64;
         st.counters.bytes += blob.len() as u64;
         let bytes = blob.len() as u64;
@@ -620,7 +623,9 @@ impl LogInner {
             self.state.borrow_mut().synced_next = upto;
             return Ok(());
         };
+        let started = Instant::now();
         let result = writer.sync().await;
+        let took = started.elapsed();
         self.writer.set(Some(writer));
         self.check_io(result)?;
         let mut st = self.state.borrow_mut();
@@ -629,6 +634,9 @@ impl LogInner {
         st.unflushed_records = 0;
         st.last_flush_ms = now_ms;
         st.counters.fdatasyncs += 1;
+        let grouped = st.counters.appends - st.counters.appends_at_sync;
+        st.counters.appends_at_sync = st.counters.appends;
+        crate::metrics::local(|m| m.fdatasync(took, Some(grouped)));
         Ok(())
     }
 
@@ -769,6 +777,7 @@ impl LogInner {
         let base = self.writer_base(&w);
         let mut st = self.state.borrow_mut();
         st.counters.fdatasyncs += 1;
+        crate::metrics::add(|m| &m.storage_fdatasyncs, 1);
         let Some(seg) = base.and_then(|b| st.segments.get_mut(&b)) else {
             return Ok(());
         };
@@ -841,6 +850,12 @@ impl Log {
     /// Total bytes of all segments.
     pub fn size_bytes(&self) -> u64 {
         self.state.borrow().segments.values().map(|s| s.size).sum()
+    }
+
+    /// Segment files open now (sealed segments' files open on first read).
+    pub fn open_files(&self) -> usize {
+        let st = self.state.borrow();
+        st.segments.values().filter(|s| s.file.is_some()).count()
     }
 
     /// Number of segments.

@@ -165,6 +165,7 @@ impl LogInner {
                 .await
                 .map_err(|e| StorageError::io("fdatasync", &path, e))?;
             self.state.borrow_mut().counters.fdatasyncs += 1;
+            crate::metrics::add(|m| &m.storage_fdatasyncs, 1);
         }
         self.remove_active_index_files()?;
         sync_dir(&self.dir)?;
