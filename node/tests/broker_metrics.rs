@@ -12,6 +12,9 @@ use std::time::Duration;
 use common::{Broker, Client, batch};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
@@ -153,4 +156,220 @@ fn without_the_key_there_is_no_metrics_port() {
     let broker = Broker::start(1, &[]);
     let _ = broker.client();
     assert!(!broker.log_contains("metrics listening on"));
+}
+
+/// The address the broker logged for its metrics endpoint.
+fn metrics_addr(broker: &Broker) -> String {
+    assert!(broker.wait_log("metrics listening on", Duration::from_secs(30)));
+    let log = broker.log.lock().expect("log");
+    let line = log
+        .iter()
+        .find(|l| l.contains("metrics listening on"))
+        .expect("the line")
+        .clone();
+    line.rsplit(' ').next().expect("address").trim().to_string()
+}
+
+/// The sum of every series of `name` whose labels contain `labels` (all when empty).
+fn total(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            let is_it = rest.is_empty() || rest.starts_with('{');
+            (is_it && rest.contains(labels)).then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Scrapes until `ready` holds (housekeeping publishes gauges once a second), bounded.
+fn scrape_until(addr: &str, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = scrape(addr, "/metrics");
+        if ready(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} not seen in\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn produce_code(c: &mut Client, partition: i32, records: bytes::Bytes) -> i16 {
+    let p = PartitionProduceData::default()
+        .with_index(partition)
+        .with_records(Some(records));
+    let req = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(s("metered")))
+                .with_partition_data(vec![p]),
+        ]);
+    let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
+    resp.responses[0].partition_responses[0].error_code
+}
+
+/// An idempotent batch of `count` records from (`pid`, `epoch`) at sequence `first`.
+fn idempotent(pid: i64, epoch: i16, first: i32, count: i32) -> bytes::Bytes {
+    use wire::batch::{BatchBuilder, NewRecord};
+    let records = (0..count)
+        .map(|i| NewRecord::value(1_700_000_000_000, format!("idem-{first}-{i}")))
+        .collect();
+    BatchBuilder {
+        producer_id: wire::ProducerId(pid),
+        producer_epoch: wire::ProducerEpoch(epoch),
+        base_sequence: wire::Sequence(first),
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("a batch built from test data")
+}
+
+#[test]
+fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_their_workload()
+{
+    let broker = Broker::start(
+        2,
+        &[
+            ("metrics.listener", "127.0.0.1:0"),
+            ("log.flush.on.ack", "true"),
+            ("max.connections.per.ip", "3"),
+        ],
+    );
+    let addr = metrics_addr(&broker);
+    let mut c = broker.client();
+    let t = CreatableTopic::default()
+        .with_name(TopicName(s("metered")))
+        .with_num_partitions(2)
+        .with_replication_factor(1);
+    let resp: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![t]),
+    );
+    assert_eq!(resp.topics[0].error_code, 0);
+    let before = scrape(&addr, "/metrics");
+    let delta = |after: &str, name: &str, labels: &str| {
+        total(after, name, labels) - total(&before, name, labels)
+    };
+
+    // Three plain batches (acks=1), then an idempotent producer: a batch, its resend
+    // (answered from the dedup window) and a gap (out of order): six Produce requests.
+    let mut batch_bytes = produce(&mut c, 0, &[b"a", b"b"])
+        + produce(&mut c, 1, &[b"c"])
+        + produce(&mut c, 1, &[b"d", b"e"]);
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    let init: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &init);
+    assert_eq!(init.error_code, 0);
+    let (pid, epoch) = (init.producer_id.0, init.producer_epoch);
+    let first = idempotent(pid, epoch, 0, 2);
+    let gap = idempotent(pid, epoch, 5, 1);
+    batch_bytes += 2 * first.len() + gap.len();
+    assert_eq!(produce_code(&mut c, 0, first.clone()), 0);
+    assert_eq!(produce_code(&mut c, 0, first), 0, "the resend is answered");
+    assert_eq!(produce_code(&mut c, 0, gap), 45, "OUT_OF_ORDER_SEQUENCE_NUMBER");
+
+    // A Fetch at the log end of partition 0 (4 records) waits its whole max_wait_ms.
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(300)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(s("metered")))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(4)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ]);
+    let _: FetchResponse = c.call(api::FETCH, 12, &req);
+
+    // A simple consumer's commit: partition 1 holds 3 records, committed 1 → lag 2.
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s("lagging")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(TopicName(s("metered")))
+                .with_partitions(vec![
+                    OffsetCommitRequestPartition::default()
+                        .with_partition_index(1)
+                        .with_committed_offset(1),
+                ]),
+        ]);
+    let commit: OffsetCommitResponse = c.call(api::OFFSET_COMMIT, 8, &commit);
+    assert_eq!(commit.topics[0].partitions[0].error_code, 0);
+
+    // A frame announced as 1 MiB takes that from the request budget before its body.
+    let mut stalled = TcpStream::connect(broker.addr()).expect("connect");
+    stalled
+        .write_all(&(1i32 << 20).to_be_bytes())
+        .expect("size prefix");
+    stalled.write_all(&[0u8; 16]).expect("first bytes");
+    // `c` and `stalled` are two of max.connections.per.ip=3: of three more, two are refused.
+    let extra: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(broker.addr()).expect("connect"))
+        .collect();
+
+    let lag = r#"weir_group_lag_records{group="lagging",topic="metered",partition="1"}"#;
+    let after = scrape_until(&addr, "group lag, refusals, budget", |t| {
+        value(t, lag).is_some()
+            && total(t, "weir_connections_refused_total", "max_connections_per_ip") >= 2.0
+            && total(t, "weir_request_budget_bytes", "") >= f64::from(1 << 20)
+            && total(t, "weir_request_send_seconds_count", "Produce") >= 6.0
+    });
+    let d = |name: &str, labels: &str| delta(&after, name, labels);
+    assert_eq!(value(&after, lag), Some(2.0), "HW 3 − committed 1");
+    assert_eq!(
+        value(&after, r#"weir_group_state{group="lagging",state="Empty"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&after, r#"weir_group_members{group="lagging"}"#),
+        Some(0.0)
+    );
+    assert_eq!(d("weir_request_queue_seconds_count", "\"Produce\""), 6.0);
+    assert_eq!(d("weir_request_send_seconds_count", "\"Produce\""), 6.0);
+    assert_eq!(d("weir_request_queue_seconds_count", "\"Fetch\""), 1.0);
+    assert_eq!(d("weir_produce_batch_size_bytes_count", ""), 6.0);
+    assert_eq!(
+        d("weir_produce_batch_size_bytes_sum", ""),
+        batch_bytes as f64
+    );
+    assert_eq!(d("weir_producer_duplicates_total", ""), 1.0);
+    assert_eq!(d("weir_producer_out_of_order_total", ""), 1.0);
+    assert_eq!(d("weir_fetch_wait_seconds_count", ""), 1.0);
+    assert!(d("weir_fetch_wait_seconds_sum", "") >= 0.25, "waited ~300 ms");
+    assert_eq!(
+        d("weir_produce_replication_wait_seconds_count", ""),
+        1.0,
+        "the one acks=-1 append (the resend and the gap are not appended)"
+    );
+    // Appends: 3 plain + 1 idempotent + the offset commit; each fdatasynced on ack.
+    let appends = d("weir_storage_appends_total", "");
+    assert!((5.0..=6.0).contains(&appends), "{appends} appends");
+    assert!(d("weir_storage_fdatasyncs_total", "") >= 1.0);
+    assert!(d("weir_storage_fsync_seconds_count", "") >= 1.0);
+    let grouped = d("weir_storage_group_commit_appends_sum", "");
+    assert!((1.0..=appends).contains(&grouped), "{grouped} appends group-committed");
+    assert!(total(&after, "weir_open_segment_files", "") >= 2.0);
+    assert_eq!(
+        total(&after, "weir_request_budget_bytes", ""),
+        f64::from(1 << 20)
+    );
+    drop((stalled, extra));
 }

@@ -748,4 +748,65 @@ mod tests {
         assert!(text.contains("# TYPE weir_partitions_open gauge"));
         assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
     }
+    #[test]
+    fn the_new_families_sum_over_shards_and_keep_the_text_format() {
+        let m = NodeMetrics::new(2);
+        m.shard(0).fdatasync(Duration::from_micros(80), Some(3));
+        m.shard(1).fdatasync(Duration::from_millis(3), None);
+        m.shard(0).produce_batch(1000);
+        m.shard(1).produce_batch(5000);
+        m.shard(1).refused(Refusal::MaxConnectionsPerIp);
+        m.shard(0).queued(0, Duration::from_micros(50));
+        m.shard(0).sent(1, Duration::from_micros(50));
+        m.shard(1).isr_shrinks.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut s) = m.shard(1).snapshot.lock() {
+            s.under_replicated = 1;
+            s.high_watermarks.insert((Arc::from("t"), 0), 10);
+            s.groups.push(snapshot::GroupSnapshot {
+                id: "g".into(),
+                state: "Stable",
+                members: 2,
+                offsets: vec![(Arc::from("t"), 0, 4), (Arc::from("u"), 0, 1)],
+            });
+        }
+        let text = m.render();
+        let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        has("weir_storage_fdatasyncs_total 2");
+        has("weir_storage_fsync_seconds_bucket{le=\"0.0001\"} 1");
+        has("weir_storage_fsync_seconds_count 2");
+        has("weir_storage_group_commit_appends_count 1");
+        has("weir_storage_group_commit_appends_sum 3");
+        has("weir_produce_batch_size_bytes_bucket{le=\"1024\"} 1");
+        has("weir_produce_batch_size_bytes_sum 6000");
+        has("weir_connections_refused_total{reason=\"max_connections_per_ip\"} 1");
+        has("weir_connections_refused_total{reason=\"max_connections\"} 0");
+        has("weir_request_queue_seconds_count{api=\"Produce\"} 1");
+        has("weir_request_send_seconds_count{api=\"Fetch\"} 1");
+        has("weir_isr_shrinks_total 1");
+        has("weir_under_replicated_partitions{shard=\"1\"} 1");
+        has("weir_group_members{group=\"g\"} 2");
+        has("weir_group_state{group=\"g\",state=\"Stable\"} 1");
+        has("weir_group_lag_records{group=\"g\",topic=\"t\",partition=\"0\"} 6");
+        assert!(!text.contains("topic=\"u\""), "no HW known, no lag series");
+        // Every family has its HELP and TYPE once.
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = l.split(' ').nth(2).unwrap_or_default();
+            let help = format!("# HELP {name} ");
+            assert_eq!(text.matches(&help).count(), 1, "{name}");
+        }
+    }
+
+    #[test]
+    fn isr_changes_count_shrinks_and_expands_on_the_bound_shard() {
+        let node = Arc::new(NodeMetrics::new(1));
+        bind_thread(node.clone(), 0);
+        let (a, b, c) = (wire::NodeId(1), wire::NodeId(2), wire::NodeId(3));
+        isr_changed(&[a, b, c], &[a, b]);
+        isr_changed(&[a, b], &[a, b, c]);
+        isr_changed(&[a, b], &[a, c]);
+        isr_changed(&[a, b], &[a, b]);
+        let s = node.shard(0);
+        assert_eq!(s.isr_shrinks.load(Ordering::Relaxed), 2);
+        assert_eq!(s.isr_expands.load(Ordering::Relaxed), 2);
+    }
 }

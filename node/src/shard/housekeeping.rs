@@ -100,7 +100,8 @@ impl Shard {
         m.connections_open
             .store(self.open_connections.get() as u64, Relaxed);
         let snapshot = self.compute_snapshot();
-        if let Ok(mut s) = m.snapshot.lock() {
+        // Never wait on a scrape reading the old one: the next tick publishes instead.
+        if let Ok(mut s) = m.snapshot.try_lock() {
             *s = snapshot;
         }
     }
