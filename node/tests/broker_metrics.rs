@@ -233,8 +233,7 @@ fn idempotent(pid: i64, epoch: i16, first: i32, count: i32) -> bytes::Bytes {
 }
 
 #[test]
-fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_their_workload()
-{
+fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_their_workload() {
     let broker = Broker::start(
         2,
         &[
@@ -278,7 +277,11 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     batch_bytes += 2 * first.len() + gap.len();
     assert_eq!(produce_code(&mut c, 0, first.clone()), 0);
     assert_eq!(produce_code(&mut c, 0, first), 0, "the resend is answered");
-    assert_eq!(produce_code(&mut c, 0, gap), 45, "OUT_OF_ORDER_SEQUENCE_NUMBER");
+    assert_eq!(
+        produce_code(&mut c, 0, gap),
+        45,
+        "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    );
 
     // A Fetch at the log end of partition 0 (4 records) waits its whole max_wait_ms.
     let req = FetchRequest::default()
@@ -328,7 +331,11 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     let lag = r#"weir_group_lag_records{group="lagging",topic="metered",partition="1"}"#;
     let after = scrape_until(&addr, "group lag, refusals, budget", |t| {
         value(t, lag).is_some()
-            && total(t, "weir_connections_refused_total", "max_connections_per_ip") >= 2.0
+            && total(
+                t,
+                "weir_connections_refused_total",
+                "max_connections_per_ip",
+            ) >= 2.0
             && total(t, "weir_request_budget_bytes", "") >= f64::from(1 << 20)
             && total(t, "weir_request_send_seconds_count", "Produce") >= 6.0
     });
@@ -353,7 +360,10 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     assert_eq!(d("weir_producer_duplicates_total", ""), 1.0);
     assert_eq!(d("weir_producer_out_of_order_total", ""), 1.0);
     assert_eq!(d("weir_fetch_wait_seconds_count", ""), 1.0);
-    assert!(d("weir_fetch_wait_seconds_sum", "") >= 0.25, "waited ~300 ms");
+    assert!(
+        d("weir_fetch_wait_seconds_sum", "") >= 0.25,
+        "waited ~300 ms"
+    );
     assert_eq!(
         d("weir_produce_replication_wait_seconds_count", ""),
         1.0,
@@ -365,7 +375,10 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     assert!(d("weir_storage_fdatasyncs_total", "") >= 1.0);
     assert!(d("weir_storage_fsync_seconds_count", "") >= 1.0);
     let grouped = d("weir_storage_group_commit_appends_sum", "");
-    assert!((1.0..=appends).contains(&grouped), "{grouped} appends group-committed");
+    assert!(
+        (1.0..=appends).contains(&grouped),
+        "{grouped} appends group-committed"
+    );
     assert!(total(&after, "weir_open_segment_files", "") >= 2.0);
     assert_eq!(
         total(&after, "weir_request_budget_bytes", ""),

@@ -49,10 +49,22 @@ fn metrics_addr(c: &mut Cluster, id: i32) -> String {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let text = c.node(id).log_text();
-        if let Some(line) = text.lines().rev().find(|l| l.contains("metrics listening on")) {
-            return line.rsplit(' ').next().unwrap_or_default().trim().to_string();
+        if let Some(line) = text
+            .lines()
+            .rev()
+            .find(|l| l.contains("metrics listening on"))
+        {
+            return line
+                .rsplit(' ')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
         }
-        assert!(Instant::now() < deadline, "node {id} logged no metrics address");
+        assert!(
+            Instant::now() < deadline,
+            "node {id} logged no metrics address"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
