@@ -384,7 +384,7 @@ impl NodeMetrics {
 
     /// The queue and send parts of Kafka's request time split, by API.
     fn render_phases(&self, out: &mut String) {
-        let phases: [(&str, &str, fn(&ShardMetrics) -> &[Histogram]); 2] = [
+        let phases: [HistogramFamily<[Histogram]>; 2] = [
             (
                 "weir_request_queue_seconds",
                 "Time from a request's frame being read to its handler starting (Kafka's queue time), by API.",
@@ -416,7 +416,7 @@ impl NodeMetrics {
 
     /// Node-wide histograms (summed over shards).
     fn render_node_histograms(&self, out: &mut String) {
-        let all: [(&str, &str, fn(&ShardMetrics) -> &Histogram); 5] = [
+        let all: [HistogramFamily<Histogram>; 5] = [
             (
                 "weir_produce_batch_size_bytes",
                 "Record bytes of one partition of a Produce request.",
@@ -703,6 +703,9 @@ fn write_histogram(out: &mut String, metric: &str, labels: &str, hs: &[&Histogra
     let _ = writeln!(out, "{metric}_sum{braces} {}", units as f64 * first.unit);
     let _ = writeln!(out, "{metric}_count{braces} {count}");
 }
+
+/// Histograms of a family: name, help, and where they live in a shard's registry.
+type HistogramFamily<H> = (&'static str, &'static str, fn(&ShardMetrics) -> &H);
 
 /// A per-shard gauge: name, help, and where it lives in a shard's registry.
 type Gauge = (&'static str, &'static str, fn(&ShardMetrics) -> &AtomicU64);

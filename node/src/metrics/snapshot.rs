@@ -57,13 +57,16 @@ pub struct FollowerLag {
     pub since_caught_up_ms: i64,
 }
 
+/// A metric family: name, help, and how to get its value from `T`.
+type Family<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
 /// Renders every shard's snapshot.
 pub fn render(shards: &[ShardMetrics], out: &mut String) {
     let snaps: Vec<_> = shards
         .iter()
         .filter_map(|s| s.snapshot.lock().ok())
         .collect();
-    let per_shard: [(&str, &str, fn(&ShardSnapshot) -> u64); 3] = [
+    let per_shard: [Family<ShardSnapshot, u64>; 3] = [
         (
             "weir_open_segment_files",
             "Segment files open in partition logs, by shard.",
@@ -143,7 +146,7 @@ fn render_groups(snaps: &[std::sync::MutexGuard<'_, ShardSnapshot>], out: &mut S
 }
 
 fn render_followers(snaps: &[std::sync::MutexGuard<'_, ShardSnapshot>], out: &mut String) {
-    let series: [(&str, &str, fn(&FollowerLag) -> f64); 2] = [
+    let series: [Family<FollowerLag, f64>; 2] = [
         (
             "weir_follower_lag_records",
             "Leader's log end minus a follower's, in records, by partition led here and follower.",
