@@ -235,7 +235,10 @@ async fn run(
         }
     };
     let id = config.node_id as u64;
-    let raft = match Raft::new(id, raft_config, net::Factory, log, sm).await {
+    let factory = net::Factory {
+        voters: config.voters.clone(),
+    };
+    let raft = match Raft::new(id, raft_config, factory, log, sm).await {
         Ok(r) => r,
         Err(e) => {
             let _ = started.send(Err(anyhow::anyhow!("controller raft: {e}")));
@@ -291,10 +294,24 @@ async fn run(
 }
 
 /// Publishes the current leader for the shards (Metadata's controller id).
+///
+/// A leader that has not heard from a quorum for two election timeouts does not name
+/// itself: cut off from the majority it cannot commit (openraft 0.9 keeps it leader of
+/// its old term), and the majority has elected another by then.
 async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let mut rx = ctx.raft.metrics();
+    let me = ctx.config.node_id as u64;
+    let lease_ms = (ctx.config.election_timeout * 2).as_millis() as u64;
     loop {
-        let leader = rx.borrow().current_leader;
+        let leader = {
+            let m = rx.borrow();
+            match m.current_leader {
+                Some(l) if l == me && m.millis_since_quorum_ack.is_some_and(|t| t > lease_ms) => {
+                    None
+                }
+                other => other,
+            }
+        };
         let was = handle
             .leader
             .swap(leader.map_or(-1, |l| l as i64), Ordering::AcqRel);
@@ -305,7 +322,9 @@ async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
             );
             handle.notify();
         }
-        if rx.changed().await.is_err() {
+        // Also on a timer: a cut-off leader's quorum ack ages with few metrics changes.
+        let tick = Duration::from_millis(LEASE_CHECK_MS);
+        if let Ok(Err(_)) = tokio::time::timeout(tick, rx.changed()).await {
             return;
         }
     }
