@@ -24,6 +24,8 @@ use crate::raw::RawConn;
 
 /// Metadata version the harness reads (leader epochs, offline replicas, cluster id).
 const METADATA_VERSION: i16 = 9;
+/// Tries of [`Cluster::start_faulty`] (a chosen controller port taken meanwhile).
+const START_TRIES: usize = 3;
 /// How long one request to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -71,7 +73,25 @@ impl Cluster {
     /// that), and names every other voter in `controller.quorum.voters` by a proxy of
     /// its own for that pair, so the controller traffic (Raft, heartbeats, forwarded
     /// writes) between any two nodes can be cut one way or both.
+    ///
+    /// The controller ports are chosen free and released before the nodes bind them; a
+    /// port taken meanwhile (by any socket of a test running beside: proxies and their
+    /// connections take many) fails a node's start, and the whole start is tried again.
     pub fn start_faulty(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Cluster::start_faulty_once(n, extra) {
+                Ok(started) => return Ok(started),
+                Err(e) if tries < START_TRIES => {
+                    eprintln!("cluster start {tries} of {START_TRIES} failed, again: {e:#}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn start_faulty_once(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
         let ports = free_ports(n)?;
         let real = |id: usize| SocketAddr::from(([127, 0, 0, 1], ports[id - 1]));
         let mut links = BTreeMap::new();
