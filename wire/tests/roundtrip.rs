@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use uuid::Uuid;
 use wire::api::{self, API_TABLE};
 use wire::fetch::{
-    AbortedTransaction, CurrentLeader, DivergingEpoch, FetchPartitionResponse,
-    FetchResponseParts, FetchTopicResponse, NodeEndpoint, concat_chunks, encode_fetch_response,
+    AbortedTransaction, CurrentLeader, DivergingEpoch, FetchPartitionResponse, FetchResponseParts,
+    FetchTopicResponse, NodeEndpoint, concat_chunks, encode_fetch_response,
 };
 use wire::messages::kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchResponse, MetadataRequest,
@@ -413,13 +413,15 @@ fn fetch_parts() -> impl Strategy<Value = FetchResponseParts> {
         prop::collection::vec(topic, 0..3),
         prop::collection::vec(node, 0..3),
     )
-        .prop_map(|(throttle, err, session, topics, nodes)| FetchResponseParts {
-            throttle_time_ms: throttle,
-            error_code: err,
-            session_id: session,
-            topics,
-            node_endpoints: nodes,
-        })
+        .prop_map(
+            |(throttle, err, session, topics, nodes)| FetchResponseParts {
+                throttle_time_ms: throttle,
+                error_code: err,
+                session_id: session,
+                topics,
+                node_endpoints: nodes,
+            },
+        )
 }
 
 /// The same response as kafka-protocol's type, with only the fields `version` carries.
