@@ -375,3 +375,69 @@ fn topic_ids_in_metadata_fetch_and_delete() {
         "deleted"
     );
 }
+
+/// CPU seconds (user + system) used so far by this test's child processes (the broker).
+fn children_cpu_secs() -> f64 {
+    let mut ticks = 0u64;
+    let tasks = std::fs::read_dir("/proc/self/task").expect("proc tasks");
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace() {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            for i in [11, 12] {
+                ticks += fields
+                    .get(i)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+/// Broker CPU per fetch of 1,000 idle partitions: full fetches (sessionless, every
+/// partition in request and response) versus incremental fetches of an open session
+/// (empty request, empty response). Minutes on a debug build; run with
+/// `cargo test -p weir --test fetch_sessions -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn incremental_fetches_of_idle_partitions_cost_less_cpu() {
+    const PARTITIONS: i32 = 1000;
+    const FETCHES: usize = 500;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "idle", PARTITIONS);
+    let all = || (0..PARTITIONS).map(|p| part(p, 0)).collect::<Vec<_>>();
+    // Warm up: every partition opened once.
+    let _: FetchResponse = c.call(api::FETCH, 12, &fetch(0, -1, "idle", all()));
+    let full_req = fetch(0, -1, "idle", all());
+    let cpu0 = children_cpu_secs();
+    for _ in 0..FETCHES {
+        let r: FetchResponse = c.call(api::FETCH, 12, &full_req);
+        assert_eq!(answered(&r).len(), PARTITIONS as usize);
+    }
+    let full_cpu = children_cpu_secs() - cpu0;
+    let opened: FetchResponse = c.call(api::FETCH, 12, &fetch(0, 0, "idle", all()));
+    let id = opened.session_id;
+    assert_ne!(id, 0);
+    let cpu0 = children_cpu_secs();
+    for epoch in 1..=FETCHES as i32 {
+        let r: FetchResponse = c.call(api::FETCH, 12, &fetch(id, epoch, "idle", Vec::new()));
+        assert_eq!((r.error_code, answered(&r).len()), (0, 0));
+    }
+    let inc_cpu = children_cpu_secs() - cpu0;
+    let per = |cpu: f64| cpu / FETCHES as f64 * 1e6;
+    println!(
+        "broker CPU per fetch of {PARTITIONS} idle partitions: full {:.0} µs, incremental {:.0} µs ({FETCHES} fetches each)",
+        per(full_cpu),
+        per(inc_cpu)
+    );
+    assert!(
+        inc_cpu < full_cpu,
+        "incremental {inc_cpu:.2} s vs full {full_cpu:.2} s"
+    );
+}

@@ -229,14 +229,16 @@ fn answer_of(o: &FetchOutcome) -> Answer {
     }
 }
 
+/// Topic names by topic id, of one catalogue snapshot.
+type TopicIds = Rc<HashMap<u128, Arc<str>>>;
+
 thread_local! {
     /// This shard's topic id → name map and the catalogue snapshot it was built from.
-    static TOPIC_IDS: RefCell<Option<(Arc<Catalog>, Rc<HashMap<u128, Arc<str>>>)>> =
-        const { RefCell::new(None) };
+    static TOPIC_IDS: RefCell<Option<(Arc<Catalog>, TopicIds)>> = const { RefCell::new(None) };
 }
 
 /// The id → name map of `catalog`, rebuilt only when the catalogue changed.
-fn topic_ids(catalog: &Arc<Catalog>) -> Rc<HashMap<u128, Arc<str>>> {
+fn topic_ids(catalog: &Arc<Catalog>) -> TopicIds {
     TOPIC_IDS.with(|slot| {
         let mut slot = slot.borrow_mut();
         if let Some((c, map)) = slot.as_ref()
@@ -244,7 +246,7 @@ fn topic_ids(catalog: &Arc<Catalog>) -> Rc<HashMap<u128, Arc<str>>> {
         {
             return map.clone();
         }
-        let map: Rc<HashMap<u128, Arc<str>>> = Rc::new(
+        let map: TopicIds = Rc::new(
             catalog
                 .topics
                 .values()

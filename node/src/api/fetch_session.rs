@@ -286,6 +286,8 @@ impl SessionCache {
         }
         let after = session.partitions.len();
         let total = self.partitions - before + after;
+        // Counted as they are now, so removing the session below takes off what it holds.
+        self.partitions = total;
         if after == 0 {
             // Kafka: an emptied session is removed and the fetch answered sessionless.
             self.remove(f.session_id);
@@ -301,7 +303,6 @@ impl SessionCache {
         session.epoch = next_epoch(session.epoch);
         session.last_used = now;
         let wanted = session.requests();
-        self.partitions = total;
         (Context::Incremental { id: f.session_id }, wanted)
     }
 

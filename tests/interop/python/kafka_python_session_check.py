@@ -78,7 +78,8 @@ def main(bootstrap, topic):
     more = produce(bootstrap, topic, "second")
     read_until(len(sent) + len(more))
     # kafka-python's negotiated Fetch version (a private attribute, read only to check it).
-    fetch_version = c._client.api_version(FetchRequest)
+    fetch_version = c._client._manager.broker_version_data.api_version(FetchRequest)
+    broker_version = c._client._manager.broker_version_data.broker_version_str
     c.close()
 
     if seen.created < 1:
@@ -92,7 +93,7 @@ def main(bootstrap, topic):
     # Offsets dense per partition across both rounds, every record once.
     common.check(sent + more, got)
     print(f"sessions created {seen.created}, incremental responses {seen.incremental}, "
-          f"Fetch v{fetch_version}")
+          f"Fetch v{fetch_version}, kafka-python infers broker {broker_version}")
 
 
 if __name__ == "__main__":
