@@ -334,6 +334,32 @@ impl SessionCache {
                     // request gets FETCH_SESSION_ID_NOT_FOUND.
                     return (*id, all);
                 };
+                // The usual case: the session is as `new_context` left it, so partitions
+                // and answers line up; idle partitions then cost one comparison each and
+                // the index is rebuilt only if some partition moves to the end.
+                let aligned = session.partitions.len() == partitions.len()
+                    && session
+                        .partitions
+                        .iter()
+                        .zip(partitions)
+                        .all(|((a, _), (b, _))| a == b);
+                if aligned {
+                    let include: Vec<bool> = session
+                        .partitions
+                        .iter_mut()
+                        .zip(answers)
+                        .map(|((_, c), a)| c.must_respond(a))
+                        .collect();
+                    if include.iter().any(|i| *i) {
+                        let old = std::mem::take(&mut session.partitions);
+                        let (answered, mut kept): (Vec<_>, Vec<_>) =
+                            old.into_iter().zip(&include).partition(|(_, i)| **i);
+                        kept.extend(answered);
+                        session.partitions = kept.into_iter().map(|(p, _)| p).collect();
+                        session.reindex();
+                    }
+                    return (*id, include);
+                }
                 let mut include = Vec::with_capacity(answers.len());
                 let mut answered = Vec::new();
                 let mut kept = Vec::with_capacity(session.partitions.len());
