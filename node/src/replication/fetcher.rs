@@ -147,7 +147,7 @@ impl ReplicaFetcher {
     pub async fn run(self: Rc<Self>) {
         let mut backoff = BACKOFF_MIN;
         while !self.stopped.get() {
-            let mut conn = match BrokerConn::connect(self.addr).await {
+            let mut conn = match BrokerConn::connect_from(self.addr, self.local).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!(source = %self.source, "replica fetcher: {e}");
