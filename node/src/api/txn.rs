@@ -46,8 +46,15 @@ const MARKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The partition count of `__transaction_state`, creating the topic on first use.
 pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     let s = Settings::from_config(shard.config());
-    super::admin::internal_topic_partitions(shard, TXN_TOPIC, s.num_partitions, s.segment_bytes)
-        .await
+    let replication = (s.replication_factor, Some(s.min_isr));
+    super::admin::internal_topic_partitions(
+        shard,
+        TXN_TOPIC,
+        s.num_partitions,
+        s.segment_bytes,
+        replication,
+    )
+    .await
 }
 
 fn valid_txn_id(id: &str) -> bool {

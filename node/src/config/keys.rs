@@ -103,6 +103,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
     "transaction.state.log.segment.bytes",
+    // group/mod.rs, txn/mod.rs: the internal topics' replication
+    "offsets.topic.replication.factor",
+    "transaction.state.log.min.isr",
+    "transaction.state.log.replication.factor",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
@@ -186,7 +190,6 @@ const KAFKA_KEYS: &[&str] = &[
     "offsets.commit.timeout.ms",
     "offsets.load.buffer.size",
     "offsets.topic.compression.codec",
-    "offsets.topic.replication.factor",
     "principal.builder.class",
     "process.roles",
     "producer.id.expiration.check.interval.ms",
@@ -215,8 +218,6 @@ const KAFKA_KEYS: &[&str] = &[
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
-    "transaction.state.log.min.isr",
-    "transaction.state.log.replication.factor",
     "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];

@@ -150,6 +150,11 @@ impl Partition {
         self.replica.borrow().high_watermark()
     }
 
+    /// The topic's `min.insync.replicas` in force (the coordinators' acks=all appends).
+    pub fn min_insync_replicas(&self) -> usize {
+        self.min_insync.get()
+    }
+
     pub fn leader_epoch(&self) -> LeaderEpoch {
         self.replica.borrow().leader_epoch()
     }
