@@ -591,8 +591,9 @@ async fn grow_topic(
 /// In a cluster it is replicated on `replication` = (replication factor, `min.insync.replicas`)
 /// nodes (Kafka's `offsets.topic.replication.factor`, `transaction.state.log.*`), both
 /// capped at the live nodes (the controller places a broker-made topic on what the
-/// cluster has; a minimum above that would refuse every coordinator write). On a single
-/// node the topic has no placement and the broker's `min.insync.replicas` applies.
+/// cluster has; a minimum above that would refuse every coordinator write). A `None`
+/// minimum is the broker's `min.insync.replicas` (Kafka's rule for `__consumer_offsets`),
+/// capped the same way, so on a single node it is 1.
 pub async fn internal_topic_partitions(
     shard: &Rc<Shard>,
     name: &str,
@@ -609,15 +610,19 @@ pub async fn internal_topic_partitions(
         ("preallocate".to_string(), "false".to_string()),
     ]);
     let (replication_factor, min_isr) = replication;
-    if shard.node.controller.cluster().is_some() {
+    // The replicas the controller will place (a single node: one, no placement).
+    let rf = if shard.node.controller.cluster().is_some() {
         let live = shard.catalog().nodes.values().filter(|n| !n.fenced).count();
         let live = i32::try_from(live).unwrap_or(i32::MAX).max(1);
-        let rf = i32::from(replication_factor).clamp(1, live);
-        if let Some(min_isr) = min_isr {
-            let min_isr = min_isr.clamp(1, rf);
-            configs.insert("min.insync.replicas".to_string(), min_isr.to_string());
-        }
-    }
+        i32::from(replication_factor).clamp(1, live)
+    } else {
+        1
+    };
+    let min_isr = min_isr.unwrap_or(shard.config().min_insync_replicas);
+    configs.insert(
+        "min.insync.replicas".to_string(),
+        min_isr.clamp(1, rf).to_string(),
+    );
     // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
     let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
     configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));

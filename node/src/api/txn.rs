@@ -57,6 +57,22 @@ pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     .await
 }
 
+/// Whether the metadata image names another node as the leader of `__transaction_state`
+/// partition `partition` (in a cluster; a single node coordinates every id itself).
+fn coordinator_elsewhere(shard: &Shard, partition: i32) -> bool {
+    let catalog = shard.catalog();
+    let leader = catalog
+        .topics
+        .get(TXN_TOPIC)
+        .and_then(|t| {
+            usize::try_from(partition)
+                .ok()
+                .and_then(|i| t.assignment.get(i))
+        })
+        .map(|a| a.leader);
+    leader.is_some_and(|l| l != shard.node_id().get())
+}
+
 fn valid_txn_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= TRANSACTIONAL_ID_MAX_BYTES
 }
@@ -68,6 +84,19 @@ pub async fn call_txn(shard: &Rc<Shard>, txn_id: &str, op: TxnOp) -> TxnReply {
         Err(code) => return TxnReply::Code(code),
     };
     let partition = partition_for(txn_id, partitions);
+    if let TxnOp::AddPartitions {
+        verify_only: true,
+        partitions: ps,
+        ..
+    } = &op
+        && coordinator_elsewhere(shard, partition)
+    {
+        // KIP-890's check asks the coordinator; on another node that would take an
+        // inter-broker AddPartitionsToTxn v4, which weir does not send yet: the batch is
+        // taken unverified, as Kafka does with `transaction.partition.verification.enable`
+        // off.
+        return TxnReply::Partitions(vec![errors::NONE; ps.len()]);
+    }
     let target = shard.router.owner(TXN_TOPIC, partition);
     let deadline = Instant::now() + TXN_CALL_TIMEOUT;
     match shard

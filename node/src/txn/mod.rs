@@ -18,6 +18,14 @@
 //!
 //! One request per transactional id at a time: a second one meanwhile (or the ticker)
 //! gets CONCURRENT_TRANSACTIONS, which clients retry.
+//!
+//! In a cluster `__transaction_state` is replicated (`transaction.state.log.replication.factor`,
+//! `transaction.state.log.min.isr`) and the coordinator moves with its partition's leader:
+//! loaded (replayed) when this node becomes the leader, unloaded when it stops leading,
+//! NOT_COORDINATOR on a node that does not lead it; every state write is acknowledged once
+//! replicated, so the next leader finishes (Prepare*) or times out (Ongoing) what this one
+//! left. Markers go to the partitions' leaders on this node only (`MarkerWriter`): a
+//! partition of the transaction led by another node is not reached yet.
 
 pub mod schema;
 pub mod state;
