@@ -24,6 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use weir_tests::clients;
 use weir_tests::cluster::{self, Cluster};
@@ -224,7 +225,8 @@ fn consume_until(
 fn commit_all(consumer: &BaseConsumer, deadline: Instant) {
     loop {
         match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) => return,
+            // NoOffset: nothing consumed since the last accepted commit.
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => return,
             Err(e) => {
                 assert!(Instant::now() < deadline, "commit not accepted: {e}");
                 let _ = consumer.poll(Duration::from_millis(200));
@@ -353,7 +355,7 @@ fn transactional(via: &str, id: &str) -> clients::TestProducer {
 /// client may retry (the coordinator moved under it) is retried, bounded.
 fn transaction(
     p: &clients::TestProducer,
-    topic: &str,
+    topics: &[&str],
     first: u64,
     n: u64,
     commit: bool,
@@ -362,7 +364,9 @@ fn transaction(
     p.begin_transaction().expect("begin");
     let records = clients::make_records(first, n, "txn", clients::now_ms());
     for r in &records {
-        clients::send_one(p, topic, r, Some(0)).expect("send");
+        for topic in topics {
+            clients::send_one(p, topic, r, Some(0)).expect("send");
+        }
     }
     p.flush(FAILOVER_TIMEOUT).expect("flush");
     kill();
@@ -375,8 +379,7 @@ fn transaction(
         };
         match out {
             Ok(()) => return,
-            Err(rdkafka::error::KafkaError::Transaction(e))
-                if e.is_retriable() && Instant::now() < deadline => {}
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && Instant::now() < deadline => {}
             Err(e) => panic!("ending transaction of {first}..{}: {e}", first + n),
         }
     }
@@ -411,28 +414,35 @@ fn committed_ids(via: &str, topic: &str, want: usize) -> BTreeMap<u64, u32> {
 #[test]
 fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_killed() {
     const TOPIC: &str = "coord-txn";
+    /// Led by another node than the coordinator at first: its markers go over the network.
+    const FAR: &str = "coord-txn-far";
     const TXN_ID: &str = "coord-txn-id";
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
     let first = wait_coordinator(&mut c, TXN_ID, 1, 3, None);
-    // The output partition on the same replicas, in the same order, as the transactional
-    // id's partition: its leader moves with the coordinator (weir's coordinator writes
-    // markers only to partitions its own node leads; see the report).
+    // One output partition on the same replicas, in the same order, as the transactional
+    // id's partition (its leader moves with the coordinator: markers on the coordinator's
+    // node), one rotated (led by another node at first: markers as WriteTxnMarkers).
     let m = c.metadata(first).expect("metadata");
     let (_, replicas, _) =
         placement(&m, TXN_TOPIC, partition_for(TXN_ID, INTERNAL_PARTITIONS)).expect("placed");
     assert_eq!(create_placed(c.node(1).addr(), TOPIC, &replicas), 0);
+    let mut far = replicas.clone();
+    far.rotate_left(1);
+    assert_eq!(create_placed(c.node(1).addr(), FAR, &far), 0);
     wait_topic(&mut c, TOPIC, 1, 3);
+    wait_topic(&mut c, FAR, 1, 3);
+    let topics = [TOPIC, FAR];
 
     let all = bootstrap(&mut c);
     let p = transactional(&all, TXN_ID);
-    transaction(&p, TOPIC, 0, 100, true, || {});
-    transaction(&p, TOPIC, 100, 50, false, || {});
+    transaction(&p, &topics, 0, 100, true, || {});
+    transaction(&p, &topics, 100, 50, false, || {});
 
     // Between transactions: the coordinator's node dies; the next one takes over.
     c.node(first).kill().expect("kill the coordinator's node");
     let second = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(first));
-    transaction(&p, TOPIC, 150, 100, true, || {});
+    transaction(&p, &topics, 150, 100, true, || {});
 
     // It returns as a follower; then, inside a transaction, the new coordinator dies:
     // the one after it finishes the commit from the replicated transaction state.
@@ -440,7 +450,7 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
     assert_eq!(wait_coordinator(&mut c, TXN_ID, 1, 3, None), second);
     wait_topic(&mut c, TOPIC, 1, 3);
     let mut killed = false;
-    transaction(&p, TOPIC, 250, 100, true, || {
+    transaction(&p, &topics, 250, 100, true, || {
         c.node(second)
             .kill()
             .expect("kill the second coordinator's node");
@@ -452,16 +462,18 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
     drop(p);
 
     let live = bootstrap(&mut c);
-    let ids = committed_ids(&live, TOPIC, 300);
     let want: Vec<u64> = (0..100).chain(150..350).collect();
-    let got: Vec<u64> = ids.keys().copied().collect();
-    let doubled: Vec<_> = ids.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(
-        doubled.is_empty(),
-        "records read more than once: {doubled:?}"
-    );
-    assert_eq!(
-        got, want,
-        "read_committed sees exactly the committed transactions"
-    );
+    for topic in topics {
+        let ids = committed_ids(&live, topic, 300);
+        let got: Vec<u64> = ids.keys().copied().collect();
+        let doubled: Vec<_> = ids.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            doubled.is_empty(),
+            "{topic}: records read more than once: {doubled:?}"
+        );
+        assert_eq!(
+            got, want,
+            "{topic}: read_committed sees exactly the committed transactions"
+        );
+    }
 }
