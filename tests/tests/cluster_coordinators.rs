@@ -21,7 +21,6 @@ use kafka_protocol::messages::{
     FindCoordinatorResponse, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -203,19 +202,15 @@ fn consume_until(
             "consumed {} of ids {want:?} within {timeout:?}",
             want.clone().filter(|id| seen.contains_key(id)).count()
         );
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let id = clients::header_id(&clients::to_got(&m)).expect("id header");
-                *seen.entry(id).or_default() += 1;
-                since_commit += 1;
-                if since_commit >= commit_every {
-                    since_commit = 0;
-                    // A commit refused while the coordinator moves is retried at the end.
-                    let _ = consumer.commit_consumer_state(CommitMode::Sync);
-                }
-                let _ = m.offset();
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let id = clients::header_id(&clients::to_got(&m)).expect("id header");
+            *seen.entry(id).or_default() += 1;
+            since_commit += 1;
+            if since_commit >= commit_every {
+                since_commit = 0;
+                // A commit refused while the coordinator moves is retried at the end.
+                let _ = consumer.commit_consumer_state(CommitMode::Sync);
             }
-            Some(Err(_)) | None => {}
         }
     }
     commit_all(consumer, deadline.max(Instant::now() + FAILOVER_TIMEOUT));
