@@ -265,11 +265,20 @@ fn a_group_keeps_consuming_from_its_committed_offsets_when_the_coordinators_node
     assert_eq!(committed_total(&consumer, TOPIC, 3), 300);
 
     c.node(first).kill().expect("kill the coordinator's node");
+    let killed = Instant::now();
     let second = wait_coordinator(&mut c, GROUP, 0, 2, Some(first));
+    eprintln!(
+        "group coordinator moved from node {first} to node {second} {:?} after the SIGKILL",
+        killed.elapsed()
+    );
     let live = bootstrap(&mut c);
     produce(&live, TOPIC, 300, 300);
     // The same member goes on: everything committed before the kill is never read again.
     consume_until(&consumer, &mut seen, 300..600, 50, FAILOVER_TIMEOUT);
+    eprintln!(
+        "the member had consumed and committed the next 300 records {:?} after the SIGKILL",
+        killed.elapsed()
+    );
     let twice: Vec<_> = seen
         .iter()
         .filter(|(id, n)| **id < 300 && **n > 1)
@@ -436,22 +445,32 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
 
     // Between transactions: the coordinator's node dies; the next one takes over.
     c.node(first).kill().expect("kill the coordinator's node");
+    let killed = Instant::now();
     let second = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(first));
     transaction(&p, &topics, 150, 100, true, || {});
+    eprintln!(
+        "transaction coordinator moved from node {first} to node {second}; the next \
+         transaction committed {:?} after the SIGKILL",
+        killed.elapsed()
+    );
 
     // It returns as a follower; then, inside a transaction, the new coordinator dies:
     // the one after it finishes the commit from the replicated transaction state.
     c.node(first).restart().expect("restart");
     assert_eq!(wait_coordinator(&mut c, TXN_ID, 1, 3, None), second);
     wait_topic(&mut c, TOPIC, 1, 3);
-    let mut killed = false;
+    let mut killed = None;
     transaction(&p, &topics, 250, 100, true, || {
         c.node(second)
             .kill()
             .expect("kill the second coordinator's node");
-        killed = true;
+        killed = Some(Instant::now());
     });
-    assert!(killed);
+    let killed = killed.expect("killed inside the transaction");
+    eprintln!(
+        "the transaction open when its coordinator died committed {:?} after the SIGKILL",
+        killed.elapsed()
+    );
     let third = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(second));
     assert_ne!(third, second);
     drop(p);
