@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
 use kafka_protocol::messages::{
     ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, FindCoordinatorRequest,
-    FindCoordinatorResponse, MetadataResponse, TopicName,
+    FindCoordinatorResponse, GroupId, MetadataResponse, OffsetFetchRequest, OffsetFetchResponse,
+    TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::config::ClientConfig;
@@ -319,6 +320,19 @@ fn a_group_keeps_consuming_from_its_committed_offsets_when_the_coordinators_node
     assert_eq!(
         now, second,
         "the coordinator stays with the partition's leader"
+    );
+    // The returned node follows the group's partition: it does not coordinate the group.
+    let mut conn =
+        RawConn::connect_timeout(c.node(first).addr(), Duration::from_secs(20)).expect("connect");
+    let fetch = OffsetFetchRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(GROUP.to_string())))
+        .with_topics(None);
+    let resp: OffsetFetchResponse = conn
+        .call(ApiKey::OffsetFetch, 5, &fetch)
+        .expect("offset fetch");
+    assert_eq!(
+        resp.error_code, 16,
+        "NOT_COORDINATOR from a follower of the partition"
     );
     assert_eq!(committed_total(&next, TOPIC, 3), 700);
 }

@@ -269,14 +269,14 @@ impl Coordinators {
             .settings
             .get_or_init(|| Settings::from_config(ctx.config()));
         self.start_ticker(settings);
+        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
+        self.drop_stale();
         if let GroupOp::List = call.op {
             return self.list(ctx).await;
         }
         if !ctx.owns(OFFSETS_TOPIC, call.partition) {
             return GroupReply::Code(codes::NOT_COORDINATOR);
         }
-        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
-        self.drop_stale();
         let part = match self.load(ctx, call.partition).await {
             Ok(p) => p,
             Err(code) => return GroupReply::Code(code),

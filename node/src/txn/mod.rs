@@ -230,14 +230,14 @@ impl Coordinators {
             .get_or_init(|| Settings::from_config(ctx.config()));
         let _ = self.markers.set(markers);
         self.start_ticker(settings);
+        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
+        self.drop_stale();
         if let TxnOp::List = call.op {
             return self.list(ctx).await;
         }
         if !ctx.owns(TXN_TOPIC, call.partition) {
             return TxnReply::Code(errors::NOT_COORDINATOR);
         }
-        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
-        self.drop_stale();
         let part = match self.load(ctx, call.partition).await {
             Ok(p) => p,
             Err(code) => return TxnReply::Code(code),
