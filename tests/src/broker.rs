@@ -428,6 +428,22 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
     Ok(kib.parse()?)
 }
 
+/// The Python that has the interop clients (confluent-kafka, kafka-python): the venv
+/// `scripts/install-test-deps.sh` makes at `target/interop-venv`, or `WEIR_TEST_PYTHON`.
+pub fn python() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("WEIR_TEST_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = target_dir().join("interop-venv/bin/python");
+    if !p.exists() {
+        bail!(
+            "{} is missing: run scripts/install-test-deps.sh (or set WEIR_TEST_PYTHON)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
 /// The cargo target dir: `CARGO_TARGET_DIR`, else `<workspace>/target`.
 pub fn target_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {

@@ -7,6 +7,7 @@
 //! between them, with the member that owns the partition.
 
 pub mod cluster;
+pub mod topics;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -103,6 +103,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
     "transaction.state.log.segment.bytes",
+    // preferred-leader rebalance (controller/quorum)
+    "auto.leader.rebalance.enable",
+    "leader.imbalance.check.interval.seconds",
+    "leader.imbalance.per.broker.percentage",
     // group/mod.rs, txn/mod.rs: the internal topics' replication
     "offsets.topic.replication.factor",
     "transaction.state.log.min.isr",
@@ -115,7 +119,6 @@ const KAFKA_KEYS: &[&str] = &[
     "alter.log.dirs.replication.quota.window.num",
     "authorizer.class.name",
     "auto.include.jmx.reporter",
-    "auto.leader.rebalance.enable",
     "background.threads",
     "broker.id.generation.enable",
     "broker.rack",
@@ -144,8 +147,6 @@ const KAFKA_KEYS: &[&str] = &[
     "group.coordinator.threads",
     "initial.broker.registration.timeout.ms",
     "inter.broker.protocol.version",
-    "leader.imbalance.check.interval.seconds",
-    "leader.imbalance.per.broker.percentage",
     "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.buffer.size",
     "log.cleaner.threads",

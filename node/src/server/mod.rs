@@ -238,6 +238,7 @@ fn prepare_quorum(
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
+        leader_rebalance: config.leader_rebalance,
     };
     crate::controller::quorum::prepare(q).map(Some)
 }

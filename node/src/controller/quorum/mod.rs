@@ -55,6 +55,8 @@ pub struct QuorumConfig {
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
     pub election_timeout: Duration,
+    /// Preferred-leader rebalance by the active controller.
+    pub leader_rebalance: crate::config::LeaderRebalance,
 }
 
 /// A request from a shard.
@@ -276,6 +278,9 @@ async fn run(
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
     tokio::spawn(heartbeats(ctx.clone(), handle.clone()));
     tokio::spawn(leases(ctx.clone()));
+    if ctx.config.leader_rebalance.enable {
+        tokio::spawn(rebalance_leaders(ctx.clone()));
+    }
     let _ = started.send(Ok(()));
     while let Ok(req) = requests.recv_async().await {
         match req {
@@ -521,6 +526,37 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
             None => {}
         }
         tokio::time::sleep(ctx.config.heartbeat_interval).await;
+    }
+}
+
+/// The active controller gives partitions back to their preferred replicas every
+/// `leader.imbalance.check.interval.seconds` when a node's share of them led elsewhere is
+/// above `leader.imbalance.per.broker.percentage` (Kafka's auto leader rebalance): a node
+/// that returns from a crash leads its partitions again once it is back in their ISR.
+async fn rebalance_leaders(ctx: Arc<Ctx>) {
+    let r = ctx.config.leader_rebalance;
+    let interval = Duration::from_secs(r.check_interval_s);
+    loop {
+        tokio::time::sleep(interval).await;
+        if !is_leader(&ctx) {
+            continue;
+        }
+        let image = ctx.node.meta.snapshot();
+        let partitions = super::apply::imbalanced(&image, r.per_broker_percentage);
+        if partitions.is_empty() {
+            continue;
+        }
+        tracing::info!(
+            partitions = partitions.len(),
+            "leaders imbalanced: electing preferred replicas"
+        );
+        if let Err(e) = ctx
+            .raft
+            .client_write(Command::ElectPreferred { partitions })
+            .await
+        {
+            tracing::debug!("preferred-leader election: {e}");
+        }
     }
 }
 
