@@ -5,10 +5,13 @@
 //! - A consumer group commits as it consumes; its coordinator's node is killed; the new
 //!   leader of the group's partition becomes the coordinator (FindCoordinator says so),
 //!   the group goes on consuming, and a new member of the group starts exactly at the
-//!   committed offsets. The killed node returns as a follower.
-//! - A transactional producer commits one transaction and aborts one; the transaction
-//!   coordinator's node is killed between transactions, and (after it returned) the next
-//!   coordinator's node is killed inside a transaction: the producer goes on, and a
+//!   committed offsets. The killed node returns as a follower, then leads its preferred
+//!   partition again (the controller's preferred-leader rebalance): the coordinator moves
+//!   back while the node it leaves keeps running, and the member goes on.
+//! - A transactional producer commits one transaction and aborts one (writing to a
+//!   partition led by the coordinator's node and to one led by another node); the
+//!   transaction coordinator's node is killed between transactions, and, after it
+//!   returned and led again, inside a transaction: the producer goes on, and a
 //!   read_committed consumer sees exactly the committed records, once each.
 
 use std::collections::BTreeMap;
@@ -35,6 +38,9 @@ const AGREE_TIMEOUT: Duration = Duration::from_secs(90);
 /// the node after `broker.session.timeout.ms`, 3 s here; librdkafka backs off between
 /// coordinator lookups).
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(120);
+/// The controller gives a returning node its preferred partitions back within a second:
+/// the coordinators then move while the node they leave keeps running.
+const REBALANCE: &[(&str, &str)] = &[("leader.imbalance.check.interval.seconds", "1")];
 const OFFSETS_TOPIC: &str = "__consumer_offsets";
 const TXN_TOPIC: &str = "__transaction_state";
 /// Kafka's default partition count of both internal topics (weir's too).
@@ -250,7 +256,7 @@ fn committed_total(consumer: &BaseConsumer, topic: &str, partitions: i32) -> i64
 fn a_group_keeps_consuming_from_its_committed_offsets_when_the_coordinators_node_is_killed() {
     const TOPIC: &str = "coord-input";
     const GROUP: &str = "coord-group";
-    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    let mut c = Cluster::start(3, REBALANCE).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
     let addr = c.node(1).addr();
     assert_eq!(cluster::create_topic(addr, TOPIC, 3, 3).expect("create"), 0);
@@ -313,17 +319,20 @@ fn a_group_keeps_consuming_from_its_committed_offsets_when_the_coordinators_node
         "a new member read committed or doubled records: {wrong:?}"
     );
 
-    // The killed node returns as a follower of the group's partition: the coordinator
-    // stays where it moved, with all three replicas in sync again.
+    // The killed node returns; once it is in sync the controller gives it back the lead of
+    // the group's partition (its preferred replica): the coordinator moves back while the
+    // node it leaves keeps running — that node unloads the group and answers
+    // NOT_COORDINATOR — and the member goes on there with its commits.
     c.node(first).restart().expect("restart");
-    let now = wait_coordinator(&mut c, GROUP, 0, 3, None);
-    assert_eq!(
-        now, second,
-        "the coordinator stays with the partition's leader"
+    let moved = Instant::now();
+    let back = wait_coordinator(&mut c, GROUP, 0, 3, Some(second));
+    assert_eq!(back, first, "the preferred replica leads again");
+    eprintln!(
+        "group coordinator back on node {first} {:?} after its restart",
+        moved.elapsed()
     );
-    // The returned node follows the group's partition: it does not coordinate the group.
     let mut conn =
-        RawConn::connect_timeout(c.node(first).addr(), Duration::from_secs(20)).expect("connect");
+        RawConn::connect_timeout(c.node(second).addr(), Duration::from_secs(20)).expect("connect");
     let fetch = OffsetFetchRequest::default()
         .with_group_id(GroupId(StrBytes::from_string(GROUP.to_string())))
         .with_topics(None);
@@ -332,9 +341,17 @@ fn a_group_keeps_consuming_from_its_committed_offsets_when_the_coordinators_node
         .expect("offset fetch");
     assert_eq!(
         resp.error_code, 16,
-        "NOT_COORDINATOR from a follower of the partition"
+        "NOT_COORDINATOR from the node that stopped leading the partition"
     );
-    assert_eq!(committed_total(&next, TOPIC, 3), 700);
+    let all = bootstrap(&mut c);
+    produce(&all, TOPIC, 700, 100);
+    consume_until(&next, &mut after, 700..800, 1000, FAILOVER_TIMEOUT);
+    let wrong: Vec<_> = after.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        wrong.is_empty(),
+        "records read twice across the move back: {wrong:?}"
+    );
+    assert_eq!(committed_total(&next, TOPIC, 3), 800);
 }
 
 /// CreateTopics (v5) of `name`, one partition on `replicas` (the first leads).
@@ -435,7 +452,7 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
     /// Led by another node than the coordinator at first: its markers go over the network.
     const FAR: &str = "coord-txn-far";
     const TXN_ID: &str = "coord-txn-id";
-    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    let mut c = Cluster::start(3, REBALANCE).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
     let first = wait_coordinator(&mut c, TXN_ID, 1, 3, None);
     // One output partition on the same replicas, in the same order, as the transactional
@@ -468,16 +485,19 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
         killed.elapsed()
     );
 
-    // It returns as a follower; then, inside a transaction, the new coordinator dies:
-    // the one after it finishes the commit from the replicated transaction state.
+    // It returns, and leads its preferred partitions again once in sync: the coordinator
+    // moves back while the node it leaves keeps running. Then, inside a transaction, the
+    // coordinator's node dies again: the next one finishes the commit from the
+    // replicated transaction state.
     c.node(first).restart().expect("restart");
-    assert_eq!(wait_coordinator(&mut c, TXN_ID, 1, 3, None), second);
+    assert_eq!(wait_coordinator(&mut c, TXN_ID, 1, 3, Some(second)), first);
     wait_topic(&mut c, TOPIC, 1, 3);
+    wait_topic(&mut c, FAR, 1, 3);
     let mut killed = None;
     transaction(&p, &topics, 250, 100, true, || {
-        c.node(second)
+        c.node(first)
             .kill()
-            .expect("kill the second coordinator's node");
+            .expect("kill the coordinator's node inside a transaction");
         killed = Some(Instant::now());
     });
     let killed = killed.expect("killed inside the transaction");
@@ -485,8 +505,8 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
         "the transaction open when its coordinator died committed {:?} after the SIGKILL",
         killed.elapsed()
     );
-    let third = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(second));
-    assert_ne!(third, second);
+    let third = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(first));
+    assert_ne!(third, first);
     drop(p);
 
     let live = bootstrap(&mut c);
