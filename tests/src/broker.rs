@@ -139,6 +139,13 @@ impl Weir {
         rss_kib_of(pid)
     }
 
+    /// Anonymous resident memory (`RssAnon`: heap, stacks, buffers — not the binary's own
+    /// pages, which differ between builds), in KiB.
+    pub fn rss_anon_kib(&self) -> Result<u64> {
+        let pid = self.pid().ok_or_else(|| anyhow!("weir is not running"))?;
+        proc_status_kib(pid, "RssAnon")
+    }
+
     /// Peak virtual size of the broker so far (`VmPeak`), in KiB.
     pub fn vm_peak_kib(&self) -> Result<u64> {
         let pid = self.pid().ok_or_else(|| anyhow!("weir is not running"))?;

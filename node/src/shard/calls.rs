@@ -32,6 +32,16 @@ impl ShardCall for ProduceCall {
     type Reply = ProduceOutcome;
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
+        // A cluster node whose lease expired (cut off from the controller) may have been
+        // replaced as leader without knowing it: it acknowledges nothing more.
+        if shard
+            .node
+            .controller
+            .cluster()
+            .is_some_and(|q| !q.lease_valid())
+        {
+            return ProduceOutcome::failed(crate::errors::NOT_LEADER_OR_FOLLOWER);
+        }
         let p = match shard.partition(&self.tp).await {
             Ok(p) => p,
             Err(code) => return ProduceOutcome::failed(code),
