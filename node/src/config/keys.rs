@@ -87,6 +87,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "replica.fetch.max.bytes",
     "replica.fetch.response.max.bytes",
     "replica.fetch.wait.max.ms",
+    "replica.high.watermark.checkpoint.interval.ms",
     "replica.lag.time.max.ms",
     "sasl.enabled.mechanisms",
     "sasl.plain.users",
@@ -108,6 +109,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "auto.leader.rebalance.enable",
     "leader.imbalance.check.interval.seconds",
     "leader.imbalance.per.broker.percentage",
+    // group/mod.rs, txn/mod.rs: the internal topics' replication
+    "offsets.topic.replication.factor",
+    "transaction.state.log.min.isr",
+    "transaction.state.log.replication.factor",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
@@ -187,7 +192,6 @@ const KAFKA_KEYS: &[&str] = &[
     "offsets.commit.timeout.ms",
     "offsets.load.buffer.size",
     "offsets.topic.compression.codec",
-    "offsets.topic.replication.factor",
     "principal.builder.class",
     "process.roles",
     "producer.id.expiration.check.interval.ms",
@@ -197,7 +201,6 @@ const KAFKA_KEYS: &[&str] = &[
     "quota.window.size.seconds",
     "replica.fetch.backoff.ms",
     "replica.fetch.min.bytes",
-    "replica.high.watermark.checkpoint.interval.ms",
     "replica.selector.class",
     "replica.socket.receive.buffer.bytes",
     "replica.socket.timeout.ms",
@@ -216,8 +219,6 @@ const KAFKA_KEYS: &[&str] = &[
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
-    "transaction.state.log.min.isr",
-    "transaction.state.log.replication.factor",
     "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];
