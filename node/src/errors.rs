@@ -54,3 +54,7 @@ pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
 pub const RESOURCE_NOT_FOUND: i16 = 91;
 pub const DUPLICATE_RESOURCE: i16 = 92;
 pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;
+// Fetch sessions (KIP-227) and topic ids (issue 17).
+pub const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
+pub const INVALID_FETCH_SESSION_EPOCH: i16 = 71;
+pub const FETCH_SESSION_TOPIC_ID_ERROR: i16 = 106;

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod configs;
 pub mod fetch;
 pub mod fetch_budget;
+pub mod fetch_session;
 pub mod groups;
 pub mod metadata;
 pub mod offsets;

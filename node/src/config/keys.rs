@@ -19,6 +19,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "fetch.max.bytes",
     "fetch.response.buffer.max.bytes",
     "listeners",
+    "max.incremental.fetch.session.cache.slots",
     "log.cleanup.policy",
     "log.dir",
     "log.dirs",
@@ -108,6 +109,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "auto.leader.rebalance.enable",
     "leader.imbalance.check.interval.seconds",
     "leader.imbalance.per.broker.percentage",
+    // group/mod.rs, txn/mod.rs: the internal topics' replication
+    "offsets.topic.replication.factor",
+    "transaction.state.log.min.isr",
+    "transaction.state.log.replication.factor",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
@@ -166,7 +171,6 @@ const KAFKA_KEYS: &[&str] = &[
     "log.roll.jitter.ms",
     "log.segment.delete.delay.ms",
     "max.connection.creation.rate",
-    "max.incremental.fetch.session.cache.slots",
     "metadata.log.dir",
     "metadata.log.max.record.bytes.between.snapshots",
     "metadata.log.max.snapshot.interval.ms",
@@ -188,7 +192,6 @@ const KAFKA_KEYS: &[&str] = &[
     "offsets.commit.timeout.ms",
     "offsets.load.buffer.size",
     "offsets.topic.compression.codec",
-    "offsets.topic.replication.factor",
     "principal.builder.class",
     "process.roles",
     "producer.id.expiration.check.interval.ms",
@@ -216,8 +219,6 @@ const KAFKA_KEYS: &[&str] = &[
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
-    "transaction.state.log.min.isr",
-    "transaction.state.log.replication.factor",
     "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];

@@ -169,6 +169,10 @@ pub struct ShardMetrics {
     pub replica_fetch_errors: AtomicU64,
     /// What the shard's housekeeping computed from its state, replaced once per tick.
     pub snapshot: Mutex<snapshot::ShardSnapshot>,
+    /// KIP-227 fetch sessions cached, their partitions, and sessions evicted (a count).
+    pub fetch_sessions: AtomicU64,
+    pub fetch_session_partitions: AtomicU64,
+    pub fetch_session_evictions: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -201,6 +205,9 @@ impl Default for ShardMetrics {
             replica_fetch_bytes: AtomicU64::new(0),
             replica_fetch_errors: AtomicU64::new(0),
             snapshot: Mutex::default(),
+            fetch_sessions: AtomicU64::new(0),
+            fetch_session_partitions: AtomicU64::new(0),
+            fetch_session_evictions: AtomicU64::new(0),
         }
     }
 }
@@ -624,7 +631,7 @@ impl NodeMetrics {
     }
 
     fn render_gauges(&self, out: &mut String) {
-        let gauges: [Gauge; 4] = [
+        let gauges: [Gauge; 6] = [
             (
                 "weir_partitions_open",
                 "Partition logs open, by shard.",
@@ -645,6 +652,16 @@ impl NodeMetrics {
                 "Bytes of queued.max.request.bytes held by request frames being read or handled, by shard.",
                 |s| &s.request_budget_bytes_held,
             ),
+            (
+                "weir_fetch_sessions",
+                "KIP-227 incremental fetch sessions cached, by shard.",
+                |s| &s.fetch_sessions,
+            ),
+            (
+                "weir_fetch_session_partitions",
+                "Partitions cached by fetch sessions, by shard.",
+                |s| &s.fetch_session_partitions,
+            ),
         ];
         for (metric, help, get) in gauges {
             header(out, metric, "gauge", help);
@@ -656,6 +673,15 @@ impl NodeMetrics {
                 );
             }
         }
+        let evictions = "weir_fetch_session_evictions_total";
+        header(
+            out,
+            evictions,
+            "counter",
+            "Fetch sessions evicted to make room for a new one.",
+        );
+        let n = self.sum(|s| &s.fetch_session_evictions);
+        let _ = writeln!(out, "{evictions} {n}");
     }
 
     fn sum(&self, pick: impl Fn(&ShardMetrics) -> &AtomicU64) -> u64 {

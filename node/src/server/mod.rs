@@ -451,10 +451,7 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         crate::controller::bridge::spawn_notices(shard.clone(), q);
     }
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
-    glommio::spawn_local(crate::shard::calls::load_transaction_coordinators(
-        shard.clone(),
-    ))
-    .detach();
+    glommio::spawn_local(crate::shard::calls::run_coordinator_loads(shard.clone())).detach();
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
     let admission = Rc::new(Admission {
         per_ip,

@@ -113,6 +113,9 @@ pub struct Shard {
     fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
     /// Partitions whose ISR change is being proposed to the controller.
     isr_proposing: RefCell<std::collections::HashSet<TopicPartition>>,
+    /// Notified when a replica of a coordinator's internal topic changes role (the
+    /// coordinator loader, `calls::run_coordinator_loads`, loads or unloads it).
+    pub coordinator_roles: Event,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -162,6 +165,7 @@ impl Shard {
             txns: Rc::default(),
             fetchers: RefCell::new(BTreeMap::new()),
             isr_proposing: RefCell::default(),
+            coordinator_roles: Event::default(),
         }
     }
 

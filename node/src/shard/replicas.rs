@@ -112,6 +112,10 @@ impl Shard {
     ) {
         let mut change = RoleChange::Unchanged;
         p.update_replica(|r| change = r.apply(assignment, now_ms()));
+        // A coordinator moves with its partition's leader (see `calls::run_coordinator_loads`).
+        if change != RoleChange::Unchanged && crate::coordinator::is_coordinator_topic(&tp.0) {
+            self.coordinator_roles.notify_all();
+        }
         match change {
             RoleChange::Unchanged => {
                 // Same leader, same epoch — but the leader may have restarted on another
