@@ -366,8 +366,9 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     );
     assert_eq!(
         d("weir_produce_replication_wait_seconds_count", ""),
-        1.0,
-        "the one acks=-1 append (the resend and the gap are not appended)"
+        2.0,
+        "the one acks=-1 append and the offset commit (the coordinator writes with acks=all); \
+         the resend and the gap are not appended"
     );
     // Appends: 3 plain + 1 idempotent + the offset commit; each fdatasynced on ack.
     let appends = d("weir_storage_appends_total", "");
