@@ -27,6 +27,7 @@ use wire::fetch::{
 };
 
 use super::Response;
+use super::authz::Authz;
 use super::fetch_budget::{self, Hold, ResponseBudget};
 use crate::config::Config;
 use crate::errors;
@@ -34,6 +35,7 @@ use crate::event::Event;
 use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
+use crate::security::acl::Operation;
 use crate::shard::{CallError, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
 use wire::{LeaderEpoch, NodeId, Offset};
 
@@ -78,13 +80,55 @@ struct Read {
 /// Serves one Fetch request; the response is a chunk list whose record chunks are the
 /// log's own buffers (no copy), ending with an empty chunk that holds the response's
 /// budget until the connection has written it.
-pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
-    let fetch: FetchRequest = proto::decode(req)?;
-    let (parts, hold) = respond(shard, fetch).await;
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: &Request,
+    authz: &Authz<'_>,
+) -> Result<Response, WireError> {
+    let mut fetch: FetchRequest = proto::decode(req)?;
+    let denied = authorize(&mut fetch, authz);
+    let (mut parts, hold) = respond(shard, fetch).await;
+    for (topic, partitions) in denied {
+        parts.topics.push(FetchTopicResponse {
+            topic,
+            partitions: partitions
+                .into_iter()
+                .map(|index| FetchPartitionResponse {
+                    partition_index: index,
+                    error_code: errors::TOPIC_AUTHORIZATION_FAILED,
+                    high_watermark: -1,
+                    last_stable_offset: -1,
+                    log_start_offset: -1,
+                    ..Default::default()
+                })
+                .collect(),
+        });
+    }
     let mut chunks = wire::fetch::encode_fetch_response(req.correlation_id, req.version, &parts)?;
     drop(parts);
     chunks.push(hold.into_chunk());
     Ok(Some(chunks))
+}
+
+/// Takes the topics this connection may not read out of `req`: a follower's fetch needs
+/// ClusterAction on the cluster, a consumer's Read on each topic (Kafka answers both with
+/// TOPIC_AUTHORIZATION_FAILED per partition). Returns them (name, partitions).
+fn authorize(req: &mut FetchRequest, authz: &Authz<'_>) -> Vec<(Bytes, Vec<i32>)> {
+    if !authz.enabled() {
+        return Vec::new();
+    }
+    let follower = req.replica_id.0 >= 0;
+    let cluster_ok = !follower || authz.cluster(Operation::ClusterAction);
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        let ok = cluster_ok && (follower || authz.topic(Operation::Read, t.topic.0.as_str()));
+        if !ok {
+            let name = Bytes::copy_from_slice(t.topic.0.as_bytes());
+            denied.push((name, t.partitions.iter().map(|p| p.partition).collect()));
+        }
+        ok
+    });
+    denied
 }
 
 /// This shard's share of `fetch.response.buffer.max.bytes`.

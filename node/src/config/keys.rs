@@ -103,13 +103,16 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
     "transaction.state.log.segment.bytes",
+    // security/authorizer.rs
+    "allow.everyone.if.no.acl.found",
+    "authorizer.class.name",
+    "super.users",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
 const KAFKA_KEYS: &[&str] = &[
     "alter.config.policy.class.name",
     "alter.log.dirs.replication.quota.window.num",
-    "authorizer.class.name",
     "auto.include.jmx.reporter",
     "auto.leader.rebalance.enable",
     "background.threads",
@@ -210,8 +213,6 @@ const KAFKA_KEYS: &[&str] = &[
     "socket.listen.backlog.size",
     "socket.receive.buffer.bytes",
     "socket.send.buffer.bytes",
-    "super.users",
-    "allow.everyone.if.no.acl.found",
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",

@@ -79,7 +79,20 @@ pub enum Command {
         partition_epoch: i32,
         isr: Vec<i32>,
     },
+    /// CreateAcls: bindings already checked by the handler (an existing one is not an
+    /// error, as in Kafka).
+    CreateAcls {
+        bindings: Vec<crate::security::acl::AclBinding>,
+    },
+    /// DeleteAcls: every binding matching one of the filters goes.
+    DeleteAcls {
+        filters: Vec<crate::security::acl::AclFilter>,
+    },
 }
+
+/// Most ACL bindings the cluster holds: every change rewrites the metadata image, so its
+/// size stays bounded whatever clients send.
+pub const ACLS_MAX: usize = 10_000;
 
 /// What a command did, in the shape its caller answers with.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -92,6 +105,10 @@ pub enum Outcome {
     Done(Result<(), TopicError>),
     /// Node and cluster records.
     Noted,
+    /// Per binding of a CreateAcls, in order.
+    AclsCreated(Vec<Result<(), TopicError>>),
+    /// Per filter of a DeleteAcls, in order: the bindings it deleted.
+    AclsDeleted(Result<Vec<Vec<crate::security::acl::AclBinding>>, TopicError>),
 }
 
 impl Outcome {
@@ -106,6 +123,10 @@ impl Outcome {
             Command::CreatePartitions { .. }
             | Command::AlterConfigs { .. }
             | Command::AlterPartition { .. } => Outcome::Done(Err(err)),
+            Command::CreateAcls { bindings } => {
+                Outcome::AclsCreated(bindings.iter().map(|_| Err(err.clone())).collect())
+            }
+            Command::DeleteAcls { .. } => Outcome::AclsDeleted(Err(err)),
             _ => Outcome::Noted,
         }
     }
@@ -231,7 +252,45 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             c.cluster_id = Some(id.clone());
             (Outcome::Noted, true)
         }
+        Command::CreateAcls { bindings } => create_acls(c, bindings),
+        Command::DeleteAcls { filters } => delete_acls(c, filters),
     }
+}
+
+fn create_acls(c: &mut Catalog, bindings: &[crate::security::acl::AclBinding]) -> (Outcome, bool) {
+    let mut changed = false;
+    let outcomes = bindings
+        .iter()
+        .map(|b| {
+            // Checked by the handler too; a command from the log is bounded all the same.
+            b.validate()
+                .map_err(|why| (errors::INVALID_REQUEST, why.to_string()))?;
+            if c.acls.contains(b) {
+                return Ok(());
+            }
+            if c.acls.len() >= ACLS_MAX {
+                let why = format!("the cluster holds {ACLS_MAX} ACLs, the most it keeps");
+                return Err((errors::POLICY_VIOLATION, why));
+            }
+            changed |= c.acls.insert(b.clone());
+            Ok(())
+        })
+        .collect();
+    assert!(c.acls.len() <= ACLS_MAX, "ACLs stay within ACLS_MAX");
+    (Outcome::AclsCreated(outcomes), changed)
+}
+
+fn delete_acls(c: &mut Catalog, filters: &[crate::security::acl::AclFilter]) -> (Outcome, bool) {
+    let per_filter: Vec<Vec<_>> = filters
+        .iter()
+        .map(|f| c.acls.iter().filter(|b| f.matches(b)).cloned().collect())
+        .collect();
+    let before = c.acls.len();
+    for gone in per_filter.iter().flatten() {
+        c.acls.remove(gone);
+    }
+    let changed = c.acls.len() != before;
+    (Outcome::AclsDeleted(Ok(per_filter)), changed)
 }
 
 fn create_topics(c: &mut Catalog, topics: &[NewTopic], max: u64, cluster: bool) -> (Outcome, bool) {
