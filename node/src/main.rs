@@ -39,6 +39,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// ACLs of a running node: add, list, remove (like kafka-acls.sh).
+    Acls(weir::admin_cli::acls::AclsArgs),
 }
 
 #[derive(Subcommand)]
@@ -133,6 +135,7 @@ fn init_logging() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Acls(args) => weir::admin_cli::acls::run(args),
         Command::Serve(args) => {
             init_logging();
             match serve(args) {

@@ -145,10 +145,10 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(END_TXN, "EndTxn", 0, 3, 3),
     entry(WRITE_TXN_MARKERS, "WriteTxnMarkers", 1, 1, 1),
     entry(TXN_OFFSET_COMMIT, "TxnOffsetCommit", 0, 3, 3),
-    // Kafka 4.x defines v2-v3 (KIP-896 removed v0-v1).
-    entry(DESCRIBE_ACLS, "DescribeAcls", 2, 3, 2),
-    entry(CREATE_ACLS, "CreateAcls", 2, 3, 2),
-    entry(DELETE_ACLS, "DeleteAcls", 2, 3, 2),
+    // Kafka 4.x defines v1-v3 (KIP-896 removed v0); librdkafka sends v1.
+    entry(DESCRIBE_ACLS, "DescribeAcls", 1, 3, 2),
+    entry(CREATE_ACLS, "CreateAcls", 1, 3, 2),
+    entry(DELETE_ACLS, "DeleteAcls", 1, 3, 2),
     entry(DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, 4),
     entry(ALTER_CONFIGS, "AlterConfigs", 0, 2, 2),
     entry(ALTER_REPLICA_LOG_DIRS, "AlterReplicaLogDirs", 1, 2, 2),

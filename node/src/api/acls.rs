@@ -1,4 +1,4 @@
-//! CreateAcls, DescribeAcls, DeleteAcls (v2–v3, what Kafka 4.1 defines): bindings are
+//! CreateAcls, DescribeAcls, DeleteAcls (v1–v3, what Kafka 4.1 defines): bindings are
 //! checked here, written by the controller (a command committed through the quorum and
 //! applied on every node), and read from the metadata image. Kafka's filter semantics for
 //! Describe and Delete (ANY / MATCH pattern filters, see `security::acl::AclFilter`).
@@ -29,9 +29,6 @@ use crate::shard::Shard;
 
 /// Most creations or filters one request may carry.
 pub const ACL_CHANGES_PER_REQUEST_MAX: usize = 1_000;
-
-/// The first version (Kafka 4.x removed v0–v1).
-pub const ACL_API_VERSION_MIN: i16 = 2;
 
 fn opt(s: &Option<StrBytes>) -> Option<String> {
     s.as_ref().map(|s| s.to_string())

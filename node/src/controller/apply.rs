@@ -680,4 +680,62 @@ mod tests {
         assert_eq!(out, Outcome::Created(vec![Ok(7)]));
         assert!(c.topics["t"].assignment.is_empty());
     }
+
+    #[test]
+    fn acl_commands_add_once_delete_by_filter_and_stay_bounded() {
+        use crate::security::acl::*;
+        let b = |name: &str| AclBinding {
+            resource_type: ResourceType::Topic,
+            name: name.into(),
+            pattern: PatternType::Literal,
+            principal: "User:alice".into(),
+            host: "*".into(),
+            operation: Operation::Read,
+            permission: Permission::Allow,
+        };
+        let mut c = Catalog::default();
+        let create = Command::CreateAcls {
+            bindings: vec![b("a"), b("a"), b("b")],
+        };
+        let (out, changed) = apply(&mut c, &create, true);
+        assert!(changed);
+        assert_eq!(out, Outcome::AclsCreated(vec![Ok(()), Ok(()), Ok(())]));
+        assert_eq!(c.acls.len(), 2, "an existing binding is not added twice");
+        let (_, changed) = apply(&mut c, &create, true);
+        assert!(!changed);
+        let filter = AclFilter {
+            resource_type: None,
+            name: Some("a".into()),
+            pattern: PatternFilter::Any,
+            principal: None,
+            host: None,
+            operation: None,
+            permission: None,
+        };
+        let (out, changed) = apply(
+            &mut c,
+            &Command::DeleteAcls {
+                filters: vec![filter],
+            },
+            true,
+        );
+        assert!(changed);
+        assert_eq!(out, Outcome::AclsDeleted(Ok(vec![vec![b("a")]])));
+        assert_eq!(c.acls.iter().collect::<Vec<_>>(), vec![&b("b")]);
+        for i in 0..ACLS_MAX {
+            c.acls.insert(b(&format!("t{i}")));
+        }
+        c.acls.remove(&b("b"));
+        let (out, _) = apply(
+            &mut c,
+            &Command::CreateAcls {
+                bindings: vec![b("b")],
+            },
+            true,
+        );
+        assert!(
+            matches!(out, Outcome::AclsCreated(ref v) if v[0].as_ref().err().map(|e| e.0) == Some(errors::POLICY_VIOLATION))
+        );
+        assert_eq!(c.acls.len(), ACLS_MAX);
+    }
 }
