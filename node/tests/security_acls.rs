@@ -524,3 +524,71 @@ fn without_an_authorizer_everything_is_allowed() {
     assert_eq!(produce(&mut c, "t"), 0);
     assert_eq!(describe_acls(&mut c, None, ANY).len(), 1);
 }
+
+fn init_producer_id(c: &mut Client, txn: Option<&str>) -> i16 {
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(txn.map(|t| TransactionalId(s(t))))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    let resp: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &req);
+    resp.error_code
+}
+
+#[test]
+fn idempotence_and_transactional_ids_need_their_acls_and_acl_apis_are_advertised() {
+    let b = start(&[]);
+    let mut admin = login(&b, "admin");
+    assert_eq!(create_topics(&mut admin, &["x"]), vec![0]);
+    assert_eq!(
+        create_acls(
+            &mut admin,
+            vec![acl(TOPIC, "x", LITERAL, "User:alice", READ, ALLOW)]
+        ),
+        vec![0]
+    );
+    let mut alice = login(&b, "alice");
+    assert_eq!(
+        init_producer_id(&mut alice, None),
+        CLUSTER_DENIED,
+        "idempotence needs Write on some topic or IdempotentWrite"
+    );
+    assert_eq!(init_producer_id(&mut alice, Some("tx1")), 53);
+    let find: FindCoordinatorResponse = alice.call(
+        api::FIND_COORDINATOR,
+        3,
+        &FindCoordinatorRequest::default()
+            .with_key(s("tx1"))
+            .with_key_type(1),
+    );
+    assert_eq!(find.error_code, 53, "Describe on the transactional id");
+    const TXN_ID: i8 = 5;
+    let codes = create_acls(
+        &mut admin,
+        vec![
+            acl(TOPIC, "x", LITERAL, "User:alice", WRITE, ALLOW),
+            acl(TXN_ID, "tx", PREFIXED, "User:alice", WRITE, ALLOW),
+        ],
+    );
+    assert_eq!(codes, vec![0, 0]);
+    assert_eq!(init_producer_id(&mut alice, None), 0, "Write on x");
+    let find: FindCoordinatorResponse = alice.call(
+        api::FIND_COORDINATOR,
+        3,
+        &FindCoordinatorRequest::default()
+            .with_key(s("tx1"))
+            .with_key_type(1),
+    );
+    assert_ne!(find.error_code, 53, "Write implies Describe");
+
+    let versions: ApiVersionsResponse =
+        alice.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    for key in [api::DESCRIBE_ACLS, api::CREATE_ACLS, api::DELETE_ACLS] {
+        let v = versions
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == key)
+            .expect("ACL API advertised");
+        assert_eq!((v.min_version, v.max_version), (1, 3));
+    }
+}

@@ -27,7 +27,8 @@ Actions:
   produce-consume TOPIC N produce N records (idempotent, acks=all) to the existing TOPIC
                           and consume them back in a `g-` group, committing
   expect-denied TOPIC     a produce to TOPIC fails with TOPIC_AUTHORIZATION_FAILED and a
-                          consumer of TOPIC gets it too
+                          consumer subscribed to TOPIC (in a `g-` group) gets it too
+  acl-group USER          CreateAcls: USER may Read groups prefixed `g-`
   acl-delete USER         DeleteAcls of USER's ACLs (MATCH any resource): prints `OK N`
   bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
                           prints `OK produce_mibs=..`
@@ -39,8 +40,7 @@ import sys
 import time
 import uuid
 
-from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
-                             TopicPartition)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -299,9 +299,8 @@ def expect_denied(conf, topic):
         fail(f"produce: expected TOPIC_AUTHORIZATION_FAILED, got {errors[:3]}")
     c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    # Assigned, not subscribed: the refusal looked for is the topic's (a group refusal,
-    # if any, is noted and passed over).
-    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    # Subscribed in a group the principal may use: the refusal is the topic's.
+    c.subscribe([topic])
     seen, other = None, []
     deadline = time.time() + TIMEOUT_S
     while seen is None and time.time() < deadline:
@@ -318,6 +317,15 @@ def expect_denied(conf, topic):
     if seen is None:
         fail(f"consume: expected TOPIC_AUTHORIZATION_FAILED, got {other[:3]}")
     print(f"OK produce and consume refused: {errors[0].name()}", flush=True)
+
+
+def acl_group(conf, user):
+    admin = AdminClient(conf)
+    b = AclBinding(ResourceType.GROUP, "g-", ResourcePatternType.PREFIXED, f"User:{user}", "*",
+                   AclOperation.READ, AclPermissionType.ALLOW)
+    for f in admin.create_acls([b]).values():
+        f.result(timeout=TIMEOUT_S)
+    print("OK", flush=True)
 
 
 def acl_delete(conf, user):
@@ -394,6 +402,8 @@ def main():
             produce_consume(conf, args[0], int(args[1]))
         elif action == "expect-denied":
             expect_denied(conf, args[0])
+        elif action == "acl-group":
+            acl_group(conf, args[0])
         elif action == "acl-delete":
             acl_delete(conf, args[0])
         elif action == "bench-produce":
