@@ -82,44 +82,14 @@ pub async fn dispatch(
         .unwrap_or_default()
         .to_string();
     let a = &Authz::new(shard, session);
-    let read = Operation::Read;
     match req.key() {
         Some(ApiKey::FindCoordinator) => {
             let f = |r| find_coordinator(shard, r, v, session.advertised());
             run(req, |r| authz::find_coordinator(a, r, v, f)).await
         }
-        Some(ApiKey::JoinGroup) => {
+        Some(ApiKey::JoinGroup | ApiKey::SyncGroup | ApiKey::Heartbeat | ApiKey::LeaveGroup) => {
             let who = (client_id, format!("/{}", peer.ip()), peer.to_string());
-            let deny = authz::join_group_denied;
-            run(req, |r: JoinGroupRequest| async move {
-                let group = r.group_id.to_string();
-                authz::group_gate(a, read, &group, deny, join_group(shard, r, v, who)).await
-            })
-            .await
-        }
-        Some(ApiKey::SyncGroup) => {
-            let deny = authz::sync_group_denied;
-            run(req, |r: SyncGroupRequest| async move {
-                let group = r.group_id.to_string();
-                authz::group_gate(a, read, &group, deny, sync_group(shard, r, v)).await
-            })
-            .await
-        }
-        Some(ApiKey::Heartbeat) => {
-            let deny = authz::heartbeat_denied;
-            run(req, |r: HeartbeatRequest| async move {
-                let group = r.group_id.to_string();
-                authz::group_gate(a, read, &group, deny, heartbeat(shard, r)).await
-            })
-            .await
-        }
-        Some(ApiKey::LeaveGroup) => {
-            let deny = authz::leave_group_denied;
-            run(req, |r: LeaveGroupRequest| async move {
-                let group = r.group_id.to_string();
-                authz::group_gate(a, read, &group, deny, leave_group(shard, r, v)).await
-            })
-            .await
+            membership(shard, req, a, who).await
         }
         Some(ApiKey::OffsetCommit) => {
             run(req, |r| {
@@ -151,6 +121,55 @@ pub async fn dispatch(
         Some(ApiKey::OffsetDelete) => {
             run(req, |r| {
                 authz::offset_delete(a, r, |r| offset_delete(shard, r))
+            })
+            .await
+        }
+        _ => Err(WireError::UnsupportedVersion {
+            api_key: req.api_key,
+            api_version: req.version,
+        }),
+    }
+}
+
+/// JoinGroup, SyncGroup, Heartbeat, LeaveGroup: each needs Read on its group.
+async fn membership(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+    who: (String, String, String),
+) -> Result<Response, WireError> {
+    let v = req.version;
+    let read = Operation::Read;
+    match req.key() {
+        Some(ApiKey::JoinGroup) => {
+            let deny = authz::join_group_denied;
+            run(req, |r: JoinGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, join_group(shard, r, v, who)).await
+            })
+            .await
+        }
+        Some(ApiKey::SyncGroup) => {
+            let deny = authz::sync_group_denied;
+            run(req, |r: SyncGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, sync_group(shard, r, v)).await
+            })
+            .await
+        }
+        Some(ApiKey::Heartbeat) => {
+            let deny = authz::heartbeat_denied;
+            run(req, |r: HeartbeatRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, heartbeat(shard, r)).await
+            })
+            .await
+        }
+        Some(ApiKey::LeaveGroup) => {
+            let deny = authz::leave_group_denied;
+            run(req, |r: LeaveGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, leave_group(shard, r, v)).await
             })
             .await
         }

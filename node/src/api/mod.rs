@@ -160,33 +160,14 @@ async fn transactional(
     Some(routed)
 }
 
-/// Topic, config, replica, credential and ACL administration, and offsets.
+/// Topics, configs and offsets; anything else goes on to [`cluster_admin`].
 async fn administrative(
     shard: &Rc<Shard>,
     req: &Request,
     a: &Authz<'_>,
 ) -> Result<Response, WireError> {
-    use authz::cluster_gate as gate;
     let v = req.version;
-    let (alter, describe) = (Operation::Alter, Operation::Describe);
     match req.key() {
-        Some(ApiKey::DescribeUserScramCredentials) => {
-            let deny = authz::describe_scram_denied;
-            run(req, |r| {
-                gate(a, describe, r, deny, |r| sasl::describe_scram(shard, r))
-            })
-            .await
-        }
-        Some(ApiKey::AlterUserScramCredentials) => {
-            let deny = authz::alter_scram_denied;
-            run(req, |r| {
-                gate(a, alter, r, deny, |r| sasl::alter_scram(shard, r))
-            })
-            .await
-        }
-        Some(ApiKey::CreateAcls) => run(req, |r| acls::create(shard, a, r)).await,
-        Some(ApiKey::DescribeAcls) => run(req, |r| async { acls::describe(shard, a, r) }).await,
-        Some(ApiKey::DeleteAcls) => run(req, |r| acls::delete(shard, a, r)).await,
         Some(ApiKey::ListOffsets) => {
             run(req, |r| {
                 authz::list_offsets(a, r, |r| offsets::list_offsets(shard, r, v))
@@ -241,6 +222,49 @@ async fn administrative(
             })
             .await
         }
+        _ => cluster_admin(shard, req, a).await,
+    }
+}
+
+/// Credentials and ACLs; anything else goes on to [`replica_admin`].
+async fn cluster_admin(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Result<Response, WireError> {
+    use authz::cluster_gate as gate;
+    let (alter, describe) = (Operation::Alter, Operation::Describe);
+    match req.key() {
+        Some(ApiKey::DescribeUserScramCredentials) => {
+            let deny = authz::describe_scram_denied;
+            run(req, |r| {
+                gate(a, describe, r, deny, |r| sasl::describe_scram(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::AlterUserScramCredentials) => {
+            let deny = authz::alter_scram_denied;
+            run(req, |r| {
+                gate(a, alter, r, deny, |r| sasl::alter_scram(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::CreateAcls) => run(req, |r| acls::create(shard, a, r)).await,
+        Some(ApiKey::DescribeAcls) => run(req, |r| async { acls::describe(shard, a, r) }).await,
+        Some(ApiKey::DeleteAcls) => run(req, |r| acls::delete(shard, a, r)).await,
+        _ => replica_admin(shard, req, a).await,
+    }
+}
+
+/// The replica admin APIs.
+async fn replica_admin(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Result<Response, WireError> {
+    use authz::cluster_gate as gate;
+    let (alter, describe) = (Operation::Alter, Operation::Describe);
+    match req.key() {
         Some(ApiKey::DescribeLogDirs) => {
             let deny = authz::describe_log_dirs_denied;
             run(req, |r| {
