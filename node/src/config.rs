@@ -60,6 +60,22 @@ pub const BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 2_000;
 pub const BROKER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 9_000;
 /// Kafka's default `controller.quorum.election.timeout.ms`.
 pub const CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Kafka's default `leader.imbalance.check.interval.seconds`.
+pub const LEADER_IMBALANCE_CHECK_INTERVAL_S_DEFAULT: u64 = 300;
+/// Kafka's default `leader.imbalance.per.broker.percentage`.
+pub const LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT: u32 = 10;
+
+/// The active controller's preferred-leader rebalance (Kafka's auto leader rebalance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderRebalance {
+    pub enable: bool,
+    /// How often the controller looks for imbalance.
+    pub check_interval_s: u64,
+    /// A node whose preferred partitions are led elsewhere in more than this percentage
+    /// gets them back.
+    pub per_broker_percentage: u32,
+}
+
 /// Most voters `controller.quorum.voters` may name.
 pub const QUORUM_VOTERS_MAX: usize = 64;
 
@@ -236,6 +252,10 @@ pub struct Config {
     pub broker_heartbeat_interval_ms: u64,
     pub broker_session_timeout_ms: u64,
     pub controller_election_timeout_ms: u64,
+    /// `auto.leader.rebalance.enable`, `leader.imbalance.check.interval.seconds`,
+    /// `leader.imbalance.per.broker.percentage`: the active controller moves leadership
+    /// back to preferred replicas (used only with voters).
+    pub leader_rebalance: LeaderRebalance,
     /// `log.cleaner.enable`, `log.cleaner.dedupe.buffer.size` (for the node, divided among
     /// the shards), `log.cleaner.io.max.bytes.per.second` (per shard).
     pub log_cleaner: LogCleanerSettings,
@@ -425,6 +445,17 @@ impl Config {
                 &["controller.quorum.election.timeout.ms"],
                 CONTROLLER_ELECTION_TIMEOUT_MS_DEFAULT,
             )?,
+            leader_rebalance: LeaderRebalance {
+                enable: props.parse_bool("auto.leader.rebalance.enable", true)?,
+                check_interval_s: props.parse_num(
+                    &["leader.imbalance.check.interval.seconds"],
+                    LEADER_IMBALANCE_CHECK_INTERVAL_S_DEFAULT,
+                )?,
+                per_broker_percentage: props.parse_num(
+                    &["leader.imbalance.per.broker.percentage"],
+                    LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT,
+                )?,
+            },
             log_cleaner: LogCleanerSettings::resolve(&props)?,
             authorizer: crate::security::authorizer::AuthorizerSettings::resolve(&props)?,
             props,
@@ -524,6 +555,23 @@ impl Config {
                 "controller.quorum.election.timeout.ms",
                 &v,
                 "must be 50..=60000",
+            ));
+        }
+        let r = self.leader_rebalance;
+        if !(1..=86_400).contains(&r.check_interval_s) {
+            let v = r.check_interval_s.to_string();
+            return Err(value_err(
+                "leader.imbalance.check.interval.seconds",
+                &v,
+                "must be 1..=86400",
+            ));
+        }
+        if r.per_broker_percentage > 100 {
+            let v = r.per_broker_percentage.to_string();
+            return Err(value_err(
+                "leader.imbalance.per.broker.percentage",
+                &v,
+                "must be 0..=100",
             ));
         }
         Ok(())

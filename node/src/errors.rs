@@ -43,6 +43,8 @@ pub const OPERATION_NOT_ATTEMPTED: i16 = 55;
 pub const PRODUCER_FENCED: i16 = 90;
 pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
 pub const LOG_DIR_NOT_FOUND: i16 = 57;
+pub const PREFERRED_LEADER_NOT_AVAILABLE: i16 = 80;
+pub const ELIGIBLE_LEADERS_NOT_AVAILABLE: i16 = 83;
 pub const ELECTION_NOT_NEEDED: i16 = 84;
 pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
 // Security (issue 16): SASL and SCRAM credential management.

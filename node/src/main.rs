@@ -41,6 +41,64 @@ enum Command {
     },
     /// ACLs of a running node: add, list, remove (like kafka-acls.sh).
     Acls(weir::admin_cli::acls::AclsArgs),
+    /// Topics of a running cluster: create, list, describe (leader, replicas, ISR per
+    /// partition, as `kafka-topics --describe`), delete, alter.
+    Topics {
+        /// HOST:PORT of any node.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap_server: String,
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicsCommand {
+    /// Create a topic.
+    Create {
+        topic: String,
+        /// Partition count (default: the broker's `num.partitions`).
+        #[arg(long, default_value_t = -1)]
+        partitions: i32,
+        /// Replicas per partition (default: the broker's `default.replication.factor`).
+        #[arg(long, default_value_t = -1)]
+        replication_factor: i16,
+        /// Explicit replicas, `1:2:3,2:3:1` (one list per partition; overrides the counts).
+        #[arg(long)]
+        replica_assignment: Option<String>,
+        /// A topic config, KEY=VALUE (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+    },
+    /// Topic names, one per line.
+    List {
+        /// Include internal topics (`__consumer_offsets`, `__transaction_state`).
+        #[arg(long)]
+        include_internal: bool,
+    },
+    /// Partitions with leader, replicas and ISR, and the topic's config overrides.
+    Describe { topics: Vec<String> },
+    /// Delete topics.
+    Delete {
+        #[arg(required = true)]
+        topics: Vec<String>,
+    },
+    /// Add partitions and/or change configs.
+    Alter {
+        topic: String,
+        /// New total partition count.
+        #[arg(long)]
+        partitions: Option<i32>,
+        /// Replicas of the added partitions, `1:2:3,2:3:1`.
+        #[arg(long)]
+        replica_assignment: Option<String>,
+        /// Set a topic config, KEY=VALUE (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+        /// Remove a topic config override (repeatable).
+        #[arg(long = "delete-config", value_name = "KEY")]
+        delete_config: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -122,6 +180,57 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     weir::server::serve(config)
 }
 
+fn topics(bootstrap: &str, command: TopicsCommand) -> anyhow::Result<()> {
+    use weir::admin_cli::topics;
+    let mut out = std::io::stdout().lock();
+    let assignment =
+        |text: Option<String>| text.map_or(Ok(Vec::new()), |t| topics::parse_assignment(&t));
+    let configs = |kvs: Vec<String>| {
+        kvs.iter()
+            .map(|kv| topics::parse_config(kv))
+            .collect::<anyhow::Result<Vec<_>>>()
+    };
+    match command {
+        TopicsCommand::Create {
+            topic,
+            partitions,
+            replication_factor,
+            replica_assignment,
+            config,
+        } => {
+            let spec = topics::CreateSpec {
+                name: topic,
+                partitions,
+                replication_factor,
+                assignment: assignment(replica_assignment)?,
+                configs: configs(config)?,
+            };
+            topics::create(bootstrap, &spec, &mut out)
+        }
+        TopicsCommand::List { include_internal } => {
+            topics::list(bootstrap, include_internal, &mut out)
+        }
+        TopicsCommand::Describe { topics: names } => topics::describe(bootstrap, &names, &mut out),
+        TopicsCommand::Delete { topics: names } => topics::delete(bootstrap, &names, &mut out),
+        TopicsCommand::Alter {
+            topic,
+            partitions,
+            replica_assignment,
+            config,
+            delete_config,
+        } => {
+            let spec = topics::AlterSpec {
+                name: topic,
+                partitions,
+                assignment: assignment(replica_assignment)?,
+                set: configs(config)?,
+                delete: delete_config,
+            };
+            topics::alter(bootstrap, &spec, &mut out)
+        }
+    }
+}
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -178,6 +287,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Topics {
+            bootstrap_server,
+            command,
+        } => match topics(&bootstrap_server, command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("weir topics: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Log {
             command: LogCommand::Verify { paths },
         } => match weir::storage::dump::verify_paths(&paths, &mut std::io::stdout().lock()) {

@@ -139,6 +139,13 @@ impl Weir {
         rss_kib_of(pid)
     }
 
+    /// Anonymous resident memory (`RssAnon`: heap, stacks, buffers — not the binary's own
+    /// pages, which differ between builds), in KiB.
+    pub fn rss_anon_kib(&self) -> Result<u64> {
+        let pid = self.pid().ok_or_else(|| anyhow!("weir is not running"))?;
+        proc_status_kib(pid, "RssAnon")
+    }
+
     /// Peak virtual size of the broker so far (`VmPeak`), in KiB.
     pub fn vm_peak_kib(&self) -> Result<u64> {
         let pid = self.pid().ok_or_else(|| anyhow!("weir is not running"))?;
@@ -426,6 +433,22 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
         .nth(1)
         .ok_or_else(|| anyhow!("bad {field} line {line:?}"))?;
     Ok(kib.parse()?)
+}
+
+/// The Python that has the interop clients (confluent-kafka, kafka-python): the venv
+/// `scripts/install-test-deps.sh` makes at `target/interop-venv`, or `WEIR_TEST_PYTHON`.
+pub fn python() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("WEIR_TEST_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = target_dir().join("interop-venv/bin/python");
+    if !p.exists() {
+        bail!(
+            "{} is missing: run scripts/install-test-deps.sh (or set WEIR_TEST_PYTHON)",
+            p.display()
+        );
+    }
+    Ok(p)
 }
 
 /// The cargo target dir: `CARGO_TARGET_DIR`, else `<workspace>/target`.

@@ -311,7 +311,8 @@ pub fn consume_to_end(bootstrap: &str, topic: &str, partitions: &[i32]) -> Resul
     Ok(got)
 }
 
-fn to_got<M: Message>(m: &M) -> Got {
+/// A consumed message as a [`Got`].
+pub fn to_got<M: Message>(m: &M) -> Got {
     let headers = m
         .headers()
         .map(|h| {

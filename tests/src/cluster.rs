@@ -2,7 +2,9 @@
 //! a voter of `controller.quorum.voters` on a controller port chosen here (free ephemeral
 //! ports, kept across restarts), client ports ephemeral. Metadata is read with a raw
 //! client and reduced to a canonical [`dump`] that nodes can be compared by.
+//! [`Cluster::start_faulty`] puts fault proxies ([`FaultNet`]) between the nodes.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -17,10 +19,13 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use crate::broker::{Weir, WeirConfig};
+use crate::proxy::{FaultProxy, Mode};
 use crate::raw::RawConn;
 
 /// Metadata version the harness reads (leader epochs, offline replicas, cluster id).
 const METADATA_VERSION: i16 = 9;
+/// Tries of [`Cluster::start_faulty`] (a chosen controller port taken meanwhile).
+const START_TRIES: usize = 3;
 /// How long one request to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -57,18 +62,64 @@ impl Cluster {
         let voters = voters.join(",");
         let mut nodes = Vec::new();
         for i in 0..n + brokers {
-            let mut config = WeirConfig::shards(1)
-                .set("node.id", i + 1)
-                .set("controller.quorum.voters", &voters)
-                .set("broker.heartbeat.interval.ms", 200)
-                .set("broker.session.timeout.ms", 3000)
-                .set("controller.quorum.election.timeout.ms", 500);
-            for (k, v) in extra {
-                config = config.set(k, v);
-            }
+            let config = node_config(i + 1, &voters, extra);
             nodes.push(Weir::start(config).with_context(|| format!("start node {}", i + 1))?);
         }
         Ok(Cluster { nodes })
+    }
+
+    /// Starts `n` voters behind fault proxies ([`FaultNet`]): each node advertises a
+    /// Kafka-aware proxy in front of its listener (clients and followers reach it through
+    /// that), and names every other voter in `controller.quorum.voters` by a proxy of
+    /// its own for that pair, so the controller traffic (Raft, heartbeats, forwarded
+    /// writes) between any two nodes can be cut one way or both.
+    ///
+    /// The controller ports are chosen free and released before the nodes bind them; a
+    /// port taken meanwhile (by any socket of a test running beside: proxies and their
+    /// connections take many) fails a node's start, and the whole start is tried again.
+    pub fn start_faulty(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Cluster::start_faulty_once(n, extra) {
+                Ok(started) => return Ok(started),
+                Err(e) if tries < START_TRIES => {
+                    eprintln!("cluster start {tries} of {START_TRIES} failed, again: {e:#}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn start_faulty_once(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
+        let ports = free_ports(n)?;
+        let real = |id: usize| SocketAddr::from(([127, 0, 0, 1], ports[id - 1]));
+        let mut links = BTreeMap::new();
+        for from in 1..=n {
+            for to in (1..=n).filter(|to| *to != from) {
+                let proxy = FaultProxy::tcp(Some(real(to)))?;
+                links.insert((from as i32, to as i32), proxy);
+            }
+        }
+        let listeners: Vec<FaultProxy> = (0..n)
+            .map(|_| FaultProxy::kafka(None))
+            .collect::<Result<_>>()?;
+        let mut nodes = Vec::new();
+        for id in 1..=n {
+            let voters: Vec<String> = (1..=n)
+                .map(|to| match links.get(&(id as i32, to as i32)) {
+                    Some(p) => format!("{to}@{}", p.addr()),
+                    None => format!("{to}@{}", real(to)),
+                })
+                .collect();
+            let advertised = format!("PLAINTEXT://{}", listeners[id - 1].addr());
+            let config =
+                node_config(id, &voters.join(","), extra).set("advertised.listeners", advertised);
+            let node = Weir::start(config).with_context(|| format!("start node {id}"))?;
+            listeners[id - 1].set_target(node.addr());
+            nodes.push(node);
+        }
+        Ok((Cluster { nodes }, FaultNet { listeners, links }))
     }
 
     /// The node with id `id`.
@@ -99,10 +150,25 @@ impl Cluster {
         timeout: Duration,
         check: impl Fn(&MetadataResponse) -> bool,
     ) -> Result<String> {
+        self.wait_agreed_among(None, want_brokers, timeout, check)
+    }
+
+    /// [`wait_agreed`](Self::wait_agreed) over the nodes `among` only (`None`: every live
+    /// node), e.g. the majority side of a network partition.
+    pub fn wait_agreed_among(
+        &mut self,
+        among: Option<&[i32]>,
+        want_brokers: usize,
+        timeout: Duration,
+        check: impl Fn(&MetadataResponse) -> bool,
+    ) -> Result<String> {
         let deadline = Instant::now() + timeout;
         let mut last = String::new();
         while Instant::now() < deadline {
-            let live = self.live();
+            let live = match among {
+                Some(ids) => ids.to_vec(),
+                None => self.live(),
+            };
             let mut dumps = Vec::new();
             let mut ok = true;
             for id in &live {
@@ -151,6 +217,137 @@ impl Cluster {
         }
         bail!("no agreed live controller within {timeout:?}")
     }
+}
+
+/// A cluster node's settings: short (test) timeouts, then `extra`.
+fn node_config(id: usize, voters: &str, extra: &[(&str, &str)]) -> WeirConfig {
+    let mut config = WeirConfig::shards(1)
+        .set("node.id", id)
+        .set("controller.quorum.voters", voters)
+        .set("broker.heartbeat.interval.ms", 200)
+        .set("broker.session.timeout.ms", 3000)
+        .set("controller.quorum.election.timeout.ms", 500);
+    for (k, v) in extra {
+        config = config.set(k, v);
+    }
+    config
+}
+
+/// The client id of node `id`'s replica fetchers (`node/src/replication/client.rs`).
+pub fn fetcher_client_id(id: i32) -> String {
+    format!("weir-replica-fetcher-{id}")
+}
+
+/// The fault proxies of a cluster from [`Cluster::start_faulty`].
+pub struct FaultNet {
+    /// Node `i + 1`'s advertised listener: a Kafka-aware proxy in front of its real one.
+    pub listeners: Vec<FaultProxy>,
+    /// `(from, to)`: where node `from` reaches voter `to`'s controller port.
+    pub links: BTreeMap<(i32, i32), FaultProxy>,
+}
+
+impl FaultNet {
+    /// The proxy in front of node `id`'s listener.
+    ///
+    /// # Panics
+    /// On an id the cluster does not have (a test bug).
+    pub fn listener(&self, id: i32) -> &FaultProxy {
+        &self.listeners[usize::try_from(id - 1).unwrap_or(usize::MAX)]
+    }
+
+    /// The proxy node `from` reaches voter `to` through.
+    ///
+    /// # Panics
+    /// On a pair the cluster does not have (a test bug).
+    pub fn link(&self, from: i32, to: i32) -> &FaultProxy {
+        &self.links[&(from, to)]
+    }
+
+    /// Applies `mode` to `follower`'s replica fetches from `leader` (at the leader's
+    /// listener proxy); clients and other followers pass.
+    pub fn cut_fetches(&self, follower: i32, leader: i32, mode: Mode) {
+        self.listener(leader)
+            .set_client_mode(&fetcher_client_id(follower), mode);
+    }
+
+    /// Applies `mode` to everything between node `x` and the others: the controller
+    /// links both ways, `x`'s fetches from them and theirs from `x`. Clients (the test)
+    /// still reach `x` and the others directly.
+    pub fn isolate(&self, x: i32, mode: Mode) {
+        for ((from, to), p) in &self.links {
+            if *from == x || *to == x {
+                p.set_mode(mode);
+            }
+        }
+        let n = self.listeners.len() as i32;
+        for other in (1..=n).filter(|o| *o != x) {
+            self.cut_fetches(x, other, mode);
+            self.cut_fetches(other, x, mode);
+        }
+    }
+
+    /// Everything passes again; what a blackhole held flows on (a short cut: TCP
+    /// delivers it late).
+    pub fn heal(&self) {
+        for p in self.links.values().chain(&self.listeners) {
+            p.heal();
+        }
+    }
+
+    /// Heals the cut of [`isolate`](Self::isolate)`(x, ..)` as TCP does after a long cut
+    /// (the connections were given up): those connections are closed first, so nothing
+    /// they held is delivered late; then everything passes.
+    pub fn heal_dropping_held(&self, x: i32, timeout: Duration) -> Result<()> {
+        self.isolate(x, Mode::Refuse);
+        let n = self.listeners.len() as i32;
+        for ((from, to), p) in &self.links {
+            if *from == x || *to == x {
+                p.wait_for(timeout, |p| p.stats().open == 0)?;
+            }
+        }
+        for other in (1..=n).filter(|o| *o != x) {
+            let (of_x, of_other) = (fetcher_client_id(x), fetcher_client_id(other));
+            self.listener(other)
+                .wait_for(timeout, |p| p.client_stats(&of_x).open == 0)?;
+            self.listener(x)
+                .wait_for(timeout, |p| p.client_stats(&of_other).open == 0)?;
+        }
+        self.heal();
+        Ok(())
+    }
+
+    /// After node `id` restarted (a new ephemeral port): its proxy forwards there.
+    pub fn retarget(&self, c: &mut Cluster, id: i32) {
+        let addr = c.node(id).addr();
+        self.listener(id).set_target(addr);
+    }
+}
+
+/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
+/// at the end of the last whole batch (preallocated space and block padding dropped):
+/// two replicas hold the same log when these bytes are equal.
+pub fn log_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    segments.sort();
+    let mut out = Vec::new();
+    for seg in segments {
+        let bytes = std::fs::read(&seg).unwrap_or_default();
+        let mut at = 0usize;
+        while at + 12 <= bytes.len() {
+            let len =
+                i32::from_be_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]);
+            let Ok(len) = usize::try_from(len) else { break };
+            if len == 0 || at + 12 + len > bytes.len() {
+                break;
+            }
+            out.extend_from_slice(&bytes[at..at + 12 + len]);
+            at += 12 + len;
+        }
+    }
+    out
 }
 
 /// Metadata v9 for all topics from `addr`.

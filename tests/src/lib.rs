@@ -9,6 +9,7 @@
 //! - [`disk`]: what reached the data dir (record batches in segment files).
 //! - [`raw`]: a blocking Kafka client over a bare `TcpStream`, for exact bytes (bad input).
 //! - [`fuzz`]: a mutation fuzzer over TCP seeded with captured client requests.
+//! - [`proxy`]: a TCP fault proxy (pass / blackhole / refuse, per Kafka client id).
 //! - [`clients`]: librdkafka (the `rdkafka` crate) producers, consumers and admin calls
 //!   configured for a weir under test, with bounded waits.
 
@@ -18,6 +19,7 @@ pub mod clients;
 pub mod cluster;
 pub mod disk;
 pub mod fuzz;
+pub mod proxy;
 pub mod raw;
 
 pub use broker::{Weir, WeirConfig};

@@ -433,3 +433,152 @@ fn random_minority_sigkills_under_topic_churn_long() {
         .unwrap_or(20);
     churn(cycles);
 }
+
+/// Every partition of `topic` is led by its preferred (first) replica with a full ISR.
+fn preferred_lead(m: &kafka_protocol::messages::MetadataResponse, topic: &str) -> bool {
+    m.topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+        .is_some_and(|t| {
+            !t.partitions.is_empty()
+                && t.partitions.iter().all(|p| {
+                    p.replica_nodes.first().map(|b| b.0) == Some(p.leader_id.0)
+                        && p.isr_nodes.len() == p.replica_nodes.len()
+                })
+        })
+}
+
+/// Every partition of `topic` has its full ISR back (the returned node caught up).
+fn isr_full(m: &kafka_protocol::messages::MetadataResponse, topic: &str) -> bool {
+    m.topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+        .is_some_and(|t| {
+            !t.partitions.is_empty()
+                && t.partitions
+                    .iter()
+                    .all(|p| p.isr_nodes.len() == p.replica_nodes.len())
+        })
+}
+
+/// Kills a node that is not the controller and prefers (leads) a partition of `topic`,
+/// waits until the survivors lead all of them, restarts it and waits for full ISRs;
+/// returns its id.
+fn kill_preferred_and_return(c: &mut Cluster, topic: &str) -> i32 {
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| preferred_lead(m, topic))
+        .expect("preferred replicas lead at creation");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let victim = (1..=3)
+        .find(|id| *id != controller)
+        .expect("a non-controller");
+    c.node(victim).kill().expect("kill");
+    let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+    let t0 = Instant::now();
+    while !survivors.iter().all(|id| {
+        c.metadata(*id)
+            .is_ok_and(|m| led_without(&m, topic, victim))
+    }) {
+        assert!(
+            t0.elapsed() < AGREE_TIMEOUT,
+            "{victim}'s partitions not moved"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.node(victim).restart().expect("restart");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_full(m, topic))
+        .unwrap_or_else(|e| panic!("{victim} did not rejoin the ISRs: {e:#}\n{}", logs(c)));
+    victim
+}
+
+#[test]
+fn a_returning_node_leads_its_preferred_partitions_again() {
+    let mut c = Cluster::start(3, &[("leader.imbalance.check.interval.seconds", "1")])
+        .expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "pref", 3, 3), "create");
+    kill_preferred_and_return(&mut c, "pref");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| preferred_lead(m, "pref"))
+        .unwrap_or_else(|e| panic!("leaders not rebalanced: {e:#}\n{}", logs(&mut c)));
+}
+
+#[test]
+fn elect_leaders_gives_leadership_back_to_the_preferred_replica() {
+    use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+    use kafka_protocol::messages::{
+        ApiKey, ElectLeadersRequest, ElectLeadersResponse, MetadataResponse, TopicName,
+    };
+    const ELECTION_NOT_NEEDED: i16 = 84;
+    let mut c =
+        Cluster::start(3, &[("auto.leader.rebalance.enable", "false")]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "elect", 3, 3), "create");
+    let victim = kill_preferred_and_return(&mut c, "elect");
+    // Without the automatic rebalance the returned node leads nothing.
+    let m: MetadataResponse = c.metadata(victim).expect("metadata");
+    assert!(!preferred_lead(&m, "elect"), "{}", cluster::dump(&m));
+
+    let addr = c.node(victim).addr();
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = ElectLeadersRequest::default()
+        .with_election_type(0)
+        .with_timeout_ms(30_000)
+        .with_topic_partitions(Some(vec![
+            TopicPartitions::default()
+                .with_topic(TopicName("elect".to_string().into()))
+                .with_partitions(vec![0, 1, 2]),
+        ]));
+    let resp: ElectLeadersResponse = conn
+        .call(ApiKey::ElectLeaders, 1, &req)
+        .expect("ElectLeaders");
+    let codes: BTreeMap<i32, i16> = resp
+        .replica_election_results
+        .iter()
+        .flat_map(|t| t.partition_result.iter())
+        .map(|p| (p.partition_id, p.error_code))
+        .collect();
+    let led_by_victim: BTreeSet<i32> = m
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .filter(|p| p.replica_nodes.first().map(|b| b.0) == Some(victim))
+        .map(|p| p.partition_index)
+        .collect();
+    assert!(!led_by_victim.is_empty());
+    for (p, code) in &codes {
+        let want = if led_by_victim.contains(p) {
+            NONE
+        } else {
+            ELECTION_NOT_NEEDED
+        };
+        assert_eq!(*code, want, "partition {p}: {resp:?}");
+    }
+    assert_eq!(codes.len(), 3, "{resp:?}");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| preferred_lead(m, "elect"))
+        .expect("preferred leaders after ElectLeaders");
+}
+
+#[test]
+fn kafka_python_creates_produces_and_consumes_through_different_nodes() {
+    let py = weir_tests::broker::python().expect("python");
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("interop/python/cluster_kafka_python.py");
+    let (a, b, d) = (
+        c.node(1).bootstrap(),
+        c.node(2).bootstrap(),
+        c.node(3).bootstrap(),
+    );
+    let out = std::process::Command::new(py)
+        .arg(&script)
+        .args([&a, &b, &d, "kp-routed"])
+        .output()
+        .expect("run kafka-python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}\n{}", logs(&mut c));
+    assert!(text.contains("ok: 300 records"), "{text}");
+}

@@ -7,7 +7,6 @@
 //! acknowledged record is read back exactly once, in order, and the three replicas' logs
 //! are identical byte for byte.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::MetadataResponse;
@@ -29,32 +28,6 @@ fn placement(m: &MetadataResponse, topic: &str) -> Option<(i32, Vec<i32>)> {
     Some((p.leader_id.0, isr))
 }
 
-/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
-/// at the end of the last whole batch (preallocated space and block padding dropped).
-fn log_bytes(dir: &Path) -> Vec<u8> {
-    let mut segments: Vec<_> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
-    segments.sort();
-    let mut out = Vec::new();
-    for seg in segments {
-        let bytes = std::fs::read(&seg).unwrap_or_default();
-        let mut at = 0usize;
-        while at + 12 <= bytes.len() {
-            let len =
-                i32::from_be_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]);
-            let Ok(len) = usize::try_from(len) else { break };
-            if len == 0 || at + 12 + len > bytes.len() {
-                break;
-            }
-            out.extend_from_slice(&bytes[at..at + 12 + len]);
-            at += 12 + len;
-        }
-    }
-    out
-}
-
 fn partition_dir(c: &mut Cluster, id: i32) -> std::path::PathBuf {
     c.node(id).data_dir().join(format!("{TOPIC}-0"))
 }
@@ -63,7 +36,9 @@ fn partition_dir(c: &mut Cluster, id: i32) -> std::path::PathBuf {
 fn wait_identical(c: &mut Cluster, timeout: Duration) -> usize {
     let deadline = Instant::now() + timeout;
     loop {
-        let logs: Vec<Vec<u8>> = (1..=3).map(|id| log_bytes(&partition_dir(c, id))).collect();
+        let logs: Vec<Vec<u8>> = (1..=3)
+            .map(|id| cluster::log_bytes(&partition_dir(c, id)))
+            .collect();
         if !logs[0].is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
             return logs[0].len();
         }

@@ -6,17 +6,17 @@
 //! included, `delete.retention.ms` is a day) plus the active segment, every record at the
 //! offset the producer was told.
 //!
-//! The Python interpreter is `WEIR_INTEROP_PYTHON`, else `target/interop-venv/bin/python`
+//! The Python interpreter is `WEIR_TEST_PYTHON`, else `target/interop-venv/bin/python`
 //! (made by `scripts/install-test-deps.sh`), e.g.
-//! `WEIR_INTEROP_PYTHON=/work/main/target/interop-venv/bin/python cargo test -p weir-tests --test compaction`.
+//! `WEIR_TEST_PYTHON=/work/main/target/interop-venv/bin/python cargo test -p weir-tests --test compaction`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use weir_tests::broker::target_dir;
+use weir_tests::broker::python;
 use weir_tests::{Weir, WeirConfig};
 
 const TOPIC: &str = "compacted";
@@ -77,18 +77,6 @@ elif mode == "consume":
     if last < high - 1:
         sys.exit(f"read up to {last}, high watermark {high}")
 "#;
-
-fn python() -> Result<PathBuf> {
-    let path = std::env::var_os("WEIR_INTEROP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().join("interop-venv/bin/python"));
-    ensure!(
-        path.exists(),
-        "no Python with confluent-kafka at {} (run scripts/install-test-deps.sh or set WEIR_INTEROP_PYTHON)",
-        path.display()
-    );
-    Ok(path)
-}
 
 /// Runs the client script in `mode`; returns the records it printed.
 fn client(mode: &str, bootstrap: &str) -> Result<Vec<Rec>> {

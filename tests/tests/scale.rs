@@ -48,6 +48,7 @@ fn thousand_partitions_created_produced_consumed_and_restarted() -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(2))?;
     let bootstrap = weir.bootstrap();
     let rss_empty = settled_rss_kib(&weir)?;
+    let anon_empty = weir.rss_anon_kib()?;
     let names = topic_names();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let started = Instant::now();
@@ -60,6 +61,7 @@ fn thousand_partitions_created_produced_consumed_and_restarted() -> Result<()> {
 
     let (sent, acked) = produce_everywhere(&bootstrap, &names)?;
     let rss_written = settled_rss_kib(&weir)?;
+    let anon_written = weir.rss_anon_kib()?;
     let all: Vec<i32> = (0..PARTITIONS_PER_TOPIC).collect();
     for name in &names {
         let got = clients::consume_to_end(&bootstrap, name, &all)?;
@@ -93,6 +95,7 @@ fn thousand_partitions_created_produced_consumed_and_restarted() -> Result<()> {
         clients::verify(&sent, &mine, &got)?;
     }
     let rss_restarted = settled_rss_kib(&weir)?;
+    let anon_restarted = weir.rss_anon_kib()?;
 
     let partitions = (TOPICS as u64) * PARTITIONS_PER_TOPIC as u64;
     let per_created = rss_created.saturating_sub(rss_empty) / partitions;
@@ -101,7 +104,9 @@ fn thousand_partitions_created_produced_consumed_and_restarted() -> Result<()> {
         "MEASURE partitions={partitions} shards=2 rss_empty_kib={rss_empty} rss_created_kib={rss_created} \
          rss_after_produce_kib={rss_written} rss_after_restart_kib={rss_restarted} \
          per_partition_created_kib={per_created} per_partition_after_produce_kib={per_written} \
-         create_secs={create_secs:.2} restart_to_ready_secs={restart_secs:.2}"
+         create_secs={create_secs:.2} restart_to_ready_secs={restart_secs:.2} \
+         anon_empty_kib={anon_empty} anon_after_produce_kib={anon_written} \
+         anon_after_restart_kib={anon_restarted}"
     );
     ensure!(
         per_written <= RSS_PER_PARTITION_KIB_MAX,

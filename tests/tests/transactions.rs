@@ -7,27 +7,19 @@
 //! transaction is aborted by its timeout.
 //!
 //! The scenarios are `transactions_support/txn_check.py`, run with the interop venv's
-//! Python (`WEIR_PYTHON`, default `target/interop-venv/bin/python` of the main checkout,
-//! installed by `scripts/install-test-deps.sh`). Without it the tests print SKIPPED.
+//! Python (`WEIR_TEST_PYTHON`, default `target/interop-venv/bin/python`, installed by
+//! `scripts/install-test-deps.sh`); without it the tests fail.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use weir_tests::broker::python;
 use weir_tests::{Weir, WeirConfig};
 
 /// Longest one scenario may run.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
-
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("WEIR_PYTHON").map(PathBuf::from),
-        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/interop-venv/bin/python")),
-        Some(PathBuf::from("/work/main/target/interop-venv/bin/python")),
-    ];
-    candidates.into_iter().flatten().find(|p| p.exists())
-}
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/transactions_support/txn_check.py")
@@ -81,21 +73,9 @@ fn scenario(python: &PathBuf, weir: &Weir, name: &str, topic: &str) -> Result<St
     Ok(text)
 }
 
-macro_rules! needs_python {
-    () => {
-        match python() {
-            Some(p) => p,
-            None => {
-                println!("SKIPPED: no Python with confluent-kafka (set WEIR_PYTHON)");
-                return Ok(());
-            }
-        }
-    };
-}
-
 #[test]
 fn committed_visible_aborted_hidden_and_the_lso_holds_an_open_transaction() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let weir = broker()?;
     scenario(&py, &weir, "visibility", "txn-visibility")?;
     Ok(())
@@ -103,7 +83,7 @@ fn committed_visible_aborted_hidden_and_the_lso_holds_an_open_transaction() -> R
 
 #[test]
 fn a_silent_producers_transaction_is_aborted_by_its_timeout() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let weir = broker()?;
     scenario(&py, &weir, "timeout", "txn-timeout")?;
     Ok(())
@@ -111,7 +91,7 @@ fn a_silent_producers_transaction_is_aborted_by_its_timeout() -> Result<()> {
 
 #[test]
 fn offsets_sent_to_a_transaction_are_committed_only_with_it() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let weir = broker()?;
     scenario(&py, &weir, "offsets", "txn-offsets")?;
     Ok(())
@@ -119,7 +99,7 @@ fn offsets_sent_to_a_transaction_are_committed_only_with_it() -> Result<()> {
 
 #[test]
 fn a_second_producer_with_the_same_transactional_id_fences_the_first() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let weir = broker()?;
     scenario(&py, &weir, "fencing", "txn-fencing")?;
     Ok(())
@@ -127,7 +107,7 @@ fn a_second_producer_with_the_same_transactional_id_fences_the_first() -> Result
 
 #[test]
 fn sigkill_with_a_transaction_open_rebuilds_the_lso_and_times_it_out() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let mut weir = broker()?;
     scenario(&py, &weir, "open-and-die", "txn-restart")?;
     weir.kill()?;
@@ -147,7 +127,7 @@ const EOS_CYCLES: u64 = 20;
 #[test]
 #[ignore = "a minute or two: cargo test -p weir-tests --test transactions -- --ignored --nocapture"]
 fn consume_transform_produce_is_exactly_once_across_sigkills() -> Result<()> {
-    let py = needs_python!();
+    let py = python()?;
     let mut weir = broker()?;
     scenario(&py, &weir, "seed-input", "eos")?;
     let seed = std::time::SystemTime::now()

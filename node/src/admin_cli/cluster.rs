@@ -33,19 +33,7 @@ pub fn status(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     for t in topics {
         let name = t.name.as_ref().map_or("?", |n| n.0.as_str());
         for p in &t.partitions {
-            let ids = |v: &[kafka_protocol::messages::BrokerId]| {
-                v.iter()
-                    .map(|b| b.0.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
-            let line = format!(
-                "Topic: {name}\tPartition: {}\tLeader: {}\tReplicas: {}\tIsr: {}",
-                p.partition_index,
-                p.leader_id.0,
-                ids(&p.replica_nodes),
-                ids(&p.isr_nodes)
-            );
+            let line = super::topics::partition_line(name, p);
             if p.leader_id.0 < 0 {
                 offline.push(line);
             } else if p.isr_nodes.len() < p.replica_nodes.len() {

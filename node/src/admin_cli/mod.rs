@@ -8,6 +8,7 @@
 
 pub mod acls;
 pub mod cluster;
+pub mod topics;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -587,11 +587,19 @@ async fn grow_topic(
 /// the coordinator deletes with tombstones), a small tail cache and no preallocation (its
 /// partitions see little traffic; 50 preallocated ones would reserve ~1 GiB). Any failure
 /// is COORDINATOR_NOT_AVAILABLE, which clients retry.
+///
+/// In a cluster it is replicated on `replication` = (replication factor, `min.insync.replicas`)
+/// nodes (Kafka's `offsets.topic.replication.factor`, `transaction.state.log.*`), both
+/// capped at the live nodes (the controller places a broker-made topic on what the
+/// cluster has; a minimum above that would refuse every coordinator write). A `None`
+/// minimum is the broker's `min.insync.replicas` (Kafka's rule for `__consumer_offsets`),
+/// capped the same way, so on a single node it is 1.
 pub async fn internal_topic_partitions(
     shard: &Rc<Shard>,
     name: &str,
     partitions: i32,
     segment_bytes: i64,
+    replication: (i16, Option<i32>),
 ) -> Result<i32, i16> {
     if let Some(t) = shard.catalog().topics.get(name) {
         return Ok(t.partitions);
@@ -601,6 +609,20 @@ pub async fn internal_topic_partitions(
         ("log.tail.cache.bytes".to_string(), "65536".to_string()),
         ("preallocate".to_string(), "false".to_string()),
     ]);
+    let (replication_factor, min_isr) = replication;
+    // The replicas the controller will place (a single node: one, no placement).
+    let rf = if shard.node.controller.cluster().is_some() {
+        let live = shard.catalog().nodes.values().filter(|n| !n.fenced).count();
+        let live = i32::try_from(live).unwrap_or(i32::MAX).max(1);
+        i32::from(replication_factor).clamp(1, live)
+    } else {
+        1
+    };
+    let min_isr = min_isr.unwrap_or(shard.config().min_insync_replicas);
+    configs.insert(
+        "min.insync.replicas".to_string(),
+        min_isr.clamp(1, rf).to_string(),
+    );
     // cleanup.policy=compact, retention.ms=-1, retention.bytes=-1 (kept by AlterConfigs).
     let pinned = metadata::INTERNAL_TOPIC_PINNED_CONFIGS.iter();
     configs.extend(pinned.map(|(k, v)| (k.to_string(), v.to_string())));
@@ -614,7 +636,7 @@ pub async fn internal_topic_partitions(
     let topic = NewTopic {
         meta,
         internal: true,
-        replication_factor: shard.config().default_replication_factor,
+        replication_factor,
         assignments: Vec::new(),
     };
     let cmd = Command::CreateTopics {

@@ -183,8 +183,16 @@ async fn membership(
 /// The partition count of `__consumer_offsets`, creating the topic on first use.
 pub async fn offsets_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     let s = Settings::from_config(shard.config());
-    super::admin::internal_topic_partitions(shard, OFFSETS_TOPIC, s.num_partitions, s.segment_bytes)
-        .await
+    // Kafka: the broker's `min.insync.replicas` (no topic override).
+    let replication = (s.replication_factor, None);
+    super::admin::internal_topic_partitions(
+        shard,
+        OFFSETS_TOPIC,
+        s.num_partitions,
+        s.segment_bytes,
+        replication,
+    )
+    .await
 }
 
 /// Sends `op` for `group` to its coordinator.

@@ -22,13 +22,17 @@ use kafka_protocol::messages::{
     AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse,
     AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse, DescribeLogDirsRequest,
     DescribeLogDirsResponse, ElectLeadersRequest, ElectLeadersResponse,
-    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
+    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse, TopicName,
 };
 
 use super::{str_bytes, topic_name};
+use crate::controller::{Command, Outcome};
 use crate::errors;
 use crate::metadata::Catalog;
 use crate::shard::Shard;
+
+/// ElectLeaders' election type for the preferred replica (1 is unclean).
+const ELECTION_PREFERRED: i8 = 0;
 
 /// Whether `partition` of `topic` exists in the catalogue.
 fn exists(catalog: &Catalog, topic: &str, partition: i32) -> bool {
@@ -196,41 +200,108 @@ pub async fn alter_replica_log_dirs(
     AlterReplicaLogDirsResponse::default().with_results(results)
 }
 
-/// ElectLeaders (preferred or unclean): each partition's only replica is its leader, so
-/// no election is needed. A null partition list means "every partition": Kafka lists only
-/// partitions whose election did something, here none.
+/// ElectLeaders. On a single node each partition's only replica is its leader: no
+/// election is needed. In a cluster a PREFERRED election goes through the controller
+/// (`Command::ElectPreferred`: the first replica leads if it is live and in the ISR);
+/// UNCLEAN elections are not done (`unclean.leader.election.enable` is false): a partition
+/// with a leader needs none, one without gets ELIGIBLE_LEADERS_NOT_AVAILABLE. A null
+/// partition list means "every partition": Kafka then lists only partitions whose
+/// election did something.
 pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> ElectLeadersResponse {
     let catalog = shard.catalog();
     let node = shard.config().node_id;
-    let results = req
-        .topic_partitions
-        .iter()
-        .flatten()
-        .map(|t| {
-            let name = t.topic.as_str();
-            let partitions = t
-                .partitions
-                .iter()
-                .map(|p| {
-                    let (code, msg) = if exists(&catalog, name, *p) {
-                        (
-                            errors::ELECTION_NOT_NEEDED,
-                            format!("node {node}, the only replica, leads {name}-{p}"),
-                        )
-                    } else {
-                        (
-                            errors::UNKNOWN_TOPIC_OR_PARTITION,
-                            format!("{name}-{p} does not exist"),
-                        )
-                    };
-                    PartitionResult::default()
-                        .with_partition_id(*p)
-                        .with_error_code(code)
-                        .with_error_message(Some(str_bytes(&msg)))
-                })
-                .collect();
+    let every = req.topic_partitions.is_none();
+    let wanted: Vec<(TopicName, i32)> = match &req.topic_partitions {
+        Some(topics) => topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+            .collect(),
+        None => catalog
+            .topics
+            .values()
+            .flat_map(|t| (0..t.partitions).map(|p| (topic_name(&t.name), p)))
+            .collect(),
+    };
+    let mut answers: Vec<Option<(i16, String)>> = vec![None; wanted.len()];
+    let mut proposed = Vec::new();
+    for (slot, (name, p)) in wanted.iter().enumerate() {
+        let topic = name.as_str();
+        let Some(t) = catalog
+            .topics
+            .get(topic)
+            .filter(|t| (0..t.partitions).contains(p))
+        else {
+            answers[slot] = Some((
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("{topic}-{p} does not exist"),
+            ));
+            continue;
+        };
+        let Some(a) = usize::try_from(*p).ok().and_then(|i| t.assignment.get(i)) else {
+            answers[slot] = Some((
+                errors::ELECTION_NOT_NEEDED,
+                format!("node {node}, the only replica, leads {topic}-{p}"),
+            ));
+            continue;
+        };
+        if req.election_type != ELECTION_PREFERRED {
+            answers[slot] = Some(if a.leader >= 0 {
+                (
+                    errors::ELECTION_NOT_NEEDED,
+                    format!("{topic}-{p} has leader {}", a.leader),
+                )
+            } else {
+                (
+                    errors::ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                    format!("{topic}-{p} has no live ISR member; unclean elections are off"),
+                )
+            });
+            continue;
+        }
+        proposed.push((slot, (topic.to_string(), t.id, *p)));
+    }
+    if !proposed.is_empty() {
+        let partitions: Vec<_> = proposed.iter().map(|(_, p)| p.clone()).collect();
+        let count = partitions.len();
+        let cmd = Command::ElectPreferred { partitions };
+        let results = match shard.node.controller.submit(&shard.node, cmd).await {
+            Outcome::Elected(r) if r.len() == count => r,
+            other => {
+                let e = (
+                    errors::UNKNOWN_SERVER_ERROR,
+                    format!("controller answered {other:?}"),
+                );
+                vec![Err(e); count]
+            }
+        };
+        shard.sync_all().await;
+        for ((slot, _), result) in proposed.iter().zip(results) {
+            answers[*slot] = Some(match result {
+                Ok(()) => (errors::NONE, String::new()),
+                Err(e) => e,
+            });
+        }
+    }
+    let mut by_topic: Vec<(TopicName, Vec<PartitionResult>)> = Vec::new();
+    for ((name, p), answer) in wanted.into_iter().zip(answers) {
+        let (code, msg) = answer.unwrap_or((errors::UNKNOWN_SERVER_ERROR, String::new()));
+        if every && code != errors::NONE {
+            continue;
+        }
+        let result = PartitionResult::default()
+            .with_partition_id(p)
+            .with_error_code(code)
+            .with_error_message((!msg.is_empty()).then(|| str_bytes(&msg)));
+        match by_topic.last_mut() {
+            Some((last, results)) if *last == name => results.push(result),
+            _ => by_topic.push((name, vec![result])),
+        }
+    }
+    let results = by_topic
+        .into_iter()
+        .map(|(topic, partitions)| {
             ReplicaElectionResult::default()
-                .with_topic(t.topic.clone())
+                .with_topic(topic)
                 .with_partition_result(partitions)
         })
         .collect();

@@ -46,8 +46,31 @@ const MARKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The partition count of `__transaction_state`, creating the topic on first use.
 pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     let s = Settings::from_config(shard.config());
-    super::admin::internal_topic_partitions(shard, TXN_TOPIC, s.num_partitions, s.segment_bytes)
-        .await
+    let replication = (s.replication_factor, Some(s.min_isr));
+    super::admin::internal_topic_partitions(
+        shard,
+        TXN_TOPIC,
+        s.num_partitions,
+        s.segment_bytes,
+        replication,
+    )
+    .await
+}
+
+/// Whether the metadata image names another node as the leader of `__transaction_state`
+/// partition `partition` (in a cluster; a single node coordinates every id itself).
+fn coordinator_elsewhere(shard: &Shard, partition: i32) -> bool {
+    let catalog = shard.catalog();
+    let leader = catalog
+        .topics
+        .get(TXN_TOPIC)
+        .and_then(|t| {
+            usize::try_from(partition)
+                .ok()
+                .and_then(|i| t.assignment.get(i))
+        })
+        .map(|a| a.leader);
+    leader.is_some_and(|l| l != shard.node_id().get())
 }
 
 fn valid_txn_id(id: &str) -> bool {
@@ -61,6 +84,19 @@ pub async fn call_txn(shard: &Rc<Shard>, txn_id: &str, op: TxnOp) -> TxnReply {
         Err(code) => return TxnReply::Code(code),
     };
     let partition = partition_for(txn_id, partitions);
+    if let TxnOp::AddPartitions {
+        verify_only: true,
+        partitions: ps,
+        ..
+    } = &op
+        && coordinator_elsewhere(shard, partition)
+    {
+        // KIP-890's check asks the coordinator; on another node that would take an
+        // inter-broker AddPartitionsToTxn v4, which weir does not send yet: the batch is
+        // taken unverified, as Kafka does with `transaction.partition.verification.enable`
+        // off.
+        return TxnReply::Partitions(vec![errors::NONE; ps.len()]);
+    }
     let target = shard.router.owner(TXN_TOPIC, partition);
     let deadline = Instant::now() + TXN_CALL_TIMEOUT;
     match shard

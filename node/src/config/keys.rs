@@ -86,6 +86,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "replica.fetch.max.bytes",
     "replica.fetch.response.max.bytes",
     "replica.fetch.wait.max.ms",
+    "replica.high.watermark.checkpoint.interval.ms",
     "replica.lag.time.max.ms",
     "sasl.enabled.mechanisms",
     "sasl.plain.users",
@@ -107,6 +108,14 @@ pub const WEIR_KEYS: &[&str] = &[
     "allow.everyone.if.no.acl.found",
     "authorizer.class.name",
     "super.users",
+    // preferred-leader rebalance (controller/quorum)
+    "auto.leader.rebalance.enable",
+    "leader.imbalance.check.interval.seconds",
+    "leader.imbalance.per.broker.percentage",
+    // group/mod.rs, txn/mod.rs: the internal topics' replication
+    "offsets.topic.replication.factor",
+    "transaction.state.log.min.isr",
+    "transaction.state.log.replication.factor",
 ];
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
@@ -114,7 +123,6 @@ const KAFKA_KEYS: &[&str] = &[
     "alter.config.policy.class.name",
     "alter.log.dirs.replication.quota.window.num",
     "auto.include.jmx.reporter",
-    "auto.leader.rebalance.enable",
     "background.threads",
     "broker.id.generation.enable",
     "broker.rack",
@@ -143,8 +151,6 @@ const KAFKA_KEYS: &[&str] = &[
     "group.coordinator.threads",
     "initial.broker.registration.timeout.ms",
     "inter.broker.protocol.version",
-    "leader.imbalance.check.interval.seconds",
-    "leader.imbalance.per.broker.percentage",
     "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.buffer.size",
     "log.cleaner.threads",
@@ -189,7 +195,6 @@ const KAFKA_KEYS: &[&str] = &[
     "offsets.commit.timeout.ms",
     "offsets.load.buffer.size",
     "offsets.topic.compression.codec",
-    "offsets.topic.replication.factor",
     "principal.builder.class",
     "process.roles",
     "producer.id.expiration.check.interval.ms",
@@ -199,7 +204,6 @@ const KAFKA_KEYS: &[&str] = &[
     "quota.window.size.seconds",
     "replica.fetch.backoff.ms",
     "replica.fetch.min.bytes",
-    "replica.high.watermark.checkpoint.interval.ms",
     "replica.selector.class",
     "replica.socket.receive.buffer.bytes",
     "replica.socket.timeout.ms",
@@ -216,8 +220,6 @@ const KAFKA_KEYS: &[&str] = &[
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
-    "transaction.state.log.min.isr",
-    "transaction.state.log.replication.factor",
     "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];

@@ -88,7 +88,16 @@ pub enum Command {
     DeleteAcls {
         filters: Vec<crate::security::acl::AclFilter>,
     },
+    /// Preferred-leader election (Kafka's auto leader rebalance and ElectLeaders
+    /// PREFERRED): each listed partition (topic, topic id, index) whose first replica is
+    /// live, in the ISR and not leading gets it as leader.
+    ElectPreferred {
+        partitions: Vec<PartitionRef>,
+    },
 }
+
+/// A partition named in a command: (topic, topic id, partition index).
+pub type PartitionRef = (String, u128, i32);
 
 /// Most ACL bindings the cluster holds: every change rewrites the metadata image, so its
 /// size stays bounded whatever clients send.
@@ -109,6 +118,9 @@ pub enum Outcome {
     AclsCreated(Vec<Result<(), TopicError>>),
     /// Per filter of a DeleteAcls, in order: the bindings it deleted.
     AclsDeleted(Result<Vec<Vec<crate::security::acl::AclBinding>>, TopicError>),
+    /// ElectPreferred, per listed partition in order: elected, or why not
+    /// (ELECTION_NOT_NEEDED when the preferred replica already leads).
+    Elected(Vec<Result<(), TopicError>>),
 }
 
 impl Outcome {
@@ -127,6 +139,9 @@ impl Outcome {
                 Outcome::AclsCreated(bindings.iter().map(|_| Err(err.clone())).collect())
             }
             Command::DeleteAcls { .. } => Outcome::AclsDeleted(Err(err)),
+            Command::ElectPreferred { partitions } => {
+                Outcome::Elected(partitions.iter().map(|_| Err(err.clone())).collect())
+            }
             _ => Outcome::Noted,
         }
     }
@@ -244,6 +259,14 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             );
             let changed = done.is_ok();
             (Outcome::Done(done), changed)
+        }
+        Command::ElectPreferred { partitions } => {
+            let results: Vec<_> = partitions
+                .iter()
+                .map(|(topic, id, partition)| elect_preferred(c, topic, *id, *partition))
+                .collect();
+            let changed = results.iter().any(Result::is_ok);
+            (Outcome::Elected(results), changed)
         }
         Command::InitCluster { id } => {
             if c.cluster_id.is_some() {
@@ -577,6 +600,77 @@ fn alter_partition(
     Ok(())
 }
 
+/// Makes the first replica of `topic`-`partition` its leader if it is live, in the ISR
+/// and not leading (leader and partition epochs bumped, as any leader change).
+fn elect_preferred(
+    c: &mut Catalog,
+    topic: &str,
+    id: u128,
+    partition: i32,
+) -> Result<(), TopicError> {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let unknown = || {
+        (
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no partition {topic}-{partition}"),
+        )
+    };
+    let t = c
+        .topics
+        .get_mut(topic)
+        .filter(|t| t.id == id)
+        .ok_or_else(unknown)?;
+    let index = usize::try_from(partition).map_err(|_| unknown())?;
+    let a = t.assignment.get(index).ok_or_else(unknown)?;
+    let Some(&preferred) = a.replicas.first() else {
+        return Err(unknown());
+    };
+    if a.leader == preferred {
+        return Err((
+            errors::ELECTION_NOT_NEEDED,
+            format!("node {preferred} already leads {topic}-{partition}"),
+        ));
+    }
+    if !live.contains(&preferred) || !a.isr.contains(&preferred) {
+        return Err((
+            errors::PREFERRED_LEADER_NOT_AVAILABLE,
+            format!("node {preferred} is not live and in the ISR of {topic}-{partition}"),
+        ));
+    }
+    let mut changed = (**t).clone();
+    let a = &mut changed.assignment[index];
+    a.leader = preferred;
+    a.leader_epoch += 1;
+    a.partition_epoch += 1;
+    *t = Arc::new(changed);
+    Ok(())
+}
+
+/// The partitions Kafka's auto leader rebalance would move now: for each live node, the
+/// partitions whose preferred (first) replica it is, in their ISR, but led by another
+/// node — if those are more than `percentage` % of the node's preferred partitions.
+pub fn imbalanced(c: &Catalog, percentage: u32) -> Vec<PartitionRef> {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let mut by_node: BTreeMap<i32, (usize, Vec<PartitionRef>)> = BTreeMap::new();
+    for t in c.topics.values() {
+        for (i, a) in t.assignment.iter().enumerate() {
+            let Some(&preferred) = a.replicas.first() else {
+                continue;
+            };
+            let entry = by_node.entry(preferred).or_default();
+            entry.0 += 1;
+            if a.leader != preferred && a.isr.contains(&preferred) && live.contains(&preferred) {
+                entry.1.push((t.name.clone(), t.id, i as i32));
+            }
+        }
+    }
+    by_node
+        .into_values()
+        .filter(|(total, moved)| moved.len() * 100 > *total * percentage as usize)
+        .flat_map(|(_, moved)| moved)
+        .collect()
+}
+
 /// Partitions without a leader get one when a node of their ISR is live again.
 fn elect_offline(c: &mut Catalog) {
     let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
@@ -671,6 +765,70 @@ mod tests {
         assert!(c.topics["t"].assignment.iter().all(|a| a.isr == vec![3]));
         node(&mut c, 3);
         assert!(c.topics["t"].assignment.iter().all(|a| a.leader == 3));
+    }
+
+    #[test]
+    fn preferred_leaders_return_only_when_live_and_in_the_isr() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 3, 3), true);
+        let preferred = |c: &Catalog| {
+            c.topics["t"]
+                .assignment
+                .iter()
+                .all(|a| a.replicas.first() == Some(&a.leader))
+        };
+        assert!(preferred(&c), "placement starts balanced");
+        assert!(imbalanced(&c, 10).is_empty());
+        apply(&mut c, &Command::FenceNode { id: 1 }, true);
+        // Node 1 is fenced (not live) and out of the ISRs: nothing to give back yet.
+        assert!(imbalanced(&c, 10).is_empty());
+        node(&mut c, 1);
+        assert!(imbalanced(&c, 10).is_empty(), "not in the ISR yet");
+        // Back in the ISR of its partition (the leader's AlterPartition).
+        let (i, a) = c.topics["t"]
+            .assignment
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.replicas[0] == 1)
+            .map(|(i, a)| (i, a.clone()))
+            .expect("a partition preferring node 1");
+        let mut isr = a.isr.clone();
+        isr.push(1);
+        let alter = Command::AlterPartition {
+            topic: "t".into(),
+            id: 7,
+            partition: i as i32,
+            leader: a.leader,
+            leader_epoch: a.leader_epoch,
+            partition_epoch: a.partition_epoch,
+            isr,
+        };
+        assert_eq!(apply(&mut c, &alter, true).0, Outcome::Done(Ok(())));
+        let moves = imbalanced(&c, 10);
+        assert_eq!(moves, vec![("t".to_string(), 7, i as i32)]);
+        // Above the threshold (1 of 1 = 100 %) nothing moves.
+        assert!(imbalanced(&c, 100).is_empty());
+        let before = c.topics["t"].assignment[i].clone();
+        let (out, changed) = apply(&mut c, &Command::ElectPreferred { partitions: moves }, true);
+        assert!(changed);
+        assert_eq!(out, Outcome::Elected(vec![Ok(())]));
+        let after = &c.topics["t"].assignment[i];
+        assert_eq!(after.leader, 1);
+        assert_eq!(after.leader_epoch, before.leader_epoch + 1);
+        assert_eq!(after.partition_epoch, before.partition_epoch + 1);
+        assert!(preferred(&c));
+        // Again: not needed.
+        let again = Command::ElectPreferred {
+            partitions: vec![("t".into(), 7, i as i32)],
+        };
+        let (out, changed) = apply(&mut c, &again, true);
+        assert!(!changed);
+        assert!(
+            matches!(&out, Outcome::Elected(r) if r[0].as_ref().is_err_and(|e| e.0 == errors::ELECTION_NOT_NEEDED))
+        );
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! What the coordinators (group: `crate::group`, transaction: `crate::txn`) share: the
-//! host of their internal topic's partitions on a shard — each partition opened and
-//! replayed once, concurrent users waiting for that replay ([`PartitionLoads`]) — and
-//! the coordinator's appends to them: records packed into batches within the topic's
-//! limits, appended back to back ([`append_contiguous`]), and the replay read loop
-//! ([`replay_batches`]).
+//! host of their internal topic's partitions on a shard — each partition served only while
+//! this node leads it: opened and replayed once per leadership, concurrent users waiting
+//! for that replay, forgotten when the leadership is lost ([`PartitionLoads`]) — and the
+//! coordinator's appends to them: records packed into batches within the topic's limits,
+//! appended back to back and acknowledged once replicated (acks=all: the HW covers them,
+//! with the topic's `min.insync.replicas`; [`append_contiguous`], [`await_replicated`]),
+//! the replay read loop ([`replay_batches`]) and Kafka's mapping of append errors to the
+//! coordinator APIs' codes ([`WriteKind::code`]).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -14,53 +17,128 @@ use bytes::Bytes;
 
 use wire::batch::{BatchBuilder, NewRecord, split_batches};
 
+use wire::{LeaderEpoch, Offset};
+
 use crate::event::Event;
 use crate::partition::{Acks, Partition};
+use crate::shard::context::ServiceContext;
 use crate::shard::now_ms;
 
 /// Bytes asked of the log per read during replay.
 const REPLAY_READ_BYTES: usize = 1 << 20;
 
 mod codes {
-    pub use crate::errors::{NONE, UNKNOWN_SERVER_ERROR};
+    pub use crate::errors::{
+        KAFKA_STORAGE_ERROR, MESSAGE_TOO_LARGE, NONE, NOT_COORDINATOR, NOT_ENOUGH_REPLICAS,
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, RECORD_LIST_TOO_LARGE,
+        REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION,
+    };
+    pub const INVALID_FETCH_SIZE: i16 = 4;
     pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub const INVALID_COMMIT_OFFSET_SIZE: i16 = 28;
 }
 
-/// The internal-topic partitions a coordinator has loaded on this shard, by index.
+/// Whether `topic` is a coordinator's internal topic (its replicas' role changes load or
+/// unload a coordinator).
+pub fn is_coordinator_topic(topic: &str) -> bool {
+    topic == crate::group::OFFSETS_TOPIC || topic == crate::txn::TXN_TOPIC
+}
+
+/// Whether this node still leads `part` under `epoch` (the epoch its state was loaded at).
+fn leads(part: &Partition, epoch: LeaderEpoch) -> bool {
+    let r = part.replica();
+    r.is_leader() && r.leader_epoch() == epoch
+}
+
+/// The open replica `tp` of an internal topic if this node leads it, with the leader
+/// epoch it leads under: a coordinator serves only the partitions its node leads (a
+/// follower's copy is the replication fetchers' to write). NOT_COORDINATOR otherwise.
+pub async fn open_led(
+    ctx: &ServiceContext<'_>,
+    tp: &crate::shard::TopicPartition,
+) -> Result<(Rc<Partition>, LeaderEpoch), i16> {
+    let part = ctx.partition(tp).await.map_err(|code| match code {
+        codes::NOT_LEADER_OR_FOLLOWER => codes::NOT_COORDINATOR,
+        _ => codes::COORDINATOR_NOT_AVAILABLE,
+    })?;
+    let epoch = {
+        let r = part.replica();
+        if !r.is_leader() {
+            return Err(codes::NOT_COORDINATOR);
+        }
+        r.leader_epoch()
+    };
+    Ok((part, epoch))
+}
+
+/// The internal-topic partitions a coordinator has loaded on this shard, by index, each
+/// with the leader epoch it was loaded under.
 #[derive(Default)]
 pub struct PartitionLoads {
-    loaded: RefCell<BTreeMap<i32, Rc<Partition>>>,
+    loaded: RefCell<BTreeMap<i32, (Rc<Partition>, LeaderEpoch)>>,
     /// Partitions being replayed right now (others wait for the replay).
     loading: RefCell<HashMap<i32, Rc<Event>>>,
 }
 
 impl PartitionLoads {
-    /// The loaded partition `index`, if it is.
+    /// The loaded partition `index` while this node still leads it under the epoch it was
+    /// loaded at (else its coordinator must unload it: see [`Self::stale`]).
     pub fn get(&self, index: i32) -> Option<Rc<Partition>> {
-        self.loaded.borrow().get(&index).cloned()
+        let loaded = self.loaded.borrow();
+        let (p, epoch) = loaded.get(&index)?;
+        leads(p, *epoch).then(|| p.clone())
     }
 
-    /// Every loaded partition.
+    /// Every loaded partition this node still leads.
     pub fn all(&self) -> Vec<(i32, Rc<Partition>)> {
         self.loaded
             .borrow()
             .iter()
-            .map(|(i, p)| (*i, p.clone()))
+            .filter(|(_, (p, epoch))| leads(p, *epoch))
+            .map(|(i, (p, _))| (*i, p.clone()))
             .collect()
     }
 
-    /// The loaded partition `index`; the first caller runs `replay` (which opens and
-    /// replays it), later ones wait for that replay to end. A replay that failed leaves
-    /// it unloaded (the next caller tries again); its waiters get
-    /// COORDINATOR_LOAD_IN_PROGRESS and retry.
+    /// Whether partition `index` is loaded (led or not) or being loaded.
+    pub fn is_loaded(&self, index: i32) -> bool {
+        self.loaded.borrow().contains_key(&index) || self.loading.borrow().contains_key(&index)
+    }
+
+    /// Loaded partitions this node no longer leads under the epoch they were loaded at
+    /// (it follows now, or it lost and regained the lead: the log may have been truncated
+    /// meanwhile). Their coordinator drops their state and calls [`Self::unload`].
+    pub fn stale(&self) -> Vec<i32> {
+        self.loaded
+            .borrow()
+            .iter()
+            .filter(|(_, (p, epoch))| !leads(p, *epoch))
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
+    /// Forgets partition `index` (its coordinator dropped the state it held).
+    pub fn unload(&self, index: i32) {
+        self.loaded.borrow_mut().remove(&index);
+    }
+
+    /// The loaded partition `index`; the first caller runs `replay` (which opens it if
+    /// this node leads it, and replays it; see [`open_led`]), later ones wait for that
+    /// replay to end. A replay that failed leaves it unloaded (the next caller tries
+    /// again); its waiters get COORDINATOR_LOAD_IN_PROGRESS and retry. A partition loaded
+    /// under an older leadership must have been unloaded first.
     pub async fn load<F, Fut>(&self, index: i32, replay: F) -> Result<Rc<Partition>, i16>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Rc<Partition>, i16>>,
+        Fut: Future<Output = Result<(Rc<Partition>, LeaderEpoch), i16>>,
     {
         if let Some(p) = self.get(index) {
             return Ok(p);
+        }
+        if self.loaded.borrow().contains_key(&index) {
+            // Loaded under a leadership that ended: its coordinator unloads it first.
+            return Err(codes::NOT_COORDINATOR);
         }
         let waiting = self.loading.borrow().get(&index).cloned();
         if let Some(ev) = waiting {
@@ -70,43 +148,94 @@ impl PartitionLoads {
         let ev = Rc::new(Event::default());
         self.loading.borrow_mut().insert(index, ev.clone());
         let result = replay().await;
-        if let Ok(p) = &result {
-            self.loaded.borrow_mut().insert(index, p.clone());
-        }
+        let result = result.map(|(p, epoch)| {
+            self.loaded.borrow_mut().insert(index, (p.clone(), epoch));
+            p
+        });
         self.loading.borrow_mut().remove(&index);
         ev.notify_all();
         result
     }
 }
 
-/// Feeds every batch of `part` from its log start to its HW to `f`, in offset order.
-/// Returns how many batches were read.
+/// Which coordinator write failed: each maps an append's error to its API's code as
+/// Kafka's `GroupMetadataManager` (offsets, group metadata) and
+/// `TransactionStateManager` (transaction state) do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    /// OffsetCommit / TxnOffsetCommit.
+    Offsets,
+    /// A group's metadata (JoinGroup / SyncGroup / LeaveGroup) and tombstones.
+    GroupMetadata,
+    /// A transactional id's state.
+    TxnState,
+}
+
+impl WriteKind {
+    /// The code the client gets for an append that failed with `append_error`.
+    pub fn code(self, append_error: i16) -> i16 {
+        match append_error {
+            codes::NONE => codes::NONE,
+            codes::UNKNOWN_TOPIC_OR_PARTITION
+            | codes::NOT_ENOUGH_REPLICAS
+            | codes::NOT_ENOUGH_REPLICAS_AFTER_APPEND => codes::COORDINATOR_NOT_AVAILABLE,
+            codes::NOT_LEADER_OR_FOLLOWER | codes::KAFKA_STORAGE_ERROR => codes::NOT_COORDINATOR,
+            codes::REQUEST_TIMED_OUT => match self {
+                WriteKind::Offsets => codes::REQUEST_TIMED_OUT,
+                WriteKind::GroupMetadata => codes::REBALANCE_IN_PROGRESS,
+                // The client retries: the state may or may not be replicated yet.
+                WriteKind::TxnState => codes::COORDINATOR_NOT_AVAILABLE,
+            },
+            codes::MESSAGE_TOO_LARGE | codes::RECORD_LIST_TOO_LARGE | codes::INVALID_FETCH_SIZE => {
+                match self {
+                    WriteKind::Offsets => codes::INVALID_COMMIT_OFFSET_SIZE,
+                    _ => codes::UNKNOWN_SERVER_ERROR,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Feeds every batch of `part` from its log start to its log end to `f`, in offset
+/// order. Returns how many batches were read.
+///
+/// To the log end, not the HW, as Kafka's load does: a new leader's HW may lag what it
+/// holds (it learns the HW from the old leader's next fetch answer, which never came), and
+/// every record in a leader's log stays (followers truncate to the leader), so commits the
+/// old coordinator acknowledged are all here even while the HW has not caught up.
 pub async fn replay_batches(
     part: &Partition,
     mut f: impl FnMut(Bytes) -> Result<(), i16>,
 ) -> Result<u64, i16> {
-    let end = part.high_watermark();
+    // Completed writes only: an append still in flight is not in the log yet.
+    let end = part.replica().log_end();
     let mut offset = part.log.log_start_offset();
     let mut batches = 0u64;
     // Every read moves `offset` forward by at least one batch; bound the loop anyway.
     let mut reads_left = end.get().saturating_sub(offset.get()).max(0) + 1;
     while offset < end && reads_left > 0 {
         reads_left -= 1;
-        let out = part.fetch(offset, REPLAY_READ_BYTES).await;
-        if out.error != codes::NONE {
-            tracing::error!(
-                topic = %part.topic,
-                partition = part.index,
-                offset = %offset,
-                "replay read failed: error {}",
-                out.error
-            );
-            return Err(codes::COORDINATOR_NOT_AVAILABLE);
-        }
-        if out.batches.is_empty() {
+        let read = part
+            .log
+            .read_within(offset, REPLAY_READ_BYTES, usize::MAX, end)
+            .await;
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::error!(
+                    topic = %part.topic,
+                    partition = part.index,
+                    offset = %offset,
+                    "replay read failed: {e}"
+                );
+                return Err(codes::COORDINATOR_NOT_AVAILABLE);
+            }
+        };
+        if read.batches.is_empty() {
             break;
         }
-        for chunk in out.batches {
+        for chunk in read.batches {
             for range in split_batches(&chunk) {
                 let range = range.map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
                 let batch = chunk.slice(range);
@@ -121,16 +250,80 @@ pub async fn replay_batches(
     Ok(batches)
 }
 
-/// The coordinator's own appends: answered once the local append completed. On a single
-/// node that is also when the HW covers them; with replicated `__consumer_offsets` the
-/// coordinator will wait for the HW (acks=all, as Kafka's does).
-const COORDINATOR_ACKS: Acks = Acks::Leader;
-/// How long a coordinator append may take before it is answered REQUEST_TIMED_OUT.
+/// The coordinator's own appends are acknowledged once replicated, as Kafka's are
+/// (`requiredAcks = -1`): the HW covers them, with at least the topic's
+/// `min.insync.replicas` in the ISR (else NOT_ENOUGH_REPLICAS before appending,
+/// NOT_ENOUGH_REPLICAS_AFTER_APPEND after). On a single node the ISR is this node.
+const COORDINATOR_ACKS: Acks = Acks::All;
+/// How long a coordinator append may wait to be replicated before it is answered
+/// REQUEST_TIMED_OUT (Kafka: the request timeout, 30 s).
 const COORDINATOR_APPEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn far_deadline() -> std::time::Instant {
     std::time::Instant::now() + COORDINATOR_APPEND_TIMEOUT
 }
+
+/// Runs `work` unless this node stops leading `part` under `epoch` first: then
+/// NOT_LEADER_OR_FOLLOWER at once (the write may be truncated away by the new leader, and
+/// its HW means nothing for this leadership). Role changes wake `part.appended`.
+async fn while_leading<T>(
+    part: &Partition,
+    epoch: LeaderEpoch,
+    work: impl Future<Output = T>,
+) -> Result<T, i16> {
+    let demoted = async {
+        loop {
+            let changed = part.appended.listen();
+            if !leads(part, epoch) {
+                return Err(codes::NOT_LEADER_OR_FOLLOWER);
+            }
+            changed.await;
+        }
+    };
+    let out = futures_lite::future::or(async { Ok(work.await) }, demoted).await?;
+    if !leads(part, epoch) {
+        return Err(codes::NOT_LEADER_OR_FOLLOWER);
+    }
+    Ok(out)
+}
+
+/// Waits (acks=all) until the HW of `part` reaches `end` — every ISR member has what this
+/// leader wrote before it — while this node leads under `epoch`, at most
+/// [`COORDINATOR_APPEND_TIMEOUT`]; then checks the ISR still has `min.insync.replicas`.
+/// For appends answered at the local write (a transactional offset commit, a marker).
+pub async fn await_replicated(part: &Partition, epoch: LeaderEpoch, end: Offset) -> i16 {
+    let wait = async {
+        loop {
+            let moved = part.appended.listen();
+            if part.high_watermark() >= end {
+                return true;
+            }
+            moved.await;
+        }
+    };
+    let timeout = async {
+        glommio::timer::sleep(COORDINATOR_APPEND_TIMEOUT).await;
+        false
+    };
+    match while_leading(part, epoch, futures_lite::future::or(wait, timeout)).await {
+        Err(code) => code,
+        Ok(false) => codes::REQUEST_TIMED_OUT,
+        Ok(true) if part.replica().isr_len() < part.min_insync_replicas() => {
+            codes::NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        }
+        Ok(true) => codes::NONE,
+    }
+}
+
+/// Refuses an acks=all write before it is appended while the ISR is below the topic's
+/// `min.insync.replicas` (Kafka: NOT_ENOUGH_REPLICAS, nothing written).
+pub fn check_insync(part: &Partition) -> Result<(), i16> {
+    if part.replica().isr_len() < part.min_insync_replicas() {
+        return Err(codes::NOT_ENOUGH_REPLICAS);
+    }
+    Ok(())
+}
+
 /// Most bytes one record adds to a v2 batch besides its key and value bytes: length,
 /// attributes, timestamp and offset deltas, key and value lengths (varints at their
 /// widest), header count.
@@ -191,13 +384,22 @@ pub fn build_batch(records: Vec<NewRecord>, max_bytes: usize) -> Result<Bytes, i
 }
 
 /// Appends `batches` back to back — no other append of this shard lands between them —
-/// and waits until all are written. Returns the offset of the first record.
+/// and waits until all are replicated (acks=all, see [`COORDINATOR_ACKS`]), or this node
+/// stops leading `part` (NOT_LEADER_OR_FOLLOWER). Returns the offset of the first record;
+/// errors are the append's (callers map them with [`WriteKind::code`]).
 ///
 /// The log assigns an append's offsets in the append's first poll (its contract, see
 /// `storage::Log::append`), and every first poll runs here before this task yields. An
 /// append that did not take its offsets at once stops the rest (never out of order).
 pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<i64, i16> {
     let now = now_ms();
+    let epoch = {
+        let r = part.replica();
+        if !r.is_leader() {
+            return Err(codes::NOT_LEADER_OR_FOLLOWER);
+        }
+        r.leader_epoch()
+    };
     let first = part.log.log_end_offset().get();
     let mut waiting = Vec::with_capacity(batches.len());
     for batch in batches {
@@ -214,11 +416,64 @@ pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<
             }
         }
     }
-    for append in waiting {
-        let out = append.await;
-        if out.error != codes::NONE {
-            return Err(out.error);
+    let all = async {
+        for append in waiting {
+            let out = append.await;
+            if out.error != codes::NONE {
+                return Err(out.error);
+            }
         }
-    }
+        Ok(())
+    };
+    while_leading(part, epoch, all).await??;
     Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_errors_map_as_kafka_maps_them() {
+        use WriteKind::*;
+        for kind in [Offsets, GroupMetadata, TxnState] {
+            assert_eq!(kind.code(codes::NONE), codes::NONE);
+            assert_eq!(
+                kind.code(codes::NOT_ENOUGH_REPLICAS),
+                codes::COORDINATOR_NOT_AVAILABLE
+            );
+            assert_eq!(
+                kind.code(codes::NOT_ENOUGH_REPLICAS_AFTER_APPEND),
+                codes::COORDINATOR_NOT_AVAILABLE
+            );
+            assert_eq!(
+                kind.code(codes::NOT_LEADER_OR_FOLLOWER),
+                codes::NOT_COORDINATOR
+            );
+            assert_eq!(
+                kind.code(codes::KAFKA_STORAGE_ERROR),
+                codes::NOT_COORDINATOR
+            );
+        }
+        assert_eq!(
+            Offsets.code(codes::MESSAGE_TOO_LARGE),
+            codes::INVALID_COMMIT_OFFSET_SIZE
+        );
+        assert_eq!(
+            TxnState.code(codes::MESSAGE_TOO_LARGE),
+            codes::UNKNOWN_SERVER_ERROR
+        );
+        assert_eq!(
+            Offsets.code(codes::REQUEST_TIMED_OUT),
+            codes::REQUEST_TIMED_OUT
+        );
+        assert_eq!(
+            GroupMetadata.code(codes::REQUEST_TIMED_OUT),
+            codes::REBALANCE_IN_PROGRESS
+        );
+        assert_eq!(
+            TxnState.code(codes::REQUEST_TIMED_OUT),
+            codes::COORDINATOR_NOT_AVAILABLE
+        );
+    }
 }

@@ -60,6 +60,9 @@ pub struct Settings {
     pub num_partitions: i32,
     /// `offsets.topic.segment.bytes`.
     pub segment_bytes: i64,
+    /// `offsets.topic.replication.factor` (Kafka's default 3; capped at the live nodes
+    /// when the topic is created, so 1 on a single node).
+    pub replication_factor: i16,
     /// `offsets.retention.minutes`, in ms.
     pub retention_ms: i64,
     /// `offsets.retention.check.interval.ms`.
@@ -90,6 +93,7 @@ impl Settings {
         Settings {
             num_partitions: num("offsets.topic.num.partitions", 50).clamp(1, 1000) as i32,
             segment_bytes: num("offsets.topic.segment.bytes", 104_857_600).max(1 << 14),
+            replication_factor: num("offsets.topic.replication.factor", 3).clamp(1, 255) as i16,
             retention_ms: num("offsets.retention.minutes", 10_080).max(1) * 60_000,
             retention_check_ms: num("offsets.retention.check.interval.ms", 600_000).max(1),
             // Stored as a Kafka string (int16 length): longer metadata could not be logged.
@@ -265,6 +269,8 @@ impl Coordinators {
             .settings
             .get_or_init(|| Settings::from_config(ctx.config()));
         self.start_ticker(settings);
+        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
+        self.drop_stale();
         if let GroupOp::List = call.op {
             return self.list(ctx).await;
         }
@@ -700,19 +706,70 @@ impl Coordinators {
         }
     }
 
-    /// The open, replayed partition `index` of `__consumer_offsets` on this shard.
+    /// The open, replayed partition `index` of `__consumer_offsets` on this shard, while
+    /// this node leads it.
     async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
         self.partitions
             .load(index, || self.replay(ctx, index))
             .await
     }
 
-    async fn replay(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+    /// Loads partition `index` if this node leads it, and starts the ticker: this node
+    /// became its leader (the shard's coordinator loader, on a role change).
+    pub async fn load_owned(
+        self: &Rc<Self>,
+        ctx: &ServiceContext<'_>,
+        index: i32,
+    ) -> Result<(), i16> {
+        let settings = *self
+            .settings
+            .get_or_init(|| Settings::from_config(ctx.config()));
+        self.start_ticker(settings);
+        self.drop_stale();
+        self.load(ctx, index).await.map(|_| ())
+    }
+
+    /// Whether partition `index` is loaded or being loaded.
+    pub fn is_loaded(&self, index: i32) -> bool {
+        self.partitions.is_loaded(index)
+    }
+
+    /// Unloads every partition this node no longer leads (under the epoch it was loaded
+    /// at): its groups and pending transactional commits are dropped — members waiting
+    /// in a JoinGroup/SyncGroup (parked or not) are answered NOT_COORDINATOR and find the
+    /// new coordinator — and the ticker no longer sees them.
+    pub fn drop_stale(&self) {
+        for index in self.partitions.stale() {
+            let partitions = self.topic_partitions.get();
+            let dropped = {
+                let mut groups = self.groups.borrow_mut();
+                let before = groups.len();
+                groups.retain(|id, g| {
+                    let keep = partition_for(id, partitions) != index;
+                    if !keep {
+                        g.fail_waiters(codes::NOT_COORDINATOR);
+                    }
+                    keep
+                });
+                before - groups.len()
+            };
+            self.pending_txn.borrow_mut().remove(&index);
+            self.partitions.unload(index);
+            tracing::info!(
+                partition = index,
+                groups = dropped,
+                "unloaded group coordinator state: no longer the partition's leader"
+            );
+        }
+    }
+
+    async fn replay(
+        &self,
+        ctx: &ServiceContext<'_>,
+        index: i32,
+    ) -> Result<(Rc<Partition>, LeaderEpoch), i16> {
         let tp = (std::sync::Arc::from(OFFSETS_TOPIC), index);
-        let part = ctx
-            .partition(&tp)
-            .await
-            .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
+        let (part, epoch) = crate::coordinator::open_led(ctx, &tp).await?;
         if let Some(t) = ctx.catalog().topics.get(OFFSETS_TOPIC) {
             self.topic_partitions.set(t.partitions);
         }
@@ -721,15 +778,22 @@ impl Coordinators {
         let mut loaded = HashMap::new();
         let mut pending = store::PendingTxnOffsets::new();
         let records = store::replay(&part, &mut loaded, &mut pending, now_ms()).await?;
-        self.groups.borrow_mut().extend(loaded);
+        {
+            // The log is the partition's whole state: nothing older of it stays.
+            let partitions = self.topic_partitions.get();
+            let mut groups = self.groups.borrow_mut();
+            groups.retain(|id, _| partition_for(id, partitions) != index);
+            groups.extend(loaded);
+        }
         self.pending_txn.borrow_mut().insert(index, pending);
         tracing::info!(
             partition = index,
             records,
+            epoch = %epoch,
             ms = started.elapsed().as_millis() as u64,
             "loaded group coordinator state"
         );
-        Ok(part)
+        Ok((part, epoch))
     }
 
     /// Waits (bounded) until no write is in flight, so that a snapshot taken right after
@@ -762,6 +826,7 @@ impl Coordinators {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 let now = now_ms();
                 me.drop_idle_parked(now);
+                me.drop_stale();
                 me.tick(now, &settings).await;
                 if now - last_retention >= settings.retention_check_ms {
                     last_retention = now;

@@ -226,6 +226,16 @@ fn new_member_id(prefix: &str) -> String {
 }
 
 impl Group {
+    /// Answers every member's waiting JoinGroup/SyncGroup with `code` (the coordinator
+    /// is dropping the group: it no longer leads its partition).
+    pub fn fail_waiters(&mut self, code: i16) {
+        for m in &mut self.members {
+            let id = m.id.clone();
+            m.answer_join(JoinResult::error(code, &id));
+            m.answer_sync(SyncResult::error(code));
+        }
+    }
+
     pub fn new(id: &str, now_ms: i64) -> Group {
         Group {
             id: id.to_string(),

@@ -12,25 +12,32 @@ use wire::batch::{BatchBuilder, NewRecord, batch_records};
 use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
 use super::state::{Group, State};
-use crate::coordinator::{append_contiguous, batch_bytes_max, build_batch, build_batches};
+use crate::coordinator::{
+    WriteKind, append_contiguous, await_replicated, batch_bytes_max, build_batch, build_batches,
+    check_insync,
+};
 use crate::partition::Partition;
 use crate::shard::now_ms;
 
 /// Most bytes a compressed batch may inflate to during replay.
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
-/// Appends `records` in as few batches as the batch limit allows, back to back.
+/// Appends group metadata `records` in as few batches as the batch limit allows, back to
+/// back, acknowledged once replicated; errors as Kafka maps them for group metadata.
 async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
-    let batches = build_batches(records, batch_bytes_max(part), now_ms())?;
+    let kind = WriteKind::GroupMetadata;
+    let batches =
+        build_batches(records, batch_bytes_max(part), now_ms()).map_err(|c| kind.code(c))?;
     append_contiguous(part, batches)
         .await
         .map(|_| ())
-        .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)
+        .map_err(|c| kind.code(c))
 }
 
 /// Writes committed offsets: all of one commit in one batch, so that a commit is stored
 /// whole or not at all (a batch is appended, and survives a crash, as a unit; a torn one
 /// is cut off by recovery). A commit larger than one batch may be is refused with
-/// INVALID_COMMIT_OFFSET_SIZE, as Kafka does, and nothing of it is written.
+/// INVALID_COMMIT_OFFSET_SIZE, as Kafka does, and nothing of it is written. Acknowledged
+/// once replicated (acks=all); errors as Kafka maps them for offset commits.
 pub async fn write_offsets(
     part: &Partition,
     group: &str,
@@ -48,17 +55,12 @@ pub async fn write_offsets(
             headers: Vec::new(),
         })
         .collect();
-    let too_large = |code| match code {
-        crate::errors::MESSAGE_TOO_LARGE | crate::errors::RECORD_LIST_TOO_LARGE => {
-            codes::INVALID_COMMIT_OFFSET_SIZE
-        }
-        _ => codes::COORDINATOR_NOT_AVAILABLE,
-    };
-    let batch = build_batch(records, batch_bytes_max(part)).map_err(too_large)?;
+    let kind = WriteKind::Offsets;
+    let batch = build_batch(records, batch_bytes_max(part)).map_err(|c| kind.code(c))?;
     append_contiguous(part, vec![batch])
         .await
         .map(|_| ())
-        .map_err(too_large)
+        .map_err(|c| kind.code(c))
 }
 
 /// Writes a transactional offset commit (TxnOffsetCommit): one transactional batch with
@@ -94,10 +96,23 @@ pub async fn write_txn_offsets(
     if batch.len() > batch_bytes_max(part) {
         return Err(codes::INVALID_COMMIT_OFFSET_SIZE);
     }
-    part.append_coordinator(bytes::BytesMut::from(&batch[..]), now_ms())
+    let kind = WriteKind::Offsets;
+    let epoch = part.leader_epoch();
+    check_insync(part).map_err(|c| kind.code(c))?;
+    // The batch is built at base offset 0: its next offset is its record count.
+    let count = wire::batch::read_header(&batch)
+        .map(|h| h.next_offset().get())
+        .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
+    let first = part
+        .append_coordinator(bytes::BytesMut::from(&batch[..]), now_ms())
         .await
-        .map(|_| ())
-        .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)
+        .map_err(|c| kind.code(c))?;
+    // Acknowledged once replicated, like every coordinator write (acks=all).
+    let end = first.add(count);
+    match await_replicated(part, epoch, end).await {
+        codes::NONE => Ok(()),
+        code => Err(kind.code(code)),
+    }
 }
 
 /// Transactional offset commits waiting for their producer's marker, by producer id:

@@ -125,6 +125,17 @@ impl Partition {
         })
     }
 
+    /// A replicated partition just opened: HW = min(checkpointed HW, LEO) instead of the
+    /// sole replica's HW = LEO, since the log may end with records its ISR never had (see
+    /// `storage::hw_checkpoint`).
+    pub fn restore_high_watermark(&self, checkpointed: Option<Offset>) {
+        let start = self.log.log_start_offset();
+        self.replica
+            .borrow_mut()
+            .restore_high_watermark(checkpointed, start);
+        tracing::debug!(topic = %self.topic, partition = self.index, hw = %self.high_watermark(), "high watermark restored from the checkpoint");
+    }
+
     /// The merged config in force.
     pub fn configs(&self) -> BTreeMap<String, String> {
         self.configs.borrow().clone()
@@ -148,6 +159,11 @@ impl Partition {
 
     pub fn high_watermark(&self) -> Offset {
         self.replica.borrow().high_watermark()
+    }
+
+    /// The topic's `min.insync.replicas` in force (the coordinators' acks=all appends).
+    pub fn min_insync_replicas(&self) -> usize {
+        self.min_insync.get()
     }
 
     pub fn leader_epoch(&self) -> LeaderEpoch {

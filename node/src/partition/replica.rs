@@ -119,6 +119,18 @@ impl ReplicaState {
         self.local
     }
 
+    /// A replica reopened in a cluster: its HW is what was checkpointed (`None`: nothing
+    /// was — the log start), never past what the log holds. Called once, right after the
+    /// log opened and before any role is applied: the one time the HW is set from disk
+    /// rather than moved by the ISR, so it may be below the [`ReplicaState::sole`] default.
+    pub fn restore_high_watermark(&mut self, checkpointed: Option<Offset>, log_start: Offset) {
+        let hw = checkpointed
+            .unwrap_or(log_start)
+            .max(log_start)
+            .min(self.log_end);
+        self.high_watermark = hw;
+    }
+
     pub fn role(&self) -> &Role {
         &self.role
     }
@@ -484,6 +496,25 @@ mod tests {
         assert_eq!(r.apply(&assignment(None, 3, &[]), 0), RoleChange::Offline);
         assert!(!r.is_leader());
         assert_eq!(r.leader(), NO_LEADER);
+    }
+
+    #[test]
+    fn a_reopened_replica_starts_at_its_checkpointed_high_watermark() {
+        let (a, b) = (NodeId(1), NodeId(2));
+        let mut r = ReplicaState::sole(a, Offset(300));
+        r.restore_high_watermark(Some(Offset(200)), Offset(0));
+        assert_eq!(r.high_watermark(), Offset(200), "not the log end");
+        // Leading again, it waits for the ISR before exposing the tail.
+        r.become_leader(LeaderEpoch(2), vec![a, b], &[a, b]);
+        assert_eq!(r.high_watermark(), Offset(200));
+        r.follower_fetched(b, Offset(300), Offset(300), 0);
+        assert_eq!(r.high_watermark(), Offset(300));
+        // Never past the log end; nothing checkpointed: the log start.
+        let mut r = ReplicaState::sole(a, Offset(50));
+        r.restore_high_watermark(Some(Offset(80)), Offset(10));
+        assert_eq!(r.high_watermark(), Offset(50));
+        r.restore_high_watermark(None, Offset(10));
+        assert_eq!(r.high_watermark(), Offset(10));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use kafka_protocol::protocol::Request;
+use wire::NodeId;
 use wire::frame::{self, FrameStatus, RequestHeader};
 
 use crate::shard::mesh::within;
@@ -18,7 +19,10 @@ use crate::shard::mesh::within;
 /// `replica.fetch.response.max.bytes`; this bounds a broken peer).
 pub const RESPONSE_MAX_BYTES: usize = 256 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const CLIENT_ID: &str = "weir-replica-fetcher";
+/// The client id of a broker's connections; a replica fetcher's adds its node id
+/// (`weir-replica-fetcher-<node id>`), so the leader's logs and a fault proxy in a test
+/// can tell one follower's fetches from another's.
+pub const CLIENT_ID: &str = "weir-replica-fetcher";
 
 /// Why a call to another broker failed; the fetcher reconnects after any of them.
 #[derive(Debug, thiserror::Error)]
@@ -42,9 +46,17 @@ pub enum ClientError {
 pub struct BrokerConn {
     stream: TcpStream,
     next_correlation_id: i32,
+    client_id: Bytes,
 }
 
 impl BrokerConn {
+    /// A connection whose requests name `weir-replica-fetcher-<local>` as client id.
+    pub async fn connect_from(addr: SocketAddr, local: NodeId) -> Result<BrokerConn, ClientError> {
+        let mut conn = BrokerConn::connect(addr).await?;
+        conn.client_id = Bytes::from(format!("{CLIENT_ID}-{local}"));
+        Ok(conn)
+    }
+
     pub async fn connect(addr: SocketAddr) -> Result<BrokerConn, ClientError> {
         let connect = TcpStream::connect_timeout(addr, CONNECT_TIMEOUT);
         let stream = connect.await.map_err(|e| ClientError::Connect {
@@ -57,6 +69,7 @@ impl BrokerConn {
         Ok(BrokerConn {
             stream,
             next_correlation_id: 1,
+            client_id: Bytes::from_static(CLIENT_ID.as_bytes()),
         })
     }
 
@@ -73,7 +86,7 @@ impl BrokerConn {
             api_key: R::KEY,
             api_version: version,
             correlation_id: id,
-            client_id: Some(Bytes::from_static(CLIENT_ID.as_bytes())),
+            client_id: Some(self.client_id.clone()),
         };
         let frame = wire::messages::encode_request(&header, req)?;
         within(deadline, self.stream.write_all(&frame))

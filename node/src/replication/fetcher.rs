@@ -126,6 +126,25 @@ impl ReplicaFetcher {
         self.followed.borrow_mut().insert(tp, followed);
     }
 
+    /// Where it fetches from.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn follows(&self, tp: &TopicPartition) -> bool {
+        self.followed.borrow().contains_key(tp)
+    }
+
+    /// Stops and hands over every followed partition (to a fetcher for the source's new
+    /// address).
+    pub fn retire(&self) -> Vec<(TopicPartition, Rc<Partition>)> {
+        self.stop();
+        std::mem::take(&mut *self.followed.borrow_mut())
+            .into_iter()
+            .map(|(tp, f)| (tp, f.partition))
+            .collect()
+    }
+
     pub fn unfollow(&self, tp: &TopicPartition) {
         self.followed.borrow_mut().remove(tp);
     }
@@ -147,7 +166,7 @@ impl ReplicaFetcher {
     pub async fn run(self: Rc<Self>) {
         let mut backoff = BACKOFF_MIN;
         while !self.stopped.get() {
-            let mut conn = match BrokerConn::connect(self.addr).await {
+            let mut conn = match BrokerConn::connect_from(self.addr, self.local).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!(source = %self.source, "replica fetcher: {e}");

@@ -169,7 +169,15 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen for metrics on {addr}"))?;
         tracing::info!("metrics listening on {bound}");
     }
+    // A damaged checkpoint is not fatal: replicas then open at their log start and the
+    // ISR moves their HW up again (safe, only slower), and the next write replaces it.
+    let hw_checkpoint = crate::storage::hw_checkpoint::HwCheckpoint::load(&config.data_dir)
+        .unwrap_or_else(|e| {
+            tracing::error!("high watermark checkpoint: {e}; starting without it");
+            crate::storage::hw_checkpoint::HwCheckpoint::empty(&config.data_dir)
+        });
     let node = Arc::new(NodeShared {
+        hw_checkpoint,
         config,
         meta,
         connections: AtomicUsize::new(0),
@@ -238,6 +246,7 @@ fn prepare_quorum(
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
+        leader_rebalance: config.leader_rebalance,
     };
     crate::controller::quorum::prepare(q).map(Some)
 }
@@ -441,10 +450,7 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         crate::controller::bridge::spawn_notices(shard.clone(), q);
     }
     let housekeeping = glommio::spawn_local(shard.clone().run_housekeeping());
-    glommio::spawn_local(crate::shard::calls::load_transaction_coordinators(
-        shard.clone(),
-    ))
-    .detach();
+    glommio::spawn_local(crate::shard::calls::run_coordinator_loads(shard.clone())).detach();
     let watcher = glommio::spawn_local(watch_signal(shard.clone()));
     let admission = Rc::new(Admission {
         per_ip,

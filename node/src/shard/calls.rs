@@ -32,6 +32,16 @@ impl ShardCall for ProduceCall {
     type Reply = ProduceOutcome;
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
+        // A cluster node whose lease expired (cut off from the controller) may have been
+        // replaced as leader without knowing it: it acknowledges nothing more.
+        if shard
+            .node
+            .controller
+            .cluster()
+            .is_some_and(|q| !q.lease_valid())
+        {
+            return ProduceOutcome::failed(crate::errors::NOT_LEADER_OR_FOLLOWER);
+        }
         let p = match shard.partition(&self.tp).await {
             Ok(p) => p,
             Err(code) => return ProduceOutcome::failed(code),
@@ -223,7 +233,8 @@ impl ShardCall for SyncCall {
 }
 
 /// Writes a transaction marker (COMMIT or ABORT control batch) to a partition on its
-/// leader: from the transaction coordinator, or a WriteTxnMarkers request. A marker on a
+/// leader, answered once replicated (acks=all): from the transaction coordinator, or a
+/// WriteTxnMarkers request. A marker on a
 /// `__consumer_offsets` partition also completes the producer's pending transactional
 /// offset commits there (the group coordinator applies or drops them). Replies with a
 /// Kafka error code.
@@ -240,7 +251,14 @@ impl ShardCall for WriteMarkerCall {
             Ok(p) => p,
             Err(code) => return code,
         };
-        let code = p.write_marker(self.marker, now_ms()).await;
+        let epoch = p.leader_epoch();
+        let mut code = p.write_marker(self.marker, now_ms()).await;
+        if code == crate::errors::NONE {
+            // Kafka writes markers with acks=all: answered once the HW covers the marker
+            // (with it every append before it), so a leader change cannot lose it.
+            let end = p.replica().log_end();
+            code = crate::coordinator::await_replicated(&p, epoch, end).await;
+        }
         if code == crate::errors::NONE && &*self.tp.0 == crate::group::OFFSETS_TOPIC {
             let groups = shard.groups.clone();
             let ctx = ServiceContext::new(&shard);
@@ -273,25 +291,77 @@ impl ShardCall for crate::txn::TxnCall {
     }
 }
 
-/// At shard start: loads this shard's `__transaction_state` partitions (if the topic
-/// exists), so that transactions left open or ending by a stop are finished or timed out
-/// without waiting for their producers to come back (Kafka loads them on leadership).
-pub async fn load_transaction_coordinators(shard: Rc<Shard>) {
-    let Some(topic) = shard.catalog().topics.get(crate::txn::TXN_TOPIC).cloned() else {
-        return;
-    };
-    for index in 0..topic.partitions {
-        if shard.router.owner(crate::txn::TXN_TOPIC, index) != shard.id {
+/// Longest the coordinator loader waits between two scans without a role-change notice.
+const COORDINATOR_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The shard's coordinator loader, for its life: a coordinator moves with its
+/// partition's leadership (Kafka's `onElection` / `onResignation`). Whenever a replica of
+/// `__consumer_offsets` or `__transaction_state` changes role (`Shard::coordinator_roles`,
+/// notified where assignments are applied) — and every second anyway — the partitions
+/// this node no longer leads are unloaded and those it leads now are loaded (replayed
+/// from the replicated log), so that a transaction left open or ending is finished or
+/// timed out without waiting for its producer, and a group's members find it loaded.
+/// On a single node every partition is led: the transaction state is loaded at start,
+/// the groups on first use (as before).
+pub async fn run_coordinator_loads(shard: Rc<Shard>) {
+    while !shard.shutting_down.get() {
+        // Listening before the scan: a role change during it triggers the next one.
+        let changed = shard.coordinator_roles.listen();
+        load_led_coordinators(&shard).await;
+        let timer = glommio::timer::sleep(COORDINATOR_SCAN_INTERVAL);
+        let shutdown = shard.shutdown.listen();
+        futures_lite::future::or(changed, futures_lite::future::or(timer, shutdown)).await;
+    }
+}
+
+/// One scan of [`run_coordinator_loads`].
+async fn load_led_coordinators(shard: &Rc<Shard>) {
+    shard.groups.drop_stale();
+    shard.txns.drop_stale();
+    let catalog = shard.catalog();
+    for topic in [crate::group::OFFSETS_TOPIC, crate::txn::TXN_TOPIC] {
+        let Some(meta) = catalog.topics.get(topic).cloned() else {
+            continue;
+        };
+        let cluster = !meta.assignment.is_empty();
+        if !cluster && topic == crate::group::OFFSETS_TOPIC {
             continue;
         }
-        let txns = shard.txns.clone();
-        let markers = MarkerWriter::new(shard.clone());
-        let ctx = ServiceContext::new(&shard);
-        if let Err(code) = txns.load_owned(&ctx, markers, index).await {
-            tracing::warn!(
-                partition = index,
-                "cannot load transaction state: error {code}"
-            );
+        let name: std::sync::Arc<str> = std::sync::Arc::from(topic);
+        for index in 0..meta.partitions {
+            if shard.router.owner(topic, index) != shard.id {
+                continue;
+            }
+            let tp = (name.clone(), index);
+            let loaded = if topic == crate::txn::TXN_TOPIC {
+                shard.txns.is_loaded(index)
+            } else {
+                shard.groups.is_loaded(index)
+            };
+            // In a cluster the replicas hosted here are open (their assignment applied);
+            // only the ones led here are loaded.
+            let led = shard
+                .partitions
+                .borrow()
+                .get(&tp)
+                .is_some_and(|p| p.replica().is_leader());
+            if loaded || (cluster && !led) {
+                continue;
+            }
+            let ctx = ServiceContext::new(shard);
+            let result = if topic == crate::txn::TXN_TOPIC {
+                let markers = MarkerWriter::new(shard.clone());
+                shard.txns.clone().load_owned(&ctx, markers, index).await
+            } else {
+                shard.groups.clone().load_owned(&ctx, index).await
+            };
+            if let Err(code) = result {
+                tracing::warn!(
+                    topic,
+                    partition = index,
+                    "cannot load coordinator state: error {code}"
+                );
+            }
         }
     }
 }

@@ -71,18 +71,89 @@ impl MarkerWriter {
         MarkerWriter { shard }
     }
 
-    /// Writes `marker` to `tp` on its owner; a Kafka error code.
+    /// Writes `marker` to `tp` on its leader — this node's owning shard, or, in a cluster,
+    /// the node the metadata image names (a WriteTxnMarkers request to it, as Kafka's
+    /// coordinator sends); a Kafka error code (a partition without a leader:
+    /// NOT_LEADER_OR_FOLLOWER, which the coordinator retries).
     pub async fn write(
         &self,
         tp: TopicPartition,
         marker: crate::producer_state::partition::Marker,
         deadline: std::time::Instant,
     ) -> i16 {
+        let catalog = self.shard.catalog();
+        let leader = catalog
+            .topics
+            .get(&*tp.0)
+            .and_then(|t| usize::try_from(tp.1).ok().and_then(|i| t.assignment.get(i)))
+            .map(|a| a.leader);
+        if let Some(leader) = leader
+            && leader != self.shard.node_id().get()
+        {
+            return remote_marker(&catalog, leader, &tp, marker, deadline).await;
+        }
         let owner = self.shard.router.owner(&tp.0, tp.1);
         let call = super::calls::WriteMarkerCall { tp, marker };
         match self.shard.call(owner, call, deadline).await {
             Ok(code) => code,
             Err(e) => e.code(),
+        }
+    }
+}
+
+/// WriteTxnMarkers version sent to another node (the first flexible one).
+const WRITE_MARKERS_VERSION: i16 = 1;
+
+/// Writes `marker` to `tp` on node `leader` with a WriteTxnMarkers request; a Kafka
+/// error code (any connection failure: NOT_LEADER_OR_FOLLOWER, retried).
+async fn remote_marker(
+    catalog: &Catalog,
+    leader: i32,
+    tp: &TopicPartition,
+    marker: crate::producer_state::partition::Marker,
+    deadline: std::time::Instant,
+) -> i16 {
+    use kafka_protocol::messages::write_txn_markers_request::{
+        WritableTxnMarker, WritableTxnMarkerTopic,
+    };
+    use std::net::ToSocketAddrs;
+    let unreachable = crate::errors::NOT_LEADER_OR_FOLLOWER;
+    let Some(node) = catalog.nodes.get(&leader).filter(|n| !n.fenced) else {
+        return unreachable;
+    };
+    let Some(addr) = (node.host.as_str(), node.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+    else {
+        return unreachable;
+    };
+    let topic = WritableTxnMarkerTopic::default()
+        .with_name(kafka_protocol::messages::TopicName(
+            kafka_protocol::protocol::StrBytes::from_string(tp.0.to_string()),
+        ))
+        .with_partition_indexes(vec![tp.1]);
+    let m = WritableTxnMarker::default()
+        .with_producer_id(kafka_protocol::messages::ProducerId(marker.producer_id.0))
+        .with_producer_epoch(marker.producer_epoch.0)
+        .with_transaction_result(marker.commit)
+        .with_topics(vec![topic])
+        .with_coordinator_epoch(marker.coordinator_epoch);
+    let req = kafka_protocol::messages::WriteTxnMarkersRequest::default().with_markers(vec![m]);
+    let call = async {
+        let mut conn = crate::replication::client::BrokerConn::connect(addr).await?;
+        conn.call(&req, WRITE_MARKERS_VERSION, deadline).await
+    };
+    match call.await {
+        Ok(resp) => resp
+            .markers
+            .first()
+            .and_then(|m| m.topics.first())
+            .and_then(|t| t.partitions.first())
+            .map_or(unreachable, |p| p.error_code),
+        Err(e) => {
+            tracing::info!(topic = %tp.0, partition = tp.1, leader, "marker to another node failed: {e}");
+            unreachable
         }
     }
 }

@@ -70,6 +70,8 @@ pub struct NodeShared {
     pub cluster_id: String,
     /// Every metadata write goes through it (issue 12).
     pub controller: crate::controller::Controller,
+    /// The data dir's `replication-offset-checkpoint` (HWs of every replica here).
+    pub hw_checkpoint: crate::storage::hw_checkpoint::HwCheckpoint,
 }
 
 /// The state of one shard.
@@ -111,6 +113,9 @@ pub struct Shard {
     fetchers: RefCell<BTreeMap<NodeId, Rc<crate::replication::ReplicaFetcher>>>,
     /// Partitions whose ISR change is being proposed to the controller.
     isr_proposing: RefCell<std::collections::HashSet<TopicPartition>>,
+    /// Notified when a replica of a coordinator's internal topic changes role (the
+    /// coordinator loader, `calls::run_coordinator_loads`, loads or unloads it).
+    pub coordinator_roles: Event,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -160,6 +165,7 @@ impl Shard {
             txns: Rc::default(),
             fetchers: RefCell::new(BTreeMap::new()),
             isr_proposing: RefCell::default(),
+            coordinator_roles: Event::default(),
         }
     }
 
@@ -296,6 +302,10 @@ impl Shard {
                 let p = Rc::new(p);
                 self.touch(&p);
                 self.apply_newest_configs(tp, &p);
+                // A replica the cluster manages opens at its checkpointed HW, not its LEO.
+                if self.is_replicated(tp) {
+                    p.restore_high_watermark(self.node.hw_checkpoint.get(&tp.0, tp.1));
+                }
                 // Its role before anyone can use it: a replica opens as the sole leader.
                 self.apply_catalog_assignment(tp, &p);
                 self.partitions.borrow_mut().insert(tp.clone(), p);
@@ -395,6 +405,7 @@ impl Shard {
             return;
         }
         self.partitions.borrow_mut().remove(tp);
+        self.checkpoint_high_watermarks([&p]);
         let ev = Rc::new(Event::default());
         self.opening.borrow_mut().insert(tp.clone(), ev.clone());
         match p.log.close().await {
@@ -445,6 +456,7 @@ impl Shard {
         for (name, old) in previous.topics.iter() {
             let gone = catalog.topics.get(name).is_none_or(|t| t.id != old.id);
             if gone {
+                self.node.hw_checkpoint.remove_topic(name);
                 self.remove_unopened(name, old.partitions).await;
             }
         }
@@ -499,6 +511,8 @@ impl Shard {
     pub async fn close_all(&self) {
         let parts: Vec<(TopicPartition, Rc<Partition>)> =
             self.partitions.borrow_mut().drain().collect();
+        self.checkpoint_high_watermarks(parts.iter().map(|(_, p)| p));
+        self.write_hw_checkpoint(true);
         for chunk in parts.chunks(OPEN_CONCURRENCY_MAX) {
             let closes = chunk.iter().map(|(tp, p)| {
                 Box::pin(async move {

@@ -112,8 +112,25 @@ impl Shard {
     ) {
         let mut change = RoleChange::Unchanged;
         p.update_replica(|r| change = r.apply(assignment, now_ms()));
+        // A coordinator moves with its partition's leader (see `calls::run_coordinator_loads`).
+        if change != RoleChange::Unchanged && crate::coordinator::is_coordinator_topic(&tp.0) {
+            self.coordinator_roles.notify_all();
+        }
         match change {
-            RoleChange::Unchanged => {}
+            RoleChange::Unchanged => {
+                // Same leader, same epoch — but the leader may have restarted on another
+                // address (before it was fenced): the fetcher must follow it there.
+                let leader = p.replica().leader();
+                if !p.replica().is_leader()
+                    && leader != crate::partition::replica::NO_LEADER
+                    && let Some(addr) = leader_addr
+                {
+                    let f = self.fetcher_for(leader, addr);
+                    if !f.follows(tp) {
+                        f.follow(tp.clone(), p.clone());
+                    }
+                }
+            }
             RoleChange::Lead | RoleChange::Offline => {
                 tracing::info!(topic = %tp.0, partition = tp.1, epoch = %assignment.leader_epoch, ?change, "replica role changed");
                 self.unfollow(tp);
@@ -145,12 +162,23 @@ impl Shard {
     }
 
     /// This shard's fetcher for `source`, started on first use.
+    /// A fetcher whose source moved to another address (it restarted on a new port) is
+    /// replaced by one fetching there, following the same partitions.
     fn fetcher_for(&self, source: NodeId, addr: SocketAddr) -> Rc<ReplicaFetcher> {
-        if let Some(f) = self.fetchers.borrow().get(&source) {
-            return f.clone();
-        }
+        let existing = self.fetchers.borrow().get(&source).cloned();
+        let moved = match existing {
+            Some(f) if f.addr() == addr => return f,
+            Some(f) => {
+                tracing::info!(%source, from = %f.addr(), to = %addr, "replication source moved; refetching from its new address");
+                f.retire()
+            }
+            None => Vec::new(),
+        };
         let config = fetcher_config(self.config());
         let f = ReplicaFetcher::new(self.node_id(), source, addr, config);
+        for (tp, p) in moved {
+            f.follow(tp, p);
+        }
         self.fetchers.borrow_mut().insert(source, f.clone());
         glommio::spawn_local(f.clone().run()).detach();
         f
@@ -221,6 +249,50 @@ impl Shard {
                 shard.isr_proposing.borrow_mut().remove(&tp);
             })
             .detach();
+        }
+    }
+}
+
+impl Shard {
+    /// Whether the cluster manages `tp`'s replicas (its topic has an assignment): such a
+    /// replica reopens at its checkpointed HW. A single node's partitions keep HW = LEO:
+    /// their only replica had everything it acknowledged.
+    pub fn is_replicated(&self, tp: &TopicPartition) -> bool {
+        self.catalog()
+            .topics
+            .get(&*tp.0)
+            .is_some_and(|t| !t.assignment.is_empty())
+    }
+
+    /// Reports the HWs of `parts` to the node's checkpoint (written by
+    /// [`Shard::write_hw_checkpoint`]).
+    pub fn checkpoint_high_watermarks<'a>(
+        &self,
+        parts: impl IntoIterator<Item = &'a Rc<Partition>>,
+    ) {
+        let hws = parts
+            .into_iter()
+            .map(|p| (p.topic.to_string(), p.index, p.high_watermark()));
+        self.node.hw_checkpoint.report(hws);
+    }
+
+    /// Writes `replication-offset-checkpoint` if HWs moved and the last write is older
+    /// than `replica.high.watermark.checkpoint.interval.ms` (`now`: whenever one moved —
+    /// shutdown). Called from the housekeeping tick, so a busy partition costs at most one
+    /// small fsync'd file per interval, however often its HW moves.
+    pub fn write_hw_checkpoint(&self, now: bool) {
+        let interval = if now {
+            0
+        } else {
+            self.config()
+                .props
+                .get("replica.high.watermark.checkpoint.interval.ms")
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .unwrap_or(crate::storage::hw_checkpoint::INTERVAL_MS_DEFAULT)
+                .max(0)
+        };
+        if let Err(e) = self.node.hw_checkpoint.write_if_due(now_ms(), interval) {
+            tracing::warn!("high watermark checkpoint not written: {e}");
         }
     }
 }

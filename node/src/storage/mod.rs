@@ -46,6 +46,7 @@ pub mod epochs;
 mod error;
 pub mod file;
 mod gate;
+pub mod hw_checkpoint;
 mod index;
 mod log;
 mod maintenance;

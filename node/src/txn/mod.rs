@@ -18,6 +18,14 @@
 //!
 //! One request per transactional id at a time: a second one meanwhile (or the ticker)
 //! gets CONCURRENT_TRANSACTIONS, which clients retry.
+//!
+//! In a cluster `__transaction_state` is replicated (`transaction.state.log.replication.factor`,
+//! `transaction.state.log.min.isr`) and the coordinator moves with its partition's leader:
+//! loaded (replayed) when this node becomes the leader, unloaded when it stops leading,
+//! NOT_COORDINATOR on a node that does not lead it; every state write is acknowledged once
+//! replicated, so the next leader finishes (Prepare*) or times out (Ongoing) what this one
+//! left. Markers go to the partitions' leaders on this node only (`MarkerWriter`): a
+//! partition of the transaction led by another node is not reached yet.
 
 pub mod schema;
 pub mod state;
@@ -61,6 +69,12 @@ pub struct Settings {
     pub num_partitions: i32,
     /// `transaction.state.log.segment.bytes`.
     pub segment_bytes: i64,
+    /// `transaction.state.log.replication.factor` (Kafka's default 3; capped at the live
+    /// nodes when the topic is created, so 1 on a single node).
+    pub replication_factor: i16,
+    /// `transaction.state.log.min.isr`: the topic's `min.insync.replicas` (Kafka's
+    /// default 2; capped at the replication factor).
+    pub min_isr: i32,
     /// `transaction.max.timeout.ms`: a client's `transaction.timeout.ms` above it is
     /// refused with INVALID_TRANSACTION_TIMEOUT.
     pub max_timeout_ms: i32,
@@ -80,6 +94,9 @@ impl Settings {
         Settings {
             num_partitions: num("transaction.state.log.num.partitions", 50).clamp(1, 1000) as i32,
             segment_bytes: num("transaction.state.log.segment.bytes", 104_857_600).max(1 << 14),
+            replication_factor: num("transaction.state.log.replication.factor", 3).clamp(1, 255)
+                as i16,
+            min_isr: num("transaction.state.log.min.isr", 2).clamp(1, 255) as i32,
             max_timeout_ms: num("transaction.max.timeout.ms", 900_000).clamp(1, i64::from(i32::MAX))
                 as i32,
             abort_check_ms: num(
@@ -213,6 +230,8 @@ impl Coordinators {
             .get_or_init(|| Settings::from_config(ctx.config()));
         let _ = self.markers.set(markers);
         self.start_ticker(settings);
+        // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
+        self.drop_stale();
         if let TxnOp::List = call.op {
             return self.list(ctx).await;
         }
@@ -312,7 +331,35 @@ impl Coordinators {
             .get_or_init(|| Settings::from_config(ctx.config()));
         let _ = self.markers.set(markers);
         self.start_ticker(settings);
+        self.drop_stale();
         self.load(ctx, index).await.map(|_| ())
+    }
+
+    /// Whether partition `index` is loaded or being loaded.
+    pub fn is_loaded(&self, index: i32) -> bool {
+        self.partitions.is_loaded(index)
+    }
+
+    /// Unloads every partition this node no longer leads (under the epoch it was loaded
+    /// at): its transactional ids are dropped, so the ticker no longer times them out or
+    /// finishes them — the new leader's coordinator does, from the replicated log. A
+    /// request still at work on one ends with its write refused (NOT_COORDINATOR).
+    pub fn drop_stale(&self) {
+        for index in self.partitions.stale() {
+            let partitions = self.topic_partitions.get();
+            let dropped = {
+                let mut txns = self.txns.borrow_mut();
+                let before = txns.len();
+                txns.retain(|id, _| partition_for(id, partitions) != index);
+                before - txns.len()
+            };
+            self.partitions.unload(index);
+            tracing::info!(
+                partition = index,
+                transactional_ids = dropped,
+                "unloaded transaction coordinator state: no longer the partition's leader"
+            );
+        }
     }
 
     fn claim(&self, id: &str) -> Option<Busy<'_>> {
@@ -513,13 +560,16 @@ impl Coordinators {
         Ok(done)
     }
 
-    /// Appends `m` for `id` and, once written, makes it the state.
+    /// Appends `m` for `id` and, once replicated (acks=all), makes it the state. Errors as
+    /// Kafka's `TransactionStateManager` maps them.
     async fn store(&self, part: &Partition, id: &str, m: &TxnMetadata) -> Result<(), i16> {
+        let kind = crate::coordinator::WriteKind::TxnState;
         let records = vec![(schema::key(id), Some(schema::value(m)))];
-        let batches = build_batches(records, batch_bytes_max(part), now_ms())?;
+        let batches =
+            build_batches(records, batch_bytes_max(part), now_ms()).map_err(|c| kind.code(c))?;
         append_contiguous(part, batches)
             .await
-            .map_err(|_| errors::COORDINATOR_NOT_AVAILABLE)?;
+            .map_err(|c| kind.code(c))?;
         self.txns.borrow_mut().insert(id.to_string(), m.clone());
         Ok(())
     }
@@ -549,12 +599,13 @@ impl Coordinators {
             .await
     }
 
-    async fn replay(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+    async fn replay(
+        &self,
+        ctx: &ServiceContext<'_>,
+        index: i32,
+    ) -> Result<(Rc<Partition>, wire::LeaderEpoch), i16> {
         let tp = (std::sync::Arc::from(TXN_TOPIC), index);
-        let part = ctx
-            .partition(&tp)
-            .await
-            .map_err(|_| errors::COORDINATOR_NOT_AVAILABLE)?;
+        let (part, epoch) = crate::coordinator::open_led(ctx, &tp).await?;
         if let Some(t) = ctx.catalog().topics.get(TXN_TOPIC) {
             self.topic_partitions.set(t.partitions);
         }
@@ -569,11 +620,18 @@ impl Coordinators {
             partition = index,
             batches,
             transactional_ids = loaded.len(),
+            epoch = %epoch,
             ms = started.elapsed().as_millis() as u64,
             "loaded transaction coordinator state"
         );
-        self.txns.borrow_mut().extend(loaded);
-        Ok(part)
+        {
+            // The log is the partition's whole state: nothing older of it stays.
+            let partitions = self.topic_partitions.get();
+            let mut txns = self.txns.borrow_mut();
+            txns.retain(|id, _| partition_for(id, partitions) != index);
+            txns.extend(loaded);
+        }
+        Ok((part, epoch))
     }
 
     /// Starts this shard's timer task once: aborts timed-out transactions and finishes
@@ -586,6 +644,7 @@ impl Coordinators {
         glommio::spawn_local(async move {
             loop {
                 glommio::timer::sleep(Duration::from_millis(settings.abort_check_ms)).await;
+                me.drop_stale();
                 me.tick(now_ms()).await;
             }
         })

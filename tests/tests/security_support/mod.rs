@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use weir_tests::broker::target_dir;
 use weir_tests::certs::{self, TestPki};
 use weir_tests::{Weir, WeirConfig};
 
@@ -139,20 +138,7 @@ pub fn listener_addr(log: &str, name: &str) -> Result<SocketAddr> {
         .context("listener address")
 }
 
-/// The interop venv's Python (scripts/install-test-deps.sh), or `WEIR_TEST_PYTHON`.
-pub fn python() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("WEIR_TEST_PYTHON") {
-        return Ok(PathBuf::from(p));
-    }
-    let p = target_dir().join("interop-venv/bin/python");
-    if !p.exists() {
-        bail!(
-            "{} is missing: run scripts/install-test-deps.sh",
-            p.display()
-        );
-    }
-    Ok(p)
-}
+pub use weir_tests::broker::python;
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("security/kafka_client.py")

@@ -109,8 +109,10 @@ async fn heartbeats(b: Arc<Broker>) {
                 port: b.config.advertised.1,
                 have: Some(b.have.load(Ordering::Acquire)),
             };
+            let sent = Instant::now();
             match peer.call(&rpc, timeout).await {
                 Ok(RpcReply::Heartbeat(Ok(update))) => {
+                    b.handle.renew_lease(sent);
                     b.follow(u64::try_from(id).ok());
                     b.handle.leader.store(i64::from(id), Ordering::Release);
                     if let Some(u) = update

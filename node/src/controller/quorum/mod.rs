@@ -10,7 +10,7 @@ pub mod store;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Cursor;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub struct QuorumConfig {
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
     pub election_timeout: Duration,
+    /// Preferred-leader rebalance by the active controller.
+    pub leader_rebalance: crate::config::LeaderRebalance,
 }
 
 /// A request from a shard.
@@ -75,12 +77,34 @@ pub struct Handle {
     /// Set by a controlled shutdown: no more heartbeats (they would register the node
     /// again once it is fenced).
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// This node's own lease, in nanoseconds since `started` (0: none yet): see
+    /// [`Handle::lease_valid`].
+    lease_until_ns: AtomicU64,
+    started: Instant,
+    session_timeout: Duration,
 }
 
 impl Handle {
     /// The active controller's id (-1: none known).
     pub fn controller_id(&self) -> i32 {
         i32::try_from(self.leader.load(Ordering::Acquire)).unwrap_or(-1)
+    }
+
+    /// Whether this node may still act as a partition leader: it holds a lease until
+    /// `broker.session.timeout.ms` after it sent the last heartbeat the controller
+    /// answered (the controller itself: after the last quorum ack). The controller fences
+    /// a node that long after the last heartbeat it received, which is later, so a node
+    /// cut off from the quorum stops leading before its partitions get other leaders.
+    pub fn lease_valid(&self) -> bool {
+        let now = self.started.elapsed().as_nanos() as u64;
+        now < self.lease_until_ns.load(Ordering::Acquire)
+    }
+
+    /// A heartbeat sent at `sent` was answered (or a quorum acked this leader then).
+    pub(crate) fn renew_lease(&self, sent: Instant) {
+        let until = sent.saturating_duration_since(self.started) + self.session_timeout;
+        self.lease_until_ns
+            .fetch_max(until.as_nanos() as u64, Ordering::AcqRel);
     }
 
     /// Stops this node's heartbeats (controlled shutdown).
@@ -141,6 +165,9 @@ pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
         leader: AtomicI64::new(-1),
         subscribers: Mutex::new(Vec::new()),
         stopping: std::sync::atomic::AtomicBool::new(false),
+        lease_until_ns: AtomicU64::new(0),
+        started: Instant::now(),
+        session_timeout: config.session_timeout,
     });
     Ok(Prepared {
         handle,
@@ -235,7 +262,10 @@ async fn run(
         }
     };
     let id = config.node_id as u64;
-    let raft = match Raft::new(id, raft_config, net::Factory, log, sm).await {
+    let factory = net::Factory {
+        voters: config.voters.clone(),
+    };
+    let raft = match Raft::new(id, raft_config, factory, log, sm).await {
         Ok(r) => r,
         Err(e) => {
             let _ = started.send(Err(anyhow::anyhow!("controller raft: {e}")));
@@ -276,6 +306,9 @@ async fn run(
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
     tokio::spawn(heartbeats(ctx.clone(), handle.clone()));
     tokio::spawn(leases(ctx.clone()));
+    if ctx.config.leader_rebalance.enable {
+        tokio::spawn(rebalance_leaders(ctx.clone()));
+    }
     let _ = started.send(Ok(()));
     while let Ok(req) = requests.recv_async().await {
         match req {
@@ -291,10 +324,24 @@ async fn run(
 }
 
 /// Publishes the current leader for the shards (Metadata's controller id).
+///
+/// A leader that has not heard from a quorum for two election timeouts does not name
+/// itself: cut off from the majority it cannot commit (openraft 0.9 keeps it leader of
+/// its old term), and the majority has elected another by then.
 async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let mut rx = ctx.raft.metrics();
+    let me = ctx.config.node_id as u64;
+    let lease_ms = (ctx.config.election_timeout * 2).as_millis() as u64;
     loop {
-        let leader = rx.borrow().current_leader;
+        let leader = {
+            let m = rx.borrow();
+            match m.current_leader {
+                Some(l) if l == me && m.millis_since_quorum_ack.is_some_and(|t| t > lease_ms) => {
+                    None
+                }
+                other => other,
+            }
+        };
         let was = handle
             .leader
             .swap(leader.map_or(-1, |l| l as i64), Ordering::AcqRel);
@@ -305,7 +352,9 @@ async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
             );
             handle.notify();
         }
-        if rx.changed().await.is_err() {
+        // Also on a timer: a cut-off leader's quorum ack ages with few metrics changes.
+        let tick = Duration::from_millis(LEASE_CHECK_MS);
+        if let Ok(Err(_)) = tokio::time::timeout(tick, rx.changed()).await {
             return;
         }
     }
@@ -505,6 +554,13 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
         match leader {
             Some(l) if l == id as u64 => {
                 let _ = heartbeat(&ctx, id, host.clone(), port);
+                // The controller's own lease lasts while a quorum acknowledges it.
+                let age = ctx.raft.metrics().borrow().millis_since_quorum_ack;
+                if let Some(acked) =
+                    age.and_then(|ms| Instant::now().checked_sub(Duration::from_millis(ms)))
+                {
+                    handle.renew_lease(acked);
+                }
             }
             Some(l) => {
                 if let Some(addr) = ctx.addr_of(l) {
@@ -515,12 +571,47 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         port,
                         have: None,
                     };
-                    let _ = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
+                    let sent = Instant::now();
+                    let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
+                    if let Ok(RpcReply::Heartbeat(Ok(_))) = reply {
+                        handle.renew_lease(sent);
+                    }
                 }
             }
             None => {}
         }
         tokio::time::sleep(ctx.config.heartbeat_interval).await;
+    }
+}
+
+/// The active controller gives partitions back to their preferred replicas every
+/// `leader.imbalance.check.interval.seconds` when a node's share of them led elsewhere is
+/// above `leader.imbalance.per.broker.percentage` (Kafka's auto leader rebalance): a node
+/// that returns from a crash leads its partitions again once it is back in their ISR.
+async fn rebalance_leaders(ctx: Arc<Ctx>) {
+    let r = ctx.config.leader_rebalance;
+    let interval = Duration::from_secs(r.check_interval_s);
+    loop {
+        tokio::time::sleep(interval).await;
+        if !is_leader(&ctx) {
+            continue;
+        }
+        let image = ctx.node.meta.snapshot();
+        let partitions = super::apply::imbalanced(&image, r.per_broker_percentage);
+        if partitions.is_empty() {
+            continue;
+        }
+        tracing::info!(
+            partitions = partitions.len(),
+            "leaders imbalanced: electing preferred replicas"
+        );
+        if let Err(e) = ctx
+            .raft
+            .client_write(Command::ElectPreferred { partitions })
+            .await
+        {
+            tracing::debug!("preferred-leader election: {e}");
+        }
     }
 }
 

@@ -156,15 +156,23 @@ impl Peer {
 }
 
 /// Makes a [`Network`] per target voter.
-pub struct Factory;
+pub struct Factory {
+    /// This node's `controller.quorum.voters`: a voter is dialled where this node's own
+    /// configuration says (the membership's address was written by whichever voter
+    /// initialised or snapshotted it, which may reach that voter another way).
+    pub voters: std::collections::BTreeMap<i32, String>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Factory {
     type Network = Network;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Network {
+        let configured = i32::try_from(target)
+            .ok()
+            .and_then(|id| self.voters.get(&id).cloned());
         Network {
             target,
-            peer: Peer::new(node.addr.clone()),
+            peer: Peer::new(configured.unwrap_or_else(|| node.addr.clone())),
         }
     }
 }

@@ -1,0 +1,618 @@
+//! The seeds' replication scenarios (issue 11) as named tests against three real `weir`
+//! nodes on 127.0.0.1: a restarted leader opens at its checkpointed HW (not its log end),
+//! a lagging follower never leads with acknowledged records missing, and the
+//! HW-propagation window (KIP-101) ends with no divergence — the old leader truncates by
+//! leader epoch. Followers are slowed with SIGSTOP/SIGCONT, leaders die by SIGKILL.
+//!
+//! The 50-cycle soak (SIGKILL and restart of the busiest partition's leader under an
+//! idempotent acks=all producer) is `#[ignore]`:
+//! `cargo test -p weir-tests --test cluster_scenarios -- --ignored` (see tests/README.md).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, ListOffsetsRequest, ListOffsetsResponse, MetadataResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use rdkafka::producer::Producer;
+use weir_tests::clients;
+use weir_tests::cluster::{self, Cluster};
+use weir_tests::raw::RawConn;
+
+const AGREE_TIMEOUT: Duration = Duration::from_secs(90);
+const TOPIC: &str = "scenario";
+
+/// SIGSTOP (`stop`) or SIGCONT a node: it keeps its sockets but answers nothing.
+fn pause(c: &mut Cluster, id: i32, stop: bool) {
+    let pid = c.node(id).pid().expect("node running");
+    let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: kill(2) on a child the harness holds and has not reaped.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+/// (leader, leader epoch, sorted ISR) of partition `p` of `topic` in `m`.
+fn placement(m: &MetadataResponse, topic: &str, p: i32) -> Option<(i32, i32, Vec<i32>)> {
+    let t = m
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))?;
+    let part = t.partitions.iter().find(|x| x.partition_index == p)?;
+    let mut isr: Vec<i32> = part.isr_nodes.iter().map(|n| n.0).collect();
+    isr.sort();
+    Some((part.leader_id.0, part.leader_epoch, isr))
+}
+
+/// Waits until every node of `ask` reports the same placement of partition `p` and `ok`
+/// accepts it; returns it.
+fn wait_placement(
+    c: &mut Cluster,
+    ask: &[i32],
+    p: i32,
+    ok: impl Fn(&(i32, i32, Vec<i32>)) -> bool,
+) -> (i32, i32, Vec<i32>) {
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    loop {
+        let seen: Vec<Option<(i32, i32, Vec<i32>)>> = ask
+            .iter()
+            .map(|id| c.metadata(*id).ok().and_then(|m| placement(&m, TOPIC, p)))
+            .collect();
+        if let Some(Some(first)) = seen.first()
+            && seen.iter().all(|s| s.as_ref() == Some(first))
+            && ok(first)
+        {
+            return first.clone();
+        }
+        assert!(Instant::now() < deadline, "placement not reached: {seen:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// ListOffsets (v4, read_uncommitted) latest of partition `p` at `id`: its HW when it
+/// leads; `Err(code)` otherwise.
+fn latest(c: &mut Cluster, id: i32, p: i32) -> Result<i64, i16> {
+    let addr = c.node(id).addr();
+    let Ok(mut conn) = RawConn::connect_timeout(addr, Duration::from_secs(10)) else {
+        return Err(-1);
+    };
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_isolation_level(0)
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(p)
+                        .with_current_leader_epoch(-1)
+                        .with_timestamp(-1),
+                ]),
+        ]);
+    let resp: Result<ListOffsetsResponse, _> = conn.call(ApiKey::ListOffsets, 4, &req);
+    let part = resp
+        .ok()
+        .and_then(|r| r.topics.into_iter().next())
+        .and_then(|t| t.partitions.into_iter().next())
+        .ok_or(-1i16)?;
+    if part.error_code != 0 {
+        return Err(part.error_code);
+    }
+    Ok(part.offset)
+}
+
+/// Waits until `id` answers ListOffsets latest for `p` without an error; returns it.
+fn wait_latest(c: &mut Cluster, id: i32, p: i32) -> i64 {
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    loop {
+        match latest(c, id, p) {
+            Ok(o) => return o,
+            Err(code) => assert!(
+                Instant::now() < deadline,
+                "node {id} never answered ListOffsets: {code}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The HW `replication-offset-checkpoint` in `data_dir` holds for partition `p`, checking
+/// the file is in Kafka's format (version 0, the count, `topic partition offset` lines).
+fn checkpointed_hw(data_dir: &Path, p: i32) -> Option<i64> {
+    let text = std::fs::read_to_string(data_dir.join("replication-offset-checkpoint")).ok()?;
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("0"), "version line: {text:?}");
+    let count: usize = lines.next().and_then(|l| l.parse().ok()).expect("count");
+    let entries: Vec<&str> = lines.collect();
+    assert_eq!(entries.len(), count, "count line matches: {text:?}");
+    entries.iter().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f.len(), 3, "`topic partition offset`: {l:?}");
+        (f[0] == TOPIC && f[1] == p.to_string()).then(|| f[2].parse().expect("offset"))
+    })
+}
+
+fn partition_dir(c: &mut Cluster, id: i32, p: i32) -> PathBuf {
+    c.node(id).data_dir().join(format!("{TOPIC}-{p}"))
+}
+
+/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
+/// at the end of the last whole batch; with the log end offset they reach.
+fn log_bytes(dir: &Path) -> (Vec<u8>, i64) {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    segments.sort();
+    let (mut out, mut end) = (Vec::new(), 0i64);
+    for seg in segments {
+        let bytes = std::fs::read(&seg).unwrap_or_default();
+        let mut at = 0usize;
+        while at + 27 <= bytes.len() {
+            let word = |i: usize| [bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]];
+            let Ok(len) = usize::try_from(i32::from_be_bytes(word(at + 8))) else {
+                break;
+            };
+            if len == 0 || at + 12 + len > bytes.len() {
+                break;
+            }
+            let base = i64::from_be_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+            let last_delta = i32::from_be_bytes(word(at + 23));
+            end = base + i64::from(last_delta) + 1;
+            out.extend_from_slice(&bytes[at..at + 12 + len]);
+            at += 12 + len;
+        }
+    }
+    (out, end)
+}
+
+/// Waits until the replicas on `ids` hold identical logs (byte for byte); returns the
+/// log end they share.
+fn wait_identical(c: &mut Cluster, ids: &[i32], p: i32) -> i64 {
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    loop {
+        let logs: Vec<(Vec<u8>, i64)> = ids
+            .iter()
+            .map(|id| log_bytes(&partition_dir(c, *id, p)))
+            .collect();
+        if !logs[0].0.is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
+            return logs[0].1;
+        }
+        if Instant::now() >= deadline {
+            let tails: Vec<String> = ids
+                .iter()
+                .map(|id| format!("--- node {id}:\n{}", c.node(*id).log_tail(30)))
+                .collect();
+            let ends: Vec<(usize, i64)> = logs.iter().map(|l| (l.0.len(), l.1)).collect();
+            panic!(
+                "replica logs differ: (bytes, end) {ends:?}\n{}",
+                tails.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An idempotent acks=all producer writes `n` records (ids from `first_id`) to partition
+/// 0 through node `via`; every delivery must succeed.
+fn produce(
+    c: &mut Cluster,
+    via: i32,
+    acks: &str,
+    first_id: u64,
+    n: u64,
+    tag: &str,
+) -> (Vec<clients::Sent>, Vec<clients::Acked>) {
+    let bootstrap = c.node(via).bootstrap();
+    let idempotent = if acks == "all" { "true" } else { "false" };
+    let (p, log) = clients::producer(
+        &bootstrap,
+        acks,
+        "none",
+        &[("enable.idempotence", idempotent)],
+    )
+    .expect("producer");
+    let records = clients::make_records(first_id, n, tag, clients::now_ms());
+    clients::produce_all(&p, TOPIC, &records, Some(0)).expect("produce");
+    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+    (records, log.acked())
+}
+
+fn start(extra: &[(&str, &str)]) -> Cluster {
+    let mut c = Cluster::start(3, extra).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 3).expect("create"), 0);
+    c
+}
+
+/// Part 1 of the checkpoint's reason to exist: a leader whose log ends past its HW (acks=1
+/// records a stopped follower never fetched) is SIGKILLed and restarts while it still
+/// leads (no quorum to move leadership while it is down). It must come back at its
+/// checkpointed HW — opening at HW = LEO (the old code) exposes to consumers records the
+/// ISR never had. Once the follower is back, the HW covers everything.
+#[test]
+fn a_restarted_leader_opens_at_its_checkpointed_high_watermark() {
+    let mut c = start(&[
+        ("min.insync.replicas", "1"),
+        // Nobody leaves the ISR or is fenced during the test: the HW must wait.
+        ("replica.lag.time.max.ms", "600000"),
+        ("broker.session.timeout.ms", "60000"),
+        ("replica.high.watermark.checkpoint.interval.ms", "0"),
+    ]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    let stopped = followers[1];
+
+    let (mut sent, mut acked) = produce(&mut c, leader, "all", 0, 200, "all");
+    assert_eq!(wait_latest(&mut c, leader, 0), 200);
+    pause(&mut c, stopped, true);
+    let (s, a) = produce(&mut c, leader, "1", 1_000, 100, "one");
+    sent.extend(s);
+    acked.extend(a);
+    assert_eq!(
+        wait_latest(&mut c, leader, 0),
+        200,
+        "the HW waits for the stopped ISR member"
+    );
+    // The leader's checkpoint (Kafka's format) says 200 before it dies.
+    let dir = c.node(leader).data_dir().to_path_buf();
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while checkpointed_hw(&dir, 0) != Some(200) {
+        assert!(Instant::now() < deadline, "no checkpoint of HW 200");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    c.node(leader).kill().expect("SIGKILL the leader");
+    c.node(leader).restart().expect("restart");
+    let hw = wait_latest(&mut c, leader, 0);
+    let (_, log_end) = log_bytes(&partition_dir(&mut c, leader, 0));
+    assert_eq!(log_end, 300, "the restarted leader kept its acks=1 tail");
+    assert_eq!(
+        hw, 200,
+        "a restarted leader's HW is its checkpointed one, not its log end {log_end}"
+    );
+
+    pause(&mut c, stopped, false);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while wait_latest(&mut c, leader, 0) != 300 {
+        assert!(Instant::now() < deadline, "the HW never covered the tail");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_identical(&mut c, &[1, 2, 3], 0);
+    let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 300);
+}
+
+/// The seeds' lagging follower: with `min.insync.replicas=2` one follower is SIGSTOPped
+/// while the leader takes acks=all writes (it leaves the ISR after
+/// `replica.lag.time.max.ms`, acks go on with two); the leader dies. With unclean leader
+/// election off, the lagging replica must not lead — the ISR's last member does — and once
+/// it is back nothing acknowledged is missing anywhere.
+#[test]
+fn a_lagging_follower_never_leads_with_acknowledged_records_missing() {
+    let mut c = start(&[
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "2000"),
+        ("unclean.leader.election.enable", "false"),
+    ]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    let (in_sync, lagging) = (followers[0], followers[1]);
+
+    let (mut sent, mut acked) = produce(&mut c, leader, "all", 0, 100, "a");
+    pause(&mut c, lagging, true);
+    // Blocks until the lagging one is out of the ISR, then acks=all goes on with two.
+    let (s, a) = produce(&mut c, leader, "all", 1_000, 400, "b");
+    sent.extend(s);
+    acked.extend(a);
+    let (_, _, isr) = wait_placement(&mut c, &[leader, in_sync], 0, |p| p.2.len() == 2);
+    assert!(!isr.contains(&lagging), "the stopped follower left the ISR");
+    let (lagging_bytes, lagging_end) = log_bytes(&partition_dir(&mut c, lagging, 0));
+    assert!(
+        lagging_end < 500,
+        "the lagging replica misses acknowledged records ({lagging_end}, {} bytes)",
+        lagging_bytes.len()
+    );
+
+    c.node(leader).kill().expect("SIGKILL the leader");
+    pause(&mut c, lagging, false);
+    // The only ISR member left leads; the lagging replica never does.
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let new_leader = loop {
+        let seen: Vec<_> = [in_sync, lagging]
+            .iter()
+            .map(|id| c.metadata(*id).ok().and_then(|m| placement(&m, TOPIC, 0)))
+            .collect();
+        for s in seen.iter().flatten() {
+            assert_ne!(s.0, lagging, "the lagging replica was elected: {s:?}");
+        }
+        if let [Some(a), Some(b)] = &seen[..]
+            && a == b
+            && a.0 == in_sync
+        {
+            break a.0;
+        }
+        assert!(Instant::now() < deadline, "no new leader: {seen:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The lagging one catches up from it and rejoins; acks=all needs both.
+    wait_placement(&mut c, &[in_sync, lagging], 0, |p| p.2.len() == 2);
+    let (s, a) = produce(&mut c, new_leader, "all", 10_000, 300, "c");
+    sent.extend(s);
+    acked.extend(a);
+    c.node(leader).restart().expect("restart the old leader");
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 800);
+    let got =
+        clients::consume_to_end(&c.node(new_leader).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+}
+
+/// The leader epochs in `dir`'s `leader-epoch-checkpoint`, as (epoch, start offset).
+fn epoch_entries(dir: &Path) -> Vec<(i32, i64)> {
+    let text = std::fs::read_to_string(dir.join("leader-epoch-checkpoint")).unwrap_or_default();
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let (e, o) = l.split_once(' ')?;
+            Some((e.parse().ok()?, o.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The HW-propagation window (KIP-101). The only follower in the ISR (the other is
+/// SIGSTOPped and left it) fetched the last acks=all batch; its fetch at the new log end
+/// is what moved the leader's HW and acknowledged the producer, and with
+/// `replica.fetch.wait.max.ms` long that fetch's answer — carrying the new HW — waits on
+/// the leader. The leader is SIGKILLed right after the acknowledgement: the follower holds
+/// the batch but, when the window is hit, not the HW covering it (its own checkpoint says
+/// which — printed: the window is not hit every run). It becomes leader under a new epoch
+/// without cutting its log to its HW (its epoch checkpoint starts the new epoch at 300),
+/// takes new writes, and the old leader returns and follows without truncating: no
+/// divergence, every replica byte-identical, every acknowledged record present once.
+#[test]
+fn the_hw_propagation_window_loses_nothing_and_ends_without_divergence() {
+    let mut c = start(&[
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "2000"),
+        ("replica.fetch.wait.max.ms", "15000"),
+        ("replica.high.watermark.checkpoint.interval.ms", "0"),
+        // Housekeeping (and so the checkpoint) every 100 ms.
+        ("log.retention.check.interval.ms", "100"),
+    ]);
+    let (old, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != old).collect();
+    let (next, stopped) = (followers[0], followers[1]);
+    pause(&mut c, stopped, true);
+    wait_placement(&mut c, &[old, next], 0, |p| p.2.len() == 2);
+
+    // Produced inline: the kill comes right after the last ack, before the producer is
+    // even closed (closing a librdkafka producer can take longer than the window).
+    let bootstrap = c.node(old).bootstrap();
+    let (producer, log) =
+        clients::producer(&bootstrap, "all", "none", &[("enable.idempotence", "true")])
+            .expect("producer");
+    let mut sent = clients::make_records(0, 300, "before", clients::now_ms());
+    let produced = Instant::now();
+    clients::produce_all(&producer, TOPIC, &sent, Some(0)).expect("produce");
+    let acked_at = produced.elapsed();
+    c.node(old)
+        .kill()
+        .expect("SIGKILL the leader right after the ack");
+    eprintln!(
+        "acked after {acked_at:?}, killed after {:?}",
+        produced.elapsed()
+    );
+    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+    let mut acked = log.acked();
+    drop(producer);
+    let killed = Instant::now();
+    eprintln!(
+        "follower's checkpoint at the kill: {:?}",
+        checkpointed_hw(c.node(next).data_dir(), 0)
+    );
+    // The stopped follower (out of the ISR: it cannot lead) resumes, so two of the three
+    // controller voters are up to elect.
+    pause(&mut c, stopped, false);
+    // The follower holds all 300 acknowledged records, and a HW below them: its
+    // checkpoint (written every 100 ms tick while it changes) until it leads says so.
+    let next_dir = c.node(next).data_dir().to_path_buf();
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let mut window_hw = None;
+    let (leader, new_epoch) = loop {
+        let hw = checkpointed_hw(&next_dir, 0);
+        let now = c.metadata(next).ok().and_then(|m| placement(&m, TOPIC, 0));
+        if let Some((l, e, _)) = now
+            && l == next
+            && e > epoch
+        {
+            break (l, e);
+        }
+        if hw != window_hw {
+            eprintln!(
+                "{:?} after the kill: the follower's checkpoint says HW {hw:?}",
+                killed.elapsed()
+            );
+        }
+        window_hw = hw.or(window_hw);
+        assert!(Instant::now() < deadline, "the follower never led: {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let window_hw = window_hw.expect("the follower checkpointed its HW");
+    let (_, next_end) = log_bytes(&partition_dir(&mut c, next, 0));
+    assert_eq!(
+        next_end, 300,
+        "the follower fetched every acknowledged record"
+    );
+    // Whether the window really happened (the follower's HW below the acknowledged end)
+    // depends on whether the leader's last fetch answer reached it first; printed, not
+    // asserted (see tests/README.md for how often it happened).
+    eprintln!(
+        "HW-propagation window {}: the new leader's HW was {window_hw}, its log end {next_end}",
+        if window_hw < next_end {
+            "HAPPENED"
+        } else {
+            "missed"
+        }
+    );
+
+    // It leads under a new epoch, its log intact (not cut to its HW).
+    wait_placement(&mut c, &[next, stopped], 0, |p| p.2.len() == 2);
+    let (s, a) = produce(&mut c, leader, "all", 10_000, 200, "after");
+    sent.extend(s);
+    acked.extend(a);
+    // Its first append as leader noted the new epoch where its log ended, not at its HW.
+    let entries = epoch_entries(&partition_dir(&mut c, next, 0));
+    assert_eq!(
+        entries.last(),
+        Some(&(new_epoch, 300)),
+        "the new epoch starts at the log end the follower had, not its HW: {entries:?}"
+    );
+
+    c.node(old).restart().expect("restart the old leader");
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 500);
+    // Its log held exactly what the new leader's epoch says it should: nothing to cut (a
+    // truncation to its HW would have dropped acknowledged records to fetch them again).
+    let text = c.node(old).log_text();
+    let cuts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("truncated as follower"))
+        .collect();
+    assert!(cuts.is_empty(), "the old leader cut its log: {cuts:?}");
+    let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 500);
+}
+
+/// Partitions of the soak's topic; partition 0 takes half the records (the busiest).
+const SOAK_PARTITIONS: i32 = 3;
+/// Records the soak's producer sends per second (bounded load on a shared CI machine).
+const SOAK_RATE: u64 = 400;
+
+/// The partition record `id` goes to: 0 for every other one, else 1 or 2.
+fn soak_partition(id: u64) -> i32 {
+    match id % 4 {
+        0 | 2 => 0,
+        1 => 1,
+        _ => 2,
+    }
+}
+
+/// The issue's Show: an idempotent acks=all producer writes numbered records while the
+/// node leading the busiest partition is SIGKILLed and restarted, `cycles` times; each
+/// cycle waits for a new leader, restarts the node and waits for the full ISR again. At
+/// the end every acknowledged record is read back exactly once and in order per
+/// partition, and the replicas' segment files are identical (every replica holds the
+/// whole log, the HW covers it).
+fn soak(cycles: usize) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut c = Cluster::start(3, &[("min.insync.replicas", "2")]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(
+        cluster::create_topic(addr, TOPIC, SOAK_PARTITIONS, 3).expect("create"),
+        0
+    );
+    for p in 0..SOAK_PARTITIONS {
+        wait_placement(&mut c, &[1, 2, 3], p, |x| x.2.len() == 3 && x.0 > 0);
+    }
+    let bootstrap = (1..=3)
+        .map(|id| c.node(id).bootstrap())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (producer, log) = clients::producer(
+        &bootstrap,
+        "all",
+        "none",
+        &[
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "300000"),
+            ("linger.ms", "2"),
+        ],
+    )
+    .expect("producer");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = Vec::new();
+            let started = Instant::now();
+            let mut id = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let r = clients::make_records(id, 1, "soak", clients::now_ms()).remove(0);
+                clients::send_one(&producer, TOPIC, &r, Some(soak_partition(id))).expect("send");
+                sent.push(r);
+                id += 1;
+                let due = started + Duration::from_micros(id * 1_000_000 / SOAK_RATE);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            producer
+                .flush(Duration::from_secs(300))
+                .expect("flush after the soak");
+            sent
+        })
+    };
+    let cycle_started = Instant::now();
+    for cycle in 0..cycles {
+        let (leader, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |x| x.2.len() == 3);
+        let at = Instant::now();
+        c.node(leader)
+            .kill()
+            .expect("SIGKILL the busiest partition's leader");
+        let live: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+        wait_placement(&mut c, &live, 0, |x| x.0 != leader && x.1 > epoch);
+        let failover = at.elapsed();
+        c.node(leader).restart().expect("restart");
+        for p in 0..SOAK_PARTITIONS {
+            wait_placement(&mut c, &[1, 2, 3], p, |x| x.2.len() == 3 && x.0 > 0);
+        }
+        eprintln!(
+            "cycle {cycle}: killed node {leader} (epoch {epoch}); new leader in {failover:?}; \
+             full ISR again after {:?}; {} acked so far",
+            at.elapsed(),
+            log.acked().len()
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sent = writer.join().expect("writer thread");
+    let acked = log.acked();
+    eprintln!(
+        "{cycles} cycles in {:?}: {} sent, {} acked, {} failed",
+        cycle_started.elapsed(),
+        sent.len(),
+        acked.len(),
+        log.failed().len()
+    );
+    assert!(
+        log.failed().is_empty(),
+        "failed deliveries: {:?}",
+        &log.failed()[..log.failed().len().min(5)]
+    );
+    for p in 0..SOAK_PARTITIONS {
+        wait_identical(&mut c, &[1, 2, 3], p);
+    }
+    let all: Vec<i32> = (0..SOAK_PARTITIONS).collect();
+    // Restarted nodes listen on new ports.
+    let bootstrap = c.node(1).bootstrap();
+    let got = clients::consume_to_end(&bootstrap, TOPIC, &all).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
+    assert_eq!(checked, sent.len(), "every record sent was acknowledged");
+}
+
+/// Five cycles of [`soak`]: in the default suite.
+#[test]
+fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {
+    soak(5);
+}
+
+/// The issue's 50 cycles: `cargo test -p weir-tests --test cluster_scenarios -- --ignored`.
+#[test]
+#[ignore = "50 SIGKILL cycles, several minutes"]
+fn the_busiest_leader_sigkilled_50_times_loses_nothing_acknowledged() {
+    soak(50);
+}
