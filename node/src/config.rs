@@ -16,6 +16,11 @@ pub const SOCKET_REQUEST_MAX_BYTES_DEFAULT: u64 = 104_857_600;
 pub const MAX_CONNECTIONS_DEFAULT: u64 = 10_000;
 /// Kafka's default `fetch.max.bytes` (55 MiB): the most record bytes in one Fetch response.
 pub const FETCH_MAX_BYTES_DEFAULT: u64 = 57_671_680;
+/// Kafka's default `max.incremental.fetch.session.cache.slots`.
+pub const FETCH_SESSION_CACHE_SLOTS_DEFAULT: u64 = 1000;
+/// Most fetch session slots weir accepts (each session's partitions are bounded too, see
+/// `api::fetch_session`).
+pub const FETCH_SESSION_CACHE_SLOTS_MAX: u64 = 100_000;
 /// Default of weir's `fetch.response.buffer.max.bytes`: Fetch response bytes the node
 /// holds at once (read, not yet written to their sockets), split evenly across shards.
 pub const FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
@@ -222,6 +227,9 @@ pub struct Config {
     pub fetch_max_bytes: u64,
     /// weir's `fetch.response.buffer.max.bytes`: node-wide bound on unwritten responses.
     pub fetch_response_buffer_max_bytes: u64,
+    /// Kafka's `max.incremental.fetch.session.cache.slots`: KIP-227 fetch sessions the node
+    /// caches (split evenly per shard, at least one each unless 0, which disables them).
+    pub fetch_session_cache_slots: u64,
     pub socket_request_max_bytes: u64,
     pub max_connections: u64,
     pub segment_bytes: u64,
@@ -400,6 +408,10 @@ impl Config {
                 &["fetch.response.buffer.max.bytes"],
                 FETCH_RESPONSE_BUFFER_MAX_BYTES_DEFAULT,
             )?,
+            fetch_session_cache_slots: props.parse_num(
+                &["max.incremental.fetch.session.cache.slots"],
+                FETCH_SESSION_CACHE_SLOTS_DEFAULT,
+            )?,
             socket_request_max_bytes: props.parse_num(
                 &["socket.request.max.bytes"],
                 SOCKET_REQUEST_MAX_BYTES_DEFAULT,
@@ -496,6 +508,14 @@ impl Config {
                 "fetch.response.buffer.max.bytes",
                 &v,
                 "must be at least 1048576",
+            ));
+        }
+        if self.fetch_session_cache_slots > FETCH_SESSION_CACHE_SLOTS_MAX {
+            let v = self.fetch_session_cache_slots.to_string();
+            return Err(value_err(
+                "max.incremental.fetch.session.cache.slots",
+                &v,
+                "must be 0..=100000",
             ));
         }
         if self.socket_request_max_bytes > i32::MAX as u64 || self.socket_request_max_bytes < 64 {

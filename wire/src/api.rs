@@ -13,8 +13,15 @@
 //!   ≤ 11, Metadata ≤ 5/6, ApiVersions ≤ 2. Every range starts at or below those.
 //! - Modern librdkafka (2.16) prefers flexible versions; each range reaches the first
 //!   flexible version at least (Produce 9, Fetch 12, Metadata 12, ...).
-//! - Fetch stops at 12: v13+ names topics by id (UUID) instead of by name, which would need a
-//!   topic-id map on every fetch. Produce stops at 9 (v10 adds only leader hints, v12 changes
+//! - Fetch reaches 17, the newest Kafka 4.0/4.1 version (v18, KIP-1166's follower high
+//!   watermark, is newer): v13+ names topics by id (the broker keeps an id → name map per
+//!   catalogue version), v15 moves replica_id into replica_state, v16 adds KIP-951 leader
+//!   hints (current_leader, node_endpoints), v17 the follower's directory id (ignored).
+//!   librdkafka ≥ 2.6 switches to topic ids at v13+; kafka-python infers "Kafka 3.9" from
+//!   Fetch 17. ListOffsets reaches 10 (v7 max timestamp -3, v8 earliest local -4, v9
+//!   latest tiered -5 — weir has no tiered storage, so -4 is the log start and -5 none —
+//!   v10 a timeout weir does not need), Metadata 13 (a top-level error code, always 0),
+//!   DeleteTopics 6 (by topic id). Produce stops at 9 (v10 adds only leader hints, v12 changes
 //!   transaction semantics, v13 uses topic ids).
 //! - Produce starts at v0 although weir stores only record batch v2: librdkafka < 2.11
 //!   (Debian's 2.0.2) compresses with gzip, snappy or lz4 only if the broker's Produce range
@@ -121,9 +128,9 @@ const NEVER: i16 = -1;
 /// Every API weir knows, sorted by key.
 pub const API_TABLE: &[ApiEntry] = &[
     entry(PRODUCE, "Produce", 0, 9, 9),
-    entry(FETCH, "Fetch", 4, 12, 12),
-    entry(LIST_OFFSETS, "ListOffsets", 1, 6, 6),
-    entry(METADATA, "Metadata", 0, 12, 9),
+    entry(FETCH, "Fetch", 4, 17, 12),
+    entry(LIST_OFFSETS, "ListOffsets", 1, 10, 6),
+    entry(METADATA, "Metadata", 0, 13, 9),
     entry(OFFSET_COMMIT, "OffsetCommit", 2, 8, 8),
     entry(OFFSET_FETCH, "OffsetFetch", 1, 8, 6),
     entry(FIND_COORDINATOR, "FindCoordinator", 0, 4, 3),
@@ -136,7 +143,7 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(SASL_HANDSHAKE, "SaslHandshake", 0, 1, NEVER),
     entry(API_VERSIONS, "ApiVersions", 0, 3, 3),
     entry(CREATE_TOPICS, "CreateTopics", 2, 7, 5),
-    entry(DELETE_TOPICS, "DeleteTopics", 1, 5, 4),
+    entry(DELETE_TOPICS, "DeleteTopics", 1, 6, 4),
     entry(DELETE_RECORDS, "DeleteRecords", 0, 2, 2),
     entry(INIT_PRODUCER_ID, "InitProducerId", 0, 4, 2),
     entry(OFFSET_FOR_LEADER_EPOCH, "OffsetForLeaderEpoch", 2, 4, 4),

@@ -2,14 +2,15 @@
 //! buffers weir writes, interleaved with the record `Bytes` passed in, untouched. Writing
 //! the chunks in order (vectored write) sends the response; no record byte is copied.
 //!
-//! Layout for the versions weir advertises (4–12; v12 is flexible):
+//! Layout for the versions weir advertises (4–17; v12+ is flexible):
 //!
 //! ```text
-//! [size int32] [correlation_id int32] [tagged fields, v12]
+//! [size int32] [correlation_id int32] [tagged fields, v12+]
 //! throttle_time_ms int32
 //! error_code int16, session_id int32                    v7+
 //! responses array of
-//!   topic string
+//!   topic string                                        v4–v12
+//!   topic_id uuid                                       v13+
 //!   partitions array of
 //!     partition_index int32, error_code int16, high_watermark int64
 //!     last_stable_offset int64
@@ -18,14 +19,17 @@
 //!                                             [, tagged fields v12])
 //!     preferred_read_replica int32                      v11+
 //!     records nullable bytes                            <- record chunks go here
-//!     [tagged fields v12: 0 = diverging_epoch]
-//!   [tagged fields v12]
-//! [tagged fields v12]
+//!     [tagged fields v12+: 0 = diverging_epoch, 1 = current_leader]
+//!   [tagged fields v12+]
+//! [tagged fields v12+: 0 = node_endpoints, v16+]
 //! ```
+//!
+//! A tagged field is written only when it differs from its default (Kafka's rule and
+//! kafka-protocol's): a diverging epoch or current leader of (-1, -1) is left out.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::codec::{put_array_len, put_bytes_len, put_string, put_uvarint};
+use crate::codec::{put_array_len, put_bytes_len, put_nullable_string, put_string, put_uvarint};
 use crate::frame::{self, SIZE_PREFIX_BYTES};
 use crate::{WireError, api};
 
@@ -43,6 +47,22 @@ pub struct DivergingEpoch {
     pub end_offset: i64,
 }
 
+/// KIP-951: who leads a partition now (sent with NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CurrentLeader {
+    pub leader_id: i32,
+    pub leader_epoch: i32,
+}
+
+/// KIP-951 (v16+): the address of a node named by a partition's `current_leader`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEndpoint {
+    pub node_id: i32,
+    pub host: Bytes,
+    pub port: i32,
+    pub rack: Option<Bytes>,
+}
+
 /// One partition of a Fetch response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FetchPartitionResponse {
@@ -56,8 +76,10 @@ pub struct FetchPartitionResponse {
     pub preferred_read_replica: i32,
     /// The record batches, as slices of cached buffers or file reads. `None` encodes null.
     pub records: Option<Vec<Bytes>>,
-    /// Sent only at v12.
+    /// Sent at v12+.
     pub diverging_epoch: Option<DivergingEpoch>,
+    /// Sent at v12+ (tag 1).
+    pub current_leader: Option<CurrentLeader>,
 }
 
 impl Default for FetchPartitionResponse {
@@ -72,6 +94,7 @@ impl Default for FetchPartitionResponse {
             preferred_read_replica: -1,
             records: None,
             diverging_epoch: None,
+            current_leader: None,
         }
     }
 }
@@ -79,7 +102,10 @@ impl Default for FetchPartitionResponse {
 /// One topic of a Fetch response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FetchTopicResponse {
+    /// Written at v4–v12.
     pub topic: Bytes,
+    /// KIP-516 topic id, written instead of the name at v13+.
+    pub topic_id: u128,
     pub partitions: Vec<FetchPartitionResponse>,
 }
 
@@ -90,6 +116,8 @@ pub struct FetchResponseParts {
     pub error_code: i16,
     pub session_id: i32,
     pub topics: Vec<FetchTopicResponse>,
+    /// v16+ (top-level tag 0): endpoints of the leaders named in `current_leader`.
+    pub node_endpoints: Vec<NodeEndpoint>,
 }
 
 /// Builds the chunk list: header bytes go into one buffer; at each record slice the buffer
@@ -144,7 +172,11 @@ pub fn encode_fetch_response(
     }
     put_array_len(&mut c.header, parts.topics.len(), flexible);
     for topic in &parts.topics {
-        put_string(&mut c.header, &topic.topic, flexible);
+        if version >= 13 {
+            c.header.put_u128(topic.topic_id);
+        } else {
+            put_string(&mut c.header, &topic.topic, flexible);
+        }
         put_array_len(&mut c.header, topic.partitions.len(), flexible);
         for p in &topic.partitions {
             encode_partition(&mut c, p, version, flexible)?;
@@ -154,7 +186,7 @@ pub fn encode_fetch_response(
         }
     }
     if flexible {
-        c.header.put_u8(0);
+        encode_top_tags(&mut c.header, parts, version);
     }
     let tail = c.header.split().freeze();
     c.out.push(tail);
@@ -224,31 +256,72 @@ fn encode_partition(
     Ok(())
 }
 
-/// Partition tagged fields at v12: only diverging_epoch (tag 0) is ever sent by weir.
+/// Partition tagged fields at v12+, in tag order: diverging_epoch (0), current_leader (1).
+/// weir never sends snapshot_id (2, KRaft's own fetches).
 fn encode_partition_tags(h: &mut BytesMut, p: &FetchPartitionResponse) {
-    match p.diverging_epoch {
-        None => h.put_u8(0),
-        Some(d) => {
-            h.put_u8(1); // one tagged field
-            h.put_u8(0); // tag 0
-            put_uvarint(h, 4 + 8 + 1); // size of the struct
-            h.put_i32(d.epoch);
-            h.put_i64(d.end_offset);
-            h.put_u8(0); // the struct's own tagged fields
-        }
+    let diverging = p
+        .diverging_epoch
+        .filter(|d| (d.epoch, d.end_offset) != (-1, -1));
+    let leader = p
+        .current_leader
+        .filter(|l| (l.leader_id, l.leader_epoch) != (-1, -1));
+    h.put_u8(u8::from(diverging.is_some()) + u8::from(leader.is_some()));
+    if let Some(d) = diverging {
+        h.put_u8(0); // tag 0
+        put_uvarint(h, 4 + 8 + 1); // size of the struct
+        h.put_i32(d.epoch);
+        h.put_i64(d.end_offset);
+        h.put_u8(0); // the struct's own tagged fields
     }
+    if let Some(l) = leader {
+        h.put_u8(1); // tag 1
+        put_uvarint(h, 4 + 4 + 1);
+        h.put_i32(l.leader_id);
+        h.put_i32(l.leader_epoch);
+        h.put_u8(0);
+    }
+}
+
+/// Top-level tagged fields: node_endpoints (tag 0) at v16+ when there are any.
+fn encode_top_tags(h: &mut BytesMut, parts: &FetchResponseParts, version: i16) {
+    if version < 16 || parts.node_endpoints.is_empty() {
+        h.put_u8(0);
+        return;
+    }
+    let mut body = BytesMut::with_capacity(node_endpoints_bytes_max(&parts.node_endpoints));
+    put_array_len(&mut body, parts.node_endpoints.len(), true);
+    for n in &parts.node_endpoints {
+        body.put_i32(n.node_id);
+        put_string(&mut body, &n.host, true);
+        body.put_i32(n.port);
+        put_nullable_string(&mut body, n.rack.as_deref(), true);
+        body.put_u8(0);
+    }
+    h.put_u8(1); // one tagged field
+    h.put_u8(0); // tag 0
+    put_uvarint(h, body.len() as u32);
+    h.put_slice(&body);
+}
+
+/// An upper bound on the bytes of the node_endpoints tagged field.
+fn node_endpoints_bytes_max(nodes: &[NodeEndpoint]) -> usize {
+    5 + nodes
+        .iter()
+        .map(|n| 4 + 5 + n.host.len() + 4 + 5 + n.rack.as_ref().map_or(0, Bytes::len) + 1)
+        .sum::<usize>()
 }
 
 /// An upper bound on the header bytes `encode_fetch_response` writes for `parts`.
 fn header_bytes_max(parts: &FetchResponseParts) -> usize {
-    // Top level: throttle, error, session, array length, tagged fields.
-    let mut n = 4 + 2 + 4 + 5 + 1;
+    // Top level: throttle, error, session, array length, tagged fields (count, tag,
+    // size, node endpoints).
+    let mut n = 4 + 2 + 4 + 5 + 1 + 1 + 5 + node_endpoints_bytes_max(&parts.node_endpoints);
     for t in &parts.topics {
-        n += t.topic.len() + 5 + 5 + 1;
+        n += t.topic.len().max(16) + 5 + 5 + 1;
         for p in &t.partitions {
-            // Fixed fields 42, aborted length 5, records length 5, tags 16.
+            // Fixed fields 42, aborted length 5, records length 5, tags 1 + 15 + 11.
             let aborted = p.aborted_transactions.as_ref().map_or(0, Vec::len);
-            n += 42 + 5 + 17 * aborted + 5 + 16;
+            n += 42 + 5 + 17 * aborted + 5 + 27;
         }
     }
     n
@@ -277,8 +350,10 @@ mod tests {
             throttle_time_ms: 0,
             error_code: 0,
             session_id: 0,
+            node_endpoints: Vec::new(),
             topics: vec![FetchTopicResponse {
                 topic: Bytes::from_static(b"events"),
+                topic_id: 7,
                 partitions: vec![
                     FetchPartitionResponse {
                         partition_index: 0,
@@ -299,7 +374,7 @@ mod tests {
     #[test]
     fn record_chunks_are_the_callers_bytes() {
         let records = Bytes::from(vec![7u8; 1000]);
-        for version in 4..=12 {
+        for version in 4..=17 {
             let chunks = encode_fetch_response(1, version, &sample(records.clone())).expect("ok");
             let total = chunks_len(&chunks);
             let size = i32::from_be_bytes(chunks[0][..4].try_into().expect("4 bytes"));
@@ -315,7 +390,7 @@ mod tests {
 
     #[test]
     fn unsupported_version_is_refused() {
-        let r = encode_fetch_response(1, 13, &FetchResponseParts::default());
+        let r = encode_fetch_response(1, 19, &FetchResponseParts::default());
         assert!(matches!(r, Err(WireError::UnsupportedVersion { .. })));
     }
 }

@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn unsupported_version_is_refused_before_decoding() {
-        let r = decode_request(api::METADATA, 13, Bytes::new());
+        let r = decode_request(api::METADATA, 14, Bytes::new());
         assert!(matches!(r, Err(WireError::UnsupportedVersion { .. })));
         let r = decode_request(99, 0, Bytes::new());
         assert!(matches!(r, Err(WireError::UnsupportedVersion { .. })));

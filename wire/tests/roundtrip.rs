@@ -10,10 +10,11 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
+use uuid::Uuid;
 use wire::api::{self, API_TABLE};
 use wire::fetch::{
-    AbortedTransaction, DivergingEpoch, FetchPartitionResponse, FetchResponseParts,
-    FetchTopicResponse, concat_chunks, encode_fetch_response,
+    AbortedTransaction, CurrentLeader, DivergingEpoch, FetchPartitionResponse, FetchResponseParts,
+    FetchTopicResponse, NodeEndpoint, concat_chunks, encode_fetch_response,
 };
 use wire::messages::kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchResponse, MetadataRequest,
@@ -357,10 +358,11 @@ fn fetch_partition() -> impl Strategy<Value = FetchPartitionResponse> {
             prop::collection::vec(any::<u8>(), 0..40).prop_map(Bytes::from),
             0..3,
         )),
-        prop::option::of((0i32..1000, 0i64..1_000_000)),
+        prop::option::of((-1i32..1000, -1i64..1_000_000)),
+        prop::option::of((-1i32..5, -1i32..1000)),
     )
         .prop_map(
-            |(index, err, (hw, lso, lstart), aborted, replica, records, div)| {
+            |(index, err, (hw, lso, lstart), aborted, replica, records, div, leader)| {
                 FetchPartitionResponse {
                     partition_index: index,
                     error_code: err,
@@ -372,6 +374,10 @@ fn fetch_partition() -> impl Strategy<Value = FetchPartitionResponse> {
                     records,
                     diverging_epoch: div
                         .map(|(epoch, end_offset)| DivergingEpoch { epoch, end_offset }),
+                    current_leader: leader.map(|(leader_id, leader_epoch)| CurrentLeader {
+                        leader_id,
+                        leader_epoch,
+                    }),
                 }
             },
         )
@@ -380,24 +386,42 @@ fn fetch_partition() -> impl Strategy<Value = FetchPartitionResponse> {
 fn fetch_parts() -> impl Strategy<Value = FetchResponseParts> {
     let topic = (
         "[a-z0-9._-]{1,16}",
+        any::<u128>(),
         prop::collection::vec(fetch_partition(), 0..3),
     )
-        .prop_map(|(name, partitions)| FetchTopicResponse {
+        .prop_map(|(name, topic_id, partitions)| FetchTopicResponse {
             topic: Bytes::from(name),
+            topic_id,
             partitions,
+        });
+    let node = (
+        any::<i32>(),
+        "[a-z0-9.-]{0,20}",
+        any::<i32>(),
+        prop::option::of("[a-z0-9-]{0,8}"),
+    )
+        .prop_map(|(node_id, host, port, rack)| NodeEndpoint {
+            node_id,
+            host: Bytes::from(host),
+            port,
+            rack: rack.map(Bytes::from),
         });
     (
         any::<i32>(),
         any::<i16>(),
         any::<i32>(),
         prop::collection::vec(topic, 0..3),
+        prop::collection::vec(node, 0..3),
     )
-        .prop_map(|(throttle, err, session, topics)| FetchResponseParts {
-            throttle_time_ms: throttle,
-            error_code: err,
-            session_id: session,
-            topics,
-        })
+        .prop_map(
+            |(throttle, err, session, topics, nodes)| FetchResponseParts {
+                throttle_time_ms: throttle,
+                error_code: err,
+                session_id: session,
+                topics,
+                node_endpoints: nodes,
+            },
+        )
 }
 
 /// The same response as kafka-protocol's type, with only the fields `version` carries.
@@ -411,16 +435,40 @@ fn fetch_to_kafka_protocol(parts: &FetchResponseParts, version: i16) -> FetchRes
                 .iter()
                 .map(|p| fetch_partition_to_kp(p, version))
                 .collect();
-            fetch_response::FetchableTopicResponse::default()
-                .with_topic(TopicName(
+            let t2 = fetch_response::FetchableTopicResponse::default().with_partitions(partitions);
+            if version >= 13 {
+                t2.with_topic_id(Uuid::from_u128(t.topic_id))
+            } else {
+                t2.with_topic(TopicName(
                     StrBytes::from_utf8(t.topic.clone()).expect("utf-8"),
                 ))
-                .with_partitions(partitions)
+            }
         })
         .collect();
     let mut resp = FetchResponse::default()
         .with_throttle_time_ms(parts.throttle_time_ms)
         .with_responses(topics);
+    if version >= 16 {
+        resp = resp.with_node_endpoints(
+            parts
+                .node_endpoints
+                .iter()
+                .map(|n| {
+                    fetch_response::NodeEndpoint::default()
+                        .with_node_id(wire::messages::kafka_protocol::messages::BrokerId(
+                            n.node_id,
+                        ))
+                        .with_host(StrBytes::from_utf8(n.host.clone()).expect("utf-8"))
+                        .with_port(n.port)
+                        .with_rack(
+                            n.rack
+                                .clone()
+                                .map(|r| StrBytes::from_utf8(r).expect("utf-8")),
+                        )
+                })
+                .collect(),
+        );
+    }
     if version >= 7 {
         resp = resp
             .with_error_code(parts.error_code)
@@ -467,6 +515,17 @@ fn fetch_partition_to_kp(
             fetch_response::EpochEndOffset::default()
                 .with_epoch(div.epoch)
                 .with_end_offset(div.end_offset),
+        );
+    }
+    if version >= 12
+        && let Some(l) = p.current_leader
+    {
+        d = d.with_current_leader(
+            fetch_response::LeaderIdAndEpoch::default()
+                .with_leader_id(wire::messages::kafka_protocol::messages::BrokerId(
+                    l.leader_id,
+                ))
+                .with_leader_epoch(l.leader_epoch),
         );
     }
     d

@@ -6,15 +6,20 @@
 //! `fetch_budget`). If fewer than `min_bytes` are available, long-poll — each owning
 //! shard parks a waiter on its partitions' append events (no polling) — until data
 //! arrives or `max_wait_ms` passes, then read again. A partition named twice is answered
-//! once (Kafka keys a fetch by partition), at the first entry's offset. Fetch sessions
-//! are answered without incremental support (session id 0), which tells clients to keep
-//! sending full fetch requests.
+//! once (Kafka keys a fetch by partition), at the first entry's offset. KIP-227 fetch
+//! sessions (see `fetch_session`): a full fetch may open one, an incremental fetch reads
+//! every partition of its session and answers only those that changed.
 //!
-//! A Fetch with `replica_id` ≥ 0 is a follower's: it reads up to the leader's log end and
-//! tells the leader the follower's progress (see `partition::read`). Every partition's
-//! `current_leader_epoch` is checked on the owner (KIP-320).
+//! v13+ names topics by id (KIP-516): ids are resolved through a per-shard id → name map
+//! rebuilt when the catalogue changes; an unknown id is answered UNKNOWN_TOPIC_ID under
+//! that id. A Fetch with a replica id ≥ 0 (`replica_state` from v15) is a follower's: it
+//! reads up to the leader's log end and tells the leader the follower's progress (see
+//! `partition::read`). Every partition's `current_leader_epoch` is checked on the owner
+//! (KIP-320); NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH carry the current leader from
+//! the catalogue (KIP-951, v12+), with its endpoint at v16+.
 
-use std::collections::{BTreeMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,15 +28,18 @@ use bytes::Bytes;
 use kafka_protocol::messages::FetchRequest;
 use wire::WireError;
 use wire::fetch::{
-    AbortedTransaction, FetchPartitionResponse, FetchResponseParts, FetchTopicResponse,
+    AbortedTransaction, CurrentLeader, FetchPartitionResponse, FetchResponseParts,
+    FetchTopicResponse, NodeEndpoint,
 };
 
 use super::Response;
 use super::authz::Authz;
 use super::fetch_budget::{self, Hold, ResponseBudget};
+use super::fetch_session::{self, Answer, Context, FetchParams, PartKey, SessionFields, TopicKey};
 use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
+use crate::metadata::Catalog;
 use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
@@ -49,19 +57,34 @@ const BUDGET_WAIT_MIN: Duration = Duration::from_millis(100);
 /// How long an owner may take to read, beyond the long poll's own wait.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One partition of the request.
+/// One partition to read.
 struct Wanted {
+    /// The topic name; empty for an unknown topic id (never read).
     tp: TopicPartition,
+    topic_id: u128,
+    /// False for a topic id the catalogue does not know: answered UNKNOWN_TOPIC_ID.
+    known: bool,
     offset: Offset,
     max_bytes: usize,
     current_epoch: LeaderEpoch,
     last_fetched_epoch: LeaderEpoch,
 }
 
-/// Who reads: a follower (its `replica_id`) or a consumer (its isolation level).
-fn reader_of(req: &FetchRequest) -> ReadFor {
-    if req.replica_id.0 >= 0 {
-        ReadFor::Follower(NodeId(req.replica_id.0))
+/// The replica id of a follower's fetch (v15 moved it into `replica_state`), -1 for a
+/// consumer's.
+fn replica_id(req: &FetchRequest, version: i16) -> i32 {
+    if version >= 15 {
+        req.replica_state.replica_id.0
+    } else {
+        req.replica_id.0
+    }
+}
+
+/// Who reads: a follower (its replica id) or a consumer (its isolation level).
+fn reader_of(req: &FetchRequest, version: i16) -> ReadFor {
+    let replica = replica_id(req, version);
+    if replica >= 0 {
+        ReadFor::Follower(NodeId(replica))
     } else if req.isolation_level == 1 {
         ReadFor::Consumer(Isolation::ReadCommitted)
     } else {
@@ -86,11 +109,12 @@ pub async fn handle(
     authz: &Authz<'_>,
 ) -> Result<Response, WireError> {
     let mut fetch: FetchRequest = proto::decode(req)?;
-    let denied = authorize(&mut fetch, authz);
-    let (mut parts, hold) = respond(shard, fetch).await;
-    for (topic, partitions) in denied {
+    let denied = authorize(shard, &mut fetch, req.version, authz);
+    let (mut parts, hold) = respond(shard, req.version, fetch).await;
+    for (topic, topic_id, partitions) in denied {
         parts.topics.push(FetchTopicResponse {
             topic,
+            topic_id,
             partitions: partitions
                 .into_iter()
                 .map(|index| FetchPartitionResponse {
@@ -113,18 +137,35 @@ pub async fn handle(
 /// Takes the topics this connection may not read out of `req`: a follower's fetch needs
 /// ClusterAction on the cluster, a consumer's Read on each topic (Kafka answers both with
 /// TOPIC_AUTHORIZATION_FAILED per partition). Returns them (name, partitions).
-fn authorize(req: &mut FetchRequest, authz: &Authz<'_>) -> Vec<(Bytes, Vec<i32>)> {
+fn authorize(
+    shard: &Rc<Shard>,
+    req: &mut FetchRequest,
+    version: i16,
+    authz: &Authz<'_>,
+) -> Vec<(Bytes, u128, Vec<i32>)> {
     if !authz.enabled() {
         return Vec::new();
     }
-    let follower = req.replica_id.0 >= 0;
+    let follower = replica_id(req, version) >= 0;
     let cluster_ok = !follower || authz.cluster(Operation::ClusterAction);
+    // v13+ names topics by id: the check is by name, so resolve it first (an unknown id
+    // is left for `respond`, which answers UNKNOWN_TOPIC_ID).
+    let ids = (version >= 13).then(|| topic_ids(&shard.catalog()));
     let mut denied = Vec::new();
     req.topics.retain(|t| {
-        let ok = cluster_ok && (follower || authz.topic(Operation::Read, t.topic.0.as_str()));
+        let id = t.topic_id.as_u128();
+        let name: &str = match &ids {
+            Some(ids) => match ids.get(&id) {
+                Some(name) => name,
+                None => return true,
+            },
+            None => t.topic.0.as_str(),
+        };
+        let ok = cluster_ok && (follower || authz.topic(Operation::Read, name));
         if !ok {
-            let name = Bytes::copy_from_slice(t.topic.0.as_bytes());
-            denied.push((name, t.partitions.iter().map(|p| p.partition).collect()));
+            let name = Bytes::copy_from_slice(name.as_bytes());
+            let id = if version >= 13 { id } else { 0 };
+            denied.push((name, id, t.partitions.iter().map(|p| p.partition).collect()));
         }
         ok
     });
@@ -136,9 +177,74 @@ fn shard_budget_bytes(config: &Config) -> u64 {
     (config.fetch_response_buffer_max_bytes / config.shards.max(1) as u64).max(1)
 }
 
-async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, Hold) {
-    let wanted = wanted_partitions(&req);
-    let reader = reader_of(&req);
+async fn respond(shard: &Rc<Shard>, version: i16, req: FetchRequest) -> (FetchResponseParts, Hold) {
+    let reader = reader_of(&req, version);
+    let catalog = shard.catalog();
+    let ids = topic_ids(&catalog);
+    let requested = requested_partitions(&req, version);
+    let forgotten = forgotten_partitions(&req, version);
+    let fields = SessionFields {
+        version,
+        session_id: req.session_id,
+        epoch: req.session_epoch,
+        follower: matches!(reader, ReadFor::Follower(_)),
+    };
+    let config = shard.config();
+    let (slots, shards) = (
+        config.fetch_session_cache_slots,
+        config.shards.max(1) as u32,
+    );
+    let shard_index = shard.id.0 as u32;
+    let (ctx, to_read) = fetch_session::with_cache(slots, shard_index, shards, |c| {
+        let out = c.new_context(fields, requested, &forgotten, Instant::now());
+        c.publish(shard.metrics());
+        out
+    });
+    if let Context::Error(code) = ctx {
+        tracing::debug!(
+            session = req.session_id,
+            epoch = req.session_epoch,
+            code,
+            "fetch session refused"
+        );
+        let parts = FetchResponseParts {
+            error_code: code,
+            session_id: fetch_session::INVALID_SESSION_ID,
+            ..Default::default()
+        };
+        return (parts, Hold::empty());
+    }
+    let wanted: Vec<Wanted> = to_read
+        .iter()
+        .map(|(key, params)| wanted_of(key, params, &ids))
+        .collect();
+    let (outcomes, hold) = poll(shard, &req, &wanted, reader).await;
+    let answers: Vec<Answer> = outcomes.iter().map(answer_of).collect();
+    let (session_id, include) = fetch_session::with_cache(slots, shard_index, shards, |c| {
+        let out = c.finish(&ctx, &to_read, &answers, Instant::now());
+        c.publish(shard.metrics());
+        out
+    });
+    if matches!(ctx, Context::Full { .. }) && session_id != fetch_session::INVALID_SESSION_ID {
+        tracing::debug!(
+            session = session_id,
+            partitions = wanted.len(),
+            "fetch session created"
+        );
+    }
+    count_out(shard, &wanted, &outcomes);
+    let mut parts = build(&catalog, version, &wanted, outcomes, &include);
+    parts.session_id = session_id;
+    (parts, hold)
+}
+
+/// Reads `wanted`, long-polling until `min_bytes` are there, an error, or the deadline.
+async fn poll(
+    shard: &Rc<Shard>,
+    req: &FetchRequest,
+    wanted: &[Wanted],
+    reader: ReadFor,
+) -> (Vec<FetchOutcome>, Hold) {
     let budget = fetch_budget::shard_budget(shard_budget_bytes(shard.config()));
     let max_bytes = (req.max_bytes.max(0) as u64)
         .min(shard.config().fetch_max_bytes)
@@ -148,7 +254,7 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
     let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     loop {
-        let read = read_all(shard, &budget, &wanted, reader, max_bytes, deadline).await;
+        let read = read_all(shard, &budget, wanted, reader, max_bytes, deadline).await;
         let total: usize = read.outcomes.iter().map(FetchOutcome::bytes).sum();
         // KIP-74: only the first batch of the first partition with data may pass the limit.
         let first_batch = read
@@ -164,36 +270,122 @@ async fn respond(shard: &Rc<Shard>, req: FetchRequest) -> (FetchResponseParts, H
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {
-            count_out(shard, &wanted, &read.outcomes);
-            return (build(&wanted, read.outcomes), read.hold);
+            return (read.outcomes, read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
-        let waits = wait_list(shard, &wanted, &read.outcomes);
+        let waits = wait_list(shard, wanted, &read.outcomes);
         drop(read);
         wait_for_data(shard, waits, reader, deadline).await;
     }
 }
 
-/// The request's partitions in order, each once: a repeat of a (topic, partition) already
-/// named is dropped (Kafka answers each partition once, keyed by name and index).
-fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
-    let mut seen: HashSet<TopicPartition> = HashSet::new();
+/// What a session remembers of an outcome.
+fn answer_of(o: &FetchOutcome) -> Answer {
+    Answer {
+        has_records: o.batches.iter().any(|b| !b.is_empty()),
+        error: o.error,
+        high_watermark: o.high_watermark.get(),
+        last_stable_offset: o.last_stable_offset.get(),
+        log_start_offset: o.log_start_offset.get(),
+        diverging: o.diverging.is_some(),
+    }
+}
+
+/// Topic names by topic id, of one catalogue snapshot.
+type TopicIds = Rc<HashMap<u128, Arc<str>>>;
+
+thread_local! {
+    /// This shard's topic id → name map and the catalogue snapshot it was built from.
+    static TOPIC_IDS: RefCell<Option<(Arc<Catalog>, TopicIds)>> = const { RefCell::new(None) };
+}
+
+/// The id → name map of `catalog`, rebuilt only when the catalogue changed.
+fn topic_ids(catalog: &Arc<Catalog>) -> TopicIds {
+    TOPIC_IDS.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if let Some((c, map)) = slot.as_ref()
+            && Arc::ptr_eq(c, catalog)
+        {
+            return map.clone();
+        }
+        let map: TopicIds = Rc::new(
+            catalog
+                .topics
+                .values()
+                .map(|t| (t.id, Arc::from(t.name.as_str())))
+                .collect(),
+        );
+        *slot = Some((catalog.clone(), map.clone()));
+        map
+    })
+}
+
+/// A partition to read, from its session key.
+fn wanted_of(key: &PartKey, p: &FetchParams, ids: &HashMap<u128, Arc<str>>) -> Wanted {
+    let (name, topic_id, known) = match &key.0 {
+        TopicKey::Name(name) => (name.clone(), 0, true),
+        TopicKey::Id(id) => match ids.get(id) {
+            Some(name) => (name.clone(), *id, true),
+            None => (Arc::from(""), *id, false),
+        },
+    };
+    Wanted {
+        tp: (name, key.1),
+        topic_id,
+        known,
+        offset: p.offset,
+        max_bytes: p.max_bytes,
+        current_epoch: p.current_epoch,
+        last_fetched_epoch: p.last_fetched_epoch,
+    }
+}
+
+/// The request's forgotten partitions (incremental sessions), named as the request names
+/// topics.
+fn forgotten_partitions(req: &FetchRequest, version: i16) -> Vec<PartKey> {
+    let mut out = Vec::new();
+    for t in &req.forgotten_topics_data {
+        let topic = topic_key(&t.topic.0, t.topic_id.as_u128(), version);
+        for &p in &t.partitions {
+            if out.len() >= PARTITIONS_PER_FETCH_MAX {
+                return out;
+            }
+            out.push((topic.clone(), p));
+        }
+    }
+    out
+}
+
+fn topic_key(name: &str, id: u128, version: i16) -> TopicKey {
+    if version >= 13 {
+        TopicKey::Id(id)
+    } else {
+        TopicKey::Name(Arc::from(name))
+    }
+}
+
+/// The request's partitions in order, each once: a repeat of a partition already named
+/// is dropped (Kafka answers each partition once, keyed by topic and index).
+fn requested_partitions(req: &FetchRequest, version: i16) -> Vec<(PartKey, FetchParams)> {
+    let mut seen: HashSet<PartKey> = HashSet::new();
     let mut wanted = Vec::new();
     for t in &req.topics {
-        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        let topic = topic_key(&t.topic.0, t.topic_id.as_u128(), version);
         for p in &t.partitions {
             if wanted.len() >= PARTITIONS_PER_FETCH_MAX {
                 return wanted;
             }
-            let tp: TopicPartition = (name.clone(), p.partition);
-            if seen.insert(tp.clone()) {
-                wanted.push(Wanted {
-                    tp,
-                    offset: Offset(p.fetch_offset),
-                    max_bytes: p.partition_max_bytes.max(0) as usize,
-                    current_epoch: LeaderEpoch(p.current_leader_epoch),
-                    last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
-                });
+            let key: PartKey = (topic.clone(), p.partition);
+            if seen.insert(key.clone()) {
+                wanted.push((
+                    key,
+                    FetchParams {
+                        offset: Offset(p.fetch_offset),
+                        max_bytes: p.partition_max_bytes.max(0) as usize,
+                        current_epoch: LeaderEpoch(p.current_leader_epoch),
+                        last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
+                    },
+                ));
             }
         }
     }
@@ -205,7 +397,7 @@ fn wanted_partitions(req: &FetchRequest) -> Vec<Wanted> {
 fn by_owner(shard: &Shard, wanted: &[Wanted]) -> Vec<(ShardId, Vec<usize>)> {
     let mut groups: Vec<(ShardId, Vec<usize>)> = Vec::new();
     let mut index: BTreeMap<ShardId, usize> = BTreeMap::new();
-    for (i, w) in wanted.iter().enumerate() {
+    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| w.known) {
         let owner = shard.router.owner(&w.tp.0, w.tp.1);
         let g = *index.entry(owner).or_insert_with(|| {
             groups.push((owner, Vec::new()));
@@ -231,7 +423,10 @@ async fn read_all(
     let mut read = Read {
         outcomes: wanted
             .iter()
-            .map(|_| FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR))
+            .map(|w| match w.known {
+                true => FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR),
+                false => FetchOutcome::refused(errors::UNKNOWN_TOPIC_ID),
+            })
             .collect(),
         hold: Hold::empty(),
         starved: false,
@@ -323,7 +518,7 @@ fn wait_list(
         // Only partitions read to their end can be woken by new data. A partition left
         // empty by the response budget has data already: it waits for an append past its
         // current high watermark, else its wait would end at once and the poll would spin.
-        if o.batches.is_empty() {
+        if o.batches.is_empty() && w.known {
             let owner = shard.router.owner(&w.tp.0, w.tp.1);
             by_owner
                 .entry(owner)
@@ -389,10 +584,34 @@ fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
     }
 }
 
-/// Assembles the response in request order, grouping consecutive partitions by topic.
-fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
+/// Assembles the response in request order, grouping consecutive partitions by topic;
+/// `include` leaves out the partitions an incremental session does not answer.
+fn build(
+    catalog: &Catalog,
+    version: i16,
+    wanted: &[Wanted],
+    outcomes: Vec<FetchOutcome>,
+    include: &[bool],
+) -> FetchResponseParts {
     let mut topics: Vec<FetchTopicResponse> = Vec::new();
-    for (w, o) in wanted.iter().zip(outcomes) {
+    let mut leaders: Vec<i32> = Vec::new();
+    for ((w, o), _) in wanted
+        .iter()
+        .zip(outcomes)
+        .zip(include)
+        .filter(|(_, keep)| **keep)
+    {
+        let current_leader = match o.error {
+            errors::NOT_LEADER_OR_FOLLOWER | errors::FENCED_LEADER_EPOCH => {
+                current_leader(catalog, &w.tp)
+            }
+            _ => None,
+        };
+        if let Some(l) = current_leader
+            && !leaders.contains(&l.leader_id)
+        {
+            leaders.push(l.leader_id);
+        }
         let p = FetchPartitionResponse {
             partition_index: w.tp.1,
             error_code: o.error,
@@ -411,22 +630,49 @@ fn build(wanted: &[Wanted], outcomes: Vec<FetchOutcome>) -> FetchResponseParts {
                 epoch: epoch.get(),
                 end_offset: end.get(),
             }),
+            current_leader,
             records: Some(o.batches),
             ..Default::default()
         };
         match topics.last_mut() {
-            Some(t) if t.topic.as_ref() == w.tp.0.as_bytes() => t.partitions.push(p),
+            Some(t) if t.topic.as_ref() == w.tp.0.as_bytes() && t.topic_id == w.topic_id => {
+                t.partitions.push(p)
+            }
             _ => topics.push(FetchTopicResponse {
                 topic: Bytes::copy_from_slice(w.tp.0.as_bytes()),
+                topic_id: w.topic_id,
                 partitions: vec![p],
             }),
         }
     }
-    // Session id 0: no incremental fetch session was created; clients keep sending full
-    // fetch requests.
+    let node_endpoints = if version >= 16 {
+        leaders
+            .iter()
+            .filter_map(|id| {
+                catalog.nodes.get(id).map(|n| NodeEndpoint {
+                    node_id: *id,
+                    host: Bytes::copy_from_slice(n.host.as_bytes()),
+                    port: i32::from(n.port),
+                    rack: None,
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     FetchResponseParts {
-        session_id: 0,
         topics,
+        node_endpoints,
         ..Default::default()
     }
+}
+
+/// KIP-951: the partition's leader and epoch as the catalogue has them (a cluster only).
+fn current_leader(catalog: &Catalog, tp: &TopicPartition) -> Option<CurrentLeader> {
+    let t = catalog.topics.get(&*tp.0)?;
+    let a = t.assignment.get(usize::try_from(tp.1).ok()?)?;
+    (a.leader >= 0).then_some(CurrentLeader {
+        leader_id: a.leader,
+        leader_epoch: a.leader_epoch,
+    })
 }

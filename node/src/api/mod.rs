@@ -12,6 +12,7 @@ pub mod authz;
 pub mod configs;
 pub mod fetch;
 pub mod fetch_budget;
+pub mod fetch_session;
 pub mod groups;
 pub mod metadata;
 pub mod offsets;

@@ -27,7 +27,9 @@ pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TopicMeta {
     pub name: String,
-    /// Kafka topic id (KIP-516), a random UUID.
+    /// Kafka topic id (KIP-516), a random UUID. A catalogue written without one (0) gets
+    /// one assigned, persisted, once, when it is opened.
+    #[serde(default)]
     pub id: u128,
     pub partitions: i32,
     /// Topic-level overrides only (Kafka names: `retention.ms`, `segment.bytes`, ...).
@@ -137,12 +139,38 @@ impl MetaStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Catalog::default(),
             Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
         };
-        Ok(MetaStore {
+        let store = MetaStore {
             path,
             persist: true,
             version: AtomicU64::new(1),
             current: Mutex::new(Arc::new(catalog)),
-        })
+        };
+        store.assign_missing_topic_ids()?;
+        Ok(store)
+    }
+
+    /// Gives every topic without an id (0) a new random one and persists it, so the id a
+    /// client learns stays the topic's id across restarts.
+    fn assign_missing_topic_ids(&self) -> anyhow::Result<()> {
+        let assigned = self.update_batch(|c| {
+            let mut n = 0;
+            for t in c.topics.values_mut().filter(|t| t.id == 0) {
+                Arc::make_mut(t).id = new_topic_id();
+                n += 1;
+            }
+            (n, n > 0)
+        });
+        match assigned {
+            Ok(0) => Ok(()),
+            Ok(n) => {
+                tracing::info!(
+                    topics = n,
+                    "assigned topic ids to topics stored without one"
+                );
+                Ok(())
+            }
+            Err(e) => Err(anyhow::anyhow!("cannot persist assigned topic ids: {e}")),
+        }
     }
 
     /// An empty catalogue that is never written to disk: a cluster node's image, filled
@@ -338,6 +366,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topic_stored_without_an_id_gets_one_once() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+        std::fs::create_dir_all(&root).unwrap();
+        let dir = tempfile::tempdir_in(root).unwrap();
+        let old = r#"{"topics":{"a":{"name":"a","partitions":1,"configs":{}}}}"#;
+        std::fs::write(dir.path().join(CATALOG_FILE), old).unwrap();
+        let first = MetaStore::open(dir.path()).unwrap().snapshot().topics["a"].id;
+        assert_ne!(first, 0);
+        let again = MetaStore::open(dir.path()).unwrap().snapshot().topics["a"].id;
+        assert_eq!(first, again, "assigned once, then kept");
+    }
 
     #[test]
     fn catalogue_survives_reopen() {

@@ -67,6 +67,10 @@ pub struct ShardMetrics {
     pub partitions_open: AtomicU64,
     pub fetch_response_bytes_held: AtomicU64,
     pub connections_open: AtomicU64,
+    /// KIP-227 fetch sessions cached, their partitions, and sessions evicted (a count).
+    pub fetch_sessions: AtomicU64,
+    pub fetch_session_partitions: AtomicU64,
+    pub fetch_session_evictions: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -81,6 +85,9 @@ impl Default for ShardMetrics {
             partitions_open: AtomicU64::new(0),
             fetch_response_bytes_held: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
+            fetch_sessions: AtomicU64::new(0),
+            fetch_session_partitions: AtomicU64::new(0),
+            fetch_session_evictions: AtomicU64::new(0),
         }
     }
 }
@@ -290,7 +297,7 @@ impl NodeMetrics {
     }
 
     fn render_gauges(&self, out: &mut String) {
-        let gauges: [Gauge; 3] = [
+        let gauges: [Gauge; 5] = [
             (
                 "weir_partitions_open",
                 "Partition logs open, by shard.",
@@ -306,6 +313,16 @@ impl NodeMetrics {
                 "Client connections open, by shard.",
                 |s| &s.connections_open,
             ),
+            (
+                "weir_fetch_sessions",
+                "KIP-227 incremental fetch sessions cached, by shard.",
+                |s| &s.fetch_sessions,
+            ),
+            (
+                "weir_fetch_session_partitions",
+                "Partitions cached by fetch sessions, by shard.",
+                |s| &s.fetch_session_partitions,
+            ),
         ];
         for (metric, help, get) in gauges {
             header(out, metric, "gauge", help);
@@ -317,6 +334,15 @@ impl NodeMetrics {
                 );
             }
         }
+        let evictions = "weir_fetch_session_evictions_total";
+        header(
+            out,
+            evictions,
+            "counter",
+            "Fetch sessions evicted to make room for a new one.",
+        );
+        let n = self.sum(|s| &s.fetch_session_evictions);
+        let _ = writeln!(out, "{evictions} {n}");
     }
 
     fn sum(&self, pick: impl Fn(&ShardMetrics) -> &AtomicU64) -> u64 {

@@ -88,6 +88,36 @@ pub fn partition_dir(data_dir: &Path, topic: &str, partition: i32) -> PathBuf {
     data_dir.join(format!("{topic}-{partition}"))
 }
 
+/// Kafka's `partition.metadata` in a partition directory (KIP-516): the topic id, so a
+/// log dir read by Kafka's tools names its topic by id as Kafka would.
+pub const PARTITION_METADATA_FILE: &str = "partition.metadata";
+
+/// Kafka's text for `partition.metadata`: version 0 and the id as Kafka prints a Uuid
+/// (URL-safe base64 of its 16 bytes, no padding).
+pub fn partition_metadata_text(topic_id: u128) -> String {
+    use base64::Engine as _;
+    let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(topic_id.to_be_bytes());
+    format!("version: 0\ntopic_id: {id}\n")
+}
+
+/// Writes `partition.metadata` unless it already holds this id (one small atomic write
+/// when a partition is first opened, or its directory predates the file).
+fn write_partition_metadata(dir: &Path, topic_id: u128) -> Result<(), StorageError> {
+    if topic_id == 0 {
+        return Ok(());
+    }
+    let path = dir.join(PARTITION_METADATA_FILE);
+    let text = partition_metadata_text(topic_id);
+    match std::fs::read(&path) {
+        Ok(old) if old == text.as_bytes() => Ok(()),
+        Ok(_) => {
+            tracing::warn!(path = %path.display(), "partition.metadata names another topic id: rewritten");
+            crate::storage::write_atomic(&path, text.as_bytes())
+        }
+        Err(_) => crate::storage::write_atomic(&path, text.as_bytes()),
+    }
+}
+
 impl Partition {
     /// Opens (and recovers) the partition's log, as its only replica on `local`: leader,
     /// ISR = {local}, HW = LEO (until the cluster assigns it otherwise).
@@ -102,7 +132,8 @@ impl Partition {
         let log_config = log_config(&configs)?;
         let dir = partition_dir(data_dir, &topic, index);
         let compacted = log_config.cleanup_policy.compact;
-        let log = Log::open(dir, log_config).await?;
+        let log = Log::open(dir.clone(), log_config).await?;
+        write_partition_metadata(&dir, topic_id)?;
         let producer_config = ProducerStateConfig::from_configs(&configs);
         let producers =
             PartitionProducers::open(&log, producer_config, crate::shard::now_ms()).await?;

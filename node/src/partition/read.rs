@@ -269,7 +269,8 @@ impl Partition {
         .await
     }
 
-    /// ListOffsets: -2 earliest, -1 latest (the HW), -3 max timestamp, else the first
+    /// ListOffsets: -2 earliest (and -4, earliest local), -1 latest (the HW), -3 max
+    /// timestamp, -5 latest tiered (none), else the first
     /// offset whose timestamp is >= `timestamp`.
     pub async fn list_offset(&self, timestamp: i64, current_epoch: LeaderEpoch) -> ListedOffset {
         if let Err(code) = self.check_leader(current_epoch) {
@@ -282,7 +283,10 @@ impl Partition {
             leader_epoch: self.leader_epoch(),
         };
         match timestamp {
-            -2 => found(-1, self.log.log_start_offset()),
+            // -4 (earliest local, KIP-405): without tiered storage the local log is the log.
+            -2 | -4 => found(-1, self.log.log_start_offset()),
+            // -5 (latest tiered): nothing is tiered, Kafka answers offset -1.
+            -5 => found(-1, Offset::NONE),
             -1 => found(-1, self.high_watermark()),
             -3 => {
                 let (ts, offset) = self.log.max_timestamp();
