@@ -193,7 +193,7 @@ impl Properties {
         }
     }
 
-    fn parse_bool(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+    pub(crate) fn parse_bool(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
         match self.get(key) {
             None => Ok(default),
             Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
@@ -269,6 +269,8 @@ pub struct Config {
     pub log_cleaner: LogCleanerSettings,
     /// Broker configs set at runtime through the admin API (persisted in the data dir).
     pub dynamic: std::sync::Arc<dynamic::DynamicConfigs>,
+    /// `authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`.
+    pub authorizer: crate::security::authorizer::AuthorizerSettings,
 }
 
 /// The log cleaner's node-level settings (Kafka's keys; see storage/cleaner.rs).
@@ -467,6 +469,7 @@ impl Config {
                 )?,
             },
             log_cleaner: LogCleanerSettings::resolve(&props)?,
+            authorizer: crate::security::authorizer::AuthorizerSettings::resolve(&props)?,
             props,
             dynamic,
         };

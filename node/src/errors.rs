@@ -54,6 +54,11 @@ pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
 pub const RESOURCE_NOT_FOUND: i16 = 91;
 pub const DUPLICATE_RESOURCE: i16 = 92;
 pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;
+// Authorization (security/authorizer.rs, api/authz.rs).
+pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+pub const GROUP_AUTHORIZATION_FAILED: i16 = 30;
+pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 // Fetch sessions (KIP-227) and topic ids (issue 17).
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
 pub const INVALID_FETCH_SESSION_EPOCH: i16 = 71;

@@ -39,6 +39,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// ACLs of a running node: add, list, remove (like kafka-acls.sh).
+    Acls(weir::admin_cli::acls::AclsArgs),
     /// Topics of a running cluster: create, list, describe (leader, replicas, ISR per
     /// partition, as `kafka-topics --describe`), delete, alter.
     Topics {
@@ -242,6 +244,7 @@ fn init_logging() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Acls(args) => weir::admin_cli::acls::run(args),
         Command::Serve(args) => {
             init_logging();
             match serve(args) {

@@ -57,6 +57,10 @@ pub const SERVED_KEYS: &[i16] = &[
     api::SASL_AUTHENTICATE,
     api::DESCRIBE_USER_SCRAM_CREDENTIALS,
     api::ALTER_USER_SCRAM_CREDENTIALS,
+    // ACLs (node/src/api/acls.rs).
+    api::DESCRIBE_ACLS,
+    api::CREATE_ACLS,
+    api::DELETE_ACLS,
 ];
 
 /// Whether this broker implements `api_key` (at the versions `wire` lists).

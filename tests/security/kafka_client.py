@@ -21,6 +21,15 @@ Actions:
   tls-pieces              CONFIG_JSON like tls-apiversions: the TLS bytes both ways go
                           through a relay in 1..7-byte pieces; handshake, ApiVersions
                           and Metadata must complete
+  acl-setup TOPIC USER    (as a super user) create TOPIC; CreateAcls: USER may Read and
+                          Write TOPIC and Read groups prefixed `g-`; DescribeAcls of
+                          USER: prints `OK N acls`
+  produce-consume TOPIC N produce N records (idempotent, acks=all) to the existing TOPIC
+                          and consume them back in a `g-` group, committing
+  expect-denied TOPIC     a produce to TOPIC fails with TOPIC_AUTHORIZATION_FAILED and a
+                          consumer subscribed to TOPIC (in a `g-` group) gets it too
+  acl-group USER          CreateAcls: USER may Read groups prefixed `g-`
+  acl-delete USER         DeleteAcls of USER's ACLs (MATCH any resource): prints `OK N`
   bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
                           prints `OK produce_mibs=..`
   bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
@@ -33,7 +42,13 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
+    ResourcePatternType,
+    ResourceType,
     NewTopic,
     ScramCredentialInfo,
     ScramMechanism,
@@ -227,6 +242,100 @@ def tls_pieces(conf):
     print(f"OK handshake, ApiVersions and Metadata ({len(md)} bytes) in pieces", flush=True)
 
 
+def acl_setup(conf, topic, user):
+    create_topic(conf, topic)
+    admin = AdminClient(conf)
+    principal = f"User:{user}"
+    lit, pre, allow = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED, AclPermissionType.ALLOW
+    bindings = [
+        AclBinding(ResourceType.TOPIC, topic, lit, principal, "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.TOPIC, topic, lit, principal, "*", AclOperation.WRITE, allow),
+        AclBinding(ResourceType.GROUP, "g-", pre, principal, "*", AclOperation.READ, allow),
+    ]
+    for f in admin.create_acls(bindings).values():
+        f.result(timeout=TIMEOUT_S)
+    mine = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,
+                            AclOperation.ANY, AclPermissionType.ANY)
+    found = admin.describe_acls(mine).result(timeout=TIMEOUT_S)
+    if len(found) != 3:
+        fail(f"described {found}")
+    print(f"OK {len(found)} acls", flush=True)
+
+
+def produce_consume(conf, topic, n):
+    errors = []
+    p = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode(),
+                  on_delivery=lambda e, m: errors.append(e) if e else None)
+        p.poll(0)
+    if p.flush(TIMEOUT_S) or errors:
+        fail(f"produce: errors {errors[:3]}")
+    c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    got = 0
+    deadline = time.time() + TIMEOUT_S
+    while got < n and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            fail(f"consume: {m.error()}")
+        got += 1
+    if got != n:
+        fail(f"consumed {got} of {n}")
+    c.commit(asynchronous=False)
+    c.close()
+    print(f"OK {n} records", flush=True)
+
+
+def expect_denied(conf, topic):
+    errors = []
+    p = Producer({**conf, "acks": "all", "message.timeout.ms": 30000})
+    p.produce(topic, value=b"x", on_delivery=lambda e, m: errors.append(e) if e else None)
+    p.flush(TIMEOUT_S)
+    if not errors or errors[0].code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        fail(f"produce: expected TOPIC_AUTHORIZATION_FAILED, got {errors[:3]}")
+    c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    # Subscribed in a group the principal may use: the refusal is the topic's.
+    c.subscribe([topic])
+    seen, other = None, []
+    deadline = time.time() + TIMEOUT_S
+    while seen is None and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if not m.error():
+            fail("a record was consumed")
+        if m.error().code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            seen = m.error()
+        else:
+            other.append(m.error())
+    c.close()
+    if seen is None:
+        fail(f"consume: expected TOPIC_AUTHORIZATION_FAILED, got {other[:3]}")
+    print(f"OK produce and consume refused: {errors[0].name()}", flush=True)
+
+
+def acl_group(conf, user):
+    admin = AdminClient(conf)
+    b = AclBinding(ResourceType.GROUP, "g-", ResourcePatternType.PREFIXED, f"User:{user}", "*",
+                   AclOperation.READ, AclPermissionType.ALLOW)
+    for f in admin.create_acls([b]).values():
+        f.result(timeout=TIMEOUT_S)
+    print("OK", flush=True)
+
+
+def acl_delete(conf, user):
+    admin = AdminClient(conf)
+    f = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+                         AclOperation.ANY, AclPermissionType.ANY)
+    deleted = [b for fut in admin.delete_acls([f]).values() for b in fut.result(timeout=TIMEOUT_S)]
+    print(f"OK {len(deleted)}", flush=True)
+
+
 def bench_produce(conf, topic, mib):
     create_topic(conf, topic, partitions=1)
     value = b"x" * 1024
@@ -287,6 +396,16 @@ def main():
             tls_apiversions(conf)
         elif action == "tls-pieces":
             tls_pieces(conf)
+        elif action == "acl-setup":
+            acl_setup(conf, args[0], args[1])
+        elif action == "produce-consume":
+            produce_consume(conf, args[0], int(args[1]))
+        elif action == "expect-denied":
+            expect_denied(conf, args[0])
+        elif action == "acl-group":
+            acl_group(conf, args[0])
+        elif action == "acl-delete":
+            acl_delete(conf, args[0])
         elif action == "bench-produce":
             bench_produce(conf, args[0], int(args[1]))
         elif action == "bench-consume":

@@ -63,6 +63,9 @@ pub const ADD_OFFSETS_TO_TXN: i16 = 25;
 pub const END_TXN: i16 = 26;
 pub const WRITE_TXN_MARKERS: i16 = 27;
 pub const TXN_OFFSET_COMMIT: i16 = 28;
+pub const DESCRIBE_ACLS: i16 = 29;
+pub const CREATE_ACLS: i16 = 30;
+pub const DELETE_ACLS: i16 = 31;
 pub const DESCRIBE_CONFIGS: i16 = 32;
 pub const ALTER_CONFIGS: i16 = 33;
 pub const ALTER_REPLICA_LOG_DIRS: i16 = 34;
@@ -149,6 +152,10 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(END_TXN, "EndTxn", 0, 3, 3),
     entry(WRITE_TXN_MARKERS, "WriteTxnMarkers", 1, 1, 1),
     entry(TXN_OFFSET_COMMIT, "TxnOffsetCommit", 0, 3, 3),
+    // Kafka 4.x defines v1-v3 (KIP-896 removed v0); librdkafka sends v1.
+    entry(DESCRIBE_ACLS, "DescribeAcls", 1, 3, 2),
+    entry(CREATE_ACLS, "CreateAcls", 1, 3, 2),
+    entry(DELETE_ACLS, "DeleteAcls", 1, 3, 2),
     entry(DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, 4),
     entry(ALTER_CONFIGS, "AlterConfigs", 0, 2, 2),
     entry(ALTER_REPLICA_LOG_DIRS, "AlterReplicaLogDirs", 1, 2, 2),

@@ -6,6 +6,7 @@
 //! offset, the log end offset (ListOffsets latest, i.e. the high watermark) and the lag
 //! between them, with the member that owns the partition.
 
+pub mod acls;
 pub mod cluster;
 pub mod topics;
 

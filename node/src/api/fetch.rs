@@ -33,6 +33,7 @@ use wire::fetch::{
 };
 
 use super::Response;
+use super::authz::Authz;
 use super::fetch_budget::{self, Hold, ResponseBudget};
 use super::fetch_session::{self, Answer, Context, FetchParams, PartKey, SessionFields, TopicKey};
 use crate::config::Config;
@@ -42,6 +43,7 @@ use crate::metadata::Catalog;
 use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
+use crate::security::acl::Operation;
 use crate::shard::{CallError, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
 use wire::{LeaderEpoch, NodeId, Offset};
 
@@ -101,13 +103,73 @@ struct Read {
 /// Serves one Fetch request; the response is a chunk list whose record chunks are the
 /// log's own buffers (no copy), ending with an empty chunk that holds the response's
 /// budget until the connection has written it.
-pub async fn handle(shard: &Rc<Shard>, req: &Request) -> Result<Response, WireError> {
-    let fetch: FetchRequest = proto::decode(req)?;
-    let (parts, hold) = respond(shard, req.version, fetch).await;
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: &Request,
+    authz: &Authz<'_>,
+) -> Result<Response, WireError> {
+    let mut fetch: FetchRequest = proto::decode(req)?;
+    let denied = authorize(shard, &mut fetch, req.version, authz);
+    let (mut parts, hold) = respond(shard, req.version, fetch).await;
+    for (topic, topic_id, partitions) in denied {
+        parts.topics.push(FetchTopicResponse {
+            topic,
+            topic_id,
+            partitions: partitions
+                .into_iter()
+                .map(|index| FetchPartitionResponse {
+                    partition_index: index,
+                    error_code: errors::TOPIC_AUTHORIZATION_FAILED,
+                    high_watermark: -1,
+                    last_stable_offset: -1,
+                    log_start_offset: -1,
+                    ..Default::default()
+                })
+                .collect(),
+        });
+    }
     let mut chunks = wire::fetch::encode_fetch_response(req.correlation_id, req.version, &parts)?;
     drop(parts);
     chunks.push(hold.into_chunk());
     Ok(Some(chunks))
+}
+
+/// Takes the topics this connection may not read out of `req`: a follower's fetch needs
+/// ClusterAction on the cluster, a consumer's Read on each topic (Kafka answers both with
+/// TOPIC_AUTHORIZATION_FAILED per partition). Returns them (name, partitions).
+fn authorize(
+    shard: &Rc<Shard>,
+    req: &mut FetchRequest,
+    version: i16,
+    authz: &Authz<'_>,
+) -> Vec<(Bytes, u128, Vec<i32>)> {
+    if !authz.enabled() {
+        return Vec::new();
+    }
+    let follower = replica_id(req, version) >= 0;
+    let cluster_ok = !follower || authz.cluster(Operation::ClusterAction);
+    // v13+ names topics by id: the check is by name, so resolve it first (an unknown id
+    // is left for `respond`, which answers UNKNOWN_TOPIC_ID).
+    let ids = (version >= 13).then(|| topic_ids(&shard.catalog()));
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        let id = t.topic_id.as_u128();
+        let name: &str = match &ids {
+            Some(ids) => match ids.get(&id) {
+                Some(name) => name,
+                None => return true,
+            },
+            None => t.topic.0.as_str(),
+        };
+        let ok = cluster_ok && (follower || authz.topic(Operation::Read, name));
+        if !ok {
+            let name = Bytes::copy_from_slice(name.as_bytes());
+            let id = if version >= 13 { id } else { 0 };
+            denied.push((name, id, t.partitions.iter().map(|p| p.partition).collect()));
+        }
+        ok
+    });
+    denied
 }
 
 /// This shard's share of `fetch.response.buffer.max.bytes`.

@@ -36,6 +36,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use wire::WireError;
 
+use super::authz::{self, Authz};
 use super::{Response, run, str_bytes, topic_name};
 use crate::group::state::{JoinArgs, JoinResult, SyncArgs, SyncResult};
 use crate::group::{
@@ -44,6 +45,7 @@ use crate::group::{
 };
 use crate::proto::Request;
 use crate::router::ShardId;
+use crate::security::acl::Operation;
 use crate::server::session::Session;
 use crate::shard::Shard;
 
@@ -79,23 +81,98 @@ pub async fn dispatch(
         .and_then(|b| std::str::from_utf8(b).ok())
         .unwrap_or_default()
         .to_string();
+    let a = &Authz::new(shard, session);
     match req.key() {
         Some(ApiKey::FindCoordinator) => {
-            run(req, |r| find_coordinator(shard, r, v, session.advertised())).await
+            let f = |r| find_coordinator(shard, r, v, session.advertised());
+            run(req, |r| authz::find_coordinator(a, r, v, f)).await
         }
-        Some(ApiKey::JoinGroup) => {
+        Some(ApiKey::JoinGroup | ApiKey::SyncGroup | ApiKey::Heartbeat | ApiKey::LeaveGroup) => {
             let who = (client_id, format!("/{}", peer.ip()), peer.to_string());
-            run(req, |r| join_group(shard, r, v, who)).await
+            membership(shard, req, a, who).await
         }
-        Some(ApiKey::SyncGroup) => run(req, |r| sync_group(shard, r, v)).await,
-        Some(ApiKey::Heartbeat) => run(req, |r| heartbeat(shard, r)).await,
-        Some(ApiKey::LeaveGroup) => run(req, |r| leave_group(shard, r, v)).await,
-        Some(ApiKey::OffsetCommit) => run(req, |r| offset_commit(shard, r)).await,
-        Some(ApiKey::OffsetFetch) => run(req, |r| offset_fetch(shard, r, v)).await,
-        Some(ApiKey::ListGroups) => run(req, |r| list_groups(shard, r)).await,
-        Some(ApiKey::DescribeGroups) => run(req, |r| describe_groups(shard, r, v)).await,
-        Some(ApiKey::DeleteGroups) => run(req, |r| delete_groups(shard, r)).await,
-        Some(ApiKey::OffsetDelete) => run(req, |r| offset_delete(shard, r)).await,
+        Some(ApiKey::OffsetCommit) => {
+            run(req, |r| {
+                authz::offset_commit(a, r, |r| offset_commit(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::OffsetFetch) => {
+            run(req, |r| {
+                authz::offset_fetch(a, r, v, |r| offset_fetch(shard, r, v))
+            })
+            .await
+        }
+        Some(ApiKey::ListGroups) => {
+            run(req, |r| authz::list_groups(a, r, |r| list_groups(shard, r))).await
+        }
+        Some(ApiKey::DescribeGroups) => {
+            run(req, |r| {
+                authz::describe_groups(a, r, |r| describe_groups(shard, r, v))
+            })
+            .await
+        }
+        Some(ApiKey::DeleteGroups) => {
+            run(req, |r| {
+                authz::delete_groups(a, r, |r| delete_groups(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::OffsetDelete) => {
+            run(req, |r| {
+                authz::offset_delete(a, r, |r| offset_delete(shard, r))
+            })
+            .await
+        }
+        _ => Err(WireError::UnsupportedVersion {
+            api_key: req.api_key,
+            api_version: req.version,
+        }),
+    }
+}
+
+/// JoinGroup, SyncGroup, Heartbeat, LeaveGroup: each needs Read on its group.
+async fn membership(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+    who: (String, String, String),
+) -> Result<Response, WireError> {
+    let v = req.version;
+    let read = Operation::Read;
+    match req.key() {
+        Some(ApiKey::JoinGroup) => {
+            let deny = authz::join_group_denied;
+            run(req, |r: JoinGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, join_group(shard, r, v, who)).await
+            })
+            .await
+        }
+        Some(ApiKey::SyncGroup) => {
+            let deny = authz::sync_group_denied;
+            run(req, |r: SyncGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, sync_group(shard, r, v)).await
+            })
+            .await
+        }
+        Some(ApiKey::Heartbeat) => {
+            let deny = authz::heartbeat_denied;
+            run(req, |r: HeartbeatRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, heartbeat(shard, r)).await
+            })
+            .await
+        }
+        Some(ApiKey::LeaveGroup) => {
+            let deny = authz::leave_group_denied;
+            run(req, |r: LeaveGroupRequest| async move {
+                let group = r.group_id.to_string();
+                authz::group_gate(a, read, &group, deny, leave_group(shard, r, v)).await
+            })
+            .await
+        }
         _ => Err(WireError::UnsupportedVersion {
             api_key: req.api_key,
             api_version: req.version,

@@ -14,10 +14,12 @@ use kafka_protocol::messages::{
 };
 use uuid::Uuid;
 
+use super::authz::Authz;
 use super::{admin, str_bytes, topic_name};
 use crate::errors;
 use crate::metadata::TopicMeta;
 use crate::partition::replica::SOLE_LEADER_EPOCH;
+use crate::security::acl::Operation;
 use crate::shard::Shard;
 
 /// Metadata: all topics when none are named; named ones are created when
@@ -28,6 +30,7 @@ pub async fn handle(
     req: MetadataRequest,
     version: i16,
     advertised: &(String, u16),
+    authz: &Authz<'_>,
 ) -> MetadataResponse {
     let all = match &req.topics {
         None => true,
@@ -37,7 +40,13 @@ pub async fn handle(
     let allow_create = req.allow_auto_topic_creation || version < 4;
     let mut topics = Vec::new();
     if all {
-        for meta in shard.catalog().topics.values() {
+        // Kafka: topics the principal may not Describe are left out.
+        let catalog = shard.catalog();
+        let visible = catalog
+            .topics
+            .values()
+            .filter(|m| authz.topic(Operation::Describe, &m.name));
+        for meta in visible {
             topics.push(describe_topic(shard, meta));
         }
     } else {
@@ -51,6 +60,7 @@ pub async fn handle(
                     t.topic_id,
                     allow_create,
                     &budget,
+                    authz,
                 )
                 .await,
             );
@@ -123,8 +133,15 @@ async fn requested_topic(
     id: Uuid,
     allow_create: bool,
     budget: &admin::RequestBudget,
+    authz: &Authz<'_>,
 ) -> MetadataResponseTopic {
     let catalog = shard.catalog();
+    let denied = |topic: MetadataResponseTopic| {
+        topic
+            .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+            .with_is_internal(false)
+            .with_partitions(Vec::new())
+    };
     let found = match &name {
         Some(n) => catalog.topics.get(n).cloned(),
         None => catalog
@@ -134,7 +151,13 @@ async fn requested_topic(
             .cloned(),
     };
     if let Some(meta) = found {
-        return describe_topic(shard, &meta);
+        let described = describe_topic(shard, &meta);
+        return match authz.topic(Operation::Describe, &meta.name) {
+            true => described,
+            // Asked for by id, it is not named to one who may not see it.
+            false if name.is_none() => denied(described.with_name(None)),
+            false => denied(described),
+        };
     }
     let Some(name) = name else {
         return MetadataResponseTopic::default()
@@ -142,6 +165,10 @@ async fn requested_topic(
             .with_error_code(errors::UNKNOWN_TOPIC_ID);
     };
     let unknown = MetadataResponseTopic::default().with_name(Some(topic_name(&name)));
+    // Before existence, as Kafka: an unauthorized name does not say whether it exists.
+    if !authz.topic(Operation::Describe, &name) {
+        return denied(unknown);
+    }
     if crate::metadata::validate_topic_name(&name).is_err() {
         return unknown.with_error_code(errors::INVALID_TOPIC_EXCEPTION);
     }
@@ -150,6 +177,9 @@ async fn requested_topic(
     }
     if crate::metadata::is_internal(&name) {
         return auto_create_internal(shard, &name, unknown).await;
+    }
+    if !authz.may_create_topic(&name) {
+        return denied(unknown);
     }
     let partitions = shard.config().num_partitions;
     match admin::create_topic(shard, &name, partitions, Default::default(), false, budget).await {

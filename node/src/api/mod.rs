@@ -6,7 +6,9 @@
 //! the one exception is ApiVersions, which answers UNSUPPORTED_VERSION so the client can
 //! pick a version it shares with us.
 
+pub mod acls;
 pub mod admin;
+pub mod authz;
 pub mod configs;
 pub mod fetch;
 pub mod fetch_budget;
@@ -30,8 +32,10 @@ use wire::{WireError, api};
 
 use crate::producer_state::init_producer_id::handle_on_shard as init_producer_id;
 use crate::proto::{self, Request};
+use crate::security::acl::Operation;
 use crate::server::session::Session;
 use crate::shard::Shard;
+use authz::Authz;
 
 /// Frames to write for one request: `None` = no response; `Some(vec![])` = close.
 pub type Response = Option<Vec<Bytes>>;
@@ -60,8 +64,8 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, session: &Session) -> Respo
             sasl::handle(shard, &req, session).await
         }
         // Produce takes the request by value: it reuses the frame's bytes for the log.
-        Some(ApiKey::Produce) => produce::handle(shard, req).await,
-        _ => dispatch(shard, &req, session.advertised()).await,
+        Some(ApiKey::Produce) => produce::handle(shard, req, &Authz::new(shard, session)).await,
+        _ => dispatch(shard, &req, session).await,
     };
     let closed = routed.is_err();
     shard
@@ -76,53 +80,234 @@ pub async fn handle(shard: &Rc<Shard>, req: Request, session: &Session) -> Respo
     }
 }
 
+/// Every API not routed above, each behind its authorization wrapper (`authz`).
 async fn dispatch(
     shard: &Rc<Shard>,
     req: &Request,
-    advertised: &(String, u16),
+    session: &Session,
 ) -> Result<Response, WireError> {
     let v = req.version;
+    let advertised = session.advertised();
+    let a = &Authz::new(shard, session);
     match req.key() {
-        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, advertised)).await,
+        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, advertised, a)).await,
         Some(ApiKey::DescribeCluster) => {
             run(req, |r| metadata::describe_cluster(shard, r, advertised)).await
         }
-        Some(ApiKey::DescribeUserScramCredentials) => {
-            run(req, |r| sasl::describe_scram(shard, r)).await
+        Some(ApiKey::Fetch) => fetch::handle(shard, req, a).await,
+        _ => match transactional(shard, req, a).await {
+            Some(routed) => routed,
+            None => administrative(shard, req, a).await,
+        },
+    }
+}
+
+/// Producer ids and transactions; `None` for any other API.
+async fn transactional(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Option<Result<Response, WireError>> {
+    let v = req.version;
+    let routed = match req.key()? {
+        ApiKey::InitProducerId => {
+            run(req, |r| {
+                authz::init_producer_id(a, r, |r| init_producer_id_any(shard, r, v))
+            })
+            .await
         }
-        Some(ApiKey::AlterUserScramCredentials) => run(req, |r| sasl::alter_scram(shard, r)).await,
-        Some(ApiKey::InitProducerId) => run(req, |r| init_producer_id_any(shard, r, v)).await,
-        Some(ApiKey::AddPartitionsToTxn) => run(req, |r| txn::add_partitions(shard, r)).await,
-        Some(ApiKey::AddOffsetsToTxn) => run(req, |r| txn::add_offsets(shard, r)).await,
-        Some(ApiKey::EndTxn) => run(req, |r| txn::end_txn(shard, r)).await,
-        Some(ApiKey::TxnOffsetCommit) => run(req, |r| txn::txn_offset_commit(shard, r)).await,
-        Some(ApiKey::WriteTxnMarkers) => run(req, |r| txn::write_txn_markers(shard, r)).await,
-        Some(ApiKey::DescribeTransactions) => run(req, |r| txn::describe(shard, r)).await,
-        Some(ApiKey::ListTransactions) => run(req, |r| txn::list(shard, r)).await,
-        Some(ApiKey::Fetch) => fetch::handle(shard, req).await,
-        Some(ApiKey::ListOffsets) => run(req, |r| offsets::list_offsets(shard, r, v)).await,
-        Some(ApiKey::DeleteRecords) => run(req, |r| offsets::delete_records(shard, r)).await,
+        ApiKey::AddPartitionsToTxn => {
+            run(req, |r| {
+                authz::add_partitions_to_txn(a, r, |r| txn::add_partitions(shard, r))
+            })
+            .await
+        }
+        ApiKey::AddOffsetsToTxn => {
+            run(req, |r| {
+                authz::add_offsets_to_txn(a, r, |r| txn::add_offsets(shard, r))
+            })
+            .await
+        }
+        ApiKey::EndTxn => run(req, |r| authz::end_txn(a, r, |r| txn::end_txn(shard, r))).await,
+        ApiKey::TxnOffsetCommit => {
+            run(req, |r| {
+                authz::txn_offset_commit(a, r, |r| txn::txn_offset_commit(shard, r))
+            })
+            .await
+        }
+        ApiKey::WriteTxnMarkers => {
+            let deny = authz::write_txn_markers_denied;
+            run(req, |r| {
+                authz::cluster_gate(a, Operation::ClusterAction, r, deny, |r| {
+                    txn::write_txn_markers(shard, r)
+                })
+            })
+            .await
+        }
+        ApiKey::DescribeTransactions => {
+            run(req, |r| {
+                authz::describe_transactions(a, r, |r| txn::describe(shard, r))
+            })
+            .await
+        }
+        ApiKey::ListTransactions => {
+            run(req, |r| {
+                authz::list_transactions(a, r, |r| txn::list(shard, r))
+            })
+            .await
+        }
+        _ => return None,
+    };
+    Some(routed)
+}
+
+/// Topics, configs and offsets; anything else goes on to [`cluster_admin`].
+async fn administrative(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Result<Response, WireError> {
+    let v = req.version;
+    match req.key() {
+        Some(ApiKey::ListOffsets) => {
+            run(req, |r| {
+                authz::list_offsets(a, r, |r| offsets::list_offsets(shard, r, v))
+            })
+            .await
+        }
+        Some(ApiKey::DeleteRecords) => {
+            run(req, |r| {
+                authz::delete_records(a, r, |r| offsets::delete_records(shard, r))
+            })
+            .await
+        }
         Some(ApiKey::OffsetForLeaderEpoch) => {
-            run(req, |r| offsets::offset_for_leader_epoch(shard, r)).await
+            run(req, |r| {
+                authz::offset_for_leader_epoch(a, r, |r| offsets::offset_for_leader_epoch(shard, r))
+            })
+            .await
         }
-        Some(ApiKey::CreateTopics) => run(req, |r| admin::create_topics(shard, r)).await,
-        Some(ApiKey::DeleteTopics) => run(req, |r| admin::delete_topics(shard, r)).await,
-        Some(ApiKey::CreatePartitions) => run(req, |r| admin::create_partitions(shard, r)).await,
-        Some(ApiKey::DescribeConfigs) => run(req, |r| configs::describe(shard, r)).await,
-        Some(ApiKey::AlterConfigs) => run(req, |r| configs::alter(shard, r)).await,
+        Some(ApiKey::CreateTopics) => {
+            run(req, |r| {
+                authz::create_topics(a, r, |r| admin::create_topics(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::DeleteTopics) => {
+            run(req, |r| {
+                authz::delete_topics(a, r, |r| admin::delete_topics(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::CreatePartitions) => {
+            run(req, |r| {
+                authz::create_partitions(a, r, |r| admin::create_partitions(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::DescribeConfigs) => {
+            run(req, |r| {
+                authz::describe_configs(a, r, |r| configs::describe(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::AlterConfigs) => {
+            run(req, |r| {
+                authz::alter_configs(a, r, |r| configs::alter(shard, r))
+            })
+            .await
+        }
         Some(ApiKey::IncrementalAlterConfigs) => {
-            run(req, |r| configs::incremental_alter(shard, r)).await
+            run(req, |r| {
+                authz::incremental_alter_configs(a, r, |r| configs::incremental_alter(shard, r))
+            })
+            .await
         }
-        Some(ApiKey::DescribeLogDirs) => run(req, |r| replicas::describe_log_dirs(shard, r)).await,
+        _ => cluster_admin(shard, req, a).await,
+    }
+}
+
+/// Credentials and ACLs; anything else goes on to [`replica_admin`].
+async fn cluster_admin(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Result<Response, WireError> {
+    use authz::cluster_gate as gate;
+    let (alter, describe) = (Operation::Alter, Operation::Describe);
+    match req.key() {
+        Some(ApiKey::DescribeUserScramCredentials) => {
+            let deny = authz::describe_scram_denied;
+            run(req, |r| {
+                gate(a, describe, r, deny, |r| sasl::describe_scram(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::AlterUserScramCredentials) => {
+            let deny = authz::alter_scram_denied;
+            run(req, |r| {
+                gate(a, alter, r, deny, |r| sasl::alter_scram(shard, r))
+            })
+            .await
+        }
+        Some(ApiKey::CreateAcls) => run(req, |r| acls::create(shard, a, r)).await,
+        Some(ApiKey::DescribeAcls) => run(req, |r| async { acls::describe(shard, a, r) }).await,
+        Some(ApiKey::DeleteAcls) => run(req, |r| acls::delete(shard, a, r)).await,
+        _ => replica_admin(shard, req, a).await,
+    }
+}
+
+/// The replica admin APIs.
+async fn replica_admin(
+    shard: &Rc<Shard>,
+    req: &Request,
+    a: &Authz<'_>,
+) -> Result<Response, WireError> {
+    use authz::cluster_gate as gate;
+    let (alter, describe) = (Operation::Alter, Operation::Describe);
+    match req.key() {
+        Some(ApiKey::DescribeLogDirs) => {
+            let deny = authz::describe_log_dirs_denied;
+            run(req, |r| {
+                gate(a, describe, r, deny, |r| {
+                    replicas::describe_log_dirs(shard, r)
+                })
+            })
+            .await
+        }
         Some(ApiKey::AlterReplicaLogDirs) => {
-            run(req, |r| replicas::alter_replica_log_dirs(shard, r)).await
+            let deny = authz::alter_replica_log_dirs_denied;
+            run(req, |r| {
+                gate(a, alter, r, deny, |r| {
+                    replicas::alter_replica_log_dirs(shard, r)
+                })
+            })
+            .await
         }
-        Some(ApiKey::ElectLeaders) => run(req, |r| replicas::elect_leaders(shard, r)).await,
+        Some(ApiKey::ElectLeaders) => {
+            let deny = authz::elect_leaders_denied;
+            run(req, |r| {
+                gate(a, alter, r, deny, |r| replicas::elect_leaders(shard, r))
+            })
+            .await
+        }
         Some(ApiKey::AlterPartitionReassignments) => {
-            run(req, |r| replicas::alter_partition_reassignments(shard, r)).await
+            let deny = authz::alter_reassignments_denied;
+            run(req, |r| {
+                gate(a, alter, r, deny, |r| {
+                    replicas::alter_partition_reassignments(shard, r)
+                })
+            })
+            .await
         }
         Some(ApiKey::ListPartitionReassignments) => {
-            run(req, |r| replicas::list_partition_reassignments(shard, r)).await
+            let deny = authz::list_reassignments_denied;
+            run(req, |r| {
+                gate(a, describe, r, deny, |r| {
+                    replicas::list_partition_reassignments(shard, r)
+                })
+            })
+            .await
         }
         _ => Err(WireError::UnsupportedVersion {
             api_key: req.api_key,

@@ -21,10 +21,12 @@ use wire::produce::{
 };
 
 use super::Response;
+use super::authz::Authz;
 use crate::errors;
 use crate::metadata::Catalog;
 use crate::partition::{Acks, ProduceOutcome};
 use crate::proto::Request;
+use crate::security::acl::Operation;
 use crate::shard::{ProduceCall, Shard};
 
 /// The first Produce version that carries record batches v2 (the only format stored).
@@ -44,16 +46,30 @@ struct Part {
 }
 
 /// Handles a Produce request; `Ok(None)` for acks=0.
-pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireError> {
+pub async fn handle(
+    shard: &Rc<Shard>,
+    req: Request,
+    authz: &Authz<'_>,
+) -> Result<Response, WireError> {
     let (acks, timeout_ms, mut parts, txn_id) = {
         let view = ProduceRequestView::parse(&req.body, req.version)?;
         let txn_id: Option<Arc<str>> = view
             .transactional_id
             .as_ref()
             .map(|t| Arc::from(String::from_utf8_lossy(t).as_ref()));
-        let plan = plan(shard, &view, &req.body);
+        let plan = plan(shard, &view, &req.body, authz);
         (view.acks, view.timeout_ms, plan, txn_id)
     };
+    // Kafka: a transactional producer needs Write on its transactional id, else every
+    // partition is refused.
+    let txn_denied = txn_id
+        .as_ref()
+        .is_some_and(|id| !authz.txn(Operation::Write, id));
+    if txn_denied {
+        for p in &mut parts {
+            p.records = Err(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+        }
+    }
     if req.version < FIRST_V2_FORMAT_VERSION {
         // v0–v2 carry message format v0/v1, which weir does not store (they are
         // advertised only for old librdkafka's feature detection): refused per partition.
@@ -76,14 +92,20 @@ pub async fn handle(shard: &Rc<Shard>, req: Request) -> Result<Response, WireErr
 /// Checks what can be checked without the partition (acks, topic, partition range) and
 /// locates each partition's records in `body`. Replica checks (leadership, ISR size) are
 /// the owner's: only it knows the partition's replica state.
-fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes) -> Vec<Part> {
+fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes, authz: &Authz<'_>) -> Vec<Part> {
     let catalog = shard.catalog();
     let mut parts = Vec::with_capacity(view.partition_count());
     for topic in &view.topics {
         // A name that is not UTF-8 cannot exist in the catalogue.
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(&topic.name).as_ref());
+        // Once per topic, before existence: an unauthorized topic does not say whether
+        // it exists.
+        let denied = !authz.topic(Operation::Write, &name);
         for part in &topic.partitions {
-            let refused = refusal(&catalog, view.acks, &name, part.index);
+            let refused = match denied {
+                true => Some(errors::TOPIC_AUTHORIZATION_FAILED),
+                false => refusal(&catalog, view.acks, &name, part.index),
+            };
             let records = match (refused, &part.records) {
                 (Some(code), _) => Err(code),
                 (None, None) => Err(errors::CORRUPT_MESSAGE),

@@ -105,6 +105,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
     "transaction.state.log.segment.bytes",
+    // security/authorizer.rs
+    "allow.everyone.if.no.acl.found",
+    "authorizer.class.name",
+    "super.users",
     // preferred-leader rebalance (controller/quorum)
     "auto.leader.rebalance.enable",
     "leader.imbalance.check.interval.seconds",
@@ -119,7 +123,6 @@ pub const WEIR_KEYS: &[&str] = &[
 const KAFKA_KEYS: &[&str] = &[
     "alter.config.policy.class.name",
     "alter.log.dirs.replication.quota.window.num",
-    "authorizer.class.name",
     "auto.include.jmx.reporter",
     "background.threads",
     "broker.id.generation.enable",
@@ -214,8 +217,6 @@ const KAFKA_KEYS: &[&str] = &[
     "socket.listen.backlog.size",
     "socket.receive.buffer.bytes",
     "socket.send.buffer.bytes",
-    "super.users",
-    "allow.everyone.if.no.acl.found",
     "transaction.partition.verification.enable",
     "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",

@@ -79,6 +79,15 @@ pub enum Command {
         partition_epoch: i32,
         isr: Vec<i32>,
     },
+    /// CreateAcls: bindings already checked by the handler (an existing one is not an
+    /// error, as in Kafka).
+    CreateAcls {
+        bindings: Vec<crate::security::acl::AclBinding>,
+    },
+    /// DeleteAcls: every binding matching one of the filters goes.
+    DeleteAcls {
+        filters: Vec<crate::security::acl::AclFilter>,
+    },
     /// Preferred-leader election (Kafka's auto leader rebalance and ElectLeaders
     /// PREFERRED): each listed partition (topic, topic id, index) whose first replica is
     /// live, in the ISR and not leading gets it as leader.
@@ -89,6 +98,10 @@ pub enum Command {
 
 /// A partition named in a command: (topic, topic id, partition index).
 pub type PartitionRef = (String, u128, i32);
+
+/// Most ACL bindings the cluster holds: every change rewrites the metadata image, so its
+/// size stays bounded whatever clients send.
+pub const ACLS_MAX: usize = 10_000;
 
 /// What a command did, in the shape its caller answers with.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -101,6 +114,10 @@ pub enum Outcome {
     Done(Result<(), TopicError>),
     /// Node and cluster records.
     Noted,
+    /// Per binding of a CreateAcls, in order.
+    AclsCreated(Vec<Result<(), TopicError>>),
+    /// Per filter of a DeleteAcls, in order: the bindings it deleted.
+    AclsDeleted(Result<Vec<Vec<crate::security::acl::AclBinding>>, TopicError>),
     /// ElectPreferred, per listed partition in order: elected, or why not
     /// (ELECTION_NOT_NEEDED when the preferred replica already leads).
     Elected(Vec<Result<(), TopicError>>),
@@ -118,6 +135,10 @@ impl Outcome {
             Command::CreatePartitions { .. }
             | Command::AlterConfigs { .. }
             | Command::AlterPartition { .. } => Outcome::Done(Err(err)),
+            Command::CreateAcls { bindings } => {
+                Outcome::AclsCreated(bindings.iter().map(|_| Err(err.clone())).collect())
+            }
+            Command::DeleteAcls { .. } => Outcome::AclsDeleted(Err(err)),
             Command::ElectPreferred { partitions } => {
                 Outcome::Elected(partitions.iter().map(|_| Err(err.clone())).collect())
             }
@@ -254,7 +275,45 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             c.cluster_id = Some(id.clone());
             (Outcome::Noted, true)
         }
+        Command::CreateAcls { bindings } => create_acls(c, bindings),
+        Command::DeleteAcls { filters } => delete_acls(c, filters),
     }
+}
+
+fn create_acls(c: &mut Catalog, bindings: &[crate::security::acl::AclBinding]) -> (Outcome, bool) {
+    let mut changed = false;
+    let outcomes = bindings
+        .iter()
+        .map(|b| {
+            // Checked by the handler too; a command from the log is bounded all the same.
+            b.validate()
+                .map_err(|why| (errors::INVALID_REQUEST, why.to_string()))?;
+            if c.acls.contains(b) {
+                return Ok(());
+            }
+            if c.acls.len() >= ACLS_MAX {
+                let why = format!("the cluster holds {ACLS_MAX} ACLs, the most it keeps");
+                return Err((errors::POLICY_VIOLATION, why));
+            }
+            changed |= c.acls.insert(b.clone());
+            Ok(())
+        })
+        .collect();
+    assert!(c.acls.len() <= ACLS_MAX, "ACLs stay within ACLS_MAX");
+    (Outcome::AclsCreated(outcomes), changed)
+}
+
+fn delete_acls(c: &mut Catalog, filters: &[crate::security::acl::AclFilter]) -> (Outcome, bool) {
+    let per_filter: Vec<Vec<_>> = filters
+        .iter()
+        .map(|f| c.acls.iter().filter(|b| f.matches(b)).cloned().collect())
+        .collect();
+    let before = c.acls.len();
+    for gone in per_filter.iter().flatten() {
+        c.acls.remove(gone);
+    }
+    let changed = c.acls.len() != before;
+    (Outcome::AclsDeleted(Ok(per_filter)), changed)
 }
 
 fn create_topics(c: &mut Catalog, topics: &[NewTopic], max: u64, cluster: bool) -> (Outcome, bool) {
@@ -778,5 +837,63 @@ mod tests {
         let (out, _) = apply(&mut c, &topic("t", 2, 1), false);
         assert_eq!(out, Outcome::Created(vec![Ok(7)]));
         assert!(c.topics["t"].assignment.is_empty());
+    }
+
+    #[test]
+    fn acl_commands_add_once_delete_by_filter_and_stay_bounded() {
+        use crate::security::acl::*;
+        let b = |name: &str| AclBinding {
+            resource_type: ResourceType::Topic,
+            name: name.into(),
+            pattern: PatternType::Literal,
+            principal: "User:alice".into(),
+            host: "*".into(),
+            operation: Operation::Read,
+            permission: Permission::Allow,
+        };
+        let mut c = Catalog::default();
+        let create = Command::CreateAcls {
+            bindings: vec![b("a"), b("a"), b("b")],
+        };
+        let (out, changed) = apply(&mut c, &create, true);
+        assert!(changed);
+        assert_eq!(out, Outcome::AclsCreated(vec![Ok(()), Ok(()), Ok(())]));
+        assert_eq!(c.acls.len(), 2, "an existing binding is not added twice");
+        let (_, changed) = apply(&mut c, &create, true);
+        assert!(!changed);
+        let filter = AclFilter {
+            resource_type: None,
+            name: Some("a".into()),
+            pattern: PatternFilter::Any,
+            principal: None,
+            host: None,
+            operation: None,
+            permission: None,
+        };
+        let (out, changed) = apply(
+            &mut c,
+            &Command::DeleteAcls {
+                filters: vec![filter],
+            },
+            true,
+        );
+        assert!(changed);
+        assert_eq!(out, Outcome::AclsDeleted(Ok(vec![vec![b("a")]])));
+        assert_eq!(c.acls.iter().collect::<Vec<_>>(), vec![&b("b")]);
+        for i in 0..ACLS_MAX {
+            c.acls.insert(b(&format!("t{i}")));
+        }
+        c.acls.remove(&b("b"));
+        let (out, _) = apply(
+            &mut c,
+            &Command::CreateAcls {
+                bindings: vec![b("b")],
+            },
+            true,
+        );
+        assert!(
+            matches!(out, Outcome::AclsCreated(ref v) if v[0].as_ref().err().map(|e| e.0) == Some(errors::POLICY_VIOLATION))
+        );
+        assert_eq!(c.acls.len(), ACLS_MAX);
     }
 }

@@ -82,6 +82,10 @@ pub struct Catalog {
     /// written before they existed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub scram_users: BTreeMap<String, BTreeMap<String, crate::security::scram::ScramCredential>>,
+    /// ACL bindings (see `security::acl`), changed only by the controller's CreateAcls /
+    /// DeleteAcls commands; absent in catalogues written before them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub acls: std::collections::BTreeSet<crate::security::acl::AclBinding>,
 }
 
 impl Catalog {

@@ -2,6 +2,8 @@
 //! ([`sasl`], [`scram`]) and the principal a connection acts as. The connection side
 //! (transport, session) is in `server/`; the SASL and SCRAM APIs in `api/sasl.rs`.
 
+pub mod acl;
+pub mod authorizer;
 pub mod listener;
 pub mod sasl;
 pub mod scram;

@@ -1,11 +1,14 @@
 //! What one connection is, beyond its bytes: the client's address, the listener it came
 //! through (which decides the advertised address and the security protocol), the
-//! principal it acts as (for the authorizer to come) and where it is in SASL.
+//! principal it acts as (for the authorizer), where it is in SASL, and its cached ACL
+//! decisions.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::security::acl::{Operation, ResourceType};
+use crate::security::authorizer::{AclCache, AuthorizerSettings};
 use crate::security::sasl::SaslState;
 use crate::security::{ANONYMOUS, ListenerSetup};
 
@@ -14,6 +17,9 @@ pub struct Session {
     pub listener: Arc<ListenerSetup>,
     principal: RefCell<String>,
     pub sasl: RefCell<SaslState>,
+    /// The client's address as ACL hosts name it.
+    host: String,
+    acl: RefCell<AclCache>,
 }
 
 impl Session {
@@ -32,6 +38,8 @@ impl Session {
             listener,
             principal: RefCell::new(tls_principal.unwrap_or_else(|| ANONYMOUS.to_string())),
             sasl: RefCell::new(sasl),
+            host: peer.ip().to_string(),
+            acl: RefCell::new(AclCache::default()),
         }
     }
 
@@ -48,6 +56,40 @@ impl Session {
             "the principal changes only when authentication completes"
         );
         *self.principal.borrow_mut() = principal;
+        self.acl.borrow_mut().clear();
+    }
+
+    /// Whether this connection may do `op` on resource `name` of type `rt`, given the
+    /// metadata image `(version, catalog)`. Enabled-ness is the caller's check.
+    pub fn authorize(
+        &self,
+        settings: &AuthorizerSettings,
+        image: (u64, &std::sync::Arc<crate::metadata::Catalog>),
+        what: (Operation, ResourceType, &str),
+    ) -> bool {
+        let principal = self.principal.borrow();
+        if settings.is_super(&principal) {
+            return true;
+        }
+        let who = (principal.as_str(), self.host.as_str());
+        self.acl.borrow_mut().allowed(settings, image, who, what)
+    }
+
+    /// Whether some resource of type `rt` allows `op` (Kafka's `authorizeByResourceType`).
+    pub fn authorize_some(
+        &self,
+        settings: &AuthorizerSettings,
+        image: (u64, &std::sync::Arc<crate::metadata::Catalog>),
+        what: (Operation, ResourceType),
+    ) -> bool {
+        let principal = self.principal.borrow();
+        if settings.is_super(&principal) {
+            return true;
+        }
+        let who = (principal.as_str(), self.host.as_str());
+        self.acl
+            .borrow_mut()
+            .allowed_on_some(settings, image, who, what)
     }
 
     /// Whether requests beyond the SASL ones may be served.

@@ -1,0 +1,317 @@
+//! `weir acls add|list|remove`: ACLs of a running node over the Kafka protocol
+//! (CreateAcls, DescribeAcls, DeleteAcls), in the shape of Kafka's `kafka-acls.sh`.
+//! Optionally authenticates with SASL PLAIN (`--sasl-plain USER:PASSWORD`) on a
+//! SASL_PLAINTEXT listener; the principal needs Cluster Alter (add, remove) or Describe
+//! (list), or to be a super user.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use bytes::Bytes;
+use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+use kafka_protocol::messages::{
+    ApiKey, CreateAclsRequest, CreateAclsResponse, DeleteAclsRequest, DeleteAclsResponse,
+    DescribeAclsRequest, DescribeAclsResponse, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::Client;
+use crate::security::acl::{CLUSTER_NAME, Operation, PatternType, Permission, ResourceType};
+
+/// The ACL API version spoken (Kafka 4.x serves 2–3).
+const ACL_API_VERSION: i16 = 3;
+/// Kafka's wire code for ANY in filters.
+const ANY: i8 = 1;
+
+#[derive(clap::Args)]
+pub struct AclsArgs {
+    /// HOST:PORT of the node.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap_server: String,
+    /// Authenticate with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
+    #[arg(long, value_name = "USER:PASSWORD")]
+    sasl_plain: Option<String>,
+    #[command(subcommand)]
+    command: AclsCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum AclsCommand {
+    /// Add one ACL: `--principal User:alice --operation Read --topic orders`.
+    Add(Binding),
+    /// List ACLs (every one, or those matching the given resource and principal).
+    List(Selector),
+    /// Remove the ACLs matching the selector (an unset field matches anything).
+    Remove(Selector),
+}
+
+/// Which resource: exactly one of topic, group, transactional id, cluster.
+#[derive(clap::Args)]
+struct Resource {
+    #[arg(long)]
+    topic: Option<String>,
+    #[arg(long)]
+    group: Option<String>,
+    #[arg(long)]
+    transactional_id: Option<String>,
+    #[arg(long)]
+    cluster: bool,
+}
+
+impl Resource {
+    fn get(&self) -> anyhow::Result<Option<(ResourceType, String)>> {
+        let mut named = Vec::new();
+        if let Some(t) = &self.topic {
+            named.push((ResourceType::Topic, t.clone()));
+        }
+        if let Some(g) = &self.group {
+            named.push((ResourceType::Group, g.clone()));
+        }
+        if let Some(t) = &self.transactional_id {
+            named.push((ResourceType::TransactionalId, t.clone()));
+        }
+        if self.cluster {
+            named.push((ResourceType::Cluster, CLUSTER_NAME.to_string()));
+        }
+        if named.len() > 1 {
+            bail!("name one resource: --topic, --group, --transactional-id or --cluster");
+        }
+        Ok(named.pop())
+    }
+}
+
+#[derive(clap::Args)]
+struct Binding {
+    #[command(flatten)]
+    resource: Resource,
+    /// literal (the name, or every name for `*`) or prefixed.
+    #[arg(long, default_value = "literal")]
+    pattern: String,
+    /// TYPE:NAME, e.g. User:alice, or User:* for everyone.
+    #[arg(long)]
+    principal: String,
+    /// All, Read, Write, Create, Delete, Alter, Describe, ClusterAction,
+    /// DescribeConfigs, AlterConfigs, IdempotentWrite.
+    #[arg(long)]
+    operation: String,
+    /// `*` or a client address.
+    #[arg(long, default_value = "*")]
+    host: String,
+    /// A DENY ACL (default: ALLOW).
+    #[arg(long)]
+    deny: bool,
+}
+
+#[derive(clap::Args)]
+struct Selector {
+    #[command(flatten)]
+    resource: Resource,
+    /// any (default), match (every ACL that applies to the named resource), literal,
+    /// prefixed.
+    #[arg(long, default_value = "any")]
+    pattern: String,
+    #[arg(long)]
+    principal: Option<String>,
+}
+
+fn parse_operation(name: &str) -> anyhow::Result<Operation> {
+    let wanted = name.replace(['_', '-'], "").to_ascii_lowercase();
+    Operation::EVERY
+        .into_iter()
+        .find(|o| format!("{o:?}").to_ascii_lowercase() == wanted)
+        .ok_or_else(|| anyhow::anyhow!("unknown operation {name}"))
+}
+
+fn pattern_code(name: &str) -> anyhow::Result<i8> {
+    match name.to_ascii_lowercase().as_str() {
+        "any" => Ok(ANY),
+        "match" => Ok(2),
+        "literal" => Ok(PatternType::Literal.code()),
+        "prefixed" => Ok(PatternType::Prefixed.code()),
+        other => bail!("unknown pattern type {other} (literal, prefixed, any, match)"),
+    }
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn name_of(code: i8, names: &[(i8, &'static str)]) -> &'static str {
+    names
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map_or("?", |(_, n)| n)
+}
+
+fn resource_name(code: i8) -> &'static str {
+    let names: Vec<(i8, &'static str)> = ResourceType::ALL
+        .iter()
+        .map(|r| {
+            let n: &'static str = match r {
+                ResourceType::Topic => "Topic",
+                ResourceType::Group => "Group",
+                ResourceType::Cluster => "Cluster",
+                ResourceType::TransactionalId => "TransactionalId",
+            };
+            (r.code(), n)
+        })
+        .collect();
+    name_of(code, &names)
+}
+
+fn operation_name(code: i8) -> String {
+    Operation::from_code(code).map_or("?".into(), |o| format!("{o:?}"))
+}
+
+/// Connects and, if asked, authenticates.
+fn connect(args: &AclsArgs) -> anyhow::Result<Client> {
+    let mut c = Client::connect(&args.bootstrap_server)?;
+    if let Some(creds) = &args.sasl_plain {
+        let Some((user, password)) = creds.split_once(':') else {
+            bail!("--sasl-plain wants USER:PASSWORD");
+        };
+        let hs: SaslHandshakeResponse = c.call(
+            ApiKey::SaslHandshake,
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
+        )?;
+        if hs.error_code != 0 {
+            bail!("SASL handshake refused: error {}", hs.error_code);
+        }
+        let token = format!("\0{user}\0{password}");
+        let auth: SaslAuthenticateResponse = c.call(
+            ApiKey::SaslAuthenticate,
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
+        )?;
+        if auth.error_code != 0 {
+            bail!("SASL authentication failed: error {}", auth.error_code);
+        }
+    }
+    Ok(c)
+}
+
+fn add(c: &mut Client, b: &Binding, out: &mut impl Write) -> anyhow::Result<()> {
+    let Some((rt, name)) = b.resource.get()? else {
+        bail!("add needs a resource: --topic, --group, --transactional-id or --cluster");
+    };
+    let pattern = pattern_code(&b.pattern)?;
+    if pattern == ANY || pattern == 2 {
+        bail!("add takes --pattern literal or prefixed");
+    }
+    let permission = if b.deny {
+        Permission::Deny
+    } else {
+        Permission::Allow
+    };
+    let creation = AclCreation::default()
+        .with_resource_type(rt.code())
+        .with_resource_name(s(&name))
+        .with_resource_pattern_type(pattern)
+        .with_principal(s(&b.principal))
+        .with_host(s(&b.host))
+        .with_operation(parse_operation(&b.operation)?.code())
+        .with_permission_type(permission.code());
+    let req = CreateAclsRequest::default().with_creations(vec![creation]);
+    let resp: CreateAclsResponse = c.call(ApiKey::CreateAcls, ACL_API_VERSION, &req)?;
+    for r in &resp.results {
+        if r.error_code != 0 {
+            let why = r.error_message.as_ref().map_or("", |m| m.as_str());
+            bail!("refused: error {} {why}", r.error_code);
+        }
+    }
+    writeln!(out, "added")?;
+    Ok(())
+}
+
+fn filter_of(sel: &Selector) -> anyhow::Result<DeleteAclsFilter> {
+    let resource = sel.resource.get()?;
+    Ok(DeleteAclsFilter::default()
+        .with_resource_type_filter(resource.as_ref().map_or(ANY, |(rt, _)| rt.code()))
+        .with_resource_name_filter(resource.map(|(_, n)| s(&n)))
+        .with_pattern_type_filter(pattern_code(&sel.pattern)?)
+        .with_principal_filter(sel.principal.as_deref().map(s))
+        .with_host_filter(None)
+        .with_operation(ANY)
+        .with_permission_type(ANY))
+}
+
+fn list(c: &mut Client, sel: &Selector, out: &mut impl Write) -> anyhow::Result<()> {
+    let f = filter_of(sel)?;
+    let req = DescribeAclsRequest::default()
+        .with_resource_type_filter(f.resource_type_filter)
+        .with_resource_name_filter(f.resource_name_filter)
+        .with_pattern_type_filter(f.pattern_type_filter)
+        .with_principal_filter(f.principal_filter)
+        .with_host_filter(None)
+        .with_operation(ANY)
+        .with_permission_type(ANY);
+    let resp: DescribeAclsResponse = c.call(ApiKey::DescribeAcls, ACL_API_VERSION, &req)?;
+    if resp.error_code != 0 {
+        let why = resp.error_message.as_ref().map_or("", |m| m.as_str());
+        bail!("refused: error {} {why}", resp.error_code);
+    }
+    for r in &resp.resources {
+        let pattern = if r.pattern_type == PatternType::Prefixed.code() {
+            "PREFIXED"
+        } else {
+            "LITERAL"
+        };
+        writeln!(
+            out,
+            "Current ACLs for resource `ResourcePattern(resourceType={}, name={}, patternType={pattern})`:",
+            resource_name(r.resource_type),
+            r.resource_name.as_str()
+        )?;
+        for a in &r.acls {
+            let perm = if a.permission_type == Permission::Deny.code() {
+                "DENY"
+            } else {
+                "ALLOW"
+            };
+            writeln!(
+                out,
+                " \t(principal={}, host={}, operation={}, permissionType={perm})",
+                a.principal.as_str(),
+                a.host.as_str(),
+                operation_name(a.operation)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn remove(c: &mut Client, sel: &Selector, out: &mut impl Write) -> anyhow::Result<()> {
+    let req = DeleteAclsRequest::default().with_filters(vec![filter_of(sel)?]);
+    let resp: DeleteAclsResponse = c.call(ApiKey::DeleteAcls, ACL_API_VERSION, &req)?;
+    let mut removed = 0;
+    for r in &resp.filter_results {
+        if r.error_code != 0 {
+            let why = r.error_message.as_ref().map_or("", |m| m.as_str());
+            bail!("refused: error {} {why}", r.error_code);
+        }
+        removed += r.matching_acls.len();
+    }
+    writeln!(out, "removed {removed}")?;
+    Ok(())
+}
+
+/// Runs `weir acls ...`.
+pub fn run(args: AclsArgs) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    let done = connect(&args).and_then(|mut c| match &args.command {
+        AclsCommand::Add(b) => add(&mut c, b, &mut out),
+        AclsCommand::List(sel) => list(&mut c, sel, &mut out),
+        AclsCommand::Remove(sel) => remove(&mut c, sel, &mut out),
+    });
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir acls: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
