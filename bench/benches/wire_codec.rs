@@ -53,6 +53,7 @@ fn fetch_parts(topics: usize, partitions: usize, batch: &Bytes) -> FetchResponse
         topics: (0..topics)
             .map(|t| FetchTopicResponse {
                 topic: Bytes::from(format!("bench-topic-{t}")),
+                topic_id: 0,
                 partitions: (0..partitions)
                     .map(|p| FetchPartitionResponse {
                         partition_index: p as i32,
