@@ -592,3 +592,121 @@ fn idempotence_and_transactional_ids_need_their_acls_and_acl_apis_are_advertised
         assert_eq!((v.min_version, v.max_version), (1, 3));
     }
 }
+
+/// Kafka's `authorized_operations` bitmasks: the bit of each AclOperation code the
+/// connection may do, for the resource type's supported operations.
+fn bits(ops: &[i8]) -> i32 {
+    ops.iter().fold(0, |m, op| m | (1 << op))
+}
+
+/// (topic bitmask of `topic` from Metadata v9, cluster bitmask from Metadata v9,
+/// cluster bitmask from DescribeCluster, group bitmask from DescribeGroups v5).
+fn operations(c: &mut Client, topic: &str, group: &str) -> (i32, i32, i32, i32) {
+    let req = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(s(topic)))),
+        ]))
+        .with_include_topic_authorized_operations(true)
+        .with_include_cluster_authorized_operations(true);
+    let m: MetadataResponse = c.call(api::METADATA, 9, &req);
+    let t = m.topics.first().expect("the topic");
+    assert_eq!(t.error_code, 0, "{m:?}");
+    let dc: DescribeClusterResponse = c.call(
+        api::DESCRIBE_CLUSTER,
+        0,
+        &DescribeClusterRequest::default().with_include_cluster_authorized_operations(true),
+    );
+    let dg: DescribeGroupsResponse = c.call(
+        api::DESCRIBE_GROUPS,
+        5,
+        &DescribeGroupsRequest::default()
+            .with_groups(vec![GroupId(s(group))])
+            .with_include_authorized_operations(true),
+    );
+    let g = dg.groups.first().expect("the group");
+    (
+        t.topic_authorized_operations,
+        m.cluster_authorized_operations,
+        dc.cluster_authorized_operations,
+        g.authorized_operations,
+    )
+}
+
+#[test]
+fn authorized_operations_are_the_principals_bitmasks() {
+    // Kafka's AclOperation codes beyond the ones above.
+    const CREATE: i8 = 5;
+    const DELETE: i8 = 6;
+    const ALTER: i8 = 7;
+    const CLUSTER_ACTION: i8 = 9;
+    const DESCRIBE_CONFIGS: i8 = 10;
+    const ALTER_CONFIGS: i8 = 11;
+    const IDEMPOTENT_WRITE: i8 = 12;
+    let topic_all = bits(&[
+        READ,
+        WRITE,
+        CREATE,
+        DESCRIBE,
+        DELETE,
+        ALTER,
+        DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+    ]);
+    let cluster_all = bits(&[
+        CREATE,
+        CLUSTER_ACTION,
+        DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+        IDEMPOTENT_WRITE,
+        ALTER,
+        DESCRIBE,
+    ]);
+    let group_all = bits(&[READ, DESCRIBE, DELETE]);
+
+    // Without an authorizer every supported operation is allowed.
+    let open = Broker::start(1, &[]);
+    let mut c = open.client();
+    assert_eq!(create_topics(&mut c, &["ops"]), vec![0]);
+    assert_eq!(
+        operations(&mut c, "ops", "g"),
+        (topic_all, cluster_all, cluster_all, group_all)
+    );
+
+    // With one: a super user may do everything; alice what her ACLs (and their implied
+    // Describe) allow.
+    let b = start(&[]);
+    let mut admin = login(&b, "admin");
+    assert_eq!(create_topics(&mut admin, &["ops"]), vec![0]);
+    assert_eq!(
+        operations(&mut admin, "ops", "g"),
+        (topic_all, cluster_all, cluster_all, group_all)
+    );
+    assert_eq!(
+        create_acls(
+            &mut admin,
+            vec![
+                acl(TOPIC, "ops", LITERAL, "User:alice", READ, ALLOW),
+                acl(GROUP, "g", LITERAL, "User:alice", READ, ALLOW),
+                acl(
+                    CLUSTER,
+                    "kafka-cluster",
+                    LITERAL,
+                    "User:alice",
+                    IDEMPOTENT_WRITE,
+                    ALLOW
+                ),
+            ]
+        ),
+        vec![0, 0, 0]
+    );
+    let mut alice = login(&b, "alice");
+    assert_eq!(
+        operations(&mut alice, "ops", "g"),
+        (
+            bits(&[READ, DESCRIBE]),
+            bits(&[IDEMPOTENT_WRITE]),
+            bits(&[IDEMPOTENT_WRITE]),
+            bits(&[READ, DESCRIBE])
+        )
+    );
+}

@@ -20,6 +20,30 @@ use crate::security::acl::{CLUSTER_NAME, Operation, ResourceType};
 use crate::server::session::Session;
 use crate::shard::Shard;
 
+/// The operations Kafka reports in `authorized_operations`, per resource type (its
+/// `AclEntry.supportedOperations`).
+const TOPIC_OPERATIONS: [Operation; 8] = [
+    Operation::Read,
+    Operation::Write,
+    Operation::Create,
+    Operation::Describe,
+    Operation::Delete,
+    Operation::Alter,
+    Operation::DescribeConfigs,
+    Operation::AlterConfigs,
+];
+const GROUP_OPERATIONS: [Operation; 3] = [Operation::Read, Operation::Describe, Operation::Delete];
+const CLUSTER_OPERATIONS: [Operation; 7] = [
+    Operation::Create,
+    Operation::ClusterAction,
+    Operation::DescribeConfigs,
+    Operation::AlterConfigs,
+    Operation::IdempotentWrite,
+    Operation::Alter,
+    Operation::Describe,
+];
+const TRANSACTIONAL_ID_OPERATIONS: [Operation; 2] = [Operation::Describe, Operation::Write];
+
 /// One request's view of the authorizer: the connection's session and the shard's image.
 pub struct Authz<'a> {
     shard: &'a Shard,
@@ -50,6 +74,21 @@ impl<'a> Authz<'a> {
             tracing::debug!(peer = %self.session.peer, principal = %self.session.principal(), ?op, ?rt, name, "authorization denied");
         }
         ok
+    }
+
+    /// Kafka's `authorized_operations` bitmask for `name` of type `rt`: bit
+    /// `AclOperation` code set for each operation Kafka lists for the resource type that
+    /// this connection may do (without an authorizer: all of them, as Kafka answers).
+    pub fn authorized_operations(&self, rt: ResourceType, name: &str) -> i32 {
+        let ops: &[Operation] = match rt {
+            ResourceType::Topic => &TOPIC_OPERATIONS,
+            ResourceType::Group => &GROUP_OPERATIONS,
+            ResourceType::Cluster => &CLUSTER_OPERATIONS,
+            ResourceType::TransactionalId => &TRANSACTIONAL_ID_OPERATIONS,
+        };
+        ops.iter()
+            .filter(|op| self.allows(**op, rt, name))
+            .fold(0, |mask, op| mask | (1 << op.code()))
     }
 
     pub fn topic(&self, op: Operation, name: &str) -> bool {
@@ -890,7 +929,17 @@ where
 {
     use describe_groups_response::DescribedGroup;
     let denied = take_denied(&mut q.groups, |g| a.group(Operation::Describe, g));
+    let include_operations = q.include_authorized_operations;
     let mut resp = f(q).await;
+    if include_operations {
+        for g in resp
+            .groups
+            .iter_mut()
+            .filter(|g| g.error_code == errors::NONE)
+        {
+            g.authorized_operations = a.authorized_operations(ResourceType::Group, &g.group_id);
+        }
+    }
     resp.groups.extend(denied.into_iter().map(|g| {
         DescribedGroup::default()
             .with_group_id(g)

@@ -19,7 +19,7 @@ use super::{admin, str_bytes, topic_name};
 use crate::errors;
 use crate::metadata::TopicMeta;
 use crate::partition::replica::SOLE_LEADER_EPOCH;
-use crate::security::acl::Operation;
+use crate::security::acl::{CLUSTER_NAME, Operation, ResourceType};
 use crate::shard::Shard;
 
 /// Metadata: all topics when none are named; named ones are created when
@@ -77,11 +77,25 @@ pub async fn handle(
                 .with_port(i32::from(*port))
         })
         .collect();
-    MetadataResponse::default()
+    // Kafka's bitmasks, only when asked (and only where the version has the field).
+    if req.include_topic_authorized_operations && version >= 8 {
+        for t in topics.iter_mut().filter(|t| t.error_code == errors::NONE) {
+            if let Some(name) = &t.name {
+                t.topic_authorized_operations =
+                    authz.authorized_operations(ResourceType::Topic, name.0.as_str());
+            }
+        }
+    }
+    let mut resp = MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(str_bytes(&view.cluster_id)))
         .with_controller_id(BrokerId(view.controller))
-        .with_topics(topics)
+        .with_topics(topics);
+    if req.include_cluster_authorized_operations && (8..=10).contains(&version) {
+        resp.cluster_authorized_operations =
+            authz.authorized_operations(ResourceType::Cluster, CLUSTER_NAME);
+    }
+    resp
 }
 
 /// Who the cluster is, as this node's image says.
@@ -275,8 +289,9 @@ fn describe_placed(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic {
 /// DescribeCluster: the live brokers and the active controller (a single node: itself).
 pub async fn describe_cluster(
     shard: &Rc<Shard>,
-    _req: DescribeClusterRequest,
+    req: DescribeClusterRequest,
     advertised: &(String, u16),
+    authz: &Authz<'_>,
 ) -> DescribeClusterResponse {
     let view = cluster_view(shard, advertised);
     let brokers = view
@@ -289,8 +304,13 @@ pub async fn describe_cluster(
                 .with_port(i32::from(*port))
         })
         .collect();
-    DescribeClusterResponse::default()
+    let mut resp = DescribeClusterResponse::default()
         .with_cluster_id(str_bytes(&view.cluster_id))
         .with_controller_id(BrokerId(view.controller))
-        .with_brokers(brokers)
+        .with_brokers(brokers);
+    if req.include_cluster_authorized_operations {
+        resp.cluster_authorized_operations =
+            authz.authorized_operations(ResourceType::Cluster, CLUSTER_NAME);
+    }
+    resp
 }

@@ -92,7 +92,7 @@ async fn dispatch(
     match req.key() {
         Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, advertised, a)).await,
         Some(ApiKey::DescribeCluster) => {
-            run(req, |r| metadata::describe_cluster(shard, r, advertised)).await
+            run(req, |r| metadata::describe_cluster(shard, r, advertised, a)).await
         }
         Some(ApiKey::Fetch) => fetch::handle(shard, req, a).await,
         _ => match transactional(shard, req, a).await {
