@@ -287,3 +287,79 @@ fn offsets_topic_cannot_be_deleted_or_grown() {
     assert_eq!(md.topics[0].error_code, 0);
     assert_eq!(md.topics[0].partitions.len(), before, "unchanged");
 }
+
+/// A single node takes explicit replica assignments naming itself (librdkafka's 0081 and
+/// kafka-python's admin tests send `[[0]]`), and refuses any other node id.
+#[test]
+fn explicit_assignments_naming_this_node_are_accepted() {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsAssignment;
+    use kafka_protocol::messages::create_topics_request::CreatableReplicaAssignment;
+    const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+    let b = Broker::start(1, &[]);
+    let mut c = b.client();
+    let placed = |name: &str, lists: &[&[i32]]| {
+        topic(name, -1, -1, &[]).with_assignments(
+            lists
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    CreatableReplicaAssignment::default()
+                        .with_partition_index(i as i32)
+                        .with_broker_ids(l.iter().map(|id| BrokerId(*id)).collect())
+                })
+                .collect(),
+        )
+    };
+    assert_eq!(
+        create(
+            &mut c,
+            vec![
+                placed("one", &[&[0]]),
+                placed("two", &[&[0], &[0]]),
+                placed("elsewhere", &[&[5]]),
+                placed("doubled", &[&[0, 0]]),
+            ],
+            false
+        ),
+        vec![0, 0, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICA_ASSIGNMENT]
+    );
+    let m = metadata(&mut c, &["one", "two", "elsewhere"], false);
+    let counts: Vec<(String, usize, i16)> = m
+        .topics
+        .iter()
+        .map(|t| {
+            let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+            (name, t.partitions.len(), t.error_code)
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("one".to_string(), 1, 0),
+            ("two".to_string(), 2, 0),
+            ("elsewhere".to_string(), 0, 3)
+        ]
+    );
+    let grow = |lists: &[&[i32]]| {
+        CreatePartitionsRequest::default().with_topics(vec![
+            CreatePartitionsTopic::default()
+                .with_name(TopicName(s("two")))
+                .with_count(2 + lists.len() as i32)
+                .with_assignments(Some(
+                    lists
+                        .iter()
+                        .map(|l| {
+                            CreatePartitionsAssignment::default()
+                                .with_broker_ids(l.iter().map(|id| BrokerId(*id)).collect())
+                        })
+                        .collect(),
+                )),
+        ])
+    };
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow(&[&[7]]));
+    assert_eq!(resp.results[0].error_code, INVALID_REPLICA_ASSIGNMENT);
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow(&[&[0], &[0]]));
+    assert_eq!(resp.results[0].error_code, 0, "{resp:?}");
+    let m = metadata(&mut c, &["two"], false);
+    assert_eq!(m.topics[0].partitions.len(), 4);
+}

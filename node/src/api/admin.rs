@@ -267,18 +267,19 @@ fn requested_topic(
     if in_cluster(shard) {
         return requested_in_cluster(shard, t, partitions, rf, configs, budget);
     }
-    if rf != 1 {
-        return Err((
-            errors::INVALID_REPLICATION_FACTOR,
-            format!("replication factor {rf}: this is a single node"),
-        ));
-    }
-    if !t.assignments.is_empty() {
-        return Err((
-            errors::INVALID_REPLICA_ASSIGNMENT,
-            "manual assignment is not supported".into(),
-        ));
-    }
+    let partitions = if t.assignments.is_empty() {
+        if rf != 1 {
+            return Err((
+                errors::INVALID_REPLICATION_FACTOR,
+                format!("replication factor {rf}: this is a single node"),
+            ));
+        }
+        partitions
+    } else {
+        let lists = explicit_assignment(t)?;
+        single_node_assignment(shard, &lists)?;
+        i32::try_from(lists.len()).unwrap_or(i32::MAX)
+    };
     check_topic(shard, name, partitions, &configs)?;
     budget.take(partitions)?;
     Ok(Requested {
@@ -289,28 +290,12 @@ fn requested_topic(
     })
 }
 
-/// A CreateTopics topic on a cluster node: an explicit assignment (Kafka: then neither
-/// a partition count nor a replication factor) gives both; the controller checks the
-/// replication factor against the live nodes.
-fn requested_in_cluster(
-    shard: &Rc<Shard>,
+/// A CreateTopics topic's explicit replica lists in partition order (Kafka: then neither
+/// a partition count nor a replication factor may be given, and the partitions are
+/// 0..n, each once).
+fn explicit_assignment(
     t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
-    partitions: i32,
-    rf: i16,
-    configs: BTreeMap<String, String>,
-    budget: &RequestBudget,
-) -> Result<Requested, TopicError> {
-    let name = t.name.0.as_str();
-    if t.assignments.is_empty() {
-        check_topic(shard, name, partitions, &configs)?;
-        budget.take(partitions)?;
-        return Ok(Requested {
-            partitions,
-            configs,
-            replication_factor: rf,
-            assignments: Vec::new(),
-        });
-    }
+) -> Result<Vec<Vec<i32>>, TopicError> {
     if t.num_partitions != -1 || t.replication_factor != -1 {
         return Err((
             errors::INVALID_REQUEST,
@@ -338,7 +323,45 @@ fn requested_in_cluster(
             "assignments must name partitions 0..n once each".into(),
         ));
     }
-    let assignments: Vec<Vec<i32>> = given.into_iter().map(|(_, b)| b).collect();
+    Ok(given.into_iter().map(|(_, b)| b).collect())
+}
+
+/// On a single node the only valid replica list is `[this node]` (a Kafka cluster of one
+/// broker answers any other id as unknown).
+fn single_node_assignment(shard: &Shard, lists: &[Vec<i32>]) -> Result<(), TopicError> {
+    let node = shard.config().node_id;
+    match lists.iter().find(|l| l.as_slice() != [node]) {
+        Some(l) => Err((
+            errors::INVALID_REPLICA_ASSIGNMENT,
+            format!("replicas {l:?}: this single node is node {node}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A CreateTopics topic on a cluster node: an explicit assignment (Kafka: then neither
+/// a partition count nor a replication factor) gives both; the controller checks the
+/// replication factor against the live nodes.
+fn requested_in_cluster(
+    shard: &Rc<Shard>,
+    t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+    partitions: i32,
+    rf: i16,
+    configs: BTreeMap<String, String>,
+    budget: &RequestBudget,
+) -> Result<Requested, TopicError> {
+    let name = t.name.0.as_str();
+    if t.assignments.is_empty() {
+        check_topic(shard, name, partitions, &configs)?;
+        budget.take(partitions)?;
+        return Ok(Requested {
+            partitions,
+            configs,
+            replication_factor: rf,
+            assignments: Vec::new(),
+        });
+    }
+    let assignments = explicit_assignment(t)?;
     let partitions = i32::try_from(assignments.len()).unwrap_or(i32::MAX);
     check_topic(shard, name, partitions, &configs)?;
     budget.take(partitions)?;
@@ -547,11 +570,24 @@ async fn grow_topic(
         return Err(meta_error(MetaError::UnknownTopic(name.to_string())));
     };
     if !assignments.is_empty() && !in_cluster(shard) {
-        return Err((
-            errors::INVALID_REPLICA_ASSIGNMENT,
-            "manual assignment is not supported".into(),
-        ));
+        single_node_assignment(shard, &assignments)?;
+        if usize::try_from(count - current.partitions).ok() != Some(assignments.len()) {
+            return Err((
+                errors::INVALID_REPLICA_ASSIGNMENT,
+                format!(
+                    "{} replica lists for {} new partitions",
+                    assignments.len(),
+                    count - current.partitions
+                ),
+            ));
+        }
     }
+    // A single node's partitions carry no assignment (it leads them all).
+    let assignments = if in_cluster(shard) {
+        assignments
+    } else {
+        Vec::new()
+    };
     if count <= current.partitions || count > PARTITIONS_PER_TOPIC_MAX {
         let msg = format!(
             "topic {name} has {} partitions; cannot change to {count}",
