@@ -574,4 +574,33 @@ fn a_compacted_topic_refuses_keyless_records() {
     .build()
     .expect("a keyed batch");
     assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 0));
+
+    // Produce v8+ names each keyless record (librdkafka fails only those with
+    // INVALID_RECORD and the rest of the batch as "a different record failed").
+    let rec = |key: Option<&'static [u8]>| wire::batch::NewRecord {
+        timestamp_ms: 1,
+        key: key.map(Bytes::from_static),
+        value: Some(Bytes::from_static(b"v")),
+        headers: Vec::new(),
+    };
+    let mixed = wire::batch::BatchBuilder {
+        records: vec![rec(Some(b"a")), rec(None), rec(Some(b"b")), rec(None)],
+        ..wire::batch::BatchBuilder::default()
+    }
+    .build()
+    .expect("a mixed batch");
+    let resp: ProduceResponse = c.call(api::PRODUCE, 8, &produce_req("compacted", 0, 1, mixed));
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, 87);
+    let named: Vec<i32> = p.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(named, vec![1, 3], "{p:?}");
+    assert!(p.error_message.is_some(), "{p:?}");
+    // Nothing of the batch was appended: the next keyed batch lands at offset 1.
+    let keyed = wire::batch::BatchBuilder {
+        records: vec![rec(Some(b"c"))],
+        ..wire::batch::BatchBuilder::default()
+    }
+    .build()
+    .expect("a keyed batch");
+    assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 1));
 }

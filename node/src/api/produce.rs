@@ -260,7 +260,10 @@ async fn respond(
             base_offset: outcome.base_offset.get(),
             log_append_time_ms: outcome.log_append_time_ms,
             log_start_offset: outcome.log_start_offset.get(),
-            ..Default::default()
+            record_errors: outcome.record_errors.iter().map(|i| (*i, None)).collect(),
+            error_message: outcome
+                .error_message
+                .map(|m| Bytes::from_static(m.as_bytes())),
         };
         match topics.last_mut() {
             Some(t) if t.name.as_ref() == name.as_bytes() => t.partitions.push(p),

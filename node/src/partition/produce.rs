@@ -41,14 +41,26 @@ impl Acks {
 }
 
 /// Result of appending one Produce partition's records.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ProduceOutcome {
     pub error: i16,
     pub base_offset: Offset,
     /// The append time when the topic uses LogAppendTime, else -1.
     pub log_append_time_ms: i64,
     pub log_start_offset: Offset,
+    /// The records (index in the batch) that made the batch fail (Produce v8+
+    /// `record_errors`: librdkafka fails only these with the error, the others of the
+    /// batch with "a different record failed").
+    pub record_errors: Vec<i32>,
+    /// A message for the error (Produce v8+ `error_message`).
+    pub error_message: Option<&'static str>,
 }
+
+/// Why records were refused before appending: the error and the records that caused it.
+type Refusal = (i16, Vec<i32>);
+
+/// Kafka's message for a keyless record sent to a compacted topic.
+const KEYLESS_IN_COMPACTED: &str = "Compacted topic cannot accept message without key";
 
 impl ProduceOutcome {
     /// A produce that appended nothing (`error` is a Kafka error code).
@@ -58,6 +70,17 @@ impl ProduceOutcome {
             base_offset: Offset::NONE,
             log_append_time_ms: -1,
             log_start_offset: Offset::NONE,
+            record_errors: Vec::new(),
+            error_message: None,
+        }
+    }
+
+    fn refused((error, records): Refusal) -> ProduceOutcome {
+        let error_message = (!records.is_empty()).then_some(KEYLESS_IN_COMPACTED);
+        ProduceOutcome {
+            record_errors: records,
+            error_message,
+            ..ProduceOutcome::failed(error)
         }
     }
 
@@ -67,6 +90,8 @@ impl ProduceOutcome {
             base_offset: info.first_offset,
             log_append_time_ms: info.log_append_time_ms.unwrap_or(-1),
             log_start_offset: info.log_start_offset,
+            record_errors: Vec::new(),
+            error_message: None,
         }
     }
 }
@@ -95,8 +120,8 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        if let Err(error) = self.validate(&records) {
-            return ProduceOutcome::failed(error);
+        if let Err(refusal) = self.validate(&records) {
+            return ProduceOutcome::refused(refusal);
         }
         if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
             return ProduceOutcome::failed(error);
@@ -172,6 +197,8 @@ impl Partition {
             base_offset: if committed { first } else { Offset::NONE },
             log_append_time_ms: -1,
             log_start_offset: self.log.log_start_offset(),
+            record_errors: Vec::new(),
+            error_message: None,
         }
     }
 
@@ -243,7 +270,7 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        self.validate(&records)?;
+        self.validate(&records).map_err(|(code, _)| code)?;
         let info = self
             .producers
             .append_unchecked(&self.log, records, epoch, now_ms)
@@ -281,22 +308,27 @@ impl Partition {
         }
     }
 
-    fn validate(&self, records: &[u8]) -> Result<(), i16> {
+    fn validate(&self, records: &[u8]) -> Result<(), Refusal> {
+        let code = |c: i16| (c, Vec::new());
         if records.is_empty() {
-            return Err(errors::INVALID_RECORD);
+            return Err(code(errors::INVALID_RECORD));
         }
         let compacted = self.compacted.get();
         for range in split_batches(records) {
-            let range = range.map_err(|e| wire_error_code(&e))?;
+            let range = range.map_err(|e| code(wire_error_code(&e)))?;
             if range.len() > self.max_message_bytes.get() {
-                return Err(errors::MESSAGE_TOO_LARGE);
+                return Err(code(errors::MESSAGE_TOO_LARGE));
             }
             // Kafka: a compacted topic refuses records without a key (the cleaner could
-            // not tell which to keep) with INVALID_RECORD.
+            // not tell which to keep) with INVALID_RECORD, naming each such record.
             if compacted {
                 let batch = bytes::Bytes::copy_from_slice(&records[range]);
-                if crate::storage::keyless_records(&batch).is_err() {
-                    return Err(errors::INVALID_RECORD);
+                if let Err(keyless) = crate::storage::keyless_records(&batch) {
+                    let indices = keyless
+                        .into_iter()
+                        .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+                        .collect();
+                    return Err((errors::INVALID_RECORD, indices));
                 }
             }
         }
