@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Broker, Client, batch};
+use common::{Broker, Client, batch, metric_value as value, scrape_metrics as scrape};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::offset_commit_request::{
@@ -22,27 +22,6 @@ use wire::api;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
-}
-
-fn scrape(addr: &str, path: &str) -> String {
-    let mut c = TcpStream::connect(addr).expect("connect to the metrics port");
-    c.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
-    let mut out = String::new();
-    c.read_to_string(&mut out).expect("read the answer");
-    out
-}
-
-/// The value of the series named exactly `series` (name and labels).
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 fn produce(c: &mut Client, partition: i32, values: &[&[u8]]) -> usize {

@@ -8,11 +8,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Broker, Client, batch};
+use common::{Broker, Client, batch, metric_value as value, scrape_metrics as scrape};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic};
@@ -177,26 +175,6 @@ fn a_session_answers_only_changed_partitions_and_checks_its_epoch() {
     assert_eq!(gone.error_code, FETCH_SESSION_ID_NOT_FOUND);
 }
 
-fn scrape(addr: &str) -> String {
-    let mut c = TcpStream::connect(addr).expect("connect to the metrics port");
-    c.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(c, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
-    let mut out = String::new();
-    c.read_to_string(&mut out).expect("read the answer");
-    out
-}
-
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
 #[test]
 fn a_full_cache_answers_sessionless_and_a_bigger_session_evicts() {
     let broker = Broker::start(
@@ -228,7 +206,7 @@ fn a_full_cache_answers_sessionless_and_a_bigger_session_evicts() {
     let second: FetchResponse = b.call(api::FETCH, 12, &fetch(0, 0, "full", two()));
     assert_eq!((second.error_code, second.session_id), (0, 0));
     assert_eq!(answered(&second).len(), 2);
-    let m = scrape(&metrics);
+    let m = scrape(&metrics, "/metrics");
     assert_eq!(value(&m, r#"weir_fetch_sessions{shard="0"}"#), Some(1.0));
     assert_eq!(
         value(&m, r#"weir_fetch_session_partitions{shard="0"}"#),
@@ -242,7 +220,7 @@ fn a_full_cache_answers_sessionless_and_a_bigger_session_evicts() {
     assert_ne!(third.session_id, id);
     let evicted: FetchResponse = a.call(api::FETCH, 12, &fetch(id, 1, "full", Vec::new()));
     assert_eq!(evicted.error_code, FETCH_SESSION_ID_NOT_FOUND);
-    let m = scrape(&metrics);
+    let m = scrape(&metrics, "/metrics");
     assert_eq!(value(&m, "weir_fetch_session_evictions_total"), Some(1.0));
     assert_eq!(
         value(&m, r#"weir_fetch_session_partitions{shard="0"}"#),

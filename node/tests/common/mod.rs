@@ -297,3 +297,25 @@ pub fn body_of<R: Encodable>(req: &R, version: i16) -> BytesMut {
 
 /// Unused-import guard for kafka-protocol's header type (kept for tests that need it).
 pub type KafkaRequestHeader = RequestHeader;
+
+/// A GET of `path` on the Prometheus endpoint at `addr`: the whole HTTP answer.
+pub fn scrape_metrics(addr: &str, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).expect("connect to the metrics port");
+    c.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut out = String::new();
+    c.read_to_string(&mut out).expect("read the answer");
+    out
+}
+
+/// The value of the series named exactly `series` (name and labels).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
