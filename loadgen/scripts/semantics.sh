@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Delivery semantics on weir, shown by `weir-loadgen verify`: a single-node weir (2 shards)
 # is SIGKILLed and restarted on the same port every 2 s while 20 000 records/s are produced
-# for 10 s, for acks=0, acks=1 (retries), acks=all (retries) and acks=all + idempotence.
+# for 10 s, for acks=0, acks=1 (retries), acks=all (retries), acks=all + idempotence and
+# transactions of 100 records read back read_committed (`--transactional`).
 # Prints each verdict; JSON in $OUT/<case>/v.json. Run from the repo root after
 # `cargo build --release -p weir -p weir-loadgen`.
 set -uo pipefail
@@ -50,7 +51,7 @@ EOS
     echo "== $name: $*"
     timeout 300 "$LG" verify --bootstrap "127.0.0.1:$port" --topic sem --partitions 4 \
         --rate 20000 --duration 10s --fault-cmd "$D/restart.sh" --fault-every 2s --quiet \
-        --json "$D/v.json" "$@" 2>/dev/null | grep -v "^  partition"
+        --json "$D/v.json" "$@" 2>"$D/stderr" | grep -v "^  partition"
     stop_broker "$D"
     CUR=
     wait 2>/dev/null
@@ -60,3 +61,4 @@ case_run acks0 --acks 0
 case_run acks1 --acks 1 --retries 1000
 case_run acksall --acks all --retries 1000
 case_run idempotent --acks all --idempotent --retries 1000
+case_run transactional --acks all --transactional --txn-records 100 --retries 1000

@@ -106,6 +106,20 @@ pub struct Load {
     /// InitProducerId + per-partition sequences.
     #[arg(long)]
     pub idempotent: bool,
+    /// Kafka's transactional.id, as a prefix (producer i uses PREFIX-i): write in
+    /// transactions of --txn-records records, each committed with EndTxn. Implies
+    /// --idempotent; needs --acks all.
+    #[arg(long)]
+    pub transactional_id: Option<String>,
+    /// Records per transaction (with --transactional-id).
+    #[arg(long, default_value_t = 100)]
+    pub txn_records: usize,
+    /// Kafka's transaction.timeout.ms (with --transactional-id).
+    #[arg(long, default_value_t = 60_000)]
+    pub transaction_timeout_ms: i32,
+    /// Consumers read with isolation_level=1 (read_committed).
+    #[arg(long)]
+    pub read_committed: bool,
     /// none, gzip, snappy, lz4 or zstd.
     #[arg(long, default_value = "none", value_parser = parse_compression)]
     pub compression: Compression,
@@ -177,9 +191,14 @@ pub struct Verify {
     pub fault_cmd: Option<String>,
     #[arg(long, value_parser = parse_duration)]
     pub fault_every: Option<Duration>,
-    /// Exit with status 2 if any acknowledged record is lost or any record duplicated.
+    /// Exit with status 2 if any acknowledged record is lost or any record duplicated
+    /// (or, with --transactional, any aborted record is read back).
     #[arg(long)]
     pub strict: bool,
+    /// Transactional producers (transactional id `weir-loadgen-verify-RUN` unless
+    /// --transactional-id is given) and a read_committed read-back.
+    #[arg(long)]
+    pub transactional: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -317,6 +336,20 @@ impl Load {
         p.keys = self.keys;
         if self.idempotent && (acks != -1 || self.max_in_flight > 5) {
             bail!("--idempotent needs --acks all and --max-in-flight ≤ 5 (as in Kafka)");
+        }
+        spec.read_committed = self.read_committed;
+        if let Some(t) = &self.transactional_id {
+            if acks != -1 || self.max_in_flight > 5 {
+                bail!("--transactional-id needs --acks all and --max-in-flight ≤ 5 (as in Kafka)");
+            }
+            if self.txn_records == 0 || self.transaction_timeout_ms <= 0 {
+                bail!("--txn-records and --transaction-timeout-ms must be positive");
+            }
+            let p = &mut spec.producer;
+            p.transactional_id = Some(t.clone());
+            p.idempotent = true;
+            p.txn_records = self.txn_records;
+            p.transaction_timeout_ms = self.transaction_timeout_ms;
         }
         Ok(spec)
     }

@@ -16,7 +16,7 @@ fn main() {
         Cmd::Plan(p) => commands::plan(p).map(|_| 0),
         Cmd::Quickstart(q) => commands::quickstart(q).map(|_| 0),
         Cmd::Verify(v) => verify::verify(v).map(|f| {
-            if v.strict && (f.lost > 0 || f.duplicated > 0) {
+            if v.strict && (f.lost > 0 || f.duplicated > 0 || f.aborted_visible > 0) {
                 2
             } else {
                 0

@@ -18,6 +18,7 @@ use crate::client::consumer::{
 use crate::client::metadata::{self, Cluster};
 use crate::client::payload::Stamp;
 use crate::client::producer::{AckSink, Producer, ProducerConfig, ProducerStats, warn};
+use crate::client::txn::TxnProducer;
 use crate::schedule::{Pacer, Rate};
 use crate::stats::{Clock, Recorder, Summary, progress_line};
 
@@ -51,6 +52,8 @@ pub struct LoadSpec {
     pub group: Option<String>,
     /// Consumers together read at most this many records/s (None: unthrottled).
     pub consume_rate: Option<f64>,
+    /// Consumers fetch with isolation_level=1 (read_committed).
+    pub read_committed: bool,
 }
 
 impl LoadSpec {
@@ -83,6 +86,9 @@ impl LoadSpec {
                 record_size_bytes: 1024,
                 keys: None,
                 buffer_memory_bytes: 32 << 20,
+                transactional_id: None,
+                txn_records: 100,
+                transaction_timeout_ms: 60_000,
             },
             start: StartAt::Latest,
             fetch_max_wait_ms: 100,
@@ -90,6 +96,7 @@ impl LoadSpec {
             run_id: run_id(),
             group: None,
             consume_rate: None,
+            read_committed: false,
         }
     }
 }
@@ -272,18 +279,20 @@ fn start_producers(
             Rate::Max => 0,
         };
         let pacer = Pacer::new(start_ns + offset_ns, rate, records, end_ns);
-        let p = Producer::new(
+        let (cfg, c, r, s) = (
             spec.producer.clone(),
             cluster.clone(),
-            clock,
             recorder.clone(),
             sink.clone(),
-            rid,
-            i,
-        )?;
-        let h = std::thread::Builder::new()
-            .name(format!("producer-{i}"))
-            .spawn(move || p.run(pacer, &AtomicBool::new(false)))?;
+        );
+        let builder = std::thread::Builder::new().name(format!("producer-{i}"));
+        let h = if spec.producer.transactional_id.is_some() {
+            let p = TxnProducer::new(cfg, c, clock, r, s, rid, i)?;
+            builder.spawn(move || p.run(pacer, &AtomicBool::new(false)))?
+        } else {
+            let p = Producer::new(cfg, c, clock, r, s, rid, i)?;
+            builder.spawn(move || p.run(pacer, &AtomicBool::new(false)))?
+        };
         handles.push(h);
     }
     Ok(handles)
@@ -343,6 +352,7 @@ fn start_consumers(
         partition_max_bytes: 8 << 20,
         group: spec.group.clone(),
         max_records_per_sec: spec.consume_rate.map(|r| r / threads as f64),
+        read_committed: spec.read_committed,
     };
     let consumer = |parts: Vec<i32>, s: Arc<dyn RecordSink>| {
         let (c, p, r) = (cluster.clone(), positions.clone(), recorder.clone());

@@ -9,6 +9,11 @@
 //! - reordered: within a partition, a record read after a higher-numbered record of the
 //!   same producer;
 //! - unacknowledged: given up on by the client (may or may not be present).
+//!
+//! With `--transactional` the producers write in transactions (a record is acknowledged
+//! only when its transaction's EndTxn(commit) succeeded) and the read-back is
+//! read_committed; one more finding: aborted visible, records of transactions the
+//! producer saw aborted that the read_committed consumer nevertheless returned (must be 0).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Command;
@@ -29,11 +34,16 @@ use crate::run;
 
 /// Upper bound on the fault command's own runtime.
 const FAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// A read_committed read-back waits for the LSO at most transaction.timeout.ms plus this.
+const LSO_WAIT_EXTRA: Duration = Duration::from_secs(30);
+const LSO_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Ledger {
     acked: HashMap<u64, i32>,
     failed: HashSet<u64>,
+    /// Records of aborted transactions (also in `failed`).
+    aborted: HashSet<u64>,
     /// Per partition, (offset, record id) in the order read.
     read: BTreeMap<i32, Vec<(i64, u64)>>,
 }
@@ -58,6 +68,11 @@ impl AckSink for Recorder {
     fn failed(&self, _partition: i32, ids: &[u64]) {
         let mut g = self.lock();
         g.failed.extend(ids.iter().copied());
+    }
+    fn aborted(&self, _partition: i32, ids: &[u64]) {
+        let mut g = self.lock();
+        g.failed.extend(ids.iter().copied());
+        g.aborted.extend(ids.iter().copied());
     }
 }
 
@@ -86,6 +101,9 @@ pub struct PartitionFindings {
 pub struct Findings {
     pub acks: String,
     pub idempotent: bool,
+    /// Transactions, read back read_committed.
+    #[serde(default)]
+    pub transactional: bool,
     pub sent: u64,
     pub acknowledged: u64,
     pub unacknowledged: u64,
@@ -93,6 +111,12 @@ pub struct Findings {
     pub lost: u64,
     pub duplicated: u64,
     pub reordered: u64,
+    /// Records of transactions the producer saw aborted.
+    #[serde(default)]
+    pub aborted: u64,
+    /// Of those, read back (by a read_committed consumer: must be 0).
+    #[serde(default)]
+    pub aborted_visible: u64,
     pub faults_injected: u64,
     pub partitions: BTreeMap<i32, PartitionFindings>,
     /// Up to 20 lost record ids, for a first look.
@@ -141,6 +165,12 @@ fn analyse(ledger: &Ledger) -> Findings {
     lost.sort_unstable();
     f.lost = lost.len() as u64;
     f.lost_examples = lost.into_iter().take(20).collect();
+    f.aborted = ledger.aborted.len() as u64;
+    f.aborted_visible = ledger
+        .aborted
+        .iter()
+        .filter(|id| seen.contains_key(id))
+        .count() as u64;
     f
 }
 
@@ -198,7 +228,13 @@ fn run_fault(cmd: &str) {
 
 /// Produce phase with faults, then a full read-back, then the comparison.
 pub fn verify(v: &Verify) -> Result<Findings> {
-    let mut spec = v.load.spec(StartAt::Latest)?;
+    let mut load = v.load.clone();
+    if v.transactional && load.transactional_id.is_none() {
+        load.transactional_id = Some(format!("weir-loadgen-verify-{:x}", run::run_id()));
+    }
+    // Transactional records are read back as Kafka's exactly-once consumers read them.
+    load.read_committed |= load.transactional_id.is_some();
+    let mut spec = load.spec(StartAt::Latest)?;
     let ledger = Arc::new(Recorder::default());
     // Positions at the start: the read-back covers exactly this run's range.
     let cluster = run::prepare_topic(&spec)?;
@@ -224,11 +260,17 @@ pub fn verify(v: &Verify) -> Result<Findings> {
     spec.records = None;
     spec.duration = None;
     spec.quiet = true;
+    if spec.read_committed {
+        let bound = Duration::from_millis(spec.producer.transaction_timeout_ms.max(0) as u64)
+            + LSO_WAIT_EXTRA;
+        wait_stable(&spec.topic, &cluster, bound)?;
+    }
     let read = read_back(&spec, &cluster, &starts, ledger.clone())?;
     let mut f = analyse(&ledger.lock());
     f.sent = produced.producer.generated;
     f.acks = v.load.acks.clone();
-    f.idempotent = v.load.idempotent;
+    f.idempotent = v.load.idempotent || spec.producer.transactional_id.is_some();
+    f.transactional = spec.producer.transactional_id.is_some();
     f.faults_injected = faults_injected;
     println!("{}", findings_text(&f, read));
     if let Some(p) = &v.load.json {
@@ -258,6 +300,53 @@ fn start_offsets(
     Ok(out)
 }
 
+/// Waits (up to `bound`) until every partition's last stable offset has reached its high
+/// watermark: the last transactions' markers are written after EndTxn answers, and a
+/// read_committed read-back that starts earlier could go idle below the LSO.
+fn wait_stable(
+    topic: &str,
+    cluster: &crate::client::metadata::Cluster,
+    bound: Duration,
+) -> Result<()> {
+    use crate::client::metadata::{LATEST, list_offsets_isolated};
+    let deadline = Instant::now() + bound;
+    let mut conns: BTreeMap<usize, crate::client::conn::Conn> = BTreeMap::new();
+    // Bounded by the deadline; one round of ListOffsets per poll.
+    while Instant::now() < deadline {
+        let mut stable = true;
+        for p in 0..cluster.partitions() {
+            let part = [p as i32];
+            let offsets = (|| {
+                if let std::collections::btree_map::Entry::Vacant(e) = conns.entry(p) {
+                    e.insert(crate::client::conn::Conn::connect(cluster.leader_addr(p)?)?);
+                }
+                let c = conns
+                    .get_mut(&p)
+                    .ok_or_else(|| anyhow::anyhow!("connection vanished"))?;
+                let hw = list_offsets_isolated(c, topic, &part, LATEST, 0)?;
+                let lso = list_offsets_isolated(c, topic, &part, LATEST, 1)?;
+                Ok::<_, anyhow::Error>((hw.get(&part[0]).copied(), lso.get(&part[0]).copied()))
+            })();
+            match offsets {
+                Ok((Some(hw), Some(lso))) if lso >= hw => {}
+                Ok(_) => stable = false,
+                Err(_) => {
+                    conns.remove(&p);
+                    stable = false;
+                }
+            }
+        }
+        if stable {
+            return Ok(());
+        }
+        std::thread::sleep(LSO_POLL);
+    }
+    warn(&format!(
+        "the last stable offset did not reach the high watermark within {bound:?}; reading back anyway"
+    ));
+    Ok(())
+}
+
 /// Reads the topic from `starts` until no record arrives for a few seconds.
 fn read_back(
     spec: &run::LoadSpec,
@@ -282,6 +371,7 @@ fn read_back(
         partition_max_bytes: 8 << 20,
         group: None,
         max_records_per_sec: None,
+        read_committed: spec.read_committed,
     };
     let parts = (0..cluster.partitions() as i32).collect();
     let c = Consumer::new(
@@ -305,9 +395,10 @@ fn read_back(
 
 fn findings_text(f: &Findings, read: u64) -> String {
     let mut t = format!(
-        "verify: acks={} idempotent={} faults={}\n  sent {}  acknowledged {}  unacknowledged {}  read {} ({} unique)\n  lost (acknowledged, not read back): {}\n  duplicated: {}\n  reordered: {}\n",
+        "verify: acks={} idempotent={} transactional={} faults={}\n  sent {}  acknowledged {}  unacknowledged {}  read {} ({} unique)\n  lost (acknowledged, not read back): {}\n  duplicated: {}\n  reordered: {}\n",
         f.acks,
         f.idempotent,
+        f.transactional,
         f.faults_injected,
         f.sent,
         f.acknowledged,
@@ -318,6 +409,12 @@ fn findings_text(f: &Findings, read: u64) -> String {
         f.duplicated,
         f.reordered
     );
+    if f.transactional {
+        t.push_str(&format!(
+            "  aborted: {}  aborted visible (read_committed): {}\n",
+            f.aborted, f.aborted_visible
+        ));
+    }
     for (p, pf) in &f.partitions {
         t.push_str(&format!(
             "  partition {p}: read {} duplicated {} reordered {}\n",
@@ -362,5 +459,26 @@ mod tests {
         assert_eq!(f.reordered, 1);
         assert_eq!(f.unacknowledged, 1);
         assert_eq!(f.read_unique, 5);
+        assert_eq!(f.aborted_visible, 0);
+    }
+
+    #[test]
+    fn analysis_counts_aborted_records_read_back() {
+        let r = Recorder::default();
+        r.acked(0, Some(0), &[0, 1]);
+        r.aborted(0, &[2, 3]);
+        for (o, id) in [(0, 0), (1, 1), (2, 3)] {
+            let stamp = Stamp {
+                run_id: 0,
+                record_id: id,
+                intended_ns: 0,
+            };
+            r.consumed(0, o, Some(stamp), 0);
+        }
+        let f = analyse(&r.lock());
+        assert_eq!(f.aborted, 2);
+        assert_eq!(f.aborted_visible, 1);
+        assert_eq!(f.lost, 0);
+        assert_eq!(f.unacknowledged, 2);
     }
 }

@@ -62,6 +62,9 @@ pub struct ConsumerConfig {
     pub group: Option<String>,
     /// Read at most this many records/s (this consumer alone); `None`: as fast as it can.
     pub max_records_per_sec: Option<f64>,
+    /// Fetch with isolation_level=1: records up to the last stable offset only, aborted
+    /// transactions' records skipped (the response's aborted_transactions + markers).
+    pub read_committed: bool,
 }
 
 /// A Fetch sent and not yet answered (one per broker: read-ahead depth 1).
@@ -391,7 +394,9 @@ impl Consumer {
         }
         for t in resp.responses {
             for pd in t.partitions {
-                self.handle_partition(pd.partition_index, pd.error_code, pd.records, stop)?;
+                let aborted = Aborted::new(pd.aborted_transactions.as_deref().unwrap_or(&[]));
+                let p = pd.partition_index;
+                self.handle_partition(p, pd.error_code, pd.records, aborted, stop)?;
             }
         }
         Ok(())
@@ -435,6 +440,7 @@ impl Consumer {
         req.min_bytes = 1;
         req.max_bytes = self.cfg.fetch_max_bytes;
         req.session_epoch = -1;
+        req.isolation_level = i8::from(self.cfg.read_committed);
         req.topics = vec![t];
         req
     }
@@ -444,6 +450,7 @@ impl Consumer {
         p: i32,
         code: i16,
         records: Option<Bytes>,
+        mut aborted: Aborted,
         stop: &AtomicBool,
     ) -> Result<()> {
         if code == OFFSET_OUT_OF_RANGE {
@@ -475,7 +482,10 @@ impl Consumer {
             let control = h.attributes().is_control();
             let batch = records.slice(at..end);
             at = end;
-            if next <= pos || control {
+            // Kafka's consumer: every batch (also those before the position) moves the
+            // aborted-transaction state, so an abort marker always closes its transaction.
+            let skip_aborted = self.cfg.read_committed && aborted.skips(&h, &batch);
+            if next <= pos || control || skip_aborted {
                 pos = pos.max(next);
                 continue;
             }
@@ -540,6 +550,66 @@ impl Consumer {
         }
         Ok(())
     }
+}
+
+/// The aborted transactions of one partition's fetch response, applied as Kafka's
+/// consumer does: a transaction whose first offset is at or before a batch's last offset
+/// is open for that producer until its ABORT marker; its transactional batches are skipped.
+pub struct Aborted {
+    /// (first offset, producer id), sorted by first offset.
+    pending: Vec<(i64, i64)>,
+    next: usize,
+    /// Producer ids whose aborted transaction is under way at the current batch.
+    open: std::collections::HashSet<i64>,
+}
+
+/// Control record type of an ABORT marker (the marker key is version i16, type i16).
+const CONTROL_TYPE_ABORT: i16 = 0;
+
+impl Aborted {
+    pub fn new(list: &[kafka_protocol::messages::fetch_response::AbortedTransaction]) -> Self {
+        let mut pending: Vec<(i64, i64)> = list
+            .iter()
+            .map(|a| (a.first_offset, a.producer_id.0))
+            .collect();
+        pending.sort_unstable();
+        Self {
+            pending,
+            next: 0,
+            open: Default::default(),
+        }
+    }
+
+    /// Whether the batch with header `h` (whole bytes `batch`) belongs to an aborted
+    /// transaction and must be skipped; control batches update the state (and are
+    /// skipped by the caller anyway).
+    pub fn skips(&mut self, h: &wire::batch::BatchHeader, batch: &Bytes) -> bool {
+        let last = h.last_offset().get();
+        while let Some(&(first, pid)) = self.pending.get(self.next) {
+            if first > last {
+                break;
+            }
+            self.open.insert(pid);
+            self.next += 1;
+        }
+        let pid = h.producer_id().get();
+        if h.attributes().is_control() {
+            if control_type(batch) == Some(CONTROL_TYPE_ABORT) {
+                self.open.remove(&pid);
+            }
+            return false;
+        }
+        h.attributes().is_transactional() && self.open.contains(&pid)
+    }
+}
+
+/// The control type of a control batch's (first) record: its key's second i16.
+fn control_type(batch: &Bytes) -> Option<i16> {
+    let (_, mut records) = batch_records(batch, MAX_DECOMPRESSED_BYTES).ok()?;
+    let r = records.next()?.ok()?;
+    let k = r.key.as_deref()?;
+    let t = k.get(2..4)?;
+    Some(i16::from_be_bytes([t[0], t[1]]))
 }
 
 /// The offset after the last whole batch in a fetched records section (`None`: no whole
@@ -608,4 +678,66 @@ pub fn sample_lag(
         }
     }
     Ok(lag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::fetch_response::AbortedTransaction;
+    use wire::batch::{BatchBuilder, NewRecord, control_batch};
+    use wire::{Offset, ProducerEpoch, ProducerId};
+
+    fn txn_batch(base: i64, pid: i64, n: usize) -> Bytes {
+        let mut b = BatchBuilder {
+            base_offset: Offset(base),
+            producer_id: ProducerId(pid),
+            producer_epoch: ProducerEpoch(0),
+            base_sequence: wire::Sequence(0),
+            transactional: true,
+            ..BatchBuilder::default()
+        };
+        b.records = (0..n)
+            .map(|_| NewRecord {
+                timestamp_ms: 0,
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: Vec::new(),
+            })
+            .collect();
+        b.build().unwrap()
+    }
+
+    fn marker(base: i64, pid: i64, commit: bool) -> Bytes {
+        let b = control_batch(ProducerId(pid), ProducerEpoch(0), commit, 0, 0).unwrap();
+        let mut v = b.to_vec();
+        v[..8].copy_from_slice(&base.to_be_bytes());
+        Bytes::from(v)
+    }
+
+    /// Producer 7 aborts a transaction at 0..2 (marker at 2) and then commits one at 3..4
+    /// (marker at 5); producer 8's transaction at 6..7 is aborted (marker 8). Only the
+    /// committed one is delivered, as Kafka's consumer does.
+    #[test]
+    fn aborted_transactions_are_skipped_and_closed_by_their_markers() {
+        let mut list = Vec::new();
+        for (pid, first) in [(8, 6), (7, 0)] {
+            let mut a = AbortedTransaction::default();
+            a.producer_id = kafka_protocol::messages::ProducerId(pid);
+            a.first_offset = first;
+            list.push(a);
+        }
+        let mut ab = Aborted::new(&list);
+        let batches = [
+            (txn_batch(0, 7, 2), true),
+            (marker(2, 7, false), false),
+            (txn_batch(3, 7, 2), false),
+            (marker(5, 7, true), false),
+            (txn_batch(6, 8, 2), true),
+            (marker(8, 8, false), false),
+        ];
+        for (i, (b, skipped)) in batches.iter().enumerate() {
+            let h = read_header(b).unwrap();
+            assert_eq!(ab.skips(h, b), *skipped, "batch {i}");
+        }
+    }
 }

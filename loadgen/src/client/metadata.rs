@@ -144,7 +144,20 @@ pub fn list_offsets(
     partitions: &[i32],
     timestamp: i64,
 ) -> Result<BTreeMap<i32, i64>> {
-    let v = conn.versions.pick(api::LIST_OFFSETS, 1, 7)?;
+    list_offsets_isolated(conn, topic, partitions, timestamp, 0)
+}
+
+/// [`list_offsets`] at an isolation level: 1 (read_committed) makes LATEST the last
+/// stable offset instead of the high watermark.
+pub fn list_offsets_isolated(
+    conn: &mut Conn,
+    topic: &str,
+    partitions: &[i32],
+    timestamp: i64,
+    isolation_level: i8,
+) -> Result<BTreeMap<i32, i64>> {
+    let lo = if isolation_level == 0 { 1 } else { 2 };
+    let v = conn.versions.pick(api::LIST_OFFSETS, lo, 7)?;
     let mut t = ListOffsetsTopic::default();
     t.name = topic_name(topic);
     t.partitions = partitions
@@ -159,6 +172,7 @@ pub fn list_offsets(
         .collect();
     let mut req = ListOffsetsRequest::default();
     req.replica_id = BrokerId(-1);
+    req.isolation_level = isolation_level;
     req.topics = vec![t];
     let resp = conn.call(&req, v)?;
     let mut out = BTreeMap::new();

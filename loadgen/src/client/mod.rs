@@ -8,6 +8,7 @@ pub mod group;
 pub mod metadata;
 pub mod produce_wire;
 pub mod producer;
+pub mod txn;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;

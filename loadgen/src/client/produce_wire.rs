@@ -7,7 +7,7 @@
 //! would produce (a unit test compares them), for Produce v3..=9 (v9 is flexible).
 
 use bytes::{BufMut, Bytes};
-use wire::batch::{BATCH_HEADER_SIZE, Compression, SnappyFraming, compress};
+use wire::batch::{Attributes, BATCH_HEADER_SIZE, Compression, SnappyFraming, compress};
 use wire::codec::{put_uvarint, put_varint, uvarint_size, varint_size};
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
@@ -41,6 +41,8 @@ pub struct BatchFields {
     pub base_sequence: Sequence,
     pub timestamp_ms: i64,
     pub compression: Compression,
+    /// Part of a transaction (attributes bit 4).
+    pub transactional: bool,
 }
 
 /// What the value of each record is made of.
@@ -138,7 +140,12 @@ pub fn write_batch(out: &mut Vec<u8>, b: &BatchSource<'_>, values: Values<'_>) {
     out.put_i32(-1); // partition leader epoch
     out.put_u8(MAGIC_V2);
     out.put_u32(0); // CRC, below
-    out.put_i16(f.compression.bits());
+    let txn_bit = if f.transactional {
+        Attributes::TRANSACTIONAL_BIT
+    } else {
+        0
+    };
+    out.put_i16(f.compression.bits() | txn_bit);
     out.put_i32((count - 1).max(0));
     out.put_i64(f.timestamp_ms);
     out.put_i64(f.timestamp_ms);
@@ -168,6 +175,8 @@ pub struct RequestFields<'a> {
     pub acks: i16,
     pub timeout_ms: i32,
     pub topic: &'a str,
+    /// The transactional.id of a transactional producer; `None` otherwise.
+    pub transactional_id: Option<&'a str>,
 }
 
 /// Writes a whole Produce request frame (size prefix included) into `out`, replacing what
@@ -190,11 +199,17 @@ pub fn write_request(
     if flexible {
         out.put_u8(0);
     }
-    // transactional_id: null
-    if flexible {
-        put_uvarint(out, 0);
-    } else {
-        out.put_i16(-1);
+    match (req.transactional_id, flexible) {
+        (None, true) => put_uvarint(out, 0),
+        (None, false) => out.put_i16(-1),
+        (Some(t), true) => {
+            put_uvarint(out, t.len() as u32 + 1);
+            out.put_slice(t.as_bytes());
+        }
+        (Some(t), false) => {
+            out.put_i16(t.len() as i16);
+            out.put_slice(t.as_bytes());
+        }
     }
     out.put_i16(req.acks);
     out.put_i32(req.timeout_ms);
@@ -246,7 +261,13 @@ pub fn request_len(
         }
     };
     let mut n = 4 + 2 + 2 + 4 + 2 + CLIENT_ID.len() + usize::from(flexible);
-    n += if flexible { 1 } else { 2 } + 2 + 4 + len(1);
+    n += match req.transactional_id {
+        None if flexible => 1,
+        None => 2,
+        Some(t) if flexible => uvarint_size(t.len() as u32 + 1) + t.len(),
+        Some(t) => 2 + t.len(),
+    };
+    n += 2 + 4 + len(1);
     n += if flexible {
         uvarint_size(req.topic.len() as u32 + 1)
     } else {
@@ -299,6 +320,7 @@ mod tests {
                     Sequence::NONE
                 },
                 compression: f.compression,
+                transactional: f.transactional,
                 records: rs
                     .iter()
                     .map(|r| NewRecord {
@@ -318,6 +340,9 @@ mod tests {
         let mut r = ProduceRequest::default();
         r.acks = req.acks;
         r.timeout_ms = req.timeout_ms;
+        r.transactional_id = req
+            .transactional_id
+            .map(|t| kafka_protocol::messages::TransactionalId(StrBytes::from_string(t.into())));
         r.topic_data = vec![t];
         super::super::conn::encode_request(&r, req.version, req.correlation_id).unwrap()
     }
@@ -328,11 +353,13 @@ mod tests {
         let mut out = Vec::new();
         let mut scratch = Vec::new();
         for version in [3, 7, 8, 9] {
-            for (keyed, codec, pid) in [
-                (false, Compression::None, -1),
-                (true, Compression::None, 7),
-                (false, Compression::Gzip, -1),
-                (true, Compression::Lz4, 9),
+            for (keyed, codec, pid, txn) in [
+                (false, Compression::None, -1, None),
+                (true, Compression::None, 7, None),
+                (false, Compression::Gzip, -1, None),
+                (true, Compression::Lz4, 9, None),
+                (false, Compression::None, 7, Some("txn-a")),
+                (true, Compression::Gzip, 9, Some("txn-b")),
             ] {
                 let values = Values {
                     size: 500, // longer than the filler: padded with 'x'
@@ -344,6 +371,7 @@ mod tests {
                     base_sequence: Sequence(if pid < 0 { -1 } else { 11 }),
                     timestamp_ms: 1_700_000_000_123,
                     compression: codec,
+                    transactional: txn.is_some(),
                 };
                 let req = RequestFields {
                     version,
@@ -351,6 +379,7 @@ mod tests {
                     acks: -1,
                     timeout_ms: 30_000,
                     topic: "topic-x",
+                    transactional_id: txn,
                 };
                 let data = vec![(0, fields, recs(3, keyed)), (5, fields, recs(200, keyed))];
                 let compressed: Vec<Option<Vec<u8>>> = data
@@ -396,6 +425,7 @@ mod tests {
                 base_sequence: Sequence::NONE,
                 timestamp_ms: 5,
                 compression: Compression::None,
+                transactional: false,
             },
             recs: &rs,
             compressed: None,

@@ -74,6 +74,13 @@ pub struct ProducerConfig {
     pub keys: Option<u64>,
     /// Upper bound on bytes buffered in not-yet-acked batches (Kafka's buffer.memory).
     pub buffer_memory_bytes: usize,
+    /// Kafka's transactional.id, as a prefix: producer i uses `PREFIX-i` and writes in
+    /// transactions (client/txn.rs). `None`: no transactions.
+    pub transactional_id: Option<String>,
+    /// Records per transaction.
+    pub txn_records: usize,
+    /// Kafka's transaction.timeout.ms, sent in InitProducerId.
+    pub transaction_timeout_ms: i32,
 }
 
 /// Told about the fate of every record (for `verify`).
@@ -82,6 +89,11 @@ pub trait AckSink: Send + Sync {
     fn acked(&self, partition: i32, base_offset: Option<i64>, ids: &[u64]);
     /// Records `ids` were given up on.
     fn failed(&self, partition: i32, ids: &[u64]);
+    /// Records `ids` belong to a transaction that was aborted (never committed): given up
+    /// on, and a read_committed consumer must never see them.
+    fn aborted(&self, partition: i32, ids: &[u64]) {
+        self.failed(partition, ids);
+    }
 }
 
 /// A sink that ignores everything.
@@ -617,6 +629,7 @@ impl Producer {
                         base_sequence: b.base_sequence,
                         timestamp_ms: sealed.map_or(0, |s| s.timestamp_ms),
                         compression: self.cfg.compression,
+                        transactional: false,
                     },
                     recs: &b.records,
                     compressed: sealed.and_then(|s| s.compressed.as_deref()),
@@ -630,6 +643,7 @@ impl Producer {
             acks: self.cfg.acks,
             timeout_ms: self.cfg.request_timeout_ms,
             topic: &self.cfg.topic,
+            transactional_id: None,
         };
         let values = Values {
             size: self.cfg.record_size_bytes,
