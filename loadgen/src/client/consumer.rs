@@ -688,15 +688,7 @@ mod tests {
     use wire::{Offset, ProducerEpoch, ProducerId};
 
     fn txn_batch(base: i64, pid: i64, n: usize) -> Bytes {
-        let mut b = BatchBuilder {
-            base_offset: Offset(base),
-            producer_id: ProducerId(pid),
-            producer_epoch: ProducerEpoch(0),
-            base_sequence: wire::Sequence(0),
-            transactional: true,
-            ..BatchBuilder::default()
-        };
-        b.records = (0..n)
+        let records = (0..n)
             .map(|_| NewRecord {
                 timestamp_ms: 0,
                 key: None,
@@ -704,6 +696,15 @@ mod tests {
                 headers: Vec::new(),
             })
             .collect();
+        let b = BatchBuilder {
+            base_offset: Offset(base),
+            producer_id: ProducerId(pid),
+            producer_epoch: ProducerEpoch(0),
+            base_sequence: wire::Sequence(0),
+            transactional: true,
+            records,
+            ..BatchBuilder::default()
+        };
         b.build().unwrap()
     }
 
