@@ -344,7 +344,12 @@ impl TxnProducer {
             b.base_sequence = *seq;
             *seq = seq.add_wrapping(b.records.len() as i32);
         }
-        self.produce(batches).map_err(|e| {
+        let produced = self.produce(batches);
+        if produced.is_err() {
+            // Responses may still be due on these connections: start clean.
+            self.leaders.clear();
+        }
+        produced.map_err(|e| {
             let fenced = e
                 .downcast_ref::<ProduceCode>()
                 .is_some_and(|c| c.0 == PRODUCER_FENCED || c.0 == INVALID_PRODUCER_EPOCH);
