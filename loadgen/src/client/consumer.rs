@@ -484,7 +484,7 @@ impl Consumer {
             at = end;
             // Kafka's consumer: every batch (also those before the position) moves the
             // aborted-transaction state, so an abort marker always closes its transaction.
-            let skip_aborted = self.cfg.read_committed && aborted.skips(&h, &batch);
+            let skip_aborted = self.cfg.read_committed && aborted.skips(h, &batch);
             if next <= pos || control || skip_aborted {
                 pos = pos.max(next);
                 continue;
