@@ -105,6 +105,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
     "transaction.state.log.segment.bytes",
+    // security/peer.rs: node-to-node connections
+    "controller.listener.names",
+    "sasl.mechanism.inter.broker.protocol",
+    "security.inter.broker.protocol",
     // security/authorizer.rs
     "allow.everyone.if.no.acl.found",
     "authorizer.class.name",
@@ -134,7 +138,6 @@ const KAFKA_KEYS: &[&str] = &[
     "controlled.shutdown.enable",
     "controlled.shutdown.max.retries",
     "controlled.shutdown.retry.backoff.ms",
-    "controller.listener.names",
     "controller.quorum.append.linger.ms",
     "controller.quorum.bootstrap.servers",
     "controller.quorum.election.backoff.max.ms",
@@ -211,7 +214,6 @@ const KAFKA_KEYS: &[&str] = &[
     "replication.quota.window.size.seconds",
     "request.timeout.ms",
     "reserved.broker.max.id",
-    "security.inter.broker.protocol",
     "socket.connection.setup.timeout.max.ms",
     "socket.connection.setup.timeout.ms",
     "socket.listen.backlog.size",
