@@ -3,9 +3,10 @@
 //! node registers its SSL address, so followers can only replicate over TLS; a
 //! PLAINTEXT listener on loopback serves the harness's raw metadata reads only.
 //! confluent-kafka produces (idempotent, acks=all) and consumes over SSL, every replica
-//! is in sync, a follower killed and restarted catches up and rejoins every ISR.
-//! Negative: a node whose truststore holds another CA cannot reach the controller (its
-//! handshakes fail with a logged certificate error) and never registers.
+//! is in sync, a follower killed and restarted catches up and rejoins every ISR. Also
+//! SASL_SSL (PLAIN from the JAAS line) as the inter-broker listener. Negative: a node
+//! whose truststore holds another CA cannot reach the controller (its handshakes fail
+//! with a logged certificate error) and never registers.
 
 mod security_support;
 
@@ -152,5 +153,63 @@ fn a_node_with_a_wrong_truststore_cannot_join() -> Result<()> {
         "node 3 registered despite its wrong truststore: {:?}",
         m.brokers
     );
+    Ok(())
+}
+
+/// SASL_SSL between nodes: the inter-broker listener asks for SASL (PLAIN, from the JAAS
+/// line Kafka uses), so a follower's fetches are served only once it authenticated with
+/// the configured `username`/`password`; every replica gets in sync.
+#[test]
+fn rf3_over_sasl_ssl_between_nodes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pki = certs::make(dir.path())?;
+    let keystore = pki.server_keystore()?;
+    let jaas = r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="broker" password="broker-pw" user_broker="broker-pw";"#;
+    let s: Vec<(&'static str, String)> = vec![
+        (
+            "listeners",
+            "PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0".into(),
+        ),
+        ("inter.broker.listener.name", "SASL_SSL".into()),
+        ("sasl.mechanism.inter.broker.protocol", "PLAIN".into()),
+        ("listener.name.sasl_ssl.plain.sasl.jaas.config", jaas.into()),
+        (
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms",
+            "PLAIN".into(),
+        ),
+        ("ssl.keystore.type", "PEM".into()),
+        ("ssl.keystore.location", keystore.display().to_string()),
+        ("ssl.truststore.location", pki.ca_pem.display().to_string()),
+        ("default.replication.factor", "3".into()),
+        ("min.insync.replicas", "2".into()),
+    ];
+    let mut c = Cluster::start(3, &refs(&s))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true)?;
+    let log = c.node(2).log_text();
+    ensure!(
+        log.contains("SASL_SSL") && log.contains("PLAIN as broker"),
+        "node 2 does not use SASL_SSL as broker between nodes"
+    );
+    let addr = c.node(1).addr();
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while create_topic(addr, TOPIC, 3, 3)? != 0 {
+        ensure!(Instant::now() < deadline, "topic not created");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
+    let log = c.node(1).log_text();
+    let from = log.rfind("weir ready").unwrap_or(0);
+    let sasl_addr = security_support::listener_addr(&log[from..], "SASL_SSL")?;
+    let conf = vec![
+        ("bootstrap.servers".to_string(), sasl_addr.to_string()),
+        ("security.protocol".into(), "SASL_SSL".into()),
+        ("ssl.ca.location".into(), pki.ca_pem.display().to_string()),
+        ("sasl.mechanism".into(), "PLAIN".into()),
+        ("sasl.username".into(), "broker".into()),
+        ("sasl.password".into(), "broker-pw".into()),
+    ];
+    let out = run_client("produce-consume", &conf, &[TOPIC, RECORDS])?;
+    println!("SASL_SSL: {out}");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
     Ok(())
 }
