@@ -21,8 +21,8 @@ pub enum ScramChange {
     },
 }
 
-/// Most users with SCRAM credentials, whole node: every credential change rewrites the
-/// catalogue, so its size must stay bounded whatever clients send.
+/// Most users with SCRAM credentials, whole cluster: every credential change rewrites the
+/// metadata image, so its size must stay bounded whatever clients send.
 pub const SCRAM_USERS_MAX: usize = 10_000;
 
 /// The outcome of one change.
