@@ -171,11 +171,11 @@ fn tombstones_removed(broker: &Broker) -> u64 {
         .sum()
 }
 
-/// > 10 MiB of live offsets in one `__consumer_offsets` partition, written 4 times: the
-/// shard's log cleaner compacts it to about the live size (before, the coordinator's own
-/// rewrite did, moving the log start), every last commit survives a SIGKILL and a clean
-/// restart, and deleted groups' tombstones go after `delete.retention.ms` without the
-/// groups coming back.
+/// More than 10 MiB of live offsets in one `__consumer_offsets` partition, written 4
+/// times: the shard's log cleaner compacts it to about the live size (before, the
+/// coordinator's own rewrite did, moving the log start), every last commit survives a
+/// SIGKILL and a clean restart, and deleted groups' tombstones go after
+/// `delete.retention.ms` without the groups coming back.
 #[test]
 fn the_log_cleaner_compacts_consumer_offsets_and_replay_restores_every_commit() {
     let sets = [
