@@ -252,12 +252,15 @@ fn batch_txn(
         .with_topics(topics)
 }
 
-/// An AddPartitionsToTxn v4+ batch; per transaction (id, [(topic, partition, code)]).
+/// One transaction's answer: (id, [(topic, partition, code)]).
+type TxnResult = (String, Vec<(String, i32, i16)>);
+
+/// An AddPartitionsToTxn v4+ batch: (top-level error, per transaction).
 fn add_batch(
     c: &mut Client,
     version: i16,
     txns: Vec<add_partitions_to_txn_request::AddPartitionsToTxnTransaction>,
-) -> (i16, Vec<(String, Vec<(String, i32, i16)>)>) {
+) -> (i16, Vec<TxnResult>) {
     let req = AddPartitionsToTxnRequest::default().with_transactions(txns);
     let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, version, &req);
     let results = resp
@@ -283,7 +286,7 @@ fn add_batch(
     (resp.error_code, results)
 }
 
-fn owned(id: &str, per: &[(&str, i32, i16)]) -> (String, Vec<(String, i32, i16)>) {
+fn owned(id: &str, per: &[(&str, i32, i16)]) -> TxnResult {
     let per = per
         .iter()
         .map(|(t, p, c)| (t.to_string(), *p, *c))
