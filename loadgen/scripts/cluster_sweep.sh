@@ -16,7 +16,8 @@
 #
 # Run from the repo root; builds release binaries unless BUILD=0. E2E=1 runs each sweep
 # step as e2e (a consumer beside the producer) instead of --produce-only. FLOORS=0 skips
-# fio/iperf3. PERF=1 records `perf record -g` of the leader of the RF=3 topic's partition 0
+# fio/iperf3. PERF=1 records `perf record --call-graph dwarf` (release has no frame
+# pointers, so plain -g loses the callers) of the leader of the RF=3 topic's partition 0
 # during an extra acks=all RF=3 run ($OUT/perf.data, summary in $OUT/perf-report.txt).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -109,7 +110,7 @@ MODE=(--produce-only)
 sweep() {
     local name=$1 topic=$2 rate=$3
     echo "== $name: sweep --acks $ACKS on $topic, --rate $rate"
-    timeout 900 "$LG" sweep --bootstrap "$BOOT" --topic "$topic" --partitions "$PARTITIONS" \
+    timeout 900 "$LG" sweep --bootstrap "127.0.0.1:${PORT[1]}" --topic "$topic" --partitions "$PARTITIONS" \
         --acks "$ACKS" --record-sizes "$RECORD" --rate "$rate" --duration "$DURATION" \
         --warmup "$WARMUP" "${MODE[@]}" "${METRICS[@]}" --quiet "${EXTRA[@]}" \
         --json "$OUT/$name.json" --report "$OUT/$name.html"
@@ -129,13 +130,13 @@ if [ "$PERF" = 1 ]; then
     leader=$(kcat -b "$BOOT" -L -t sweep-rf3 -J -m 5 2>/dev/null \
         | python3 -c 'import json,sys; t=json.load(sys.stdin)["topics"][0]; print([p["leader"] for p in t["partitions"] if p["partition"]==0][0])')
     echo "== perf record -g on node $leader (pid ${PID[$leader]}) during acks=all RF=3 at max"
-    perf record -g -F 999 -p "${PID[$leader]}" -o "$OUT/perf.data" -- sleep "${PERF_SECS:-12}" \
+    perf record --call-graph dwarf,16384 -F 499 -p "${PID[$leader]}" -o "$OUT/perf.data" -- sleep "${PERF_SECS:-12}" \
         > "$OUT/perf-record.log" 2>&1 &
     PERF_PID=$!
-    "$LG" produce --bootstrap "$BOOT" --topic sweep-rf3 --partitions "$PARTITIONS" --acks all \
+    "$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic sweep-rf3 --partitions "$PARTITIONS" --acks all \
         --record-size "$RECORD" --rate max --duration "${PERF_SECS:-12}s" "${METRICS[@]}" --quiet "${EXTRA[@]}"
     wait "$PERF_PID"
-    perf report -i "$OUT/perf.data" --no-children --percent-limit 0.5 --stdio 2>/dev/null \
+    perf report -i "$OUT/perf.data" --no-children --percent-limit 1 --stdio -G 2>/dev/null \
         > "$OUT/perf-report.txt"
     echo "perf report in $OUT/perf-report.txt"
 fi
