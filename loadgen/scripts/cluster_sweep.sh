@@ -18,7 +18,8 @@
 # step as e2e (a consumer beside the producer) instead of --produce-only. FLOORS=0 skips
 # fio/iperf3. PERF=1 records `perf record --call-graph dwarf` (release has no frame
 # pointers, so plain -g loses the callers) of the leader of the RF=3 topic's partition 0
-# during an extra acks=all RF=3 run ($OUT/perf.data, summary in $OUT/perf-report.txt).
+# during an extra acks=all RF=3 run ($OUT/perf.data, summary in $OUT/perf-report.txt;
+# loadgen/scripts/perf_fetch_copies.py counts copies under the Fetch handler and send path).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/target/lg-cluster-sweep}
@@ -136,7 +137,7 @@ if [ "$PERF" = 1 ]; then
     "$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic sweep-rf3 --partitions "$PARTITIONS" --acks all \
         --record-size "$RECORD" --rate max --duration "${PERF_SECS:-12}s" "${METRICS[@]}" --quiet "${EXTRA[@]}"
     wait "$PERF_PID"
-    perf report -i "$OUT/perf.data" --no-children --percent-limit 1 --stdio -G 2>/dev/null \
+    perf report -i "$OUT/perf.data" --no-children --no-inline --percent-limit 1 --stdio -G 2>/dev/null \
         > "$OUT/perf-report.txt"
     echo "perf report in $OUT/perf-report.txt"
 fi
