@@ -449,14 +449,18 @@ fn the_hw_propagation_window_loses_nothing_and_ends_without_divergence() {
         Ok(300),
         "the leader's HW covers them"
     );
+    // The follower holds every one (its fetch at 300 moved the HW; the file may show the
+    // append a moment later), and the window is open: its HW (checkpointed every 100 ms)
+    // is below them, and stays so — the answer that would move it is held.
     let next_dir = partition_dir(&mut c, next, 0);
-    assert_eq!(log_bytes(&next_dir).1, 300, "the follower holds every one");
-    // The window is open: the follower's HW (checkpointed every 100 ms) is below them,
-    // and stays so — the answer that would move it is held.
     let deadline = Instant::now() + AGREE_TIMEOUT;
-    let mut follower_hw = checkpointed_hw(c.node(next).data_dir(), 0);
-    while follower_hw.is_none() {
-        assert!(Instant::now() < deadline, "the follower checkpoints no HW");
+    let mut follower_hw = None;
+    while log_bytes(&next_dir).1 != 300 || follower_hw.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the follower holds {} records, checkpointed HW {follower_hw:?}",
+            log_bytes(&next_dir).1
+        );
         std::thread::sleep(Duration::from_millis(50));
         follower_hw = checkpointed_hw(c.node(next).data_dir(), 0);
     }
@@ -578,6 +582,11 @@ fn a_returning_leader_truncates_its_divergent_tail_by_leader_epoch() {
         !cuts.is_empty(),
         "the old leader did not cut its tail at 200 ({diverged:?}):\n{}",
         c.node(old).log_tail(40)
+    );
+    eprintln!(
+        "the old leader's log:\n{}\n{}",
+        diverged.join("\n"),
+        cuts.join("\n")
     );
     assert_eq!(
         epoch_entries(&partition_dir(&mut c, old, 0)),
