@@ -102,6 +102,8 @@ pub struct ClientStats {
     pub open: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// Bytes the target sent that the proxy holds now (a hold mode, or not yet written).
+    pub held_down: u64,
 }
 
 struct Rule {
@@ -544,7 +546,20 @@ fn pump(
     let mut chunk = vec![0u8; CHUNK_BYTES];
     let mut eof = false;
     let mut frames = Frames::default();
+    // What this direction reported to the client's `held_down` gauge.
+    let mut reported = 0u64;
+    let report = |reported: &mut u64, now: usize| {
+        let now = now as u64;
+        if !up && now != *reported {
+            let was = *reported;
+            shared.client(client_id, |c| {
+                c.held_down = (c.held_down + now).saturating_sub(was)
+            });
+            *reported = now;
+        }
+    };
     while !closed.load(Ordering::Acquire) {
+        report(&mut reported, held.len());
         let mode = shared.mode_for(client_id);
         if mode == Mode::Refuse {
             if up {
@@ -596,6 +611,7 @@ fn pump(
             Err(_) => break,
         }
     }
+    report(&mut reported, 0);
     closed.store(true, Ordering::Release);
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
@@ -770,6 +786,11 @@ mod tests {
         let mut one = [0u8; 1];
         assert!(c.read(&mut one).is_err(), "the answer after it is held");
         assert_eq!(*lock(&proxy.shared.default_mode), Mode::HoldResponses);
+        proxy
+            .wait_for(Duration::from_secs(5), |p| {
+                p.client_stats("").held_down == after.len() as u64
+            })
+            .expect("the held answer is counted");
 
         proxy.set_mode(Mode::Pass);
         c.set_read_timeout(Some(Duration::from_secs(5)))
@@ -778,6 +799,11 @@ mod tests {
         c.read_exact(&mut buf)
             .expect("held answers flow once passed");
         assert_eq!(buf, after);
+        proxy
+            .wait_for(Duration::from_secs(5), |p| {
+                p.client_stats("").held_down == 0
+            })
+            .expect("nothing held");
         drop(c);
         drop(proxy);
         let _ = server.join();

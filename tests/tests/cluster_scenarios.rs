@@ -450,16 +450,22 @@ fn the_hw_propagation_window_loses_nothing_and_ends_without_divergence() {
         "the leader's HW covers them"
     );
     // The follower holds every one (its fetch at 300 moved the HW; the file may show the
-    // append a moment later), and the window is open: its HW (checkpointed every 100 ms)
-    // is below them, and stays so — the answer that would move it is held.
+    // append a moment later), and the window is open: the leader answered that fetch
+    // (with HW 300) and the proxy holds the answer, so the follower's HW (checkpointed
+    // every 100 ms) is below them — however late the kill comes.
     let next_dir = partition_dir(&mut c, next, 0);
+    let fetcher = cluster::fetcher_client_id(next);
     let deadline = Instant::now() + AGREE_TIMEOUT;
     let mut follower_hw = None;
-    while log_bytes(&next_dir).1 != 300 || follower_hw.is_none() {
+    while log_bytes(&next_dir).1 != 300
+        || follower_hw.is_none()
+        || net.listener(old).client_stats(&fetcher).held_down == 0
+    {
         assert!(
             Instant::now() < deadline,
-            "the follower holds {} records, checkpointed HW {follower_hw:?}",
-            log_bytes(&next_dir).1
+            "the follower holds {} records, checkpointed HW {follower_hw:?}, proxy {:?}",
+            log_bytes(&next_dir).1,
+            net.listener(old).client_stats(&fetcher)
         );
         std::thread::sleep(Duration::from_millis(50));
         follower_hw = checkpointed_hw(c.node(next).data_dir(), 0);
