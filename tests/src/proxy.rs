@@ -559,7 +559,6 @@ fn pump(
         }
     };
     while !closed.load(Ordering::Acquire) {
-        report(&mut reported, held.len());
         let mode = shared.mode_for(client_id);
         if mode == Mode::Refuse {
             if up {
@@ -592,6 +591,8 @@ fn pump(
                 Err(_) => break,
             }
         }
+        // After the write: passing bytes count as held only between a read and the write.
+        report(&mut reported, held.len());
         if eof {
             // Flushed what the peer sent before it closed, or it closed during a cut.
             if held.is_empty() || !mode.passes(up) {
