@@ -39,6 +39,7 @@
 
 mod atomic;
 mod cache;
+mod checkpoint;
 pub mod cleaner;
 mod config;
 pub mod dump;
