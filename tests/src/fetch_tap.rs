@@ -4,7 +4,8 @@
 //! and forgets, and the response's top-level error, session id and how many partitions it
 //! answers (and with records). A test puts it in the broker's `advertised.listeners` so a
 //! real client's fetches all cross it, then asserts on [`FetchTap::exchanges`] — what the
-//! client really sent, not what it logged.
+//! client really sent, not what it logged. Plaintext Kafka framing only (no TLS, and no
+//! SASL v0 raw tokens, which are not framed as requests).
 //!
 //! Bounded: at most [`CONNECTIONS_MAX`] connections (two threads each), at most
 //! [`EXCHANGES_MAX`] exchanges kept (later ones counted in [`FetchTap::dropped`]), and a
