@@ -264,7 +264,7 @@ fn kafka_python_consumer_of_1000_partitions_fetches_incrementally() -> Result<()
     let bootstrap = tap.addr().to_string();
     clients::create_topics(&weir.bootstrap(), &[TOPIC], PARTITIONS, &[])?;
     // 100 records before the consumer starts (every 10th partition), 300 while its session
-    // is open (300 other partitions).
+    // is open (one each to 300 distinct partitions).
     let first = clients::make_records(0, 100, "before", clients::now_ms());
     let mut want = produce(&bootstrap, TOPIC, &first, |i| (i * 10) as i32)?;
     let mut kp = PyConsumer::start(&bootstrap, TOPIC, PARTITIONS, 400, CLIENT, None)?;
