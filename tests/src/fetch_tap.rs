@@ -56,6 +56,8 @@ pub struct FetchSent {
     pub partitions: usize,
     /// Partitions listed in `forgotten_topics_data`.
     pub forgotten: usize,
+    /// The request frame's size, its 4-byte length included.
+    pub bytes: usize,
 }
 
 /// What the broker answered to one Fetch request.
@@ -67,6 +69,8 @@ pub struct FetchAnswered {
     pub partitions: usize,
     /// Of them, partitions whose `records` are non-empty.
     pub with_records: usize,
+    /// The response frame's size, its 4-byte length included.
+    pub bytes: usize,
 }
 
 /// One Fetch request and (once it came) its response, in the order requests were sent.
@@ -378,6 +382,7 @@ impl Upstream {
             }
             return;
         }
+        let bytes = frame.len() + 4;
         let mut body = frame;
         let header_version = ApiKey::Fetch.request_header_version(version);
         let sent = RequestHeader::decode(&mut body, header_version)
@@ -398,6 +403,7 @@ impl Upstream {
                     .iter()
                     .map(|t| t.partitions.len())
                     .sum(),
+                bytes,
             });
         let exchange = FetchExchange {
             connection: self.id,
@@ -443,6 +449,7 @@ fn answered(frame: Option<Bytes>, in_flight: &InFlight, shared: &Shared) {
         return;
     };
     let Some(index) = index else { return };
+    let bytes = frame.len() + 4;
     let mut body = frame;
     let header_version = ApiKey::Fetch.response_header_version(version);
     let Some(resp) = ResponseHeader::decode(&mut body, header_version)
@@ -459,6 +466,7 @@ fn answered(frame: Option<Bytes>, in_flight: &InFlight, shared: &Shared) {
         with_records: parts
             .filter(|p| p.records.as_ref().is_some_and(|r| !r.is_empty()))
             .count(),
+        bytes,
     };
     if let Some(e) = lock(&shared.exchanges).get_mut(index) {
         e.answered = Some(answer);

@@ -316,6 +316,16 @@ fn kafka_python_consumer_of_1000_partitions_fetches_incrementally() -> Result<()
         "a full fetch answers every partition: {a:?}"
     );
     let session = a.session_id;
+    if let Some(i) = rest.iter().find(|e| idle(e)) {
+        let (is, ia) = (i.sent.as_ref(), i.answered.as_ref());
+        println!(
+            "{CLIENT}: full fetch {} B request, {} B response; idle incremental {} B, {} B",
+            s.bytes,
+            a.bytes,
+            is.map_or(0, |s| s.bytes),
+            ia.map_or(0, |a| a.bytes)
+        );
+    }
     ensure!(
         rest.len() >= 5,
         "only {} fetches after the first",
