@@ -579,3 +579,107 @@ fn consumers_keep_working_across_a_session_eviction() -> Result<()> {
     drop(weir);
     Ok(())
 }
+
+/// utime + stime of `pid` so far, in seconds (`/proc/PID/stat` fields 14 and 15).
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .map(|&i| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+/// Broker CPU per fetch of 1,000 idle partitions, full (sessionless, all 1,000 in request
+/// and response) vs incremental (an open session: empty request, empty response), against
+/// any binary: `WEIR_BIN=target/release/weir WEIR_FETCH_BENCH_FETCHES=5000 cargo test -p
+/// weir-tests --test fetch_sessions_wire -- --ignored --nocapture` (the same measurement as
+/// `node/tests/fetch_sessions.rs`'s ignored bench, which always uses its own profile's
+/// binary). Prints µs per fetch; the incremental one must be the cheaper.
+#[test]
+#[ignore]
+fn broker_cpu_per_fetch_of_1000_idle_partitions() -> Result<()> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    const PARTITIONS: i32 = 1000;
+    const FETCHES_MAX: usize = 1_000_000;
+    let fetches = std::env::var("WEIR_FETCH_BENCH_FETCHES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(500)
+        .clamp(1, FETCHES_MAX);
+    let weir = Weir::start(WeirConfig::shards(1))?;
+    clients::create_topics(&weir.bootstrap(), &["idle"], PARTITIONS, &[])?;
+    let pid = weir.pid().context("pid")?;
+    let mut c = weir_tests::raw::RawConn::connect(weir.addr())?;
+    let fetch = |session: i32, epoch: i32, all: bool| {
+        let parts = (0..PARTITIONS)
+            .map(|p| {
+                FetchPartition::default()
+                    .with_partition(p)
+                    .with_fetch_offset(0)
+                    .with_partition_max_bytes(1 << 20)
+            })
+            .collect::<Vec<_>>();
+        let topics = match all {
+            true => vec![
+                FetchTopic::default()
+                    .with_topic(TopicName(StrBytes::from_static_str("idle")))
+                    .with_partitions(parts),
+            ],
+            false => Vec::new(),
+        };
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(0)
+            .with_max_bytes(1 << 20)
+            .with_session_id(session)
+            .with_session_epoch(epoch)
+            .with_topics(topics)
+    };
+    let answered = |r: &FetchResponse| {
+        r.responses
+            .iter()
+            .map(|t| t.partitions.len())
+            .sum::<usize>()
+    };
+    let warm: FetchResponse = c.call(ApiKey::Fetch, 12, &fetch(0, -1, true))?;
+    ensure!(answered(&warm) == PARTITIONS as usize);
+    let full_req = fetch(0, -1, true);
+    let cpu0 = cpu_secs(pid)?;
+    for _ in 0..fetches {
+        let r: FetchResponse = c.call(ApiKey::Fetch, 12, &full_req)?;
+        ensure!(answered(&r) == PARTITIONS as usize);
+    }
+    let full_cpu = cpu_secs(pid)? - cpu0;
+    let opened: FetchResponse = c.call(ApiKey::Fetch, 12, &fetch(0, 0, true))?;
+    let id = opened.session_id;
+    ensure!(id != 0, "a session");
+    let cpu0 = cpu_secs(pid)?;
+    for epoch in 1..=i32::try_from(fetches)? {
+        let r: FetchResponse = c.call(ApiKey::Fetch, 12, &fetch(id, epoch, false))?;
+        ensure!((r.error_code, answered(&r)) == (0, 0));
+    }
+    let inc_cpu = cpu_secs(pid)? - cpu0;
+    let per = |cpu: f64| cpu / fetches as f64 * 1e6;
+    println!(
+        "broker CPU per fetch of {PARTITIONS} idle partitions: full {:.0} µs, incremental {:.0} µs ({fetches} fetches each; {full_cpu:.2} s vs {inc_cpu:.2} s)",
+        per(full_cpu),
+        per(inc_cpu)
+    );
+    ensure!(
+        inc_cpu < full_cpu,
+        "incremental {inc_cpu:.2} s vs full {full_cpu:.2} s"
+    );
+    Ok(())
+}
