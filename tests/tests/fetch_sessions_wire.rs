@@ -621,7 +621,8 @@ fn broker_cpu_per_fetch_of_1000_idle_partitions() -> Result<()> {
     let weir = Weir::start(WeirConfig::shards(1))?;
     clients::create_topics(&weir.bootstrap(), &["idle"], PARTITIONS, &[])?;
     let pid = weir.pid().context("pid")?;
-    let mut c = weir_tests::raw::RawConn::connect(weir.addr())?;
+    // The first fetch opens 1,000 partition logs: give it time on a loaded machine.
+    let mut c = weir_tests::raw::RawConn::connect_timeout(weir.addr(), Duration::from_secs(120))?;
     let fetch = |session: i32, epoch: i32, all: bool| {
         let parts = (0..PARTITIONS)
             .map(|p| {
@@ -653,12 +654,14 @@ fn broker_cpu_per_fetch_of_1000_idle_partitions() -> Result<()> {
             .map(|t| t.partitions.len())
             .sum::<usize>()
     };
-    let warm: FetchResponse = c.call(ApiKey::Fetch, 12, &fetch(0, -1, true))?;
+    let warm: FetchResponse = c
+        .call(ApiKey::Fetch, 12, &fetch(0, -1, true))
+        .with_context(|| format!("warm-up fetch; broker log:\n{}", weir.log_tail(15)))?;
     ensure!(answered(&warm) == PARTITIONS as usize);
     let full_req = fetch(0, -1, true);
     let cpu0 = cpu_secs(pid)?;
     for _ in 0..fetches {
-        let r: FetchResponse = c.call(ApiKey::Fetch, 12, &full_req)?;
+        let r: FetchResponse = c.call(ApiKey::Fetch, 12, &full_req).context("full fetch")?;
         ensure!(answered(&r) == PARTITIONS as usize);
     }
     let full_cpu = cpu_secs(pid)? - cpu0;
