@@ -19,6 +19,7 @@ use crate::client::metadata::{self, Cluster};
 use crate::client::payload::Stamp;
 use crate::client::producer::{AckSink, Producer, ProducerConfig, ProducerStats, warn};
 use crate::schedule::{Pacer, Rate};
+use crate::scrape::Scraper;
 use crate::stats::{Clock, Recorder, Summary, progress_line};
 
 /// How long consumers may take to catch up after the producers finish.
@@ -51,6 +52,8 @@ pub struct LoadSpec {
     pub group: Option<String>,
     /// Consumers together read at most this many records/s (None: unthrottled).
     pub consume_rate: Option<f64>,
+    /// Prometheus endpoints scraped once a second for follower lag (empty: none).
+    pub metrics_urls: Vec<String>,
 }
 
 impl LoadSpec {
@@ -90,6 +93,7 @@ impl LoadSpec {
             run_id: run_id(),
             group: None,
             consume_rate: None,
+            metrics_urls: Vec::new(),
         }
     }
 }
@@ -148,6 +152,12 @@ pub fn run(
     let cluster = prepare_topic(spec)?;
     let clock = Clock::start();
     let start_ns = clock.now_ns();
+    let scraper = Scraper::start(
+        &spec.metrics_urls,
+        &spec.topic,
+        clock.instant_at(start_ns),
+        spec.warmup,
+    );
     let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
     let recorder = Arc::new(Recorder::new(warmup_end_ns));
     let stop_consumers = Arc::new(AtomicBool::new(false));
@@ -189,6 +199,9 @@ pub fn run(
                 // Let the other threads wind down before reporting the failure.
                 stop_consumers.store(true, Ordering::Relaxed);
                 stop_all.store(true, Ordering::Relaxed);
+                if let Some(s) = scraper {
+                    s.finish();
+                }
                 return Err(e);
             }
         };
@@ -214,7 +227,10 @@ pub fn run(
     if let Some(p) = progress {
         let _ = p.join();
     }
-    let summary = recorder.summary(end_ns);
+    let mut summary = recorder.summary(end_ns);
+    if let Some(s) = scraper {
+        summary.set_follower_lag(s.finish());
+    }
     Ok(RunResult {
         summary,
         publish_us: recorder.publish_histogram(),
