@@ -9,6 +9,8 @@
 #
 # Usage: bench/efficiency.sh            (from the repo root; BUILD=0 skips cargo build)
 #   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 bench/efficiency.sh
+#   FLOORS_ONLY=1 BUILD=0 bench/efficiency.sh   (only the fio and iperf3 lines, for other
+#                                                benches to print beside their numbers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,6 +74,8 @@ SEND_CPU=$(rusage iperf3 -c 127.0.0.1 -p "$PORT" -t 10 -J 3>&1 >"$WORK/iperf3.js
 RECV1=$(cpu_of "$IPERF_PID")
 kill "$IPERF_PID"; wait "$IPERF_PID" 2>/dev/null || true; IPERF_PID=
 
+FLOORS_ONLY=${FLOORS_ONLY:-0}
+if [ "$FLOORS_ONLY" != 1 ]; then
 echo "== weir --shards $SHARDS"
 mkdir -p "$WORK/data"
 "$BIN/weir" serve --data-dir "$WORK/data" --listen 127.0.0.1:0 --shards "$SHARDS" \
@@ -99,10 +103,12 @@ phase produce-acks-1 produce "${COMMON[@]}" --topic t1 --acks 1 --rate max --dur
 phase produce-acks-all produce "${COMMON[@]}" --topic tall --acks all --rate max \
     --duration "$DUR" --connections "$CONNECTIONS"
 phase consume consume --bootstrap "$ADDR" --topic tall --consumers 2 --from earliest --quiet
+fi
 
-python3 - "$WORK" "$FIO" "$RECV0" "$RECV1" "$SEND_CPU" "$RECORD" <<'EOF'
+python3 - "$WORK" "$FIO" "$RECV0" "$RECV1" "$SEND_CPU" "$RECORD" "$FLOORS_ONLY" <<'EOF'
 import json, sys
 work, fio, r0, r1, send_cpu, record = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+floors_only = sys.argv[7] == "1"
 GiB = 2**30
 ip = json.load(open(f"{work}/iperf3.json"))["end"]
 net_bytes = ip["sum_received"]["bytes"]
@@ -112,6 +118,8 @@ send_floor = send_cpu / (ip["sum_sent"]["bytes"] / GiB)
 print()
 print(f"fio O_DIRECT seq write 1 MiB qd16: {fio:,.0f} MiB/s")
 print(f"iperf3 loopback: {net:,.0f} MiB/s; receiver {recv_floor:.3f} CPU-s/GiB, sender {send_floor:.3f} CPU-s/GiB (the floors)")
+if floors_only:
+    sys.exit(0)
 print(f"{'phase':<18} {'MiB/s':>8} {'x fio':>6} {'broker CPU-s/GiB':>17} {'x floor':>8} {'loadgen CPU-s/GiB':>18} {'x floor':>8}")
 for name, floor in [("produce-acks-1", recv_floor), ("produce-acks-all", recv_floor), ("consume", send_floor)]:
     j = json.load(open(f"{work}/{name}.json"))

@@ -142,6 +142,11 @@ pub struct Load {
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// A broker's Prometheus endpoint (weir's `metrics.listener`), e.g.
+    /// http://127.0.0.1:9404/metrics; repeat once per node. Scraped once a second for
+    /// follower lag of --topic (records and ms), shown in --json and the --report.
+    #[arg(long = "metrics-url")]
+    pub metrics_urls: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -329,6 +334,10 @@ impl Load {
         p.retry_backoff_max_ms = self.retry_backoff_max_ms.max(self.retry_backoff_ms);
         p.connections = self.connections;
         spec.consume_rate = self.consume_rate;
+        for u in &self.metrics_urls {
+            crate::scrape::split_url(u)?;
+        }
+        spec.metrics_urls = self.metrics_urls.clone();
         p.delivery_timeout_ms = self.delivery_timeout_ms;
         p.idempotent = self.idempotent;
         p.compression = self.compression;

@@ -5,6 +5,7 @@
 //! - [`report`]: the summary table, `--json`, and the self-contained HTML report.
 //! - [`client`]: the Kafka client (connections, metadata, producer, consumer).
 //! - [`run`]: one measured run (threads, progress line, lag sampling, summary).
+//! - [`scrape`]: follower lag from the brokers' Prometheus metrics during a run.
 //! - [`cli`], [`commands`], [`verify`]: the subcommands; [`broker`]: a local `weir` process.
 
 pub mod broker;
@@ -14,5 +15,6 @@ pub mod commands;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod scrape;
 pub mod stats;
 pub mod verify;

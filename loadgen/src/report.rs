@@ -41,6 +41,11 @@ pub struct Row {
     pub errors: u64,
     /// For plan: whether this step met the SLO.
     pub ok: Option<bool>,
+    /// Highest follower lag after the warm-up (with `--metrics-url`), records and ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_lag_max_records: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_lag_max_ms: Option<f64>,
 }
 
 impl Row {
@@ -56,6 +61,8 @@ impl Row {
             lag_max_records: s.lag_max_records,
             errors: s.errors.values().sum(),
             ok: None,
+            follower_lag_max_records: s.follower_lag_max_records,
+            follower_lag_max_ms: s.follower_lag_max_ms,
         }
     }
 }
@@ -93,6 +100,13 @@ pub fn summary_text(s: &Summary) -> String {
             t.push_str(&p("e2e", &s.e2e_latency_ms));
         }
     }
+    if let (Some(r), Some(ms)) = (s.follower_lag_max_records, s.follower_lag_max_ms) {
+        let _ = writeln!(
+            t,
+            "follower lag max: {r} records, {ms:.0} ms since caught up ({} scrapes)",
+            s.follower_lag.iter().filter(|p| !p.warmup).count()
+        );
+    }
     if !s.errors.is_empty() {
         let _ = writeln!(t, "errors: {:?}", s.errors);
     }
@@ -101,8 +115,9 @@ pub fn summary_text(s: &Summary) -> String {
 
 /// A comparison table, one line per row, aligned for a terminal.
 pub fn table_text(rows: &[Row]) -> String {
+    let follower = rows.iter().any(|r| r.follower_lag_max_records.is_some());
     let mut t = format!(
-        "{:<28} {:>11} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+        "{:<28} {:>11} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}{}\n",
         "config",
         "offered/s",
         "records/s",
@@ -112,7 +127,12 @@ pub fn table_text(rows: &[Row]) -> String {
         "pub p99.9",
         "e2e p99",
         "max lag",
-        "errors"
+        "errors",
+        if follower {
+            format!(" {:>11} {:>9}", "flw lag", "flw ms")
+        } else {
+            String::new()
+        }
     );
     for r in rows {
         let offered = r
@@ -123,9 +143,20 @@ pub fn table_text(rows: &[Row]) -> String {
             Some(false) => " FAIL",
             None => "",
         };
+        let flw = if follower {
+            format!(
+                " {:>11} {:>9}",
+                r.follower_lag_max_records
+                    .map_or("-".into(), |x| x.to_string()),
+                r.follower_lag_max_ms
+                    .map_or("-".into(), |x| format!("{x:.0}"))
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             t,
-            "{:<28} {:>11} {:>12.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7}{ok}",
+            "{:<28} {:>11} {:>12.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7}{flw}{ok}",
             r.label,
             offered,
             r.records_per_sec,
@@ -195,6 +226,22 @@ fn render_html(title: &str, runs: &[RunReport], rows: &[Row]) -> Result<String> 
             |s| s.lag_records as f64,
             false,
         )?);
+        if runs.iter().any(|r| !r.summary.follower_lag.is_empty()) {
+            h.push_str(
+                "<h2>Follower lag over time</h2><p>The laggiest follower of the topic over \
+                 all scraped nodes, once a second: the leader's log end minus the \
+                 follower's last fetch offset (<code>weir_follower_lag_records</code>), and \
+                 the time since the follower's fetch last reached the leader's log end \
+                 (<code>weir_follower_caught_up_age_seconds</code>, the lag \
+                 <code>replica.lag.time.max.ms</code> is measured against).</p>",
+            );
+            h.push_str(&follower_lag_svg(runs, "follower lag (records)", |p| {
+                p.lag_records_max as f64
+            })?);
+            h.push_str(&follower_lag_svg(runs, "follower lag (ms)", |p| {
+                p.lag_ms_max
+            })?);
+        }
         for r in runs {
             let _ = write!(
                 h,
@@ -209,16 +256,21 @@ fn render_html(title: &str, runs: &[RunReport], rows: &[Row]) -> Result<String> 
 }
 
 fn rows_table_html(rows: &[Row]) -> String {
+    let follower = rows.iter().any(|r| r.follower_lag_max_records.is_some());
     let mut t = String::from(
         "<table><tr><th>config</th><th>offered/s</th><th>records/s</th><th>MB/s</th>\
          <th>publish p50 ms</th><th>p99</th><th>p99.9</th><th>e2e p99 ms</th>\
-         <th>max lag</th><th>errors</th><th>SLO</th></tr>",
+         <th>max lag</th><th>errors</th><th>SLO</th>",
     );
+    if follower {
+        t.push_str("<th>follower lag max</th><th>follower lag max ms</th>");
+    }
+    t.push_str("</tr>");
     for r in rows {
         let _ = write!(
             t,
             "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.2}</td><td>{:.2}</td><td>{:.2}</td>\
-             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td>",
             escape(&r.label),
             r.offered_per_sec
                 .map_or("max".into(), |o| format!("{o:.0}")),
@@ -236,6 +288,17 @@ fn rows_table_html(rows: &[Row]) -> String {
                 None => "",
             }
         );
+        if follower {
+            let _ = write!(
+                t,
+                "<td>{}</td><td>{}</td>",
+                r.follower_lag_max_records
+                    .map_or("-".into(), |x| x.to_string()),
+                r.follower_lag_max_ms
+                    .map_or("-".into(), |x| format!("{x:.0}"))
+            );
+        }
+        t.push_str("</tr>");
     }
     t.push_str("</table>");
     t
@@ -350,6 +413,28 @@ fn timeline_svg(
             series.push((format!("{} consumed", r.label), pts));
         }
     }
+    lines_svg(series, y_desc)
+}
+
+/// Follower lag over time, one line per run that scraped metrics.
+fn follower_lag_svg(
+    runs: &[RunReport],
+    y_desc: &str,
+    value: impl Fn(&crate::scrape::LagPoint) -> f64,
+) -> Result<String> {
+    let series = runs
+        .iter()
+        .filter(|r| !r.summary.follower_lag.is_empty())
+        .map(|r| {
+            let pts = r.summary.follower_lag.iter().map(|p| (p.t_s, value(p)));
+            (r.label.clone(), pts.collect())
+        })
+        .collect();
+    lines_svg(series, y_desc)
+}
+
+/// Named lines of (seconds since start, value) on one chart.
+fn lines_svg(series: Vec<(String, Vec<(f64, f64)>)>, y_desc: &str) -> Result<String> {
     let x_max = series
         .iter()
         .flat_map(|(_, p)| p.iter().map(|&(x, _)| x))
@@ -466,7 +551,18 @@ mod tests {
                 rec.tick(i * 1_000_000);
             }
         }
-        let s = rec.summary(2_000_000_000);
+        let mut s = rec.summary(2_000_000_000);
+        s.set_follower_lag(
+            (0..3u32)
+                .map(|i| crate::scrape::LagPoint {
+                    t_s: f64::from(i),
+                    warmup: false,
+                    lag_records_max: 100 * u64::from(i),
+                    lag_ms_max: 2.0,
+                    series: 3,
+                })
+                .collect(),
+        );
         let run = RunReport {
             label: "acks=1".into(),
             publish_us: Some(rec.publish_histogram()),
@@ -477,8 +573,13 @@ mod tests {
         let html = render_html("test <report>", &[run], &rows).expect("render");
         assert!(html.contains("test &lt;report&gt;"));
         assert!(
-            html.matches("<svg").count() >= 5,
-            "comparison x2, percentiles, rate, lag"
+            html.matches("<svg").count() >= 7,
+            "comparison x2, percentiles, rate, lag, follower lag records and ms"
+        );
+        assert!(html.contains("Follower lag over time"));
+        assert!(
+            html.contains("<td>200</td><td>2</td>"),
+            "follower lag maxima in the table"
         );
         assert!(!html.contains("<script"), "no scripts");
         assert!(!html.contains("src=\"http"), "no external resources");

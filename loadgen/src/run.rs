@@ -20,6 +20,7 @@ use crate::client::payload::Stamp;
 use crate::client::producer::{AckSink, Producer, ProducerConfig, ProducerStats, warn};
 use crate::client::txn::TxnProducer;
 use crate::schedule::{Pacer, Rate};
+use crate::scrape::Scraper;
 use crate::stats::{Clock, Recorder, Summary, progress_line};
 
 /// How long consumers may take to catch up after the producers finish.
@@ -54,6 +55,8 @@ pub struct LoadSpec {
     pub consume_rate: Option<f64>,
     /// Consumers fetch with isolation_level=1 (read_committed).
     pub read_committed: bool,
+    /// Prometheus endpoints scraped once a second for follower lag (empty: none).
+    pub metrics_urls: Vec<String>,
 }
 
 impl LoadSpec {
@@ -97,6 +100,7 @@ impl LoadSpec {
             group: None,
             consume_rate: None,
             read_committed: false,
+            metrics_urls: Vec::new(),
         }
     }
 }
@@ -155,6 +159,12 @@ pub fn run(
     let cluster = prepare_topic(spec)?;
     let clock = Clock::start();
     let start_ns = clock.now_ns();
+    let scraper = Scraper::start(
+        &spec.metrics_urls,
+        &spec.topic,
+        clock.instant_at(start_ns),
+        spec.warmup,
+    );
     let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
     let recorder = Arc::new(Recorder::new(warmup_end_ns));
     let stop_consumers = Arc::new(AtomicBool::new(false));
@@ -196,6 +206,9 @@ pub fn run(
                 // Let the other threads wind down before reporting the failure.
                 stop_consumers.store(true, Ordering::Relaxed);
                 stop_all.store(true, Ordering::Relaxed);
+                if let Some(s) = scraper {
+                    s.finish();
+                }
                 return Err(e);
             }
         };
@@ -221,7 +234,10 @@ pub fn run(
     if let Some(p) = progress {
         let _ = p.join();
     }
-    let summary = recorder.summary(end_ns);
+    let mut summary = recorder.summary(end_ns);
+    if let Some(s) = scraper {
+        summary.set_follower_lag(s.finish());
+    }
     Ok(RunResult {
         summary,
         publish_us: recorder.publish_histogram(),

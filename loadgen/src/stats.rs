@@ -12,6 +12,8 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::scrape::LagPoint;
+
 /// Highest latency a histogram holds; larger values are clamped (and still counted).
 pub const LATENCY_MAX_US: u64 = 3_600_000_000;
 /// Kafka's perf tools count a megabyte as 2^20 bytes; so do we, to be comparable.
@@ -124,6 +126,24 @@ pub struct Summary {
     /// Error counts by Kafka error name (or a `Client...` name for client-side failures).
     pub errors: BTreeMap<String, u64>,
     pub timeline: Vec<Second>,
+    /// Highest follower lag after the warm-up, records and ms (with `--metrics-url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_lag_max_records: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_lag_max_ms: Option<f64>,
+    /// One point per scrape (with `--metrics-url`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub follower_lag: Vec<LagPoint>,
+}
+
+impl Summary {
+    /// Attaches the scraped follower lag and its maxima.
+    pub fn set_follower_lag(&mut self, points: Vec<LagPoint>) {
+        let max = crate::scrape::maxima(&points);
+        self.follower_lag_max_records = max.map(|m| m.0);
+        self.follower_lag_max_ms = max.map(|m| m.1);
+        self.follower_lag = points;
+    }
 }
 
 /// Counters of the second in progress.
@@ -311,6 +331,9 @@ impl Recorder {
             lag_max_records: g.lag_max,
             errors: g.errors.clone(),
             timeline: g.timeline.clone(),
+            follower_lag_max_records: None,
+            follower_lag_max_ms: None,
+            follower_lag: Vec::new(),
         }
     }
 

@@ -1,12 +1,10 @@
 //! Internal topics and the group coordinator's own log, against a real `weir serve`:
 //! clients cannot write, delete records of, create or re-configure `__consumer_offsets`
-//! (committed offsets survive the attempts and a restart); compaction rewrites live state
-//! larger than one batch and keeps the log bounded; a commit too large for one batch is
-//! refused whole; topic names that differ only by `.` and `_` collide, as in Kafka.
+//! (committed offsets survive the attempts and a restart); a commit too large for one
+//! batch is refused whole; topic names that differ only by `.` and `_` collide, as in
+//! Kafka. (Compaction of `__consumer_offsets`: `offsets_compaction.rs`.)
 
 mod common;
-
-use std::time::{Duration, Instant};
 
 use common::{Broker, Client};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -397,98 +395,6 @@ fn a_commit_too_large_for_one_batch_is_refused_whole() {
     let got = fetch_offsets(&mut c, "g", "big", &all);
     assert_eq!(got[0], (3, "ok".to_string()));
     assert!(none(&got[1..]), "nothing of the refused commit was stored");
-}
-
-/// Total bytes of the `.log` files of a partition directory.
-fn log_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .expect("partition dir")
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-        .map(|e| e.metadata().map_or(0, |m| m.len()))
-        .sum()
-}
-
-/// Groups, partitions per group and metadata bytes per offset of the compaction test:
-/// 30 x 50 offsets of ~1.1 KB each are ~1.6 MB of live state in one partition.
-const GROUPS: usize = 30;
-const PARTITIONS: i32 = 50;
-const METADATA_BYTES: usize = 1000;
-const ROUNDS: i64 = 10;
-
-fn meta_for(group: usize, partition: i32, round: i64) -> String {
-    let head = format!("{group}/{partition}/{round}:");
-    format!("{head}{}", "x".repeat(METADATA_BYTES - head.len()))
-}
-
-/// More than 1 MiB of live committed state in one `__consumer_offsets` partition is
-/// compacted (the old code wrote it as one batch, refused above 1 MiB, and the log grew
-/// without bound); the log stays bounded and every offset survives a restart.
-#[test]
-fn compaction_rewrites_live_state_above_one_batch_and_bounds_the_log() {
-    let sets = [
-        ("offsets.topic.num.partitions", "1"),
-        ("offsets.topic.segment.bytes", "1048576"),
-        ("offsets.compaction.min.records", "1000"),
-        ("log.cleaner.backoff.ms", "100"),
-    ];
-    let mut broker = Broker::start(1, &sets);
-    let mut c = broker.client();
-    assert_eq!(create(&mut c, &[("data", PARTITIONS)]), vec![0]);
-    find_coordinator(&mut c, "g0");
-    // The metadata last committed, per group and partition.
-    let mut last: Vec<Vec<String>> = vec![Vec::new(); GROUPS];
-    for round in 0..ROUNDS {
-        for (g, last) in last.iter_mut().enumerate() {
-            *last = (0..PARTITIONS).map(|p| meta_for(g, p, round)).collect();
-            let offsets: Vec<(i32, i64, &str)> = (0..PARTITIONS)
-                .map(|p| (p, round * 1000 + i64::from(p), last[p as usize].as_str()))
-                .collect();
-            let codes = commit(&mut c, &format!("g{g}"), "data", &offsets);
-            assert!(
-                codes.iter().all(|c| *c == 0),
-                "round {round} group {g}: {codes:?}"
-            );
-        }
-    }
-    let written_bytes = (ROUNDS as u64) * (GROUPS as u64) * (PARTITIONS as u64) * 1000;
-    // Compaction runs every 100 ms; allow a loaded machine a minute.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let dir = broker.data_dir.path().join(format!("{OFFSETS}-0"));
-    let live_bytes = (GROUPS as u64) * (PARTITIONS as u64) * (METADATA_BYTES as u64 + 100);
-    // Bound: the snapshot, as much again before the next compaction is due, what lands
-    // between two checks, and the dead head of the segment the snapshot starts in.
-    let bound = 4 * live_bytes + (1 << 20);
-    loop {
-        let start = earliest(&mut c, OFFSETS, 0);
-        let size = log_bytes(&dir);
-        if start > 0 && size <= bound {
-            println!(
-                "MEASURE compaction: log start {start}, {size} log bytes after ~{written_bytes} \
-                 bytes of commits (bound {bound})"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not compacted: log start {start}, {size} log bytes (bound {bound}, written \
-             {written_bytes}); compaction failed: {}",
-            broker.log_contains("compaction failed")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(!broker.log_contains("compaction failed"));
-    drop(c);
-    broker.restart();
-    let mut c = broker.client();
-    let all: Vec<i32> = (0..PARTITIONS).collect();
-    for (g, metas) in last.iter().enumerate() {
-        let got = fetch_offsets(&mut c, &format!("g{g}"), "data", &all);
-        for (p, (offset, meta)) in got.iter().enumerate() {
-            assert_eq!(*offset, (ROUNDS - 1) * 1000 + p as i64, "g{g}/{p}");
-            assert_eq!(meta, &metas[p], "g{g}/{p} metadata");
-        }
-    }
 }
 
 /// Kafka refuses a topic whose name differs from an existing one only by `.` and `_`

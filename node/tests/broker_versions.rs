@@ -318,15 +318,28 @@ fn every_served_api_answers_at_every_advertised_version() {
 fn transaction_apis(c: &mut Client) -> usize {
     let txn = || TransactionalId(StrBytes::from_static_str("versions-txn"));
     let mut n = 0;
-    n += every_version::<_, AddPartitionsToTxnResponse>(c, api::ADD_PARTITIONS_TO_TXN, |_| {
+    n += every_version::<_, AddPartitionsToTxnResponse>(c, api::ADD_PARTITIONS_TO_TXN, |v| {
+        use kafka_protocol::messages::add_partitions_to_txn_request::{
+            AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+        };
+        let topics = vec![
+            AddPartitionsToTxnTopic::default()
+                .with_name(name())
+                .with_partitions(vec![0]),
+        ];
+        if v >= 4 {
+            // KIP-890's inter-broker batch.
+            let t = AddPartitionsToTxnTransaction::default()
+                .with_transactional_id(txn())
+                .with_producer_id(7.into())
+                .with_verify_only(true)
+                .with_topics(topics);
+            return AddPartitionsToTxnRequest::default().with_transactions(vec![t]);
+        }
         AddPartitionsToTxnRequest::default()
             .with_v3_and_below_transactional_id(txn())
             .with_v3_and_below_producer_id(7.into())
-            .with_v3_and_below_topics(vec![
-                kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
-                    .with_name(name())
-                    .with_partitions(vec![0]),
-            ])
+            .with_v3_and_below_topics(topics)
     });
     n += every_version::<_, AddOffsetsToTxnResponse>(c, api::ADD_OFFSETS_TO_TXN, |_| {
         AddOffsetsToTxnRequest::default()

@@ -380,12 +380,21 @@ fn children_cpu_secs() -> f64 {
 /// Broker CPU per fetch of 1,000 idle partitions: full fetches (sessionless, every
 /// partition in request and response) versus incremental fetches of an open session
 /// (empty request, empty response). Minutes on a debug build; run with
-/// `cargo test -p weir --test fetch_sessions -- --ignored --nocapture`.
+/// `cargo test -p weir --test fetch_sessions -- --ignored --nocapture`, or on a release
+/// build (the number in docs/PERFORMANCE.md) with `WEIR_FETCH_BENCH_FETCHES=5000 cargo test
+/// --release -p weir --test fetch_sessions -- --ignored --nocapture` (more fetches, so the
+/// 10 ms clock ticks of `/proc/PID/stat` are small beside the totals).
 #[test]
 #[ignore]
 fn incremental_fetches_of_idle_partitions_cost_less_cpu() {
     const PARTITIONS: i32 = 1000;
-    const FETCHES: usize = 500;
+    const FETCHES_DEFAULT: usize = 500;
+    const FETCHES_MAX: usize = 1_000_000;
+    let fetches = std::env::var("WEIR_FETCH_BENCH_FETCHES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(FETCHES_DEFAULT)
+        .clamp(1, FETCHES_MAX);
     let broker = Broker::start(1, &[]);
     let mut c = broker.client();
     create(&mut c, "idle", PARTITIONS);
@@ -394,7 +403,7 @@ fn incremental_fetches_of_idle_partitions_cost_less_cpu() {
     let _: FetchResponse = c.call(api::FETCH, 12, &fetch(0, -1, "idle", all()));
     let full_req = fetch(0, -1, "idle", all());
     let cpu0 = children_cpu_secs();
-    for _ in 0..FETCHES {
+    for _ in 0..fetches {
         let r: FetchResponse = c.call(api::FETCH, 12, &full_req);
         assert_eq!(answered(&r).len(), PARTITIONS as usize);
     }
@@ -403,14 +412,14 @@ fn incremental_fetches_of_idle_partitions_cost_less_cpu() {
     let id = opened.session_id;
     assert_ne!(id, 0);
     let cpu0 = children_cpu_secs();
-    for epoch in 1..=FETCHES as i32 {
+    for epoch in 1..=fetches as i32 {
         let r: FetchResponse = c.call(api::FETCH, 12, &fetch(id, epoch, "idle", Vec::new()));
         assert_eq!((r.error_code, answered(&r).len()), (0, 0));
     }
     let inc_cpu = children_cpu_secs() - cpu0;
-    let per = |cpu: f64| cpu / FETCHES as f64 * 1e6;
+    let per = |cpu: f64| cpu / fetches as f64 * 1e6;
     println!(
-        "broker CPU per fetch of {PARTITIONS} idle partitions: full {:.0} µs, incremental {:.0} µs ({FETCHES} fetches each)",
+        "broker CPU per fetch of {PARTITIONS} idle partitions: full {:.0} µs, incremental {:.0} µs ({fetches} fetches each; {full_cpu:.2} s vs {inc_cpu:.2} s)",
         per(full_cpu),
         per(inc_cpu)
     );

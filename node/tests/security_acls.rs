@@ -581,6 +581,29 @@ fn idempotence_and_transactional_ids_need_their_acls_and_acl_apis_are_advertised
     );
     assert_ne!(find.error_code, 53, "Write implies Describe");
 
+    // AddPartitionsToTxn v4+ is inter-broker: ClusterAction, whatever the client's
+    // transactional id and topic ACLs (a top-level error, no results); a super user
+    // passes.
+    let verify = |c: &mut Client| {
+        use kafka_protocol::messages::add_partitions_to_txn_request::{
+            AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+        };
+        let t = AddPartitionsToTxnTransaction::default()
+            .with_transactional_id(TransactionalId(s("tx1")))
+            .with_producer_id(7.into())
+            .with_verify_only(true)
+            .with_topics(vec![
+                AddPartitionsToTxnTopic::default()
+                    .with_name(TopicName(s("x")))
+                    .with_partitions(vec![0]),
+            ]);
+        let req = AddPartitionsToTxnRequest::default().with_transactions(vec![t]);
+        let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, 5, &req);
+        (resp.error_code, resp.results_by_transaction.len())
+    };
+    assert_eq!(verify(&mut alice), (CLUSTER_DENIED, 0));
+    assert_eq!(verify(&mut admin), (0, 1));
+
     let versions: ApiVersionsResponse =
         alice.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
     for key in [api::DESCRIBE_ACLS, api::CREATE_ACLS, api::DELETE_ACLS] {

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use weir::storage::testing::run_on_shard;
-use weir::storage::{CleanerBudget, Disk, FaultPoint, Log, LogConfig, SimDisk, prime_dma_probe};
+use weir::storage::{
+    CleanBounds, CleanerBudget, Disk, FaultPoint, Log, LogConfig, SimDisk, prime_dma_probe,
+};
 use wire::batch::{BatchBuilder, NewRecord, batch_records};
 use wire::{LeaderEpoch, Offset};
 
@@ -576,5 +578,103 @@ fn delete_records_during_a_clean_aborts_the_swap_of_removed_segments_and_leaves_
         let done = read_records(&log, log.log_start_offset()).await;
         let want: Vec<Seen> = compacted(&after, active_base(&log));
         assert_eq!(done, want);
+    });
+}
+
+/// A log holding `k` at offset 0, a transactional batch of producer 7 for `k` at offset 1,
+/// then 200 records of other keys in 4 KiB segments (offset 1 is sealed well before the
+/// active segment).
+async fn txn_fixture(path: &Path) -> Log {
+    let log = Log::open(path.to_path_buf(), config(&[("segment.bytes", "4096")]))
+        .await
+        .unwrap();
+    let now = 1_000_000;
+    write(&log, 0, 1, 1, |_| "k".to_string(), 40, now).await;
+    let txn = BatchBuilder {
+        producer_id: wire::ProducerId(7),
+        producer_epoch: wire::ProducerEpoch(0),
+        transactional: true,
+        records: vec![NewRecord {
+            timestamp_ms: now,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"in a transaction")),
+            headers: Vec::new(),
+        }],
+        ..BatchBuilder::default()
+    };
+    log.append(BytesMut::from(txn.build().unwrap()), LeaderEpoch(1), now)
+        .await
+        .unwrap();
+    write(&log, 2, 200, 1, |i| format!("other-{i}"), 40, now).await;
+    assert!(active_base(&log) > 20, "offset 1 is in a sealed segment");
+    log
+}
+
+/// The offsets `k` has in the log.
+async fn offsets_of_k(log: &Log) -> Vec<i64> {
+    let records = read_records(log, Offset(0)).await;
+    records
+        .iter()
+        .filter(|r| r.1 == b"k")
+        .map(|r| r.0)
+        .collect()
+}
+
+/// `CleanBounds` (the partition's view: last stable offset, aborted transactions): a
+/// clean never reaches a segment at or past the last stable offset, and the record of an
+/// aborted transaction does not obsolete the key's older value. Unbounded (the cleaner
+/// before: what `clean_if_due` still does), the transactional record removes it.
+#[test]
+fn bounds_keep_what_an_open_or_aborted_transaction_would_obsolete() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let now = 1_000_000;
+        let aborted = [weir::storage::AbortedTxn {
+            producer_id: wire::ProducerId(7),
+            first_offset: Offset(1),
+            last_offset: Offset(2),
+            last_stable_offset: Offset(3),
+        }];
+
+        // Open transaction at offset 1: only segments wholly below it may be cleaned.
+        let log = txn_fixture(&root.join("open-0")).await;
+        let open = CleanBounds::new(Offset(1), &[]);
+        let stats = log
+            .clean_if_due_within(now, &budget(), &open)
+            .await
+            .unwrap();
+        assert_eq!(
+            stats.rounds, 0,
+            "the first segment holds offset 1: nothing cleanable"
+        );
+        assert_eq!(offsets_of_k(&log).await, vec![0, 1]);
+        assert_eq!(log.cleaner_checkpoint().unwrap(), Offset(0));
+
+        // Aborted: the rest is cleaned, `k` keeps its value at offset 0.
+        let bounds = CleanBounds::new(log.log_end_offset(), &aborted);
+        let stats = log
+            .clean_if_due_within(now, &budget(), &bounds)
+            .await
+            .unwrap();
+        assert!(stats.rounds >= 1, "cleaned: {stats:?}");
+        assert_eq!(
+            offsets_of_k(&log).await,
+            vec![0, 1],
+            "the aborted record hid nothing"
+        );
+        log.close().await.unwrap();
+
+        // Unbounded, the transactional record is the key's latest: offset 0 goes.
+        let log = txn_fixture(&root.join("unbounded-0")).await;
+        let unbounded = CleanBounds::unbounded();
+        let stats = log
+            .clean_if_due_within(now, &budget(), &unbounded)
+            .await
+            .unwrap();
+        assert!(stats.rounds >= 1);
+        assert_eq!(offsets_of_k(&log).await, vec![1]);
+        log.close().await.unwrap();
     });
 }

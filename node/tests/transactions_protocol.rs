@@ -218,3 +218,211 @@ fn produce_checks_the_transaction_and_aborts_are_indexed_across_restarts() {
         Duration::from_secs(10)
     ));
 }
+
+const BATCH_TOPIC: &str = "txb";
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+const OPERATION_NOT_ATTEMPTED: i16 = 55;
+const TRANSACTION_ABORTABLE: i16 = 120;
+
+/// One transaction of an AddPartitionsToTxn v4+ batch: `partitions` of (topic, index).
+fn batch_txn(
+    id: &str,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    verify_only: bool,
+    partitions: &[(&str, i32)],
+) -> add_partitions_to_txn_request::AddPartitionsToTxnTransaction {
+    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+    for (t, p) in partitions {
+        match topics.last_mut() {
+            Some(last) if last.name.0.as_str() == *t => last.partitions.push(*p),
+            _ => topics.push(
+                AddPartitionsToTxnTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                    .with_partitions(vec![*p]),
+            ),
+        }
+    }
+    add_partitions_to_txn_request::AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_string(id.to_string())))
+        .with_producer_id(pid.get().into())
+        .with_producer_epoch(epoch.get())
+        .with_verify_only(verify_only)
+        .with_topics(topics)
+}
+
+/// One transaction's answer: (id, [(topic, partition, code)]).
+type TxnResult = (String, Vec<(String, i32, i16)>);
+
+/// An AddPartitionsToTxn v4+ batch: (top-level error, per transaction).
+fn add_batch(
+    c: &mut Client,
+    version: i16,
+    txns: Vec<add_partitions_to_txn_request::AddPartitionsToTxnTransaction>,
+) -> (i16, Vec<TxnResult>) {
+    let req = AddPartitionsToTxnRequest::default().with_transactions(txns);
+    let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, version, &req);
+    let results = resp
+        .results_by_transaction
+        .iter()
+        .map(|r| {
+            let per = r
+                .topic_results
+                .iter()
+                .flat_map(|t| {
+                    t.results_by_partition.iter().map(|p| {
+                        (
+                            t.name.0.to_string(),
+                            p.partition_index,
+                            p.partition_error_code,
+                        )
+                    })
+                })
+                .collect();
+            (r.transactional_id.0.to_string(), per)
+        })
+        .collect();
+    (resp.error_code, results)
+}
+
+fn owned(id: &str, per: &[(&str, i32, i16)]) -> TxnResult {
+    let per = per
+        .iter()
+        .map(|(t, p, c)| (t.to_string(), *p, *c))
+        .collect();
+    (id.to_string(), per)
+}
+
+/// KIP-890's inter-broker AddPartitionsToTxn (v4, v5): advertised; a batch of
+/// transactions answered per transaction and partition; verify_only answers whether each
+/// partition is in the producer's ongoing transaction without adding it (v4:
+/// INVALID_TXN_STATE for one that is not, v5: TRANSACTION_ABORTABLE), PRODUCER_FENCED for
+/// an old epoch, and an unknown partition fails its transaction (the others
+/// OPERATION_NOT_ATTEMPTED). Old weir served v0–v3 only and closed the connection.
+#[test]
+fn add_partitions_v4_v5_batch_and_verify_only() {
+    let broker = Broker::start(1, &[("transaction.state.log.num.partitions", "4")]);
+    let mut c = broker.client();
+    let versions: ApiVersionsResponse =
+        c.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    let advertised = versions
+        .api_keys
+        .iter()
+        .find(|k| k.api_key == api::ADD_PARTITIONS_TO_TXN)
+        .map(|k| (k.min_version, k.max_version));
+    assert_eq!(advertised, Some((0, 5)));
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(BATCH_TOPIC)))
+                .with_num_partitions(2)
+                .with_replication_factor(1),
+        ]),
+    );
+    assert_eq!(created.topics[0].error_code, 0);
+    let (error, pid, epoch) = init(&mut c);
+    assert_eq!(error, 0);
+    let t = BATCH_TOPIC;
+
+    // A batch of two: one adds partition 0, the other's id has no producer.
+    let (top, results) = add_batch(
+        &mut c,
+        4,
+        vec![
+            batch_txn(TXN_ID, pid, epoch, false, &[(t, 0)]),
+            batch_txn(
+                "no-such-txn",
+                ProducerId(7),
+                ProducerEpoch(0),
+                false,
+                &[(t, 0)],
+            ),
+        ],
+    );
+    assert_eq!(top, 0);
+    assert_eq!(
+        results,
+        vec![
+            owned(TXN_ID, &[(t, 0, 0)]),
+            owned("no-such-txn", &[(t, 0, INVALID_PRODUCER_ID_MAPPING)]),
+        ]
+    );
+
+    // Verify only: 0 is in the transaction, 1 is not (and stays out).
+    let verify = |c: &mut Client, version: i16, e: ProducerEpoch| {
+        add_batch(
+            c,
+            version,
+            vec![batch_txn(TXN_ID, pid, e, true, &[(t, 0), (t, 1)])],
+        )
+    };
+    let v4 = verify(&mut c, 4, epoch);
+    assert_eq!(
+        v4,
+        (
+            0,
+            vec![owned(TXN_ID, &[(t, 0, 0), (t, 1, INVALID_TXN_STATE)])]
+        )
+    );
+    let v5 = verify(&mut c, 5, epoch);
+    assert_eq!(
+        v5,
+        (
+            0,
+            vec![owned(TXN_ID, &[(t, 0, 0), (t, 1, TRANSACTION_ABORTABLE)])]
+        ),
+        "verify_only added nothing"
+    );
+    let stale = ProducerEpoch(epoch.get().wrapping_sub(1));
+    assert_eq!(
+        verify(&mut c, 5, stale),
+        (
+            0,
+            vec![owned(
+                TXN_ID,
+                &[(t, 0, PRODUCER_FENCED), (t, 1, PRODUCER_FENCED)]
+            )]
+        )
+    );
+    let unknown = add_batch(
+        &mut c,
+        5,
+        vec![batch_txn(TXN_ID, pid, epoch, true, &[("nope", 0), (t, 0)])],
+    );
+    assert_eq!(
+        unknown,
+        (
+            0,
+            vec![owned(
+                TXN_ID,
+                &[
+                    ("nope", 0, UNKNOWN_TOPIC_OR_PARTITION),
+                    (t, 0, OPERATION_NOT_ATTEMPTED)
+                ]
+            )]
+        )
+    );
+
+    // The client path agrees: partition 1 is refused, partition 0 taken.
+    let produce_to = |c: &mut Client, index: i32| {
+        let part = PartitionProduceData::default()
+            .with_index(index)
+            .with_records(Some(txn_batch(pid, epoch, 0, 1)));
+        let req = ProduceRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
+            .with_acks(-1)
+            .with_timeout_ms(10_000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_static_str(BATCH_TOPIC)))
+                    .with_partition_data(vec![part]),
+            ]);
+        let resp: ProduceResponse = c.call(api::PRODUCE, 7, &req);
+        resp.responses[0].partition_responses[0].error_code
+    };
+    assert_eq!(produce_to(&mut c, 1), INVALID_TXN_STATE);
+    assert_eq!(produce_to(&mut c, 0), 0);
+}

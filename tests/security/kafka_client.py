@@ -12,6 +12,8 @@ Actions:
                           and check the committed offset
   scram-add USER PASSWORD MECHANISM
                           AlterUserScramCredentials upsert (MECHANISM SCRAM-SHA-256/512)
+  scram-delete USER MECHANISM
+                          AlterUserScramCredentials deletion
   scram-describe USER     DescribeUserScramCredentials: prints the mechanisms
   metadata                prints `OK host:port` of the broker Metadata advertises
   expect-auth-fail        Metadata must fail with an authentication error
@@ -33,6 +35,10 @@ Actions:
   bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
                           prints `OK produce_mibs=..`
   bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
+  scram-auth              CONFIG_JSON is {"host","port","user","password","mechanism"}:
+                          one plaintext connection runs SaslHandshake v1 and the SCRAM
+                          exchange (SaslAuthenticate v0), client side written from RFC
+                          5802 here; prints `OK authenticated` (server signature checked)
 """
 
 import json
@@ -52,6 +58,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
 
@@ -113,6 +120,15 @@ def scram_add(conf, user, password, mechanism):
     for f in admin.alter_user_scram_credentials([up]).values():
         f.result(timeout=TIMEOUT_S)
     print(f"OK {user} {mechanism}", flush=True)
+
+
+def scram_delete(conf, user, mechanism):
+    mech = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
+            "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}[mechanism]
+    admin = AdminClient(conf)
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, mech)]).values():
+        f.result(timeout=TIMEOUT_S)
+    print(f"OK deleted {user} {mechanism}", flush=True)
 
 
 def scram_describe(conf, user):
@@ -378,6 +394,69 @@ def bench_consume(conf, topic, mib):
     print(f"OK consume_mibs={mib / took:.1f}", flush=True)
 
 
+def scram_auth(conf):
+    import base64, hashlib, hmac, os, socket, struct
+    digest = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}[conf["mechanism"]]
+    sock = socket.create_connection((conf["host"], int(conf["port"])), timeout=TIMEOUT_S)
+    corr = [0]
+
+    def recv_exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                fail("connection closed by the broker")
+            buf += chunk
+        return buf
+
+    def call(api_key, version, body):
+        corr[0] += 1
+        cid = b"scram-auth"
+        head = struct.pack(">hhih", api_key, version, corr[0], len(cid)) + cid
+        msg = head + body
+        sock.sendall(struct.pack(">i", len(msg)) + msg)
+        size = struct.unpack(">i", recv_exact(4))[0]
+        resp = recv_exact(size)
+        return resp[4:]
+
+    mech = conf["mechanism"].encode()
+    resp = call(17, 1, struct.pack(">h", len(mech)) + mech)
+    if struct.unpack(">h", resp[:2])[0] != 0:
+        fail(f"SaslHandshake error {struct.unpack('>h', resp[:2])[0]}")
+
+    def authenticate(token):
+        resp = call(36, 0, struct.pack(">i", len(token)) + token)
+        code = struct.unpack(">h", resp[:2])[0]
+        mlen = struct.unpack(">h", resp[2:4])[0]
+        rest = resp[4 + max(mlen, 0):]
+        if code != 0:
+            fail(f"SaslAuthenticate error {code}: {resp[4:4 + max(mlen, 0)].decode()}")
+        blen = struct.unpack(">i", rest[:4])[0]
+        return rest[4:4 + blen]
+
+    nonce = base64.b64encode(os.urandom(18)).decode()
+    bare = f"n={conf['user']},r={nonce}"
+    server_first = authenticate(f"n,,{bare}".encode()).decode()
+    attrs = dict(a.split("=", 1) for a in server_first.split(","))
+    if not attrs["r"].startswith(nonce):
+        fail("server nonce does not extend ours")
+    salted = hashlib.pbkdf2_hmac(digest().name, conf["password"].encode(),
+                                 base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", digest).digest()
+    stored_key = digest(client_key).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth = f"{bare},{server_first},{without_proof}".encode()
+    sig = hmac.new(stored_key, auth, digest).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, sig))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+    server_final = authenticate(final).decode()
+    server_key = hmac.new(salted, b"Server Key", digest).digest()
+    want = "v=" + base64.b64encode(hmac.new(server_key, auth, digest).digest()).decode()
+    if server_final != want:
+        fail("the server's signature is wrong")
+    print("OK authenticated", flush=True)
+
+
 def main():
     action, conf = sys.argv[1], json.loads(sys.argv[2])
     args = sys.argv[3:]
@@ -386,6 +465,8 @@ def main():
             roundtrip(conf, args[0], int(args[1]))
         elif action == "scram-add":
             scram_add(conf, args[0], args[1], args[2])
+        elif action == "scram-delete":
+            scram_delete(conf, args[0], args[1])
         elif action == "scram-describe":
             scram_describe(conf, args[0])
         elif action == "metadata":
@@ -408,6 +489,8 @@ def main():
             acl_delete(conf, args[0])
         elif action == "bench-produce":
             bench_produce(conf, args[0], int(args[1]))
+        elif action == "scram-auth":
+            scram_auth(conf)
         elif action == "bench-consume":
             bench_consume(conf, args[0], int(args[1]))
         else:

@@ -51,6 +51,32 @@ impl Cluster {
         Cluster::start_with_brokers(n, 0, extra)
     }
 
+    /// Starts `n` voters with `extra`, then for node `id` the settings of `per_node`
+    /// naming it (e.g. one node's own truststore).
+    pub fn start_per_node(
+        n: usize,
+        extra: &[(&str, &str)],
+        per_node: &[(i32, &str, &str)],
+    ) -> Result<Cluster> {
+        let ports = free_ports(n)?;
+        let voters: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+            .collect();
+        let voters = voters.join(",");
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let id = i as i32 + 1;
+            let mut config = node_config(i + 1, &voters, extra);
+            for (_, k, v) in per_node.iter().filter(|(node, ..)| *node == id) {
+                config = config.set(k, v);
+            }
+            nodes.push(Weir::start(config).with_context(|| format!("start node {id}"))?);
+        }
+        Ok(Cluster { nodes })
+    }
+
     /// Starts `n` voters (ids 1..=n) and `brokers` broker-only nodes (ids after them).
     pub fn start_with_brokers(n: usize, brokers: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
         let ports = free_ports(n)?;

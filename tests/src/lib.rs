@@ -12,12 +12,15 @@
 //! - [`proxy`]: a TCP fault proxy (pass / blackhole / refuse, per Kafka client id).
 //! - [`clients`]: librdkafka (the `rdkafka` crate) producers, consumers and admin calls
 //!   configured for a weir under test, with bounded waits.
+//! - [`fetch_tap`]: a recording proxy that decodes every Fetch exchange (KIP-227 session
+//!   id and epoch, partitions listed and answered) between real clients and a broker.
 
 pub mod broker;
 pub mod certs;
 pub mod clients;
 pub mod cluster;
 pub mod disk;
+pub mod fetch_tap;
 pub mod fuzz;
 pub mod proxy;
 pub mod raw;

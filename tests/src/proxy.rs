@@ -4,7 +4,9 @@
 //! is held, bounded, so their requests time out; back to `Pass`, what is still held flows
 //! on, as TCP delivers after a short cut, but a peer that closed its end during the cut
 //! gave up and its bytes are dropped); [`Mode::Refuse`] closes existing and new
-//! connections (what was held is dropped).
+//! connections (what was held is dropped); [`Mode::HoldResponses`] cuts only the way back
+//! (requests pass, answers are held), and [`Mode::HoldAfterResponse`] becomes it once one
+//! large answer has passed — one follower fetch answer through, the next ones held.
 //!
 //! A Kafka-aware proxy ([`FaultProxy::kafka`]) reads the request header of the first frame
 //! of each connection (size i32, api_key i16, api_version i16, correlation id i32,
@@ -53,6 +55,27 @@ pub enum Mode {
     Blackhole,
     /// Close it (new ones are closed on accept, or after their first frame is read).
     Refuse,
+    /// Forward requests, hold every response (a cut in the target → client direction
+    /// only): what the target answers is held as in [`Mode::Blackhole`].
+    HoldResponses,
+    /// Forward both ways until one response frame of at least `min_bytes` (size prefix
+    /// included) has been forwarded whole, then, for every connection the same rule
+    /// matches, [`Mode::HoldResponses`]: the peer gets that response and no later one
+    /// (e.g. a follower gets the fetch answer carrying a batch, not the next one carrying
+    /// the HW that batch moved). Responses are told apart by their size prefixes, so a
+    /// connection must carry Kafka frames.
+    HoldAfterResponse { min_bytes: usize },
+}
+
+impl Mode {
+    /// Whether bytes move in this direction (`up`: client → target) in this mode.
+    fn passes(self, up: bool) -> bool {
+        match self {
+            Mode::Pass | Mode::HoldAfterResponse { .. } => true,
+            Mode::HoldResponses => up,
+            Mode::Blackhole | Mode::Refuse => false,
+        }
+    }
 }
 
 /// A predicate on a connection's client id (`None`: no id, or not a Kafka proxy).
@@ -79,6 +102,8 @@ pub struct ClientStats {
     pub open: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// Bytes the target sent that the proxy holds now (a hold mode, or not yet written).
+    pub held_down: u64,
 }
 
 struct Rule {
@@ -120,6 +145,26 @@ impl Shared {
             return r.mode;
         }
         *lock(&self.default_mode)
+    }
+
+    /// A [`Mode::HoldAfterResponse`] rule (or default) that matched `client_id` has let
+    /// its response through: from now on it holds responses.
+    fn trip(&self, client_id: Option<&str>) {
+        let mut rules = lock(&self.rules);
+        let mode = match rules.iter_mut().find(|r| (r.matches)(client_id)) {
+            Some(r) => &mut r.mode,
+            None => {
+                drop(rules);
+                let mut mode = lock(&self.default_mode);
+                if matches!(*mode, Mode::HoldAfterResponse { .. }) {
+                    *mode = Mode::HoldResponses;
+                }
+                return;
+            }
+        };
+        if matches!(*mode, Mode::HoldAfterResponse { .. }) {
+            *mode = Mode::HoldResponses;
+        }
     }
 
     fn client(&self, client_id: Option<&str>, f: impl FnOnce(&mut ClientStats)) {
@@ -400,7 +445,7 @@ fn serve(client: &mut TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     let mut chunk = vec![0u8; CHUNK_BYTES];
     loop {
         match shared.mode_for(cid) {
-            Mode::Pass => break,
+            Mode::Pass | Mode::HoldResponses | Mode::HoldAfterResponse { .. } => break,
             Mode::Refuse => {
                 shared.refused.fetch_add(1, Ordering::AcqRel);
                 return;
@@ -500,6 +545,19 @@ fn pump(
     let mut held = pending;
     let mut chunk = vec![0u8; CHUNK_BYTES];
     let mut eof = false;
+    let mut frames = Frames::default();
+    // What this direction reported to the client's `held_down` gauge.
+    let mut reported = 0u64;
+    let report = |reported: &mut u64, now: usize| {
+        let now = now as u64;
+        if !up && now != *reported {
+            let was = *reported;
+            shared.client(client_id, |c| {
+                c.held_down = (c.held_down + now).saturating_sub(was)
+            });
+            *reported = now;
+        }
+    };
     while !closed.load(Ordering::Acquire) {
         let mode = shared.mode_for(client_id);
         if mode == Mode::Refuse {
@@ -508,20 +566,36 @@ fn pump(
             }
             break;
         }
-        if mode == Mode::Pass && !held.is_empty() {
-            match to.write(&held) {
+        if mode.passes(up) && !held.is_empty() {
+            // Responses under `HoldAfterResponse` pass up to the end of the first large
+            // frame, and the rule trips there.
+            let min_bytes = match mode {
+                Mode::HoldAfterResponse { min_bytes } if !up => Some(min_bytes),
+                _ => None,
+            };
+            let allowed = min_bytes.map_or(held.len(), |min| {
+                frames.clone().advance(&held, min).unwrap_or(held.len())
+            });
+            match to.write(&held[..allowed]) {
                 Ok(0) => break,
                 Ok(n) => {
+                    let min = min_bytes.unwrap_or(usize::MAX);
+                    let tripped = !up && frames.advance(&held[..n], min).is_some();
                     held.drain(..n);
                     count(shared, client_id, up, n as u64);
+                    if tripped {
+                        shared.trip(client_id);
+                    }
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(_) => break,
             }
         }
+        // After the write: passing bytes count as held only between a read and the write.
+        report(&mut reported, held.len());
         if eof {
             // Flushed what the peer sent before it closed, or it closed during a cut.
-            if held.is_empty() || mode == Mode::Blackhole {
+            if held.is_empty() || !mode.passes(up) {
                 break;
             }
             continue;
@@ -538,9 +612,55 @@ fn pump(
             Err(_) => break,
         }
     }
+    report(&mut reported, 0);
     closed.store(true, Ordering::Release);
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Where a byte stream of size-prefixed Kafka frames is (the responses forwarded down
+/// one connection), to cut it after a whole frame.
+#[derive(Clone, Copy, Debug, Default)]
+struct Frames {
+    /// The current frame's size prefix, as far as read.
+    size: [u8; 4],
+    /// Bytes of `size` read (4: in the frame's body).
+    have: usize,
+    /// Body bytes of the current frame still to come.
+    left: usize,
+    /// The current frame's size, prefix included.
+    total: usize,
+}
+
+impl Frames {
+    /// Moves over `bytes`; returns how many of them end the first frame of at least
+    /// `min` bytes (prefix included) completed in them, if one is.
+    fn advance(&mut self, bytes: &[u8], min: usize) -> Option<usize> {
+        let mut at = 0;
+        while at < bytes.len() {
+            if self.have < 4 {
+                self.size[self.have] = bytes[at];
+                self.have += 1;
+                at += 1;
+                if self.have == 4 {
+                    // A negative size is no Kafka frame: treated as empty.
+                    self.left = usize::try_from(i32::from_be_bytes(self.size)).unwrap_or(0);
+                    self.total = self.left.saturating_add(4);
+                }
+            } else {
+                let take = self.left.min(bytes.len() - at);
+                self.left -= take;
+                at += take;
+            }
+            if self.have == 4 && self.left == 0 {
+                self.have = 0;
+                if self.total >= min {
+                    return Some(at);
+                }
+            }
+        }
+        None
+    }
 }
 
 fn count(shared: &Shared, client_id: Option<&str>, up: bool, n: u64) {
@@ -618,6 +738,74 @@ mod tests {
             .wait_for(Duration::from_secs(5), |p| p.stats().open == 0)
             .expect("closed");
         assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)), "closed");
+        drop(proxy);
+        let _ = server.join();
+    }
+
+    fn frame(body_len: usize, fill: u8) -> Vec<u8> {
+        let mut f = (body_len as i32).to_be_bytes().to_vec();
+        f.extend(std::iter::repeat_n(fill, body_len));
+        f
+    }
+
+    #[test]
+    fn frames_are_cut_after_the_first_large_one() {
+        let mut f = Frames::default();
+        let mut stream = frame(3, 1);
+        stream.extend(frame(10, 2));
+        stream.extend(frame(3, 3));
+        // Byte by byte or at once, the cut is after the 14-byte frame.
+        assert_eq!(f.clone().advance(&stream, 14), Some(7 + 14));
+        assert_eq!(f.advance(&stream[..5], 14), None);
+        assert_eq!(f.advance(&stream[5..], 14), Some(7 + 14 - 5));
+        assert_eq!(Frames::default().advance(&stream, 15), None);
+    }
+
+    #[test]
+    fn hold_after_response_passes_one_large_answer_then_holds_answers() {
+        let (addr, server) = echo_server();
+        let proxy = FaultProxy::tcp(Some(addr)).expect("proxy");
+        proxy.set_mode(Mode::HoldAfterResponse { min_bytes: 100 });
+        let mut c = TcpStream::connect(proxy.addr()).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let small = frame(10, 1);
+        let mut buf = vec![0u8; small.len()];
+        c.write_all(&small).expect("write");
+        c.read_exact(&mut buf).expect("a small answer passes");
+        assert_eq!(buf, small);
+
+        // One write, echoed as one read: cut after the large frame.
+        let (large, after) = (frame(200, 2), frame(10, 3));
+        c.write_all(&[large.clone(), after.clone()].concat())
+            .expect("write");
+        let mut buf = vec![0u8; large.len()];
+        c.read_exact(&mut buf).expect("the large answer passes");
+        assert_eq!(buf, large);
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        let mut one = [0u8; 1];
+        assert!(c.read(&mut one).is_err(), "the answer after it is held");
+        assert_eq!(*lock(&proxy.shared.default_mode), Mode::HoldResponses);
+        proxy
+            .wait_for(Duration::from_secs(5), |p| {
+                p.client_stats("").held_down == after.len() as u64
+            })
+            .expect("the held answer is counted");
+
+        proxy.set_mode(Mode::Pass);
+        c.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut buf = vec![0u8; after.len()];
+        c.read_exact(&mut buf)
+            .expect("held answers flow once passed");
+        assert_eq!(buf, after);
+        proxy
+            .wait_for(Duration::from_secs(5), |p| {
+                p.client_stats("").held_down == 0
+            })
+            .expect("nothing held");
+        drop(c);
         drop(proxy);
         let _ = server.join();
     }

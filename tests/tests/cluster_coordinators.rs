@@ -525,3 +525,129 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
         );
     }
 }
+
+/// A transactional batch of `n` records from `producer`, sequence `seq`.
+fn txn_batch(producer: (i64, i16), seq: i32, n: usize) -> bytes::Bytes {
+    use wire::batch::{BatchBuilder, NewRecord};
+    BatchBuilder {
+        producer_id: wire::ProducerId(producer.0),
+        producer_epoch: wire::ProducerEpoch(producer.1),
+        base_sequence: wire::Sequence(seq),
+        transactional: true,
+        records: (0..n)
+            .map(|i| NewRecord::value(1_700_000_000_000, format!("v{i}")))
+            .collect(),
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("batch")
+}
+
+/// Kafka's retriable answers of a coordinator that is loading or moving, and of a
+/// partition leader that could not verify a batch now (NOT_ENOUGH_REPLICAS).
+const RETRIABLE: [i16; 5] = [14, 15, 16, 19, 51];
+
+/// Calls `f` until it answers something other than a retriable code, bounded.
+fn until_settled<T>(what: &str, mut f: impl FnMut() -> (i16, T)) -> (i16, T) {
+    let deadline = Instant::now() + FAILOVER_TIMEOUT;
+    loop {
+        let (code, v) = f();
+        if !RETRIABLE.contains(&code) || Instant::now() >= deadline {
+            return (code, v);
+        }
+        eprintln!("{what}: {code}, retrying");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// KIP-890 across nodes (issue 13): the partition leader of a transactional produce asks
+/// the transactional id's coordinator on another node (AddPartitionsToTxn v4,
+/// verify_only). A batch to a partition not added to the transaction is refused with
+/// INVALID_TXN_STATE and not appended; once AddPartitionsToTxn added it, the same batch is
+/// taken at offset 0, and the transaction commits. (Old weir took the batch unverified.)
+#[test]
+fn a_transactional_produce_is_verified_with_a_coordinator_on_another_node() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::{
+        AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
+        InitProducerIdRequest, InitProducerIdResponse, ProduceResponse, TransactionalId,
+    };
+    const TOPIC: &str = "verify-far";
+    const TXN_ID: &str = "verify-far-txn";
+    const INVALID_TXN_STATE: i16 = 48;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let coordinator = wait_coordinator(&mut c, TXN_ID, 1, 3, None);
+    let leader = coordinator % 3 + 1;
+    assert_eq!(create_placed(c.node(1).addr(), TOPIC, &[leader]), 0);
+    wait_topic(&mut c, TOPIC, 1, 1);
+    let timeout = Duration::from_secs(20);
+    let txn_id = || TransactionalId(StrBytes::from_static_str(TXN_ID));
+
+    let mut coord = RawConn::connect_timeout(c.node(coordinator).addr(), timeout).expect("conn");
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(Some(txn_id()))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    let (code, producer) = until_settled("InitProducerId", || {
+        let r: InitProducerIdResponse = coord
+            .call(ApiKey::InitProducerId, 4, &init)
+            .expect("InitProducerId");
+        (r.error_code, (r.producer_id.0, r.producer_epoch))
+    });
+    assert_eq!(code, 0, "InitProducerId");
+
+    let mut lead = RawConn::connect_timeout(c.node(leader).addr(), timeout).expect("conn");
+    let mut produce = || {
+        let mut req = weir_tests::raw::produce_request(TOPIC, 0, -1, txn_batch(producer, 0, 3));
+        req.transactional_id = Some(txn_id());
+        until_settled("Produce", || {
+            let r: ProduceResponse = lead.call(ApiKey::Produce, 7, &req).expect("Produce");
+            let p = &r.responses[0].partition_responses[0];
+            (p.error_code, p.base_offset)
+        })
+    };
+    assert_eq!(
+        produce().0,
+        INVALID_TXN_STATE,
+        "a batch to a partition not in the transaction (coordinator on node {coordinator}, \
+         leader on node {leader})"
+    );
+
+    let add = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(txn_id())
+        .with_v3_and_below_producer_id(producer.0.into())
+        .with_v3_and_below_producer_epoch(producer.1)
+        .with_v3_and_below_topics(vec![
+            AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_partitions(vec![0]),
+        ]);
+    let (code, ()) = until_settled("AddPartitionsToTxn", || {
+        let r: AddPartitionsToTxnResponse = coord
+            .call(ApiKey::AddPartitionsToTxn, 3, &add)
+            .expect("AddPartitionsToTxn");
+        (
+            r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+            (),
+        )
+    });
+    assert_eq!(code, 0, "AddPartitionsToTxn");
+    assert_eq!(
+        produce(),
+        (0, 0),
+        "added: taken, the refused batch was not appended"
+    );
+
+    let end = EndTxnRequest::default()
+        .with_transactional_id(txn_id())
+        .with_producer_id(producer.0.into())
+        .with_producer_epoch(producer.1)
+        .with_committed(true);
+    let (code, ()) = until_settled("EndTxn", || {
+        let r: EndTxnResponse = coord.call(ApiKey::EndTxn, 3, &end).expect("EndTxn");
+        (r.error_code, ())
+    });
+    assert_eq!(code, 0, "EndTxn");
+}

@@ -1,8 +1,10 @@
 //! The seeds' replication scenarios (issue 11) as named tests against three real `weir`
 //! nodes on 127.0.0.1: a restarted leader opens at its checkpointed HW (not its log end),
 //! a lagging follower never leads with acknowledged records missing, and the
-//! HW-propagation window (KIP-101) ends with no divergence — the old leader truncates by
-//! leader epoch. Followers are slowed with SIGSTOP/SIGCONT, leaders die by SIGKILL.
+//! HW-propagation window (KIP-101) ends with no divergence, and a returning leader's
+//! divergent tail is truncated by leader epoch. Followers are slowed with SIGSTOP/SIGCONT
+//! or cut by the fault proxy (`weir_tests::proxy`, deterministic windows), leaders die by
+//! SIGKILL.
 //!
 //! The 50-cycle soak (SIGKILL and restart of the busiest partition's leader under an
 //! idempotent acks=all producer) is `#[ignore]`:
@@ -18,7 +20,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::producer::Producer;
 use weir_tests::clients;
-use weir_tests::cluster::{self, Cluster};
+use weir_tests::cluster::{self, Cluster, FaultNet};
+use weir_tests::proxy::Mode;
 use weir_tests::raw::RawConn;
 
 const AGREE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -362,109 +365,135 @@ fn epoch_entries(dir: &Path) -> Vec<(i32, i64)> {
         .collect()
 }
 
-/// The HW-propagation window (KIP-101). The only follower in the ISR (the other is
-/// SIGSTOPped and left it) fetched the last acks=all batch; its fetch at the new log end
-/// is what moved the leader's HW and acknowledged the producer, and with
-/// `replica.fetch.wait.max.ms` long that fetch's answer — carrying the new HW — waits on
-/// the leader. The leader is SIGKILLed right after the acknowledgement: the follower holds
-/// the batch but, when the window is hit, not the HW covering it (its own checkpoint says
-/// which — printed: the window is not hit every run). It becomes leader under a new epoch
-/// without cutting its log to its HW (its epoch checkpoint starts the new epoch at 300),
-/// takes new writes, and the old leader returns and follows without truncating: no
-/// divergence, every replica byte-identical, every acknowledged record present once.
+/// Only a Fetch answer carrying the window test's batch (300 records of
+/// [`clients::make_records`], ~50 KB) is this large; an answer with no records is ~100
+/// bytes.
+const BATCH_ANSWER_MIN_BYTES: usize = 16 << 10;
+
+/// [`start`] behind fault proxies ([`Cluster::start_faulty`]).
+fn start_faulty(extra: &[(&str, &str)]) -> (Cluster, FaultNet) {
+    let (mut c, net) = Cluster::start_faulty(3, extra).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 3).expect("create"), 0);
+    (c, net)
+}
+
+fn sorted(mut ids: Vec<i32>) -> Vec<i32> {
+    ids.sort();
+    ids
+}
+
+/// The lines of node `id`'s log (all its runs) that contain every one of `words`.
+fn log_lines(c: &mut Cluster, id: i32, words: &[&str]) -> Vec<String> {
+    c.node(id)
+        .log_text()
+        .lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The HW-propagation window (KIP-101), made to happen every run by the fault proxy. The
+/// only follower in the ISR (the other one's fetches are cut: it left) fetches the last
+/// acks=all batch — that answer passes the proxy — and its next fetch, at the new log
+/// end, moves the leader's HW and acknowledges the producer; the answer to it, carrying
+/// the new HW, is held by the proxy. The leader is SIGKILLed: the follower holds every
+/// acknowledged record and, its checkpoint shows, a HW below them. It becomes leader
+/// under a new epoch without cutting its log to its HW (its epoch checkpoint starts the
+/// new epoch at its log end, 300), takes new writes, and the old leader returns and
+/// follows: its log already ends at the end of its last epoch on the new leader, so
+/// nothing is cut and nothing diverges — every replica byte-identical, every acknowledged
+/// record present once.
 #[test]
 fn the_hw_propagation_window_loses_nothing_and_ends_without_divergence() {
-    let mut c = start(&[
+    let (mut c, net) = start_faulty(&[
         ("min.insync.replicas", "2"),
         ("replica.lag.time.max.ms", "2000"),
-        ("replica.fetch.wait.max.ms", "15000"),
         ("replica.high.watermark.checkpoint.interval.ms", "0"),
-        // Housekeeping (and so the checkpoint) every 100 ms.
+        // Housekeeping (and so the HW checkpoint) every 100 ms.
         ("log.retention.check.interval.ms", "100"),
     ]);
     let (old, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
     let followers: Vec<i32> = (1..=3).filter(|id| *id != old).collect();
-    let (next, stopped) = (followers[0], followers[1]);
-    pause(&mut c, stopped, true);
-    wait_placement(&mut c, &[old, next], 0, |p| p.2.len() == 2);
-
-    // Produced inline: the kill comes right after the last ack, before the producer is
-    // even closed (closing a librdkafka producer can take longer than the window).
-    let bootstrap = c.node(old).bootstrap();
-    let (producer, log) =
-        clients::producer(&bootstrap, "all", "none", &[("enable.idempotence", "true")])
-            .expect("producer");
-    let mut sent = clients::make_records(0, 300, "before", clients::now_ms());
-    let produced = Instant::now();
-    clients::produce_all(&producer, TOPIC, &sent, Some(0)).expect("produce");
-    let acked_at = produced.elapsed();
-    c.node(old)
-        .kill()
-        .expect("SIGKILL the leader right after the ack");
-    eprintln!(
-        "acked after {acked_at:?}, killed after {:?}",
-        produced.elapsed()
+    let (next, cut) = (followers[0], followers[1]);
+    // `cut` leaves the ISR: the HW is what `old` and `next` both hold.
+    net.cut_fetches(cut, old, Mode::Blackhole);
+    let pair = sorted(vec![old, next]);
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 == old && p.2 == pair);
+    // `next` gets the answer carrying the batch, and no later one.
+    net.cut_fetches(
+        next,
+        old,
+        Mode::HoldAfterResponse {
+            min_bytes: BATCH_ANSWER_MIN_BYTES,
+        },
     );
+
+    // One batch: the 300 records are queued long before the linger ends.
+    let bootstrap = c.node(old).bootstrap();
+    let (producer, log) = clients::producer(
+        &bootstrap,
+        "all",
+        "none",
+        &[("enable.idempotence", "true"), ("linger.ms", "1000")],
+    )
+    .expect("producer");
+    let mut sent = clients::make_records(0, 300, "before", clients::now_ms());
+    clients::produce_all(&producer, TOPIC, &sent, Some(0)).expect("produce");
     assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
     let mut acked = log.acked();
-    drop(producer);
-    let killed = Instant::now();
-    eprintln!(
-        "follower's checkpoint at the kill: {:?}",
-        checkpointed_hw(c.node(next).data_dir(), 0)
-    );
-    // The stopped follower (out of the ISR: it cannot lead) resumes, so two of the three
-    // controller voters are up to elect.
-    pause(&mut c, stopped, false);
-    // The follower holds all 300 acknowledged records, and a HW below them: its
-    // checkpoint (written every 100 ms tick while it changes) until it leads says so.
-    let next_dir = c.node(next).data_dir().to_path_buf();
-    let deadline = Instant::now() + AGREE_TIMEOUT;
-    let mut window_hw = None;
-    let (leader, new_epoch) = loop {
-        let hw = checkpointed_hw(&next_dir, 0);
-        let now = c.metadata(next).ok().and_then(|m| placement(&m, TOPIC, 0));
-        if let Some((l, e, _)) = now
-            && l == next
-            && e > epoch
-        {
-            break (l, e);
-        }
-        if hw != window_hw {
-            eprintln!(
-                "{:?} after the kill: the follower's checkpoint says HW {hw:?}",
-                killed.elapsed()
-            );
-        }
-        window_hw = hw.or(window_hw);
-        assert!(Instant::now() < deadline, "the follower never led: {now:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let window_hw = window_hw.expect("the follower checkpointed its HW");
-    let (_, next_end) = log_bytes(&partition_dir(&mut c, next, 0));
+    assert_eq!(acked.len(), 300, "every acks=all record acknowledged");
     assert_eq!(
-        next_end, 300,
-        "the follower fetched every acknowledged record"
+        latest(&mut c, old, 0),
+        Ok(300),
+        "the leader's HW covers them"
     );
-    // Whether the window really happened (the follower's HW below the acknowledged end)
-    // depends on whether the leader's last fetch answer reached it first; printed, not
-    // asserted (see tests/README.md for how often it happened).
-    eprintln!(
-        "HW-propagation window {}: the new leader's HW was {window_hw}, its log end {next_end}",
-        if window_hw < next_end {
-            "HAPPENED"
-        } else {
-            "missed"
-        }
+    // The follower holds every one (its fetch at 300 moved the HW; the file may show the
+    // append a moment later), and the window is open: the leader answered that fetch
+    // (with HW 300) and the proxy holds the answer, so the follower's HW (checkpointed
+    // every 100 ms) is below them — however late the kill comes.
+    let next_dir = partition_dir(&mut c, next, 0);
+    let fetcher = cluster::fetcher_client_id(next);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let mut follower_hw = None;
+    while log_bytes(&next_dir).1 != 300
+        || follower_hw.is_none()
+        || net.listener(old).client_stats(&fetcher).held_down == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the follower holds {} records, checkpointed HW {follower_hw:?}, proxy {:?}",
+            log_bytes(&next_dir).1,
+            net.listener(old).client_stats(&fetcher)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        follower_hw = checkpointed_hw(c.node(next).data_dir(), 0);
+    }
+    c.node(old).kill().expect("SIGKILL the leader");
+    drop(producer);
+    let window_hw = follower_hw.unwrap_or(i64::MAX);
+    assert!(
+        window_hw < 300,
+        "HW-propagation window missed: the follower's HW {window_hw} covers its log end 300"
     );
 
-    // It leads under a new epoch, its log intact (not cut to its HW).
-    wait_placement(&mut c, &[next, stopped], 0, |p| p.2.len() == 2);
+    // `next`, in the ISR, leads under a new epoch, its log intact (not cut to its HW).
+    let (leader, new_epoch, _) =
+        wait_placement(&mut c, &[next, cut], 0, |p| p.0 == next && p.1 > epoch);
+    assert_eq!(log_bytes(&next_dir).1, 300, "the new leader kept its log");
+    eprintln!(
+        "window: the follower's HW {window_hw} below its log end 300; it leads in epoch \
+         {new_epoch}"
+    );
+    // `cut` catches up from it and rejoins; the old leader's proxy passes again.
+    net.heal();
+    let pair = sorted(vec![next, cut]);
+    wait_placement(&mut c, &[next, cut], 0, |p| p.2 == pair);
     let (s, a) = produce(&mut c, leader, "all", 10_000, 200, "after");
     sent.extend(s);
     acked.extend(a);
-    // Its first append as leader noted the new epoch where its log ended, not at its HW.
-    let entries = epoch_entries(&partition_dir(&mut c, next, 0));
+    let entries = epoch_entries(&next_dir);
     assert_eq!(
         entries.last(),
         Some(&(new_epoch, 300)),
@@ -472,18 +501,116 @@ fn the_hw_propagation_window_loses_nothing_and_ends_without_divergence() {
     );
 
     c.node(old).restart().expect("restart the old leader");
-    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
+    net.retarget(&mut c, old);
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 == next && p.2.len() == 3);
     assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 500);
-    // Its log held exactly what the new leader's epoch says it should: nothing to cut (a
-    // truncation to its HW would have dropped acknowledged records to fetch them again).
-    let text = c.node(old).log_text();
-    let cuts: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("truncated as follower"))
-        .collect();
+    // The old leader's log ended where its epoch ends on the new leader: nothing to cut
+    // (a truncation to its HW would have dropped acknowledged records to fetch them
+    // again), and its epochs are the new leader's.
+    let cuts = log_lines(&mut c, old, &["truncated as follower"]);
     assert!(cuts.is_empty(), "the old leader cut its log: {cuts:?}");
+    assert_eq!(
+        epoch_entries(&partition_dir(&mut c, old, 0)),
+        entries,
+        "the old leader's epochs end at the new leader's boundary"
+    );
     let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
     assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 500);
+}
+
+/// A divergent tail (KIP-101/279): the leader takes acks=1 writes no follower gets (both
+/// followers' fetches are cut; `replica.lag.time.max.ms` is long, so both stay in the ISR
+/// and either may be elected), is SIGKILLed, a follower leads under a new epoch and takes
+/// acks=all writes where the old tail was. The old leader returns as a follower: its
+/// fetch names its last epoch, the new leader answers where that epoch ended (KIP-320's
+/// diverging epoch, `node/src/replication/fetcher.rs`), and it truncates its tail there
+/// — its log says so — and ends byte-identical to the new leader. The acks=1 records
+/// never replicated are gone (the loss acks=1 accepts); no acks=all record is lost.
+#[test]
+fn a_returning_leader_truncates_its_divergent_tail_by_leader_epoch() {
+    let (mut c, net) = start_faulty(&[
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "600000"),
+    ]);
+    let (old, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != old).collect();
+    let (mut sent, mut acked) = produce(&mut c, old, "all", 0, 200, "replicated");
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 200);
+
+    for f in &followers {
+        net.cut_fetches(*f, old, Mode::Blackhole);
+    }
+    let (doomed, doomed_acked) = produce(&mut c, old, "1", 1_000, 100, "doomed");
+    assert_eq!(
+        doomed_acked.len(),
+        100,
+        "acks=1: the leader alone acknowledges"
+    );
+    assert_eq!(log_bytes(&partition_dir(&mut c, old, 0)).1, 300);
+    for f in &followers {
+        assert_eq!(
+            log_bytes(&partition_dir(&mut c, *f, 0)).1,
+            200,
+            "follower {f} got none of the tail"
+        );
+    }
+    assert_eq!(latest(&mut c, old, 0), Ok(200), "the HW waits for the ISR");
+
+    c.node(old).kill().expect("SIGKILL the leader");
+    // It is fenced and leaves the ISR; a follower leads in a new epoch.
+    let (leader, new_epoch, _) = wait_placement(&mut c, &followers, 0, |p| {
+        p.0 != old && p.0 > 0 && p.1 > epoch && p.2 == followers
+    });
+    let (s, a) = produce(&mut c, leader, "all", 10_000, 200, "new-epoch");
+    sent.extend(s);
+    acked.extend(a);
+    let leader_dir = partition_dir(&mut c, leader, 0);
+    let entries = epoch_entries(&leader_dir);
+    assert_eq!(
+        entries.last(),
+        Some(&(new_epoch, 200)),
+        "the new epoch starts where the replicated log ended: {entries:?}"
+    );
+
+    net.heal();
+    c.node(old).restart().expect("restart the old leader");
+    net.retarget(&mut c, old);
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 == leader && p.2.len() == 3);
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 400);
+    let diverged = log_lines(&mut c, old, &["diverged from its leader"]);
+    assert!(
+        !diverged.is_empty(),
+        "the old leader never saw its divergence:\n{}",
+        c.node(old).log_tail(40)
+    );
+    let cuts = log_lines(&mut c, old, &["truncated as follower", "offset=200"]);
+    assert!(
+        !cuts.is_empty(),
+        "the old leader did not cut its tail at 200 ({diverged:?}):\n{}",
+        c.node(old).log_tail(40)
+    );
+    eprintln!(
+        "the old leader's log:\n{}\n{}",
+        diverged.join("\n"),
+        cuts.join("\n")
+    );
+    assert_eq!(
+        epoch_entries(&partition_dir(&mut c, old, 0)),
+        entries,
+        "the old leader's epochs are the new leader's"
+    );
+    let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 400);
+    let gone: std::collections::BTreeSet<u64> = doomed.iter().map(|r| r.id).collect();
+    let back: Vec<u64> = got
+        .iter()
+        .filter_map(clients::header_id)
+        .filter(|id| gone.contains(id))
+        .collect();
+    assert!(
+        back.is_empty(),
+        "acks=1 records never replicated came back: {back:?}"
+    );
 }
 
 /// Partitions of the soak's topic; partition 0 takes half the records (the busiest).

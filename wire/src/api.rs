@@ -147,7 +147,7 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(DELETE_RECORDS, "DeleteRecords", 0, 2, 2),
     entry(INIT_PRODUCER_ID, "InitProducerId", 0, 4, 2),
     entry(OFFSET_FOR_LEADER_EPOCH, "OffsetForLeaderEpoch", 2, 4, 4),
-    entry(ADD_PARTITIONS_TO_TXN, "AddPartitionsToTxn", 0, 3, 3),
+    entry(ADD_PARTITIONS_TO_TXN, "AddPartitionsToTxn", 0, 5, 3),
     entry(ADD_OFFSETS_TO_TXN, "AddOffsetsToTxn", 0, 3, 3),
     entry(END_TXN, "EndTxn", 0, 3, 3),
     entry(WRITE_TXN_MARKERS, "WriteTxnMarkers", 1, 1, 1),

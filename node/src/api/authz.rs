@@ -600,6 +600,13 @@ where
     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results.collect())
 }
 
+/// AddPartitionsToTxn v4+ without ClusterAction: Kafka's top-level error, no results.
+pub fn add_partitions_to_txn_batch_denied(
+    _: AddPartitionsToTxnRequest,
+) -> AddPartitionsToTxnResponse {
+    AddPartitionsToTxnResponse::default().with_error_code(CLUSTER_DENIED)
+}
+
 /// AddOffsetsToTxn: Write on the transactional id, Read on the group.
 pub async fn add_offsets_to_txn<F, Fut>(
     a: &Authz<'_>,

@@ -116,9 +116,19 @@ async fn transactional(
             })
             .await
         }
+        // v4+ (KIP-890's batched form) comes from other brokers: ClusterAction.
+        ApiKey::AddPartitionsToTxn if v >= 4 => {
+            let deny = authz::add_partitions_to_txn_batch_denied;
+            run(req, |r| {
+                authz::cluster_gate(a, Operation::ClusterAction, r, deny, |r| {
+                    txn::add_partitions(shard, r, v)
+                })
+            })
+            .await
+        }
         ApiKey::AddPartitionsToTxn => {
             run(req, |r| {
-                authz::add_partitions_to_txn(a, r, |r| txn::add_partitions(shard, r))
+                authz::add_partitions_to_txn(a, r, |r| txn::add_partitions(shard, r, v))
             })
             .await
         }

@@ -1,6 +1,8 @@
 //! SaslHandshake (v0–v1) and SaslAuthenticate (v0–v2), which drive the connection's SASL
 //! state ([`crate::security::sasl`]), and the SCRAM credential APIs
-//! DescribeUserScramCredentials / AlterUserScramCredentials (KIP-554).
+//! DescribeUserScramCredentials / AlterUserScramCredentials (KIP-554). Alterations are
+//! controller commands: in a cluster they go through the metadata quorum, so every node
+//! authenticates against the same salted credentials.
 //!
 //! A failed authentication is logged (rate limited), answered with
 //! SASL_AUTHENTICATION_FAILED after `connection.failed.authentication.delay.ms`, and the
@@ -23,8 +25,9 @@ use kafka_protocol::messages::{
 use wire::WireError;
 
 use super::{Response, str_bytes};
+use crate::controller::apply::{Command, Outcome};
 use crate::errors;
-use crate::metadata::scram::{self as stored, ScramChange, ScramOutcome};
+use crate::metadata::scram::{ScramChange, ScramOutcome};
 use crate::proto::{self, Request};
 use crate::security::sasl::{self, Mechanism, SaslState, Step};
 use crate::security::scram::{self, ScramCredential, ScramMechanism};
@@ -226,7 +229,23 @@ pub async fn alter_scram(
             Err((code, msg)) => results.push(alter_result(&user, code, msg)),
         }
     }
-    match stored::alter(&shard.node.meta, &changes) {
+    let outcome = match changes.is_empty() {
+        true => Ok(Vec::new()),
+        false => {
+            let cmd = Command::AlterScramCredentials { changes };
+            match shard.node.controller.submit(&shard.node, cmd).await {
+                Outcome::ScramAltered(r) => r,
+                other => {
+                    tracing::error!("AlterUserScramCredentials: unexpected outcome {other:?}");
+                    Err((
+                        errors::UNKNOWN_SERVER_ERROR,
+                        "unexpected controller outcome".into(),
+                    ))
+                }
+            }
+        }
+    };
+    match outcome {
         Ok(outcomes) => {
             for (user, outcome) in users.iter().zip(outcomes) {
                 let result = match outcome {
@@ -239,20 +258,16 @@ pub async fn alter_scram(
                     ScramOutcome::TooManyUsers => alter_result(
                         user,
                         errors::UNACCEPTABLE_CREDENTIAL,
-                        "too many SCRAM users on this node (10000)",
+                        "too many SCRAM users in the cluster (10000)",
                     ),
                 };
                 results.push(result);
             }
         }
-        Err(e) => {
-            tracing::error!("cannot store SCRAM credentials: {e}");
+        Err((code, why)) => {
+            tracing::warn!("cannot store SCRAM credentials: {why}");
             for user in &users {
-                results.push(alter_result(
-                    user,
-                    errors::UNKNOWN_SERVER_ERROR,
-                    "cannot persist",
-                ));
+                results.push(alter_result(user, code, &why));
             }
         }
     }

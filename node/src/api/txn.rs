@@ -1,7 +1,8 @@
 //! The transaction APIs (KIP-98): InitProducerId with a transactional id,
 //! AddPartitionsToTxn, AddOffsetsToTxn, EndTxn (to the transaction coordinator, see
 //! `crate::txn`), TxnOffsetCommit (to the group coordinator), WriteTxnMarkers (to the
-//! partitions' owners), and the KIP-890 check a transactional produce passes.
+//! partitions' owners), and the KIP-890 check a transactional produce passes (asked of
+//! another node's coordinator with an inter-broker AddPartitionsToTxn v4).
 //!
 //! Each handler runs on the connection's shard and reaches the coordinator with a
 //! `TxnCall` to the shard owning the transactional id's `__transaction_state` partition,
@@ -11,8 +12,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
-    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::txn_offset_commit_response::{
     TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
@@ -57,9 +59,10 @@ pub async fn txn_partitions(shard: &Rc<Shard>) -> Result<i32, i16> {
     .await
 }
 
-/// Whether the metadata image names another node as the leader of `__transaction_state`
-/// partition `partition` (in a cluster; a single node coordinates every id itself).
-fn coordinator_elsewhere(shard: &Shard, partition: i32) -> bool {
+/// The node the metadata image names as the leader of `__transaction_state` partition
+/// `partition` if that is another node (in a cluster; a single node coordinates every id
+/// itself).
+fn coordinator_elsewhere(shard: &Shard, partition: i32) -> Option<i32> {
     let catalog = shard.catalog();
     let leader = catalog
         .topics
@@ -70,7 +73,7 @@ fn coordinator_elsewhere(shard: &Shard, partition: i32) -> bool {
                 .and_then(|i| t.assignment.get(i))
         })
         .map(|a| a.leader);
-    leader.is_some_and(|l| l != shard.node_id().get())
+    leader.filter(|l| *l != shard.node_id().get())
 }
 
 fn valid_txn_id(id: &str) -> bool {
@@ -79,6 +82,19 @@ fn valid_txn_id(id: &str) -> bool {
 
 /// Runs `op` on the coordinator of `txn_id`.
 pub async fn call_txn(shard: &Rc<Shard>, txn_id: &str, op: TxnOp) -> TxnReply {
+    call_coordinator(shard, txn_id, op, true).await
+}
+
+/// Runs `op` on the coordinator of `txn_id`; a verification whose coordinator is on
+/// another node is sent there only if `may_forward` (a verification that came from
+/// another node is answered here, NOT_COORDINATOR if need be: two nodes whose metadata
+/// disagree never pass it back and forth).
+async fn call_coordinator(
+    shard: &Rc<Shard>,
+    txn_id: &str,
+    op: TxnOp,
+    may_forward: bool,
+) -> TxnReply {
     let partitions = match txn_partitions(shard).await {
         Ok(n) => n,
         Err(code) => return TxnReply::Code(code),
@@ -86,16 +102,18 @@ pub async fn call_txn(shard: &Rc<Shard>, txn_id: &str, op: TxnOp) -> TxnReply {
     let partition = partition_for(txn_id, partitions);
     if let TxnOp::AddPartitions {
         verify_only: true,
+        producer_id,
+        producer_epoch,
         partitions: ps,
         ..
     } = &op
-        && coordinator_elsewhere(shard, partition)
+        && may_forward
+        && let Some(node) = coordinator_elsewhere(shard, partition)
     {
-        // KIP-890's check asks the coordinator; on another node that would take an
-        // inter-broker AddPartitionsToTxn v4, which weir does not send yet: the batch is
-        // taken unverified, as Kafka does with `transaction.partition.verification.enable`
-        // off.
-        return TxnReply::Partitions(vec![errors::NONE; ps.len()]);
+        // KIP-890's check asks the coordinator, here on another node: an inter-broker
+        // AddPartitionsToTxn v4 with verify_only, as Kafka's partition leader sends.
+        let producer = (*producer_id, *producer_epoch);
+        return remote_verify(shard, node, txn_id, producer, ps).await;
     }
     let target = shard.router.owner(TXN_TOPIC, partition);
     let deadline = Instant::now() + TXN_CALL_TIMEOUT;
@@ -165,17 +183,72 @@ pub async fn init_producer_id(
     }
 }
 
+/// AddPartitionsToTxn: v0–v3 from clients (one transaction), v4+ from other brokers
+/// (KIP-890: a batch of transactions, each adding its partitions or, `verify_only`, only
+/// checking that they are in the ongoing transaction; the dispatcher has checked
+/// ClusterAction).
 pub async fn add_partitions(
     shard: &Rc<Shard>,
     req: AddPartitionsToTxnRequest,
+    version: i16,
 ) -> AddPartitionsToTxnResponse {
-    let txn_id = req.v3_and_below_transactional_id.0.to_string();
-    let mut wanted: Vec<(String, i32)> = Vec::new();
-    for t in &req.v3_and_below_topics {
-        for p in &t.partitions {
-            wanted.push((t.name.0.to_string(), *p));
+    let mut resp = AddPartitionsToTxnResponse::default();
+    if version >= 4 {
+        for t in &req.transactions {
+            let txn_id = t.transactional_id.0.to_string();
+            let wanted = flatten(&t.topics);
+            let producer = (ProducerId(t.producer_id.0), ProducerEpoch(t.producer_epoch));
+            let verify = t.verify_only;
+            let per = add_for_txn(shard, &txn_id, producer, &wanted, verify, false).await;
+            let per = per.into_iter().map(|c| for_version(c, version));
+            let mut result = AddPartitionsToTxnResult::default();
+            result.transactional_id = t.transactional_id.clone();
+            result.topic_results = topic_results(&wanted, per);
+            resp.results_by_transaction.push(result);
         }
+        return resp;
     }
+    let txn_id = req.v3_and_below_transactional_id.0.to_string();
+    let wanted = flatten(&req.v3_and_below_topics);
+    let producer = (
+        ProducerId(req.v3_and_below_producer_id.0),
+        ProducerEpoch(req.v3_and_below_producer_epoch),
+    );
+    let per = add_for_txn(shard, &txn_id, producer, &wanted, false, true).await;
+    let per = per.into_iter().map(|c| for_version(c, version));
+    resp.results_by_topic_v3_and_below = topic_results(&wanted, per);
+    resp
+}
+
+fn flatten(topics: &[AddPartitionsToTxnTopic]) -> Vec<(String, i32)> {
+    topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.name.0.to_string(), *p)))
+        .collect()
+}
+
+/// A code as AddPartitionsToTxn `version` may carry it: PRODUCER_FENCED from v2,
+/// TRANSACTION_ABORTABLE from v5 (Kafka's older answers instead).
+fn for_version(code: i16, version: i16) -> i16 {
+    match code {
+        errors::PRODUCER_FENCED if version < 2 => errors::INVALID_PRODUCER_EPOCH,
+        errors::TRANSACTION_ABORTABLE if version < 5 => errors::INVALID_TXN_STATE,
+        code => code,
+    }
+}
+
+/// One transaction's partitions added (or, `verify_only`, checked): a code per partition,
+/// in order. Any unknown partition fails the whole transaction (Kafka: the others
+/// OPERATION_NOT_ATTEMPTED); an add answers one code for all, a check one each.
+/// `from_client`: a v0–v3 request (a v4+ one came from another node: never forwarded).
+async fn add_for_txn(
+    shard: &Rc<Shard>,
+    txn_id: &str,
+    producer: (ProducerId, ProducerEpoch),
+    wanted: &[(String, i32)],
+    verify_only: bool,
+    from_client: bool,
+) -> Vec<i16> {
     let catalog = shard.catalog();
     let known = |(t, p): &(String, i32)| {
         t != OFFSETS_TOPIC
@@ -185,11 +258,11 @@ pub async fn add_partitions(
                 .get(t)
                 .is_some_and(|m| *p >= 0 && *p < m.partitions)
     };
-    let per: Vec<i16> = if !valid_txn_id(&txn_id) {
-        vec![errors::INVALID_REQUEST; wanted.len()]
-    } else if wanted.iter().any(|tp| !known(tp)) {
-        // Kafka: the unknown ones get their error, the rest OPERATION_NOT_ATTEMPTED.
-        wanted
+    if !valid_txn_id(txn_id) {
+        return vec![errors::INVALID_REQUEST; wanted.len()];
+    }
+    if wanted.iter().any(|tp| !known(tp)) {
+        return wanted
             .iter()
             .map(|tp| {
                 if known(tp) {
@@ -198,21 +271,33 @@ pub async fn add_partitions(
                     errors::UNKNOWN_TOPIC_OR_PARTITION
                 }
             })
-            .collect()
-    } else {
-        let op = TxnOp::AddPartitions {
-            txn_id: txn_id.clone(),
-            producer_id: ProducerId(req.v3_and_below_producer_id.0),
-            producer_epoch: ProducerEpoch(req.v3_and_below_producer_epoch),
-            partitions: wanted.clone(),
-            verify_only: false,
-        };
-        let code = code_of(&call_txn(shard, &txn_id, op).await);
-        vec![code; wanted.len()]
+            .collect();
+    }
+    drop(catalog);
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let op = TxnOp::AddPartitions {
+        txn_id: txn_id.to_string(),
+        producer_id: producer.0,
+        producer_epoch: producer.1,
+        partitions: wanted.to_vec(),
+        verify_only,
     };
-    let mut resp = AddPartitionsToTxnResponse::default();
+    match call_coordinator(shard, txn_id, op, from_client).await {
+        TxnReply::Partitions(per) if verify_only && per.len() == wanted.len() => per,
+        other => vec![code_of(&other); wanted.len()],
+    }
+}
+
+/// Results grouped by topic, consecutive partitions of one topic together (the request's
+/// order).
+fn topic_results(
+    wanted: &[(String, i32)],
+    codes: impl Iterator<Item = i16>,
+) -> Vec<AddPartitionsToTxnTopicResult> {
     let mut topics: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
-    for ((t, p), code) in wanted.iter().zip(per) {
+    for ((t, p), code) in wanted.iter().zip(codes) {
         let mut r = AddPartitionsToTxnPartitionResult::default();
         r.partition_index = *p;
         r.partition_error_code = code;
@@ -226,8 +311,105 @@ pub async fn add_partitions(
             }
         }
     }
-    resp.results_by_topic_v3_and_below = topics;
-    resp
+    topics
+}
+
+/// AddPartitionsToTxn version a partition leader sends to verify (KIP-890's first).
+const VERIFY_VERSION: i16 = 4;
+/// Longest a partition leader waits for another node's coordinator to verify a batch
+/// (connect, request, answer); the produce is refused, retriably, after it.
+const REMOTE_VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// KIP-890's check on the coordinator on node `node`: an AddPartitionsToTxn v4 with
+/// verify_only. Each answer per partition; a node that cannot be reached or answers
+/// with a top-level error: COORDINATOR_NOT_AVAILABLE for all (never accepted unchecked).
+async fn remote_verify(
+    shard: &Rc<Shard>,
+    node: i32,
+    txn_id: &str,
+    producer: (ProducerId, ProducerEpoch),
+    partitions: &[(String, i32)],
+) -> TxnReply {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTransaction;
+    use std::net::ToSocketAddrs;
+    let unreachable = TxnReply::Code(errors::COORDINATOR_NOT_AVAILABLE);
+    let addr = {
+        let catalog = shard.catalog();
+        let Some(n) = catalog.nodes.get(&node).filter(|n| !n.fenced) else {
+            return unreachable;
+        };
+        (n.host.as_str(), n.port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+    };
+    let Some(addr) = addr else {
+        return unreachable;
+    };
+    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+    for (t, p) in partitions {
+        match topics.last_mut() {
+            Some(last) if last.name.0.as_str() == t => last.partitions.push(*p),
+            _ => topics.push(
+                AddPartitionsToTxnTopic::default()
+                    .with_name(topic_name(t))
+                    .with_partitions(vec![*p]),
+            ),
+        }
+    }
+    let txn = AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(kafka_protocol::messages::TransactionalId(super::str_bytes(
+            txn_id,
+        )))
+        .with_producer_id(producer.0.get().into())
+        .with_producer_epoch(producer.1.get())
+        .with_verify_only(true)
+        .with_topics(topics);
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![txn]);
+    let deadline = Instant::now() + REMOTE_VERIFY_TIMEOUT;
+    let call = async {
+        let mut conn = crate::replication::client::BrokerConn::connect(addr).await?;
+        conn.call(&req, VERIFY_VERSION, deadline).await
+    };
+    let resp = match call.await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::info!(
+                txn_id,
+                node,
+                "verifying a transactional batch with its coordinator failed: {e}"
+            );
+            return unreachable;
+        }
+    };
+    if resp.error_code != errors::NONE {
+        tracing::info!(
+            txn_id,
+            node,
+            code = resp.error_code,
+            "the coordinator refused to verify"
+        );
+        return unreachable;
+    }
+    let Some(result) = resp
+        .results_by_transaction
+        .iter()
+        .find(|r| r.transactional_id.0.as_str() == txn_id)
+    else {
+        return unreachable;
+    };
+    let per = partitions.iter().map(|(t, p)| {
+        result
+            .topic_results
+            .iter()
+            .filter(|r| r.name.0.as_str() == t)
+            .flat_map(|r| r.results_by_partition.iter())
+            .find(|r| r.partition_index == *p)
+            .map_or(errors::COORDINATOR_NOT_AVAILABLE, |r| {
+                r.partition_error_code
+            })
+    });
+    TxnReply::Partitions(per.collect())
 }
 
 pub async fn add_offsets(
@@ -389,7 +571,15 @@ pub async fn verify_produce(
     };
     match code_of(&call_txn(shard, txn_id, op).await) {
         errors::PRODUCER_FENCED => errors::INVALID_PRODUCER_EPOCH,
-        errors::INVALID_PRODUCER_ID_MAPPING => errors::INVALID_TXN_STATE,
+        errors::INVALID_PRODUCER_ID_MAPPING
+        | errors::TRANSACTION_ABORTABLE
+        | errors::INVALID_TXN_STATE => errors::INVALID_TXN_STATE,
+        // Kafka's mapping of a coordinator that cannot answer now to an error a producer
+        // knows and retries.
+        errors::COORDINATOR_NOT_AVAILABLE
+        | errors::COORDINATOR_LOAD_IN_PROGRESS
+        | errors::NOT_COORDINATOR
+        | errors::CONCURRENT_TRANSACTIONS => errors::NOT_ENOUGH_REPLICAS,
         code => code,
     }
 }

@@ -88,6 +88,11 @@ pub enum Command {
     DeleteAcls {
         filters: Vec<crate::security::acl::AclFilter>,
     },
+    /// AlterUserScramCredentials: salted credentials (never passwords), already checked
+    /// by the handler, applied in order.
+    AlterScramCredentials {
+        changes: Vec<crate::metadata::scram::ScramChange>,
+    },
     /// Preferred-leader election (Kafka's auto leader rebalance and ElectLeaders
     /// PREFERRED): each listed partition (topic, topic id, index) whose first replica is
     /// live, in the ISR and not leading gets it as leader.
@@ -118,6 +123,8 @@ pub enum Outcome {
     AclsCreated(Vec<Result<(), TopicError>>),
     /// Per filter of a DeleteAcls, in order: the bindings it deleted.
     AclsDeleted(Result<Vec<Vec<crate::security::acl::AclBinding>>, TopicError>),
+    /// AlterScramCredentials, per change in order.
+    ScramAltered(Result<Vec<crate::metadata::scram::ScramOutcome>, TopicError>),
     /// ElectPreferred, per listed partition in order: elected, or why not
     /// (ELECTION_NOT_NEEDED when the preferred replica already leads).
     Elected(Vec<Result<(), TopicError>>),
@@ -139,6 +146,7 @@ impl Outcome {
                 Outcome::AclsCreated(bindings.iter().map(|_| Err(err.clone())).collect())
             }
             Command::DeleteAcls { .. } => Outcome::AclsDeleted(Err(err)),
+            Command::AlterScramCredentials { .. } => Outcome::ScramAltered(Err(err)),
             Command::ElectPreferred { partitions } => {
                 Outcome::Elected(partitions.iter().map(|_| Err(err.clone())).collect())
             }
@@ -277,6 +285,10 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
         }
         Command::CreateAcls { bindings } => create_acls(c, bindings),
         Command::DeleteAcls { filters } => delete_acls(c, filters),
+        Command::AlterScramCredentials { changes } => {
+            let (outcomes, changed) = crate::metadata::scram::alter(c, changes);
+            (Outcome::ScramAltered(Ok(outcomes)), changed)
+        }
     }
 }
 

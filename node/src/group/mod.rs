@@ -16,7 +16,6 @@ pub mod codes;
 pub mod schema;
 pub mod state;
 
-mod compact;
 mod park;
 mod store;
 
@@ -69,12 +68,6 @@ pub struct Settings {
     pub retention_check_ms: i64,
     /// `offset.metadata.max.bytes`.
     pub metadata_max_bytes: usize,
-    /// `log.cleaner.backoff.ms`: how often partitions are checked for compaction.
-    pub compaction_backoff_ms: i64,
-    /// `offsets.compaction.min.records` (weir's own key): a partition is compacted once
-    /// its log holds at least this many records and at least half of them are dead
-    /// (Kafka's default `min.cleanable.dirty.ratio`).
-    pub compaction_min_records: i64,
     /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
     pub session_min_ms: i32,
     pub session_max_ms: i32,
@@ -99,8 +92,6 @@ impl Settings {
             // Stored as a Kafka string (int16 length): longer metadata could not be logged.
             metadata_max_bytes: num("offset.metadata.max.bytes", 4096).clamp(0, i64::from(i16::MAX))
                 as usize,
-            compaction_backoff_ms: num("log.cleaner.backoff.ms", 15_000).max(100),
-            compaction_min_records: num("offsets.compaction.min.records", 10_000).max(1),
             session_min_ms: num("group.min.session.timeout.ms", 6_000) as i32,
             session_max_ms: num("group.max.session.timeout.ms", 1_800_000) as i32,
             limits: Limits {
@@ -242,7 +233,7 @@ pub struct Coordinators {
     ticker_started: Cell<bool>,
     /// How many partitions `__consumer_offsets` has (from the catalogue, at load).
     topic_partitions: Cell<i32>,
-    /// Appends to `__consumer_offsets` issued and not yet applied (see `compact`).
+    /// Appends to `__consumer_offsets` issued and not yet applied (see `quiesce`).
     writes_in_flight: Cell<u32>,
     /// Read from the broker config on first use (it does not change while running).
     settings: std::cell::OnceCell<Settings>,
@@ -441,8 +432,8 @@ impl Coordinators {
             .entry(a.group.clone())
             .or_insert_with(|| Group::new(&a.group, now));
         g.offsets.extend(writes);
-        // Applied in the same poll as the append completed: compaction (which waits for
-        // no write in flight) never snapshots between the two.
+        // Applied in the same poll as the append completed: a deletion (which waits for
+        // no write in flight) never decides between the two.
         drop(writing);
         GroupReply::Codes(codes::NONE, per)
     }
@@ -801,7 +792,7 @@ impl Coordinators {
         Ok((part, epoch))
     }
 
-    /// Waits (bounded) until no write is in flight, so that a snapshot taken right after
+    /// Waits (bounded) until no write is in flight, so that state read right after
     /// (in the same poll) holds every record logged so far. Returns false on timeout.
     async fn quiesce(&self) -> bool {
         for _ in 0..QUIESCE_ROUNDS_MAX {
@@ -818,15 +809,16 @@ impl Coordinators {
         Writing(&self.writes_in_flight)
     }
 
-    /// Starts this shard's timer task once: sessions, rebalance deadlines, retention,
-    /// compaction.
+    /// Starts this shard's timer task once: sessions, rebalance deadlines, retention.
+    /// (Compaction of `__consumer_offsets` is the log cleaner's: the shard's housekeeping
+    /// cleans it like every `cleanup.policy=compact` log.)
     fn start_ticker(self: &Rc<Self>, settings: Settings) {
         if self.ticker_started.replace(true) {
             return;
         }
         let me = self.clone();
         glommio::spawn_local(async move {
-            let (mut last_retention, mut last_compaction) = (now_ms(), now_ms());
+            let mut last_retention = now_ms();
             loop {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 let now = now_ms();
@@ -836,10 +828,6 @@ impl Coordinators {
                 if now - last_retention >= settings.retention_check_ms {
                     last_retention = now;
                     me.expire_offsets(now, &settings).await;
-                }
-                if now - last_compaction >= settings.compaction_backoff_ms {
-                    last_compaction = now;
-                    me.compact_due(&settings).await;
                 }
             }
         })

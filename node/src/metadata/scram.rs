@@ -1,12 +1,15 @@
 //! SCRAM credentials in the persisted catalogue: salted (salt, iterations, StoredKey,
-//! ServerKey), never a password. All writes go through [`alter`], one function, so that
-//! they can move behind the controller facade in one place.
+//! ServerKey), never a password. Every write is the controller's `AlterScramCredentials`
+//! command, which runs [`apply`] on the catalogue (on every node of a cluster, from the
+//! metadata log), so all nodes authenticate against the same credentials.
 
-use super::{Catalog, MetaError, MetaStore};
+use serde::{Deserialize, Serialize};
+
+use super::Catalog;
 use crate::security::scram::{ScramCredential, ScramMechanism};
 
 /// One change of an AlterUserScramCredentials request, already checked.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ScramChange {
     Upsert {
         user: String,
@@ -18,12 +21,12 @@ pub enum ScramChange {
     },
 }
 
-/// Most users with SCRAM credentials, whole node: every credential change rewrites the
-/// catalogue, so its size must stay bounded whatever clients send.
+/// Most users with SCRAM credentials, whole cluster: every credential change rewrites the
+/// metadata image, so its size must stay bounded whatever clients send.
 pub const SCRAM_USERS_MAX: usize = 10_000;
 
 /// The outcome of one change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ScramOutcome {
     Done,
     /// A deletion of a credential that does not exist.
@@ -32,20 +35,23 @@ pub enum ScramOutcome {
     TooManyUsers,
 }
 
-/// Applies `changes` in one atomic catalogue write.
-pub fn alter(meta: &MetaStore, changes: &[ScramChange]) -> Result<Vec<ScramOutcome>, MetaError> {
-    meta.update_batch(|catalog| {
-        let mut changed = false;
-        let outcomes = changes
-            .iter()
-            .map(|change| {
-                let outcome = apply(catalog, change);
-                changed |= outcome == ScramOutcome::Done;
-                outcome
-            })
-            .collect();
-        (outcomes, changed)
-    })
+/// Applies `changes` in order to `catalog`; returns each one's outcome and whether the
+/// catalogue changed (the controller command's whole effect).
+pub fn alter(catalog: &mut Catalog, changes: &[ScramChange]) -> (Vec<ScramOutcome>, bool) {
+    let mut changed = false;
+    let outcomes = changes
+        .iter()
+        .map(|change| {
+            let outcome = apply(catalog, change);
+            changed |= outcome == ScramOutcome::Done;
+            outcome
+        })
+        .collect();
+    assert!(
+        catalog.scram_users.len() <= SCRAM_USERS_MAX,
+        "SCRAM users stay within SCRAM_USERS_MAX"
+    );
+    (outcomes, changed)
 }
 
 fn apply(catalog: &mut Catalog, change: &ScramChange) -> ScramOutcome {
@@ -89,6 +95,7 @@ pub fn credential(
 
 #[cfg(test)]
 mod tests {
+    use super::super::MetaStore;
     use super::*;
 
     #[test]
@@ -103,7 +110,7 @@ mod tests {
             credential: cred.clone(),
         };
         assert_eq!(
-            alter(&meta, &[up]).expect("write"),
+            meta.update_batch(|c| alter(c, &[up])).expect("write"),
             vec![ScramOutcome::Done]
         );
         let reopened = MetaStore::open(dir.path()).expect("reopen");
@@ -119,7 +126,9 @@ mod tests {
             user: "alice".into(),
             mechanism: m,
         };
-        let out = alter(&meta, &[del(ScramMechanism::Sha256), del(mech)]).expect("delete");
+        let out = meta
+            .update_batch(|c| alter(c, &[del(ScramMechanism::Sha256), del(mech)]))
+            .expect("delete");
         assert_eq!(out, vec![ScramOutcome::NotFound, ScramOutcome::Done]);
         assert!(meta.snapshot().scram_users.is_empty());
     }

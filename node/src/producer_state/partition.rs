@@ -294,6 +294,12 @@ impl PartitionProducers {
         self.aborted.borrow().overlapping(from, upper)
     }
 
+    /// Aborted transactions overlapping `[from, upper)`, with their marker offsets (the
+    /// log cleaner's [`crate::storage::CleanBounds`]).
+    pub fn aborted_txns(&self, from: Offset, upper: Offset) -> Vec<AbortedTxn> {
+        self.aborted.borrow().entries_overlapping(from, upper)
+    }
+
     /// After the log end moved back (an out-of-space rollback dropped unwritten appends),
     /// forgets the batches past it and deletes snapshots past it, before the next check:
     /// else a producer's resend of a rolled-back batch would be answered as a duplicate

@@ -2,11 +2,17 @@
 //! one request at a time (a replication fetcher sends one Fetch, waits for it, sends the
 //! next), every step bounded by a deadline, every response bounded in size. Framing and
 //! messages go through `wire`, as the load generator's client does.
+//!
+//! The connection speaks the inter-broker listener's protocol ([`crate::security::peer`]):
+//! TLS by rustls with the node's truststore, then SASL (PLAIN or SCRAM) with the node's
+//! inter-broker credentials, before the first request. A peer whose certificate does not
+//! verify, or that refuses the credentials, fails the connect with a logged reason.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use futures_lite::io::{AsyncRead, AsyncWrite};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use kafka_protocol::protocol::Request;
@@ -40,11 +46,22 @@ pub enum ClientError {
     Wire(#[from] wire::WireError),
     #[error("correlation id {got}, expected {want}")]
     Correlation { got: i32, want: i32 },
+    #[error("TLS to {addr}: {source}")]
+    Tls {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("SASL to {addr}: {why}")]
+    Sasl { addr: SocketAddr, why: String },
 }
+
+/// The byte stream of a broker connection: TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Stream for T {}
 
 /// One connection to a broker.
 pub struct BrokerConn {
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     next_correlation_id: i32,
     client_id: Bytes,
 }
@@ -66,11 +83,82 @@ impl BrokerConn {
         stream
             .set_nodelay(true)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        Ok(BrokerConn {
+        let peer = crate::security::peer::get();
+        let stream: Box<dyn Stream> = match peer.and_then(|p| p.tls.clone()) {
+            None => Box::new(stream),
+            Some(config) => {
+                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+                let connect = futures_rustls::TlsConnector::from(config).connect(name, stream);
+                let deadline = Instant::now() + CONNECT_TIMEOUT;
+                let tls = within(deadline, connect)
+                    .await
+                    .ok_or(ClientError::TimedOut("TLS handshake"))?
+                    .map_err(|source| ClientError::Tls { addr, source })?;
+                Box::new(tls)
+            }
+        };
+        let mut conn = BrokerConn {
             stream,
             next_correlation_id: 1,
             client_id: Bytes::from_static(CLIENT_ID.as_bytes()),
-        })
+        };
+        if let Some(sasl) = peer.and_then(|p| p.sasl.as_ref()) {
+            conn.authenticate(addr, sasl).await?;
+        }
+        Ok(conn)
+    }
+
+    /// SaslHandshake v1 and SaslAuthenticate v1 with the inter-broker credentials.
+    async fn authenticate(
+        &mut self,
+        addr: SocketAddr,
+        sasl: &crate::security::peer::PeerSasl,
+    ) -> Result<(), ClientError> {
+        use crate::security::sasl::Mechanism;
+        use crate::security::scram::ScramClient;
+        use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        let refused = |why: String| ClientError::Sasl { addr, why };
+        let mechanism = sasl.mechanism.name();
+        let req = SaslHandshakeRequest::default().with_mechanism(
+            kafka_protocol::protocol::StrBytes::from_static_str(mechanism),
+        );
+        let resp = self.call(&req, 1, deadline).await?;
+        if resp.error_code != 0 {
+            return Err(refused(format!(
+                "SaslHandshake {mechanism}: error {}",
+                resp.error_code
+            )));
+        }
+        let mut step = async |token: Vec<u8>| -> Result<Bytes, ClientError> {
+            let req = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
+            let resp = self.call(&req, 1, deadline).await?;
+            match resp.error_code {
+                0 => Ok(resp.auth_bytes),
+                code => Err(refused(format!(
+                    "SaslAuthenticate: error {code} {}",
+                    resp.error_message.as_deref().unwrap_or_default()
+                ))),
+            }
+        };
+        match sasl.mechanism {
+            Mechanism::Plain => {
+                let token = format!("\0{}\0{}", sasl.user, sasl.password).into_bytes();
+                step(token).await?;
+            }
+            Mechanism::Scram(m) => {
+                let (mut client, first) = ScramClient::start(m, &sasl.user, &sasl.password);
+                let server_first = step(first).await?;
+                let fin = client
+                    .client_final(&server_first)
+                    .map_err(|e| refused(e.to_string()))?;
+                let server_final = step(fin).await?;
+                client
+                    .check_server_final(&server_final)
+                    .map_err(|_| refused("the peer's SCRAM signature is wrong".into()))?;
+            }
+        }
+        Ok(())
     }
 
     /// Sends `req` at `version` and returns its response, all by `deadline`.
@@ -89,9 +177,13 @@ impl BrokerConn {
             client_id: Some(self.client_id.clone()),
         };
         let frame = wire::messages::encode_request(&header, req)?;
-        within(deadline, self.stream.write_all(&frame))
-            .await
-            .ok_or(ClientError::TimedOut("request write"))??;
+        within(deadline, async {
+            self.stream.write_all(&frame).await?;
+            // TLS holds written bytes in its record buffer until flushed.
+            self.stream.flush().await
+        })
+        .await
+        .ok_or(ClientError::TimedOut("request write"))??;
         let body = within(deadline, read_frame(&mut self.stream))
             .await
             .ok_or(ClientError::TimedOut("response read"))??;
@@ -105,7 +197,7 @@ impl BrokerConn {
 }
 
 /// Reads one response frame (without its size prefix), at most [`RESPONSE_MAX_BYTES`].
-async fn read_frame(stream: &mut TcpStream) -> Result<Bytes, ClientError> {
+async fn read_frame(stream: &mut Box<dyn Stream>) -> Result<Bytes, ClientError> {
     let mut prefix = [0u8; frame::SIZE_PREFIX_BYTES];
     stream.read_exact(&mut prefix).await?;
     let size = match frame::check_frame(&prefix, RESPONSE_MAX_BYTES)? {

@@ -117,6 +117,20 @@ pub fn resolve(
     Ok(listeners)
 }
 
+/// The protocol `listener.security.protocol.map` gives listener `name` (e.g. the
+/// controller listener of `controller.listener.names`, which need not be in `listeners`:
+/// weir's controller port is the one in `controller.quorum.voters`).
+pub fn protocol_of(
+    props: &Properties,
+    name: &str,
+) -> Result<Option<SecurityProtocol>, ConfigError> {
+    let map = protocol_map(props)?;
+    Ok(map
+        .into_iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name.trim()))
+        .map(|(_, p)| p))
+}
+
 /// `listener.security.protocol.map`, Kafka's default mapping each protocol name to itself.
 fn protocol_map(props: &Properties) -> Result<Vec<(String, SecurityProtocol)>, ConfigError> {
     const KEY: &str = "listener.security.protocol.map";

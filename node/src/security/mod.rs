@@ -5,6 +5,7 @@
 pub mod acl;
 pub mod authorizer;
 pub mod listener;
+pub mod peer;
 pub mod sasl;
 pub mod scram;
 pub mod tls;

@@ -324,6 +324,97 @@ impl ScramServer {
     }
 }
 
+/// The client side of the exchange (a node authenticating to a peer's SASL listener with
+/// `sasl.mechanism.inter.broker.protocol` SCRAM-SHA-*): client-first, then client-final
+/// from the server-first message, then the server-final check.
+pub struct ScramClient {
+    mechanism: ScramMechanism,
+    password: String,
+    client_first_bare: String,
+    nonce: String,
+    /// Set by [`ScramClient::client_final`]: the signature the server must send back.
+    expected_server_signature: Option<String>,
+}
+
+impl ScramClient {
+    /// Starts the exchange; returns the client and the client-first message.
+    pub fn start(mechanism: ScramMechanism, user: &str, password: &str) -> (ScramClient, Vec<u8>) {
+        let mut random = [0u8; SERVER_NONCE_BYTES];
+        rand::Rng::fill(&mut rand::rng(), &mut random[..]);
+        let nonce: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let escaped = user.replace('=', "=3D").replace(',', "=2C");
+        let bare = format!("n={escaped},r={nonce}");
+        let first = format!("n,,{bare}").into_bytes();
+        let client = ScramClient {
+            mechanism,
+            password: password.to_string(),
+            client_first_bare: bare,
+            nonce,
+            expected_server_signature: None,
+        };
+        (client, first)
+    }
+
+    /// The client-final message for the server's first message.
+    pub fn client_final(&mut self, server_first: &[u8]) -> Result<Vec<u8>, ScramError> {
+        if server_first.len() > MESSAGE_MAX_BYTES {
+            return Err(ScramError::Malformed("too long"));
+        }
+        let text =
+            std::str::from_utf8(server_first).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+        let (mut nonce, mut salt, mut iterations) = (None, None, None);
+        for attr in text.split(',') {
+            match attr.split_once('=') {
+                Some(("r", v)) => nonce = Some(v),
+                Some(("s", v)) => salt = Some(v),
+                Some(("i", v)) => iterations = v.parse::<u32>().ok(),
+                Some(("m", _)) => return Err(ScramError::Malformed("mandatory extension")),
+                _ => {}
+            }
+        }
+        let nonce = nonce
+            .filter(|n| n.starts_with(self.nonce.as_str()) && n.len() > self.nonce.len())
+            .ok_or(ScramError::Malformed("server nonce does not extend ours"))?;
+        let salt = salt
+            .and_then(|s| B64.decode(s).ok())
+            .ok_or(ScramError::Malformed("no or bad salt"))?;
+        // The same bounds the server side keeps: a peer cannot make us spin PBKDF2.
+        let iterations = iterations
+            .filter(|i| (ITERATIONS_MIN..=ITERATIONS_MAX).contains(i))
+            .ok_or(ScramError::Malformed("iterations out of bounds"))?;
+        let m = self.mechanism;
+        let salted = m.salted_password(self.password.as_bytes(), &salt, iterations);
+        let client_key = m.hmac(&salted, b"Client Key");
+        let stored_key = m.hash(&client_key);
+        let without_proof = format!("c={},r={nonce}", B64.encode("n,,"));
+        let auth = format!("{},{text},{without_proof}", self.client_first_bare);
+        let signature = m.hmac(&stored_key, auth.as_bytes());
+        let proof: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(a, b)| a ^ b)
+            .collect();
+        let server_key = m.hmac(&salted, b"Server Key");
+        self.expected_server_signature = Some(format!(
+            "v={}",
+            B64.encode(m.hmac(&server_key, auth.as_bytes()))
+        ));
+        Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
+    }
+
+    /// Checks the server-final message: the server knew the credential too.
+    pub fn check_server_final(&self, server_final: &[u8]) -> Result<(), ScramError> {
+        let want = self
+            .expected_server_signature
+            .as_deref()
+            .ok_or(ScramError::Malformed("server-final before client-final"))?;
+        match bool::from(server_final.ct_eq(want.as_bytes())) {
+            true => Ok(()),
+            false => Err(ScramError::InvalidProof),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +518,29 @@ mod tests {
         assert!(!server.nonce_matches(&format!("xyz{full}")));
         assert!(!server.nonce_matches(&format!("abc{}", &full[..full.len() - 1])));
         assert!(!server.nonce_matches(&full[3..]));
+    }
+
+    #[test]
+    fn the_client_side_authenticates_against_the_server_side() {
+        for mech in [ScramMechanism::Sha256, ScramMechanism::Sha512] {
+            for (given, ok) in [("pencil", true), ("pen", false)] {
+                let salted = mech.salted_password(b"pencil", b"salt-1", ITERATIONS_MIN);
+                let cred = ScramCredential::from_salted(mech, b"salt-1", ITERATIONS_MIN, &salted);
+                let (mut client, first) = ScramClient::start(mech, "a,b=c", given);
+                let first = parse_client_first(&first).unwrap();
+                assert_eq!(first.user, "a,b=c");
+                let (server, server_first) = ScramServer::start(mech, first, cred);
+                let fin = client.client_final(&server_first).unwrap();
+                match server.finish(&fin) {
+                    Ok(v) => {
+                        assert!(ok, "wrong password accepted");
+                        client.check_server_final(&v).unwrap();
+                        assert!(client.check_server_final(b"v=AAAA").is_err());
+                    }
+                    Err(e) => assert!(!ok, "{e}"),
+                }
+            }
+        }
     }
 
     #[test]

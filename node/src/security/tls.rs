@@ -116,6 +116,50 @@ pub fn setup(props: &Properties, listener: &str) -> anyhow::Result<TlsSetup> {
     })
 }
 
+/// The rustls client configuration a node uses towards a peer's TLS listener
+/// `listener` (its inter-broker or controller listener): the peer's certificate checked
+/// against this node's `ssl.truststore.*` of that listener, and this node's own
+/// `ssl.keystore.*` presented as the client certificate (for `ssl.client.auth`), as Kafka
+/// does for inter-broker connections.
+pub fn client_config(
+    props: &Properties,
+    listener: &str,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let get = |key: &str| listener_prop(props, listener, key);
+    let roots = trust_roots(get, listener)
+        .with_context(|| format!("listener {listener}: node-to-node TLS needs a truststore"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots);
+    let keystore = pem_source(
+        get("ssl.keystore.location"),
+        get("ssl.keystore.certificate.chain"),
+        "ssl.keystore.location",
+    )?;
+    let config = match keystore {
+        None => builder.with_no_client_auth(),
+        Some(keystore) => {
+            let key_pem = match get("ssl.keystore.key") {
+                Some(k) => normalize_pem(k).into_bytes(),
+                None => keystore.clone(),
+            };
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&keystore)
+                .collect::<Result<_, _>>()
+                .map_err(|e| {
+                    anyhow::anyhow!("listener {listener}: keystore certificates: {e:?}")
+                })?;
+            let key = PrivateKeyDer::from_pem_slice(&key_pem)
+                .map_err(|e| anyhow::anyhow!("listener {listener}: keystore private key: {e:?}"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .with_context(|| format!("listener {listener}: client certificate and key"))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
 /// The CA certificates client certificates are checked against.
 fn trust_roots<'a>(
     get: impl Fn(&str) -> Option<&'a str>,

@@ -154,7 +154,8 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     // Bound here, before any shard starts: a second process on the address fails now.
     let (bound, mut per_shard) = bind_all(&config)?;
     let listen = bound[0].1;
-    let quorum = prepare_quorum(&config, listen)?;
+    crate::security::peer::init(&config)?;
+    let quorum = prepare_quorum(&config, inter_broker_advertised(&config, &bound))?;
     let controller = match &quorum {
         None => crate::controller::Controller::local(),
         Some(q) => crate::controller::Controller::quorum(q.handle.clone()),
@@ -232,9 +233,20 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
 
 /// With `controller.quorum.voters`: binds this voter's controller port and prepares the
 /// quorum handle. Without: `None` (no thread, no port).
+/// The address this node registers with the controller, where its peers reach it: the
+/// inter-broker listener's advertised address (the first listener's unless
+/// `inter.broker.listener.name` or `security.inter.broker.protocol` names another).
+fn inter_broker_advertised(config: &Config, bound: &[(String, SocketAddr)]) -> (String, u16) {
+    let l = crate::security::peer::inter_broker_listener(config);
+    match bound.iter().position(|(name, _)| *name == l.name) {
+        Some(0) | None => advertised(config, bound[0].1),
+        Some(i) => advertised_for(l.advertised.as_ref(), bound[i].1),
+    }
+}
+
 fn prepare_quorum(
     config: &Config,
-    listen: SocketAddr,
+    registered: (String, u16),
 ) -> anyhow::Result<Option<crate::controller::quorum::Prepared>> {
     if config.quorum_voters.is_empty() {
         return Ok(None);
@@ -242,7 +254,7 @@ fn prepare_quorum(
     let q = crate::controller::quorum::QuorumConfig {
         node_id: config.node_id,
         voters: config.quorum_voters.clone(),
-        advertised: advertised(config, listen),
+        advertised: registered,
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),

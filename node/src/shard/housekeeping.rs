@@ -204,14 +204,23 @@ async fn apply_retention(p: &Partition, now: i64) {
     }
 }
 
-/// Compacts a `cleanup.policy=compact` log if it is due (storage/cleaner.rs).
+/// Compacts a `cleanup.policy=compact` log if it is due (storage/cleaner.rs) — user
+/// topics and the coordinators' `__consumer_offsets` and `__transaction_state` alike —
+/// below the partition's last stable offset (never past the HW or into an undecided
+/// transaction), with its aborted transactions obsoleting nothing.
 async fn clean_log(p: &Partition, now: i64, budget: &crate::storage::CleanerBudget) {
-    match p.log.clean_if_due(now, budget).await {
+    let clean_below = p.last_stable_offset();
+    let aborted = p
+        .producers
+        .aborted_txns(p.log.log_start_offset(), clean_below);
+    let bounds = crate::storage::CleanBounds::new(clean_below, &aborted);
+    match p.log.clean_if_due_within(now, budget, &bounds).await {
         Ok(s) if s.rounds == 0 => {}
         Ok(s) => tracing::info!(
             topic = %p.topic, partition = p.index, segments = s.segments_swapped,
             bytes_before = s.bytes_before, bytes_after = s.bytes_after,
-            records_removed = s.records_removed, ms = s.elapsed.as_millis() as u64,
+            records_removed = s.records_removed, tombstones_removed = s.tombstones_removed,
+            ms = s.elapsed.as_millis() as u64,
             "log cleaner compacted"
         ),
         Err(e) => tracing::warn!(topic = %p.topic, partition = p.index, "log cleaner: {e}"),

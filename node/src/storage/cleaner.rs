@@ -63,6 +63,7 @@ use super::log::{Log, State};
 use super::open::write_index_files;
 use super::recovery::FileWindow;
 use super::segment::{BatchMeta, Segment, check_stored_header};
+use super::txn_index::AbortedTxn;
 use super::writer::{SegmentWriter, create_log_file};
 
 /// The per-partition cleaner checkpoint (Kafka's name and format; Kafka keeps one file
@@ -146,6 +147,62 @@ impl CleanerBudget {
     }
 }
 
+/// What the partition knows and the log does not, bounding a clean (Kafka's
+/// `firstUncleanableDirtyOffset` and its aborted-transaction skip):
+///
+/// - `clean_below`: only segments wholly below it are cleaned — the last stable offset
+///   (the first offset of the oldest undecided transaction, at most the high watermark).
+///   A transaction that may still abort must not hide an older value of its keys, and a
+///   record above the HW may still be truncated away, so it must not obsolete one below.
+/// - the aborted transactions: their records never enter the offset map, so they obsolete
+///   nothing (they stay in the log until a later record of their key obsoletes them).
+///
+/// A log's own tests use [`CleanBounds::unbounded`] (no transactions, no replication).
+#[derive(Debug, Default)]
+pub struct CleanBounds {
+    clean_below: Option<Offset>,
+    /// Aborted transactions by producer id: (first offset, marker offset).
+    aborted: HashMap<i64, Vec<(Offset, Offset)>>,
+}
+
+impl CleanBounds {
+    /// No bound: every sealed segment may be cleaned and every record is committed.
+    pub fn unbounded() -> CleanBounds {
+        CleanBounds::default()
+    }
+
+    /// Cleans only below `clean_below`; the records of `aborted` never obsolete others.
+    pub fn new(clean_below: Offset, aborted: &[AbortedTxn]) -> CleanBounds {
+        let mut by_producer: HashMap<i64, Vec<(Offset, Offset)>> = HashMap::new();
+        // An entry always ends at its marker, after its first batch (decoded entries are
+        // checked); one that did not could cover no batch, so it is skipped.
+        for t in aborted.iter().filter(|t| t.first_offset < t.last_offset) {
+            by_producer
+                .entry(t.producer_id.get())
+                .or_default()
+                .push((t.first_offset, t.last_offset));
+        }
+        CleanBounds {
+            clean_below: Some(clean_below),
+            aborted: by_producer,
+        }
+    }
+
+    /// Whether a segment ending before `next_offset` may be cleaned.
+    fn allows(&self, next_offset: Offset) -> bool {
+        self.clean_below.is_none_or(|below| next_offset <= below)
+    }
+
+    /// Whether the transactional batch of `producer_id` at `base` belongs to an aborted
+    /// transaction (it starts at or after the transaction's first offset and before its
+    /// ABORT marker).
+    fn is_aborted(&self, producer_id: i64, base: Offset) -> bool {
+        self.aborted
+            .get(&producer_id)
+            .is_some_and(|ranges| ranges.iter().any(|&(f, l)| f <= base && base < l))
+    }
+}
+
 /// What one [`Log::clean_if_due`] call did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CleanStats {
@@ -220,11 +277,20 @@ impl OffsetMap {
 
     /// Maps a batch's keys, unless they might not fit (then false, nothing added; the
     /// first batch of a round always fits, so every round makes progress).
-    fn add_batch(&mut self, batch: &Bytes) -> std::result::Result<bool, String> {
+    /// `bounds`: the records of an aborted transaction are not mapped (they obsolete
+    /// nothing); its producer is still remembered.
+    fn add_batch(
+        &mut self,
+        batch: &Bytes,
+        bounds: &CleanBounds,
+    ) -> std::result::Result<bool, String> {
         let (header, records) =
             batch_records(batch, DECOMPRESSED_BATCH_BYTES_MAX).map_err(|e| e.to_string())?;
+        let attributes = header.attributes();
+        let aborted = attributes.is_transactional()
+            && bounds.is_aborted(header.producer_id.get(), header.base_offset());
         let mut keys = Vec::new();
-        if !header.attributes().is_control() {
+        if !attributes.is_control() && !aborted {
             for r in records {
                 let r = r.map_err(|e| e.to_string())?;
                 if let Some(k) = r.key {
@@ -286,6 +352,18 @@ impl Log {
     /// in a sealed segment fails the clean with [`StorageError::Corrupt`] and leaves the
     /// log as it was.
     pub async fn clean_if_due(&self, now_ms: i64, budget: &CleanerBudget) -> Result<CleanStats> {
+        self.clean_if_due_within(now_ms, budget, &CleanBounds::unbounded())
+            .await
+    }
+
+    /// [`Self::clean_if_due`] within what the partition allows ([`CleanBounds`]: below
+    /// its last stable offset, aborted transactions obsoleting nothing).
+    pub async fn clean_if_due_within(
+        &self,
+        now_ms: i64,
+        budget: &CleanerBudget,
+        bounds: &CleanBounds,
+    ) -> Result<CleanStats> {
         let started = Instant::now();
         let mut stats = CleanStats::default();
         {
@@ -300,10 +378,11 @@ impl Log {
         let mut forced = false;
         for _ in 0..ROUNDS_PER_CALL_MAX {
             let checkpoint = self.cleaner_checkpoint()?;
-            let Some(plan) = plan(&self.state.borrow(), checkpoint, now_ms, forced) else {
+            let Some(plan) = plan(&self.state.borrow(), checkpoint, now_ms, forced, bounds) else {
                 break;
             };
-            let Some(end) = self.clean_round(&plan, now_ms, budget, &mut stats).await? else {
+            let round = self.clean_round(&plan, now_ms, (budget, bounds), &mut stats);
+            let Some(end) = round.await? else {
                 break;
             };
             stats.rounds += 1;
@@ -338,10 +417,10 @@ impl Log {
         &self,
         plan: &Plan,
         now_ms: i64,
-        budget: &CleanerBudget,
+        (budget, bounds): (&CleanerBudget, &CleanBounds),
         stats: &mut CleanStats,
     ) -> Result<Option<Offset>> {
-        let map = self.build_map(plan, budget, stats).await?;
+        let map = self.build_map(plan, (budget, bounds), stats).await?;
         let segment_bytes = self.state.borrow().config.segment_bytes;
         let mut horizon: Option<i64> = None;
         let to_clean: Vec<&SegRef> = plan.segments.iter().filter(|s| s.base < map.end).collect();
@@ -368,7 +447,7 @@ impl Log {
     async fn build_map(
         &self,
         plan: &Plan,
-        budget: &CleanerBudget,
+        (budget, bounds): (&CleanerBudget, &CleanBounds),
         stats: &mut CleanStats,
     ) -> Result<OffsetMap> {
         let mut map = OffsetMap::new(budget.dedupe_bytes(), plan.checkpoint);
@@ -392,7 +471,7 @@ impl Log {
                 };
                 if last >= plan.checkpoint {
                     let added = map
-                        .add_batch(&batch)
+                        .add_batch(&batch, bounds)
                         .map_err(|reason| corrupt(&seg.path, pos, reason))?;
                     if !added {
                         break 'segments;
@@ -640,12 +719,19 @@ fn groups<'a, 'b>(segments: &'b [&'a SegRef], segment_bytes: u64) -> Vec<&'b [&'
 
 /// What a round of the log in `st` would clean, if it is due (see the module docs).
 /// `forced`: a previous round stopped at a full map, continue whatever the ratio.
-fn plan(st: &State, checkpoint: Offset, now_ms: i64, forced: bool) -> Option<Plan> {
+/// Only segments wholly below `bounds`' last stable offset are cleanable.
+fn plan(
+    st: &State,
+    checkpoint: Offset,
+    now_ms: i64,
+    forced: bool,
+    bounds: &CleanBounds,
+) -> Option<Plan> {
     let cfg = &st.config;
     let active_base = st.active()?.base;
     let mut segments = Vec::new();
     for seg in st.segments.values() {
-        if seg.base >= active_base || !seg.sealed {
+        if seg.base >= active_base || !seg.sealed || !bounds.allows(seg.next_offset) {
             break;
         }
         let young = cfg.min_compaction_lag_ms > 0

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use wire::{LeaderEpoch, Offset};
 
 use super::atomic::write_atomic;
+use super::checkpoint;
 use super::error::{Result, StorageError};
 
 /// Kafka's file name, inside the partition directory.
 pub const CHECKPOINT_FILE: &str = "leader-epoch-checkpoint";
-const CHECKPOINT_VERSION: u32 = 0;
 /// Most entries a checkpoint may hold (an epoch per leader change; a real log has few).
 const ENTRIES_MAX: usize = 1 << 20;
 
@@ -113,31 +113,19 @@ impl LeaderEpochCache {
     }
 
     fn persist(&self) -> Result<()> {
-        let mut text = format!("{CHECKPOINT_VERSION}\n{}\n", self.entries.len());
-        for (epoch, start) in &self.entries {
-            text.push_str(&format!("{epoch} {start}\n"));
-        }
-        write_atomic(&self.path, text.as_bytes())
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|(epoch, start)| format!("{epoch} {start}"))
+            .collect();
+        write_atomic(&self.path, checkpoint::render(&entries).as_bytes())
     }
 }
 
 fn parse(text: &str) -> std::result::Result<BTreeMap<LeaderEpoch, Offset>, String> {
-    let mut lines = text.lines();
-    let version = lines.next().ok_or("empty file")?;
-    if version.trim() != CHECKPOINT_VERSION.to_string() {
-        return Err(format!("unknown version {version:?}"));
-    }
-    let count: usize = lines
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .ok_or("no entry count")?;
-    if count > ENTRIES_MAX {
-        return Err(format!("{count} entries"));
-    }
     let mut entries = BTreeMap::new();
     let mut previous: Option<(LeaderEpoch, Offset)> = None;
-    for _ in 0..count {
-        let line = lines.next().ok_or("fewer entries than counted")?;
+    for (_, line) in checkpoint::entries(text, ENTRIES_MAX)? {
         let mut fields = line.split_whitespace();
         let epoch = fields.next().and_then(|f| f.parse::<i32>().ok());
         let start = fields.next().and_then(|f| f.parse::<i64>().ok());

@@ -20,11 +20,11 @@ use std::sync::Mutex;
 use wire::Offset;
 
 use super::atomic::write_atomic;
+use super::checkpoint;
 use super::error::{Result, StorageError};
 
 /// Kafka's file name, in the data dir.
 pub const CHECKPOINT_FILE: &str = "replication-offset-checkpoint";
-const CHECKPOINT_VERSION: u32 = 0;
 /// Most entries the file may hold (one per partition replica on the node).
 const ENTRIES_MAX: usize = 1 << 22;
 /// Kafka's `replica.high.watermark.checkpoint.interval.ms` default.
@@ -141,32 +141,17 @@ impl HwCheckpoint {
 }
 
 fn render(hws: &BTreeMap<Key, i64>) -> String {
-    let mut out = format!("{CHECKPOINT_VERSION}\n{}\n", hws.len());
-    for ((topic, partition), hw) in hws {
-        out.push_str(&format!("{topic} {partition} {hw}\n"));
-    }
-    out
+    let entries: Vec<String> = hws
+        .iter()
+        .map(|((topic, partition), hw)| format!("{topic} {partition} {hw}"))
+        .collect();
+    checkpoint::render(&entries)
 }
 
 /// Parses Kafka's format; any deviation is an error saying where.
 fn parse(text: &str) -> std::result::Result<BTreeMap<Key, i64>, String> {
-    let mut lines = text.lines();
-    let version = lines.next().ok_or("empty file")?;
-    if version.trim() != CHECKPOINT_VERSION.to_string() {
-        return Err(format!("unsupported version {version:?}"));
-    }
-    let count: usize = lines
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .ok_or("no entry count")?;
-    if count > ENTRIES_MAX {
-        return Err(format!("{count} entries, more than {ENTRIES_MAX}"));
-    }
     let mut hws = BTreeMap::new();
-    for i in 0..count {
-        let line = lines
-            .next()
-            .ok_or(format!("entry {i} of {count} missing"))?;
+    for (i, line) in checkpoint::entries(text, ENTRIES_MAX)? {
         let mut fields = line.split_whitespace();
         let (Some(topic), Some(partition), Some(hw), None) =
             (fields.next(), fields.next(), fields.next(), fields.next())
@@ -185,9 +170,6 @@ fn parse(text: &str) -> std::result::Result<BTreeMap<Key, i64>, String> {
             return Err(format!("entry {i}: negative partition or offset"));
         }
         hws.insert((topic.to_string(), partition), hw);
-    }
-    if lines.any(|l| !l.trim().is_empty()) {
-        return Err(format!("more lines than the {count} entries"));
     }
     Ok(hws)
 }

@@ -39,6 +39,7 @@
 
 mod atomic;
 mod cache;
+mod checkpoint;
 pub mod cleaner;
 mod config;
 pub mod dump;
@@ -62,7 +63,7 @@ mod writer;
 
 pub use atomic::write_atomic;
 pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
-pub use cleaner::{CleanStats, CleanerBudget, keyless_records};
+pub use cleaner::{CleanBounds, CleanStats, CleanerBudget, keyless_records};
 pub use config::{CleanupPolicy, LogConfig};
 pub use error::{Result, StorageError};
 pub use file::{Disk, FaultKind, FaultPoint, SimDisk};

@@ -160,6 +160,17 @@ impl TxnIndex {
             .collect()
     }
 
+    /// The aborted transactions whose marker is at or after `from` and whose first batch
+    /// is before `upper`, whole (the log cleaner needs the marker offset too).
+    pub fn entries_overlapping(&self, from: Offset, upper: Offset) -> Vec<AbortedTxn> {
+        let start = self.entries.partition_point(|t| t.last_offset < from);
+        self.entries[start..]
+            .iter()
+            .filter(|t| t.first_offset < upper)
+            .copied()
+            .collect()
+    }
+
     /// Forgets entries whose marker is at or past `end` (the log was cut there).
     pub fn truncate_from(&mut self, end: Offset) {
         self.entries.retain(|t| t.last_offset < end);

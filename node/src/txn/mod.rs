@@ -479,7 +479,10 @@ impl Coordinators {
     }
 
     /// KIP-890: a partition leader asks whether it may take a transactional batch: the
-    /// producer's current epoch, an ongoing transaction, the partition in it.
+    /// producer's current epoch, an ongoing transaction, the partition in it. Kafka's
+    /// codes (`handleVerifyPartitionsInTransaction`): PRODUCER_FENCED for another epoch,
+    /// CONCURRENT_TRANSACTIONS while the transaction ends, TRANSACTION_ABORTABLE for a
+    /// partition not in an ongoing transaction (the caller maps them for its client).
     fn verify(
         &self,
         id: &str,
@@ -492,16 +495,17 @@ impl Coordinators {
         };
         let code = match m.check_producer(producer.0, producer.1) {
             Err(code) => code,
-            Ok(()) if m.state != TxnState::Ongoing => errors::INVALID_TXN_STATE,
+            Ok(()) if m.state.is_preparing() => errors::CONCURRENT_TRANSACTIONS,
             Ok(()) => errors::NONE,
         };
+        let ongoing = m.state == TxnState::Ongoing;
         let per = partitions
             .iter()
             .map(|p| {
-                if code != errors::NONE || m.partitions.contains(p) {
+                if code != errors::NONE || (ongoing && m.partitions.contains(p)) {
                     code
                 } else {
-                    errors::INVALID_TXN_STATE
+                    errors::TRANSACTION_ABORTABLE
                 }
             })
             .collect();

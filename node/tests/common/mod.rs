@@ -163,6 +163,14 @@ impl Broker {
         self.spawn();
     }
 
+    /// SIGKILL (no clean shutdown), then start again on the same data dir.
+    pub fn kill_and_restart(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("SIGKILL weir");
+        child.wait().expect("reap weir");
+        self.spawn();
+    }
+
     /// SIGTERM, then start again on the same data dir with more `--set` pairs (a later
     /// `--set` of a key wins over an earlier one).
     pub fn restart_with(&mut self, sets: &[(&str, &str)]) {

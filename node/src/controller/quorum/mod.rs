@@ -418,7 +418,7 @@ async fn propose(ctx: &Ctx, cmd: Command) -> Outcome {
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
-        let Ok((stream, _peer)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
             continue;
         };
@@ -429,13 +429,18 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            connection(stream, &ctx).await;
+            match net::accept(stream).await {
+                Ok(stream) => connection(stream, &ctx).await,
+                // A wrong certificate on either side: the peer's dial fails too, and
+                // both log it (rate limited by the peers' retry pauses).
+                Err(e) => tracing::warn!(%peer, "controller port: TLS refused: {e}"),
+            }
             drop(permit);
         });
     }
 }
 
-async fn connection(mut stream: tokio::net::TcpStream, ctx: &Ctx) {
+async fn connection(mut stream: net::BoxStream, ctx: &Ctx) {
     loop {
         let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
         let body = match tokio::time::timeout(idle, net::read_frame(&mut stream)).await {

@@ -1,9 +1,14 @@
 //! The voters' network: TCP on each voter's controller address, one request and one
 //! response per exchange, each a frame of a u32 big-endian length and a JSON body
-//! (bounded by [`FRAME_MAX_BYTES`]), every read and write under a timeout.
+//! (bounded by [`FRAME_MAX_BYTES`]), every read and write under a timeout. With
+//! `controller.listener.names` mapped to SSL the connections are TLS (rustls through
+//! futures-rustls over [`Compat`], tokio's socket seen as a futures-io stream).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -12,7 +17,6 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::TypeConfig;
@@ -71,19 +75,97 @@ pub struct ImageUpdate {
     pub catalog: crate::metadata::Catalog,
 }
 
-/// Writes one frame.
-pub async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+/// tokio's TCP stream as a futures-io stream (what futures-rustls drives).
+pub struct Compat(pub TcpStream);
+
+impl futures_lite::io::AsyncRead for Compat {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let mut rb = tokio::io::ReadBuf::new(buf);
+        match tokio::io::AsyncRead::poll_read(Pin::new(&mut self.0), cx, &mut rb) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl futures_lite::io::AsyncWrite for Compat {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        tokio::io::AsyncWrite::poll_write(Pin::new(&mut self.0), cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        tokio::io::AsyncWrite::poll_flush(Pin::new(&mut self.0), cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        tokio::io::AsyncWrite::poll_shutdown(Pin::new(&mut self.0), cx)
+    }
+}
+
+/// A controller connection's stream: TCP, or TLS over it.
+pub trait Stream:
+    futures_lite::io::AsyncRead + futures_lite::io::AsyncWrite + Unpin + Send + Sync
+{
+}
+impl<T: futures_lite::io::AsyncRead + futures_lite::io::AsyncWrite + Unpin + Send + Sync> Stream
+    for T
+{
+}
+pub type BoxStream = Box<dyn Stream>;
+
+/// The server side of an accepted controller connection: TLS when configured, bounded
+/// by the connect timeout (a peer that stalls its handshake holds no slot for long).
+pub async fn accept(s: TcpStream) -> std::io::Result<BoxStream> {
+    let Some(tls) = crate::security::peer::controller_tls() else {
+        return Ok(Box::new(Compat(s)));
+    };
+    let accept = futures_rustls::TlsAcceptor::from(tls.server.clone()).accept(Compat(s));
+    let stream = timed(Duration::from_millis(RPC_TIMEOUT_MS), accept).await?;
+    Ok(Box::new(stream))
+}
+
+/// Connects to a voter's controller address (`HOST:PORT`), with TLS when configured.
+async fn connect(addr: &str) -> std::io::Result<BoxStream> {
+    let connect = TcpStream::connect(addr);
+    let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
+    s.set_nodelay(true)?;
+    let Some(tls) = crate::security::peer::controller_tls() else {
+        return Ok(Box::new(Compat(s)));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls_pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| std::io::Error::other(format!("controller address {addr}: {e}")))?;
+    let handshake = futures_rustls::TlsConnector::from(tls.client.clone()).connect(name, Compat(s));
+    let stream = timed(Duration::from_millis(RPC_TIMEOUT_MS), handshake)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS to controller {addr}: {e}")))?;
+    Ok(Box::new(stream))
+}
+
+/// Writes one frame (and flushes it: TLS holds written bytes until then).
+pub async fn write_frame(s: &mut BoxStream, body: &[u8]) -> std::io::Result<()> {
     if body.len() > FRAME_MAX_BYTES {
         return Err(std::io::Error::other("frame larger than FRAME_MAX_BYTES"));
     }
     let mut buf = Vec::with_capacity(body.len() + 4);
     buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
     buf.extend_from_slice(body);
-    s.write_all(&buf).await
+    s.write_all(&buf).await?;
+    s.flush().await
 }
 
 /// Reads one frame (refusing one larger than [`FRAME_MAX_BYTES`]).
-pub async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+pub async fn read_frame(s: &mut BoxStream) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
@@ -113,7 +195,7 @@ async fn timed<T>(
 /// A connection to one voter, made on first use and again after any failure.
 pub struct Peer {
     addr: String,
-    conn: Option<TcpStream>,
+    conn: Option<BoxStream>,
 }
 
 impl Peer {
@@ -138,12 +220,7 @@ impl Peer {
         // late reply is never read as the answer to the next request.
         let mut s = match self.conn.take() {
             Some(s) => s,
-            None => {
-                let connect = TcpStream::connect(self.addr.as_str());
-                let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
-                s.set_nodelay(true)?;
-                s
-            }
+            None => connect(self.addr.as_str()).await?,
         };
         let reply = timed(timeout, async {
             write_frame(&mut s, body).await?;

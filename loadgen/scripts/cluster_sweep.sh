@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The mission's benchmark (issue 11): `weir-loadgen sweep --acks 0,1,all` against a 3-node
+# weir cluster on this machine, a topic with replication factor 3 (min.insync.replicas=2)
+# beside one with replication factor 1, in the same run and the same cluster. Each node's
+# Prometheus endpoint is scraped (`--metrics-url`), so the HTML reports chart follower lag
+# (records and ms) over time. Phases:
+#   1. the floors: fio O_DIRECT write and iperf3 loopback (bench/efficiency.sh FLOORS_ONLY=1)
+#   2. closed loop (--rate max) sweep on the RF=1 topic, then on the RF=3 topic
+#   3. open loop at half load: each topic at half of its own acks=all max throughput
+# then a ratio table: acks=all RF3 / RF1 throughput, and publish p99 at half load (the aims:
+# ≥ 0.5 and ≤ 5 ms). Reports and JSON in $OUT; node logs in $OUT/node-N.log; data dirs
+# are deleted on exit, as are the nodes.
+#
+#   bash loadgen/scripts/cluster_sweep.sh
+#   DURATION=20s WARMUP=3s PARTITIONS=3 RECORD=1024 E2E=1 bash loadgen/scripts/cluster_sweep.sh
+#
+# Run from the repo root; builds release binaries unless BUILD=0. E2E=1 runs each sweep
+# step as e2e (a consumer beside the producer) instead of --produce-only. FLOORS=0 skips
+# fio/iperf3. PERF=1 records `perf record --call-graph dwarf` (release has no frame
+# pointers, so plain -g loses the callers) of the leader of the RF=3 topic's partition 0
+# during an extra acks=all RF=3 run ($OUT/perf.data, summary in $OUT/perf-report.txt;
+# loadgen/scripts/perf_fetch_copies.py counts copies under the Fetch handler and send path).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/target/lg-cluster-sweep}
+W=${WEIR_BIN:-$PWD/target/release/weir}
+LG=${LOADGEN_BIN:-$PWD/target/release/weir-loadgen}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+PARTITIONS=${PARTITIONS:-3}
+RECORD=${RECORD:-1024}
+ACKS=${ACKS:-0,1,all}
+SHARDS=${SHARDS:-1}
+E2E=${E2E:-0}
+FLOORS=${FLOORS:-1}
+PERF=${PERF:-0}
+EXTRA=(${LOADGEN_ARGS:-})
+
+if [ "${BUILD:-1}" = 1 ]; then
+    cargo build --release -p weir -p weir-loadgen --bins >/dev/null || exit 1
+fi
+mkdir -p "$OUT"
+rm -rf "$OUT"/data-* "$OUT"/*.json "$OUT"/*.html "$OUT"/node-*.log
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+declare -a PORT CPORT MPORT PID
+for i in 1 2 3; do PORT[$i]=$(free_port); CPORT[$i]=$(free_port); MPORT[$i]=$(free_port); done
+VOTERS="1@127.0.0.1:${CPORT[1]},2@127.0.0.1:${CPORT[2]},3@127.0.0.1:${CPORT[3]}"
+BOOT="127.0.0.1:${PORT[1]},127.0.0.1:${PORT[2]},127.0.0.1:${PORT[3]}"
+
+cleanup() {
+    for i in 1 2 3; do
+        [ -n "${PID[$i]:-}" ] || continue
+        kill -9 "${PID[$i]}" 2>/dev/null
+        wait "${PID[$i]}" 2>/dev/null
+    done
+    rm -rf "$OUT"/data-*
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ "$FLOORS" = 1 ]; then
+    echo "== floors (bench/efficiency.sh FLOORS_ONLY=1)"
+    FLOORS_ONLY=1 BUILD=0 bash bench/efficiency.sh 2>&1 | grep -E '^(fio|iperf3)' | tee "$OUT/floors.txt"
+fi
+
+for i in 1 2 3; do
+    "$W" serve --data-dir "$OUT/data-$i" --listen "127.0.0.1:${PORT[$i]}" --node-id "$i" \
+        --shards "$SHARDS" \
+        --set controller.quorum.voters="$VOTERS" \
+        --set metrics.listener="127.0.0.1:${MPORT[$i]}" \
+        --set broker.heartbeat.interval.ms=200 --set broker.session.timeout.ms=3000 \
+        --set controller.quorum.election.timeout.ms=500 \
+        --set default.replication.factor=3 --set min.insync.replicas=2 \
+        > "$OUT/node-$i.log" 2>&1 &
+    PID[$i]=$!
+done
+for i in 1 2 3; do
+    for _ in $(seq 1 300); do grep -qs "weir ready" "$OUT/node-$i.log" && break; sleep 0.1; done
+done
+# The cluster agrees once every node lists three brokers.
+for _ in $(seq 1 300); do
+    n=$(kcat -b "$BOOT" -L -J -m 5 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["brokers"]))' 2>/dev/null)
+    [ "${n:-0}" = 3 ] && break; sleep 0.2
+done
+[ "${n:-0}" = 3 ] || { echo "cluster did not form"; tail -5 "$OUT"/node-*.log; exit 1; }
+
+"$W" topics --bootstrap-server "127.0.0.1:${PORT[1]}" create sweep-rf3 --partitions "$PARTITIONS" \
+    --replication-factor 3 --config min.insync.replicas=2 || exit 1
+# min.insync.replicas=1: the broker default (2) would refuse acks=all on a single replica.
+"$W" topics --bootstrap-server "127.0.0.1:${PORT[1]}" create sweep-rf1 --partitions "$PARTITIONS" \
+    --replication-factor 1 --config min.insync.replicas=1 || exit 1
+# Every partition led and (RF=3) fully in sync before measuring.
+for _ in $(seq 1 300); do
+    ok=$(kcat -b "$BOOT" -L -J -m 5 2>/dev/null | python3 -c '
+import json, sys
+t = {x["topic"]: x for x in json.load(sys.stdin)["topics"]}
+def ready(name, rf):
+    ps = t.get(name, {}).get("partitions", [])
+    return len(ps) == '"$PARTITIONS"' and all(p["leader"] >= 0 and len(p.get("isrs", [])) == rf for p in ps)
+print(int(ready("sweep-rf3", 3) and ready("sweep-rf1", 1)))' 2>/dev/null)
+    [ "${ok:-0}" = 1 ] && break; sleep 0.2
+done
+"$W" topics --bootstrap-server "127.0.0.1:${PORT[1]}" describe sweep-rf3 sweep-rf1
+
+METRICS=()
+for i in 1 2 3; do METRICS+=(--metrics-url "http://127.0.0.1:${MPORT[$i]}/metrics"); done
+MODE=(--produce-only)
+[ "$E2E" = 1 ] && MODE=()
+# sweep NAME TOPIC RATE: one `weir-loadgen sweep` over $ACKS, JSON and HTML in $OUT.
+sweep() {
+    local name=$1 topic=$2 rate=$3
+    echo "== $name: sweep --acks $ACKS on $topic, --rate $rate"
+    timeout 900 "$LG" sweep --bootstrap "127.0.0.1:${PORT[1]}" --topic "$topic" --partitions "$PARTITIONS" \
+        --acks "$ACKS" --record-sizes "$RECORD" --rate "$rate" --duration "$DURATION" \
+        --warmup "$WARMUP" "${MODE[@]}" "${METRICS[@]}" --quiet "${EXTRA[@]}" \
+        --json "$OUT/$name.json" --report "$OUT/$name.html"
+}
+# The acks=all row's records/s of a sweep's JSON.
+all_rate() {
+    python3 -c 'import json,sys; r=[x for x in json.load(open(sys.argv[1]))["rows"] if x["label"].startswith("acks=all")]; print(r[0]["records_per_sec"] if r else 0)' "$1"
+}
+sweep max-rf1 sweep-rf1 max || exit 1
+sweep max-rf3 sweep-rf3 max || exit 1
+HALF1=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf1.json") / 2)))")
+HALF3=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf3.json") / 2)))")
+sweep half-rf1 sweep-rf1 "$HALF1" || exit 1
+sweep half-rf3 sweep-rf3 "$HALF3" || exit 1
+
+if [ "$PERF" = 1 ]; then
+    leader=$(kcat -b "$BOOT" -L -t sweep-rf3 -J -m 5 2>/dev/null \
+        | python3 -c 'import json,sys; t=json.load(sys.stdin)["topics"][0]; print([p["leader"] for p in t["partitions"] if p["partition"]==0][0])')
+    echo "== perf record -g on node $leader (pid ${PID[$leader]}) during acks=all RF=3 at max"
+    perf record --call-graph dwarf,16384 -F 499 -p "${PID[$leader]}" -o "$OUT/perf.data" -- sleep "${PERF_SECS:-12}" \
+        > "$OUT/perf-record.log" 2>&1 &
+    PERF_PID=$!
+    "$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic sweep-rf3 --partitions "$PARTITIONS" --acks all \
+        --record-size "$RECORD" --rate max --duration "${PERF_SECS:-12}s" "${METRICS[@]}" --quiet "${EXTRA[@]}"
+    wait "$PERF_PID"
+    perf report -i "$OUT/perf.data" --no-children --no-inline --percent-limit 1 --stdio -G 2>/dev/null \
+        > "$OUT/perf-report.txt"
+    echo "perf report in $OUT/perf-report.txt"
+fi
+
+echo "== load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt"
+python3 - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+def rows(name):
+    return {r["label"].split()[0]: r for r in json.load(open(f"{out}/{name}.json"))["rows"]}
+m1, m3, h1, h3 = rows("max-rf1"), rows("max-rf3"), rows("half-rf1"), rows("half-rf3")
+print()
+print(f"{'acks':<10} {'RF1 rec/s':>11} {'RF3 rec/s':>11} {'RF3/RF1':>8} "
+      f"{'RF1 MB/s':>9} {'RF3 MB/s':>9} {'half RF1 p99':>13} {'half RF3 p99':>13} "
+      f"{'RF3 flw lag':>12} {'flw ms':>7}")
+for a in m1:
+    r1, r3 = m1[a], m3.get(a)
+    if r3 is None:
+        continue
+    ratio = r3["records_per_sec"] / max(r1["records_per_sec"], 1e-9)
+    p1 = h1.get(a, {}).get("publish_latency_ms", {}).get("p99", float("nan"))
+    p3 = h3.get(a, {}).get("publish_latency_ms", {}).get("p99", float("nan"))
+    lag = max(r3.get("follower_lag_max_records") or 0, h3.get(a, {}).get("follower_lag_max_records") or 0)
+    lag_ms = max(r3.get("follower_lag_max_ms") or 0, h3.get(a, {}).get("follower_lag_max_ms") or 0)
+    print(f"{a:<10} {r1['records_per_sec']:>11,.0f} {r3['records_per_sec']:>11,.0f} {ratio:>8.2f} "
+          f"{r1['mb_per_sec']:>9.1f} {r3['mb_per_sec']:>9.1f} {p1:>10.2f} ms {p3:>10.2f} ms "
+          f"{lag:>12} {lag_ms:>7.0f}")
+a1, a3 = m1.get("acks=all"), m3.get("acks=all")
+if a1 and a3:
+    ratio = a3["records_per_sec"] / max(a1["records_per_sec"], 1e-9)
+    p99 = h3.get("acks=all", {}).get("publish_latency_ms", {}).get("p99", float("nan"))
+    print(f"\naims: acks=all RF3/RF1 throughput {ratio:.2f} (aim >= 0.5: {'met' if ratio >= 0.5 else 'missed'}); "
+          f"acks=all RF3 publish p99 at half load {p99:.2f} ms (aim <= 5 ms: {'met' if p99 <= 5 else 'missed'})")
+errs = {n: sum(r["errors"] for r in rows(n).values()) for n in ("max-rf1", "max-rf3", "half-rf1", "half-rf3")}
+print(f"errors per sweep: {errs}")
+print(f"reports: {out}/max-rf1.html max-rf3.html half-rf1.html half-rf3.html")
+EOF

@@ -1,0 +1,213 @@
+//! The client side of node-to-node connections in Kafka's keys: which listener a node
+//! uses to reach its peers (`inter.broker.listener.name`, else the listener of
+//! `security.inter.broker.protocol`, else the first listener), TLS towards it (the
+//! listener's truststore and keystore) and SASL (`sasl.mechanism.inter.broker.protocol`
+//! with the `username`/`password` of `listener.name.<l>.<mechanism>.sasl.jaas.config`).
+//!
+//! Resolved once at startup into a process-wide [`PeerSetup`]: replica fetchers, remote
+//! transaction markers and the other node-to-node clients connect on many shards and
+//! tasks, and a global keeps them from threading it through every constructor.
+
+use std::sync::{Arc, OnceLock};
+
+use super::listener::{ListenerConfig, SecurityProtocol};
+use super::sasl::Mechanism;
+use super::tls::listener_prop;
+use crate::config::{Config, Properties};
+
+/// Kafka's default `sasl.mechanism.inter.broker.protocol` is GSSAPI, which weir does not
+/// have; PLAIN is its default.
+pub const INTER_BROKER_MECHANISM_DEFAULT: &str = "PLAIN";
+
+/// SASL credentials a node authenticates to its peers with.
+#[derive(Clone)]
+pub struct PeerSasl {
+    pub mechanism: Mechanism,
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for PeerSasl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password in a log line.
+        write!(f, "{} as {}", self.mechanism.name(), self.user)
+    }
+}
+
+/// How this node speaks to its peers' inter-broker listener.
+#[derive(Clone)]
+pub struct PeerSetup {
+    /// The inter-broker listener's name (the peers' listener of the same name).
+    pub listener: String,
+    pub protocol: SecurityProtocol,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub sasl: Option<PeerSasl>,
+}
+
+static PEER: OnceLock<PeerSetup> = OnceLock::new();
+
+/// TLS on the controller port (Raft RPCs, forwarded writes, heartbeats) when the first
+/// name of `controller.listener.names` maps to SSL in `listener.security.protocol.map`:
+/// its `listener.name.<controller>.ssl.*` keys (else the global `ssl.*`) give both sides.
+#[derive(Clone)]
+pub struct ControllerTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+static CONTROLLER_TLS: OnceLock<Option<ControllerTls>> = OnceLock::new();
+
+/// The controller port's TLS (`None`: plain TCP, the default).
+pub fn controller_tls() -> Option<&'static ControllerTls> {
+    CONTROLLER_TLS.get().and_then(Option::as_ref)
+}
+
+fn build_controller_tls(config: &Config) -> anyhow::Result<Option<ControllerTls>> {
+    const KEY: &str = "controller.listener.names";
+    let Some(name) = config
+        .props
+        .get(KEY)
+        .and_then(|v| v.split(',').map(str::trim).find(|n| !n.is_empty()))
+    else {
+        return Ok(None);
+    };
+    let protocol = super::listener::protocol_of(&config.props, name)?;
+    match protocol {
+        None | Some(SecurityProtocol::Plaintext) => Ok(None),
+        Some(SecurityProtocol::Ssl) => {
+            let server = super::tls::setup(&config.props, name)?.config;
+            let client = super::tls::client_config(&config.props, name)?;
+            Ok(Some(ControllerTls { server, client }))
+        }
+        Some(p) => anyhow::bail!(
+            "{KEY}={name}: protocol {} on the controller port is not supported (PLAINTEXT or SSL)",
+            p.name()
+        ),
+    }
+}
+
+/// The inter-broker listener of `config` (see the module doc).
+pub fn inter_broker_listener(config: &Config) -> &ListenerConfig {
+    let named = config
+        .props
+        .get("inter.broker.listener.name")
+        .and_then(|n| {
+            config
+                .listeners
+                .iter()
+                .find(|l| l.name.eq_ignore_ascii_case(n.trim()))
+        });
+    let by_protocol = || {
+        let p = config
+            .props
+            .get("security.inter.broker.protocol")
+            .and_then(SecurityProtocol::parse)?;
+        config.listeners.iter().find(|l| l.protocol == p)
+    };
+    // `listeners` always holds at least one listener (checked when it was parsed).
+    named.or_else(by_protocol).unwrap_or(&config.listeners[0])
+}
+
+/// Builds the peer setup from `config` (errors name the key) and makes it the process's.
+pub fn init(config: &Config) -> anyhow::Result<()> {
+    let setup = build(config)?;
+    let controller = build_controller_tls(config)?;
+    if controller.is_some() {
+        tracing::info!("the controller port speaks TLS (controller.listener.names)");
+    }
+    let _ = CONTROLLER_TLS.set(controller);
+    tracing::info!(
+        listener = %setup.listener,
+        protocol = setup.protocol.name(),
+        sasl = ?setup.sasl,
+        "node-to-node connections use the inter-broker listener"
+    );
+    // A second init (tests starting several nodes in one process) keeps the first.
+    let _ = PEER.set(setup);
+    Ok(())
+}
+
+/// The process's peer setup (`None` before [`init`]: plaintext).
+pub fn get() -> Option<&'static PeerSetup> {
+    PEER.get()
+}
+
+fn build(config: &Config) -> anyhow::Result<PeerSetup> {
+    let l = inter_broker_listener(config);
+    let tls = match l.protocol.is_tls() {
+        true => Some(super::tls::client_config(&config.props, &l.name)?),
+        false => None,
+    };
+    let sasl = match l.protocol.is_sasl() {
+        true => Some(sasl_credentials(&config.props, &l.name)?),
+        false => None,
+    };
+    Ok(PeerSetup {
+        listener: l.name.clone(),
+        protocol: l.protocol,
+        tls,
+        sasl,
+    })
+}
+
+fn sasl_credentials(props: &Properties, listener: &str) -> anyhow::Result<PeerSasl> {
+    const KEY: &str = "sasl.mechanism.inter.broker.protocol";
+    let name = props.get(KEY).unwrap_or(INTER_BROKER_MECHANISM_DEFAULT);
+    let mechanism = Mechanism::parse(name).ok_or_else(|| {
+        anyhow::anyhow!("{KEY}={name}: not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+    })?;
+    let jaas_key = format!(
+        "listener.name.{}.{}.sasl.jaas.config",
+        listener.to_ascii_lowercase(),
+        mechanism.name().to_ascii_lowercase()
+    );
+    let jaas = props
+        .get(&jaas_key)
+        .or_else(|| listener_prop(props, listener, "sasl.jaas.config"))
+        .ok_or_else(|| {
+            anyhow::anyhow!("listener {listener}: inter-broker SASL needs {jaas_key} (username=\"..\" password=\"..\")")
+        })?;
+    let user = jaas_option(jaas, "username");
+    let password = jaas_option(jaas, "password");
+    match (user, password) {
+        (Some(user), Some(password)) => Ok(PeerSasl {
+            mechanism,
+            user,
+            password,
+        }),
+        _ => anyhow::bail!("{jaas_key}: needs username=\"..\" and password=\"..\""),
+    }
+}
+
+/// The quoted value of option `name` in a JAAS line (`name="value"`).
+fn jaas_option(jaas: &str, name: &str) -> Option<String> {
+    let mut rest = jaas;
+    while let Some(at) = rest.find(name) {
+        let before_ok = at == 0
+            || rest[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_whitespace() || c == ';');
+        let after = rest[at + name.len()..].trim_start();
+        if before_ok && let Some(value) = after.strip_prefix('=') {
+            let quoted = value.trim_start().strip_prefix('"')?;
+            let close = quoted.find('"')?;
+            return Some(quoted[..close].to_string());
+        }
+        rest = &rest[at + name.len()..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jaas_username_and_password_are_read() {
+        let jaas = r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="s3cr=t" user_admin="x";"#;
+        assert_eq!(jaas_option(jaas, "username").as_deref(), Some("admin"));
+        assert_eq!(jaas_option(jaas, "password").as_deref(), Some("s3cr=t"));
+        assert_eq!(jaas_option("required;", "password"), None);
+    }
+}
