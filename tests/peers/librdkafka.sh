@@ -98,6 +98,22 @@ for i in $(seq 1 "$NODES"); do
     addrs="$addrs${addrs:+,}$addr"
 done
 addr="$addrs"
+# A cluster answers Metadata before its nodes have registered with the controller (each
+# names itself, under its own cluster id): the tests start once every node is listed
+# with a controller, as they would against a running Kafka cluster.
+if [ "$NODES" -gt 1 ]; then
+    ready=""
+    for _ in $(seq 1 600); do
+        md="$(kcat -b "$addr" -L -m 5 2>/dev/null)"
+        if [ "$(printf '%s\n' "$md" | grep -c '^  broker [0-9]* at ')" -eq "$NODES" ] &&
+            printf '%s\n' "$md" | grep -q '(controller)'; then
+            ready=1
+            break
+        fi
+        sleep 0.2
+    done
+    [ -n "$ready" ] || { echo "the $NODES nodes did not form a cluster, see $WORK/weir-*.log" >&2; exit 2; }
+fi
 echo "weir $addr ($NODES node(s), logs $WORK/weir-*.log), TEST_KAFKA_VERSION=$TEST_KAFKA_VERSION, cap ${CAP}s per test"
 
 printf 'metadata.broker.list=%s\ntest.timeout.multiplier=2\n' "$addr" >"$WORK/test.conf"
