@@ -651,3 +651,106 @@ fn a_transactional_produce_is_verified_with_a_coordinator_on_another_node() {
     });
     assert_eq!(code, 0, "EndTxn");
 }
+
+/// Pipelined first batches of a transaction (issue 13, librdkafka's 0103
+/// `do_test_fatal_idempo_error_without_kip360`: `batch.num.messages=1`): a producer sends
+/// several batches to a partition led on another node than its coordinator without
+/// waiting for answers. Each would open the transaction there, so each is verified with
+/// the coordinator; they must still append in sequence order, all taken at consecutive
+/// offsets. (Old weir appended them in the order the verifications came back: the leader
+/// took seq 3 as a producer unknown there, then refused seq 0 with
+/// OUT_OF_ORDER_SEQUENCE_NUMBER.)
+#[test]
+fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::{
+        AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
+        InitProducerIdRequest, InitProducerIdResponse, ProduceResponse, TransactionalId,
+    };
+    const TOPIC: &str = "pipelined-far";
+    const TXN_ID: &str = "pipelined-far-txn";
+    /// Batches in flight at once (librdkafka's max.in.flight with idempotence: 5), and
+    /// transactions tried: a reorder needs two verifications to overtake each other.
+    const IN_FLIGHT: i32 = 5;
+    const TRANSACTIONS: i32 = 20;
+    const RECORDS: i32 = 3;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let coordinator = wait_coordinator(&mut c, TXN_ID, 1, 3, None);
+    let leader = coordinator % 3 + 1;
+    assert_eq!(create_placed(c.node(1).addr(), TOPIC, &[leader]), 0);
+    wait_topic(&mut c, TOPIC, 1, 1);
+    let timeout = Duration::from_secs(20);
+    let txn_id = || TransactionalId(StrBytes::from_static_str(TXN_ID));
+
+    let mut coord = RawConn::connect_timeout(c.node(coordinator).addr(), timeout).expect("conn");
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(Some(txn_id()))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    let (code, producer) = until_settled("InitProducerId", || {
+        let r: InitProducerIdResponse = coord
+            .call(ApiKey::InitProducerId, 4, &init)
+            .expect("InitProducerId");
+        (r.error_code, (r.producer_id.0, r.producer_epoch))
+    });
+    assert_eq!(code, 0, "InitProducerId");
+    let add = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(txn_id())
+        .with_v3_and_below_producer_id(producer.0.into())
+        .with_v3_and_below_producer_epoch(producer.1)
+        .with_v3_and_below_topics(vec![
+            AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_partitions(vec![0]),
+        ]);
+    let end = EndTxnRequest::default()
+        .with_transactional_id(txn_id())
+        .with_producer_id(producer.0.into())
+        .with_producer_epoch(producer.1)
+        .with_committed(true);
+
+    let mut lead = RawConn::connect_timeout(c.node(leader).addr(), timeout).expect("conn");
+    let mut seq = 0;
+    for t in 0..TRANSACTIONS {
+        // Retried while the previous transaction's markers are still being written
+        // (CONCURRENT_TRANSACTIONS).
+        let (code, ()) = until_settled("AddPartitionsToTxn", || {
+            let r: AddPartitionsToTxnResponse = coord
+                .call(ApiKey::AddPartitionsToTxn, 3, &add)
+                .expect("AddPartitionsToTxn");
+            (
+                r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+                (),
+            )
+        });
+        assert_eq!(code, 0, "AddPartitionsToTxn of transaction {t}");
+        let mut sent = Vec::new();
+        for _ in 0..IN_FLIGHT {
+            let batch = txn_batch(producer, seq, RECORDS as usize);
+            let mut req = weir_tests::raw::produce_request(TOPIC, 0, -1, batch);
+            req.transactional_id = Some(txn_id());
+            sent.push((seq, lead.send(ApiKey::Produce, 7, &req).expect("send")));
+            seq += RECORDS;
+        }
+        let mut first = None;
+        for (i, (batch_seq, id)) in sent.into_iter().enumerate() {
+            let r: ProduceResponse = lead.recv(ApiKey::Produce, 7, id).expect("Produce");
+            let p = &r.responses[0].partition_responses[0];
+            let first = *first.get_or_insert(p.base_offset);
+            let want = first + i64::try_from(i).expect("small") * i64::from(RECORDS);
+            assert_eq!(
+                (p.error_code, p.base_offset),
+                (0, want),
+                "transaction {t}: the batch of sequence {batch_seq} (coordinator on node \
+                 {coordinator}, leader on node {leader})"
+            );
+        }
+        let (code, ()) = until_settled("EndTxn", || {
+            let r: EndTxnResponse = coord.call(ApiKey::EndTxn, 3, &end).expect("EndTxn");
+            (r.error_code, ())
+        });
+        assert_eq!(code, 0, "EndTxn of transaction {t}");
+    }
+}

@@ -60,6 +60,10 @@ pub struct Partition {
     compacted: Cell<bool>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
+    /// Transactional batches take turns here, in arrival order, from before the KIP-890
+    /// check (an await on the coordinator, maybe on another node) until their
+    /// idempotence check ran: a producer's pipelined batches then append in order.
+    pub txn_turns: crate::send_turns::SendTurns,
 }
 
 fn log_config(configs: &BTreeMap<String, String>) -> Result<LogConfig, StorageError> {
@@ -153,6 +157,7 @@ impl Partition {
             epochs: RefCell::new(epochs),
             appended: Event::default(),
             last_used: Cell::new(0),
+            txn_turns: crate::send_turns::SendTurns::default(),
         })
     }
 

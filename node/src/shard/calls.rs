@@ -46,6 +46,13 @@ impl ShardCall for ProduceCall {
             Ok(p) => p,
             Err(code) => return ProduceOutcome::failed(code),
         };
+        // Without turns, a producer's pipelined first batches of a transaction (seq 0, 1,
+        // ...) would each await the coordinator's verification and could append in the
+        // order the answers came back: OUT_OF_ORDER_SEQUENCE_NUMBER for seq 0.
+        let turn = match self.transactional_id {
+            Some(_) => Some(p.txn_turns.wait().await),
+            None => None,
+        };
         if let Some(producer) = p.opens_transaction(&self.records) {
             let Some(txn_id) = &self.transactional_id else {
                 return ProduceOutcome::failed(crate::errors::INVALID_TXN_STATE);
@@ -57,8 +64,20 @@ impl ShardCall for ProduceCall {
                 return ProduceOutcome::failed(code);
             }
         }
-        let produce = p.produce(self.records, self.acks, self.replicated_by, now_ms());
-        produce.await
+        let mut produce = std::pin::pin!(p.produce(
+            self.records,
+            self.acks,
+            self.replicated_by,
+            now_ms()
+        ));
+        // The first poll checks and records the batch (offsets assigned synchronously,
+        // see `PartitionProducers::append`); the next batch may go once it ran.
+        let first = futures_lite::future::poll_once(&mut produce).await;
+        drop(turn);
+        match first {
+            Some(outcome) => outcome,
+            None => produce.await,
+        }
     }
 }
 
