@@ -654,12 +654,12 @@ fn a_transactional_produce_is_verified_with_a_coordinator_on_another_node() {
 
 /// Pipelined first batches of a transaction (issue 13, librdkafka's 0103
 /// `do_test_fatal_idempo_error_without_kip360`: `batch.num.messages=1`): a producer sends
-/// several batches to a partition led on another node than its coordinator without
-/// waiting for answers. Each would open the transaction there, so each is verified with
-/// the coordinator; they must still append in sequence order, all taken at consecutive
-/// offsets. (Old weir appended them in the order the verifications came back: the leader
-/// took seq 3 as a producer unknown there, then refused seq 0 with
-/// OUT_OF_ORDER_SEQUENCE_NUMBER.)
+/// several batches to a partition without waiting for answers. Each would open the
+/// transaction there, so each is verified with the coordinator (on another shard or
+/// another node); they must still append in sequence order, at consecutive offsets. One
+/// partition is led by the coordinator's node, one by another node. (Old weir appended
+/// them in the order the verifications came back: it took seq 3 from a producer it did
+/// not know yet, then refused seq 0 with OUT_OF_ORDER_SEQUENCE_NUMBER.)
 #[test]
 fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
     use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
@@ -667,20 +667,29 @@ fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
         AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
         InitProducerIdRequest, InitProducerIdResponse, ProduceResponse, TransactionalId,
     };
-    const TOPIC: &str = "pipelined-far";
-    const TXN_ID: &str = "pipelined-far-txn";
-    /// Batches in flight at once (librdkafka's max.in.flight with idempotence: 5), and
-    /// transactions tried: a reorder needs two verifications to overtake each other.
+    const TXN_ID: &str = "pipelined-txn";
+    /// Batches in flight at once per partition (librdkafka's max.in.flight with
+    /// idempotence: 5), and transactions tried: a reorder needs two verifications to
+    /// overtake each other.
     const IN_FLIGHT: i32 = 5;
     const TRANSACTIONS: i32 = 20;
     const RECORDS: i32 = 3;
     let mut c = Cluster::start(3, &[]).expect("start cluster");
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
     let coordinator = wait_coordinator(&mut c, TXN_ID, 1, 3, None);
-    let leader = coordinator % 3 + 1;
-    assert_eq!(create_placed(c.node(1).addr(), TOPIC, &[leader]), 0);
-    wait_topic(&mut c, TOPIC, 1, 1);
     let timeout = Duration::from_secs(20);
+    // (topic, its leader): near the coordinator, and far from it.
+    let placed = [
+        ("pipelined-near", coordinator),
+        ("pipelined-far", coordinator % 3 + 1),
+    ];
+    let mut leads = Vec::new();
+    for (topic, leader) in placed {
+        assert_eq!(create_placed(c.node(1).addr(), topic, &[leader]), 0);
+        wait_topic(&mut c, topic, 1, 1);
+        let conn = RawConn::connect_timeout(c.node(leader).addr(), timeout).expect("conn");
+        leads.push((topic, leader, conn, 0));
+    }
     let txn_id = || TransactionalId(StrBytes::from_static_str(TXN_ID));
 
     let mut coord = RawConn::connect_timeout(c.node(coordinator).addr(), timeout).expect("conn");
@@ -700,19 +709,22 @@ fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
         .with_v3_and_below_transactional_id(txn_id())
         .with_v3_and_below_producer_id(producer.0.into())
         .with_v3_and_below_producer_epoch(producer.1)
-        .with_v3_and_below_topics(vec![
-            AddPartitionsToTxnTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
-                .with_partitions(vec![0]),
-        ]);
+        .with_v3_and_below_topics(
+            placed
+                .iter()
+                .map(|(topic, _)| {
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(StrBytes::from_static_str(topic)))
+                        .with_partitions(vec![0])
+                })
+                .collect(),
+        );
     let end = EndTxnRequest::default()
         .with_transactional_id(txn_id())
         .with_producer_id(producer.0.into())
         .with_producer_epoch(producer.1)
         .with_committed(true);
 
-    let mut lead = RawConn::connect_timeout(c.node(leader).addr(), timeout).expect("conn");
-    let mut seq = 0;
     for t in 0..TRANSACTIONS {
         // Retried while the previous transaction's markers are still being written
         // (CONCURRENT_TRANSACTIONS).
@@ -720,31 +732,38 @@ fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
             let r: AddPartitionsToTxnResponse = coord
                 .call(ApiKey::AddPartitionsToTxn, 3, &add)
                 .expect("AddPartitionsToTxn");
-            (
-                r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
-                (),
-            )
+            let codes = r.results_by_topic_v3_and_below.iter().flat_map(|t| {
+                t.results_by_partition
+                    .iter()
+                    .map(|p| p.partition_error_code)
+            });
+            (codes.max_by_key(|c| *c != 0).unwrap_or(-1), ())
         });
         assert_eq!(code, 0, "AddPartitionsToTxn of transaction {t}");
         let mut sent = Vec::new();
-        for _ in 0..IN_FLIGHT {
-            let batch = txn_batch(producer, seq, RECORDS as usize);
-            let mut req = weir_tests::raw::produce_request(TOPIC, 0, -1, batch);
-            req.transactional_id = Some(txn_id());
-            sent.push((seq, lead.send(ApiKey::Produce, 7, &req).expect("send")));
-            seq += RECORDS;
+        for (l, (topic, _, conn, seq)) in leads.iter_mut().enumerate() {
+            for _ in 0..IN_FLIGHT {
+                let batch = txn_batch(producer, *seq, RECORDS as usize);
+                let mut req = weir_tests::raw::produce_request(topic, 0, -1, batch);
+                req.transactional_id = Some(txn_id());
+                sent.push((l, *seq, conn.send(ApiKey::Produce, 7, &req).expect("send")));
+                *seq += RECORDS;
+            }
         }
-        let mut first = None;
-        for (i, (batch_seq, id)) in sent.into_iter().enumerate() {
-            let r: ProduceResponse = lead.recv(ApiKey::Produce, 7, id).expect("Produce");
+        let mut first: [Option<i64>; 2] = [None, None];
+        let mut answered = [0i64; 2];
+        for (l, batch_seq, id) in sent {
+            let (topic, leader, conn, _) = &mut leads[l];
+            let r: ProduceResponse = conn.recv(ApiKey::Produce, 7, id).expect("Produce");
             let p = &r.responses[0].partition_responses[0];
-            let first = *first.get_or_insert(p.base_offset);
-            let want = first + i64::try_from(i).expect("small") * i64::from(RECORDS);
+            let first = *first[l].get_or_insert(p.base_offset);
+            let want = first + answered[l] * i64::from(RECORDS);
+            answered[l] += 1;
             assert_eq!(
                 (p.error_code, p.base_offset),
                 (0, want),
-                "transaction {t}: the batch of sequence {batch_seq} (coordinator on node \
-                 {coordinator}, leader on node {leader})"
+                "transaction {t}: {topic}'s batch of sequence {batch_seq} (coordinator on \
+                 node {coordinator}, leader on node {leader})"
             );
         }
         let (code, ()) = until_settled("EndTxn", || {
@@ -752,5 +771,52 @@ fn pipelined_first_batches_of_a_transaction_append_in_sequence_order() {
             (r.error_code, ())
         });
         assert_eq!(code, 0, "EndTxn of transaction {t}");
+    }
+}
+
+/// librdkafka's 0103 `do_test_fatal_idempo_error_without_kip360` (issue 13): a fresh
+/// transactional producer with `batch.num.messages=1` sends 6 records in its first
+/// transaction to a new RF3 topic, so up to 5 one-record batches (seq 0..4) are in
+/// flight at once, each verified with the coordinator before it opens the transaction.
+/// Every transaction must commit. (Old weir appended the batches in the order the
+/// verifications came back, about one attempt in three: it took seq 1 from a producer
+/// it did not know yet, then refused seq 0 with OUT_OF_ORDER_SEQUENCE_NUMBER, a fatal
+/// error for the producer.)
+#[test]
+fn fresh_transactional_producers_with_one_record_batches_commit() {
+    const ATTEMPTS: usize = 12;
+    const RECORDS: u64 = 6;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let via = bootstrap(&mut c);
+    for i in 0..ATTEMPTS {
+        let topic = format!("one-record-batches-{i}");
+        let leader = i32::try_from(i % 3).expect("small") + 1;
+        let replicas = [leader, leader % 3 + 1, (leader + 1) % 3 + 1];
+        assert_eq!(create_placed(c.node(1).addr(), &topic, &replicas), 0);
+        wait_topic(&mut c, &topic, 1, 3);
+        let extra = [
+            ("enable.idempotence", "true"),
+            ("transactional.id", topic.as_str()),
+            ("batch.num.messages", "1"),
+            ("linger.ms", "0"),
+        ];
+        let (p, log) = clients::producer(&via, "all", "none", &extra).expect("producer");
+        p.init_transactions(FAILOVER_TIMEOUT)
+            .expect("init transactions");
+        p.begin_transaction().expect("begin");
+        let records = clients::make_records(0, RECORDS, "one", clients::now_ms());
+        for r in &records {
+            clients::send_one(&p, &topic, r, Some(0)).expect("send");
+        }
+        p.flush(FAILOVER_TIMEOUT).expect("flush");
+        p.commit_transaction(FAILOVER_TIMEOUT)
+            .unwrap_or_else(|e| panic!("attempt {i} (leader node {leader}): commit: {e}"));
+        assert!(
+            log.failed().is_empty(),
+            "attempt {i}: failed deliveries {:?}",
+            log.failed()
+        );
+        assert_eq!(log.acked().len(), RECORDS as usize, "attempt {i}");
     }
 }

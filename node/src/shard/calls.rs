@@ -64,12 +64,8 @@ impl ShardCall for ProduceCall {
                 return ProduceOutcome::failed(code);
             }
         }
-        let mut produce = std::pin::pin!(p.produce(
-            self.records,
-            self.acks,
-            self.replicated_by,
-            now_ms()
-        ));
+        let mut produce =
+            std::pin::pin!(p.produce(self.records, self.acks, self.replicated_by, now_ms()));
         // The first poll checks and records the batch (offsets assigned synchronously,
         // see `PartitionProducers::append`); the next batch may go once it ran.
         let first = futures_lite::future::poll_once(&mut produce).await;
