@@ -94,6 +94,25 @@ impl Cluster {
         Ok(Cluster { nodes })
     }
 
+    /// Starts `n` voters of `shards` shards each (the others run one shard): for what
+    /// happens between a node's shards, e.g. a coordinator on another shard.
+    pub fn start_sharded(n: usize, shards: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
+        let ports = free_ports(n)?;
+        let voters: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+            .collect();
+        let voters = voters.join(",");
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let mut config = node_config(i + 1, &voters, extra);
+            config.shards = Some(shards);
+            nodes.push(Weir::start(config).with_context(|| format!("start node {}", i + 1))?);
+        }
+        Ok(Cluster { nodes })
+    }
+
     /// Starts `n` voters behind fault proxies ([`FaultNet`]): each node advertises a
     /// Kafka-aware proxy in front of its listener (clients and followers reach it through
     /// that), and names every other voter in `controller.quorum.voters` by a proxy of
