@@ -29,6 +29,7 @@ use crate::errors;
 use crate::event::Event;
 use crate::producer_state::ProducerStateConfig;
 use crate::producer_state::partition::PartitionProducers;
+use crate::send_turns::SendTurns;
 use crate::storage::epochs::LeaderEpochCache;
 use crate::storage::{Log, LogConfig, StorageError};
 
@@ -60,10 +61,30 @@ pub struct Partition {
     compacted: Cell<bool>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
-    /// Transactional batches take turns here, in arrival order, from before the KIP-890
-    /// check (an await on the coordinator, maybe on another node) until their
-    /// idempotence check ran: a producer's pipelined batches then append in order.
-    pub txn_turns: crate::send_turns::SendTurns,
+    /// A producer's transactional batches take turns here, in arrival order, from before
+    /// the KIP-890 check (an await on the coordinator, maybe on another node) until
+    /// their idempotence check ran: its pipelined batches then append in order. One
+    /// queue per producer with batches in flight (other producers do not wait), removed
+    /// by the last [`TxnTurns`] of it.
+    txn_turns: RefCell<std::collections::HashMap<wire::ProducerId, Rc<SendTurns>>>,
+}
+
+/// A batch's place among its producer's transactional batches of one partition (see
+/// `Partition::txn_turns`); dropping the last one of a producer removes its queue.
+pub struct TxnTurns<'a> {
+    partition: &'a Partition,
+    producer: wire::ProducerId,
+    pub turns: Rc<SendTurns>,
+}
+
+impl Drop for TxnTurns<'_> {
+    fn drop(&mut self) {
+        let mut all = self.partition.txn_turns.borrow_mut();
+        // The map's reference and this one: nobody else of this producer is in flight.
+        if Rc::strong_count(&self.turns) <= 2 {
+            all.remove(&self.producer);
+        }
+    }
 }
 
 fn log_config(configs: &BTreeMap<String, String>) -> Result<LogConfig, StorageError> {
@@ -123,6 +144,23 @@ fn write_partition_metadata(dir: &Path, topic_id: u128) -> Result<(), StorageErr
 }
 
 impl Partition {
+    /// The turns of the producer of `records` if they are a transactional batch (see
+    /// `txn_turns`); `None` for any other batch.
+    pub fn txn_turns(&self, records: &[u8]) -> Option<TxnTurns<'_>> {
+        let header = wire::batch::read_header(records).ok()?;
+        let attributes = header.attributes();
+        if !attributes.is_transactional() || attributes.is_control() {
+            return None;
+        }
+        let producer = header.producer_id();
+        let turns = Rc::clone(self.txn_turns.borrow_mut().entry(producer).or_default());
+        Some(TxnTurns {
+            partition: self,
+            producer,
+            turns,
+        })
+    }
+
     /// Opens (and recovers) the partition's log, as its only replica on `local`: leader,
     /// ISR = {local}, HW = LEO (until the cluster assigns it otherwise).
     pub async fn open(
@@ -157,7 +195,7 @@ impl Partition {
             epochs: RefCell::new(epochs),
             appended: Event::default(),
             last_used: Cell::new(0),
-            txn_turns: crate::send_turns::SendTurns::default(),
+            txn_turns: RefCell::new(std::collections::HashMap::new()),
         })
     }
 

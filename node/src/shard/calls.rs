@@ -49,8 +49,9 @@ impl ShardCall for ProduceCall {
         // Without turns, a producer's pipelined first batches of a transaction (seq 0, 1,
         // ...) would each await the coordinator's verification and could append in the
         // order the answers came back: OUT_OF_ORDER_SEQUENCE_NUMBER for seq 0.
-        let turn = match self.transactional_id {
-            Some(_) => Some(p.txn_turns.wait().await),
+        let turns = p.txn_turns(&self.records);
+        let turn = match &turns {
+            Some(t) => Some(t.turns.wait().await),
             None => None,
         };
         if let Some(producer) = p.opens_transaction(&self.records) {
@@ -70,6 +71,7 @@ impl ShardCall for ProduceCall {
         // see `PartitionProducers::append`); the next batch may go once it ran.
         let first = futures_lite::future::poll_once(&mut produce).await;
         drop(turn);
+        drop(turns);
         match first {
             Some(outcome) => outcome,
             None => produce.await,
