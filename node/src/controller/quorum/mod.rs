@@ -43,6 +43,9 @@ const CONNECTIONS_MAX: usize = 16;
 const IDLE_TIMEOUT_MS: u64 = 60_000;
 /// Commands in the Raft log between two snapshots.
 const SNAPSHOT_EVERY: u64 = 1_000;
+/// A voter counts as reachable for the election gate this many election timeouts after
+/// its last successful probe ([`gate_elections`]; one probe per election timeout).
+const REACH_FRESH_ELECTIONS: u32 = 5;
 
 /// What the quorum needs from the configuration.
 #[derive(Clone, Debug)]
@@ -306,6 +309,7 @@ async fn run(
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
     tokio::spawn(heartbeats(ctx.clone(), handle.clone()));
     tokio::spawn(leases(ctx.clone()));
+    gate_elections(&ctx);
     if ctx.config.leader_rebalance.enable {
         tokio::spawn(rebalance_leaders(ctx.clone()));
     }
@@ -320,6 +324,59 @@ async fn run(
                 });
             }
         }
+    }
+}
+
+/// Lets this voter start elections only while it reaches a majority of the voters
+/// (itself included) with its own connections: weir's stand-in for Raft's pre-vote,
+/// which openraft 0.9 lacks.
+///
+/// Why: a voter that cannot dial its peers but is dialled by them (a truststore with
+/// another CA: its handshakes fail, theirs to it succeed) never completes an election,
+/// yet bumps its term every election timeout and answers the healthy voters'
+/// AppendEntries and RequestVote with that higher vote. openraft makes the leader step
+/// down on it and a candidate give up, so when the bad voter's election timeout (drawn
+/// once per process) is the shortest, the healthy majority never keeps a leader (seen:
+/// node 3 at T1, T2, ... every 605 ms, node 1's candidacies every 907 ms each overtaken
+/// by `T(n)-N3`, no controller for 120 s). Gated, it stays at its first term and follows.
+fn gate_elections(ctx: &Arc<Ctx>) {
+    let me = ctx.config.node_id;
+    let quorum = ctx.config.voters.len() / 2 + 1;
+    let every = ctx.config.election_timeout;
+    let fresh = every * REACH_FRESH_ELECTIONS;
+    let reached: Arc<Mutex<HashMap<i32, Instant>>> = Arc::default();
+    let enabled = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    for (id, addr) in ctx.config.voters.iter().filter(|(id, _)| **id != me) {
+        let (id, addr) = (*id, addr.clone());
+        let (ctx, reached, enabled) = (ctx.clone(), reached.clone(), enabled.clone());
+        // One task per voter: a peer whose dial hangs delays no other's probe.
+        tokio::spawn(async move {
+            loop {
+                let ok = net::probe(&addr).await.is_ok();
+                let enable = {
+                    let mut r = match reached.lock() {
+                        Ok(r) => r,
+                        Err(p) => p.into_inner(),
+                    };
+                    let now = Instant::now();
+                    if ok {
+                        r.insert(id, now);
+                    }
+                    let live = r.values().filter(|t| now.duration_since(**t) <= fresh);
+                    1 + live.count() >= quorum
+                };
+                if enabled.swap(enable, Ordering::AcqRel) != enable {
+                    ctx.raft.runtime_config().elect(enable);
+                    match enable {
+                        true => tracing::info!("a majority of voters is reachable: elections on"),
+                        false => tracing::warn!(
+                            "fewer than a majority of voters reachable: this voter starts no elections"
+                        ),
+                    }
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 }
 

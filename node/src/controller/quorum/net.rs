@@ -152,6 +152,17 @@ async fn connect(addr: &str) -> std::io::Result<BoxStream> {
     Ok(Box::new(stream))
 }
 
+/// Dials a voter (TCP, then the TLS handshake when configured) and closes again: whether
+/// this node can reach it with its own connections (the election gate in the quorum's
+/// `gate_elections`). Under TLS 1.3 a peer that refuses only this node's client
+/// certificate does so after the handshake, so that case still counts as reachable.
+pub async fn probe(addr: &str) -> std::io::Result<()> {
+    let mut s = connect(addr).await?;
+    // close_notify, so the peer's read ends cleanly rather than with an error.
+    let _ = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), s.close()).await;
+    Ok(())
+}
+
 /// Writes one frame (and flushes it: TLS holds written bytes until then).
 pub async fn write_frame(s: &mut BoxStream, body: &[u8]) -> std::io::Result<()> {
     if body.len() > FRAME_MAX_BYTES {
