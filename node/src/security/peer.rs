@@ -134,6 +134,17 @@ pub fn get() -> Option<&'static PeerSetup> {
 
 fn build(config: &Config) -> anyhow::Result<PeerSetup> {
     let l = inter_broker_listener(config);
+    // A single node (no `controller.quorum.voters`) has no peers to dial: it needs no
+    // inter-broker credentials or truststore, so a lone SASL or SSL listener still starts
+    // with the zero-config keys.
+    if config.quorum_voters.is_empty() {
+        return Ok(PeerSetup {
+            listener: l.name.clone(),
+            protocol: l.protocol,
+            tls: None,
+            sasl: None,
+        });
+    }
     let tls = match l.protocol.is_tls() {
         true => Some(super::tls::client_config(&config.props, &l.name)?),
         false => None,
