@@ -69,10 +69,17 @@ fuzz_target!(|data: &[u8]| {
         let was_open = state.is_open();
         let step = sasl::step(&mut state, &f.setup, &f.catalog, token);
         if let Step::Failure(_) = step {
-            assert!(matches!(state, SaslState::Failed), "a failure leaves the state failed");
+            assert!(
+                matches!(state, SaslState::Failed),
+                "a failure leaves the state failed"
+            );
         }
         if state.is_open() && !was_open {
-            assert_eq!(mechanism, Mechanism::Plain, "a SCRAM exchange opened on fuzzed tokens");
+            assert_eq!(
+                mechanism,
+                Mechanism::Plain,
+                "a SCRAM exchange opened on fuzzed tokens"
+            );
             assert!(is_valid_plain(token), "PLAIN opened on {token:?}");
             assert!(matches!(step, Step::Success { ref user, .. } if user == "alice"));
         }

@@ -37,18 +37,19 @@ fn fixture() -> &'static Fixture {
         props.set("ssl.keystore.type", "PEM");
         props.set("ssl.keystore.certificate.chain", CERT);
         props.set("ssl.keystore.key", KEY);
-        let server = weir::security::tls::setup(&props, "SSL").expect("weir's TLS setup").config;
+        let server = weir::security::tls::setup(&props, "SSL")
+            .expect("weir's TLS setup")
+            .config;
         let mut roots = RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(CERT.as_bytes()).expect("test certificate"))
             .expect("trusted test certificate");
-        let client = ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let client =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         Fixture {
             server,
             client: Arc::new(client),
@@ -80,7 +81,10 @@ fuzz_target!(|data: &[u8]| {
     let name = ServerName::try_from("localhost").expect("server name");
     let mut client = ClientConnection::new(f.client.clone(), name).expect("client");
     let mut server = ServerConnection::new(f.server.clone()).expect("server");
-    client.writer().write_all(plaintext).expect("client buffers plaintext");
+    client
+        .writer()
+        .write_all(plaintext)
+        .expect("client buffers plaintext");
 
     let mut sent = 0usize; // client → server bytes so far (where the flip lands)
     let mut chunk = 0usize;
@@ -142,6 +146,10 @@ fuzz_target!(|data: &[u8]| {
     );
     if !flip {
         assert!(!failed, "an intact stream was refused");
-        assert_eq!(received.len(), plaintext.len(), "an intact stream lost bytes");
+        assert_eq!(
+            received.len(),
+            plaintext.len(),
+            "an intact stream lost bytes"
+        );
     }
 });
