@@ -58,13 +58,7 @@ impl Cluster {
         extra: &[(&str, &str)],
         per_node: &[(i32, &str, &str)],
     ) -> Result<Cluster> {
-        let ports = free_ports(n)?;
-        let voters: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
-            .collect();
-        let voters = voters.join(",");
+        let voters = voters_on_free_ports(n)?;
         let mut nodes = Vec::new();
         for i in 0..n {
             let id = i as i32 + 1;
@@ -79,13 +73,7 @@ impl Cluster {
 
     /// Starts `n` voters (ids 1..=n) and `brokers` broker-only nodes (ids after them).
     pub fn start_with_brokers(n: usize, brokers: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
-        let ports = free_ports(n)?;
-        let voters: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
-            .collect();
-        let voters = voters.join(",");
+        let voters = voters_on_free_ports(n)?;
         let mut nodes = Vec::new();
         for i in 0..n + brokers {
             let config = node_config(i + 1, &voters, extra);
@@ -97,13 +85,7 @@ impl Cluster {
     /// Starts `n` voters of `shards` shards each (the others run one shard): for what
     /// happens between a node's shards, e.g. a coordinator on another shard.
     pub fn start_sharded(n: usize, shards: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
-        let ports = free_ports(n)?;
-        let voters: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
-            .collect();
-        let voters = voters.join(",");
+        let voters = voters_on_free_ports(n)?;
         let mut nodes = Vec::new();
         for i in 0..n {
             let mut config = node_config(i + 1, &voters, extra);
@@ -476,4 +458,14 @@ pub fn dump(m: &MetadataResponse) -> String {
         }
     }
     out
+}
+
+/// `controller.quorum.voters` for voters 1..=n, each on a free port of 127.0.0.1.
+fn voters_on_free_ports(n: usize) -> Result<String> {
+    let voters: Vec<String> = free_ports(n)?
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+        .collect();
+    Ok(voters.join(","))
 }
