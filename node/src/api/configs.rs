@@ -228,6 +228,7 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
                     "log.index.interval.bytes" => log.index_interval_bytes.to_string(),
                     "log.roll.ms" => log.segment_ms.to_string(),
                     "log.tail.cache.bytes" => log.tail_cache_bytes.to_string(),
+                    "log.read.ahead.bytes" => log.read_ahead_bytes.to_string(),
                     "producer.id.expiration.ms" => {
                         crate::producer_state::PRODUCER_ID_EXPIRATION_MS_DEFAULT.to_string()
                     }

@@ -55,6 +55,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "log.index.interval.bytes",
     "log.roll.ms",
     "log.tail.cache.bytes",
+    "log.read.ahead.bytes",
     "producer.id.expiration.ms",
     // The group coordinator (group/mod.rs `Settings`).
     "group.initial.rebalance.delay.ms",

@@ -324,6 +324,7 @@ impl Shard {
         let mut m = BTreeMap::new();
         for key in [
             "log.tail.cache.bytes",
+            "log.read.ahead.bytes",
             "log.index.interval.bytes",
             "log.flush.interval.messages",
             "log.flush.interval.ms",

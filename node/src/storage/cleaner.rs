@@ -611,6 +611,7 @@ impl Log {
         sync_dir(&self.dir)?;
         let mut st = self.state.borrow_mut();
         st.cache.drop_below(new.next_offset);
+        st.read_ahead.invalidate();
         if let Err(e) = write_index_files(&new, &self.disk) {
             // Rebuilt from the `.log` at the next open.
             tracing::warn!(segment = %first.path.display(), "cleaned segment's index files: {e}");

@@ -42,6 +42,11 @@ pub struct LogConfig {
     /// `log.tail.cache.bytes` (weir's own key): recently appended batches kept in memory
     /// so that fetches of the tail never touch the disk.
     pub tail_cache_bytes: u64,
+    /// `log.read.ahead.bytes` (weir's own key): a disk read that continues the previous
+    /// one starts reading the next window (at most this many bytes, and at most the
+    /// window it read) while its answer is sent; 0 turns read-ahead off. All logs of a
+    /// shard together hold at most `SHARD_READ_AHEAD_BYTES_MAX` read ahead.
+    pub read_ahead_bytes: u64,
     /// `log.cleanup.policy` / `cleanup.policy`: `delete` (retention deletes old segments),
     /// `compact` (the log cleaner keeps the latest record per key, no retention) or both.
     pub cleanup_policy: CleanupPolicy,
@@ -98,6 +103,7 @@ impl Default for LogConfig {
             message_timestamp_type: TimestampType::CreateTime,
             preallocate: true,
             tail_cache_bytes: 4 << 20,
+            read_ahead_bytes: 8 << 20,
             cleanup_policy: CleanupPolicy {
                 delete: true,
                 compact: false,
@@ -164,6 +170,7 @@ impl LogConfig {
             }
             "preallocate" => self.preallocate = parse(key, value)?,
             "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
+            "read.ahead.bytes" => self.read_ahead_bytes = parse(key, value)?,
             "cleanup.policy" => {
                 self.cleanup_policy = CleanupPolicy::parse(value)
                     .ok_or_else(|| bad(key, value, "must be delete, compact or compact,delete"))?

@@ -141,6 +141,8 @@ impl IoBuf {
 pub enum ReadBytes {
     Dma(glommio::io::ReadResult),
     Mem(Vec<u8>),
+    /// From [`SegmentFile::read_shared`]: slices leave the shard uncopied.
+    Shared(bytes::Bytes),
 }
 
 impl Deref for ReadBytes {
@@ -150,6 +152,7 @@ impl Deref for ReadBytes {
         match self {
             ReadBytes::Dma(r) => r,
             ReadBytes::Mem(v) => v,
+            ReadBytes::Shared(b) => b,
         }
     }
 }
@@ -189,6 +192,15 @@ impl SegmentFile {
         match self {
             SegmentFile::Dma(f) => Ok(ReadBytes::Dma(f.read_at(pos, size).await?)),
             SegmentFile::Sim(f) => f.read_at(pos, size).map(ReadBytes::Mem),
+        }
+    }
+
+    /// Like [`read_at`](Self::read_at), into a buffer of its own that can leave the shard
+    /// as `Bytes` (see `shared_read.rs`): what fetches serve, uncopied.
+    pub async fn read_shared(&self, pos: u64, size: usize) -> io::Result<bytes::Bytes> {
+        match self {
+            SegmentFile::Dma(f) => super::shared_read::read_dma(f, pos, size).await,
+            SegmentFile::Sim(f) => f.read_at(pos, size).map(bytes::Bytes::from),
         }
     }
 

@@ -76,6 +76,10 @@ pub struct LogCounters {
     pub cache_reads: u64,
     /// Reads served from segment files.
     pub disk_reads: u64,
+    /// Windows read ahead for sequential disk readers (`readahead.rs`).
+    pub read_ahead_reads: u64,
+    /// Disk reads that found their window read ahead.
+    pub read_ahead_hits: u64,
     /// Segments rolled.
     pub rolls: u64,
     /// `appends` as of the last interval or on-ack fdatasync (group-commit size metric).
@@ -145,6 +149,9 @@ pub(super) struct State {
     pub closed: bool,
     /// The log cleaner's checkpoint and schedule (compacted logs).
     pub cleaner: super::cleaner::CleanerState,
+    /// The window read ahead for a sequential disk reader; invalidated wherever segment
+    /// bytes may change or segments go.
+    pub read_ahead: super::readahead::ReadAhead,
 }
 
 /// Name of the file that persists the log start offset (text: version, offset).

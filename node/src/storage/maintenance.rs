@@ -146,6 +146,7 @@ impl LogInner {
             }
             let (file, path) = (seg.file.clone(), seg.path("log"));
             st.cache.truncate(cut.next_offset);
+            st.read_ahead.invalidate();
             st.log_end = cut.next_offset;
             st.written_next = cut.next_offset;
             st.synced_next = st.synced_next.min(cut.next_offset);
@@ -197,6 +198,7 @@ impl LogInner {
             let dropped = keep.get().abs_diff(st.log_end.get());
             st.pending.clear();
             st.cache.truncate(keep);
+            st.read_ahead.invalidate();
             st.log_end = keep;
             st.no_space_until = Some(std::time::Instant::now() + NO_SPACE_RETRY_BACKOFF);
             (rollback_cut(&st, keep), dropped)
@@ -261,6 +263,7 @@ impl Log {
             let doomed = std::mem::take(&mut st.segments).into_values().collect();
             st.segments.insert(offset, Segment::new(&self.dir, offset));
             st.cache.clear();
+            st.read_ahead.invalidate();
             st.log_start = offset;
             st.log_end = offset;
             st.written_next = offset;
@@ -300,6 +303,7 @@ impl Log {
         let doomed: Vec<Segment> = {
             let mut st = self.state.borrow_mut();
             st.log_start = new_start;
+            st.read_ahead.invalidate();
             let bases: Vec<Offset> = st
                 .segments
                 .values()
@@ -353,6 +357,7 @@ impl Log {
                 write_index_files(active, &self.disk)?;
             }
             st.closed = true;
+            st.read_ahead.invalidate();
         }
         write_atomic(
             &self.dir.join(CLEAN_SHUTDOWN_FILE),
@@ -387,6 +392,7 @@ impl Log {
             st.pending.clear();
             st.segments.clear();
             st.cache.clear();
+            st.read_ahead.invalidate();
         }
         self.writer.set(None);
         fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("remove dir", &self.dir, e))

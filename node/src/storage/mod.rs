@@ -54,8 +54,10 @@ mod maintenance;
 mod open;
 mod probe;
 mod read;
+mod readahead;
 mod recovery;
 mod segment;
+mod shared_read;
 #[doc(hidden)]
 pub mod testing;
 pub mod txn_index;
@@ -70,6 +72,7 @@ pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};
 pub use log::{AppendInfo, Log, LogCounters, NO_SPACE_RETRY_BACKOFF, ReadResult};
 pub use probe::prime_dma_probe;
+pub use readahead::{SHARD_READ_AHEAD_BYTES_MAX, shard_read_ahead_bytes};
 pub use txn_index::{AbortedTxn, TxnIndex};
 
 /// A byte position inside one segment file. Kafka's index stores it as 4 bytes, so a

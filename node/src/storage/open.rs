@@ -84,6 +84,7 @@ fn build(
         truncations: 0,
         closed: false,
         cleaner: Default::default(),
+        read_ahead: Default::default(),
     };
     Log {
         inner: std::rc::Rc::new(LogInner {

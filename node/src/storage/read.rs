@@ -68,18 +68,64 @@ pub async fn read(
     };
     let mut after: Option<Offset> = None;
     let segments = log.segment_count();
+    let window_bytes = max_bytes.clamp(READ_WINDOW_MIN, READ_WINDOW_MAX);
     for _ in 0..segments {
         let Some(plan) = plan_disk_read(&log.state.borrow(), start, after)? else {
             break;
         };
-        let batches = read_file(&plan, start, (max_bytes, hard_max_bytes), upper).await?;
+        let seed = read_ahead_for(log, &plan).await;
+        let hit = seed.is_some();
+        let limits = (max_bytes, hard_max_bytes);
+        let batches = read_file(&plan, seed, window_bytes, start, limits, upper).await?;
         if !batches.is_empty() {
             result = finish(result, batches);
+            read_ahead_next(log, start, result.next_offset, window_bytes, hit);
             break;
         }
         after = Some(plan.base);
     }
     Ok(result)
+}
+
+/// The window read ahead where `plan` starts, if there is one still valid: its start in
+/// the file and its bytes. A read-ahead that failed is forgotten (the read itself then
+/// reads, and reports its own error).
+async fn read_ahead_for(log: &Log, plan: &DiskPlan) -> Option<(u64, Bytes)> {
+    let window = log
+        .state
+        .borrow_mut()
+        .read_ahead
+        .take(&plan.file, plan.base, plan.from)?;
+    let (pos, generation) = (window.pos, window.generation);
+    let bytes = window.bytes().await.ok()?;
+    let mut st = log.state.borrow_mut();
+    // The log changed while the window was read (truncation, a cleaner swap ...): its
+    // bytes may be of the old file's layout.
+    if st.read_ahead.generation() != generation {
+        return None;
+    }
+    st.counters.read_ahead_hits += 1;
+    Some((pos, bytes))
+}
+
+/// After a disk read from `start` that ended at `next`: if it continued the previous disk
+/// read (or was served from a read-ahead), starts reading the window at `next` (at most
+/// `log.read.ahead.bytes` and the window this read used), unless the tail cache holds it.
+fn read_ahead_next(log: &Log, start: Offset, next: Offset, window_bytes: usize, hit: bool) {
+    let mut st = log.state.borrow_mut();
+    let sequential = hit || st.read_ahead.is_sequential(start);
+    st.read_ahead.note_end(next);
+    let limit = st.config.read_ahead_bytes.min(window_bytes as u64);
+    if !sequential || limit == 0 || next >= st.log_end || st.cache.covers(next) {
+        return;
+    }
+    let Ok(Some(plan)) = plan_disk_read(&st, next, None) else {
+        return;
+    };
+    let len = limit.min(plan.end.saturating_sub(plan.from));
+    if st.read_ahead.start(plan.file, plan.base, plan.from, len) {
+        st.counters.read_ahead_reads += 1;
+    }
 }
 
 fn finish(mut result: ReadResult, batches: Vec<Bytes>) -> ReadResult {
@@ -126,18 +172,20 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
 /// the batches before it (the next fetch, starting at the damaged batch, gets the error);
 /// damage before `start` is stepped over to the next valid batch, so the records after it
 /// stay readable once `start` is past it (DeleteRecords is the operator's way past it).
+///
+/// The window is read shared (see `shared_read.rs`): the batches returned are slices of
+/// the buffer the disk read filled, uncopied. `seed` is a window read ahead: where it
+/// starts in the file, and its bytes.
 async fn read_file(
     plan: &DiskPlan,
+    seed: Option<(u64, Bytes)>,
+    window_bytes: usize,
     start: Offset,
     (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
 ) -> Result<Vec<Bytes>> {
-    let mut window = FileWindow::with_window(
-        plan.file.clone(),
-        &plan.path,
-        plan.end,
-        max_bytes.clamp(READ_WINDOW_MIN, READ_WINDOW_MAX),
-    );
+    let mut window =
+        FileWindow::shared(plan.file.clone(), &plan.path, plan.end, window_bytes, seed);
     let mut out = Vec::new();
     let mut total = 0usize;
     let mut pos = plan.from;
@@ -145,6 +193,11 @@ async fn read_file(
     // is outside the CRC).
     let mut next_min = plan.base;
     while pos < plan.end {
+        if !out.is_empty() && total >= max_bytes {
+            // Full: no later batch fits, so do not read its header (which may lie just
+            // past the window, and cost a whole window's read).
+            break;
+        }
         let (meta, size) = match framed(&mut window, plan, pos, next_min).await? {
             Ok(found) => found,
             Err(damage) if out.is_empty() => {
@@ -164,8 +217,8 @@ async fn read_file(
             {
                 break;
             }
-            let bytes = window.get(pos, size).await?;
-            if let Err(e) = validate_batch(bytes) {
+            let bytes = window.get_bytes(pos, size).await?;
+            if let Err(e) = validate_batch(&bytes) {
                 if out.is_empty() {
                     return Err(corrupt(
                         plan,
@@ -176,13 +229,13 @@ async fn read_file(
                 tracing::debug!(segment = %plan.path.display(), position = pos, "read stops before a batch that fails its CRC");
                 break;
             }
-            out.push(Bytes::copy_from_slice(bytes));
+            out.push(bytes);
             total += size;
         }
         next_min = meta.last_offset.add(1);
         pos += size as u64;
-        // A large cold read is mostly copying: let the shard's other tasks (produces on
-        // other connections) run when this one has used its time slice.
+        // A large cold read is mostly checking CRCs: let the shard's other tasks
+        // (produces on other connections) run when this one has used its time slice.
         glommio::yield_if_needed().await;
     }
     Ok(out)

@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use bytes::Bytes;
 use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, validate_batch};
 
@@ -33,6 +34,9 @@ pub struct FileWindow {
     start: u64,
     buf: Option<ReadBytes>,
     window_bytes: usize,
+    /// Reads go through [`SegmentFile::read_shared`], so [`get_bytes`](Self::get_bytes)
+    /// slices instead of copying (fetches).
+    shared: bool,
 }
 
 impl FileWindow {
@@ -54,7 +58,28 @@ impl FileWindow {
             start: 0,
             buf: None,
             window_bytes,
+            shared: false,
         }
+    }
+
+    /// A window whose reads can leave the shard uncopied ([`get_bytes`](Self::get_bytes)),
+    /// optionally starting with bytes already read at `seed.0` (a read-ahead).
+    pub fn shared(
+        file: Rc<SegmentFile>,
+        path: &Path,
+        end: u64,
+        window_bytes: usize,
+        seed: Option<(u64, Bytes)>,
+    ) -> FileWindow {
+        let mut window = FileWindow::with_window(file, path, end, window_bytes);
+        window.shared = true;
+        if let Some((start, bytes)) = seed {
+            // Never past the readable end: bytes beyond it may change.
+            let keep = end.saturating_sub(start).min(bytes.len() as u64) as usize;
+            window.start = start;
+            window.buf = Some(ReadBytes::Shared(bytes.slice(..keep)));
+        }
+        window
     }
 
     pub fn end(&self) -> u64 {
@@ -66,11 +91,15 @@ impl FileWindow {
         let len = len.min(self.end.saturating_sub(pos) as usize);
         if !self.holds(pos, len) {
             let size = len.max(self.window_bytes).min((self.end - pos) as usize);
-            let read = self
-                .file
-                .read_at(pos, size)
-                .await
-                .map_err(|e| StorageError::io("read", &self.path, e))?;
+            let read = if self.shared {
+                self.file
+                    .read_shared(pos, size)
+                    .await
+                    .map(ReadBytes::Shared)
+            } else {
+                self.file.read_at(pos, size).await
+            };
+            let read = read.map_err(|e| StorageError::io("read", &self.path, e))?;
             self.start = pos;
             self.buf = Some(read);
         }
@@ -80,6 +109,19 @@ impl FileWindow {
         let from = (pos - self.start) as usize;
         let to = (from + len).min(buf.len());
         Ok(&buf[from.min(to)..to])
+    }
+
+    /// [`get`](Self::get) as `Bytes`: a slice of the window's buffer when it was read
+    /// shared (no copy), else a copy.
+    pub async fn get_bytes(&mut self, pos: u64, len: usize) -> Result<Bytes> {
+        let got = self.get(pos, len).await?.len();
+        match &self.buf {
+            Some(ReadBytes::Shared(b)) if got > 0 => {
+                let from = (pos - self.start) as usize;
+                Ok(b.slice(from..from + got))
+            }
+            _ => Ok(Bytes::copy_from_slice(self.get(pos, len).await?)),
+        }
     }
 
     fn holds(&self, pos: u64, len: usize) -> bool {
