@@ -87,7 +87,7 @@ impl AlignedBuf {
             self.filled += n;
             // End of file: nothing more, or a partial block (O_DIRECT reads whole blocks
             // except at the end of the file).
-            if n == 0 || self.filled % align != 0 {
+            if n == 0 || !self.filled.is_multiple_of(align) {
                 break;
             }
         }
