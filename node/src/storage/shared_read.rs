@@ -29,10 +29,74 @@ const PREAD_CALLS_MAX: usize = 16;
 /// Largest read: the windows read for fetches are at most 8 MiB.
 pub const SHARED_READ_BYTES_MAX: usize = 64 << 20;
 
-/// An aligned heap buffer, its first `filled` bytes read from a file.
-struct AlignedBuf {
+/// Bytes of freed read buffers kept for reuse, whole process. A fresh buffer of a
+/// few MiB costs more than the read itself: the kernel zeroes every page as the DMA read
+/// faults it in, and unmaps it again on free (a profile of a consume run: about half of
+/// the broker's CPU).
+const POOLED_BYTES_MAX: usize = 64 << 20;
+
+/// Freed buffers (any thread frees them: the last `Bytes` of a fetch answer is dropped on
+/// the connection's shard), and their total size.
+static POOL: Mutex<(Vec<RawBuf>, usize)> = Mutex::new((Vec::new(), 0));
+
+/// An aligned heap allocation.
+struct RawBuf {
     ptr: NonNull<u8>,
     layout: Layout,
+}
+
+// SAFETY: plain heap memory owned by this value alone.
+unsafe impl Send for RawBuf {}
+
+impl RawBuf {
+    /// A pooled buffer of `align` and at least `len` bytes (at most twice that, so a small
+    /// read does not pin a large buffer), else a new one.
+    fn take(len: usize, align: usize) -> io::Result<RawBuf> {
+        if let Ok(mut pool) = POOL.lock() {
+            let fits = |b: &RawBuf| {
+                b.layout.align() == align
+                    && b.layout.size() >= len
+                    && b.layout.size() <= len.saturating_mul(2)
+            };
+            if let Some(i) = pool.0.iter().position(fits) {
+                let buf = pool.0.swap_remove(i);
+                pool.1 -= buf.layout.size();
+                return Ok(buf);
+            }
+        }
+        let layout = Layout::from_size_align(len.max(align), align)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the layout's size is at least `align`, never zero.
+        let ptr = unsafe { alloc(layout) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "read buffer"))?;
+        Ok(RawBuf { ptr, layout })
+    }
+
+    /// Back to the pool if it has room, else freed.
+    fn give_back(self) {
+        if let Ok(mut pool) = POOL.lock()
+            && pool.1 + self.layout.size() <= POOLED_BYTES_MAX
+        {
+            pool.1 += self.layout.size();
+            pool.0.push(self);
+        }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `take` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// An aligned heap buffer, its first `filled` bytes read from a file.
+struct AlignedBuf {
+    raw: Option<RawBuf>,
+    ptr: NonNull<u8>,
+    /// Bytes the read may fill (the buffer may be larger: a pooled one).
+    len: usize,
     filled: usize,
 }
 
@@ -42,15 +106,12 @@ unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
     fn new(len: usize, align: usize) -> io::Result<AlignedBuf> {
-        let layout = Layout::from_size_align(len.max(align), align)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: the layout's size is at least `align`, never zero.
-        let ptr = unsafe { alloc(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "read buffer"))?;
+        let raw = RawBuf::take(len, align)?;
+        assert!(raw.layout.size() >= len, "read buffer smaller than asked");
         Ok(AlignedBuf {
-            ptr,
-            layout,
+            ptr: raw.ptr,
+            raw: Some(raw),
+            len,
             filled: 0,
         })
     }
@@ -58,7 +119,7 @@ impl AlignedBuf {
     /// Reads from `fd` at `pos` until the buffer is full, the file ends, or
     /// [`PREAD_CALLS_MAX`] calls were made. Runs on the blocking thread.
     fn fill(&mut self, fd: &OwnedFd, pos: u64, align: usize) -> io::Result<()> {
-        let len = self.layout.size();
+        let len = self.len;
         for _ in 0..PREAD_CALLS_MAX {
             if self.filled == len {
                 break;
@@ -105,8 +166,9 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        if let Some(raw) = self.raw.take() {
+            raw.give_back();
+        }
     }
 }
 
