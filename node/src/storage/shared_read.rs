@@ -8,7 +8,8 @@
 //! more (a memcpy of the whole fetch, plus a second allocation). A buffer of our own is
 //! handed to the socket as it was read. The cost is a hand-off to the blocking thread
 //! (two futex wake-ups and a `dup`) per read, small beside the windows read this way
-//! (64 KiB .. 8 MiB).
+//! (64 KiB .. 8 MiB). Freed buffers go to a process-wide pool ([`POOLED_BYTES_MAX`]) and
+//! are reused, so a read does not fault in (and the kernel zero) fresh pages.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::io;
