@@ -398,7 +398,10 @@ mod tests {
         wire::frame::encode_request_header(&header, &mut frame).unwrap();
         frame.extend_from_slice(&[5u8; 1000]);
         let req = crate::proto::parse_request(frame.freeze()).unwrap();
-        assert!(req.client_id.is_some(), "the header's client id shares the frame");
+        assert!(
+            req.client_id.is_some(),
+            "the header's client id shares the frame"
+        );
         let body = into_body(req);
         assert_eq!(body.len(), 1000);
         let whole = body.try_into_mut();
