@@ -63,8 +63,24 @@ pub enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
     /// The outcome and the index of the log entry that made it.
     Propose(Result<(Outcome, u64), Refused>),
+    /// The leader's answer to a heartbeat.
+    Heartbeat(Result<HeartbeatAnswer, Refused>),
+}
+
+/// What the leader answers a node's heartbeat (Kafka's broker heartbeat response with
+/// `isFenced` and the controller's committed offset to catch up to).
+#[derive(Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
     /// For a broker-only node behind the leader: the leader's image and its log index.
-    Heartbeat(Result<Option<ImageUpdate>, Refused>),
+    pub image: Option<ImageUpdate>,
+    /// The leader's applied log index when it answered. The node renews its lease (may
+    /// act as a partition leader) only once its own image holds this index: a node back
+    /// from a cut must first see the leader changes made while it was away.
+    pub applied: u64,
+    /// Whether the leader's image has the node registered and unfenced, with no fence
+    /// of it under way. A node that is not renews no lease: it registers first, and its
+    /// image may still name it leader of partitions that were moved.
+    pub live: bool,
 }
 
 /// The committed image sent to a broker-only node (it runs no Raft).
