@@ -31,7 +31,7 @@ fn refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, s)| (*k, s.as_str())).collect()
 }
 
-fn per_node_refs(v: &[(i32, &'static str, String)]) -> Vec<(i32, &'static str, &str)> {
+fn per_node_refs<'a>(v: &'a [(i32, &'static str, String)]) -> Vec<(i32, &'static str, &'a str)> {
     v.iter().map(|(id, k, s)| (*id, *k, s.as_str())).collect()
 }
 
