@@ -60,6 +60,9 @@ pub struct QuorumConfig {
     pub election_timeout: Duration,
     /// Preferred-leader rebalance by the active controller.
     pub leader_rebalance: crate::config::LeaderRebalance,
+    /// SCRAM credentials (salted) a fresh cluster's first controller commits
+    /// (`scram.bootstrap.credentials`).
+    pub scram_bootstrap: Vec<crate::metadata::scram::ScramChange>,
 }
 
 /// A request from a shard.
@@ -491,7 +494,7 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             match net::accept(stream).await {
-                Ok(stream) => connection(stream, &ctx).await,
+                Ok(stream) => connection(stream, &ctx, peer).await,
                 // A wrong certificate on either side: the peer's dial fails too, and
                 // both log it (rate limited by the peers' retry pauses).
                 Err(e) => tracing::warn!(%peer, "controller port: TLS refused: {e}"),
@@ -501,7 +504,13 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
     }
 }
 
-async fn connection(mut stream: net::BoxStream, ctx: &Ctx) {
+async fn connection(mut stream: net::BoxStream, ctx: &Ctx, peer: std::net::SocketAddr) {
+    // A SASL controller port serves nothing before the peer authenticated.
+    if let Some(sasl) = crate::security::peer::controller_sasl()
+        && !net::authenticate_incoming(&mut stream, sasl, peer).await
+    {
+        return;
+    }
     loop {
         let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
         let body = match tokio::time::timeout(idle, net::read_frame(&mut stream)).await {
@@ -529,6 +538,11 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
         Rpc::Append(r) => RpcReply::Append(ctx.raft.append_entries(r).await),
         Rpc::Vote(r) => RpcReply::Vote(ctx.raft.vote(r).await),
         Rpc::Snapshot(r) => RpcReply::Snapshot(ctx.raft.install_snapshot(r).await),
+        // Authentication is the connection's first exchange (or none on a port without
+        // SASL): here it is out of place, and refused so a misconfiguration is loud.
+        Rpc::Authenticate { .. } => RpcReply::Authenticate(Err(
+            "SASL is not expected here (the controller port's protocol differs)".into(),
+        )),
         Rpc::Propose(cmd) => {
             let deadline = Duration::from_millis(PROPOSE_DEADLINE_MS);
             let written = tokio::time::timeout(deadline, ctx.raft.client_write(cmd)).await;
@@ -742,6 +756,38 @@ async fn rebalance_leaders(ctx: Arc<Ctx>) {
     }
 }
 
+/// Commits `scram.bootstrap.credentials` (nothing to do: `true`); `true` once done.
+async fn bootstrap_scram(ctx: &Ctx) -> bool {
+    let changes = &ctx.config.scram_bootstrap;
+    if changes.is_empty() {
+        return true;
+    }
+    let cmd = Command::AlterScramCredentials {
+        changes: changes.clone(),
+    };
+    match ctx.raft.client_write(cmd).await {
+        Ok(resp) => match resp.data {
+            Outcome::ScramAltered(Ok(outcomes)) => {
+                tracing::info!(
+                    credentials = outcomes.len(),
+                    "bootstrap SCRAM credentials committed (scram.bootstrap.credentials)"
+                );
+                true
+            }
+            // Refused by the catalogue: the same again would be too; the cluster starts
+            // without them (loudly).
+            other => {
+                tracing::error!("bootstrap SCRAM credentials refused: {other:?}");
+                true
+            }
+        },
+        Err(e) => {
+            tracing::debug!("bootstrap SCRAM credentials: {e}");
+            false
+        }
+    }
+}
+
 /// The leader fences nodes whose lease expired, and names the cluster once.
 async fn leases(ctx: Arc<Ctx>) {
     loop {
@@ -751,7 +797,11 @@ async fn leases(ctx: Arc<Ctx>) {
         }
         let term = ctx.raft.metrics().borrow().current_term;
         let image = ctx.node.meta.snapshot();
-        if image.cluster_id.is_none() {
+        // A fresh cluster: its bootstrap SCRAM credentials first, then its name, so the
+        // credentials are committed once (a later leader sees the name) and before a
+        // node depends on them; if this leader fails between the two, the next one
+        // writes them again (the same passwords).
+        if image.cluster_id.is_none() && bootstrap_scram(&ctx).await {
             let cmd = Command::InitCluster {
                 id: ctx.node.cluster_id.clone(),
             };
