@@ -7,6 +7,10 @@
 #   1. the floors: fio O_DIRECT write and iperf3 loopback (bench/efficiency.sh FLOORS_ONLY=1)
 #   2. closed loop (--rate max) sweep on the RF=1 topic, then on the RF=3 topic
 #   3. open loop at half load: each topic at half of its own acks=all max throughput
+#   4. the cluster's CPU per GiB: one more acks=all closed-loop run on each topic, with the
+#      three nodes' CPU seconds (utime+stime from /proc/PID/stat) before and after, so the
+#      ratio shows how much of the RF 3 / RF 1 gap is work (three copies of every byte on
+#      the same cores) rather than waiting (CPU=0 skips it)
 # then a ratio table: acks=all RF3 / RF1 throughput, and publish p99 at half load (the aims:
 # ≥ 0.5 and ≤ 5 ms). Reports and JSON in $OUT; node logs in $OUT/node-N.log; data dirs
 # are deleted on exit, as are the nodes.
@@ -71,6 +75,7 @@ for i in 1 2 3; do
         --set metrics.listener="127.0.0.1:${MPORT[$i]}" \
         --set broker.heartbeat.interval.ms=200 --set broker.session.timeout.ms=3000 \
         --set controller.quorum.election.timeout.ms=500 \
+        --set log.retention.check.interval.ms=5000 \
         --set default.replication.factor=3 --set min.insync.replicas=2 \
         > "$OUT/node-$i.log" 2>&1 &
     PID[$i]=$!
@@ -85,11 +90,14 @@ for _ in $(seq 1 300); do
 done
 [ "${n:-0}" = 3 ] || { echo "cluster did not form"; tail -5 "$OUT"/node-*.log; exit 1; }
 
+# A sweep at max writes tens of GB (RF 3 writes every byte three times): retention keeps
+# each partition replica near RETAIN_BYTES (1 GiB), checked every 5 s, so the disk cannot fill.
+BOUND=(--config retention.bytes="${RETAIN_BYTES:-1073741824}" --config segment.bytes=134217728)
 "$W" topics --bootstrap-server "127.0.0.1:${PORT[1]}" create sweep-rf3 --partitions "$PARTITIONS" \
-    --replication-factor 3 --config min.insync.replicas=2 || exit 1
+    --replication-factor 3 --config min.insync.replicas=2 "${BOUND[@]}" || exit 1
 # min.insync.replicas=1: the broker default (2) would refuse acks=all on a single replica.
 "$W" topics --bootstrap-server "127.0.0.1:${PORT[1]}" create sweep-rf1 --partitions "$PARTITIONS" \
-    --replication-factor 1 --config min.insync.replicas=1 || exit 1
+    --replication-factor 1 --config min.insync.replicas=1 "${BOUND[@]}" || exit 1
 # Every partition led and (RF=3) fully in sync before measuring.
 for _ in $(seq 1 300); do
     ok=$(kcat -b "$BOOT" -L -J -m 5 2>/dev/null | python3 -c '
@@ -126,6 +134,25 @@ HALF1=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf1.json") / 2)))")
 HALF3=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf3.json") / 2)))")
 sweep half-rf1 sweep-rf1 "$HALF1" || exit 1
 sweep half-rf3 sweep-rf3 "$HALF3" || exit 1
+
+# cpu_of PID: CPU seconds (user + system) the process has used so far.
+CLK_TCK=$(getconf CLK_TCK)
+cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
+nodes_cpu() { local s=0; for i in 1 2 3; do s=$(python3 -c "print($s + $(cpu_of "${PID[$i]}"))"); done; echo "$s"; }
+# cpu_phase NAME TOPIC: acks=all at max on TOPIC; writes "<node CPU-s> <bytes acked>" to $OUT/NAME.cpu.
+cpu_phase() {
+    local name=$1 topic=$2 c0 c1 line
+    c0=$(nodes_cpu)
+    line=$("$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic "$topic" --partitions "$PARTITIONS" --acks all \
+        --record-size "$RECORD" --rate max --duration "$DURATION" "${EXTRA[@]}" 2>&1 | grep -m1 'records acked in')
+    c1=$(nodes_cpu)
+    echo "$(python3 -c "print($c1 - $c0)") $(( ${line%% records*} * RECORD ))" > "$OUT/$name.cpu"
+    echo "== $name: $line; nodes used $(cut -d' ' -f1 "$OUT/$name.cpu") CPU-s"
+}
+if [ "${CPU:-1}" = 1 ]; then
+    cpu_phase cpu-rf1 sweep-rf1
+    cpu_phase cpu-rf3 sweep-rf3
+fi
 
 if [ "$PERF" = 1 ]; then
     leader=$(kcat -b "$BOOT" -L -t sweep-rf3 -J -m 5 2>/dev/null \
@@ -173,5 +200,18 @@ if a1 and a3:
           f"acks=all RF3 publish p99 at half load {p99:.2f} ms (aim <= 5 ms: {'met' if p99 <= 5 else 'missed'})")
 errs = {n: sum(r["errors"] for r in rows(n).values()) for n in ("max-rf1", "max-rf3", "half-rf1", "half-rf3")}
 print(f"errors per sweep: {errs}")
+import os
+GiB = 1 << 30
+costs = {}
+for n in ("cpu-rf1", "cpu-rf3"):
+    f = f"{out}/{n}.cpu"
+    if os.path.exists(f):
+        cpu_s, nbytes = open(f).read().split()
+        if int(nbytes) > 0:
+            costs[n] = float(cpu_s) / (int(nbytes) / GiB)
+if len(costs) == 2:
+    r = costs["cpu-rf1"] / costs["cpu-rf3"]
+    print(f"cluster CPU per GiB acked, acks=all: RF1 {costs['cpu-rf1']:.2f} CPU-s, RF3 {costs['cpu-rf3']:.2f} CPU-s "
+          f"(RF1/RF3 = {r:.2f}: the RF3/RF1 throughput a CPU-bound machine allows)")
 print(f"reports: {out}/max-rf1.html max-rf3.html half-rf1.html half-rf3.html")
 EOF

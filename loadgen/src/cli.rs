@@ -159,6 +159,11 @@ pub struct Sweep {
     /// Measure produce only (no consumer, no e2e latency).
     #[arg(long)]
     pub produce_only: bool,
+    /// With --metrics-url: before each step after the first, wait up to this long for every
+    /// follower of --topic to catch up (lag 0 records), so a step that left followers behind
+    /// (acks=0 at max outruns them) does not charge its backlog to the next one.
+    #[arg(long, value_parser = parse_duration, default_value = "120s")]
+    pub settle_timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -59,7 +59,7 @@ struct Table<'a, T: Serialize> {
 pub fn sweep(s: &Sweep) -> Result<Vec<Row>> {
     let acks = parse_list(&s.load.acks, parse_acks)?;
     let sizes = parse_list(&s.record_sizes, |x| Ok(x.parse::<usize>()?))?;
-    let (rows, runs) = sweep_runs(&s.load, &acks, &sizes, !s.produce_only)?;
+    let (rows, runs) = sweep_runs(&s.load, &acks, &sizes, !s.produce_only, s.settle_timeout)?;
     print!("{}", report::table_text(&rows));
     write_outputs(&s.load, "sweep", &rows, &runs, None::<()>)?;
     Ok(rows)
@@ -70,11 +70,15 @@ fn sweep_runs(
     acks: &[i16],
     sizes: &[usize],
     consume: bool,
+    settle_timeout: Duration,
 ) -> Result<(Vec<Row>, Vec<RunReport>)> {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     for &size in sizes {
         for &a in acks {
+            if !runs.is_empty() && !load.metrics_urls.is_empty() {
+                settle(&load.metrics_urls, &load.topic, settle_timeout);
+            }
             let mut l = load.clone();
             l.acks = acks_label(a).to_string();
             l.record_size = size;
@@ -105,6 +109,17 @@ fn sweep_runs(
         }
     }
     Ok((rows, runs))
+}
+
+/// Waits (bounded) until the scraped followers of `topic` have caught up, and says so.
+fn settle(urls: &[String], topic: &str, timeout: Duration) {
+    match crate::scrape::wait_caught_up(urls, topic, timeout) {
+        Ok(waited) if waited > Duration::from_secs(1) => {
+            println!("followers caught up after {:.1} s", waited.as_secs_f64());
+        }
+        Ok(_) => {}
+        Err(e) => println!("followers not caught up: {e:#}; measuring anyway"),
+    }
 }
 
 fn write_outputs<T: Serialize>(
@@ -278,6 +293,7 @@ pub fn quickstart(q: &Quickstart) -> Result<Vec<Row>> {
         load,
         record_sizes: "1024".into(),
         produce_only: false,
+        settle_timeout: Duration::from_secs(120),
     };
     sweep(&s)
 }

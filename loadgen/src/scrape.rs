@@ -151,6 +151,30 @@ pub fn follower_lag<'a>(texts: impl IntoIterator<Item = &'a str>, topic: &str) -
     (records_max, ms_max, series)
 }
 
+/// Polls every node (once per [`SCRAPE_INTERVAL`], within `timeout`) until no follower of
+/// `topic` lags by a record; returns how long that took. Errors when the time runs out,
+/// naming the last lag seen, or a node that could not be scraped.
+pub fn wait_caught_up(urls: &[String], topic: &str, timeout: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let texts: Result<Vec<String>> = urls.iter().map(|u| fetch(u)).collect();
+        let last = match texts {
+            Ok(t) => {
+                let (records, ms, _) = follower_lag(t.iter().map(String::as_str), topic);
+                if records == 0 {
+                    return Ok(start.elapsed());
+                }
+                format!("a follower is {records} records ({ms:.0} ms) behind")
+            }
+            Err(e) => format!("{e:#}"),
+        };
+        if start.elapsed() + SCRAPE_INTERVAL > timeout {
+            bail!("after {:.0} s {last}", start.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(SCRAPE_INTERVAL);
+    }
+}
+
 /// `http://host:port/path` (path defaults to `/metrics`) → (host:port, path).
 pub fn split_url(url: &str) -> Result<(String, String)> {
     let rest = url
@@ -178,10 +202,11 @@ pub fn fetch(url: &str) -> Result<String> {
         .with_context(|| format!("connecting to {host}"))?;
     s.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
     s.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
-    write!(
-        s,
+    // One write: `write!` on a socket would send each formatted piece as its own segment.
+    let request = format!(
         "GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
-    )?;
+    );
+    s.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
     s.take(SCRAPE_BYTES_MAX).read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
@@ -384,8 +409,7 @@ weir_requests_total{api="Produce",version="9"} 12 1700000000000
         let addr = l.local_addr().expect("addr");
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf);
+            read_head(&mut s);
             let body = CANNED;
             let _ = write!(
                 s,
@@ -396,5 +420,54 @@ weir_requests_total{api="Produce",version="9"} 12 1700000000000
         let text = fetch(&format!("http://{addr}/metrics")).expect("fetch");
         server.join().expect("server");
         assert_eq!(follower_lag([text.as_str()], "rf3").0, 4500);
+    }
+
+    /// Reads a request up to the end of its head (bounded), as a server would before answering.
+    fn read_head(s: &mut std::net::TcpStream) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 64 << 10 {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    /// Serves `answers` in order, one connection each, then stops.
+    fn serve(answers: Vec<String>) -> (String, std::thread::JoinHandle<()>) {
+        use std::net::TcpListener;
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let h = std::thread::spawn(move || {
+            for body in answers {
+                let Ok((mut s, _)) = l.accept() else { return };
+                read_head(&mut s);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (format!("http://{addr}/metrics"), h)
+    }
+
+    #[test]
+    fn wait_caught_up_returns_once_no_follower_lags_and_errs_when_time_runs_out() {
+        let lagging = CANNED.to_string();
+        let caught_up =
+            "weir_follower_lag_records{topic=\"rf3\",partition=\"0\",follower=\"3\"} 0\n";
+        let (url, h) = serve(vec![lagging.clone(), caught_up.to_string()]);
+        let waited = wait_caught_up(std::slice::from_ref(&url), "rf3", Duration::from_secs(30))
+            .expect("caught up on the second scrape");
+        assert!(waited >= SCRAPE_INTERVAL, "{waited:?}");
+        h.join().expect("server");
+        // Still lagging when the time runs out: the error names the lag.
+        let (url, h) = serve(vec![lagging; 2]);
+        let err = wait_caught_up(&[url], "rf3", Duration::from_millis(1500))
+            .expect_err("never caught up");
+        assert!(format!("{err:#}").contains("4500 records"), "{err:#}");
+        h.join().expect("server");
     }
 }

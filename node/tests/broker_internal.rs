@@ -424,3 +424,145 @@ fn topic_names_differing_only_by_dot_and_underscore_collide() {
         INVALID_TOPIC_EXCEPTION
     );
 }
+
+const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+const REBALANCE_IN_PROGRESS: i16 = 27;
+
+/// JoinGroup v3 (one step, no KIP-394 id) of `member` ("" = new) into `group`; the
+/// answer's (error, member id, generation).
+fn join_group(c: &mut Client, group: &str, member: &str) -> (i16, String, i32) {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    let req = JoinGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_member_id(s(member))
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(s("range"))
+                .with_metadata(bytes::Bytes::from_static(b"subscription")),
+        ]);
+    let resp: JoinGroupResponse = c.call(api::JOIN_GROUP, 3, &req);
+    (
+        resp.error_code,
+        resp.member_id.to_string(),
+        resp.generation_id,
+    )
+}
+
+/// The leader's SyncGroup (v3) assigning `assignment` to itself; (error, assignment).
+fn sync_group(
+    c: &mut Client,
+    group: &str,
+    generation: i32,
+    member: &str,
+    assignment: &'static [u8],
+) -> (i16, bytes::Bytes) {
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    let req = SyncGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id(generation)
+        .with_member_id(s(member))
+        .with_assignments(vec![
+            SyncGroupRequestAssignment::default()
+                .with_member_id(s(member))
+                .with_assignment(bytes::Bytes::from_static(assignment)),
+        ]);
+    let resp: SyncGroupResponse = c.call(api::SYNC_GROUP, 3, &req);
+    (resp.error_code, resp.assignment)
+}
+
+fn heartbeat(c: &mut Client, group: &str, generation: i32, member: &str) -> i16 {
+    let req = HeartbeatRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id(generation)
+        .with_member_id(s(member));
+    let resp: HeartbeatResponse = c.call(api::HEARTBEAT, 2, &req);
+    resp.error_code
+}
+
+/// Commits to a probe group (same `__consumer_offsets` partition: there is one) until
+/// one answers `want`: the partition's shard applied the topic config change (bounded).
+fn wait_commit_code(c: &mut Client, want: i16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let got = commit(c, "probe", "data", &[(0, 1, "")]);
+        if got == vec![want] {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "commits never answered {want}: last {got:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Kafka's `doSyncGroup`: a leader's assignment that cannot be written to the group's
+/// `__consumer_offsets` partition — here its ISR (this node) is below a raised
+/// `min.insync.replicas`, what a cluster leader sees with its followers cut off — is
+/// answered with the mapped error (NOT_ENOUGH_REPLICAS → COORDINATOR_NOT_AVAILABLE) and
+/// no assignment, and the group rebalances; once the partition takes writes again the
+/// member rejoins into a new generation and its assignment is stored (it survives a
+/// restart). The old code answered NONE with the assignment and only logged the failed
+/// write: members consumed under a generation no later coordinator would know.
+#[test]
+fn a_sync_whose_assignment_cannot_be_stored_is_refused_and_the_group_rebalances() {
+    let mut broker = Broker::start(
+        1,
+        &[
+            ("offsets.topic.num.partitions", "1"),
+            ("group.initial.rebalance.delay.ms", "0"),
+        ],
+    );
+    let mut c = broker.client();
+    assert_eq!(create(&mut c, &[("data", 1)]), vec![0]);
+    find_coordinator(&mut c, "g");
+    let (code, member, generation) = join_group(&mut c, "g", "");
+    assert_eq!((code, generation), (0, 1), "alone: generation 1 at once");
+
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "min.insync.replicas", 0, Some("2")),
+        0
+    );
+    wait_commit_code(&mut c, COORDINATOR_NOT_AVAILABLE);
+    let (code, assignment) = sync_group(&mut c, "g", generation, &member, b"p0");
+    assert_eq!(
+        code, COORDINATOR_NOT_AVAILABLE,
+        "an assignment that was not stored is not handed out"
+    );
+    assert!(assignment.is_empty());
+    assert_eq!(
+        heartbeat(&mut c, "g", generation, &member),
+        REBALANCE_IN_PROGRESS,
+        "the group rebalances: the member is told to rejoin"
+    );
+
+    // Healed: the member rejoins, and the new generation's assignment is stored.
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "min.insync.replicas", 0, Some("1")),
+        0
+    );
+    wait_commit_code(&mut c, 0);
+    let (code, again, next) = join_group(&mut c, "g", &member);
+    assert_eq!((code, again.as_str()), (0, member.as_str()), "rejoined");
+    assert_eq!(next, generation + 1, "a new generation");
+    let (code, assignment) = sync_group(&mut c, "g", next, &member, b"p0");
+    assert_eq!((code, assignment.as_ref()), (0, b"p0".as_slice()));
+    assert_eq!(heartbeat(&mut c, "g", next, &member), 0);
+
+    drop(c);
+    broker.restart();
+    let mut c = broker.client();
+    let req = DescribeGroupsRequest::default().with_groups(vec![GroupId(s("g"))]);
+    let resp: DescribeGroupsResponse = c.call(api::DESCRIBE_GROUPS, 3, &req);
+    let g = &resp.groups[0];
+    assert_eq!(
+        g.group_state.as_str(),
+        "Stable",
+        "replayed from the stored metadata"
+    );
+    assert_eq!(g.members.len(), 1);
+    assert_eq!(g.members[0].member_assignment.as_ref(), b"p0");
+}

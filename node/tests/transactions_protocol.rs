@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Broker, Client};
@@ -26,6 +26,7 @@ const TXN_ID: &str = "raw-txn";
 const INVALID_TXN_STATE: i16 = 48;
 const INVALID_PRODUCER_EPOCH: i16 = 47;
 const PRODUCER_FENCED: i16 = 90;
+const NOT_ENOUGH_REPLICAS: i16 = 19;
 
 fn topic() -> TopicName {
     TopicName(StrBytes::from_static_str(TOPIC))
@@ -425,4 +426,182 @@ fn add_partitions_v4_v5_batch_and_verify_only() {
     };
     assert_eq!(produce_to(&mut c, 1), INVALID_TXN_STATE);
     assert_eq!(produce_to(&mut c, 0), 0);
+}
+
+/// CreateTopics of one single-partition topic.
+fn create_topic(c: &mut Client, name: &str) {
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_string(name.to_string())))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]),
+    );
+    assert_eq!(created.topics[0].error_code, 0, "create {name}");
+}
+
+/// IncrementalAlterConfigs SET `min.insync.replicas` of `topic`.
+fn set_min_insync(c: &mut Client, topic: &str, n: u32) {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    let res = AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_string(topic.to_string()))
+        .with_configs(vec![
+            AlterableConfig::default()
+                .with_name(StrBytes::from_static_str("min.insync.replicas"))
+                .with_config_operation(0)
+                .with_value(Some(StrBytes::from_string(n.to_string()))),
+        ]);
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![res]);
+    let resp: IncrementalAlterConfigsResponse = c.call(api::INCREMENTAL_ALTER_CONFIGS, 1, &req);
+    assert_eq!(resp.responses[0].error_code, 0, "alter {topic}");
+}
+
+/// Produce v7 (`acks`, with the transactional id) of `batch` to partition 0 of `topic`.
+fn produce_to(c: &mut Client, topic: &str, acks: i16, batch: Bytes) -> i16 {
+    let part = PartitionProduceData::default()
+        .with_index(0)
+        .with_records(Some(batch));
+    let req = ProduceRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
+        .with_acks(acks)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partition_data(vec![part]),
+        ]);
+    let resp: ProduceResponse = c.call(api::PRODUCE, 7, &req);
+    resp.responses[0].partition_responses[0].error_code
+}
+
+/// (high watermark, last stable offset) of partition 0 of `topic` (read_committed).
+fn stable(c: &mut Client, topic: &str) -> (i64, i64) {
+    let p = FetchPartition::default()
+        .with_partition(0)
+        .with_fetch_offset(0)
+        .with_partition_max_bytes(1 << 20);
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_max_bytes(1 << 20)
+        .with_isolation_level(1)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partitions(vec![p]),
+        ]);
+    let resp: FetchResponse = c.call(api::FETCH, 11, &req);
+    let p = &resp.responses[0].partitions[0];
+    (p.high_watermark, p.last_stable_offset)
+}
+
+/// Kafka completes a transaction found in PrepareCommit/PrepareAbort when its
+/// coordinator loads `__transaction_state`: the markers are written at once, not at the
+/// ticker's next round (`transaction.abort.timed.out.transaction.cleanup.interval.ms`,
+/// 60 s here). Made to happen every run: the first partition of the transaction
+/// ("a-held", `min.insync.replicas` raised above its one replica) cannot take a
+/// replicated marker, so EndTxn logs PrepareCommit and fails with the markers not all
+/// written — "b-data" stays open, its last stable offset held at the transaction's
+/// start; then "a-held" is fixed and the node SIGKILLed and restarted: "b-data"'s last
+/// stable offset must reach its high watermark within 15 s (old code: ~60 s, at the
+/// ticker's first round).
+#[test]
+fn a_transaction_found_ending_at_load_gets_its_markers_at_once() {
+    const TICK_MS: &str = "60000";
+    const RESUMED_WITHIN: Duration = Duration::from_secs(15);
+    let mut broker = Broker::start(
+        1,
+        &[
+            ("transaction.state.log.num.partitions", "1"),
+            (
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                TICK_MS,
+            ),
+        ],
+    );
+    let mut c = broker.client();
+    create_topic(&mut c, "a-held");
+    create_topic(&mut c, "b-data");
+    let (error, pid, epoch) = init(&mut c);
+    assert_eq!(error, 0);
+    let req = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
+        .with_v3_and_below_producer_id(pid.get().into())
+        .with_v3_and_below_producer_epoch(epoch.get())
+        .with_v3_and_below_topics(
+            ["a-held", "b-data"]
+                .into_iter()
+                .map(|t| {
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(StrBytes::from_static_str(t)))
+                        .with_partitions(vec![0])
+                })
+                .collect(),
+        );
+    let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, 3, &req);
+    for t in &resp.results_by_topic_v3_and_below {
+        assert_eq!(t.results_by_partition[0].partition_error_code, 0);
+    }
+    assert_eq!(
+        produce_to(&mut c, "b-data", -1, txn_batch(pid, epoch, 0, 3)),
+        0
+    );
+    assert_eq!(
+        stable(&mut c, "b-data"),
+        (3, 0),
+        "open: held behind the LSO"
+    );
+
+    // "a-held" refuses replicated appends once its shard has the new config (probed
+    // with an acks=all batch, refused before it is appended).
+    set_min_insync(&mut c, "a-held", 2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let probe = || common::batch(&[b"probe"], 1_700_000_000_000);
+    while produce_to(&mut c, "a-held", -1, probe()) != NOT_ENOUGH_REPLICAS {
+        assert!(Instant::now() < deadline, "a-held never refused acks=all");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ended = end_txn(&mut c, pid, epoch, true);
+    assert_ne!(ended, 0, "EndTxn cannot finish: a marker is not replicated");
+    assert_eq!(stable(&mut c, "b-data"), (3, 0), "no marker reached b-data");
+
+    set_min_insync(&mut c, "a-held", 1);
+    drop(c);
+    broker.kill_and_restart();
+    let started = Instant::now();
+    let mut c = broker.client();
+    loop {
+        let (hw, lso) = stable(&mut c, "b-data");
+        // Three records and the COMMIT marker.
+        if (hw, lso) == (4, 4) {
+            break;
+        }
+        assert!(
+            started.elapsed() < RESUMED_WITHIN,
+            "the ending transaction was not finished at load: b-data hw {hw}, lso {lso} \
+             after {:?}",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("markers written {:?} after the restart", started.elapsed());
+    // Then CompleteCommit is logged.
+    loop {
+        let req = DescribeTransactionsRequest::default()
+            .with_transactional_ids(vec![TransactionalId(StrBytes::from_static_str(TXN_ID))]);
+        let resp: DescribeTransactionsResponse = c.call(api::DESCRIBE_TRANSACTIONS, 0, &req);
+        let state = resp.transaction_states[0].transaction_state.to_string();
+        if state == "CompleteCommit" {
+            break;
+        }
+        assert!(started.elapsed() < RESUMED_WITHIN, "still {state}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

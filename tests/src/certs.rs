@@ -1,5 +1,6 @@
 //! Test certificates made on the spot with the `openssl` CLI: a CA, a server certificate
-//! for 127.0.0.1/localhost and client certificates, all EC P-256, valid for two days.
+//! for 127.0.0.1/localhost (and one for localhost only) and client certificates, all EC
+//! P-256, valid for two days.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -197,6 +198,26 @@ impl TestPki {
         let path = self.dir.join("server-keystore.pem");
         let mut text = std::fs::read_to_string(&self.server_key)?;
         text.push_str(&std::fs::read_to_string(&self.server_pem)?);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// A PEM keystore of a server certificate of the trusted CA whose only name is
+    /// `DNS:localhost` (no IP address): a peer dialled by 127.0.0.1 does not match it.
+    pub fn localhost_only_keystore(&self) -> Result<PathBuf> {
+        let name = "localhost-only";
+        leaf(
+            &self.dir,
+            "ca",
+            name,
+            "/CN=localhost",
+            "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+        )?;
+        let path = self.dir.join(format!("{name}-keystore.pem"));
+        let mut text = std::fs::read_to_string(self.dir.join(format!("{name}.key")))?;
+        text.push_str(&std::fs::read_to_string(
+            self.dir.join(format!("{name}.pem")),
+        )?);
         std::fs::write(&path, text)?;
         Ok(path)
     }

@@ -456,3 +456,113 @@ fn a_cut_off_voter_cannot_commit_or_elect_itself_and_catches_up_when_healed() {
 fn a_cut_off_controller_is_replaced_cannot_commit_and_catches_up_when_healed() {
     minority_cut(true);
 }
+
+/// How long the half-healed node is watched once the controller answers it again:
+/// many heartbeat intervals (200 ms) and well past its registration.
+const HALF_HEALED_WATCH: Duration = Duration::from_secs(4);
+
+/// Issue 11, the lease renew window: a node back from a cut long enough to be fenced
+/// acts as a partition leader again only once its image holds what the controller
+/// committed meanwhile. Node `x` — a voter that never campaigns (election timeout 60 s),
+/// so it keeps following the controller through the cut, as a voter whose own election
+/// has not started yet does — is cut from both others (connections refused) until the
+/// majority fenced it and moved the partition it led. Then only its own links to the
+/// others heal: its heartbeats reach the controller and are answered (the controller
+/// registers it again), while the controller's log still cannot reach it, so its image
+/// still names it leader of that partition. It must answer every produce to that
+/// partition with an error, never NONE: the old code renewed its lease with the first
+/// answered heartbeat and acknowledged acks=1 produces as the leader of the old epoch
+/// (records the new leader never has). Fully healed, it catches up and refuses them as a
+/// follower.
+#[test]
+fn a_node_back_from_a_cut_leads_nothing_before_its_image_caught_up() {
+    let (mut c, net) = Cluster::start_faulty(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let x = (1..=3).find(|id| *id != controller).expect("a voter");
+    let majority: Vec<i32> = (1..=3).filter(|id| *id != x).collect();
+    // Cut off, a candidate would not heartbeat at all; a follower does, and is answered
+    // as soon as its own links pass again.
+    c.node(x).terminate().expect("stop x");
+    let election = (
+        "controller.quorum.election.timeout.ms".to_string(),
+        "60000".to_string(),
+    );
+    c.node(x).config_mut().sets.push(election);
+    c.node(x).restart().expect("restart x");
+    net.retarget(&mut c, x);
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs(&mut c)));
+    let addr = c.node(majority[0]).addr();
+    assert_eq!(
+        cluster::create_topic(addr, "moved", 3, 3).expect("create"),
+        NONE
+    );
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| {
+        (0..3).all(|p| placement(m, "moved", p).is_some_and(|(l, isr)| l > 0 && isr.len() == 3))
+    })
+    .expect("agree on the topic");
+    let m = c.metadata(x).expect("metadata");
+    let led_by_x = (0..3)
+        .find(|p| placement(&m, "moved", *p).is_some_and(|(l, _)| l == x))
+        .expect("x leads a partition");
+
+    net.isolate(x, Mode::Refuse);
+    c.wait_agreed_among(Some(&majority), 2, AGREE_TIMEOUT, |m| {
+        placement(m, "moved", led_by_x)
+            .is_some_and(|(l, isr)| majority.contains(&l) && !isr.contains(&x))
+    })
+    .unwrap_or_else(|e| panic!("the majority fences x and moves its partition: {e:#}"));
+
+    // Half healed: x's links to the others pass, theirs to x stay refused.
+    for o in &majority {
+        net.link(x, *o).heal();
+    }
+    let mut conn =
+        RawConn::connect_timeout(c.node(x).addr(), Duration::from_secs(30)).expect("connect");
+    let batch =
+        raw::record_batch(&[b"to-the-old-leader".to_vec()], Compression::None).expect("batch");
+    let t0 = Instant::now();
+    let mut registered: Option<Instant> = None;
+    let mut answers: std::collections::BTreeMap<i16, usize> = Default::default();
+    while registered.is_none_or(|t| t.elapsed() < HALF_HEALED_WATCH) {
+        let (code, offset) = conn
+            .produce("moved", led_by_x, 1, batch.clone())
+            .expect("produce acks=1");
+        *answers.entry(code).or_default() += 1;
+        assert_ne!(
+            code,
+            NONE,
+            "x acknowledged (offset {offset}) a produce to partition {led_by_x}, which moved \
+             while it was cut off, after {:?}\n{}",
+            t0.elapsed(),
+            logs(&mut c)
+        );
+        // The controller answers x's heartbeats: it registers x again.
+        if registered.is_none()
+            && c.metadata(majority[0])
+                .is_ok_and(|m| m.brokers.iter().any(|b| b.node_id.0 == x))
+        {
+            println!("x registered again {:?} after the half heal", t0.elapsed());
+            registered = Some(Instant::now());
+        }
+        assert!(
+            t0.elapsed() < AGREE_TIMEOUT,
+            "x's heartbeats were never answered (not registered again)\n{}",
+            logs(&mut c)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("half healed: x answered {answers:?} (code: count)");
+
+    // Healed: x catches up, and refuses as a follower.
+    net.heal();
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| {
+        placement(m, "moved", led_by_x).is_some_and(|(l, _)| l > 0 && l != x)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", logs(&mut c)));
+    let (code, _) = conn
+        .produce("moved", led_by_x, 1, batch)
+        .expect("produce acks=1");
+    assert_eq!(code, NOT_LEADER_OR_FOLLOWER, "x follows the partition now");
+}

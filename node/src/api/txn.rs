@@ -333,15 +333,16 @@ async fn remote_verify(
     use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTransaction;
     use std::net::ToSocketAddrs;
     let unreachable = TxnReply::Code(errors::COORDINATOR_NOT_AVAILABLE);
-    let addr = {
+    let (host, addr) = {
         let catalog = shard.catalog();
         let Some(n) = catalog.nodes.get(&node).filter(|n| !n.fenced) else {
             return unreachable;
         };
-        (n.host.as_str(), n.port)
+        let addr = (n.host.as_str(), n.port)
             .to_socket_addrs()
             .ok()
-            .and_then(|mut a| a.next())
+            .and_then(|mut a| a.next());
+        (n.host.clone(), addr)
     };
     let Some(addr) = addr else {
         return unreachable;
@@ -368,7 +369,7 @@ async fn remote_verify(
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![txn]);
     let deadline = Instant::now() + REMOTE_VERIFY_TIMEOUT;
     let call = async {
-        let mut conn = crate::replication::client::BrokerConn::connect(addr).await?;
+        let mut conn = crate::replication::client::BrokerConn::connect_to(&host, addr).await?;
         conn.call(&req, VERIFY_VERSION, deadline).await
     };
     let resp = match call.await {

@@ -290,7 +290,7 @@ impl Coordinators {
         let now = now_ms();
         match op {
             GroupOp::Join(a) => self.join(ctx, part, s, a).await,
-            GroupOp::Sync(a) => self.sync(ctx, part, a).await,
+            GroupOp::Sync(a) => self.sync(ctx, part, s, a).await,
             GroupOp::Heartbeat {
                 group,
                 member_id,
@@ -366,21 +366,68 @@ impl Coordinators {
             .await
     }
 
-    async fn sync(&self, ctx: &ServiceContext<'_>, part: &Partition, a: SyncArgs) -> GroupReply {
+    async fn sync(
+        &self,
+        ctx: &ServiceContext<'_>,
+        part: &Partition,
+        s: &Settings,
+        a: SyncArgs,
+    ) -> GroupReply {
         let group = a.group.clone();
         let (tx, rx) = local_channel::new_bounded(1);
-        let known = match self.groups.borrow_mut().get_mut(&group) {
-            Some(g) => {
-                g.sync(a, now_ms(), tx);
-                true
-            }
-            None => false,
+        // The leader's call: the assignment to store, with the group's metadata as Kafka
+        // writes it (this generation, every member's assignment).
+        let staged = match self.groups.borrow_mut().get_mut(&group) {
+            Some(g) => Ok(g
+                .sync(a, now_ms(), tx)
+                .map(|generation| (generation, g.to_value()))),
+            None => Err(()),
         };
-        if !known {
-            return GroupReply::Sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+        match staged {
+            Err(()) => return GroupReply::Sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID)),
+            Ok(Some((generation, value))) => {
+                self.store_assignment(part, s, &group, generation, value)
+                    .await
+            }
+            Ok(None) => self.store_if_dirty(part, &group).await,
         }
-        self.store_if_dirty(part, &group).await;
         self.wait_pending(ctx, park::Pending::Sync(rx)).await
+    }
+
+    /// Writes the leader's assignment of `generation`, then lets the group answer its
+    /// members: their assignments if it was stored, else the error Kafka maps the failed
+    /// append to (NOT_ENOUGH_REPLICAS → COORDINATOR_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
+    /// → NOT_COORDINATOR, a timeout → REBALANCE_IN_PROGRESS), and a rebalance. An
+    /// assignment only logged as failed would have members consume a generation that a
+    /// new coordinator never hears of.
+    async fn store_assignment(
+        &self,
+        part: &Partition,
+        s: &Settings,
+        group: &str,
+        generation: i32,
+        value: schema::GroupValue,
+    ) {
+        let epoch = part.leader_epoch();
+        let result = {
+            let _writing = self.writing();
+            store::write_group(part, group, &value).await
+        };
+        if let Err(code) = result {
+            tracing::warn!(
+                group,
+                generation,
+                "cannot store the leader's assignment: error {code}; the members rejoin"
+            );
+        }
+        // Lost and regained the lead meanwhile: the group was dropped, and whatever has
+        // its id now was replayed from the log, not this write's to decide.
+        if part.leader_epoch() != epoch {
+            return;
+        }
+        if let Some(g) = self.groups.borrow_mut().get_mut(group) {
+            g.assignment_written(generation, result, now_ms(), &s.limits);
+        }
     }
 
     async fn leave(

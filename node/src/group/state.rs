@@ -679,18 +679,24 @@ impl Group {
     }
 
     /// SyncGroup. The leader's call carries the assignment; every member's answer is its
-    /// own part of it.
-    pub fn sync(&mut self, a: SyncArgs, now_ms: i64, reply: Waiter<SyncResult>) {
+    /// own part of it, once the assignment is stored: for the leader's call this returns
+    /// the generation whose metadata (see [`Group::to_value`]) the coordinator must write
+    /// now and report with [`Group::assignment_written`] (Kafka's `doSyncGroup`, which
+    /// answers nobody before `storeGroup` calls back). Until then every member waits.
+    #[must_use = "the leader's assignment must be written and reported"]
+    pub fn sync(&mut self, a: SyncArgs, now_ms: i64, reply: Waiter<SyncResult>) -> Option<i32> {
         if let Err(code) = self.check_sync(&a) {
             let _ = reply.try_send(SyncResult::error(code));
-            return;
+            return None;
         }
         match self.state {
             State::Empty => {
                 let _ = reply.try_send(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+                None
             }
             State::PreparingRebalance => {
                 let _ = reply.try_send(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+                None
             }
             State::Stable => {
                 let result = self.sync_result(&a.member_id);
@@ -698,6 +704,7 @@ impl Group {
                     m.last_seen_ms = now_ms;
                 }
                 let _ = reply.try_send(result);
+                None
             }
             State::CompletingRebalance => {
                 let leader = self.is_leader(&a.member_id);
@@ -706,9 +713,7 @@ impl Group {
                     m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
                     m.sync_waiter = Some(reply);
                 }
-                if leader {
-                    self.apply_assignment(a.assignments, now_ms);
-                }
+                leader.then(|| self.stage_assignment(a.assignments))
             }
         }
     }
@@ -749,20 +754,58 @@ impl Group {
         }
     }
 
-    /// The leader's assignment: members it left out get an empty one. The group is then
-    /// `Stable`, and every waiting member gets its part.
-    fn apply_assignment(&mut self, assignments: Vec<(String, Bytes)>, now_ms: i64) {
+    /// The leader's assignment, held until it is stored: members it left out get an
+    /// empty one. Returns the generation it belongs to. The group stays
+    /// `CompletingRebalance` and nobody is answered yet.
+    fn stage_assignment(&mut self, assignments: Vec<(String, Bytes)>) -> i32 {
+        assert_eq!(
+            self.state,
+            State::CompletingRebalance,
+            "assignment outside its phase"
+        );
         let mut by_member: HashMap<String, Bytes> = assignments.into_iter().collect();
         for m in &mut self.members {
             m.assignment = by_member.remove(&m.id).unwrap_or_default();
         }
-        self.set_state(State::Stable, now_ms, "the leader's assignment");
-        self.dirty = true;
-        let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
-        for id in ids {
-            let result = self.sync_result(&id);
-            if let Some(m) = self.member_mut(&id) {
-                m.answer_sync(result);
+        self.generation
+    }
+
+    /// The write of the leader's assignment for `generation` ended with `result` (an
+    /// error: the code Kafka's `storeGroup` gives the SyncGroup, e.g.
+    /// COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS). Stored: the
+    /// group is `Stable` and every waiting member gets its part. Not stored: every
+    /// waiting member gets the error, the assignment is dropped and the group rebalances,
+    /// so the members rejoin (Kafka's `resetAndPropagateAssignmentError` and
+    /// `maybePrepareRebalance`). Ignored if the group moved on meanwhile (another
+    /// rebalance, a new generation): what it does now is not this write's to decide.
+    pub fn assignment_written(
+        &mut self,
+        generation: i32,
+        result: Result<(), i16>,
+        now_ms: i64,
+        limits: &Limits,
+    ) {
+        if self.state != State::CompletingRebalance || self.generation != generation {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.set_state(State::Stable, now_ms, "the leader's assignment is stored");
+                let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
+                for id in ids {
+                    let result = self.sync_result(&id);
+                    if let Some(m) = self.member_mut(&id) {
+                        m.answer_sync(result);
+                    }
+                }
+            }
+            Err(code) => {
+                assert_ne!(code, codes::NONE, "a failed write has an error code");
+                for m in &mut self.members {
+                    m.assignment = Bytes::new();
+                    m.answer_sync(SyncResult::error(code));
+                }
+                self.prepare_rebalance(now_ms, limits, "the assignment could not be stored");
             }
         }
     }

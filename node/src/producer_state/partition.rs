@@ -429,18 +429,23 @@ pub fn marker_type(batch: &Bytes) -> Option<bool> {
     }
 }
 
-/// [`marker_type`] of each whole batch in `records`.
-fn marker_types(records: &BytesMut) -> Vec<Option<bool>> {
-    let frozen = Bytes::copy_from_slice(records);
+/// [`marker_type`] of each whole batch in `records`. Only control batches (a few dozen
+/// bytes each) are copied out to be decoded: a follower's append passes whole fetch
+/// responses through here, and copying those cost as much as the append's own copy.
+fn marker_types(records: &[u8]) -> Vec<Option<bool>> {
     let mut pos = 0usize;
     let mut out = Vec::new();
-    while pos < frozen.len() {
-        let Ok(h) = read_header(&frozen[pos..]) else {
+    while pos < records.len() {
+        let Ok(h) = read_header(&records[pos..]) else {
             break;
         };
         let size = h.total_size().max(1);
-        let end = (pos + size).min(frozen.len());
-        out.push(marker_type(&frozen.slice(pos..end)));
+        let end = (pos + size).min(records.len());
+        out.push(if h.attributes().is_control() {
+            marker_type(&Bytes::copy_from_slice(&records[pos..end]))
+        } else {
+            None
+        });
         pos += size;
     }
     out
@@ -612,4 +617,37 @@ pub async fn wait_committed(
         false
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::testing::build_batch;
+    use wire::{ProducerEpoch, ProducerId};
+
+    #[test]
+    fn marker_types_reads_each_control_batch_and_skips_data() {
+        let marker = |commit| {
+            control_batch(
+                ProducerId(9),
+                ProducerEpoch(1),
+                commit,
+                0,
+                1_700_000_000_000,
+            )
+            .expect("a control batch")
+        };
+        let mut records = build_batch(1_700_000_000_000, &[b"a", b"bb"]);
+        records.extend_from_slice(&marker(true));
+        records.extend_from_slice(&build_batch(1_700_000_000_001, &[b"c"]));
+        records.extend_from_slice(&marker(false));
+        assert_eq!(
+            marker_types(&records),
+            vec![None, Some(true), None, Some(false)]
+        );
+        // A cut-off last batch ends the list at the last whole header.
+        let cut = records.len() - 3;
+        assert_eq!(marker_types(&records[..cut]).len(), 4);
+        assert!(marker_types(&records[..10]).is_empty());
+    }
 }

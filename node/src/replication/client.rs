@@ -67,14 +67,26 @@ pub struct BrokerConn {
 }
 
 impl BrokerConn {
-    /// A connection whose requests name `weir-replica-fetcher-<local>` as client id.
-    pub async fn connect_from(addr: SocketAddr, local: NodeId) -> Result<BrokerConn, ClientError> {
-        let mut conn = BrokerConn::connect(addr).await?;
+    /// A connection to `host` (resolved to `addr`) whose requests name
+    /// `weir-replica-fetcher-<local>` as client id.
+    pub async fn connect_from(
+        host: &str,
+        addr: SocketAddr,
+        local: NodeId,
+    ) -> Result<BrokerConn, ClientError> {
+        let mut conn = BrokerConn::connect_to(host, addr).await?;
         conn.client_id = Bytes::from(format!("{CLIENT_ID}-{local}"));
         Ok(conn)
     }
 
+    /// A connection to `addr`, its TLS certificate checked against the IP address.
     pub async fn connect(addr: SocketAddr) -> Result<BrokerConn, ClientError> {
+        BrokerConn::connect_to(&addr.ip().to_string(), addr).await
+    }
+
+    /// A connection to the peer registered as `host` (resolved to `addr`): under TLS its
+    /// certificate must name `host` (`ssl.endpoint.identification.algorithm`).
+    pub async fn connect_to(host: &str, addr: SocketAddr) -> Result<BrokerConn, ClientError> {
         let connect = TcpStream::connect_timeout(addr, CONNECT_TIMEOUT);
         let stream = connect.await.map_err(|e| ClientError::Connect {
             addr,
@@ -87,7 +99,7 @@ impl BrokerConn {
         let stream: Box<dyn Stream> = match peer.and_then(|p| p.tls.clone()) {
             None => Box::new(stream),
             Some(config) => {
-                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+                let name = crate::security::tls::server_name(host, addr);
                 let connect = futures_rustls::TlsConnector::from(config).connect(name, stream);
                 let deadline = Instant::now() + CONNECT_TIMEOUT;
                 let tls = within(deadline, connect)

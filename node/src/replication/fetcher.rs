@@ -93,6 +93,9 @@ pub struct RoundStats {
 pub struct ReplicaFetcher {
     local: NodeId,
     source: NodeId,
+    /// The source's registered host (its TLS certificate must name it) and where that
+    /// resolved to.
+    host: String,
     addr: SocketAddr,
     config: FetcherConfig,
     followed: RefCell<BTreeMap<TopicPartition, Followed>>,
@@ -101,10 +104,23 @@ pub struct ReplicaFetcher {
 }
 
 impl ReplicaFetcher {
+    /// A fetcher from `addr`, named by its IP address.
     pub fn new(local: NodeId, source: NodeId, addr: SocketAddr, config: FetcherConfig) -> Rc<Self> {
+        ReplicaFetcher::new_named(local, source, addr.ip().to_string(), addr, config)
+    }
+
+    /// A fetcher from the source registered as `host`, resolved to `addr`.
+    pub fn new_named(
+        local: NodeId,
+        source: NodeId,
+        host: String,
+        addr: SocketAddr,
+        config: FetcherConfig,
+    ) -> Rc<Self> {
         Rc::new(ReplicaFetcher {
             local,
             source,
+            host,
             addr,
             config,
             followed: RefCell::new(BTreeMap::new()),
@@ -129,6 +145,11 @@ impl ReplicaFetcher {
     /// Where it fetches from.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The host name the source is registered by.
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     pub fn follows(&self, tp: &TopicPartition) -> bool {
@@ -166,11 +187,19 @@ impl ReplicaFetcher {
     pub async fn run(self: Rc<Self>) {
         let mut backoff = BACKOFF_MIN;
         while !self.stopped.get() {
-            let mut conn = match BrokerConn::connect_from(self.addr, self.local).await {
+            let mut conn = match BrokerConn::connect_from(&self.host, self.addr, self.local).await {
                 Ok(c) => c,
                 Err(e) => {
                     crate::metrics::add(|m| &m.replica_fetch_errors, 1);
-                    tracing::debug!(source = %self.source, "replica fetcher: {e}");
+                    match e {
+                        // A certificate or credentials the peer refuses, or whose own
+                        // certificate does not verify, is a configuration error: said
+                        // loudly (at most once per backoff, ≤ BACKOFF_MAX apart).
+                        ClientError::Tls { .. } | ClientError::Sasl { .. } => {
+                            tracing::warn!(source = %self.source, host = %self.host, "replica fetcher: {e}")
+                        }
+                        _ => tracing::debug!(source = %self.source, "replica fetcher: {e}"),
+                    }
                     glommio::timer::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;

@@ -8,6 +8,7 @@ pub mod listener;
 pub mod peer;
 pub mod sasl;
 pub mod scram;
+pub mod scram_bootstrap;
 pub mod tls;
 
 use crate::config::Config;

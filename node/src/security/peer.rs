@@ -3,6 +3,9 @@
 //! `security.inter.broker.protocol`, else the first listener), TLS towards it (the
 //! listener's truststore and keystore) and SASL (`sasl.mechanism.inter.broker.protocol`
 //! with the `username`/`password` of `listener.name.<l>.<mechanism>.sasl.jaas.config`).
+//! The controller port's TLS and SASL come from the first of `controller.listener.names`
+//! the same way ([`controller_tls`], [`controller_sasl`]; the mechanism from
+//! `sasl.mechanism.controller.protocol`, PLAIN only).
 //!
 //! Resolved once at startup into a process-wide [`PeerSetup`]: replica fetchers, remote
 //! transaction markers and the other node-to-node clients connect on many shards and
@@ -11,7 +14,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::listener::{ListenerConfig, SecurityProtocol};
-use super::sasl::Mechanism;
+use super::sasl::{Mechanism, SaslSetup};
 use super::tls::listener_prop;
 use crate::config::{Config, Properties};
 
@@ -46,44 +49,94 @@ pub struct PeerSetup {
 
 static PEER: OnceLock<PeerSetup> = OnceLock::new();
 
+/// Kafka's key for the mechanism a node authenticates to the controllers with.
+pub const CONTROLLER_MECHANISM_KEY: &str = "sasl.mechanism.controller.protocol";
+
 /// TLS on the controller port (Raft RPCs, forwarded writes, heartbeats) when the first
-/// name of `controller.listener.names` maps to SSL in `listener.security.protocol.map`:
-/// its `listener.name.<controller>.ssl.*` keys (else the global `ssl.*`) give both sides.
+/// name of `controller.listener.names` maps to SSL or SASL_SSL in
+/// `listener.security.protocol.map`: its `listener.name.<controller>.ssl.*` keys (else
+/// the global `ssl.*`) give both sides.
 #[derive(Clone)]
 pub struct ControllerTls {
     pub server: Arc<rustls::ServerConfig>,
     pub client: Arc<rustls::ClientConfig>,
 }
 
-static CONTROLLER_TLS: OnceLock<Option<ControllerTls>> = OnceLock::new();
+/// SASL on the controller port when the controller listener maps to SASL_PLAINTEXT or
+/// SASL_SSL: PLAIN only (`sasl.mechanism.controller.protocol`), the users of the
+/// listener's `listener.name.<controller>.plain.sasl.jaas.config` (`user_NAME="PW"`, or
+/// `sasl.plain.users`) accepted, its `username`/`password` presented.
+#[derive(Clone)]
+pub struct ControllerSasl {
+    pub server: SaslSetup,
+    pub client: PeerSasl,
+}
+
+/// The controller port's security (both `None`: plain TCP, the default).
+struct ControllerSecurity {
+    tls: Option<ControllerTls>,
+    sasl: Option<ControllerSasl>,
+}
+
+static CONTROLLER: OnceLock<ControllerSecurity> = OnceLock::new();
 
 /// The controller port's TLS (`None`: plain TCP, the default).
 pub fn controller_tls() -> Option<&'static ControllerTls> {
-    CONTROLLER_TLS.get().and_then(Option::as_ref)
+    CONTROLLER.get().and_then(|c| c.tls.as_ref())
 }
 
-fn build_controller_tls(config: &Config) -> anyhow::Result<Option<ControllerTls>> {
+/// The controller port's SASL (`None`: connections are not authenticated, the default).
+pub fn controller_sasl() -> Option<&'static ControllerSasl> {
+    CONTROLLER.get().and_then(|c| c.sasl.as_ref())
+}
+
+fn build_controller(config: &Config) -> anyhow::Result<ControllerSecurity> {
     const KEY: &str = "controller.listener.names";
-    let Some(name) = config
+    let none = ControllerSecurity {
+        tls: None,
+        sasl: None,
+    };
+    let name = config
         .props
         .get(KEY)
-        .and_then(|v| v.split(',').map(str::trim).find(|n| !n.is_empty()))
-    else {
-        return Ok(None);
+        .and_then(|v| v.split(',').map(str::trim).find(|n| !n.is_empty()));
+    // A single node has no controller port (see `build`).
+    let Some(name) = name.filter(|_| !config.quorum_voters.is_empty()) else {
+        return Ok(none);
     };
     let protocol = super::listener::protocol_of(&config.props, name)?;
-    match protocol {
-        None | Some(SecurityProtocol::Plaintext) => Ok(None),
-        Some(SecurityProtocol::Ssl) => {
-            let server = super::tls::setup(&config.props, name)?.config;
-            let client = super::tls::client_config(&config.props, name)?;
-            Ok(Some(ControllerTls { server, client }))
-        }
-        Some(p) => anyhow::bail!(
-            "{KEY}={name}: protocol {} on the controller port is not supported (PLAINTEXT or SSL)",
-            p.name()
-        ),
+    let Some(protocol) = protocol else {
+        return Ok(none);
+    };
+    let tls = match protocol.is_tls() {
+        true => Some(ControllerTls {
+            server: super::tls::setup(&config.props, name)?.config,
+            client: super::tls::client_config(&config.props, name)?,
+        }),
+        false => None,
+    };
+    let sasl = match protocol.is_sasl() {
+        true => Some(controller_sasl_setup(&config.props, name)?),
+        false => None,
+    };
+    Ok(ControllerSecurity { tls, sasl })
+}
+
+fn controller_sasl_setup(props: &Properties, listener: &str) -> anyhow::Result<ControllerSasl> {
+    let client = sasl_credentials(props, listener, CONTROLLER_MECHANISM_KEY)?;
+    if client.mechanism != Mechanism::Plain {
+        anyhow::bail!(
+            "{CONTROLLER_MECHANISM_KEY}={}: the controller port takes PLAIN only (SCRAM credentials live in the metadata the quorum replicates, which a new voter does not have yet)",
+            client.mechanism.name()
+        );
     }
+    let server = super::sasl::setup(props, listener)?;
+    if !server.mechanisms.contains(&Mechanism::Plain) {
+        anyhow::bail!(
+            "listener {listener}: sasl.enabled.mechanisms must include PLAIN on the controller listener"
+        );
+    }
+    Ok(ControllerSasl { server, client })
 }
 
 /// The inter-broker listener of `config` (see the module doc).
@@ -111,11 +164,14 @@ pub fn inter_broker_listener(config: &Config) -> &ListenerConfig {
 /// Builds the peer setup from `config` (errors name the key) and makes it the process's.
 pub fn init(config: &Config) -> anyhow::Result<()> {
     let setup = build(config)?;
-    let controller = build_controller_tls(config)?;
-    if controller.is_some() {
+    let controller = build_controller(config)?;
+    if controller.tls.is_some() {
         tracing::info!("the controller port speaks TLS (controller.listener.names)");
     }
-    let _ = CONTROLLER_TLS.set(controller);
+    if let Some(sasl) = &controller.sasl {
+        tracing::info!(sasl = ?sasl.client, "the controller port asks for SASL (controller.listener.names)");
+    }
+    let _ = CONTROLLER.set(controller);
     tracing::info!(
         listener = %setup.listener,
         protocol = setup.protocol.name(),
@@ -150,7 +206,11 @@ fn build(config: &Config) -> anyhow::Result<PeerSetup> {
         false => None,
     };
     let sasl = match l.protocol.is_sasl() {
-        true => Some(sasl_credentials(&config.props, &l.name)?),
+        true => Some(sasl_credentials(
+            &config.props,
+            &l.name,
+            "sasl.mechanism.inter.broker.protocol",
+        )?),
         false => None,
     };
     Ok(PeerSetup {
@@ -161,11 +221,12 @@ fn build(config: &Config) -> anyhow::Result<PeerSetup> {
     })
 }
 
-fn sasl_credentials(props: &Properties, listener: &str) -> anyhow::Result<PeerSasl> {
-    const KEY: &str = "sasl.mechanism.inter.broker.protocol";
-    let name = props.get(KEY).unwrap_or(INTER_BROKER_MECHANISM_DEFAULT);
+/// The SASL credentials this node presents on `listener`, by the mechanism `key` names
+/// (PLAIN when unset).
+fn sasl_credentials(props: &Properties, listener: &str, key: &str) -> anyhow::Result<PeerSasl> {
+    let name = props.get(key).unwrap_or(INTER_BROKER_MECHANISM_DEFAULT);
     let mechanism = Mechanism::parse(name).ok_or_else(|| {
-        anyhow::anyhow!("{KEY}={name}: not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+        anyhow::anyhow!("{key}={name}: not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
     })?;
     let jaas_key = format!(
         "listener.name.{}.{}.sasl.jaas.config",
@@ -176,7 +237,7 @@ fn sasl_credentials(props: &Properties, listener: &str) -> anyhow::Result<PeerSa
         .get(&jaas_key)
         .or_else(|| listener_prop(props, listener, "sasl.jaas.config"))
         .ok_or_else(|| {
-            anyhow::anyhow!("listener {listener}: inter-broker SASL needs {jaas_key} (username=\"..\" password=\"..\")")
+            anyhow::anyhow!("listener {listener}: node-to-node SASL needs {jaas_key} (username=\"..\" password=\"..\")")
         })?;
     let user = jaas_option(jaas, "username");
     let password = jaas_option(jaas, "password");

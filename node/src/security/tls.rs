@@ -8,9 +8,12 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::config::Properties;
 
@@ -120,7 +123,8 @@ pub fn setup(props: &Properties, listener: &str) -> anyhow::Result<TlsSetup> {
 /// `listener` (its inter-broker or controller listener): the peer's certificate checked
 /// against this node's `ssl.truststore.*` of that listener, and this node's own
 /// `ssl.keystore.*` presented as the client certificate (for `ssl.client.auth`), as Kafka
-/// does for inter-broker connections.
+/// does for inter-broker connections. The certificate must name the host dialled
+/// ([`server_name`]) unless `ssl.endpoint.identification.algorithm` is empty.
 pub fn client_config(
     props: &Properties,
     listener: &str,
@@ -128,11 +132,20 @@ pub fn client_config(
     let get = |key: &str| listener_prop(props, listener, key);
     let roots = trust_roots(get, listener)
         .with_context(|| format!("listener {listener}: node-to-node TLS needs a truststore"))?;
+    let check_host = endpoint_identification(get(ENDPOINT_IDENTIFICATION_KEY))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .context("server certificate verifier")?;
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
+        .context("TLS protocol versions")?;
+    let builder = match check_host {
+        true => builder.with_webpki_verifier(verifier),
+        false => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ChainOnly(verifier))),
+    };
     let keystore = pem_source(
         get("ssl.keystore.location"),
         get("ssl.keystore.certificate.chain"),
@@ -158,6 +171,79 @@ pub fn client_config(
         }
     };
     Ok(Arc::new(config))
+}
+
+/// Kafka's `ssl.endpoint.identification.algorithm`: `https` (the default) checks the
+/// peer's certificate against the host it was dialled by; empty skips that check.
+pub const ENDPOINT_IDENTIFICATION_KEY: &str = "ssl.endpoint.identification.algorithm";
+
+/// Whether the host name is checked (`https`, the default) or not (empty).
+fn endpoint_identification(value: Option<&str>) -> anyhow::Result<bool> {
+    match value.map(str::trim) {
+        None => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("https") => Ok(true),
+        Some("") => Ok(false),
+        Some(v) => anyhow::bail!("{ENDPOINT_IDENTIFICATION_KEY}={v}: expected https or empty"),
+    }
+}
+
+/// A server certificate verifier for `ssl.endpoint.identification.algorithm=` (empty):
+/// the chain must still lead to a trusted CA, be in its validity period and fit the
+/// signatures, only the host name is not compared. webpki checks the chain before the
+/// name (`WebPkiServerVerifier::verify_server_cert`), so a name error means the chain
+/// passed.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified =
+            self.0
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now);
+        match verified {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The name a node checks a peer's certificate against: the host it dialled (a DNS name,
+/// or an IP literal), as Kafka does; the address's IP when the host is no valid name.
+pub fn server_name(host: &str, addr: std::net::SocketAddr) -> ServerName<'static> {
+    let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_string())
+        .unwrap_or_else(|_| ServerName::IpAddress(addr.ip().into()))
 }
 
 /// The CA certificates client certificates are checked against.
@@ -287,6 +373,30 @@ mod tests {
             "-----BEGIN CERTIFICATE-----\nQUJD\nREVG\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nR0hJ\n-----END CERTIFICATE-----\n"
         );
         assert_eq!(normalize_pem("a\nb"), "a\nb");
+    }
+
+    #[test]
+    fn endpoint_identification_is_https_or_empty() {
+        assert!(endpoint_identification(None).expect("default"));
+        assert!(endpoint_identification(Some("HTTPS")).expect("https"));
+        assert!(!endpoint_identification(Some("")).expect("empty"));
+        assert!(!endpoint_identification(Some("  ")).expect("blank"));
+        assert!(endpoint_identification(Some("ldap")).is_err());
+    }
+
+    #[test]
+    fn server_name_is_the_dialled_host() {
+        let addr: std::net::SocketAddr = "127.0.0.1:9092".parse().expect("addr");
+        let dns = server_name("localhost", addr);
+        assert!(matches!(dns, ServerName::DnsName(ref d) if d.as_ref() == "localhost"));
+        let ip = server_name("10.0.0.7", addr);
+        assert!(matches!(ip, ServerName::IpAddress(_)));
+        assert_ne!(ip, ServerName::IpAddress(addr.ip().into()));
+        let v6 = server_name("[::1]", addr);
+        assert!(matches!(v6, ServerName::IpAddress(_)));
+        // Not a name at all: the address it resolved to.
+        let bad = server_name("bad host!", addr);
+        assert_eq!(bad, ServerName::IpAddress(addr.ip().into()));
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! buffers. On a TLS listener the handshake comes first (bounded by
 //! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
 //! and SaslAuthenticate is served, one at a time, until authentication completes.
+//!
+//! Bytes move once on the way in: on plain TCP `recv` writes straight into the buffer's
+//! spare capacity (nothing is zeroed first), and a large frame is read into an allocation
+//! of its own size, never past its end, so its request owns it alone and Produce appends
+//! the records from it in place.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -163,6 +168,13 @@ struct FrameReader {
     permit: Option<FramePermit>,
     /// When the frame being read must be complete (`None` between frames).
     deadline: Option<Instant>,
+    /// The socket, on a plain TCP connection: read with `recv` straight into the
+    /// buffer's spare capacity, which then need not be zeroed first (`None` under TLS).
+    plain_fd: Option<RawFd>,
+    /// The last frame was large: the next one starts with a read of its size prefix
+    /// alone, so that a large frame is read into a buffer sized for it from its first
+    /// byte (no 64 KiB chunk to copy over when the buffer grows for it).
+    expect_large: bool,
 }
 
 impl FrameReader {
@@ -215,6 +227,7 @@ impl FrameReader {
     fn take_frame(&mut self, size: usize) -> Frame {
         assert!(self.buf.len() >= 4 + size, "the frame is complete");
         self.deadline = None;
+        self.expect_large = size > SMALL_FRAME_MAX_BYTES;
         self.buf.advance(4);
         let permit = self.permit.take();
         if self.buf.len() == size {
@@ -288,21 +301,47 @@ impl FrameReader {
         }
     }
 
-    /// Reads once, unless `deadline` passes first (`None`). While a large frame is
-    /// incomplete, reads only bytes of that frame (so it ends the buffer and can be handed
-    /// over whole), at most what the socket holds now and [`LARGE_READ_MAX_BYTES`].
-    /// Otherwise reads a chunk, which may also hold the next pipelined requests. The
-    /// buffer is left as it was if the deadline wins.
-    async fn fill(&mut self, need: usize, deadline: Instant) -> Result<Option<usize>, ConnError> {
+    /// How many bytes the next read asks for. While a large frame (its budget taken) is
+    /// incomplete: only bytes of that frame, at most [`LARGE_READ_MAX_BYTES`], so it ends
+    /// the buffer and is handed over whole (read past its end, the frame would share its
+    /// allocation with the next one: copied out by Produce, and the buffer regrown and
+    /// copied to make room). Between frames after a large one: its 4-byte size prefix.
+    /// Otherwise a chunk, which may also hold the next pipelined requests.
+    fn read_size(&self, need: usize) -> usize {
         let missing = need.saturating_sub(self.buf.len());
-        let want = if missing >= READ_CHUNK_BYTES {
-            // The buffer is zeroed before each read: size it to what the socket holds
-            // now, so a large frame is not zeroed many times over.
-            let ready = readable_bytes(&self.half).clamp(READ_CHUNK_BYTES, LARGE_READ_MAX_BYTES);
-            missing.min(ready)
-        } else {
-            READ_CHUNK_BYTES
-        };
+        if self.permit.is_some() && missing > 0 {
+            let most = match self.plain_fd {
+                Some(_) => LARGE_READ_MAX_BYTES,
+                // Under TLS the buffer is zeroed before each read: size it to what the
+                // socket holds now, so a large frame is not zeroed many times over.
+                None => readable_bytes(&self.half).clamp(READ_CHUNK_BYTES, LARGE_READ_MAX_BYTES),
+            };
+            return missing.min(most);
+        }
+        if self.expect_large && self.buf.len() < 4 {
+            return 4 - self.buf.len();
+        }
+        READ_CHUNK_BYTES
+    }
+
+    /// Reads once, unless `deadline` passes first (`None`); see [`read_size`] for how
+    /// much. On plain TCP the bytes the socket holds are taken at once into the spare
+    /// capacity (no zeroing); when it holds none, one byte is read through glommio, which
+    /// waits for it (the rest comes with the next call). The buffer is left as it was if
+    /// the deadline wins.
+    ///
+    /// [`read_size`]: Self::read_size
+    async fn fill(&mut self, need: usize, deadline: Instant) -> Result<Option<usize>, ConnError> {
+        let mut want = self.read_size(need);
+        if let Some(fd) = self.plain_fd {
+            if let Some(n) = recv_now(fd, &mut self.buf, want)? {
+                if n > 0 {
+                    self.activity.touch();
+                }
+                return Ok(Some(n));
+            }
+            want = 1;
+        }
         let start = self.buf.len();
         self.buf.resize(start + want, 0);
         let (half, buf) = (&mut self.half, &mut self.buf);
@@ -382,6 +421,32 @@ fn readable_bytes(half: &Half) -> usize {
     }
 }
 
+/// One non-blocking `recv` of at most `want` bytes straight into the spare capacity of
+/// `buf` (grown for them first), which is not zeroed: the kernel's copy is the only
+/// write. `Some(0)` at the end of the stream, `None` if the socket holds nothing now.
+fn recv_now(fd: RawFd, buf: &mut BytesMut, want: usize) -> io::Result<Option<usize>> {
+    assert!(want > 0, "a read asks for at least one byte");
+    buf.reserve(want);
+    let spare = buf.spare_capacity_mut();
+    let len = want.min(spare.len());
+    // SAFETY: `spare` is writable memory owned by `buf`, at least `len` bytes long; recv
+    // writes at most `len` bytes there and reads none. MSG_DONTWAIT keeps the executor
+    // thread from blocking.
+    let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), len, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(err),
+        };
+    }
+    let n = n as usize;
+    assert!(n <= len, "recv wrote past the length it was given");
+    // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(Some(n))
+}
+
 /// Serves one connection until the client closes it, sends bad framing, stalls in a frame,
 /// stays idle, or shutdown.
 pub async fn serve(
@@ -413,7 +478,12 @@ pub async fn serve(
         activity: activity.clone(),
         permit: None,
         deadline: None,
+        plain_fd: None,
+        expect_large: false,
     };
+    if !reader.half.0.borrow().is_tls() {
+        reader.plain_fd = Some(reader.half.0.borrow().raw_fd());
+    }
     let mut last_fetch: Option<Rc<FetchTurn>> = None;
     // Checked before each listen: an event fired before we listen is not heard.
     while !shard.shutting_down.get() {
@@ -704,5 +774,65 @@ mod tests {
         );
         assert_eq!(advance(&chunks, 0, 1, 3), (2, 1));
         assert_eq!(advance(&chunks, 0, 0, 5), (3, 0));
+    }
+
+    /// Three large frames written back to back (the client pipelines them) come out each
+    /// in its own allocation, of its own size: a read never runs past a large frame's
+    /// end, so Produce can cut the records out in place. The old reader took the last
+    /// part of a frame with a 64 KiB chunk that also held the next frame's start, so the
+    /// frame shared its allocation (and Produce copied it out).
+    #[test]
+    fn pipelined_large_frames_are_each_handed_over_whole() {
+        use std::io::Write;
+        const BODY: usize = 100_000;
+        const FRAMES: u8 = 3;
+        crate::storage::testing::run_on_shard(|| async {
+            let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = std::thread::spawn(move || {
+                let mut all = Vec::new();
+                for i in 0..FRAMES {
+                    all.extend_from_slice(&(BODY as i32).to_be_bytes());
+                    all.extend(std::iter::repeat_n(i, BODY));
+                }
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(&all).unwrap();
+                s
+            });
+            let stream = listener.accept().await.unwrap();
+            let half = Half(Rc::new(RefCell::new(Transport::Plain(stream))));
+            let plain_fd = Some(half.0.borrow().raw_fd());
+            let mut reader = FrameReader {
+                half,
+                buf: BytesMut::new(),
+                max_bytes: 1 << 20,
+                limits: ReadLimits {
+                    budget: RequestBudget::new(1 << 30, 1),
+                    frame_timeout: Duration::from_secs(30),
+                    idle_timeout: Duration::from_secs(60),
+                },
+                activity: Rc::new(Activity {
+                    last: Cell::new(Instant::now()),
+                    in_flight: Cell::new(0),
+                }),
+                permit: None,
+                deadline: None,
+                plain_fd,
+                expect_large: false,
+            };
+            for i in 0..FRAMES {
+                let frame = reader.next().await.unwrap().expect("a frame");
+                assert_eq!(frame.bytes.len(), BODY);
+                assert!(frame.bytes.iter().all(|&b| b == i), "frame {i}'s bytes");
+                let whole = frame.bytes.try_into_mut();
+                let whole = whole.expect("each frame is the only owner of its allocation");
+                if i > 0 {
+                    // The first frame's start came in a 64 KiB chunk; after a large frame
+                    // the next one is read into a buffer of exactly its size.
+                    assert_eq!(whole.capacity(), BODY, "frame {i} sized exactly");
+                }
+            }
+            drop(client.join().unwrap());
+        });
     }
 }

@@ -259,6 +259,10 @@ fn prepare_quorum(
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
         leader_rebalance: config.leader_rebalance,
+        scram_bootstrap: match config.props.get(crate::security::scram_bootstrap::KEY) {
+            Some(v) => crate::security::scram_bootstrap::parse(v)?,
+            None => Vec::new(),
+        },
     };
     crate::controller::quorum::prepare(q).map(Some)
 }

@@ -141,7 +141,7 @@ async fn remote_marker(
         .with_coordinator_epoch(marker.coordinator_epoch);
     let req = kafka_protocol::messages::WriteTxnMarkersRequest::default().with_markers(vec![m]);
     let call = async {
-        let mut conn = crate::replication::client::BrokerConn::connect(addr).await?;
+        let mut conn = crate::replication::client::BrokerConn::connect_to(&node.host, addr).await?;
         conn.call(&req, WRITE_MARKERS_VERSION, deadline).await
     };
     match call.await {

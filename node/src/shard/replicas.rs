@@ -165,9 +165,15 @@ impl Shard {
     /// A fetcher whose source moved to another address (it restarted on a new port) is
     /// replaced by one fetching there, following the same partitions.
     fn fetcher_for(&self, source: NodeId, addr: SocketAddr) -> Rc<ReplicaFetcher> {
+        // The registered host, for the TLS name check (the IP when it is not known).
+        let host = self
+            .catalog()
+            .nodes
+            .get(&source.get())
+            .map_or_else(|| addr.ip().to_string(), |n| n.host.clone());
         let existing = self.fetchers.borrow().get(&source).cloned();
         let moved = match existing {
-            Some(f) if f.addr() == addr => return f,
+            Some(f) if f.addr() == addr && f.host() == host => return f,
             Some(f) => {
                 tracing::info!(%source, from = %f.addr(), to = %addr, "replication source moved; refetching from its new address");
                 f.retire()
@@ -175,7 +181,7 @@ impl Shard {
             None => Vec::new(),
         };
         let config = fetcher_config(self.config());
-        let f = ReplicaFetcher::new(self.node_id(), source, addr, config);
+        let f = ReplicaFetcher::new_named(self.node_id(), source, host, addr, config);
         for (tp, p) in moved {
             f.follow(tp, p);
         }

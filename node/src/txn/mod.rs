@@ -11,7 +11,8 @@
 //! partition of the transaction (through `WriteMarkerCall`, on each partition's shard),
 //! then CompleteCommit/CompleteAbort. On first use after a start, a partition is replayed
 //! (latest value per id wins); a transaction found in Prepare* has its markers written
-//! again (markers are idempotent for the partitions: a second one closes nothing). An
+//! again at once, as Kafka completes them on load, not at the ticker's next round
+//! (markers are idempotent for the partitions: a second one closes nothing). An
 //! Ongoing one continues: its producer may go on with it, or `transaction.timeout.ms`
 //! after it began the ticker aborts it, with the producer's epoch bumped (fenced), as
 //! Kafka's coordinator does.
@@ -24,8 +25,8 @@
 //! loaded (replayed) when this node becomes the leader, unloaded when it stops leading,
 //! NOT_COORDINATOR on a node that does not lead it; every state write is acknowledged once
 //! replicated, so the next leader finishes (Prepare*) or times out (Ongoing) what this one
-//! left. Markers go to the partitions' leaders on this node only (`MarkerWriter`): a
-//! partition of the transaction led by another node is not reached yet.
+//! left. Markers go to each partition's leader (`MarkerWriter`): this node's owning
+//! shard, or the node leading it (WriteTxnMarkers).
 
 pub mod schema;
 pub mod state;
@@ -61,6 +62,11 @@ const MARKER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const TRANSACTIONAL_ID_MAX_BYTES: usize = 255;
 /// Epochs above this start a new producer id instead (Kafka: `Short.MaxValue - 1`).
 const EPOCH_MAX: i16 = i16::MAX - 1;
+/// Tries to claim a transactional id found in Prepare* at load while a request holds it
+/// (a retried EndTxn is answered at once); after them the ticker finishes it.
+const RESUME_CLAIM_TRIES: u32 = 50;
+/// Pause between those tries (with the tries: five seconds).
+const RESUME_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Coordinator settings, under Kafka's keys.
 #[derive(Clone, Copy, Debug)]
@@ -203,6 +209,9 @@ pub struct Coordinators {
     ticker_started: Cell<bool>,
     /// How many partitions `__transaction_state` has (from the catalogue, at load).
     topic_partitions: Cell<i32>,
+    /// Transactional ids found in Prepare* by a replay, whose markers are still to be
+    /// written (see [`Coordinators::resume_loaded`]).
+    to_resume: RefCell<Vec<String>>,
 }
 
 /// Marks a transactional id busy while alive.
@@ -233,7 +242,9 @@ impl Coordinators {
         // Served only while this node leads the partition (NOT_COORDINATOR otherwise).
         self.drop_stale();
         if let TxnOp::List = call.op {
-            return self.list(ctx).await;
+            let listed = self.list(ctx).await;
+            self.resume_loaded();
+            return listed;
         }
         if !ctx.owns(TXN_TOPIC, call.partition) {
             return TxnReply::Code(errors::NOT_COORDINATOR);
@@ -242,6 +253,7 @@ impl Coordinators {
             Ok(p) => p,
             Err(code) => return TxnReply::Code(code),
         };
+        self.resume_loaded();
         let Some(id) = call.op.txn_id().map(str::to_string) else {
             return TxnReply::Code(errors::INVALID_REQUEST);
         };
@@ -332,7 +344,44 @@ impl Coordinators {
         let _ = self.markers.set(markers);
         self.start_ticker(settings);
         self.drop_stale();
-        self.load(ctx, index).await.map(|_| ())
+        let loaded = self.load(ctx, index).await.map(|_| ());
+        self.resume_loaded();
+        loaded
+    }
+
+    /// Finishes, at once, the transactions a replay found in Prepare* (Kafka's
+    /// coordinator completes them on load): their markers are written and Complete*
+    /// logged by a task of their own, not at the ticker's next round
+    /// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default),
+    /// while their partitions' last stable offsets, and every read_committed consumer
+    /// of them, wait.
+    fn resume_loaded(self: &Rc<Self>) {
+        let ids = std::mem::take(&mut *self.to_resume.borrow_mut());
+        if ids.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            for id in ids {
+                me.resume(&id).await;
+            }
+        })
+        .detach();
+    }
+
+    /// Finishes `id` if it is still ending; while a request holds it, tries again a
+    /// bounded number of times (then the ticker does).
+    async fn resume(&self, id: &str) {
+        for _ in 0..RESUME_CLAIM_TRIES {
+            if self.finish_due(id, now_ms()).await {
+                return;
+            }
+            glommio::timer::sleep(RESUME_CLAIM_BACKOFF).await;
+        }
+        tracing::info!(
+            transactional_id = id,
+            "ending transaction busy since load: left to the ticker"
+        );
     }
 
     /// Whether partition `index` is loaded or being loaded.
@@ -620,14 +669,21 @@ impl Coordinators {
             Ok(())
         })
         .await?;
+        let ending: Vec<String> = loaded
+            .iter()
+            .filter(|(_, m)| m.state.is_preparing())
+            .map(|(id, _)| id.clone())
+            .collect();
         tracing::info!(
             partition = index,
             batches,
             transactional_ids = loaded.len(),
+            ending = ending.len(),
             epoch = %epoch,
             ms = started.elapsed().as_millis() as u64,
             "loaded transaction coordinator state"
         );
+        self.to_resume.borrow_mut().extend(ending);
         {
             // The log is the partition's whole state: nothing older of it stays.
             let partitions = self.topic_partitions.get();
@@ -656,54 +712,60 @@ impl Coordinators {
     }
 
     async fn tick(&self, now: i64) {
-        let due: Vec<(String, TxnMetadata)> = self
+        let ids: Vec<String> = self
             .txns
             .borrow()
             .iter()
-            .filter(|(_, m)| m.timed_out(now) || m.state.is_preparing())
-            .map(|(id, m)| (id.clone(), m.clone()))
+            .filter(|(_, m)| due(m, now))
+            .map(|(id, _)| id.clone())
             .collect();
-        for (id, m) in due {
-            let Some(part) = self.partition_of(&id) else {
-                continue;
-            };
-            let Some(_busy) = self.claim(&id) else {
-                continue;
-            };
-            // Re-read under the claim: a request may have moved it on meanwhile.
-            let Some(m) = self
-                .txns
-                .borrow()
-                .get(&id)
-                .cloned()
-                .filter(|now_m| *now_m == m)
-            else {
-                continue;
-            };
-            let timed_out = m.state == TxnState::Ongoing;
-            let result = self.finish_open(&part, &id, m).await;
-            match result {
-                Ok(done) if timed_out => tracing::info!(
+        for id in ids {
+            // Held by a request: the next round sees it again.
+            let _ = self.finish_due(&id, now).await;
+        }
+    }
+
+    /// Ends `id` if it is due (timed out: aborted and its producer fenced; Prepare*:
+    /// markers written), under a claim. False if a request holds it (nothing done).
+    async fn finish_due(&self, id: &str, now: i64) -> bool {
+        let Some(part) = self.partition_of(id) else {
+            return true;
+        };
+        let Some(_busy) = self.claim(id) else {
+            return false;
+        };
+        // Read under the claim: a request may have moved it on meanwhile.
+        let Some(m) = self.txns.borrow().get(id).cloned().filter(|m| due(m, now)) else {
+            return true;
+        };
+        let timed_out = m.state == TxnState::Ongoing;
+        match self.finish_open(&part, id, m).await {
+            Ok(done) if timed_out => tracing::info!(
+                transactional_id = id,
+                producer_id = %done.producer_id,
+                epoch = %done.producer_epoch,
+                "transaction timed out: aborted, producer fenced"
+            ),
+            Ok(_) => {}
+            Err(code) => {
+                tracing::warn!(
                     transactional_id = id,
-                    producer_id = %done.producer_id,
-                    epoch = %done.producer_epoch,
-                    "transaction timed out: aborted, producer fenced"
-                ),
-                Ok(_) => {}
-                Err(code) => {
-                    tracing::warn!(
-                        transactional_id = id,
-                        "cannot end transaction: error {code}"
-                    )
-                }
+                    "cannot end transaction: error {code}"
+                )
             }
         }
+        true
     }
 
     fn partition_of(&self, id: &str) -> Option<Rc<Partition>> {
         let index = partition_for(id, self.topic_partitions.get());
         self.partitions.get(index)
     }
+}
+
+/// Whether the ticker (or a load) must end `m` now: timed out, or ending (Prepare*).
+fn due(m: &TxnMetadata, now: i64) -> bool {
+    m.timed_out(now) || m.state.is_preparing()
 }
 
 /// Applies one batch of the transaction log: the latest value per id wins.

@@ -111,11 +111,10 @@ async fn heartbeats(b: Arc<Broker>) {
             };
             let sent = Instant::now();
             match peer.call(&rpc, timeout).await {
-                Ok(RpcReply::Heartbeat(Ok(update))) => {
-                    b.handle.renew_lease(sent);
+                Ok(RpcReply::Heartbeat(Ok(answer))) => {
                     b.follow(u64::try_from(id).ok());
                     b.handle.leader.store(i64::from(id), Ordering::Release);
-                    if let Some(u) = update
+                    if let Some(u) = answer.image
                         && u.index > b.have.load(Ordering::Acquire)
                     {
                         match b.node.meta.replace(u.catalog) {
@@ -125,6 +124,12 @@ async fn heartbeats(b: Arc<Broker>) {
                             }
                             Err(e) => tracing::warn!("cannot install the controller's image: {e}"),
                         }
+                    }
+                    // Only live, and with the image installed first: a node back from a
+                    // cut must not lead partitions its old image names it leader of
+                    // (see the voters' `renew_when_caught_up`).
+                    if answer.live && b.have.load(Ordering::Acquire) >= answer.applied {
+                        b.handle.renew_lease(sent);
                     }
                     answered = true;
                     break;

@@ -20,7 +20,7 @@ use openraft::{BasicNode, Raft};
 use super::{Command, Outcome};
 use crate::errors;
 use crate::shard::NodeShared;
-use net::{Peer, Refused, Rpc, RpcReply};
+use net::{HeartbeatAnswer, Peer, Refused, Rpc, RpcReply};
 
 openraft::declare_raft_types!(
     /// The quorum's types: metadata commands in, outcomes out.
@@ -60,6 +60,9 @@ pub struct QuorumConfig {
     pub election_timeout: Duration,
     /// Preferred-leader rebalance by the active controller.
     pub leader_rebalance: crate::config::LeaderRebalance,
+    /// SCRAM credentials (salted) a fresh cluster's first controller commits
+    /// (`scram.bootstrap.credentials`).
+    pub scram_bootstrap: Vec<crate::metadata::scram::ScramChange>,
 }
 
 /// A request from a shard.
@@ -189,6 +192,9 @@ struct Ctx {
     seen: Mutex<(u64, HashMap<i32, Instant>)>,
     /// Leader only: node registrations being proposed (one at a time per node).
     registering: Arc<Mutex<HashSet<i32>>>,
+    /// Leader only: nodes whose fence is being proposed (their heartbeats meanwhile are
+    /// answered not live). Locked only while `seen` is.
+    fencing: Mutex<HashSet<i32>>,
 }
 
 impl Ctx {
@@ -304,6 +310,7 @@ async fn run(
         config,
         seen: Mutex::new((0, HashMap::new())),
         registering: Arc::new(Mutex::new(HashSet::new())),
+        fencing: Mutex::new(HashSet::new()),
     });
     tokio::spawn(serve(listener, ctx.clone()));
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
@@ -487,7 +494,7 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             match net::accept(stream).await {
-                Ok(stream) => connection(stream, &ctx).await,
+                Ok(stream) => connection(stream, &ctx, peer).await,
                 // A wrong certificate on either side: the peer's dial fails too, and
                 // both log it (rate limited by the peers' retry pauses).
                 Err(e) => tracing::warn!(%peer, "controller port: TLS refused: {e}"),
@@ -497,7 +504,13 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Ctx>) {
     }
 }
 
-async fn connection(mut stream: net::BoxStream, ctx: &Ctx) {
+async fn connection(mut stream: net::BoxStream, ctx: &Ctx, peer: std::net::SocketAddr) {
+    // A SASL controller port serves nothing before the peer authenticated.
+    if let Some(sasl) = crate::security::peer::controller_sasl()
+        && !net::authenticate_incoming(&mut stream, sasl, peer).await
+    {
+        return;
+    }
     loop {
         let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
         let body = match tokio::time::timeout(idle, net::read_frame(&mut stream)).await {
@@ -525,6 +538,11 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
         Rpc::Append(r) => RpcReply::Append(ctx.raft.append_entries(r).await),
         Rpc::Vote(r) => RpcReply::Vote(ctx.raft.vote(r).await),
         Rpc::Snapshot(r) => RpcReply::Snapshot(ctx.raft.install_snapshot(r).await),
+        // Authentication is the connection's first exchange (or none on a port without
+        // SASL): here it is out of place, and refused so a misconfiguration is loud.
+        Rpc::Authenticate { .. } => RpcReply::Authenticate(Err(
+            "SASL is not expected here (the controller port's protocol differs)".into(),
+        )),
         Rpc::Propose(cmd) => {
             let deadline = Duration::from_millis(PROPOSE_DEADLINE_MS);
             let written = tokio::time::timeout(deadline, ctx.raft.client_write(cmd)).await;
@@ -542,7 +560,9 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             host,
             port,
             have,
-        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port).map(|()| {
+        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port).map(|live| {
+            // Read after `live` was decided from the image: a fence applied in between
+            // is in what the node must catch up to.
             let applied = ctx
                 .raft
                 .metrics()
@@ -551,10 +571,15 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
                 .map_or(0, |l| l.index);
             // Index read before the image: the image holds at least what it says.
             let behind = have.is_some_and(|h| h < applied);
-            behind.then(|| net::ImageUpdate {
+            let image = behind.then(|| net::ImageUpdate {
                 index: applied,
                 catalog: (*ctx.node.meta.snapshot()).clone(),
-            })
+            });
+            HeartbeatAnswer {
+                image,
+                applied,
+                live,
+            }
         })),
     }
 }
@@ -566,16 +591,18 @@ fn is_leader(ctx: &Ctx) -> bool {
 }
 
 /// The leader notes a heartbeat, and registers the node if the image does not have it
-/// live at this address.
-fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<(), Refused> {
+/// live at this address. Whether the node is live: registered, unfenced, and not being
+/// fenced (see [`HeartbeatAnswer::live`]).
+fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<bool, Refused> {
     if !is_leader(ctx) {
         return Err(Refused::NotLeader(
             ctx.raft.metrics().borrow().current_leader,
         ));
     }
-    match ctx.seen.lock() {
-        Ok(mut s) => s.1.insert(id, Instant::now()),
-        Err(p) => p.into_inner().1.insert(id, Instant::now()),
+    let being_fenced = {
+        let mut seen = lock(&ctx.seen);
+        seen.1.insert(id, Instant::now());
+        lock(&ctx.fencing).contains(&id)
     };
     let image = ctx.node.meta.snapshot();
     let known = image
@@ -583,7 +610,7 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<(), Refused>
         .get(&id)
         .is_some_and(|n| !n.fenced && n.host == host && n.port == port);
     if known {
-        return Ok(());
+        return Ok(!being_fenced);
     }
     let fresh = match ctx.registering.lock() {
         Ok(mut r) => r.insert(id),
@@ -603,7 +630,15 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<(), Refused>
             };
         });
     }
-    Ok(())
+    Ok(false)
+}
+
+/// Locks `m`, also after a panic elsewhere poisoned it (the data is a plain set/map).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 /// This node's heartbeat to the leader, every `broker.heartbeat.interval.ms`.
@@ -613,6 +648,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let id = ctx.config.node_id;
     while !handle.stopping.load(Ordering::SeqCst) {
         let leader = ctx.raft.metrics().borrow().current_leader;
+        let mut renewed = true;
         match leader {
             Some(l) if l == id as u64 => {
                 let _ = heartbeat(&ctx, id, host.clone(), port);
@@ -635,15 +671,58 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                     };
                     let sent = Instant::now();
                     let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
-                    if let Ok(RpcReply::Heartbeat(Ok(_))) = reply {
-                        handle.renew_lease(sent);
+                    if let Ok(RpcReply::Heartbeat(Ok(answer))) = reply {
+                        renewed = renew_when_caught_up(&ctx, &handle, &answer, sent).await;
                     }
                 }
             }
             None => {}
         }
-        tokio::time::sleep(ctx.config.heartbeat_interval).await;
+        // Not renewed (registering, or the image behind): ask again soon, not a whole
+        // interval later, so a returning node leads again once it may.
+        let pause = if renewed {
+            ctx.config.heartbeat_interval
+        } else {
+            let retry = Duration::from_millis(RETRY_PAUSE_MS);
+            ctx.config.heartbeat_interval.min(retry)
+        };
+        tokio::time::sleep(pause).await;
     }
+}
+
+/// Renews this voter's lease from a heartbeat sent at `sent` once its image holds the
+/// index the leader had applied when it answered, waiting for that at most one
+/// heartbeat interval; never while the leader does not have it live. Returns whether it
+/// renewed.
+///
+/// Why: the node may have been cut off long enough to be fenced and have its partitions
+/// led elsewhere. Its first answered heartbeat comes before its image has those changes
+/// (the leader's log reaches it separately), and a lease renewed then would let it
+/// acknowledge produces, as leader of an old epoch, for partitions that moved (Kafka: a
+/// broker stays fenced until it has caught up to the controller's committed offset).
+async fn renew_when_caught_up(
+    ctx: &Ctx,
+    handle: &Handle,
+    answer: &HeartbeatAnswer,
+    sent: Instant,
+) -> bool {
+    if !answer.live {
+        return false;
+    }
+    let waited = ctx
+        .raft
+        .wait(Some(ctx.config.heartbeat_interval))
+        .applied_index_at_least(Some(answer.applied), "lease renewal")
+        .await;
+    if waited.is_err() {
+        tracing::debug!(
+            index = answer.applied,
+            "lease not renewed: this node's image is behind the controller's"
+        );
+        return false;
+    }
+    handle.renew_lease(sent);
+    true
 }
 
 /// The active controller gives partitions back to their preferred replicas every
@@ -677,6 +756,38 @@ async fn rebalance_leaders(ctx: Arc<Ctx>) {
     }
 }
 
+/// Commits `scram.bootstrap.credentials` (nothing to do: `true`); `true` once done.
+async fn bootstrap_scram(ctx: &Ctx) -> bool {
+    let changes = &ctx.config.scram_bootstrap;
+    if changes.is_empty() {
+        return true;
+    }
+    let cmd = Command::AlterScramCredentials {
+        changes: changes.clone(),
+    };
+    match ctx.raft.client_write(cmd).await {
+        Ok(resp) => match resp.data {
+            Outcome::ScramAltered(Ok(outcomes)) => {
+                tracing::info!(
+                    credentials = outcomes.len(),
+                    "bootstrap SCRAM credentials committed (scram.bootstrap.credentials)"
+                );
+                true
+            }
+            // Refused by the catalogue: the same again would be too; the cluster starts
+            // without them (loudly).
+            other => {
+                tracing::error!("bootstrap SCRAM credentials refused: {other:?}");
+                true
+            }
+        },
+        Err(e) => {
+            tracing::debug!("bootstrap SCRAM credentials: {e}");
+            false
+        }
+    }
+}
+
 /// The leader fences nodes whose lease expired, and names the cluster once.
 async fn leases(ctx: Arc<Ctx>) {
     loop {
@@ -686,17 +797,18 @@ async fn leases(ctx: Arc<Ctx>) {
         }
         let term = ctx.raft.metrics().borrow().current_term;
         let image = ctx.node.meta.snapshot();
-        if image.cluster_id.is_none() {
+        // A fresh cluster: its bootstrap SCRAM credentials first, then its name, so the
+        // credentials are committed once (a later leader sees the name) and before a
+        // node depends on them; if this leader fails between the two, the next one
+        // writes them again (the same passwords).
+        if image.cluster_id.is_none() && bootstrap_scram(&ctx).await {
             let cmd = Command::InitCluster {
                 id: ctx.node.cluster_id.clone(),
             };
             let _ = ctx.raft.client_write(cmd).await;
         }
         let expired: Vec<i32> = {
-            let mut seen = match ctx.seen.lock() {
-                Ok(s) => s,
-                Err(p) => p.into_inner(),
-            };
+            let mut seen = lock(&ctx.seen);
             let now = Instant::now();
             if seen.0 != term {
                 // A new leader gives every node a full lease from now.
@@ -705,7 +817,7 @@ async fn leases(ctx: Arc<Ctx>) {
                     seen.1.insert(*id, now);
                 }
             }
-            image
+            let expired: Vec<i32> = image
                 .nodes
                 .iter()
                 .filter(|(_, n)| !n.fenced)
@@ -715,11 +827,16 @@ async fn leases(ctx: Arc<Ctx>) {
                         .is_none_or(|t| now.duration_since(*t) > ctx.config.session_timeout)
                 })
                 .map(|(id, _)| *id)
-                .collect()
+                .collect();
+            // Under `seen`: a heartbeat from now on sees the fence under way.
+            lock(&ctx.fencing).extend(expired.iter().copied());
+            expired
         };
         for id in expired {
             tracing::warn!(node = id, "node lease expired: fencing it");
             let _ = ctx.raft.client_write(Command::FenceNode { id }).await;
+            // Applied here (or failed): the image says which.
+            lock(&ctx.fencing).remove(&id);
         }
     }
 }

@@ -2,7 +2,9 @@
 //! response per exchange, each a frame of a u32 big-endian length and a JSON body
 //! (bounded by [`FRAME_MAX_BYTES`]), every read and write under a timeout. With
 //! `controller.listener.names` mapped to SSL the connections are TLS (rustls through
-//! futures-rustls over [`Compat`], tokio's socket seen as a futures-io stream).
+//! futures-rustls over [`Compat`], tokio's socket seen as a futures-io stream); mapped to
+//! SASL_PLAINTEXT or SASL_SSL, a connection's first exchange is SASL PLAIN
+//! ([`Rpc::Authenticate`]) and the server serves nothing else until it succeeded.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,6 +30,13 @@ pub const FRAME_MAX_BYTES: usize = 64 << 20;
 pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// An RPC that carries no deadline of its own (propose, heartbeat) gives up after this.
 pub const RPC_TIMEOUT_MS: u64 = 5_000;
+/// Largest frame read before a connection authenticated (a PLAIN message is at most
+/// 4 KiB): an unauthenticated peer makes this node allocate no more.
+pub const AUTH_FRAME_MAX_BYTES: usize = 16 << 10;
+/// The only SASL mechanism of the controller port. SCRAM credentials live in the
+/// metadata the quorum replicates, so a voter with an empty log could never check them
+/// (Kafka's controllers take PLAIN for the same reason).
+pub const CONTROLLER_MECHANISM: &str = "PLAIN";
 
 /// What one voter asks another.
 #[derive(Serialize, Deserialize)]
@@ -46,6 +55,12 @@ pub enum Rpc {
         port: u16,
         have: Option<u64>,
     },
+    /// SASL: the first request on a connection to a SASL controller port, and the only
+    /// one served before it succeeded. `token`: the mechanism's client message.
+    Authenticate {
+        mechanism: String,
+        token: Vec<u8>,
+    },
 }
 
 /// Why a forwarded request was not done by the node asked.
@@ -63,8 +78,26 @@ pub enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
     /// The outcome and the index of the log entry that made it.
     Propose(Result<(Outcome, u64), Refused>),
+    /// The leader's answer to a heartbeat.
+    Heartbeat(Result<HeartbeatAnswer, Refused>),
+    /// Authenticated, or refused (the reason stays in the server's log).
+    Authenticate(Result<(), String>),
+}
+
+/// What the leader answers a node's heartbeat (Kafka's broker heartbeat response with
+/// `isFenced` and the controller's committed offset to catch up to).
+#[derive(Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
     /// For a broker-only node behind the leader: the leader's image and its log index.
-    Heartbeat(Result<Option<ImageUpdate>, Refused>),
+    pub image: Option<ImageUpdate>,
+    /// The leader's applied log index when it answered. The node renews its lease (may
+    /// act as a partition leader) only once its own image holds this index: a node back
+    /// from a cut must first see the leader changes made while it was away.
+    pub applied: u64,
+    /// Whether the leader's image has the node registered and unfenced, with no fence
+    /// of it under way. A node that is not renews no lease: it registers first, and its
+    /// image may still name it leader of partitions that were moved.
+    pub live: bool,
 }
 
 /// The committed image sent to a broker-only node (it runs no Raft).
@@ -133,29 +166,131 @@ pub async fn accept(s: TcpStream) -> std::io::Result<BoxStream> {
     Ok(Box::new(stream))
 }
 
-/// Connects to a voter's controller address (`HOST:PORT`), with TLS when configured.
+/// The server side of SASL on the controller port: the first frame must be
+/// [`Rpc::Authenticate`] with PLAIN credentials of the controller listener's users, sent
+/// within [`RPC_TIMEOUT_MS`] and at most [`AUTH_FRAME_MAX_BYTES`]. A failure is logged
+/// (rate limited), answered after `connection.failed.authentication.delay.ms`, and the
+/// connection closes; `true` once authenticated.
+pub async fn authenticate_incoming(
+    s: &mut BoxStream,
+    sasl: &crate::security::peer::ControllerSasl,
+    peer: std::net::SocketAddr,
+) -> bool {
+    use crate::security::sasl::{Mechanism, SaslState, Step, step as sasl_step};
+    let rpc_timeout = Duration::from_millis(RPC_TIMEOUT_MS);
+    let body = match timed(rpc_timeout, read_frame_max(s, AUTH_FRAME_MAX_BYTES)).await {
+        Ok(b) => b,
+        Err(e) => {
+            crate::client_warn!(%peer, "controller port: no SASL authentication: {e}");
+            return false;
+        }
+    };
+    let (mechanism, token) = match serde_json::from_slice::<Rpc>(&body) {
+        Ok(Rpc::Authenticate { mechanism, token }) => (mechanism, token),
+        _ => {
+            crate::client_warn!(%peer, "controller port: a request before SASL authentication; closing");
+            return false;
+        }
+    };
+    let step = match Mechanism::parse(&mechanism) {
+        Some(Mechanism::Plain) => {
+            let mut state = SaslState::Token(Mechanism::Plain);
+            let nothing = crate::metadata::Catalog::default();
+            sasl_step(&mut state, &sasl.server, &nothing, &token)
+        }
+        _ => Step::Failure(format!(
+            "mechanism {mechanism:?} is not offered on the controller port ({CONTROLLER_MECHANISM})"
+        )),
+    };
+    let reply = match step {
+        Step::Success { user, .. } => {
+            tracing::debug!(%peer, %user, "controller port: authenticated");
+            Ok(())
+        }
+        Step::Failure(why) => {
+            crate::client_warn!(%peer, "controller port: SASL authentication failed: {why}");
+            // Slows down guessing, as on the client listeners.
+            tokio::time::sleep(Duration::from_millis(sasl.server.failed_auth_delay_ms)).await;
+            Err("authentication failed".to_string())
+        }
+        Step::Challenge(_) => Err("unexpected SASL challenge".to_string()),
+    };
+    let ok = reply.is_ok();
+    let Ok(out) = serde_json::to_vec(&RpcReply::Authenticate(reply)) else {
+        return false;
+    };
+    let written = timed(rpc_timeout, write_frame(s, &out)).await;
+    ok && written.is_ok()
+}
+
+/// The client side: authenticates with this node's controller credentials.
+async fn authenticate_outgoing(
+    s: &mut BoxStream,
+    sasl: &crate::security::peer::PeerSasl,
+    addr: &str,
+) -> std::io::Result<()> {
+    let token = format!("\0{}\0{}", sasl.user, sasl.password).into_bytes();
+    let rpc = Rpc::Authenticate {
+        mechanism: CONTROLLER_MECHANISM.to_string(),
+        token,
+    };
+    let body = serde_json::to_vec(&rpc).map_err(std::io::Error::other)?;
+    let reply = timed(Duration::from_millis(RPC_TIMEOUT_MS), async {
+        write_frame(s, &body).await?;
+        read_frame_max(s, AUTH_FRAME_MAX_BYTES).await
+    })
+    .await?;
+    match serde_json::from_slice::<RpcReply>(&reply) {
+        Ok(RpcReply::Authenticate(Ok(()))) => Ok(()),
+        Ok(RpcReply::Authenticate(Err(why))) => {
+            crate::client_warn!(
+                "SASL to controller {addr} refused: {why} (user {:?})",
+                sasl.user
+            );
+            Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("SASL to controller {addr}: {why}"),
+            ))
+        }
+        _ => Err(std::io::Error::other(format!(
+            "SASL to controller {addr}: unexpected reply"
+        ))),
+    }
+}
+
+/// Connects to a voter's controller address (`HOST:PORT`), with TLS and SASL when
+/// configured. Under TLS the voter's certificate must name HOST (unless
+/// `ssl.endpoint.identification.algorithm` is empty).
 async fn connect(addr: &str) -> std::io::Result<BoxStream> {
     let connect = TcpStream::connect(addr);
     let s = timed(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await?;
     s.set_nodelay(true)?;
-    let Some(tls) = crate::security::peer::controller_tls() else {
-        return Ok(Box::new(Compat(s)));
+    let mut stream: BoxStream = match crate::security::peer::controller_tls() {
+        None => Box::new(Compat(s)),
+        Some(tls) => {
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            let name = crate::security::tls::server_name(host, s.peer_addr()?);
+            let connector = futures_rustls::TlsConnector::from(tls.client.clone());
+            let handshake = connector.connect(name, Compat(s));
+            let stream = timed(Duration::from_millis(RPC_TIMEOUT_MS), handshake)
+                .await
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("TLS to controller {addr}: {e}"))
+                })?;
+            Box::new(stream)
+        }
     };
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = rustls_pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| std::io::Error::other(format!("controller address {addr}: {e}")))?;
-    let handshake = futures_rustls::TlsConnector::from(tls.client.clone()).connect(name, Compat(s));
-    let stream = timed(Duration::from_millis(RPC_TIMEOUT_MS), handshake)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS to controller {addr}: {e}")))?;
-    Ok(Box::new(stream))
+    if let Some(sasl) = crate::security::peer::controller_sasl() {
+        authenticate_outgoing(&mut stream, &sasl.client, addr).await?;
+    }
+    Ok(stream)
 }
 
-/// Dials a voter (TCP, then the TLS handshake when configured) and closes again: whether
-/// this node can reach it with its own connections (the election gate in the quorum's
-/// `gate_elections`). Under TLS 1.3 a peer that refuses only this node's client
-/// certificate does so after the handshake, so that case still counts as reachable.
+/// Dials a voter (TCP, then the TLS handshake and SASL when configured) and closes
+/// again: whether this node can reach it with its own connections (the election gate in
+/// the quorum's `gate_elections`); refused credentials count as unreachable. Under TLS
+/// 1.3 a peer that refuses only this node's client certificate does so after the
+/// handshake, so that case still counts as reachable (unless SASL follows).
 pub async fn probe(addr: &str) -> std::io::Result<()> {
     let mut s = connect(addr).await?;
     // close_notify, so the peer's read ends cleanly rather than with an error.
@@ -177,12 +312,18 @@ pub async fn write_frame(s: &mut BoxStream, body: &[u8]) -> std::io::Result<()> 
 
 /// Reads one frame (refusing one larger than [`FRAME_MAX_BYTES`]).
 pub async fn read_frame(s: &mut BoxStream) -> std::io::Result<Vec<u8>> {
+    read_frame_max(s, FRAME_MAX_BYTES).await
+}
+
+/// Reads one frame of at most `max` bytes.
+async fn read_frame_max(s: &mut BoxStream, max: usize) -> std::io::Result<Vec<u8>> {
+    assert!(max <= FRAME_MAX_BYTES);
     let mut len = [0u8; 4];
     s.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > FRAME_MAX_BYTES {
+    if len > max {
         return Err(std::io::Error::other(format!(
-            "frame of {len} bytes is larger than {FRAME_MAX_BYTES}"
+            "frame of {len} bytes is larger than {max}"
         )));
     }
     let mut body = vec![0u8; len];

@@ -34,12 +34,27 @@ fn join(g: &mut Group, a: JoinArgs, now: i64) -> LocalReceiver<JoinResult> {
     rx
 }
 
+/// A SyncGroup whose assignment (the leader's) is stored at once.
 fn sync(
     g: &mut Group,
     member: &str,
     generation: i32,
     asg: Vec<(String, Bytes)>,
 ) -> LocalReceiver<SyncResult> {
+    let (rx, staged) = sync_staged(g, member, generation, asg);
+    if let Some(staged) = staged {
+        g.assignment_written(staged, Ok(()), 0, &LIMITS);
+    }
+    rx
+}
+
+/// A SyncGroup; the generation whose assignment the coordinator must store, if any.
+fn sync_staged(
+    g: &mut Group,
+    member: &str,
+    generation: i32,
+    asg: Vec<(String, Bytes)>,
+) -> (LocalReceiver<SyncResult>, Option<i32>) {
     let (tx, rx) = local_channel::new_bounded(1);
     let a = SyncArgs {
         group: "g".into(),
@@ -48,8 +63,8 @@ fn sync(
         assignments: asg,
         ..SyncArgs::default()
     };
-    g.sync(a, 0, tx);
-    rx
+    let staged = g.sync(a, 0, tx);
+    (rx, staged)
 }
 
 /// KIP-394 two-step join: the first answer only hands out a member id.
@@ -71,16 +86,14 @@ fn two_members_join_sync_and_leave() {
     );
     assert_eq!(ra.protocol_name.as_deref(), Some("range"));
     assert_eq!(ra.members.len(), 1, "the leader gets the member list");
-    let sa = take(&sync(
-        &mut g,
-        &a,
-        1,
-        vec![(a.clone(), Bytes::from_static(b"p0"))],
-    ))
-    .expect("leader sync");
+    let (rx_sa, staged) = sync_staged(&mut g, &a, 1, vec![(a.clone(), Bytes::from_static(b"p0"))]);
+    assert_eq!(staged, Some(1), "a completed generation is stored");
+    assert!(take(&rx_sa).is_none(), "answered once stored");
+    assert_eq!(g.state, State::CompletingRebalance);
+    g.assignment_written(1, Ok(()), 0, &LIMITS);
+    let sa = take(&rx_sa).expect("leader sync");
     assert_eq!(sa.assignment, Bytes::from_static(b"p0"));
     assert_eq!(g.state, State::Stable);
-    assert!(g.take_dirty(), "a completed generation is stored");
 
     // A second member triggers a rebalance; the first learns of it by heartbeat.
     let b = first_member(&mut g, 10);
@@ -369,4 +382,79 @@ fn many_protocols_are_matched_in_linear_time() {
     assert_eq!(ra2.protocol_name.as_deref(), Some("range"));
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}
+
+/// Kafka's `doSyncGroup`: a leader's assignment that cannot be stored reaches no member;
+/// every waiting member gets the write's error, the group rebalances, and the members
+/// rejoin into a new generation.
+#[test]
+fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    take(&join(&mut g, args(&a, b"m"), 0)).expect("alone: generation 1");
+    let b = first_member(&mut g, 0);
+    let rx_b = join(&mut g, args(&b, b"m"), 0);
+    let rx_a = join(&mut g, args(&a, b"m"), 1);
+    let (ra, rb) = (take(&rx_a).expect("joined"), take(&rx_b).expect("joined"));
+    let generation = ra.generation;
+    assert_eq!(
+        (generation, rb.generation, ra.leader.as_str()),
+        (2, 2, a.as_str())
+    );
+    assert_eq!(g.state, State::CompletingRebalance);
+    let (rx_fb, none) = sync_staged(&mut g, &b, generation, vec![]);
+    assert_eq!(none, None, "a follower's sync stores nothing");
+    let asg = vec![
+        (a.clone(), Bytes::from_static(b"A")),
+        (b.clone(), Bytes::from_static(b"B")),
+    ];
+    let (rx_la, staged) = sync_staged(&mut g, &a, generation, asg);
+    assert_eq!(staged, Some(generation));
+    assert!(
+        take(&rx_la).is_none() && take(&rx_fb).is_none(),
+        "nobody before the write"
+    );
+    assert_eq!(g.heartbeat(&b, None, generation, 2), codes::NONE);
+
+    g.assignment_written(
+        generation,
+        Err(codes::COORDINATOR_NOT_AVAILABLE),
+        3,
+        &LIMITS,
+    );
+    for rx in [&rx_la, &rx_fb] {
+        let r = take(rx).expect("answered with the write's error");
+        assert_eq!(r.error, codes::COORDINATOR_NOT_AVAILABLE);
+        assert!(
+            r.assignment.is_empty(),
+            "no assignment of an unstored generation"
+        );
+    }
+    assert_eq!(g.state, State::PreparingRebalance);
+    assert!(g.members.iter().all(|m| m.assignment.is_empty()));
+    assert_eq!(
+        g.heartbeat(&a, None, generation, 4),
+        codes::REBALANCE_IN_PROGRESS,
+        "the members are told to rejoin"
+    );
+    // A late report of the same write changes nothing.
+    g.assignment_written(generation, Ok(()), 5, &LIMITS);
+    assert_eq!(g.state, State::PreparingRebalance);
+
+    // Both rejoin: a new generation, and this time its assignment is stored.
+    let rx_a = join(&mut g, args(&a, b"m"), 6);
+    let rx_b = join(&mut g, args(&b, b"m"), 6);
+    let (ra, rb) = (take(&rx_a).expect("joined"), take(&rx_b).expect("joined"));
+    assert_eq!(
+        (ra.generation, rb.generation),
+        (generation + 1, generation + 1)
+    );
+    let rx_fb = sync(&mut g, &b, generation + 1, vec![]);
+    let asg = vec![(b.clone(), Bytes::from_static(b"B2"))];
+    take(&sync(&mut g, &a, generation + 1, asg)).expect("leader synced");
+    assert_eq!(
+        take(&rx_fb).map(|r| r.assignment),
+        Some(Bytes::from_static(b"B2"))
+    );
+    assert_eq!(g.state, State::Stable);
 }
