@@ -7,6 +7,8 @@
 # broker whose logs are all `cleanup.policy=compact` with 8 MiB segments, so the cleaner
 # (every 200 ms, unthrottled) has freshly sealed dirty segments to clean all along. The
 # "cleaner" columns come from its "log cleaner compacted" lines.
+# CLEANER_IO=BYTES sets log.cleaner.io.max.bytes.per.second (Kafka's throttle; default
+# unlimited, as Kafka's).
 # Usage: tests/bench_cleaner.sh [RUNS] [DURATION_S] [KEYS]
 #   (needs target/release/weir and target/release/weir-loadgen, or WEIR_RELEASE_DIR)
 set -euo pipefail
@@ -24,6 +26,7 @@ one() { # ENABLE RUN
     mkdir -p "$d"
     "$BIN/weir" serve --data-dir "$d/data" --shards 1 --listen 127.0.0.1:0 \
         --set log.cleaner.enable="$1" --set log.cleaner.backoff.ms=200 \
+        ${CLEANER_IO:+--set log.cleaner.io.max.bytes.per.second=$CLEANER_IO} \
         --set log.cleanup.policy=compact --set log.segment.bytes=8388608 >"$d/weir.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 300); do grep -q "weir ready" "$d/weir.log" && break; sleep 0.1; done
