@@ -10,23 +10,13 @@ their share of samples, and for each of the top ones the weir functions that cal
     python3 bench/perf_top.py stacks.txt [TOP]
 """
 import collections
+import os
 import sys
 
-MAX_STACKS = 10_000_000
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfscript import stacks  # noqa: E402  (the parser beside this script)
+
 CALLERS_SHOWN = 4
-
-
-def stacks(path):
-    text = open(path, errors="replace").read().strip()
-    for n, block in enumerate(text.split("\n\n")):
-        if n >= MAX_STACKS:
-            break
-        frames = []
-        for line in block.strip().split("\n")[1:]:
-            parts = line.strip().split(None, 1)
-            frames.append(parts[1] if len(parts) > 1 else "?")
-        if frames:
-            yield frames
 
 
 def short(sym):

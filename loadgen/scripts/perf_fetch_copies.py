@@ -11,22 +11,13 @@ leaf with the weir function that called it.
     python3 loadgen/scripts/perf_fetch_copies.py stacks.txt
 """
 import collections
+import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from perfscript import stacks  # noqa: E402  (bench/perfscript.py, the shared parser)
+
 COPY = ("memmove", "memcpy")
-MAX_STACKS = 10_000_000
-
-
-def stacks(path):
-    for n, block in enumerate(open(path).read().strip().split("\n\n")):
-        if n >= MAX_STACKS:
-            break
-        frames = []
-        for line in block.strip().split("\n")[1:]:
-            parts = line.strip().split(None, 1)
-            frames.append(parts[1] if len(parts) > 1 else "?")
-        if frames:
-            yield frames
 
 
 def first_weir(frames):
