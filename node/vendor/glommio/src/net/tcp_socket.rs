@@ -313,7 +313,8 @@ impl AcceptedTcpStream {
     pub fn peer_addr(&self) -> Result<SocketAddr> {
         let socket = unsafe { Socket::from_raw_fd(self.fd) };
         let sock_addr = socket.peer_addr()?;
-        socket.into_raw_fd();
+        // weir patch: `let _ =` (the fd stays open, owned by `self`; rustc warned).
+        let _ = socket.into_raw_fd();
         Ok(sock_addr.as_socket().unwrap())
     }
 
