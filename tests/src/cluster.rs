@@ -29,8 +29,8 @@ const START_TRIES: usize = 3;
 /// How long one request to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Free ports on 127.0.0.1 (bound, then released for the node to take).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
+/// Free ports on 127.0.0.1 (bound, then released for a node to take).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     let held: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<_>>()?;

@@ -14,6 +14,8 @@
 //!   configured for a weir under test, with bounded waits.
 //! - [`fetch_tap`]: a recording proxy that decodes every Fetch exchange (KIP-227 session
 //!   id and epoch, partitions listed and answered) between real clients and a broker.
+//! - [`peer_security`]: what the node-to-node TLS/SASL tests share (a PKI and keystore,
+//!   TLS config keys, bounded waits for registration and log lines).
 
 pub mod broker;
 pub mod certs;
@@ -22,6 +24,7 @@ pub mod cluster;
 pub mod disk;
 pub mod fetch_tap;
 pub mod fuzz;
+pub mod peer_security;
 pub mod proxy;
 pub mod raw;
 

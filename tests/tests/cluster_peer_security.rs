@@ -9,117 +9,32 @@
 
 mod security_support;
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
-use kafka_protocol::messages::MetadataResponse;
+use anyhow::{Result, ensure};
 use security_support::run_client;
-use weir_tests::certs;
-use weir_tests::cluster::{Cluster, create_topic};
+use weir_tests::cluster::{Cluster, free_ports};
+use weir_tests::peer_security::{
+    AGREE_TIMEOUT, PeerPki, all_in_sync, create_when_ready, ensure_kept_out, listener_of,
+    per_node_refs, refs, replicated_keys, ssl_client, wait_for_log, wait_registered, with_tails,
+};
 
-/// Bound on every wait for the quorum and replication (a loaded 2-core machine).
-const AGREE_TIMEOUT: Duration = Duration::from_secs(120);
 const TOPIC: &str = "names-rf3";
 const RECORDS: &str = "200";
 /// `replica.lag.time.max.ms` of the refusal case: a follower that cannot fetch leaves
 /// the ISR this long after it was created.
 const LAG_MAX_MS: &str = "2000";
 
-fn refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    v.iter().map(|(k, s)| (*k, s.as_str())).collect()
-}
-
-fn per_node_refs<'a>(v: &'a [(i32, &'static str, String)]) -> Vec<(i32, &'static str, &'a str)> {
-    v.iter().map(|(id, k, s)| (*id, *k, s.as_str())).collect()
-}
-
-/// Free ports on 127.0.0.1 (bound, then released for a node to take).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()?;
-    held.iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect::<Result<_>>()
-}
-
-/// A PLAINTEXT listener (the harness's metadata reads and topic creation) and an SSL
-/// one (the inter-broker listener, the clients'), both on 127.0.0.1, with the
-/// localhost-only certificate.
-fn tls_settings(keystore: &Path, ca: &Path) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "listeners",
-            "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0".into(),
-        ),
-        (
-            "listener.security.protocol.map",
-            "PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:SSL".into(),
-        ),
-        ("inter.broker.listener.name", "SSL".into()),
-        ("ssl.keystore.type", "PEM".into()),
-        ("ssl.keystore.location", keystore.display().to_string()),
-        ("ssl.truststore.location", ca.display().to_string()),
-        ("default.replication.factor", "3".into()),
-        ("min.insync.replicas", "2".into()),
-    ]
-}
-
-fn partitions_of<'a>(
-    m: &'a MetadataResponse,
-    topic: &str,
-) -> Option<&'a [kafka_protocol::messages::metadata_response::MetadataResponsePartition]> {
-    m.topics
-        .iter()
-        .find(|t| t.name.as_ref().is_some_and(|x| x.as_str() == topic))
-        .map(|t| t.partitions.as_slice())
-        .filter(|p| !p.is_empty())
-}
-
-fn isr_all(m: &MetadataResponse, topic: &str, n: usize) -> bool {
-    partitions_of(m, topic).is_some_and(|ps| {
-        ps.iter()
-            .all(|p| p.isr_nodes.len() == n && p.leader_id.0 >= 0)
-    })
-}
-
+/// Creates the topic (3 partitions, RF 3) through node 1.
 fn create(c: &mut Cluster) -> Result<()> {
-    let addr = c.node(1).addr();
-    let deadline = Instant::now() + AGREE_TIMEOUT;
-    while create_topic(addr, TOPIC, 3, 3)? != 0 {
-        ensure!(Instant::now() < deadline, "topic not created");
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    Ok(())
-}
-
-/// Node 1's address of `listener` (its last ready line).
-fn listener_of(c: &mut Cluster, listener: &str) -> Result<std::net::SocketAddr> {
-    let log = c.node(1).log_text();
-    let from = log.rfind("weir ready").unwrap_or(0);
-    security_support::listener_addr(&log[from..], listener)
+    create_when_ready(c, TOPIC, 3, 3)
 }
 
 /// Produces with acks=all (idempotent) and reads it back, with the client settings
 /// `conf` (the inter-broker listener's: Metadata names the registered addresses): with
 /// min.insync.replicas=2 that succeeds only while followers replicate.
-fn produce_consume(conf: &[(&str, String)]) -> Result<String> {
-    let conf: Vec<(String, String)> = conf
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    run_client("produce-consume", &conf, &[TOPIC, RECORDS])
-}
-
-fn with_tails<T>(c: &mut Cluster, r: Result<T>) -> Result<T> {
-    r.map_err(|e| {
-        let tails: Vec<String> = (1..=c.nodes.len() as i32)
-            .map(|id| format!("--- node {id}:\n{}", c.node(id).log_tail(40)))
-            .collect();
-        e.context(tails.join("\n"))
-    })
+fn produce_consume(conf: &[(String, String)]) -> Result<String> {
+    run_client("produce-consume", conf, &[TOPIC, RECORDS])
 }
 
 /// rustls's words for a certificate that does not name the host dialled (with and
@@ -135,38 +50,18 @@ fn wait_logged(c: &mut Cluster, ids: &[i32], needle: &str) -> Result<()> {
     wait_for_log(c, ids, needle, |log| log.contains(needle))
 }
 
-fn wait_for_log(
-    c: &mut Cluster,
-    ids: &[i32],
-    what: &str,
-    found: impl Fn(&str) -> bool,
-) -> Result<()> {
-    let deadline = Instant::now() + AGREE_TIMEOUT;
-    loop {
-        if ids.iter().any(|id| found(&c.node(*id).log_text())) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("no node of {ids:?} logged {what:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Peers registered as `localhost:PORT`, voters named `localhost:PORT`: the
 /// localhost-only certificate matches both the replica fetchers' and the Raft
 /// connections' host, the quorum forms and every follower replicates over TLS. (Before
 /// the fix the fetchers checked the certificate against 127.0.0.1 and never fetched.)
 #[test]
 fn peers_dialled_by_name_verify_a_certificate_for_that_name() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let pki = certs::make(dir.path())?;
-    let keystore = pki.localhost_only_keystore()?;
+    let pki = PeerPki::localhost_only()?;
     let ports = free_ports(6)?;
     let voters: Vec<String> = (0..3)
         .map(|i| format!("{}@localhost:{}", i + 1, ports[i]))
         .collect();
-    let mut s = tls_settings(&keystore, &pki.ca_pem);
+    let mut s = pki.ssl_between_nodes(Some(pki.ca()));
     s.push(("controller.listener.names", "CONTROLLER".into()));
     s.push(("controller.quorum.voters", voters.join(",")));
     let mut per_node = Vec::new();
@@ -184,7 +79,7 @@ fn peers_dialled_by_name_verify_a_certificate_for_that_name() -> Result<()> {
         ));
     }
     let mut c = Cluster::start_per_node(3, &refs(&s), &per_node_refs(&per_node))?;
-    let r = by_name_body(&mut c, &pki.ca_pem);
+    let r = by_name_body(&mut c, pki.ca());
     with_tails(&mut c, r)
 }
 
@@ -197,14 +92,10 @@ fn by_name_body(c: &mut Cluster, ca: &Path) -> Result<()> {
         m.brokers
     );
     create(c)?;
-    let port = listener_of(c, "SSL")?.port();
-    let out = produce_consume(&[
-        ("bootstrap.servers", format!("localhost:{port}")),
-        ("security.protocol", "SSL".into()),
-        ("ssl.ca.location", ca.display().to_string()),
-    ])?;
+    let port = listener_of(c, 1, "SSL")?.port();
+    let out = produce_consume(&ssl_client(format!("localhost:{port}"), ca))?;
     println!("by name: {out}");
-    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_all(m, TOPIC, 3))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
     for id in 1..=3 {
         ensure!(
             !name_refused(&c.node(id).log_text()),
@@ -219,10 +110,8 @@ fn by_name_body(c: &mut Cluster, ca: &Path) -> Result<()> {
 /// its leader's certificate (logged), never fetches and leaves the ISR.
 #[test]
 fn a_certificate_without_the_dialled_address_is_refused() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let pki = certs::make(dir.path())?;
-    let keystore = pki.localhost_only_keystore()?;
-    let mut s = tls_settings(&keystore, &pki.ca_pem);
+    let pki = PeerPki::localhost_only()?;
+    let mut s = pki.ssl_between_nodes(Some(pki.ca()));
     s.push(("replica.lag.time.max.ms", LAG_MAX_MS.into()));
     let mut c = Cluster::start(3, &refs(&s))?;
     let r = refused_body(&mut c);
@@ -234,7 +123,7 @@ fn refused_body(c: &mut Cluster) -> Result<()> {
     create(c)?;
     wait_for_log(c, &[1, 2, 3], "a certificate name refused", name_refused)?;
     // Each leader alone in the ISR of its partitions.
-    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_all(m, TOPIC, 1))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 1))?;
     Ok(())
 }
 
@@ -243,14 +132,12 @@ fn refused_body(c: &mut Cluster) -> Result<()> {
 /// quorum forms and every follower replicates.
 #[test]
 fn an_empty_identification_algorithm_skips_the_host_check() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let pki = certs::make(dir.path())?;
-    let keystore = pki.localhost_only_keystore()?;
-    let mut s = tls_settings(&keystore, &pki.ca_pem);
+    let pki = PeerPki::localhost_only()?;
+    let mut s = pki.ssl_between_nodes(Some(pki.ca()));
     s.push(("controller.listener.names", "CONTROLLER".into()));
     s.push(("ssl.endpoint.identification.algorithm", String::new()));
     let mut c = Cluster::start(3, &refs(&s))?;
-    let r = no_identification_body(&mut c, &pki.ca_pem);
+    let r = no_identification_body(&mut c, pki.ca());
     with_tails(&mut c, r)
 }
 
@@ -262,16 +149,16 @@ fn no_identification_body(c: &mut Cluster, ca: &Path) -> Result<()> {
         "no controller TLS"
     );
     create(c)?;
-    let addr = listener_of(c, "SSL")?;
-    let out = produce_consume(&[
-        ("bootstrap.servers", addr.to_string()),
-        ("security.protocol", "SSL".into()),
-        ("ssl.ca.location", ca.display().to_string()),
-        // The client's own check would refuse 127.0.0.1 too.
-        ("ssl.endpoint.identification.algorithm", "none".into()),
-    ])?;
+    let addr = listener_of(c, 1, "SSL")?;
+    let mut conf = ssl_client(addr, ca);
+    // The client's own check would refuse 127.0.0.1 too.
+    conf.push((
+        "ssl.endpoint.identification.algorithm".into(),
+        "none".into(),
+    ));
+    let out = produce_consume(&conf)?;
     println!("no identification: {out}");
-    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_all(m, TOPIC, 3))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
     Ok(())
 }
 
@@ -282,29 +169,25 @@ const CONTROLLER_JAAS_WRONG: &str = r#"org.apache.kafka.common.security.plain.Pl
 
 /// The controller port over SASL_SSL; the inter-broker listener plain (the controller
 /// port alone is under test).
-fn sasl_settings(keystore: &Path, ca: &Path) -> Vec<(&'static str, String)> {
-    vec![
+fn sasl_settings(pki: &PeerPki) -> Vec<(&'static str, String)> {
+    let mut s = vec![
         (
             "listener.security.protocol.map",
             "PLAINTEXT:PLAINTEXT,CONTROLLER:SASL_SSL".into(),
         ),
         ("controller.listener.names", "CONTROLLER".into()),
         ("sasl.mechanism.controller.protocol", "PLAIN".into()),
-        ("ssl.keystore.type", "PEM".into()),
-        ("ssl.keystore.location", keystore.display().to_string()),
-        ("ssl.truststore.location", ca.display().to_string()),
-        ("default.replication.factor", "3".into()),
-        ("min.insync.replicas", "2".into()),
-    ]
+    ];
+    s.extend(pki.tls_keys(Some(pki.ca())));
+    s.extend(replicated_keys());
+    s
 }
 
 /// Three voters with the right password form the quorum over SASL_SSL and all register.
 #[test]
 fn a_quorum_forms_over_sasl_ssl() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let pki = certs::make(dir.path())?;
-    let keystore = pki.server_keystore()?;
-    let mut s = sasl_settings(&keystore, &pki.ca_pem);
+    let pki = PeerPki::new()?;
+    let mut s = sasl_settings(&pki);
     s.push((
         "listener.name.controller.plain.sasl.jaas.config",
         CONTROLLER_JAAS_GOOD.into(),
@@ -323,7 +206,7 @@ fn sasl_forms_body(c: &mut Cluster) -> Result<()> {
     );
     ensure!(log.contains("the controller port speaks TLS"), "no TLS");
     create(c)?;
-    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_all(m, TOPIC, 3))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
     Ok(())
 }
 
@@ -333,10 +216,8 @@ fn sasl_forms_body(c: &mut Cluster) -> Result<()> {
 /// its term and keep the others from holding a leader (see cluster_tls.rs).
 #[test]
 fn a_voter_with_a_wrong_password_cannot_join() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let pki = certs::make(dir.path())?;
-    let keystore = pki.server_keystore()?;
-    let s = sasl_settings(&keystore, &pki.ca_pem);
+    let pki = PeerPki::new()?;
+    let s = sasl_settings(&pki);
     let key = "listener.name.controller.plain.sasl.jaas.config";
     let per_node = [
         (1, key, CONTROLLER_JAAS_GOOD),
@@ -353,43 +234,10 @@ fn wrong_password_body(c: &mut Cluster) -> Result<()> {
     wait_logged(c, &[1, 2], "controller port: SASL authentication failed")?;
     wait_logged(c, &[3], "refused: authentication failed")?;
     // Nodes 1 and 2 register (that takes an active controller) ...
-    let deadline = Instant::now() + AGREE_TIMEOUT;
-    loop {
-        let ids: Vec<i32> = c
-            .metadata(1)
-            .map(|m| m.brokers.iter().map(|b| b.node_id.0).collect())
-            .unwrap_or_default();
-        if ids.contains(&1) && ids.contains(&2) {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "nodes 1 and 2 never registered: {ids:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_registered(c, &[1, 2])?;
     // ... and take metadata writes (rf 2: node 3 is not a broker of the cluster).
-    let addr = c.node(1).addr();
-    let deadline = Instant::now() + AGREE_TIMEOUT;
-    while create_topic(addr, TOPIC, 2, 2).context("create")? != 0 {
-        ensure!(Instant::now() < deadline, "topic not created");
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    // Well past many heartbeat intervals (200 ms): node 3 is still not registered.
-    std::thread::sleep(Duration::from_secs(3));
-    let m = c.metadata(1)?;
-    ensure!(
-        m.brokers.iter().all(|b| b.node_id.0 != 3),
-        "node 3 registered with a wrong password: {:?}",
-        m.brokers
-    );
-    ensure!(
-        c.node(3)
-            .log_text()
-            .contains("this voter starts no elections"),
-        "node 3 was not kept from starting elections"
-    );
-    Ok(())
+    create_when_ready(c, TOPIC, 2, 2)?;
+    ensure_kept_out(c, 3, "with a wrong password")
 }
 
 /// Inter-broker SASL with SCRAM-SHA-512 and no other user: the credential the fetchers
@@ -400,7 +248,7 @@ fn wrong_password_body(c: &mut Cluster) -> Result<()> {
 #[test]
 fn inter_broker_scram_works_from_bootstrap_credentials() -> Result<()> {
     let jaas = r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="admin-secret";"#;
-    let s: Vec<(&'static str, String)> = vec![
+    let mut s: Vec<(&'static str, String)> = vec![
         (
             "listeners",
             "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0".into(),
@@ -426,9 +274,8 @@ fn inter_broker_scram_works_from_bootstrap_credentials() -> Result<()> {
             "scram.bootstrap.credentials",
             "SCRAM-SHA-512=[name=admin,password=admin-secret]".into(),
         ),
-        ("default.replication.factor", "3".into()),
-        ("min.insync.replicas", "2".into()),
     ];
+    s.extend(replicated_keys());
     let mut c = Cluster::start(3, &refs(&s))?;
     let r = scram_bootstrap_body(&mut c);
     with_tails(&mut c, r)
@@ -438,15 +285,15 @@ fn scram_bootstrap_body(c: &mut Cluster) -> Result<()> {
     c.wait_agreed(3, AGREE_TIMEOUT, |_| true)?;
     wait_logged(c, &[1, 2, 3], "bootstrap SCRAM credentials committed")?;
     create(c)?;
-    let addr = listener_of(c, "SASL_PLAINTEXT")?;
+    let addr = listener_of(c, 1, "SASL_PLAINTEXT")?;
     let out = produce_consume(&[
-        ("bootstrap.servers", addr.to_string()),
-        ("security.protocol", "SASL_PLAINTEXT".into()),
-        ("sasl.mechanism", "SCRAM-SHA-512".into()),
-        ("sasl.username", "admin".into()),
-        ("sasl.password", "admin-secret".into()),
+        ("bootstrap.servers".into(), addr.to_string()),
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), "admin".into()),
+        ("sasl.password".into(), "admin-secret".into()),
     ])?;
     println!("SCRAM between nodes: {out}");
-    c.wait_agreed(3, AGREE_TIMEOUT, |m| isr_all(m, TOPIC, 3))?;
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| all_in_sync(m, TOPIC, 3))?;
     Ok(())
 }

@@ -122,21 +122,8 @@ impl SecureBroker {
     }
 }
 
-/// The address of `name` in a ready line `... listeners PLAINTEXT=127.0.0.1:1 SSL=..., ...`.
-pub fn listener_addr(log: &str, name: &str) -> Result<SocketAddr> {
-    let line = log
-        .lines()
-        .find(|l| l.contains("weir ready") && l.contains("listeners "))
-        .context("no ready line with listeners")?;
-    let list = line.split("listeners ").nth(1).context("listeners list")?;
-    let prefix = format!("{name}=");
-    list.split_whitespace()
-        .find_map(|item| item.strip_prefix(&prefix))
-        .map(|addr| addr.trim_end_matches(','))
-        .context("listener not in the ready line")?
-        .parse()
-        .context("listener address")
-}
+/// The address of `name` in a ready line (shared with the cluster tests).
+pub use weir_tests::peer_security::listener_addr;
 
 pub use weir_tests::broker::python;
 
