@@ -6,22 +6,18 @@
 
 mod common;
 
+use common::requests::{
+    EARLIEST, commit_offsets, create_topics, fetch_offsets, find_coordinator, list_offset, s,
+};
 use common::{Broker, Client};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::delete_records_request::{
     DeleteRecordsPartition, DeleteRecordsTopic,
 };
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
-use kafka_protocol::messages::offset_commit_request::{
-    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-};
-use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 use wire::api;
 use wire::batch::{BatchBuilder, NewRecord};
 
@@ -34,28 +30,6 @@ const TOPIC_ALREADY_EXISTS: i16 = 36;
 const INVALID_CONFIG: i16 = 40;
 const INVALID_REQUEST: i16 = 42;
 
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_string())
-}
-
-/// CreateTopics of `(name, partitions)`; the error code of each.
-fn create(c: &mut Client, topics: &[(&str, i32)]) -> Vec<i16> {
-    let topics = topics
-        .iter()
-        .map(|(name, partitions)| {
-            CreatableTopic::default()
-                .with_name(TopicName(s(name)))
-                .with_num_partitions(*partitions)
-                .with_replication_factor(1)
-        })
-        .collect();
-    let req = CreateTopicsRequest::default()
-        .with_topics(topics)
-        .with_timeout_ms(5000);
-    let resp: CreateTopicsResponse = c.call(api::CREATE_TOPICS, 7, &req);
-    resp.topics.iter().map(|t| t.error_code).collect()
-}
-
 fn metadata(c: &mut Client, name: &str, allow_create: bool) -> MetadataResponseTopic {
     let req = MetadataRequest::default()
         .with_topics(Some(vec![
@@ -64,71 +38,6 @@ fn metadata(c: &mut Client, name: &str, allow_create: bool) -> MetadataResponseT
         .with_allow_auto_topic_creation(allow_create);
     let resp: MetadataResponse = c.call(api::METADATA, 12, &req);
     resp.topics.into_iter().next().expect("one topic")
-}
-
-/// FindCoordinator, which creates `__consumer_offsets` on first use.
-fn find_coordinator(c: &mut Client, group: &str) {
-    let req = FindCoordinatorRequest::default().with_key(s(group));
-    let resp: FindCoordinatorResponse = c.call(api::FIND_COORDINATOR, 3, &req);
-    assert_eq!(resp.error_code, 0, "FindCoordinator");
-}
-
-/// A simple consumer's commit (no generation) of `(partition, offset, metadata)` to
-/// `topic`; the error code of each partition.
-fn commit(c: &mut Client, group: &str, topic: &str, offsets: &[(i32, i64, &str)]) -> Vec<i16> {
-    let partitions = offsets
-        .iter()
-        .map(|(p, o, m)| {
-            OffsetCommitRequestPartition::default()
-                .with_partition_index(*p)
-                .with_committed_offset(*o)
-                .with_committed_metadata(Some(s(m)))
-        })
-        .collect();
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![
-            OffsetCommitRequestTopic::default()
-                .with_name(TopicName(s(topic)))
-                .with_partitions(partitions),
-        ]);
-    let resp: OffsetCommitResponse = c.call(api::OFFSET_COMMIT, 8, &req);
-    resp.topics
-        .iter()
-        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
-        .collect()
-}
-
-/// The committed (offset, metadata) of `partitions` of `topic` in `group`.
-fn fetch_offsets(
-    c: &mut Client,
-    group: &str,
-    topic: &str,
-    partitions: &[i32],
-) -> Vec<(i64, String)> {
-    let req = OffsetFetchRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_topics(Some(vec![
-            OffsetFetchRequestTopic::default()
-                .with_name(TopicName(s(topic)))
-                .with_partition_indexes(partitions.to_vec()),
-        ]));
-    let resp: OffsetFetchResponse = c.call(api::OFFSET_FETCH, 7, &req);
-    assert_eq!(resp.error_code, 0, "OffsetFetch");
-    let t = resp.topics.first().expect("the topic");
-    t.partitions
-        .iter()
-        .map(|p| {
-            assert_eq!(p.error_code, 0);
-            let meta = p
-                .metadata
-                .as_ref()
-                .map(|m| m.to_string())
-                .unwrap_or_default();
-            (p.committed_offset, meta)
-        })
-        .collect()
 }
 
 /// Produce (acks=1) of one batch to every partition in `partitions` of `topic`.
@@ -175,25 +84,6 @@ fn delete_records(c: &mut Client, topic: &str, partitions: i32) -> Vec<i16> {
         .iter()
         .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
         .collect()
-}
-
-/// The earliest offset (log start) of `topic`/`partition`.
-fn earliest(c: &mut Client, topic: &str, partition: i32) -> i64 {
-    let req = ListOffsetsRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(TopicName(s(topic)))
-                .with_partitions(vec![
-                    ListOffsetsPartition::default()
-                        .with_partition_index(partition)
-                        .with_timestamp(-2),
-                ]),
-        ]);
-    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 6, &req);
-    let p = &resp.topics[0].partitions[0];
-    assert_eq!(p.error_code, 0, "ListOffsets");
-    p.offset
 }
 
 /// AlterConfigs (the whole override set) of a topic; its error code.
@@ -258,7 +148,7 @@ fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
     let mut broker = Broker::start(2, &[("offsets.topic.num.partitions", "4")]);
     let mut c = broker.client();
     assert_eq!(
-        create(&mut c, &[(OFFSETS, 4), (TXN_STATE, 1)]),
+        create_topics(&mut c, &[(OFFSETS, 4), (TXN_STATE, 1)]),
         vec![INVALID_REQUEST, INVALID_REQUEST],
         "only the broker creates internal topics"
     );
@@ -273,13 +163,16 @@ fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
         "nothing created yet"
     );
 
-    assert_eq!(create(&mut c, &[("data", 2)]), vec![0]);
+    assert_eq!(create_topics(&mut c, &[("data", 2)]), vec![0]);
     find_coordinator(&mut c, "g");
     assert_eq!(
-        commit(&mut c, "g", "data", &[(0, 5, "a"), (1, 7, "b")]),
+        commit_offsets(&mut c, "g", "data", &[(0, 5, "a"), (1, 7, "b")]),
         vec![0, 0]
     );
-    assert_eq!(create(&mut c, &[(OFFSETS, 4)]), vec![TOPIC_ALREADY_EXISTS]);
+    assert_eq!(
+        create_topics(&mut c, &[(OFFSETS, 4)]),
+        vec![TOPIC_ALREADY_EXISTS]
+    );
     let md = metadata(&mut c, OFFSETS, true);
     assert!(md.is_internal, "reported internal");
     assert_eq!(md.partitions.len(), 4);
@@ -314,7 +207,11 @@ fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
         delete_records(&mut c, OFFSETS, 4),
         vec![INVALID_TOPIC_EXCEPTION; 4]
     );
-    assert_eq!(earliest(&mut c, OFFSETS, 0), 0, "nothing deleted");
+    assert_eq!(
+        list_offset(&mut c, OFFSETS, 0, EARLIEST),
+        0,
+        "nothing deleted"
+    );
 
     assert_eq!(
         alter(&mut c, OFFSETS, &[("retention.ms", "1")]),
@@ -366,7 +263,7 @@ fn a_commit_too_large_for_one_batch_is_refused_whole() {
     let mut broker = Broker::start(1, &sets);
     let mut c = broker.client();
     const COUNT: i32 = 520;
-    assert_eq!(create(&mut c, &[("big", COUNT)]), vec![0]);
+    assert_eq!(create_topics(&mut c, &[("big", COUNT)]), vec![0]);
     find_coordinator(&mut c, "g");
     let long = "m".repeat(4000);
     // 500 small records, then 20 x 4 KB: ~100 KB in all, over the 64 KiB batch limit.
@@ -379,7 +276,7 @@ fn a_commit_too_large_for_one_batch_is_refused_whole() {
             )
         })
         .collect();
-    let codes = commit(&mut c, "g", "big", &offsets);
+    let codes = commit_offsets(&mut c, "g", "big", &offsets);
     assert_eq!(codes, vec![INVALID_COMMIT_OFFSET_SIZE; COUNT as usize]);
     let all: Vec<i32> = (0..COUNT).collect();
     let none = |got: &[(i64, String)]| got.iter().all(|(o, _)| *o == -1);
@@ -388,7 +285,7 @@ fn a_commit_too_large_for_one_batch_is_refused_whole() {
         "nothing applied"
     );
     // A commit that fits is still accepted.
-    assert_eq!(commit(&mut c, "g", "big", &[(0, 3, "ok")]), vec![0]);
+    assert_eq!(commit_offsets(&mut c, "g", "big", &[(0, 3, "ok")]), vec![0]);
     drop(c);
     broker.restart();
     let mut c = broker.client();
@@ -403,11 +300,17 @@ fn a_commit_too_large_for_one_batch_is_refused_whole() {
 fn topic_names_differing_only_by_dot_and_underscore_collide() {
     let broker = Broker::start(1, &[]);
     let mut c = broker.client();
-    assert_eq!(create(&mut c, &[("t.1", 1)]), vec![0]);
-    assert_eq!(create(&mut c, &[("t_1", 1)]), vec![INVALID_TOPIC_EXCEPTION]);
-    assert_eq!(create(&mut c, &[("t.1", 1)]), vec![TOPIC_ALREADY_EXISTS]);
+    assert_eq!(create_topics(&mut c, &[("t.1", 1)]), vec![0]);
     assert_eq!(
-        create(&mut c, &[("a.b_c", 1), ("a_b.c", 1), ("a-b-c", 1)]),
+        create_topics(&mut c, &[("t_1", 1)]),
+        vec![INVALID_TOPIC_EXCEPTION]
+    );
+    assert_eq!(
+        create_topics(&mut c, &[("t.1", 1)]),
+        vec![TOPIC_ALREADY_EXISTS]
+    );
+    assert_eq!(
+        create_topics(&mut c, &[("a.b_c", 1), ("a_b.c", 1), ("a-b-c", 1)]),
         vec![0, INVALID_TOPIC_EXCEPTION, 0],
         "the second of a colliding pair in one request; '-' does not collide"
     );
@@ -487,7 +390,7 @@ fn heartbeat(c: &mut Client, group: &str, generation: i32, member: &str) -> i16 
 fn wait_commit_code(c: &mut Client, want: i16) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let got = commit(c, "probe", "data", &[(0, 1, "")]);
+        let got = commit_offsets(c, "probe", "data", &[(0, 1, "")]);
         if got == vec![want] {
             return;
         }
@@ -517,7 +420,7 @@ fn a_sync_whose_assignment_cannot_be_stored_is_refused_and_the_group_rebalances(
         ],
     );
     let mut c = broker.client();
-    assert_eq!(create(&mut c, &[("data", 1)]), vec![0]);
+    assert_eq!(create_topics(&mut c, &[("data", 1)]), vec![0]);
     find_coordinator(&mut c, "g");
     let (code, member, generation) = join_group(&mut c, "g", "");
     assert_eq!((code, generation), (0, 1), "alone: generation 1 at once");

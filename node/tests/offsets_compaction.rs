@@ -10,14 +10,11 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Broker, Client};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
-use kafka_protocol::messages::offset_commit_request::{
-    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+use common::requests::{
+    LATEST, commit_offsets, create_topics, fetch_offsets, find_coordinator, list_offset, s,
 };
-use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use common::{Broker, Client};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 use wire::api;
 
 const OFFSETS: &str = "__consumer_offsets";
@@ -35,30 +32,6 @@ const RECORD_OVERHEAD_BYTES: u64 = 100;
 /// How long the test waits for the cleaner on a loaded 2-core machine.
 const CLEAN_TIMEOUT: Duration = Duration::from_secs(180);
 
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_string())
-}
-
-fn create(c: &mut Client, name: &str, partitions: i32) {
-    let req = CreateTopicsRequest::default()
-        .with_topics(vec![
-            CreatableTopic::default()
-                .with_name(TopicName(s(name)))
-                .with_num_partitions(partitions)
-                .with_replication_factor(1),
-        ])
-        .with_timeout_ms(5000);
-    let resp: CreateTopicsResponse = c.call(api::CREATE_TOPICS, 7, &req);
-    assert_eq!(resp.topics[0].error_code, 0, "CreateTopics");
-}
-
-/// FindCoordinator, which creates `__consumer_offsets` on first use.
-fn find_coordinator(c: &mut Client, group: &str) {
-    let req = FindCoordinatorRequest::default().with_key(s(group));
-    let resp: FindCoordinatorResponse = c.call(api::FIND_COORDINATOR, 3, &req);
-    assert_eq!(resp.error_code, 0, "FindCoordinator");
-}
-
 /// The metadata committed for `group`'s `partition` in `round` (unique, so a value of an
 /// older round that came back would be seen).
 fn meta_for(group: &str, partition: i32, round: i64) -> String {
@@ -72,28 +45,11 @@ fn offset_for(partition: i32, round: i64) -> i64 {
 
 /// A simple consumer's commit (no generation) of every partition of `data` for `round`.
 fn commit_round(c: &mut Client, group: &str, round: i64) {
-    let partitions = (0..PARTITIONS)
-        .map(|p| {
-            OffsetCommitRequestPartition::default()
-                .with_partition_index(p)
-                .with_committed_offset(offset_for(p, round))
-                .with_committed_metadata(Some(s(&meta_for(group, p, round))))
-        })
+    let metas: Vec<String> = (0..PARTITIONS).map(|p| meta_for(group, p, round)).collect();
+    let offsets: Vec<(i32, i64, &str)> = (0..PARTITIONS)
+        .map(|p| (p, offset_for(p, round), metas[p as usize].as_str()))
         .collect();
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![
-            OffsetCommitRequestTopic::default()
-                .with_name(TopicName(s("data")))
-                .with_partitions(partitions),
-        ]);
-    let resp: OffsetCommitResponse = c.call(api::OFFSET_COMMIT, 8, &req);
-    let codes: Vec<i16> = resp
-        .topics
-        .iter()
-        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
-        .collect();
+    let codes = commit_offsets(c, group, "data", &offsets);
     assert!(
         codes.len() == PARTITIONS as usize && codes.iter().all(|c| *c == 0),
         "commit {group} round {round}: {codes:?}"
@@ -108,24 +64,8 @@ fn delete_group(c: &mut Client, group: &str) {
 
 /// Every committed (offset, metadata) of `group` for `data`'s partitions.
 fn fetch(c: &mut Client, group: &str) -> Vec<(i64, String)> {
-    let req = OffsetFetchRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_topics(Some(vec![
-            OffsetFetchRequestTopic::default()
-                .with_name(TopicName(s("data")))
-                .with_partition_indexes((0..PARTITIONS).collect()),
-        ]));
-    let resp: OffsetFetchResponse = c.call(api::OFFSET_FETCH, 7, &req);
-    assert_eq!(resp.error_code, 0, "OffsetFetch {group}");
-    resp.topics[0]
-        .partitions
-        .iter()
-        .map(|p| {
-            assert_eq!(p.error_code, 0, "OffsetFetch {group}/{}", p.partition_index);
-            let meta = p.metadata.as_ref().map(|m| m.to_string());
-            (p.committed_offset, meta.unwrap_or_default())
-        })
-        .collect()
+    let partitions: Vec<i32> = (0..PARTITIONS).collect();
+    fetch_offsets(c, group, "data", &partitions)
 }
 
 /// Every live group answers its last round, every deleted group nothing.
@@ -187,7 +127,11 @@ fn the_log_cleaner_compacts_consumer_offsets_and_replay_restores_every_commit() 
     ];
     let mut broker = Broker::start(1, &sets);
     let mut c = broker.client();
-    create(&mut c, "data", PARTITIONS);
+    assert_eq!(
+        create_topics(&mut c, &[("data", PARTITIONS)]),
+        [0],
+        "CreateTopics"
+    );
     find_coordinator(&mut c, "g0");
     for g in 0..GONE {
         commit_round(&mut c, &format!("gone{g}"), 0);
@@ -248,34 +192,13 @@ fn the_log_cleaner_compacts_consumer_offsets_and_replay_restores_every_commit() 
 
 /// The committed offset of `group` for `data` partition 0.
 fn fetch_one(c: &mut Client, group: &str) -> i64 {
-    let req = OffsetFetchRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_topics(Some(vec![
-            OffsetFetchRequestTopic::default()
-                .with_name(TopicName(s("data")))
-                .with_partition_indexes(vec![0]),
-        ]));
-    let resp: OffsetFetchResponse = c.call(api::OFFSET_FETCH, 7, &req);
-    assert_eq!(resp.error_code, 0, "OffsetFetch {group}");
-    resp.topics[0].partitions[0].committed_offset
+    fetch_offsets(c, group, "data", &[0])[0].0
 }
 
 /// A simple consumer's commit of `offset` for `data` partition 0, no metadata.
 fn commit_one(c: &mut Client, group: &str, offset: i64) {
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![
-            OffsetCommitRequestTopic::default()
-                .with_name(TopicName(s("data")))
-                .with_partitions(vec![
-                    OffsetCommitRequestPartition::default()
-                        .with_partition_index(0)
-                        .with_committed_offset(offset),
-                ]),
-        ]);
-    let resp: OffsetCommitResponse = c.call(api::OFFSET_COMMIT, 8, &req);
-    assert_eq!(resp.topics[0].partitions[0].error_code, 0, "commit {group}");
+    let codes = commit_offsets(c, group, "data", &[(0, offset, "")]);
+    assert_eq!(codes[0], 0, "commit {group}");
 }
 
 /// A transactional producer's id and epoch.
@@ -346,22 +269,7 @@ fn abort(c: &mut Client, txn: &Txn) {
 
 /// The log end offset of `__consumer_offsets` partition 0.
 fn offsets_log_end(c: &mut Client) -> i64 {
-    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-    let req = ListOffsetsRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(TopicName(s(OFFSETS)))
-                .with_partitions(vec![
-                    ListOffsetsPartition::default()
-                        .with_partition_index(0)
-                        .with_timestamp(-1),
-                ]),
-        ]);
-    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 6, &req);
-    let p = &resp.topics[0].partitions[0];
-    assert_eq!(p.error_code, 0, "ListOffsets");
-    p.offset
+    list_offset(c, OFFSETS, 0, LATEST)
 }
 
 /// Waits (bounded) until the log end of `__consumer_offsets`-0 reaches `end` (an
@@ -418,7 +326,7 @@ fn transactional_offset_commits_never_make_the_cleaner_drop_a_committed_offset()
     ];
     let mut broker = Broker::start(1, &sets);
     let mut c = broker.client();
-    create(&mut c, "data", 1);
+    assert_eq!(create_topics(&mut c, &[("data", 1)]), [0], "CreateTopics");
     find_coordinator(&mut c, "g1");
     commit_one(&mut c, "g1", 5);
     commit_one(&mut c, "g2", 6);

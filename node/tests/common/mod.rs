@@ -16,6 +16,8 @@ use kafka_protocol::messages::RequestHeader;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use wire::batch::{BatchBuilder, NewRecord};
 
+pub mod requests;
+
 /// How long a test waits for the broker to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Socket read timeout for the raw client.
