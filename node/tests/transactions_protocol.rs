@@ -10,9 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::requests::{create_topics, s};
 use common::{Broker, Client};
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
@@ -28,8 +28,8 @@ const INVALID_PRODUCER_EPOCH: i16 = 47;
 const PRODUCER_FENCED: i16 = 90;
 const NOT_ENOUGH_REPLICAS: i16 = 19;
 
-fn topic() -> TopicName {
-    TopicName(StrBytes::from_static_str(TOPIC))
+fn topic_name(name: &str) -> TopicName {
+    TopicName(s(name))
 }
 
 fn init(c: &mut Client) -> (i16, ProducerId, ProducerEpoch) {
@@ -46,18 +46,36 @@ fn init(c: &mut Client) -> (i16, ProducerId, ProducerEpoch) {
     )
 }
 
-fn add_partition(c: &mut Client, pid: ProducerId, epoch: ProducerEpoch) -> i16 {
+/// AddPartitionsToTxn v3 of partition 0 of each of `topics`; the error code of each.
+fn add_partitions(
+    c: &mut Client,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    topics: &[&str],
+) -> Vec<i16> {
     let req = AddPartitionsToTxnRequest::default()
         .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
         .with_v3_and_below_producer_id(pid.get().into())
         .with_v3_and_below_producer_epoch(epoch.get())
-        .with_v3_and_below_topics(vec![
-            AddPartitionsToTxnTopic::default()
-                .with_name(topic())
-                .with_partitions(vec![0]),
-        ]);
+        .with_v3_and_below_topics(
+            topics
+                .iter()
+                .map(|t| {
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(topic_name(t))
+                        .with_partitions(vec![0])
+                })
+                .collect(),
+        );
     let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, 3, &req);
-    resp.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+    resp.results_by_topic_v3_and_below
+        .iter()
+        .map(|t| t.results_by_partition[0].partition_error_code)
+        .collect()
+}
+
+fn add_partition(c: &mut Client, pid: ProducerId, epoch: ProducerEpoch) -> i16 {
+    add_partitions(c, pid, epoch, &[TOPIC])[0]
 }
 
 fn end_txn(c: &mut Client, pid: ProducerId, epoch: ProducerEpoch, commit: bool) -> i16 {
@@ -85,26 +103,33 @@ fn txn_batch(pid: ProducerId, epoch: ProducerEpoch, seq: i32, n: usize) -> Bytes
     .expect("batch")
 }
 
-/// Produce v7 with the transactional id; returns the partition's error code.
-fn produce(c: &mut Client, batch: Bytes) -> i16 {
+/// Produce v7 (`acks`, with the transactional id) of `batch` to partition `index` of
+/// `topic`; returns the partition's error code.
+fn produce_to(c: &mut Client, topic: &str, index: i32, acks: i16, batch: Bytes) -> i16 {
     let part = PartitionProduceData::default()
-        .with_index(0)
+        .with_index(index)
         .with_records(Some(batch));
     let req = ProduceRequest::default()
         .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
-        .with_acks(-1)
+        .with_acks(acks)
         .with_timeout_ms(10_000)
         .with_topic_data(vec![
             TopicProduceData::default()
-                .with_name(topic())
+                .with_name(topic_name(topic))
                 .with_partition_data(vec![part]),
         ]);
     let resp: ProduceResponse = c.call(api::PRODUCE, 7, &req);
     resp.responses[0].partition_responses[0].error_code
 }
 
-/// Fetch v11 of partition 0 from 0 at `isolation`; returns the partition response.
-fn fetch(c: &mut Client, isolation: i8) -> fetch_response::PartitionData {
+/// Produce (acks=all) of `batch` to partition 0 of [`TOPIC`].
+fn produce(c: &mut Client, batch: Bytes) -> i16 {
+    produce_to(c, TOPIC, 0, -1, batch)
+}
+
+/// Fetch v11 of partition 0 of `topic` from 0 at `isolation`; returns the partition
+/// response.
+fn fetch_from(c: &mut Client, topic: &str, isolation: i8) -> fetch_response::PartitionData {
     let p = FetchPartition::default()
         .with_partition(0)
         .with_fetch_offset(0)
@@ -117,11 +142,34 @@ fn fetch(c: &mut Client, isolation: i8) -> fetch_response::PartitionData {
         .with_session_epoch(-1)
         .with_topics(vec![
             FetchTopic::default()
-                .with_topic(topic())
+                .with_topic(topic_name(topic))
                 .with_partitions(vec![p]),
         ]);
     let resp: FetchResponse = c.call(api::FETCH, 11, &req);
     resp.responses[0].partitions[0].clone()
+}
+
+/// Fetch of partition 0 of [`TOPIC`] at `isolation`.
+fn fetch(c: &mut Client, isolation: i8) -> fetch_response::PartitionData {
+    fetch_from(c, TOPIC, isolation)
+}
+
+/// A broker of `shards` shards with `sets`, the topics `(name, partitions)` created and
+/// [`TXN_ID`]'s producer initialised: the broker, a client of it, the producer's id and
+/// epoch.
+fn start_with_producer(
+    shards: usize,
+    sets: &[(&str, &str)],
+    topics: &[(&str, i32)],
+) -> (Broker, Client, ProducerId, ProducerEpoch) {
+    let broker = Broker::start(shards, sets);
+    let mut c = broker.client();
+    let created = create_topics(&mut c, topics);
+    assert!(created.iter().all(|e| *e == 0), "CreateTopics: {created:?}");
+    assert_eq!(created.len(), topics.len(), "CreateTopics");
+    let (error, pid, epoch) = init(&mut c);
+    assert_eq!(error, 0, "InitProducerId");
+    (broker, c, pid, epoch)
 }
 
 fn aborted(p: &fetch_response::PartitionData) -> Option<Vec<(i64, i64)>> {
@@ -134,27 +182,14 @@ fn aborted(p: &fetch_response::PartitionData) -> Option<Vec<(i64, i64)>> {
 
 #[test]
 fn produce_checks_the_transaction_and_aborts_are_indexed_across_restarts() {
-    let mut broker = Broker::start(
+    let (mut broker, mut c, pid, epoch) = start_with_producer(
         2,
         &[
             ("transaction.state.log.num.partitions", "4"),
             ("offsets.topic.num.partitions", "4"),
         ],
+        &[(TOPIC, 1)],
     );
-    let mut c = broker.client();
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![
-            CreatableTopic::default()
-                .with_name(topic())
-                .with_num_partitions(1)
-                .with_replication_factor(1),
-        ]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
-    let (error, pid, epoch) = init(&mut c);
-    assert_eq!(error, 0);
     assert!(pid.is_some());
 
     // Not added to the transaction: refused, nothing appended.
@@ -240,7 +275,7 @@ fn batch_txn(
             Some(last) if last.name.0.as_str() == *t => last.partitions.push(*p),
             _ => topics.push(
                 AddPartitionsToTxnTopic::default()
-                    .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                    .with_name(topic_name(t))
                     .with_partitions(vec![*p]),
             ),
         }
@@ -303,8 +338,11 @@ fn owned(id: &str, per: &[(&str, i32, i16)]) -> TxnResult {
 /// OPERATION_NOT_ATTEMPTED). Old weir served v0–v3 only and closed the connection.
 #[test]
 fn add_partitions_v4_v5_batch_and_verify_only() {
-    let broker = Broker::start(1, &[("transaction.state.log.num.partitions", "4")]);
-    let mut c = broker.client();
+    let (_broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[("transaction.state.log.num.partitions", "4")],
+        &[(BATCH_TOPIC, 2)],
+    );
     let versions: ApiVersionsResponse =
         c.call(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
     let advertised = versions
@@ -313,19 +351,6 @@ fn add_partitions_v4_v5_batch_and_verify_only() {
         .find(|k| k.api_key == api::ADD_PARTITIONS_TO_TXN)
         .map(|k| (k.min_version, k.max_version));
     assert_eq!(advertised, Some((0, 5)));
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![
-            CreatableTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(BATCH_TOPIC)))
-                .with_num_partitions(2)
-                .with_replication_factor(1),
-        ]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
-    let (error, pid, epoch) = init(&mut c);
-    assert_eq!(error, 0);
     let t = BATCH_TOPIC;
 
     // A batch of two: one adds partition 0, the other's id has no producer.
@@ -409,38 +434,10 @@ fn add_partitions_v4_v5_batch_and_verify_only() {
 
     // The client path agrees: partition 1 is refused, partition 0 taken.
     let produce_to = |c: &mut Client, index: i32| {
-        let part = PartitionProduceData::default()
-            .with_index(index)
-            .with_records(Some(txn_batch(pid, epoch, 0, 1)));
-        let req = ProduceRequest::default()
-            .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
-            .with_acks(-1)
-            .with_timeout_ms(10_000)
-            .with_topic_data(vec![
-                TopicProduceData::default()
-                    .with_name(TopicName(StrBytes::from_static_str(BATCH_TOPIC)))
-                    .with_partition_data(vec![part]),
-            ]);
-        let resp: ProduceResponse = c.call(api::PRODUCE, 7, &req);
-        resp.responses[0].partition_responses[0].error_code
+        produce_to(c, BATCH_TOPIC, index, -1, txn_batch(pid, epoch, 0, 1))
     };
     assert_eq!(produce_to(&mut c, 1), INVALID_TXN_STATE);
     assert_eq!(produce_to(&mut c, 0), 0);
-}
-
-/// CreateTopics of one single-partition topic.
-fn create_topic(c: &mut Client, name: &str) {
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![
-            CreatableTopic::default()
-                .with_name(TopicName(StrBytes::from_string(name.to_string())))
-                .with_num_partitions(1)
-                .with_replication_factor(1),
-        ]),
-    );
-    assert_eq!(created.topics[0].error_code, 0, "create {name}");
 }
 
 /// IncrementalAlterConfigs SET `min.insync.replicas` of `topic`.
@@ -462,43 +459,9 @@ fn set_min_insync(c: &mut Client, topic: &str, n: u32) {
     assert_eq!(resp.responses[0].error_code, 0, "alter {topic}");
 }
 
-/// Produce v7 (`acks`, with the transactional id) of `batch` to partition 0 of `topic`.
-fn produce_to(c: &mut Client, topic: &str, acks: i16, batch: Bytes) -> i16 {
-    let part = PartitionProduceData::default()
-        .with_index(0)
-        .with_records(Some(batch));
-    let req = ProduceRequest::default()
-        .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
-        .with_acks(acks)
-        .with_timeout_ms(10_000)
-        .with_topic_data(vec![
-            TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![part]),
-        ]);
-    let resp: ProduceResponse = c.call(api::PRODUCE, 7, &req);
-    resp.responses[0].partition_responses[0].error_code
-}
-
 /// (high watermark, last stable offset) of partition 0 of `topic` (read_committed).
 fn stable(c: &mut Client, topic: &str) -> (i64, i64) {
-    let p = FetchPartition::default()
-        .with_partition(0)
-        .with_fetch_offset(0)
-        .with_partition_max_bytes(1 << 20);
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_max_bytes(1 << 20)
-        .with_isolation_level(1)
-        .with_session_epoch(-1)
-        .with_topics(vec![
-            FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partitions(vec![p]),
-        ]);
-    let resp: FetchResponse = c.call(api::FETCH, 11, &req);
-    let p = &resp.responses[0].partitions[0];
+    let p = fetch_from(c, topic, 1);
     (p.high_watermark, p.last_stable_offset)
 }
 
@@ -516,7 +479,7 @@ fn stable(c: &mut Client, topic: &str) -> (i64, i64) {
 fn a_transaction_found_ending_at_load_gets_its_markers_at_once() {
     const TICK_MS: &str = "60000";
     const RESUMED_WITHIN: Duration = Duration::from_secs(15);
-    let mut broker = Broker::start(
+    let (mut broker, mut c, pid, epoch) = start_with_producer(
         1,
         &[
             ("transaction.state.log.num.partitions", "1"),
@@ -525,32 +488,13 @@ fn a_transaction_found_ending_at_load_gets_its_markers_at_once() {
                 TICK_MS,
             ),
         ],
+        &[("a-held", 1), ("b-data", 1)],
     );
-    let mut c = broker.client();
-    create_topic(&mut c, "a-held");
-    create_topic(&mut c, "b-data");
-    let (error, pid, epoch) = init(&mut c);
-    assert_eq!(error, 0);
-    let req = AddPartitionsToTxnRequest::default()
-        .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
-        .with_v3_and_below_producer_id(pid.get().into())
-        .with_v3_and_below_producer_epoch(epoch.get())
-        .with_v3_and_below_topics(
-            ["a-held", "b-data"]
-                .into_iter()
-                .map(|t| {
-                    AddPartitionsToTxnTopic::default()
-                        .with_name(TopicName(StrBytes::from_static_str(t)))
-                        .with_partitions(vec![0])
-                })
-                .collect(),
-        );
-    let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, 3, &req);
-    for t in &resp.results_by_topic_v3_and_below {
-        assert_eq!(t.results_by_partition[0].partition_error_code, 0);
+    for code in add_partitions(&mut c, pid, epoch, &["a-held", "b-data"]) {
+        assert_eq!(code, 0);
     }
     assert_eq!(
-        produce_to(&mut c, "b-data", -1, txn_batch(pid, epoch, 0, 3)),
+        produce_to(&mut c, "b-data", 0, -1, txn_batch(pid, epoch, 0, 3)),
         0
     );
     assert_eq!(
@@ -564,7 +508,7 @@ fn a_transaction_found_ending_at_load_gets_its_markers_at_once() {
     set_min_insync(&mut c, "a-held", 2);
     let deadline = Instant::now() + Duration::from_secs(30);
     let probe = || common::batch(&[b"probe"], 1_700_000_000_000);
-    while produce_to(&mut c, "a-held", -1, probe()) != NOT_ENOUGH_REPLICAS {
+    while produce_to(&mut c, "a-held", 0, -1, probe()) != NOT_ENOUGH_REPLICAS {
         assert!(Instant::now() < deadline, "a-held never refused acks=all");
         std::thread::sleep(Duration::from_millis(50));
     }
