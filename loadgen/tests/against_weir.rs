@@ -5,66 +5,11 @@
 // Test code: a panic is a failed test, with the message it carries.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+mod common;
 
+use common::{json, loadgen, scratch, start, verify_across_sigkill, weir};
 use serde_json::Value;
-use weir_loadgen::broker::{Broker, find_weir};
-
-const LOADGEN: &str = env!("CARGO_BIN_EXE_weir-loadgen");
-/// No single loadgen invocation in these tests may take longer than this.
-const CMD_TIMEOUT: Duration = Duration::from_secs(180);
-
-fn scratch() -> tempfile::TempDir {
-    // Real disk under the target dir, not /tmp (which may be tmpfs).
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
-}
-
-fn weir() -> PathBuf {
-    find_weir().expect("the weir binary: run `cargo build --workspace --bins` first")
-}
-
-/// Runs weir-loadgen with `args`, bounded in time; returns (exit code, stdout).
-fn loadgen(args: &[&str]) -> (i32, String) {
-    let out_path =
-        std::env::temp_dir().join(format!("lg-{}-{}", std::process::id(), rand_suffix()));
-    let out = std::fs::File::create(&out_path).expect("stdout file");
-    let mut child = Command::new(LOADGEN)
-        .args(args)
-        .stdout(out)
-        .spawn()
-        .expect("spawn weir-loadgen");
-    let deadline = Instant::now() + CMD_TIMEOUT;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("weir-loadgen {args:?} took longer than {CMD_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    (status.code().unwrap_or(-1), stdout)
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-fn json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).expect("json written");
-    serde_json::from_str(&text).expect("valid json")
-}
-
-fn start(dir: &Path) -> Broker {
-    Broker::start(&weir(), &dir.join("data"), 1, &[]).expect("weir starts")
-}
+use weir_loadgen::broker::Broker;
 
 #[test]
 fn produce_then_consume_counts_match_exactly() {
@@ -72,7 +17,7 @@ fn produce_then_consume_counts_match_exactly() {
     let b = start(dir.path());
     let pj = dir.path().join("p.json");
     let cj = dir.path().join("c.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "produce",
         "--bootstrap",
         &b.addr,
@@ -90,7 +35,7 @@ fn produce_then_consume_counts_match_exactly() {
         "--json",
         pj.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let p = json(&pj);
     assert_eq!(p["records"], 30000, "{p}");
     assert_eq!(p["errors"].as_object().map(|m| m.len()), Some(0), "{p}");
@@ -102,7 +47,7 @@ fn produce_then_consume_counts_match_exactly() {
     }
     assert!(p["records_per_sec"].as_f64().unwrap() > 0.0);
     assert!(p["mb_per_sec"].as_f64().unwrap() > 0.0);
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "consume",
         "--bootstrap",
         &b.addr,
@@ -116,7 +61,7 @@ fn produce_then_consume_counts_match_exactly() {
         "--json",
         cj.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let c = json(&cj);
     assert_eq!(c["consumed_records"], 30000, "{c}");
 }
@@ -127,7 +72,7 @@ fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
     let b = start(dir.path());
     let ej = dir.path().join("e.json");
     let html = dir.path().join("e.html");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "e2e",
         "--bootstrap",
         &b.addr,
@@ -148,7 +93,7 @@ fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
         "--report",
         html.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let e = json(&ej);
     let records = e["records"].as_u64().unwrap();
     // 3 s measured at 2000/s; the warm-up's 2000 are excluded.
@@ -160,7 +105,7 @@ fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
     assert!(e["e2e_latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{e}");
     assert!(e["lag_max_records"].as_i64().is_some());
     assert!(
-        out.contains("records/sec"),
+        out.stdout.contains("records/sec"),
         "per-second progress lines: {out}"
     );
     let page = std::fs::read_to_string(&html).expect("report");
@@ -177,7 +122,7 @@ fn every_compression_codec_round_trips() {
     for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
         let topic = format!("codec-{codec}");
         let cj = dir.path().join(format!("{codec}.json"));
-        let (code, out) = loadgen(&[
+        let out = loadgen(&[
             "e2e",
             "--bootstrap",
             &b.addr,
@@ -193,82 +138,16 @@ fn every_compression_codec_round_trips() {
             "--json",
             cj.to_str().unwrap(),
         ]);
-        assert_eq!(code, 0, "{codec}: {out}");
+        assert_eq!(out.code, 0, "{codec}: {out}");
         let c = json(&cj);
         assert_eq!(c["records"], 3000, "{codec}: {c}");
         assert_eq!(c["consumed_records"], 3000, "{codec}: {c}");
     }
 }
 
-/// A shell script that SIGKILLs the broker whose pid is in `pidfile` and starts it again
-/// on the same port; the test reaps the last one.
-fn restart_script(dir: &Path, port: &str) -> PathBuf {
-    let script = dir.join("restart.sh");
-    let body = format!(
-        "#!/bin/sh\nP=$(cat {d}/pid); kill -9 \"$P\" 2>/dev/null\n\
-         for i in $(seq 1 200); do [ -e /proc/$P ] && ! grep -qs zombie /proc/$P/status || break; sleep 0.05; done\n\
-         sleep 0.2\n\
-         {w} serve --data-dir {d}/data --listen 127.0.0.1:{port} --shards 1 >> {d}/restarts.log 2>&1 &\n\
-         echo $! > {d}/pid\n",
-        d = dir.display(),
-        w = weir().display(),
-    );
-    std::fs::write(&script, body).expect("script");
-    let _ = Command::new("chmod").arg("+x").arg(&script).status();
-    script
-}
-
-/// Kills whatever broker the pid file names when the test ends (pass or fail).
-struct PidGuard(PathBuf);
-
-impl Drop for PidGuard {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.0) {
-            let _ = Command::new("kill").arg("-9").arg(pid.trim()).status();
-        }
-    }
-}
-
 fn verify_under_sigkill(extra: &[&str]) -> Value {
-    let dir = scratch();
-    let mut first = start(dir.path());
-    let port = first.addr.rsplit(':').next().unwrap().to_string();
-    let pidfile = dir.path().join("pid");
-    std::fs::write(&pidfile, first.pid().to_string()).unwrap();
-    let _guard = PidGuard(pidfile);
-    let script = restart_script(dir.path(), &port);
-    let vj = dir.path().join("v.json");
-    let addr = first.addr.clone();
-    let mut args = vec![
-        "verify",
-        "--bootstrap",
-        &addr,
-        "--topic",
-        "verify",
-        "--partitions",
-        "2",
-        "--rate",
-        "3000",
-        "--duration",
-        "8s",
-        "--acks",
-        "all",
-        "--retries",
-        "1000",
-        "--delivery-timeout-ms",
-        "60000",
-        "--fault-every",
-        "2500ms",
-        "--quiet",
-    ];
-    let cmd = script.display().to_string();
-    args.extend(["--fault-cmd", &cmd, "--json", vj.to_str().unwrap()]);
-    args.extend(extra);
-    let (code, out) = loadgen(&args);
-    // The first broker was SIGKILLed by the script; reap it.
-    let _ = first.kill();
-    assert_eq!(code, 0, "{out}");
-    json(&vj)
+    let args = [&["--acks", "all", "--retries", "1000"], extra].concat();
+    verify_across_sigkill("verify", &args).1
 }
 
 /// Acknowledged records survive SIGKILL + restart (retries may duplicate without
@@ -296,7 +175,7 @@ fn quickstart_starts_weir_and_writes_the_sweep_report() {
     let dir = scratch();
     let html = dir.path().join("q.html");
     let qj = dir.path().join("q.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "quickstart",
         "--duration",
         "2s",
@@ -305,7 +184,7 @@ fn quickstart_starts_weir_and_writes_the_sweep_report() {
         "--json",
         qj.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let q = json(&qj);
     let rows = q["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 3, "acks 0, 1, all: {q}");
@@ -313,7 +192,7 @@ fn quickstart_starts_weir_and_writes_the_sweep_report() {
         assert!(r["records_per_sec"].as_f64().unwrap() > 0.0, "{r}");
     }
     for a in ["acks=0", "acks=1", "acks=all"] {
-        assert!(out.contains(a), "table row {a}: {out}");
+        assert!(out.stdout.contains(a), "table row {a}: {out}");
     }
     let page = std::fs::read_to_string(&html).expect("report");
     assert!(page.contains("Comparison"));
@@ -324,7 +203,7 @@ fn plan_finds_a_sustainable_rate_and_sizes_partitions() {
     let dir = scratch();
     let b = start(dir.path());
     let pj = dir.path().join("plan.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "plan",
         "--bootstrap",
         &b.addr,
@@ -347,7 +226,7 @@ fn plan_finds_a_sustainable_rate_and_sizes_partitions() {
         "--json",
         pj.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let p = json(&pj);
     let cap = &p["capacity"][0];
     assert!(
@@ -370,7 +249,7 @@ fn consumer_group_reads_everything_once_and_commits() {
         &["group.initial.rebalance.delay.ms=0".to_string()],
     )
     .expect("weir starts");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "produce",
         "--bootstrap",
         &b.addr,
@@ -386,9 +265,9 @@ fn consumer_group_reads_everything_once_and_commits() {
         "all",
         "--quiet",
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let first = dir.path().join("g1.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "consume",
         "--bootstrap",
         &b.addr,
@@ -402,12 +281,12 @@ fn consumer_group_reads_everything_once_and_commits() {
         "--json",
         first.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let g = json(&first);
     assert_eq!(g["consumed_records"], 20000, "{g}");
     assert_eq!(g["errors"].as_object().map(|m| m.len()), Some(0), "{g}");
     let second = dir.path().join("g2.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "consume",
         "--bootstrap",
         &b.addr,
@@ -419,7 +298,7 @@ fn consumer_group_reads_everything_once_and_commits() {
         "--json",
         second.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     assert_eq!(
         json(&second)["consumed_records"],
         0,
@@ -443,7 +322,7 @@ fn lag_of_a_throttled_consumer_grows_at_offered_minus_consumed() {
     let dir = scratch();
     let b = start(dir.path());
     let ej = dir.path().join("lag.json");
-    let (code, out) = loadgen(&[
+    let out = loadgen(&[
         "e2e",
         "--bootstrap",
         &b.addr,
@@ -465,7 +344,7 @@ fn lag_of_a_throttled_consumer_grows_at_offered_minus_consumed() {
         "--json",
         ej.to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.code, 0, "{out}");
     let e = json(&ej);
     // Seconds of the measured window while the producer was still producing (the last
     // producing second may be partial: left out).
