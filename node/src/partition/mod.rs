@@ -54,12 +54,6 @@ pub struct Partition {
     /// Notified whenever the log end or the HW moves (wakes long-polling fetches and
     /// delayed acks=all produces).
     pub appended: Event,
-    /// Notified when a leader's append has extended the log in memory, before its write
-    /// completes: parked follower fetches wake then and copy the batches from the tail
-    /// cache while the leader writes them, so the leader's write and the followers'
-    /// overlap instead of running one after the other. The HW still waits for the
-    /// leader's own write (`log_grew`).
-    pub extended: Event,
     /// On a leader: when each follower's last fetch was answered with records (its next
     /// fetch closes the turnaround, `weir_follower_fetch_turnaround_seconds`).
     follower_answered: RefCell<BTreeMap<NodeId, std::time::Instant>>,
@@ -203,7 +197,6 @@ impl Partition {
             replica: RefCell::new(ReplicaState::sole(local, leo)),
             epochs: RefCell::new(epochs),
             appended: Event::default(),
-            extended: Event::default(),
             follower_answered: RefCell::new(BTreeMap::new()),
             last_used: Cell::new(0),
             txn_turns: RefCell::new(std::collections::HashMap::new()),
@@ -334,22 +327,6 @@ impl Partition {
         self.replica.borrow_mut().restarted(offset);
         tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
         Ok(())
-    }
-
-    /// Runs `append`, a leader's append whose first poll extends the log in memory (the
-    /// log assigns offsets synchronously), and wakes parked follower fetches right after
-    /// that poll, while the write is still in flight (see [`Partition::extended`]).
-    async fn extending<T>(&self, append: impl std::future::Future<Output = T>) -> T {
-        let before = self.log.log_end_offset();
-        let mut append = std::pin::pin!(append);
-        let first = futures_lite::future::poll_once(&mut append).await;
-        if self.log.log_end_offset() > before {
-            self.extended.notify_all();
-        }
-        match first {
-            Some(out) => out,
-            None => append.await,
-        }
     }
 
     /// An append ending at `end` completed: the HW follows where the ISR allows. Not the

@@ -127,8 +127,10 @@ impl Partition {
             return ProduceOutcome::failed(error);
         }
         let started = Instant::now();
-        let append = self.producers.append(&self.log, records, epoch, now_ms);
-        let appended = self.extending(append).await;
+        let appended = self
+            .producers
+            .append(&self.log, records, epoch, now_ms)
+            .await;
         crate::metrics::local(|m| m.produce_appended(started.elapsed()));
         let info = match appended {
             Ok(ProducerAppend::Appended(info)) => info,

@@ -221,16 +221,9 @@ impl Shard {
         if ready || self.shutting_down.get() {
             return;
         }
-        // A follower also wakes when a leader's append extended the log in memory (it
-        // reads up to the log end, written or not); anyone else when an append completed
-        // or the HW moved.
-        let follower = matches!(reader, ReadFor::Follower(_));
-        let mut listens: Vec<_> = parts.iter().map(|p| Box::pin(p.appended.listen())).collect();
-        if follower {
-            listens.extend(parts.iter().map(|p| Box::pin(p.extended.listen())));
-        }
+        let listens = parts.iter().map(|p| Box::pin(p.appended.listen()));
         let any = futures_lite::future::poll_fn({
-            let mut listens = listens;
+            let mut listens: Vec<_> = listens.collect();
             move |cx| {
                 for l in listens.iter_mut() {
                     if l.as_mut().poll(cx).is_ready() {
