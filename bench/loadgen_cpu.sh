@@ -97,7 +97,7 @@ run() {
                 [ -n "$ppid" ] && break; sleep 0.05
             done
             sleep 2
-            perf record -q --call-graph dwarf,16384 -F 499 -p "$ppid" \
+            perf record -q --call-graph dwarf,16384 -F "${PERF_HZ:-499}" -p "$ppid" \
                 -o "$PERF/$(basename "$(dirname "$lg")")-$(date +%s).data" -- sleep 4 \
                 >/dev/null 2>&1 || true
         ) &

@@ -470,7 +470,10 @@ mod tests {
         );
         assert_eq!(b.interval.publish_sum_us, s.interval.publish_sum_us);
         assert_eq!(b.interval.acked, intended.len() as u64);
-        assert!(b.records > 0 && b.records < b.interval.acked, "both sides of the warm-up");
+        assert!(
+            b.records > 0 && b.records < b.interval.acked,
+            "both sides of the warm-up"
+        );
     }
 
     #[test]

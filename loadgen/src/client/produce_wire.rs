@@ -137,7 +137,10 @@ impl Cursor<'_> {
 
     /// Steps over `n` bytes that already hold what belongs there.
     fn skip(&mut self, n: usize) {
-        assert!(self.pos + n <= self.buf.len(), "skipping past the written bytes");
+        assert!(
+            self.pos + n <= self.buf.len(),
+            "skipping past the written bytes"
+        );
         self.pos += n;
     }
 
@@ -264,7 +267,15 @@ pub fn compress_records(
     scratch: &mut Vec<u8>,
 ) -> Result<Vec<u8>, wire::WireError> {
     scratch.clear();
-    write_records(&mut Cursor { buf: scratch, pos: 0 }, recs, values, 0);
+    write_records(
+        &mut Cursor {
+            buf: scratch,
+            pos: 0,
+        },
+        recs,
+        values,
+        0,
+    );
     compress(codec, scratch, SnappyFraming::default())
 }
 
@@ -650,7 +661,16 @@ mod tests {
         };
         let mut b = Vec::new();
         let total = src.len(values);
-        write_batch(&mut Cursor { buf: &mut b, pos: 0 }, &src, values, 0, total);
+        write_batch(
+            &mut Cursor {
+                buf: &mut b,
+                pos: 0,
+            },
+            &src,
+            values,
+            0,
+            total,
+        );
         assert!(validate_batch(&b).is_ok());
     }
 
@@ -681,7 +701,11 @@ mod tests {
                 let per_record: usize = (0..n as i32)
                     .map(|i| record_len(i, None, size.max(payload::HEADER_BYTES)).1)
                     .sum();
-                assert_eq!(records_len(&rs, values), per_record, "size {size}, {n} records");
+                assert_eq!(
+                    records_len(&rs, values),
+                    per_record,
+                    "size {size}, {n} records"
+                );
             }
         }
     }
@@ -705,13 +729,25 @@ mod tests {
             (8, v(1000, &filler), vec![(0, f, recs_from(70, 70))]),
             (8, v(1000, &filler), vec![(0, f, recs_from(140, 20))]),
             (8, v(1000, &filler), vec![(0, f, recs_from(160, 150))]),
-            (8, v(1000, &filler), vec![(0, f, recs_from(1, 150)), (1, f, recs_from(9, 9))]),
-            (8, v(1000, &filler), vec![(0, f, recs_from(2, 150)), (1, f, recs_from(8, 12))]),
+            (
+                8,
+                v(1000, &filler),
+                vec![(0, f, recs_from(1, 150)), (1, f, recs_from(9, 9))],
+            ),
+            (
+                8,
+                v(1000, &filler),
+                vec![(0, f, recs_from(2, 150)), (1, f, recs_from(8, 12))],
+            ),
             (8, v(1001, &filler), vec![(0, f, recs_from(3, 150))]),
             (8, v(1001, &long), vec![(0, f, recs_from(4, 150))]),
             (8, v(1001, &long), vec![(0, f, keyed(5, 150))]),
             (8, v(1001, &long), vec![(0, f, recs_from(6, 150))]),
-            (8, v(1001, &long), vec![(0, fields(7, Compression::Gzip, false), recs_from(7, 150))]),
+            (
+                8,
+                v(1001, &long),
+                vec![(0, fields(7, Compression::Gzip, false), recs_from(7, 150))],
+            ),
             (8, v(1001, &long), vec![(0, f, recs_from(8, 150))]),
             (9, v(1001, &long), vec![(0, f, recs_from(9, 150))]),
             (9, v(1001, &long), vec![(0, f, recs_from(10, 150))]),
@@ -725,9 +761,17 @@ mod tests {
         ];
         let mut buf = RequestBuf::default();
         for (n, (version, (size, fill), data)) in steps.iter().enumerate() {
-            let values = Values { size: *size, filler: fill };
-            check(&mut buf, request(*version, None), data, values, &format!("step {n}"));
+            let values = Values {
+                size: *size,
+                filler: fill,
+            };
+            check(
+                &mut buf,
+                request(*version, None),
+                data,
+                values,
+                &format!("step {n}"),
+            );
         }
     }
-
 }

@@ -452,7 +452,8 @@ impl Producer {
             }
             None => {
                 // Room for a full batch up front: no regrowing (and copying) as it fills.
-                let fits = (self.cfg.batch_size_bytes / size.max(1)).clamp(1, BATCH_RECORDS_RESERVED_MAX);
+                let fits =
+                    (self.cfg.batch_size_bytes / size.max(1)).clamp(1, BATCH_RECORDS_RESERVED_MAX);
                 let mut records = Vec::with_capacity(fits);
                 records.push(rec);
                 q.push_back(Batch {
