@@ -433,7 +433,7 @@ mod tests {
         let r = Recorder::new(0);
         // 1..=1000 ms, one record each.
         for ms in 1..=1000u64 {
-            r.record_acks(&[0], ms * 1_000_000, 100);
+            r.record_acks([0], ms * 1_000_000, 100);
         }
         let s = r.summary(1_000_000_000);
         let p = s.publish_latency_ms;
@@ -457,9 +457,9 @@ mod tests {
         let acked = 3_000_000;
         let batch = Recorder::new(warmup_end);
         let single = Recorder::new(warmup_end);
-        batch.record_acks(&intended, acked, 1000);
+        batch.record_acks(intended.iter(), acked, 1000);
         for t in &intended {
-            single.record_acks(&[*t], acked, 1000);
+            single.record_acks([*t], acked, 1000);
         }
         let (b, s) = (batch.lock(), single.lock());
         assert_eq!(b.publish, s.publish);
@@ -479,8 +479,8 @@ mod tests {
     #[test]
     fn warmup_records_are_not_measured() {
         let r = Recorder::new(1_000_000_000);
-        r.record_acks(&[500_000_000], 1_100_000_000, 10); // intended in warm-up
-        r.record_acks(&[1_000_000_000], 1_002_000_000, 10); // first measured
+        r.record_acks([500_000_000], 1_100_000_000, 10); // intended in warm-up
+        r.record_acks([1_000_000_000], 1_002_000_000, 10); // first measured
         let s = r.summary(2_000_000_000);
         assert_eq!(s.records, 1);
         assert_eq!(s.bytes, 10);

@@ -724,7 +724,8 @@ mod tests {
         // (version, value size and filler, batches): the same layout again (only stamps
         // differ), fewer and more records, a second batch, a changed value size, a changed
         // filler, a keyed record, a compressed batch, a flexible version (prefix shifts).
-        let steps: Vec<(i16, (usize, Vec<u8>), Vec<(i32, BatchFields, Vec<Rec>)>)> = vec![
+        type Step = (i16, (usize, Vec<u8>), Vec<(i32, BatchFields, Vec<Rec>)>);
+        let steps: Vec<Step> = vec![
             (8, v(1000, &filler), vec![(0, f, recs_from(0, 70))]),
             (8, v(1000, &filler), vec![(0, f, recs_from(70, 70))]),
             (8, v(1000, &filler), vec![(0, f, recs_from(140, 20))]),

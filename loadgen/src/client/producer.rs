@@ -30,8 +30,10 @@ use crate::stats::{Clock, Recorder};
 
 /// Records generated per loop turn before the producer looks at its sockets again.
 const GENERATE_BURST: usize = 256;
-/// Records a new batch reserves room for at most (a full batch of small records is more).
-const BATCH_RECORDS_RESERVED_MAX: usize = 16_384;
+/// Records a new batch reserves room for at most: a batch of more regrows as it fills, and
+/// with keys and many partitions (many open batches, most sent part-full on linger) the
+/// reservations stay small (1,000 partitions × 1,024 × 56 B ≈ 57 MiB at most).
+const BATCH_RECORDS_RESERVED_MAX: usize = 1_024;
 /// Requests written per loop turn at most, before generating again.
 const SEND_ROUNDS_MAX: usize = 64;
 /// Longest the producer sleeps without re-checking anything.
