@@ -14,7 +14,7 @@
 # 3. Relinks with every candidate on pages of its own (a profiling layout) and runs the
 #    workload again: now a page touched is a function run. Those, in the order first run,
 #    become node/hot-text.ld (patterns.py free: names without their hash).
-# Needs gcc, python3, binutils (nm, readelf), root or vm.unprivileged_userfaultfd=1.
+# OUT=FILE writes there instead of node/hot-text.ld. Needs gcc, python3, binutils (nm, readelf), root or vm.unprivileged_userfaultfd=1.
 set -euo pipefail
 root=$(pwd); here=$root/scripts/hot-text
 w=$(mktemp -d "$root/target/hot-text.XXXX"); trap 'rm -rf "$w"' EXIT
@@ -43,7 +43,7 @@ layout() { # layout PATTERNS ALIGN > script
   echo "} } INSERT BEFORE .text;"
 }
 trace() { # trace BIN TRACE
-  UFFD_PRELOAD=$w/uffdtrace.so LOADGEN=$LOADGEN bash "$here/trace.sh" "$1" "$2"
+  TRACE_TMP=$w UFFD_PRELOAD=$w/uffdtrace.so LOADGEN=$LOADGEN bash "$here/trace.sh" "$1" "$2"
 }
 link plain cold.ld
 trace "$r/plain" "$w/t0"
@@ -57,5 +57,6 @@ python3 "$here/pages.py" "$r/spread" "$w/t1" > "$w/n1"
   echo "SECTIONS"; echo "{"; echo "  .text.hot :"; echo "  {"
   python3 "$here/patterns.py" free "$w/n1"
   echo "  }"; echo "}"; echo "INSERT BEFORE .text;"; } > "$w/hot-text.ld"
-mv "$w/hot-text.ld" "$root/node/hot-text.ld"
-echo "node/hot-text.ld: $(grep -c '^    \*(' "$root/node/hot-text.ld") patterns from $(wc -l < "$w/n1") functions run"
+out=${OUT:-$root/node/hot-text.ld}
+mv "$w/hot-text.ld" "$out"
+echo "$out: $(grep -c '^    \*(' "$out") patterns from $(wc -l < "$w/n1") functions run"

@@ -4,7 +4,7 @@
 # produced to (500 records each, acks=all) and consumed with $LOADGEN; SIGTERM; restart;
 # everything consumed again.
 set -u
-B=$1; T=$2; d=$(mktemp -d); trap 'rm -rf "$d"' EXIT; rm -f "$T"
+B=$1; T=$2; d=$(mktemp -d "${TRACE_TMP:-/tmp}/trace.XXXX"); trap 'rm -rf "$d"' EXIT; rm -f "$T"
 start() {
   UFFD_TRACE=$T LD_PRELOAD=$UFFD_PRELOAD "$B" serve --data-dir "$d/data" --listen 127.0.0.1:0 --shards 2 > "$d/log" 2>&1 &
   p=$!
