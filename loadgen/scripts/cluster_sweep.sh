@@ -24,6 +24,8 @@
 # pointers, so plain -g loses the callers) of the leader of the RF=3 topic's partition 0
 # during an extra acks=all RF=3 run ($OUT/perf.data, summary in $OUT/perf-report.txt;
 # loadgen/scripts/perf_fetch_copies.py counts copies under the Fetch handler and send path).
+# PHASES=1 scrapes every node's /metrics around the half-load RF=3 step and prints the
+# acks=all round trip's phases from their histograms (loadgen/scripts/phase_hist.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/target/lg-cluster-sweep}
@@ -133,7 +135,18 @@ sweep max-rf3 sweep-rf3 max || exit 1
 HALF1=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf1.json") / 2)))")
 HALF3=$(python3 -c "print(max(1, int($(all_rate "$OUT/max-rf3.json") / 2)))")
 sweep half-rf1 sweep-rf1 "$HALF1" || exit 1
+# scrape_all TAG: every node's /metrics into $OUT/phases/TAG-N.txt.
+scrape_all() {
+    mkdir -p "$OUT/phases"
+    for i in 1 2 3; do curl -s "http://127.0.0.1:${MPORT[$i]}/metrics" > "$OUT/phases/$1-$i.txt"; done
+}
+[ "${PHASES:-0}" = 1 ] && scrape_all before
 sweep half-rf3 sweep-rf3 "$HALF3" || exit 1
+if [ "${PHASES:-0}" = 1 ]; then
+    scrape_all after
+    echo "== the acks=all round trip's phases during the half-load RF 3 step (all nodes)"
+    python3 loadgen/scripts/phase_hist.py "$OUT/phases" | tee "$OUT/phases.txt"
+fi
 
 # cpu_of PID: CPU seconds (user + system) the process has used so far.
 CLK_TCK=$(getconf CLK_TCK)

@@ -546,7 +546,7 @@ mod tests {
     fn html_report_is_self_contained_with_plots() {
         let rec = Recorder::new(0);
         for i in 1..=2000u64 {
-            rec.record_acks(&[i * 1_000_000], i * 1_000_000 + i * 1_000, 1024);
+            rec.record_acks([i * 1_000_000], i * 1_000_000 + i * 1_000, 1024);
             if i % 1000 == 0 {
                 rec.tick(i * 1_000_000);
             }

@@ -162,8 +162,8 @@ mod tests {
                         MS / 2
                     };
                     now += service;
-                    recorder.record_acks(&[intended_ns], now, 1);
-                    naive.record_acks(&[sent], now, 1);
+                    recorder.record_acks([intended_ns], now, 1);
+                    naive.record_acks([sent], now, 1);
                 }
             }
         }

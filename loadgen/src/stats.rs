@@ -5,6 +5,7 @@
 //! a virtual clock). Latencies are kept in microseconds in HdrHistograms (3 significant
 //! digits, 1 µs .. 1 h) and reported in milliseconds.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -173,6 +174,15 @@ impl Interval {
     }
 }
 
+/// Acknowledged records in a row with the same latency and warm-up side.
+#[derive(Clone, Copy, Debug)]
+struct AckRun {
+    latency_us: u64,
+    /// Intended at or after the warm-up end.
+    measured: bool,
+    records: u64,
+}
+
 struct Inner {
     publish: Histogram<u64>,
     e2e: Histogram<u64>,
@@ -185,6 +195,22 @@ struct Inner {
     lag_max: i64,
     interval: Interval,
     timeline: Vec<Second>,
+}
+
+impl Inner {
+    fn add_acks(&mut self, r: AckRun, record_bytes: u64) {
+        let (us, n) = (r.latency_us, r.records);
+        // Interval statistics include the warm-up so the progress line is never blank.
+        self.interval.acked += n;
+        self.interval.acked_bytes += n * record_bytes;
+        self.interval.publish_sum_us += n * us;
+        let _ = self.interval.publish.record_n(us, n);
+        if r.measured {
+            self.records += n;
+            self.bytes += n * record_bytes;
+            let _ = self.publish.record_n(us, n);
+        }
+    }
 }
 
 /// Shared recorder of one run; producers, consumers and the progress thread all feed it.
@@ -229,21 +255,40 @@ impl Recorder {
 
     /// Records acknowledged at `acked_ns`, each intended for sending at `intended_ns[i]`,
     /// each carrying `record_bytes` of payload.
-    pub fn record_acks(&self, intended_ns: &[u64], acked_ns: u64, record_bytes: u64) {
+    ///
+    /// Every record's own latency is recorded (the ack time of its batch minus its intended
+    /// time), but a run of neighbours with the same latency in µs goes into the histograms
+    /// as one `record_n`: the histograms are exactly those of one `record` per record, and
+    /// a batch of a closed loop (whose records share a few creation times) costs a few
+    /// histogram updates instead of two per record.
+    pub fn record_acks<I>(&self, intended_ns: I, acked_ns: u64, record_bytes: u64)
+    where
+        I: IntoIterator,
+        I::Item: Borrow<u64>,
+    {
         let mut g = self.lock();
         let inner = &mut *g;
-        for &t in intended_ns {
-            let us = latency_us(t, acked_ns);
-            // Interval statistics include the warm-up so the progress line is never blank.
-            inner.interval.acked += 1;
-            inner.interval.acked_bytes += record_bytes;
-            inner.interval.publish_sum_us += us;
-            let _ = inner.interval.publish.record(us);
-            if t >= self.warmup_end_ns {
-                inner.records += 1;
-                inner.bytes += record_bytes;
-                let _ = inner.publish.record(us);
+        let mut run: Option<AckRun> = None;
+        for t in intended_ns {
+            let t = *t.borrow();
+            let next = AckRun {
+                latency_us: latency_us(t, acked_ns),
+                measured: t >= self.warmup_end_ns,
+                records: 1,
+            };
+            match &mut run {
+                Some(r) if r.latency_us == next.latency_us && r.measured == next.measured => {
+                    r.records += 1;
+                }
+                _ => {
+                    if let Some(r) = run.replace(next) {
+                        inner.add_acks(r, record_bytes);
+                    }
+                }
             }
+        }
+        if let Some(r) = run {
+            inner.add_acks(r, record_bytes);
         }
     }
 
@@ -388,7 +433,7 @@ mod tests {
         let r = Recorder::new(0);
         // 1..=1000 ms, one record each.
         for ms in 1..=1000u64 {
-            r.record_acks(&[0], ms * 1_000_000, 100);
+            r.record_acks([0], ms * 1_000_000, 100);
         }
         let s = r.summary(1_000_000_000);
         let p = s.publish_latency_ms;
@@ -401,10 +446,41 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_records_what_one_record_at_a_time_would() {
+        // Runs of equal intended times (a closed loop's bursts), distinct ones (an open
+        // loop) and both sides of the warm-up end, acknowledged together.
+        let warmup_end = 1_000_000;
+        let mut intended: Vec<u64> = vec![10; 300];
+        intended.extend((0..500).map(|i| 900_000 + i * 1_700));
+        intended.extend(vec![2_000_000; 40]);
+        intended.push(10);
+        let acked = 3_000_000;
+        let batch = Recorder::new(warmup_end);
+        let single = Recorder::new(warmup_end);
+        batch.record_acks(intended.iter(), acked, 1000);
+        for t in &intended {
+            single.record_acks([*t], acked, 1000);
+        }
+        let (b, s) = (batch.lock(), single.lock());
+        assert_eq!(b.publish, s.publish);
+        assert_eq!(b.interval.publish, s.interval.publish);
+        assert_eq!(
+            (b.records, b.bytes, b.interval.acked, b.interval.acked_bytes),
+            (s.records, s.bytes, s.interval.acked, s.interval.acked_bytes)
+        );
+        assert_eq!(b.interval.publish_sum_us, s.interval.publish_sum_us);
+        assert_eq!(b.interval.acked, intended.len() as u64);
+        assert!(
+            b.records > 0 && b.records < b.interval.acked,
+            "both sides of the warm-up"
+        );
+    }
+
+    #[test]
     fn warmup_records_are_not_measured() {
         let r = Recorder::new(1_000_000_000);
-        r.record_acks(&[500_000_000], 1_100_000_000, 10); // intended in warm-up
-        r.record_acks(&[1_000_000_000], 1_002_000_000, 10); // first measured
+        r.record_acks([500_000_000], 1_100_000_000, 10); // intended in warm-up
+        r.record_acks([1_000_000_000], 1_002_000_000, 10); // first measured
         let s = r.summary(2_000_000_000);
         assert_eq!(s.records, 1);
         assert_eq!(s.bytes, 10);

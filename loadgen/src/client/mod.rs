@@ -71,13 +71,26 @@ pub mod payload {
         b.freeze()
     }
 
+    /// The first [`HEADER_BYTES`] of a value: all that differs between two records of
+    /// the same size.
+    pub fn header(stamp: Stamp) -> [u8; HEADER_BYTES] {
+        let mut h = [0u8; HEADER_BYTES];
+        h[..4].copy_from_slice(MAGIC);
+        h[4..12].copy_from_slice(&stamp.run_id.to_be_bytes());
+        h[12..20].copy_from_slice(&stamp.record_id.to_be_bytes());
+        h[20..].copy_from_slice(&stamp.intended_ns.to_be_bytes());
+        h
+    }
+
+    /// Bytes of `filler` a value of `size` uses (the rest of its tail is `b'x'`).
+    pub fn filler_used(size: usize, filler: &[u8]) -> &[u8] {
+        &filler[..(size.max(HEADER_BYTES) - HEADER_BYTES).min(filler.len())]
+    }
+
     /// Appends the value [`encode`] returns, straight into `out` (no allocation).
     pub fn write(stamp: Stamp, size: usize, filler: &[u8], out: &mut impl BufMut) {
         let size = size.max(HEADER_BYTES);
-        out.put_slice(MAGIC);
-        out.put_u64(stamp.run_id);
-        out.put_u64(stamp.record_id);
-        out.put_u64(stamp.intended_ns);
+        out.put_slice(&header(stamp));
         let rest = size - HEADER_BYTES;
         let from_filler = rest.min(filler.len());
         out.put_slice(&filler[..from_filler]);

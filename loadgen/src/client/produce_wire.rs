@@ -1,12 +1,16 @@
 //! Produce requests written straight into one reused buffer: frame, header, body and each
 //! record batch (records generated in place from their stamps), CRC-32C computed once over
 //! the batch where it lies. No record value is allocated or copied on the way to the
-//! socket; the buffer keeps its capacity from request to request.
+//! socket, and the buffer is overwritten, not cleared: a batch whose records section starts
+//! where the same batch of the previous request started already holds its records' fixed
+//! bytes (lengths, offset deltas, value filler), so only each record's 28-byte stamp is
+//! rewritten — the bytes written per request are the stamps and headers, not the values.
 //!
 //! The bytes are those `wire::batch::BatchBuilder` and `kafka-protocol`'s `ProduceRequest`
-//! would produce (a unit test compares them), for Produce v3..=9 (v9 is flexible).
+//! would produce (a unit test compares them, fresh and after any previous request), for
+//! Produce v3..=9 (v9 is flexible).
 
-use bytes::{BufMut, Bytes};
+use bytes::Bytes;
 use wire::batch::{Attributes, BATCH_HEADER_SIZE, Compression, SnappyFraming, compress};
 use wire::codec::{put_uvarint, put_varint, uvarint_size, varint_size};
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
@@ -24,6 +28,11 @@ const MAGIC_V2: u8 = 2;
 const FIRST_FLEXIBLE: i16 = 9;
 /// Client id written in every request header.
 pub const CLIENT_ID: &[u8] = b"weir-loadgen";
+/// A key-less record: attributes, timestamp delta 0, and (after the offset delta) key
+/// length -1, one byte each.
+const KEYLESS_FIXED_BYTES: usize = 3;
+/// Longest varint.
+const VARINT_MAX_BYTES: usize = 5;
 
 /// One record as the producer keeps it: its stamp and optional key; the value is
 /// `payload::write(stamp, value_size)` and is generated only when it goes on the wire.
@@ -63,36 +72,165 @@ fn record_len(offset_delta: i32, key: Option<usize>, value: usize) -> (usize, us
     (body, varint_size(body as i32) + body)
 }
 
+/// Offset deltas whose zigzag varint takes 1, 2, 3, 4 and 5 bytes: `[start, end)` each.
+const DELTA_WIDTHS: [(usize, usize); 5] = [
+    (0, 64),
+    (64, 8_192),
+    (8_192, 1 << 20),
+    (1 << 20, 1 << 27),
+    (1 << 27, usize::MAX),
+];
+
+/// A key-less record whose offset delta takes `delta_bytes`: (its whole length, where its
+/// value, i.e. its stamp, starts in it). Every record of a width is laid out alike.
+fn keyless_layout(delta_bytes: usize, value: usize) -> (usize, usize) {
+    let value_len_bytes = varint_size(value as i32);
+    // attributes, timestamp delta, offset delta, key -1, value length, value, 0 headers
+    let body = KEYLESS_FIXED_BYTES + delta_bytes + value_len_bytes + value + 1;
+    let len_bytes = varint_size(body as i32);
+    let value_at = len_bytes + KEYLESS_FIXED_BYTES + delta_bytes + value_len_bytes;
+    (len_bytes + body, value_at)
+}
+
 /// Length of the uncompressed records section.
 pub fn records_len(recs: &[Rec], values: Values<'_>) -> usize {
     let value = values.size.max(payload::HEADER_BYTES);
+    if recs.iter().all(|r| r.key.is_none()) {
+        // Per width, not per record: the same sum.
+        return DELTA_WIDTHS
+            .iter()
+            .enumerate()
+            .map(|(w, &(lo, hi))| {
+                let n = recs.len().min(hi).saturating_sub(lo);
+                n * keyless_layout(w + 1, value).0
+            })
+            .sum();
+    }
     recs.iter()
         .enumerate()
         .map(|(i, r)| record_len(i as i32, r.key.as_ref().map(Bytes::len), value).1)
         .sum()
 }
 
-/// Appends the uncompressed records section.
-pub fn write_records(out: &mut Vec<u8>, recs: &[Rec], values: Values<'_>) {
+/// Writes over a buffer from `pos` on, growing it where it runs out: what a previous
+/// request left there is overwritten, never cleared first.
+struct Cursor<'a> {
+    buf: &'a mut Vec<u8>,
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    fn put(&mut self, src: &[u8]) {
+        debug_assert!(self.pos <= self.buf.len());
+        let over = (self.buf.len() - self.pos).min(src.len());
+        self.buf[self.pos..self.pos + over].copy_from_slice(&src[..over]);
+        self.buf.extend_from_slice(&src[over..]);
+        self.pos += src.len();
+    }
+
+    fn fill(&mut self, byte: u8, n: usize) {
+        let over = (self.buf.len() - self.pos).min(n);
+        self.buf[self.pos..self.pos + over].fill(byte);
+        self.buf.resize(self.buf.len() + (n - over), byte);
+        self.pos += n;
+    }
+
+    /// Steps over `n` bytes that already hold what belongs there.
+    fn skip(&mut self, n: usize) {
+        assert!(
+            self.pos + n <= self.buf.len(),
+            "skipping past the written bytes"
+        );
+        self.pos += n;
+    }
+
+    fn u8(&mut self, v: u8) {
+        self.put(&[v]);
+    }
+
+    fn i16(&mut self, v: i16) {
+        self.put(&v.to_be_bytes());
+    }
+
+    fn i32(&mut self, v: i32) {
+        self.put(&v.to_be_bytes());
+    }
+
+    fn i64(&mut self, v: i64) {
+        self.put(&v.to_be_bytes());
+    }
+
+    fn varint(&mut self, v: i32) {
+        let mut tmp = [0u8; VARINT_MAX_BYTES];
+        let mut rest = &mut tmp[..];
+        put_varint(&mut rest, v);
+        let n = VARINT_MAX_BYTES - rest.len();
+        self.put(&tmp[..n]);
+    }
+
+    fn uvarint(&mut self, v: u32) {
+        let mut tmp = [0u8; VARINT_MAX_BYTES];
+        let mut rest = &mut tmp[..];
+        put_uvarint(&mut rest, v);
+        let n = VARINT_MAX_BYTES - rest.len();
+        self.put(&tmp[..n]);
+    }
+
+    /// An array count or a bytes length: i32, or compact (uvarint of n + 1) when flexible.
+    fn len(&mut self, n: usize, flexible: bool) {
+        if flexible {
+            self.uvarint(n as u32 + 1);
+        } else {
+            self.i32(n as i32);
+        }
+    }
+}
+
+/// Writes the uncompressed records section at the cursor. The first `in_place` records
+/// (key-less, same value size and filler, at the same place as before) already hold all
+/// but their stamps.
+fn write_records(cur: &mut Cursor<'_>, recs: &[Rec], values: Values<'_>, in_place: usize) {
     let value = values.size.max(payload::HEADER_BYTES);
-    for (i, r) in recs.iter().enumerate() {
+    let in_place = in_place.min(recs.len());
+    for (w, &(lo, hi)) in DELTA_WIDTHS.iter().enumerate() {
+        let end = hi.min(in_place);
+        if lo >= end {
+            break;
+        }
+        let (len, value_at) = keyless_layout(w + 1, value);
+        let span = len * (end - lo);
+        let at = cur.pos;
+        cur.skip(span);
+        for (slot, r) in cur.buf[at..at + span]
+            .chunks_exact_mut(len)
+            .zip(&recs[lo..end])
+        {
+            debug_assert!(r.key.is_none());
+            slot[value_at..value_at + payload::HEADER_BYTES]
+                .copy_from_slice(&payload::header(r.stamp));
+        }
+    }
+    let filler = payload::filler_used(value, values.filler);
+    for (i, r) in recs.iter().enumerate().skip(in_place) {
         let delta = i as i32;
         let key = r.key.as_deref();
         let (body, _) = record_len(delta, key.map(<[u8]>::len), value);
-        put_varint(out, body as i32);
-        out.put_u8(0); // attributes
-        out.put_u8(0); // timestamp delta 0: one timestamp per batch
-        put_varint(out, delta);
+        cur.varint(body as i32);
+        cur.u8(0); // attributes
+        cur.u8(0); // timestamp delta 0: one timestamp per batch
+        cur.varint(delta);
         match key {
             Some(k) => {
-                put_varint(out, k.len() as i32);
-                out.put_slice(k);
+                cur.varint(k.len() as i32);
+                cur.put(k);
             }
-            None => put_varint(out, -1),
+            None => cur.varint(-1),
         }
-        put_varint(out, value as i32);
-        payload::write(r.stamp, value, values.filler, out);
-        out.put_u8(0); // no headers
+        cur.varint(value as i32);
+        cur.put(&payload::header(r.stamp));
+        cur.put(filler);
+        cur.fill(b'x', value - payload::HEADER_BYTES - filler.len());
+        cur.u8(0); // no headers
     }
 }
 
@@ -113,6 +251,11 @@ impl BatchSource<'_> {
                 None => records_len(self.recs, values),
             }
     }
+
+    /// Whether its records section may be written over an earlier one in place.
+    fn plain(&self) -> bool {
+        self.compressed.is_none() && self.recs.iter().all(|r| r.key.is_none())
+    }
 }
 
 /// Compresses a batch's records section (done once, when the batch is sealed, so a retry
@@ -124,47 +267,60 @@ pub fn compress_records(
     scratch: &mut Vec<u8>,
 ) -> Result<Vec<u8>, wire::WireError> {
     scratch.clear();
-    write_records(scratch, recs, values);
+    write_records(
+        &mut Cursor {
+            buf: scratch,
+            pos: 0,
+        },
+        recs,
+        values,
+        0,
+    );
     compress(codec, scratch, SnappyFraming::default())
 }
 
-/// Appends one record batch v2 and fills in its CRC over the bytes where they lie.
-pub fn write_batch(out: &mut Vec<u8>, b: &BatchSource<'_>, values: Values<'_>) {
-    let start = out.len();
-    let total = b.len(values);
+/// Writes one record batch v2 of `total` bytes ([`BatchSource::len`]) at the cursor
+/// (`in_place` as in [`write_records`]) and fills in its CRC over the bytes where they lie.
+fn write_batch(
+    cur: &mut Cursor<'_>,
+    b: &BatchSource<'_>,
+    values: Values<'_>,
+    in_place: usize,
+    total: usize,
+) {
+    let start = cur.pos;
     let count = b.recs.len() as i32;
     let f = &b.fields;
-    out.reserve(total);
-    out.put_i64(0); // base offset
-    out.put_i32((total - LOG_OVERHEAD) as i32);
-    out.put_i32(-1); // partition leader epoch
-    out.put_u8(MAGIC_V2);
-    out.put_u32(0); // CRC, below
+    cur.i64(0); // base offset
+    cur.i32((total - LOG_OVERHEAD) as i32);
+    cur.i32(-1); // partition leader epoch
+    cur.u8(MAGIC_V2);
+    cur.i32(0); // CRC, below
     let txn_bit = if f.transactional {
         Attributes::TRANSACTIONAL_BIT
     } else {
         0
     };
-    out.put_i16(f.compression.bits() | txn_bit);
-    out.put_i32((count - 1).max(0));
-    out.put_i64(f.timestamp_ms);
-    out.put_i64(f.timestamp_ms);
-    out.put_i64(f.producer_id.get());
-    out.put_i16(f.producer_epoch.get());
+    cur.i16(f.compression.bits() | txn_bit);
+    cur.i32((count - 1).max(0));
+    cur.i64(f.timestamp_ms);
+    cur.i64(f.timestamp_ms);
+    cur.i64(f.producer_id.get());
+    cur.i16(f.producer_epoch.get());
     let seq = if f.producer_id.is_some() {
         f.base_sequence
     } else {
         Sequence::NONE
     };
-    out.put_i32(seq.get());
-    out.put_i32(count);
+    cur.i32(seq.get());
+    cur.i32(count);
     match b.compressed {
-        Some(c) => out.put_slice(c),
-        None => write_records(out, b.recs, values),
+        Some(c) => cur.put(c),
+        None => write_records(cur, b.recs, values, in_place),
     }
-    debug_assert_eq!(out.len() - start, total, "batch length as computed");
-    let crc = crc32c::crc32c(&out[start + CRC_START..]);
-    out[start + CRC_AT.start..start + CRC_AT.end].copy_from_slice(&crc.to_be_bytes());
+    debug_assert_eq!(cur.pos - start, total, "batch length as computed");
+    let crc = crc32c::crc32c(&cur.buf[start + CRC_START..cur.pos]);
+    cur.buf[start + CRC_AT.start..start + CRC_AT.end].copy_from_slice(&crc.to_be_bytes());
 }
 
 /// The request-level fields of a Produce request.
@@ -179,74 +335,132 @@ pub struct RequestFields<'a> {
     pub transactional_id: Option<&'a str>,
 }
 
-/// Writes a whole Produce request frame (size prefix included) into `out`, replacing what
-/// was there but keeping its capacity: one topic, one batch per partition.
-pub fn write_request(
-    out: &mut Vec<u8>,
-    req: RequestFields<'_>,
-    batches: &[(i32, BatchSource<'_>)],
-    values: Values<'_>,
-) {
+/// Where the previous request left a plain batch's records section: `count` key-less
+/// records starting at `records_at`.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    records_at: usize,
+    count: usize,
+}
+
+/// The request buffer of one producer, reused for every request: it keeps its bytes (and
+/// capacity), and remembers where the previous request's plain batches lie, so the next
+/// request writes only what differs.
+#[derive(Debug, Default)]
+pub struct RequestBuf {
+    /// Every byte up to the high-water mark is initialised; the frame is `..frame_len`.
+    bytes: Vec<u8>,
+    frame_len: usize,
+    /// Per batch index of the previous request (`None`: not plain).
+    slots: Vec<Option<Slot>>,
+    /// The value size and filler the slots were written with.
+    value_size: usize,
+    filler: Vec<u8>,
+}
+
+impl RequestBuf {
+    /// The frame written last (size prefix included).
+    pub fn frame(&self) -> &[u8] {
+        &self.bytes[..self.frame_len]
+    }
+
+    /// Forgets the slots unless `values` are those they were written with.
+    fn check_values(&mut self, values: Values<'_>) {
+        let filler = payload::filler_used(values.size, values.filler);
+        if self.value_size != values.size || self.filler[..] != *filler {
+            self.slots.clear();
+            self.value_size = values.size;
+            self.filler.clear();
+            self.filler.extend_from_slice(filler);
+        }
+    }
+
+    /// Writes a whole Produce request frame (size prefix included): one topic, one batch
+    /// per partition. Returns the frame.
+    pub fn write(
+        &mut self,
+        req: RequestFields<'_>,
+        batches: &[(i32, BatchSource<'_>)],
+        values: Values<'_>,
+    ) -> &[u8] {
+        self.check_values(values);
+        let mut cur = Cursor {
+            buf: &mut self.bytes,
+            pos: 0,
+        };
+        let flexible = write_request_head(&mut cur, req, batches.len());
+        let mut slots = Vec::with_capacity(batches.len());
+        for (j, (partition, b)) in batches.iter().enumerate() {
+            let total = b.len(values);
+            cur.i32(*partition);
+            cur.len(total, flexible);
+            let records_at = cur.pos + BATCH_HEADER_SIZE;
+            let plain = b.plain();
+            let in_place = match self.slots.get(j) {
+                Some(Some(s)) if plain && s.records_at == records_at => s.count.min(b.recs.len()),
+                _ => 0,
+            };
+            write_batch(&mut cur, b, values, in_place, total);
+            slots.push(plain.then_some(Slot {
+                records_at,
+                count: b.recs.len(),
+            }));
+            if flexible {
+                cur.u8(0); // partition tagged fields
+            }
+        }
+        if flexible {
+            cur.u8(0); // topic tagged fields
+            cur.u8(0); // request tagged fields
+        }
+        let frame_len = cur.pos;
+        self.bytes[..4].copy_from_slice(&((frame_len - 4) as i32).to_be_bytes());
+        self.frame_len = frame_len;
+        self.slots = slots;
+        self.frame()
+    }
+}
+
+/// Writes the size prefix (0, filled in at the end), the request header and the body up
+/// to the partition array's length. Returns whether the version is flexible.
+fn write_request_head(cur: &mut Cursor<'_>, req: RequestFields<'_>, batches: usize) -> bool {
     let flexible = req.version >= FIRST_FLEXIBLE;
-    out.clear();
-    out.put_i32(0); // size prefix, below
+    cur.i32(0); // size prefix, at the end
     // Request header v1 (v2 when flexible: plus empty tagged fields).
-    out.put_i16(api::PRODUCE);
-    out.put_i16(req.version);
-    out.put_i32(req.correlation_id);
-    out.put_i16(CLIENT_ID.len() as i16);
-    out.put_slice(CLIENT_ID);
+    cur.i16(api::PRODUCE);
+    cur.i16(req.version);
+    cur.i32(req.correlation_id);
+    cur.i16(CLIENT_ID.len() as i16);
+    cur.put(CLIENT_ID);
     if flexible {
-        out.put_u8(0);
+        cur.u8(0);
     }
     match (req.transactional_id, flexible) {
-        (None, true) => put_uvarint(out, 0),
-        (None, false) => out.put_i16(-1),
+        (None, true) => cur.uvarint(0),
+        (None, false) => cur.i16(-1),
         (Some(t), true) => {
-            put_uvarint(out, t.len() as u32 + 1);
-            out.put_slice(t.as_bytes());
+            cur.uvarint(t.len() as u32 + 1);
+            cur.put(t.as_bytes());
         }
         (Some(t), false) => {
-            out.put_i16(t.len() as i16);
-            out.put_slice(t.as_bytes());
+            cur.i16(t.len() as i16);
+            cur.put(t.as_bytes());
         }
     }
-    out.put_i16(req.acks);
-    out.put_i32(req.timeout_ms);
-    put_len(out, 1, flexible); // one topic
+    cur.i16(req.acks);
+    cur.i32(req.timeout_ms);
+    cur.len(1, flexible); // one topic
     if flexible {
-        put_uvarint(out, req.topic.len() as u32 + 1);
+        cur.uvarint(req.topic.len() as u32 + 1);
     } else {
-        out.put_i16(req.topic.len() as i16);
+        cur.i16(req.topic.len() as i16);
     }
-    out.put_slice(req.topic.as_bytes());
-    put_len(out, batches.len(), flexible);
-    for (partition, b) in batches {
-        out.put_i32(*partition);
-        put_len(out, b.len(values), flexible);
-        write_batch(out, b, values);
-        if flexible {
-            out.put_u8(0); // partition tagged fields
-        }
-    }
-    if flexible {
-        out.put_u8(0); // topic tagged fields
-        out.put_u8(0); // request tagged fields
-    }
-    let size = (out.len() - 4) as i32;
-    out[..4].copy_from_slice(&size.to_be_bytes());
+    cur.put(req.topic.as_bytes());
+    cur.len(batches, flexible);
+    flexible
 }
 
-/// An array count or a bytes length: i32, or compact (uvarint of n + 1) when flexible.
-fn put_len(out: &mut Vec<u8>, n: usize, flexible: bool) {
-    if flexible {
-        put_uvarint(out, n as u32 + 1);
-    } else {
-        out.put_i32(n as i32);
-    }
-}
-
-/// Bytes [`write_request`] writes for these batches (for sizing tests and buffers).
+/// Bytes [`RequestBuf::write`] writes for these batches (for sizing tests and buffers).
 pub fn request_len(
     req: RequestFields<'_>,
     batches: &[(i32, BatchSource<'_>)],
@@ -347,11 +561,72 @@ mod tests {
         super::super::conn::encode_request(&r, req.version, req.correlation_id).unwrap()
     }
 
+    fn fields(pid: i64, codec: Compression, txn: bool) -> BatchFields {
+        BatchFields {
+            producer_id: ProducerId(pid),
+            producer_epoch: ProducerEpoch(if pid < 0 { -1 } else { 3 }),
+            base_sequence: Sequence(if pid < 0 { -1 } else { 11 }),
+            timestamp_ms: 1_700_000_000_123,
+            compression: codec,
+            transactional: txn,
+        }
+    }
+
+    fn request(version: i16, txn: Option<&str>) -> RequestFields<'_> {
+        RequestFields {
+            version,
+            correlation_id: 77,
+            acks: -1,
+            timeout_ms: 30_000,
+            topic: "topic-x",
+            transactional_id: txn,
+        }
+    }
+
+    /// Writes `data` with `buf` and checks the frame against the reference encoders.
+    fn check(
+        buf: &mut RequestBuf,
+        req: RequestFields<'_>,
+        data: &[(i32, BatchFields, Vec<Rec>)],
+        values: Values<'_>,
+        what: &str,
+    ) {
+        let mut scratch = Vec::new();
+        let compressed: Vec<Option<Vec<u8>>> = data
+            .iter()
+            .map(|(_, f, rs)| {
+                (f.compression != Compression::None)
+                    .then(|| compress_records(f.compression, rs, values, &mut scratch).unwrap())
+            })
+            .collect();
+        let batches: Vec<(i32, BatchSource<'_>)> = data
+            .iter()
+            .zip(&compressed)
+            .map(|((p, f, rs), c)| {
+                let src = BatchSource {
+                    fields: *f,
+                    recs: rs,
+                    compressed: c.as_deref(),
+                };
+                (*p, src)
+            })
+            .collect();
+        let out = buf.write(req, &batches, values).to_vec();
+        let want = reference(req, data, values);
+        assert_eq!(out.len(), request_len(req, &batches, values), "{what}");
+        assert!(out[..] == want[..], "{what}: bytes differ");
+    }
+
+    fn filler() -> Vec<u8> {
+        (0..300u32).map(|i| b'a' + (i % 26) as u8).collect()
+    }
+
     #[test]
     fn requests_match_builder_and_kafka_protocol_byte_for_byte() {
-        let filler: Vec<u8> = (0..300u32).map(|i| b'a' + (i % 26) as u8).collect();
-        let mut out = Vec::new();
-        let mut scratch = Vec::new();
+        let filler = filler();
+        // One buffer for every case (so each is written over the one before) and a fresh
+        // one per case: both must give the reference bytes.
+        let mut reused = RequestBuf::default();
         for version in [3, 7, 8, 9] {
             for (keyed, codec, pid, txn) in [
                 (false, Compression::None, -1, None),
@@ -365,50 +640,12 @@ mod tests {
                     size: 500, // longer than the filler: padded with 'x'
                     filler: &filler,
                 };
-                let fields = BatchFields {
-                    producer_id: ProducerId(pid),
-                    producer_epoch: ProducerEpoch(if pid < 0 { -1 } else { 3 }),
-                    base_sequence: Sequence(if pid < 0 { -1 } else { 11 }),
-                    timestamp_ms: 1_700_000_000_123,
-                    compression: codec,
-                    transactional: txn.is_some(),
-                };
-                let req = RequestFields {
-                    version,
-                    correlation_id: 77,
-                    acks: -1,
-                    timeout_ms: 30_000,
-                    topic: "topic-x",
-                    transactional_id: txn,
-                };
-                let data = vec![(0, fields, recs(3, keyed)), (5, fields, recs(200, keyed))];
-                let compressed: Vec<Option<Vec<u8>>> = data
-                    .iter()
-                    .map(|(_, f, rs)| {
-                        (f.compression != Compression::None).then(|| {
-                            compress_records(f.compression, rs, values, &mut scratch).unwrap()
-                        })
-                    })
-                    .collect();
-                let batches: Vec<(i32, BatchSource<'_>)> = data
-                    .iter()
-                    .zip(&compressed)
-                    .map(|((p, f, rs), c)| {
-                        let src = BatchSource {
-                            fields: *f,
-                            recs: rs,
-                            compressed: c.as_deref(),
-                        };
-                        (*p, src)
-                    })
-                    .collect();
-                write_request(&mut out, req, &batches, values);
-                let want = reference(req, &data, values);
-                assert_eq!(out.len(), request_len(req, &batches, values));
-                assert!(
-                    out[..] == want[..],
-                    "v{version} keyed={keyed} {codec:?}: bytes differ"
-                );
+                let f = fields(pid, codec, txn.is_some());
+                let req = request(version, txn);
+                let data = vec![(0, f, recs(3, keyed)), (5, f, recs(200, keyed))];
+                let what = format!("v{version} keyed={keyed} {codec:?}");
+                check(&mut RequestBuf::default(), req, &data, values, &what);
+                check(&mut reused, req, &data, values, &format!("{what}, reused"));
             }
         }
         // And the batches pass the broker's own validation (CRC included).
@@ -417,20 +654,125 @@ mod tests {
             filler: &filler,
         };
         let rs = recs(10, false);
-        let mut b = Vec::new();
         let src = BatchSource {
-            fields: BatchFields {
-                producer_id: ProducerId::NONE,
-                producer_epoch: ProducerEpoch(-1),
-                base_sequence: Sequence::NONE,
-                timestamp_ms: 5,
-                compression: Compression::None,
-                transactional: false,
-            },
+            fields: fields(-1, Compression::None, false),
             recs: &rs,
             compressed: None,
         };
-        write_batch(&mut b, &src, values);
+        let mut b = Vec::new();
+        let total = src.len(values);
+        write_batch(
+            &mut Cursor {
+                buf: &mut b,
+                pos: 0,
+            },
+            &src,
+            values,
+            0,
+            total,
+        );
         assert!(validate_batch(&b).is_ok());
+    }
+
+    /// Records of one run numbered from `first` (so two requests differ in every stamp).
+    fn recs_from(first: u64, n: u64) -> Vec<Rec> {
+        (first..first + n)
+            .map(|i| Rec {
+                stamp: Stamp {
+                    run_id: 42,
+                    record_id: i,
+                    intended_ns: 5_000 + 3 * i,
+                },
+                key: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keyless_records_len_per_width_is_the_per_record_sum() {
+        let filler = filler();
+        for size in [28, 100, 1000, 20_000] {
+            let values = Values {
+                size,
+                filler: &filler,
+            };
+            for n in [0, 1, 63, 64, 65, 8_191, 8_192, 8_193, 10_000] {
+                let rs = recs_from(0, n);
+                let per_record: usize = (0..n as i32)
+                    .map(|i| record_len(i, None, size.max(payload::HEADER_BYTES)).1)
+                    .sum();
+                assert_eq!(
+                    records_len(&rs, values),
+                    per_record,
+                    "size {size}, {n} records"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_written_over_another_has_the_same_bytes_as_a_fresh_one() {
+        let filler = filler();
+        let long: Vec<u8> = (0..2000u32).map(|i| b'A' + (i % 7) as u8).collect();
+        let v = |size: usize, filler: &[u8]| -> (usize, Vec<u8>) { (size, filler.to_vec()) };
+        let f = fields(7, Compression::None, false);
+        let keyed = |first: u64, n: u64| {
+            let mut r = recs_from(first, n);
+            r[n as usize / 2].key = Some(Bytes::from_static(b"key"));
+            r
+        };
+        // (version, value size and filler, batches): the same layout again (only stamps
+        // differ), fewer and more records, a second batch, a changed value size, a changed
+        // filler, a keyed record, a compressed batch, a flexible version (prefix shifts).
+        type Step = (i16, (usize, Vec<u8>), Vec<(i32, BatchFields, Vec<Rec>)>);
+        let steps: Vec<Step> = vec![
+            (8, v(1000, &filler), vec![(0, f, recs_from(0, 70))]),
+            (8, v(1000, &filler), vec![(0, f, recs_from(70, 70))]),
+            (8, v(1000, &filler), vec![(0, f, recs_from(140, 20))]),
+            (8, v(1000, &filler), vec![(0, f, recs_from(160, 150))]),
+            (
+                8,
+                v(1000, &filler),
+                vec![(0, f, recs_from(1, 150)), (1, f, recs_from(9, 9))],
+            ),
+            (
+                8,
+                v(1000, &filler),
+                vec![(0, f, recs_from(2, 150)), (1, f, recs_from(8, 12))],
+            ),
+            (8, v(1001, &filler), vec![(0, f, recs_from(3, 150))]),
+            (8, v(1001, &long), vec![(0, f, recs_from(4, 150))]),
+            (8, v(1001, &long), vec![(0, f, keyed(5, 150))]),
+            (8, v(1001, &long), vec![(0, f, recs_from(6, 150))]),
+            (
+                8,
+                v(1001, &long),
+                vec![(0, fields(7, Compression::Gzip, false), recs_from(7, 150))],
+            ),
+            (8, v(1001, &long), vec![(0, f, recs_from(8, 150))]),
+            (9, v(1001, &long), vec![(0, f, recs_from(9, 150))]),
+            (9, v(1001, &long), vec![(0, f, recs_from(10, 150))]),
+            (9, v(28, &long), vec![(0, f, recs_from(11, 150))]),
+            (9, v(28, &long), vec![(0, f, recs_from(12, 150))]),
+            // Past 64 and 8,192 records the offset delta's varint widens.
+            (9, v(28, &long), vec![(0, f, recs_from(13, 8_300))]),
+            (9, v(28, &long), vec![(0, f, recs_from(14, 8_300))]),
+            (9, v(28, &long), vec![(0, f, recs_from(15, 8_200))]),
+            (9, v(28, &long), vec![(0, f, recs_from(16, 8_250))]),
+        ];
+        let mut buf = RequestBuf::default();
+        for (n, (version, (size, fill), data)) in steps.iter().enumerate() {
+            let values = Values {
+                size: *size,
+                filler: fill,
+            };
+            check(
+                &mut buf,
+                request(*version, None),
+                data,
+                values,
+                &format!("step {n}"),
+            );
+        }
     }
 }

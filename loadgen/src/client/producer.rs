@@ -23,13 +23,17 @@ use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
 use super::conn::{self, Conn};
 use super::metadata::{self, Cluster};
-use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestFields, Values};
+use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestBuf, RequestFields, Values};
 use super::{DUPLICATE_SEQUENCE_NUMBER, error_name, is_retriable, partition_for_key, payload};
 use crate::schedule::{Next, Pacer};
 use crate::stats::{Clock, Recorder};
 
 /// Records generated per loop turn before the producer looks at its sockets again.
 const GENERATE_BURST: usize = 256;
+/// Records a new batch reserves room for at most: a batch of more regrows as it fills, and
+/// with keys and many partitions (many open batches, most sent part-full on linger) the
+/// reservations stay small (1,000 partitions × 1,024 × 56 B ≈ 57 MiB at most).
+const BATCH_RECORDS_RESERVED_MAX: usize = 1_024;
 /// Requests written per loop turn at most, before generating again.
 const SEND_ROUNDS_MAX: usize = 64;
 /// Longest the producer sleeps without re-checking anything.
@@ -138,8 +142,8 @@ impl Batch {
         self.records.iter().map(|r| r.stamp.record_id).collect()
     }
 
-    fn intended(&self) -> Vec<u64> {
-        self.records.iter().map(|r| r.stamp.intended_ns).collect()
+    fn intended(&self) -> impl Iterator<Item = u64> + '_ {
+        self.records.iter().map(|r| r.stamp.intended_ns)
     }
 }
 
@@ -284,8 +288,8 @@ pub struct Producer {
     sticky_partition: usize,
     filler: Vec<u8>,
     stats: ProducerStats,
-    /// The request buffer, reused for every request (keeps its capacity).
-    request: Vec<u8>,
+    /// The request buffer, reused (and written over in place) for every request.
+    request: RequestBuf,
     /// Scratch for a records section before it is compressed.
     scratch: Vec<u8>,
     refresh: Refresh,
@@ -331,7 +335,7 @@ impl Producer {
             buffered_bytes: 0,
             filler: (0..65_536u32).map(|i| b'a' + (i % 26) as u8).collect(),
             stats: ProducerStats::default(),
-            request: Vec::new(),
+            request: RequestBuf::default(),
             scratch: Vec::new(),
             refresh: Refresh::default(),
             send_warn: Limited::default(),
@@ -449,9 +453,14 @@ impl Producer {
                 b.records.push(rec);
             }
             None => {
+                // Room for a full batch up front: no regrowing (and copying) as it fills.
+                let fits =
+                    (self.cfg.batch_size_bytes / size.max(1)).clamp(1, BATCH_RECORDS_RESERVED_MAX);
+                let mut records = Vec::with_capacity(fits);
+                records.push(rec);
                 q.push_back(Batch {
                     partition: p as i32,
-                    records: vec![rec],
+                    records,
                     bytes: size,
                     created_ns: now,
                     sealed: None,
@@ -649,7 +658,7 @@ impl Producer {
             size: self.cfg.record_size_bytes,
             filler: &self.filler,
         };
-        produce_wire::write_request(&mut self.request, req, &sources, values);
+        self.request.write(req, &sources, values);
     }
 
     fn write_request(&mut self, key: LinkKey, batches: Vec<Batch>) -> Result<()> {
@@ -663,7 +672,7 @@ impl Producer {
         let Some(link) = self.links.get_mut(&key) else {
             return Ok(());
         };
-        let bytes = &self.request;
+        let bytes = self.request.frame();
         let acks0 = self.cfg.acks == 0;
         if !acks0 {
             // In flight before the write, so the reader always finds it.
@@ -693,7 +702,7 @@ impl Producer {
         let now = self.clock.now_ns();
         for b in &batches {
             let rb = self.cfg.record_size_bytes as u64;
-            self.recorder.record_acks(&b.intended(), now, rb);
+            self.recorder.record_acks(b.intended(), now, rb);
             self.sink.acked(b.partition, None, &b.ids());
             self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
             self.stats.acked += b.records.len() as u64;
@@ -975,7 +984,7 @@ fn handle_response(
         // A partition missing from the response is treated as a retriable network error.
         let (code, base) = codes.get(&b.partition).copied().unwrap_or((13, -1));
         if code == 0 || (code == DUPLICATE_SEQUENCE_NUMBER && ctx.cfg.idempotent) {
-            ctx.recorder.record_acks(&b.intended(), now, rb);
+            ctx.recorder.record_acks(b.intended(), now, rb);
             let base = (code == 0).then_some(base);
             ctx.sink.acked(b.partition, base, &b.ids());
             acked += b.records.len() as u64;

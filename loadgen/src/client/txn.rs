@@ -39,7 +39,7 @@ use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
 use super::conn::Conn;
 use super::metadata::Cluster;
-use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestFields, Values};
+use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestBuf, RequestFields, Values};
 use super::producer::{AckSink, ProducerConfig, ProducerStats, warn};
 use super::{error_name, partition_for_key, payload};
 use crate::schedule::{Next, Pacer};
@@ -125,7 +125,7 @@ pub struct TxnProducer {
     leaders: BTreeMap<i32, Conn>,
     sticky_partition: usize,
     filler: Vec<u8>,
-    request: Vec<u8>,
+    request: RequestBuf,
     scratch: Vec<u8>,
     stats: ProducerStats,
 }
@@ -170,7 +170,7 @@ impl TxnProducer {
             coordinator: None,
             leaders: BTreeMap::new(),
             filler: (0..65_536u32).map(|i| b'a' + (i % 26) as u8).collect(),
-            request: Vec::new(),
+            request: RequestBuf::default(),
             scratch: Vec::new(),
             stats: ProducerStats::default(),
         })
@@ -270,9 +270,8 @@ impl TxnProducer {
                 let now = self.clock.now_ns();
                 let rb = self.cfg.record_size_bytes as u64;
                 for b in &batches {
-                    let intended: Vec<u64> =
-                        b.records.iter().map(|r| r.stamp.intended_ns).collect();
-                    self.recorder.record_acks(&intended, now, rb);
+                    let intended = b.records.iter().map(|r| r.stamp.intended_ns);
+                    self.recorder.record_acks(intended, now, rb);
                     self.sink.acked(b.partition, b.base_offset, &ids(b));
                 }
                 self.stats.acked += records;
@@ -648,13 +647,13 @@ impl TxnProducer {
             topic: &self.cfg.topic,
             transactional_id: Some(&self.transactional_id),
         };
-        produce_wire::write_request(&mut self.request, fields, &sources, values);
+        self.request.write(fields, &sources, values);
         let conn = self
             .leaders
             .get_mut(&broker)
             .ok_or_else(|| anyhow!("connection vanished"))?;
         conn.stream
-            .write_all(&self.request)
+            .write_all(self.request.frame())
             .context("writing produce request")?;
         Ok((correlation_id, version))
     }

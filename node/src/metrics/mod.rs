@@ -32,6 +32,12 @@ const LATENCY_BUCKETS_S: [f64; 14] = [
 const FSYNC_BUCKETS_S: [f64; 12] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0,
 ];
+/// Upper bounds of the replication round trip's phase buckets, in seconds (finer than
+/// request latency's below 10 ms: an acks=all round trip on one machine is 1-10 ms).
+const REPLICATION_BUCKETS_S: [f64; 17] = [
+    0.00005, 0.0001, 0.0002, 0.0004, 0.0007, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
+    0.02, 0.05, 0.1, 0.5, 2.0,
+];
 /// Upper bounds of the produce batch size buckets, in bytes.
 const BATCH_BUCKETS_BYTES: [f64; 10] = [
     256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0,
@@ -152,6 +158,14 @@ pub struct ShardMetrics {
     /// Time a Fetch waited for data (`max_wait_ms`), and an acks=all append for its ISR.
     fetch_wait: Histogram,
     produce_replication_wait: Histogram,
+    /// The acks=all round trip's phases: the leader's own append until written (Kafka's
+    /// local time), a follower's Fetch until its response arrived, a follower's append
+    /// until written, and on the leader a follower's turnaround (records answered to its
+    /// next fetch of the partition).
+    produce_local: Histogram,
+    replica_fetch_response: Histogram,
+    replica_append: Histogram,
+    follower_turnaround: Histogram,
     /// Storage: appends, fdatasyncs of segment files, their latency, and how many appends
     /// one group-commit fdatasync made durable.
     pub storage_appends: AtomicU64,
@@ -193,6 +207,10 @@ impl Default for ShardMetrics {
             produce_batch: Histogram::new(&BATCH_BUCKETS_BYTES, 1.0),
             fetch_wait: Histogram::default(),
             produce_replication_wait: Histogram::default(),
+            produce_local: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
+            replica_fetch_response: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
+            replica_append: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
+            follower_turnaround: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
             storage_appends: AtomicU64::new(0),
             storage_fdatasyncs: AtomicU64::new(0),
             fsync_latency: Histogram::new(&FSYNC_BUCKETS_S, 1e-6),
@@ -310,6 +328,28 @@ impl ShardMetrics {
         self.produce_replication_wait.observe(elapsed);
     }
 
+    /// A leader's append for a Produce took `elapsed` until its own write completed.
+    pub fn produce_appended(&self, elapsed: Duration) {
+        self.produce_local.observe(elapsed);
+    }
+
+    /// A replication fetcher's Fetch took `elapsed` until its response arrived (the
+    /// leader's long poll included).
+    pub fn replica_fetched(&self, elapsed: Duration) {
+        self.replica_fetch_response.observe(elapsed);
+    }
+
+    /// A follower's append of fetched records took `elapsed` until written.
+    pub fn replica_appended(&self, elapsed: Duration) {
+        self.replica_append.observe(elapsed);
+    }
+
+    /// On a leader: a follower's next fetch of a partition arrived `elapsed` after its
+    /// previous one was answered with records.
+    pub fn follower_turned_around(&self, elapsed: Duration) {
+        self.follower_turnaround.observe(elapsed);
+    }
+
     /// One fdatasync of a segment file took `elapsed`; `appends` is how many appends it
     /// made durable when it was a group commit (None for seals and truncations).
     pub fn fdatasync(&self, elapsed: Duration, appends: Option<u64>) {
@@ -423,7 +463,7 @@ impl NodeMetrics {
 
     /// Node-wide histograms (summed over shards).
     fn render_node_histograms(&self, out: &mut String) {
-        let all: [HistogramFamily<Histogram>; 5] = [
+        let all: [HistogramFamily<Histogram>; 9] = [
             (
                 "weir_produce_batch_size_bytes",
                 "Record bytes of one partition of a Produce request.",
@@ -438,6 +478,26 @@ impl NodeMetrics {
                 "weir_produce_replication_wait_seconds",
                 "Time an acks=all append waited for its ISR (Kafka's remote time of Produce), per partition.",
                 |s| &s.produce_replication_wait,
+            ),
+            (
+                "weir_produce_local_seconds",
+                "Time a Produce's append took on the leader until its own write completed (Kafka's local time), per partition.",
+                |s| &s.produce_local,
+            ),
+            (
+                "weir_replica_fetch_response_seconds",
+                "Time a replication fetcher's Fetch took until its response arrived (the leader's long poll included).",
+                |s| &s.replica_fetch_response,
+            ),
+            (
+                "weir_replica_append_seconds",
+                "Time a follower's append of fetched records took until written.",
+                |s| &s.replica_append,
+            ),
+            (
+                "weir_follower_fetch_turnaround_seconds",
+                "On a leader: time from answering a follower's fetch with records to its next fetch of that partition.",
+                |s| &s.follower_turnaround,
             ),
             (
                 "weir_storage_fsync_seconds",

@@ -54,6 +54,9 @@ pub struct Partition {
     /// Notified whenever the log end or the HW moves (wakes long-polling fetches and
     /// delayed acks=all produces).
     pub appended: Event,
+    /// On a leader: when each follower's last fetch was answered with records (its next
+    /// fetch closes the turnaround, `weir_follower_fetch_turnaround_seconds`).
+    follower_answered: RefCell<BTreeMap<NodeId, std::time::Instant>>,
     max_message_bytes: Cell<usize>,
     /// The topic's `min.insync.replicas`.
     min_insync: Cell<usize>,
@@ -194,6 +197,7 @@ impl Partition {
             replica: RefCell::new(ReplicaState::sole(local, leo)),
             epochs: RefCell::new(epochs),
             appended: Event::default(),
+            follower_answered: RefCell::new(BTreeMap::new()),
             last_used: Cell::new(0),
             txn_turns: RefCell::new(std::collections::HashMap::new()),
         })

@@ -126,10 +126,12 @@ impl Partition {
         if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
             return ProduceOutcome::failed(error);
         }
+        let started = Instant::now();
         let appended = self
             .producers
             .append(&self.log, records, epoch, now_ms)
             .await;
+        crate::metrics::local(|m| m.produce_appended(started.elapsed()));
         let info = match appended {
             Ok(ProducerAppend::Appended(info)) => info,
             Ok(ProducerAppend::Duplicate(original)) => {
@@ -229,10 +231,13 @@ impl Partition {
         for h in &headers {
             self.note_epoch(h.partition_leader_epoch(), h.base_offset())?;
         }
-        let info = self
+        let started = Instant::now();
+        let appended = self
             .producers
             .append_replicated(&self.log, records, now_ms)
-            .await
+            .await;
+        crate::metrics::local(|m| m.replica_appended(started.elapsed()));
+        let info = appended
             .map_err(|e| {
                 tracing::warn!(topic = %self.topic, partition = self.index, "replicated append failed: {e}");
                 storage_error_code(&e)

@@ -126,6 +126,9 @@ impl Partition {
             ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
             ReadFor::Consumer(Isolation::ReadCommitted) => lso,
             ReadFor::Follower(node) => {
+                if let Some(answered) = self.follower_answered.borrow_mut().remove(&node) {
+                    crate::metrics::local(|m| m.follower_turned_around(answered.elapsed()));
+                }
                 let end = self.log.log_end_offset();
                 let advanced = self
                     .replica
@@ -164,8 +167,16 @@ impl Partition {
         if hard_max_bytes == 0 {
             return out;
         }
-        self.read_into(out, offset, (max_bytes, hard_max_bytes), upper)
-            .await
+        let out = self
+            .read_into(out, offset, (max_bytes, hard_max_bytes), upper)
+            .await;
+        if let ReadFor::Follower(node) = reader
+            && !out.batches.is_empty()
+        {
+            let now = std::time::Instant::now();
+            self.follower_answered.borrow_mut().insert(node, now);
+        }
+        out
     }
 
     /// The log read of [`Self::fetch_within`], up to `upper`, into `out`; read_committed

@@ -9,6 +9,7 @@
 //! verify, or that refuses the credentials, fails the connect with a logged reason.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -62,6 +63,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Stream for T {}
 /// One connection to a broker.
 pub struct BrokerConn {
     stream: Box<dyn Stream>,
+    /// The socket, on plain TCP: a response is read with `recv` straight into its
+    /// buffer's spare capacity, which need not be zeroed first (`None` under TLS).
+    plain_fd: Option<RawFd>,
     next_correlation_id: i32,
     client_id: Bytes,
 }
@@ -96,8 +100,12 @@ impl BrokerConn {
             .set_nodelay(true)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let peer = crate::security::peer::get();
+        let mut plain_fd = None;
         let stream: Box<dyn Stream> = match peer.and_then(|p| p.tls.clone()) {
-            None => Box::new(stream),
+            None => {
+                plain_fd = Some(stream.as_raw_fd());
+                Box::new(stream)
+            }
             Some(config) => {
                 let name = crate::security::tls::server_name(host, addr);
                 let connect = futures_rustls::TlsConnector::from(config).connect(name, stream);
@@ -111,6 +119,7 @@ impl BrokerConn {
         };
         let mut conn = BrokerConn {
             stream,
+            plain_fd,
             next_correlation_id: 1,
             client_id: Bytes::from_static(CLIENT_ID.as_bytes()),
         };
@@ -196,7 +205,7 @@ impl BrokerConn {
         })
         .await
         .ok_or(ClientError::TimedOut("request write"))??;
-        let body = within(deadline, read_frame(&mut self.stream))
+        let body = within(deadline, read_frame(&mut self.stream, self.plain_fd))
             .await
             .ok_or(ClientError::TimedOut("response read"))??;
         let (got, resp) =
@@ -209,14 +218,43 @@ impl BrokerConn {
 }
 
 /// Reads one response frame (without its size prefix), at most [`RESPONSE_MAX_BYTES`].
-async fn read_frame(stream: &mut Box<dyn Stream>) -> Result<Bytes, ClientError> {
+/// On plain TCP (`plain_fd`) the body is received into the spare capacity of a buffer of
+/// its size, never zeroed (a fetch response is up to `replica.fetch.response.max.bytes`,
+/// and zeroing it cost as much as a copy); under TLS it is read into a zeroed buffer.
+async fn read_frame(
+    stream: &mut Box<dyn Stream>,
+    plain_fd: Option<RawFd>,
+) -> Result<Bytes, ClientError> {
     let mut prefix = [0u8; frame::SIZE_PREFIX_BYTES];
     stream.read_exact(&mut prefix).await?;
     let size = match frame::check_frame(&prefix, RESPONSE_MAX_BYTES)? {
         FrameStatus::Incomplete { need } => need - frame::SIZE_PREFIX_BYTES,
         FrameStatus::Complete { .. } => 0,
     };
-    let mut body = BytesMut::zeroed(size);
-    stream.read_exact(&mut body).await?;
+    let Some(fd) = plain_fd else {
+        let mut body = BytesMut::zeroed(size);
+        stream.read_exact(&mut body).await?;
+        return Ok(body.freeze());
+    };
+    let mut body = BytesMut::with_capacity(size);
+    while body.len() < size {
+        let want = size - body.len();
+        match crate::server::conn::recv_now(fd, &mut body, want)? {
+            Some(0) => return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into())),
+            Some(_) => {}
+            // Nothing to take now: one byte through glommio waits for the socket (the
+            // rest comes with the next `recv`).
+            None => {
+                let mut one = [0u8; 1];
+                stream.read_exact(&mut one).await?;
+                body.extend_from_slice(&one);
+            }
+        }
+    }
+    assert_eq!(
+        body.len(),
+        size,
+        "a frame body is read to its size, not past it"
+    );
     Ok(body.freeze())
 }

@@ -231,8 +231,10 @@ impl ReplicaFetcher {
             glommio::timer::sleep(self.config.wait_max).await;
             return Ok(stats);
         };
-        let deadline = Instant::now() + self.config.wait_max + FETCH_SLACK;
+        let sent = Instant::now();
+        let deadline = sent + self.config.wait_max + FETCH_SLACK;
         let resp: FetchResponse = conn.call(&req, FETCH_VERSION, deadline).await?;
+        crate::metrics::local(|m| m.replica_fetched(sent.elapsed()));
         let answers = take_answers(resp);
         for (tp, answer) in answers {
             self.apply(conn, &tp, answer, &mut stats).await?;

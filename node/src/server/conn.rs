@@ -424,7 +424,7 @@ fn readable_bytes(half: &Half) -> usize {
 /// One non-blocking `recv` of at most `want` bytes straight into the spare capacity of
 /// `buf` (grown for them first), which is not zeroed: the kernel's copy is the only
 /// write. `Some(0)` at the end of the stream, `None` if the socket holds nothing now.
-fn recv_now(fd: RawFd, buf: &mut BytesMut, want: usize) -> io::Result<Option<usize>> {
+pub(crate) fn recv_now(fd: RawFd, buf: &mut BytesMut, want: usize) -> io::Result<Option<usize>> {
     assert!(want > 0, "a read asks for at least one byte");
     buf.reserve(want);
     let spare = buf.spare_capacity_mut();

@@ -652,12 +652,24 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
         match leader {
             Some(l) if l == id as u64 => {
                 let _ = heartbeat(&ctx, id, host.clone(), port);
-                // The controller's own lease lasts while a quorum acknowledges it.
-                let age = ctx.raft.metrics().borrow().millis_since_quorum_ack;
-                if let Some(acked) =
-                    age.and_then(|ms| Instant::now().checked_sub(Duration::from_millis(ms)))
-                {
-                    handle.renew_lease(acked);
+                // The controller's own lease lasts while a quorum acknowledges it, and
+                // starts only once its image holds everything its predecessors committed:
+                // a new leader may not have applied those entries yet (the partitions it
+                // led may have moved while it was cut off). They are applied no later than
+                // the blank entry a leader commits first in its own term.
+                let (age, caught_up) = {
+                    let m = ctx.raft.metrics();
+                    let m = m.borrow();
+                    let caught_up = m
+                        .last_applied
+                        .is_some_and(|l| l.leader_id.term == m.current_term);
+                    (m.millis_since_quorum_ack, caught_up)
+                };
+                let acked =
+                    age.and_then(|ms| Instant::now().checked_sub(Duration::from_millis(ms)));
+                match acked {
+                    Some(acked) if caught_up => handle.renew_lease(acked),
+                    _ => renewed = false,
                 }
             }
             Some(l) => {
