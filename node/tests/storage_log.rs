@@ -374,3 +374,57 @@ fn dropping_an_append_future_midway_loses_nothing_and_corrupts_nothing() {
         }
     });
 }
+
+/// Retention renames a deleted segment's `.log` to `.log.deleted` and unlinks it off the
+/// shard's thread; the file goes without a restart, and a `.deleted` file left by a crash
+/// is removed at the next open (and never read as a segment).
+#[test]
+fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "8192"), ("retention.bytes", "20000")]);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+        for i in 0..40 {
+            log.append(batch_of_size(i, 1, 1000), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        let logs = |dir: &std::path::Path, suffix: &str| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(suffix))
+                .collect();
+            names.sort();
+            names
+        };
+        let before = logs(&pdir, ".log");
+        let deleted = log.apply_retention(0).await.unwrap();
+        assert!(deleted >= 1);
+        let after = logs(&pdir, ".log");
+        assert_eq!(after.len(), before.len() - deleted, "the .log files are gone at once");
+        // The unlinks run in the blocking pool: wait (bounded) until no .deleted is left.
+        let mut left = logs(&pdir, ".deleted");
+        for _ in 0..500 {
+            if left.is_empty() {
+                break;
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            left = logs(&pdir, ".deleted");
+        }
+        assert!(left.is_empty(), "retired segments never unlinked: {left:?}");
+        log.close().await.unwrap();
+        // A crash between the rename and the unlink leaves a .deleted file behind.
+        let leftover = pdir.join("00000000000000000000.log.deleted");
+        std::fs::write(&leftover, b"not a segment").unwrap();
+        let start = log.log_start_offset();
+        let log = Log::open(pdir.clone(), cfg).await.unwrap();
+        assert!(!leftover.exists(), "open removes retired leftovers");
+        assert_eq!(log.log_start_offset(), start);
+        assert_eq!(log.log_end_offset(), Offset(40));
+        log.close().await.unwrap();
+    });
+}

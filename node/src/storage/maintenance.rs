@@ -10,7 +10,9 @@ use super::atomic::{sync_dir, write_atomic};
 use super::error::{Result, StorageError};
 use super::index::relative;
 use super::log::{CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, State};
-use super::open::{remove_files, remove_segment_files, write_index_files, write_log_start};
+use super::open::{
+    remove_files, remove_segment_files, retire_segment_files, write_index_files, write_log_start,
+};
 use super::recovery::FileWindow;
 use super::segment::{Segment, check_stored_header};
 use super::writer::create_log_file;
@@ -275,7 +277,7 @@ impl Log {
         self.writer.set(None);
         write_log_start(&self.dir, offset)?;
         for seg in &doomed {
-            remove_segment_files(seg)?;
+            retire_segment_files(seg)?;
         }
         sync_dir(&self.dir)
     }
