@@ -21,7 +21,6 @@ BATCH=${BATCH:-65536}
 PARTITIONS=${PARTITIONS:-2}
 CONNECTIONS=${CONNECTIONS:-1}
 BIN=${BIN:-target/release}
-CLK_TCK=$(getconf CLK_TCK)
 
 if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen --bins >/dev/null; fi
 command -v fio >/dev/null || { echo "needs fio (apt-get install fio)"; exit 1; }
@@ -43,19 +42,10 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh  # the repo root is the working directory (cd above)
 trap 'exit 130' INT TERM
 
-# CPU seconds (user + system) a live process has used so far.
-cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
-# Runs a command; prints the CPU seconds it (and its children) used on fd 3.
-rusage() {
-    python3 -c '
-import resource, subprocess, sys
-rc = subprocess.run(sys.argv[1:]).returncode
-r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(r.ru_utime + r.ru_stime, file=open("/dev/fd/3", "w"))
-sys.exit(rc)' "$@"
-}
 
 echo "== fio: O_DIRECT sequential write, 1 MiB blocks, iodepth 16, 1 GiB file, 10 s"
 fio --name=seqwrite --filename="$WORK/fio.dat" --rw=write --bs=1M --size=1G --direct=1 \

@@ -24,7 +24,6 @@ PARTITIONS=${PARTITIONS:-1}
 SHARDS=${SHARDS:-1}
 WEIR=${WEIR:-target/release/weir}
 PERF=${PERF:-}
-CLK_TCK=$(getconf CLK_TCK)
 command -v iperf3 >/dev/null || { echo "needs iperf3 (apt-get install iperf3)"; exit 1; }
 
 mkdir -p target
@@ -38,18 +37,10 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh  # the repo root is the working directory (cd above)
 trap 'exit 130' INT TERM
 
-cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
-# Runs a command; prints the CPU seconds its children used on fd 3.
-rusage() {
-    python3 -c '
-import resource, subprocess, sys
-rc = subprocess.run(sys.argv[1:]).returncode
-r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(r.ru_utime + r.ru_stime, file=open("/dev/fd/3", "w"))
-sys.exit(rc)' "$@"
-}
 wait_listen() {
     for _ in $(seq 1 200); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
     return 1

@@ -157,20 +157,29 @@ fn segments_roll_by_size_with_kafka_file_names_and_indexes() {
     });
 }
 
+/// A log of 8 KiB segments holding 40 records of 1 KiB under `retention.bytes` = 20,000,
+/// so retention has sealed segments to delete.
+async fn forty_records_over_retention(
+    root: &std::path::Path,
+) -> (Log, std::path::PathBuf, LogConfig) {
+    prime_dma_probe(root).await.unwrap();
+    let cfg = config(&[("segment.bytes", "8192"), ("retention.bytes", "20000")]);
+    let pdir = root.join("t-0");
+    let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+    for i in 0..40 {
+        log.append(batch_of_size(i, 1, 1000), LeaderEpoch(1), 0)
+            .await
+            .unwrap();
+    }
+    (log, pdir, cfg)
+}
+
 #[test]
 fn truncate_retention_and_delete_records_move_the_ends() {
     let dir = tempdir();
     let root = dir.path().to_path_buf();
     run_on_shard(move || async move {
-        prime_dma_probe(&root).await.unwrap();
-        let cfg = config(&[("segment.bytes", "8192"), ("retention.bytes", "20000")]);
-        let pdir = root.join("t-0");
-        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
-        for i in 0..40 {
-            log.append(batch_of_size(i, 1, 1000), LeaderEpoch(1), 0)
-                .await
-                .unwrap();
-        }
+        let (log, pdir, cfg) = forty_records_over_retention(&root).await;
         assert_eq!(log.truncate_to(Offset(30)).await.unwrap(), Offset(30));
         assert_eq!(log.log_end_offset(), Offset(30));
         let info = log.append(batch(99, 1), LeaderEpoch(2), 0).await.unwrap();
@@ -383,15 +392,7 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
     let dir = tempdir();
     let root = dir.path().to_path_buf();
     run_on_shard(move || async move {
-        prime_dma_probe(&root).await.unwrap();
-        let cfg = config(&[("segment.bytes", "8192"), ("retention.bytes", "20000")]);
-        let pdir = root.join("t-0");
-        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
-        for i in 0..40 {
-            log.append(batch_of_size(i, 1, 1000), LeaderEpoch(1), 0)
-                .await
-                .unwrap();
-        }
+        let (log, pdir, cfg) = forty_records_over_retention(&root).await;
         let logs = |dir: &std::path::Path, suffix: &str| -> Vec<String> {
             let mut names: Vec<String> = std::fs::read_dir(dir)
                 .unwrap()
@@ -405,7 +406,11 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
         let deleted = log.apply_retention(0).await.unwrap();
         assert!(deleted >= 1);
         let after = logs(&pdir, ".log");
-        assert_eq!(after.len(), before.len() - deleted, "the .log files are gone at once");
+        assert_eq!(
+            after.len(),
+            before.len() - deleted,
+            "the .log files are gone at once"
+        );
         // The unlinks run in the blocking pool: wait (bounded) until no .deleted is left.
         let mut left = logs(&pdir, ".deleted");
         for _ in 0..500 {
