@@ -386,7 +386,9 @@ pub fn remove_segment_files(seg: &Segment) -> Result<()> {
 }
 
 /// Suffix of a segment's `.log` renamed for deletion (Kafka's `.deleted`).
-pub const RETIRED_SUFFIX: &str = ".deleted";
+const RETIRED_SUFFIX: &str = ".deleted";
+/// A retired segment file's whole suffix.
+const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
 
 /// Removes a segment the log no longer holds (retention, DeleteRecords) without making
 /// the shard wait for the unlink: the small index files go at once, the `.log` is renamed
@@ -429,7 +431,7 @@ fn remove_retired(dir: &Path) -> Result<()> {
         let name = entry.file_name();
         if name
             .to_str()
-            .is_some_and(|n| n.ends_with(&format!(".log{RETIRED_SUFFIX}")))
+            .is_some_and(|n| n.ends_with(RETIRED_LOG_SUFFIX))
         {
             let path = entry.path();
             match fs::remove_file(&path) {
