@@ -10,6 +10,15 @@
 //! (two futex wake-ups and a `dup`) per read, small beside the windows read this way
 //! (64 KiB .. 8 MiB). Freed buffers go to a process-wide pool ([`POOLED_BYTES_MAX`]) and
 //! are reused, so a read does not fault in (and the kernel zero) fresh pages.
+//!
+//! Buffers of [`HUGE_PAGE_BYTES`] or more are aligned to it, sized in whole huge pages
+//! and advised `MADV_HUGEPAGE` before their first touch (transparent huge pages are
+//! `madvise` on most distributions). An O_DIRECT read pins every page of its buffer
+//! (`get_user_pages`): with 4 KiB pages that was 12.7 % of the broker's CPU in a consume
+//! profile (2,048 pages per 8 MiB window); a huge page is pinned at once. The CRC check
+//! and the socket's copy, which walk the whole buffer, also take a TLB miss per 2 MiB
+//! instead of per 4 KiB (a nested page walk on a VM). Where the kernel gives no huge
+//! pages the advice is ignored and the buffer works as before.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::io;
@@ -36,6 +45,9 @@ pub const SHARED_READ_BYTES_MAX: usize = 64 << 20;
 /// the broker's CPU).
 const POOLED_BYTES_MAX: usize = 64 << 20;
 
+/// Size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 /// Freed buffers (any thread frees them: the last `Bytes` of a fetch answer is dropped on
 /// the connection's shard), and their total size.
 static POOL: Mutex<(Vec<RawBuf>, usize)> = Mutex::new((Vec::new(), 0));
@@ -50,14 +62,23 @@ struct RawBuf {
 unsafe impl Send for RawBuf {}
 
 impl RawBuf {
-    /// A pooled buffer of `align` and at least `len` bytes (at most twice that, so a small
-    /// read does not pin a large buffer), else a new one.
+    /// A pooled buffer aligned to at least `align` and of at least `len` bytes (at most
+    /// twice that, so a small read does not pin a large buffer), else a new one (in huge
+    /// pages from [`HUGE_PAGE_BYTES`] on).
     fn take(len: usize, align: usize) -> io::Result<RawBuf> {
+        let (size, align) = if len >= HUGE_PAGE_BYTES {
+            let size = len
+                .checked_next_multiple_of(HUGE_PAGE_BYTES)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "read length"))?;
+            (size, align.max(HUGE_PAGE_BYTES))
+        } else {
+            (len.max(align), align)
+        };
         if let Ok(mut pool) = POOL.lock() {
             let fits = |b: &RawBuf| {
-                b.layout.align() == align
-                    && b.layout.size() >= len
-                    && b.layout.size() <= len.saturating_mul(2)
+                b.layout.align() >= align
+                    && b.layout.size() >= size
+                    && b.layout.size() <= size.saturating_mul(2)
             };
             if let Some(i) = pool.0.iter().position(fits) {
                 let buf = pool.0.swap_remove(i);
@@ -65,10 +86,58 @@ impl RawBuf {
                 return Ok(buf);
             }
         }
-        let layout = Layout::from_size_align(len.max(align), align)
+        let layout = Layout::from_size_align(size, align)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if align >= HUGE_PAGE_BYTES {
+            return RawBuf::map_huge(layout);
+        }
         // SAFETY: the layout's size is at least `align`, never zero.
         let ptr = unsafe { alloc(layout) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "read buffer"))?;
+        Ok(RawBuf { ptr, layout })
+    }
+
+    /// A fresh anonymous mapping of `layout` (aligned to a huge page), advised
+    /// `MADV_HUGEPAGE` before anything touches it. Mapped here rather than taken from
+    /// malloc, whose recycled heap memory may already be backed by small pages.
+    fn map_huge(layout: Layout) -> io::Result<RawBuf> {
+        let (size, align) = (layout.size(), layout.align());
+        let span = size
+            .checked_add(align)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "read length"))?;
+        // SAFETY: a new private anonymous mapping; no existing memory is affected.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let head = (base as usize).next_multiple_of(align) - base as usize;
+        let tail = span - head - size;
+        // SAFETY: the unmapped ranges are the unaligned head and the tail of the mapping
+        // just made, outside `[base + head, base + head + size)`, which is kept.
+        unsafe {
+            if head > 0 {
+                libc::munmap(base, head);
+            }
+            if tail > 0 {
+                libc::munmap(base.cast::<u8>().add(head + size).cast(), tail);
+            }
+        }
+        // SAFETY: inside the mapping (head < span).
+        let ptr = unsafe { base.cast::<u8>().add(head) };
+        // Advice only: without huge pages (THP off, or none free) the buffer is backed by
+        // small pages, so the result is not checked.
+        // SAFETY: the range is the kept mapping, untouched; madvise changes no contents.
+        let _ = unsafe { libc::madvise(ptr.cast(), size, libc::MADV_HUGEPAGE) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "read buffer"))?;
         Ok(RawBuf { ptr, layout })
@@ -87,6 +156,11 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
+        if self.layout.align() >= HUGE_PAGE_BYTES {
+            // SAFETY: mapped in `map_huge` as exactly this range, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
+            return;
+        }
         // SAFETY: allocated in `take` with this layout, freed once.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
