@@ -76,10 +76,11 @@ pub async fn read(
         let seed = read_ahead_for(log, &plan).await;
         let hit = seed.is_some();
         let limits = (max_bytes, hard_max_bytes);
-        let batches = read_file(&plan, seed, window_bytes, start, limits, upper).await?;
+        let (batches, end_pos) = read_file(&plan, seed, window_bytes, start, limits, upper).await?;
         if !batches.is_empty() {
             result = finish(result, batches);
-            read_ahead_next(log, start, result.next_offset, window_bytes, hit);
+            let end = (result.next_offset, plan.base, end_pos);
+            read_ahead_next(log, start, end, window_bytes, hit);
             break;
         }
         after = Some(plan.base);
@@ -108,13 +109,20 @@ async fn read_ahead_for(log: &Log, plan: &DiskPlan) -> Option<(u64, Bytes)> {
     Some((pos, bytes))
 }
 
-/// After a disk read from `start` that ended at `next`: if it continued the previous disk
-/// read (or was served from a read-ahead), starts reading the window at `next` (at most
-/// `log.read.ahead.bytes` and the window this read used), unless the tail cache holds it.
-fn read_ahead_next(log: &Log, start: Offset, next: Offset, window_bytes: usize, hit: bool) {
+/// After a disk read from `start` that ended at `next` (byte `end_pos` of the segment
+/// based at `segment`): if it continued the previous disk read (or was served from a
+/// read-ahead), starts reading the window at `next` (at most `log.read.ahead.bytes` and
+/// the window this read used), unless the tail cache holds it.
+fn read_ahead_next(
+    log: &Log,
+    start: Offset,
+    (next, segment, end_pos): (Offset, Offset, u64),
+    window_bytes: usize,
+    hit: bool,
+) {
     let mut st = log.state.borrow_mut();
     let sequential = hit || st.read_ahead.is_sequential(start);
-    st.read_ahead.note_end(next);
+    st.read_ahead.note_end(next, segment, end_pos);
     let limit = st.config.read_ahead_bytes.min(window_bytes as u64);
     if !sequential || limit == 0 || next >= st.log_end || st.cache.covers(next) {
         return;
@@ -151,7 +159,16 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
         return Ok(None);
     };
     let from = match relative(seg.base, start) {
-        Some(rel) if after.is_none() => seg.index.position_for(rel).get(),
+        Some(rel) if after.is_none() => {
+            let indexed = seg.index.position_for(rel).get();
+            // Where the previous read ended, if `start` is there: the batch itself, not
+            // the one before it (where the index points). Never before the index's answer
+            // nor past the written end, so a stale position could only cost a scan.
+            match st.read_ahead.resume_pos(start, seg.base) {
+                Some(pos) if pos >= indexed && pos <= seg.written => pos,
+                _ => indexed,
+            }
+        }
         _ => 0,
     };
     Ok(Some(DiskPlan {
@@ -175,7 +192,8 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
 ///
 /// The window is read shared (see `shared_read.rs`): the batches returned are slices of
 /// the buffer the disk read filled, uncopied. `seed` is a window read ahead: where it
-/// starts in the file, and its bytes.
+/// starts in the file, and its bytes. Also returns the byte position after the last batch
+/// returned (where the next read of this file continues).
 async fn read_file(
     plan: &DiskPlan,
     seed: Option<(u64, Bytes)>,
@@ -183,7 +201,7 @@ async fn read_file(
     start: Offset,
     (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
-) -> Result<Vec<Bytes>> {
+) -> Result<(Vec<Bytes>, u64)> {
     let mut window =
         FileWindow::shared(plan.file.clone(), &plan.path, plan.end, window_bytes, seed);
     let mut out = Vec::new();
@@ -192,6 +210,7 @@ async fn read_file(
     // Offsets only grow inside a segment: a batch below this is damage (its base offset
     // is outside the CRC).
     let mut next_min = plan.base;
+    let mut served_end = plan.from;
     while pos < plan.end {
         if !out.is_empty() && total >= max_bytes {
             // Full: no later batch fits, so do not read its header (which may lie just
@@ -231,6 +250,7 @@ async fn read_file(
             }
             out.push(bytes);
             total += size;
+            served_end = pos + size as u64;
         }
         next_min = meta.last_offset.add(1);
         pos += size as u64;
@@ -238,7 +258,7 @@ async fn read_file(
         // (produces on other connections) run when this one has used its time slice.
         glommio::yield_if_needed().await;
     }
-    Ok(out)
+    Ok((out, served_end))
 }
 
 /// Whether a batch of `size` bytes joins a read that holds `total` bytes so far: the

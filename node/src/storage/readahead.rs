@@ -63,6 +63,12 @@ pub struct ReadAhead {
     generation: u64,
     /// Where the last disk read of this log ended: a read starting there is sequential.
     last_end: Option<Offset>,
+    /// The file position of that end (segment base, byte after the last batch served),
+    /// while the next batch is in the same segment. The offset index cannot give it: its
+    /// entry for a batch's last offset points at that batch's start, so a lookup of the
+    /// next offset lands one batch early, and a window read from there misses the end of
+    /// the answer (a consume profile showed every window read twice).
+    last_end_pos: Option<(Offset, u64)>,
     /// Shared with the shard's sweep (weakly), which may empty it.
     slot: Rc<RefCell<Slot>>,
 }
@@ -115,6 +121,7 @@ impl ReadAhead {
     pub fn invalidate(&mut self) {
         self.generation += 1;
         self.last_end = None;
+        self.last_end_pos = None;
         let dropped = self.slot.borrow_mut().window.take();
         drop(dropped);
     }
@@ -128,9 +135,21 @@ impl ReadAhead {
         self.last_end == Some(start)
     }
 
-    /// A disk read ended at `next` (the offset after its last batch).
-    pub fn note_end(&mut self, next: Offset) {
+    /// A disk read ended at `next` (the offset after its last batch), at byte `pos` of
+    /// the segment based at `segment`.
+    pub fn note_end(&mut self, next: Offset, segment: Offset, pos: u64) {
         self.last_end = Some(next);
+        self.last_end_pos = Some((segment, pos));
+    }
+
+    /// The exact byte position in the segment based at `segment` of the batch that holds
+    /// `start`, if the previous disk read ended there (see `last_end_pos`). Valid until
+    /// [`invalidate`](Self::invalidate), which every change below the written end calls.
+    pub fn resume_pos(&self, start: Offset, segment: Offset) -> Option<u64> {
+        match self.last_end_pos {
+            Some((base, pos)) if self.last_end == Some(start) && base == segment => Some(pos),
+            _ => None,
+        }
     }
 
     /// The window read ahead for a read of `file` (segment `base`) from byte `pos`, if
