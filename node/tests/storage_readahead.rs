@@ -175,3 +175,40 @@ fn with_read_ahead_off_the_same_reads_return_the_same_bytes() {
     let phases = run_on_shard(move || async move { scenario(path, &settings).await });
     assert!(phases.iter().all(|&p| p == (0, 0)), "{phases:?}");
 }
+
+/// A sequential reader whose reads are the size of the read-ahead window is served from
+/// its windows alone: each window is read once, where the previous read ended. (Reading
+/// ahead from the offset index's position, one batch early, left the end of every answer
+/// outside its window, so each read read a second window: every byte twice.)
+#[test]
+fn a_sequential_reader_reads_each_window_once() {
+    let dir = tempdir();
+    let path = dir.path().join("t-0");
+    let (counters, reads) = run_on_shard(move || async move {
+        prime_dma_probe(path.parent().unwrap()).await.unwrap();
+        let pairs = [("log.tail.cache.bytes", "0"), ("segment.bytes", "67108864")];
+        let cfg = LogConfig::from_pairs(pairs.iter().copied()).unwrap();
+        let log = Log::open(path, cfg).await.unwrap();
+        let mut model = Model::default();
+        model.append(&log, 0, 300).await;
+        assert_eq!(
+            log.segment_count(),
+            1,
+            "one segment: no window ends at a roll"
+        );
+        let before = log.counters();
+        let end = read_through(&log, &model, Offset(0), log.log_end_offset()).await;
+        assert_eq!(end, log.log_end_offset());
+        let after = log.counters();
+        log.close().await.unwrap();
+        (after, after.disk_reads - before.disk_reads)
+    });
+    assert!(reads >= 10, "{reads} reads: several windows");
+    // The first read is not sequential yet (nothing read ahead for it), the second starts
+    // the read-ahead; every later one finds its window.
+    assert_eq!(counters.read_ahead_hits, reads - 2, "{counters:?}");
+    assert_eq!(
+        counters.window_reads, 2,
+        "only the first two reads read windows of their own: {counters:?}"
+    );
+}

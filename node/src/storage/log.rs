@@ -80,6 +80,9 @@ pub struct LogCounters {
     pub read_ahead_reads: u64,
     /// Disk reads that found their window read ahead.
     pub read_ahead_hits: u64,
+    /// Segment file windows read by disk reads themselves (the windows read ahead are in
+    /// `read_ahead_reads`): a sequential reader served from its read-ahead reads none.
+    pub window_reads: u64,
     /// Segments rolled.
     pub rolls: u64,
     /// `appends` as of the last interval or on-ack fdatasync (group-commit size metric).

@@ -76,7 +76,9 @@ pub async fn read(
         let seed = read_ahead_for(log, &plan).await;
         let hit = seed.is_some();
         let limits = (max_bytes, hard_max_bytes);
-        let (batches, end_pos) = read_file(&plan, seed, window_bytes, start, limits, upper).await?;
+        let (batches, end_pos, windows) =
+            read_file(&plan, seed, window_bytes, start, limits, upper).await?;
+        log.state.borrow_mut().counters.window_reads += windows;
         if !batches.is_empty() {
             result = finish(result, batches);
             let end = (result.next_offset, plan.base, end_pos);
@@ -193,7 +195,7 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
 /// The window is read shared (see `shared_read.rs`): the batches returned are slices of
 /// the buffer the disk read filled, uncopied. `seed` is a window read ahead: where it
 /// starts in the file, and its bytes. Also returns the byte position after the last batch
-/// returned (where the next read of this file continues).
+/// returned (where the next read of this file continues) and how many windows it read.
 async fn read_file(
     plan: &DiskPlan,
     seed: Option<(u64, Bytes)>,
@@ -201,7 +203,7 @@ async fn read_file(
     start: Offset,
     (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
-) -> Result<(Vec<Bytes>, u64)> {
+) -> Result<(Vec<Bytes>, u64, u64)> {
     let mut window =
         FileWindow::shared(plan.file.clone(), &plan.path, plan.end, window_bytes, seed);
     let mut out = Vec::new();
@@ -258,7 +260,7 @@ async fn read_file(
         // (produces on other connections) run when this one has used its time slice.
         glommio::yield_if_needed().await;
     }
-    Ok((out, served_end))
+    Ok((out, served_end, window.reads()))
 }
 
 /// Whether a batch of `size` bytes joins a read that holds `total` bytes so far: the

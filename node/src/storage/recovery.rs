@@ -37,6 +37,8 @@ pub struct FileWindow {
     /// Reads go through [`SegmentFile::read_shared`], so [`get_bytes`](Self::get_bytes)
     /// slices instead of copying (fetches).
     shared: bool,
+    /// Windows this reader read from the file (a seed is not counted).
+    reads: u64,
 }
 
 impl FileWindow {
@@ -59,6 +61,7 @@ impl FileWindow {
             buf: None,
             window_bytes,
             shared: false,
+            reads: 0,
         }
     }
 
@@ -86,6 +89,11 @@ impl FileWindow {
         self.end
     }
 
+    /// Windows read from the file so far.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
     /// Bytes `[pos, pos + len)`, or fewer if the file ends first.
     pub async fn get(&mut self, pos: u64, len: usize) -> Result<&[u8]> {
         let len = len.min(self.end.saturating_sub(pos) as usize);
@@ -100,6 +108,7 @@ impl FileWindow {
                 self.file.read_at(pos, size).await
             };
             let read = read.map_err(|e| StorageError::io("read", &self.path, e))?;
+            self.reads += 1;
             self.start = pos;
             self.buf = Some(read);
         }
