@@ -6,6 +6,11 @@
 //! (or for less of it). Without it a consumer's fetches alternate disk read, send, disk
 //! read, send, and the disk and the socket are each idle half the time.
 //!
+//! The window starts at the exact byte where the previous read ended (remembered with its
+//! offset until the log changes), and so does the next read of that offset: the offset
+//! index would place both one batch early (it keys each batch by its last offset), and a
+//! window of the answer's size read from there misses the answer's last batch.
+//!
 //! Bounds: one window per log, at most `log.read.ahead.bytes` (and at most the window the
 //! read itself used); all logs of a shard together at most [`SHARD_READ_AHEAD_BYTES_MAX`]
 //! (a window that would pass it is not read ahead, after windows left unclaimed for
