@@ -263,11 +263,30 @@ impl Partition {
     /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
     /// (before the append, so the entry's offset is the epoch's first).
     fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {
-        let assigned = self.epochs.borrow_mut().assign(epoch, start);
+        let mut epochs = self.epochs.borrow_mut();
+        // An out-of-space rollback may have cut the log below where the latest epoch
+        // started (it began with appends that were never written): that entry goes with
+        // them, as a truncation would take it.
+        if epochs.latest().is_some_and(|(_, s)| s > start)
+            && let Err(e) = epochs.truncate_from_end(start.add(1))
+        {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        let assigned = epochs.assign(epoch, start);
         assigned.map(|_| ()).map_err(|e| {
             tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
             errors::KAFKA_STORAGE_ERROR
         })
+    }
+
+    /// Whether this replica leads but may not append under its leader epoch: an
+    /// out-of-space rollback cut offsets its followers had been served (see
+    /// `Log::epoch_fenced`). Only a new leader epoch from the controller lifts it
+    /// (`Shard::propose_resignations`).
+    pub fn needs_new_epoch(&self) -> bool {
+        let replica = self.replica.borrow();
+        replica.is_leader() && self.log.epoch_fenced(replica.leader_epoch())
     }
 
     /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
@@ -365,6 +384,9 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
         StorageError::InvalidBatch { .. } => errors::CORRUPT_MESSAGE,
         StorageError::RecordSetTooLarge { .. } => errors::RECORD_LIST_TOO_LARGE,
         StorageError::Closed { .. } => errors::NOT_LEADER_OR_FOLLOWER,
+        // This leader may not append under its epoch any more: the client looks for the
+        // leader of the next one.
+        StorageError::ServedRolledBack { .. } => errors::NOT_LEADER_OR_FOLLOWER,
         _ => errors::KAFKA_STORAGE_ERROR,
     }
 }

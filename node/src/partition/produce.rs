@@ -118,6 +118,11 @@ impl Partition {
             if acks == Acks::All && replica.isr_len() < self.min_insync.get() {
                 return ProduceOutcome::failed(errors::NOT_ENOUGH_REPLICAS);
             }
+            // Offsets served to followers were rolled back: this epoch appends no more
+            // (the log refuses it too; checked here so no epoch is noted for nothing).
+            if self.log.epoch_fenced(replica.leader_epoch()) {
+                return ProduceOutcome::failed(errors::NOT_LEADER_OR_FOLLOWER);
+            }
             replica.leader_epoch()
         };
         if let Err(refusal) = self.validate(&records) {

@@ -166,6 +166,11 @@ impl ReplicaState {
             .flat_map(|l| l.followers.iter().map(|(n, p)| (*n, *p)))
     }
 
+    /// On a leader, whether `node` is one of its followers (an assigned replica).
+    pub fn has_follower(&self, node: NodeId) -> bool {
+        matches!(&self.role, Role::Leader(l) if l.followers.contains_key(&node))
+    }
+
     pub fn leader(&self) -> NodeId {
         match &self.role {
             Role::Leader(_) => self.local,
