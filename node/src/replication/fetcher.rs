@@ -332,7 +332,13 @@ impl ReplicaFetcher {
                     stats.copied_bytes += copied;
                 }
                 Err(code) => {
+                    // Paused like a refusal: a full disk refuses every append for its
+                    // backoff, and refetching at once would spin on the leader.
                     tracing::warn!(topic = %tp.0, partition = tp.1, code, "replicated append refused; refetching");
+                    if let Some(f) = self.followed.borrow_mut().get_mut(tp) {
+                        f.paused_until = Some(Instant::now() + REFUSED_RETRY);
+                    }
+                    stats.paused += 1;
                 }
             }
         }

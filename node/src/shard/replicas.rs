@@ -260,6 +260,48 @@ impl Shard {
 }
 
 impl Shard {
+    /// Asks the controller for a new leader epoch for every partition this shard leads
+    /// but may not append to under its epoch (an out-of-space rollback cut offsets its
+    /// followers had copied: `Partition::needs_new_epoch`), one request in flight per
+    /// partition; retried every tick until an assignment with a newer epoch arrives.
+    /// A single node never needs one: it has no followers to serve.
+    pub fn propose_resignations(self: &Rc<Self>) {
+        if self.node.controller.cluster().is_none() {
+            return;
+        }
+        let fenced: Vec<(TopicPartition, u128, LeaderEpoch)> = self
+            .partitions
+            .borrow()
+            .iter()
+            .filter(|(_, p)| p.needs_new_epoch())
+            .map(|(tp, p)| (tp.clone(), p.topic_id, p.leader_epoch()))
+            .collect();
+        for (tp, topic_id, epoch) in fenced {
+            if !self.isr_proposing.borrow_mut().insert(tp.clone()) {
+                continue;
+            }
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                tracing::warn!(topic = %tp.0, partition = tp.1, %epoch, "leader resigns its epoch: served offsets were rolled back");
+                let cmd = crate::controller::Command::ResignLeader {
+                    topic: tp.0.to_string(),
+                    id: topic_id,
+                    partition: tp.1,
+                    leader: shard.node_id().get(),
+                    leader_epoch: epoch.get(),
+                };
+                let out = shard.node.controller.submit(&shard.node, cmd).await;
+                if let crate::controller::Outcome::Done(Err((code, why))) = out {
+                    tracing::info!(topic = %tp.0, partition = tp.1, code, "resignation not applied: {why}");
+                }
+                shard.isr_proposing.borrow_mut().remove(&tp);
+            })
+            .detach();
+        }
+    }
+}
+
+impl Shard {
     /// Whether the cluster manages `tp`'s replicas (its topic has an assignment): such a
     /// replica reopens at its checkpointed HW. A single node's partitions keep HW = LEO:
     /// their only replica had everything it acknowledged.
