@@ -174,10 +174,24 @@ impl Partition {
         topic_id: u128,
         configs: BTreeMap<String, String>,
     ) -> Result<Partition, StorageError> {
+        let disk = crate::storage::Disk::Real;
+        Partition::open_on(data_dir, local, topic, index, topic_id, configs, disk).await
+    }
+
+    /// [`open`](Self::open) with the log on `disk` (a simulated one in tests).
+    pub async fn open_on(
+        data_dir: &Path,
+        local: NodeId,
+        topic: Arc<str>,
+        index: i32,
+        topic_id: u128,
+        configs: BTreeMap<String, String>,
+        disk: crate::storage::Disk,
+    ) -> Result<Partition, StorageError> {
         let log_config = log_config(&configs)?;
         let dir = partition_dir(data_dir, &topic, index);
         let compacted = log_config.cleanup_policy.compact;
-        let log = Log::open(dir.clone(), log_config).await?;
+        let log = Log::open_on(dir.clone(), log_config, disk).await?;
         write_partition_metadata(&dir, topic_id)?;
         let producer_config = ProducerStateConfig::from_configs(&configs);
         let producers =
