@@ -282,6 +282,8 @@ const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const AGREE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Concurrent producers: appends in flight on the leader while followers fetch.
 const PRODUCERS: usize = 4;
+/// Times the leader's disk is filled, at most, waiting for a rollback of served offsets.
+const FILL_ROUNDS: usize = 8;
 
 /// (leader, replicas, ISR) of every partition of `topic` as node `via` sees it.
 fn placements(c: &mut Cluster, via: i32, topic: &str) -> Vec<(i32, i32, Vec<i32>, Vec<i32>)> {
@@ -338,14 +340,37 @@ fn produce_until_refused(
     Ok((acked, 0))
 }
 
+/// One acks=all produce to `partition` at `addr`: what it acknowledged (nothing if it was
+/// refused) and its error.
+fn produce_until_one(
+    addr: std::net::SocketAddr,
+    partition: i32,
+    seq: usize,
+) -> Result<(BTreeMap<i64, Bytes>, i16)> {
+    let mut conn = RawConn::connect(addr)?;
+    let values: Vec<Vec<u8>> = (0..8)
+        .map(|r| format!("after-s{seq}r{r}").into_bytes())
+        .collect();
+    let batch = raw::record_batch(&values, Compression::None)?;
+    let (error, base) = conn.produce(REPLICATED, partition, -1, batch)?;
+    let mut acked = BTreeMap::new();
+    if error == 0 {
+        for (i, v) in values.into_iter().enumerate() {
+            acked.insert(base + i as i64, Bytes::from(v));
+        }
+    }
+    Ok((acked, error))
+}
+
 /// Issue 11 across nodes: node 4's data dir is a small filesystem (a broker-only node, so
 /// no controller log lives there) and it leads a partition replicated on nodes 1 and 2.
 /// Concurrent acks=all producers fill it; its followers fetch from its tail cache, past
 /// its written end, while writes are in flight. When a write fails with ENOSPC and the
 /// rollback cuts offsets they copied, node 4 stops appending under that epoch and
-/// resigns: the controller moves leadership within the ISR. After space is freed, the
-/// three replicas' logs are identical and every acknowledged record is in them. (Whether
-/// a rollback cuts served offsets depends on timing: the test says which happened.)
+/// resigns: the controller moves leadership within the ISR. After space is freed,
+/// producing resumes, the three replicas' logs are identical and every acknowledged record
+/// is in them. Whether a rollback cuts served offsets depends on timing: the disk is
+/// filled up to `FILL_ROUNDS` times until it does, and the test prints what happened.
 #[test]
 fn a_full_leader_that_served_its_followers_leaves_the_replicas_identical() -> Result<()> {
     let Some(mount) = mount_small_fs()? else {
@@ -374,45 +399,78 @@ fn a_full_leader_that_served_its_followers_leaves_the_replicas_identical() -> Re
         std::thread::sleep(Duration::from_millis(100));
     };
     let filler = mount.mnt.join("filler");
-    fill(&filler)?;
-
-    let addr = c.node(4).addr();
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|i| std::thread::spawn(move || produce_until_refused(addr, partition, i)))
-        .collect();
     let mut acked = BTreeMap::new();
-    let mut refusals = Vec::new();
-    for t in producers {
-        let (got, error) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("producer panicked"))??;
-        acked.extend(got);
-        refusals.push(error);
-    }
-    let fenced = c.node(4).log_text().contains(FENCED_LOG);
-    eprintln!(
-        "disk_full replicated: {} records acknowledged; refusals {refusals:?}; rollback of served offsets: {fenced}",
-        acked.len()
-    );
-    if fenced {
-        // Resigned: another ISR member leads under a newer epoch.
-        let deadline = Instant::now() + AGREE_TIMEOUT;
-        while placements(&mut c, 1, REPLICATED)
-            .iter()
-            .any(|(p, leader, ..)| *p == partition && *leader == 4)
-        {
+    let (mut fenced, mut rounds, mut resumed) = (false, 0, 0);
+    // Whether a follower copied the append whose write fails is a matter of timing: the
+    // disk is filled again (bounded) until it happens.
+    while !fenced && rounds < FILL_ROUNDS {
+        rounds += 1;
+        fill(&filler)?;
+        let addr = c.node(4).addr();
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|i| std::thread::spawn(move || produce_until_refused(addr, partition, i)))
+            .collect();
+        let mut refusals = Vec::new();
+        for t in producers {
+            let (got, error) = t
+                .join()
+                .map_err(|_| anyhow::anyhow!("producer panicked"))??;
+            acked.extend(got);
+            refusals.push(error);
+        }
+        fenced = c.node(4).log_text().contains(FENCED_LOG);
+        eprintln!(
+            "disk_full replicated: round {rounds}: {} records acknowledged; refusals {refusals:?}; rollback of served offsets: {fenced}",
+            acked.len()
+        );
+        if fenced {
+            // Resigned: another ISR member leads under a newer epoch.
+            let deadline = Instant::now() + AGREE_TIMEOUT;
+            while placements(&mut c, 1, REPLICATED)
+                .iter()
+                .any(|(p, leader, ..)| *p == partition && *leader == 4)
+            {
+                ensure!(
+                    Instant::now() < deadline,
+                    "node 4 kept leading after the fence"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ensure!(
+                refusals.contains(&NOT_LEADER_OR_FOLLOWER)
+                    || refusals.contains(&KAFKA_STORAGE_ERROR)
+            );
+        }
+
+        fs::remove_file(&filler)?;
+        // Space is back: producing resumes at whoever leads (under a new epoch if node 4
+        // resigned), and every replica must end with the same records at the same offsets.
+        let deadline = Instant::now() + RESUME_TIMEOUT;
+        let mut ok = 0;
+        while ok < 10 {
+            let leader = placements(&mut c, 1, REPLICATED)
+                .into_iter()
+                .find(|(p, ..)| *p == partition)
+                .map(|(_, leader, ..)| leader);
+            let addr = match leader {
+                Some(l) if l > 0 => c.node(l).addr(),
+                _ => c.node(4).addr(),
+            };
+            let (got, _) = produce_until_one(addr, partition, resumed)?;
+            resumed += 1;
+            ok += usize::from(!got.is_empty());
+            acked.extend(got);
             ensure!(
                 Instant::now() < deadline,
-                "node 4 kept leading after the fence"
+                "produce did not resume after space was freed; node 4 log:\n{}",
+                c.node(4).log_tail(30)
             );
-            std::thread::sleep(Duration::from_millis(100));
+            if ok == 0 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        ensure!(
-            refusals.contains(&NOT_LEADER_OR_FOLLOWER) || refusals.contains(&KAFKA_STORAGE_ERROR)
-        );
     }
-
-    fs::remove_file(&filler)?;
+    eprintln!("disk_full replicated: {rounds} round(s), rollback of served offsets: {fenced}");
     let dirs: Vec<PathBuf> = replicas
         .iter()
         .map(|id| {
