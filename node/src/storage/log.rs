@@ -239,7 +239,8 @@ impl State {
     }
 
     /// The invariants of the write positions, checked wherever they move:
-    /// log start <= synced <= written <= log end, and the segments are contiguous
+    /// log start <= synced <= written <= log end, served <= log end unless an epoch is
+    /// fenced, and the segments are contiguous
     /// (each one starts where the previous one ends) with the last one ending at the
     /// log end.
     pub fn assert_positions(&self) {
@@ -259,6 +260,14 @@ impl State {
             self.log_start <= self.log_end,
             "log start {} past the log end {}",
             self.log_start,
+            self.log_end
+        );
+        // The log never ends below what it served a replica unless that epoch is fenced:
+        // else the next append would reuse served offsets under the served epoch.
+        assert!(
+            self.served_end <= self.log_end || self.fenced_epoch.is_some(),
+            "served up to {} past the log end {} with no epoch fenced",
+            self.served_end,
             self.log_end
         );
         // Per segment: cheap, but O(segments), so only in debug builds (every test).

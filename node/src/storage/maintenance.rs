@@ -53,9 +53,6 @@ impl Log {
         }
         let result = self.apply_cut(&cut).await;
         self.check_io(result)?;
-        // A follower's cut: what it served as a leader before is gone with the records.
-        let mut st = self.state.borrow_mut();
-        st.served_end = st.served_end.min(cut.next_offset);
         Ok(cut.next_offset)
     }
 
@@ -153,6 +150,11 @@ impl LogInner {
             st.cache.truncate(cut.next_offset);
             st.read_ahead.invalidate();
             st.log_end = cut.next_offset;
+            // What was served past the cut is gone with it, unless a rollback just
+            // fenced the epoch that served it (the fence keeps the mark until lifted).
+            if st.fenced_epoch.is_none() {
+                st.served_end = st.served_end.min(cut.next_offset);
+            }
             st.written_next = cut.next_offset;
             st.synced_next = st.synced_next.min(cut.next_offset);
             st.truncations += 1;
