@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use weir::errors;
+use weir::partition::replica::{Assignment, RoleChange};
 use weir::partition::{Acks, Isolation, Partition, ReadFor};
 use weir::producer_state::OUT_OF_ORDER_SEQUENCE_NUMBER;
+use weir::producer_state::partition::Marker;
 use weir::storage::testing::run_on_shard;
 use weir::storage::{Disk, FaultKind, FaultPoint, SimDisk, prime_dma_probe};
 use wire::batch::{BatchBuilder, NewRecord, read_header};
@@ -552,5 +554,77 @@ fn a_follower_that_copied_rolled_back_offsets_can_take_over() {
         }
         assert_eq!(a.log.log_end_offset(), Offset(9));
         assert_eq!(whole_log(&a).await, whole_log(&b).await, "identical logs");
+
+/// A node that leads again under a new epoch and whose first append there is a
+/// coordinator's transaction marker (no produce): the follower copies the marker, so its
+/// last fetched epoch is the new one. The leader must know that epoch (it starts at its
+/// log end when it becomes leader), or the KIP-320 check answers "unknown epoch" (-1, -1),
+/// which reads on the wire as no divergence: the follower's fetch was neither served nor
+/// counted, and it fell out of the ISR while acks=all writes waited for it.
+#[test]
+fn a_follower_that_fetched_a_new_leaders_marker_first_fetches_on() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        let assigned = |epoch: i32| Assignment {
+            replicas: vec![LEADER, FOLLOWER],
+            leader: Some(LEADER),
+            leader_epoch: LeaderEpoch(epoch),
+            isr: vec![LEADER, FOLLOWER],
+            partition_epoch: epoch,
+        };
+        assert_eq!(a.apply_assignment(&assigned(1), NOW_MS), RoleChange::Lead);
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+        let pid = (4000, 0);
+        let txn = BatchBuilder {
+            producer_id: ProducerId(pid.0),
+            producer_epoch: ProducerEpoch(0),
+            base_sequence: Sequence(pid.1),
+            transactional: true,
+            records: vec![
+                NewRecord::value(NOW_MS, "t0"),
+                NewRecord::value(NOW_MS, "t1"),
+            ],
+            ..BatchBuilder::default()
+        }
+        .build()
+        .expect("a transactional batch");
+        let txn = BytesMut::from(&txn[..]);
+        let out = a.produce(txn, Acks::Leader, soon(), NOW_MS).await;
+        assert_eq!(out.error, errors::NONE);
+        catch_up(&a, &b).await;
+
+        // Leader again under epoch 2 (a re-election); its first append is the marker.
+        assert_eq!(a.apply_assignment(&assigned(2), NOW_MS), RoleChange::Lead);
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        let marker = Marker {
+            producer_id: ProducerId(pid.0),
+            producer_epoch: ProducerEpoch(0),
+            commit: true,
+            coordinator_epoch: 2,
+        };
+        assert_eq!(a.write_marker(marker, NOW_MS).await, errors::NONE);
+        let end = a.log.log_end_offset();
+        assert_eq!(end, Offset(3));
+        catch_up(&a, &b).await;
+        let last_fetched = b.epoch_entries().last().map(|(e, _)| *e);
+        assert_eq!(
+            last_fetched,
+            Some(LeaderEpoch(2)),
+            "the marker came under epoch 2"
+        );
+
+        // The follower's next fetch is in line with the leader and counts: the HW
+        // reaches the marker.
+        assert_eq!(a.diverging(end, LeaderEpoch(2)), None);
+        let (error, batches) = follower_fetch(&a, end, LeaderEpoch(2)).await;
+        assert_eq!((error, batches.len()), (errors::NONE, 0));
+        assert_eq!(a.high_watermark(), end, "the follower's fetch counted");
+        assert_eq!(
+            a.epoch_entries(),
+            vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(2))]
+        );
     });
 }

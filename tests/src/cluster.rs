@@ -177,6 +177,14 @@ impl Cluster {
         &mut self.nodes[i]
     }
 
+    /// The last `lines` log lines of every node (live or not), for failure messages.
+    pub fn log_tails(&mut self, lines: usize) -> String {
+        (1..=self.nodes.len() as i32)
+            .map(|id| format!("--- node {id}:\n{}", self.node(id).log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Ids of the running nodes.
     pub fn live(&mut self) -> Vec<i32> {
         (0..self.nodes.len())

@@ -274,6 +274,34 @@ impl Partition {
         self.appended.notify_all();
     }
 
+    /// A replica that just became leader starts its epoch at its log end, as Kafka's
+    /// `makeLeader` does, before any append: a follower that fetched the new leader's
+    /// first records (say, a coordinator's marker) then fetches under that epoch, and the
+    /// KIP-320 check must find it here. Without it the check answered "unknown epoch"
+    /// (-1, -1), which on the wire reads as no divergence: the follower neither
+    /// truncated nor counted as fetching, and left the ISR after
+    /// `replica.lag.time.max.ms` while acks=all writes waited for it.
+    fn start_leader_epoch(&self) -> Result<(), i16> {
+        let epoch = {
+            let replica = self.replica.borrow();
+            assert!(replica.is_leader(), "only a leader starts an epoch");
+            replica.leader_epoch()
+        };
+        self.note_epoch(epoch, self.log.log_end_offset())
+    }
+
+    /// Applies a committed assignment (see [`ReplicaState::apply`]); a replica that
+    /// becomes leader starts its epoch at its log end. A failure to checkpoint that is
+    /// logged where it is written, and every leader append notes its epoch again.
+    pub fn apply_assignment(&self, a: &replica::Assignment, now_ms: i64) -> replica::RoleChange {
+        let mut change = replica::RoleChange::Unchanged;
+        self.update_replica(|r| change = r.apply(a, now_ms));
+        if change == replica::RoleChange::Lead {
+            let _ = self.start_leader_epoch();
+        }
+        change
+    }
+
     /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
     /// (before the append, so the entry's offset is the epoch's first).
     fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {

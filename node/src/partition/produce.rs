@@ -281,6 +281,7 @@ impl Partition {
             replica.leader_epoch()
         };
         self.validate(&records).map_err(|(code, _)| code)?;
+        self.note_epoch(epoch, self.log.log_end_offset())?;
         let info = self
             .producers
             .append_unchecked(&self.log, records, epoch, now_ms)
@@ -301,6 +302,9 @@ impl Partition {
             }
             replica.leader_epoch()
         };
+        if let Err(code) = self.note_epoch(epoch, self.log.log_end_offset()) {
+            return code;
+        }
         match self
             .producers
             .append_marker(&self.log, marker, epoch, now_ms)

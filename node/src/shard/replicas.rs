@@ -25,6 +25,10 @@ pub struct IsrProposal {
     /// The partition epoch the proposal is based on (the controller refuses stale ones).
     pub partition_epoch: i32,
     pub isr: Vec<NodeId>,
+    /// The leader's view when it wanted the change, for the log line (Kafka's "Shrinking
+    /// ISR" line names the same): its HW and LEO, each follower's LEO and how long ago
+    /// its fetches last reached the leader's end.
+    pub why: String,
 }
 
 /// Whether `node` holds a replica of partition `index` of `meta`: always on a single node
@@ -110,8 +114,7 @@ impl Shard {
         assignment: &Assignment,
         leader_addr: Option<SocketAddr>,
     ) {
-        let mut change = RoleChange::Unchanged;
-        p.update_replica(|r| change = r.apply(assignment, now_ms()));
+        let change = p.apply_assignment(assignment, now_ms());
         // A coordinator moves with its partition's leader (see `calls::run_coordinator_loads`).
         if change != RoleChange::Unchanged && crate::coordinator::is_coordinator_topic(&tp.0) {
             self.coordinator_roles.notify_all();
@@ -206,13 +209,37 @@ impl Shard {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(REPLICA_LAG_TIME_MAX_MS_DEFAULT);
         let now = now_ms();
+        let catalog = self.catalog();
+        let fenced: Vec<NodeId> = catalog
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.fenced)
+            .map(|(id, _)| NodeId(*id))
+            .collect();
         let parts = self.partitions.borrow();
         parts
             .iter()
             .filter_map(|(tp, p)| {
                 let r = p.replica();
-                let isr = r.wanted_isr(now, lag_max_ms)?;
+                let isr = r.wanted_isr(now, lag_max_ms, |n| !fenced.contains(&n))?;
+                let followers: Vec<String> = r
+                    .followers()
+                    .map(|(n, f)| {
+                        format!(
+                            "{n}: end {} caught up {} ms ago",
+                            f.log_end,
+                            now - f.caught_up_ms
+                        )
+                    })
+                    .collect();
+                let why = format!(
+                    "high watermark {}, log end {}; {}",
+                    r.high_watermark(),
+                    r.log_end(),
+                    followers.join(", ")
+                );
                 Some(IsrProposal {
+                    why,
                     tp: tp.clone(),
                     topic_id: p.topic_id,
                     leader_epoch: r.leader_epoch(),
@@ -238,7 +265,7 @@ impl Shard {
             let shard = self.clone();
             glommio::spawn_local(async move {
                 let tp = proposal.tp.clone();
-                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change");
+                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change: {}", proposal.why);
                 let cmd = crate::controller::Command::AlterPartition {
                     topic: tp.0.to_string(),
                     id: proposal.topic_id,
