@@ -554,6 +554,8 @@ fn a_follower_that_copied_rolled_back_offsets_can_take_over() {
         }
         assert_eq!(a.log.log_end_offset(), Offset(9));
         assert_eq!(whole_log(&a).await, whole_log(&b).await, "identical logs");
+    });
+}
 
 /// A node that leads again under a new epoch and whose first append there is a
 /// coordinator's transaction marker (no produce): the follower copies the marker, so its
