@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use weir::errors;
+use weir::partition::replica::{Assignment, RoleChange};
 use weir::partition::{Acks, Isolation, Partition, ReadFor};
 use weir::producer_state::OUT_OF_ORDER_SEQUENCE_NUMBER;
-use weir::storage::prime_dma_probe;
+use weir::producer_state::partition::Marker;
 use weir::storage::testing::run_on_shard;
+use weir::storage::{Disk, FaultKind, FaultPoint, SimDisk, prime_dma_probe};
 use wire::batch::{BatchBuilder, NewRecord, read_header};
 use wire::{LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};
 
@@ -378,6 +380,253 @@ fn a_returning_leader_truncates_by_epoch_and_ends_identical_to_the_new_one() {
         assert_eq!(
             b.epoch_end_offset(LeaderEpoch(1), LeaderEpoch(1)),
             Err(errors::FENCED_LEADER_EPOCH)
+        );
+    });
+}
+
+/// A partition on a simulated disk (writes can be held in flight and fail with ENOSPC).
+async fn open_sim(dir: &Path, local: NodeId, disk: &Rc<SimDisk>) -> Rc<Partition> {
+    let topic: Arc<str> = Arc::from("orders");
+    let p = Partition::open_on(dir, local, topic, 0, 7, configs(1), Disk::Sim(disk.clone()))
+        .await
+        .expect("open partition");
+    Rc::new(p)
+}
+
+/// The follower's side of a fetch round the way the replication fetcher runs it: the
+/// leader's KIP-320 answer first (truncate where our last epoch ended there), else copy.
+async fn fetch_round(leader: &Partition, follower: &Partition, epoch: LeaderEpoch) {
+    let at = follower.log.log_end_offset();
+    let last = follower
+        .epoch_entries()
+        .last()
+        .map_or(LeaderEpoch::NONE, |e| e.0);
+    if let Some((diverged, end)) = leader.diverging(at, last) {
+        let (ours, our_end) = follower
+            .epoch_end_offset(diverged, LeaderEpoch::NONE)
+            .expect("our epochs");
+        let cut = if ours == diverged {
+            end.min(our_end)
+        } else {
+            end
+        };
+        follower.truncate_to(cut).await.expect("truncate");
+        return;
+    }
+    let (error, batches) = follower_fetch(leader, at, epoch).await;
+    assert_eq!(error, errors::NONE);
+    for b in batches {
+        let appended = follower.append_as_follower(BytesMut::from(&b[..]), NOW_MS);
+        appended.await.expect("replicated append");
+    }
+}
+
+/// Waits (bounded) until the leader's out-of-space backoff has passed.
+async fn wait_writable(p: &Partition) {
+    let deadline = Instant::now() + PATIENCE;
+    while p.log.is_out_of_space() {
+        assert!(
+            Instant::now() < deadline,
+            "the out-of-space backoff did not end"
+        );
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 11: a follower copies a batch from the leader's tail cache while the leader's
+/// write is in flight; the write runs out of space and the leader rolls it back. Under the
+/// same epoch the leader would then append other records at those offsets and count the
+/// follower (fetching past them) in sync while it holds different bytes. Instead the
+/// leader refuses appends under that epoch (NOT_LEADER_OR_FOLLOWER, `needs_new_epoch`);
+/// under the next one the follower learns where the old epoch ended, truncates, and both
+/// logs are identical up to the HW.
+#[test]
+fn a_leader_that_rolled_back_served_offsets_appends_only_under_a_new_epoch() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let (disk_a, disk_b) = (SimDisk::new(), SimDisk::new());
+        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk_a).await;
+        let b = open_sim(&root.path().join("b/orders-0"), FOLLOWER, &disk_b).await;
+        let both = [LEADER, FOLLOWER];
+        a.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+        for i in 0..5 {
+            let out = a.produce(
+                batch(None, 2, &format!("a{i}")),
+                Acks::Leader,
+                soon(),
+                NOW_MS,
+            );
+            assert_eq!(out.await.error, errors::NONE);
+        }
+        for _ in 0..3 {
+            fetch_round(&a, &b, LeaderEpoch(1)).await;
+        }
+        assert_eq!(b.log.log_end_offset(), Offset(10));
+
+        // The leader's next write is in flight, and fails for lack of space.
+        disk_a.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        disk_a.hold_writes(true);
+        let mut lost = Box::pin(a.produce(batch(None, 3, "x"), Acks::Leader, soon(), NOW_MS));
+        for _ in 0..100 {
+            if a.log.log_end_offset() > Offset(10) {
+                break;
+            }
+            let polled = futures_lite::future::poll_once(&mut lost).await;
+            assert!(polled.is_none(), "the produce waits for its write");
+        }
+        assert_eq!(a.log.log_end_offset(), Offset(13), "offsets assigned");
+        // The follower copies it from the tail cache meanwhile.
+        fetch_round(&a, &b, LeaderEpoch(1)).await;
+        assert_eq!(b.log.log_end_offset(), Offset(13));
+        disk_a.hold_writes(false);
+        assert_eq!(lost.await.error, errors::KAFKA_STORAGE_ERROR);
+        assert_eq!(a.log.log_end_offset(), Offset(10), "rolled back");
+        wait_writable(&a).await;
+
+        // Same epoch: refused, nothing appended (before, "y" went to offset 10).
+        let refused = a.produce(batch(None, 5, "y"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(refused.await.error, errors::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(a.log.log_end_offset(), Offset(10));
+        assert!(a.needs_new_epoch(), "asks the controller for a new epoch");
+        // Nor does the follower count as holding what the leader lacks: its fetch past
+        // the leader's end is told where epoch 1 ends, and it truncates.
+        fetch_round(&a, &b, LeaderEpoch(1)).await;
+        assert_eq!(b.log.log_end_offset(), Offset(10));
+
+        // The controller's answer (here: the same leader, epoch 2) lifts the fence.
+        a.update_replica(|r| r.become_leader(LeaderEpoch(2), both.to_vec(), &both));
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        assert!(!a.needs_new_epoch());
+        let out = a
+            .produce(batch(None, 5, "y"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!((out.error, out.base_offset), (errors::NONE, Offset(10)));
+        for _ in 0..4 {
+            fetch_round(&a, &b, LeaderEpoch(2)).await;
+        }
+        assert_eq!(a.high_watermark(), Offset(15));
+        assert_eq!(whole_log(&a).await, whole_log(&b).await, "identical logs");
+        assert_eq!(a.epoch_entries(), b.epoch_entries());
+    });
+}
+
+/// The same rollback, but the follower that copied the rolled-back batch became leader
+/// (the controller moved leadership): the old leader follows under the new epoch, keeps
+/// fetching from the written end it rolled back to, and copies the batch from the new
+/// leader: identical logs again.
+#[test]
+fn a_follower_that_copied_rolled_back_offsets_can_take_over() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let (disk_a, disk_b) = (SimDisk::new(), SimDisk::new());
+        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk_a).await;
+        let b = open_sim(&root.path().join("b/orders-0"), FOLLOWER, &disk_b).await;
+        let both = [LEADER, FOLLOWER];
+        a.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+        let out = a.produce(batch(None, 4, "a"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        fetch_round(&a, &b, LeaderEpoch(1)).await;
+        disk_a.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        disk_a.hold_writes(true);
+        let mut lost = Box::pin(a.produce(batch(None, 3, "x"), Acks::Leader, soon(), NOW_MS));
+        for _ in 0..100 {
+            if a.log.log_end_offset() > Offset(4) {
+                break;
+            }
+            assert!(futures_lite::future::poll_once(&mut lost).await.is_none());
+        }
+        fetch_round(&a, &b, LeaderEpoch(1)).await;
+        assert_eq!(b.log.log_end_offset(), Offset(7));
+        disk_a.hold_writes(false);
+        assert_eq!(lost.await.error, errors::KAFKA_STORAGE_ERROR);
+        assert!(a.needs_new_epoch());
+
+        // ResignLeader with a successor: b leads epoch 2 (a left the ISR), a follows.
+        b.update_replica(|r| r.become_leader(LeaderEpoch(2), vec![FOLLOWER], &both));
+        a.update_replica(|r| r.become_follower(FOLLOWER, LeaderEpoch(2)));
+        let out = b.produce(batch(None, 2, "b"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!((out.await.base_offset), Offset(7));
+        wait_writable(&a).await;
+        for _ in 0..4 {
+            fetch_round(&b, &a, LeaderEpoch(2)).await;
+        }
+        assert_eq!(a.log.log_end_offset(), Offset(9));
+        assert_eq!(whole_log(&a).await, whole_log(&b).await, "identical logs");
+    });
+}
+
+/// A node that leads again under a new epoch and whose first append there is a
+/// coordinator's transaction marker (no produce): the follower copies the marker, so its
+/// last fetched epoch is the new one. The leader must know that epoch (it starts at its
+/// log end when it becomes leader), or the KIP-320 check answers "unknown epoch" (-1, -1),
+/// which reads on the wire as no divergence: the follower's fetch was neither served nor
+/// counted, and it fell out of the ISR while acks=all writes waited for it.
+#[test]
+fn a_follower_that_fetched_a_new_leaders_marker_first_fetches_on() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        let assigned = |epoch: i32| Assignment {
+            replicas: vec![LEADER, FOLLOWER],
+            leader: Some(LEADER),
+            leader_epoch: LeaderEpoch(epoch),
+            isr: vec![LEADER, FOLLOWER],
+            partition_epoch: epoch,
+        };
+        assert_eq!(a.apply_assignment(&assigned(1), NOW_MS), RoleChange::Lead);
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+        let pid = (4000, 0);
+        let txn = BatchBuilder {
+            producer_id: ProducerId(pid.0),
+            producer_epoch: ProducerEpoch(0),
+            base_sequence: Sequence(pid.1),
+            transactional: true,
+            records: vec![
+                NewRecord::value(NOW_MS, "t0"),
+                NewRecord::value(NOW_MS, "t1"),
+            ],
+            ..BatchBuilder::default()
+        }
+        .build()
+        .expect("a transactional batch");
+        let txn = BytesMut::from(&txn[..]);
+        let out = a.produce(txn, Acks::Leader, soon(), NOW_MS).await;
+        assert_eq!(out.error, errors::NONE);
+        catch_up(&a, &b).await;
+
+        // Leader again under epoch 2 (a re-election); its first append is the marker.
+        assert_eq!(a.apply_assignment(&assigned(2), NOW_MS), RoleChange::Lead);
+        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        let marker = Marker {
+            producer_id: ProducerId(pid.0),
+            producer_epoch: ProducerEpoch(0),
+            commit: true,
+            coordinator_epoch: 2,
+        };
+        assert_eq!(a.write_marker(marker, NOW_MS).await, errors::NONE);
+        let end = a.log.log_end_offset();
+        assert_eq!(end, Offset(3));
+        catch_up(&a, &b).await;
+        let last_fetched = b.epoch_entries().last().map(|(e, _)| *e);
+        assert_eq!(
+            last_fetched,
+            Some(LeaderEpoch(2)),
+            "the marker came under epoch 2"
+        );
+
+        // The follower's next fetch is in line with the leader and counts: the HW
+        // reaches the marker.
+        assert_eq!(a.diverging(end, LeaderEpoch(2)), None);
+        let (error, batches) = follower_fetch(&a, end, LeaderEpoch(2)).await;
+        assert_eq!((error, batches.len()), (errors::NONE, 0));
+        assert_eq!(a.high_watermark(), end, "the follower's fetch counted");
+        assert_eq!(
+            a.epoch_entries(),
+            vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(2))]
         );
     });
 }

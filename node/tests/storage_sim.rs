@@ -445,3 +445,113 @@ fn a_full_disk_refuses_appends_until_space_is_back_then_nothing_is_lost_or_dupli
         drop(root);
     });
 }
+
+/// Waits (bounded) until the out-of-space backoff has passed.
+async fn wait_writable(log: &Log) {
+    let deadline = Instant::now() + RESUME_TIMEOUT;
+    while log.is_out_of_space() {
+        assert!(
+            Instant::now() < deadline,
+            "the out-of-space backoff did not end"
+        );
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The leader's side of replication (issue 11): a follower copies an append from the tail
+/// cache while its write is in flight; the write runs out of space and is rolled back.
+/// Appending other batches at those offsets under the same leader epoch would leave the
+/// follower holding different bytes at offsets the leader counts it in sync for, so the
+/// log refuses that epoch until a newer one — and a rollback nobody was served still
+/// retries at the same offsets under the same epoch (the single-node behaviour).
+#[test]
+fn a_rollback_of_offsets_served_to_a_replica_fences_the_leader_epoch() {
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = root.path().join("served-0");
+    run_on_shard(move || async move {
+        let disk = SimDisk::new();
+        let log = open(&dir, &config(false), &disk).await;
+        let mut acked = Vec::new();
+        append_ok(&log, &mut acked, 0, 5).await;
+        let written = log.log_end_offset();
+
+        // Not served: rolled back, then retried at the same offsets, same epoch.
+        disk.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        let err = log.append(payload(1, 0, 0, 600), LeaderEpoch(1), 0).await;
+        assert!(matches!(err, Err(ref e) if e.is_out_of_space()), "{err:?}");
+        assert!(
+            !log.epoch_fenced(LeaderEpoch(1)),
+            "nobody saw the rolled-back batch"
+        );
+        wait_writable(&log).await;
+        let info = log
+            .append(payload(2, 0, 0, 600), LeaderEpoch(1), 0)
+            .await
+            .unwrap();
+        assert_eq!(info.first_offset, written);
+        let written = log.log_end_offset();
+
+        // Served to a replica before its write failed.
+        disk.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        disk.hold_writes(true);
+        let mut append = Box::pin(log.append(payload(3, 0, 0, 600), LeaderEpoch(1), 0));
+        let first_poll = futures_lite::future::poll_once(&mut append).await;
+        assert!(
+            first_poll.is_none(),
+            "the append waits for its write: {first_poll:?}"
+        );
+        let end = log.log_end_offset();
+        assert!(end > written, "offsets assigned before the write");
+        // A consumer-style read past the written end is not a replica's copy.
+        log.read_within(written, usize::MAX, usize::MAX, end)
+            .await
+            .unwrap();
+        assert!(log.served_end() <= written, "a consumer read is not noted");
+        let copied = log
+            .read_for_replica(written, usize::MAX, usize::MAX, end)
+            .await
+            .unwrap();
+        assert_eq!(
+            copied.next_offset, end,
+            "the follower copied the unwritten batch"
+        );
+        assert_eq!(log.served_end(), end);
+        disk.hold_writes(false);
+        let err = append.await;
+        assert!(matches!(err, Err(ref e) if e.is_out_of_space()), "{err:?}");
+        assert_eq!(
+            log.log_end_offset(),
+            written,
+            "rolled back to the written end"
+        );
+        assert!(log.epoch_fenced(LeaderEpoch(1)));
+        wait_writable(&log).await;
+
+        // The same epoch may not reuse the served offsets; nothing is appended.
+        let refused = log.append(payload(4, 0, 0, 900), LeaderEpoch(1), 0).await;
+        assert!(
+            matches!(refused, Err(StorageError::ServedRolledBack { epoch, served_end, log_end, .. })
+                if epoch == LeaderEpoch(1) && served_end == end && log_end == written),
+            "{refused:?}"
+        );
+        assert_eq!(log.log_end_offset(), written);
+        // Old epochs stay fenced too; a newer one appends at the rolled-back offsets.
+        assert!(log.epoch_fenced(LeaderEpoch(0)));
+        let info = log
+            .append(payload(5, 0, 0, 900), LeaderEpoch(2), 0)
+            .await
+            .unwrap();
+        assert_eq!(info.first_offset, written);
+        assert!(!log.epoch_fenced(LeaderEpoch(2)));
+        let all = read_all(&log).await;
+        let last = all.last().unwrap();
+        assert_eq!(tag(last), (5, 0, 0));
+        assert_eq!(
+            wire::batch::read_header(last)
+                .unwrap()
+                .partition_leader_epoch(),
+            LeaderEpoch(2)
+        );
+        drop(root);
+    });
+}

@@ -235,7 +235,7 @@ impl Weir {
         }
         cmd.env("NO_COLOR", "1")
             .env(
-                "RUST_LOG",
+                "WEIR_LOG",
                 std::env::var("WEIR_TEST_LOG").unwrap_or("info".into()),
             )
             .stdin(Stdio::null())

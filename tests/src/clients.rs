@@ -292,10 +292,14 @@ pub fn consume_to_end(bootstrap: &str, topic: &str, partitions: &[i32]) -> Resul
     };
     let mut got = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     let deadline = Instant::now() + CLIENT_TIMEOUT;
+    // librdkafka reports what it retries itself (a broker connection that failed, a
+    // leader that moved) as consumer errors too: they are remembered, not fatal; the
+    // deadline decides, and its message says the last one.
+    let mut last_error: Option<KafkaError> = None;
     while !done(&next) {
         if Instant::now() > deadline {
             bail!(
-                "read {} of {total} records of {topic} within {CLIENT_TIMEOUT:?}; at {next:?}, highs {highs:?}",
+                "read {} of {total} records of {topic} within {CLIENT_TIMEOUT:?}; at {next:?}, highs {highs:?}; last client error: {last_error:?}",
                 got.len()
             );
         }
@@ -305,7 +309,7 @@ pub fn consume_to_end(bootstrap: &str, topic: &str, partitions: &[i32]) -> Resul
                 next.insert(m.partition(), m.offset() + 1);
                 got.push(to_got(&m));
             }
-            Some(Err(e)) => bail!("consume {topic}: {e} (after {} records)", got.len()),
+            Some(Err(e)) => last_error = Some(e),
         }
     }
     Ok(got)

@@ -82,6 +82,28 @@ impl Cluster {
         Ok(Cluster { nodes })
     }
 
+    /// [`start_with_brokers`](Self::start_with_brokers), with the data dir of each node
+    /// named in `parents` made inside that directory (e.g. a small filesystem of its own).
+    pub fn start_with_brokers_in(
+        n: usize,
+        brokers: usize,
+        extra: &[(&str, &str)],
+        parents: &[(i32, &std::path::Path)],
+    ) -> Result<Cluster> {
+        let voters = voters_on_free_ports(n)?;
+        let mut nodes = Vec::new();
+        for i in 0..n + brokers {
+            let id = i as i32 + 1;
+            let config = node_config(i + 1, &voters, extra);
+            let weir = match parents.iter().find(|(node, _)| *node == id) {
+                Some((_, parent)) => Weir::start_in(config, parent),
+                None => Weir::start(config),
+            };
+            nodes.push(weir.with_context(|| format!("start node {id}"))?);
+        }
+        Ok(Cluster { nodes })
+    }
+
     /// Starts `n` voters of `shards` shards each (the others run one shard): for what
     /// happens between a node's shards, e.g. a coordinator on another shard.
     pub fn start_sharded(n: usize, shards: usize, extra: &[(&str, &str)]) -> Result<Cluster> {
@@ -153,6 +175,14 @@ impl Cluster {
     pub fn node(&mut self, id: i32) -> &mut Weir {
         let i = usize::try_from(id - 1).unwrap_or(0);
         &mut self.nodes[i]
+    }
+
+    /// The last `lines` log lines of every node (live or not), for failure messages.
+    pub fn log_tails(&mut self, lines: usize) -> String {
+        (1..=self.nodes.len() as i32)
+            .map(|id| format!("--- node {id}:\n{}", self.node(id).log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Ids of the running nodes.

@@ -129,14 +129,9 @@ fn wait_coordinator(
         last = format!("answers {answers:?}, placements {placed:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let tails: Vec<String> = c
-        .live()
-        .iter()
-        .map(|id| format!("--- node {id}:\n{}", c.node(*id).log_tail(40)))
-        .collect();
     panic!(
         "no agreed coordinator for {key} within {FAILOVER_TIMEOUT:?}: {last}\n{}",
-        tails.join("\n")
+        c.log_tails(40)
     );
 }
 
@@ -387,7 +382,8 @@ fn transactional(via: &str, id: &str) -> clients::TestProducer {
 }
 
 /// One transaction of records `first..first+n`, committed or aborted; a commit the
-/// client may retry (the coordinator moved under it) is retried, bounded.
+/// client may retry (the coordinator moved under it) is retried, bounded. The error says
+/// which transaction failed and how (the caller adds the nodes' logs).
 fn transaction(
     p: &clients::TestProducer,
     topics: &[&str],
@@ -395,7 +391,7 @@ fn transaction(
     n: u64,
     commit: bool,
     kill: impl FnOnce(),
-) {
+) -> Result<(), String> {
     p.begin_transaction().expect("begin");
     let records = clients::make_records(first, n, "txn", clients::now_ms());
     for r in &records {
@@ -413,9 +409,9 @@ fn transaction(
             p.abort_transaction(FAILOVER_TIMEOUT)
         };
         match out {
-            Ok(()) => return,
+            Ok(()) => return Ok(()),
             Err(KafkaError::Transaction(e)) if e.is_retriable() && Instant::now() < deadline => {}
-            Err(e) => panic!("ending transaction of {first}..{}: {e}", first + n),
+            Err(e) => return Err(format!("ending transaction of {first}..{}: {e}", first + n)),
         }
     }
 }
@@ -471,14 +467,17 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
 
     let all = bootstrap(&mut c);
     let p = transactional(&all, TXN_ID);
-    transaction(&p, &topics, 0, 100, true, || {});
-    transaction(&p, &topics, 100, 50, false, || {});
+    transaction(&p, &topics, 0, 100, true, || {})
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails(60)));
+    transaction(&p, &topics, 100, 50, false, || {})
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails(60)));
 
     // Between transactions: the coordinator's node dies; the next one takes over.
     c.node(first).kill().expect("kill the coordinator's node");
     let killed = Instant::now();
     let second = wait_coordinator(&mut c, TXN_ID, 1, 2, Some(first));
-    transaction(&p, &topics, 150, 100, true, || {});
+    transaction(&p, &topics, 150, 100, true, || {})
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.log_tails(60)));
     eprintln!(
         "transaction coordinator moved from node {first} to node {second}; the next \
          transaction committed {:?} after the SIGKILL",
@@ -494,12 +493,15 @@ fn a_transactional_producer_goes_on_when_the_transaction_coordinators_node_is_ki
     wait_topic(&mut c, TOPIC, 1, 3);
     wait_topic(&mut c, FAR, 1, 3);
     let mut killed = None;
-    transaction(&p, &topics, 250, 100, true, || {
+    let ended = transaction(&p, &topics, 250, 100, true, || {
         c.node(first)
             .kill()
             .expect("kill the coordinator's node inside a transaction");
         killed = Some(Instant::now());
     });
+    if let Err(e) = ended {
+        panic!("{e}\n{}", c.log_tails(80));
+    }
     let killed = killed.expect("killed inside the transaction");
     eprintln!(
         "the transaction open when its coordinator died committed {:?} after the SIGKILL",

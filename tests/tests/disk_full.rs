@@ -17,6 +17,7 @@ use bytes::Bytes;
 use kafka_protocol::records::Compression;
 use weir_tests::broker::target_dir;
 use weir_tests::clients;
+use weir_tests::cluster::{self, Cluster};
 use weir_tests::raw::{self, RawConn};
 use weir_tests::{Weir, WeirConfig};
 
@@ -264,6 +265,268 @@ fn read_partition(conn: &mut RawConn) -> Result<BTreeMap<i64, Bytes>> {
             !records.is_empty(),
             "fetch at {at} below the high watermark {hw} returned nothing"
         );
+        for r in records {
+            if r.offset >= at {
+                got.insert(r.offset, r.value.unwrap_or_default());
+            }
+        }
+        at = got.keys().next_back().map_or(at, |o| o + 1);
+    }
+    bail!("reading the partition did not finish")
+}
+
+const REPLICATED: &str = "full-replicated";
+/// What the leader's log says when a rollback cut offsets its followers had copied.
+const FENCED_LOG: &str = "appends under this leader epoch are refused";
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const AGREE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Concurrent producers: appends in flight on the leader while followers fetch.
+const PRODUCERS: usize = 4;
+/// Times the leader's disk is filled, at most, waiting for a rollback of served offsets.
+const FILL_ROUNDS: usize = 8;
+
+/// (leader, replicas, ISR) of every partition of `topic` as node `via` sees it.
+fn placements(c: &mut Cluster, via: i32, topic: &str) -> Vec<(i32, i32, Vec<i32>, Vec<i32>)> {
+    let Ok(m) = c.metadata(via) else {
+        return Vec::new();
+    };
+    let Some(t) = m
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+    else {
+        return Vec::new();
+    };
+    t.partitions
+        .iter()
+        .map(|p| {
+            let ids = |v: &[kafka_protocol::messages::BrokerId]| v.iter().map(|n| n.0).collect();
+            (
+                p.partition_index,
+                p.leader_id.0,
+                ids(&p.replica_nodes),
+                ids(&p.isr_nodes),
+            )
+        })
+        .collect()
+}
+
+/// Produces acks=all batches to `partition` at `addr` until a produce is refused (or
+/// `PRODUCES_MAX`); returns what was acknowledged, by offset.
+fn produce_until_refused(
+    addr: std::net::SocketAddr,
+    partition: i32,
+    producer: usize,
+) -> Result<(BTreeMap<i64, Bytes>, i16)> {
+    let mut conn = RawConn::connect(addr)?;
+    let mut acked = BTreeMap::new();
+    for seq in 0..PRODUCES_MAX {
+        let values: Vec<Vec<u8>> = (0..8)
+            .map(|r| {
+                let mut v = format!("w{producer}s{seq}r{r}:").into_bytes();
+                v.resize(4000, b'a' + (seq % 26) as u8);
+                v
+            })
+            .collect();
+        let batch = raw::record_batch(&values, Compression::None)?;
+        let (error, base) = conn.produce(REPLICATED, partition, -1, batch)?;
+        if error != 0 {
+            return Ok((acked, error));
+        }
+        for (i, v) in values.into_iter().enumerate() {
+            acked.insert(base + i as i64, Bytes::from(v));
+        }
+    }
+    Ok((acked, 0))
+}
+
+/// One acks=all produce to `partition` at `addr`: what it acknowledged (nothing if it was
+/// refused) and its error.
+fn produce_until_one(
+    addr: std::net::SocketAddr,
+    partition: i32,
+    seq: usize,
+) -> Result<(BTreeMap<i64, Bytes>, i16)> {
+    let mut conn = RawConn::connect(addr)?;
+    let values: Vec<Vec<u8>> = (0..8)
+        .map(|r| format!("after-s{seq}r{r}").into_bytes())
+        .collect();
+    let batch = raw::record_batch(&values, Compression::None)?;
+    let (error, base) = conn.produce(REPLICATED, partition, -1, batch)?;
+    let mut acked = BTreeMap::new();
+    if error == 0 {
+        for (i, v) in values.into_iter().enumerate() {
+            acked.insert(base + i as i64, Bytes::from(v));
+        }
+    }
+    Ok((acked, error))
+}
+
+/// Issue 11 across nodes: node 4's data dir is a small filesystem (a broker-only node, so
+/// no controller log lives there) and it leads a partition replicated on nodes 1 and 2.
+/// Concurrent acks=all producers fill it; its followers fetch from its tail cache, past
+/// its written end, while writes are in flight. When a write fails with ENOSPC and the
+/// rollback cuts offsets they copied, node 4 stops appending under that epoch and
+/// resigns: the controller moves leadership within the ISR. After space is freed,
+/// producing resumes, the three replicas' logs are identical and every acknowledged record
+/// is in them. Whether a rollback cuts served offsets depends on timing: the disk is
+/// filled up to `FILL_ROUNDS` times until it does, and the test prints what happened.
+#[test]
+fn a_full_leader_that_served_its_followers_leaves_the_replicas_identical() -> Result<()> {
+    let Some(mount) = mount_small_fs()? else {
+        return Ok(());
+    };
+    let extra = [
+        ("min.insync.replicas", "2"),
+        ("auto.leader.rebalance.enable", "false"),
+    ];
+    let mut c = Cluster::start_with_brokers_in(3, 1, &extra, &[(4, &mount.mnt)])?;
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true)?;
+    // Four partitions over four nodes: one of them has node 4 as its preferred leader.
+    ensure!(cluster::create_topic(c.node(1).addr(), REPLICATED, 4, 3)? == 0);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let (partition, replicas) = loop {
+        let led = placements(&mut c, 4, REPLICATED)
+            .into_iter()
+            .find(|(_, leader, replicas, isr)| *leader == 4 && isr.len() == replicas.len());
+        if let Some((p, _, replicas, _)) = led {
+            break (p, replicas);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no partition led by node 4 in sync"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let filler = mount.mnt.join("filler");
+    let mut acked = BTreeMap::new();
+    let (mut fenced, mut rounds, mut resumed) = (false, 0, 0);
+    // Whether a follower copied the append whose write fails is a matter of timing: the
+    // disk is filled again (bounded) until it happens.
+    while !fenced && rounds < FILL_ROUNDS {
+        rounds += 1;
+        fill(&filler)?;
+        let addr = c.node(4).addr();
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|i| std::thread::spawn(move || produce_until_refused(addr, partition, i)))
+            .collect();
+        let mut refusals = Vec::new();
+        for t in producers {
+            let (got, error) = t
+                .join()
+                .map_err(|_| anyhow::anyhow!("producer panicked"))??;
+            acked.extend(got);
+            refusals.push(error);
+        }
+        fenced = c.node(4).log_text().contains(FENCED_LOG);
+        eprintln!(
+            "disk_full replicated: round {rounds}: {} records acknowledged; refusals {refusals:?}; rollback of served offsets: {fenced}",
+            acked.len()
+        );
+        if fenced {
+            // Resigned: another ISR member leads under a newer epoch.
+            let deadline = Instant::now() + AGREE_TIMEOUT;
+            while placements(&mut c, 1, REPLICATED)
+                .iter()
+                .any(|(p, leader, ..)| *p == partition && *leader == 4)
+            {
+                ensure!(
+                    Instant::now() < deadline,
+                    "node 4 kept leading after the fence"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ensure!(
+                refusals.contains(&NOT_LEADER_OR_FOLLOWER)
+                    || refusals.contains(&KAFKA_STORAGE_ERROR)
+            );
+        }
+
+        fs::remove_file(&filler)?;
+        // Space is back: producing resumes at whoever leads (under a new epoch if node 4
+        // resigned), and every replica must end with the same records at the same offsets.
+        let deadline = Instant::now() + RESUME_TIMEOUT;
+        let mut ok = 0;
+        while ok < 10 {
+            let leader = placements(&mut c, 1, REPLICATED)
+                .into_iter()
+                .find(|(p, ..)| *p == partition)
+                .map(|(_, leader, ..)| leader);
+            let addr = match leader {
+                Some(l) if l > 0 => c.node(l).addr(),
+                _ => c.node(4).addr(),
+            };
+            let (got, _) = produce_until_one(addr, partition, resumed)?;
+            resumed += 1;
+            ok += usize::from(!got.is_empty());
+            acked.extend(got);
+            ensure!(
+                Instant::now() < deadline,
+                "produce did not resume after space was freed; node 4 log:\n{}",
+                c.node(4).log_tail(30)
+            );
+            if ok == 0 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    eprintln!("disk_full replicated: {rounds} round(s), rollback of served offsets: {fenced}");
+    let dirs: Vec<PathBuf> = replicas
+        .iter()
+        .map(|id| {
+            c.node(*id)
+                .data_dir()
+                .join(format!("{REPLICATED}-{partition}"))
+        })
+        .collect();
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let log = loop {
+        let logs: Vec<Vec<u8>> = dirs.iter().map(|d| cluster::log_bytes(d)).collect();
+        if !logs[0].is_empty() && logs.windows(2).all(|w| w[0] == w[1]) {
+            break logs[0].clone();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "replica logs differ: lengths {:?}; node 4 log:\n{}",
+            logs.iter().map(Vec::len).collect::<Vec<_>>(),
+            c.node(4).log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Every acknowledged record, from whoever leads now, up to the HW.
+    let leader = placements(&mut c, 1, REPLICATED)
+        .into_iter()
+        .find(|(p, ..)| *p == partition)
+        .map(|(_, leader, ..)| leader)
+        .context("no placement")?;
+    let mut conn = RawConn::connect(c.node(leader).addr())?;
+    let got = read_replicated(&mut conn, partition)?;
+    for (offset, value) in &acked {
+        ensure!(
+            got.get(offset) == Some(value),
+            "acknowledged record at {offset} missing or different"
+        );
+    }
+    eprintln!(
+        "disk_full replicated: replicas identical ({} log bytes), {} records readable, leader now node {leader}",
+        log.len(),
+        got.len()
+    );
+    drop(c);
+    drop(mount);
+    Ok(())
+}
+
+/// Every record of `partition` of the replicated topic, up to the HW.
+fn read_replicated(conn: &mut RawConn, partition: i32) -> Result<BTreeMap<i64, Bytes>> {
+    let mut got = BTreeMap::new();
+    let mut at = 0;
+    for _ in 0..10_000 {
+        let (error, hw, records) = conn.fetch(REPLICATED, partition, at, 1 << 20)?;
+        ensure!(error == 0, "fetch at {at}: error {error}");
+        if at >= hw {
+            return Ok(got);
+        }
         for r in records {
             if r.offset >= at {
                 got.insert(r.offset, r.value.unwrap_or_default());

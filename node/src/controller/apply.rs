@@ -79,6 +79,19 @@ pub enum Command {
         partition_epoch: i32,
         isr: Vec<i32>,
     },
+    /// A partition leader may not append under its leader epoch any more (an
+    /// out-of-space rollback cut offsets its followers had copied): applied only if the
+    /// record still names it leader at `leader_epoch`. The first other live ISR member
+    /// leads, and the resigning node leaves the ISR (its disk is full; it rejoins when
+    /// caught up); with none, it leads again. Either way under a new leader epoch, which
+    /// tells every follower where the old epoch ended.
+    ResignLeader {
+        topic: String,
+        id: u128,
+        partition: i32,
+        leader: i32,
+        leader_epoch: i32,
+    },
     /// CreateAcls: bindings already checked by the handler (an existing one is not an
     /// error, as in Kafka).
     CreateAcls {
@@ -141,7 +154,8 @@ impl Outcome {
             Command::DeleteTopic { .. } => Outcome::Deleted(Err(err)),
             Command::CreatePartitions { .. }
             | Command::AlterConfigs { .. }
-            | Command::AlterPartition { .. } => Outcome::Done(Err(err)),
+            | Command::AlterPartition { .. }
+            | Command::ResignLeader { .. } => Outcome::Done(Err(err)),
             Command::CreateAcls { bindings } => {
                 Outcome::AclsCreated(bindings.iter().map(|_| Err(err.clone())).collect())
             }
@@ -265,6 +279,17 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
                 (*leader, *leader_epoch, *partition_epoch),
                 isr,
             );
+            let changed = done.is_ok();
+            (Outcome::Done(done), changed)
+        }
+        Command::ResignLeader {
+            topic,
+            id,
+            partition,
+            leader,
+            leader_epoch,
+        } => {
+            let done = resign_leader(c, topic, *id, *partition, (*leader, *leader_epoch));
             let changed = done.is_ok();
             (Outcome::Done(done), changed)
         }
@@ -612,6 +637,55 @@ fn alter_partition(
     Ok(())
 }
 
+/// A leader gives up its leader epoch (see [`Command::ResignLeader`]). `seen` is
+/// (leader, leader epoch) of the record the leader acted on.
+fn resign_leader(
+    c: &mut Catalog,
+    topic: &str,
+    id: u128,
+    partition: i32,
+    seen: (i32, i32),
+) -> Result<(), TopicError> {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let unknown = || {
+        (
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no partition {topic}-{partition}"),
+        )
+    };
+    let t = c
+        .topics
+        .get_mut(topic)
+        .filter(|t| t.id == id)
+        .ok_or_else(unknown)?;
+    let index = usize::try_from(partition).map_err(|_| unknown())?;
+    let a = t.assignment.get(index).ok_or_else(unknown)?;
+    if (a.leader, a.leader_epoch) != seen {
+        return Err((
+            errors::INVALID_UPDATE_VERSION,
+            "the partition changed since the leader saw it".into(),
+        ));
+    }
+    let (resigning, _) = seen;
+    let mut changed = (**t).clone();
+    let a = &mut changed.assignment[index];
+    // Another ISR member holds every acknowledged record, so it may lead; the resigning
+    // node leaves the ISR only then (an ISR is never emptied).
+    if let Some(next) = a
+        .isr
+        .iter()
+        .copied()
+        .find(|r| *r != resigning && live.contains(r))
+    {
+        a.leader = next;
+        a.isr.retain(|r| *r != resigning);
+    }
+    a.leader_epoch += 1;
+    a.partition_epoch += 1;
+    *t = Arc::new(changed);
+    Ok(())
+}
+
 /// Makes the first replica of `topic`-`partition` its leader if it is live, in the ISR
 /// and not leading (leader and partition epochs bumped, as any leader change).
 fn elect_preferred(
@@ -777,6 +851,52 @@ mod tests {
         assert!(c.topics["t"].assignment.iter().all(|a| a.isr == vec![3]));
         node(&mut c, 3);
         assert!(c.topics["t"].assignment.iter().all(|a| a.leader == 3));
+    }
+
+    #[test]
+    fn a_resigning_leader_hands_over_to_the_isr_or_leads_again_under_a_new_epoch() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 1, 3), true);
+        let a = c.topics["t"].assignment[0].clone();
+        let resign = |leader: i32, leader_epoch: i32| Command::ResignLeader {
+            topic: "t".into(),
+            id: 7,
+            partition: 0,
+            leader,
+            leader_epoch,
+        };
+        // A stale request (another epoch) changes nothing.
+        let (out, changed) = apply(&mut c, &resign(a.leader, a.leader_epoch + 1), true);
+        assert!(!changed);
+        assert!(
+            matches!(out, Outcome::Done(Err((code, _))) if code == errors::INVALID_UPDATE_VERSION)
+        );
+        let (out, changed) = apply(&mut c, &resign(a.leader, a.leader_epoch), true);
+        assert!(changed);
+        assert_eq!(out, Outcome::Done(Ok(())));
+        let b = c.topics["t"].assignment[0].clone();
+        assert_ne!(b.leader, a.leader, "another ISR member leads");
+        assert!(a.isr.contains(&b.leader));
+        assert!(
+            !b.isr.contains(&a.leader),
+            "the resigning node left the ISR"
+        );
+        assert_eq!(b.leader_epoch, a.leader_epoch + 1);
+        assert_eq!(b.partition_epoch, a.partition_epoch + 1);
+        // The last live ISR member resigning leads again, under a new epoch.
+        let others: Vec<i32> = b.isr.iter().copied().filter(|r| *r != b.leader).collect();
+        for r in others {
+            apply(&mut c, &Command::FenceNode { id: r }, true);
+        }
+        let b = c.topics["t"].assignment[0].clone();
+        assert_eq!(b.isr, vec![b.leader]);
+        apply(&mut c, &resign(b.leader, b.leader_epoch), true);
+        let d = c.topics["t"].assignment[0].clone();
+        assert_eq!((d.leader, d.isr.clone()), (b.leader, b.isr.clone()));
+        assert_eq!(d.leader_epoch, b.leader_epoch + 1);
     }
 
     #[test]

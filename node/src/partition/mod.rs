@@ -174,10 +174,24 @@ impl Partition {
         topic_id: u128,
         configs: BTreeMap<String, String>,
     ) -> Result<Partition, StorageError> {
+        let disk = crate::storage::Disk::Real;
+        Partition::open_on(data_dir, local, topic, index, topic_id, configs, disk).await
+    }
+
+    /// [`open`](Self::open) with the log on `disk` (a simulated one in tests).
+    pub async fn open_on(
+        data_dir: &Path,
+        local: NodeId,
+        topic: Arc<str>,
+        index: i32,
+        topic_id: u128,
+        configs: BTreeMap<String, String>,
+        disk: crate::storage::Disk,
+    ) -> Result<Partition, StorageError> {
         let log_config = log_config(&configs)?;
         let dir = partition_dir(data_dir, &topic, index);
         let compacted = log_config.cleanup_policy.compact;
-        let log = Log::open(dir.clone(), log_config).await?;
+        let log = Log::open_on(dir.clone(), log_config, disk).await?;
         write_partition_metadata(&dir, topic_id)?;
         let producer_config = ProducerStateConfig::from_configs(&configs);
         let producers =
@@ -260,14 +274,61 @@ impl Partition {
         self.appended.notify_all();
     }
 
+    /// A replica that just became leader starts its epoch at its log end, as Kafka's
+    /// `makeLeader` does, before any append: a follower that fetched the new leader's
+    /// first records (say, a coordinator's marker) then fetches under that epoch, and the
+    /// KIP-320 check must find it here. Without it the check answered "unknown epoch"
+    /// (-1, -1), which on the wire reads as no divergence: the follower neither
+    /// truncated nor counted as fetching, and left the ISR after
+    /// `replica.lag.time.max.ms` while acks=all writes waited for it.
+    fn start_leader_epoch(&self) -> Result<(), i16> {
+        let epoch = {
+            let replica = self.replica.borrow();
+            assert!(replica.is_leader(), "only a leader starts an epoch");
+            replica.leader_epoch()
+        };
+        self.note_epoch(epoch, self.log.log_end_offset())
+    }
+
+    /// Applies a committed assignment (see [`ReplicaState::apply`]); a replica that
+    /// becomes leader starts its epoch at its log end. A failure to checkpoint that is
+    /// logged where it is written, and every leader append notes its epoch again.
+    pub fn apply_assignment(&self, a: &replica::Assignment, now_ms: i64) -> replica::RoleChange {
+        let mut change = replica::RoleChange::Unchanged;
+        self.update_replica(|r| change = r.apply(a, now_ms));
+        if change == replica::RoleChange::Lead {
+            let _ = self.start_leader_epoch();
+        }
+        change
+    }
+
     /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
     /// (before the append, so the entry's offset is the epoch's first).
     fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {
-        let assigned = self.epochs.borrow_mut().assign(epoch, start);
+        let mut epochs = self.epochs.borrow_mut();
+        // An out-of-space rollback may have cut the log below where the latest epoch
+        // started (it began with appends that were never written): that entry goes with
+        // them, as a truncation would take it.
+        if epochs.latest().is_some_and(|(_, s)| s > start)
+            && let Err(e) = epochs.truncate_from_end(start.add(1))
+        {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        let assigned = epochs.assign(epoch, start);
         assigned.map(|_| ()).map_err(|e| {
             tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
             errors::KAFKA_STORAGE_ERROR
         })
+    }
+
+    /// Whether this replica leads but may not append under its leader epoch: an
+    /// out-of-space rollback cut offsets its followers had been served (see
+    /// `Log::epoch_fenced`). Only a new leader epoch from the controller lifts it
+    /// (`Shard::propose_resignations`).
+    pub fn needs_new_epoch(&self) -> bool {
+        let replica = self.replica.borrow();
+        replica.is_leader() && self.log.epoch_fenced(replica.leader_epoch())
     }
 
     /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
@@ -365,6 +426,9 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
         StorageError::InvalidBatch { .. } => errors::CORRUPT_MESSAGE,
         StorageError::RecordSetTooLarge { .. } => errors::RECORD_LIST_TOO_LARGE,
         StorageError::Closed { .. } => errors::NOT_LEADER_OR_FOLLOWER,
+        // This leader may not append under its epoch any more: the client looks for the
+        // leader of the next one.
+        StorageError::ServedRolledBack { .. } => errors::NOT_LEADER_OR_FOLLOWER,
         _ => errors::KAFKA_STORAGE_ERROR,
     }
 }

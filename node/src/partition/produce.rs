@@ -118,6 +118,11 @@ impl Partition {
             if acks == Acks::All && replica.isr_len() < self.min_insync.get() {
                 return ProduceOutcome::failed(errors::NOT_ENOUGH_REPLICAS);
             }
+            // Offsets served to followers were rolled back: this epoch appends no more
+            // (the log refuses it too; checked here so no epoch is noted for nothing).
+            if self.log.epoch_fenced(replica.leader_epoch()) {
+                return ProduceOutcome::failed(errors::NOT_LEADER_OR_FOLLOWER);
+            }
             replica.leader_epoch()
         };
         if let Err(refusal) = self.validate(&records) {
@@ -276,6 +281,7 @@ impl Partition {
             replica.leader_epoch()
         };
         self.validate(&records).map_err(|(code, _)| code)?;
+        self.note_epoch(epoch, self.log.log_end_offset())?;
         let info = self
             .producers
             .append_unchecked(&self.log, records, epoch, now_ms)
@@ -296,6 +302,9 @@ impl Partition {
             }
             replica.leader_epoch()
         };
+        if let Err(code) = self.note_epoch(epoch, self.log.log_end_offset()) {
+            return code;
+        }
         match self
             .producers
             .append_marker(&self.log, marker, epoch, now_ms)

@@ -167,8 +167,14 @@ impl Partition {
         if hard_max_bytes == 0 {
             return out;
         }
+        // Only the partition's own followers are noted as served (see
+        // `Log::read_for_replica`): another replica id reads like a consumer would.
+        let replica = match reader {
+            ReadFor::Follower(node) => self.replica.borrow().has_follower(node),
+            ReadFor::Consumer(_) => false,
+        };
         let out = self
-            .read_into(out, offset, (max_bytes, hard_max_bytes), upper)
+            .read_into(out, offset, (max_bytes, hard_max_bytes), upper, replica)
             .await;
         if let ReadFor::Follower(node) = reader
             && !out.batches.is_empty()
@@ -181,18 +187,26 @@ impl Partition {
 
     /// The log read of [`Self::fetch_within`], up to `upper`, into `out`; read_committed
     /// (its `aborted` is `Some`) also gets the aborted transactions of the returned range.
+    /// `replica`: a follower's read, which the log notes when it goes past the written end.
     async fn read_into(
         &self,
         mut out: FetchOutcome,
         offset: Offset,
         (max_bytes, hard_max_bytes): (usize, usize),
         upper: Offset,
+        replica: bool,
     ) -> FetchOutcome {
         let committed = out.aborted.is_some();
-        let read = self
-            .log
-            .read_within(offset, max_bytes, hard_max_bytes, upper);
-        match read.await {
+        let read = if replica {
+            self.log
+                .read_for_replica(offset, max_bytes, hard_max_bytes, upper)
+                .await
+        } else {
+            self.log
+                .read_within(offset, max_bytes, hard_max_bytes, upper)
+                .await
+        };
+        match read {
             Ok(read) => {
                 if committed && read.next_offset > offset {
                     let aborted = self.producers.aborted_overlapping(offset, read.next_offset);

@@ -166,6 +166,11 @@ impl ReplicaState {
             .flat_map(|l| l.followers.iter().map(|(n, p)| (*n, *p)))
     }
 
+    /// On a leader, whether `node` is one of its followers (an assigned replica).
+    pub fn has_follower(&self, node: NodeId) -> bool {
+        matches!(&self.role, Role::Leader(l) if l.followers.contains_key(&node))
+    }
+
     pub fn leader(&self) -> NodeId {
         match &self.role {
             Role::Leader(_) => self.local,
@@ -375,8 +380,15 @@ impl ReplicaState {
 
     /// On a leader, the ISR it should have at `now_ms`: members whose fetches have not
     /// reached its log end for `lag_max_ms` leave; followers outside that hold everything
-    /// up to the HW join. `None` when the ISR is right as it is (or not a leader).
-    pub fn wanted_isr(&self, now_ms: i64, lag_max_ms: i64) -> Option<Vec<NodeId>> {
+    /// up to the HW join if `eligible` (KIP-841: a node the metadata has fenced does not
+    /// rejoin, and proposing it would only be refused again every round). `None` when the
+    /// ISR is right as it is (or not a leader).
+    pub fn wanted_isr(
+        &self,
+        now_ms: i64,
+        lag_max_ms: i64,
+        eligible: impl Fn(NodeId) -> bool,
+    ) -> Option<Vec<NodeId>> {
         let Role::Leader(l) = &self.role else {
             return None;
         };
@@ -394,7 +406,7 @@ impl ReplicaState {
         for (n, p) in &l.followers {
             let caught_up =
                 p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
-            if !wanted.contains(n) && caught_up {
+            if !wanted.contains(n) && caught_up && eligible(*n) {
                 wanted.push(*n);
             }
         }
@@ -475,11 +487,19 @@ mod tests {
             RoleChange::Lead
         );
         assert_eq!(r.isr_len(), 3);
-        assert_eq!(r.wanted_isr(lag, lag), None, "all caught up at the start");
+        let any = |_: NodeId| true;
+        assert_eq!(
+            r.wanted_isr(lag, lag, any),
+            None,
+            "all caught up at the start"
+        );
         r.local_log_end(Offset(10));
         r.follower_fetched(NodeId(2), Offset(10), Offset(10), 5_000);
         // Node 3 never fetches: out after the lag, node 2 stays.
-        assert_eq!(r.wanted_isr(lag + 1, lag), Some(vec![NodeId(1), NodeId(2)]));
+        assert_eq!(
+            r.wanted_isr(lag + 1, lag, any),
+            Some(vec![NodeId(1), NodeId(2)])
+        );
         assert_eq!(
             r.apply(&assignment(Some(1), 1, &[1, 2]), lag + 1),
             RoleChange::Unchanged
@@ -488,9 +508,11 @@ mod tests {
         // Node 3 catches up: it may rejoin.
         r.follower_fetched(NodeId(3), Offset(10), Offset(10), lag + 2);
         assert_eq!(
-            r.wanted_isr(lag + 3, lag),
+            r.wanted_isr(lag + 3, lag, any),
             Some(vec![NodeId(1), NodeId(2), NodeId(3)])
         );
+        // Unless the metadata fenced it (its lease expired): then it is not proposed.
+        assert_eq!(r.wanted_isr(lag + 3, lag, |n| n != NodeId(3)), None);
         // A stale record changes nothing; a newer epoch with another leader demotes.
         assert_eq!(
             r.apply(&assignment(Some(2), 0, &[2]), 0),

@@ -5,7 +5,9 @@
 //!
 //! - records: appended keeping the leader's offsets and epochs (`append_as_follower`);
 //!   the response frame is one allocation, so when one partition's records are the only
-//!   slice left of it they are appended in place, else copied once;
+//!   slice left of it they are appended in place, else copied once; a refused append (a
+//!   full disk, a batch that does not continue the log) pauses the partition
+//!   [`REFUSED_RETRY`];
 //! - the leader's HW: learned (bounded by what this replica holds);
 //! - a diverging epoch (KIP-320): truncate where the leader's epoch ended — never blindly
 //!   to the HW — then fetch on;
@@ -332,7 +334,13 @@ impl ReplicaFetcher {
                     stats.copied_bytes += copied;
                 }
                 Err(code) => {
+                    // Paused like a refusal: a full disk refuses every append for its
+                    // backoff, and refetching at once would spin on the leader.
                     tracing::warn!(topic = %tp.0, partition = tp.1, code, "replicated append refused; refetching");
+                    if let Some(f) = self.followed.borrow_mut().get_mut(tp) {
+                        f.paused_until = Some(Instant::now() + REFUSED_RETRY);
+                    }
+                    stats.paused += 1;
                 }
             }
         }

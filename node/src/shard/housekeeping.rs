@@ -93,6 +93,7 @@ impl Shard {
             crate::api::fetch_budget::trim_shard_heap_if_idle();
             self.publish_gauges();
             self.propose_isr_changes();
+            self.propose_resignations();
             let open: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             self.checkpoint_high_watermarks(open.iter());
             self.write_hw_checkpoint(false);

@@ -25,6 +25,10 @@ pub struct IsrProposal {
     /// The partition epoch the proposal is based on (the controller refuses stale ones).
     pub partition_epoch: i32,
     pub isr: Vec<NodeId>,
+    /// The leader's view when it wanted the change, for the log line (Kafka's "Shrinking
+    /// ISR" line names the same): its HW and LEO, each follower's LEO and how long ago
+    /// its fetches last reached the leader's end.
+    pub why: String,
 }
 
 /// Whether `node` holds a replica of partition `index` of `meta`: always on a single node
@@ -110,8 +114,7 @@ impl Shard {
         assignment: &Assignment,
         leader_addr: Option<SocketAddr>,
     ) {
-        let mut change = RoleChange::Unchanged;
-        p.update_replica(|r| change = r.apply(assignment, now_ms()));
+        let change = p.apply_assignment(assignment, now_ms());
         // A coordinator moves with its partition's leader (see `calls::run_coordinator_loads`).
         if change != RoleChange::Unchanged && crate::coordinator::is_coordinator_topic(&tp.0) {
             self.coordinator_roles.notify_all();
@@ -206,13 +209,37 @@ impl Shard {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(REPLICA_LAG_TIME_MAX_MS_DEFAULT);
         let now = now_ms();
+        let catalog = self.catalog();
+        let fenced: Vec<NodeId> = catalog
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.fenced)
+            .map(|(id, _)| NodeId(*id))
+            .collect();
         let parts = self.partitions.borrow();
         parts
             .iter()
             .filter_map(|(tp, p)| {
                 let r = p.replica();
-                let isr = r.wanted_isr(now, lag_max_ms)?;
+                let isr = r.wanted_isr(now, lag_max_ms, |n| !fenced.contains(&n))?;
+                let followers: Vec<String> = r
+                    .followers()
+                    .map(|(n, f)| {
+                        format!(
+                            "{n}: end {} caught up {} ms ago",
+                            f.log_end,
+                            now - f.caught_up_ms
+                        )
+                    })
+                    .collect();
+                let why = format!(
+                    "high watermark {}, log end {}; {}",
+                    r.high_watermark(),
+                    r.log_end(),
+                    followers.join(", ")
+                );
                 Some(IsrProposal {
+                    why,
                     tp: tp.clone(),
                     topic_id: p.topic_id,
                     leader_epoch: r.leader_epoch(),
@@ -238,7 +265,7 @@ impl Shard {
             let shard = self.clone();
             glommio::spawn_local(async move {
                 let tp = proposal.tp.clone();
-                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change");
+                tracing::info!(topic = %tp.0, partition = tp.1, isr = ?proposal.isr, "proposing an ISR change: {}", proposal.why);
                 let cmd = crate::controller::Command::AlterPartition {
                     topic: tp.0.to_string(),
                     id: proposal.topic_id,
@@ -251,6 +278,48 @@ impl Shard {
                 let out = shard.node.controller.submit(&shard.node, cmd).await;
                 if let crate::controller::Outcome::Done(Err((code, why))) = out {
                     tracing::info!(topic = %tp.0, partition = tp.1, code, "ISR change not applied: {why}");
+                }
+                shard.isr_proposing.borrow_mut().remove(&tp);
+            })
+            .detach();
+        }
+    }
+}
+
+impl Shard {
+    /// Asks the controller for a new leader epoch for every partition this shard leads
+    /// but may not append to under its epoch (an out-of-space rollback cut offsets its
+    /// followers had copied: `Partition::needs_new_epoch`), one request in flight per
+    /// partition; retried every tick until an assignment with a newer epoch arrives.
+    /// A single node never needs one: it has no followers to serve.
+    pub fn propose_resignations(self: &Rc<Self>) {
+        if self.node.controller.cluster().is_none() {
+            return;
+        }
+        let fenced: Vec<(TopicPartition, u128, LeaderEpoch)> = self
+            .partitions
+            .borrow()
+            .iter()
+            .filter(|(_, p)| p.needs_new_epoch())
+            .map(|(tp, p)| (tp.clone(), p.topic_id, p.leader_epoch()))
+            .collect();
+        for (tp, topic_id, epoch) in fenced {
+            if !self.isr_proposing.borrow_mut().insert(tp.clone()) {
+                continue;
+            }
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                tracing::warn!(topic = %tp.0, partition = tp.1, %epoch, "leader resigns its epoch: served offsets were rolled back");
+                let cmd = crate::controller::Command::ResignLeader {
+                    topic: tp.0.to_string(),
+                    id: topic_id,
+                    partition: tp.1,
+                    leader: shard.node_id().get(),
+                    leader_epoch: epoch.get(),
+                };
+                let out = shard.node.controller.submit(&shard.node, cmd).await;
+                if let crate::controller::Outcome::Done(Err((code, why))) = out {
+                    tracing::info!(topic = %tp.0, partition = tp.1, code, "resignation not applied: {why}");
                 }
                 shard.isr_proposing.borrow_mut().remove(&tp);
             })

@@ -53,6 +53,20 @@ pub enum StorageError {
     /// refuses writes until `retry_in_ms` has passed, then tries again.
     #[error("log {path} is out of disk space; writes are retried in {retry_in_ms} ms")]
     NoSpace { path: PathBuf, retry_in_ms: u64 },
+    /// An append under leader epoch `epoch` after an out-of-space rollback cut offsets
+    /// that reads for replicas had been served (up to `served_end`; the log now ends at
+    /// `log_end`): a replica may hold other batches at those offsets under that epoch, so
+    /// only a newer leader epoch may append there. The broker answers
+    /// NOT_LEADER_OR_FOLLOWER and asks the controller for a new epoch.
+    #[error(
+        "log {path}: offsets up to {served_end} were served to replicas and rolled back (log end {log_end}); no appends under leader epoch {epoch} until a newer one"
+    )]
+    ServedRolledBack {
+        path: PathBuf,
+        epoch: wire::LeaderEpoch,
+        served_end: Offset,
+        log_end: Offset,
+    },
     /// The log was closed.
     #[error("log {path} is closed")]
     Closed { path: PathBuf },

@@ -179,7 +179,10 @@ impl SegmentFile {
     pub async fn write_at(&self, buf: &SharedBuf, pos: u64) -> io::Result<usize> {
         match (self, buf) {
             (SegmentFile::Dma(f), SharedBuf::Dma(b)) => Ok(f.write_rc_at(b.clone(), pos).await?),
-            (SegmentFile::Sim(f), SharedBuf::Mem(b)) => f.write_at(b, pos),
+            (SegmentFile::Sim(f), SharedBuf::Mem(b)) => {
+                f.disk.writes_released().await;
+                f.write_at(b, pos)
+            }
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "buffer allocated for another kind of file",
@@ -316,6 +319,10 @@ pub struct SimDisk {
     /// [`SimDisk::restart`], as the crashed process does nothing more.
     halt_on_crash: Cell<bool>,
     halted: Cell<bool>,
+    /// With [`SimDisk::hold_writes`]: segment writes wait (in flight) until released;
+    /// the wakers of those waiting.
+    writes_held: Cell<bool>,
+    held_writers: RefCell<Vec<std::task::Waker>>,
 }
 
 /// Bound on armed faults (a test arms a few).
@@ -340,6 +347,36 @@ impl SimDisk {
     pub fn set_full(&self, full: bool) {
         self.full.set(full);
         self.short_write_due.set(full);
+    }
+
+    /// While on, every segment write waits before it touches the disk, as a DMA write
+    /// still in flight (appends have their offsets and sit in the tail cache); off, they
+    /// proceed (and fail if a fault is armed). For tests of what happens in that window.
+    pub fn hold_writes(&self, hold: bool) {
+        self.writes_held.set(hold);
+        if !hold {
+            for w in std::mem::take(&mut *self.held_writers.borrow_mut()) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Waits while writes are held (see [`SimDisk::hold_writes`]).
+    async fn writes_released(&self) {
+        std::future::poll_fn(|cx| {
+            if !self.writes_held.get() {
+                return std::task::Poll::Ready(());
+            }
+            let mut held = self.held_writers.borrow_mut();
+            if held.len() < FAULTS_MAX {
+                held.push(cx.waker().clone());
+            } else {
+                // Bounded: beyond it, a waiter re-checks on its next poll.
+                cx.waker().wake_by_ref();
+            }
+            std::task::Poll::Pending
+        })
+        .await
     }
 
     /// Power loss during the operation after `ops` more succeed: that operation fails,

@@ -145,6 +145,19 @@ pub(super) struct State {
     /// Set when a write ran out of space: writes are refused until then, and the next
     /// one after it tries the disk again (finding 6: ENOSPC is not permanent).
     pub no_space_until: Option<Instant>,
+    /// The end of what reads for replicas were handed past `written_next`: tail-cache
+    /// batches a follower may have copied while their write was still in flight.
+    pub served_end: Offset,
+    /// The leader epoch of the latest append that assigned offsets.
+    pub append_epoch: LeaderEpoch,
+    /// Set when an out-of-space rollback cut offsets below `served_end`: a replica may
+    /// hold the rolled-back batches, so appends under this epoch (or an older one) are
+    /// refused ([`StorageError::ServedRolledBack`]). New, different batches at those
+    /// offsets under the same epoch would look to that replica like what it holds (its
+    /// fetch offset is within the log, its epoch current): silent divergence (KIP-101).
+    /// An append under a newer epoch clears it: the epoch cache then says where the old
+    /// epoch ended, and the replica truncates there.
+    pub fenced_epoch: Option<LeaderEpoch>,
     /// How many times the log end moved back (an out-of-space rollback, a truncation):
     /// an append waiting for its bytes sees that they are gone, and the producer state
     /// knows to drop what it recorded past the new end.
@@ -169,6 +182,39 @@ pub const NO_SPACE_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 impl State {
     pub fn active(&self) -> Option<&Segment> {
         self.segments.values().next_back()
+    }
+
+    /// A leader's append under `epoch`: refused while a rollback of served offsets fenced
+    /// that epoch; a newer epoch lifts the fence (see `fenced_epoch`).
+    fn check_epoch_not_fenced(&mut self, dir: &Path, epoch: LeaderEpoch) -> Result<()> {
+        if let Some(fenced) = self.fenced_epoch {
+            if epoch <= fenced {
+                return Err(StorageError::ServedRolledBack {
+                    path: dir.to_path_buf(),
+                    epoch,
+                    served_end: self.served_end,
+                    log_end: self.log_end,
+                });
+            }
+            tracing::info!(dir = %dir.display(), %epoch, %fenced, log_end = %self.log_end, "appends resume under a new leader epoch after a rollback of served offsets");
+            self.fenced_epoch = None;
+            self.served_end = self.log_end;
+        }
+        self.append_epoch = self.append_epoch.max(epoch);
+        Ok(())
+    }
+
+    /// The invariant the fence keeps, checked where offsets are assigned: a leader never
+    /// appends under an epoch at an offset it already served under that epoch and then
+    /// rolled back.
+    fn assert_not_reusing_served(&self, epoch: LeaderEpoch) {
+        assert!(
+            self.fenced_epoch.is_none_or(|f| epoch > f),
+            "appending at {} under epoch {epoch}, fenced at {:?} after serving up to {}",
+            self.log_end,
+            self.fenced_epoch,
+            self.served_end
+        );
     }
 
     pub fn check_writable(&self, dir: &Path) -> Result<()> {
@@ -196,7 +242,8 @@ impl State {
     }
 
     /// The invariants of the write positions, checked wherever they move:
-    /// log start <= synced <= written <= log end, and the segments are contiguous
+    /// log start <= synced <= written <= log end, served <= log end unless an epoch is
+    /// fenced, and the segments are contiguous
     /// (each one starts where the previous one ends) with the last one ending at the
     /// log end.
     pub fn assert_positions(&self) {
@@ -216,6 +263,14 @@ impl State {
             self.log_start <= self.log_end,
             "log start {} past the log end {}",
             self.log_start,
+            self.log_end
+        );
+        // The log never ends below what it served a replica unless that epoch is fenced:
+        // else the next append would reuse served offsets under the served epoch.
+        assert!(
+            self.served_end <= self.log_end || self.fenced_epoch.is_some(),
+            "served up to {} past the log end {} with no epoch fenced",
+            self.served_end,
             self.log_end
         );
         // Per segment: cheap, but O(segments), so only in debug builds (every test).
@@ -453,6 +508,9 @@ impl Log {
     ) -> Result<(AppendInfo, bool)> {
         let mut st = self.state.borrow_mut();
         st.check_writable(&self.dir)?;
+        if let Stamp::Assign(epoch) = stamp {
+            st.check_epoch_not_fenced(&self.dir, epoch)?;
+        }
         let batches = walk_blob(&records)?;
         let blob_len = records.len() as u64;
         if blob_len > st.config.segment_bytes {
@@ -474,7 +532,10 @@ impl Log {
         for b in &batches {
             let batch = &mut records[b.pos..b.pos + b.size];
             let meta = match stamp {
-                Stamp::Assign(epoch) => stamp_batch(batch, next, epoch, append_time)?,
+                Stamp::Assign(epoch) => {
+                    st.assert_not_reusing_served(epoch);
+                    stamp_batch(batch, next, epoch, append_time)?
+                }
                 Stamp::Keep => kept_batch(batch, next)?,
             };
             next = meta.last_offset.add(1);
@@ -813,7 +874,7 @@ impl Log {
         max_bytes: usize,
         upper_bound: Offset,
     ) -> Result<ReadResult> {
-        super::read::read(self, start, max_bytes, usize::MAX, upper_bound).await
+        super::read::read(self, start, max_bytes, usize::MAX, upper_bound, false).await
     }
 
     /// Like [`read`](Self::read), but never returns more than `hard_max_bytes`, not even
@@ -826,7 +887,36 @@ impl Log {
         hard_max_bytes: usize,
         upper_bound: Offset,
     ) -> Result<ReadResult> {
-        super::read::read(self, start, max_bytes, hard_max_bytes, upper_bound).await
+        super::read::read(self, start, max_bytes, hard_max_bytes, upper_bound, false).await
+    }
+
+    /// [`read_within`](Self::read_within) for a follower replica, which may read past the
+    /// written end (the tail cache): the log notes how far it served, so that an
+    /// out-of-space rollback below that fences the leader epoch (see
+    /// [`StorageError::ServedRolledBack`]).
+    pub async fn read_for_replica(
+        &self,
+        start: Offset,
+        max_bytes: usize,
+        hard_max_bytes: usize,
+        upper_bound: Offset,
+    ) -> Result<ReadResult> {
+        super::read::read(self, start, max_bytes, hard_max_bytes, upper_bound, true).await
+    }
+
+    /// Whether appends under `epoch` are refused because an out-of-space rollback cut
+    /// offsets replicas were served under it (only a newer leader epoch may append).
+    pub fn epoch_fenced(&self, epoch: LeaderEpoch) -> bool {
+        self.state
+            .borrow()
+            .fenced_epoch
+            .is_some_and(|fenced| epoch <= fenced)
+    }
+
+    /// The highest offset end reads for replicas were served while it was past the
+    /// written end (kept across appends; lowered only by truncation and a lifted fence).
+    pub fn served_end(&self) -> Offset {
+        self.state.borrow().served_end
     }
 
     /// ListOffsets by time: the first batch whose max timestamp is `>= timestamp_ms`, as

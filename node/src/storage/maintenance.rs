@@ -150,6 +150,11 @@ impl LogInner {
             st.cache.truncate(cut.next_offset);
             st.read_ahead.invalidate();
             st.log_end = cut.next_offset;
+            // What was served past the cut is gone with it, unless a rollback just
+            // fenced the epoch that served it (the fence keeps the mark until lifted).
+            if st.fenced_epoch.is_none() {
+                st.served_end = st.served_end.min(cut.next_offset);
+            }
             st.written_next = cut.next_offset;
             st.synced_next = st.synced_next.min(cut.next_offset);
             st.truncations += 1;
@@ -180,8 +185,10 @@ impl LogInner {
     /// the error, nothing of them was acknowledged — so the log ends at what is on disk,
     /// cuts the file there (a failed write may have left part of its bytes), and refuses
     /// writes for [`NO_SPACE_RETRY_BACKOFF`]; the next append after it tries again, at the
-    /// same offsets. Nothing written is lost and nothing is written twice. Caller holds the
-    /// I/O lock. An error here fails the log.
+    /// same offsets — unless reads for replicas were served some of the rolled-back
+    /// offsets: then appends under the current leader epoch stay refused until a newer
+    /// one (`State::fenced_epoch`). Nothing written is lost and nothing is written twice.
+    /// Caller holds the I/O lock. An error here fails the log.
     ///
     /// [`NO_SPACE_RETRY_BACKOFF`]: super::log::NO_SPACE_RETRY_BACKOFF
     pub(super) async fn roll_back_unwritten(&self, cause: &StorageError) -> Result<()> {
@@ -198,6 +205,16 @@ impl LogInner {
                 });
             }
             let dropped = keep.get().abs_diff(st.log_end.get());
+            if st.served_end > keep {
+                // A replica may hold some of what goes now: this epoch may not append
+                // at those offsets again (see `State::fenced_epoch`).
+                let epoch = st.append_epoch;
+                st.fenced_epoch = Some(st.fenced_epoch.map_or(epoch, |f| f.max(epoch)));
+                tracing::warn!(
+                    dir = %self.dir.display(), %epoch, served_end = %st.served_end, log_end = %keep,
+                    "out of disk space after serving unwritten appends to replicas: appends under this leader epoch are refused until a newer one"
+                );
+            }
             st.pending.clear();
             st.cache.truncate(keep);
             st.read_ahead.invalidate();
@@ -268,6 +285,7 @@ impl Log {
             st.read_ahead.invalidate();
             st.log_start = offset;
             st.log_end = offset;
+            st.served_end = offset;
             st.written_next = offset;
             st.synced_next = offset;
             st.truncations += 1;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use wire::Offset;
+use wire::{LeaderEpoch, Offset};
 
 use super::atomic::{sync_dir, write_atomic};
 use super::cache::TailCache;
@@ -82,6 +82,9 @@ fn build(
         counters: LogCounters::default(),
         failed: None,
         no_space_until: None,
+        served_end: log_end,
+        append_epoch: LeaderEpoch::NONE,
+        fenced_epoch: None,
         truncations: 0,
         closed: false,
         cleaner: Default::default(),

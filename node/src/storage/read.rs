@@ -31,13 +31,15 @@ struct DiskPlan {
     end: u64,
 }
 
-/// See [`Log::read`] and [`Log::read_within`].
+/// See [`Log::read`], [`Log::read_within`] and [`Log::read_for_replica`] (`replica`:
+/// batches handed out past the written end are noted in `served_end`).
 pub async fn read(
     log: &Log,
     start: Offset,
     max_bytes: usize,
     hard_max_bytes: usize,
     upper: Offset,
+    replica: bool,
 ) -> Result<ReadResult> {
     log.check_readable()?;
     let mut result = {
@@ -61,7 +63,13 @@ pub async fn read(
         if st.cache.covers(start) {
             st.counters.cache_reads += 1;
             let batches = st.cache.read(start, max_bytes, hard_max_bytes, upper);
-            return Ok(finish(result, batches));
+            let result = finish(result, batches);
+            // Noted in the same borrow that hands the batches out, so a rollback cannot
+            // fall between the two. (Disk reads never reach past the written end.)
+            if replica && result.next_offset > st.written_next {
+                st.served_end = st.served_end.max(result.next_offset);
+            }
+            return Ok(result);
         }
         st.counters.disk_reads += 1;
         result

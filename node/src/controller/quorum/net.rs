@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -348,11 +350,23 @@ async fn timed<T>(
 pub struct Peer {
     addr: String,
     conn: Option<BoxStream>,
+    /// The last call failed before it had a connection (the voter refused or did not
+    /// answer the dial): the voter is unreachable, not merely slow.
+    unreachable: bool,
 }
 
 impl Peer {
     pub fn new(addr: String) -> Peer {
-        Peer { addr, conn: None }
+        Peer {
+            addr,
+            conn: None,
+            unreachable: false,
+        }
+    }
+
+    /// Whether the last call failed dialling the voter (see [`Peer::call`]).
+    pub fn unreachable(&self) -> bool {
+        self.unreachable
     }
 
     /// Sends `rpc` and waits (at most `timeout`) for its reply.
@@ -370,9 +384,12 @@ impl Peer {
         // The connection is taken for the exchange and given back only after a whole
         // reply was read: a call dropped half way (openraft cancels RPCs) closes it, so a
         // late reply is never read as the answer to the next request.
+        self.unreachable = false;
         let mut s = match self.conn.take() {
             Some(s) => s,
-            None => connect(self.addr.as_str()).await?,
+            None => connect(self.addr.as_str()).await.inspect_err(|_| {
+                self.unreachable = true;
+            })?,
         };
         let reply = timed(timeout, async {
             write_frame(&mut s, body).await?;
@@ -420,10 +437,16 @@ impl Network {
         rpc: Rpc,
         option: &RPCOption,
     ) -> Result<RpcReply, RPCError<u64, BasicNode, E>> {
-        self.peer
-            .call(&rpc, option.hard_ttl())
-            .await
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))
+        self.peer.call(&rpc, option.hard_ttl()).await.map_err(|e| {
+            // A voter that cannot be dialled (killed, cut off) is Unreachable: openraft
+            // then backs its replication stream off (`backoff`) instead of retrying at
+            // once — measured: ~240 AppendEntries a second to a dead voter, each logged.
+            if self.peer.unreachable() {
+                RPCError::Unreachable(Unreachable::new(&e))
+            } else {
+                RPCError::Network(NetworkError::new(&e))
+            }
+        })
     }
 
     fn unexpected<E: std::error::Error>() -> RPCError<u64, BasicNode, E> {
