@@ -384,6 +384,18 @@ fn a_returning_leader_truncates_by_epoch_and_ends_identical_to_the_new_one() {
     });
 }
 
+/// Leader `a` (its disk returned, to hold and fail writes) and follower `b` of epoch 1,
+/// each on a simulated disk of its own.
+async fn sim_pair(root: &Path) -> (Rc<SimDisk>, Rc<Partition>, Rc<Partition>) {
+    let (disk_a, disk_b) = (SimDisk::new(), SimDisk::new());
+    let a = open_sim(&root.join("a/orders-0"), LEADER, &disk_a).await;
+    let b = open_sim(&root.join("b/orders-0"), FOLLOWER, &disk_b).await;
+    let both = [LEADER, FOLLOWER];
+    a.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+    b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+    (disk_a, a, b)
+}
+
 /// A partition on a simulated disk (writes can be held in flight and fail with ENOSPC).
 async fn open_sim(dir: &Path, local: NodeId, disk: &Rc<SimDisk>) -> Rc<Partition> {
     let topic: Arc<str> = Arc::from("orders");
@@ -444,12 +456,8 @@ async fn wait_writable(p: &Partition) {
 fn a_leader_that_rolled_back_served_offsets_appends_only_under_a_new_epoch() {
     run_on_shard(|| async {
         let root = tempfile::tempdir_in(test_root()).expect("tempdir");
-        let (disk_a, disk_b) = (SimDisk::new(), SimDisk::new());
-        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk_a).await;
-        let b = open_sim(&root.path().join("b/orders-0"), FOLLOWER, &disk_b).await;
+        let (disk_a, a, b) = sim_pair(root.path()).await;
         let both = [LEADER, FOLLOWER];
-        a.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
-        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
         for i in 0..5 {
             let out = a.produce(
                 batch(None, 2, &format!("a{i}")),
@@ -519,12 +527,8 @@ fn a_leader_that_rolled_back_served_offsets_appends_only_under_a_new_epoch() {
 fn a_follower_that_copied_rolled_back_offsets_can_take_over() {
     run_on_shard(|| async {
         let root = tempfile::tempdir_in(test_root()).expect("tempdir");
-        let (disk_a, disk_b) = (SimDisk::new(), SimDisk::new());
-        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk_a).await;
-        let b = open_sim(&root.path().join("b/orders-0"), FOLLOWER, &disk_b).await;
+        let (disk_a, a, b) = sim_pair(root.path()).await;
         let both = [LEADER, FOLLOWER];
-        a.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
-        b.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
         let out = a.produce(batch(None, 4, "a"), Acks::Leader, soon(), NOW_MS);
         assert_eq!(out.await.error, errors::NONE);
         fetch_round(&a, &b, LeaderEpoch(1)).await;

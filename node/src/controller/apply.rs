@@ -637,16 +637,14 @@ fn alter_partition(
     Ok(())
 }
 
-/// A leader gives up its leader epoch (see [`Command::ResignLeader`]). `seen` is
-/// (leader, leader epoch) of the record the leader acted on.
-fn resign_leader(
-    c: &mut Catalog,
+/// The topic record holding partition `partition` of topic `topic` (with id `id`), and
+/// the partition's index in its assignment: UNKNOWN_TOPIC_OR_PARTITION if there is none.
+fn partition_of<'a>(
+    c: &'a mut Catalog,
     topic: &str,
     id: u128,
     partition: i32,
-    seen: (i32, i32),
-) -> Result<(), TopicError> {
-    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+) -> Result<(&'a mut Arc<TopicMeta>, usize), TopicError> {
     let unknown = || {
         (
             errors::UNKNOWN_TOPIC_OR_PARTITION,
@@ -659,7 +657,24 @@ fn resign_leader(
         .filter(|t| t.id == id)
         .ok_or_else(unknown)?;
     let index = usize::try_from(partition).map_err(|_| unknown())?;
-    let a = t.assignment.get(index).ok_or_else(unknown)?;
+    if index >= t.assignment.len() {
+        return Err(unknown());
+    }
+    Ok((t, index))
+}
+
+/// A leader gives up its leader epoch (see [`Command::ResignLeader`]). `seen` is
+/// (leader, leader epoch) of the record the leader acted on.
+fn resign_leader(
+    c: &mut Catalog,
+    topic: &str,
+    id: u128,
+    partition: i32,
+    seen: (i32, i32),
+) -> Result<(), TopicError> {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let (t, index) = partition_of(c, topic, id, partition)?;
+    let a = &t.assignment[index];
     if (a.leader, a.leader_epoch) != seen {
         return Err((
             errors::INVALID_UPDATE_VERSION,
@@ -695,21 +710,13 @@ fn elect_preferred(
     partition: i32,
 ) -> Result<(), TopicError> {
     let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
-    let unknown = || {
-        (
-            errors::UNKNOWN_TOPIC_OR_PARTITION,
-            format!("no partition {topic}-{partition}"),
-        )
-    };
-    let t = c
-        .topics
-        .get_mut(topic)
-        .filter(|t| t.id == id)
-        .ok_or_else(unknown)?;
-    let index = usize::try_from(partition).map_err(|_| unknown())?;
-    let a = t.assignment.get(index).ok_or_else(unknown)?;
+    let (t, index) = partition_of(c, topic, id, partition)?;
+    let a = &t.assignment[index];
     let Some(&preferred) = a.replicas.first() else {
-        return Err(unknown());
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("no replicas for {topic}-{partition}"),
+        ));
     };
     if a.leader == preferred {
         return Err((
