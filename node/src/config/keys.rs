@@ -45,6 +45,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "request.read.timeout.ms",
     "socket.request.max.bytes",
     "weir.shards",
+    "weir.shard.stall.warn.ms",
     // Topic-level names accepted as broker defaults (config.rs).
     "retention.bytes",
     "retention.ms",

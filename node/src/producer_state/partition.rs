@@ -20,7 +20,9 @@ use super::{
     parse_snapshot_file_name, plan_recovery, snapshot_file_name,
 };
 use crate::event::Event;
-use crate::storage::{AbortedTxn, AppendInfo, Log, StorageError, TxnIndex, write_atomic};
+use crate::storage::{
+    AbortedTxn, AppendInfo, Log, StorageError, TxnIndex, write_atomic, write_atomic_synced_later,
+};
 
 /// Snapshots kept on disk: the newest plus spares in case it is damaged.
 pub const SNAPSHOTS_KEPT: usize = 3;
@@ -135,7 +137,7 @@ impl PartitionProducers {
         let first_poll = futures_lite::future::poll_once(&mut append).await;
         if log.log_end_offset() > first {
             if log.segment_count() > segments {
-                self.snapshot(log.dir(), first);
+                self.snapshot(log.dir(), first, false);
             }
             self.table.borrow_mut().record_append(header, first, now_ms);
         }
@@ -183,7 +185,7 @@ impl PartitionProducers {
         let first_poll = futures_lite::future::poll_once(&mut append).await;
         if log.log_end_offset() > first {
             if log.segment_count() > segments {
-                self.snapshot(log.dir(), first);
+                self.snapshot(log.dir(), first, false);
             }
             let mut table = self.table.borrow_mut();
             for (h, commit) in &headers {
@@ -241,7 +243,7 @@ impl PartitionProducers {
         let first_poll = futures_lite::future::poll_once(&mut append).await;
         if log.log_end_offset() > first {
             if log.segment_count() > segments {
-                self.snapshot(log.dir(), first);
+                self.snapshot(log.dir(), first, false);
             }
             let (done, lso) = {
                 let mut table = self.table.borrow_mut();
@@ -322,10 +324,17 @@ impl PartitionProducers {
 
     /// Writes a snapshot at `offset` (the log end offset now) and prunes old ones.
     /// Failure only costs a longer replay at the next open, so it is logged, not fatal.
-    pub fn snapshot(&self, dir: &Path, offset: Offset) {
+    /// `durable_now`: fsynced before returning (a clean shutdown's); else fsynced in the
+    /// background (a roll's, on the append path).
+    pub fn snapshot(&self, dir: &Path, offset: Offset, durable_now: bool) {
         let bytes = encode_snapshot(&self.table.borrow(), offset);
         let path = dir.join(snapshot_file_name(offset));
-        if let Err(e) = write_atomic(&path, &bytes) {
+        let written = if durable_now {
+            write_atomic(&path, &bytes)
+        } else {
+            write_atomic_synced_later(&path, &bytes)
+        };
+        if let Err(e) = written {
             tracing::warn!(path = %path.display(), "producer state snapshot failed: {e}");
             return;
         }
@@ -338,7 +347,7 @@ impl PartitionProducers {
 
     /// Clean shutdown: a snapshot at the log end, so the next open replays nothing.
     pub fn close(&self, log: &Log) {
-        self.snapshot(log.dir(), log.log_end_offset());
+        self.snapshot(log.dir(), log.log_end_offset(), true);
         let c = self.counters();
         if c != ProducerStateCounters::default() {
             tracing::info!(

@@ -9,6 +9,7 @@ pub mod conn;
 pub mod listen;
 pub mod session;
 pub mod transport;
+pub mod watchdog;
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -194,6 +195,7 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     let requests = MeshBuilder::<Envelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
     let replies = MeshBuilder::<ReplyEnvelope, Full>::full(shards, MESH_QUEUE_CAPACITY);
     let per_ip = Arc::new(admission::PerIp::default());
+    let watchdog = watchdog::Watchdog::new(shards);
     let mut handles = Vec::new();
     for s in 0..shards {
         let listeners = per_shard
@@ -208,12 +210,23 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
             requests: requests.clone(),
             replies: replies.clone(),
             ready: ready_tx.clone(),
+            beat: watchdog.beat_of(s),
         };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(s % cpus))
             .name(&format!("weir-shard-{s}"))
             .spawn(move || run_shard(ctx))
             .map_err(|e| anyhow::anyhow!("cannot start shard executor: {e}"))?;
         handles.push(handle);
+    }
+    // Started before the ready line: a shard stuck while it starts is reported too.
+    let stall_warn_ms = node
+        .config
+        .props
+        .get("weir.shard.stall.warn.ms")
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .unwrap_or(watchdog::STALL_WARN_MS_DEFAULT);
+    if let Err(e) = watchdog.spawn(stall_warn_ms) {
+        tracing::warn!("shard watchdog not started: {e}");
     }
     for _ in 0..shards {
         wait_for(&ready_rx)?;
@@ -228,7 +241,9 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         "weir ready: node {node_id}, {shards} shards, listeners {}, advertised as {host}:{port}, listening on {listen}",
         all.join(" ")
     );
-    join_shards(handles)
+    let joined = join_shards(handles);
+    watchdog.stop();
+    joined
 }
 
 /// With `controller.quorum.voters`: binds this voter's controller port and prepares the
@@ -408,6 +423,8 @@ struct ShardStart {
     requests: MeshBuilder<Envelope, Full>,
     replies: MeshBuilder<ReplyEnvelope, Full>,
     ready: mpsc::Sender<anyhow::Result<SocketAddr>>,
+    /// This shard's stamp for the watchdog.
+    beat: Arc<watchdog::ShardBeat>,
 }
 
 /// What the accept loop of one shard enforces and hands to each connection.
@@ -415,6 +432,15 @@ struct Admission {
     per_ip: Arc<admission::PerIp>,
     refusals: admission::RefusalLog,
     budget: Rc<budget::RequestBudget>,
+}
+
+/// Tells the watchdog, when `run_shard` returns by any path, that the shard ended.
+struct Finished(Arc<watchdog::ShardBeat>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.finished();
+    }
 }
 
 async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
@@ -426,7 +452,11 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         requests,
         replies,
         ready,
+        beat,
     } = start;
+    // First, so that the watchdog also sees a shard that gets stuck while it starts.
+    glommio::spawn_local(watchdog::beat(beat.clone())).detach();
+    let _finished = Finished(beat);
     let listeners: Vec<(Arc<ListenerSetup>, TcpListener)> = listeners
         .into_iter()
         .map(|(setup, fd)| {

@@ -96,7 +96,7 @@ impl Shard {
             self.propose_resignations();
             let open: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             self.checkpoint_high_watermarks(open.iter());
-            self.write_hw_checkpoint(false);
+            self.write_hw_checkpoint(false).await;
         }
         // The logs close after housekeeping ends: a pass still cleaning finishes first.
         if let Some(pass) = clean_pass.take() {

@@ -513,7 +513,7 @@ impl Shard {
         let parts: Vec<(TopicPartition, Rc<Partition>)> =
             self.partitions.borrow_mut().drain().collect();
         self.checkpoint_high_watermarks(parts.iter().map(|(_, p)| p));
-        self.write_hw_checkpoint(true);
+        self.write_hw_checkpoint(true).await;
         for chunk in parts.chunks(OPEN_CONCURRENCY_MAX) {
             let closes = chunk.iter().map(|(tp, p)| {
                 Box::pin(async move {

@@ -354,8 +354,11 @@ impl Shard {
     /// Writes `replication-offset-checkpoint` if HWs moved and the last write is older
     /// than `replica.high.watermark.checkpoint.interval.ms` (`now`: whenever one moved —
     /// shutdown). Called from the housekeeping tick, so a busy partition costs at most one
-    /// small fsync'd file per interval, however often its HW moves.
-    pub fn write_hw_checkpoint(&self, now: bool) {
+    /// small fsync'd file per interval, however often its HW moves. The write and its two
+    /// fsyncs run in glommio's blocking pool: on the shard's thread they stopped every
+    /// request of the shard for the length of an fsync (milliseconds to tens of them
+    /// while the disk is busy), every interval.
+    pub async fn write_hw_checkpoint(&self, now: bool) {
         let interval = if now {
             0
         } else {
@@ -366,7 +369,11 @@ impl Shard {
                 .unwrap_or(crate::storage::hw_checkpoint::INTERVAL_MS_DEFAULT)
                 .max(0)
         };
-        if let Err(e) = self.node.hw_checkpoint.write_if_due(now_ms(), interval) {
+        let node = self.node.clone();
+        let written = glommio::executor()
+            .spawn_blocking(move || node.hw_checkpoint.write_if_due(now_ms(), interval))
+            .await;
+        if let Err(e) = written {
             tracing::warn!("high watermark checkpoint not written: {e}");
         }
     }

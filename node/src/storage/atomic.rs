@@ -27,6 +27,33 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// [`write_atomic`] for a file whose loss costs only time (a producer-state snapshot, whose
+/// checksum rejects a torn one at the next open): written and renamed now, with no fsync
+/// on the caller's thread; the file and the directory are fsynced in glommio's blocking
+/// pool, in the background. On a shard an fsync stops every request of the shard for its
+/// whole length (milliseconds, tens of them while the disk is busy).
+pub fn write_atomic_synced_later(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = Path::new(&tmp_name);
+    let mut file = File::create(tmp).map_err(|e| StorageError::io("create", tmp, e))?;
+    file.write_all(contents)
+        .map_err(|e| StorageError::io("write", tmp, e))?;
+    fs::rename(tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    let synced = glommio::executor().spawn_blocking(move || {
+        file.sync_all()?;
+        File::open(&dir).and_then(|d| d.sync_all())
+    });
+    glommio::spawn_local(async move {
+        if let Err(e) = synced.await {
+            tracing::warn!("background fsync of a snapshot failed: {e}");
+        }
+    })
+    .detach();
+    Ok(())
+}
+
 /// fsyncs a directory so that creations, renames and removals in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)

@@ -813,7 +813,12 @@ impl LogInner {
             return Ok(writer);
         }
         let file = super::writer::create_log_file(&self.disk, &path).await?;
-        super::atomic::sync_dir(&self.dir)?;
+        // The new file's name made durable off the shard's thread: a directory fsync waits
+        // for a journal commit, which on a busy disk stopped the shard for tens of ms.
+        let dir = self.dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || super::atomic::sync_dir(&dir))
+            .await?;
         let mut writer = SegmentWriter::resume(file.clone(), &path, 0).await?;
         writer.set_preallocation(self.preallocation());
         if let Some(seg) = self.state.borrow_mut().segments.get_mut(&base) {
