@@ -14,17 +14,23 @@ use super::error::{Result, StorageError};
 /// Blocking std I/O: these files are small and written rarely (checkpoints, snapshots).
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = Path::new(&tmp_name);
-    let mut file = File::create(tmp).map_err(|e| StorageError::io("create", tmp, e))?;
-    file.write_all(contents)
-        .map_err(|e| StorageError::io("write", tmp, e))?;
+    let (file, tmp) = write_temp(path, contents)?;
     file.sync_all()
-        .map_err(|e| StorageError::io("fsync", tmp, e))?;
+        .map_err(|e| StorageError::io("fsync", &tmp, e))?;
     drop(file);
-    fs::rename(tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
     sync_dir(dir)
+}
+
+/// Writes `contents` to `path.tmp` (created or emptied) and returns it still open.
+fn write_temp(path: &Path, contents: &[u8]) -> Result<(File, std::path::PathBuf)> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    file.write_all(contents)
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
+    Ok((file, tmp))
 }
 
 /// [`write_atomic`] for a file whose loss costs only time (a producer-state snapshot, whose
@@ -34,13 +40,8 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
 /// whole length (milliseconds, tens of them while the disk is busy).
 pub fn write_atomic_synced_later(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = Path::new(&tmp_name);
-    let mut file = File::create(tmp).map_err(|e| StorageError::io("create", tmp, e))?;
-    file.write_all(contents)
-        .map_err(|e| StorageError::io("write", tmp, e))?;
-    fs::rename(tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    let (file, tmp) = write_temp(path, contents)?;
+    fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
     let synced = glommio::executor().spawn_blocking(move || {
         file.sync_all()?;
         File::open(&dir).and_then(|d| d.sync_all())
