@@ -101,7 +101,7 @@ impl Watchdog {
         let mut notices = Vec::new();
         for (shard, beat) in self.beats.iter().enumerate() {
             let (tid, at) = (
-                beat.tid.load(Ordering::Relaxed),
+                beat.tid.load(Ordering::Acquire),
                 beat.at_ms.load(Ordering::Relaxed),
             );
             if tid == 0 || self.stopping.load(Ordering::Relaxed) {
@@ -161,8 +161,10 @@ impl ShardBeat {
 pub async fn beat(beat: Arc<ShardBeat>) {
     // SAFETY: gettid has no preconditions and cannot fail.
     let tid = unsafe { libc::gettid() };
+    // The stamp before the thread id (Release, read with Acquire): the watchdog never
+    // sees a started shard with the empty stamp 0, which would read as a 56-year stall.
     beat.at_ms.store(now_ms(), Ordering::Relaxed);
-    beat.tid.store(tid, Ordering::Relaxed);
+    beat.tid.store(tid, Ordering::Release);
     loop {
         beat.at_ms.store(now_ms(), Ordering::Relaxed);
         glommio::timer::sleep(BEAT_EVERY).await;

@@ -42,13 +42,14 @@ pub fn write_atomic_synced_later(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let (file, tmp) = write_temp(path, contents)?;
     fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    let shown = path.to_path_buf();
     let synced = glommio::executor().spawn_blocking(move || {
         file.sync_all()?;
         File::open(&dir).and_then(|d| d.sync_all())
     });
     glommio::spawn_local(async move {
         if let Err(e) = synced.await {
-            tracing::warn!("background fsync of a snapshot failed: {e}");
+            tracing::warn!(path = %shown.display(), "background fsync failed: {e}");
         }
     })
     .detach();
