@@ -29,14 +29,53 @@ const START_TRIES: usize = 3;
 /// How long one request to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Free ports on 127.0.0.1 (bound, then released for a node to take).
+/// Ports on 127.0.0.1 for a node to bind itself (controller, fixed listeners), each free
+/// when chosen and never handed out twice by this process.
+///
+/// They come from below the kernel's ephemeral range (`ip_local_port_range`), where
+/// nothing binds by itself: a port the kernel chose for `bind(0)` and that was released
+/// again can be the next `bind(0)` of a test running beside (its proxy, its node's client
+/// listener, an outgoing connection) before the node takes it. With ephemeral ports, two
+/// tests of one binary once got the same controller port: one node failed to start and
+/// another test's nodes formed two clusters.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()?;
-    held.iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect::<Result<_>>()
+    use std::sync::Mutex;
+    /// Next candidate; starts at a per-process offset so two test processes differ.
+    static CURSOR: Mutex<Option<u16>> = Mutex::new(None);
+    const LOWEST: u16 = 10_000;
+    let ceiling = ephemeral_range_start().max(LOWEST + 1_000);
+    let span = u32::from(ceiling - LOWEST);
+    let mut cursor = CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut next =
+        cursor.unwrap_or_else(|| LOWEST + (std::process::id().wrapping_mul(7_919) % span) as u16);
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..span {
+        if ports.len() == n {
+            break;
+        }
+        let port = next;
+        next = if next + 1 >= ceiling {
+            LOWEST
+        } else {
+            next + 1
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    *cursor = Some(next);
+    if ports.len() < n {
+        bail!("only {} free ports below {ceiling}", ports.len());
+    }
+    Ok(ports)
+}
+
+/// The first port of the kernel's ephemeral range (32768 if it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A cluster under test; dropping it kills every node.
