@@ -445,7 +445,8 @@ pub fn verify(sent: &[Sent], acked: &[Acked], got: &[Got]) -> Result<usize> {
         compare(s, g)?;
     }
     check_dense(&seen)?;
-    check_order(&seen)?;
+    let acked_ids: std::collections::BTreeSet<u64> = acked.iter().map(|a| a.id).collect();
+    check_order(&seen, &acked_ids)?;
     Ok(acked.len())
 }
 
@@ -494,7 +495,10 @@ fn check_dense(seen: &BTreeMap<(i32, i64), &Got>) -> Result<()> {
 }
 
 /// Within a partition and a tag (one producer), ids increase with offsets.
-fn check_order(seen: &BTreeMap<(i32, i64), &Got>) -> Result<()> {
+fn check_order(
+    seen: &BTreeMap<(i32, i64), &Got>,
+    acked: &std::collections::BTreeSet<u64>,
+) -> Result<()> {
     let mut last: BTreeMap<(i32, Vec<u8>), u64> = BTreeMap::new();
     for (&(p, o), g) in seen {
         let id = header_id(g).ok_or_else(|| anyhow!("record {p}/{o} has no id header"))?;
@@ -507,7 +511,15 @@ fn check_order(seen: &BTreeMap<(i32, i64), &Got>) -> Result<()> {
         if let Some(prev) = last.insert((p, tag), id)
             && prev >= id
         {
-            bail!("partition {p}: id {id} at offset {o} follows id {prev}: out of order");
+            let was = |id| match acked.contains(&id) {
+                true => "acknowledged",
+                false => "not acknowledged",
+            };
+            bail!(
+                "partition {p}: id {id} ({}) at offset {o} follows id {prev} ({}): out of order",
+                was(id),
+                was(prev)
+            );
         }
     }
     Ok(())
