@@ -3,7 +3,7 @@
 //! assignment (no consumer group: groups are a later issue), and admin calls. Every wait
 //! is bounded; a test that cannot finish fails with what it saw.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -445,7 +445,7 @@ pub fn verify(sent: &[Sent], acked: &[Acked], got: &[Got]) -> Result<usize> {
         compare(s, g)?;
     }
     check_dense(&seen)?;
-    let acked_ids: std::collections::BTreeSet<u64> = acked.iter().map(|a| a.id).collect();
+    let acked_ids: BTreeSet<u64> = acked.iter().map(|a| a.id).collect();
     check_order(&seen, &acked_ids)?;
     Ok(acked.len())
 }
@@ -495,10 +495,7 @@ fn check_dense(seen: &BTreeMap<(i32, i64), &Got>) -> Result<()> {
 }
 
 /// Within a partition and a tag (one producer), ids increase with offsets.
-fn check_order(
-    seen: &BTreeMap<(i32, i64), &Got>,
-    acked: &std::collections::BTreeSet<u64>,
-) -> Result<()> {
+fn check_order(seen: &BTreeMap<(i32, i64), &Got>, acked: &BTreeSet<u64>) -> Result<()> {
     let mut last: BTreeMap<(i32, Vec<u8>), u64> = BTreeMap::new();
     for (&(p, o), g) in seen {
         let id = header_id(g).ok_or_else(|| anyhow!("record {p}/{o} has no id header"))?;

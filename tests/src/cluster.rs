@@ -30,7 +30,8 @@ const START_TRIES: usize = 3;
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Ports on 127.0.0.1 for a node to bind itself (controller, fixed listeners), each free
-/// when chosen and never handed out twice by this process.
+/// when chosen and not handed out again by this process until its cursor has gone round
+/// the whole range (over 20,000 ports here).
 ///
 /// They come from below the kernel's ephemeral range (`ip_local_port_range`), where
 /// nothing binds by itself: a port the kernel chose for `bind(0)` and that was released
