@@ -162,17 +162,25 @@ fn total(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
-/// Scrapes until `ready` holds (housekeeping publishes gauges once a second), bounded.
-fn scrape_until(addr: &str, what: &str, ready: impl Fn(&str) -> bool) -> String {
+/// Scrapes until every one of `checks` holds (housekeeping publishes gauges once a
+/// second), bounded; a failure names the checks that did not hold and shows the broker's
+/// log tail and threads.
+fn scrape_until(broker: &Broker, addr: &str, checks: &[(&str, &dyn Fn(&str) -> bool)]) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let text = scrape(addr, "/metrics");
-        if ready(&text) {
+        let missing: Vec<&str> = checks
+            .iter()
+            .filter(|(_, holds)| !holds(&text))
+            .map(|(what, _)| *what)
+            .collect();
+        if missing.is_empty() {
             return text;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{what} not seen in\n{text}"
+            "not seen: {missing:?}\n--- broker log:\n{}\n--- scrape:\n{text}",
+            broker.log_tail(60)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -302,22 +310,42 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
         .write_all(&(1i32 << 20).to_be_bytes())
         .expect("size prefix");
     stalled.write_all(&[0u8; 16]).expect("first bytes");
+    // Admitted before the three below connect: with SO_REUSEPORT each shard accepts on
+    // its own, and a busy shard could otherwise admit two of them first and refuse this
+    // one (the refusals are node-wide).
+    scrape_until(
+        &broker,
+        &addr,
+        &[("the stalled frame's budget", &|t| {
+            total(t, "weir_request_budget_bytes", "") >= f64::from(1 << 20)
+        })],
+    );
     // `c` and `stalled` are two of max.connections.per.ip=3: of three more, two are refused.
     let extra: Vec<TcpStream> = (0..3)
         .map(|_| TcpStream::connect(broker.addr()).expect("connect"))
         .collect();
 
     let lag = r#"weir_group_lag_records{group="lagging",topic="metered",partition="1"}"#;
-    let after = scrape_until(&addr, "group lag, refusals, budget", |t| {
-        value(t, lag).is_some()
-            && total(
-                t,
-                "weir_connections_refused_total",
-                "max_connections_per_ip",
-            ) >= 2.0
-            && total(t, "weir_request_budget_bytes", "") >= f64::from(1 << 20)
-            && total(t, "weir_request_send_seconds_count", "Produce") >= 6.0
-    });
+    let after = scrape_until(
+        &broker,
+        &addr,
+        &[
+            ("group lag", &|t| value(t, lag).is_some()),
+            ("two refusals", &|t| {
+                total(
+                    t,
+                    "weir_connections_refused_total",
+                    "max_connections_per_ip",
+                ) >= 2.0
+            }),
+            ("the stalled frame's budget", &|t| {
+                total(t, "weir_request_budget_bytes", "") >= f64::from(1 << 20)
+            }),
+            ("six produce sends", &|t| {
+                total(t, "weir_request_send_seconds_count", "Produce") >= 6.0
+            }),
+        ],
+    );
     let d = |name: &str, labels: &str| delta(&after, name, labels);
     assert_eq!(value(&after, lag), Some(2.0), "HW 3 − committed 1");
     assert_eq!(

@@ -191,6 +191,35 @@ impl Broker {
             .any(|l| l.contains(needle))
     }
 
+    /// The last `lines` lines the broker printed, and what the kernel says each of its
+    /// threads is doing (state and wait channel): for a failure message about a stuck
+    /// broker.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log.lock().map(|l| l.clone()).unwrap_or_default();
+        let tail = log[log.len().saturating_sub(lines)..].join("\n");
+        let tasks = format!("/proc/{}/task", self.pid());
+        let threads: Vec<String> = std::fs::read_dir(&tasks)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                let dir = e.path();
+                let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                let state = read("status")
+                    .lines()
+                    .filter(|l| l.starts_with("Name:") || l.starts_with("State:"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                format!(
+                    "{state} wchan={} syscall={}",
+                    read("wchan"),
+                    read("syscall").trim()
+                )
+            })
+            .collect();
+        format!("{tail}\n--- threads:\n{}", threads.join("\n"))
+    }
+
     /// Waits up to `timeout` for a log line containing `needle`.
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
