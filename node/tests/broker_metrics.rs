@@ -162,10 +162,13 @@ fn total(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// A named condition on a scrape.
+type Check<'a> = (&'a str, &'a dyn Fn(&str) -> bool);
+
 /// Scrapes until every one of `checks` holds (housekeeping publishes gauges once a
 /// second), bounded; a failure names the checks that did not hold and shows the broker's
 /// log tail and threads.
-fn scrape_until(broker: &Broker, addr: &str, checks: &[(&str, &dyn Fn(&str) -> bool)]) -> String {
+fn scrape_until(broker: &Broker, addr: &str, checks: &[Check<'_>]) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let text = scrape(addr, "/metrics");
