@@ -42,8 +42,10 @@ impl ShardCall for ProduceCall {
         {
             return ProduceOutcome::failed(crate::errors::NOT_LEADER_OR_FOLLOWER);
         }
-        let p = match shard.partition(&self.tp).await {
-            Ok(p) => p,
+        // Offsets are assigned in arrival order even when the partition has to be opened
+        // first: a queued call holds its turn until then (see `shard::arrivals`).
+        let (p, arrival) = match shard.partition_in_turn(&self.tp).await {
+            Ok(found) => found,
             Err(code) => return ProduceOutcome::failed(code),
         };
         // Without turns, a producer's pipelined first batches of a transaction (seq 0, 1,
@@ -72,6 +74,7 @@ impl ShardCall for ProduceCall {
         let first = futures_lite::future::poll_once(&mut produce).await;
         drop(turn);
         drop(turns);
+        drop(arrival);
         match first {
             Some(outcome) => outcome,
             None => produce.await,

@@ -4,6 +4,7 @@
 //! - [`mesh`]: typed calls to other shards, with deadlines, over bounded channel meshes.
 //! - [`calls`]: the operations API handlers run on a partition's owner.
 //! - [`context`]: the narrow view hosted services (the group coordinator) get.
+//! - [`arrivals`]: produces for a partition that is not open yet append in arrival order.
 //! - `housekeeping`: retention and interval flushes, per shard.
 //! - `replicas`: applying the cluster's assignments (lead / follow / offline) to the
 //!   shard's partitions and running its replication fetchers.
@@ -11,6 +12,7 @@
 //! This file: the shard's state and its open partitions (opened on first use, closed
 //! when idle past `max.open.partitions`, dropped when the catalogue deletes them).
 
+pub mod arrivals;
 pub mod calls;
 pub mod context;
 mod housekeeping;
@@ -91,6 +93,9 @@ pub struct Shard {
     /// Partitions being opened or closed right now, so concurrent requests open each only
     /// once, and never while its log is still being closed.
     opening: RefCell<HashMap<TopicPartition, Rc<Event>>>,
+    /// Produces queued, in arrival order, on partitions that were not open when they
+    /// arrived (see [`arrivals`]); empty on the hot path.
+    arrivals: RefCell<HashMap<TopicPartition, Rc<arrivals::ArrivalQueue>>>,
     /// The catalogue the last sync applied (to find topics deleted since).
     synced: RefCell<Arc<Catalog>>,
     /// Partition logs this shard keeps open (its share of `max.open.partitions`).
@@ -153,6 +158,7 @@ impl Shard {
             catalog: RefCell::new(catalog),
             partitions: RefCell::new(HashMap::new()),
             opening: RefCell::new(HashMap::new()),
+            arrivals: RefCell::new(HashMap::new()),
             synced,
             open_max,
             use_clock: Cell::new(0),
@@ -238,14 +244,15 @@ impl Shard {
     }
 
     /// The open partition `tp`, opening it if the catalogue has it and this shard owns it.
+    /// Appends use [`Shard::partition_in_turn`], which keeps their arrival order while
+    /// the partition opens.
     pub async fn partition(&self, tp: &TopicPartition) -> Result<Rc<Partition>, i16> {
         if self.router.owner(&tp.0, tp.1) != self.id {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
         for _ in 0..2 {
-            if let Some(p) = self.partitions.borrow().get(tp) {
-                self.touch(p);
-                return Ok(p.clone());
+            if let Some(p) = self.opened(tp) {
+                return Ok(p);
             }
             let catalog = self.catalog();
             let Some(meta) = catalog.topics.get(&*tp.0) else {
@@ -266,6 +273,13 @@ impl Shard {
             .get(tp)
             .cloned()
             .ok_or(errors::UNKNOWN_TOPIC_OR_PARTITION)
+    }
+
+    /// `tp` if it is open here (marked as used), without waiting.
+    fn opened(&self, tp: &TopicPartition) -> Option<Rc<Partition>> {
+        let p = self.partitions.borrow().get(tp).cloned()?;
+        self.touch(&p);
+        Some(p)
     }
 
     async fn open_partition(
