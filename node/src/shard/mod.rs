@@ -265,8 +265,10 @@ impl Shard {
             if !replicas::hosted_here(meta, tp.1, self.node_id()) {
                 return Err(errors::NOT_LEADER_OR_FOLLOWER);
             }
+            let lead_epoch = replicas::lead_epoch_here(meta, tp.1, self.node_id());
             let meta = meta.clone();
-            self.open_partition(tp, meta.id, &meta.configs).await?;
+            self.open_partition(tp, meta.id, &meta.configs, lead_epoch)
+                .await?;
         }
         self.partitions
             .borrow()
@@ -287,6 +289,7 @@ impl Shard {
         tp: &TopicPartition,
         topic_id: u128,
         overrides: &BTreeMap<String, String>,
+        lead_epoch: Option<wire::LeaderEpoch>,
     ) -> Result<(), i16> {
         let waiting = self.opening.borrow().get(tp).cloned();
         if let Some(ev) = waiting {
@@ -307,7 +310,12 @@ impl Shard {
         let configs = self.topic_configs(overrides);
         let data_dir = self.config().data_dir.clone();
         let local = self.node_id();
-        let opened = Partition::open(&data_dir, local, tp.0.clone(), tp.1, topic_id, configs);
+        let with = crate::partition::OpenWith {
+            disk: crate::storage::Disk::Real,
+            lead_epoch,
+        };
+        let (topic, index) = (tp.0.clone(), tp.1);
+        let opened = Partition::open_on(&data_dir, local, topic, index, topic_id, configs, with);
         let opened = opened.await;
         self.opening.borrow_mut().remove(tp);
         ev.notify_all();

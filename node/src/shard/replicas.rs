@@ -43,6 +43,25 @@ pub fn hosted_here(meta: &TopicMeta, index: i32, node: NodeId) -> bool {
     a.replicas.contains(&node.get())
 }
 
+/// The leader epoch under which `node` will append to partition `index` of `meta` if it
+/// leads it: the sole leader's epoch on a single node (no assignment), else the
+/// assignment's epoch when it names `node` leader; `None` for a follower or an offline
+/// partition. A new log's epoch checkpoint is written with it off the shard's thread
+/// (`partition::OpenWith`); if the assignment changed meanwhile, the epoch it then
+/// leads under is noted as usual, at its first append.
+pub fn lead_epoch_here(meta: &TopicMeta, index: i32, node: NodeId) -> Option<LeaderEpoch> {
+    let Some(a) = usize::try_from(index)
+        .ok()
+        .and_then(|i| meta.assignment.get(i))
+    else {
+        return meta
+            .assignment
+            .is_empty()
+            .then_some(crate::partition::replica::SOLE_LEADER_EPOCH);
+    };
+    (a.leader == node.get()).then_some(LeaderEpoch(a.leader_epoch))
+}
+
 /// The catalogue's record, in the replica layer's types.
 fn assignment(a: &PartitionAssignment) -> Assignment {
     let nodes = |v: &[i32]| v.iter().copied().map(NodeId).collect::<Vec<_>>();
