@@ -148,14 +148,17 @@ impl From<crate::storage::Disk> for OpenWith {
 
 /// Creates a new partition's directory with its metadata files, in glommio's blocking
 /// pool: `partition.metadata` and, for a replica that will lead under `lead_epoch`, a
-/// `leader-epoch-checkpoint` starting that epoch at offset 0 — each an atomic write with
-/// two fsyncs, so that the first append does not write it on the shard's thread. On
-/// ext4 this work took ~2.4 ms per partition, during which the shard answered nothing
-/// (a producer's first write to 1,000 new partitions stopped it for 1.5–2.5 s). Returns
-/// the epoch cache of the new log, or `None` if the directory already exists (the log is
-/// opened as before). A crash part-way leaves a directory without some of the files: it
-/// then opens as an existing one, which writes `partition.metadata` and starts its
-/// epochs at the first append, as a directory from before these files would.
+/// `leader-epoch-checkpoint` starting that epoch at offset 0 (an atomic write with two
+/// fsyncs), so that the first append does not write it on the shard's thread. On ext4
+/// this work took ~2.4 ms per partition, during which the shard answered nothing (a
+/// producer's first write to 1,000 new partitions stopped it for 1.5–2.5 s).
+/// `partition.metadata` is replaced without fsyncs: every open checks it and rewrites it
+/// if it is missing or wrong, and the pool's fsyncs, one after another, set how fast
+/// partitions are created. Returns the epoch cache of the new log, or `None` if the
+/// directory already exists (the log is opened as before). A crash part-way leaves a
+/// directory without some of the files: it then opens as an existing one, which writes
+/// `partition.metadata` and starts its epochs at the first append, as a directory from
+/// before these files would.
 async fn create_if_new(
     dir: PathBuf,
     topic_id: u128,
@@ -169,7 +172,11 @@ async fn create_if_new(
                 Err(e) => return Err(StorageError::io("stat", &dir, e)),
             }
             std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
-            write_partition_metadata(&dir, topic_id)?;
+            if topic_id != 0 {
+                let path = dir.join(PARTITION_METADATA_FILE);
+                let text = partition_metadata_text(topic_id);
+                crate::storage::replace_unsynced(&path, text.as_bytes())?;
+            }
             let mut epochs = LeaderEpochCache::load(&dir)?;
             if let Some(epoch) = lead_epoch {
                 epochs.assign(epoch, Offset(0))?;
@@ -204,6 +211,8 @@ fn write_partition_metadata(dir: &Path, topic_id: u128) -> Result<(), StorageErr
     let text = partition_metadata_text(topic_id);
     match std::fs::read(&path) {
         Ok(old) if old == text.as_bytes() => Ok(()),
+        // Created without an fsync (see `create_if_new`): a crash can leave it empty.
+        Ok(old) if old.is_empty() => crate::storage::write_atomic(&path, text.as_bytes()),
         Ok(_) => {
             tracing::warn!(path = %path.display(), "partition.metadata names another topic id: rewritten");
             crate::storage::write_atomic(&path, text.as_bytes())
@@ -505,5 +514,58 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
         // leader of the next one.
         StorageError::ServedRolledBack { .. } => errors::NOT_LEADER_OR_FOLLOWER,
         _ => errors::KAFKA_STORAGE_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::epochs::CHECKPOINT_FILE;
+
+    /// A new partition's directory comes with `partition.metadata` and the checkpoint of
+    /// the epoch it will lead under; a crash that left the metadata empty (it is written
+    /// without fsyncs) is repaired by the next open, which treats the directory as an
+    /// existing log (and, as for any log, drops epochs starting at its end).
+    #[test]
+    fn a_new_partition_gets_its_files_and_an_empty_metadata_file_is_rewritten() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let seen = crate::storage::testing::run_on_shard(move || async move {
+            let topic: Arc<str> = Arc::from("t");
+            let dir = partition_dir(&data, "t", 0);
+            let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect(name);
+            let with = OpenWith {
+                disk: crate::storage::Disk::Real,
+                lead_epoch: Some(LeaderEpoch(3)),
+            };
+            let configs = BTreeMap::new();
+            let p = Partition::open_on(&data, NodeId(1), topic.clone(), 0, 7, configs, with);
+            let p = p.await.expect("create");
+            let created = (read(PARTITION_METADATA_FILE), read(CHECKPOINT_FILE));
+            let epochs = p.epoch_entries();
+            drop(p);
+            std::fs::write(dir.join(PARTITION_METADATA_FILE), b"").expect("empty it");
+            let p = Partition::open(&data, NodeId(1), topic, 0, 7, BTreeMap::new());
+            let p = p.await.expect("reopen");
+            (
+                created,
+                epochs,
+                read(PARTITION_METADATA_FILE),
+                p.epoch_entries(),
+            )
+        });
+        let ((metadata, checkpoint), epochs, rewritten, reopened) = seen;
+        assert_eq!(metadata, partition_metadata_text(7));
+        assert_eq!(checkpoint, "0\n1\n3 0\n", "epoch 3 from offset 0");
+        assert_eq!(epochs, vec![(LeaderEpoch(3), Offset(0))]);
+        assert_eq!(
+            rewritten,
+            partition_metadata_text(7),
+            "rewritten at the reopen"
+        );
+        assert!(
+            reopened.is_empty(),
+            "an empty log keeps no epoch at its end"
+        );
     }
 }

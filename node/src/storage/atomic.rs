@@ -56,6 +56,16 @@ pub fn write_atomic_synced_later(path: &Path, contents: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Replaces `path` with `contents` (write `path.tmp`, rename over `path`) without any
+/// fsync: a reader never sees a mix of old and new, but after a crash the file may be
+/// missing or empty. Only for a file that is checked and rewritten whenever it does not
+/// hold what it should (`partition.metadata`).
+pub fn replace_unsynced(path: &Path, contents: &[u8]) -> Result<()> {
+    let (file, tmp) = write_temp(path, contents)?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))
+}
+
 /// fsyncs a directory so that creations, renames and removals in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
