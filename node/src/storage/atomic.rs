@@ -1,5 +1,7 @@
 //! Atomic file replacement (write temp, fsync, rename, fsync dir) for small metadata files:
-//! producer-state snapshots, the leader-epoch checkpoint, `partition.metadata`.
+//! producer-state snapshots, the leader-epoch checkpoint, `partition.metadata`; and the
+//! same without fsyncs for a file every open checks and rewrites (a new partition's
+//! `partition.metadata`).
 
 use std::fs::{self, File};
 use std::io::Write;
