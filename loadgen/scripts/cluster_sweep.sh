@@ -37,6 +37,9 @@ PARTITIONS=${PARTITIONS:-3}
 RECORD=${RECORD:-1024}
 ACKS=${ACKS:-0,1,all}
 SHARDS=${SHARDS:-1}
+# weir.shard.cpus for every node: by default each node pins its shard s to CPU s, so the
+# three nodes' shards would all share CPU 0 and leave CPU 1 to the load generator.
+SHARD_CPUS=${SHARD_CPUS:-none}
 E2E=${E2E:-0}
 FLOORS=${FLOORS:-1}
 PERF=${PERF:-0}
@@ -72,7 +75,7 @@ fi
 
 for i in 1 2 3; do
     "$W" serve --data-dir "$OUT/data-$i" --listen "127.0.0.1:${PORT[$i]}" --node-id "$i" \
-        --shards "$SHARDS" \
+        --shards "$SHARDS" --set weir.shard.cpus="$SHARD_CPUS" \
         --set controller.quorum.voters="$VOTERS" \
         --set metrics.listener="127.0.0.1:${MPORT[$i]}" \
         --set broker.heartbeat.interval.ms=200 --set broker.session.timeout.ms=3000 \

@@ -207,6 +207,63 @@ impl Properties {
     }
 }
 
+/// Where the shard threads run (`weir.shard.cpus`, weir's own key).
+///
+/// Thread-per-core wants each shard alone on its core, so by default shard `s` is pinned
+/// to CPU `s mod cpus`. That default assumes one weir per host: several nodes on one
+/// machine (a test cluster, a benchmark) would all put their shard 0 on CPU 0 and leave
+/// the other cores to everything else. Such nodes set `none`, or give each its own list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ShardCpus {
+    /// Shard `s` on CPU `s mod cpus` (unset, or `spread`).
+    #[default]
+    Spread,
+    /// Not pinned: the kernel places and moves the threads (`none`).
+    Unpinned,
+    /// Shard `s` on the `s mod len`-th CPU of the list (`2,3` or `0-3`).
+    List(Vec<usize>),
+}
+
+/// The highest CPU number `weir.shard.cpus` may name.
+const SHARD_CPU_MAX: usize = 4095;
+
+impl ShardCpus {
+    /// Parses `spread`, `none` or a comma-separated list of CPUs and ranges (`0-3,6`).
+    pub fn parse(value: Option<&str>) -> Result<ShardCpus, ConfigError> {
+        let text = value.map(str::trim).unwrap_or("");
+        let bad = |reason| value_err("weir.shard.cpus", text, reason);
+        match text {
+            "" | "spread" => return Ok(ShardCpus::Spread),
+            "none" => return Ok(ShardCpus::Unpinned),
+            _ => {}
+        }
+        let mut cpus = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            let (first, last) = part.split_once('-').unwrap_or((part, part));
+            let (Ok(first), Ok(last)) =
+                (first.trim().parse::<usize>(), last.trim().parse::<usize>())
+            else {
+                return Err(bad("expected spread, none, or CPUs such as 0-3,6"));
+            };
+            if first > last || last > SHARD_CPU_MAX {
+                return Err(bad("a CPU range must be ascending and below 4096"));
+            }
+            cpus.extend(first..=last);
+        }
+        Ok(ShardCpus::List(cpus))
+    }
+
+    /// The CPU shard `shard` is pinned to on a machine with `cpus` CPUs; `None`: unpinned.
+    pub fn cpu_of(&self, shard: usize, cpus: usize) -> Option<usize> {
+        match self {
+            ShardCpus::Spread => Some(shard % cpus.max(1)),
+            ShardCpus::Unpinned => None,
+            // `parse` never yields an empty list.
+            ShardCpus::List(list) => list.get(shard % list.len().max(1)).copied(),
+        }
+    }
+}
+
 /// Everything the broker needs to know, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -218,6 +275,8 @@ pub struct Config {
     /// Every listener (`listeners`, ...); the first is `listen`/`advertised` above.
     pub listeners: Vec<crate::security::listener::ListenerConfig>,
     pub shards: usize,
+    /// `weir.shard.cpus`: which CPU each shard thread is pinned to.
+    pub shard_cpus: ShardCpus,
     pub num_partitions: i32,
     pub auto_create_topics: bool,
     pub default_replication_factor: i16,
@@ -397,6 +456,7 @@ impl Config {
             advertised,
             listeners,
             shards,
+            shard_cpus: ShardCpus::parse(props.get("weir.shard.cpus"))?,
             num_partitions: props.parse_num(&["num.partitions"], 1)?,
             auto_create_topics: props.parse_bool("auto.create.topics.enable", true)?,
             default_replication_factor: props.parse_num(&["default.replication.factor"], 1)?,
@@ -728,6 +788,29 @@ fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `weir.shard.cpus`: the default spreads shards over the CPUs, `none` unpins them, a
+    /// list (with ranges) places shard `s` on its `s mod len`-th CPU; anything else is an
+    /// error naming the key.
+    #[test]
+    fn shard_cpus_spread_unpinned_or_listed() {
+        let parse = |v: Option<&str>| ShardCpus::parse(v);
+        let ok = |v: Option<&str>| ShardCpus::parse(v).ok();
+        assert_eq!(ok(None), Some(ShardCpus::Spread));
+        assert_eq!(ok(Some("spread")), Some(ShardCpus::Spread));
+        assert_eq!(ok(Some(" none ")), Some(ShardCpus::Unpinned));
+        assert_eq!(ok(Some("1")), Some(ShardCpus::List(vec![1])));
+        let listed = parse(Some("2-4, 7")).expect("a list");
+        assert_eq!(listed, ShardCpus::List(vec![2, 3, 4, 7]));
+        let placed: Vec<_> = (0..5).map(|s| listed.cpu_of(s, 8)).collect();
+        assert_eq!(placed, [Some(2), Some(3), Some(4), Some(7), Some(2)]);
+        assert_eq!(ShardCpus::Spread.cpu_of(3, 2), Some(1));
+        assert_eq!(ShardCpus::Unpinned.cpu_of(0, 2), None);
+        for bad in ["3-1", "a", "1,", "-2", "1-99999"] {
+            let e = parse(Some(bad)).expect_err(bad);
+            assert!(e.to_string().contains("weir.shard.cpus"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn file_then_set_then_flags() {

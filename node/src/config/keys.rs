@@ -46,6 +46,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "socket.request.max.bytes",
     "weir.shards",
     "weir.shard.stall.warn.ms",
+    "weir.shard.cpus",
     // Topic-level names accepted as broker defaults (config.rs).
     "retention.bytes",
     "retention.ms",

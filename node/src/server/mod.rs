@@ -212,7 +212,11 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
             ready: ready_tx.clone(),
             beat: watchdog.beat_of(s),
         };
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(s % cpus))
+        let placement = match node.config.shard_cpus.cpu_of(s, cpus) {
+            Some(cpu) => Placement::Fixed(cpu),
+            None => Placement::Unbound,
+        };
+        let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("weir-shard-{s}"))
             .spawn(move || run_shard(ctx))
             .map_err(|e| anyhow::anyhow!("cannot start shard executor: {e}"))?;
