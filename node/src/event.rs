@@ -1,6 +1,7 @@
-//! [`Event`]: a shard-local "something changed" signal. Waiters register a waker and are
+//! Shard-local async helpers. [`Event`]: a "something changed" signal. Waiters register a waker and are
 //! woken by [`Event::notify_all`]; a dropped waiter removes its waker, so a partition that
-//! sees many timed-out long polls and no appends does not accumulate wakers.
+//! sees many timed-out long polls and no appends does not accumulate wakers. [`join_all`]:
+//! several futures awaited together on one task (no spawn, no `Send`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -71,6 +72,29 @@ impl Drop for Listen<'_> {
             waiters.retain(|(id, _)| *id != self.id);
         }
     }
+}
+
+/// Runs all `futures` concurrently on this task; returns when every one has finished.
+pub async fn join_all<F: Future<Output = O> + Unpin, O>(mut futures: Vec<F>) -> Vec<O> {
+    let mut done: Vec<Option<O>> = futures.iter().map(|_| None).collect();
+    futures_lite::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futures.iter_mut().zip(done.iter_mut()) {
+            if slot.is_none() {
+                match std::pin::Pin::new(&mut *f).poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

@@ -40,10 +40,10 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-fn create(c: &mut Client) {
+fn create(c: &mut Client, partitions: i32) {
     let t = CreatableTopic::default()
         .with_name(TopicName(s(TOPIC)))
-        .with_num_partitions(1)
+        .with_num_partitions(partitions)
         .with_replication_factor(1);
     let resp: CreateTopicsResponse = c.call(
         api::CREATE_TOPICS,
@@ -53,11 +53,12 @@ fn create(c: &mut Client) {
     assert_eq!(resp.topics[0].error_code, 0);
 }
 
-fn produce(c: &mut Client, n: usize, tag: &str) {
+/// `n` batches of two records each to `partition`.
+fn produce(c: &mut Client, partition: i32, n: usize, tag: &str) {
     for i in 0..n {
         let value = format!("{tag}-{i}");
         let p = PartitionProduceData::default()
-            .with_index(0)
+            .with_index(partition)
             .with_records(Some(batch(&[value.as_bytes(), b"second"], 1)));
         let req = ProduceRequest::default()
             .with_acks(1)
@@ -72,10 +73,11 @@ fn produce(c: &mut Client, n: usize, tag: &str) {
     }
 }
 
-/// The leader's records from `offset` as a consumer fetch returns them, and its HW.
-fn leader_log(c: &mut Client, offset: i64) -> (Bytes, i64) {
+/// The leader's records of `partition` from `offset` as a consumer fetch returns them,
+/// and its HW.
+fn leader_log(c: &mut Client, partition: i32, offset: i64) -> (Bytes, i64) {
     let p = FetchPartition::default()
-        .with_partition(0)
+        .with_partition(partition)
         .with_fetch_offset(offset)
         .with_partition_max_bytes(64 << 20);
     let req = FetchRequest::default()
@@ -92,13 +94,33 @@ fn leader_log(c: &mut Client, offset: i64) -> (Bytes, i64) {
     (p.records.clone().unwrap_or_default(), p.high_watermark)
 }
 
-async fn open_follower(dir: &Path) -> Rc<Partition> {
+async fn open_follower(dir: &Path, index: i32) -> Rc<Partition> {
     let configs = BTreeMap::from([("segment.bytes".to_string(), "1048576".to_string())]);
-    let p = Partition::open(dir, FOLLOWER, Arc::from(TOPIC), 0, 1, configs)
+    let p = Partition::open(dir, FOLLOWER, Arc::from(TOPIC), index, 1, configs)
         .await
         .expect("open follower replica");
     p.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(0)));
     Rc::new(p)
+}
+
+/// A follower's whole log, from its log start to its end.
+async fn read_log(p: &Partition) -> Vec<u8> {
+    let end = p.log.log_end_offset();
+    // A read returns what one source holds (disk or tail cache): read on to the end.
+    let (mut log, mut at) = (Vec::new(), p.log.log_start_offset());
+    for _ in 0..ROUNDS_MAX {
+        if at >= end {
+            break;
+        }
+        let read = p
+            .log
+            .read(at, 64 << 20, end)
+            .await
+            .expect("read follower log");
+        log.extend(read.batches.concat());
+        at = read.next_offset;
+    }
+    log
 }
 
 struct Caught {
@@ -116,7 +138,7 @@ struct Caught {
 fn catch_up(addr: SocketAddr, dir: std::path::PathBuf, target: i64) -> Caught {
     run_on_shard(move || async move {
         prime_dma_probe(&dir).await.expect("prime DMA probe");
-        let p = open_follower(&dir.join(format!("{TOPIC}-0"))).await;
+        let p = open_follower(&dir.join(format!("{TOPIC}-0")), 0).await;
         let config = FetcherConfig {
             wait_max: Duration::from_millis(200),
             ..FetcherConfig::default()
@@ -136,20 +158,7 @@ fn catch_up(addr: SocketAddr, dir: std::path::PathBuf, target: i64) -> Caught {
         fetcher.round(&mut conn).await.expect("idle round");
         let idle_round = started.elapsed();
         let end = p.log.log_end_offset();
-        // A read returns what one source holds (disk or tail cache): read on to the end.
-        let (mut log, mut at) = (Vec::new(), p.log.log_start_offset());
-        for _ in 0..ROUNDS_MAX {
-            if at >= end {
-                break;
-            }
-            let read = p
-                .log
-                .read(at, 64 << 20, end)
-                .await
-                .expect("read follower log");
-            log.extend(read.batches.concat());
-            at = read.next_offset;
-        }
+        let log = read_log(&p).await;
         let totals = fetcher.totals();
         let caught = Caught {
             log,
@@ -170,13 +179,13 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
     let broker = Broker::start(2, &[]);
     let addr: SocketAddr = broker.addr().parse().expect("broker address");
     let mut c = broker.client();
-    create(&mut c);
-    produce(&mut c, 30, "first");
+    create(&mut c, 1);
+    produce(&mut c, 0, 30, "first");
     let follower_dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
     let dir = follower_dir.path().to_path_buf();
 
     let caught = catch_up(addr, dir.clone(), 60);
-    let (leader, hw) = leader_log(&mut c, 0);
+    let (leader, hw) = leader_log(&mut c, 0, 0);
     assert_eq!(caught.log_end, Offset(60));
     assert_eq!(
         caught.log,
@@ -199,16 +208,16 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
     );
 
     // More records while the follower is down; it resumes from its own log end.
-    produce(&mut c, 10, "second");
+    produce(&mut c, 0, 10, "second");
     let caught = catch_up(addr, dir.clone(), 80);
-    let (leader, _) = leader_log(&mut c, 0);
+    let (leader, _) = leader_log(&mut c, 0, 0);
     assert_eq!(caught.log_end, Offset(80));
     assert_eq!(caught.log, leader.to_vec(), "resumed, still identical");
     assert_eq!(caught.truncations, 0);
 
     // The leader drops records below 90 and moves on; a new follower starting empty is
     // below the leader's log start (OFFSET_OUT_OF_RANGE): it restarts its log there.
-    produce(&mut c, 10, "third");
+    produce(&mut c, 0, 10, "third");
     let req = DeleteRecordsRequest::default()
         .with_timeout_ms(5000)
         .with_topics(vec![
@@ -230,10 +239,73 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
         "restarted at the leader's log start"
     );
     assert_eq!(caught.truncations, 1);
-    let (leader, _) = leader_log(&mut c, 90);
+    let (leader, _) = leader_log(&mut c, 0, 90);
     assert_eq!(
         caught.log,
         leader.to_vec(),
         "identical from the log start on"
     );
+}
+
+/// One fetcher follows every partition of a topic from its leader: one round answers all
+/// of them and appends them together (the round waits for one DMA write, not one per
+/// partition), and each follower log ends byte for byte its leader's, with its HW.
+#[test]
+fn one_fetcher_follows_many_partitions_and_each_log_is_its_leaders() {
+    const PARTITIONS: i32 = 6;
+    let broker = Broker::start(2, &[]);
+    let addr: SocketAddr = broker.addr().parse().expect("broker address");
+    let mut c = broker.client();
+    create(&mut c, PARTITIONS);
+    // A different number of batches per partition, so no log could pass for another.
+    let batches = |p: i32| 3 + p as usize;
+    for p in 0..PARTITIONS {
+        produce(&mut c, p, batches(p), &format!("p{p}"));
+    }
+    let follower_dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
+    let dir = follower_dir.path().to_path_buf();
+    let (first_round, logs) = run_on_shard(move || async move {
+        prime_dma_probe(&dir).await.expect("prime DMA probe");
+        let fetcher = ReplicaFetcher::new(FOLLOWER, LEADER, addr, FetcherConfig::default());
+        let mut followers = Vec::new();
+        for index in 0..PARTITIONS {
+            let p = open_follower(&dir, index).await;
+            fetcher.follow((Arc::from(TOPIC), index), p.clone());
+            followers.push(p);
+        }
+        let mut conn = BrokerConn::connect(addr)
+            .await
+            .expect("connect to the leader");
+        let first_round = fetcher.round(&mut conn).await.expect("first round");
+        let caught_up = |p: &Partition, index: i32| {
+            let end = Offset(2 * batches(index) as i64);
+            p.log.log_end_offset() == end && p.high_watermark() == end
+        };
+        for _ in 0..ROUNDS_MAX {
+            if followers.iter().zip(0..).all(|(p, i)| caught_up(p, i)) {
+                break;
+            }
+            fetcher.round(&mut conn).await.expect("fetch round");
+        }
+        let mut logs = Vec::new();
+        for p in &followers {
+            logs.push((read_log(p).await, p.high_watermark()));
+            p.log.close().await.expect("close follower log");
+        }
+        (first_round, logs)
+    });
+    let total: usize = (0..PARTITIONS).map(batches).sum();
+    assert_eq!(
+        first_round.appended_batches, total as u64,
+        "the first round brought every partition's batches"
+    );
+    assert_eq!(
+        first_round.appends_together, PARTITIONS as u64,
+        "its appends were in flight together, not one after another"
+    );
+    for (index, (log, hw)) in (0..PARTITIONS).zip(logs) {
+        let (leader, leader_hw) = leader_log(&mut c, index, 0);
+        assert_eq!(log, leader.to_vec(), "partition {index}: the leader's log");
+        assert_eq!(hw, Offset(leader_hw), "partition {index}: the leader's HW");
+    }
 }

@@ -1,7 +1,8 @@
 //! A replication fetcher: one per (shard, source node). It follows every partition this
 //! shard replicates from that node with one Fetch (`replica_id` = this node) per round,
 //! each partition at its log end with its current leader epoch and the epoch it last
-//! fetched, and for each partition in the answer:
+//! fetched, and for each partition in the answer (the partitions' appends run together, so
+//! a round waits for one DMA write rather than one per partition):
 //!
 //! - records: appended keeping the leader's offsets and epochs (`append_as_follower`);
 //!   the response frame is one allocation, so when one partition's records are the only
@@ -39,6 +40,7 @@ use wire::{LeaderEpoch, NodeId, Offset};
 
 use super::client::{BrokerConn, ClientError};
 use crate::errors;
+use crate::event::join_all;
 use crate::partition::Partition;
 use crate::shard::TopicPartition;
 
@@ -89,6 +91,19 @@ pub struct RoundStats {
     pub copied_bytes: u64,
     pub truncations: u64,
     pub paused: u64,
+    /// The most appends in flight at once (started, not yet written) during the round.
+    pub appends_together: u64,
+}
+
+impl RoundStats {
+    fn add(&mut self, o: RoundStats) {
+        self.appended_batches += o.appended_batches;
+        self.appended_bytes += o.appended_bytes;
+        self.copied_bytes += o.copied_bytes;
+        self.truncations += o.truncations;
+        self.paused += o.paused;
+        self.appends_together = self.appends_together.max(o.appends_together);
+    }
 }
 
 /// The fetcher of one shard for one source node.
@@ -103,6 +118,8 @@ pub struct ReplicaFetcher {
     followed: RefCell<BTreeMap<TopicPartition, Followed>>,
     stopped: Cell<bool>,
     totals: Cell<RoundStats>,
+    /// Appends started and not yet finished, and the most at once this round.
+    appending: Cell<(u64, u64)>,
 }
 
 impl ReplicaFetcher {
@@ -128,6 +145,7 @@ impl ReplicaFetcher {
             followed: RefCell::new(BTreeMap::new()),
             stopped: Cell::new(false),
             totals: Cell::new(RoundStats::default()),
+            appending: Cell::new((0, 0)),
         })
     }
 
@@ -237,16 +255,26 @@ impl ReplicaFetcher {
         let deadline = sent + self.config.wait_max + FETCH_SLACK;
         let resp: FetchResponse = conn.call(&req, FETCH_VERSION, deadline).await?;
         crate::metrics::local(|m| m.replica_fetched(sent.elapsed()));
-        let answers = take_answers(resp);
-        for (tp, answer) in answers {
+        // Every partition's records are appended at once, so a round waits for one DMA
+        // write, not one per partition after another; the answers that need the
+        // connection (realign) or a truncation follow, one at a time.
+        let (plain, other): (Vec<_>, Vec<_>) = take_answers(resp)
+            .into_iter()
+            .partition(|(_, a)| a.error == errors::NONE && a.diverging.is_none());
+        let appends = plain
+            .into_iter()
+            .map(|(tp, answer)| Box::pin(self.append_answer(tp, answer)))
+            .collect();
+        self.appending.set((0, 0));
+        for s in join_all(appends).await {
+            stats.add(s);
+        }
+        stats.appends_together = self.appending.get().1;
+        for (tp, answer) in other {
             self.apply(conn, &tp, answer, &mut stats).await?;
         }
         let mut totals = self.totals.get();
-        totals.appended_batches += stats.appended_batches;
-        totals.appended_bytes += stats.appended_bytes;
-        totals.copied_bytes += stats.copied_bytes;
-        totals.truncations += stats.truncations;
-        totals.paused += stats.paused;
+        totals.add(stats);
         self.totals.set(totals);
         Ok(stats)
     }
@@ -320,6 +348,17 @@ impl ReplicaFetcher {
             self.truncate_diverged(tp, &p, epoch, end, stats).await;
             return Ok(());
         }
+        stats.add(self.append_answer(tp.clone(), answer).await);
+        Ok(())
+    }
+
+    /// Appends one partition's records (keeping the leader's offsets), then learns the
+    /// leader's HW, bounded by what this replica now holds.
+    async fn append_answer(&self, tp: TopicPartition, answer: Answer) -> RoundStats {
+        let mut stats = RoundStats::default();
+        let Some(p) = self.followed.borrow().get(&tp).map(|f| f.partition.clone()) else {
+            return stats;
+        };
         if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
             let len = records.len() as u64;
             let (buf, copied) = match records.try_into_mut() {
@@ -327,7 +366,12 @@ impl ReplicaFetcher {
                 Err(shared) => (BytesMut::from(&shared[..]), len),
             };
             let batches = wire::batch::split_batches(&buf).count() as u64;
-            match p.append_as_follower(buf, crate::shard::now_ms()).await {
+            let (now, most) = self.appending.get();
+            self.appending.set((now + 1, most.max(now + 1)));
+            let appended = p.append_as_follower(buf, crate::shard::now_ms()).await;
+            let (now, most) = self.appending.get();
+            self.appending.set((now.saturating_sub(1), most));
+            match appended {
                 Ok(_) => {
                     stats.appended_batches += batches;
                     stats.appended_bytes += len;
@@ -337,7 +381,7 @@ impl ReplicaFetcher {
                     // Paused like a refusal: a full disk refuses every append for its
                     // backoff, and refetching at once would spin on the leader.
                     tracing::warn!(topic = %tp.0, partition = tp.1, code, "replicated append refused; refetching");
-                    if let Some(f) = self.followed.borrow_mut().get_mut(tp) {
+                    if let Some(f) = self.followed.borrow_mut().get_mut(&tp) {
                         f.paused_until = Some(Instant::now() + REFUSED_RETRY);
                     }
                     stats.paused += 1;
@@ -347,7 +391,7 @@ impl ReplicaFetcher {
         p.update_replica(|r| {
             r.learn_high_watermark(answer.high_watermark);
         });
-        Ok(())
+        stats
     }
 
     /// KIP-320: the leader says our last epoch ended at `end` there. Truncate to the

@@ -32,7 +32,7 @@ use wire::{NodeId, Offset};
 
 use crate::config::Config;
 use crate::errors;
-use crate::event::Event;
+use crate::event::{Event, join_all};
 use crate::metadata::{Catalog, MetaStore};
 use crate::partition::{Isolation, Partition, ReadFor};
 use crate::router::{Router, ShardId};
@@ -561,27 +561,4 @@ impl Shard {
             p.appended.notify_all();
         }
     }
-}
-
-/// Runs all `futures` concurrently on this task; returns when every one has finished.
-async fn join_all<F: Future<Output = O> + Unpin, O>(mut futures: Vec<F>) -> Vec<O> {
-    let mut done: Vec<Option<O>> = futures.iter().map(|_| None).collect();
-    futures_lite::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in futures.iter_mut().zip(done.iter_mut()) {
-            if slot.is_none() {
-                match std::pin::Pin::new(&mut *f).poll(cx) {
-                    std::task::Poll::Ready(v) => *slot = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    done.into_iter().flatten().collect()
 }
