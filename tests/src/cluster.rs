@@ -318,7 +318,10 @@ impl Cluster {
 
 /// A cluster node's settings: short (test) timeouts, then `extra`.
 fn node_config(id: usize, voters: &str, extra: &[(&str, &str)]) -> WeirConfig {
+    // Unpinned: by default every node would pin its shard 0 to CPU 0, and the whole
+    // cluster would share one core.
     let mut config = WeirConfig::shards(1)
+        .set("weir.shard.cpus", "none")
         .set("node.id", id)
         .set("controller.quorum.voters", voters)
         .set("broker.heartbeat.interval.ms", 200)
