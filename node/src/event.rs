@@ -1,7 +1,9 @@
-//! Shard-local async helpers. [`Event`]: a "something changed" signal. Waiters register a waker and are
-//! woken by [`Event::notify_all`]; a dropped waiter removes its waker, so a partition that
-//! sees many timed-out long polls and no appends does not accumulate wakers. [`join_all`]:
-//! several futures awaited together on one task (no spawn, no `Send`).
+//! Shard-local async helpers.
+//!
+//! - [`Event`]: a "something changed" signal. Waiters register a waker and are woken by
+//!   [`Event::notify_all`]; a dropped waiter removes its waker, so a partition that sees
+//!   many timed-out long polls and no appends does not accumulate wakers.
+//! - [`join_all`]: several futures awaited together on one task (no spawn, no `Send`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
