@@ -319,6 +319,9 @@ impl ReplicaFetcher {
         )
     }
 
+    /// Everything one partition's answer asks for. `round` sends plain answers (no error,
+    /// no diverging epoch) to [`append_answer`](Self::append_answer) together and only
+    /// the others here, one at a time; a plain one given here is appended all the same.
     async fn apply(
         &self,
         conn: &mut BrokerConn,
