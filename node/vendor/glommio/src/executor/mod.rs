@@ -2497,6 +2497,24 @@ impl ExecutorProxy {
         });
     }
 
+    /// weir patch: how many throughput preemption timers this executor's reactor has
+    /// created since it started (each a timeout and a linked eventfd write submitted to
+    /// the main ring): about one per ring's worth of completions, not one per loop turn.
+    pub fn throughput_timers_armed(&self) -> u64 {
+        #[cfg(not(feature = "native-tls"))]
+        return LOCAL_EX.with(|local_ex| local_ex.get_reactor().sys.throughput_timers_armed());
+
+        #[cfg(feature = "native-tls")]
+        return unsafe {
+            LOCAL_EX
+                .as_ref()
+                .expect("this thread doesn't have a LocalExecutor running")
+                .get_reactor()
+                .sys
+                .throughput_timers_armed()
+        };
+    }
+
     /// Returns an [`IoStats`] struct with information about IO performed by
     /// this executor's reactor
     ///

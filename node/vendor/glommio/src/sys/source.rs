@@ -224,6 +224,11 @@ impl Source {
         })
     }
 
+    /// weir patch: whether the request has not completed yet (no result recorded).
+    pub(crate) fn is_pending(&self) -> bool {
+        self.inner.borrow().wakers.result.is_none()
+    }
+
     pub(crate) fn result(&self) -> Option<io::Result<usize>> {
         let mut inner = self.inner.borrow_mut();
         let ret = inner

@@ -1225,6 +1225,8 @@ pub(crate) struct Reactor {
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
+    // weir patch: throughput timers created so far (`throughput_timers_armed`).
+    throughput_timers_armed: Cell<u64>,
 
     link_fd: RawFd,
 
@@ -1356,6 +1358,7 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
+            throughput_timers_armed: Cell::new(0),
             blocking_thread,
             link_fd,
             notifier,
@@ -1720,6 +1723,11 @@ impl Reactor {
         }
     }
 
+    /// weir patch: how many throughput timers this reactor has created.
+    pub(crate) fn throughput_timers_armed(&self) -> u64 {
+        self.throughput_timers_armed.get()
+    }
+
     /// We want to go to sleep, but we can only go to sleep in one of the rings,
     /// as we only have one thread. There are more than one sleepable rings, so
     /// what we do is we take advantage of the fact that the ring's `ring_fd` is
@@ -1826,12 +1834,26 @@ impl Reactor {
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // weir patch: upstream cancels and re-creates it here on every call, i.e. on
+        // every turn of the executor loop: three SQEs (a cancel, a timeout, the linked
+        // eventfd write) per turn, tens of thousands a second under load. It counts
+        // main-ring completions and has no time, so an armed one stays valid across
+        // turns; it is created again only once it has fired. It then preempts after a
+        // ring's worth of completions counted over several turns rather than one: at
+        // most one extra turn.
+        let throughput = self
+            .throughput_preemption_timeout_src
+            .take()
+            .filter(Source::is_pending)
+            .unwrap_or_else(|| {
+                self.throughput_timers_armed
+                    .set(self.throughput_timers_armed.get() + 1);
+                main_ring.prepare_throughput_preemption_timer(
+                    self.ring_depth() as u32,
+                    self.eventfd_src.raw(),
+                )
+            });
+        self.throughput_preemption_timeout_src.set(Some(throughput));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
