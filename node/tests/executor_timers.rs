@@ -61,6 +61,20 @@ where
     out
 }
 
+/// Sleeps for each of `ms` in turn; none may end early. Returns the worst lateness.
+async fn sleeps(ms: &'static [u64]) -> Duration {
+    let mut worst = Duration::ZERO;
+    for &ms in ms {
+        let want = Duration::from_millis(ms);
+        let start = Instant::now();
+        glommio::timer::sleep(want).await;
+        let took = start.elapsed();
+        assert!(took >= want, "a {want:?} sleep ended after {took:?}");
+        worst = worst.max(took - want);
+    }
+    worst
+}
+
 #[test]
 fn a_busy_executor_creates_throughput_timers_per_ring_of_completions_not_per_turn() {
     const ROUNDS: u64 = 5_000;
@@ -80,18 +94,7 @@ fn user_timers_fire_on_time_while_the_executor_turns() {
     // Sleeps of assorted lengths beside a busy ping-pong: none may end early, none may be
     // lost, and no cross-executor wake may be lost either (the ping-pong would hang). The
     // upper bound is loose: these machines are shared.
-    let (_, _, lateness) = ping_pong(20_000, || async {
-        let mut worst = Duration::ZERO;
-        for ms in [1u64, 3, 7, 15, 30, 2, 60, 5, 1, 25] {
-            let want = Duration::from_millis(ms);
-            let start = Instant::now();
-            glommio::timer::sleep(want).await;
-            let took = start.elapsed();
-            assert!(took >= want, "a {want:?} sleep ended after {took:?}");
-            worst = worst.max(took - want);
-        }
-        worst
-    });
+    let (_, _, lateness) = ping_pong(20_000, || sleeps(&[1, 3, 7, 15, 30, 2, 60, 5, 1, 25]));
     assert!(
         lateness < Duration::from_secs(2),
         "a timer fired {lateness:?} late"
@@ -103,18 +106,7 @@ fn an_idle_executor_wakes_for_its_timer() {
     // Nothing else to do: the executor sleeps, and only its armed timer can wake it.
     let ex = LocalExecutorBuilder::new(Placement::Unbound)
         .preempt_timer(PREEMPT)
-        .spawn(|| async {
-            let mut worst = Duration::ZERO;
-            for ms in [40u64, 5, 150, 1, 20] {
-                let want = Duration::from_millis(ms);
-                let start = Instant::now();
-                glommio::timer::sleep(want).await;
-                let took = start.elapsed();
-                assert!(took >= want, "a {want:?} sleep ended after {took:?}");
-                worst = worst.max(took - want);
-            }
-            worst
-        })
+        .spawn(|| sleeps(&[40, 5, 150, 1, 20]))
         .expect("executor");
     let lateness = ex.join().expect("ran");
     assert!(
