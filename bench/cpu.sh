@@ -1,4 +1,4 @@
-# Shell helpers the CPU-per-byte benches share (sourced by efficiency.sh and loadgen_cpu.sh).
+# Shell helpers the CPU-per-byte benches share (sourced by efficiency.sh, loadgen_cpu.sh and ab_rate.sh).
 
 CLK_TCK=$(getconf CLK_TCK)
 # CPU seconds (user + system) a live process has used so far.
