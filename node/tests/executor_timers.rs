@@ -1,7 +1,7 @@
 //! The shards' executor (glommio, patched in `node/vendor/glommio`, see its
-//! `WEIR-PATCH.md`): the throughput preemption timer is created again only once it has
-//! fired, not on every turn of the executor loop, and cross-executor wakes, user timers and
-//! preemption still work.
+//! `WEIR-PATCH.md`): the preemption timers are armed again only once they have fired (or
+//! would fire too late), not on every turn of the executor loop, and cross-executor wakes,
+//! user timers and preemption still work.
 //!
 //! Every shard wakes thousands of times a second under load (each network read, disk
 //! completion and cross-shard message). Upstream glommio cancelled and re-created that
@@ -14,10 +14,45 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 const PREEMPT: Duration = Duration::from_millis(100);
 
+/// What the pinging side of `ping_pong` saw.
+struct Seen<T> {
+    throughput_timers: u64,
+    latency_timers: u64,
+    elapsed: Duration,
+    during: T,
+}
+
 /// Runs `rounds` ping-pongs between two executors (each round parks and wakes each side
-/// at least once) and returns what the pinging side saw: throughput timers created, time
-/// taken, and what `during`, run beside the ping-pong on the pinging side, returned.
-fn ping_pong<F, Fut>(rounds: u64, during: F) -> (u64, Duration, Fut::Output)
+/// at least once) with the default preempt period; see `ping_pong_with`.
+fn ping_pong<F, Fut>(rounds: u64, during: F) -> Seen<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    ping_pong_with(PREEMPT, rounds, during)
+}
+
+/// Runs `rounds` ping-pongs between two executors with preempt period `preempt` and
+/// returns what the pinging side saw: timers armed, time taken, and what `during`, run
+/// beside the ping-pong on the pinging side, returned. A lost wake leaves both executors
+/// asleep: that fails the test after two minutes rather than hanging it.
+fn ping_pong_with<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(ping_pong_inner(preempt, rounds, during));
+    });
+    result
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the ping-pong stopped: a cross-executor wake was lost, or an executor slept with work to do")
+}
+
+fn ping_pong_inner<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future + 'static,
@@ -27,6 +62,7 @@ where
     let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);
     let b = LocalExecutorBuilder::new(Placement::Unbound)
         .name("pong")
+        .preempt_timer(preempt)
         .spawn(move || async move {
             let rx = from_a.connect().await;
             let tx = to_a.connect().await;
@@ -39,21 +75,29 @@ where
         .expect("pong executor");
     let a = LocalExecutorBuilder::new(Placement::Unbound)
         .name("ping")
-        .preempt_timer(PREEMPT)
+        .preempt_timer(preempt)
         .spawn(move || async move {
             let beside = glommio::spawn_local(during());
             let tx = to_b.connect().await;
             let rx = from_b.connect().await;
-            let armed_before = glommio::executor().throughput_timers_armed();
+            let ex = glommio::executor();
+            let (throughput_before, latency_before) =
+                (ex.throughput_timers_armed(), ex.latency_timers_armed());
             let start = Instant::now();
             for i in 0..rounds {
                 tx.send(i).await.expect("pong is there");
                 assert_eq!(rx.recv().await, Some(i));
             }
             let elapsed = start.elapsed();
-            let armed = glommio::executor().throughput_timers_armed() - armed_before;
+            let throughput_timers = ex.throughput_timers_armed() - throughput_before;
+            let latency_timers = ex.latency_timers_armed() - latency_before;
             drop(tx);
-            (armed, elapsed, beside.await)
+            Seen {
+                throughput_timers,
+                latency_timers,
+                elapsed,
+                during: beside.await,
+            }
         })
         .expect("ping executor");
     let out = a.join().expect("ping ran");
@@ -78,15 +122,44 @@ async fn sleeps(ms: &'static [u64]) -> Duration {
 #[test]
 fn a_busy_executor_creates_throughput_timers_per_ring_of_completions_not_per_turn() {
     const ROUNDS: u64 = 5_000;
-    let (armed, elapsed, ()) = ping_pong(ROUNDS, || async {});
+    let seen = ping_pong(ROUNDS, || async {});
     // The throughput timer fires after a ring's worth of main-ring completions (128 by
     // default; ~1 per 100 round trips here) and is created again then. Upstream created
     // one per turn: >= 5,000.
     let allowed = ROUNDS / 50 + 16;
     assert!(
-        armed <= allowed,
-        "{armed} throughput timers over {ROUNDS} round trips in {elapsed:?} (allowed {allowed})"
+        seen.throughput_timers <= allowed,
+        "{} throughput timers over {ROUNDS} round trips in {:?} (allowed {allowed})",
+        seen.throughput_timers,
+        seen.elapsed
     );
+}
+
+#[test]
+fn a_busy_executor_arms_latency_timers_per_preempt_period_not_per_turn() {
+    const ROUNDS: u64 = 5_000;
+    let seen = ping_pong(ROUNDS, || async {});
+    // The preempt timer stays armed across turns and sleeps and is armed again once it
+    // fired: about one per preempt period (100 ms). Upstream armed one per turn: >= 5,000.
+    let periods = (seen.elapsed.as_millis() / PREEMPT.as_millis()) as u64;
+    let allowed = periods + 16;
+    assert!(
+        seen.latency_timers <= allowed,
+        "{} latency timers over {ROUNDS} round trips in {:?} (allowed {allowed})",
+        seen.latency_timers,
+        seen.elapsed
+    );
+}
+
+#[test]
+fn an_executor_never_sleeps_with_a_runnable_task_when_its_timer_fires_early() {
+    // A kept preempt timer fires at any point of a turn, including after the reactor
+    // armed it and before the task queues run: `need_preempt` is then true at once and
+    // the executor finds "nothing ran". Parking then would sleep with the ping-pong's
+    // task runnable and its message in the channel, and the other side asleep waiting
+    // for the answer. A 50 µs preempt period makes that window common.
+    let seen = ping_pong_with(Duration::from_micros(50), 20_000, || async {});
+    assert!(seen.elapsed < Duration::from_secs(120));
 }
 
 #[test]
@@ -94,7 +167,7 @@ fn user_timers_fire_on_time_while_the_executor_turns() {
     // Sleeps of assorted lengths beside a busy ping-pong: none may end early, none may be
     // lost, and no cross-executor wake may be lost either (the ping-pong would hang). The
     // upper bound is loose: these machines are shared.
-    let (_, _, lateness) = ping_pong(20_000, || sleeps(&[1, 3, 7, 15, 30, 2, 60, 5, 1, 25]));
+    let lateness = ping_pong(20_000, || sleeps(&[1, 3, 7, 15, 30, 2, 60, 5, 1, 25])).during;
     assert!(
         lateness < Duration::from_secs(2),
         "a timer fired {lateness:?} late"
