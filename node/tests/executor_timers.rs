@@ -217,3 +217,36 @@ fn a_long_running_task_is_still_told_to_yield() {
         "preempted only after {waited:?} (period {preempt:?})"
     );
 }
+
+#[test]
+fn a_timer_loop_notices_a_flag_after_bursts_of_cross_executor_wakes() {
+    // weir's shards notice SIGTERM this way: a task sleeps a few ms at a time and looks at
+    // a flag. Here bursts of ping-pong of varying length end at varying points of the
+    // timer loop; each time the pinging executor then goes idle with only that timer
+    // armed, and must still wake for it and see the flag the main thread sets.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for round in 0..60u64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = stop.clone();
+        let tick = Duration::from_millis(1 + round % 9);
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let out = ping_pong_inner(PREEMPT, 200 + (round * 373) % 3_000, move || async move {
+                let start = Instant::now();
+                while !seen.load(Ordering::SeqCst) {
+                    glommio::timer::sleep(tick).await;
+                }
+                start.elapsed()
+            });
+            let _ = done.send(out.during);
+        });
+        std::thread::sleep(Duration::from_millis(20 + (round * 7) % 150));
+        stop.store(true, Ordering::SeqCst);
+        result
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the timer loop ({tick:?} ticks) never saw the flag")
+            });
+    }
+}

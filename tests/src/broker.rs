@@ -204,10 +204,11 @@ impl Weir {
         match status {
             Some(s) => Ok(s),
             None => {
+                let threads = thread_states(running.child.id());
                 let _ = running.child.kill();
                 let _ = running.child.wait();
                 bail!(
-                    "weir did not exit within {timeout:?} of signal {signal}; log tail:\n{}",
+                    "weir did not exit within {timeout:?} of signal {signal}; its threads: {threads}\nlog tail:\n{}",
                     self.log_tail(40)
                 )
             }
