@@ -1486,14 +1486,7 @@ impl LocalExecutor {
                 let cur_time = Instant::now();
                 this.queues.borrow_mut().stats.total_runtime += cur_time - pre_time;
                 pre_time = cur_time;
-                // weir patch: `run_task_queues` also answers "nothing ran" when
-                // `need_preempt` was already true before it ran a queue, with tasks still
-                // runnable. Upstream then parks, and `park` sleeps whenever no I/O woke
-                // a task: with runnable tasks and no event that will ever wake it. The
-                // preempt timer, re-armed at every turn upstream, can hardly fire in that
-                // window; kept across turns (see `Reactor::wait`), it can. So the loop
-                // parks only when no task queue is runnable, and otherwise turns again.
-                if !run && this.queues.borrow().active_executors.is_empty() {
+                if !run {
                     if let Poll::Ready(t) = future.as_mut().poll(cx) {
                         // It may be that we just became ready now that the task queue
                         // is exhausted. But if we sleep (park) we'll never know so we
@@ -2519,24 +2512,6 @@ impl ExecutorProxy {
                 .get_reactor()
                 .sys
                 .throughput_timers_armed()
-        };
-    }
-
-    /// weir patch: how many latency timers (the preempt timer, or the next user timer
-    /// when about to sleep) this executor's reactor has armed since it started: about
-    /// one per preempt period or user timer, not one per loop turn.
-    pub fn latency_timers_armed(&self) -> u64 {
-        #[cfg(not(feature = "native-tls"))]
-        return LOCAL_EX.with(|local_ex| local_ex.get_reactor().sys.latency_timers_armed());
-
-        #[cfg(feature = "native-tls")]
-        return unsafe {
-            LOCAL_EX
-                .as_ref()
-                .expect("this thread doesn't have a LocalExecutor running")
-                .get_reactor()
-                .sys
-                .latency_timers_armed()
         };
     }
 

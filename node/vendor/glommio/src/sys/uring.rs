@@ -1224,10 +1224,6 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
-    // weir patch: when the armed latency timer fires (see `Reactor::wait`).
-    latency_preemption_deadline: Cell<Option<Instant>>,
-    // weir patch: latency timers armed so far (`latency_timers_armed`).
-    latency_timers_armed: Cell<u64>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
     // weir patch: throughput timers created so far (`throughput_timers_armed`).
     throughput_timers_armed: Cell<u64>,
@@ -1361,8 +1357,6 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
-            latency_preemption_deadline: Cell::new(None),
-            latency_timers_armed: Cell::new(0),
             throughput_preemption_timeout_src: Cell::new(None),
             throughput_timers_armed: Cell::new(0),
             blocking_thread,
@@ -1734,56 +1728,6 @@ impl Reactor {
         self.throughput_timers_armed.get()
     }
 
-    /// weir patch: how many latency timers (preempt or user) this reactor has armed.
-    pub(crate) fn latency_timers_armed(&self) -> u64 {
-        self.latency_timers_armed.get()
-    }
-
-    /// weir patch: how much later than asked an armed timer may fire and still be kept.
-    /// A timer armed for a user timer's `dur` at one instant, and asked for again with
-    /// the `dur` the timer wheel computes at a later turn, differs by the time between
-    /// the two readings of the clock.
-    const TIMER_LATE_OK: Duration = Duration::from_micros(50);
-
-    /// weir patch: how much earlier than a user timer an armed timer may fire and still be
-    /// kept for it when the executor goes to sleep. Earlier than that, it is replaced: a
-    /// cancel and a timeout in the same submission cost less than a wake for nothing.
-    const TIMER_EARLY_OK: Duration = Duration::from_millis(1);
-
-    /// weir patch: whether the armed latency timer is still pending and fires no later
-    /// than `latest` and no earlier than `early_ok` before it.
-    fn keep_latency_timer(&self, latest: Instant, early_ok: Duration) -> bool {
-        let Some(src) = self.latency_preemption_timeout_src.take() else {
-            return false;
-        };
-        let keep = src.is_pending()
-            && self.latency_preemption_deadline.get().is_some_and(|at| {
-                at <= latest + Self::TIMER_LATE_OK
-                    && latest.checked_sub(early_ok).is_none_or(|earliest| at >= earliest)
-            });
-        self.latency_preemption_timeout_src.set(Some(src));
-        keep
-    }
-
-    /// weir patch: arms the latency timer to fire in `dur`, cancelling any armed one.
-    ///
-    /// The cancellation goes into the ring's SQ now, ahead of the new timer. Left in the
-    /// cancellation queue until the next turn, it could outlive the old timer: once the
-    /// old timer's completion is consumed its source id is free, the new timer can get
-    /// the same id, and the late cancellation would cancel the new timer instead.
-    fn arm_latency_timer(&self, lat_ring: &mut SleepableRing, dur: Duration) {
-        drop(self.latency_preemption_timeout_src.take());
-        // Only queues SQEs (enters the kernel only if the SQ is full); the caller's
-        // flush submits them with the new timer, in order.
-        let _ = lat_ring.consume_cancellation_queue();
-        self.latency_timers_armed
-            .set(self.latency_timers_armed.get() + 1);
-        self.latency_preemption_deadline
-            .set(Instant::now().checked_add(dur));
-        self.latency_preemption_timeout_src
-            .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-    }
-
     /// We want to go to sleep, but we can only go to sleep in one of the rings,
     /// as we only have one thread. There are more than one sleepable rings, so
     /// what we do is we take advantage of the fact that the ring's `ring_fd` is
@@ -1880,14 +1824,13 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // weir patch: upstream cancels the latency timer here on every call, i.e. on
-        // every turn of the executor loop, and arms a new one below: two SQEs and an
-        // hrtimer cancelled and started per turn. It is now kept while it fires in time
-        // (see the two places that arm it below); a timer that fires early costs one
-        // extra turn (an early preemption, or a wake that finds nothing to do), never a
-        // late one. That is safe only because the executor never parks while a task
-        // queue is runnable (`LocalExecutor::run`, weir patch): a kept timer can fire
-        // between this function's return and the first `need_preempt` check.
+        // Cancel the old timer regardless of whether we can sleep:
+        // if we won't sleep, we will register the new timer with its new
+        // value.
+        //
+        // But if we will sleep, there might be a timer registered that needs
+        // to be removed otherwise we'll wake up when it expires.
+        drop(self.latency_preemption_timeout_src.take());
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
@@ -1931,15 +1874,10 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
-            // weir patch: a timer armed a turn or more ago that fires at about the same
-            // time stays; a preempt timer left armed without a user timer costs at most
-            // one wake.
             if let Some(dur) = user_timer {
-                let at = Instant::now() + dur;
-                if !self.keep_latency_timer(at, Self::TIMER_EARLY_OK) {
-                    self.arm_latency_timer(&mut lat_ring, dur);
-                    assert!(flush_rings!(lat_ring)? > 0);
-                }
+                self.latency_preemption_timeout_src
+                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                assert!(flush_rings!(lat_ring)? > 0);
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1969,12 +1907,8 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            // weir patch: an armed timer that fires within the preempt period stays. It is
-            // often the sleep path's user timer (above), which then also preempts:
-            // replacing it would swap the user timer and the preempt timer on every turn.
-            if !self.keep_latency_timer(Instant::now() + preempt, preempt) {
-                self.arm_latency_timer(&mut lat_ring, preempt);
-            }
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
             flush_rings!(lat_ring, main_ring)?;
         }
 
