@@ -1,7 +1,8 @@
 //! The shards' executor (glommio, patched in `node/vendor/glommio`, see its
-//! `WEIR-PATCH.md`): the throughput preemption timer is created again only once it has
-//! fired, not on every turn of the executor loop, and cross-executor wakes, user timers and
-//! preemption still work.
+//! `WEIR-PATCH.md`): the preemption timers are armed again only once they have fired (or,
+//! for the latency timer, would fire too late, or the executor goes to sleep), not on
+//! every turn of the executor loop, and cross-executor wakes, user timers and preemption
+//! still work.
 //!
 //! Every shard wakes thousands of times a second under load (each network read, disk
 //! completion and cross-shard message). Upstream glommio cancelled and re-created that
@@ -14,10 +15,44 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 const PREEMPT: Duration = Duration::from_millis(100);
 
+/// What the pinging side of `ping_pong` saw.
+struct Seen<T> {
+    throughput_timers: u64,
+    elapsed: Duration,
+    during: T,
+}
+
 /// Runs `rounds` ping-pongs between two executors (each round parks and wakes each side
-/// at least once) and returns what the pinging side saw: throughput timers created, time
-/// taken, and what `during`, run beside the ping-pong on the pinging side, returned.
-fn ping_pong<F, Fut>(rounds: u64, during: F) -> (u64, Duration, Fut::Output)
+/// at least once) with the default preempt period; see `ping_pong_with`.
+fn ping_pong<F, Fut>(rounds: u64, during: F) -> Seen<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    ping_pong_with(PREEMPT, rounds, during)
+}
+
+/// Runs `rounds` ping-pongs between two executors with preempt period `preempt` and
+/// returns what the pinging side saw: timers armed, time taken, and what `during`, run
+/// beside the ping-pong on the pinging side, returned. A lost wake leaves both executors
+/// asleep: that fails the test after two minutes rather than hanging it.
+fn ping_pong_with<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(ping_pong_inner(preempt, rounds, during));
+    });
+    result
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the ping-pong stopped: a cross-executor wake was lost, or an executor slept with work to do")
+}
+
+fn ping_pong_inner<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future + 'static,
@@ -27,6 +62,7 @@ where
     let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);
     let b = LocalExecutorBuilder::new(Placement::Unbound)
         .name("pong")
+        .preempt_timer(preempt)
         .spawn(move || async move {
             let rx = from_a.connect().await;
             let tx = to_a.connect().await;
@@ -39,21 +75,26 @@ where
         .expect("pong executor");
     let a = LocalExecutorBuilder::new(Placement::Unbound)
         .name("ping")
-        .preempt_timer(PREEMPT)
+        .preempt_timer(preempt)
         .spawn(move || async move {
             let beside = glommio::spawn_local(during());
             let tx = to_b.connect().await;
             let rx = from_b.connect().await;
-            let armed_before = glommio::executor().throughput_timers_armed();
+            let ex = glommio::executor();
+            let throughput_before = ex.throughput_timers_armed();
             let start = Instant::now();
             for i in 0..rounds {
                 tx.send(i).await.expect("pong is there");
                 assert_eq!(rx.recv().await, Some(i));
             }
             let elapsed = start.elapsed();
-            let armed = glommio::executor().throughput_timers_armed() - armed_before;
+            let throughput_timers = ex.throughput_timers_armed() - throughput_before;
             drop(tx);
-            (armed, elapsed, beside.await)
+            Seen {
+                throughput_timers,
+                elapsed,
+                during: beside.await,
+            }
         })
         .expect("ping executor");
     let out = a.join().expect("ping ran");
@@ -78,15 +119,109 @@ async fn sleeps(ms: &'static [u64]) -> Duration {
 #[test]
 fn a_busy_executor_creates_throughput_timers_per_ring_of_completions_not_per_turn() {
     const ROUNDS: u64 = 5_000;
-    let (armed, elapsed, ()) = ping_pong(ROUNDS, || async {});
+    let seen = ping_pong(ROUNDS, || async {});
     // The throughput timer fires after a ring's worth of main-ring completions (128 by
     // default; ~1 per 100 round trips here) and is created again then. Upstream created
     // one per turn: >= 5,000.
     let allowed = ROUNDS / 50 + 16;
     assert!(
-        armed <= allowed,
-        "{armed} throughput timers over {ROUNDS} round trips in {elapsed:?} (allowed {allowed})"
+        seen.throughput_timers <= allowed,
+        "{} throughput timers over {ROUNDS} round trips in {:?} (allowed {allowed})",
+        seen.throughput_timers,
+        seen.elapsed
     );
+}
+
+#[test]
+fn an_awake_executor_arms_its_preempt_timer_per_period_not_per_turn() {
+    // Turns without sleeps, as a loaded shard has them: the pinging executor also runs a
+    // task that never lets it go idle, and its ping-pong task sits in a `Latency::Matters`
+    // queue, so each answer from the other executor writes the eventfd and ends the busy
+    // task's run: one turn per round trip, none of them a sleep. Upstream cancelled and
+    // re-armed the preempt timer on every turn (>= ROUNDS); it is now armed again only
+    // once it fired, about once per preempt period. (Before a sleep it is still cancelled
+    // and a fresh one armed, as upstream does: see `Reactor::wait`.)
+    use glommio::{Latency, Shares};
+    use std::cell::Cell;
+    use std::rc::Rc;
+    const ROUNDS: u64 = 2_000;
+    const PERIOD: Duration = Duration::from_millis(20);
+    let (to_b, from_a) = shared_channel::new_bounded::<u64>(1);
+    let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);
+    let pong = LocalExecutorBuilder::new(Placement::Unbound)
+        .name("pong")
+        .spawn(move || async move {
+            let rx = from_a.connect().await;
+            let tx = to_a.connect().await;
+            while let Some(i) = rx.recv().await {
+                if tx.send(i).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("pong executor");
+    let ping = LocalExecutorBuilder::new(Placement::Unbound)
+        .name("busy-ping")
+        .preempt_timer(PREEMPT)
+        .spawn(move || async move {
+            let ex = glommio::executor();
+            let queue = ex.create_task_queue(Shares::default(), Latency::Matters(PERIOD), "ping");
+            let done = Rc::new(Cell::new(false));
+            let busy = glommio::spawn_local({
+                let done = done.clone();
+                async move {
+                    let start = Instant::now();
+                    while !done.get() && start.elapsed() < Duration::from_secs(60) {
+                        glommio::yield_if_needed().await;
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let pinger = glommio::spawn_local_into(
+                async move {
+                    let tx = to_b.connect().await;
+                    let rx = from_b.connect().await;
+                    let ex = glommio::executor();
+                    let before = ex.latency_timers_armed();
+                    let start = Instant::now();
+                    for i in 0..ROUNDS {
+                        tx.send(i).await.expect("pong is there");
+                        assert_eq!(rx.recv().await, Some(i));
+                    }
+                    (ex.latency_timers_armed() - before, start.elapsed())
+                },
+                queue,
+            )
+            .expect("ping queue");
+            let out = pinger.await;
+            done.set(true);
+            busy.await;
+            out
+        })
+        .expect("ping executor");
+    let (armed, elapsed) = ping.join().expect("ping ran");
+    pong.join().expect("pong ran");
+    // One per period at the queue's 20 ms, with room for periods cut short by the other
+    // queue's 100 ms and for the preempt timer's early re-arms. Each round trip needs a
+    // turn (foreign wakes are taken in the reactor), so re-arming per turn is >= ROUNDS;
+    // measured here: ~200 over 2,000 round trips in ~4.5 s.
+    let allowed = (elapsed.as_millis() / 5) as u64 + 50;
+    assert!(
+        armed <= allowed,
+        "{armed} latency timers over {ROUNDS} awake round trips in {elapsed:?} (allowed {allowed})"
+    );
+}
+
+#[test]
+fn an_executor_never_sleeps_with_a_runnable_task_when_its_timer_fires_early() {
+    // A kept preempt timer fires at any point of a turn, including after the reactor
+    // armed it and before the task queues run: `need_preempt` is then true at once.
+    // Upstream the turn then ran nothing, answered "nothing ran" and parked: asleep with
+    // the ping-pong's task runnable and its message in the channel, and the other side
+    // asleep waiting for the answer. The patched turn runs one task first. A 50 µs
+    // preempt period makes that window common.
+    let seen = ping_pong_with(Duration::from_micros(50), 20_000, || async {});
+    assert!(seen.elapsed < Duration::from_secs(120));
 }
 
 #[test]
@@ -94,7 +229,7 @@ fn user_timers_fire_on_time_while_the_executor_turns() {
     // Sleeps of assorted lengths beside a busy ping-pong: none may end early, none may be
     // lost, and no cross-executor wake may be lost either (the ping-pong would hang). The
     // upper bound is loose: these machines are shared.
-    let (_, _, lateness) = ping_pong(20_000, || sleeps(&[1, 3, 7, 15, 30, 2, 60, 5, 1, 25]));
+    let lateness = ping_pong(20_000, || sleeps(&[1, 3, 7, 15, 30, 2, 60, 5, 1, 25])).during;
     assert!(
         lateness < Duration::from_secs(2),
         "a timer fired {lateness:?} late"
@@ -143,4 +278,37 @@ fn a_long_running_task_is_still_told_to_yield() {
         waited < Duration::from_secs(2),
         "preempted only after {waited:?} (period {preempt:?})"
     );
+}
+
+#[test]
+fn a_timer_loop_notices_a_flag_after_bursts_of_cross_executor_wakes() {
+    // weir's shards notice SIGTERM this way: a task sleeps a few ms at a time and looks at
+    // a flag. Here bursts of ping-pong of varying length end at varying points of the
+    // timer loop; each time the pinging executor then goes idle with only that timer
+    // armed, and must still wake for it and see the flag the main thread sets.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for round in 0..60u64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = stop.clone();
+        let tick = Duration::from_millis(1 + round % 9);
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let out = ping_pong_inner(PREEMPT, 200 + (round * 373) % 3_000, move || async move {
+                let start = Instant::now();
+                while !seen.load(Ordering::SeqCst) {
+                    glommio::timer::sleep(tick).await;
+                }
+                start.elapsed()
+            });
+            let _ = done.send(out.during);
+        });
+        std::thread::sleep(Duration::from_millis(20 + (round * 7) % 150));
+        stop.store(true, Ordering::SeqCst);
+        result
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the timer loop ({tick:?} ticks) never saw the flag")
+            });
+    }
 }

@@ -1324,10 +1324,17 @@ impl LocalExecutor {
         let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
+            // weir patch: upstream checks `need_preempt` before the first queue too. A
+            // latency timer that fires between the reactor's turn and this check (the
+            // reactor keeps it armed across turns, see `Reactor::wait`) then made this
+            // turn run nothing and answer "nothing ran", and the loop parked with tasks
+            // runnable. Each turn now runs at least one task of the first runnable queue
+            // before it honours a preemption request, so a turn either makes progress or
+            // finds nothing runnable.
+            if ran && self.need_preempt() {
                 break;
             }
-            if !self.run_one_task_queue() {
+            if !self.run_one_task_queue(!ran) {
                 return false;
             } else {
                 ran = true;
@@ -1336,7 +1343,9 @@ impl LocalExecutor {
         ran
     }
 
-    fn run_one_task_queue(&self) -> bool {
+    /// weir patch: `first_turn_task` runs the queue's first task even when a preemption
+    /// is already requested (see `run_task_queues`).
+    fn run_one_task_queue(&self, first_turn_task: bool) -> bool {
         let mut tq = self.queues.borrow_mut();
         let candidate = tq.active_executors.pop();
         tq.stats.scheduler_runs += 1;
@@ -1373,7 +1382,8 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                let forced = first_turn_task && tasks_executed_this_loop == 0;
+                if (!forced && self.need_preempt()) || queue_ref.yielded() {
                     break;
                 }
 
@@ -2512,6 +2522,24 @@ impl ExecutorProxy {
                 .get_reactor()
                 .sys
                 .throughput_timers_armed()
+        };
+    }
+
+    /// weir patch: how many latency timers (the preempt timer, or the next user timer
+    /// when about to sleep) this executor's reactor has armed since it started: about
+    /// one per preempt period or user timer, not one per loop turn.
+    pub fn latency_timers_armed(&self) -> u64 {
+        #[cfg(not(feature = "native-tls"))]
+        return LOCAL_EX.with(|local_ex| local_ex.get_reactor().sys.latency_timers_armed());
+
+        #[cfg(feature = "native-tls")]
+        return unsafe {
+            LOCAL_EX
+                .as_ref()
+                .expect("this thread doesn't have a LocalExecutor running")
+                .get_reactor()
+                .sys
+                .latency_timers_armed()
         };
     }
 

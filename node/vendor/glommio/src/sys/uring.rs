@@ -1224,6 +1224,10 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    // weir patch: when the armed latency timer fires (see `Reactor::wait`).
+    latency_preemption_deadline: Cell<Option<Instant>>,
+    // weir patch: latency timers armed so far (`latency_timers_armed`).
+    latency_timers_armed: Cell<u64>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
     // weir patch: throughput timers created so far (`throughput_timers_armed`).
     throughput_timers_armed: Cell<u64>,
@@ -1357,6 +1361,8 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            latency_preemption_deadline: Cell::new(None),
+            latency_timers_armed: Cell::new(0),
             throughput_preemption_timeout_src: Cell::new(None),
             throughput_timers_armed: Cell::new(0),
             blocking_thread,
@@ -1728,6 +1734,52 @@ impl Reactor {
         self.throughput_timers_armed.get()
     }
 
+    /// weir patch: how many latency timers (preempt or user) this reactor has armed.
+    pub(crate) fn latency_timers_armed(&self) -> u64 {
+        self.latency_timers_armed.get()
+    }
+
+    /// weir patch: how much later than asked an armed timer may fire and still be kept.
+    /// A timer armed for a user timer's `dur` at one instant, and asked for again with
+    /// the `dur` the timer wheel computes at a later turn, differs by the time between
+    /// the two readings of the clock.
+    const TIMER_LATE_OK: Duration = Duration::from_micros(50);
+
+
+    /// weir patch: whether the armed latency timer is still pending and fires no later
+    /// than `latest` and no earlier than `early_ok` before it.
+    fn keep_latency_timer(&self, latest: Instant, early_ok: Duration) -> bool {
+        let Some(src) = self.latency_preemption_timeout_src.take() else {
+            return false;
+        };
+        let keep = src.is_pending()
+            && self.latency_preemption_deadline.get().is_some_and(|at| {
+                at <= latest + Self::TIMER_LATE_OK
+                    && latest.checked_sub(early_ok).is_none_or(|earliest| at >= earliest)
+            });
+        self.latency_preemption_timeout_src.set(Some(src));
+        keep
+    }
+
+    /// weir patch: arms the latency timer to fire in `dur`, cancelling any armed one.
+    ///
+    /// The cancellation goes into the ring's SQ now, ahead of the new timer. Left in the
+    /// cancellation queue until the next turn, it could outlive the old timer: once the
+    /// old timer's completion is consumed its source id is free, the new timer can get
+    /// the same id, and the late cancellation would cancel the new timer instead.
+    fn arm_latency_timer(&self, lat_ring: &mut SleepableRing, dur: Duration) {
+        drop(self.latency_preemption_timeout_src.take());
+        // Only queues SQEs (enters the kernel only if the SQ is full); the caller's
+        // flush submits them with the new timer, in order.
+        let _ = lat_ring.consume_cancellation_queue();
+        self.latency_timers_armed
+            .set(self.latency_timers_armed.get() + 1);
+        self.latency_preemption_deadline
+            .set(Instant::now().checked_add(dur));
+        self.latency_preemption_timeout_src
+            .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+    }
+
     /// We want to go to sleep, but we can only go to sleep in one of the rings,
     /// as we only have one thread. There are more than one sleepable rings, so
     /// what we do is we take advantage of the fact that the ring's `ring_fd` is
@@ -1824,13 +1876,21 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
-        //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
+        // weir patch: upstream cancels the latency timer here on every call, i.e. on
+        // every turn of the executor loop, and arms a new one below: two SQEs and an
+        // hrtimer cancelled and started per turn. While the executor stays awake the
+        // armed timer is now kept as long as it fires within the preempt period (see
+        // `keep_latency_timer` below); an early one costs one early preemption, never a
+        // late one. Before a sleep it is cancelled here as upstream does (the
+        // cancellation's completions are consumed below, before the sleep decision) and
+        // the sleep arms a fresh one for the next user timer. Sleeping on a timer kept
+        // from an earlier turn lost wake-ups: a SIGTERMed broker's shard slept through
+        // its 50 ms timer about once in 40 restart-test runs under CPU hogs, and why was
+        // not found (docs/PERFORMANCE.md, "Executor turns"). `should_sleep` below
+        // implies this test (`woke` only grows), so every sleep finds no timer armed.
+        if preempt_timer().is_none() && woke == 0 {
+            drop(self.latency_preemption_timeout_src.take());
+        }
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
@@ -1874,9 +1934,10 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
+            // weir patch: no timer is armed here (cancelled above), so this is
+            // upstream's fresh timer, counted.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                self.arm_latency_timer(&mut lat_ring, dur);
                 assert!(flush_rings!(lat_ring)? > 0);
             }
             // From this moment on the remote executors are aware that we are sleeping
@@ -1907,8 +1968,12 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            // weir patch: an armed timer that fires within the preempt period stays. It is
+            // often the sleep path's user timer (above), which then also preempts:
+            // replacing it would swap the user timer and the preempt timer on every turn.
+            if !self.keep_latency_timer(Instant::now() + preempt, preempt) {
+                self.arm_latency_timer(&mut lat_ring, preempt);
+            }
             flush_rings!(lat_ring, main_ring)?;
         }
 
