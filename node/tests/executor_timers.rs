@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use glommio::channels::shared_channel;
+use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use glommio::{LocalExecutorBuilder, Placement};
 
 const PREEMPT: Duration = Duration::from_millis(100);
@@ -52,15 +52,18 @@ where
         .expect("the ping-pong stopped: a cross-executor wake was lost, or an executor slept with work to do")
 }
 
-fn ping_pong_inner<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future + 'static,
-    Fut::Output: Send + 'static,
-{
+/// Starts the answering side of a ping-pong: an executor that sends back every number it
+/// receives until the pinging side hangs up. Returns that side's two ends and the handle.
+fn spawn_pong(
+    preempt: Duration,
+) -> (
+    SharedSender<u64>,
+    SharedReceiver<u64>,
+    glommio::ExecutorJoinHandle<()>,
+) {
     let (to_b, from_a) = shared_channel::new_bounded::<u64>(1);
     let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);
-    let b = LocalExecutorBuilder::new(Placement::Unbound)
+    let pong = LocalExecutorBuilder::new(Placement::Unbound)
         .name("pong")
         .preempt_timer(preempt)
         .spawn(move || async move {
@@ -73,23 +76,43 @@ where
             }
         })
         .expect("pong executor");
+    (to_b, from_b, pong)
+}
+
+/// The pinging loop: `rounds` numbers sent to the pong executor, each awaited back, then
+/// the pong side is let go. Returns how much `counter` grew meanwhile, and the time taken.
+async fn pings(
+    to_pong: SharedSender<u64>,
+    from_pong: SharedReceiver<u64>,
+    rounds: u64,
+    counter: fn(&glommio::ExecutorProxy) -> u64,
+) -> (u64, Duration) {
+    let tx = to_pong.connect().await;
+    let rx = from_pong.connect().await;
+    let ex = glommio::executor();
+    let before = counter(&ex);
+    let start = Instant::now();
+    for i in 0..rounds {
+        tx.send(i).await.expect("pong is there");
+        assert_eq!(rx.recv().await, Some(i));
+    }
+    (counter(&ex) - before, start.elapsed())
+}
+
+fn ping_pong_inner<F, Fut>(preempt: Duration, rounds: u64, during: F) -> Seen<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let (to_b, from_b, b) = spawn_pong(preempt);
     let a = LocalExecutorBuilder::new(Placement::Unbound)
         .name("ping")
         .preempt_timer(preempt)
         .spawn(move || async move {
             let beside = glommio::spawn_local(during());
-            let tx = to_b.connect().await;
-            let rx = from_b.connect().await;
-            let ex = glommio::executor();
-            let throughput_before = ex.throughput_timers_armed();
-            let start = Instant::now();
-            for i in 0..rounds {
-                tx.send(i).await.expect("pong is there");
-                assert_eq!(rx.recv().await, Some(i));
-            }
-            let elapsed = start.elapsed();
-            let throughput_timers = ex.throughput_timers_armed() - throughput_before;
-            drop(tx);
+            let (throughput_timers, elapsed) =
+                pings(to_b, from_b, rounds, |ex| ex.throughput_timers_armed()).await;
             Seen {
                 throughput_timers,
                 elapsed,
@@ -146,20 +169,7 @@ fn an_awake_executor_arms_its_preempt_timer_per_period_not_per_turn() {
     use std::rc::Rc;
     const ROUNDS: u64 = 2_000;
     const PERIOD: Duration = Duration::from_millis(20);
-    let (to_b, from_a) = shared_channel::new_bounded::<u64>(1);
-    let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);
-    let pong = LocalExecutorBuilder::new(Placement::Unbound)
-        .name("pong")
-        .spawn(move || async move {
-            let rx = from_a.connect().await;
-            let tx = to_a.connect().await;
-            while let Some(i) = rx.recv().await {
-                if tx.send(i).await.is_err() {
-                    break;
-                }
-            }
-        })
-        .expect("pong executor");
+    let (to_b, from_b, pong) = spawn_pong(PREEMPT);
     let ping = LocalExecutorBuilder::new(Placement::Unbound)
         .name("busy-ping")
         .preempt_timer(PREEMPT)
@@ -178,18 +188,7 @@ fn an_awake_executor_arms_its_preempt_timer_per_period_not_per_turn() {
                 }
             });
             let pinger = glommio::spawn_local_into(
-                async move {
-                    let tx = to_b.connect().await;
-                    let rx = from_b.connect().await;
-                    let ex = glommio::executor();
-                    let before = ex.latency_timers_armed();
-                    let start = Instant::now();
-                    for i in 0..ROUNDS {
-                        tx.send(i).await.expect("pong is there");
-                        assert_eq!(rx.recv().await, Some(i));
-                    }
-                    (ex.latency_timers_armed() - before, start.elapsed())
-                },
+                pings(to_b, from_b, ROUNDS, |ex| ex.latency_timers_armed()),
                 queue,
             )
             .expect("ping queue");
