@@ -2526,8 +2526,9 @@ impl ExecutorProxy {
     }
 
     /// weir patch: how many latency timers (the preempt timer, or the next user timer
-    /// when about to sleep) this executor's reactor has armed since it started: about
-    /// one per preempt period or user timer, not one per loop turn.
+    /// when about to sleep) this executor's reactor has armed since it started: while
+    /// awake about one per preempt period, not one per loop turn; plus one per sleep
+    /// with a user timer.
     pub fn latency_timers_armed(&self) -> u64 {
         #[cfg(not(feature = "native-tls"))]
         return LOCAL_EX.with(|local_ex| local_ex.get_reactor().sys.latency_timers_armed());

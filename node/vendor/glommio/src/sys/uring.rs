@@ -1739,24 +1739,21 @@ impl Reactor {
         self.latency_timers_armed.get()
     }
 
-    /// weir patch: how much later than asked an armed timer may fire and still be kept.
-    /// A timer armed for a user timer's `dur` at one instant, and asked for again with
-    /// the `dur` the timer wheel computes at a later turn, differs by the time between
-    /// the two readings of the clock.
+    /// weir patch: slack for the two clock readings compared in `keep_latency_timer`
+    /// (the deadline taken when the timer was armed, and `now` at a later turn).
     const TIMER_LATE_OK: Duration = Duration::from_micros(50);
 
-
-    /// weir patch: whether the armed latency timer is still pending and fires no later
-    /// than `latest` and no earlier than `early_ok` before it.
-    fn keep_latency_timer(&self, latest: Instant, early_ok: Duration) -> bool {
+    /// weir patch: whether the armed latency timer is still pending and fires between
+    /// `now` and `period` after it (so it preempts in time, and is not already overdue).
+    fn keep_latency_timer(&self, now: Instant, period: Duration) -> bool {
         let Some(src) = self.latency_preemption_timeout_src.take() else {
             return false;
         };
         let keep = src.is_pending()
-            && self.latency_preemption_deadline.get().is_some_and(|at| {
-                at <= latest + Self::TIMER_LATE_OK
-                    && latest.checked_sub(early_ok).is_none_or(|earliest| at >= earliest)
-            });
+            && self
+                .latency_preemption_deadline
+                .get()
+                .is_some_and(|at| at >= now && at <= now + period + Self::TIMER_LATE_OK);
         self.latency_preemption_timeout_src.set(Some(src));
         keep
     }
@@ -1971,7 +1968,7 @@ impl Reactor {
             // weir patch: an armed timer that fires within the preempt period stays. It is
             // often the sleep path's user timer (above), which then also preempts:
             // replacing it would swap the user timer and the preempt timer on every turn.
-            if !self.keep_latency_timer(Instant::now() + preempt, preempt) {
+            if !self.keep_latency_timer(Instant::now(), preempt) {
                 self.arm_latency_timer(&mut lat_ring, preempt);
             }
             flush_rings!(lat_ring, main_ring)?;
