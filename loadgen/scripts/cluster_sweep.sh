@@ -26,6 +26,8 @@
 # loadgen/scripts/perf_fetch_copies.py counts copies under the Fetch handler and send path).
 # PHASES=1 scrapes every node's /metrics around the half-load RF=3 step and prints the
 # acks=all round trip's phases from their histograms (loadgen/scripts/phase_hist.py).
+# SCHED=1 records `perf sched` for SCHED_SECS (4) during that step and prints how long the
+# nodes' threads waited for a CPU once runnable (loadgen/scripts/sched_delay.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/target/lg-cluster-sweep}
@@ -44,6 +46,8 @@ E2E=${E2E:-0}
 FLOORS=${FLOORS:-1}
 PERF=${PERF:-0}
 EXTRA=(${LOADGEN_ARGS:-})
+# NODE_ARGS: more `weir serve` arguments for every node, e.g. "--set replica.fetch.min.bytes=65536".
+NODE_ARGS=(${NODE_ARGS:-})
 
 if [ "${BUILD:-1}" = 1 ]; then
     cargo build --release -p weir -p weir-loadgen --bins >/dev/null || exit 1
@@ -81,7 +85,7 @@ for i in 1 2 3; do
         --set broker.heartbeat.interval.ms=200 --set broker.session.timeout.ms=3000 \
         --set controller.quorum.election.timeout.ms=500 \
         --set log.retention.check.interval.ms=5000 \
-        --set default.replication.factor=3 --set min.insync.replicas=2 \
+        --set default.replication.factor=3 --set min.insync.replicas=2 "${NODE_ARGS[@]}" \
         > "$OUT/node-$i.log" 2>&1 &
     PID[$i]=$!
 done
@@ -144,7 +148,23 @@ scrape_all() {
     for i in 1 2 3; do curl -s "http://127.0.0.1:${MPORT[$i]}/metrics" > "$OUT/phases/$1-$i.txt"; done
 }
 [ "${PHASES:-0}" = 1 ] && scrape_all before
+if [ "${SCHED:-0}" = 1 ]; then
+    # How long the nodes' runnable threads wait for a CPU during the half-load RF 3 step:
+    # an acks=all produce needs the leader, then each follower, then the leader again to
+    # be scheduled, so these waits add up along the round trip.
+    ( sleep "${WARMUP%s}"; perf sched record -a -o "$OUT/sched.data" -- sleep "${SCHED_SECS:-4}" \
+        > "$OUT/sched-record.log" 2>&1 ) &
+    SCHED_PID=$!
+fi
 sweep half-rf3 sweep-rf3 "$HALF3" || exit 1
+if [ "${SCHED:-0}" = 1 ]; then
+    wait "$SCHED_PID"
+    perf sched timehist -i "$OUT/sched.data" 2>/dev/null > "$OUT/sched-timehist.txt"
+    echo "== scheduler delay of every thread during the half-load RF 3 step (perf sched timehist)"
+    python3 loadgen/scripts/sched_delay.py "$OUT/sched-timehist.txt" "${PID[1]}" "${PID[2]}" "${PID[3]}" \
+        | tee "$OUT/sched.txt"
+    rm -f "$OUT/sched.data"
+fi
 if [ "${PHASES:-0}" = 1 ]; then
     scrape_all after
     echo "== the acks=all round trip's phases during the half-load RF 3 step (all nodes)"
@@ -229,5 +249,17 @@ if len(costs) == 2:
     r = costs["cpu-rf1"] / costs["cpu-rf3"]
     print(f"cluster CPU per GiB acked, acks=all: RF1 {costs['cpu-rf1']:.2f} CPU-s, RF3 {costs['cpu-rf3']:.2f} CPU-s "
           f"(RF1/RF3 = {r:.2f}: the RF3/RF1 throughput a CPU-bound machine allows)")
+    # The least an RF 3 byte can add, from this run's floors: each follower copy is one
+    # send (leader), one receive and one O_DIRECT append (follower), at the kernel's own cost.
+    import re
+    floors = open(f"{out}/floors.txt").read() if os.path.exists(f"{out}/floors.txt") else ""
+    m = re.search(r"receiver ([0-9.]+) CPU-s/GiB, sender ([0-9.]+)", floors)
+    w = re.search(r"kernel ([0-9.]+) CPU-s/GiB \(the write floor\)", floors)
+    if m and w:
+        copy = float(m.group(1)) + float(m.group(2)) + float(w.group(1))
+        c1 = costs["cpu-rf1"]
+        print(f"floors: a follower copy costs at least {copy:.2f} CPU-s/GiB (send + receive + append); "
+              f"with RF1 at {c1:.2f}, RF3 >= {c1 + 2 * copy:.2f} CPU-s/GiB, so on shared cores "
+              f"RF3/RF1 <= {c1 / (c1 + 2 * copy):.2f} even with followers at the kernel's floor")
 print(f"reports: {out}/max-rf1.html max-rf3.html half-rf1.html half-rf3.html")
 EOF

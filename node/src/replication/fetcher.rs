@@ -60,6 +60,10 @@ pub const REFUSED_RETRY: Duration = Duration::from_millis(200);
 pub struct FetcherConfig {
     /// `replica.fetch.wait.max.ms`: the leader's long poll.
     pub wait_max: Duration,
+    /// `replica.fetch.min.bytes`: the leader answers once it has this much (or at
+    /// `wait_max`). Kafka's default 1 answers each append at once: acks=all waits for no
+    /// more than the round trip, at one fetch round per append.
+    pub min_bytes: i32,
     /// `replica.fetch.max.bytes`: per partition per fetch.
     pub partition_max_bytes: i32,
     /// `replica.fetch.response.max.bytes`: per fetch.
@@ -70,6 +74,7 @@ impl Default for FetcherConfig {
     fn default() -> Self {
         FetcherConfig {
             wait_max: Duration::from_millis(500),
+            min_bytes: 1,
             partition_max_bytes: 1 << 20,
             response_max_bytes: 10 << 20,
         }
@@ -313,7 +318,7 @@ impl ReplicaFetcher {
             FetchRequest::default()
                 .with_replica_id(BrokerId(self.local.get()))
                 .with_max_wait_ms(wait_ms)
-                .with_min_bytes(1)
+                .with_min_bytes(self.config.min_bytes)
                 .with_max_bytes(self.config.response_max_bytes)
                 .with_topics(topics),
         )

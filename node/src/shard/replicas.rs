@@ -415,6 +415,9 @@ fn fetcher_config(config: &crate::config::Config) -> FetcherConfig {
         wait_max: get("replica.fetch.wait.max.ms").map_or(default.wait_max, |ms| {
             std::time::Duration::from_millis(ms.clamp(1, 60_000) as u64)
         }),
+        min_bytes: get("replica.fetch.min.bytes").map_or(default.min_bytes, |b| {
+            b.clamp(1, i64::from(i32::MAX)) as i32
+        }),
         partition_max_bytes: get("replica.fetch.max.bytes")
             .map_or(default.partition_max_bytes, |b| {
                 b.clamp(1024, i64::from(i32::MAX)) as i32
@@ -423,5 +426,42 @@ fn fetcher_config(config: &crate::config::Config) -> FetcherConfig {
             .map_or(default.response_max_bytes, |b| {
                 b.clamp(1024, i64::from(i32::MAX)) as i32
             }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fetcher_config;
+    use crate::config::{CliOverrides, Config, Properties};
+
+    fn config(pairs: &[(&str, &str)]) -> Config {
+        let mut p = Properties::default();
+        for (k, v) in pairs {
+            p.set(k, v);
+        }
+        Config::resolve(p, &CliOverrides::default()).expect("config")
+    }
+
+    #[test]
+    fn fetchers_take_kafkas_replica_fetch_keys_and_defaults() {
+        let default = fetcher_config(&config(&[]));
+        assert_eq!(
+            default.min_bytes, 1,
+            "Kafka's default answers each append at once"
+        );
+        assert_eq!(default.wait_max.as_millis(), 500);
+        let set = fetcher_config(&config(&[
+            ("replica.fetch.min.bytes", "65536"),
+            ("replica.fetch.wait.max.ms", "5"),
+            ("replica.fetch.max.bytes", "2097152"),
+        ]));
+        assert_eq!(set.min_bytes, 65536);
+        assert_eq!(set.wait_max.as_millis(), 5);
+        assert_eq!(set.partition_max_bytes, 2 << 20);
+        // Out of range is clamped, never zero or negative on the wire.
+        assert_eq!(
+            fetcher_config(&config(&[("replica.fetch.min.bytes", "-3")])).min_bytes,
+            1
+        );
     }
 }
