@@ -384,9 +384,10 @@ fn dropping_an_append_future_midway_loses_nothing_and_corrupts_nothing() {
     });
 }
 
-/// Retention renames a deleted segment's `.log` to `.log.deleted` and unlinks it off the
-/// shard's thread; the file goes without a restart, and a `.deleted` file left by a crash
-/// is removed at the next open (and never read as a segment).
+/// Retention renames a deleted segment's `.log` to `.log.deleted` and hands it to the
+/// reclaim thread (which gives its blocks back a step at a time, then unlinks it); the
+/// file goes without a restart, and a `.deleted` file left by a crash is removed at the
+/// next open (and never read as a segment).
 #[test]
 fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
     let dir = tempdir();
@@ -403,15 +404,20 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
             names
         };
         let before = logs(&pdir, ".log");
+        let handed = weir::storage::retired_files_handed_over();
         let deleted = log.apply_retention(0).await.unwrap();
         assert!(deleted >= 1);
+        assert!(
+            weir::storage::retired_files_handed_over() >= handed + deleted,
+            "retention retires its segments (not unlinked on the shard's thread)"
+        );
         let after = logs(&pdir, ".log");
         assert_eq!(
             after.len(),
             before.len() - deleted,
             "the .log files are gone at once"
         );
-        // The unlinks run in the blocking pool: wait (bounded) until no .deleted is left.
+        // The unlinks run on the reclaim thread: wait (bounded) until no .deleted is left.
         let mut left = logs(&pdir, ".deleted");
         for _ in 0..500 {
             if left.is_empty() {

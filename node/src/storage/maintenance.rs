@@ -335,7 +335,7 @@ impl Log {
             bases.iter().filter_map(|b| st.segments.remove(b)).collect()
         };
         for seg in &doomed {
-            remove_segment_files(seg)?;
+            retire_segment_files(seg)?;
         }
         sync_dir(&self.dir)
     }

@@ -55,6 +55,8 @@ mod open;
 mod probe;
 mod read;
 mod readahead;
+mod reclaim;
+pub use reclaim::retired_files_handed_over;
 mod recovery;
 mod segment;
 mod shared_read;

@@ -400,11 +400,11 @@ const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
 
 /// Removes a segment the log no longer holds (retention, DeleteRecords) without making
 /// the shard wait for the unlink: the small index files go at once, the `.log` is renamed
-/// to `.log.deleted` and unlinked in glommio's blocking thread pool. On this VM's ext4 the
-/// unlink of a 128 MiB segment takes 21 ms, all of which every request of the shard waited
-/// for, and retention deletes one segment per partition at a time. A crash before the
-/// unlink leaves the `.deleted` file; the next open removes it ([`remove_retired`]). Call
-/// only on a glommio executor.
+/// to `.log.deleted` and given back off the shard's thread, a step at a time
+/// ([`super::reclaim`]). On this VM's ext4 the unlink of a 128 MiB segment takes 21 ms,
+/// all of which every request of the shard waited for, and its discard, done whole,
+/// stalled every append on the filesystem. A crash before the unlink leaves the
+/// `.deleted` file; the next open removes it ([`remove_retired`]).
 pub fn retire_segment_files(seg: &Segment) -> Result<()> {
     remove_files(seg, &["index", "timeindex", "txnindex"])?;
     let log = seg.path("log");
@@ -416,18 +416,7 @@ pub fn retire_segment_files(seg: &Segment) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StorageError::io("rename", &log, e)),
     }
-    glommio::spawn_local(async move {
-        let path = retired.clone();
-        let removed = glommio::executor()
-            .spawn_blocking(move || fs::remove_file(&path))
-            .await;
-        if let Err(e) = removed
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(file = %retired.display(), error = %e, "could not delete a retired segment");
-        }
-    })
-    .detach();
+    super::reclaim::reclaim(retired);
     Ok(())
 }
 
