@@ -12,6 +12,7 @@ use super::index::relative;
 use super::log::{CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, State};
 use super::open::{
     remove_files, remove_segment_files, retire_segment_files, write_index_files, write_log_start,
+    write_log_start_synced_later,
 };
 use super::recovery::FileWindow;
 use super::segment::{Segment, check_stored_header};
@@ -313,13 +314,22 @@ impl Log {
         if new_start <= self.log_start_offset() {
             return Ok(self.log_start_offset());
         }
-        self.advance_start(new_start)?;
+        self.advance_start(new_start, Durable::Now)?;
         Ok(new_start)
     }
 
-    /// Persists a new log start offset, then deletes the sealed segments below it.
-    fn advance_start(&self, new_start: Offset) -> Result<()> {
-        write_log_start(&self.dir, new_start)?;
+    /// Moves the log start offset up to `new_start` and retires the sealed segments below
+    /// it. `Durable::Now` persists the new start before anything is deleted, with fsyncs
+    /// on this thread (DeleteRecords: a client is told the records are gone).
+    /// `Durable::Later` (retention) writes it after the segments are renamed and leaves
+    /// the fsyncs to the blocking pool: a crash can at worst bring back segments retention
+    /// deletes again, and a start file older than the first segment is raised to it at
+    /// open. A shard fsyncs here while retained segments' discards hold the journal: tens
+    /// of ms every request of the shard waited for.
+    fn advance_start(&self, new_start: Offset, durable: Durable) -> Result<()> {
+        if durable == Durable::Now {
+            write_log_start(&self.dir, new_start)?;
+        }
         let doomed: Vec<Segment> = {
             let mut st = self.state.borrow_mut();
             st.log_start = new_start;
@@ -337,7 +347,11 @@ impl Log {
         for seg in &doomed {
             retire_segment_files(seg)?;
         }
-        sync_dir(&self.dir)
+        match durable {
+            Durable::Now => sync_dir(&self.dir),
+            // Its background fsync of the directory also covers the renames above.
+            Durable::Later => write_log_start_synced_later(&self.dir, new_start),
+        }
     }
 
     /// Applies `retention.ms` and `retention.bytes`: deletes whole sealed segments (never
@@ -354,7 +368,7 @@ impl Log {
         let Some((count, new_start)) = new_start else {
             return Ok(0);
         };
-        self.advance_start(new_start.max(self.log_start_offset()))?;
+        self.advance_start(new_start.max(self.log_start_offset()), Durable::Later)?;
         Ok(count)
     }
 
@@ -483,4 +497,11 @@ fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
         new_start = Some(seg.next_offset);
     }
     new_start.map(|s| (count, s))
+}
+
+/// When [`Log::advance_start`] makes the new log start offset durable.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durable {
+    Now,
+    Later,
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use wire::{LeaderEpoch, Offset};
 
-use super::atomic::{sync_dir, write_atomic};
+use super::atomic::{sync_dir, write_atomic, write_atomic_synced_later};
 use super::cache::TailCache;
 use super::config::LogConfig;
 use super::error::{Result, StorageError};
@@ -497,6 +497,15 @@ fn read_log_start(dir: &Path) -> Result<Option<Offset>> {
 /// Persists the log start offset atomically.
 pub fn write_log_start(dir: &Path, offset: Offset) -> Result<()> {
     write_atomic(
+        &dir.join(LOG_START_FILE),
+        format!("0\n{}\n", offset.get()).as_bytes(),
+    )
+}
+
+/// [`write_log_start`] with the file's and the directory's fsync in glommio's blocking
+/// pool (call on a glommio executor).
+pub fn write_log_start_synced_later(dir: &Path, offset: Offset) -> Result<()> {
+    write_atomic_synced_later(
         &dir.join(LOG_START_FILE),
         format!("0\n{}\n", offset.get()).as_bytes(),
     )
