@@ -32,11 +32,10 @@ const BACKLOG_NO_PAUSE: usize = 16;
 
 struct Reclaimer {
     queue: Sender<PathBuf>,
-    /// Files sent and not yet removed.
-    waiting: &'static AtomicUsize,
 }
 
 static RECLAIMER: OnceLock<Option<Reclaimer>> = OnceLock::new();
+/// Files sent to the reclaim thread and not yet removed.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 static HANDED_OVER: AtomicUsize = AtomicUsize::new(0);
 
@@ -52,11 +51,11 @@ pub fn reclaim(path: PathBuf) {
     let reclaimer = RECLAIMER.get_or_init(start);
     let path = match reclaimer {
         Some(r) => {
-            r.waiting.fetch_add(1, Ordering::Relaxed);
+            WAITING.fetch_add(1, Ordering::Relaxed);
             match r.queue.send(path) {
                 Ok(()) => return,
                 Err(mpsc::SendError(path)) => {
-                    r.waiting.fetch_sub(1, Ordering::Relaxed);
+                    WAITING.fetch_sub(1, Ordering::Relaxed);
                     path
                 }
             }
@@ -78,10 +77,7 @@ fn start() -> Option<Reclaimer> {
             }
         });
     match spawned {
-        Ok(_) => Some(Reclaimer {
-            queue,
-            waiting: &WAITING,
-        }),
+        Ok(_) => Some(Reclaimer { queue }),
         Err(e) => {
             tracing::warn!(error = %e, "no reclaim thread: retired segments are unlinked at once");
             None
