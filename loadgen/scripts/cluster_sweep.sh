@@ -28,6 +28,9 @@
 # acks=all round trip's phases from their histograms (loadgen/scripts/phase_hist.py).
 # SCHED=1 records `perf sched` for SCHED_SECS (4) during that step and prints how long the
 # nodes' threads waited for a CPU once runnable (loadgen/scripts/sched_delay.py).
+# COUNTS=1 counts, system-wide during the CPU phase, O_DIRECT writes, io-wq punts, context
+# switches, syscalls and loopback packets, and prints each per GiB acked; $OUT/cpu-rf*.trace
+# has 2 s of `perf trace -s` (syscalls per thread) from the same run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/target/lg-cluster-sweep}
@@ -179,11 +182,37 @@ nodes_cpu() { local s=0; for i in 1 2 3; do s=$(python3 -c "print($s + $(cpu_of 
 cpu_phase() {
     local name=$1 topic=$2 c0 c1 line
     c0=$(nodes_cpu)
+    if [ "${COUNTS:-0}" = 1 ]; then
+        # System-wide event counts over the same run (all nodes, their io-wq workers and
+        # the load generator): O_DIRECT writes, writes punted to io-wq, context switches,
+        # syscalls. Per GiB acked they say which per-operation cost grows with RF.
+        perf stat -a -x, -o "$OUT/$name.counts" -e iomap:iomap_dio_rw_begin \
+            -e io_uring:io_uring_queue_async_work -e sched:sched_switch -e raw_syscalls:sys_enter \
+            -e net:net_dev_xmit -- sleep "${DURATION%s}" > /dev/null 2>&1 &
+        local stat_pid=$!
+        # Which threads make the syscalls, and which ones: 2 s of `perf trace -s`.
+        ( sleep 2; perf trace -s -a -o "$OUT/$name.trace" -- sleep 2 > /dev/null 2>&1 ) &
+        local trace_pid=$!
+    fi
     line=$("$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic "$topic" --partitions "$PARTITIONS" --acks all \
         --record-size "$RECORD" --rate max --duration "$DURATION" "${EXTRA[@]}" 2>&1 | grep -m1 'records acked in')
     c1=$(nodes_cpu)
     echo "$(python3 -c "print($c1 - $c0)") $(( ${line%% records*} * RECORD ))" > "$OUT/$name.cpu"
     echo "== $name: $line; nodes used $(cut -d' ' -f1 "$OUT/$name.cpu") CPU-s"
+    if [ "${COUNTS:-0}" = 1 ]; then
+        wait "$stat_pid" "$trace_pid"
+        python3 - "$OUT/$name.counts" "$(( ${line%% records*} * RECORD ))" <<'PY'
+import sys
+path, acked = sys.argv[1], int(sys.argv[2])
+gib = acked / 2**30 or 1
+for row in open(path):
+    f = row.strip().split(",")
+    if len(f) < 3 or not f[0].replace(".", "").isdigit():
+        continue
+    # perf counts over the sleep; the produce ran about as long, so scale per GiB acked.
+    print(f"   {f[2]:<40} {float(f[0]) / gib:>12,.0f} per GiB acked")
+PY
+    fi
 }
 if [ "${CPU:-1}" = 1 ]; then
     cpu_phase cpu-rf1 sweep-rf1
