@@ -674,6 +674,9 @@ impl LogInner {
     /// errors mark the log failed (waiters see them), and leaving the gate wakes waiters.
     async fn run_io(&self, sync_now_ms: Option<i64>) {
         let _leave = GateLeave(&self.io_gate);
+        // Behind the tasks this turn has already woken (requests read from other
+        // connections, or later in the same one), so their appends join this write.
+        futures_lite::future::yield_now().await;
         // write_pending handles its own errors (rollback or failed); a sync error fails
         // the log.
         if self.write_pending().await.is_err() {
