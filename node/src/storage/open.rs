@@ -496,17 +496,16 @@ fn read_log_start(dir: &Path) -> Result<Option<Offset>> {
 
 /// Persists the log start offset atomically.
 pub fn write_log_start(dir: &Path, offset: Offset) -> Result<()> {
-    write_atomic(
-        &dir.join(LOG_START_FILE),
-        format!("0\n{}\n", offset.get()).as_bytes(),
-    )
+    write_atomic(&dir.join(LOG_START_FILE), &log_start_file(offset))
 }
 
 /// [`write_log_start`] with the file's and the directory's fsync in glommio's blocking
 /// pool (call on a glommio executor).
 pub fn write_log_start_synced_later(dir: &Path, offset: Offset) -> Result<()> {
-    write_atomic_synced_later(
-        &dir.join(LOG_START_FILE),
-        format!("0\n{}\n", offset.get()).as_bytes(),
-    )
+    write_atomic_synced_later(&dir.join(LOG_START_FILE), &log_start_file(offset))
+}
+
+/// The log start file's contents, as [`read_log_start`] parses them.
+fn log_start_file(offset: Offset) -> Vec<u8> {
+    format!("0\n{}\n", offset.get()).into_bytes()
 }
