@@ -178,11 +178,23 @@ fi
 CLK_TCK=$(getconf CLK_TCK)
 cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
 nodes_cpu() { local s=0; for i in 1 2 3; do s=$(python3 -c "print($s + $(cpu_of "${PID[$i]}"))"); done; echo "$s"; }
+# storage_counts: "<name> <sum over the nodes>" for the storage counters COUNTS=1 prints.
+storage_counts() {
+    for m in weir_storage_appends_total weir_storage_leader_writes_total weir_storage_follower_writes_total; do
+        local sum=0 v
+        for i in 1 2 3; do
+            v=$(curl -s "http://127.0.0.1:${MPORT[$i]}/metrics" | awk -v m="$m" '$1 == m { print $2 }')
+            sum=$(( sum + ${v:-0} ))
+        done
+        echo "$m $sum"
+    done
+}
 # cpu_phase NAME TOPIC: acks=all at max on TOPIC; writes "<node CPU-s> <bytes acked>" to $OUT/NAME.cpu.
 cpu_phase() {
     local name=$1 topic=$2 c0 c1 line
     c0=$(nodes_cpu)
     if [ "${COUNTS:-0}" = 1 ]; then
+        storage_counts > "$OUT/$name.storage0"
         # System-wide event counts over the same run (all nodes, their io-wq workers and
         # the load generator): O_DIRECT writes, writes punted to io-wq, context switches,
         # syscalls. Per GiB acked they say which per-operation cost grows with RF.
@@ -200,6 +212,10 @@ cpu_phase() {
     echo "$(python3 -c "print($c1 - $c0)") $(( ${line%% records*} * RECORD ))" > "$OUT/$name.cpu"
     echo "== $name: $line; nodes used $(cut -d' ' -f1 "$OUT/$name.cpu") CPU-s"
     if [ "${COUNTS:-0}" = 1 ]; then
+        storage_counts > "$OUT/$name.storage1"
+        # The nodes' own counters: a leader's segment writes against a follower's.
+        paste "$OUT/$name.storage0" "$OUT/$name.storage1" | awk -v acked="$(( ${line%% records*} * RECORD ))" \
+            '{ printf "   %-40s %12.0f per GiB acked\n", $1, ($4 - $2) / (acked / 2^30) }'
         wait "$stat_pid" "$trace_pid"
         python3 - "$OUT/$name.counts" "$(( ${line%% records*} * RECORD ))" <<'PY'
 import sys

@@ -384,6 +384,11 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     let appends = d("weir_storage_appends_total", "");
     assert!((5.0..=6.0).contains(&appends), "{appends} appends");
     assert!(d("weir_storage_fdatasyncs_total", "") >= 1.0);
+    // A single node only writes what it assigned offsets to; writes may carry several
+    // appends, never fewer than one.
+    let writes = d("weir_storage_leader_writes_total", "");
+    assert!((1.0..=appends).contains(&writes), "{writes} leader writes");
+    assert_eq!(d("weir_storage_follower_writes_total", ""), 0.0);
     assert!(d("weir_storage_fsync_seconds_count", "") >= 1.0);
     let grouped = d("weir_storage_group_commit_appends_sum", "");
     assert!(

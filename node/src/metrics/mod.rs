@@ -169,6 +169,10 @@ pub struct ShardMetrics {
     /// Storage: appends, fdatasyncs of segment files, their latency, and how many appends
     /// one group-commit fdatasync made durable.
     pub storage_appends: AtomicU64,
+    /// Segment writes (one per I/O round of a log, maybe several DMA writes), split by
+    /// whether they carry batches this node assigned offsets to (a leader's) or copied.
+    pub storage_leader_writes: AtomicU64,
+    pub storage_follower_writes: AtomicU64,
     pub storage_fdatasyncs: AtomicU64,
     fsync_latency: Histogram,
     group_commit: Histogram,
@@ -212,6 +216,8 @@ impl Default for ShardMetrics {
             replica_append: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
             follower_turnaround: Histogram::new(&REPLICATION_BUCKETS_S, 1e-6),
             storage_appends: AtomicU64::new(0),
+            storage_leader_writes: AtomicU64::new(0),
+            storage_follower_writes: AtomicU64::new(0),
             storage_fdatasyncs: AtomicU64::new(0),
             fsync_latency: Histogram::new(&FSYNC_BUCKETS_S, 1e-6),
             group_commit: Histogram::new(&GROUP_COMMIT_BUCKETS, 1.0),
@@ -519,11 +525,21 @@ impl NodeMetrics {
 
     /// Node-wide counters (summed over shards).
     fn render_counters(&self, out: &mut String) {
-        let counters: [Gauge; 8] = [
+        let counters: [Gauge; 10] = [
             (
                 "weir_storage_appends_total",
                 "Appends to partition logs.",
                 |s| &s.storage_appends,
+            ),
+            (
+                "weir_storage_leader_writes_total",
+                "Segment writes of batches this node assigned offsets to (appends per write: appends / writes).",
+                |s| &s.storage_leader_writes,
+            ),
+            (
+                "weir_storage_follower_writes_total",
+                "Segment writes of batches copied from a leader.",
+                |s| &s.storage_follower_writes,
             ),
             (
                 "weir_storage_fdatasyncs_total",

@@ -373,15 +373,16 @@ impl ReplicaFetcher {
                 Ok(unique) => (unique, 0),
                 Err(shared) => (BytesMut::from(&shared[..]), len),
             };
-            let batches = wire::batch::split_batches(&buf).count() as u64;
             let (now, most) = self.appending.get();
             self.appending.set((now + 1, most.max(now + 1)));
             let appended = p.append_as_follower(buf, crate::shard::now_ms()).await;
             let (now, most) = self.appending.get();
             self.appending.set((now.saturating_sub(1), most));
             match appended {
-                Ok(_) => {
-                    stats.appended_batches += batches;
+                // The append's own count: splitting the answer here to count its batches
+                // checked every batch's CRC a second time (1.4 % of a node's CPU at RF 3).
+                Ok(info) => {
+                    stats.appended_batches += u64::from(info.batches);
                     stats.appended_bytes += len;
                     stats.copied_bytes += copied;
                 }

@@ -123,6 +123,8 @@ pub(super) struct Pending {
     pub segment_base: Offset,
     pub bytes: Bytes,
     pub next_offset: Offset,
+    /// Batches copied from a leader with their offsets (a follower's append).
+    pub copied: bool,
 }
 
 /// The log's in-memory state. Never borrowed across an `.await`.
@@ -542,7 +544,8 @@ impl Log {
             metas.push(meta);
         }
         let blob = records.freeze();
-        let info = self.record_append(&mut st, &batches, &metas, blob, now_ms)?;
+        let copied = stamp == Stamp::Keep;
+        let info = self.record_append(&mut st, &batches, &metas, blob, now_ms, copied)?;
         let st = &*st;
         let must_sync = st.config.flush_on_ack
             || st.unflushed_records >= st.config.flush_interval_messages
@@ -564,6 +567,7 @@ impl Log {
         metas: &[BatchMeta],
         blob: Bytes,
         now_ms: i64,
+        copied: bool,
     ) -> Result<AppendInfo> {
         let interval = st.config.index_interval_bytes;
         let first = st.log_end;
@@ -599,6 +603,7 @@ impl Log {
             segment_base,
             bytes: blob,
             next_offset: next,
+            copied,
         });
         Ok(AppendInfo {
             first_offset: first,
@@ -777,7 +782,15 @@ impl LogInner {
     /// Takes the oldest pending appends of one segment, up to about one write's worth.
     fn take_pending(&self) -> Option<(Offset, Vec<Bytes>, Offset)> {
         let mut st = self.state.borrow_mut();
-        let base = st.pending.front()?.segment_base;
+        let front = st.pending.front()?;
+        let base = front.segment_base;
+        // Counted per write, by its first append: a leader's and a follower's writes
+        // differ in how many appends they carry (docs/PERFORMANCE.md).
+        if front.copied {
+            crate::metrics::add(|m| &m.storage_follower_writes, 1);
+        } else {
+            crate::metrics::add(|m| &m.storage_leader_writes, 1);
+        }
         let mut chunks = Vec::new();
         let mut bytes = 0usize;
         let mut next = st.written_next;
