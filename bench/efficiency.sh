@@ -11,7 +11,10 @@
 # deleted on exit.
 #
 # Usage: bench/efficiency.sh            (from the repo root; BUILD=0 skips cargo build)
-#   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 bench/efficiency.sh
+#   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 IN_FLIGHT=5 bench/efficiency.sh
+#   IN_FLIGHT: produce requests in flight per connection (Kafka's default 5). With 5, a
+#   2-partition produce is bound by the round trip, not by a CPU or the disk
+#   (docs/PERFORMANCE.md, "Produce: the client's window").
 #   FLOORS_ONLY=1 BUILD=0 bench/efficiency.sh   (only the fio and iperf3 lines, for other
 #                                                benches to print beside their numbers)
 set -euo pipefail
@@ -23,6 +26,7 @@ RECORD=${RECORD:-1024}
 BATCH=${BATCH:-65536}
 PARTITIONS=${PARTITIONS:-2}
 CONNECTIONS=${CONNECTIONS:-1}
+IN_FLIGHT=${IN_FLIGHT:-5}
 BIN=${BIN:-target/release}
 
 if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen --bins >/dev/null; fi
@@ -110,9 +114,9 @@ phase() {
     echo "$b0 $b1 $lg" > "$WORK/$name.cpu"
 }
 phase produce-acks-1 produce "${COMMON[@]}" --topic t1 --acks 1 --rate max --duration "$DUR" \
-    --connections "$CONNECTIONS"
+    --connections "$CONNECTIONS" --max-in-flight "$IN_FLIGHT"
 phase produce-acks-all produce "${COMMON[@]}" --topic tall --acks all --rate max \
-    --duration "$DUR" --connections "$CONNECTIONS"
+    --duration "$DUR" --connections "$CONNECTIONS" --max-in-flight "$IN_FLIGHT"
 phase consume consume --bootstrap "$ADDR" --topic tall --consumers 2 --from earliest --quiet
 fi
 
