@@ -306,5 +306,21 @@ if len(costs) == 2:
         print(f"floors: a follower copy costs at least {copy:.2f} CPU-s/GiB (send + receive + append); "
               f"with RF1 at {c1:.2f}, RF3 >= {c1 + 2 * copy:.2f} CPU-s/GiB, so on shared cores "
               f"RF3/RF1 <= {c1 / (c1 + 2 * copy):.2f} even with followers at the kernel's floor")
+    # With COUNTS=1: what each follower round costs. RF 3 adds the followers' copies, and
+    # each copy is written once per fetch round, so (RF3 - RF1) CPU per GiB over the
+    # follower writes per GiB is the CPU one round costs the cluster, both ends together.
+    def counted(n, metric):
+        f = f"{out}/{n}.storage0", f"{out}/{n}.storage1"
+        if not all(os.path.exists(x) for x in f):
+            return None
+        v = [dict(l.split() for l in open(x) if l.strip()) for x in f]
+        return int(v[1][metric]) - int(v[0][metric])
+    rounds = counted("cpu-rf3", "weir_storage_follower_writes_total")
+    if rounds:
+        _, nbytes = open(f"{out}/cpu-rf3.cpu").read().split()
+        per_gib = rounds / (int(nbytes) / GiB)
+        extra = costs["cpu-rf3"] - costs["cpu-rf1"]
+        print(f"follower rounds: {per_gib:,.0f} writes per GiB acked ({2 * GiB / per_gib / 1024:.0f} KiB each: two followers); "
+              f"(RF3 - RF1) CPU per round: {extra / per_gib * 1e6:.0f} us")
 print(f"reports: {out}/max-rf1.html max-rf3.html half-rf1.html half-rf3.html")
 EOF
