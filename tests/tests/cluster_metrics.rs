@@ -137,9 +137,16 @@ fn a_killed_follower_is_counted_under_replicated_and_its_return_as_an_isr_expand
             && total(t, "weir_under_replicated_partitions", "") == 0.0
     });
     let at_follower = metrics_addr(&mut c, follower);
-    let copied = scrape_until(&at_follower, "replica fetch bytes", |t| {
-        total(t, "weir_replica_fetch_bytes_total", "") > 0.0
-    });
+    // The follower writes what it copies as a follower's writes, never as a leader's.
+    let copied = scrape_until(
+        &at_follower,
+        "replica fetch bytes and follower writes",
+        |t| {
+            total(t, "weir_replica_fetch_bytes_total", "") > 0.0
+                && total(t, "weir_storage_follower_writes_total", "") > 0.0
+        },
+    );
+    assert_eq!(total(&copied, "weir_storage_leader_writes_total", ""), 0.0);
     let copied = total(&copied, "weir_replica_fetch_bytes_total", "");
     let shrinks = total(&before, "weir_isr_shrinks_total", "");
     let expands = total(&before, "weir_isr_expands_total", "");
@@ -152,6 +159,8 @@ fn a_killed_follower_is_counted_under_replicated_and_its_return_as_an_isr_expand
             && total(t, "weir_follower_lag_records", &lag_of) >= 50.0
     });
     assert!(total(&out, "weir_isr_shrinks_total", "") >= shrinks + 1.0);
+    assert!(total(&out, "weir_storage_leader_writes_total", "") > 0.0);
+    assert_eq!(total(&out, "weir_storage_follower_writes_total", ""), 0.0);
     assert_eq!(total(&out, "weir_isr_expands_total", ""), expands);
     assert!(total(&out, "weir_follower_caught_up_age_seconds", &lag_of) >= 3.0);
 
