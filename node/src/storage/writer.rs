@@ -1,8 +1,7 @@
 //! [`SegmentWriter`]: appends bytes to a segment file through aligned DMA buffers
 //! (O_DIRECT), handling the partial last block.
 //!
-//! O_DIRECT writes must start and end on a block boundary (here the filesystem's, see
-//! [`WRITE_ALIGN_MIN_BYTES`]). The writer keeps
+//! O_DIRECT writes must start and end on the device's block boundary. The writer keeps
 //! the bytes of the file's last, partial block in memory (`tail`); each write starts at
 //! that block, carries the tail, then the new bytes, zero-padded to the next boundary.
 //! So after a write the file may end with zeros past the last batch: [`finish`] trims it
@@ -39,7 +38,7 @@ pub struct SegmentWriter {
     /// failed write leaves the writer where it was).
     next_tail: Vec<u8>,
     align: u64,
-    /// Blocks are reserved, and the file sized, up to here (fallocate).
+    /// Blocks are reserved up to here (fallocate, file size unchanged).
     prealloc_to: u64,
     /// Reserve blocks ahead of the writes, never past this (the segment size); `None`
     /// disables (`log.preallocate=false`).
@@ -64,16 +63,6 @@ pub async fn create_log_file(disk: &Disk, path: &Path) -> Result<Rc<SegmentFile>
     Ok(Rc::new(file))
 }
 
-/// Writes start and end on this boundary at least, whatever smaller block the device
-/// accepts for O_DIRECT: the filesystem's block (ext4's and XFS's default). ext4 takes a
-/// direct write into preallocated (unwritten) blocks without the inode lock, and so
-/// inline in io_uring, only if the write covers whole filesystem blocks; one that starts
-/// inside a block (a 512-byte-aligned rewrite of the partial last block) is refused with
-/// EAGAIN and handed to an io-wq worker thread. Measured with fio on this machine's ext4:
-/// 64 KiB writes into a fallocated file at 512-byte offsets were all handed off, at
-/// 4 KiB offsets none (docs/PERFORMANCE.md, "Writes aligned to the filesystem block").
-pub const WRITE_ALIGN_MIN_BYTES: u64 = 4096;
-
 /// Preallocation starts once a segment holds this much (small partitions cost nothing).
 const PREALLOC_FROM_BYTES: u64 = 1 << 20;
 /// Preallocation runs at most this far ahead of the end of the data.
@@ -82,10 +71,7 @@ const PREALLOC_AHEAD_MAX: u64 = 64 << 20;
 impl SegmentWriter {
     /// A writer that continues the file at `size` (reads back the partial last block).
     pub async fn resume(file: Rc<SegmentFile>, path: &Path, size: u64) -> Result<SegmentWriter> {
-        let align = match &*file {
-            SegmentFile::Dma(_) => file.alignment().max(WRITE_ALIGN_MIN_BYTES),
-            SegmentFile::Sim(_) => file.alignment(),
-        };
+        let align = file.alignment();
         let block_pos = size - size % align;
         let tail_len = (size - block_pos) as usize;
         let mut tail = Vec::with_capacity(align as usize);
@@ -116,16 +102,9 @@ impl SegmentWriter {
     }
 
     /// Reserves blocks ahead of the writes, up to `limit` bytes, so that O_DIRECT writes
-    /// neither allocate blocks nor extend the file. ext4 serialises direct writes that
-    /// extend a file and makes io_uring hand each of them to a worker thread; a write
-    /// into reserved blocks below the file's size, aligned to the filesystem block, is
-    /// issued inline. So the reservation sets the file's size too: the file holds zeros
-    /// (unwritten extents, read without I/O) past the data until [`finish`] trims them,
-    /// and recovery trims them after a crash (zeros after the last batch of the active
-    /// segment are padding). The reservation grows with the segment (as much as it
-    /// already holds, at most 64 MiB ahead), so idle partitions reserve nothing.
-    ///
-    /// [`finish`]: SegmentWriter::finish
+    /// do not wait for block allocation (ext4 makes allocating direct writes synchronous).
+    /// The reservation grows with the segment (as much as it already holds, at most
+    /// 64 MiB ahead), so idle partitions reserve nothing.
     pub fn set_preallocation(&mut self, limit: Option<u64>) {
         self.prealloc_limit = limit;
     }
@@ -143,7 +122,7 @@ impl SegmentWriter {
         if target <= self.prealloc_to {
             return;
         }
-        match self.file.pre_allocate(target, false).await {
+        match self.file.pre_allocate(target, true).await {
             Ok(()) => self.prealloc_to = target,
             Err(e) => {
                 // Best effort: without it writes still work, just slower.
@@ -327,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn preallocation_sizes_the_file_ahead_and_finish_trims_it() {
+    fn preallocation_reserves_blocks_ahead_without_changing_the_size() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
         let path = dir.path().join("00000000000000000000.log");
@@ -344,9 +323,10 @@ mod tests {
                 (meta.len(), meta.blocks() * 512)
             }
         });
-        assert!(
-            reserved.0 >= 6 << 20,
-            "the file is sized to the reservation: {reserved:?}"
+        assert_eq!(
+            reserved.0,
+            3 << 20,
+            "the file size is the data, not the reservation"
         );
         assert!(reserved.1 >= 6 << 20, "blocks reserved ahead: {reserved:?}");
         // finish trims the reservation with the padding.
