@@ -3,12 +3,14 @@
 // "Appends: io-wq and doorbells")? Needs liburing (apt-get install liburing-dev).
 //   gcc -O2 -o target/ext4_nowait bench/ext4_nowait.c -luring
 //   perf stat -e io_uring:io_uring_queue_async_work target/ext4_nowait (then:)
-//     MODE BS COUNT QD target/nowait.dat [BASE] [OVERLAP]     (e.g. falloc 1048576 256 1)
+//     MODE BS COUNT QD target/nowait.dat [BASE] [OVERLAP] [split]     (e.g. falloc 1048576 256 1)
 // MODE: append (empty file), keep (fallocate KEEP_SIZE ahead), falloc (fallocate, size
 // set), trunc (ftruncate to size, sparse), zero (written with zeros first), zeroout
 // (FALLOC_FL_ZERO_RANGE).
 // BASE: offset of the first write (512: unaligned to the 4 KiB fs block); OVERLAP: bytes
-// each write re-covers of the previous one (4096: an append continuing a partial block).
+// each write re-covers of the previous one (4096: an append continuing a partial block);
+// SPLIT ("split", qd 1 only): those re-covered bytes go as a write of their own, submitted
+// with the rest of the append.
 // The file is created, written and removed by the run.
 #define _GNU_SOURCE
 #include <liburing.h>
@@ -26,7 +28,7 @@ static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t
 int main(int argc,char**argv){
   if(argc<6){fprintf(stderr,"usage\n");return 2;}
   const char*mode=argv[1]; size_t bs=strtoull(argv[2],0,0); int count=atoi(argv[3]); int qd=atoi(argv[4]); const char*path=argv[5];
-  size_t total=bs*(size_t)count; off_t base=argc>6?atoll(argv[6]):0; size_t step=argc>7?atoll(argv[7]):0; total+=base;
+  size_t total=bs*(size_t)count; off_t base=argc>6?atoll(argv[6]):0; size_t step=argc>7?atoll(argv[7]):0; int split=argc>8&&!strcmp(argv[8],"split"); total+=base;
   unlink(path);
   int fd=open(path,O_RDWR|O_CREAT|O_TRUNC|O_DIRECT,0644); if(fd<0){perror("open");return 1;}
   double t0=now();
@@ -41,7 +43,18 @@ int main(int argc,char**argv){
   struct io_uring ring; if(io_uring_queue_init(64,&ring,0)){perror("ring");return 1;}
   void**bufs=calloc(qd,sizeof(void*)); for(int i=0;i<qd;i++){posix_memalign(&bufs[i],4096,bs); memset(bufs[i],0x5a,bs);}
   int sub=0,done=0,inflight=0; double b0=sysbusy(),c0=selfcpu(); double t1=now();
+  if(split&&qd!=1){fprintf(stderr,"split needs qd 1\n");return 2;}
   while(done<count){
+    if(split&&sub>0&&step>0){
+      /* the append's rewrite of the previous write's last block, and the rest, apart */
+      off_t pos=base+(off_t)sub*(bs-step);
+      struct io_uring_sqe*s=io_uring_get_sqe(&ring); io_uring_prep_write(s,fd,bufs[0],step,pos); s->user_data=sub;
+      s=io_uring_get_sqe(&ring); io_uring_prep_write(s,fd,(char*)bufs[0]+step,bs-step,pos+step); s->user_data=sub;
+      io_uring_submit(&ring); sub++;
+      for(int k=0;k<2;k++){struct io_uring_cqe*c; if(io_uring_wait_cqe(&ring,&c)){perror("wait");return 1;}
+        if(c->res<=0){fprintf(stderr,"write res %d\n",c->res);return 1;} io_uring_cqe_seen(&ring,c);}
+      done++; continue;
+    }
     while(inflight<qd && sub<count){struct io_uring_sqe*s=io_uring_get_sqe(&ring); io_uring_prep_write(s,fd,bufs[sub%qd],bs,base+(off_t)sub*(bs-step)); s->user_data=sub; sub++; inflight++;}
     io_uring_submit(&ring);
     struct io_uring_cqe*c; if(io_uring_wait_cqe(&ring,&c)){perror("wait");return 1;}
