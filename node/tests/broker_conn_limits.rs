@@ -131,6 +131,15 @@ fn stalled_large_frames_are_bounded_by_the_budget_and_closed_after_the_deadline(
     let timeout = FRAME_TIMEOUT_MS.to_string();
     let broker = Broker::start(2, &[("request.read.timeout.ms", &timeout)]);
     let hwm_before = status_kib(broker.pid(), "VmHWM");
+    // A baseline: what the canary sees on this machine right now without any staller.
+    let stop = Arc::new(AtomicBool::new(false));
+    let alone = canary(broker.addr(), stop.clone());
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(2) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let p99_alone = percentile(alone.join().expect("canary thread"), 0.99);
     let stop = Arc::new(AtomicBool::new(false));
     let canary = canary(broker.addr(), stop.clone());
     let addr: SocketAddr = broker.addr().parse().expect("addr");
@@ -151,12 +160,14 @@ fn stalled_large_frames_are_bounded_by_the_budget_and_closed_after_the_deadline(
     eprintln!(
         "MEASURE stallers={STALLERS} declared={DECLARED_FRAME_BYTES} sent={SENT_FRAME_BYTES} \
          closed={closed} took_ms={} vm_hwm_before_kib={hwm_before} vm_hwm_kib={hwm} \
-         canary_requests={} canary_p50_us={} canary_p99_us={} canary_max_us={}",
+         canary_requests={} canary_p50_us={} canary_p99_us={} canary_max_us={} \
+         canary_alone_p99_us={}",
         took.as_millis(),
         latencies.len(),
         percentile(latencies.clone(), 0.5).as_micros(),
         p99.as_micros(),
         percentile(latencies.clone(), 1.0).as_micros(),
+        p99_alone.as_micros(),
     );
     assert_eq!(closed, STALLERS, "every stalled connection is closed");
     assert!(
@@ -174,9 +185,11 @@ fn stalled_large_frames_are_bounded_by_the_budget_and_closed_after_the_deadline(
             "SKIP the canary latency bound: load average {load:.1} per CPU (other processes' run queues, not the broker, set the tail here)"
         );
     } else {
+        // 50 ms, or twice the baseline on a machine too loaded for 50 ms.
+        let bound = CANARY_P99_MAX.max(p99_alone * 2);
         assert!(
-            p99 <= CANARY_P99_MAX,
-            "canary p99 {p99:?} while large frames were read and stalled"
+            p99 <= bound,
+            "canary p99 {p99:?} while large frames were read and stalled (alone {p99_alone:?})"
         );
     }
     let mut after = broker.client();

@@ -262,6 +262,16 @@ fn creating_100000_partitions_does_not_stall_a_canary_on_the_same_shard() {
     eprintln!(
         "150,000 partitions created in {created:?}; canary {samples} samples, p99 {p99:?}, max {max:?}"
     );
+    // A second baseline after the creation: the machine's load (other tests) can change
+    // between the first window and the creation's, so the bound uses the worse of the two.
+    let canary = Canary::start_existing(&broker);
+    let after = Instant::now();
+    while after.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_, p99_after, _) = canary.finish();
+    eprintln!("canary alone again: p99 {p99_after:?}");
+    let p99_alone = p99_alone.max(p99_after);
     assert!(
         created < Duration::from_secs(20),
         "creation took {created:?}"

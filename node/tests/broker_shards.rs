@@ -38,7 +38,7 @@ fn parked_long_polls_do_not_block_cross_shard_produce() {
     // the other shard too.
     let fetch = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(8_000)
+        .with_max_wait_ms(30_000)
         .with_min_bytes(1)
         .with_max_bytes(1 << 20)
         .with_topics(vec![
@@ -83,7 +83,7 @@ fn parked_long_polls_do_not_block_cross_shard_produce() {
             .all(|p| p.error_code == 0)
     );
     assert!(
-        took < Duration::from_secs(3),
+        took < Duration::from_secs(10),
         "produce to both shards took {took:?} behind parked polls"
     );
 
@@ -97,7 +97,7 @@ fn parked_long_polls_do_not_block_cross_shard_produce() {
         assert!(got > 0, "every parked poll is woken with the new records");
     }
     assert!(
-        t0.elapsed() < Duration::from_secs(7),
+        t0.elapsed() < Duration::from_secs(20),
         "woken by the append, not by max_wait"
     );
 }

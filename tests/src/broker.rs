@@ -519,12 +519,13 @@ fn profile_dir() -> Result<PathBuf> {
     Ok(target_dir().join("debug"))
 }
 
-/// Bytes each shard has written to storage so far, from per-thread I/O accounting:
-/// `/proc/PID/task/TID/io` `write_bytes` of the shard's threads (named `weir-shard-N...`)
-/// and of the io_uring workers they own (named `iou-wrk-TID`, TID a shard thread).
-/// Workers that exited take their counts with them, so compare snapshots taken close
-/// together.
-pub fn shard_write_bytes(pid: u32) -> Result<std::collections::BTreeMap<usize, u64>> {
+/// Bytes each shard thread and each io_uring worker of a shard has written to storage so
+/// far, keyed by thread id, with the shard it belongs to: `/proc/PID/task/TID/io`
+/// `write_bytes` of the shard's threads (named `weir-shard-N...`) and of the io_uring
+/// workers they own (named `iou-wrk-TID`, TID a shard thread). Keyed by thread because
+/// workers come and go: a worker that exited takes its count with it, so compare two
+/// snapshots thread by thread (see [`shard_write_deltas`]), not as sums.
+pub fn shard_write_bytes(pid: u32) -> Result<std::collections::BTreeMap<String, (usize, u64)>> {
     let mut shard_of_tid = std::collections::BTreeMap::new();
     let mut tasks = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
@@ -554,10 +555,25 @@ pub fn shard_write_bytes(pid: u32) -> Result<std::collections::BTreeMap<usize, u
     for (tid, comm, written) in tasks {
         let owner_tid = comm.strip_prefix("iou-wrk-").unwrap_or(&tid);
         if let Some(&shard) = shard_of_tid.get(owner_tid) {
-            *out.entry(shard).or_insert(0) += written;
+            out.insert(tid, (shard, written));
         }
     }
     Ok(out)
+}
+
+/// Per shard, what its threads wrote between two [`shard_write_bytes`] snapshots: each
+/// thread alive in `after` counts from its `before` figure (0 if it started since), so
+/// a worker that exited in between does not make a shard's count go backwards.
+pub fn shard_write_deltas(
+    before: &std::collections::BTreeMap<String, (usize, u64)>,
+    after: &std::collections::BTreeMap<String, (usize, u64)>,
+) -> std::collections::BTreeMap<usize, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (tid, (shard, written)) in after {
+        let was = before.get(tid).map_or(0, |(_, w)| *w);
+        *out.entry(*shard).or_insert(0) += written.saturating_sub(was);
+    }
+    out
 }
 
 /// "3-4" or "3" -> 3: glommio appends its own id to the thread name.

@@ -58,13 +58,21 @@ fn describe_until(
 ) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let out = topics_ok(addr, &["describe", topic]);
-        if check(&out, &partition_rows(&out)) {
+        let args = ["topics", "--bootstrap-server", addr, "describe", topic];
+        let (ok, out, err) = weir(&args);
+        // A node that has not yet applied the controller's record does not know the topic
+        // yet: that is the lag this loop waits out. Any other failure is a failure.
+        let lagging = !ok && err.contains("UnknownTopicOrPartition");
+        assert!(
+            ok || lagging,
+            "weir {args:?} failed:\nstdout: {out}\nstderr: {err}"
+        );
+        if ok && check(&out, &partition_rows(&out)) {
             return out;
         }
         assert!(
             Instant::now() < deadline,
-            "describe never matched; last:\n{out}"
+            "describe never matched; last:\n{out}{err}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -70,7 +70,8 @@ fn join_req(
     Ok(JoinGroupRequest::default()
         .with_group_id(gid(group))
         .with_session_timeout_ms(session_ms)
-        .with_rebalance_timeout_ms(5000)
+        // Long: a member that is slow to rejoin on a loaded machine is not dropped.
+        .with_rebalance_timeout_ms(30_000)
         .with_member_id(s(member))
         .with_group_instance_id(instance.map(s))
         .with_protocol_type(s("consumer"))
@@ -509,11 +510,24 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
         let r = join(&mut b, 5, g, None)?;
         Ok((b, r))
     });
-    // (2.5 s: b's JoinGroup stays parked across several one-second coordinator slices.)
-    thread::sleep(Duration::from_millis(2500));
+    // a learns of the rebalance by heartbeat (bounded: 30 s)...
+    let parked = std::time::Instant::now();
+    let mut code = NONE;
+    for _ in 0..150 {
+        code = heartbeat(&mut a, 4, g, 1, &ma, None)?;
+        if code != NONE {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    ensure!(code == REBALANCE_IN_PROGRESS, "told to rejoin: {code}");
+    // ...and waits 2.5 s before rejoining, so b's JoinGroup stays parked across several
+    // one-second coordinator slices.
+    let rest = Duration::from_millis(2500).saturating_sub(parked.elapsed());
+    thread::sleep(rest);
     ensure!(
         heartbeat(&mut a, 4, g, 1, &ma, None)? == REBALANCE_IN_PROGRESS,
-        "told to rejoin"
+        "still told to rejoin"
     );
     let r = sync(&mut a, 5, g, 1, &ma, &[])?;
     ensure!(

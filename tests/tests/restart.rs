@@ -3,19 +3,21 @@
 //! killed by SIGKILL; after a restart on the same data dir every acknowledged record is
 //! there exactly once, in order, with its bytes; and the log keeps growing after it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use weir_tests::clients::{self, Acked, Sent};
+use weir_tests::clients::{self, Acked, DeliveryLog, Sent};
 use weir_tests::{Weir, WeirConfig};
 
 const TOPIC: &str = "restart";
 const PARTITIONS: i32 = 4;
-/// How long the producers run before the broker is stopped.
-const LOAD_BEFORE_STOP: Duration = Duration::from_secs(3);
+/// The broker is stopped once each producer has this many acknowledgements...
+const ACKS_BEFORE_STOP: usize = 1000;
+/// ...which must come within this long.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upper bound on records one producer sends (the loop also stops on the flag).
 const RECORDS_PER_PRODUCER_MAX: u64 = 2_000_000;
 
@@ -25,19 +27,48 @@ type Outcome = (Vec<Sent>, Vec<Acked>);
 struct Load {
     stop: Arc<AtomicBool>,
     workers: Vec<thread::JoinHandle<Result<Outcome>>>,
+    /// Each producer's delivery log, registered once its producer exists.
+    logs: Arc<Mutex<Vec<Arc<DeliveryLog>>>>,
+}
+
+impl Load {
+    /// Waits (bounded) until every producer has `n` acknowledgements.
+    fn wait_acks(&self, n: usize) -> Result<()> {
+        let deadline = Instant::now() + LOAD_TIMEOUT;
+        loop {
+            let counts: Vec<usize> = {
+                let logs = self.logs.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                logs.iter().map(|l| l.acked().len()).collect()
+            };
+            if counts.len() == self.workers.len() && counts.iter().all(|c| *c >= n) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "producers acknowledged {counts:?}, waited {LOAD_TIMEOUT:?} for {n} each"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Starts one producer thread per acks setting; ids are disjoint per producer.
 fn start_load(bootstrap: &str) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
+    let logs = Arc::new(Mutex::new(Vec::new()));
     let workers = [("1", 0u64), ("all", 1u64 << 40)]
         .into_iter()
         .map(|(acks, first_id)| {
             let (bootstrap, stop) = (bootstrap.to_string(), Arc::clone(&stop));
-            thread::spawn(move || produce_until(&bootstrap, acks, first_id, &stop))
+            let logs = Arc::clone(&logs);
+            thread::spawn(move || produce_until(&bootstrap, acks, first_id, &stop, &logs))
         })
         .collect();
-    Load { stop, workers }
+    Load {
+        stop,
+        workers,
+        logs,
+    }
 }
 
 fn produce_until(
@@ -45,6 +76,7 @@ fn produce_until(
     acks: &str,
     first_id: u64,
     stop: &AtomicBool,
+    logs: &Mutex<Vec<Arc<DeliveryLog>>>,
 ) -> Result<(Vec<Sent>, Vec<Acked>)> {
     let extra = [
         ("message.send.max.retries", "0"),
@@ -53,6 +85,9 @@ fn produce_until(
         ("queue.buffering.max.messages", "20000"),
     ];
     let (producer, log) = clients::producer(bootstrap, acks, "lz4", &extra)?;
+    logs.lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .push(Arc::clone(&log));
     let tag = format!("acks={acks}");
     let mut sent = Vec::new();
     let mut id = first_id;
@@ -90,7 +125,7 @@ fn restart_mid_load(kill: bool) -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(2))?;
     clients::create_topics(&weir.bootstrap(), &[TOPIC], PARTITIONS, &[])?;
     let load = start_load(&weir.bootstrap());
-    thread::sleep(LOAD_BEFORE_STOP);
+    load.wait_acks(ACKS_BEFORE_STOP)?;
     let status = if kill {
         weir.kill()?
     } else {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use kafka_protocol::records::Compression;
-use weir_tests::broker::shard_write_bytes;
+use weir_tests::broker::{shard_write_bytes, shard_write_deltas};
 use weir_tests::raw::{self, RawConn};
 use weir_tests::{Weir, WeirConfig};
 
@@ -19,6 +19,8 @@ const PARTITIONS: i32 = 4;
 /// Per partition: this many single-record batches of `VALUE_BYTES`.
 const BATCHES: usize = 12;
 const VALUE_BYTES: usize = 256 * 1024;
+
+type ThreadWrites = BTreeMap<String, (usize, u64)>;
 
 #[test]
 fn partitions_spread_over_both_shards_and_one_connection_serves_all() -> Result<()> {
@@ -30,10 +32,10 @@ fn partitions_spread_over_both_shards_and_one_connection_serves_all() -> Result<
     let mut owner: BTreeMap<(&str, i32), usize> = BTreeMap::new();
     for topic in TOPICS {
         for p in 0..PARTITIONS {
-            let before = settled_write_bytes(pid)?;
+            let before = shard_write_bytes(pid)?;
             produce_partition(&mut conn, topic, p)?;
-            let after = settled_write_bytes(pid)?;
-            owner.insert((topic, p), writer_shard(&before, &after, topic, p)?);
+            let delta = deltas_once_written(pid, &before)?;
+            owner.insert((topic, p), writer_shard(&delta, topic, p)?);
         }
     }
     let shards_used: std::collections::BTreeSet<usize> = owner.values().copied().collect();
@@ -79,32 +81,23 @@ fn produce_partition(conn: &mut RawConn, topic: &str, p: i32) -> Result<()> {
     Ok(())
 }
 
-/// Per-shard write bytes once they stop moving (write-behind may trail the ack).
-fn settled_write_bytes(pid: u32) -> Result<BTreeMap<usize, u64>> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = shard_write_bytes(pid)?;
+/// Per-shard bytes written since `before`, once one shard has written the partition's
+/// payload (write-behind may trail the ack; bounded: 10 s, then whatever was seen).
+fn deltas_once_written(pid: u32, before: &ThreadWrites) -> Result<BTreeMap<usize, u64>> {
+    let payload = (BATCHES * VALUE_BYTES) as u64;
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        thread::sleep(Duration::from_millis(150));
-        let now = shard_write_bytes(pid)?;
-        if now == last || Instant::now() > deadline {
-            return Ok(now);
+        let delta = shard_write_deltas(before, &shard_write_bytes(pid)?);
+        if delta.values().any(|d| *d >= payload) || Instant::now() > deadline {
+            return Ok(delta);
         }
-        last = now;
+        thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// The shard that wrote (at least) the partition's bytes while the others wrote little.
-fn writer_shard(
-    before: &BTreeMap<usize, u64>,
-    after: &BTreeMap<usize, u64>,
-    topic: &str,
-    p: i32,
-) -> Result<usize> {
+fn writer_shard(delta: &BTreeMap<usize, u64>, topic: &str, p: i32) -> Result<usize> {
     let payload = (BATCHES * VALUE_BYTES) as u64;
-    let delta: BTreeMap<usize, u64> = after
-        .iter()
-        .map(|(s, a)| (*s, a.saturating_sub(before.get(s).copied().unwrap_or(0))))
-        .collect();
     let Some((&shard, &most)) = delta.iter().max_by_key(|(_, d)| **d) else {
         bail!("no weir-shard threads found (thread names changed?)");
     };

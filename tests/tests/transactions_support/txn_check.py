@@ -125,7 +125,9 @@ def visibility(boot, topic):
 
 
 def timeout(boot, topic):
-    p = producer(boot, "txn-timeout", timeout_ms=3000)
+    # Long enough that the "still open" checks below, which start consumers on a
+    # loaded machine, finish well before the coordinator aborts it.
+    p = producer(boot, "txn-timeout", timeout_ms=15000)
     p.init_transactions(30)
     p.begin_transaction()
     produce(p, topic, "t", 3)
