@@ -43,7 +43,7 @@ const WAIT_MAX_NS: u64 = 50_000_000;
 /// records/s a record is due every 10 µs, and yielding until then kept a whole core busy
 /// in `sched_yield` (measured: ~1 CPU-s per second), taken from the brokers on a shared
 /// machine. A later wake-up is charged honestly (latency counts from each record's intended
-/// send time): measured at 100,000 records/s against one node, p50 publish latency rose
+/// send time): measured at 100,000 records/s on an RF 1 topic, p50 publish latency rose
 /// by ~0.1 ms (timer slack and wake-up included) while p99 fell (docs/PERFORMANCE.md,
 /// "The load generator's pacing").
 const SLEEP_MIN_NS: u64 = 50_000;
