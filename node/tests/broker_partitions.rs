@@ -160,6 +160,12 @@ impl Canary {
         Canary { stop, thread }
     }
 
+    /// Lets it run for `d` with nothing else going on, then stops it: a baseline.
+    fn finish_after(self, d: Duration) -> (usize, Duration, Duration) {
+        std::thread::sleep(d);
+        self.finish()
+    }
+
     /// Stops it; returns (samples, p99, max).
     fn finish(self) -> (usize, Duration, Duration) {
         self.stop.store(true, Ordering::Release);
@@ -238,12 +244,7 @@ fn creating_100000_partitions_does_not_stall_a_canary_on_the_same_shard() {
     // One shard: the canary's connection and partition share the creating shard.
     let broker = Broker::start(1, &[]);
     // A baseline first: on a loaded machine the canary is slow without any creation too.
-    let canary = Canary::start(&broker);
-    let quiet = Instant::now();
-    while quiet.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (samples, p99_alone, max) = canary.finish();
+    let (samples, p99_alone, max) = Canary::start(&broker).finish_after(Duration::from_secs(2));
     eprintln!("canary alone: {samples} samples, p99 {p99_alone:?}, max {max:?}");
     let canary = Canary::start_existing(&broker);
     let mut c = broker.client();
@@ -264,12 +265,7 @@ fn creating_100000_partitions_does_not_stall_a_canary_on_the_same_shard() {
     );
     // A second baseline after the creation: the machine's load (other tests) can change
     // between the first window and the creation's, so the bound uses the worse of the two.
-    let canary = Canary::start_existing(&broker);
-    let after = Instant::now();
-    while after.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (_, p99_after, _) = canary.finish();
+    let (_, p99_after, _) = Canary::start_existing(&broker).finish_after(Duration::from_secs(2));
     eprintln!("canary alone again: p99 {p99_after:?}");
     let p99_alone = p99_alone.max(p99_after);
     assert!(

@@ -159,6 +159,26 @@ fn heartbeat(
     Ok(resp.error_code)
 }
 
+/// Heartbeats (v4, no instance id) every `every` until the answer is not NONE or `limit`
+/// has passed; the last answer.
+fn heartbeat_until_told(
+    c: &mut RawConn,
+    group: &str,
+    gen_id: i32,
+    member: &str,
+    every: Duration,
+    limit: Duration,
+) -> Result<i16> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let code = heartbeat(c, 4, group, gen_id, member, None)?;
+        if code != NONE || std::time::Instant::now() >= deadline {
+            return Ok(code);
+        }
+        thread::sleep(every);
+    }
+}
+
 fn commit(
     c: &mut RawConn,
     v: i16,
@@ -512,14 +532,8 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
     });
     // a learns of the rebalance by heartbeat (bounded: 30 s)...
     let parked = std::time::Instant::now();
-    let mut code = NONE;
-    for _ in 0..150 {
-        code = heartbeat(&mut a, 4, g, 1, &ma, None)?;
-        if code != NONE {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
+    let every = Duration::from_millis(200);
+    let code = heartbeat_until_told(&mut a, g, 1, &ma, every, Duration::from_secs(30))?;
     ensure!(code == REBALANCE_IN_PROGRESS, "told to rejoin: {code}");
     // ...and waits 2.5 s before rejoining, so b's JoinGroup stays parked across several
     // one-second coordinator slices.
@@ -564,14 +578,8 @@ fn rebalance_errors_static_fencing_and_session_expiry() -> Result<()> {
 
     // a goes silent: after its session (6 s) b's heartbeat says rebalance; b rejoins alone.
     let mb = jb.member_id.to_string();
-    let mut code = NONE;
-    for _ in 0..100 {
-        code = heartbeat(&mut b, 4, g, 2, &mb, None)?;
-        if code != NONE {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
+    let every = Duration::from_millis(200);
+    let code = heartbeat_until_told(&mut b, g, 2, &mb, every, Duration::from_secs(20))?;
     ensure!(code == REBALANCE_IN_PROGRESS, "expiry of a noticed: {code}");
     let jb3: JoinGroupResponse = b.call(ApiKey::JoinGroup, 5, &join_req(g, &mb, None, 6000)?)?;
     ensure!(jb3.generation_id == 3 && jb3.members.len() == 1, "{jb3:?}");
@@ -627,14 +635,9 @@ fn a_superseded_member_id_does_not_hold_the_rebalance() -> Result<()> {
         b.call(ApiKey::JoinGroup, 7, &req(&kept.member_id)?)
     });
     // a learns of the rebalance by heartbeat (bounded: 20 s), then rejoins.
-    let mut code = NONE;
-    for _ in 0..200 {
-        code = heartbeat(&mut a, 4, g, ja.generation_id, &ma, None)?;
-        if code != NONE {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    let every = Duration::from_millis(100);
+    let gen_id = ja.generation_id;
+    let code = heartbeat_until_told(&mut a, g, gen_id, &ma, every, Duration::from_secs(20))?;
     ensure!(code == REBALANCE_IN_PROGRESS, "told to rejoin: {code}");
     let started = std::time::Instant::now();
     let ja2: JoinGroupResponse = a.call(ApiKey::JoinGroup, 7, &req(&ma)?)?;
