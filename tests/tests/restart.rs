@@ -125,7 +125,11 @@ fn restart_mid_load(kill: bool) -> Result<()> {
     let mut weir = Weir::start(WeirConfig::shards(2))?;
     clients::create_topics(&weir.bootstrap(), &[TOPIC], PARTITIONS, &[])?;
     let load = start_load(&weir.bootstrap());
-    load.wait_acks(ACKS_BEFORE_STOP)?;
+    if let Err(e) = load.wait_acks(ACKS_BEFORE_STOP) {
+        // Stop the producers too, so they do not outlive the failed test.
+        load.stop.store(true, Ordering::Relaxed);
+        return Err(e);
+    }
     let status = if kill {
         weir.kill()?
     } else {
