@@ -25,6 +25,9 @@ pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const POLICY_VIOLATION: i16 = 44;
 pub const LEADER_NOT_AVAILABLE: i16 = 5;
+/// AlterPartition named a replica that may not join the ISR (KIP-841/903: fenced, or
+/// restarted since the fetch that showed it caught up).
+pub const INELIGIBLE_REPLICA: i16 = 107;
 pub const INVALID_UPDATE_VERSION: i16 = 108;
 pub const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 pub const FENCED_LEADER_EPOCH: i16 = 74;

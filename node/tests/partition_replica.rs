@@ -80,7 +80,7 @@ async fn follower_fetch(p: &Partition, offset: Offset, epoch: LeaderEpoch) -> (i
     let out = p
         .fetch_within(
             offset,
-            ReadFor::Follower(FOLLOWER),
+            ReadFor::Follower(FOLLOWER, wire::BrokerEpoch(1)),
             epoch,
             1 << 20,
             usize::MAX,

@@ -40,7 +40,8 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-fn create(c: &mut Client, partitions: i32) {
+/// Creates the topic; returns its id (the fetcher names topics by id, Fetch v13+).
+fn create(c: &mut Client, partitions: i32) -> u128 {
     let t = CreatableTopic::default()
         .with_name(TopicName(s(TOPIC)))
         .with_num_partitions(partitions)
@@ -51,6 +52,7 @@ fn create(c: &mut Client, partitions: i32) {
         &CreateTopicsRequest::default().with_topics(vec![t]),
     );
     assert_eq!(resp.topics[0].error_code, 0);
+    resp.topics[0].topic_id.as_u128()
 }
 
 /// `n` batches of two records each to `partition`.
@@ -94,9 +96,9 @@ fn leader_log(c: &mut Client, partition: i32, offset: i64) -> (Bytes, i64) {
     (p.records.clone().unwrap_or_default(), p.high_watermark)
 }
 
-async fn open_follower(dir: &Path, index: i32) -> Rc<Partition> {
+async fn open_follower(dir: &Path, index: i32, topic_id: u128) -> Rc<Partition> {
     let configs = BTreeMap::from([("segment.bytes".to_string(), "1048576".to_string())]);
-    let p = Partition::open(dir, FOLLOWER, Arc::from(TOPIC), index, 1, configs)
+    let p = Partition::open(dir, FOLLOWER, Arc::from(TOPIC), index, topic_id, configs)
         .await
         .expect("open follower replica");
     p.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(0)));
@@ -135,10 +137,10 @@ struct Caught {
 
 /// Opens the follower in `dir`, fetches until its log end is `target`, then times one
 /// round with nothing new.
-fn catch_up(addr: SocketAddr, dir: std::path::PathBuf, target: i64) -> Caught {
+fn catch_up(addr: SocketAddr, dir: std::path::PathBuf, topic_id: u128, target: i64) -> Caught {
     run_on_shard(move || async move {
         prime_dma_probe(&dir).await.expect("prime DMA probe");
-        let p = open_follower(&dir.join(format!("{TOPIC}-0")), 0).await;
+        let p = open_follower(&dir.join(format!("{TOPIC}-0")), 0, topic_id).await;
         let config = FetcherConfig {
             wait_max: Duration::from_millis(200),
             ..FetcherConfig::default()
@@ -179,12 +181,12 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
     let broker = Broker::start(2, &[]);
     let addr: SocketAddr = broker.addr().parse().expect("broker address");
     let mut c = broker.client();
-    create(&mut c, 1);
+    let topic_id = create(&mut c, 1);
     produce(&mut c, 0, 30, "first");
     let follower_dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
     let dir = follower_dir.path().to_path_buf();
 
-    let caught = catch_up(addr, dir.clone(), 60);
+    let caught = catch_up(addr, dir.clone(), topic_id, 60);
     let (leader, hw) = leader_log(&mut c, 0, 0);
     assert_eq!(caught.log_end, Offset(60));
     assert_eq!(
@@ -209,7 +211,7 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
 
     // More records while the follower is down; it resumes from its own log end.
     produce(&mut c, 0, 10, "second");
-    let caught = catch_up(addr, dir.clone(), 80);
+    let caught = catch_up(addr, dir.clone(), topic_id, 80);
     let (leader, _) = leader_log(&mut c, 0, 0);
     assert_eq!(caught.log_end, Offset(80));
     assert_eq!(caught.log, leader.to_vec(), "resumed, still identical");
@@ -232,7 +234,7 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
     let resp: DeleteRecordsResponse = c.call(api::DELETE_RECORDS, 2, &req);
     assert_eq!(resp.topics[0].partitions[0].error_code, 0);
     let fresh = tempfile::tempdir_in(common::test_root()).expect("tempdir");
-    let caught = catch_up(addr, fresh.path().to_path_buf(), 100);
+    let caught = catch_up(addr, fresh.path().to_path_buf(), topic_id, 100);
     assert_eq!(
         caught.log_start,
         Offset(90),
@@ -256,7 +258,7 @@ fn one_fetcher_follows_many_partitions_and_each_log_is_its_leaders() {
     let broker = Broker::start(2, &[]);
     let addr: SocketAddr = broker.addr().parse().expect("broker address");
     let mut c = broker.client();
-    create(&mut c, PARTITIONS);
+    let topic_id = create(&mut c, PARTITIONS);
     // A different number of batches per partition, so no log could pass for another.
     let batches = |p: i32| 3 + p as usize;
     for p in 0..PARTITIONS {
@@ -269,7 +271,7 @@ fn one_fetcher_follows_many_partitions_and_each_log_is_its_leaders() {
         let fetcher = ReplicaFetcher::new(FOLLOWER, LEADER, addr, FetcherConfig::default());
         let mut followers = Vec::new();
         for index in 0..PARTITIONS {
-            let p = open_follower(&dir, index).await;
+            let p = open_follower(&dir, index, topic_id).await;
             fetcher.follow((Arc::from(TOPIC), index), p.clone());
             followers.push(p);
         }

@@ -30,4 +30,4 @@ pub mod types;
 /// Re-exported so that users name the same `Bytes` type wire hands out.
 pub use bytes;
 pub use error::WireError;
-pub use types::{LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};
+pub use types::{BrokerEpoch, LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};

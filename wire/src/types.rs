@@ -46,6 +46,15 @@ newtype!(
     i32
 );
 newtype!(
+    /// One run of a node's process (Kafka's broker epoch, KIP-380/903): drawn when the
+    /// process starts, registered with the controller, and carried by its follower
+    /// fetches, so that a restarted node is told apart from the run before it (which may
+    /// have acknowledged records the restart lost). Compared only for equality; -1 is
+    /// "unknown" (a fetch older than v15).
+    BrokerEpoch,
+    i64
+);
+newtype!(
     /// An idempotent or transactional producer's id; -1 means "none".
     ProducerId,
     i64
@@ -74,6 +83,17 @@ impl Offset {
 impl LeaderEpoch {
     /// Kafka's "no epoch" value, carried by batches a client sends.
     pub const NONE: LeaderEpoch = LeaderEpoch(-1);
+}
+
+impl BrokerEpoch {
+    /// Kafka's "no broker epoch".
+    pub const NONE: BrokerEpoch = BrokerEpoch(-1);
+
+    /// A new process's epoch: random, never negative (negative values are Kafka's
+    /// markers).
+    pub fn draw(random: u64) -> BrokerEpoch {
+        BrokerEpoch((random >> 1) as i64)
+    }
 }
 
 impl ProducerId {

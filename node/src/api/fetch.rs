@@ -45,7 +45,7 @@ use crate::proto::{self, Request};
 use crate::router::ShardId;
 use crate::security::acl::Operation;
 use crate::shard::{CallError, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
-use wire::{LeaderEpoch, NodeId, Offset};
+use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset};
 
 /// Longest long poll weir honours, whatever the client asks.
 const MAX_WAIT_MS_CAP: u64 = 300_000;
@@ -84,7 +84,12 @@ fn replica_id(req: &FetchRequest, version: i16) -> i32 {
 fn reader_of(req: &FetchRequest, version: i16) -> ReadFor {
     let replica = replica_id(req, version);
     if replica >= 0 {
-        ReadFor::Follower(NodeId(replica))
+        let epoch = if version >= 15 {
+            BrokerEpoch(req.replica_state.replica_epoch)
+        } else {
+            BrokerEpoch::NONE
+        };
+        ReadFor::Follower(NodeId(replica), epoch)
     } else if req.isolation_level == 1 {
         ReadFor::Consumer(Isolation::ReadCommitted)
     } else {
@@ -187,7 +192,7 @@ async fn respond(shard: &Rc<Shard>, version: i16, req: FetchRequest) -> (FetchRe
         version,
         session_id: req.session_id,
         epoch: req.session_epoch,
-        follower: matches!(reader, ReadFor::Follower(_)),
+        follower: matches!(reader, ReadFor::Follower(..)),
     };
     let config = shard.config();
     let (slots, shards) = (

@@ -52,12 +52,18 @@ pub enum Command {
         id: u128,
         configs: BTreeMap<String, String>,
     },
-    /// A node heartbeat from a node the image does not know, or knows as fenced or at
-    /// another address.
+    /// A node heartbeat from a node the image does not know, or knows as fenced, at
+    /// another address or under another broker epoch. A live node registering a new
+    /// broker epoch restarted: it is fenced first (out of every ISR it shared, its
+    /// leaderships passed on), since the restart may have lost records its last run had
+    /// acknowledged to leaders (Kafka's KIP-903); it rejoins each ISR once caught up.
     RegisterNode {
         id: i32,
         host: String,
         port: u16,
+        /// `wire::BrokerEpoch` of the registering process.
+        #[serde(default = "no_broker_epoch")]
+        epoch: i64,
     },
     /// A node's lease expired: it leads nothing any more.
     FenceNode {
@@ -78,6 +84,11 @@ pub enum Command {
         leader_epoch: i32,
         partition_epoch: i32,
         isr: Vec<i32>,
+        /// (member, broker epoch) for each ISR member whose epoch the leader knows from
+        /// its fetches: refused (INELIGIBLE_REPLICA) if a node registered another since,
+        /// because what that fetch vouched for may not have survived the restart.
+        #[serde(default)]
+        epochs: Vec<(i32, i64)>,
     },
     /// A partition leader may not append under its leader epoch any more (an
     /// out-of-space rollback cut offsets its followers had copied): applied only if the
@@ -116,6 +127,10 @@ pub enum Command {
 
 /// A partition named in a command: (topic, topic id, partition index).
 pub type PartitionRef = (String, u128, i32);
+
+fn no_broker_epoch() -> i64 {
+    wire::BrokerEpoch::NONE.get()
+}
 
 /// Most ACL bindings the cluster holds: every change rewrites the metadata image, so its
 /// size stays bounded whatever clients send.
@@ -241,14 +256,28 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             *t = Arc::new(changed);
             (Outcome::Done(Ok(())), true)
         }
-        Command::RegisterNode { id, host, port } => {
+        Command::RegisterNode {
+            id,
+            host,
+            port,
+            epoch,
+        } => {
             let info = NodeInfo {
                 host: host.clone(),
                 port: *port,
                 fenced: false,
+                broker_epoch: *epoch,
             };
-            if c.nodes.get(id) == Some(&info) {
+            let Some(before) = c.nodes.get(id) else {
+                c.nodes.insert(*id, info);
+                elect_offline(c);
+                return (Outcome::Noted, true);
+            };
+            if *before == info {
                 return (Outcome::Noted, false);
+            }
+            if !before.fenced && before.broker_epoch != *epoch {
+                fence(c, *id);
             }
             c.nodes.insert(*id, info);
             elect_offline(c);
@@ -270,6 +299,7 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             leader_epoch,
             partition_epoch,
             isr,
+            epochs,
         } => {
             let done = alter_partition(
                 c,
@@ -277,7 +307,7 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
                 *id,
                 *partition,
                 (*leader, *leader_epoch, *partition_epoch),
-                isr,
+                (isr, epochs),
             );
             let changed = done.is_ok();
             (Outcome::Done(done), changed)
@@ -589,7 +619,7 @@ fn alter_partition(
     id: u128,
     partition: i32,
     seen: (i32, i32, i32),
-    isr: &[i32],
+    (isr, epochs): (&[i32], &[(i32, i64)]),
 ) -> Result<(), TopicError> {
     let stale = |why: &str| (errors::INVALID_UPDATE_VERSION, why.to_string());
     let Some(t) = c.topics.get_mut(topic).filter(|t| t.id == id) else {
@@ -615,6 +645,15 @@ fn alter_partition(
         return Err((
             errors::INVALID_REQUEST,
             "ISR must be replicas, leader among them".into(),
+        ));
+    }
+    let restarted = epochs
+        .iter()
+        .find(|(n, e)| c.nodes.get(n).is_some_and(|n| n.broker_epoch != *e));
+    if let Some((n, e)) = restarted {
+        return Err((
+            errors::INELIGIBLE_REPLICA,
+            format!("node {n} restarted since its fetch at broker epoch {e}"),
         ));
     }
     let fenced: BTreeSet<i32> = c
@@ -797,6 +836,7 @@ mod tests {
             id,
             host: "127.0.0.1".into(),
             port: 9000 + id as u16,
+            epoch: 1,
         };
         apply(c, &cmd, true);
     }
@@ -817,6 +857,91 @@ mod tests {
             }],
             max_partitions: 1000,
         }
+    }
+
+    /// A live node registering a new broker epoch restarted: it leaves every ISR it
+    /// shared and leads nothing it shared, at once, without waiting for its session to
+    /// expire; the same epoch again changes nothing.
+    #[test]
+    fn a_node_back_with_a_new_broker_epoch_leaves_the_isrs_at_once() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 3, 3), true);
+        let before = c.topics["t"].assignment.clone();
+        assert!(before.iter().any(|a| a.leader == 2));
+        let same = Command::RegisterNode {
+            id: 2,
+            host: "127.0.0.1".into(),
+            port: 9002,
+            epoch: 1,
+        };
+        assert_eq!(apply(&mut c, &same, true), (Outcome::Noted, false));
+        let restarted = Command::RegisterNode {
+            id: 2,
+            host: "127.0.0.1".into(),
+            port: 9002,
+            epoch: 2,
+        };
+        assert_eq!(apply(&mut c, &restarted, true), (Outcome::Noted, true));
+        assert_eq!(c.nodes[&2].broker_epoch, 2);
+        assert!(!c.nodes[&2].fenced, "registered, so live again");
+        for (a, was) in c.topics["t"].assignment.iter().zip(&before) {
+            assert!(!a.isr.contains(&2), "node 2 left the ISR: {a:?}");
+            assert_ne!(a.leader, 2);
+            assert!(a.partition_epoch > was.partition_epoch);
+            if was.leader == 2 {
+                assert_eq!(a.leader_epoch, was.leader_epoch + 1);
+            }
+        }
+    }
+
+    /// KIP-903: an ISR change naming a member's broker epoch is refused once that node
+    /// registered another (its fetch vouched for a run that is gone).
+    #[test]
+    fn an_isr_change_naming_a_stale_broker_epoch_is_refused() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 1, 3), true);
+        let a = c.topics["t"].assignment[0].clone();
+        let follower = *a
+            .replicas
+            .iter()
+            .find(|r| **r != a.leader)
+            .expect("a follower");
+        let shrink = Command::AlterPartition {
+            topic: "t".into(),
+            id: 7,
+            partition: 0,
+            leader: a.leader,
+            leader_epoch: a.leader_epoch,
+            partition_epoch: a.partition_epoch,
+            isr: vec![a.leader],
+            epochs: Vec::new(),
+        };
+        assert_eq!(apply(&mut c, &shrink, true).0, Outcome::Done(Ok(())));
+        let grow = |epoch: i64, partition_epoch: i32| Command::AlterPartition {
+            topic: "t".into(),
+            id: 7,
+            partition: 0,
+            leader: a.leader,
+            leader_epoch: a.leader_epoch,
+            partition_epoch,
+            isr: vec![a.leader, follower],
+            epochs: vec![(follower, epoch)],
+        };
+        let pe = c.topics["t"].assignment[0].partition_epoch;
+        let (out, changed) = apply(&mut c, &grow(0, pe), true);
+        assert!(!changed);
+        assert!(
+            matches!(out, Outcome::Done(Err((code, _))) if code == errors::INELIGIBLE_REPLICA),
+            "{out:?}"
+        );
+        assert_eq!(apply(&mut c, &grow(1, pe), true).0, Outcome::Done(Ok(())));
+        assert!(c.topics["t"].assignment[0].isr.contains(&follower));
     }
 
     #[test]
@@ -944,6 +1069,7 @@ mod tests {
             leader_epoch: a.leader_epoch,
             partition_epoch: a.partition_epoch,
             isr,
+            epochs: vec![(1, 1)],
         };
         assert_eq!(apply(&mut c, &alter, true).0, Outcome::Done(Ok(())));
         let moves = imbalanced(&c, 10);

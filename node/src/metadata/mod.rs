@@ -65,6 +65,14 @@ pub struct NodeInfo {
     /// True once the node's heartbeat lease expired: it leads nothing until it heartbeats
     /// again.
     pub fenced: bool,
+    /// The broker epoch of the node's process (`wire::BrokerEpoch`; -1 in an image
+    /// written before nodes had one).
+    #[serde(default = "no_broker_epoch")]
+    pub broker_epoch: i64,
+}
+
+fn no_broker_epoch() -> i64 {
+    wire::BrokerEpoch::NONE.get()
 }
 
 /// An immutable snapshot of every topic.

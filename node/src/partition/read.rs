@@ -4,7 +4,7 @@
 //! DeleteRecords.
 
 use bytes::Bytes;
-use wire::{LeaderEpoch, NodeId, Offset, ProducerId};
+use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset, ProducerId};
 
 use super::replica::EpochCheck;
 use super::{Partition, storage_error_code};
@@ -27,7 +27,8 @@ pub enum Isolation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFor {
     Consumer(Isolation),
-    Follower(NodeId),
+    /// A follower's fetch: its node and the broker epoch of its process.
+    Follower(NodeId, BrokerEpoch),
 }
 
 /// Result of one Fetch partition read.
@@ -125,7 +126,7 @@ impl Partition {
         let upper = match reader {
             ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
             ReadFor::Consumer(Isolation::ReadCommitted) => lso,
-            ReadFor::Follower(node) => {
+            ReadFor::Follower(node, epoch) => {
                 if let Some(answered) = self.follower_answered.borrow_mut().remove(&node) {
                     crate::metrics::local(|m| m.follower_turned_around(answered.elapsed()));
                 }
@@ -133,7 +134,7 @@ impl Partition {
                 let advanced = self
                     .replica
                     .borrow_mut()
-                    .follower_fetched(node, offset, end, now_ms);
+                    .follower_fetched(node, epoch, offset, end, now_ms);
                 if advanced {
                     self.appended.notify_all();
                 }
@@ -152,7 +153,7 @@ impl Partition {
             diverging: None,
         };
         // In range up to the HW (the LEO for a follower); read_committed stops at the LSO.
-        let range_end = if matches!(reader, ReadFor::Follower(_)) {
+        let range_end = if matches!(reader, ReadFor::Follower(..)) {
             upper
         } else {
             hw
@@ -170,13 +171,13 @@ impl Partition {
         // Only the partition's own followers are noted as served (see
         // `Log::read_for_replica`): another replica id reads like a consumer would.
         let replica = match reader {
-            ReadFor::Follower(node) => self.replica.borrow().has_follower(node),
+            ReadFor::Follower(node, _) => self.replica.borrow().has_follower(node),
             ReadFor::Consumer(_) => false,
         };
         let out = self
             .read_into(out, offset, (max_bytes, hard_max_bytes), upper, replica)
             .await;
-        if let ReadFor::Follower(node) = reader
+        if let ReadFor::Follower(node, _) = reader
             && !out.batches.is_empty()
         {
             let now = std::time::Instant::now();

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use wire::{LeaderEpoch, NodeId, Offset};
+use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset};
 
 /// The leader epoch of a partition whose only replica leads it since it was created
 /// (single node: the leader never changes). The cluster's metadata image carries real
@@ -37,12 +37,27 @@ pub struct LeaderState {
 }
 
 /// One follower, as the leader sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FollowerProgress {
     /// The follower's log end offset: the offset of its last fetch.
     pub log_end: Offset,
     /// When its fetch last reached the leader's LEO (for `replica.lag.time.max.ms`).
     pub caught_up_ms: i64,
+    /// The broker epoch its last fetch carried: the process that vouched for `log_end`.
+    /// An ISR change names it, and the controller refuses the change if the node has
+    /// registered another since (it restarted, and may have lost what it vouched for).
+    pub broker_epoch: BrokerEpoch,
+}
+
+impl Default for FollowerProgress {
+    /// Unknown until the follower's first fetch (Kafka's rule: offset 0).
+    fn default() -> Self {
+        FollowerProgress {
+            log_end: Offset(0),
+            caught_up_ms: 0,
+            broker_epoch: BrokerEpoch::NONE,
+        }
+    }
 }
 
 /// Where a partition lives, as the cluster metadata committed it.
@@ -201,13 +216,15 @@ impl ReplicaState {
         self.log_end
     }
 
-    /// A follower's fetch at `offset` says it holds everything before it; `leader_end` is
-    /// the end of the leader's log including appends still being written (a follower may
-    /// have copied those from the tail cache). Returns whether the HW advanced. Unknown
-    /// replicas are ignored (not assigned to this partition).
+    /// A follower's fetch at `offset`, from its process at broker epoch `epoch`, says it
+    /// holds everything before it; `leader_end` is the end of the leader's log including
+    /// appends still being written (a follower may have copied those from the tail
+    /// cache). Returns whether the HW advanced. Unknown replicas are ignored (not assigned
+    /// to this partition).
     pub fn follower_fetched(
         &mut self,
         follower: NodeId,
+        epoch: BrokerEpoch,
         offset: Offset,
         leader_end: Offset,
         now_ms: i64,
@@ -220,6 +237,7 @@ impl ReplicaState {
         };
         // Never beyond what the leader has: a follower cannot vouch for more.
         p.log_end = offset.min(leader_end);
+        p.broker_epoch = epoch;
         if offset >= leader_end {
             p.caught_up_ms = now_ms;
         }
@@ -416,6 +434,19 @@ impl ReplicaState {
         (wanted != current).then_some(wanted)
     }
 
+    /// The broker epochs a proposal of `isr` names: each follower's among them that the
+    /// leader has from its fetches (the leader itself and followers not heard from yet
+    /// are not checked).
+    pub fn member_epochs(&self, isr: &[NodeId]) -> Vec<(NodeId, BrokerEpoch)> {
+        let Role::Leader(l) = &self.role else {
+            return Vec::new();
+        };
+        isr.iter()
+            .filter_map(|n| l.followers.get(n).map(|p| (*n, p.broker_epoch)))
+            .filter(|(_, e)| *e != BrokerEpoch::NONE)
+            .collect()
+    }
+
     /// Sets the HW to `hw` if that is ahead; never backwards, never past the local LEO.
     fn advance_high_watermark(&mut self, hw: Offset) -> bool {
         assert!(
@@ -452,17 +483,17 @@ mod tests {
         let mut r = ReplicaState::sole(a, Offset(0));
         r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c]);
         assert!(!r.local_log_end(Offset(10)), "followers hold nothing yet");
-        assert!(!r.follower_fetched(b, Offset(10), Offset(10), 0));
-        assert!(r.follower_fetched(c, Offset(7), Offset(10), 0));
+        assert!(!r.follower_fetched(b, BrokerEpoch(1), Offset(10), Offset(10), 0));
+        assert!(r.follower_fetched(c, BrokerEpoch(1), Offset(7), Offset(10), 0));
         assert_eq!(r.high_watermark(), Offset(7));
         // A follower that reports less later cannot move the HW back.
-        r.follower_fetched(c, Offset(3), Offset(10), 0);
+        r.follower_fetched(c, BrokerEpoch(1), Offset(3), Offset(10), 0);
         assert_eq!(r.high_watermark(), Offset(7));
-        assert!(!r.follower_fetched(NodeId(9), Offset(10), Offset(10), 0));
+        assert!(!r.follower_fetched(NodeId(9), BrokerEpoch(1), Offset(10), Offset(10), 0));
         // Followers ahead of the leader's written end (copied from its tail cache): the
         // HW waits for the leader's own write.
-        r.follower_fetched(b, Offset(12), Offset(12), 0);
-        r.follower_fetched(c, Offset(12), Offset(12), 0);
+        r.follower_fetched(b, BrokerEpoch(1), Offset(12), Offset(12), 0);
+        r.follower_fetched(c, BrokerEpoch(1), Offset(12), Offset(12), 0);
         assert_eq!(r.high_watermark(), Offset(10));
         assert!(r.local_log_end(Offset(12)));
         assert_eq!(r.high_watermark(), Offset(12));
@@ -494,7 +525,7 @@ mod tests {
             "all caught up at the start"
         );
         r.local_log_end(Offset(10));
-        r.follower_fetched(NodeId(2), Offset(10), Offset(10), 5_000);
+        r.follower_fetched(NodeId(2), BrokerEpoch(1), Offset(10), Offset(10), 5_000);
         // Node 3 never fetches: out after the lag, node 2 stays.
         assert_eq!(
             r.wanted_isr(lag + 1, lag, any),
@@ -506,7 +537,7 @@ mod tests {
         );
         assert_eq!((r.isr_len(), r.high_watermark()), (2, Offset(10)));
         // Node 3 catches up: it may rejoin.
-        r.follower_fetched(NodeId(3), Offset(10), Offset(10), lag + 2);
+        r.follower_fetched(NodeId(3), BrokerEpoch(1), Offset(10), Offset(10), lag + 2);
         assert_eq!(
             r.wanted_isr(lag + 3, lag, any),
             Some(vec![NodeId(1), NodeId(2), NodeId(3)])
@@ -540,7 +571,7 @@ mod tests {
         // Leading again, it waits for the ISR before exposing the tail.
         r.become_leader(LeaderEpoch(2), vec![a, b], &[a, b]);
         assert_eq!(r.high_watermark(), Offset(200));
-        r.follower_fetched(b, Offset(300), Offset(300), 0);
+        r.follower_fetched(b, BrokerEpoch(1), Offset(300), Offset(300), 0);
         assert_eq!(r.high_watermark(), Offset(300));
         // Never past the log end; nothing checkpointed: the log start.
         let mut r = ReplicaState::sole(a, Offset(50));

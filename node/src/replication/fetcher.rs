@@ -30,13 +30,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ReplicaState};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
     BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use wire::{LeaderEpoch, NodeId, Offset};
+use uuid::Uuid;
+use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset};
 
 use super::client::{BrokerConn, ClientError};
 use crate::errors;
@@ -44,8 +45,11 @@ use crate::event::join_all;
 use crate::partition::Partition;
 use crate::shard::TopicPartition;
 
-/// The Fetch version a fetcher speaks (diverging epochs, last fetched epoch: KIP-320).
-const FETCH_VERSION: i16 = 12;
+/// The Fetch version a fetcher speaks: diverging epochs and the last fetched epoch
+/// (KIP-320, v12), topics by id (v13), and the follower's broker epoch in
+/// `replica_state` (v15, KIP-903): the leader names it when it adds this node to an ISR,
+/// so that what a run of this node fetched is never counted for the run after it.
+const FETCH_VERSION: i16 = 15;
 const LIST_OFFSETS_VERSION: i16 = 6;
 /// Slack on top of the leader's long poll before a fetch is declared lost.
 const FETCH_SLACK: Duration = Duration::from_secs(10);
@@ -114,6 +118,8 @@ impl RoundStats {
 /// The fetcher of one shard for one source node.
 pub struct ReplicaFetcher {
     local: NodeId,
+    /// This process's broker epoch, sent with every fetch.
+    local_epoch: BrokerEpoch,
     source: NodeId,
     /// The source's registered host (its TLS certificate must name it) and where that
     /// resolved to.
@@ -128,14 +134,17 @@ pub struct ReplicaFetcher {
 }
 
 impl ReplicaFetcher {
-    /// A fetcher from `addr`, named by its IP address.
+    /// A fetcher from `addr`, named by its IP address, for a node with no broker epoch
+    /// (outside a cluster).
     pub fn new(local: NodeId, source: NodeId, addr: SocketAddr, config: FetcherConfig) -> Rc<Self> {
+        let local = (local, BrokerEpoch::NONE);
         ReplicaFetcher::new_named(local, source, addr.ip().to_string(), addr, config)
     }
 
-    /// A fetcher from the source registered as `host`, resolved to `addr`.
+    /// A fetcher for the node and broker epoch `local` from the source registered as
+    /// `host`, resolved to `addr`.
     pub fn new_named(
-        local: NodeId,
+        (local, local_epoch): (NodeId, BrokerEpoch),
         source: NodeId,
         host: String,
         addr: SocketAddr,
@@ -143,6 +152,7 @@ impl ReplicaFetcher {
     ) -> Rc<Self> {
         Rc::new(ReplicaFetcher {
             local,
+            local_epoch,
             source,
             host,
             addr,
@@ -258,12 +268,13 @@ impl ReplicaFetcher {
         };
         let sent = Instant::now();
         let deadline = sent + self.config.wait_max + FETCH_SLACK;
+        let names = self.names_by_id();
         let resp: FetchResponse = conn.call(&req, FETCH_VERSION, deadline).await?;
         crate::metrics::local(|m| m.replica_fetched(sent.elapsed()));
         // Every partition's records are appended at once, so a round waits for one DMA
         // write, not one per partition after another; the answers that need the
         // connection (realign) or a truncation follow, one at a time.
-        let (plain, other): (Vec<_>, Vec<_>) = take_answers(resp)
+        let (plain, other): (Vec<_>, Vec<_>) = take_answers(resp, &names)
             .into_iter()
             .partition(|(_, a)| a.error == errors::NONE && a.diverging.is_none());
         let appends = plain
@@ -284,6 +295,15 @@ impl ReplicaFetcher {
         Ok(stats)
     }
 
+    /// Each followed topic's name by its id (the answers name topics by id).
+    fn names_by_id(&self) -> BTreeMap<u128, Arc<str>> {
+        self.followed
+            .borrow()
+            .iter()
+            .map(|(tp, f)| (f.partition.topic_id, tp.0.clone()))
+            .collect()
+    }
+
     fn fetch_request(&self) -> Option<FetchRequest> {
         let mut topics: Vec<FetchTopic> = Vec::new();
         let now = Instant::now();
@@ -302,10 +322,10 @@ impl ReplicaFetcher {
                 .with_log_start_offset(p.log.log_start_offset().get())
                 .with_partition_max_bytes(self.config.partition_max_bytes);
             match topics.last_mut() {
-                Some(t) if t.topic.0.as_str() == &*tp.0 => t.partitions.push(part),
+                Some(t) if t.topic_id == Uuid::from_u128(p.topic_id) => t.partitions.push(part),
                 _ => topics.push(
                     FetchTopic::default()
-                        .with_topic(topic_name(&tp.0))
+                        .with_topic_id(Uuid::from_u128(p.topic_id))
                         .with_partitions(vec![part]),
                 ),
             }
@@ -316,7 +336,11 @@ impl ReplicaFetcher {
         let wait_ms = i32::try_from(self.config.wait_max.as_millis()).unwrap_or(i32::MAX);
         Some(
             FetchRequest::default()
-                .with_replica_id(BrokerId(self.local.get()))
+                .with_replica_state(
+                    ReplicaState::default()
+                        .with_replica_id(BrokerId(self.local.get()))
+                        .with_replica_epoch(self.local_epoch.get()),
+                )
                 .with_max_wait_ms(wait_ms)
                 .with_min_bytes(self.config.min_bytes)
                 .with_max_bytes(self.config.response_max_bytes)
@@ -493,11 +517,17 @@ struct Answer {
 }
 
 /// Takes every partition's answer out of `resp`, so that the response's other fields are
-/// dropped and the records slices are the last references to the frame.
-fn take_answers(resp: FetchResponse) -> Vec<(TopicPartition, Answer)> {
+/// dropped and the records slices are the last references to the frame. Topics are named
+/// by `names` (id → name); one not in it (unfollowed meanwhile) is skipped.
+fn take_answers(
+    resp: FetchResponse,
+    names: &BTreeMap<u128, Arc<str>>,
+) -> Vec<(TopicPartition, Answer)> {
     let mut out = Vec::new();
     for t in resp.responses {
-        let name: Arc<str> = Arc::from(t.topic.0.as_str());
+        let Some(name) = names.get(&t.topic_id.as_u128()) else {
+            continue;
+        };
         for p in t.partitions {
             let diverging = (p.diverging_epoch.epoch >= 0 || p.diverging_epoch.end_offset >= 0)
                 .then_some((

@@ -274,6 +274,7 @@ fn prepare_quorum(
         node_id: config.node_id,
         voters: config.quorum_voters.clone(),
         advertised: registered,
+        broker_epoch: wire::BrokerEpoch::draw(rand::random()),
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),

@@ -116,7 +116,9 @@ impl ShardCall for FetchCall {
         for r in self.reads {
             let hard_max_bytes = if exceed { usize::MAX } else { left };
             let outcome = match shard.partition(&r.tp).await {
-                Ok(p) if matches!(self.reader, ReadFor::Follower(_)) && p.replica().is_leader() => {
+                Ok(p)
+                    if matches!(self.reader, ReadFor::Follower(..)) && p.replica().is_leader() =>
+                {
                     match p.diverging(r.offset, r.last_fetched_epoch) {
                         Some(diverging) => p.diverged(diverging, r.current_epoch),
                         None => {

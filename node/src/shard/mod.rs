@@ -216,7 +216,7 @@ impl Shard {
                 let upper = match reader {
                     ReadFor::Consumer(Isolation::ReadCommitted) => p.last_stable_offset(),
                     ReadFor::Consumer(_) => p.high_watermark(),
-                    ReadFor::Follower(_) => p.log.log_end_offset(),
+                    ReadFor::Follower(..) => p.log.log_end_offset(),
                 };
                 ready |= upper > *offset;
                 parts.push(p);

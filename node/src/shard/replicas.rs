@@ -25,6 +25,8 @@ pub struct IsrProposal {
     /// The partition epoch the proposal is based on (the controller refuses stale ones).
     pub partition_epoch: i32,
     pub isr: Vec<NodeId>,
+    /// The broker epochs of the members' processes whose fetches the leader counted.
+    pub epochs: Vec<(NodeId, wire::BrokerEpoch)>,
     /// The leader's view when it wanted the change, for the log line (Kafka's "Shrinking
     /// ISR" line names the same): its HW and LEO, each follower's LEO and how long ago
     /// its fetches last reached the leader's end.
@@ -203,7 +205,12 @@ impl Shard {
             None => Vec::new(),
         };
         let config = fetcher_config(self.config());
-        let f = ReplicaFetcher::new_named(self.node_id(), source, host, addr, config);
+        let epoch = self
+            .node
+            .controller
+            .cluster()
+            .map_or(wire::BrokerEpoch::NONE, |q| q.broker_epoch());
+        let f = ReplicaFetcher::new_named((self.node_id(), epoch), source, host, addr, config);
         for (tp, p) in moved {
             f.follow(tp, p);
         }
@@ -263,6 +270,7 @@ impl Shard {
                     topic_id: p.topic_id,
                     leader_epoch: r.leader_epoch(),
                     partition_epoch: r.partition_epoch(),
+                    epochs: r.member_epochs(&isr),
                     isr,
                 })
             })
@@ -293,6 +301,11 @@ impl Shard {
                     leader_epoch: proposal.leader_epoch.get(),
                     partition_epoch: proposal.partition_epoch,
                     isr: proposal.isr.iter().map(|n| n.get()).collect(),
+                    epochs: proposal
+                        .epochs
+                        .iter()
+                        .map(|(n, e)| (n.get(), e.get()))
+                        .collect(),
                 };
                 let out = shard.node.controller.submit(&shard.node, cmd).await;
                 if let crate::controller::Outcome::Done(Err((code, why))) = out {

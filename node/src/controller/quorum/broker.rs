@@ -108,6 +108,7 @@ async fn heartbeats(b: Arc<Broker>) {
                 host: b.config.advertised.0.clone(),
                 port: b.config.advertised.1,
                 have: Some(b.have.load(Ordering::Acquire)),
+                epoch: b.config.broker_epoch.get(),
             };
             let sent = Instant::now();
             match peer.call(&rpc, timeout).await {

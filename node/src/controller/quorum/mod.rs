@@ -21,6 +21,7 @@ use super::{Command, Outcome};
 use crate::errors;
 use crate::shard::NodeShared;
 use net::{HeartbeatAnswer, Peer, Refused, Rpc, RpcReply};
+use wire::BrokerEpoch;
 
 openraft::declare_raft_types!(
     /// The quorum's types: metadata commands in, outcomes out.
@@ -55,6 +56,9 @@ pub struct QuorumConfig {
     pub voters: BTreeMap<i32, String>,
     /// This node's client address, registered with the controller.
     pub advertised: (String, u16),
+    /// This process's broker epoch, registered with the controller: a node that comes
+    /// back with another one restarted, and leaves every ISR until it catches up again.
+    pub broker_epoch: BrokerEpoch,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
     pub election_timeout: Duration,
@@ -88,9 +92,15 @@ pub struct Handle {
     lease_until_ns: AtomicU64,
     started: Instant,
     session_timeout: Duration,
+    broker_epoch: BrokerEpoch,
 }
 
 impl Handle {
+    /// This process's broker epoch (its follower fetches carry it).
+    pub fn broker_epoch(&self) -> BrokerEpoch {
+        self.broker_epoch
+    }
+
     /// The active controller's id (-1: none known).
     pub fn controller_id(&self) -> i32 {
         i32::try_from(self.leader.load(Ordering::Acquire)).unwrap_or(-1)
@@ -174,6 +184,7 @@ pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
         lease_until_ns: AtomicU64::new(0),
         started: Instant::now(),
         session_timeout: config.session_timeout,
+        broker_epoch: config.broker_epoch,
     });
     Ok(Prepared {
         handle,
@@ -560,7 +571,8 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             host,
             port,
             have,
-        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port).map(|live| {
+            epoch,
+        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port, epoch).map(|live| {
             // Read after `live` was decided from the image: a fence applied in between
             // is in what the node must catch up to.
             let applied = ctx
@@ -591,9 +603,10 @@ fn is_leader(ctx: &Ctx) -> bool {
 }
 
 /// The leader notes a heartbeat, and registers the node if the image does not have it
-/// live at this address. Whether the node is live: registered, unfenced, and not being
-/// fenced (see [`HeartbeatAnswer::live`]).
-fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<bool, Refused> {
+/// live at this address and broker epoch (a new epoch: the node restarted). Whether the
+/// node is live: registered, unfenced, and not being fenced (see
+/// [`HeartbeatAnswer::live`]).
+fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<bool, Refused> {
     if !is_leader(ctx) {
         return Err(Refused::NotLeader(
             ctx.raft.metrics().borrow().current_leader,
@@ -608,7 +621,7 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<bool, Refuse
     let known = image
         .nodes
         .get(&id)
-        .is_some_and(|n| !n.fenced && n.host == host && n.port == port);
+        .is_some_and(|n| !n.fenced && n.host == host && n.port == port && n.broker_epoch == epoch);
     if known {
         return Ok(!being_fenced);
     }
@@ -619,7 +632,12 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16) -> Result<bool, Refuse
     if fresh {
         let raft = ctx.raft.clone();
         let registering = ctx.registering.clone();
-        let cmd = Command::RegisterNode { id, host, port };
+        let cmd = Command::RegisterNode {
+            id,
+            host,
+            port,
+            epoch,
+        };
         tokio::spawn(async move {
             if let Err(e) = raft.client_write(cmd).await {
                 tracing::debug!(node = id, "registering node: {e}");
@@ -646,12 +664,13 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let mut peers: HashMap<u64, Peer> = HashMap::new();
     let (host, port) = ctx.config.advertised.clone();
     let id = ctx.config.node_id;
+    let epoch = ctx.config.broker_epoch.get();
     while !handle.stopping.load(Ordering::SeqCst) {
         let leader = ctx.raft.metrics().borrow().current_leader;
         let mut renewed = true;
         match leader {
             Some(l) if l == id as u64 => {
-                let _ = heartbeat(&ctx, id, host.clone(), port);
+                let _ = heartbeat(&ctx, id, host.clone(), port, epoch);
                 // The controller's own lease lasts while a quorum acknowledges it, and
                 // starts only once its image holds everything its predecessors committed:
                 // a new leader may not have applied those entries yet (the partitions it
@@ -680,6 +699,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         host: host.clone(),
                         port,
                         have: None,
+                        epoch,
                     };
                     let sent = Instant::now();
                     let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;

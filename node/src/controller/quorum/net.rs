@@ -50,12 +50,13 @@ pub enum Rpc {
     Propose(Command),
     /// A node's liveness heartbeat (with its advertised address) sent to the leader.
     /// `have`: the log index a broker-only node's image is at (voters: `None`, they
-    /// replicate the log themselves).
+    /// replicate the log themselves). `epoch`: the node process's broker epoch.
     Heartbeat {
         id: i32,
         host: String,
         port: u16,
         have: Option<u64>,
+        epoch: i64,
     },
     /// SASL: the first request on a connection to a SASL controller port, and the only
     /// one served before it succeeded. `token`: the mechanism's client message.
