@@ -734,6 +734,127 @@ fn soak(cycles: usize) {
     assert_eq!(checked, sent.len(), "every record sent was acknowledged");
 }
 
+/// A follower fetches again while its last answer is still being written
+/// (`ReplicaFetcher::round`), so a SIGKILL can take records it has already fetched on
+/// from. It must not have acknowledged them: that fetch says where its completed writes
+/// end, and the leader counts only that. Each cycle SIGKILLs a follower of the busiest
+/// partition under the idempotent acks=all producer, restarts it at once (long before its
+/// session could expire, so it stays in the ISR), waits for the controller to see its new
+/// broker epoch, then SIGKILLs the leader, so the restarted follower may be elected:
+/// every acknowledged record is read back once, in order, and the replicas end identical.
+#[test]
+fn a_follower_killed_while_writing_then_its_leader_loses_nothing_acknowledged() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const CYCLES: usize = 3;
+    let mut c = Cluster::start(3, &[("min.insync.replicas", "2")]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(
+        cluster::create_topic(addr, TOPIC, SOAK_PARTITIONS, 3).expect("create"),
+        0
+    );
+    for p in 0..SOAK_PARTITIONS {
+        wait_placement(&mut c, &[1, 2, 3], p, |x| x.2.len() == 3 && x.0 > 0);
+    }
+    let bootstrap = (1..=3)
+        .map(|id| c.node(id).bootstrap())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (producer, log) = clients::producer(
+        &bootstrap,
+        "all",
+        "none",
+        &[
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "300000"),
+            ("linger.ms", "2"),
+        ],
+    )
+    .expect("producer");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = Vec::new();
+            let started = Instant::now();
+            let mut id = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let r = clients::make_records(id, 1, "restart", clients::now_ms()).remove(0);
+                clients::send_one(&producer, TOPIC, &r, Some(soak_partition(id))).expect("send");
+                sent.push(r);
+                id += 1;
+                let due = started + Duration::from_micros(id * 1_000_000 / SOAK_RATE);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            producer
+                .flush(Duration::from_secs(300))
+                .expect("flush after the cycles");
+            sent
+        })
+    };
+    let restarts_seen = |c: &mut Cluster, follower: i32| -> usize {
+        let node = format!("node={follower}");
+        (1..=3)
+            .map(|id| {
+                log_lines(
+                    c,
+                    id,
+                    &["node restarted: it registers a new broker epoch", &node],
+                )
+                .len()
+            })
+            .sum()
+    };
+    for cycle in 0..CYCLES {
+        let (leader, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |x| x.2.len() == 3);
+        let follower = (1..=3)
+            .filter(|id| *id != leader)
+            .nth(cycle % 2)
+            .expect("two followers");
+        let seen = restarts_seen(&mut c, follower);
+        c.node(follower).kill().expect("SIGKILL a follower");
+        c.node(follower).restart().expect("restart it at once");
+        let deadline = Instant::now() + AGREE_TIMEOUT;
+        while restarts_seen(&mut c, follower) == seen {
+            assert!(
+                Instant::now() < deadline,
+                "the controller never saw node {follower} restart:\n{}",
+                c.log_tails(30)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.node(leader).kill().expect("SIGKILL the leader");
+        let live: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+        wait_placement(&mut c, &live, 0, |x| x.0 != leader && x.1 > epoch);
+        c.node(leader).restart().expect("restart the leader");
+        for p in 0..SOAK_PARTITIONS {
+            wait_placement(&mut c, &[1, 2, 3], p, |x| x.2.len() == 3 && x.0 > 0);
+        }
+        eprintln!(
+            "cycle {cycle}: follower {follower} restarted, leader {leader} killed; {} acked so far",
+            log.acked().len()
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sent = writer.join().expect("writer thread");
+    let acked = log.acked();
+    assert!(
+        log.failed().is_empty(),
+        "failed deliveries: {:?}",
+        &log.failed()[..log.failed().len().min(5)]
+    );
+    for p in 0..SOAK_PARTITIONS {
+        wait_identical(&mut c, &[1, 2, 3], p);
+    }
+    let all: Vec<i32> = (0..SOAK_PARTITIONS).collect();
+    let got = clients::consume_to_end(&c.node(1).bootstrap(), TOPIC, &all).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
+    assert_eq!(checked, sent.len(), "every record sent was acknowledged");
+}
+
 /// Five cycles of [`soak`]: in the default suite.
 #[test]
 fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {

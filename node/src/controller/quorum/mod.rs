@@ -630,6 +630,17 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<
         Err(p) => p.into_inner().insert(id),
     };
     if fresh {
+        let restarted = image
+            .nodes
+            .get(&id)
+            .is_some_and(|n| !n.fenced && n.broker_epoch != epoch);
+        if restarted {
+            tracing::info!(
+                node = id,
+                epoch,
+                "node restarted: it registers a new broker epoch"
+            );
+        }
         let raft = ctx.raft.clone();
         let registering = ctx.registering.clone();
         let cmd = Command::RegisterNode {
