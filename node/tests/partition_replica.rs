@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use weir::errors;
 use weir::partition::replica::{Assignment, RoleChange};
-use weir::partition::{Acks, FollowerFetch, Isolation, Partition, ReadFor};
+use weir::partition::{Acks, Isolation, Partition, ReadFor};
 use weir::producer_state::OUT_OF_ORDER_SEQUENCE_NUMBER;
 use weir::producer_state::partition::Marker;
 use weir::storage::testing::run_on_shard;
@@ -77,24 +77,10 @@ fn soon() -> Instant {
 
 /// A follower's fetch at `offset`, as the leader serves it.
 async fn follower_fetch(p: &Partition, offset: Offset, epoch: LeaderEpoch) -> (i16, Vec<Bytes>) {
-    follower_fetch_written(p, (offset, None), epoch).await
-}
-
-/// A follower's fetch at `offset` whose completed writes end at `written` (it fetches on
-/// while writing), as the leader serves it.
-async fn follower_fetch_written(
-    p: &Partition,
-    (offset, written_end): (Offset, Option<Offset>),
-    epoch: LeaderEpoch,
-) -> (i16, Vec<Bytes>) {
     let out = p
         .fetch_within(
             offset,
-            ReadFor::Follower(FollowerFetch {
-                node: FOLLOWER,
-                epoch: wire::BrokerEpoch(1),
-                written_end,
-            }),
+            ReadFor::Follower(FOLLOWER, wire::BrokerEpoch(1)),
             epoch,
             1 << 20,
             usize::MAX,
@@ -177,29 +163,10 @@ fn acks_all_waits_on_the_leader_until_the_isr_has_the_batch() {
             (errors::NONE, Offset(5))
         );
 
-        // A follower fetching on while it still writes offsets 9..11 acknowledges only
-        // what it has written: the HW waits for its next fetch.
-        let more = p
-            .produce(batch(None, 2, "w"), Acks::Leader, soon(), NOW_MS)
-            .await;
-        assert_eq!(more.error, errors::NONE);
-        let ahead = (Offset(11), Some(Offset(9)));
-        assert_eq!(
-            follower_fetch_written(&p, ahead, epoch).await.0,
-            errors::NONE
-        );
-        assert_eq!(
-            p.high_watermark(),
-            Offset(9),
-            "records being written are not held"
-        );
-        assert_eq!(follower_fetch(&p, Offset(11), epoch).await.0, errors::NONE);
-        assert_eq!(p.high_watermark(), Offset(11));
-
         // KIP-320: a fetch under an older epoch is fenced, a newer one is not known yet.
-        let (error, _) = follower_fetch(&p, Offset(11), LeaderEpoch(0)).await;
+        let (error, _) = follower_fetch(&p, Offset(9), LeaderEpoch(0)).await;
         assert_eq!(error, errors::FENCED_LEADER_EPOCH);
-        let (error, _) = follower_fetch(&p, Offset(11), LeaderEpoch(2)).await;
+        let (error, _) = follower_fetch(&p, Offset(9), LeaderEpoch(2)).await;
         assert_eq!(error, errors::UNKNOWN_LEADER_EPOCH);
 
         // The ISR shrinks to the leader alone: acks=all is refused before appending,
@@ -209,14 +176,14 @@ fn acks_all_waits_on_the_leader_until_the_isr_has_the_batch() {
             .produce(batch(None, 1, "d"), Acks::All, soon(), NOW_MS)
             .await;
         assert_eq!(refused.error, errors::NOT_ENOUGH_REPLICAS);
-        assert_eq!(p.log.log_end_offset(), Offset(11), "nothing appended");
+        assert_eq!(p.log.log_end_offset(), Offset(9), "nothing appended");
         let one = p
             .produce(batch(None, 1, "e"), Acks::Leader, soon(), NOW_MS)
             .await;
         assert_eq!(one.error, errors::NONE);
         assert_eq!(
             p.high_watermark(),
-            Offset(12),
+            Offset(10),
             "ISR = {{leader}}: HW follows its log"
         );
     });

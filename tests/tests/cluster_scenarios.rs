@@ -734,14 +734,13 @@ fn soak(cycles: usize) {
     assert_eq!(checked, sent.len(), "every record sent was acknowledged");
 }
 
-/// A follower fetches again while its last answer is still being written
-/// (`ReplicaFetcher::round`), so a SIGKILL can take records it has already fetched on
-/// from. It must not have acknowledged them: that fetch says where its completed writes
-/// end, and the leader counts only that. Each cycle SIGKILLs a follower of the busiest
-/// partition under the idempotent acks=all producer, restarts it at once (long before its
-/// session could expire, so it stays in the ISR), waits for the controller to see its new
-/// broker epoch, then SIGKILLs the leader, so the restarted follower may be elected:
-/// every acknowledged record is read back once, in order, and the replicas end identical.
+/// A follower SIGKILLed with its writes in flight must not have acknowledged them: a
+/// follower's fetch offset, which the leader counts into the HW, is the end of its
+/// completed writes. Each cycle SIGKILLs a follower of the busiest partition under the
+/// idempotent acks=all producer, restarts it at once (long before its session could
+/// expire, so it stays in the ISR), waits for the controller to see its new broker epoch,
+/// then SIGKILLs the leader, so the restarted follower may be elected: every acknowledged
+/// record is read back once, in order, and the replicas end identical.
 #[test]
 fn a_follower_killed_while_writing_then_its_leader_loses_nothing_acknowledged() {
     use std::sync::Arc;

@@ -40,7 +40,7 @@ use crate::config::Config;
 use crate::errors;
 use crate::event::Event;
 use crate::metadata::Catalog;
-use crate::partition::{FetchOutcome, FollowerFetch, Isolation, ReadFor};
+use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
 use crate::security::acl::Operation;
@@ -68,7 +68,6 @@ struct Wanted {
     max_bytes: usize,
     current_epoch: LeaderEpoch,
     last_fetched_epoch: LeaderEpoch,
-    written_end: Option<Offset>,
 }
 
 /// The replica id of a follower's fetch (v15 moved it into `replica_state`), -1 for a
@@ -90,11 +89,7 @@ fn reader_of(req: &FetchRequest, version: i16) -> ReadFor {
         } else {
             BrokerEpoch::NONE
         };
-        ReadFor::Follower(FollowerFetch {
-            node: NodeId(replica),
-            epoch,
-            written_end: None,
-        })
+        ReadFor::Follower(NodeId(replica), epoch)
     } else if req.isolation_level == 1 {
         ReadFor::Consumer(Isolation::ReadCommitted)
     } else {
@@ -351,7 +346,6 @@ fn wanted_of(key: &PartKey, p: &FetchParams, ids: &HashMap<u128, Arc<str>>) -> W
         max_bytes: p.max_bytes,
         current_epoch: p.current_epoch,
         last_fetched_epoch: p.last_fetched_epoch,
-        written_end: p.written_end,
     }
 }
 
@@ -399,7 +393,6 @@ fn requested_partitions(req: &FetchRequest, version: i16) -> Vec<(PartKey, Fetch
                         max_bytes: p.partition_max_bytes.max(0) as usize,
                         current_epoch: LeaderEpoch(p.current_leader_epoch),
                         last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
-                        written_end: crate::replication::written_end(p),
                     },
                 ));
             }
@@ -477,7 +470,6 @@ async fn read_all(
                 max_bytes: wanted[i].max_bytes,
                 current_epoch: wanted[i].current_epoch,
                 last_fetched_epoch: wanted[i].last_fetched_epoch,
-                written_end: wanted[i].written_end,
             })
             .collect();
         let call = FetchCall {

@@ -79,8 +79,6 @@ pub struct FetchParams {
     pub max_bytes: usize,
     pub current_epoch: LeaderEpoch,
     pub last_fetched_epoch: LeaderEpoch,
-    /// A follower's written end, when it fetches past it (see `ReadFor::Follower`).
-    pub written_end: Option<Offset>,
 }
 
 /// What the last response told the client about one partition.
@@ -539,7 +537,6 @@ mod tests {
             max_bytes: 1024,
             current_epoch: LeaderEpoch(-1),
             last_fetched_epoch: LeaderEpoch(-1),
-            written_end: None,
         }
     }
 

@@ -55,9 +55,9 @@ pub enum Command {
     /// A node heartbeat from a node the image does not know, or knows as fenced, at
     /// another address or under another broker epoch (it restarted). The epoch is what
     /// an ISR change naming the node is checked against (KIP-903). A restart alone does
-    /// not take the node out of its ISRs: every offset it acknowledged was written
-    /// before it said so (see `ReplicaFetcher::round`), and a process's death does not
-    /// take back a completed write.
+    /// not take the node out of its ISRs: a follower fetches from the end of its
+    /// completed writes, so every offset it acknowledged was written before it said so,
+    /// and a process's death does not take back a completed write.
     RegisterNode {
         id: i32,
         host: String,

@@ -27,20 +27,8 @@ pub enum Isolation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFor {
     Consumer(Isolation),
-    /// A follower's fetch.
-    Follower(FollowerFetch),
-}
-
-/// Who fetches as a follower, and how far its log is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FollowerFetch {
-    pub node: NodeId,
-    /// The broker epoch of the follower's process (`NONE` before Fetch v15).
-    pub epoch: BrokerEpoch,
-    /// Where the follower's completed writes end, when it fetches from further on
-    /// (records it is still writing): its acknowledgement is the smaller of the two
-    /// (`replication::WRITTEN_END_TAG`). `None`: the fetch offset itself.
-    pub written_end: Option<Offset>,
+    /// A follower's fetch: its node and the broker epoch of its process.
+    Follower(NodeId, BrokerEpoch),
 }
 
 /// Result of one Fetch partition read.
@@ -138,22 +126,15 @@ impl Partition {
         let upper = match reader {
             ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
             ReadFor::Consumer(Isolation::ReadCommitted) => lso,
-            ReadFor::Follower(FollowerFetch {
-                node,
-                epoch,
-                written_end,
-            }) => {
+            ReadFor::Follower(node, epoch) => {
                 if let Some(answered) = self.follower_answered.borrow_mut().remove(&node) {
                     crate::metrics::local(|m| m.follower_turned_around(answered.elapsed()));
                 }
                 let end = self.log.log_end_offset();
-                let advanced = self.replica.borrow_mut().follower_fetched(
-                    node,
-                    epoch,
-                    written_end.map_or(offset, |w| w.min(offset)),
-                    end,
-                    now_ms,
-                );
+                let advanced = self
+                    .replica
+                    .borrow_mut()
+                    .follower_fetched(node, epoch, offset, end, now_ms);
                 if advanced {
                     self.appended.notify_all();
                 }
@@ -190,13 +171,13 @@ impl Partition {
         // Only the partition's own followers are noted as served (see
         // `Log::read_for_replica`): another replica id reads like a consumer would.
         let replica = match reader {
-            ReadFor::Follower(f) => self.replica.borrow().has_follower(f.node),
+            ReadFor::Follower(node, _) => self.replica.borrow().has_follower(node),
             ReadFor::Consumer(_) => false,
         };
         let out = self
             .read_into(out, offset, (max_bytes, hard_max_bytes), upper, replica)
             .await;
-        if let ReadFor::Follower(FollowerFetch { node, .. }) = reader
+        if let ReadFor::Follower(node, _) = reader
             && !out.batches.is_empty()
         {
             let now = std::time::Instant::now();

@@ -21,11 +21,6 @@
 //!
 //! The leader parks the fetch (`replica.fetch.wait.max.ms`) until it has data past the
 //! follower's end, so an idle fetcher costs one request per wait, not a spin.
-//!
-//! While a round's writes are in flight the next Fetch is already on its way (see
-//! [`ReplicaFetcher::round`]); it says where the completed writes end, and the leader
-//! counts only that. Fetches carry this process's broker epoch (v15, KIP-903), which an
-//! ISR change naming this node is checked against.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -90,9 +85,6 @@ impl Default for FetcherConfig {
     }
 }
 
-/// Followed topics' names by topic id (Fetch answers name topics by id).
-type TopicNames = BTreeMap<u128, Arc<str>>;
-
 /// One followed partition.
 struct Followed {
     partition: Rc<Partition>,
@@ -110,8 +102,6 @@ pub struct RoundStats {
     pub paused: u64,
     /// The most appends in flight at once (started, not yet written) during the round.
     pub appends_together: u64,
-    /// Rounds that sent the next Fetch while their writes were in flight.
-    pub fetched_ahead: u64,
 }
 
 impl RoundStats {
@@ -122,7 +112,6 @@ impl RoundStats {
         self.truncations += o.truncations;
         self.paused += o.paused;
         self.appends_together = self.appends_together.max(o.appends_together);
-        self.fetched_ahead += o.fetched_ahead;
     }
 }
 
@@ -142,9 +131,6 @@ pub struct ReplicaFetcher {
     totals: Cell<RoundStats>,
     /// Appends started and not yet finished, and the most at once this round.
     appending: Cell<(u64, u64)>,
-    /// The next round's answer (and the topic names it was asked with), fetched while
-    /// this round's writes were in flight.
-    next: RefCell<Option<(FetchResponse, TopicNames)>>,
 }
 
 impl ReplicaFetcher {
@@ -175,7 +161,6 @@ impl ReplicaFetcher {
             stopped: Cell::new(false),
             totals: Cell::new(RoundStats::default()),
             appending: Cell::new((0, 0)),
-            next: RefCell::new(None),
         })
     }
 
@@ -273,86 +258,31 @@ impl ReplicaFetcher {
         }
     }
 
-    /// One Fetch to the source and everything its answer asks for (or the answer
-    /// already fetched during the last round's writes).
-    ///
-    /// Every partition's records are appended at once, so a round waits for one DMA
-    /// write, not one per partition after another. While those writes are in flight the
-    /// next Fetch is already sent (from the log ends the appends have moved, answered at
-    /// once), so the leader's next answer travels while this node writes, and what
-    /// arrives meanwhile makes one larger write next round instead of many small ones.
-    /// That fetch acknowledges nothing new: it carries where this log's completed writes
-    /// end ([`crate::replication::WRITTEN_END_TAG`]), and the leader counts that, not the
-    /// fetch offset, so no acknowledgement covers a record a SIGKILL could still take.
-    /// The round's records are acknowledged by the fetch after it, as without fetching
-    /// ahead.
-    ///
-    /// The answers that need the connection (realign) or a truncation follow the
-    /// appends, one at a time, and such a round fetches ahead of nothing.
+    /// One Fetch to the source and everything its answer asks for.
     pub async fn round(&self, conn: &mut BrokerConn) -> Result<RoundStats, ClientError> {
         let mut stats = RoundStats::default();
-        let fetched = self.next.borrow_mut().take();
-        let (resp, names) = match fetched {
-            Some(answer) => answer,
-            None => {
-                let Some(req) = self.fetch_request(false) else {
-                    // Nothing to fetch: wait as long as a parked fetch would.
-                    glommio::timer::sleep(self.config.wait_max).await;
-                    return Ok(stats);
-                };
-                let names = self.names_by_id();
-                (self.fetch(conn, &req).await?, names)
-            }
+        let Some(req) = self.fetch_request() else {
+            // Nothing to fetch: wait as long as a parked fetch would.
+            glommio::timer::sleep(self.config.wait_max).await;
+            return Ok(stats);
         };
+        let sent = Instant::now();
+        let deadline = sent + self.config.wait_max + FETCH_SLACK;
+        let names = self.names_by_id();
+        let resp: FetchResponse = conn.call(&req, FETCH_VERSION, deadline).await?;
+        crate::metrics::local(|m| m.replica_fetched(sent.elapsed()));
+        // Every partition's records are appended at once, so a round waits for one DMA
+        // write, not one per partition after another; the answers that need the
+        // connection (realign) or a truncation follow, one at a time.
         let (plain, other): (Vec<_>, Vec<_>) = take_answers(resp, &names)
             .into_iter()
             .partition(|(_, a)| a.error == errors::NONE && a.diverging.is_none());
-        // Where each log ends before its append: fetching ahead needs every append to
-        // have moved its log's end (one still waiting, e.g. for a new segment, would be
-        // fetched again and refused).
-        let ends_before: Vec<(Rc<Partition>, Offset)> = {
-            let followed = self.followed.borrow();
-            plain
-                .iter()
-                .filter(|(_, a)| a.records.as_ref().is_some_and(|r| !r.is_empty()))
-                .filter_map(|(tp, _)| followed.get(tp))
-                .map(|f| (f.partition.clone(), f.partition.log.log_end_offset()))
-                .collect()
-        };
         let appends = plain
             .into_iter()
             .map(|(tp, answer)| Box::pin(self.append_answer(tp, answer)))
             .collect();
         self.appending.set((0, 0));
-        let mut appends = std::pin::pin!(join_all(appends));
-        let mut ahead_failed = None;
-        let written = match futures_lite::future::poll_once(&mut appends).await {
-            Some(done) => done,
-            None => {
-                let moved = ends_before
-                    .iter()
-                    .all(|(p, before)| p.log.log_end_offset() > *before);
-                let ahead = (moved && other.is_empty())
-                    .then(|| self.fetch_request(true))
-                    .flatten();
-                match ahead {
-                    Some(req) => {
-                        stats.fetched_ahead += 1;
-                        let names = self.names_by_id();
-                        let fetch = self.fetch(conn, &req);
-                        let (done, answer) = futures_lite::future::zip(appends, fetch).await;
-                        match answer {
-                            Ok(resp) => drop(self.next.replace(Some((resp, names)))),
-                            Err(e) => ahead_failed = Some(e),
-                        }
-                        done
-                    }
-                    None => appends.await,
-                }
-            }
-        };
-        drop(ends_before);
-        for s in written {
+        for s in join_all(appends).await {
             stats.add(s);
         }
         stats.appends_together = self.appending.get().1;
@@ -362,27 +292,11 @@ impl ReplicaFetcher {
         let mut totals = self.totals.get();
         totals.add(stats);
         self.totals.set(totals);
-        match ahead_failed {
-            Some(e) => Err(e),
-            None => Ok(stats),
-        }
-    }
-
-    /// Sends one Fetch and waits for its answer (the leader's long poll, plus slack).
-    async fn fetch(
-        &self,
-        conn: &mut BrokerConn,
-        req: &FetchRequest,
-    ) -> Result<FetchResponse, ClientError> {
-        let sent = Instant::now();
-        let deadline = sent + self.config.wait_max + FETCH_SLACK;
-        let resp = conn.call(req, FETCH_VERSION, deadline).await?;
-        crate::metrics::local(|m| m.replica_fetched(sent.elapsed()));
-        Ok(resp)
+        Ok(stats)
     }
 
     /// Each followed topic's name by its id (the answers name topics by id).
-    fn names_by_id(&self) -> TopicNames {
+    fn names_by_id(&self) -> BTreeMap<u128, Arc<str>> {
         self.followed
             .borrow()
             .iter()
@@ -390,13 +304,7 @@ impl ReplicaFetcher {
             .collect()
     }
 
-    /// The Fetch for every followed partition not paused, each from its log end (which
-    /// includes appends still being written) with its written end attached when that is
-    /// behind ([`crate::replication::WRITTEN_END_TAG`]). `ahead`: sent while this
-    /// round's writes are in flight, so the leader answers at once (no long poll): the
-    /// round's acknowledgement goes with the fetch after it, which must not wait
-    /// `replica.fetch.wait.max.ms` for new records when none come.
-    fn fetch_request(&self, ahead: bool) -> Option<FetchRequest> {
+    fn fetch_request(&self) -> Option<FetchRequest> {
         let mut topics: Vec<FetchTopic> = Vec::new();
         let now = Instant::now();
         let ready = |f: &&Followed| f.paused_until.is_none_or(|t| t <= now);
@@ -406,19 +314,13 @@ impl ReplicaFetcher {
                 .epoch_entries()
                 .last()
                 .map_or(LeaderEpoch::NONE, |(e, _)| *e);
-            let (fetch_at, written) = (p.log.log_end_offset(), p.replica().log_end());
             let part = FetchPartition::default()
                 .with_partition(tp.1)
                 .with_current_leader_epoch(p.leader_epoch().get())
-                .with_fetch_offset(fetch_at.get())
+                .with_fetch_offset(p.log.log_end_offset().get())
                 .with_last_fetched_epoch(last_fetched.get())
                 .with_log_start_offset(p.log.log_start_offset().get())
                 .with_partition_max_bytes(self.config.partition_max_bytes);
-            let part = if written < fetch_at {
-                crate::replication::with_written_end(part, written)
-            } else {
-                part
-            };
             match topics.last_mut() {
                 Some(t) if t.topic_id == Uuid::from_u128(p.topic_id) => t.partitions.push(part),
                 _ => topics.push(
@@ -431,11 +333,7 @@ impl ReplicaFetcher {
         if topics.is_empty() {
             return None;
         }
-        let wait_ms = if ahead {
-            0
-        } else {
-            i32::try_from(self.config.wait_max.as_millis()).unwrap_or(i32::MAX)
-        };
+        let wait_ms = i32::try_from(self.config.wait_max.as_millis()).unwrap_or(i32::MAX);
         Some(
             FetchRequest::default()
                 .with_replica_state(
@@ -623,7 +521,7 @@ struct Answer {
 /// by `names` (id → name); one not in it (unfollowed meanwhile) is skipped.
 fn take_answers(
     resp: FetchResponse,
-    names: &TopicNames,
+    names: &BTreeMap<u128, Arc<str>>,
 ) -> Vec<(TopicPartition, Answer)> {
     let mut out = Vec::new();
     for t in resp.responses {

@@ -11,7 +11,7 @@ use super::context::{MarkerWriter, ServiceContext};
 use super::mesh::ShardCall;
 use super::{Shard, TopicPartition, now_ms};
 use crate::group::{GroupCall, GroupReply};
-use crate::partition::{Acks, FetchOutcome, FollowerFetch, ListedOffset, ProduceOutcome, ReadFor};
+use crate::partition::{Acks, FetchOutcome, ListedOffset, ProduceOutcome, ReadFor};
 use crate::producer_state::partition::Marker;
 
 /// Appends one Produce partition's records on its leader and answers as `acks` asks
@@ -92,8 +92,6 @@ pub struct FetchRead {
     pub current_epoch: LeaderEpoch,
     /// A follower's `last_fetched_epoch` (-1: not given), checked for divergence.
     pub last_fetched_epoch: LeaderEpoch,
-    /// A follower's written end, when it fetches past it (see `ReadFor::Follower`).
-    pub written_end: Option<Offset>,
 }
 
 /// Reads of several partitions owned by the same shard, in request order: together they
@@ -125,16 +123,9 @@ impl ShardCall for FetchCall {
                         Some(diverging) => p.diverged(diverging, r.current_epoch),
                         None => {
                             let max_bytes = r.max_bytes.min(left);
-                            let reader = match self.reader {
-                                ReadFor::Follower(f) => ReadFor::Follower(FollowerFetch {
-                                    written_end: r.written_end,
-                                    ..f
-                                }),
-                                consumer => consumer,
-                            };
                             let read = p.fetch_within(
                                 r.offset,
-                                reader,
+                                self.reader,
                                 r.current_epoch,
                                 max_bytes,
                                 hard_max_bytes,
