@@ -477,6 +477,26 @@ mod tests {
         assert_eq!(r.high_watermark(), Offset(9));
     }
 
+    /// An ISR change names the broker epoch of each follower whose fetch the leader
+    /// counted, the latest one (a restarted follower's new epoch replaces the old);
+    /// a follower not heard from yet, and the leader itself, are not named.
+    #[test]
+    fn an_isr_change_names_the_broker_epochs_of_the_fetches_counted() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let mut r = ReplicaState::sole(a, Offset(0));
+        r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c]);
+        assert!(r.member_epochs(&[a, b, c]).is_empty());
+        r.follower_fetched(b, BrokerEpoch(7), Offset(0), Offset(0), 0);
+        assert_eq!(r.member_epochs(&[a, b, c]), vec![(b, BrokerEpoch(7))]);
+        r.follower_fetched(b, BrokerEpoch(8), Offset(0), Offset(0), 1);
+        r.follower_fetched(c, BrokerEpoch(5), Offset(0), Offset(0), 1);
+        assert_eq!(
+            r.member_epochs(&[a, b, c]),
+            vec![(b, BrokerEpoch(8)), (c, BrokerEpoch(5))]
+        );
+        assert_eq!(r.member_epochs(&[a, c]), vec![(c, BrokerEpoch(5))]);
+    }
+
     #[test]
     fn the_high_watermark_is_the_smallest_log_end_in_the_isr() {
         let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
