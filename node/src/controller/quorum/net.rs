@@ -56,6 +56,8 @@ pub enum Rpc {
         host: String,
         port: u16,
         have: Option<u64>,
+        /// -1 from a node older than broker epochs (a rolling upgrade).
+        #[serde(default = "no_broker_epoch")]
         epoch: i64,
     },
     /// SASL: the first request on a connection to a SASL controller port, and the only
@@ -64,6 +66,10 @@ pub enum Rpc {
         mechanism: String,
         token: Vec<u8>,
     },
+}
+
+fn no_broker_epoch() -> i64 {
+    wire::BrokerEpoch::NONE.get()
 }
 
 /// Why a forwarded request was not done by the node asked.
