@@ -466,6 +466,7 @@ async fn read_all(
             .iter()
             .map(|&i| FetchRead {
                 tp: wanted[i].tp.clone(),
+                topic_id: wanted[i].topic_id,
                 offset: wanted[i].offset,
                 max_bytes: wanted[i].max_bytes,
                 current_epoch: wanted[i].current_epoch,

@@ -85,9 +85,9 @@ pub enum Command {
         leader_epoch: i32,
         partition_epoch: i32,
         isr: Vec<i32>,
-        /// (member, broker epoch) for each ISR member whose epoch the leader knows from
-        /// its fetches: refused (INELIGIBLE_REPLICA) if a node registered another since,
-        /// because what that fetch vouched for may not have survived the restart.
+        /// (member, broker epoch) for each member the change adds, from the fetches that
+        /// qualified it: refused (INELIGIBLE_REPLICA) if the node registered another since,
+        /// because what those fetches vouched for may not have survived the restart.
         #[serde(default)]
         epochs: Vec<(i32, i64)>,
     },
@@ -640,13 +640,19 @@ fn alter_partition(
             "ISR must be replicas, leader among them".into(),
         ));
     }
-    let restarted = epochs
-        .iter()
-        .find(|(n, e)| c.nodes.get(n).is_some_and(|n| n.broker_epoch != *e));
-    if let Some((n, e)) = restarted {
+    // KIP-903: a joiner qualified by fetches from a process it has since replaced may
+    // have lost what they vouched for. A node registered without an epoch (-1: from
+    // before broker epochs) is not checked, so that voters may upgrade before nodes.
+    let restarted = epochs.iter().find_map(|(n, e)| {
+        let registered = c.nodes.get(n)?.broker_epoch;
+        (registered != no_broker_epoch() && registered != *e).then_some((*n, *e, registered))
+    });
+    if let Some((n, e, registered)) = restarted {
         return Err((
             errors::INELIGIBLE_REPLICA,
-            format!("node {n} restarted since its fetch at broker epoch {e}"),
+            format!(
+                "node {n} restarted (broker epoch {registered}) since the fetches at broker epoch {e} that qualified it"
+            ),
         ));
     }
     let fenced: BTreeSet<i32> = c
@@ -920,6 +926,29 @@ mod tests {
         );
         assert_eq!(apply(&mut c, &grow(1, pe), true).0, Outcome::Done(Ok(())));
         assert!(c.topics["t"].assignment[0].isr.contains(&follower));
+        // A node registered by an older binary, without an epoch, is not checked.
+        let a = c.topics["t"].assignment[0].clone();
+        let shrink = Command::AlterPartition {
+            topic: "t".into(),
+            id: 7,
+            partition: 0,
+            leader: a.leader,
+            leader_epoch: a.leader_epoch,
+            partition_epoch: a.partition_epoch,
+            isr: vec![a.leader],
+            epochs: Vec::new(),
+        };
+        assert_eq!(apply(&mut c, &shrink, true).0, Outcome::Done(Ok(())));
+        let register = Command::RegisterNode {
+            id: follower,
+            host: "127.0.0.1".into(),
+            port: 9000 + u16::try_from(follower).expect("a small id"),
+            epoch: -1,
+        };
+        apply(&mut c, &register, true);
+        assert_eq!(c.nodes[&follower].broker_epoch, -1);
+        let pe = c.topics["t"].assignment[0].partition_epoch;
+        assert_eq!(apply(&mut c, &grow(5, pe), true).0, Outcome::Done(Ok(())));
     }
 
     #[test]

@@ -44,9 +44,14 @@ pub struct FollowerProgress {
     /// When its fetch last reached the leader's LEO (for `replica.lag.time.max.ms`).
     pub caught_up_ms: i64,
     /// The broker epoch its last fetch carried: the process that vouched for `log_end`.
-    /// An ISR change names it, and the controller refuses the change if the node has
-    /// registered another since (it restarted, and may have lost what it vouched for).
+    /// An ISR change that adds the follower names it, and the controller refuses the
+    /// change if the node has registered another since (KIP-903: a process that
+    /// restarted may have lost what it vouched for).
     pub broker_epoch: BrokerEpoch,
+    /// A new process of this follower fetched from below the HW: the one before it
+    /// vouched for records this one does not hold (lost by a power failure or a disk).
+    /// It leaves the ISR at the next check, whatever its lag; set until it catches up.
+    pub lost_acknowledged: bool,
 }
 
 impl Default for FollowerProgress {
@@ -56,6 +61,7 @@ impl Default for FollowerProgress {
             log_end: Offset(0),
             caught_up_ms: 0,
             broker_epoch: BrokerEpoch::NONE,
+            lost_acknowledged: false,
         }
     }
 }
@@ -237,9 +243,23 @@ impl ReplicaState {
         };
         // Never beyond what the leader has: a follower cannot vouch for more.
         p.log_end = offset.min(leader_end);
+        // A follower's completed writes survive its process (SIGKILL included), so a new
+        // process fetches from at least what the old one vouched for, and that is at
+        // least the HW. From below it, acknowledged records are gone from this replica.
+        let restarted = p.broker_epoch != BrokerEpoch::NONE && epoch != p.broker_epoch;
+        if restarted && offset < self.high_watermark {
+            tracing::warn!(
+                follower = %follower,
+                offset = %offset,
+                high_watermark = %self.high_watermark,
+                "a follower restarted without records it had acknowledged; it leaves the ISR"
+            );
+            p.lost_acknowledged = true;
+        }
         p.broker_epoch = epoch;
         if offset >= leader_end {
             p.caught_up_ms = now_ms;
+            p.lost_acknowledged = false;
         }
         self.recompute_high_watermark()
     }
@@ -397,15 +417,17 @@ impl ReplicaState {
     }
 
     /// On a leader, the ISR it should have at `now_ms`: members whose fetches have not
-    /// reached its log end for `lag_max_ms` leave; followers outside that hold everything
-    /// up to the HW join if `eligible` (KIP-841: a node the metadata has fenced does not
-    /// rejoin, and proposing it would only be refused again every round). `None` when the
-    /// ISR is right as it is (or not a leader).
+    /// reached its log end for `lag_max_ms` leave, and so do members whose new process
+    /// lost what they acknowledged; followers outside that hold everything up to the HW
+    /// join if `eligible` for the broker epoch their fetches carry (KIP-841: a node the
+    /// metadata has fenced does not rejoin; KIP-903: nor one whose fetches came from a
+    /// process it has since replaced — proposing either would only be refused again every
+    /// round). `None` when the ISR is right as it is (or not a leader).
     pub fn wanted_isr(
         &self,
         now_ms: i64,
         lag_max_ms: i64,
-        eligible: impl Fn(NodeId) -> bool,
+        eligible: impl Fn(NodeId, BrokerEpoch) -> bool,
     ) -> Option<Vec<NodeId>> {
         let Role::Leader(l) = &self.role else {
             return None;
@@ -416,15 +438,15 @@ impl ReplicaState {
             .copied()
             .filter(|n| {
                 *n == self.local
-                    || l.followers
-                        .get(n)
-                        .is_some_and(|p| now_ms - p.caught_up_ms <= lag_max_ms)
+                    || l.followers.get(n).is_some_and(|p| {
+                        now_ms - p.caught_up_ms <= lag_max_ms && !p.lost_acknowledged
+                    })
             })
             .collect();
         for (n, p) in &l.followers {
             let caught_up =
                 p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
-            if !wanted.contains(n) && caught_up && eligible(*n) {
+            if !wanted.contains(n) && caught_up && eligible(*n, p.broker_epoch) {
                 wanted.push(*n);
             }
         }
@@ -434,14 +456,15 @@ impl ReplicaState {
         (wanted != current).then_some(wanted)
     }
 
-    /// The broker epochs a proposal of `isr` names: each follower's among them that the
-    /// leader has from its fetches (the leader itself and followers not heard from yet
-    /// are not checked).
-    pub fn member_epochs(&self, isr: &[NodeId]) -> Vec<(NodeId, BrokerEpoch)> {
+    /// The broker epochs a proposal of `isr` names: each joining follower's, from the
+    /// fetches that qualified it (KIP-903). Members that stay are not named: a stale
+    /// epoch of one of them must not block a shrink that removes another.
+    pub fn joiner_epochs(&self, isr: &[NodeId]) -> Vec<(NodeId, BrokerEpoch)> {
         let Role::Leader(l) = &self.role else {
             return Vec::new();
         };
         isr.iter()
+            .filter(|n| !l.isr.contains(n))
             .filter_map(|n| l.followers.get(n).map(|p| (*n, p.broker_epoch)))
             .filter(|(_, e)| *e != BrokerEpoch::NONE)
             .collect()
@@ -477,24 +500,51 @@ mod tests {
         assert_eq!(r.high_watermark(), Offset(9));
     }
 
-    /// An ISR change names the broker epoch of each follower whose fetch the leader
-    /// counted, the latest one (a restarted follower's new epoch replaces the old);
-    /// a follower not heard from yet, and the leader itself, are not named.
+    /// An ISR change names the broker epoch of each follower it adds, from the fetches
+    /// that qualified it (a restarted follower's new epoch replaces the old); members that
+    /// stay, followers not heard from yet and the leader itself are not named.
     #[test]
-    fn an_isr_change_names_the_broker_epochs_of_the_fetches_counted() {
+    fn an_isr_change_names_the_broker_epochs_of_its_joiners() {
         let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
         let mut r = ReplicaState::sole(a, Offset(0));
-        r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c]);
-        assert!(r.member_epochs(&[a, b, c]).is_empty());
+        r.become_leader(LeaderEpoch(1), vec![a, b], &[a, b, c]);
+        assert!(r.joiner_epochs(&[a, b, c]).is_empty(), "c not heard from");
         r.follower_fetched(b, BrokerEpoch(7), Offset(0), Offset(0), 0);
-        assert_eq!(r.member_epochs(&[a, b, c]), vec![(b, BrokerEpoch(7))]);
-        r.follower_fetched(b, BrokerEpoch(8), Offset(0), Offset(0), 1);
-        r.follower_fetched(c, BrokerEpoch(5), Offset(0), Offset(0), 1);
-        assert_eq!(
-            r.member_epochs(&[a, b, c]),
-            vec![(b, BrokerEpoch(8)), (c, BrokerEpoch(5))]
-        );
-        assert_eq!(r.member_epochs(&[a, c]), vec![(c, BrokerEpoch(5))]);
+        r.follower_fetched(c, BrokerEpoch(5), Offset(0), Offset(0), 0);
+        assert_eq!(r.joiner_epochs(&[a, b, c]), vec![(c, BrokerEpoch(5))]);
+        r.follower_fetched(c, BrokerEpoch(6), Offset(0), Offset(0), 1);
+        assert_eq!(r.joiner_epochs(&[a, b, c]), vec![(c, BrokerEpoch(6))]);
+        assert!(r.joiner_epochs(&[a]).is_empty(), "a shrink names nobody");
+    }
+
+    /// A follower whose new process fetches from below the HW lost records it had
+    /// acknowledged: it leaves the ISR at once, not after the lag time. A new process
+    /// that fetches from the HW or beyond (its writes survived) stays.
+    #[test]
+    fn a_follower_back_without_what_it_acknowledged_leaves_the_isr() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let lag = 10_000;
+        let any = |_: NodeId, _: BrokerEpoch| true;
+        let mut r = ReplicaState::sole(a, Offset(0));
+        r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c]);
+        r.local_log_end(Offset(10));
+        r.follower_fetched(b, BrokerEpoch(1), Offset(10), Offset(10), 0);
+        r.follower_fetched(c, BrokerEpoch(1), Offset(10), Offset(10), 0);
+        assert_eq!(r.high_watermark(), Offset(10));
+        // c restarted after a clean kill: its writes are there.
+        r.follower_fetched(c, BrokerEpoch(2), Offset(10), Offset(10), 1);
+        assert_eq!(r.wanted_isr(2, lag, any), None);
+        // b restarted after losing its tail.
+        r.follower_fetched(b, BrokerEpoch(2), Offset(4), Offset(10), 1);
+        assert_eq!(r.wanted_isr(2, lag, any), Some(vec![a, c]));
+        assert_eq!(r.high_watermark(), Offset(10), "never backwards");
+        // Out of the ISR, it rejoins when it holds the HW again, under the epoch the
+        // controller has registered for it.
+        r.update_isr(&[a, c], &[a, b, c], 2);
+        r.follower_fetched(b, BrokerEpoch(2), Offset(10), Offset(10), 3);
+        assert_eq!(r.wanted_isr(4, lag, any), Some(vec![a, b, c]));
+        assert_eq!(r.wanted_isr(4, lag, |_, e| e != BrokerEpoch(2)), None);
+        assert_eq!(r.joiner_epochs(&[a, b, c]), vec![(b, BrokerEpoch(2))]);
     }
 
     #[test]
@@ -538,7 +588,7 @@ mod tests {
             RoleChange::Lead
         );
         assert_eq!(r.isr_len(), 3);
-        let any = |_: NodeId| true;
+        let any = |_: NodeId, _: BrokerEpoch| true;
         assert_eq!(
             r.wanted_isr(lag, lag, any),
             None,
@@ -563,7 +613,7 @@ mod tests {
             Some(vec![NodeId(1), NodeId(2), NodeId(3)])
         );
         // Unless the metadata fenced it (its lease expired): then it is not proposed.
-        assert_eq!(r.wanted_isr(lag + 3, lag, |n| n != NodeId(3)), None);
+        assert_eq!(r.wanted_isr(lag + 3, lag, |n, _| n != NodeId(3)), None);
         // A stale record changes nothing; a newer epoch with another leader demotes.
         assert_eq!(
             r.apply(&assignment(Some(2), 0, &[2]), 0),

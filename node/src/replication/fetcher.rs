@@ -47,8 +47,9 @@ use crate::shard::TopicPartition;
 
 /// The Fetch version a fetcher speaks: diverging epochs and the last fetched epoch
 /// (KIP-320, v12), topics by id (v13), and the follower's broker epoch in
-/// `replica_state` (v15, KIP-903): the leader names it when it adds this node to an ISR,
-/// so that what a run of this node fetched is never counted for the run after it.
+/// `replica_state` (v15, KIP-903): the leader names it when it proposes adding this node
+/// to an ISR, and the controller refuses that if this node has restarted since, so that
+/// what one run of this node fetched never qualifies the run after it.
 const FETCH_VERSION: i16 = 15;
 const LIST_OFFSETS_VERSION: i16 = 6;
 /// Slack on top of the leader's long poll before a fetch is declared lost.
@@ -295,6 +296,17 @@ impl ReplicaFetcher {
         Ok(stats)
     }
 
+    /// The partition followed as `tp`, if it is still the topic `topic_id` names: a topic
+    /// deleted and created again while a fetch was out has a new id, and the old one's
+    /// answer must not reach the new one's log.
+    fn followed_as(&self, tp: &TopicPartition, topic_id: u128) -> Option<Rc<Partition>> {
+        self.followed
+            .borrow()
+            .get(tp)
+            .filter(|f| f.partition.topic_id == topic_id)
+            .map(|f| f.partition.clone())
+    }
+
     /// Each followed topic's name by its id (the answers name topics by id).
     fn names_by_id(&self) -> BTreeMap<u128, Arc<str>> {
         self.followed
@@ -358,7 +370,7 @@ impl ReplicaFetcher {
         answer: Answer,
         stats: &mut RoundStats,
     ) -> Result<(), ClientError> {
-        let Some(p) = self.followed.borrow().get(tp).map(|f| f.partition.clone()) else {
+        let Some(p) = self.followed_as(tp, answer.topic_id) else {
             return Ok(());
         };
         match answer.error {
@@ -388,7 +400,7 @@ impl ReplicaFetcher {
     /// leader's HW, bounded by what this replica now holds.
     async fn append_answer(&self, tp: TopicPartition, answer: Answer) -> RoundStats {
         let mut stats = RoundStats::default();
-        let Some(p) = self.followed.borrow().get(&tp).map(|f| f.partition.clone()) else {
+        let Some(p) = self.followed_as(&tp, answer.topic_id) else {
             return stats;
         };
         if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
@@ -510,6 +522,8 @@ impl ReplicaFetcher {
 
 /// One partition of a Fetch answer, out of the response.
 struct Answer {
+    /// The topic the answer is for, by id.
+    topic_id: u128,
     error: i16,
     high_watermark: Offset,
     records: Option<Bytes>,
@@ -537,6 +551,7 @@ fn take_answers(
             out.push((
                 (name.clone(), p.partition_index),
                 Answer {
+                    topic_id: t.topic_id.as_u128(),
                     error: p.error_code,
                     high_watermark: Offset(p.high_watermark),
                     records: p.records,

@@ -86,6 +86,9 @@ impl ShardCall for ProduceCall {
 #[derive(Debug, Clone)]
 pub struct FetchRead {
     pub tp: TopicPartition,
+    /// The topic id the request named (0: named by name, not checked). A partition open
+    /// under another id is a deleted topic's successor: UNKNOWN_TOPIC_ID.
+    pub topic_id: u128,
     pub offset: Offset,
     pub max_bytes: usize,
     /// The request's `current_leader_epoch` (-1: not given).
@@ -116,6 +119,9 @@ impl ShardCall for FetchCall {
         for r in self.reads {
             let hard_max_bytes = if exceed { usize::MAX } else { left };
             let outcome = match shard.partition(&r.tp).await {
+                Ok(p) if r.topic_id != 0 && p.topic_id != 0 && p.topic_id != r.topic_id => {
+                    FetchOutcome::refused(crate::errors::UNKNOWN_TOPIC_ID)
+                }
                 Ok(p)
                     if matches!(self.reader, ReadFor::Follower(..)) && p.replica().is_leader() =>
                 {

@@ -236,18 +236,23 @@ impl Shard {
             .unwrap_or(REPLICA_LAG_TIME_MAX_MS_DEFAULT);
         let now = now_ms();
         let catalog = self.catalog();
-        let fenced: Vec<NodeId> = catalog
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.fenced)
-            .map(|(id, _)| NodeId(*id))
-            .collect();
+        // A follower may join if the metadata has it live under the broker epoch its
+        // fetches carry (KIP-841, KIP-903); -1 on either side is a node from before broker
+        // epochs, not checked.
+        let eligible = |n: NodeId, fetched: wire::BrokerEpoch| {
+            catalog.nodes.get(&n.get()).is_none_or(|node| {
+                !node.fenced
+                    && (node.broker_epoch == wire::BrokerEpoch::NONE.get()
+                        || fetched == wire::BrokerEpoch::NONE
+                        || node.broker_epoch == fetched.get())
+            })
+        };
         let parts = self.partitions.borrow();
         parts
             .iter()
             .filter_map(|(tp, p)| {
                 let r = p.replica();
-                let isr = r.wanted_isr(now, lag_max_ms, |n| !fenced.contains(&n))?;
+                let isr = r.wanted_isr(now, lag_max_ms, eligible)?;
                 let followers: Vec<String> = r
                     .followers()
                     .map(|(n, f)| {
@@ -270,7 +275,7 @@ impl Shard {
                     topic_id: p.topic_id,
                     leader_epoch: r.leader_epoch(),
                     partition_epoch: r.partition_epoch(),
-                    epochs: r.member_epochs(&isr),
+                    epochs: r.joiner_epochs(&isr),
                     isr,
                 })
             })

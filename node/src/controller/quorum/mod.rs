@@ -57,7 +57,9 @@ pub struct QuorumConfig {
     /// This node's client address, registered with the controller.
     pub advertised: (String, u16),
     /// This process's broker epoch, registered with the controller: a node that comes
-    /// back with another one restarted, and leaves every ISR until it catches up again.
+    /// back with another one restarted. Its ISR memberships stand (its completed writes
+    /// survived), but no leader may add it to an ISR on fetches its old process made
+    /// (KIP-903), and a leader drops it at once if it fetches from below the HW.
     pub broker_epoch: BrokerEpoch,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
@@ -633,7 +635,7 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<
         let restarted = image
             .nodes
             .get(&id)
-            .is_some_and(|n| !n.fenced && n.broker_epoch != epoch);
+            .is_some_and(|n| n.broker_epoch != -1 && n.broker_epoch != epoch);
         if restarted {
             tracing::info!(
                 node = id,
