@@ -896,49 +896,35 @@ mod tests {
             .iter()
             .find(|r| **r != a.leader)
             .expect("a follower");
-        let shrink = Command::AlterPartition {
-            topic: "t".into(),
-            id: 7,
-            partition: 0,
-            leader: a.leader,
-            leader_epoch: a.leader_epoch,
-            partition_epoch: a.partition_epoch,
-            isr: vec![a.leader],
-            epochs: Vec::new(),
+        let (leader, leader_epoch) = (a.leader, a.leader_epoch);
+        // AlterPartition against the partition epoch in force.
+        let alter = |c: &mut Catalog, isr: Vec<i32>, epochs: Vec<(i32, i64)>| {
+            let cmd = Command::AlterPartition {
+                topic: "t".into(),
+                id: 7,
+                partition: 0,
+                leader,
+                leader_epoch,
+                partition_epoch: c.topics["t"].assignment[0].partition_epoch,
+                isr,
+                epochs,
+            };
+            apply(c, &cmd, true)
         };
-        assert_eq!(apply(&mut c, &shrink, true).0, Outcome::Done(Ok(())));
-        let grow = |epoch: i64, partition_epoch: i32| Command::AlterPartition {
-            topic: "t".into(),
-            id: 7,
-            partition: 0,
-            leader: a.leader,
-            leader_epoch: a.leader_epoch,
-            partition_epoch,
-            isr: vec![a.leader, follower],
-            epochs: vec![(follower, epoch)],
-        };
-        let pe = c.topics["t"].assignment[0].partition_epoch;
-        let (out, changed) = apply(&mut c, &grow(0, pe), true);
+        let shrink = |c: &mut Catalog| alter(c, vec![leader], Vec::new());
+        let grow =
+            |c: &mut Catalog, epoch: i64| alter(c, vec![leader, follower], vec![(follower, epoch)]);
+        assert_eq!(shrink(&mut c).0, Outcome::Done(Ok(())));
+        let (out, changed) = grow(&mut c, 0);
         assert!(!changed);
         assert!(
             matches!(out, Outcome::Done(Err((code, _))) if code == errors::INELIGIBLE_REPLICA),
             "{out:?}"
         );
-        assert_eq!(apply(&mut c, &grow(1, pe), true).0, Outcome::Done(Ok(())));
+        assert_eq!(grow(&mut c, 1).0, Outcome::Done(Ok(())));
         assert!(c.topics["t"].assignment[0].isr.contains(&follower));
         // A node registered by an older binary, without an epoch, is not checked.
-        let a = c.topics["t"].assignment[0].clone();
-        let shrink = Command::AlterPartition {
-            topic: "t".into(),
-            id: 7,
-            partition: 0,
-            leader: a.leader,
-            leader_epoch: a.leader_epoch,
-            partition_epoch: a.partition_epoch,
-            isr: vec![a.leader],
-            epochs: Vec::new(),
-        };
-        assert_eq!(apply(&mut c, &shrink, true).0, Outcome::Done(Ok(())));
+        assert_eq!(shrink(&mut c).0, Outcome::Done(Ok(())));
         let register = Command::RegisterNode {
             id: follower,
             host: "127.0.0.1".into(),
@@ -947,8 +933,7 @@ mod tests {
         };
         apply(&mut c, &register, true);
         assert_eq!(c.nodes[&follower].broker_epoch, -1);
-        let pe = c.topics["t"].assignment[0].partition_epoch;
-        assert_eq!(apply(&mut c, &grow(5, pe), true).0, Outcome::Done(Ok(())));
+        assert_eq!(grow(&mut c, 5).0, Outcome::Done(Ok(())));
     }
 
     #[test]
