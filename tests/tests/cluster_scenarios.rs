@@ -854,6 +854,83 @@ fn a_follower_killed_while_writing_then_its_leader_loses_nothing_acknowledged() 
     assert_eq!(checked, sent.len(), "every record sent was acknowledged");
 }
 
+/// A follower back from a power failure without records it had acknowledged: SIGKILLed,
+/// its segment cut short (the unflushed tail a power failure takes), restarted. Its first
+/// fetch under its new broker epoch starts below the HW, and the leader drops it from the
+/// ISR at once. It does not wait out `replica.lag.time.max.ms` (two minutes here), so no
+/// election can count on it for records it no longer holds. It catches up, rejoins, and
+/// nothing acknowledged is lost.
+#[test]
+fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
+    const LOST: &str = "a follower restarted without records it had acknowledged";
+    // A session long enough that the quick restart is not fenced (which would also
+    // take the node out of the ISR, for another reason).
+    let mut c = start(&[
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "120000"),
+        ("broker.session.timeout.ms", "30000"),
+    ]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let (mut sent, mut acked) = produce(&mut c, leader, "all", 0, 500, "a");
+    let dir = partition_dir(&mut c, follower, 0);
+    assert_eq!(
+        log_bytes(&dir).1,
+        500,
+        "the follower holds every acked record"
+    );
+    c.node(follower).kill().expect("SIGKILL the follower");
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("partition dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    let last = segments.last().expect("a segment");
+    let len = std::fs::metadata(last).expect("segment").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("cut the segment");
+    let cut_end = log_bytes(&dir).1;
+    assert!(
+        cut_end < 500,
+        "the cut took acknowledged records: {cut_end}"
+    );
+
+    let leaving = |c: &mut Cluster| {
+        let node = format!("NodeId({follower})");
+        log_lines(c, leader, &["proposing an ISR change"])
+            .into_iter()
+            .any(|l| !l.contains(&node))
+    };
+    assert!(!leaving(&mut c), "no shrink before the restart");
+    let started = Instant::now();
+    c.node(follower).restart().expect("restart the follower");
+    // Well before the two minutes of lag time: only the lost records can explain it.
+    let deadline = started + Duration::from_secs(60);
+    while log_lines(&mut c, leader, &[LOST, &format!("follower={follower}")]).is_empty()
+        || !leaving(&mut c)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the leader kept node {follower} in the ISR:\n{}",
+            log_lines(&mut c, leader, &["ISR"]).join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It catches up and rejoins; acks=all goes on with all three.
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
+    let (s, a) = produce(&mut c, leader, "all", 1_000, 300, "b");
+    sent.extend(s);
+    acked.extend(a);
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 800);
+    let got = clients::consume_to_end(&c.node(follower).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+}
+
 /// Five cycles of [`soak`]: in the default suite.
 #[test]
 fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {

@@ -50,7 +50,9 @@ pub struct FollowerProgress {
     pub broker_epoch: BrokerEpoch,
     /// A new process of this follower fetched from below the HW: the one before it
     /// vouched for records this one does not hold (lost by a power failure or a disk).
-    /// It leaves the ISR at the next check, whatever its lag; set until it catches up.
+    /// It leaves the ISR at the next check, whatever its lag, even if it has caught up
+    /// meanwhile (the controller may have elected it while it had not); set until an ISR
+    /// without it is committed, after which it rejoins as any follower does.
     pub lost_acknowledged: bool,
 }
 
@@ -246,8 +248,9 @@ impl ReplicaState {
         // A follower's completed writes survive its process (SIGKILL included), so a new
         // process fetches from at least what the old one vouched for, and that is at
         // least the HW. From below it, acknowledged records are gone from this replica.
+        // Only a member matters: one outside the ISR rejoins by the usual rule.
         let restarted = p.broker_epoch != BrokerEpoch::NONE && epoch != p.broker_epoch;
-        if restarted && offset < self.high_watermark {
+        if restarted && offset < self.high_watermark && l.isr.contains(&follower) {
             tracing::warn!(
                 follower = %follower,
                 offset = %offset,
@@ -259,7 +262,6 @@ impl ReplicaState {
         p.broker_epoch = epoch;
         if offset >= leader_end {
             p.caught_up_ms = now_ms;
-            p.lost_acknowledged = false;
         }
         self.recompute_high_watermark()
     }
@@ -397,6 +399,9 @@ impl ReplicaState {
         for n in replicas.iter().filter(|n| **n != local) {
             let joined = isr.contains(n) && !l.isr.contains(n);
             let p = l.followers.entry(*n).or_default();
+            if !isr.contains(n) {
+                p.lost_acknowledged = false;
+            }
             if joined {
                 p.caught_up_ms = now_ms;
             }
@@ -446,7 +451,8 @@ impl ReplicaState {
         for (n, p) in &l.followers {
             let caught_up =
                 p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
-            if !wanted.contains(n) && caught_up && eligible(*n, p.broker_epoch) {
+            let may_join = !p.lost_acknowledged && eligible(*n, p.broker_epoch);
+            if !wanted.contains(n) && caught_up && may_join {
                 wanted.push(*n);
             }
         }
@@ -538,6 +544,9 @@ mod tests {
         r.follower_fetched(b, BrokerEpoch(2), Offset(4), Offset(10), 1);
         assert_eq!(r.wanted_isr(2, lag, any), Some(vec![a, c]));
         assert_eq!(r.high_watermark(), Offset(10), "never backwards");
+        // Caught up again before the ISR check: it still leaves first.
+        r.follower_fetched(b, BrokerEpoch(2), Offset(10), Offset(10), 2);
+        assert_eq!(r.wanted_isr(2, lag, any), Some(vec![a, c]));
         // Out of the ISR, it rejoins when it holds the HW again, under the epoch the
         // controller has registered for it.
         r.update_isr(&[a, c], &[a, b, c], 2);
