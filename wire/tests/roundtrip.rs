@@ -108,6 +108,20 @@ fn default_messages_roundtrip_at_every_advertised_version() {
     }
 }
 
+/// Found by `every_advertised_request_reencodes`: a tagged field numbered 2^31 or more
+/// used to decode (its tag cast to a negative i32) and then be left out when encoding, so
+/// the re-encoded body named one field more than it held. Such a tag is refused now.
+#[test]
+fn a_tag_past_i32_is_refused_not_dropped() {
+    // ListGroups v3: one tagged field, tag 2^31 (varint 80 80 80 80 08), empty value.
+    let body = Bytes::from_static(&[0x01, 0x80, 0x80, 0x80, 0x80, 0x08, 0x00]);
+    assert!(messages::decode_request(16, 3, body).is_err());
+    // The largest tag that fits still round-trips.
+    let body = Bytes::from_static(&[0x01, 0xff, 0xff, 0xff, 0xff, 0x07, 0x00]);
+    request_reencodes(16, 3, body.clone());
+    assert!(messages::decode_request(16, 3, body).is_ok());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
