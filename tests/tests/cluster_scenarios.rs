@@ -140,16 +140,21 @@ fn partition_dir(c: &mut Cluster, id: i32, p: i32) -> PathBuf {
     c.node(id).data_dir().join(format!("{TOPIC}-{p}"))
 }
 
-/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
-/// at the end of the last whole batch; with the log end offset they reach.
-fn log_bytes(dir: &Path) -> (Vec<u8>, i64) {
+/// The `.log` segment files in `dir`, in offset order.
+fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut segments: Vec<_> = std::fs::read_dir(dir)
         .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
         .unwrap_or_default();
     segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
     segments.sort();
+    segments
+}
+
+/// The record batches of every `.log` segment in `dir`, concatenated in offset order, cut
+/// at the end of the last whole batch; with the log end offset they reach.
+fn log_bytes(dir: &Path) -> (Vec<u8>, i64) {
     let (mut out, mut end) = (Vec::new(), 0i64);
-    for seg in segments {
+    for seg in segments(dir) {
         let bytes = std::fs::read(&seg).unwrap_or_default();
         let mut at = 0usize;
         while at + 27 <= bytes.len() {
@@ -880,13 +885,7 @@ fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
         "the follower holds every acked record"
     );
     c.node(follower).kill().expect("SIGKILL the follower");
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("partition dir")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    segments.sort();
+    let segments = segments(&dir);
     let last = segments.last().expect("a segment");
     let len = std::fs::metadata(last).expect("segment").len();
     std::fs::OpenOptions::new()
@@ -900,6 +899,7 @@ fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
         "the cut took acknowledged records: {cut_end}"
     );
 
+    // A proposal whose ISR (logged as `isr=[NodeId(..), ..]`) does not name the follower.
     let leaving = |c: &mut Cluster| {
         let node = format!("NodeId({follower})");
         log_lines(c, leader, &["proposing an ISR change"])

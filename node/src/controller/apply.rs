@@ -641,11 +641,10 @@ fn alter_partition(
         ));
     }
     // KIP-903: a joiner qualified by fetches from a process it has since replaced may
-    // have lost what they vouched for. A node registered without an epoch (-1: from
-    // before broker epochs) is not checked, so that voters may upgrade before nodes.
+    // have lost what they vouched for.
     let restarted = epochs.iter().find_map(|(n, e)| {
-        let registered = c.nodes.get(n)?.broker_epoch;
-        (registered != no_broker_epoch() && registered != *e).then_some((*n, *e, registered))
+        let node = c.nodes.get(n)?;
+        (!node.registered_as(wire::BrokerEpoch(*e))).then_some((*n, *e, node.broker_epoch))
     });
     if let Some((n, e, registered)) = restarted {
         return Err((

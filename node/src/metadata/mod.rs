@@ -75,6 +75,23 @@ fn no_broker_epoch() -> i64 {
     wire::BrokerEpoch::NONE.get()
 }
 
+impl NodeInfo {
+    /// The broker epoch the node registered (NONE: an older node, or an older image).
+    pub fn epoch(&self) -> wire::BrokerEpoch {
+        wire::BrokerEpoch(self.broker_epoch)
+    }
+
+    /// Whether fetches made under `fetched` came from the process registered now (KIP-903).
+    /// NONE on either side is a node or a fetch from before broker epochs: not checked,
+    /// so that nodes and voters can be upgraded one after the other.
+    pub fn registered_as(&self, fetched: wire::BrokerEpoch) -> bool {
+        let registered = self.epoch();
+        registered == wire::BrokerEpoch::NONE
+            || fetched == wire::BrokerEpoch::NONE
+            || registered == fetched
+    }
+}
+
 /// An immutable snapshot of every topic.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Catalog {

@@ -237,15 +237,12 @@ impl Shard {
         let now = now_ms();
         let catalog = self.catalog();
         // A follower may join if the metadata has it live under the broker epoch its
-        // fetches carry (KIP-841, KIP-903); -1 on either side is a node from before broker
-        // epochs, not checked.
+        // fetches carry (KIP-841, KIP-903).
         let eligible = |n: NodeId, fetched: wire::BrokerEpoch| {
-            catalog.nodes.get(&n.get()).is_none_or(|node| {
-                !node.fenced
-                    && (node.broker_epoch == wire::BrokerEpoch::NONE.get()
-                        || fetched == wire::BrokerEpoch::NONE
-                        || node.broker_epoch == fetched.get())
-            })
+            catalog
+                .nodes
+                .get(&n.get())
+                .is_none_or(|node| !node.fenced && node.registered_as(fetched))
         };
         let parts = self.partitions.borrow();
         parts

@@ -635,7 +635,7 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<
         let restarted = image
             .nodes
             .get(&id)
-            .is_some_and(|n| n.broker_epoch != -1 && n.broker_epoch != epoch);
+            .is_some_and(|n| !n.registered_as(BrokerEpoch(epoch)));
         if restarted {
             tracing::info!(
                 node = id,
