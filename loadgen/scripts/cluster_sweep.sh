@@ -178,6 +178,10 @@ fi
 CLK_TCK=$(getconf CLK_TCK)
 cpu_of() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
 nodes_cpu() { local s=0; for i in 1 2 3; do s=$(python3 -c "print($s + $(cpu_of "${PID[$i]}"))"); done; echo "$s"; }
+# machine_cpu: CPU seconds the whole machine has been busy (every CPU's non-idle time from
+# /proc/stat): the nodes, the load generator and the kernel's own threads (ext4's
+# unwritten-extent conversion, softirqs), which the nodes' /proc/PID/stat does not count.
+machine_cpu() { awk -v t="$CLK_TCK" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8) / t }' /proc/stat; }
 # storage_counts: "<name> <sum over the nodes>" for the storage counters COUNTS=1 prints.
 storage_counts() {
     for m in weir_storage_appends_total weir_storage_leader_writes_total weir_storage_follower_writes_total; do
@@ -191,8 +195,9 @@ storage_counts() {
 }
 # cpu_phase NAME TOPIC: acks=all at max on TOPIC; writes "<node CPU-s> <bytes acked>" to $OUT/NAME.cpu.
 cpu_phase() {
-    local name=$1 topic=$2 c0 c1 line
+    local name=$1 topic=$2 c0 c1 m0 m1 line
     c0=$(nodes_cpu)
+    m0=$(machine_cpu)
     if [ "${COUNTS:-0}" = 1 ]; then
         storage_counts > "$OUT/$name.storage0"
         # System-wide event counts over the same run (all nodes, their io-wq workers and
@@ -209,8 +214,9 @@ cpu_phase() {
     line=$("$LG" produce --bootstrap "127.0.0.1:${PORT[1]}" --topic "$topic" --partitions "$PARTITIONS" --acks all \
         --record-size "$RECORD" --rate max --duration "$DURATION" "${EXTRA[@]}" 2>&1 | grep -m1 'records acked in')
     c1=$(nodes_cpu)
-    echo "$(python3 -c "print($c1 - $c0)") $(( ${line%% records*} * RECORD ))" > "$OUT/$name.cpu"
-    echo "== $name: $line; nodes used $(cut -d' ' -f1 "$OUT/$name.cpu") CPU-s"
+    m1=$(machine_cpu)
+    echo "$(python3 -c "print($c1 - $c0)") $(( ${line%% records*} * RECORD )) $(python3 -c "print($m1 - $m0)")" > "$OUT/$name.cpu"
+    echo "== $name: $line; nodes used $(cut -d' ' -f1 "$OUT/$name.cpu") CPU-s, the machine $(python3 -c "print(round($m1 - $m0, 2))") CPU-s"
     if [ "${COUNTS:-0}" = 1 ]; then
         storage_counts > "$OUT/$name.storage1"
         # The nodes' own counters: a leader's segment writes against a follower's.
@@ -283,17 +289,19 @@ errs = {n: sum(r["errors"] for r in rows(n).values()) for n in ("max-rf1", "max-
 print(f"errors per sweep: {errs}")
 import os
 GiB = 1 << 30
-costs = {}
+costs, machine = {}, {}
 for n in ("cpu-rf1", "cpu-rf3"):
     f = f"{out}/{n}.cpu"
     if os.path.exists(f):
-        cpu_s, nbytes = open(f).read().split()
+        cpu_s, nbytes, machine_s = open(f).read().split()
         if int(nbytes) > 0:
             costs[n] = float(cpu_s) / (int(nbytes) / GiB)
+            machine[n] = float(machine_s) / (int(nbytes) / GiB)
 if len(costs) == 2:
     r = costs["cpu-rf1"] / costs["cpu-rf3"]
     print(f"cluster CPU per GiB acked, acks=all: RF1 {costs['cpu-rf1']:.2f} CPU-s, RF3 {costs['cpu-rf3']:.2f} CPU-s "
-          f"(RF1/RF3 = {r:.2f}: the RF3/RF1 throughput a CPU-bound machine allows)")
+          f"(RF1/RF3 = {r:.2f}: the RF3/RF1 throughput a CPU-bound machine allows); the whole machine "
+          f"(nodes, load generator, kernel threads): RF1 {machine['cpu-rf1']:.2f}, RF3 {machine['cpu-rf3']:.2f} CPU-s")
     # The least an RF 3 byte can add, from this run's floors: each follower copy is one
     # send (leader), one receive and one O_DIRECT append (follower), at the kernel's own cost.
     import re
