@@ -931,6 +931,79 @@ fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
     assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
 }
 
+/// A power failure on the leader, then a restart quick enough that it still leads: its
+/// log lost records it acknowledged (its segment is cut, as an unsynced tail is), and its
+/// HW checkpoint says so. Leading on under the same epoch, it would make both followers,
+/// which hold those records, cut them to its end (their fetch offsets are past it). It
+/// must instead refuse to serve under that epoch and resign: a follower leads under a
+/// newer one, and every acknowledged record survives.
+#[test]
+fn a_leader_back_without_acknowledged_records_resigns_and_loses_nothing() {
+    const RESIGNS: &str = "leader resigns its epoch: its log reopened without records";
+    // A session long enough that the quick restart is not fenced (which would move the
+    // leadership for another reason).
+    let mut c = start(&[
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "120000"),
+        ("broker.session.timeout.ms", "30000"),
+        ("replica.high.watermark.checkpoint.interval.ms", "0"),
+    ]);
+    let (leader, epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let (mut sent, mut acked) = produce(&mut c, leader, "all", 0, 500, "a");
+    let data_dir = c.node(leader).data_dir().to_path_buf();
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while checkpointed_hw(&data_dir, 0) != Some(500) {
+        assert!(Instant::now() < deadline, "no checkpoint of HW 500");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.node(leader).kill().expect("SIGKILL the leader");
+    let dir = partition_dir(&mut c, leader, 0);
+    let segments = segments(&dir);
+    let last = segments.last().expect("a segment");
+    let len = std::fs::metadata(last).expect("segment").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("cut the segment");
+    let cut_end = log_bytes(&dir).1;
+    assert!(
+        cut_end < 500,
+        "the cut took acknowledged records: {cut_end}"
+    );
+    c.node(leader).restart().expect("restart the leader");
+
+    // Another node leads under a newer epoch, and the old leader is out of the ISR.
+    let (now, new_epoch, isr) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 > 0 && p.0 != leader);
+    assert!(
+        new_epoch > epoch,
+        "a newer leader epoch: {new_epoch} after {epoch}"
+    );
+    assert!(
+        !isr.contains(&leader),
+        "the resigned leader left the ISR: {isr:?}"
+    );
+    assert!(
+        !log_lines(&mut c, leader, &[RESIGNS]).is_empty(),
+        "the old leader says why it resigned:\n{}",
+        c.node(leader).log_tail(30)
+    );
+    for id in (1..=3).filter(|id| *id != leader) {
+        assert!(
+            log_lines(&mut c, id, &["past its leader's log end; truncating"]).is_empty(),
+            "node {id} cut its log to the damaged leader's end"
+        );
+    }
+    // The old leader follows, catches up and rejoins; acks=all goes on with all three.
+    let (s, a) = produce(&mut c, now, "all", 1_000, 300, "b");
+    sent.extend(s);
+    acked.extend(a);
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 800);
+    let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+}
+
 /// Five cycles of [`soak`]: in the default suite.
 #[test]
 fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {

@@ -64,6 +64,11 @@ pub struct Partition {
     compacted: Cell<bool>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
+    /// The log reopened below its checkpointed HW: records this replica acknowledged are
+    /// gone (a power failure took the unsynced tail). Its leader epoch at that time is
+    /// fenced in the log ([`Partition::fence_if_lost`]); as leader under it, the replica
+    /// serves no fetch (a follower would cut what it holds to this log's end) and resigns.
+    lost_acknowledged: Cell<bool>,
     /// A producer's transactional batches take turns here, in arrival order, from before
     /// the KIP-890 check (an await on the coordinator, maybe on another node) until
     /// their idempotence check ran: its pipelined batches then append in order. One
@@ -298,19 +303,38 @@ impl Partition {
             appended: Event::default(),
             follower_answered: RefCell::new(BTreeMap::new()),
             last_used: Cell::new(0),
+            lost_acknowledged: Cell::new(false),
             txn_turns: RefCell::new(std::collections::HashMap::new()),
         })
     }
 
     /// A replicated partition just opened: HW = min(checkpointed HW, LEO) instead of the
     /// sole replica's HW = LEO, since the log may end with records its ISR never had (see
-    /// `storage::hw_checkpoint`).
+    /// `storage::hw_checkpoint`). A log that ends below the checkpointed HW lost records
+    /// it acknowledged: that is noted for [`fence_if_lost`](Self::fence_if_lost).
     pub fn restore_high_watermark(&self, checkpointed: Option<Offset>) {
         let start = self.log.log_start_offset();
+        let end = self.log.log_end_offset();
         self.replica
             .borrow_mut()
             .restore_high_watermark(checkpointed, start);
+        if let Some(hw) = checkpointed.filter(|hw| *hw > end) {
+            tracing::warn!(topic = %self.topic, partition = self.index, checkpointed_hw = %hw, log_end = %end, "reopened below its checkpointed high watermark: records this replica acknowledged are gone");
+            self.lost_acknowledged.set(true);
+        }
         tracing::debug!(topic = %self.topic, partition = self.index, hw = %self.high_watermark(), "high watermark restored from the checkpoint");
+    }
+
+    /// Once the cluster's assignment is applied to a log that reopened without records it
+    /// acknowledged: its current leader epoch may append no more. Were it to lead on under
+    /// that epoch, its followers, which hold those records, would cut them to its end
+    /// (their fetch offsets are past it, and the epoch is the same). So it resigns
+    /// ([`needs_new_epoch`](Self::needs_new_epoch)): another ISR member, which has them,
+    /// leads under a newer epoch, and this replica follows it and catches up.
+    pub fn fence_if_lost(&self) {
+        if self.lost_acknowledged.get() {
+            self.log.fence_epoch(self.leader_epoch());
+        }
     }
 
     /// The merged config in force.
@@ -408,12 +432,19 @@ impl Partition {
     }
 
     /// Whether this replica leads but may not append under its leader epoch: an
-    /// out-of-space rollback cut offsets its followers had been served (see
-    /// `Log::epoch_fenced`). Only a new leader epoch from the controller lifts it
-    /// (`Shard::propose_resignations`).
+    /// out-of-space rollback cut offsets its followers had been served, or the log
+    /// reopened without records it acknowledged (see `Log::epoch_fenced`,
+    /// [`fence_if_lost`](Self::fence_if_lost)). Only a new leader epoch from the
+    /// controller lifts it (`Shard::propose_resignations`).
     pub fn needs_new_epoch(&self) -> bool {
         let replica = self.replica.borrow();
         replica.is_leader() && self.log.epoch_fenced(replica.leader_epoch())
+    }
+
+    /// Whether this replica leads under an epoch fenced because its log lost records it
+    /// acknowledged: it serves no reads until a newer epoch (see `lost_acknowledged`).
+    pub fn leads_without_acknowledged(&self) -> bool {
+        self.lost_acknowledged.get() && self.needs_new_epoch()
     }
 
     /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
@@ -427,6 +458,9 @@ impl Partition {
             .borrow()
             .check_epoch(current_epoch)
             .map_err(read::epoch_error)?;
+        if self.leads_without_acknowledged() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
         let end = self.log.log_end_offset();
         Ok(self.epochs.borrow().end_offset_for(epoch, end))
     }

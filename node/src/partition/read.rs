@@ -96,10 +96,15 @@ pub(super) fn epoch_error(check: EpochCheck) -> i16 {
 
 impl Partition {
     /// Checks that this replica leads and the request's epoch is current.
+    /// A leader whose log lost records it acknowledged answers as no leader until a newer
+    /// epoch (`Partition::fence_if_lost`): clients and followers wait for the next one.
     fn check_leader(&self, current_epoch: LeaderEpoch) -> Result<(), i16> {
-        let replica = self.replica.borrow();
-        replica.check_epoch(current_epoch).map_err(epoch_error)?;
-        if replica.is_leader() {
+        let leads = {
+            let replica = self.replica.borrow();
+            replica.check_epoch(current_epoch).map_err(epoch_error)?;
+            replica.is_leader()
+        };
+        if leads && !self.leads_without_acknowledged() {
             Ok(())
         } else {
             Err(errors::NOT_LEADER_OR_FOLLOWER)

@@ -330,20 +330,27 @@ impl Shard {
         if self.node.controller.cluster().is_none() {
             return;
         }
-        let fenced: Vec<(TopicPartition, u128, LeaderEpoch)> = self
+        let fenced: Vec<(TopicPartition, u128, LeaderEpoch, &'static str)> = self
             .partitions
             .borrow()
             .iter()
             .filter(|(_, p)| p.needs_new_epoch())
-            .map(|(tp, p)| (tp.clone(), p.topic_id, p.leader_epoch()))
+            .map(|(tp, p)| {
+                let why = if p.leads_without_acknowledged() {
+                    "its log reopened without records it had acknowledged"
+                } else {
+                    "served offsets were rolled back"
+                };
+                (tp.clone(), p.topic_id, p.leader_epoch(), why)
+            })
             .collect();
-        for (tp, topic_id, epoch) in fenced {
+        for (tp, topic_id, epoch, why) in fenced {
             if !self.isr_proposing.borrow_mut().insert(tp.clone()) {
                 continue;
             }
             let shard = self.clone();
             glommio::spawn_local(async move {
-                tracing::warn!(topic = %tp.0, partition = tp.1, %epoch, "leader resigns its epoch: served offsets were rolled back");
+                tracing::warn!(topic = %tp.0, partition = tp.1, %epoch, "leader resigns its epoch: {why}");
                 let cmd = crate::controller::Command::ResignLeader {
                     topic: tp.0.to_string(),
                     id: topic_id,

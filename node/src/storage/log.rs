@@ -934,6 +934,14 @@ impl Log {
             .is_some_and(|fenced| epoch <= fenced)
     }
 
+    /// Refuses appends under `epoch` and older ones from now on, as an out-of-space
+    /// rollback does; an append under a newer epoch lifts it. For a leader whose log
+    /// reopened without records it had acknowledged (`Partition::fence_if_lost`).
+    pub fn fence_epoch(&self, epoch: LeaderEpoch) {
+        let mut st = self.state.borrow_mut();
+        st.fenced_epoch = Some(st.fenced_epoch.map_or(epoch, |f| f.max(epoch)));
+    }
+
     /// The highest offset end reads for replicas were served while it was past the
     /// written end (kept across appends; lowered only by truncation and a lifted fence).
     pub fn served_end(&self) -> Offset {
