@@ -636,12 +636,14 @@ fn a_follower_that_fetched_a_new_leaders_marker_first_fetches_on() {
 }
 
 /// A leader whose log reopened below its checkpointed HW (a power failure took records it
-/// had acknowledged) must not lead on under its epoch: a follower fetching past its end
-/// would be told where the epoch ends and cut the records it holds. So it answers no
-/// fetch, takes no append and gives no epoch end until the controller names a newer
-/// epoch, and asks for one (`needs_new_epoch`, which makes the shard resign it).
+/// had acknowledged) must not lead on while another ISR member may hold them: a follower
+/// fetching past its end would be told where the epoch ends and cut the records it holds.
+/// So under every epoch it leads with another ISR member (the one at open, and a newer
+/// one a catalogue catching up may name) it answers no fetch, takes no append and gives
+/// no epoch end, and asks for a new epoch (`needs_new_epoch`, which makes the shard
+/// resign it); the checkpoint keeps the HW that shows the loss. Leading alone, it leads.
 #[test]
-fn a_leader_reopened_below_its_checkpointed_hw_serves_nothing_until_a_new_epoch() {
+fn a_leader_reopened_below_its_checkpointed_hw_serves_nothing_while_another_isr_member_may() {
     run_on_shard(|| async {
         let root = tempfile::tempdir_in(test_root()).expect("tempdir");
         prime_dma_probe(root.path()).await.expect("prime DMA probe");
@@ -658,37 +660,44 @@ fn a_leader_reopened_below_its_checkpointed_hw_serves_nothing_until_a_new_epoch(
         let p = open(&dir, LEADER, 1).await;
         p.restore_high_watermark(Some(Offset(20)));
         let both = [LEADER, FOLLOWER];
-        p.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
-        p.fence_if_lost();
-        assert!(p.needs_new_epoch(), "asks the controller for a new epoch");
-        assert!(p.leads_without_acknowledged());
-        let (error, batches) = follower_fetch(&p, Offset(20), LeaderEpoch(1)).await;
-        assert_eq!(
-            error,
-            errors::NOT_LEADER_OR_FOLLOWER,
-            "no fetch is answered"
-        );
-        assert!(batches.is_empty());
-        assert_eq!(
-            p.epoch_end_offset(LeaderEpoch(1), LeaderEpoch(1)),
-            Err(errors::NOT_LEADER_OR_FOLLOWER),
-            "no epoch end a follower could truncate to"
-        );
-        let refused = p
-            .produce(batch(None, 5, "b"), Acks::Leader, soon(), NOW_MS)
-            .await;
-        assert_eq!(refused.error, errors::NOT_LEADER_OR_FOLLOWER);
-        assert_eq!(p.log.log_end_offset(), Offset(10), "nothing appended");
+        for epoch in [LeaderEpoch(1), LeaderEpoch(2)] {
+            p.update_replica(|r| r.become_leader(epoch, both.to_vec(), &both));
+            p.fence_if_lost();
+            assert!(p.needs_new_epoch(), "asks the controller for a new epoch");
+            assert!(p.leads_without_acknowledged());
+            let (error, batches) = follower_fetch(&p, Offset(20), epoch).await;
+            assert_eq!(
+                error,
+                errors::NOT_LEADER_OR_FOLLOWER,
+                "no fetch is answered"
+            );
+            assert!(batches.is_empty());
+            assert_eq!(
+                p.epoch_end_offset(epoch, epoch),
+                Err(errors::NOT_LEADER_OR_FOLLOWER),
+                "no epoch end a follower could truncate to"
+            );
+            let refused = p
+                .produce(batch(None, 5, "b"), Acks::Leader, soon(), NOW_MS)
+                .await;
+            assert_eq!(refused.error, errors::NOT_LEADER_OR_FOLLOWER);
+            assert_eq!(p.log.log_end_offset(), Offset(10), "nothing appended");
+            assert_eq!(
+                p.checkpoint_hw(),
+                Offset(20),
+                "the checkpoint keeps the loss"
+            );
+        }
 
-        // A newer epoch (here the same node again: no other ISR member was live) lifts it.
-        p.update_replica(|r| r.become_leader(LeaderEpoch(2), both.to_vec(), &both));
+        // Alone in the ISR (no other member had them): it leads under the newer epoch.
+        p.update_replica(|r| r.become_leader(LeaderEpoch(3), vec![LEADER], &both));
+        p.fence_if_lost();
         assert!(!p.needs_new_epoch());
         assert!(!p.leads_without_acknowledged());
-        let (error, _) = follower_fetch(&p, Offset(10), LeaderEpoch(2)).await;
-        assert_eq!(error, errors::NONE);
         let taken = p
             .produce(batch(None, 5, "c"), Acks::Leader, soon(), NOW_MS)
             .await;
         assert_eq!((taken.error, taken.base_offset), (errors::NONE, Offset(10)));
+        assert_eq!(p.checkpoint_hw(), p.high_watermark());
     });
 }

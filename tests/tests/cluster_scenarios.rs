@@ -973,26 +973,23 @@ fn a_leader_back_without_acknowledged_records_resigns_and_loses_nothing() {
     );
     c.node(leader).restart().expect("restart the leader");
 
-    // Another node leads under a newer epoch, and the old leader is out of the ISR.
-    let (now, new_epoch, isr) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 > 0 && p.0 != leader);
+    // Another node leads under a newer epoch. (The old leader leaves the ISR with its
+    // resignation, but may be back in it by the time the placement is read.)
+    let (now, new_epoch, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 > 0 && p.0 != leader);
     assert!(
         new_epoch > epoch,
         "a newer leader epoch: {new_epoch} after {epoch}"
-    );
-    assert!(
-        !isr.contains(&leader),
-        "the resigned leader left the ISR: {isr:?}"
     );
     assert!(
         !log_lines(&mut c, leader, &[RESIGNS]).is_empty(),
         "the old leader says why it resigned:\n{}",
         c.node(leader).log_tail(30)
     );
+    // Neither follower cut anything: not to the damaged leader's end (the fetcher's
+    // "truncating" lines), nor otherwise ("truncated as follower").
     for id in (1..=3).filter(|id| *id != leader) {
-        assert!(
-            log_lines(&mut c, id, &["past its leader's log end; truncating"]).is_empty(),
-            "node {id} cut its log to the damaged leader's end"
-        );
+        let cuts = log_lines(&mut c, id, &["truncat"]);
+        assert!(cuts.is_empty(), "node {id} cut its log: {cuts:?}");
     }
     // The old leader follows, catches up and rejoins; acks=all goes on with all three.
     let (s, a) = produce(&mut c, now, "all", 1_000, 300, "b");

@@ -47,9 +47,11 @@ pub fn is_coordinator_topic(topic: &str) -> bool {
 }
 
 /// Whether this node still leads `part` under `epoch` (the epoch its state was loaded at).
+/// A leader whose log lost acknowledged records coordinates nothing until its newer
+/// epoch (`Partition::fence_if_lost`): its state would be missing what it acknowledged.
 fn leads(part: &Partition, epoch: LeaderEpoch) -> bool {
     let r = part.replica();
-    r.is_leader() && r.leader_epoch() == epoch
+    r.is_leader() && r.leader_epoch() == epoch && !part.leads_without_acknowledged()
 }
 
 /// The open replica `tp` of an internal topic if this node leads it, with the leader
@@ -65,7 +67,7 @@ pub async fn open_led(
     })?;
     let epoch = {
         let r = part.replica();
-        if !r.is_leader() {
+        if !r.is_leader() || part.leads_without_acknowledged() {
             return Err(codes::NOT_COORDINATOR);
         }
         r.leader_epoch()

@@ -64,11 +64,13 @@ pub struct Partition {
     compacted: Cell<bool>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
-    /// The log reopened below its checkpointed HW: records this replica acknowledged are
-    /// gone (a power failure took the unsynced tail). Its leader epoch at that time is
-    /// fenced in the log ([`Partition::fence_if_lost`]); as leader under it, the replica
-    /// serves no fetch (a follower would cut what it holds to this log's end) and resigns.
-    lost_acknowledged: Cell<bool>,
+    /// The checkpointed HW, while the log ends below it: it reopened without records this
+    /// replica acknowledged (a power failure took the unsynced tail). As leader with
+    /// another ISR member it fences its epoch and resigns
+    /// ([`Partition::fence_if_lost`]); it is reported to the HW checkpoint instead of
+    /// the current HW, so an eviction or a restart before the resignation does not forget
+    /// it. Cleared once the log reaches it again, or when this replica leads alone.
+    lost_hw: Cell<Option<Offset>>,
     /// A producer's transactional batches take turns here, in arrival order, from before
     /// the KIP-890 check (an await on the coordinator, maybe on another node) until
     /// their idempotence check ran: its pipelined batches then append in order. One
@@ -303,7 +305,7 @@ impl Partition {
             appended: Event::default(),
             follower_answered: RefCell::new(BTreeMap::new()),
             last_used: Cell::new(0),
-            lost_acknowledged: Cell::new(false),
+            lost_hw: Cell::new(None),
             txn_turns: RefCell::new(std::collections::HashMap::new()),
         })
     }
@@ -311,7 +313,7 @@ impl Partition {
     /// A replicated partition just opened: HW = min(checkpointed HW, LEO) instead of the
     /// sole replica's HW = LEO, since the log may end with records its ISR never had (see
     /// `storage::hw_checkpoint`). A log that ends below the checkpointed HW lost records
-    /// it acknowledged: that is noted for [`fence_if_lost`](Self::fence_if_lost).
+    /// it acknowledged: that is kept for [`fence_if_lost`](Self::fence_if_lost).
     pub fn restore_high_watermark(&self, checkpointed: Option<Offset>) {
         let start = self.log.log_start_offset();
         let end = self.log.log_end_offset();
@@ -320,20 +322,52 @@ impl Partition {
             .restore_high_watermark(checkpointed, start);
         if let Some(hw) = checkpointed.filter(|hw| *hw > end) {
             tracing::warn!(topic = %self.topic, partition = self.index, checkpointed_hw = %hw, log_end = %end, "reopened below its checkpointed high watermark: records this replica acknowledged are gone");
-            self.lost_acknowledged.set(true);
+            self.lost_hw.set(Some(hw));
         }
         tracing::debug!(topic = %self.topic, partition = self.index, hw = %self.high_watermark(), "high watermark restored from the checkpoint");
     }
 
-    /// Once the cluster's assignment is applied to a log that reopened without records it
-    /// acknowledged: its current leader epoch may append no more. Were it to lead on under
-    /// that epoch, its followers, which hold those records, would cut them to its end
-    /// (their fetch offsets are past it, and the epoch is the same). So it resigns
-    /// ([`needs_new_epoch`](Self::needs_new_epoch)): another ISR member, which has them,
-    /// leads under a newer epoch, and this replica follows it and catches up.
+    /// After every role change of a replica whose log reopened without records it
+    /// acknowledged. Leading on under its epoch, it would make its followers, whose fetch
+    /// offsets are past its end, cut those records. So while another ISR member may hold
+    /// them, the epoch it leads under is fenced: no append, no read
+    /// ([`leads_without_acknowledged`](Self::leads_without_acknowledged)), and
+    /// [`needs_new_epoch`](Self::needs_new_epoch) makes the shard resign it; another ISR
+    /// member leads under a newer epoch, and this one follows it and catches up. Leading
+    /// alone, it is the best the partition has, and it leads.
     pub fn fence_if_lost(&self) {
-        if self.lost_acknowledged.get() {
-            self.log.fence_epoch(self.leader_epoch());
+        let Some(lost) = self.lost_hw.get() else {
+            return;
+        };
+        if self.log.log_end_offset() >= lost {
+            self.lost_hw.set(None);
+            return;
+        }
+        let (leads, epoch, alone) = {
+            let r = self.replica.borrow();
+            (r.is_leader(), r.leader_epoch(), r.isr_len() <= 1)
+        };
+        if !leads {
+            return;
+        }
+        if alone {
+            tracing::warn!(topic = %self.topic, partition = self.index, %epoch, "leads without records it acknowledged: no other in-sync replica has them");
+            self.lost_hw.set(None);
+            return;
+        }
+        if !self.log.epoch_fenced(epoch) {
+            tracing::warn!(topic = %self.topic, partition = self.index, %epoch, "leader epoch fenced: this log lost records it acknowledged, which another in-sync replica holds");
+            self.log.fence_epoch(epoch);
+        }
+    }
+
+    /// The HW to checkpoint: the current one, or, while the log lacks records it had
+    /// acknowledged, the HW that says so (see `lost_hw`).
+    pub fn checkpoint_hw(&self) -> Offset {
+        let hw = self.high_watermark();
+        match self.lost_hw.get() {
+            Some(lost) if self.log.log_end_offset() < lost => lost.max(hw),
+            _ => hw,
         }
     }
 
@@ -444,7 +478,7 @@ impl Partition {
     /// Whether this replica leads under an epoch fenced because its log lost records it
     /// acknowledged: it serves no reads until a newer epoch (see `lost_acknowledged`).
     pub fn leads_without_acknowledged(&self) -> bool {
-        self.lost_acknowledged.get() && self.needs_new_epoch()
+        self.lost_hw.get().is_some() && self.needs_new_epoch()
     }
 
     /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest

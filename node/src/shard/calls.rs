@@ -372,7 +372,7 @@ async fn load_led_coordinators(shard: &Rc<Shard>) {
                 .partitions
                 .borrow()
                 .get(&tp)
-                .is_some_and(|p| p.replica().is_leader());
+                .is_some_and(|p| p.replica().is_leader() && !p.leads_without_acknowledged());
             if loaded || (cluster && !led) {
                 continue;
             }

@@ -330,7 +330,6 @@ impl Shard {
                 }
                 // Its role before anyone can use it: a replica opens as the sole leader.
                 self.apply_catalog_assignment(tp, &p);
-                p.fence_if_lost();
                 self.partitions.borrow_mut().insert(tp.clone(), p);
                 Ok(())
             }

@@ -136,6 +136,7 @@ impl Shard {
         leader_addr: Option<SocketAddr>,
     ) {
         let change = p.apply_assignment(assignment, now_ms());
+        p.fence_if_lost();
         // A coordinator moves with its partition's leader (see `calls::run_coordinator_loads`).
         if change != RoleChange::Unchanged && crate::coordinator::is_coordinator_topic(&tp.0) {
             self.coordinator_roles.notify_all();
@@ -248,6 +249,11 @@ impl Shard {
         parts
             .iter()
             .filter_map(|(tp, p)| {
+                // A leader whose log lost acknowledged records resigns instead: it answers
+                // no fetch, so its followers only look as if they lag.
+                if p.leads_without_acknowledged() {
+                    return None;
+                }
                 let r = p.replica();
                 let isr = r.wanted_isr(now, lag_max_ms, eligible)?;
                 let followers: Vec<String> = r
@@ -388,7 +394,7 @@ impl Shard {
     ) {
         let hws = parts
             .into_iter()
-            .map(|p| (p.topic.to_string(), p.index, p.high_watermark()));
+            .map(|p| (p.topic.to_string(), p.index, p.checkpoint_hw()));
         self.node.hw_checkpoint.report(hws);
     }
 
