@@ -701,3 +701,50 @@ fn a_leader_reopened_below_its_checkpointed_hw_serves_nothing_while_another_isr_
         assert_eq!(p.checkpoint_hw(), p.high_watermark());
     });
 }
+
+/// A partition directory left by a deleted topic of the same name (its `partition.metadata`
+/// names another topic id) is set aside, not opened: the new topic's replica starts
+/// empty instead of serving the old records at the new offsets.
+#[test]
+fn a_directory_of_another_topic_id_is_set_aside_not_opened() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let topic: Arc<str> = Arc::from("orders");
+        let old = Partition::open(root.path(), LEADER, topic.clone(), 0, 7, configs(1))
+            .await
+            .expect("open");
+        let wrote = old
+            .produce(batch(None, 10, "old"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!(wrote.error, errors::NONE);
+        old.log.close().await.expect("close");
+        drop(old);
+
+        let new = Partition::open(root.path(), LEADER, topic.clone(), 0, 8, configs(1))
+            .await
+            .expect("open the new topic's partition");
+        assert_eq!(new.log.log_end_offset(), Offset(0), "starts empty");
+        let names: Vec<String> = std::fs::read_dir(root.path())
+            .expect("list")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        let stray = weir::partition::partition_metadata_text(7);
+        let old_id = stray.trim_end().rsplit(' ').next().expect("an id");
+        assert!(
+            names.contains(&format!("orders-0.{old_id}-stray")),
+            "the old directory is kept aside: {names:?}"
+        );
+        // The same id again: opened as it is.
+        let wrote = new
+            .produce(batch(None, 3, "new"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!(wrote.error, errors::NONE);
+        new.log.close().await.expect("close");
+        drop(new);
+        let again = Partition::open(root.path(), LEADER, topic, 0, 8, configs(1))
+            .await
+            .expect("reopen");
+        assert_eq!(again.log.log_end_offset(), Offset(3));
+    });
+}

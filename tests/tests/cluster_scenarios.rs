@@ -1001,6 +1001,72 @@ fn a_leader_back_without_acknowledged_records_resigns_and_loses_nothing() {
     assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
 }
 
+/// A node down while its topic is deleted and created again under the same name comes
+/// back to the old incarnation's directory. It must not take those records for the new
+/// topic's: its `partition.metadata` names the old topic id, so the directory is set
+/// aside and the replica copies the new topic from its leader, ending byte-identical.
+/// The node is a broker (not a voter): it starts from an empty catalogue, so it never
+/// sees the old topic deleted, only the new one.
+#[test]
+fn a_deleted_topics_replica_is_not_taken_for_its_successors() {
+    const ASIDE: &str = "a deleted topic's partition directory";
+    const ALL: [i32; 4] = [1, 2, 3, 4];
+    const BROKER: i32 = 4;
+    // A session long enough that the stopped broker is still live when the topic is
+    // created again, so the new topic is placed on it too; short enough that, should it
+    // be chosen to lead, the leadership moves on soon.
+    let extra = [
+        ("min.insync.replicas", "1"),
+        ("broker.session.timeout.ms", "10000"),
+    ];
+    let mut c = Cluster::start_with_brokers(3, 1, &extra).expect("start cluster");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 4).expect("create"), 0);
+    let (leader, _, _) = wait_placement(&mut c, &ALL, 0, |p| p.2.len() == 4 && p.0 > 0);
+    // Three producers, so the old log has batches that end at 100 and 200.
+    for i in 0..3 {
+        produce(&mut c, leader, "all", i * 100, 100, "old");
+    }
+    let dir = partition_dir(&mut c, BROKER, 0);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while log_bytes(&dir).1 < 300 {
+        assert!(
+            Instant::now() < deadline,
+            "the broker never held the records"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.node(BROKER).kill().expect("SIGKILL the broker");
+    assert_eq!(cluster::delete_topic(addr, TOPIC).expect("delete"), 0);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while (1..=3).any(|id| {
+        c.metadata(id)
+            .ok()
+            .is_none_or(|m| placement(&m, TOPIC, 0).is_some())
+    }) {
+        assert!(Instant::now() < deadline, "the topic was never deleted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 4).expect("create"), 0);
+    // The new topic takes records before the broker is back (acks=1: the broker is
+    // still in the ISR). Adopting the old directory, the broker would fetch from its
+    // old end, learn that epoch 0 ends at 100 on the leader, cut its log there and keep
+    // the old records below it: a replica diverged under the same offsets and epoch.
+    let (now, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 > 0 && p.0 != BROKER);
+    let (sent, acked) = produce(&mut c, now, "1", 10_000, 100, "new");
+    c.node(BROKER).restart().expect("restart the broker");
+    wait_placement(&mut c, &ALL, 0, |p| p.2.len() == 4 && p.0 > 0);
+    assert_eq!(wait_identical(&mut c, &ALL, 0), 100);
+    assert!(
+        !log_lines(&mut c, BROKER, &[ASIDE]).is_empty(),
+        "the old directory was set aside:\n{}",
+        c.node(BROKER).log_tail(30)
+    );
+    let got = clients::consume_to_end(&c.node(now).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 100);
+}
+
 /// Five cycles of [`soak`]: in the default suite.
 #[test]
 fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {

@@ -71,6 +71,10 @@ pub struct Partition {
     /// the current HW, so an eviction or a restart before the resignation does not forget
     /// it. Cleared once the log reaches it again, or when this replica leads alone.
     lost_hw: Cell<Option<Offset>>,
+    /// This open created the partition's directory: no record of it can have been
+    /// acknowledged here, whatever a checkpoint left by a deleted topic of the same name
+    /// says.
+    created: bool,
     /// A producer's transactional batches take turns here, in arrival order, from before
     /// the KIP-890 check (an await on the coordinator, maybe on another node) until
     /// their idempotence check ran: its pipelined batches then append in order. One
@@ -173,6 +177,7 @@ async fn create_if_new(
 ) -> Result<Option<LeaderEpochCache>, StorageError> {
     glommio::executor()
         .spawn_blocking(move || {
+            set_aside_if_stray(&dir, topic_id)?;
             match std::fs::symlink_metadata(&dir) {
                 Ok(_) => return Ok(None),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -191,6 +196,49 @@ async fn create_if_new(
             Ok(Some(epochs))
         })
         .await
+}
+
+/// Sets aside a directory that a deleted incarnation of the topic left: its
+/// `partition.metadata` names another topic id, because this node was down while the
+/// topic was deleted and created again under the same name. Opened, it would serve the
+/// old records at the new topic's offsets. It is renamed `<dir>.<old id>-stray` (Kafka's
+/// name for a stray log; nothing reads it again, an operator may delete it), and the
+/// partition starts empty. A `partition.metadata` that names no id is left to
+/// [`write_partition_metadata`].
+fn set_aside_if_stray(dir: &Path, topic_id: u128) -> Result<(), StorageError> {
+    if topic_id == 0 {
+        return Ok(());
+    }
+    let path = dir.join(PARTITION_METADATA_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let Some(old_id) = text
+        .lines()
+        .find_map(|l| l.strip_prefix("topic_id: "))
+        .map(str::trim)
+        .filter(|id| {
+            !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+    else {
+        return Ok(());
+    };
+    if text == partition_metadata_text(topic_id) {
+        return Ok(());
+    }
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return Ok(());
+    };
+    let aside = dir.with_file_name(format!("{name}.{old_id}-stray"));
+    tracing::warn!(dir = %dir.display(), aside = %aside.display(), old_topic_id = old_id, "a deleted topic's partition directory, left while this node was down, is set aside: the new topic of that name starts empty here");
+    std::fs::rename(dir, &aside).map_err(|e| StorageError::io("rename", dir, e))?;
+    if let Some(parent) = dir.parent() {
+        crate::storage::sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 /// Loads an existing log's epoch cache and checks its `partition.metadata`, in glommio's
@@ -283,6 +331,7 @@ impl Partition {
         let producers =
             PartitionProducers::open(&log, producer_config, crate::shard::now_ms()).await?;
         let bounds = (log.log_start_offset(), log.log_end_offset());
+        let fresh = created.is_some();
         let epochs = match created {
             // Nothing can have written into a directory this open just created; checked
             // anyway, since a wrong epoch cache decides what a follower truncates.
@@ -306,6 +355,7 @@ impl Partition {
             follower_answered: RefCell::new(BTreeMap::new()),
             last_used: Cell::new(0),
             lost_hw: Cell::new(None),
+            created: fresh,
             txn_turns: RefCell::new(std::collections::HashMap::new()),
         })
     }
@@ -320,7 +370,7 @@ impl Partition {
         self.replica
             .borrow_mut()
             .restore_high_watermark(checkpointed, start);
-        if let Some(hw) = checkpointed.filter(|hw| *hw > end) {
+        if let Some(hw) = checkpointed.filter(|hw| *hw > end && !self.created) {
             tracing::warn!(topic = %self.topic, partition = self.index, checkpointed_hw = %hw, log_end = %end, "reopened below its checkpointed high watermark: records this replica acknowledged are gone");
             self.lost_hw.set(Some(hw));
         }

@@ -65,7 +65,7 @@ pub mod testing;
 pub mod txn_index;
 mod writer;
 
-pub use atomic::{replace_unsynced, write_atomic, write_atomic_synced_later};
+pub use atomic::{replace_unsynced, sync_dir, write_atomic, write_atomic_synced_later};
 pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
 pub use cleaner::{CleanBounds, CleanStats, CleanerBudget, keyless_records};
 pub use config::{CleanupPolicy, LogConfig};
