@@ -859,6 +859,40 @@ fn a_follower_killed_while_writing_then_its_leader_loses_nothing_acknowledged() 
     assert_eq!(checked, sent.len(), "every record sent was acknowledged");
 }
 
+/// A power failure's lost tail on a SIGKILLed node: its last segment cut to half its
+/// length. Asserts the cut took some of the `acked` records (the log end falls below).
+fn cut_last_segment_in_half(dir: &Path, acked: i64) {
+    let segments = segments(dir);
+    let last = segments.last().expect("a segment");
+    let len = std::fs::metadata(last).expect("segment").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("cut the segment");
+    let cut_end = log_bytes(dir).1;
+    assert!(
+        cut_end < acked,
+        "the cut took acknowledged records: {cut_end}"
+    );
+}
+
+/// The three replicas end byte-identical at `end`, and a consumer through node `via`
+/// reads every acknowledged record once, in order.
+fn all_identical_and_read_back(
+    c: &mut Cluster,
+    via: i32,
+    (sent, acked): (&[clients::Sent], &[clients::Acked]),
+    end: i64,
+) {
+    assert_eq!(wait_identical(c, &[1, 2, 3], 0), end);
+    let got = clients::consume_to_end(&c.node(via).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(
+        clients::verify(sent, acked, &got).expect("verify"),
+        end as usize
+    );
+}
+
 /// A follower back from a power failure without records it had acknowledged: SIGKILLed,
 /// its segment cut short (the unflushed tail a power failure takes), restarted. Its first
 /// fetch under its new broker epoch starts below the HW, and the leader drops it from the
@@ -885,19 +919,7 @@ fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
         "the follower holds every acked record"
     );
     c.node(follower).kill().expect("SIGKILL the follower");
-    let segments = segments(&dir);
-    let last = segments.last().expect("a segment");
-    let len = std::fs::metadata(last).expect("segment").len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(last)
-        .and_then(|f| f.set_len(len / 2))
-        .expect("cut the segment");
-    let cut_end = log_bytes(&dir).1;
-    assert!(
-        cut_end < 500,
-        "the cut took acknowledged records: {cut_end}"
-    );
+    cut_last_segment_in_half(&dir, 500);
 
     // A proposal whose ISR (logged as `isr=[NodeId(..), ..]`) does not name the follower.
     let leaving = |c: &mut Cluster| {
@@ -926,9 +948,7 @@ fn a_follower_back_without_acknowledged_records_leaves_the_isr_at_once() {
     let (s, a) = produce(&mut c, leader, "all", 1_000, 300, "b");
     sent.extend(s);
     acked.extend(a);
-    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 800);
-    let got = clients::consume_to_end(&c.node(follower).bootstrap(), TOPIC, &[0]).expect("consume");
-    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+    all_identical_and_read_back(&mut c, follower, (&sent, &acked), 800);
 }
 
 /// A power failure on the leader, then a restart quick enough that it still leads: its
@@ -958,19 +978,7 @@ fn a_leader_back_without_acknowledged_records_resigns_and_loses_nothing() {
     }
     c.node(leader).kill().expect("SIGKILL the leader");
     let dir = partition_dir(&mut c, leader, 0);
-    let segments = segments(&dir);
-    let last = segments.last().expect("a segment");
-    let len = std::fs::metadata(last).expect("segment").len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(last)
-        .and_then(|f| f.set_len(len / 2))
-        .expect("cut the segment");
-    let cut_end = log_bytes(&dir).1;
-    assert!(
-        cut_end < 500,
-        "the cut took acknowledged records: {cut_end}"
-    );
+    cut_last_segment_in_half(&dir, 500);
     c.node(leader).restart().expect("restart the leader");
 
     // Another node leads under a newer epoch. (The old leader leaves the ISR with its
@@ -996,9 +1004,7 @@ fn a_leader_back_without_acknowledged_records_resigns_and_loses_nothing() {
     sent.extend(s);
     acked.extend(a);
     wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3);
-    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 800);
-    let got = clients::consume_to_end(&c.node(leader).bootstrap(), TOPIC, &[0]).expect("consume");
-    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+    all_identical_and_read_back(&mut c, leader, (&sent, &acked), 800);
 }
 
 /// A node down while its topic is deleted and created again under the same name comes
@@ -1017,7 +1023,8 @@ fn a_deleted_topics_replica_is_not_taken_for_its_successors() {
     // be chosen to lead, the leadership moves on soon.
     let extra = [
         ("min.insync.replicas", "1"),
-        ("broker.session.timeout.ms", "10000"),
+        ("broker.session.timeout.ms", "20000"),
+        ("replica.high.watermark.checkpoint.interval.ms", "0"),
     ];
     let mut c = Cluster::start_with_brokers(3, 1, &extra).expect("start cluster");
     c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
@@ -1029,11 +1036,12 @@ fn a_deleted_topics_replica_is_not_taken_for_its_successors() {
         produce(&mut c, leader, "all", i * 100, 100, "old");
     }
     let dir = partition_dir(&mut c, BROKER, 0);
+    let data_dir = c.node(BROKER).data_dir().to_path_buf();
     let deadline = Instant::now() + AGREE_TIMEOUT;
-    while log_bytes(&dir).1 < 300 {
+    while log_bytes(&dir).1 < 300 || checkpointed_hw(&data_dir, 0) != Some(300) {
         assert!(
             Instant::now() < deadline,
-            "the broker never held the records"
+            "the broker never held and checkpointed the records"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1063,6 +1071,13 @@ fn a_deleted_topics_replica_is_not_taken_for_its_successors() {
         "the old directory was set aside:\n{}",
         c.node(BROKER).log_tail(30)
     );
+    // The old topic's checkpointed HW (300) is not read as records the new log lost.
+    let lost = log_lines(&mut c, BROKER, &["below its checkpointed high watermark"]);
+    assert!(
+        lost.is_empty(),
+        "a deleted topic's HW taken for a loss: {lost:?}"
+    );
+    assert!(checkpointed_hw(&data_dir, 0).is_some_and(|hw| hw <= 100));
     let got = clients::consume_to_end(&c.node(now).bootstrap(), TOPIC, &[0]).expect("consume");
     assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 100);
 }

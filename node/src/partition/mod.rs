@@ -213,32 +213,39 @@ fn set_aside_if_stray(dir: &Path, topic_id: u128) -> Result<(), StorageError> {
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
     };
-    let Some(old_id) = text
+    let Some((old_id, text_id)) = text
         .lines()
-        .find_map(|l| l.strip_prefix("topic_id: "))
+        .find_map(|l| l.trim().strip_prefix("topic_id:"))
         .map(str::trim)
-        .filter(|id| {
-            !id.is_empty()
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
+        .and_then(|id| Some((parse_topic_id(id)?, id)))
     else {
         return Ok(());
     };
-    if text == partition_metadata_text(topic_id) {
+    if old_id == topic_id {
         return Ok(());
     }
     let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
         return Ok(());
     };
-    let aside = dir.with_file_name(format!("{name}.{old_id}-stray"));
-    tracing::warn!(dir = %dir.display(), aside = %aside.display(), old_topic_id = old_id, "a deleted topic's partition directory, left while this node was down, is set aside: the new topic of that name starts empty here");
+    // Unique, as Kafka's random suffix is: a name set aside before is never replaced.
+    let now_ms = crate::shard::now_ms();
+    let aside = dir.with_file_name(format!("{name}.{text_id}.{now_ms}-stray"));
+    tracing::warn!(dir = %dir.display(), aside = %aside.display(), old_topic_id = text_id, "a deleted topic's partition directory, left while this node was down, is set aside: the new topic of that name starts empty here");
     std::fs::rename(dir, &aside).map_err(|e| StorageError::io("rename", dir, e))?;
     if let Some(parent) = dir.parent() {
         crate::storage::sync_dir(parent)?;
     }
     Ok(())
+}
+
+/// A topic id as `partition.metadata` writes it (URL-safe base64 of 16 bytes, no
+/// padding); `None` if it is not one.
+fn parse_topic_id(text: &str) -> Option<u128> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()?;
+    Some(u128::from_be_bytes(bytes.try_into().ok()?))
 }
 
 /// Loads an existing log's epoch cache and checks its `partition.metadata`, in glommio's
@@ -375,6 +382,11 @@ impl Partition {
             self.lost_hw.set(Some(hw));
         }
         tracing::debug!(topic = %self.topic, partition = self.index, hw = %self.high_watermark(), "high watermark restored from the checkpoint");
+    }
+
+    /// Whether this open created the partition's directory (a new replica here).
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// After every role change of a replica whose log reopened without records it

@@ -325,12 +325,25 @@ impl Shard {
                 self.touch(&p);
                 self.apply_newest_configs(tp, &p);
                 // A replica the cluster manages opens at its checkpointed HW, not its LEO.
+                let mut stale_entry = false;
                 if self.is_replicated(tp) {
-                    p.restore_high_watermark(self.node.hw_checkpoint.get(&tp.0, tp.1));
+                    let checkpointed = self.node.hw_checkpoint.get(&tp.0, tp.1);
+                    p.restore_high_watermark(checkpointed);
+                    // A directory this open created has no HW of its own yet: an entry
+                    // is a deleted topic's of the same name. Replaced at once, so that a
+                    // crash before the next checkpoint does not read it as this log's
+                    // lost records.
+                    if p.created() && checkpointed.is_some() {
+                        self.checkpoint_high_watermarks([&p]);
+                        stale_entry = true;
+                    }
                 }
                 // Its role before anyone can use it: a replica opens as the sole leader.
                 self.apply_catalog_assignment(tp, &p);
                 self.partitions.borrow_mut().insert(tp.clone(), p);
+                if stale_entry {
+                    self.write_hw_checkpoint(true).await;
+                }
                 Ok(())
             }
             Err(e) => {
