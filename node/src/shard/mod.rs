@@ -485,9 +485,19 @@ impl Shard {
         for (tp, p) in stale {
             self.partitions.borrow_mut().remove(&tp);
             p.appended.notify_all();
+            // While the directory is deleted, `partition` waits instead of opening it for
+            // a new topic of the same name: the delete would remove the new directory.
+            let busy = self.opening.borrow().get(&tp).cloned();
+            if let Some(ev) = busy {
+                ev.listen().await;
+            }
+            let ev = Rc::new(Event::default());
+            self.opening.borrow_mut().insert(tp.clone(), ev.clone());
             if let Err(e) = p.log.delete().await {
                 tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
             }
+            self.opening.borrow_mut().remove(&tp);
+            ev.notify_all();
         }
         for (name, old) in previous.topics.iter() {
             let gone = catalog.topics.get(name).is_none_or(|t| t.id != old.id);
