@@ -201,8 +201,8 @@ async fn create_if_new(
 /// Sets aside a directory that a deleted incarnation of the topic left: its
 /// `partition.metadata` names another topic id, because this node was down while the
 /// topic was deleted and created again under the same name. Opened, it would serve the
-/// old records at the new topic's offsets. It is renamed `<dir>.<old id>-stray` (Kafka's
-/// name for a stray log; nothing reads it again, an operator may delete it), and the
+/// old records at the new topic's offsets. It is renamed `<dir>.<old id>.<unix ms>-stray`
+/// (Kafka's name for a stray log; nothing reads it again, an operator may delete it), and the
 /// partition starts empty. A `partition.metadata` that names no id is left to
 /// [`write_partition_metadata`].
 fn set_aside_if_stray(dir: &Path, topic_id: u128) -> Result<(), StorageError> {
@@ -421,6 +421,10 @@ impl Partition {
             tracing::warn!(topic = %self.topic, partition = self.index, %epoch, "leader epoch fenced: this log lost records it acknowledged, which another in-sync replica holds");
             self.log.fence_epoch(epoch);
         }
+        assert!(
+            self.leads_without_acknowledged(),
+            "a leader lacking acknowledged records beside another ISR member serves nothing"
+        );
     }
 
     /// The HW to checkpoint: the current one, or, while the log lacks records it had
@@ -538,7 +542,7 @@ impl Partition {
     }
 
     /// Whether this replica leads under an epoch fenced because its log lost records it
-    /// acknowledged: it serves no reads until a newer epoch (see `lost_acknowledged`).
+    /// acknowledged: it serves no reads until a newer epoch (see `lost_hw`).
     pub fn leads_without_acknowledged(&self) -> bool {
         self.lost_hw.get().is_some() && self.needs_new_epoch()
     }

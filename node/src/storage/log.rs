@@ -206,6 +206,12 @@ impl State {
         Ok(())
     }
 
+    /// Refuses appends under `epoch` and older ones (see `fenced_epoch`); a fence never
+    /// moves back to an older epoch.
+    pub(super) fn fence_epoch(&mut self, epoch: LeaderEpoch) {
+        self.fenced_epoch = Some(self.fenced_epoch.map_or(epoch, |f| f.max(epoch)));
+    }
+
     /// The invariant the fence keeps, checked where offsets are assigned: a leader never
     /// appends under an epoch at an offset it already served under that epoch and then
     /// rolled back.
@@ -938,8 +944,7 @@ impl Log {
     /// rollback does; an append under a newer epoch lifts it. For a leader whose log
     /// reopened without records it had acknowledged (`Partition::fence_if_lost`).
     pub fn fence_epoch(&self, epoch: LeaderEpoch) {
-        let mut st = self.state.borrow_mut();
-        st.fenced_epoch = Some(st.fenced_epoch.map_or(epoch, |f| f.max(epoch)));
+        self.state.borrow_mut().fence_epoch(epoch);
     }
 
     /// The highest offset end reads for replicas were served while it was past the

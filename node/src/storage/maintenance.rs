@@ -210,7 +210,7 @@ impl LogInner {
                 // A replica may hold some of what goes now: this epoch may not append
                 // at those offsets again (see `State::fenced_epoch`).
                 let epoch = st.append_epoch;
-                st.fenced_epoch = Some(st.fenced_epoch.map_or(epoch, |f| f.max(epoch)));
+                st.fence_epoch(epoch);
                 tracing::warn!(
                     dir = %self.dir.display(), %epoch, served_end = %st.served_end, log_end = %keep,
                     "out of disk space after serving unwritten appends to replicas: appends under this leader epoch are refused until a newer one"
