@@ -23,11 +23,12 @@ use weir::producer_state::partition::Marker;
 use weir::storage::testing::run_on_shard;
 use weir::storage::{Disk, FaultKind, FaultPoint, SimDisk, prime_dma_probe};
 use wire::batch::{BatchBuilder, NewRecord, read_header};
-use wire::{LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};
+use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset, ProducerEpoch, ProducerId, Sequence};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 const LEADER: NodeId = NodeId(1);
 const FOLLOWER: NodeId = NodeId(2);
+const THIRD: NodeId = NodeId(3);
 const CONSUMER: ReadFor = ReadFor::Consumer(Isolation::ReadUncommitted);
 /// Long enough for any append on a loaded machine; the tests never wait this long when
 /// they pass.
@@ -414,14 +415,7 @@ async fn fetch_round(leader: &Partition, follower: &Partition, epoch: LeaderEpoc
         .last()
         .map_or(LeaderEpoch::NONE, |e| e.0);
     if let Some((diverged, end)) = leader.diverging(at, last) {
-        let (ours, our_end) = follower
-            .epoch_end_offset(diverged, LeaderEpoch::NONE)
-            .expect("our epochs");
-        let cut = if ours == diverged {
-            end.min(our_end)
-        } else {
-            end
-        };
+        let cut = follower.divergence_cut(diverged, end);
         follower.truncate_to(cut).await.expect("truncate");
         return;
     }
@@ -748,5 +742,307 @@ fn a_directory_of_another_topic_id_is_set_aside_not_opened() {
             .await
             .expect("reopen");
         assert_eq!(again.log.log_end_offset(), Offset(3));
+    });
+}
+
+/// One fetch round of `follower` from `leader`, as the replication fetcher runs it under
+/// the follower's leader epoch: the leader's KIP-320 answer first (cut where
+/// `divergence_cut` says), else copy what it serves and learn its HW. Returns whether the
+/// round diverged.
+async fn replicate_round(leader: &Partition, follower: &Partition) -> bool {
+    let at = follower.log.log_end_offset();
+    let last = follower
+        .epoch_entries()
+        .last()
+        .map_or(LeaderEpoch::NONE, |e| e.0);
+    if let Some((epoch, end)) = leader.diverging(at, last) {
+        let cut = follower.divergence_cut(epoch, end);
+        follower.truncate_to(cut).await.expect("truncate");
+        return true;
+    }
+    let node = follower.replica().local();
+    let out = leader
+        .fetch_within(
+            at,
+            ReadFor::Follower(node, BrokerEpoch(1)),
+            follower.leader_epoch(),
+            1 << 20,
+            usize::MAX,
+            NOW_MS,
+        )
+        .await;
+    assert_eq!(out.error, errors::NONE);
+    for b in out.batches {
+        let appended = follower.append_as_follower(BytesMut::from(&b[..]), NOW_MS);
+        appended.await.expect("replicated append");
+    }
+    let hw = out.high_watermark;
+    follower.update_replica(|r| {
+        r.learn_high_watermark(hw);
+    });
+    false
+}
+
+/// Leader `leader` under `epoch` with `isr`, every replica of `replicas` assigned.
+fn assigned(leader: NodeId, epoch: i32, isr: &[NodeId], replicas: &[NodeId]) -> Assignment {
+    Assignment {
+        replicas: replicas.to_vec(),
+        leader: Some(leader),
+        leader_epoch: LeaderEpoch(epoch),
+        isr: isr.to_vec(),
+        partition_epoch: epoch,
+    }
+}
+
+/// The header of the batch holding `offset` in `p`'s log.
+async fn header_at(p: &Partition, offset: Offset) -> wire::batch::BatchHeader {
+    let read = p.log.read(offset, 1 << 20, p.log.log_end_offset()).await;
+    let read = read.expect("read");
+    *read_header(&read.batches[0]).expect("a batch header")
+}
+
+/// Lets spawned tasks run until they wait on something.
+async fn let_spawned_run() {
+    for _ in 0..3 {
+        futures_lite::future::yield_now().await;
+    }
+}
+
+/// Leader `a` of epoch 1 with ISR {a, b}: ten records of five batches, all copied by `b`.
+async fn pair_with_ten_copied(root: &Path, min_insync: u32) -> (Rc<Partition>, Rc<Partition>) {
+    let a = open(&root.join("a/orders-0"), LEADER, min_insync).await;
+    let b = open(&root.join("b/orders-0"), FOLLOWER, min_insync).await;
+    let both = [LEADER, FOLLOWER];
+    assert_eq!(
+        a.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS),
+        RoleChange::Lead
+    );
+    b.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+    for i in 0..5 {
+        let out = a.produce(
+            batch(None, 2, &format!("p{i}")),
+            Acks::Leader,
+            soon(),
+            NOW_MS,
+        );
+        assert_eq!(out.await.error, errors::NONE);
+    }
+    for _ in 0..10 {
+        if b.high_watermark() >= Offset(10) {
+            break;
+        }
+        replicate_round(&a, &b).await;
+    }
+    assert_eq!(
+        (a.high_watermark(), b.high_watermark()),
+        (Offset(10), Offset(10))
+    );
+    (a, b)
+}
+
+/// An idempotent resend waits for its original's HW. If leadership moves meanwhile, the
+/// new leader may write other records at the original's offsets, and this replica,
+/// following, cuts the original and learns a HW past it: the resend must not then be
+/// told its offsets. It is answered NOT_LEADER_OR_FOLLOWER as leadership moves.
+#[test]
+fn a_resend_waiting_for_its_original_is_refused_when_leadership_moves() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = pair_with_ten_copied(root.path(), 2).await;
+        let both = [LEADER, FOLLOWER];
+        // b does not fetch it: the acks=all original times out at offset 10.
+        let original = batch(Some((7, 0)), 1, "original");
+        let soon_over = Instant::now() + Duration::from_millis(50);
+        let first = a
+            .produce(original.clone(), Acks::All, soon_over, NOW_MS)
+            .await;
+        assert_eq!(
+            (first.error, first.base_offset),
+            (errors::REQUEST_TIMED_OUT, Offset(10))
+        );
+        let resend = glommio::spawn_local({
+            let a = a.clone();
+            async move { a.produce(original, Acks::All, soon(), NOW_MS).await }
+        });
+        let_spawned_run().await;
+
+        // Leadership moves to b, which writes other records from offset 10.
+        b.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        let other = b.produce(batch(None, 3, "other"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(other.await.base_offset, Offset(10));
+        a.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        let mut diverged = false;
+        for _ in 0..6 {
+            diverged |= replicate_round(&b, &a).await;
+        }
+        assert!(diverged, "a cut the original");
+        assert!(a.high_watermark() > Offset(10), "a learned a HW past it");
+        assert_ne!(header_at(&a, Offset(10)).await.producer_id(), ProducerId(7));
+
+        let out = resend.await;
+        assert_eq!(
+            (out.error, out.base_offset),
+            (errors::NOT_LEADER_OR_FOLLOWER, Offset::NONE),
+            "the resend is not told offset 10, which holds another record"
+        );
+    });
+}
+
+/// An acks=all produce waiting for its HW is answered NOT_LEADER_OR_FOLLOWER when its
+/// leader becomes a follower, even if the same node leads again later: by then its log
+/// may hold the other leader's records at the produce's offsets.
+#[test]
+fn an_acks_all_produce_is_refused_when_leadership_moves_even_if_it_comes_back() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = pair_with_ten_copied(root.path(), 1).await;
+        let both = [LEADER, FOLLOWER];
+        let waiting = glommio::spawn_local({
+            let a = a.clone();
+            async move {
+                let out = a.produce(batch(None, 1, "waits"), Acks::All, soon(), NOW_MS);
+                out.await
+            }
+        });
+        for _ in 0..1000 {
+            if a.log.log_end_offset() == Offset(11) {
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(a.log.log_end_offset(), Offset(11), "the produce appended");
+
+        b.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        let other = b.produce(batch(None, 3, "other"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(other.await.error, errors::NONE);
+        a.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        assert!(replicate_round(&b, &a).await, "a cuts the produce's record");
+        assert!(!replicate_round(&b, &a).await);
+        assert_eq!(a.log.log_end_offset(), Offset(13));
+        // b dies; the controller makes a the sole leader under epoch 3.
+        a.apply_assignment(&assigned(LEADER, 3, &[LEADER], &both), NOW_MS);
+
+        let out = waiting.await;
+        assert_eq!(out.error, errors::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(
+            header_at(&a, Offset(10)).await.partition_leader_epoch(),
+            LeaderEpoch(2)
+        );
+    });
+}
+
+/// KIP-279: a follower told where an epoch it does not have ends cuts where its own
+/// largest epoch below that one ends, and asks again; the answers step down until both
+/// logs agree. Here leadership went c → b → c → b before they synced: b has epochs
+/// {1: 0, 2: 40, 4: 60}, c {1: 0, 3: 50} and 100 records.
+#[test]
+fn a_follower_steps_down_through_epochs_it_lacks_until_both_logs_agree() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let all = [LEADER, FOLLOWER, THIRD];
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        let c = open(&root.path().join("c/orders-0"), THIRD, 1).await;
+        let write = |p: Rc<Partition>, tag: &'static str, n: usize| async move {
+            for i in 0..n {
+                let out = p.produce(
+                    batch(None, 10, &format!("{tag}{i}")),
+                    Acks::Leader,
+                    soon(),
+                    NOW_MS,
+                );
+                assert_eq!(out.await.error, errors::NONE);
+            }
+        };
+        // Epoch 1: c leads and writes 0..50; b copies 0..40.
+        c.apply_assignment(&assigned(THIRD, 1, &all, &all), NOW_MS);
+        b.apply_assignment(&assigned(THIRD, 1, &all, &all), NOW_MS);
+        write(c.clone(), "e1-", 5).await;
+        for _ in 0..10 {
+            if b.log.log_end_offset() >= Offset(50) {
+                break;
+            }
+            replicate_round(&c, &b).await;
+        }
+        assert_eq!(b.truncate_to(Offset(40)).await, Ok(Offset(40)));
+        // Epoch 2: b leads and writes 40..60. Epoch 3: c leads and writes 50..100.
+        b.apply_assignment(&assigned(FOLLOWER, 2, &all, &all), NOW_MS);
+        write(b.clone(), "e2-", 2).await;
+        c.apply_assignment(&assigned(THIRD, 3, &all, &all), NOW_MS);
+        write(c.clone(), "e3-", 5).await;
+        // Epoch 4: b leads, c follows.
+        b.apply_assignment(&assigned(FOLLOWER, 4, &all, &all), NOW_MS);
+        c.apply_assignment(&assigned(FOLLOWER, 4, &all, &all), NOW_MS);
+        let epochs = |e: &[(i32, i64)]| -> Vec<(LeaderEpoch, Offset)> {
+            e.iter()
+                .map(|(e, o)| (LeaderEpoch(*e), Offset(*o)))
+                .collect()
+        };
+        assert_eq!(b.epoch_entries(), epochs(&[(1, 0), (2, 40), (4, 60)]));
+        assert_eq!(c.epoch_entries(), epochs(&[(1, 0), (3, 50)]));
+
+        let mut rounds = 0;
+        while whole_log(&c).await != whole_log(&b).await {
+            rounds += 1;
+            assert!(rounds <= 6, "c and b agree within 6 rounds");
+            replicate_round(&b, &c).await;
+        }
+        assert_eq!(c.log.log_end_offset(), Offset(60));
+        // b's epoch 4 has no records yet, so c has no entry for it.
+        assert_eq!(c.epoch_entries(), epochs(&[(1, 0), (2, 40)]));
+        assert_eq!(
+            header_at(&c, Offset(40)).await.partition_leader_epoch(),
+            LeaderEpoch(2)
+        );
+    });
+}
+
+/// A new leader keeps the HW it learned as a follower, which can lag the old leader's by a
+/// fetch round. A consumer already at the old leader's HW reads nothing there until the
+/// HW catches up; OFFSET_OUT_OF_RANGE (which would send it to its reset policy) is only
+/// for offsets past the log end.
+#[test]
+fn a_consumer_past_a_new_leaders_lagging_hw_reads_nothing_rather_than_out_of_range() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = pair_with_ten_copied(root.path(), 1).await;
+        let both = [LEADER, FOLLOWER];
+        let out = a.produce(batch(None, 2, "more"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        assert!(
+            !replicate_round(&a, &b).await,
+            "b copies 10..12, learns HW 10"
+        );
+        let (error, _) = follower_fetch(&a, Offset(12), LeaderEpoch(1)).await;
+        assert_eq!(error, errors::NONE, "b's next fetch moves a's HW to 12");
+        assert_eq!(
+            (a.high_watermark(), b.high_watermark()),
+            (Offset(12), Offset(10))
+        );
+        let consume = |p: Rc<Partition>, at: Offset| async move {
+            p.fetch_within(at, CONSUMER, LeaderEpoch::NONE, 1 << 20, usize::MAX, NOW_MS)
+                .await
+        };
+        assert_eq!(consume(a.clone(), Offset(12)).await.error, errors::NONE);
+
+        // a dies; b leads epoch 2 with its learned HW 10 and its log end 12.
+        b.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        assert_eq!(
+            b.high_watermark(),
+            Offset(10),
+            "a has not fetched from b yet"
+        );
+        let at_12 = consume(b.clone(), Offset(12)).await;
+        assert_eq!(
+            at_12.error,
+            errors::NONE,
+            "not out of range below the log end"
+        );
+        assert!(at_12.batches.is_empty(), "nothing above the HW");
+        let past = consume(b.clone(), Offset(13)).await;
+        assert_eq!(past.error, errors::OFFSET_OUT_OF_RANGE, "past the log end");
     });
 }

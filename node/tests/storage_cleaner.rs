@@ -301,14 +301,24 @@ fn a_small_dedupe_buffer_cleans_in_rounds_and_young_segments_wait_for_the_lag() 
 
         // Retention: off for `compact` alone, on for `compact,delete`.
         let week_later = now + 8 * 24 * 3600 * 1000;
-        assert_eq!(log.apply_retention(week_later).await.unwrap(), 0);
+        assert_eq!(
+            log.apply_retention(week_later, log.log_end_offset())
+                .await
+                .unwrap(),
+            0
+        );
         let both = config(&[
             ("segment.bytes", "8192"),
             ("cleanup.policy", "compact,delete"),
         ]);
         let log = Log::open(root.join("both-0"), both).await.unwrap();
         write(&log, 0, 1_000, 10, |i| format!("k{}", i % 10), 20, now).await;
-        assert!(log.apply_retention(week_later).await.unwrap() > 0);
+        assert!(
+            log.apply_retention(week_later, log.log_end_offset())
+                .await
+                .unwrap()
+                > 0
+        );
 
         // A delete-only log is never compacted.
         let plain = LogConfig::from_pairs([("segment.bytes", "8192")]).unwrap();

@@ -174,6 +174,32 @@ async fn forty_records_over_retention(
     (log, pdir, cfg)
 }
 
+/// Retention deletes no segment that reaches past the bound it is given (the HW): a
+/// follower may not hold those records yet, and acks=all produces wait on them.
+#[test]
+fn retention_stops_at_the_bound_it_is_given() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        let (log, _pdir, _cfg) = forty_records_over_retention(&root).await;
+        assert_eq!(log.apply_retention(0, Offset(0)).await.unwrap(), 0);
+        assert_eq!(log.log_start_offset(), Offset(0));
+        let deleted = log.apply_retention(0, Offset(10)).await.unwrap();
+        let start = log.log_start_offset();
+        assert!(deleted >= 1, "the segments below 10 go");
+        assert!(
+            start > Offset(0) && start <= Offset(10),
+            "none past 10: start {start}"
+        );
+        assert!(log.apply_retention(0, log.log_end_offset()).await.unwrap() >= 1);
+        assert!(
+            log.log_start_offset() > Offset(10),
+            "the rest once the bound allows"
+        );
+        log.close().await.unwrap();
+    });
+}
+
 #[test]
 fn truncate_retention_and_delete_records_move_the_ends() {
     let dir = tempdir();
@@ -184,7 +210,7 @@ fn truncate_retention_and_delete_records_move_the_ends() {
         assert_eq!(log.log_end_offset(), Offset(30));
         let info = log.append(batch(99, 1), LeaderEpoch(2), 0).await.unwrap();
         assert_eq!(info.first_offset, Offset(30));
-        let deleted = log.apply_retention(0).await.unwrap();
+        let deleted = log.apply_retention(0, log.log_end_offset()).await.unwrap();
         assert!(deleted >= 1);
         assert!(log.size_bytes() < 20000 + 8192);
         let start = log.log_start_offset();
@@ -405,7 +431,7 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
         };
         let before = logs(&pdir, ".log");
         let handed = weir::storage::retired_files_handed_over();
-        let deleted = log.apply_retention(0).await.unwrap();
+        let deleted = log.apply_retention(0, log.log_end_offset()).await.unwrap();
         assert!(deleted >= 1);
         assert!(
             weir::storage::retired_files_handed_over() >= handed + deleted,

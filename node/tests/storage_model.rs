@@ -176,7 +176,7 @@ async fn step(
             );
         }
         86..=89 => {
-            log.apply_retention(0).await.unwrap();
+            log.apply_retention(0, log.log_end_offset()).await.unwrap();
             let start = log.log_start_offset().get();
             assert!(
                 start >= model.log_start,

@@ -46,14 +46,6 @@ pub fn is_coordinator_topic(topic: &str) -> bool {
     topic == crate::group::OFFSETS_TOPIC || topic == crate::txn::TXN_TOPIC
 }
 
-/// Whether this node still leads `part` under `epoch` (the epoch its state was loaded at).
-/// A leader whose log lost acknowledged records coordinates nothing until its newer
-/// epoch (`Partition::fence_if_lost`): its state would be missing what it acknowledged.
-fn leads(part: &Partition, epoch: LeaderEpoch) -> bool {
-    let r = part.replica();
-    r.is_leader() && r.leader_epoch() == epoch && !part.leads_without_acknowledged()
-}
-
 /// The open replica `tp` of an internal topic if this node leads it, with the leader
 /// epoch it leads under: a coordinator serves only the partitions its node leads (a
 /// follower's copy is the replication fetchers' to write). NOT_COORDINATOR otherwise.
@@ -90,7 +82,7 @@ impl PartitionLoads {
     pub fn get(&self, index: i32) -> Option<Rc<Partition>> {
         let loaded = self.loaded.borrow();
         let (p, epoch) = loaded.get(&index)?;
-        leads(p, *epoch).then(|| p.clone())
+        p.leads_under(*epoch).then(|| p.clone())
     }
 
     /// Every loaded partition this node still leads.
@@ -98,7 +90,7 @@ impl PartitionLoads {
         self.loaded
             .borrow()
             .iter()
-            .filter(|(_, (p, epoch))| leads(p, *epoch))
+            .filter(|(_, (p, epoch))| p.leads_under(*epoch))
             .map(|(i, (p, _))| (*i, p.clone()))
             .collect()
     }
@@ -115,7 +107,7 @@ impl PartitionLoads {
         self.loaded
             .borrow()
             .iter()
-            .filter(|(_, (p, epoch))| !leads(p, *epoch))
+            .filter(|(_, (p, epoch))| !p.leads_under(*epoch))
             .map(|(i, _)| *i)
             .collect()
     }
@@ -265,56 +257,12 @@ fn far_deadline() -> std::time::Instant {
     std::time::Instant::now() + COORDINATOR_APPEND_TIMEOUT
 }
 
-/// Runs `work` unless this node stops leading `part` under `epoch` first: then
-/// NOT_LEADER_OR_FOLLOWER at once (the write may be truncated away by the new leader, and
-/// its HW means nothing for this leadership). Role changes wake `part.appended`.
-async fn while_leading<T>(
-    part: &Partition,
-    epoch: LeaderEpoch,
-    work: impl Future<Output = T>,
-) -> Result<T, i16> {
-    let demoted = async {
-        loop {
-            let changed = part.appended.listen();
-            if !leads(part, epoch) {
-                return Err(codes::NOT_LEADER_OR_FOLLOWER);
-            }
-            changed.await;
-        }
-    };
-    let out = futures_lite::future::or(async { Ok(work.await) }, demoted).await?;
-    if !leads(part, epoch) {
-        return Err(codes::NOT_LEADER_OR_FOLLOWER);
-    }
-    Ok(out)
-}
-
-/// Waits (acks=all) until the HW of `part` reaches `end` — every ISR member has what this
-/// leader wrote before it — while this node leads under `epoch`, at most
-/// [`COORDINATOR_APPEND_TIMEOUT`]; then checks the ISR still has `min.insync.replicas`.
-/// For appends answered at the local write (a transactional offset commit, a marker).
+/// Waits (acks=all) until the HW of `part` reaches `end` while this node leads under
+/// `epoch`, at most [`COORDINATOR_APPEND_TIMEOUT`] (`Partition::await_replicated`). For
+/// appends answered at the local write (a transactional offset commit, a marker).
 pub async fn await_replicated(part: &Partition, epoch: LeaderEpoch, end: Offset) -> i16 {
-    let wait = async {
-        loop {
-            let moved = part.appended.listen();
-            if part.high_watermark() >= end {
-                return true;
-            }
-            moved.await;
-        }
-    };
-    let timeout = async {
-        glommio::timer::sleep(COORDINATOR_APPEND_TIMEOUT).await;
-        false
-    };
-    match while_leading(part, epoch, futures_lite::future::or(wait, timeout)).await {
-        Err(code) => code,
-        Ok(false) => codes::REQUEST_TIMED_OUT,
-        Ok(true) if part.replica().isr_len() < part.min_insync_replicas() => {
-            codes::NOT_ENOUGH_REPLICAS_AFTER_APPEND
-        }
-        Ok(true) => codes::NONE,
-    }
+    part.await_replicated(epoch, end, COORDINATOR_APPEND_TIMEOUT)
+        .await
 }
 
 /// Refuses an acks=all write before it is appended while the ISR is below the topic's
@@ -427,7 +375,7 @@ pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<
         }
         Ok(())
     };
-    while_leading(part, epoch, all).await??;
+    part.while_leading(epoch, all).await??;
     Ok(first)
 }
 

@@ -496,7 +496,12 @@ impl Partition {
             assert!(replica.is_leader(), "only a leader starts an epoch");
             replica.leader_epoch()
         };
-        self.note_epoch(epoch, self.log.log_end_offset())
+        self.note_epoch(epoch, self.log.log_end_offset())?;
+        let start = self.epochs.borrow().latest().filter(|(e, _)| *e == epoch);
+        if let Some((_, start)) = start {
+            self.replica.borrow_mut().epoch_started_at(start);
+        }
+        Ok(())
     }
 
     /// Applies a committed assignment (see [`ReplicaState::apply`]); a replica that
@@ -547,6 +552,16 @@ impl Partition {
         self.lost_hw.get().is_some() && self.needs_new_epoch()
     }
 
+    /// Whether this replica leads under `epoch` and may serve (it is not fenced for
+    /// records its log lost).
+    pub fn leads_under(&self, epoch: LeaderEpoch) -> bool {
+        let leads = {
+            let r = self.replica.borrow();
+            r.is_leader() && r.leader_epoch() == epoch
+        };
+        leads && !self.leads_without_acknowledged()
+    }
+
     /// OffsetForLeaderEpoch: where `epoch` ends in this replica's log, as (the largest
     /// epoch ≤ it, its end offset), after checking the caller's `current_epoch`.
     pub fn epoch_end_offset(
@@ -558,11 +573,41 @@ impl Partition {
             .borrow()
             .check_epoch(current_epoch)
             .map_err(read::epoch_error)?;
-        if self.leads_without_acknowledged() {
+        // Kafka answers OffsetForLeaderEpoch on leaders only: a follower's log may end
+        // anywhere behind its leader's.
+        if !self.replica.borrow().is_leader() || self.leads_without_acknowledged() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
         let end = self.log.log_end_offset();
         Ok(self.epochs.borrow().end_offset_for(epoch, end))
+    }
+
+    /// Where a follower cuts its log when its leader answers a fetch with a diverging
+    /// epoch (KIP-320): our last epoch ends at `end` on the leader, where `epoch` is the
+    /// largest epoch it has at or below ours. Kafka's rule (KIP-279):
+    /// - the same epoch here: the smaller of the two ends;
+    /// - an epoch unknown here: where the largest epoch below it ends here. The next
+    ///   fetch names that epoch, so the answers step down until both logs agree (cutting
+    ///   at the leader's `end` instead kept records the leader does not have, and drew the
+    ///   same answer forever);
+    /// - no epoch here at or below it: the leader's `end`;
+    /// - `LeaderEpoch::NONE` (the leader has no epoch that old): the HW, which both hold.
+    ///
+    /// Never past this log's end.
+    pub fn divergence_cut(&self, epoch: LeaderEpoch, end: Offset) -> Offset {
+        let log_end = self.log.log_end_offset();
+        if epoch == LeaderEpoch::NONE {
+            return self.high_watermark().min(log_end);
+        }
+        let (ours, our_end) = self.epochs.borrow().end_offset_for(epoch, log_end);
+        let cut = if ours == epoch {
+            end.min(our_end)
+        } else if ours == LeaderEpoch::NONE {
+            end
+        } else {
+            our_end
+        };
+        cut.min(log_end)
     }
 
     /// The leader epochs of this log and where each starts.

@@ -6,12 +6,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use wire::Offset;
 use wire::batch::{read_header, split_batches};
+use wire::{LeaderEpoch, Offset};
 
 use super::{Partition, storage_error_code, wire_error_code};
 use crate::errors;
-use crate::producer_state::partition::{Marker, ProducerAppend, wait_committed};
+use crate::producer_state::partition::{Marker, ProducerAppend};
 use crate::storage::AppendInfo;
 
 /// Longest a resent duplicate waits for its original to be committed.
@@ -141,7 +141,7 @@ impl Partition {
             Ok(ProducerAppend::Appended(info)) => info,
             Ok(ProducerAppend::Duplicate(original)) => {
                 return self
-                    .duplicate(original.first_offset, original.last_offset)
+                    .duplicate(original.first_offset, original.last_offset, acks, epoch)
                     .await;
             }
             Ok(ProducerAppend::Rejected(error)) => return ProduceOutcome::failed(error),
@@ -155,58 +155,105 @@ impl Partition {
         if acks != Acks::All {
             return outcome;
         }
-        self.await_replicated(info.last_offset, deadline, outcome)
-            .await
-    }
-
-    /// The delayed produce of acks=all: waits until the HW passes `last` (every ISR member
-    /// has the batch), at most until `deadline`.
-    async fn await_replicated(
-        &self,
-        last: Offset,
-        deadline: Instant,
-        outcome: ProduceOutcome,
-    ) -> ProduceOutcome {
         let (started, wait) = (
             Instant::now(),
             deadline.saturating_duration_since(Instant::now()),
         );
-        let hw = || self.high_watermark();
-        let committed = wait_committed(last, hw, &self.appended, wait).await;
+        let error = self
+            .await_replicated(epoch, info.last_offset.add(1), wait)
+            .await;
         crate::metrics::local(|m| m.replication_waited(started.elapsed()));
-        if !committed {
-            return ProduceOutcome {
-                error: errors::REQUEST_TIMED_OUT,
-                ..outcome
-            };
+        ProduceOutcome { error, ..outcome }
+    }
+
+    /// The delayed produce of acks=all, and the coordinators' replicated writes: waits
+    /// until the HW reaches `end` (every ISR member has what this leader wrote before it)
+    /// while this replica leads under `epoch`, at most `wait`. Then the Kafka error to
+    /// answer with: NONE; REQUEST_TIMED_OUT; NOT_LEADER_OR_FOLLOWER once it stopped
+    /// leading under `epoch` (the new leader may cut the write, and a HW learned as a
+    /// follower counts the new leader's records at its offsets); or
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below `min.insync.replicas`
+    /// meanwhile (Kafka: the batch is in the log, but not as durable as asked).
+    pub async fn await_replicated(&self, epoch: LeaderEpoch, end: Offset, wait: Duration) -> i16 {
+        let replicated = async {
+            loop {
+                let moved = self.appended.listen();
+                if self.high_watermark() >= end {
+                    return true;
+                }
+                moved.await;
+            }
+        };
+        let timeout = async {
+            glommio::timer::sleep(wait).await;
+            false
+        };
+        let waited = futures_lite::future::or(replicated, timeout);
+        match self.while_leading(epoch, waited).await {
+            Err(code) => code,
+            Ok(false) => errors::REQUEST_TIMED_OUT,
+            Ok(true) if self.replica.borrow().isr_len() < self.min_insync.get() => {
+                errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND
+            }
+            Ok(true) => errors::NONE,
         }
-        // Kafka: the batch is in the log, but the ISR shrank below the minimum meanwhile.
-        if self.replica.borrow().isr_len() < self.min_insync.get() {
-            return ProduceOutcome {
-                error: errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                ..outcome
-            };
-        }
-        outcome
     }
 
     /// A resend of an appended batch: its original offsets once the original is committed
-    /// (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its append failed).
-    async fn duplicate(&self, first: Offset, last: Offset) -> ProduceOutcome {
-        let hw = || self.high_watermark();
-        let committed = wait_committed(last, hw, &self.appended, DUPLICATE_WAIT).await;
+    /// under `epoch` (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its
+    /// append failed), whatever `acks` asks: a resend is told its offsets only once they
+    /// cannot be cut. With acks=all the ISR must still have `min.insync.replicas`.
+    async fn duplicate(
+        &self,
+        first: Offset,
+        last: Offset,
+        acks: Acks,
+        epoch: LeaderEpoch,
+    ) -> ProduceOutcome {
+        let error = match self
+            .await_replicated(epoch, last.add(1), DUPLICATE_WAIT)
+            .await
+        {
+            errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND if acks != Acks::All => errors::NONE,
+            code => code,
+        };
         ProduceOutcome {
-            error: if committed {
-                errors::NONE
+            error,
+            base_offset: if error == errors::NONE {
+                first
             } else {
-                errors::REQUEST_TIMED_OUT
+                Offset::NONE
             },
-            base_offset: if committed { first } else { Offset::NONE },
             log_append_time_ms: -1,
             log_start_offset: self.log.log_start_offset(),
             record_errors: Vec::new(),
             error_message: None,
         }
+    }
+
+    /// Runs `work` while this replica leads under `epoch`: NOT_LEADER_OR_FOLLOWER as soon
+    /// as it does not (role changes wake `appended`), and if it does not once `work` is
+    /// done. Whatever waits on this leadership's HW — a delayed produce, a coordinator's
+    /// write — waits through this.
+    pub async fn while_leading<T>(
+        &self,
+        epoch: LeaderEpoch,
+        work: impl Future<Output = T>,
+    ) -> Result<T, i16> {
+        let demoted = async {
+            loop {
+                let changed = self.appended.listen();
+                if !self.leads_under(epoch) {
+                    return Err(errors::NOT_LEADER_OR_FOLLOWER);
+                }
+                changed.await;
+            }
+        };
+        let out = futures_lite::future::or(async { Ok(work.await) }, demoted).await?;
+        if !self.leads_under(epoch) {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        Ok(out)
     }
 
     /// A follower's append of batches fetched from its leader: they keep the leader's

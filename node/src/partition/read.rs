@@ -157,13 +157,11 @@ impl Partition {
             aborted: committed.then(Vec::new),
             diverging: None,
         };
-        // In range up to the HW (the LEO for a follower); read_committed stops at the LSO.
-        let range_end = if matches!(reader, ReadFor::Follower(..)) {
-            upper
-        } else {
-            hw
-        };
-        if offset > range_end || offset < out.log_start_offset {
+        // In range up to the LEO, for consumers too (Kafka's rule): between the HW and
+        // the LEO a consumer reads nothing yet. A new leader's HW, learned as a follower,
+        // may lag the old leader's by a fetch round, and a consumer already past it must
+        // not be told OFFSET_OUT_OF_RANGE (its reset policy would re-read or skip).
+        if offset > self.log.log_end_offset() || offset < out.log_start_offset {
             out.error = errors::OFFSET_OUT_OF_RANGE;
             return out;
         }

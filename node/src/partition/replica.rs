@@ -34,6 +34,11 @@ pub struct LeaderState {
     isr: Vec<NodeId>,
     /// Each other replica's progress, as its fetches report it.
     followers: BTreeMap<NodeId, FollowerProgress>,
+    /// Where this leader's epoch starts in its log. A follower joins the ISR only once it
+    /// holds everything before it as well as the HW (Kafka, KAFKA-7128): a new leader's
+    /// HW, learned as a follower, can lag what the old leader acknowledged, and a replica
+    /// caught up only to that lagging HW may lack acknowledged records.
+    epoch_start: Offset,
 }
 
 /// One follower, as the leader sees it.
@@ -130,6 +135,7 @@ impl ReplicaState {
             role: Role::Leader(LeaderState {
                 isr: vec![local],
                 followers: BTreeMap::new(),
+                epoch_start: Offset(0),
             }),
             leader_epoch: SOLE_LEADER_EPOCH,
             partition_epoch: 0,
@@ -304,8 +310,20 @@ impl ReplicaState {
             .map(|n| (*n, FollowerProgress::default()))
             .collect();
         self.leader_epoch = epoch;
-        self.role = Role::Leader(LeaderState { isr, followers });
+        self.role = Role::Leader(LeaderState {
+            isr,
+            followers,
+            epoch_start: self.log_end,
+        });
         self.recompute_high_watermark();
+    }
+
+    /// On a leader: its epoch starts at `start` in its log (the epoch cache's entry, which
+    /// counts appends still being written when it became leader).
+    pub fn epoch_started_at(&mut self, start: Offset) {
+        if let Role::Leader(l) = &mut self.role {
+            l.epoch_start = l.epoch_start.max(start);
+        }
     }
 
     /// Becomes a follower of `leader` at `epoch`.
@@ -424,7 +442,7 @@ impl ReplicaState {
     /// On a leader, the ISR it should have at `now_ms`: members whose fetches have not
     /// reached its log end for `lag_max_ms` leave, and so do members whose new process
     /// lost what they acknowledged; followers outside that hold everything up to the HW
-    /// join if `eligible` for the broker epoch their fetches carry (KIP-841: a node the
+    /// and to the start of this leader's epoch join if `eligible` for the broker epoch their fetches carry (KIP-841: a node the
     /// metadata has fenced does not rejoin; KIP-903: nor one whose fetches came from a
     /// process it has since replaced — proposing either would only be refused again every
     /// round). `None` when the ISR is right as it is (or not a leader).
@@ -449,8 +467,8 @@ impl ReplicaState {
             })
             .collect();
         for (n, p) in &l.followers {
-            let caught_up =
-                p.log_end >= self.high_watermark && now_ms - p.caught_up_ms <= lag_max_ms;
+            let holds_acknowledged = p.log_end >= self.high_watermark.max(l.epoch_start);
+            let caught_up = holds_acknowledged && now_ms - p.caught_up_ms <= lag_max_ms;
             let may_join = !p.lost_acknowledged && eligible(*n, p.broker_epoch);
             if !wanted.contains(n) && caught_up && may_join {
                 wanted.push(*n);
@@ -504,6 +522,27 @@ mod tests {
         assert!(r.local_log_end(Offset(9)));
         assert!(!r.local_log_end(Offset(9)), "no change, no advance");
         assert_eq!(r.high_watermark(), Offset(9));
+    }
+
+    /// A new leader's HW, learned as a follower, can lag what the old leader acknowledged:
+    /// a follower holding everything up to that HW but not up to where the new leader's
+    /// epoch starts may lack acknowledged records, and does not join the ISR until it has
+    /// reached the epoch start too (KAFKA-7128).
+    #[test]
+    fn a_follower_joins_the_isr_only_once_past_the_leaders_epoch_start() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let mut r = ReplicaState::sole(b, Offset(10));
+        r.restore_high_watermark(Some(Offset(9)), Offset(0));
+        r.become_leader(LeaderEpoch(2), vec![b, a], &[a, b, c]);
+        assert_eq!(r.high_watermark(), Offset(9));
+        r.follower_fetched(c, BrokerEpoch(1), Offset(9), Offset(10), 0);
+        assert_eq!(
+            r.wanted_isr(1, 30_000, |_, _| true),
+            None,
+            "c at 9 < 10 waits"
+        );
+        r.follower_fetched(c, BrokerEpoch(1), Offset(10), Offset(10), 0);
+        assert_eq!(r.wanted_isr(1, 30_000, |_, _| true), Some(vec![a, b, c]));
     }
 
     /// An ISR change names the broker epoch of each follower it adds, from the fetches

@@ -8,7 +8,6 @@
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::pin::pin;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::{BatchHeader, batch_records, control_batch, read_header};
@@ -19,7 +18,6 @@ use super::{
     ProducerStateCounters, ProducerStateTable, Verdict, decode_snapshot, encode_snapshot,
     parse_snapshot_file_name, plan_recovery, snapshot_file_name,
 };
-use crate::event::Event;
 use crate::storage::{
     AbortedTxn, AppendInfo, Log, StorageError, TxnIndex, write_atomic, write_atomic_synced_later,
 };
@@ -604,28 +602,6 @@ fn remove_snapshot(dir: &Path, offset: Offset) {
     {
         tracing::warn!(path = %path.display(), "cannot delete producer state snapshot: {e}");
     }
-}
-
-/// Waits until the high watermark passes `last_offset` (a duplicate is answered only once
-/// its original is as committed as a fresh append would be), woken by `appended`.
-/// Returns false after `timeout`.
-pub async fn wait_committed(
-    last_offset: Offset,
-    high_watermark: impl Fn() -> Offset,
-    appended: &Event,
-    timeout: Duration,
-) -> bool {
-    let waiting = async {
-        while high_watermark() <= last_offset {
-            appended.listen().await;
-        }
-        true
-    };
-    futures_lite::future::or(waiting, async {
-        glommio::timer::sleep(timeout).await;
-        false
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -439,9 +439,8 @@ impl ReplicaFetcher {
         stats
     }
 
-    /// KIP-320: the leader says our last epoch ended at `end` there. Truncate to the
-    /// smaller of that and where the same epoch ends here; an epoch the leader does not
-    /// know leaves only what both agree on for sure, our HW.
+    /// KIP-320: the leader says our last epoch ended at `end` there, as `epoch`; cut
+    /// where [`Partition::divergence_cut`] says.
     async fn truncate_diverged(
         &self,
         tp: &TopicPartition,
@@ -450,14 +449,7 @@ impl ReplicaFetcher {
         end: Offset,
         stats: &mut RoundStats,
     ) {
-        let cut = if epoch == LeaderEpoch::NONE {
-            p.high_watermark()
-        } else {
-            let (ours, our_end) = p
-                .epoch_end_offset(epoch, LeaderEpoch::NONE)
-                .unwrap_or((LeaderEpoch::NONE, Offset::NONE));
-            if ours == epoch { end.min(our_end) } else { end }
-        };
+        let cut = p.divergence_cut(epoch, end);
         tracing::info!(topic = %tp.0, partition = tp.1, %epoch, %end, %cut, "follower diverged from its leader; truncating");
         if p.truncate_to(cut).await.is_ok() {
             stats.truncations += 1;

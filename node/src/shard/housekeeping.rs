@@ -236,7 +236,7 @@ impl Shard {
 
 /// Applies retention to one open log, logging what it did.
 async fn apply_retention(p: &Partition, now: i64) {
-    match p.log.apply_retention(now).await {
+    match p.log.apply_retention(now, p.high_watermark()).await {
         Ok(0) => {}
         Ok(n) => {
             tracing::info!(topic = %p.topic, partition = p.index, "retention deleted {n} segments")

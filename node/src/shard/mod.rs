@@ -484,6 +484,8 @@ impl Shard {
         }
         for (tp, p) in stale {
             self.partitions.borrow_mut().remove(&tp);
+            // Its fetcher would ask for the deleted topic's id forever, holding the log.
+            self.unfollow(&tp);
             p.appended.notify_all();
             // While the directory is deleted, `partition` waits instead of opening it for
             // a new topic of the same name: the delete would remove the new directory.

@@ -172,7 +172,7 @@ impl Shard {
     }
 
     /// Stops following `tp` (on every fetcher); fetchers left with nothing stop.
-    fn unfollow(&self, tp: &TopicPartition) {
+    pub(super) fn unfollow(&self, tp: &TopicPartition) {
         let mut fetchers = self.fetchers.borrow_mut();
         for f in fetchers.values() {
             f.unfollow(tp);

@@ -355,15 +355,17 @@ impl Log {
     }
 
     /// Applies `retention.ms` and `retention.bytes`: deletes whole sealed segments (never
-    /// the active one), oldest first, and advances the log start offset. Returns the
-    /// number of segments deleted.
-    pub async fn apply_retention(&self, now_ms: i64) -> Result<usize> {
+    /// the active one), oldest first, each only if it ends at or below `below` (the
+    /// partition's HW: as in Kafka, records not yet on every ISR member are never
+    /// retention's to delete), and advances the log start offset. Returns the number of
+    /// segments deleted.
+    pub async fn apply_retention(&self, now_ms: i64, below: Offset) -> Result<usize> {
         let _permit = self.lock_io().await?;
         self.write_pending().await?;
         let new_start = {
             let st = self.state.borrow();
             st.check_writable(&self.dir)?;
-            retention_cut(&st, now_ms)
+            retention_cut(&st, now_ms, below)
         };
         let Some((count, new_start)) = new_start else {
             return Ok(0);
@@ -466,8 +468,9 @@ fn split_after(st: &mut State, base: Offset) -> Vec<Segment> {
     later.into_values().collect()
 }
 
-/// How many of the oldest sealed segments retention deletes, and the offset after them.
-fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
+/// How many of the oldest sealed segments retention deletes, and the offset after them:
+/// none past `below`.
+fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offset)> {
     let cfg = &st.config;
     if !cfg.cleanup_policy.delete {
         // `cleanup.policy=compact` alone: the cleaner, not retention, bounds the log.
@@ -489,7 +492,7 @@ fn retention_cut(st: &State, now_ms: i64) -> Option<(usize, Offset)> {
             && seg.max_timestamp.0 >= 0
             && now_ms.saturating_sub(seg.max_timestamp.0) > cfg.retention_ms;
         let by_size = cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
-        if !(by_time || by_size) {
+        if !(by_time || by_size) || seg.next_offset > below {
             break;
         }
         total -= seg.size as i64;
