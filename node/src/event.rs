@@ -18,6 +18,15 @@ pub struct Event {
     waiters: RefCell<Vec<(u64, Waker)>>,
 }
 
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("generation", &self.generation.get())
+            .field("waiters", &self.waiters.borrow().len())
+            .finish()
+    }
+}
+
 impl Event {
     /// Wakes everyone currently listening.
     pub fn notify_all(&self) {

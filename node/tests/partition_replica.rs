@@ -1046,3 +1046,136 @@ fn a_consumer_past_a_new_leaders_lagging_hw_reads_nothing_rather_than_out_of_ran
         assert_eq!(past.error, errors::OFFSET_OUT_OF_RANGE, "past the log end");
     });
 }
+
+/// A transactional batch of `producer` (epoch 0, sequence 0) with `count` records.
+fn txn_batch(producer: i64, count: i32) -> BytesMut {
+    let records = (0..count)
+        .map(|i| NewRecord::value(NOW_MS, format!("t{i}")))
+        .collect();
+    let bytes = BatchBuilder {
+        producer_id: ProducerId(producer),
+        producer_epoch: ProducerEpoch(0),
+        base_sequence: Sequence(0),
+        transactional: true,
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("a batch from test data");
+    BytesMut::from(&bytes[..])
+}
+
+fn abort_of(producer: i64) -> Marker {
+    Marker {
+        producer_id: ProducerId(producer),
+        producer_epoch: ProducerEpoch(0),
+        commit: false,
+        coordinator_epoch: 1,
+    }
+}
+
+/// An idempotent batch rolled back (out of space) is not in the log. If a producer
+/// without idempotence appends at its offsets before the resend, the resend must still be
+/// appended: answered as a duplicate, it would be told the other producer's offsets, and
+/// its record, acknowledged, would be in no log.
+#[test]
+fn a_resend_of_a_rolled_back_batch_is_appended_even_after_a_plain_append_took_its_offsets() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let disk = SimDisk::new();
+        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk).await;
+        let out = a.produce(batch(Some((5, 0)), 2, "p0"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(0));
+        disk.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        let out = a.produce(batch(Some((5, 2)), 3, "p1"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::KAFKA_STORAGE_ERROR, "rolled back");
+        assert_eq!(a.log.log_end_offset(), Offset(2));
+        wait_writable(&a).await;
+        let out = a.produce(batch(None, 4, "plain"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(2));
+        let out = a
+            .produce(batch(Some((5, 2)), 3, "p1"), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!((out.error, out.base_offset), (errors::NONE, Offset(6)));
+        assert_eq!(
+            a.log.log_end_offset(),
+            Offset(9),
+            "appended, not a duplicate"
+        );
+    });
+}
+
+/// A follower that cuts an ABORT marker (its leader died before the marker was
+/// replicated) has the transaction open again: its LSO stops there, and the marker the
+/// coordinator writes again, copied from the new leader, records the aborted transaction.
+/// Closed instead, the transaction's records would read as committed where this replica
+/// leads next. Its `.txnindex` file loses the cut entry, so a reopen after the log grew
+/// past it again finds no aborted transaction that is not in the log.
+#[test]
+fn a_cut_abort_marker_reopens_its_transaction_and_leaves_no_entry_behind() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        let a = open(&a.join("orders-0"), LEADER, 1).await;
+        let b_dir = b.join("orders-0");
+        let b = open(&b_dir, FOLLOWER, 1).await;
+        let both = [LEADER, FOLLOWER];
+        a.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+        b.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+        let out = a
+            .produce(txn_batch(9, 2), Acks::Leader, soon(), NOW_MS)
+            .await;
+        assert_eq!((out.error, out.base_offset), (errors::NONE, Offset(0)));
+        assert_eq!(a.write_marker(abort_of(9), NOW_MS).await, errors::NONE);
+        for _ in 0..3 {
+            replicate_round(&a, &b).await;
+        }
+        assert_eq!(b.log.log_end_offset(), Offset(3));
+        assert_eq!(b.producers.aborted_txns(Offset(0), Offset(100)).len(), 1);
+        assert!(!b.producers.has_open_txn(ProducerId(9)));
+
+        // The marker at 2 is cut: the transaction is open again, at once.
+        assert_eq!(b.truncate_to(Offset(2)).await, Ok(Offset(2)));
+        assert!(b.producers.has_open_txn(ProducerId(9)), "open again");
+        assert_eq!(b.producers.first_unstable_offset(), Some(Offset(0)));
+        assert!(b.producers.aborted_txns(Offset(0), Offset(100)).is_empty());
+
+        // b leads; the coordinator writes its ABORT again, then b takes other records.
+        b.apply_assignment(&assigned(FOLLOWER, 2, &[FOLLOWER], &both), NOW_MS);
+        assert_eq!(b.write_marker(abort_of(9), NOW_MS).await, errors::NONE);
+        let aborted = b.producers.aborted_txns(Offset(0), Offset(100));
+        assert_eq!(aborted.len(), 1, "recorded again: {aborted:?}");
+        assert_eq!(aborted[0].last_offset, Offset(2));
+        let out = b.produce(batch(None, 5, "other"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(3));
+        b.log.close().await.expect("close");
+        drop(b);
+        let b = open(&b_dir, FOLLOWER, 1).await;
+        let aborted = b.producers.aborted_txns(Offset(0), Offset(100));
+        assert_eq!(aborted.len(), 1, "one marker, one entry: {aborted:?}");
+        assert_eq!(aborted[0].last_offset, Offset(2));
+    });
+}
+
+/// Retention renames a new log start file in before its data is synced, so a power loss
+/// can leave it empty: the log opens, starting at its first segment.
+#[test]
+fn a_log_whose_start_file_is_empty_still_opens() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(root.path(), LEADER, 1).await;
+        let out = a.produce(batch(None, 3, "x"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        a.log.close().await.expect("close");
+        drop(a);
+        let start_file = root.path().join("orders-0/weir-log-start-offset");
+        std::fs::write(start_file, b"").expect("empty start file");
+        let a = open(root.path(), LEADER, 1).await;
+        assert_eq!(
+            (a.log.log_start_offset(), a.log.log_end_offset()),
+            (Offset(0), Offset(3))
+        );
+    });
+}

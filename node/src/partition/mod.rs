@@ -632,6 +632,7 @@ impl Partition {
         }
         self.replica.borrow_mut().truncated(end);
         tracing::info!(topic = %self.topic, partition = self.index, offset = %end, "truncated as follower");
+        self.rebuild_producers().await?;
         Ok(end)
     }
 
@@ -651,7 +652,20 @@ impl Partition {
         }
         self.replica.borrow_mut().restarted(offset);
         tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
-        Ok(())
+        self.rebuild_producers().await
+    }
+
+    /// The producer state follows a cut of the log at once, not at the next append: this
+    /// replica may lead next and answer read_committed fetches from it.
+    async fn rebuild_producers(&self) -> Result<(), i16> {
+        let now = crate::shard::now_ms();
+        self.producers
+            .follow_truncation(&self.log, now)
+            .await
+            .map_err(|e| {
+                tracing::error!(topic = %self.topic, partition = self.index, "producer state rebuild: {e}");
+                storage_error_code(&e)
+            })
     }
 
     /// An append ending at `end` completed: the HW follows where the ISR allows. Not the

@@ -8,6 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::pin::pin;
+use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::{BatchHeader, batch_records, control_batch, read_header};
@@ -18,6 +19,7 @@ use super::{
     ProducerStateCounters, ProducerStateTable, Verdict, decode_snapshot, encode_snapshot,
     parse_snapshot_file_name, plan_recovery, snapshot_file_name,
 };
+use crate::event::Event;
 use crate::storage::{
     AbortedTxn, AppendInfo, Log, StorageError, TxnIndex, write_atomic, write_atomic_synced_later,
 };
@@ -49,6 +51,8 @@ pub struct PartitionProducers {
     last_expiry_ms: Cell<i64>,
     /// The log's truncation count the table matches (see [`Log::truncations`]).
     log_truncations: Cell<u64>,
+    /// Set while the state is being rebuilt after a truncation: appends wait for it.
+    rebuilding: RefCell<Option<Rc<Event>>>,
 }
 
 impl PartitionProducers {
@@ -74,6 +78,7 @@ impl PartitionProducers {
             aborted: RefCell::new(aborted),
             last_expiry_ms: Cell::new(now_ms),
             log_truncations: Cell::new(log.truncations()),
+            rebuilding: RefCell::new(None),
         })
     }
 
@@ -91,6 +96,9 @@ impl PartitionProducers {
         now_ms: i64,
     ) -> Result<ProducerAppend, StorageError> {
         self.expire_if_due(now_ms);
+        // Before any append, plain ones included: one appended at offsets a truncation
+        // freed would hide the truncation from the rebuild's check below.
+        self.follow_truncation(log, now_ms).await?;
         let (header, batches) = match idempotent_header(&records) {
             None => {
                 return Ok(ProducerAppend::Appended(
@@ -102,7 +110,6 @@ impl PartitionProducers {
         if batches != 1 {
             return Ok(ProducerAppend::Rejected(INVALID_RECORD));
         }
-        self.follow_truncation(log);
         let verdict = self.table.borrow_mut().check(&header);
         match verdict {
             Err(rejection) => Ok(ProducerAppend::Rejected(rejection.error_code())),
@@ -155,7 +162,7 @@ impl PartitionProducers {
         epoch: LeaderEpoch,
         now_ms: i64,
     ) -> Result<AppendInfo, StorageError> {
-        self.follow_truncation(log);
+        self.follow_truncation(log, now_ms).await?;
         let Some((header, 1)) = idempotent_header(&records) else {
             return log.append(records, epoch, now_ms).await;
         };
@@ -172,7 +179,7 @@ impl PartitionProducers {
         records: BytesMut,
         now_ms: i64,
     ) -> Result<AppendInfo, StorageError> {
-        self.follow_truncation(log);
+        self.follow_truncation(log, now_ms).await?;
         let headers: Vec<(BatchHeader, Option<bool>)> = batch_headers(&records)
             .into_iter()
             .zip(marker_types(&records))
@@ -216,7 +223,7 @@ impl PartitionProducers {
         epoch: LeaderEpoch,
         now_ms: i64,
     ) -> Result<Result<Offset, i16>, StorageError> {
-        self.follow_truncation(log);
+        self.follow_truncation(log, now_ms).await?;
         let known = self
             .table
             .borrow()
@@ -300,24 +307,62 @@ impl PartitionProducers {
         self.aborted.borrow().entries_overlapping(from, upper)
     }
 
-    /// After the log end moved back (an out-of-space rollback dropped unwritten appends),
-    /// forgets the batches past it and deletes snapshots past it, before the next check:
-    /// else a producer's resend of a rolled-back batch would be answered as a duplicate
-    /// of records that are not in the log. Synchronous, so no check sees a stale table.
-    fn follow_truncation(&self, log: &Log) {
-        let truncations = log.truncations();
-        if truncations == self.log_truncations.get() {
-            return;
+    /// After the log end moved back — a follower's truncation, a restart at the leader's
+    /// log start, an out-of-space rollback — rebuilds the state from the log as it now
+    /// is (Kafka's rule), before anything is checked or recorded against it. Forgetting
+    /// only what lies past the cut is not enough: a transaction whose marker was cut is
+    /// open again, and it must be, or the marker its coordinator writes again closes
+    /// nothing and an aborted transaction's records read as committed. Appends call this
+    /// first; truncations call it at once, so that a replica that leads next answers
+    /// read_committed fetches from the rebuilt state. One rebuild at a time: the others
+    /// wait for it, then check again.
+    pub async fn follow_truncation(&self, log: &Log, now_ms: i64) -> Result<(), StorageError> {
+        loop {
+            let seen = log.truncations();
+            if seen == self.log_truncations.get() {
+                return Ok(());
+            }
+            let busy = self.rebuilding.borrow().clone();
+            if let Some(done) = busy {
+                done.listen().await;
+                continue;
+            }
+            let done = Rc::new(Event::default());
+            *self.rebuilding.borrow_mut() = Some(done.clone());
+            let rebuilt = self.rebuild(log, now_ms).await;
+            self.rebuilding.borrow_mut().take();
+            done.notify_all();
+            rebuilt?;
+            self.log_truncations.set(seen);
         }
-        self.log_truncations.set(truncations);
-        let end = log.log_end_offset();
-        self.table.borrow_mut().truncate_from(end);
-        self.aborted.borrow_mut().truncate_from(end);
+    }
+
+    /// The newest snapshot at or below the log end, then the batches after it, as at
+    /// open; snapshots past the end go, and `.txnindex` entries past it are dropped from
+    /// the files too (`TxnIndex::load`). An emptied log (a restart at the leader's log
+    /// start) keeps nothing, as Kafka's `truncateFullyAndStartAt`.
+    async fn rebuild(&self, log: &Log, now_ms: i64) -> Result<(), StorageError> {
+        let (start, end) = (log.log_start_offset(), log.log_end_offset());
         for offset in list_snapshots(log.dir()) {
-            if offset > end {
+            if offset > end || start == end {
                 remove_snapshot(log.dir(), offset);
             }
         }
+        let config = *self.table.borrow().config();
+        let (mut table, from) = load_newest_snapshot(log, config);
+        let mut aborted = TxnIndex::load(log.dir(), end);
+        let replayed = replay(log, &mut table, &mut aborted, from, now_ms).await?;
+        tracing::info!(
+            dir = %log.dir().display(),
+            end = %end,
+            producers = table.len(),
+            replay_from = %from,
+            replayed,
+            "producer state rebuilt after the log was cut"
+        );
+        *self.table.borrow_mut() = table;
+        *self.aborted.borrow_mut() = aborted;
+        Ok(())
     }
 
     /// Writes a snapshot at `offset` (the log end offset now) and prunes old ones.

@@ -166,6 +166,12 @@ impl LogInner {
         for seg in doomed.iter().rev() {
             remove_segment_files(seg)?;
         }
+        // The later segments' removal is durable before the cut segment's truncation: a
+        // power loss must not keep the truncation and bring back the segments after it
+        // (the cut segment would then read as sealed, with a gap before them).
+        if !doomed.is_empty() {
+            sync_dir(&self.dir)?;
+        }
         if let Some(file) = file {
             file.truncate(cut.position)
                 .await

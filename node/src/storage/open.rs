@@ -472,7 +472,10 @@ pub fn write_index_files(seg: &Segment, disk: &Disk) -> Result<()> {
     Ok(())
 }
 
-/// Reads the persisted log start offset: `0\n<offset>\n`.
+/// Reads the persisted log start offset: `0\n<offset>\n`. An empty file counts as none
+/// (the start is then the first segment's base): retention renames a new file in before
+/// its data is synced (`write_log_start_synced_later`), and a power loss in between can
+/// leave it empty. Anything else that does not parse is corruption.
 fn read_log_start(dir: &Path) -> Result<Option<Offset>> {
     let path = dir.join(LOG_START_FILE);
     let text = match fs::read_to_string(&path) {
@@ -480,6 +483,10 @@ fn read_log_start(dir: &Path) -> Result<Option<Offset>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StorageError::io("read", &path, e)),
     };
+    if text.is_empty() {
+        tracing::warn!(path = %path.display(), "log start offset file is empty (a power loss before its sync?): starting at the first segment");
+        return Ok(None);
+    }
     let mut lines = text.lines();
     let offset = match (lines.next(), lines.next().map(str::parse::<i64>)) {
         (Some("0"), Some(Ok(v))) if v >= 0 => v,

@@ -23,6 +23,7 @@ use std::path::Path;
 
 use wire::{Offset, ProducerId};
 
+use super::atomic::write_atomic;
 use super::error::{Result, StorageError};
 use super::segment_file_name;
 
@@ -84,7 +85,10 @@ pub struct TxnIndex {
 
 impl TxnIndex {
     /// Reads every `.txnindex` file in `dir`, keeping entries whose marker is below
-    /// `log_end` (a damaged tail entry ends its file's reading).
+    /// `log_end` (a damaged tail entry ends its file's reading). A file holding entries
+    /// at or past `log_end` is rewritten without them: their markers were cut (a torn
+    /// tail, a follower's truncation, a rollback), and once the log grows past them again
+    /// they would name aborted transactions that are not there.
     pub fn load(dir: &Path, log_end: Offset) -> TxnIndex {
         let mut entries = Vec::new();
         let Ok(listing) = std::fs::read_dir(dir) else {
@@ -103,13 +107,22 @@ impl TxnIndex {
                 tracing::warn!(path = %file.path().display(), "cannot read txn index");
                 continue;
             };
+            let mut kept = Vec::new();
+            let mut cut = false;
             for chunk in bytes.chunks_exact(TXN_INDEX_ENTRY_BYTES) {
                 match AbortedTxn::decode(chunk) {
-                    Some(t) if t.last_offset < log_end => entries.push(t),
-                    Some(_) => {}
+                    Some(t) if t.last_offset < log_end => kept.push(t),
+                    Some(_) => cut = true,
                     None => break,
                 }
             }
+            if cut {
+                let bytes: Vec<u8> = kept.iter().flat_map(|t| t.encode()).collect();
+                if let Err(e) = write_atomic(&file.path(), &bytes) {
+                    tracing::warn!(path = %file.path().display(), "cannot cut txn index: {e}");
+                }
+            }
+            entries.extend(kept);
         }
         entries.sort_unstable_by_key(|t| t.last_offset);
         entries.dedup();
