@@ -67,6 +67,37 @@ pub async fn open_led(
     Ok((part, epoch))
 }
 
+/// A loaded internal-topic partition with the leader epoch its coordinator state was
+/// loaded under. Everything a coordinator writes goes through one of these: a write is
+/// refused (NOT_LEADER_OR_FOLLOWER) once that leadership ended, even if this node leads
+/// again under a newer epoch — the state loaded then may differ from what the writing
+/// task saw (Kafka fences coordinator work by its coordinator epoch the same way).
+#[derive(Clone)]
+pub struct Led {
+    part: Rc<Partition>,
+    epoch: LeaderEpoch,
+}
+
+impl Led {
+    /// The leader epoch the state was loaded under.
+    pub fn epoch(&self) -> LeaderEpoch {
+        self.epoch
+    }
+
+    /// Whether this node still leads the partition under that epoch.
+    pub fn leads(&self) -> bool {
+        self.part.leads_under(self.epoch)
+    }
+}
+
+impl std::ops::Deref for Led {
+    type Target = Partition;
+
+    fn deref(&self) -> &Partition {
+        &self.part
+    }
+}
+
 /// The internal-topic partitions a coordinator has loaded on this shard, by index, each
 /// with the leader epoch it was loaded under.
 #[derive(Default)]
@@ -79,20 +110,27 @@ pub struct PartitionLoads {
 impl PartitionLoads {
     /// The loaded partition `index` while this node still leads it under the epoch it was
     /// loaded at (else its coordinator must unload it: see [`Self::stale`]).
-    pub fn get(&self, index: i32) -> Option<Rc<Partition>> {
+    pub fn get(&self, index: i32) -> Option<Led> {
         let loaded = self.loaded.borrow();
-        let (p, epoch) = loaded.get(&index)?;
-        p.leads_under(*epoch).then(|| p.clone())
+        let (part, epoch) = loaded.get(&index)?;
+        let led = Led {
+            part: part.clone(),
+            epoch: *epoch,
+        };
+        led.leads().then_some(led)
     }
 
     /// Every loaded partition this node still leads.
-    pub fn all(&self) -> Vec<(i32, Rc<Partition>)> {
-        self.loaded
-            .borrow()
-            .iter()
-            .filter(|(_, (p, epoch))| p.leads_under(*epoch))
-            .map(|(i, (p, _))| (*i, p.clone()))
-            .collect()
+    pub fn all(&self) -> Vec<(i32, Led)> {
+        let loaded = self.loaded.borrow();
+        let led = loaded.iter().map(|(i, (part, epoch))| {
+            let led = Led {
+                part: part.clone(),
+                epoch: *epoch,
+            };
+            (*i, led)
+        });
+        led.filter(|(_, led)| led.leads()).collect()
     }
 
     /// Whether partition `index` is loaded (led or not) or being loaded.
@@ -122,7 +160,7 @@ impl PartitionLoads {
     /// replay to end. A replay that failed leaves it unloaded (the next caller tries
     /// again); its waiters get COORDINATOR_LOAD_IN_PROGRESS and retry. A partition loaded
     /// under an older leadership must have been unloaded first.
-    pub async fn load<F, Fut>(&self, index: i32, replay: F) -> Result<Rc<Partition>, i16>
+    pub async fn load<F, Fut>(&self, index: i32, replay: F) -> Result<Led, i16>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(Rc<Partition>, LeaderEpoch), i16>>,
@@ -142,9 +180,11 @@ impl PartitionLoads {
         let ev = Rc::new(Event::default());
         self.loading.borrow_mut().insert(index, ev.clone());
         let result = replay().await;
-        let result = result.map(|(p, epoch)| {
-            self.loaded.borrow_mut().insert(index, (p.clone(), epoch));
-            p
+        let result = result.map(|(part, epoch)| {
+            self.loaded
+                .borrow_mut()
+                .insert(index, (part.clone(), epoch));
+            Led { part, epoch }
         });
         self.loading.borrow_mut().remove(&index);
         ev.notify_all();
@@ -334,22 +374,20 @@ pub fn build_batch(records: Vec<NewRecord>, max_bytes: usize) -> Result<Bytes, i
 }
 
 /// Appends `batches` back to back — no other append of this shard lands between them —
-/// and waits until all are replicated (acks=all, see [`COORDINATOR_ACKS`]), or this node
-/// stops leading `part` (NOT_LEADER_OR_FOLLOWER). Returns the offset of the first record;
-/// errors are the append's (callers map them with [`WriteKind::code`]).
+/// and waits until all are replicated (acks=all, see [`COORDINATOR_ACKS`]), while this
+/// node leads `part` under the epoch its state was loaded at (else NOT_LEADER_OR_FOLLOWER,
+/// before appending or while waiting). Returns the offset of the first record; errors
+/// are the append's (callers map them with [`WriteKind::code`]).
 ///
 /// The log assigns an append's offsets in the append's first poll (its contract, see
 /// `storage::Log::append`), and every first poll runs here before this task yields. An
 /// append that did not take its offsets at once stops the rest (never out of order).
-pub async fn append_contiguous(part: &Partition, batches: Vec<Bytes>) -> Result<i64, i16> {
+pub async fn append_contiguous(part: &Led, batches: Vec<Bytes>) -> Result<i64, i16> {
     let now = now_ms();
-    let epoch = {
-        let r = part.replica();
-        if !r.is_leader() {
-            return Err(codes::NOT_LEADER_OR_FOLLOWER);
-        }
-        r.leader_epoch()
-    };
+    let epoch = part.epoch();
+    if !part.leads() {
+        return Err(codes::NOT_LEADER_OR_FOLLOWER);
+    }
     let first = part.log.log_end_offset().get();
     let mut waiting = Vec::with_capacity(batches.len());
     for batch in batches {
@@ -425,5 +463,51 @@ mod tests {
             TxnState.code(codes::REQUEST_TIMED_OUT),
             codes::COORDINATOR_NOT_AVAILABLE
         );
+    }
+
+    /// A coordinator task that outlived its leadership writes nothing, even once this
+    /// node leads the partition again: the state loaded under the newer epoch may have
+    /// moved on (another node's coordinator finished what the task was doing, and the
+    /// producer began anew), and the task's write would overwrite it.
+    #[test]
+    fn a_write_loaded_under_an_ended_leadership_is_refused_after_the_node_leads_again() {
+        use crate::partition::OpenWith;
+        use wire::NodeId;
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let seen = crate::storage::testing::run_on_shard(move || async move {
+            let with = OpenWith {
+                disk: crate::storage::Disk::Real,
+                lead_epoch: Some(LeaderEpoch(1)),
+            };
+            let topic = std::sync::Arc::from(crate::txn::TXN_TOPIC);
+            let configs = BTreeMap::new();
+            let part = Partition::open_on(&data, NodeId(1), topic, 0, 7, configs, with);
+            let part = Rc::new(part.await.expect("open"));
+            let (me, other) = (NodeId(1), NodeId(2));
+            part.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![me], &[me, other]));
+            let loads = PartitionLoads::default();
+            let first = loads.load(0, || async { Ok((part.clone(), LeaderEpoch(1))) });
+            let led = first.await.expect("loaded");
+            let record = || build_batch(vec![NewRecord::value(0, "v")], 1 << 20);
+            let wrote = append_contiguous(&led, vec![record().expect("batch")]).await;
+
+            part.update_replica(|r| r.become_follower(other, LeaderEpoch(2)));
+            part.update_replica(|r| r.become_leader(LeaderEpoch(3), vec![me], &[me, other]));
+            let late = append_contiguous(&led, vec![record().expect("batch")]).await;
+            (
+                wrote,
+                late,
+                loads.get(0).is_none(),
+                loads.stale(),
+                part.log.log_end_offset(),
+            )
+        });
+        let (wrote, late, unserved, stale, end) = seen;
+        assert_eq!(wrote, Ok(0));
+        assert_eq!(late, Err(codes::NOT_LEADER_OR_FOLLOWER));
+        assert!(unserved, "the old load is not served under the new epoch");
+        assert_eq!(stale, vec![0], "its coordinator must reload it");
+        assert_eq!(end, wire::Offset(1), "nothing appended by the late write");
     }
 }

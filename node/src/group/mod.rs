@@ -28,6 +28,7 @@ use bytes::Bytes;
 use glommio::channels::local_channel;
 use wire::{LeaderEpoch, Offset};
 
+use crate::coordinator::Led;
 use crate::partition::Partition;
 use crate::shard::context::ServiceContext;
 use crate::shard::now_ms;
@@ -283,7 +284,7 @@ impl Coordinators {
     async fn run(
         &self,
         ctx: &ServiceContext<'_>,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         op: GroupOp,
     ) -> GroupReply {
@@ -339,7 +340,7 @@ impl Coordinators {
     async fn join(
         &self,
         ctx: &ServiceContext<'_>,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         a: JoinArgs,
     ) -> GroupReply {
@@ -369,7 +370,7 @@ impl Coordinators {
     async fn sync(
         &self,
         ctx: &ServiceContext<'_>,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         a: SyncArgs,
     ) -> GroupReply {
@@ -402,7 +403,7 @@ impl Coordinators {
     /// new coordinator never hears of.
     async fn store_assignment(
         &self,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         group: &str,
         generation: i32,
@@ -432,7 +433,7 @@ impl Coordinators {
 
     async fn leave(
         &self,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         group: &str,
         members: Vec<(String, Option<String>)>,
@@ -459,7 +460,7 @@ impl Coordinators {
     }
 
     /// Checks, persists, then applies an offset commit; one code per offset.
-    async fn commit(&self, part: &Partition, s: &Settings, a: CommitArgs) -> GroupReply {
+    async fn commit(&self, part: &Led, s: &Settings, a: CommitArgs) -> GroupReply {
         let now = now_ms();
         let check = match self.groups.borrow().get(&a.group) {
             Some(g) => g.check_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
@@ -489,7 +490,7 @@ impl Coordinators {
     /// check), logged as a transactional batch, held until the producer's marker.
     async fn txn_commit(
         &self,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         a: CommitArgs,
         producer: (wire::ProducerId, wire::ProducerEpoch),
@@ -653,7 +654,7 @@ impl Coordinators {
     }
 
     /// DeleteGroups: only an empty group; its metadata and offsets get tombstones.
-    async fn delete(&self, part: &Partition, group: &str) -> i16 {
+    async fn delete(&self, part: &Led, group: &str) -> i16 {
         if !self.quiesce().await {
             return codes::COORDINATOR_LOAD_IN_PROGRESS;
         }
@@ -679,12 +680,7 @@ impl Coordinators {
     }
 
     /// OffsetDelete: refused per partition while the group's members subscribe to it.
-    async fn delete_offsets(
-        &self,
-        part: &Partition,
-        group: &str,
-        ps: Vec<(String, i32)>,
-    ) -> GroupReply {
+    async fn delete_offsets(&self, part: &Led, group: &str, ps: Vec<(String, i32)>) -> GroupReply {
         if !self.quiesce().await {
             return GroupReply::Codes(codes::COORDINATOR_LOAD_IN_PROGRESS, Vec::new());
         }
@@ -732,7 +728,7 @@ impl Coordinators {
     }
 
     /// Writes the group's metadata if the state machine changed it.
-    async fn store_if_dirty(&self, part: &Partition, group: &str) {
+    async fn store_if_dirty(&self, part: &Led, group: &str) {
         let value = {
             let mut groups = self.groups.borrow_mut();
             let Some(g) = groups.get_mut(group) else {
@@ -751,7 +747,7 @@ impl Coordinators {
 
     /// The open, replayed partition `index` of `__consumer_offsets` on this shard, while
     /// this node leads it.
-    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Led, i16> {
         self.partitions
             .load(index, || self.replay(ctx, index))
             .await
@@ -908,7 +904,7 @@ impl Coordinators {
     }
 
     /// The loaded partition that holds `group`.
-    fn partition_of(&self, group: &str) -> Option<Rc<Partition>> {
+    fn partition_of(&self, group: &str) -> Option<Led> {
         let index = partition_for(group, self.topic_partitions.get());
         self.partitions.get(index)
     }

@@ -13,8 +13,8 @@ use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
 use super::state::{Group, State};
 use crate::coordinator::{
-    WriteKind, append_contiguous, await_replicated, batch_bytes_max, build_batch, build_batches,
-    check_insync,
+    Led, WriteKind, append_contiguous, await_replicated, batch_bytes_max, build_batch,
+    build_batches, check_insync,
 };
 use crate::partition::Partition;
 use crate::shard::now_ms;
@@ -23,7 +23,7 @@ use crate::shard::now_ms;
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
 /// Appends group metadata `records` in as few batches as the batch limit allows, back to
 /// back, acknowledged once replicated; errors as Kafka maps them for group metadata.
-async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
+async fn append(part: &Led, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
     let kind = WriteKind::GroupMetadata;
     let batches =
         build_batches(records, batch_bytes_max(part), now_ms()).map_err(|c| kind.code(c))?;
@@ -39,7 +39,7 @@ async fn append(part: &Partition, records: Vec<(Bytes, Option<Bytes>)>) -> Resul
 /// INVALID_COMMIT_OFFSET_SIZE, as Kafka does, and nothing of it is written. Acknowledged
 /// once replicated (acks=all); errors as Kafka maps them for offset commits.
 pub async fn write_offsets(
-    part: &Partition,
+    part: &Led,
     group: &str,
     offsets: &[((String, i32), OffsetValue)],
 ) -> Result<(), i16> {
@@ -67,7 +67,7 @@ pub async fn write_offsets(
 /// the producer's id and epoch, applied only when the producer's COMMIT marker follows it
 /// in this partition (live: `Coordinators::complete_txn`; at load: `replay`).
 pub async fn write_txn_offsets(
-    part: &Partition,
+    part: &Led,
     group: &str,
     producer: (wire::ProducerId, wire::ProducerEpoch),
     offsets: &[((String, i32), OffsetValue)],
@@ -120,14 +120,14 @@ pub async fn write_txn_offsets(
 pub type PendingTxnOffsets = HashMap<wire::ProducerId, Vec<(String, (String, i32), OffsetValue)>>;
 
 /// Writes a group's metadata.
-pub async fn write_group(part: &Partition, group: &str, value: &GroupValue) -> Result<(), i16> {
+pub async fn write_group(part: &Led, group: &str, value: &GroupValue) -> Result<(), i16> {
     let record = (schema::group_key(group), Some(schema::group_value(value)));
     append(part, vec![record]).await
 }
 
 /// Deletes offsets (and the group's metadata if `whole_group`).
 pub async fn tombstones(
-    part: &Partition,
+    part: &Led,
     group: &str,
     offsets: &[(String, i32)],
     whole_group: bool,

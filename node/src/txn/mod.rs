@@ -40,7 +40,7 @@ use bytes::Bytes;
 use wire::batch::batch_records;
 use wire::{ProducerEpoch, ProducerId};
 
-use crate::coordinator::{PartitionLoads, append_contiguous, batch_bytes_max, build_batches};
+use crate::coordinator::{Led, PartitionLoads, append_contiguous, batch_bytes_max, build_batches};
 use crate::errors;
 use crate::partition::Partition;
 use crate::producer_state::partition::Marker;
@@ -292,7 +292,7 @@ impl Coordinators {
     async fn run(
         &self,
         ctx: &ServiceContext<'_>,
-        part: &Partition,
+        part: &Led,
         settings: &Settings,
         id: &str,
         op: TxnOp,
@@ -428,7 +428,7 @@ impl Coordinators {
     async fn init_producer_id(
         &self,
         ctx: &ServiceContext<'_>,
-        part: &Partition,
+        part: &Led,
         s: &Settings,
         id: &str,
         timeout_ms: i32,
@@ -473,12 +473,7 @@ impl Coordinators {
 
     /// Before a new epoch: a transaction still open is aborted (fencing its producer with
     /// the next epoch) or, if it was already ending, its markers are finished.
-    async fn finish_open(
-        &self,
-        part: &Partition,
-        id: &str,
-        m: TxnMetadata,
-    ) -> Result<TxnMetadata, i16> {
+    async fn finish_open(&self, part: &Led, id: &str, m: TxnMetadata) -> Result<TxnMetadata, i16> {
         match m.state {
             TxnState::Ongoing => self.fence_abort(part, id, m).await,
             TxnState::PrepareCommit | TxnState::PrepareAbort => self.complete(part, id, m).await,
@@ -488,12 +483,7 @@ impl Coordinators {
 
     /// Aborts an ongoing transaction with the producer's epoch bumped, so that the
     /// producer (a zombie, or one silent past its timeout) is fenced.
-    async fn fence_abort(
-        &self,
-        part: &Partition,
-        id: &str,
-        m: TxnMetadata,
-    ) -> Result<TxnMetadata, i16> {
+    async fn fence_abort(&self, part: &Led, id: &str, m: TxnMetadata) -> Result<TxnMetadata, i16> {
         let now = now_ms();
         let mut fenced = m.prepare(false, now);
         if m.producer_epoch.get() < EPOCH_MAX {
@@ -505,7 +495,7 @@ impl Coordinators {
 
     async fn add_partitions(
         &self,
-        part: &Partition,
+        part: &Led,
         id: &str,
         producer: (ProducerId, ProducerEpoch),
         partitions: Vec<(String, i32)>,
@@ -564,7 +554,7 @@ impl Coordinators {
     /// EndTxn: PrepareCommit/PrepareAbort logged, markers written, Complete* logged.
     async fn end_txn(
         &self,
-        part: &Partition,
+        part: &Led,
         id: &str,
         producer: (ProducerId, ProducerEpoch),
         commit: bool,
@@ -589,24 +579,22 @@ impl Coordinators {
     /// Writes the markers of a Prepare* transaction to all its partitions, then logs
     /// Complete*. If a marker cannot be written (after retries) the transaction stays in
     /// Prepare* for the ticker to finish, and the caller gets that error.
-    async fn complete(
-        &self,
-        part: &Partition,
-        id: &str,
-        m: TxnMetadata,
-    ) -> Result<TxnMetadata, i16> {
+    async fn complete(&self, part: &Led, id: &str, m: TxnMetadata) -> Result<TxnMetadata, i16> {
         assert!(m.state.is_preparing(), "markers for {:?}", m.state);
         let marker = Marker {
             producer_id: m.producer_id,
             producer_epoch: m.producer_epoch,
             commit: m.state == TxnState::PrepareCommit,
-            coordinator_epoch: part.leader_epoch().get(),
+            coordinator_epoch: part.epoch().get(),
         };
         let Some(writer) = self.markers.get() else {
             return Err(errors::COORDINATOR_NOT_AVAILABLE);
         };
+        // A coordinator that lost its partition writes no more markers (`write_marker`):
+        // the next leader's finishes the transaction, and by then its producer may have
+        // begun another one on a partition, which a late marker would end.
         for (topic, index) in &m.partitions {
-            write_marker(writer, topic, *index, marker).await?;
+            write_marker(writer, part, topic, *index, marker).await?;
         }
         let done = m.complete(now_ms());
         self.store(part, id, &done).await?;
@@ -615,7 +603,7 @@ impl Coordinators {
 
     /// Appends `m` for `id` and, once replicated (acks=all), makes it the state. Errors as
     /// Kafka's `TransactionStateManager` maps them.
-    async fn store(&self, part: &Partition, id: &str, m: &TxnMetadata) -> Result<(), i16> {
+    async fn store(&self, part: &Led, id: &str, m: &TxnMetadata) -> Result<(), i16> {
         let kind = crate::coordinator::WriteKind::TxnState;
         let records = vec![(schema::key(id), Some(schema::value(m)))];
         let batches =
@@ -646,7 +634,7 @@ impl Coordinators {
     }
 
     /// The open, replayed partition `index` of `__transaction_state` on this shard.
-    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Rc<Partition>, i16> {
+    async fn load(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Led, i16> {
         self.partitions
             .load(index, || self.replay(ctx, index))
             .await
@@ -757,7 +745,7 @@ impl Coordinators {
         true
     }
 
-    fn partition_of(&self, id: &str) -> Option<Rc<Partition>> {
+    fn partition_of(&self, id: &str) -> Option<Led> {
         let index = partition_for(id, self.topic_partitions.get());
         self.partitions.get(index)
     }
@@ -795,10 +783,12 @@ fn replay_batch(batch: &Bytes, loaded: &mut HashMap<String, TxnMetadata>) {
     }
 }
 
-/// Writes one marker, retrying a bounded number of times. A partition that no longer
-/// exists needs no marker (Kafka drops those too).
+/// Writes one marker, retrying a bounded number of times while the coordinator still
+/// leads `part` under the epoch its state was loaded at (NOT_COORDINATOR once it does
+/// not). A partition that no longer exists needs no marker (Kafka drops those too).
 async fn write_marker(
     writer: &MarkerWriter,
+    part: &Led,
     topic: &str,
     index: i32,
     marker: Marker,
@@ -806,6 +796,9 @@ async fn write_marker(
     let tp = (std::sync::Arc::from(topic), index);
     let mut last = errors::NONE;
     for _ in 0..MARKER_ATTEMPTS_MAX {
+        if !part.leads() {
+            return Err(errors::NOT_COORDINATOR);
+        }
         let deadline = Instant::now() + MARKER_CALL_TIMEOUT;
         last = writer.write(tp.clone(), marker, deadline).await;
         match last {
