@@ -11,7 +11,8 @@
 //!   [`REFUSED_RETRY`];
 //! - the leader's HW: learned (bounded by what this replica holds);
 //! - a diverging epoch (KIP-320): truncate where the leader's epoch ended — never blindly
-//!   to the HW — then fetch on;
+//!   to the HW —, or, for an epoch this log lacks, where its own largest epoch below that
+//!   one ends, and ask again (KIP-279, `Partition::divergence_cut`); then fetch on;
 //! - OFFSET_OUT_OF_RANGE: this log is past the leader's end or below its start: cut to
 //!   the leader's end, or restart empty at its start (ListOffsets with this replica id);
 //! - NOT_LEADER_OR_FOLLOWER, FENCED / UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION:
