@@ -32,6 +32,9 @@ pub const INVALID_UPDATE_VERSION: i16 = 108;
 pub const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 pub const FENCED_LEADER_EPOCH: i16 = 74;
 pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
+/// ListOffsets v5+ from a consumer while a new leader's HW is below where its epoch began
+/// (KIP-207): retriable.
+pub const OFFSET_NOT_AVAILABLE: i16 = 78;
 
 // Transactions (issue 13).
 pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;

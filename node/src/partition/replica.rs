@@ -318,6 +318,14 @@ impl ReplicaState {
         self.recompute_high_watermark();
     }
 
+    /// On a leader, where its epoch starts in its log.
+    pub fn epoch_start(&self) -> Option<Offset> {
+        match &self.role {
+            Role::Leader(l) => Some(l.epoch_start),
+            Role::Follower { .. } => None,
+        }
+    }
+
     /// On a leader: its epoch starts at `start` in its log (the epoch cache's entry, which
     /// counts appends still being written when it became leader).
     pub fn epoch_started_at(&mut self, start: Offset) {
@@ -535,6 +543,11 @@ mod tests {
         r.restore_high_watermark(Some(Offset(9)), Offset(0));
         r.become_leader(LeaderEpoch(2), vec![b, a], &[a, b, c]);
         assert_eq!(r.high_watermark(), Offset(9));
+        assert_eq!(
+            r.epoch_start(),
+            Some(Offset(10)),
+            "ListOffsets waits for it too"
+        );
         r.follower_fetched(c, BrokerEpoch(1), Offset(9), Offset(10), 0);
         assert_eq!(
             r.wanted_isr(1, 30_000, |_, _| true),
