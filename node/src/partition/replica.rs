@@ -39,6 +39,12 @@ pub struct LeaderState {
     /// HW, learned as a follower, can lag what the old leader acknowledged, and a replica
     /// caught up only to that lagging HW may lack acknowledged records.
     epoch_start: Offset,
+    /// Followers an ISR change proposed to the controller would add, until it is applied
+    /// or fails. The HW waits for them as for members (Kafka's "maximal ISR"): a joiner
+    /// qualified by holding everything up to the HW when the change was proposed, and
+    /// once committed it is an ISR member the controller may elect, so the HW must not
+    /// pass it meanwhile.
+    joining: Vec<NodeId>,
 }
 
 /// One follower, as the leader sees it.
@@ -136,6 +142,7 @@ impl ReplicaState {
                 isr: vec![local],
                 followers: BTreeMap::new(),
                 epoch_start: Offset(0),
+                joining: Vec::new(),
             }),
             leader_epoch: SOLE_LEADER_EPOCH,
             partition_epoch: 0,
@@ -289,6 +296,7 @@ impl ReplicaState {
         let hw = l
             .isr
             .iter()
+            .chain(&l.joining)
             .filter(|n| **n != self.local)
             .map(|n| l.followers.get(n).map_or(Offset(0), |f| f.log_end))
             .fold(self.log_end, Ord::min);
@@ -314,6 +322,7 @@ impl ReplicaState {
             isr,
             followers,
             epoch_start: self.log_end,
+            joining: Vec::new(),
         });
         self.recompute_high_watermark();
     }
@@ -434,6 +443,7 @@ impl ReplicaState {
         }
         crate::metrics::isr_changed(&l.isr, &isr);
         l.isr = isr;
+        l.joining.clear();
         self.recompute_high_watermark();
     }
 
@@ -486,6 +496,23 @@ impl ReplicaState {
         let mut current = l.isr.clone();
         current.sort();
         (wanted != current).then_some(wanted)
+    }
+
+    /// On a leader: `isr` is being proposed to the controller; the followers it adds
+    /// count for the HW from now on (see `LeaderState::joining`).
+    pub fn isr_proposed(&mut self, isr: &[NodeId]) {
+        if let Role::Leader(l) = &mut self.role {
+            l.joining = isr.iter().filter(|n| !l.isr.contains(n)).copied().collect();
+        }
+    }
+
+    /// On a leader: the proposal was refused or not answered; its joiners count no more.
+    /// (A committed one arrives as an assignment, which replaces the ISR.)
+    pub fn isr_proposal_failed(&mut self) {
+        if let Role::Leader(l) = &mut self.role {
+            l.joining.clear();
+        }
+        self.recompute_high_watermark();
     }
 
     /// The broker epochs a proposal of `isr` names: each joining follower's, from the
@@ -556,6 +583,42 @@ mod tests {
         );
         r.follower_fetched(c, BrokerEpoch(1), Offset(10), Offset(10), 0);
         assert_eq!(r.wanted_isr(1, 30_000, |_, _| true), Some(vec![a, b, c]));
+    }
+
+    /// While a change adding a follower is proposed, the HW waits for that follower as
+    /// for a member: once the change commits, the controller may elect it, and it must
+    /// hold everything acknowledged.
+    #[test]
+    fn the_hw_waits_for_a_follower_whose_joining_is_proposed() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let mut r = ReplicaState::sole(a, Offset(10));
+        r.become_leader(LeaderEpoch(1), vec![a, b], &[a, b, c]);
+        r.follower_fetched(b, BrokerEpoch(1), Offset(10), Offset(10), 0);
+        r.follower_fetched(c, BrokerEpoch(1), Offset(10), Offset(10), 0);
+        assert_eq!(r.high_watermark(), Offset(10));
+        let wanted = r.wanted_isr(1, 30_000, |_, _| true).expect("c joins");
+        r.isr_proposed(&wanted);
+        r.local_log_end(Offset(20));
+        r.follower_fetched(b, BrokerEpoch(1), Offset(20), Offset(20), 2);
+        assert_eq!(r.high_watermark(), Offset(10), "c, joining, holds only 10");
+        r.follower_fetched(c, BrokerEpoch(1), Offset(15), Offset(20), 3);
+        assert_eq!(r.high_watermark(), Offset(15));
+        // Refused: c counts no more.
+        r.isr_proposal_failed();
+        assert_eq!(r.high_watermark(), Offset(20));
+        // Proposed again and committed: c is a member.
+        r.isr_proposed(&wanted);
+        let committed = Assignment {
+            replicas: vec![a, b, c],
+            leader: Some(a),
+            leader_epoch: LeaderEpoch(1),
+            isr: wanted.clone(),
+            partition_epoch: 2,
+        };
+        r.apply(&committed, 4);
+        r.local_log_end(Offset(30));
+        r.follower_fetched(b, BrokerEpoch(1), Offset(30), Offset(30), 5);
+        assert_eq!(r.high_watermark(), Offset(20), "c, a member, holds 20");
     }
 
     /// An ISR change names the broker epoch of each follower it adds, from the fetches

@@ -297,6 +297,10 @@ impl Shard {
             if !self.isr_proposing.borrow_mut().insert(proposal.tp.clone()) {
                 continue;
             }
+            let part = self.partitions.borrow().get(&proposal.tp).cloned();
+            if let Some(p) = &part {
+                p.update_replica(|r| r.isr_proposed(&proposal.isr));
+            }
             let shard = self.clone();
             glommio::spawn_local(async move {
                 let tp = proposal.tp.clone();
@@ -316,8 +320,14 @@ impl Shard {
                         .collect(),
                 };
                 let out = shard.node.controller.submit(&shard.node, cmd).await;
-                if let crate::controller::Outcome::Done(Err((code, why))) = out {
+                let committed = matches!(out, crate::controller::Outcome::Done(Ok(_)));
+                if let crate::controller::Outcome::Done(Err((code, why))) = &out {
                     tracing::info!(topic = %tp.0, partition = tp.1, code, "ISR change not applied: {why}");
+                }
+                // A committed change arrives as an assignment, which replaces the ISR and
+                // its joiners; otherwise they stop counting for the HW here.
+                if let (false, Some(p)) = (committed, &part) {
+                    p.update_replica(|r| r.isr_proposal_failed());
                 }
                 shard.isr_proposing.borrow_mut().remove(&tp);
             })
