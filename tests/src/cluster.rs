@@ -386,6 +386,23 @@ impl FaultNet {
         }
     }
 
+    /// Applies `mode` to everything between the nodes of `side` and the others (a network
+    /// split: each side still reaches its own members). Clients (the test) reach all.
+    pub fn split(&self, side: &[i32], mode: Mode) {
+        for ((from, to), p) in &self.links {
+            if side.contains(from) != side.contains(to) {
+                p.set_mode(mode);
+            }
+        }
+        let n = self.listeners.len() as i32;
+        for a in side {
+            for b in (1..=n).filter(|b| !side.contains(b)) {
+                self.cut_fetches(*a, b, mode);
+                self.cut_fetches(b, *a, mode);
+            }
+        }
+    }
+
     /// Everything passes again; what a blackhole held flows on (a short cut: TCP
     /// delivers it late).
     pub fn heal(&self) {

@@ -457,6 +457,59 @@ fn a_cut_off_controller_is_replaced_cannot_commit_and_catches_up_when_healed() {
     minority_cut(true);
 }
 
+/// 5 voters split 2 | 3, the controller on the minority side with one other node. openraft
+/// keeps the cut-off controller calling itself leader, and the other node's heartbeats
+/// reach it; they must not renew that node's lease past what the majority's fence of it
+/// expects, or it would acknowledge writes to a partition the majority has moved.
+#[test]
+fn a_node_cut_off_with_a_stale_controller_stops_acknowledging_before_its_partitions_move() {
+    let (mut c, net) = Cluster::start_faulty(5, &[]).expect("start cluster");
+    c.wait_agreed(5, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(
+        cluster::create_topic(addr, "before", 5, 3).expect("create"),
+        NONE
+    );
+    c.wait_agreed(5, AGREE_TIMEOUT, |m| {
+        (0..5).all(|p| placement(m, "before", p).is_some_and(|(l, isr)| l > 0 && isr.len() == 3))
+    })
+    .expect("agree on the topic");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let m = c.metadata(controller).expect("metadata");
+    // d: another node leading a partition whose other replicas are all on the other side.
+    let (d, led_by_d) = (0..5)
+        .filter_map(|p| placement(&m, "before", p).map(|(l, isr)| (p, l, isr)))
+        .find(|(_, l, isr)| *l != controller && !isr.contains(&controller))
+        .map(|(p, l, _)| (l, p))
+        .expect("a partition led away from the controller, without it in the ISR");
+    let minority = [controller, d];
+    let majority: Vec<i32> = (1..=5).filter(|id| !minority.contains(id)).collect();
+
+    net.split(&minority, Mode::Blackhole);
+    let t0 = Instant::now();
+    c.wait_agreed_among(Some(&majority), 3, AGREE_TIMEOUT, |m| {
+        majority.contains(&m.controller_id.0)
+            && placement(m, "before", led_by_d).is_some_and(|(l, _)| majority.contains(&l))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", logs(&mut c)));
+    println!(
+        "split: the majority moved partition {led_by_d} from node {d} after {:?}",
+        t0.elapsed()
+    );
+    let mut conn =
+        RawConn::connect_timeout(c.node(d).addr(), Duration::from_secs(30)).expect("connect");
+    let batch = raw::record_batch(&[b"to-the-minority".to_vec()], Compression::None);
+    let one = conn
+        .produce("before", led_by_d, 1, batch.expect("batch"))
+        .expect("produce acks=1");
+    println!("acks=1 to node {d} on the minority side: {one:?} (error, base offset)");
+    assert_eq!(
+        one.0, NOT_LEADER_OR_FOLLOWER,
+        "a node whose controller lost its quorum holds no lease"
+    );
+    net.heal();
+}
+
 /// How long the half-healed node is watched once the controller answers it again:
 /// many heartbeat intervals (200 ms) and well past its registration.
 const HALF_HEALED_WATCH: Duration = Duration::from_secs(4);

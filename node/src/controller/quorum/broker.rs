@@ -129,8 +129,14 @@ async fn heartbeats(b: Arc<Broker>) {
                     // Only live, and with the image installed first: a node back from a
                     // cut must not lead partitions its old image names it leader of
                     // (see the voters' `renew_when_caught_up`).
-                    if answer.live && b.have.load(Ordering::Acquire) >= answer.applied {
-                        b.handle.renew_lease(sent);
+                    // From the leader's last quorum ack at the latest (see
+                    // `HeartbeatAnswer::quorum_ack_age_ms`).
+                    let age = Duration::from_millis(answer.quorum_ack_age_ms);
+                    let from = sent.checked_sub(age);
+                    if let (true, Some(from)) = (answer.live, from)
+                        && b.have.load(Ordering::Acquire) >= answer.applied
+                    {
+                        b.handle.renew_lease(from);
                     }
                     answered = true;
                     break;

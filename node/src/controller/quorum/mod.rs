@@ -576,13 +576,20 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             epoch,
         } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port, epoch).map(|live| {
             // Read after `live` was decided from the image: a fence applied in between
-            // is in what the node must catch up to.
-            let applied = ctx
-                .raft
-                .metrics()
-                .borrow()
-                .last_applied
-                .map_or(0, |l| l.index);
+            // is in what the node must catch up to. The answer renews a lease only from
+            // a leader that a quorum acknowledged and that has applied an entry of its
+            // own term (so its image holds everything its predecessors committed, fences
+            // included): a leader cut off with a minority keeps calling itself leader.
+            let (applied, authority) = {
+                let m = ctx.raft.metrics();
+                let m = m.borrow();
+                let caught_up = m
+                    .last_applied
+                    .is_some_and(|l| l.leader_id.term == m.current_term);
+                let authority = m.millis_since_quorum_ack.filter(|_| caught_up);
+                (m.last_applied.map_or(0, |l| l.index), authority)
+            };
+            let live = live && authority.is_some();
             // Index read before the image: the image holds at least what it says.
             let behind = have.is_some_and(|h| h < applied);
             let image = behind.then(|| net::ImageUpdate {
@@ -593,6 +600,7 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
                 image,
                 applied,
                 live,
+                quorum_ack_age_ms: authority.unwrap_or(0),
             }
         })),
     }
@@ -754,6 +762,9 @@ async fn renew_when_caught_up(
     if !answer.live {
         return false;
     }
+    let Some(sent) = sent.checked_sub(Duration::from_millis(answer.quorum_ack_age_ms)) else {
+        return false;
+    };
     let waited = ctx
         .raft
         .wait(Some(ctx.config.heartbeat_interval))

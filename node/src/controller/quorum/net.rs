@@ -107,6 +107,12 @@ pub struct HeartbeatAnswer {
     /// of it under way. A node that is not renews no lease: it registers first, and its
     /// image may still name it leader of partitions that were moved.
     pub live: bool,
+    /// How long before answering the leader last heard from a quorum. The node's lease
+    /// runs from its heartbeat's send time less this: it can be no fresher than the
+    /// leader's own authority, so a leader cut off with a minority (which openraft does
+    /// not step down) renews no lease past the one its successor's fence expects.
+    #[serde(default)]
+    pub quorum_ack_age_ms: u64,
 }
 
 /// The committed image sent to a broker-only node (it runs no Raft).
