@@ -506,6 +506,11 @@ fn assigned(
             .copied()
             .filter(|r| live.contains(r))
             .collect();
+        // With no live replica the partition would start with an empty ISR, which no
+        // election can ever fill (Kafka refuses such an assignment the same way).
+        if isr.is_empty() {
+            return bad(format!("partition {p}: every node named is fenced"));
+        }
         out.push(PartitionAssignment {
             leader: isr.first().copied().unwrap_or(-1),
             leader_epoch: 0,
@@ -878,6 +883,45 @@ mod tests {
         assert_eq!(apply(&mut c, &register(2), true), (Outcome::Noted, true));
         assert_eq!(c.nodes[&2].broker_epoch, 2);
         assert_eq!(c.topics["t"].assignment, before);
+    }
+
+    /// An explicit assignment naming only fenced nodes would start with an empty ISR that
+    /// no election fills: refused (INVALID_REPLICA_ASSIGNMENT), as Kafka does; one live
+    /// node in it is enough.
+    #[test]
+    fn an_explicit_assignment_onto_fenced_nodes_only_is_refused() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        for id in [2, 3] {
+            apply(&mut c, &Command::FenceNode { id }, true);
+        }
+        let with = |assignments: Vec<Vec<i32>>| {
+            let Command::CreateTopics {
+                mut topics,
+                max_partitions,
+            } = topic("t", 1, 2)
+            else {
+                unreachable!("topic() builds CreateTopics");
+            };
+            topics[0].assignments = assignments;
+            topics[0].replication_factor = -1;
+            Command::CreateTopics {
+                topics,
+                max_partitions,
+            }
+        };
+        let (out, changed) = apply(&mut c, &with(vec![vec![2, 3]]), true);
+        assert!(!changed);
+        assert!(
+            matches!(&out, Outcome::Created(r) if matches!(r[0], Err((code, _)) if code == errors::INVALID_REPLICA_ASSIGNMENT)),
+            "{out:?}"
+        );
+        let (out, changed) = apply(&mut c, &with(vec![vec![2, 1]]), true);
+        assert!(changed, "{out:?}");
+        let a = &c.topics["t"].assignment[0];
+        assert_eq!((a.leader, a.isr.clone()), (1, vec![1]));
     }
 
     /// KIP-903: an ISR change naming a member's broker epoch is refused once that node
