@@ -462,11 +462,18 @@ fn refuse_internal(name: &str, what: &str) -> Result<(), TopicError> {
     Ok(())
 }
 
-/// Deletes a topic: catalogue first, then every shard closes and removes its partitions.
-pub async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<u128, TopicError> {
+/// Deletes topic `name` with id `id` (by default the id the name has here):
+/// catalogue first, then every shard closes and removes its partitions.
+pub async fn delete_topic(
+    shard: &Rc<Shard>,
+    name: &str,
+    id: Option<u128>,
+) -> Result<u128, TopicError> {
     refuse_internal(name, "delete")?;
+    let id = id.or_else(|| shard.catalog().topics.get(name).map(|t| t.id));
     let cmd = Command::DeleteTopic {
         name: name.to_string(),
+        id,
     };
     let id = match shard.node.controller.submit(&shard.node, cmd).await {
         Outcome::Deleted(outcome) => outcome?,
@@ -507,7 +514,8 @@ pub async fn delete_topics(shard: &Rc<Shard>, req: DeleteTopicsRequest) -> Delet
             None => r = r.with_error_code(errors::UNKNOWN_TOPIC_ID),
             Some(n) => {
                 r = r.with_name(Some(topic_name(&n)));
-                match delete_topic(shard, &n).await {
+                let by_id = (!id.is_nil()).then(|| id.as_u128());
+                match delete_topic(shard, &n, by_id).await {
                     Ok(id) => r = r.with_topic_id(Uuid::from_u128(id)),
                     Err((code, msg)) => {
                         r = r

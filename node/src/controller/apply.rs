@@ -38,6 +38,12 @@ pub enum Command {
     },
     DeleteTopic {
         name: String,
+        /// The topic the request meant (by id, or the id its name had where the request
+        /// was handled): another topic of the same name — the deleted one created again
+        /// meanwhile, when a forward is retried or an image is behind — is not deleted.
+        /// `None` (an older binary's entry): by name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u128>,
     },
     CreatePartitions {
         name: String,
@@ -67,13 +73,9 @@ pub enum Command {
         epoch: i64,
     },
     /// A node's lease expired: it leads nothing any more.
-    FenceNode {
-        id: i32,
-    },
+    FenceNode { id: i32 },
     /// The first controller names the cluster.
-    InitCluster {
-        id: String,
-    },
+    InitCluster { id: String },
     /// A partition leader asks for a new ISR (Kafka's AlterPartition): applied only if the
     /// record is still the one the leader saw (same leader, leader epoch and partition
     /// epoch) and the ISR is made of the partition's replicas, the leader among them.
@@ -121,9 +123,7 @@ pub enum Command {
     /// Preferred-leader election (Kafka's auto leader rebalance and ElectLeaders
     /// PREFERRED): each listed partition (topic, topic id, index) whose first replica is
     /// live, in the ISR and not leading gets it as leader.
-    ElectPreferred {
-        partitions: Vec<PartitionRef>,
-    },
+    ElectPreferred { partitions: Vec<PartitionRef> },
 }
 
 /// A partition named in a command: (topic, topic id, partition index).
@@ -227,13 +227,19 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             topics,
             max_partitions,
         } => create_topics(c, topics, *max_partitions, cluster),
-        Command::DeleteTopic { name } => match c.topics.remove(name) {
-            Some(t) => (Outcome::Deleted(Ok(t.id)), true),
-            None => (
-                Outcome::Deleted(Err(meta_error(MetaError::UnknownTopic(name.clone())))),
-                false,
-            ),
-        },
+        Command::DeleteTopic { name, id } => {
+            let meant = c
+                .topics
+                .get(name)
+                .is_some_and(|t| id.is_none_or(|id| t.id == id));
+            match meant.then(|| c.topics.remove(name)).flatten() {
+                Some(t) => (Outcome::Deleted(Ok(t.id)), true),
+                None => (
+                    Outcome::Deleted(Err(meta_error(MetaError::UnknownTopic(name.clone())))),
+                    false,
+                ),
+            }
+        }
         Command::CreatePartitions {
             name,
             count,
@@ -883,6 +889,46 @@ mod tests {
         assert_eq!(apply(&mut c, &register(2), true), (Outcome::Noted, true));
         assert_eq!(c.nodes[&2].broker_epoch, 2);
         assert_eq!(c.topics["t"].assignment, before);
+    }
+
+    /// A delete names the topic it meant by id: a retried forward, or one handled where
+    /// the image was behind, does not delete a topic created again under the same name.
+    #[test]
+    fn a_delete_of_a_topic_id_leaves_its_successor_of_the_same_name() {
+        let mut c = Catalog::default();
+        node(&mut c, 1);
+        apply(&mut c, &topic("t", 1, 1), true);
+        let delete = |id| Command::DeleteTopic {
+            name: "t".into(),
+            id,
+        };
+        assert_eq!(
+            apply(&mut c, &delete(Some(7)), true),
+            (Outcome::Deleted(Ok(7)), true)
+        );
+        let Command::CreateTopics {
+            mut topics,
+            max_partitions,
+        } = topic("t", 1, 1)
+        else {
+            unreachable!("topic() builds CreateTopics");
+        };
+        topics[0].meta.id = 8;
+        apply(
+            &mut c,
+            &Command::CreateTopics {
+                topics,
+                max_partitions,
+            },
+            true,
+        );
+        let (out, changed) = apply(&mut c, &delete(Some(7)), true);
+        assert!(!changed, "{out:?}");
+        assert_eq!(c.topics["t"].id, 8, "the successor stays");
+        assert_eq!(
+            apply(&mut c, &delete(None), true),
+            (Outcome::Deleted(Ok(8)), true)
+        );
     }
 
     /// An explicit assignment naming only fenced nodes would start with an empty ISR that

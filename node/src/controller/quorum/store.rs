@@ -481,6 +481,7 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Command::DeleteTopic {
                 name: format!("t{index}"),
+                id: None,
             }),
         };
         let body = serde_json::to_vec(&entry).expect("encode");
