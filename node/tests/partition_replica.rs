@@ -1179,3 +1179,27 @@ fn a_log_whose_start_file_is_empty_still_opens() {
         );
     });
 }
+
+/// A fenced producer's late transactional offset commit (its epoch older than the one the
+/// partition's last marker carried) is refused: appended, it would open a transaction
+/// that no coordinator ends, holding the LSO of `__consumer_offsets` forever.
+#[test]
+fn a_transactional_append_from_a_fenced_producer_epoch_is_refused() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let p = open(root.path(), LEADER, 1).await;
+        let first = p.append_coordinator(txn_batch(9, 1), NOW_MS).await;
+        assert_eq!(first, Ok(Offset(0)));
+        let fencing_abort = Marker {
+            producer_epoch: ProducerEpoch(1),
+            ..abort_of(9)
+        };
+        assert_eq!(p.write_marker(fencing_abort, NOW_MS).await, errors::NONE);
+        let late = p.append_coordinator(txn_batch(9, 1), NOW_MS).await;
+        assert_eq!(late, Err(errors::INVALID_PRODUCER_EPOCH));
+        assert!(!p.producers.has_open_txn(ProducerId(9)));
+        assert_eq!(p.last_stable_offset(), p.high_watermark());
+        assert_eq!(p.log.log_end_offset(), Offset(2), "nothing appended");
+    });
+}

@@ -97,7 +97,10 @@ pub async fn write_txn_offsets(
         return Err(codes::INVALID_COMMIT_OFFSET_SIZE);
     }
     let kind = WriteKind::Offsets;
-    let epoch = part.leader_epoch();
+    let epoch = part.epoch();
+    if !part.leads() {
+        return Err(kind.code(crate::errors::NOT_LEADER_OR_FOLLOWER));
+    }
     check_insync(part).map_err(|c| kind.code(c))?;
     // The batch is built at base offset 0: its next offset is its record count.
     let count = wire::batch::read_header(&batch)

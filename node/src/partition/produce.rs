@@ -329,11 +329,16 @@ impl Partition {
         };
         self.validate(&records).map_err(|(code, _)| code)?;
         self.note_epoch(epoch, self.log.log_end_offset())?;
-        let info = self
+        let appended = self
             .producers
             .append_unchecked(&self.log, records, epoch, now_ms)
             .await
             .map_err(|e| storage_error_code(&e))?;
+        let info = match appended {
+            ProducerAppend::Appended(info) => info,
+            ProducerAppend::Rejected(code) => return Err(code),
+            ProducerAppend::Duplicate(_) => return Err(errors::UNKNOWN_SERVER_ERROR),
+        };
         self.log_grew(info.last_offset.add(1));
         Ok(info.first_offset)
     }

@@ -155,19 +155,35 @@ impl PartitionProducers {
     /// The broker's own append of a batch it built (a coordinator's transactional offset
     /// commit: producer id and epoch, no sequence): no sequence check, but the batch is
     /// recorded, so a transactional one opens the producer's transaction here.
+    ///
+    /// A producer epoch older than the one this partition knows is refused
+    /// (INVALID_PRODUCER_EPOCH, nothing appended), as for markers: a fenced producer's
+    /// late TxnOffsetCommit would open a transaction that no coordinator will ever end,
+    /// holding the partition's LSO (and its compaction) forever.
     pub async fn append_unchecked(
         &self,
         log: &Log,
         records: BytesMut,
         epoch: LeaderEpoch,
         now_ms: i64,
-    ) -> Result<AppendInfo, StorageError> {
+    ) -> Result<ProducerAppend, StorageError> {
         self.follow_truncation(log, now_ms).await?;
         let Some((header, 1)) = idempotent_header(&records) else {
-            return log.append(records, epoch, now_ms).await;
+            let info = log.append(records, epoch, now_ms).await?;
+            return Ok(ProducerAppend::Appended(info));
         };
-        self.append_checked(log, records, &header, epoch, now_ms)
-            .await
+        let known = self
+            .table
+            .borrow()
+            .get(header.producer_id())
+            .map(|e| e.epoch());
+        if known.is_some_and(|e| header.producer_epoch() < e) {
+            return Ok(ProducerAppend::Rejected(super::INVALID_PRODUCER_EPOCH));
+        }
+        let info = self
+            .append_checked(log, records, &header, epoch, now_ms)
+            .await?;
+        Ok(ProducerAppend::Appended(info))
     }
 
     /// A follower's append of its leader's batches: no check (the leader checked them),
