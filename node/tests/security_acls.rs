@@ -733,3 +733,71 @@ fn authorized_operations_are_the_principals_bitmasks() {
         )
     );
 }
+
+/// An incremental fetch session reads its partitions without the request naming them:
+/// each is authorized on every fetch, so a Read ACL deleted after the session began stops
+/// the reads (TOPIC_AUTHORIZATION_FAILED), as Kafka does.
+#[test]
+fn a_fetch_session_stops_reading_a_topic_once_its_read_acl_is_deleted() {
+    let b = start(&[]);
+    let mut admin = login(&b, "admin");
+    assert_eq!(create_topics(&mut admin, &["watched"]), vec![0]);
+    let allow = acl(TOPIC, "watched", LITERAL, "User:alice", READ, ALLOW);
+    assert_eq!(create_acls(&mut admin, vec![allow]), vec![0]);
+    assert_eq!(produce(&mut admin, "watched"), 0);
+    let mut alice = login(&b, "alice");
+    let session_fetch = |c: &mut Client, session: i32, epoch: i32, topics: Vec<FetchTopic>| {
+        let req = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(0)
+            .with_max_bytes(1 << 20)
+            .with_session_id(session)
+            .with_session_epoch(epoch)
+            .with_topics(topics);
+        let resp: FetchResponse = c.call(api::FETCH, 12, &req);
+        resp
+    };
+    let p = FetchPartition::default()
+        .with_partition(0)
+        .with_fetch_offset(0)
+        .with_partition_max_bytes(1 << 20);
+    let t = FetchTopic::default()
+        .with_topic(TopicName(s("watched")))
+        .with_partitions(vec![p]);
+    let full = session_fetch(&mut alice, 0, 0, vec![t]);
+    assert_eq!(full.error_code, 0);
+    assert!(full.session_id > 0, "a session was opened");
+    assert_eq!(full.responses[0].partitions[0].error_code, 0);
+    assert!(full.responses[0].partitions[0].records.is_some());
+
+    let filter = DeleteAclsFilter::default()
+        .with_resource_type_filter(TOPIC)
+        .with_pattern_type_filter(MATCH)
+        .with_resource_name_filter(Some(s("watched")))
+        .with_principal_filter(Some(s("User:alice")))
+        .with_host_filter(None)
+        .with_operation(ANY)
+        .with_permission_type(ANY);
+    let resp: DeleteAclsResponse = admin.call(
+        api::DELETE_ACLS,
+        3,
+        &DeleteAclsRequest::default().with_filters(vec![filter]),
+    );
+    assert_eq!(resp.filter_results[0].matching_acls.len(), 1);
+    assert_eq!(produce(&mut admin, "watched"), 0, "new data to read");
+
+    let next = session_fetch(&mut alice, full.session_id, 1, Vec::new());
+    let answers: Vec<(i32, i16, bool)> = next
+        .responses
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .map(|p| {
+            (
+                p.partition_index,
+                p.error_code,
+                p.records.as_ref().is_some_and(|r| !r.is_empty()),
+            )
+        })
+        .collect();
+    assert_eq!(answers, vec![(0, TOPIC_DENIED, false)], "{next:?}");
+}

@@ -64,10 +64,22 @@ struct Wanted {
     topic_id: u128,
     /// False for a topic id the catalogue does not know: answered UNKNOWN_TOPIC_ID.
     known: bool,
+    /// This connection may not read it (now): answered TOPIC_AUTHORIZATION_FAILED. The
+    /// request's own topics are checked before the session sees them; this covers the
+    /// partitions an incremental session reads without the request naming them, so an
+    /// ACL removed after the session began takes effect, as in Kafka.
+    denied: bool,
     offset: Offset,
     max_bytes: usize,
     current_epoch: LeaderEpoch,
     last_fetched_epoch: LeaderEpoch,
+}
+
+impl Wanted {
+    /// Whether the partition is read (known and allowed).
+    fn readable(&self) -> bool {
+        self.known && !self.denied
+    }
 }
 
 /// The replica id of a follower's fetch (v15 moved it into `replica_state`), -1 for a
@@ -115,8 +127,20 @@ pub async fn handle(
 ) -> Result<Response, WireError> {
     let mut fetch: FetchRequest = proto::decode(req)?;
     let denied = authorize(shard, &mut fetch, req.version, authz);
-    let (mut parts, hold) = respond(shard, req.version, fetch).await;
+    let (mut parts, hold) = respond(shard, req.version, fetch, authz).await;
     for (topic, topic_id, partitions) in denied {
+        // A partition the session answered already (refused there too) is not repeated.
+        let answered = |index: &i32| {
+            parts.topics.iter().any(|t| {
+                t.topic == topic
+                    && t.topic_id == topic_id
+                    && t.partitions.iter().any(|p| p.partition_index == *index)
+            })
+        };
+        let partitions: Vec<i32> = partitions.into_iter().filter(|i| !answered(i)).collect();
+        if partitions.is_empty() {
+            continue;
+        }
         parts.topics.push(FetchTopicResponse {
             topic,
             topic_id,
@@ -182,7 +206,12 @@ fn shard_budget_bytes(config: &Config) -> u64 {
     (config.fetch_response_buffer_max_bytes / config.shards.max(1) as u64).max(1)
 }
 
-async fn respond(shard: &Rc<Shard>, version: i16, req: FetchRequest) -> (FetchResponseParts, Hold) {
+async fn respond(
+    shard: &Rc<Shard>,
+    version: i16,
+    req: FetchRequest,
+    authz: &Authz<'_>,
+) -> (FetchResponseParts, Hold) {
     let reader = reader_of(&req, version);
     let catalog = shard.catalog();
     let ids = topic_ids(&catalog);
@@ -219,9 +248,18 @@ async fn respond(shard: &Rc<Shard>, version: i16, req: FetchRequest) -> (FetchRe
         };
         return (parts, Hold::empty());
     }
+    let follower = matches!(reader, ReadFor::Follower(..));
+    let allowed = |name: &str| match follower {
+        true => authz.cluster(Operation::ClusterAction),
+        false => authz.topic(Operation::Read, name),
+    };
     let wanted: Vec<Wanted> = to_read
         .iter()
-        .map(|(key, params)| wanted_of(key, params, &ids))
+        .map(|(key, params)| {
+            let mut w = wanted_of(key, params, &ids);
+            w.denied = authz.enabled() && w.known && !allowed(&w.tp.0);
+            w
+        })
         .collect();
     let (outcomes, hold) = poll(shard, &req, &wanted, reader).await;
     let answers: Vec<Answer> = outcomes.iter().map(answer_of).collect();
@@ -342,6 +380,7 @@ fn wanted_of(key: &PartKey, p: &FetchParams, ids: &HashMap<u128, Arc<str>>) -> W
         tp: (name, key.1),
         topic_id,
         known,
+        denied: false,
         offset: p.offset,
         max_bytes: p.max_bytes,
         current_epoch: p.current_epoch,
@@ -406,7 +445,7 @@ fn requested_partitions(req: &FetchRequest, version: i16) -> Vec<(PartKey, Fetch
 fn by_owner(shard: &Shard, wanted: &[Wanted]) -> Vec<(ShardId, Vec<usize>)> {
     let mut groups: Vec<(ShardId, Vec<usize>)> = Vec::new();
     let mut index: BTreeMap<ShardId, usize> = BTreeMap::new();
-    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| w.known) {
+    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| w.readable()) {
         let owner = shard.router.owner(&w.tp.0, w.tp.1);
         let g = *index.entry(owner).or_insert_with(|| {
             groups.push((owner, Vec::new()));
@@ -432,9 +471,10 @@ async fn read_all(
     let mut read = Read {
         outcomes: wanted
             .iter()
-            .map(|w| match w.known {
-                true => FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR),
-                false => FetchOutcome::refused(errors::UNKNOWN_TOPIC_ID),
+            .map(|w| match (w.known, w.denied) {
+                (false, _) => FetchOutcome::refused(errors::UNKNOWN_TOPIC_ID),
+                (true, true) => FetchOutcome::refused(errors::TOPIC_AUTHORIZATION_FAILED),
+                (true, false) => FetchOutcome::refused(errors::UNKNOWN_SERVER_ERROR),
             })
             .collect(),
         hold: Hold::empty(),
@@ -528,7 +568,7 @@ fn wait_list(
         // Only partitions read to their end can be woken by new data. A partition left
         // empty by the response budget has data already: it waits for an append past its
         // current high watermark, else its wait would end at once and the poll would spin.
-        if o.batches.is_empty() && w.known {
+        if o.batches.is_empty() && w.readable() {
             let owner = shard.router.owner(&w.tp.0, w.tp.1);
             by_owner
                 .entry(owner)
