@@ -414,12 +414,14 @@ impl Group {
         self.pending.remove(&id);
         let mut m = Member::new(id.clone(), a, now_ms);
         m.join_waiter = Some(reply);
+        // The first member of an empty group sets its protocol type (Kafka's rule): a
+        // group id emptied by consumers may be used by another kind of client.
+        if self.members.is_empty() {
+            self.protocol_type = Some(a.protocol_type.clone());
+        }
         self.members.push(m);
         if self.leader.is_none() {
             self.leader = Some(id);
-        }
-        if self.protocol_type.is_none() {
-            self.protocol_type = Some(a.protocol_type.clone());
         }
         self.extend_initial_delay(now_ms, limits);
         self.prepare_rebalance_if_settled(now_ms, limits, "a new member joined");

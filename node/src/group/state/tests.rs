@@ -458,3 +458,33 @@ fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
     );
     assert_eq!(g.state, State::Stable);
 }
+
+/// An emptied group takes the protocol type of the next first member (Kafka's rule), so
+/// its id can be reused by another kind of client.
+#[test]
+fn an_emptied_group_takes_the_next_first_members_protocol_type() {
+    let mut g = Group::new("g", 0);
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
+    take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
+    assert_eq!(g.leave(&a, None, 10, &LIMITS), codes::NONE);
+    assert_eq!(g.state, State::Empty);
+    let connect = |member: &str| JoinArgs {
+        protocol_type: "connect".into(),
+        ..args(member, b"m")
+    };
+    let c = take(&join(&mut g, connect(""), 20))
+        .expect("answered")
+        .member_id;
+    let rc = take(&join(&mut g, connect(&c), 20)).expect("joined");
+    assert_eq!(rc.error, codes::NONE);
+    assert_eq!(rc.protocol_type.as_deref(), Some("connect"));
+    let d = take(&join(&mut g, connect(""), 30))
+        .expect("answered")
+        .member_id;
+    let rx_d = join(&mut g, connect(&d), 30);
+    assert!(
+        take(&rx_d).is_none(),
+        "a second connect member waits for the rebalance"
+    );
+}
