@@ -385,6 +385,8 @@ pub fn build_batch(records: Vec<NewRecord>, max_bytes: usize) -> Result<Bytes, i
 pub async fn append_contiguous(part: &Led, batches: Vec<Bytes>) -> Result<i64, i16> {
     let now = now_ms();
     let epoch = part.epoch();
+    // A rebuild after a cut of the log would park the first polls below.
+    part.rebuild_producers().await?;
     if !part.leads() {
         return Err(codes::NOT_LEADER_OR_FOLLOWER);
     }
@@ -509,5 +511,45 @@ mod tests {
         assert!(unserved, "the old load is not served under the new epoch");
         assert_eq!(stale, vec![0], "its coordinator must reload it");
         assert_eq!(end, wire::Offset(1), "nothing appended by the late write");
+    }
+
+    /// A coordinator write right after a cut of its partition's log (an out-of-space
+    /// rollback) waits for the producer state's rebuild before its first poll, which
+    /// must take offsets: a rebuild parked there was dropped mid-way and left every
+    /// later append of the partition waiting for it.
+    #[test]
+    fn a_coordinator_write_after_a_cut_waits_for_the_rebuild_and_later_appends_go_on() {
+        use crate::partition::OpenWith;
+        use wire::NodeId;
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let seen = crate::storage::testing::run_on_shard(move || async move {
+            let with = OpenWith {
+                disk: crate::storage::Disk::Real,
+                lead_epoch: Some(LeaderEpoch(1)),
+            };
+            let topic = std::sync::Arc::from(crate::txn::TXN_TOPIC);
+            crate::storage::prime_dma_probe(&data).await.expect("probe");
+            // Reads of the replay come from the disk, not the tail cache: the rebuild
+            // really waits.
+            let configs = BTreeMap::from([("tail.cache.bytes".to_string(), "1".to_string())]);
+            let part = Partition::open_on(&data, NodeId(1), topic, 0, 7, configs, with);
+            let part = Rc::new(part.await.expect("open"));
+            let me = NodeId(1);
+            part.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![me], &[me]));
+            let loads = PartitionLoads::default();
+            let led = loads.load(0, || async { Ok((part.clone(), LeaderEpoch(1))) });
+            let led = led.await.expect("loaded");
+            let record = || build_batch(vec![NewRecord::value(0, "v")], 1 << 20);
+            for _ in 0..20 {
+                let wrote = append_contiguous(&led, vec![record().expect("batch")]).await;
+                assert!(wrote.is_ok(), "{wrote:?}");
+            }
+            part.log.truncate_to(wire::Offset(15)).await.expect("cut");
+            let first = append_contiguous(&led, vec![record().expect("batch")]).await;
+            let second = append_contiguous(&led, vec![record().expect("batch")]).await;
+            (first, second, part.log.log_end_offset())
+        });
+        assert_eq!(seen, (Ok(15), Ok(16), wire::Offset(17)));
     }
 }

@@ -409,7 +409,6 @@ impl Coordinators {
         generation: i32,
         value: schema::GroupValue,
     ) {
-        let epoch = part.leader_epoch();
         let result = {
             let _writing = self.writing();
             store::write_group(part, group, &value).await
@@ -421,9 +420,10 @@ impl Coordinators {
                 "cannot store the leader's assignment: error {code}; the members rejoin"
             );
         }
-        // Lost and regained the lead meanwhile: the group was dropped, and whatever has
-        // its id now was replayed from the log, not this write's to decide.
-        if part.leader_epoch() != epoch {
+        // The lead its state was loaded under ended (even if regained since): the group
+        // was dropped, and whatever has its id now was replayed from the log, not this
+        // write's to decide.
+        if !part.leads() {
             return;
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(group) {

@@ -655,9 +655,13 @@ impl Partition {
         self.rebuild_producers().await
     }
 
-    /// The producer state follows a cut of the log at once, not at the next append: this
-    /// replica may lead next and answer read_committed fetches from it.
-    async fn rebuild_producers(&self) -> Result<(), i16> {
+    /// Brings the producer state in line with every cut of the log so far (rebuilding it
+    /// if one happened; see `PartitionProducers::follow_truncation`). After a truncation
+    /// at once, not at the next append: this replica may lead next and answer
+    /// read_committed fetches from it. Before an append whose first poll must take its
+    /// offsets (arrival order, a coordinator's contiguous writes): a rebuild would
+    /// otherwise park that poll.
+    pub async fn rebuild_producers(&self) -> Result<(), i16> {
         let now = crate::shard::now_ms();
         self.producers
             .follow_truncation(&self.log, now)

@@ -345,9 +345,14 @@ impl PartitionProducers {
             }
             let done = Rc::new(Event::default());
             *self.rebuilding.borrow_mut() = Some(done.clone());
+            // Cleared and announced however the rebuild ends, dropped mid-way included:
+            // else every later append would wait for it forever.
+            let guard = RebuildGuard {
+                slot: &self.rebuilding,
+                done,
+            };
             let rebuilt = self.rebuild(log, now_ms).await;
-            self.rebuilding.borrow_mut().take();
-            done.notify_all();
+            drop(guard);
             rebuilt?;
             self.log_truncations.set(seen);
         }
@@ -440,6 +445,19 @@ impl PartitionProducers {
     /// A copy of the table, for tests and inspection.
     pub fn table(&self) -> ProducerStateTable {
         self.table.borrow().clone()
+    }
+}
+
+/// Marks a rebuild in progress (`PartitionProducers::rebuilding`) until dropped.
+struct RebuildGuard<'a> {
+    slot: &'a RefCell<Option<Rc<Event>>>,
+    done: Rc<Event>,
+}
+
+impl Drop for RebuildGuard<'_> {
+    fn drop(&mut self) {
+        self.slot.borrow_mut().take();
+        self.done.notify_all();
     }
 }
 

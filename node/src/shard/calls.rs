@@ -67,6 +67,11 @@ impl ShardCall for ProduceCall {
                 return ProduceOutcome::failed(code);
             }
         }
+        // Still in turn: after a cut of the log the producer state is rebuilt first, so
+        // the first poll below takes offsets instead of parking in the rebuild.
+        if let Err(code) = p.rebuild_producers().await {
+            return ProduceOutcome::failed(code);
+        }
         let mut produce =
             std::pin::pin!(p.produce(self.records, self.acks, self.replicated_by, now_ms()));
         // The first poll checks and records the batch (offsets assigned synchronously,
