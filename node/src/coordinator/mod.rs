@@ -467,30 +467,40 @@ mod tests {
         );
     }
 
+    /// Partition 0 of `__transaction_state` in `data`, led by node 1 under epoch 1 with
+    /// `replicas`, loaded into `loads`: the partition and its `Led`.
+    async fn led_txn_partition(
+        data: &std::path::Path,
+        configs: BTreeMap<String, String>,
+        replicas: &[wire::NodeId],
+        loads: &PartitionLoads,
+    ) -> (Rc<Partition>, Led) {
+        let with = crate::partition::OpenWith {
+            disk: crate::storage::Disk::Real,
+            lead_epoch: Some(LeaderEpoch(1)),
+        };
+        let topic = std::sync::Arc::from(crate::txn::TXN_TOPIC);
+        let me = wire::NodeId(1);
+        let part = Partition::open_on(data, me, topic, 0, 7, configs, with);
+        let part = Rc::new(part.await.expect("open"));
+        part.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![me], replicas));
+        let led = loads.load(0, || async { Ok((part.clone(), LeaderEpoch(1))) });
+        (part.clone(), led.await.expect("loaded"))
+    }
+
     /// A coordinator task that outlived its leadership writes nothing, even once this
     /// node leads the partition again: the state loaded under the newer epoch may have
     /// moved on (another node's coordinator finished what the task was doing, and the
     /// producer began anew), and the task's write would overwrite it.
     #[test]
     fn a_write_loaded_under_an_ended_leadership_is_refused_after_the_node_leads_again() {
-        use crate::partition::OpenWith;
         use wire::NodeId;
         let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
         let data = root.path().to_path_buf();
         let seen = crate::storage::testing::run_on_shard(move || async move {
-            let with = OpenWith {
-                disk: crate::storage::Disk::Real,
-                lead_epoch: Some(LeaderEpoch(1)),
-            };
-            let topic = std::sync::Arc::from(crate::txn::TXN_TOPIC);
-            let configs = BTreeMap::new();
-            let part = Partition::open_on(&data, NodeId(1), topic, 0, 7, configs, with);
-            let part = Rc::new(part.await.expect("open"));
             let (me, other) = (NodeId(1), NodeId(2));
-            part.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![me], &[me, other]));
             let loads = PartitionLoads::default();
-            let first = loads.load(0, || async { Ok((part.clone(), LeaderEpoch(1))) });
-            let led = first.await.expect("loaded");
+            let (part, led) = led_txn_partition(&data, BTreeMap::new(), &[me, other], &loads).await;
             let record = || build_batch(vec![NewRecord::value(0, "v")], 1 << 20);
             let wrote = append_contiguous(&led, vec![record().expect("batch")]).await;
 
@@ -519,27 +529,16 @@ mod tests {
     /// later append of the partition waiting for it.
     #[test]
     fn a_coordinator_write_after_a_cut_waits_for_the_rebuild_and_later_appends_go_on() {
-        use crate::partition::OpenWith;
         use wire::NodeId;
         let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
         let data = root.path().to_path_buf();
         let seen = crate::storage::testing::run_on_shard(move || async move {
-            let with = OpenWith {
-                disk: crate::storage::Disk::Real,
-                lead_epoch: Some(LeaderEpoch(1)),
-            };
-            let topic = std::sync::Arc::from(crate::txn::TXN_TOPIC);
             crate::storage::prime_dma_probe(&data).await.expect("probe");
             // Reads of the replay come from the disk, not the tail cache: the rebuild
             // really waits.
             let configs = BTreeMap::from([("tail.cache.bytes".to_string(), "1".to_string())]);
-            let part = Partition::open_on(&data, NodeId(1), topic, 0, 7, configs, with);
-            let part = Rc::new(part.await.expect("open"));
-            let me = NodeId(1);
-            part.update_replica(|r| r.become_leader(LeaderEpoch(1), vec![me], &[me]));
             let loads = PartitionLoads::default();
-            let led = loads.load(0, || async { Ok((part.clone(), LeaderEpoch(1))) });
-            let led = led.await.expect("loaded");
+            let (part, led) = led_txn_partition(&data, configs, &[NodeId(1)], &loads).await;
             let record = || build_batch(vec![NewRecord::value(0, "v")], 1 << 20);
             for _ in 0..20 {
                 let wrote = append_contiguous(&led, vec![record().expect("batch")]).await;

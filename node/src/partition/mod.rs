@@ -662,6 +662,10 @@ impl Partition {
     /// offsets (arrival order, a coordinator's contiguous writes): a rebuild would
     /// otherwise park that poll.
     pub async fn rebuild_producers(&self) -> Result<(), i16> {
+        // The produce path's case: nothing was cut, not even a clock read.
+        if !self.producers.behind(&self.log) {
+            return Ok(());
+        }
         let now = crate::shard::now_ms();
         self.producers
             .follow_truncation(&self.log, now)

@@ -323,6 +323,11 @@ impl PartitionProducers {
         self.aborted.borrow().entries_overlapping(from, upper)
     }
 
+    /// Whether the log was cut since the state last followed it (one counter compare).
+    pub fn behind(&self, log: &Log) -> bool {
+        log.truncations() != self.log_truncations.get()
+    }
+
     /// After the log end moved back — a follower's truncation, a restart at the leader's
     /// log start, an out-of-space rollback — rebuilds the state from the log as it now
     /// is (Kafka's rule), before anything is checked or recorded against it. Forgetting

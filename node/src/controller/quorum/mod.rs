@@ -580,15 +580,7 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             // a leader that a quorum acknowledged and that has applied an entry of its
             // own term (so its image holds everything its predecessors committed, fences
             // included): a leader cut off with a minority keeps calling itself leader.
-            let (applied, authority) = {
-                let m = ctx.raft.metrics();
-                let m = m.borrow();
-                let caught_up = m
-                    .last_applied
-                    .is_some_and(|l| l.leader_id.term == m.current_term);
-                let authority = m.millis_since_quorum_ack.filter(|_| caught_up);
-                (m.last_applied.map_or(0, |l| l.index), authority)
-            };
+            let (applied, authority) = leader_authority(ctx);
             let live = live && authority.is_some();
             // Index read before the image: the image holds at least what it says.
             let behind = have.is_some_and(|h| h < applied);
@@ -604,6 +596,20 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             }
         })),
     }
+}
+
+/// This node's applied log index, and, while it may grant leases as leader, how many
+/// ms ago a quorum last acknowledged it: only once it has applied an entry of its own
+/// term (its image then holds everything its predecessors committed, fences included).
+/// `None` otherwise.
+fn leader_authority(ctx: &Ctx) -> (u64, Option<u64>) {
+    let m = ctx.raft.metrics();
+    let m = m.borrow();
+    let caught_up = m
+        .last_applied
+        .is_some_and(|l| l.leader_id.term == m.current_term);
+    let authority = m.millis_since_quorum_ack.filter(|_| caught_up);
+    (m.last_applied.map_or(0, |l| l.index), authority)
 }
 
 fn is_leader(ctx: &Ctx) -> bool {
@@ -697,19 +703,12 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                 // a new leader may not have applied those entries yet (the partitions it
                 // led may have moved while it was cut off). They are applied no later than
                 // the blank entry a leader commits first in its own term.
-                let (age, caught_up) = {
-                    let m = ctx.raft.metrics();
-                    let m = m.borrow();
-                    let caught_up = m
-                        .last_applied
-                        .is_some_and(|l| l.leader_id.term == m.current_term);
-                    (m.millis_since_quorum_ack, caught_up)
-                };
+                let (_, authority) = leader_authority(&ctx);
                 let acked =
-                    age.and_then(|ms| Instant::now().checked_sub(Duration::from_millis(ms)));
+                    authority.and_then(|ms| Instant::now().checked_sub(Duration::from_millis(ms)));
                 match acked {
-                    Some(acked) if caught_up => handle.renew_lease(acked),
-                    _ => renewed = false,
+                    Some(acked) => handle.renew_lease(acked),
+                    None => renewed = false,
                 }
             }
             Some(l) => {
