@@ -33,11 +33,20 @@ fn topic_name(name: &str) -> TopicName {
 }
 
 fn init(c: &mut Client) -> (i16, ProducerId, ProducerEpoch) {
+    init_as(c, ProducerId(-1), ProducerEpoch(-1))
+}
+
+/// InitProducerId v4 naming the producer id and epoch the client has (KIP-360), or -1.
+fn init_as(
+    c: &mut Client,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+) -> (i16, ProducerId, ProducerEpoch) {
     let req = InitProducerIdRequest::default()
         .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
         .with_transaction_timeout_ms(60_000)
-        .with_producer_id((-1).into())
-        .with_producer_epoch(-1);
+        .with_producer_id(pid.get().into())
+        .with_producer_epoch(epoch.get());
     let resp: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &req);
     (
         resp.error_code,
@@ -253,6 +262,41 @@ fn produce_checks_the_transaction_and_aborts_are_indexed_across_restarts() {
         "loaded transaction coordinator state",
         Duration::from_secs(10)
     ));
+}
+
+/// KIP-360: a producer that names its id and epoch gets the next epoch; a retry of that
+/// call (its answer lost) gets the same answer, not PRODUCER_FENCED, unless a transaction
+/// of the new epoch is open; once another instance has initialised, it is fenced.
+#[test]
+fn a_retried_init_producer_id_gets_its_epoch_again() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(1, &[], &[(TOPIC, 1)]);
+    let bumped = init_as(&mut c, pid, epoch);
+    assert_eq!(bumped.0, 0, "InitProducerId naming the current epoch");
+    assert_eq!(bumped.1, pid);
+    assert_eq!(bumped.2.get(), epoch.get() + 1);
+    assert_eq!(
+        init_as(&mut c, pid, epoch),
+        bumped,
+        "the retry: same answer"
+    );
+    assert_eq!(init_as(&mut c, pid, epoch), bumped, "and again");
+
+    // While the new epoch has a transaction open a late retry is refused, not allowed
+    // to abort it; once it has ended, the retry is answered as before (as Kafka does).
+    assert_eq!(add_partition(&mut c, pid, bumped.2), 0);
+    assert_eq!(init_as(&mut c, pid, epoch).0, PRODUCER_FENCED);
+    assert_eq!(end_txn(&mut c, pid, bumped.2, false), 0);
+    assert_eq!(init_as(&mut c, pid, epoch), bumped);
+
+    // A new instance (no epoch named) forgets the last one: its retries are fenced too.
+    let (error, _, fresh) = init(&mut c);
+    assert_eq!(error, 0);
+    assert_eq!(init_as(&mut c, pid, bumped.2).0, PRODUCER_FENCED);
+    assert_eq!(
+        init_as(&mut c, pid, fresh).0,
+        0,
+        "the current epoch still bumps"
+    );
 }
 
 const BATCH_TOPIC: &str = "txb";

@@ -446,17 +446,27 @@ impl Coordinators {
                 Err(code) => return TxnReply::producer_error(code),
             },
             Some(m) => {
-                if let Some((pid, epoch)) = producer
-                    && (pid != m.producer_id || epoch != m.producer_epoch)
-                {
-                    return TxnReply::producer_error(fenced_code(version));
+                if let Some((pid, epoch)) = producer {
+                    if m.is_init_retry(pid, epoch) {
+                        return TxnReply::Producer {
+                            error: errors::NONE,
+                            producer_id: m.producer_id,
+                            producer_epoch: m.producer_epoch,
+                        };
+                    }
+                    if pid != m.producer_id || epoch != m.producer_epoch {
+                        return TxnReply::producer_error(fenced_code(version));
+                    }
                 }
                 let m = match self.finish_open(part, id, m).await {
                     Ok(m) => m,
                     Err(code) => return TxnReply::producer_error(code),
                 };
                 match bump(ctx, &m, timeout_ms, now, version) {
-                    Ok(next) => next,
+                    Ok(mut next) => {
+                        next.bumped_from = producer;
+                        next
+                    }
                     Err(code) => return TxnReply::producer_error(code),
                 }
             }
@@ -486,6 +496,7 @@ impl Coordinators {
     async fn fence_abort(&self, part: &Led, id: &str, m: TxnMetadata) -> Result<TxnMetadata, i16> {
         let now = now_ms();
         let mut fenced = m.prepare(false, now);
+        fenced.bumped_from = None;
         if m.producer_epoch.get() < EPOCH_MAX {
             fenced.producer_epoch = ProducerEpoch(m.producer_epoch.get() + 1);
         }

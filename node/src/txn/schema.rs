@@ -139,6 +139,7 @@ pub fn decode_value(bytes: &Bytes) -> Result<TxnMetadata, SchemaError> {
         partitions,
         last_update_ms,
         start_ms,
+        bumped_from: None,
     })
 }
 
@@ -162,6 +163,7 @@ mod tests {
             .collect(),
             last_update_ms: 5,
             start_ms: 4,
+            bumped_from: None,
         };
         assert_eq!(decode_value(&value(&m)), Ok(m));
         assert_eq!(decode_key(&key("tx-1")).as_deref(), Ok("tx-1"));

@@ -92,6 +92,12 @@ pub struct TxnMetadata {
     pub last_update_ms: i64,
     /// When the current transaction began (its first AddPartitions); -1 when none.
     pub start_ms: i64,
+    /// The producer id and epoch that an InitProducerId naming them bumped from (KIP-360's
+    /// `lastProducerEpoch`): a retry of that call, whose answer was lost, gets the current
+    /// id and epoch again instead of PRODUCER_FENCED. `None` after any other bump (a new
+    /// instance, a fence), so a zombie's retry stays fenced. Kept in memory only: Kafka's
+    /// v0 value has no field for it, so a retry that spans a coordinator move is fenced.
+    pub bumped_from: Option<(ProducerId, ProducerEpoch)>,
 }
 
 /// What an EndTxn leads to.
@@ -119,7 +125,18 @@ impl TxnMetadata {
             partitions: BTreeSet::new(),
             last_update_ms: now_ms,
             start_ms: -1,
+            bumped_from: None,
         }
+    }
+
+    /// Whether an InitProducerId naming `(pid, epoch)` retries the one that made the
+    /// current epoch, with no transaction of the current epoch open.
+    pub fn is_init_retry(&self, pid: ProducerId, epoch: ProducerEpoch) -> bool {
+        self.bumped_from == Some((pid, epoch))
+            && matches!(
+                self.state,
+                TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+            )
     }
 
     /// The request's producer id and epoch must be the current ones.
