@@ -593,3 +593,64 @@ fn a_transaction_found_ending_at_load_gets_its_markers_at_once() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// WriteTxnMarkers v1 of one marker for `pid` to partition 0 of [`TOPIC`], from
+/// coordinator epoch `coordinator_epoch`: the partition's error code.
+fn write_marker(c: &mut Client, pid: i64, commit: bool, coordinator_epoch: i32) -> i16 {
+    use kafka_protocol::messages::write_txn_markers_request::{
+        WritableTxnMarker, WritableTxnMarkerTopic,
+    };
+    let req = WriteTxnMarkersRequest::default().with_markers(vec![
+        WritableTxnMarker::default()
+            .with_producer_id(pid.into())
+            .with_producer_epoch(0)
+            .with_transaction_result(commit)
+            .with_coordinator_epoch(coordinator_epoch)
+            .with_topics(vec![
+                WritableTxnMarkerTopic::default()
+                    .with_name(topic_name(TOPIC))
+                    .with_partition_indexes(vec![0]),
+            ]),
+    ]);
+    let resp: WriteTxnMarkersResponse = c.call(api::WRITE_TXN_MARKERS, 1, &req);
+    resp.markers[0].topics[0].partitions[0].error_code
+}
+
+/// A marker from an older coordinator epoch than one this partition already has for the
+/// producer is a coordinator that lost its partition still writing: refused with
+/// TRANSACTION_COORDINATOR_FENCED, nothing appended (else a late COMMIT or ABORT of an
+/// ended transaction would end the producer's next one here). Kept across a restart.
+#[test]
+fn a_marker_from_an_older_coordinator_epoch_is_fenced() {
+    const TRANSACTION_COORDINATOR_FENCED: i16 = 52;
+    let mut broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    assert_eq!(create_topics(&mut c, &[(TOPIC, 1)]), vec![0]);
+    assert_eq!(write_marker(&mut c, 4242, true, 7), 0);
+    let end = fetch(&mut c, 0).high_watermark;
+    assert_eq!(end, 1, "the marker");
+    assert_eq!(
+        write_marker(&mut c, 4242, false, 6),
+        TRANSACTION_COORDINATOR_FENCED
+    );
+    assert_eq!(fetch(&mut c, 0).high_watermark, end, "nothing appended");
+    assert_eq!(
+        write_marker(&mut c, 4242, true, 7),
+        0,
+        "the same epoch writes"
+    );
+    assert_eq!(
+        write_marker(&mut c, 4243, true, 1),
+        0,
+        "another producer's own"
+    );
+
+    broker.restart();
+    let mut c = broker.client();
+    assert_eq!(
+        write_marker(&mut c, 4242, false, 6),
+        TRANSACTION_COORDINATOR_FENCED,
+        "after a restart"
+    );
+    assert_eq!(write_marker(&mut c, 4242, false, 8), 0);
+}

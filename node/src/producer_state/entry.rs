@@ -34,6 +34,10 @@ pub struct ProducerEntry {
     len: u8,
     /// Broker clock (ms) of the last append by this producer; drives expiry.
     last_seen_ms: i64,
+    /// The newest coordinator epoch of this producer's transaction markers here (-1: none
+    /// seen). A marker from an older coordinator epoch is a coordinator that lost its
+    /// partition still writing: refused (Kafka's `coordinatorEpoch` check).
+    coordinator_epoch: i32,
 }
 
 const EMPTY_BATCH: BatchMetadata = BatchMetadata {
@@ -55,7 +59,26 @@ impl ProducerEntry {
             head: 0,
             len: 1,
             last_seen_ms: now_ms,
+            coordinator_epoch: -1,
         }
+    }
+
+    /// A producer first seen through a transaction marker (it added this partition to a
+    /// transaction but wrote nothing here): its epoch, no batch yet.
+    pub fn marked(epoch: ProducerEpoch, coordinator_epoch: i32, now_ms: i64) -> ProducerEntry {
+        let mut entry = ProducerEntry::new(epoch, EMPTY_BATCH, now_ms);
+        entry.len = 0;
+        entry.coordinator_epoch = coordinator_epoch;
+        entry
+    }
+
+    pub fn coordinator_epoch(&self) -> i32 {
+        self.coordinator_epoch
+    }
+
+    /// A marker of `coordinator_epoch` was appended: never moves back.
+    pub fn note_coordinator_epoch(&mut self, coordinator_epoch: i32) {
+        self.coordinator_epoch = self.coordinator_epoch.max(coordinator_epoch);
     }
 
     pub fn epoch(&self) -> ProducerEpoch {
@@ -101,7 +124,9 @@ impl ProducerEntry {
     /// older epoch can never be resent successfully, so they need not be remembered.
     pub fn push(&mut self, epoch: ProducerEpoch, batch: BatchMetadata, now_ms: i64) {
         if epoch != self.epoch {
+            let coordinator_epoch = self.coordinator_epoch;
             *self = ProducerEntry::new(epoch, batch, now_ms.max(self.last_seen_ms));
+            self.coordinator_epoch = coordinator_epoch;
             return;
         }
         if usize::from(self.len) == BATCHES_RETAINED {
@@ -155,12 +180,13 @@ impl ProducerEntry {
     }
 }
 
-/// Equal when they would answer every batch alike: same epoch, same batches in the same
-/// order, same clock. Where the ring happens to start does not matter.
+/// Equal when they would answer every batch and marker alike: same epoch, same batches in
+/// the same order, same clock, same coordinator epoch. Where the ring happens to start does not matter.
 impl PartialEq for ProducerEntry {
     fn eq(&self, other: &Self) -> bool {
         self.epoch == other.epoch
             && self.last_seen_ms == other.last_seen_ms
+            && self.coordinator_epoch == other.coordinator_epoch
             && self.batches().eq(other.batches())
     }
 }

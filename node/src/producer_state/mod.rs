@@ -50,7 +50,7 @@ pub use snapshot::{
     RecoveryPlan, SnapshotError, decode_snapshot, encode_snapshot, parse_snapshot_file_name,
     plan_recovery, snapshot_file_name,
 };
-pub use table::{ProducerStateCounters, ProducerStateTable, Rejection, Verdict};
+pub use table::{MarkerSeen, ProducerStateCounters, ProducerStateTable, Rejection, Verdict};
 
 /// Kafka error code: the broker received an out of order sequence number.
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;

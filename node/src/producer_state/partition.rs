@@ -15,9 +15,9 @@ use wire::batch::{BatchHeader, batch_records, control_batch, read_header};
 use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 
 use super::{
-    BatchMetadata, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT, ProducerStateConfig,
-    ProducerStateCounters, ProducerStateTable, Verdict, decode_snapshot, encode_snapshot,
-    parse_snapshot_file_name, plan_recovery, snapshot_file_name,
+    BatchMetadata, MarkerSeen, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
+    ProducerStateConfig, ProducerStateCounters, ProducerStateTable, Verdict, decode_snapshot,
+    encode_snapshot, parse_snapshot_file_name, plan_recovery, snapshot_file_name,
 };
 use crate::event::Event;
 use crate::storage::{
@@ -196,7 +196,7 @@ impl PartitionProducers {
         now_ms: i64,
     ) -> Result<AppendInfo, StorageError> {
         self.follow_truncation(log, now_ms).await?;
-        let headers: Vec<(BatchHeader, Option<bool>)> = batch_headers(&records)
+        let headers: Vec<(BatchHeader, Option<(bool, i32)>)> = batch_headers(&records)
             .into_iter()
             .zip(marker_types(&records))
             .collect();
@@ -211,10 +211,13 @@ impl PartitionProducers {
             let mut table = self.table.borrow_mut();
             for (h, commit) in &headers {
                 table.record_append(h, h.base_offset(), now_ms);
-                if let Some(commit) = commit {
-                    let done =
-                        table.complete_txn(h.producer_id(), h.producer_epoch(), h.base_offset());
-                    if let (false, Some(done)) = (*commit, done) {
+                if let Some((commit, coordinator_epoch)) = *commit {
+                    let seen = MarkerSeen {
+                        producer_epoch: h.producer_epoch(),
+                        coordinator_epoch,
+                    };
+                    let done = table.complete_txn(h.producer_id(), seen, h.base_offset(), now_ms);
+                    if let (false, Some(done)) = (commit, done) {
                         let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
                         self.record_abort(log, done, lso);
                     }
@@ -248,6 +251,13 @@ impl PartitionProducers {
         if known.is_some_and(|e| marker.producer_epoch < e) {
             return Ok(Err(super::INVALID_PRODUCER_EPOCH));
         }
+        if self
+            .table
+            .borrow()
+            .is_stale_coordinator(marker.producer_id, marker.coordinator_epoch)
+        {
+            return Ok(Err(crate::errors::TRANSACTION_COORDINATOR_FENCED));
+        }
         let batch = control_batch(
             marker.producer_id,
             marker.producer_epoch,
@@ -268,7 +278,11 @@ impl PartitionProducers {
             }
             let (done, lso) = {
                 let mut table = self.table.borrow_mut();
-                let done = table.complete_txn(marker.producer_id, marker.producer_epoch, first);
+                let seen = MarkerSeen {
+                    producer_epoch: marker.producer_epoch,
+                    coordinator_epoch: marker.coordinator_epoch,
+                };
+                let done = table.complete_txn(marker.producer_id, seen, first, now_ms);
                 (done, table.first_unstable_offset().unwrap_or(first.add(1)))
             };
             if let (false, Some(done)) = (marker.commit, done) {
@@ -507,23 +521,36 @@ const CONTROL_BATCH_MAX_BYTES: usize = 4096;
 /// record key: version int16, type int16 — 0 abort, 1 commit); `None` for a data batch or
 /// a control record of another type.
 pub fn marker_type(batch: &Bytes) -> Option<bool> {
+    read_marker(batch).map(|(commit, _)| commit)
+}
+
+/// A marker batch's type (see [`marker_type`]) and coordinator epoch (the record value:
+/// version int16, coordinator epoch int32; -1 when the value is missing or short).
+fn read_marker(batch: &Bytes) -> Option<(bool, i32)> {
     let header = read_header(batch).ok()?;
     if !header.attributes().is_control() {
         return None;
     }
     let (_, mut records) = batch_records(batch, CONTROL_BATCH_MAX_BYTES).ok()?;
-    let key = records.next()?.ok()?.key?;
-    match key.get(2..4)? {
-        [0, 0] => Some(false),
-        [0, 1] => Some(true),
-        _ => None,
-    }
+    let record = records.next()?.ok()?;
+    let commit = match record.key?.get(2..4)? {
+        [0, 0] => false,
+        [0, 1] => true,
+        _ => return None,
+    };
+    let coordinator_epoch = record
+        .value
+        .as_ref()
+        .and_then(|v| v.get(2..6))
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(-1, i32::from_be_bytes);
+    Some((commit, coordinator_epoch))
 }
 
-/// [`marker_type`] of each whole batch in `records`. Only control batches (a few dozen
+/// [`read_marker`] of each whole batch in `records`. Only control batches (a few dozen
 /// bytes each) are copied out to be decoded: a follower's append passes whole fetch
 /// responses through here, and copying those cost as much as the append's own copy.
-fn marker_types(records: &[u8]) -> Vec<Option<bool>> {
+fn marker_types(records: &[u8]) -> Vec<Option<(bool, i32)>> {
     let mut pos = 0usize;
     let mut out = Vec::new();
     while pos < records.len() {
@@ -533,7 +560,7 @@ fn marker_types(records: &[u8]) -> Vec<Option<bool>> {
         let size = h.total_size().max(1);
         let end = (pos + size).min(records.len());
         out.push(if h.attributes().is_control() {
-            marker_type(&Bytes::copy_from_slice(&records[pos..end]))
+            read_marker(&Bytes::copy_from_slice(&records[pos..end]))
         } else {
             None
         });
@@ -613,10 +640,14 @@ async fn replay(
             if let Ok(h) = read_header(batch) {
                 table.replay(h, now_ms);
                 batches += 1;
-                let Some(commit) = marker_type(batch) else {
+                let Some((commit, coordinator_epoch)) = read_marker(batch) else {
                     continue;
                 };
-                let done = table.complete_txn(h.producer_id(), h.producer_epoch(), h.base_offset());
+                let seen = MarkerSeen {
+                    producer_epoch: h.producer_epoch(),
+                    coordinator_epoch,
+                };
+                let done = table.complete_txn(h.producer_id(), seen, h.base_offset(), now_ms);
                 if let (false, Some(done)) = (commit, done) {
                     let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
                     let txn = AbortedTxn {
@@ -712,7 +743,7 @@ mod tests {
         records.extend_from_slice(&marker(false));
         assert_eq!(
             marker_types(&records),
-            vec![None, Some(true), None, Some(false)]
+            vec![None, Some((true, 0)), None, Some((false, 0))]
         );
         // A cut-off last batch ends the list at the last whole header.
         let cut = records.len() - 3;

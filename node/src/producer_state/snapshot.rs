@@ -38,6 +38,11 @@
 //! [`OngoingRecord`]s in ascending producer-id order: producer id (8), first offset of its
 //! open transaction (8, below the snapshot offset).
 //!
+//! Version 3 then holds the coordinator epochs of the producers' newest transaction
+//! markers: a 4-byte count C, then C 12-byte [`CoordinatorRecord`]s in ascending
+//! producer-id order: producer id (8, one of the N above), coordinator epoch (4, ≥ 0).
+//! Producers with no marker seen are not listed.
+//!
 //! A snapshot is derived data: one that fails any check is ignored (and deleted) and the
 //! state is rebuilt from an older snapshot or the whole log, never trusted in part.
 
@@ -51,8 +56,10 @@ use super::{ProducerStateConfig, ProducerStateTable};
 
 /// `WPSS`.
 pub const SNAPSHOT_MAGIC: [u8; 4] = *b"WPSS";
-/// The only layout version written and read.
-pub const SNAPSHOT_VERSION: u16 = 2;
+/// The layout version written (and read).
+pub const SNAPSHOT_VERSION: u16 = 3;
+/// The layout before coordinator epochs (no coordinator-epoch section), still read.
+pub const SNAPSHOT_VERSION_V2: u16 = 2;
 /// The layout before transactions (no open-transaction section), still read.
 pub const SNAPSHOT_VERSION_V1: u16 = 1;
 /// File name suffix, as Kafka's.
@@ -97,6 +104,15 @@ struct OngoingRecord {
     first_offset: I64,
 }
 
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct CoordinatorRecord {
+    producer_id: I64,
+    coordinator_epoch: I32,
+}
+
+const COORDINATOR_RECORD_SIZE: usize = size_of::<CoordinatorRecord>();
+const _: () = assert!(COORDINATOR_RECORD_SIZE == 12);
 const ONGOING_RECORD_SIZE: usize = size_of::<OngoingRecord>();
 const _: () = assert!(ONGOING_RECORD_SIZE == 16);
 const FILE_HEADER_SIZE: usize = size_of::<FileHeader>();
@@ -180,9 +196,29 @@ pub fn encode_snapshot(table: &ProducerStateTable, snapshot_offset: Offset) -> V
         };
         out.extend_from_slice(record.as_bytes());
     }
+    let marked: Vec<(ProducerId, i32)> = producers_marked(table);
+    out.extend_from_slice(&(marked.len() as u32).to_be_bytes());
+    for (pid, coordinator_epoch) in marked {
+        let record = CoordinatorRecord {
+            producer_id: I64::new(pid.get()),
+            coordinator_epoch: I32::new(coordinator_epoch),
+        };
+        out.extend_from_slice(record.as_bytes());
+    }
     let crc = crc32c::crc32c(&out[CRC_START..]);
     out[8..12].copy_from_slice(&crc.to_be_bytes());
     out
+}
+
+/// The producers with a marker's coordinator epoch, in producer-id order.
+fn producers_marked(table: &ProducerStateTable) -> Vec<(ProducerId, i32)> {
+    let mut marked: Vec<(ProducerId, i32)> = table
+        .iter()
+        .filter(|(_, e)| e.coordinator_epoch() >= 0)
+        .map(|(pid, e)| (pid, e.coordinator_epoch()))
+        .collect();
+    marked.sort_unstable_by_key(|(pid, _)| *pid);
+    marked
 }
 
 fn encode_entry(out: &mut Vec<u8>, pid: ProducerId, entry: &ProducerEntry, limit: Offset) {
@@ -245,8 +281,11 @@ pub fn decode_snapshot(
         table.insert_entry(pid, entry);
         pos = next;
     }
-    if header.version.get() >= SNAPSHOT_VERSION {
+    if header.version.get() >= SNAPSHOT_VERSION_V2 {
         pos = decode_ongoing(bytes, pos, expected_offset, &mut table)?;
+    }
+    if header.version.get() >= SNAPSHOT_VERSION {
+        pos = decode_coordinator_epochs(bytes, pos, &mut table)?;
     }
     if pos != bytes.len() {
         return Err(SnapshotError::Invalid {
@@ -303,6 +342,50 @@ fn decode_ongoing(
     Ok(end)
 }
 
+/// The coordinator-epoch section at `pos` (version 3): returns the position after it.
+fn decode_coordinator_epochs(
+    bytes: &[u8],
+    pos: usize,
+    table: &mut ProducerStateTable,
+) -> Result<usize, SnapshotError> {
+    let count_bytes: [u8; 4] = bytes
+        .get(pos..pos + 4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(SnapshotError::Truncated {
+            field: "coordinator epoch count",
+            need: pos + 4,
+            have: bytes.len(),
+        })?;
+    let count = u32::from_be_bytes(count_bytes) as usize;
+    let start = pos + 4;
+    if count > (bytes.len() - start) / COORDINATOR_RECORD_SIZE {
+        return Err(invalid(
+            pos,
+            "coordinator epoch count larger than the file can hold",
+        ));
+    }
+    let end = start + count * COORDINATOR_RECORD_SIZE;
+    let mut previous: Option<ProducerId> = None;
+    for (i, chunk) in bytes[start..end]
+        .chunks_exact(COORDINATOR_RECORD_SIZE)
+        .enumerate()
+    {
+        let at = start + i * COORDINATOR_RECORD_SIZE;
+        let (r, _) = CoordinatorRecord::read_from_prefix(chunk)
+            .map_err(|_| invalid(at, "coordinator epoch"))?;
+        let pid = ProducerId(r.producer_id.get());
+        let coordinator_epoch = r.coordinator_epoch.get();
+        if previous.is_some_and(|p| p >= pid) {
+            return Err(invalid(at, "coordinator epochs not in producer id order"));
+        }
+        previous = Some(pid);
+        if coordinator_epoch < 0 || !table.note_coordinator_epoch(pid, coordinator_epoch) {
+            return Err(invalid(at, "coordinator epoch of no listed producer"));
+        }
+    }
+    Ok(end)
+}
+
 fn check_file_header(
     header: &FileHeader,
     bytes: &[u8],
@@ -313,7 +396,10 @@ fn check_file_header(
             found: header.magic,
         });
     }
-    if header.version.get() != SNAPSHOT_VERSION && header.version.get() != SNAPSHOT_VERSION_V1 {
+    if !matches!(
+        header.version.get(),
+        SNAPSHOT_VERSION | SNAPSHOT_VERSION_V2 | SNAPSHOT_VERSION_V1
+    ) {
         return Err(SnapshotError::UnsupportedVersion {
             found: header.version.get(),
         });

@@ -113,6 +113,15 @@ pub struct ProducerStateTable {
     counters: ProducerStateCounters,
 }
 
+/// What the producer state keeps of a COMMIT or ABORT marker appended here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MarkerSeen {
+    /// The producer epoch in the marker batch's header.
+    pub producer_epoch: ProducerEpoch,
+    /// The coordinator epoch in the marker record's value.
+    pub coordinator_epoch: i32,
+}
+
 /// A transaction that a marker closed in this partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompletedTxn {
@@ -314,15 +323,27 @@ impl ProducerStateTable {
     /// A COMMIT or ABORT marker of `producer_id` was given `marker_offset`: its open
     /// transaction here (if it wrote here at all) is closed. A marker for a producer with
     /// no open transaction closes nothing (the coordinator writes markers to every
-    /// partition it added, written to or not).
+    /// partition it added, written to or not), but it is remembered, with its coordinator
+    /// epoch, so that an older coordinator's late marker is refused (Kafka makes an entry
+    /// for it too).
     pub fn complete_txn(
         &mut self,
         producer_id: ProducerId,
-        marker_epoch: ProducerEpoch,
+        marker: MarkerSeen,
         marker_offset: Offset,
+        now_ms: i64,
     ) -> Option<CompletedTxn> {
         if let Some(entry) = self.producers.get_mut(&producer_id) {
-            entry.fence_to(marker_epoch);
+            entry.fence_to(marker.producer_epoch);
+            entry.note_coordinator_epoch(marker.coordinator_epoch);
+        } else if producer_id.is_some() {
+            if self.producers.len() >= self.config.max_producers {
+                self.evict_least_recently_seen();
+            }
+            self.producers.insert(
+                producer_id,
+                ProducerEntry::marked(marker.producer_epoch, marker.coordinator_epoch, now_ms),
+            );
         }
         let first_offset = self.ongoing.remove(&producer_id)?;
         assert!(
@@ -334,6 +355,14 @@ impl ProducerStateTable {
             first_offset,
             last_offset: marker_offset,
         })
+    }
+
+    /// Whether a marker of `coordinator_epoch` for `producer_id` comes from a coordinator
+    /// older than one whose marker this partition already has.
+    pub fn is_stale_coordinator(&self, producer_id: ProducerId, coordinator_epoch: i32) -> bool {
+        self.producers
+            .get(&producer_id)
+            .is_some_and(|e| e.coordinator_epoch() > coordinator_epoch)
     }
 
     /// The first offset of the oldest open transaction: the LSO cannot pass it.
@@ -389,6 +418,22 @@ impl ProducerStateTable {
 
     /// Inserts a whole entry (snapshot loading). Past the bound, the least recently seen
     /// are evicted as for live appends.
+    /// Snapshot decoding: sets a listed producer's coordinator epoch; false if the
+    /// producer is not in the table.
+    pub(super) fn note_coordinator_epoch(
+        &mut self,
+        producer_id: ProducerId,
+        coordinator_epoch: i32,
+    ) -> bool {
+        match self.producers.get_mut(&producer_id) {
+            Some(entry) => {
+                entry.note_coordinator_epoch(coordinator_epoch);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub(super) fn insert_entry(&mut self, producer_id: ProducerId, entry: ProducerEntry) {
         if !self.producers.contains_key(&producer_id)
             && self.producers.len() >= self.config.max_producers

@@ -554,17 +554,14 @@ fn an_open_transaction_holds_the_first_unstable_offset_until_its_marker() {
     assert_eq!(p.table.first_unstable_offset(), Some(Offset(3)));
     assert!(p.table.has_ongoing(PID));
     // The marker at offset 7 closes it.
-    let done = p
-        .table
-        .complete_txn(PID, ProducerEpoch(0), Offset(7))
-        .unwrap();
+    let done = p.table.complete_txn(PID, seen(0, 0), Offset(7), 0).unwrap();
     assert_eq!(
         (done.first_offset, done.last_offset),
         (Offset(3), Offset(7))
     );
     assert_eq!(p.table.first_unstable_offset(), None);
     assert_eq!(
-        p.table.complete_txn(PID, ProducerEpoch(0), Offset(8)),
+        p.table.complete_txn(PID, seen(0, 0), Offset(8), 0),
         None,
         "nothing left to close"
     );
@@ -576,7 +573,7 @@ fn snapshots_keep_open_transactions() {
     p.produce(&txn_header(PID.get(), 0, 0, 2)).unwrap();
     p.produce(&txn_header(8, 1, 0, 1)).unwrap();
     p.table
-        .complete_txn(ProducerId(8), ProducerEpoch(1), p.log_end)
+        .complete_txn(ProducerId(8), seen(1, 0), p.log_end, 0)
         .unwrap();
     let bytes = encode_snapshot(&p.table, p.log_end.add(1));
     let back = decode_snapshot(&bytes, p.log_end.add(1), ProducerStateConfig::default()).unwrap();
@@ -600,9 +597,7 @@ fn a_marker_of_a_newer_epoch_fences_the_older_one() {
     let mut p = partition();
     p.produce(&txn_header(PID.get(), 3, 0, 2)).unwrap();
     // The coordinator aborted with the epoch bumped to 4.
-    p.table
-        .complete_txn(PID, ProducerEpoch(4), p.log_end)
-        .unwrap();
+    p.table.complete_txn(PID, seen(4, 0), p.log_end, 0).unwrap();
     p.log_end = p.log_end.add(1);
     assert_eq!(
         p.produce(&txn_header(PID.get(), 3, 2, 1)).map(|_| ()),
@@ -624,4 +619,12 @@ fn a_marker_of_a_newer_epoch_fences_the_older_one() {
         back.check(&txn_header(PID.get(), 4, 0, 1)),
         Ok(Verdict::Append)
     );
+}
+
+/// A marker of producer epoch `epoch` from coordinator epoch `coordinator`.
+fn seen(epoch: i16, coordinator: i32) -> super::MarkerSeen {
+    super::MarkerSeen {
+        producer_epoch: ProducerEpoch(epoch),
+        coordinator_epoch: coordinator,
+    }
 }

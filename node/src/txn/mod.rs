@@ -814,6 +814,9 @@ async fn write_marker(
         last = writer.write(tp.clone(), marker, deadline).await;
         match last {
             errors::NONE | errors::UNKNOWN_TOPIC_OR_PARTITION => return Ok(()),
+            // A newer coordinator of this id has written its markers there: this one has
+            // lost the partition, whether it knows yet or not.
+            errors::TRANSACTION_COORDINATOR_FENCED => return Err(errors::NOT_COORDINATOR),
             _ => glommio::timer::sleep(MARKER_RETRY_BACKOFF).await,
         }
     }
