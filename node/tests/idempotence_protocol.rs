@@ -336,3 +336,34 @@ fn dedup_survives_a_clean_restart() -> Result<()> {
 fn dedup_survives_sigkill() -> Result<()> {
     survives_restart(true)
 }
+
+/// Only brokers write transaction markers: a client's control batch is refused with
+/// INVALID_RECORD and not stored. Stored, it would be read as a marker by followers and by
+/// the replay after a restart, and fence the producer it names to its epoch (here
+/// i16::MAX), whose next batch would then be refused.
+#[test]
+fn a_control_batch_from_a_client_is_refused_and_fences_no_one() -> Result<()> {
+    let mut n = Node::start()?;
+    let (pid, epoch) = n.new_producer()?;
+    assert_eq!(n.produce(batch(pid, epoch, 0, 1, "a"))?, (NONE, 0));
+    let forged = BatchBuilder {
+        producer_id: pid,
+        producer_epoch: ProducerEpoch(i16::MAX),
+        base_sequence: Sequence(0),
+        control: true,
+        records: vec![NewRecord {
+            key: Some(Bytes::from_static(&[0, 0, 0, 0])),
+            ..NewRecord::value(1_700_000_000_000, Bytes::from_static(&[0, 0, 0, 0, 0, 0]))
+        }],
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("a control batch");
+    assert_eq!(n.produce(forged)?.0, INVALID_RECORD);
+    n.weir.kill()?;
+    n.weir.restart()?;
+    n.reconnect()?;
+    assert_eq!(n.produce(batch(pid, epoch, 1, 1, "b"))?, (NONE, 1));
+    assert_eq!(values(&n.log()?), vec!["a-0", "b-0"]);
+    Ok(())
+}

@@ -385,6 +385,9 @@ impl Partition {
             if range.len() > self.max_message_bytes.get() {
                 return Err(code(errors::MESSAGE_TOO_LARGE));
             }
+            if wire::batch::check_produced_batch(&records[range.clone()]).is_err() {
+                return Err(code(errors::INVALID_RECORD));
+            }
             // Kafka: a compacted topic refuses records without a key (the cleaner could
             // not tell which to keep) with INVALID_RECORD, naming each such record.
             if compacted {

@@ -293,6 +293,85 @@ fn check_counts(header: &BatchHeader, total: usize) -> Result<(), WireError> {
     Ok(())
 }
 
+/// What Kafka checks of a batch a client produces, beyond [`validate_batch`] (which holds
+/// for every stored batch, cleaned ones included): not a control batch (only brokers write
+/// transaction markers), at least one record, `lastOffsetDelta` = `recordsCount` − 1, and,
+/// when uncompressed, record i has offsetDelta i and the records fill the batch exactly.
+/// Otherwise consumers would give a batch's records offsets that the broker assigned to
+/// the batches after it, and skip those. `batch` is one whole batch, already validated.
+/// Compressed records are not walked here: that needs decompressing on the produce path.
+pub fn check_produced_batch(batch: &[u8]) -> Result<(), WireError> {
+    let header = read_header(batch)?;
+    let invalid = |field, offset, reason| WireError::Invalid {
+        field,
+        offset,
+        reason,
+    };
+    if header.attributes().is_control() {
+        return Err(invalid(
+            "attributes",
+            21,
+            "clients may not write control batches",
+        ));
+    }
+    let count = header.records_count.get();
+    if count <= 0 {
+        return Err(invalid(
+            "recordsCount",
+            57,
+            "a batch holds at least one record",
+        ));
+    }
+    if i64::from(header.last_offset_delta.get()) != i64::from(count) - 1 {
+        return Err(invalid(
+            "lastOffsetDelta",
+            23,
+            "does not match recordsCount - 1",
+        ));
+    }
+    if header.attributes().compression() != Some(Compression::None) {
+        return Ok(());
+    }
+    let records = batch
+        .get(BATCH_HEADER_SIZE..header.total_size())
+        .unwrap_or(&[]);
+    let mut pos = 0usize;
+    for i in 0..count {
+        let mut r = crate::codec::Reader::new(records.get(pos..).unwrap_or(&[]));
+        let length = r.varint("record length")?;
+        let body = r.position();
+        let length = usize::try_from(length)
+            .ok()
+            .filter(|l| *l <= r.remaining())
+            .ok_or(invalid(
+                "record length",
+                BATCH_HEADER_SIZE + pos,
+                "outside the batch",
+            ))?;
+        r.i8("record attributes")?;
+        r.varlong("timestampDelta")?;
+        if r.varint("offsetDelta")? != i {
+            return Err(invalid(
+                "offsetDelta",
+                BATCH_HEADER_SIZE + pos,
+                "record offsets must run 0, 1, 2, ... in a batch",
+            ));
+        }
+        if r.position() > body + length {
+            return Err(invalid(
+                "record length",
+                BATCH_HEADER_SIZE + pos,
+                "too short",
+            ));
+        }
+        pos += body + length;
+    }
+    if pos != records.len() {
+        return Err(invalid("recordsCount", 57, "bytes after the last record"));
+    }
+    Ok(())
+}
+
 /// Splits a `records` blob (as carried by Produce or Fetch) into validated batches.
 /// Yields each batch's byte range within `records`; stops at the first error.
 pub fn split_batches(

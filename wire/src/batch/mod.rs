@@ -16,6 +16,7 @@ pub use builder::{BatchBuilder, NewRecord, control_batch};
 pub use compression::{SnappyFraming, compress, decompress};
 pub use header::{
     Attributes, BATCH_HEADER_SIZE, BatchHeader, BatchView, Compression, LOG_OVERHEAD, MAGIC_V2,
-    MIN_RECORD_SIZE, TimestampType, assign_offsets, read_header, split_batches, validate_batch,
+    MIN_RECORD_SIZE, TimestampType, assign_offsets, check_produced_batch, read_header,
+    split_batches, validate_batch,
 };
 pub use records::{Record, RecordHeader, RecordIter, batch_records};
