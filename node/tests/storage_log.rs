@@ -465,3 +465,89 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
         log.close().await.unwrap();
     });
 }
+
+/// A disk read whose first batch does not fit what is left of the response answers
+/// nothing, not the next segment's batches: those start past `start`, and a consumer would
+/// skip the offsets in between.
+#[test]
+fn a_batch_too_big_for_the_hard_limit_is_not_skipped_to_the_next_segment() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("log.tail.cache.bytes", "0")]);
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        log.append(batch_of_size(1000, 1, 3000), LeaderEpoch(0), 0)
+            .await
+            .unwrap();
+        log.roll().unwrap();
+        log.append(batch_of_size(1001, 1, 500), LeaderEpoch(0), 0)
+            .await
+            .unwrap();
+        let read = log
+            .read_within(Offset(0), 1000, 1000, Offset(2))
+            .await
+            .unwrap();
+        assert!(read.batches.is_empty(), "nothing fits: nothing served");
+        assert_eq!(read.next_offset, Offset(0));
+        let read = log
+            .read_within(Offset(0), 1000, 4000, Offset(2))
+            .await
+            .unwrap();
+        assert_eq!(read.batches.len(), 1, "the first batch, whole");
+        assert_eq!(read.next_offset, Offset(1));
+        // Below `upper` only: offset 0 is not readable yet, so neither is offset 1.
+        let read = log
+            .read_within(Offset(0), 1 << 20, 1 << 20, Offset(0))
+            .await
+            .unwrap();
+        assert!(read.batches.is_empty());
+    });
+}
+
+/// A disk read that was waiting on the disk while the log was cut and rewritten must not
+/// leave its byte position behind for the next read to resume at: that position is of
+/// the old layout (a cleaner swap or a truncation), and resuming there would skip records
+/// or land mid-batch.
+#[test]
+fn a_read_spanning_a_truncation_leaves_no_stale_resume_position() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("log.tail.cache.bytes", "0")]);
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        // Old layout: 10 records in a 3,000-byte batch, then 10 more.
+        log.append(batch_of_size(1000, 10, 3000), LeaderEpoch(0), 0)
+            .await
+            .unwrap();
+        log.append(batch_of_size(1001, 10, 3000), LeaderEpoch(0), 0)
+            .await
+            .unwrap();
+        let mut pending = std::pin::pin!(log.read(Offset(0), 1, Offset(20)));
+        assert!(
+            futures_lite::future::poll_once(&mut pending)
+                .await
+                .is_none(),
+            "waiting on the disk"
+        );
+        // New layout: 10 batches of 2 records, 500 bytes each, offsets 0..20 again. Byte
+        // 3,000, where the old read ended, is now the batch of offsets 12 and 13.
+        log.truncate_to(Offset(0)).await.unwrap();
+        for i in 0..10 {
+            log.append(batch_of_size(2000 + i, 2, 500), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        let old = pending.await.unwrap();
+        assert_eq!(old.next_offset, Offset(10));
+        let next = log.read(Offset(10), 1 << 20, Offset(20)).await.unwrap();
+        let first = wire::batch::read_header(&next.batches[0]).unwrap();
+        assert_eq!(
+            first.base_offset(),
+            Offset(10),
+            "the batch holding offset 10 in the new layout"
+        );
+        assert_eq!(next.next_offset, Offset(20));
+    });
+}

@@ -78,19 +78,28 @@ pub async fn read(
     let segments = log.segment_count();
     let window_bytes = max_bytes.clamp(READ_WINDOW_MIN, READ_WINDOW_MAX);
     for _ in 0..segments {
-        let Some(plan) = plan_disk_read(&log.state.borrow(), start, after)? else {
-            break;
+        let (plan, generation) = {
+            let st = log.state.borrow();
+            let Some(plan) = plan_disk_read(&st, start, after)? else {
+                break;
+            };
+            (plan, st.read_ahead.generation())
         };
         let seed = read_ahead_for(log, &plan).await;
         let hit = seed.is_some();
         let limits = (max_bytes, hard_max_bytes);
-        let (batches, end_pos, windows) =
-            read_file(&plan, seed, window_bytes, start, limits, upper).await?;
-        log.state.borrow_mut().counters.window_reads += windows;
-        if !batches.is_empty() {
-            result = finish(result, batches);
-            let end = (result.next_offset, plan.base, end_pos);
-            read_ahead_next(log, start, end, window_bytes, hit);
+        let read = read_file(&plan, seed, window_bytes, start, limits, upper).await?;
+        log.state.borrow_mut().counters.window_reads += read.windows;
+        if !read.batches.is_empty() {
+            result = finish(result, read.batches);
+            let end = (result.next_offset, plan.base, read.end_pos);
+            read_ahead_next(log, start, end, (window_bytes, generation), hit);
+            break;
+        }
+        if read.held_back {
+            // The batch holding `start` is here but may not be served now (too big for
+            // what is left of the response, or not below `upper`): an empty answer, not
+            // the next segment's batches, which would skip the offsets in between.
             break;
         }
         after = Some(plan.base);
@@ -120,17 +129,23 @@ async fn read_ahead_for(log: &Log, plan: &DiskPlan) -> Option<(u64, Bytes)> {
 }
 
 /// After a disk read from `start` that ended at `next` (byte `end_pos` of the segment
-/// based at `segment`): if it continued the previous disk read (or was served from a
+/// based at `segment`), planned under read-ahead `generation`: if it continued the previous disk read (or was served from a
 /// read-ahead), starts reading the window at `next` (at most `log.read.ahead.bytes` and
 /// the window this read used), unless the tail cache holds it.
 fn read_ahead_next(
     log: &Log,
     start: Offset,
     (next, segment, end_pos): (Offset, Offset, u64),
-    window_bytes: usize,
+    (window_bytes, generation): (usize, u64),
     hit: bool,
 ) {
     let mut st = log.state.borrow_mut();
+    // The log changed while this read waited on the disk (a cleaner swap, a truncation):
+    // its byte position is of a file that may no longer be the segment's, and the next
+    // read must not resume there.
+    if st.read_ahead.generation() != generation {
+        return;
+    }
     let sequential = hit || st.read_ahead.is_sequential(start);
     st.read_ahead.note_end(next, segment, end_pos);
     let limit = st.config.read_ahead_bytes.min(window_bytes as u64);
@@ -202,8 +217,7 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
 ///
 /// The window is read shared (see `shared_read.rs`): the batches returned are slices of
 /// the buffer the disk read filled, uncopied. `seed` is a window read ahead: where it
-/// starts in the file, and its bytes. Also returns the byte position after the last batch
-/// returned (where the next read of this file continues) and how many windows it read.
+/// starts in the file, and its bytes. See [`FileRead`] for what else it tells.
 async fn read_file(
     plan: &DiskPlan,
     seed: Option<(u64, Bytes)>,
@@ -211,7 +225,7 @@ async fn read_file(
     start: Offset,
     (max_bytes, hard_max_bytes): (usize, usize),
     upper: Offset,
-) -> Result<(Vec<Bytes>, u64, u64)> {
+) -> Result<FileRead> {
     let mut window =
         FileWindow::shared(plan.file.clone(), &plan.path, plan.end, window_bytes, seed);
     let mut out = Vec::new();
@@ -221,6 +235,7 @@ async fn read_file(
     // is outside the CRC).
     let mut next_min = plan.base;
     let mut served_end = plan.from;
+    let mut held_back = false;
     while pos < plan.end {
         if !out.is_empty() && total >= max_bytes {
             // Full: no later batch fits, so do not read its header (which may lie just
@@ -244,6 +259,7 @@ async fn read_file(
             if meta.last_offset >= upper
                 || !batch_fits(out.is_empty(), total, size, max_bytes, hard_max_bytes)
             {
+                held_back = true;
                 break;
             }
             let bytes = window.get_bytes(pos, size).await?;
@@ -268,7 +284,25 @@ async fn read_file(
         // (produces on other connections) run when this one has used its time slice.
         glommio::yield_if_needed().await;
     }
-    Ok((out, served_end, window.reads()))
+    Ok(FileRead {
+        batches: out,
+        end_pos: served_end,
+        windows: window.reads(),
+        held_back,
+    })
+}
+
+/// What [`read_file`] read from one segment.
+struct FileRead {
+    batches: Vec<Bytes>,
+    /// The byte position after the last batch returned: where the next read of this file
+    /// continues.
+    end_pos: u64,
+    /// How many windows it read from the disk.
+    windows: u64,
+    /// It stopped at a batch at or after `start` that could not be served (the byte
+    /// limits, or `upper`), rather than at the segment's end.
+    held_back: bool,
 }
 
 /// Whether a batch of `size` bytes joins a read that holds `total` bytes so far: the
