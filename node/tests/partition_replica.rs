@@ -1203,3 +1203,55 @@ fn a_transactional_append_from_a_fenced_producer_epoch_is_refused() {
         assert_eq!(p.log.log_end_offset(), Offset(2), "nothing appended");
     });
 }
+
+/// A compacted leader's log has gaps where its cleaner removed whole batches, and a
+/// follower fetching at its log end gets the next batch that is left, past it. The
+/// follower takes it with its offsets (Kafka requires only that offsets grow), reads
+/// across the gap, and keeps it through a reopen; a batch below its log end is still
+/// refused.
+#[test]
+fn a_follower_appends_across_a_gap_its_leaders_cleaner_left() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let dir = root.path().join("follower/orders-0");
+        let follower = open(&dir, FOLLOWER, 1).await;
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(0)));
+        let mut first = batch(None, 3, "a");
+        wire::batch::assign_offsets(&mut first, Offset(0), LeaderEpoch(0)).expect("offsets");
+        follower
+            .append_as_follower(first, NOW_MS)
+            .await
+            .expect("contiguous");
+        let mut after_gap = batch(None, 2, "b");
+        wire::batch::assign_offsets(&mut after_gap, Offset(8), LeaderEpoch(0)).expect("offsets");
+        let info = follower
+            .append_as_follower(after_gap, NOW_MS)
+            .await
+            .expect("a batch past the log end");
+        assert_eq!(
+            (info.first_offset, info.last_offset),
+            (Offset(8), Offset(9))
+        );
+        assert_eq!(follower.log.log_end_offset(), Offset(10));
+        let mut stale = batch(None, 1, "c");
+        wire::batch::assign_offsets(&mut stale, Offset(9), LeaderEpoch(0)).expect("offsets");
+        assert!(follower.append_as_follower(stale, NOW_MS).await.is_err());
+
+        let read = follower.log.read(Offset(3), 1 << 20, Offset(10)).await;
+        let read = read.expect("read in the gap");
+        assert_eq!(
+            header_at(&follower, Offset(5)).await.base_offset(),
+            Offset(8)
+        );
+        assert_eq!(read.next_offset, Offset(10));
+        follower.log.close().await.expect("close");
+        drop(follower);
+        let reopened = open(&dir, FOLLOWER, 1).await;
+        assert_eq!(reopened.log.log_end_offset(), Offset(10));
+        assert_eq!(
+            header_at(&reopened, Offset(3)).await.base_offset(),
+            Offset(8)
+        );
+    });
+}

@@ -267,14 +267,15 @@ impl Partition {
         if self.replica.borrow().is_leader() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
-        // The leader's batches continue this log exactly (else the fetcher must truncate
-        // first); checked before any epoch is noted, so a refused append changes nothing.
+        // The leader's batches continue this log (else the fetcher must truncate first):
+        // offsets only grow. Gaps are the leader's cleaner's, as in Kafka. Checked before
+        // any epoch is noted, so a refused append changes nothing.
         let mut headers = Vec::new();
         let mut next = self.log.log_end_offset();
         for range in split_batches(&records) {
             let range = range.map_err(|e| wire_error_code(&e))?;
             let header = *read_header(&records[range]).map_err(|e| wire_error_code(&e))?;
-            if header.base_offset() != next {
+            if header.base_offset() < next {
                 return Err(errors::OFFSET_OUT_OF_RANGE);
             }
             next = header.next_offset();

@@ -411,18 +411,19 @@ enum Stamp {
     Keep,
 }
 
-/// A batch appended with the offsets it carries: its base offset must be `expected`.
-fn kept_batch(batch: &[u8], expected: Offset) -> Result<BatchMeta> {
+/// A batch appended with the offsets it carries: its base offset must be at least `next`
+/// (the offset after what comes before it).
+fn kept_batch(batch: &[u8], next: Offset) -> Result<BatchMeta> {
     let (header, _) =
         BatchHeader::ref_from_prefix(batch).map_err(|_| StorageError::InvalidBatch {
             position: 0,
             reason: "short batch".into(),
         })?;
-    if header.base_offset() != expected {
+    if header.base_offset() < next {
         return Err(StorageError::InvalidBatch {
             position: 0,
             reason: format!(
-                "replicated batch at offset {} where the log ends at {expected}",
+                "replicated batch at offset {} where the log ends at {next}",
                 header.base_offset()
             ),
         });
@@ -479,9 +480,11 @@ impl Log {
     }
 
     /// Appends batches that already carry their offsets and leader epochs — a follower
-    /// copying its leader, whose log must stay byte for byte the leader's. The first
-    /// batch's base offset must be this log's end offset and the batches contiguous, else
-    /// [`StorageError::InvalidBatch`] and nothing is appended. Nothing in the batches is
+    /// copying its leader, whose log must stay byte for byte the leader's. Offsets must
+    /// grow: each batch's base offset at or past the end of what comes before it (this
+    /// log's end offset for the first), else [`StorageError::InvalidBatch`] and nothing is
+    /// appended. Gaps are allowed, as Kafka allows them: a compacted leader's log has
+    /// them wherever the cleaner removed whole batches. Nothing in the batches is
     /// rewritten (their CRCs stay the leader's).
     pub async fn append_keeping_offsets(
         &self,
@@ -527,7 +530,17 @@ impl Log {
                 max: st.config.segment_bytes,
             });
         }
-        let last_delta: i64 = batches.iter().map(|b| b.offset_delta + 1).sum::<i64>() - 1;
+        let last_delta: i64 = match stamp {
+            Stamp::Assign(_) => batches.iter().map(|b| b.offset_delta + 1).sum::<i64>() - 1,
+            // Kept offsets may leave gaps: the last batch's own last offset says how far
+            // the segment must reach.
+            Stamp::Keep => {
+                let last = batches.last().map_or(Ok(st.log_end), |b| {
+                    kept_batch(&records[b.pos..b.pos + b.size], st.log_end).map(|m| m.last_offset)
+                })?;
+                last.get().saturating_sub(st.log_end.get())
+            }
+        };
         if st.needs_roll(blob_len, last_delta, now_ms) {
             st.roll(&self.dir);
         }
@@ -598,6 +611,9 @@ impl Log {
             st.cache.push(meta.base_offset, meta.last_offset, bytes);
         }
         let next = metas.last().map_or(first, |m| m.last_offset.add(1));
+        // A follower's batches may start past the old end (a gap a cleaner left).
+        let first = metas.first().map_or(first, |m| m.base_offset);
+        debug_assert!(next >= st.log_end, "the log end never moves back on append");
         st.log_end = next;
         st.unflushed_records += records;
         st.counters.appends += 1;
