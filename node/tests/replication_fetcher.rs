@@ -3,7 +3,8 @@
 //! `replica_id` 2, the way a follower broker's shard will once the cluster assigns it.
 //! It copies the leader's log byte for byte keeping offsets, learns the HW, resumes after
 //! its own restart from its log end, parks on the leader instead of spinning when there
-//! is nothing new, and realigns to the leader's log start after DeleteRecords there.
+//! is nothing new, and realigns to (or, within the leader's log, follows) the leader's
+//! log start after DeleteRecords there.
 
 mod common;
 
@@ -220,6 +221,10 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
     // The leader drops records below 90 and moves on; a new follower starting empty is
     // below the leader's log start (OFFSET_OUT_OF_RANGE): it restarts its log there.
     produce(&mut c, 0, 10, "third");
+    assert_eq!(
+        catch_up(addr, dir.clone(), topic_id, 100).log_end,
+        Offset(100)
+    );
     let req = DeleteRecordsRequest::default()
         .with_timeout_ms(5000)
         .with_topics(vec![
@@ -241,6 +246,24 @@ fn a_follower_copies_its_leader_over_tcp_and_realigns_after_delete_records() {
         "restarted at the leader's log start"
     );
     assert_eq!(caught.truncations, 1);
+    let (leader, _) = leader_log(&mut c, 0, 90);
+    assert_eq!(
+        caught.log,
+        leader.to_vec(),
+        "identical from the log start on"
+    );
+
+    // The follower that had copied past 90 before the DeleteRecords catches up and moves
+    // its log start to the leader's: after a failover it must not serve the records
+    // deleted on the leader again.
+    produce(&mut c, 0, 5, "fourth");
+    let caught = catch_up(addr, dir.clone(), topic_id, 110);
+    assert_eq!(
+        caught.log_start,
+        Offset(90),
+        "followed the leader's log start"
+    );
+    assert_eq!(caught.truncations, 0);
     let (leader, _) = leader_log(&mut c, 0, 90);
     assert_eq!(
         caught.log,

@@ -366,6 +366,19 @@ impl Partition {
         None
     }
 
+    /// A follower learns its leader's log start (each fetch answer carries it): its own
+    /// moves up to it, bounded by the HW it has learnt, so that records deleted on the
+    /// leader (DeleteRecords, retention) are not served again after a failover.
+    pub async fn follow_log_start(&self, leader_start: Offset) {
+        if self.replica.borrow().is_leader() || leader_start <= self.log.log_start_offset() {
+            return;
+        }
+        let target = leader_start.min(self.high_watermark());
+        if let Err(e) = self.log.follow_log_start(target).await {
+            tracing::warn!(topic = %self.topic, partition = self.index, "cannot follow the leader's log start: {e}");
+        }
+    }
+
     /// DeleteRecords: `Offset::NONE` (-1) means "up to the HW". Returns the new low
     /// watermark, or a Kafka error.
     pub async fn delete_records(&self, offset: Offset) -> Result<Offset, i16> {

@@ -437,6 +437,9 @@ impl ReplicaFetcher {
         p.update_replica(|r| {
             r.learn_high_watermark(answer.high_watermark);
         });
+        if answer.log_start > p.log.log_start_offset() {
+            p.follow_log_start(answer.log_start).await;
+        }
         stats
     }
 
@@ -519,6 +522,8 @@ struct Answer {
     topic_id: u128,
     error: i16,
     high_watermark: Offset,
+    /// The leader's log start: this replica's follows it.
+    log_start: Offset,
     records: Option<Bytes>,
     diverging: Option<(LeaderEpoch, Offset)>,
 }
@@ -547,6 +552,7 @@ fn take_answers(
                     topic_id: t.topic_id.as_u128(),
                     error: p.error_code,
                     high_watermark: Offset(p.high_watermark),
+                    log_start: Offset(p.log_start_offset),
                     records: p.records,
                     diverging,
                 },

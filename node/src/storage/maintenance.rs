@@ -324,6 +324,24 @@ impl Log {
         Ok(new_start)
     }
 
+    /// A follower's log start follows its leader's (moved there by DeleteRecords or
+    /// retention), up to `offset` and never past the log end; returns the new start. Not
+    /// synced at once, as retention's is not: a crash can bring back segments below it,
+    /// which the next answer from the leader retires again.
+    pub async fn follow_log_start(&self, offset: Offset) -> Result<Offset> {
+        let _permit = self.lock_io().await?;
+        let new_start = {
+            let st = self.state.borrow();
+            st.check_writable(&self.dir)?;
+            offset.min(st.written_next)
+        };
+        if new_start <= self.log_start_offset() {
+            return Ok(self.log_start_offset());
+        }
+        self.advance_start(new_start, Durable::Later)?;
+        Ok(new_start)
+    }
+
     /// Moves the log start offset up to `new_start` and retires the sealed segments below
     /// it. `Durable::Now` persists the new start before anything is deleted, with fsyncs
     /// on this thread (DeleteRecords: a client is told the records are gone).
