@@ -565,10 +565,16 @@ fn wait_list(
 ) -> BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> {
     let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> = BTreeMap::new();
     for (w, o) in wanted.iter().zip(outcomes) {
-        // Only partitions read to their end can be woken by new data. A partition left
-        // empty by the response budget has data already: it waits for an append past its
-        // current high watermark, else its wait would end at once and the poll would spin.
-        if o.batches.is_empty() && w.readable() {
+        // Only partitions read to their end can be woken by new data: those that returned
+        // nothing, and those whose bytes reached their readable end (Kafka's DelayedFetch
+        // counts every partition's bytes toward min_bytes, so an append to one that
+        // already gave some must wake the poll too). A partition left empty by the
+        // response budget has data already: it waits for an append past its current
+        // high watermark, else its wait would end at once and the poll would spin.
+        let read_to_end = o.batches.last().is_none_or(|last| {
+            wire::batch::read_header(last).is_ok_and(|h| h.next_offset() >= readable_end(o))
+        });
+        if read_to_end && w.readable() {
             let owner = shard.router.owner(&w.tp.0, w.tp.1);
             by_owner
                 .entry(owner)
