@@ -373,12 +373,14 @@ impl TxnProducer {
         let resp = self
             .coordinator_call(&req, api::INIT_PRODUCER_ID, (0, 4), |r| r.error_code)
             .map_err(|e| anyhow!("InitProducerId: {e}"))?;
-        self.producer_id = ProducerId(resp.producer_id.0);
+        // The answer comes from the broker: a missing id is its bug, reported as an
+        // error of this transaction (the next one tries again), never a panic here.
+        let producer_id = ProducerId(resp.producer_id.0);
+        if !producer_id.is_some() {
+            bail!("InitProducerId succeeded without a producer id");
+        }
+        self.producer_id = producer_id;
         self.producer_epoch = ProducerEpoch(resp.producer_epoch);
-        assert!(
-            self.producer_id.is_some(),
-            "InitProducerId succeeded without a producer id"
-        );
         self.next_sequence.fill(Sequence(0));
         self.need_init = false;
         Ok(())
