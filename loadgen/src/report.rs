@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::stats::{Percentiles, Summary};
+use crate::stats::{Percentiles, Summary, ms_text};
 
 const PLOT_W: u32 = 860;
 const PLOT_H: u32 = 340;
@@ -35,8 +35,9 @@ pub struct Row {
     pub offered_per_sec: Option<f64>,
     pub records_per_sec: f64,
     pub mb_per_sec: f64,
-    pub publish_latency_ms: Percentiles,
-    pub e2e_latency_ms: Percentiles,
+    /// `None` (JSON null) when the run had no samples.
+    pub publish_latency_ms: Option<Percentiles>,
+    pub e2e_latency_ms: Option<Percentiles>,
     pub lag_max_records: i64,
     pub errors: u64,
     /// For plan: whether this step met the SLO.
@@ -78,11 +79,12 @@ pub fn summary_text(s: &Summary) -> String {
             s.records, s.duration_s, s.records_per_sec, s.mb_per_sec
         );
     }
-    let p = |name: &str, x: &Percentiles| {
-        format!(
+    let p = |name: &str, x: &Option<Percentiles>| match x {
+        Some(x) => format!(
             "{name:<8} latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  p99.99 {:.2}  max {:.2}\n",
             x.p50, x.p90, x.p99, x.p999, x.p9999, x.max
-        )
+        ),
+        None => format!("{name:<8} latency ms: - (no samples)\n"),
     };
     if produced {
         t.push_str(&p("publish", &s.publish_latency_ms));
@@ -96,7 +98,7 @@ pub fn summary_text(s: &Summary) -> String {
             s.consumed_mb_per_sec,
             s.lag_max_records
         );
-        if s.e2e_latency_ms.max > 0.0 {
+        if s.e2e_latency_ms.is_some() {
             t.push_str(&p("e2e", &s.e2e_latency_ms));
         }
     }
@@ -156,15 +158,15 @@ pub fn table_text(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             t,
-            "{:<28} {:>11} {:>12.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7}{flw}{ok}",
+            "{:<28} {:>11} {:>12.1} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}{flw}{ok}",
             r.label,
             offered,
             r.records_per_sec,
             r.mb_per_sec,
-            r.publish_latency_ms.p50,
-            r.publish_latency_ms.p99,
-            r.publish_latency_ms.p999,
-            r.e2e_latency_ms.p99,
+            ms_text(r.publish_latency_ms.map(|p| p.p50)),
+            ms_text(r.publish_latency_ms.map(|p| p.p99)),
+            ms_text(r.publish_latency_ms.map(|p| p.p999)),
+            ms_text(r.e2e_latency_ms.map(|p| p.p99)),
             r.lag_max_records,
             r.errors
         );
@@ -269,17 +271,17 @@ fn rows_table_html(rows: &[Row]) -> String {
     for r in rows {
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.2}</td><td>{:.2}</td><td>{:.2}</td>\
-             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td>",
+            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.2}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
             escape(&r.label),
             r.offered_per_sec
                 .map_or("max".into(), |o| format!("{o:.0}")),
             r.records_per_sec,
             r.mb_per_sec,
-            r.publish_latency_ms.p50,
-            r.publish_latency_ms.p99,
-            r.publish_latency_ms.p999,
-            r.e2e_latency_ms.p99,
+            ms_text(r.publish_latency_ms.map(|p| p.p50)),
+            ms_text(r.publish_latency_ms.map(|p| p.p99)),
+            ms_text(r.publish_latency_ms.map(|p| p.p999)),
+            ms_text(r.e2e_latency_ms.map(|p| p.p99)),
             r.lag_max_records,
             r.errors,
             match r.ok {
@@ -489,7 +491,10 @@ fn comparison_svg(rows: &[Row]) -> Result<String> {
     let mut out = String::new();
     let metrics: [Metric; 2] = [
         ("MB/s", |r| r.mb_per_sec),
-        ("publish p99 ms", |r| r.publish_latency_ms.p99),
+        // A row without acks has no bar (plotted at 0; the tables say "-").
+        ("publish p99 ms", |r| {
+            r.publish_latency_ms.map_or(0.0, |p| p.p99)
+        }),
     ];
     for (mi, (desc, f)) in metrics.iter().enumerate() {
         let y_max = rows.iter().map(f).fold(0.001f64, f64::max) * 1.15;

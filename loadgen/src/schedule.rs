@@ -184,12 +184,12 @@ mod tests {
         let n = naive.summary(10 * S);
         assert_eq!(c.records, 10_000);
         assert_eq!(n.records, 10_000);
-        let cp = c.publish_latency_ms;
+        let cp = c.publish_latency_ms.expect("acks");
         assert!(cp.p99 > 900.0 && cp.p99 < 1000.0, "corrected p99 {cp:?}");
         assert!(cp.p90 > 400.0 && cp.p90 < 600.0, "corrected p90 {cp:?}");
         assert!(cp.p50 < 1.0, "most records never saw the stall {cp:?}");
         assert!(cp.max > 999.0 && cp.max < 1010.0, "corrected max {cp:?}");
-        let np = n.publish_latency_ms;
+        let np = n.publish_latency_ms.expect("acks");
         assert!(np.p99 < 1.0, "naive p99 {np:?}");
         assert!(np.max > 999.0, "the one stalled send {np:?}");
     }

@@ -70,21 +70,27 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// Percentiles of a µs histogram, in ms; all zero when it is empty.
-    pub fn of(h: &Histogram<u64>) -> Self {
+    /// Percentiles of a µs histogram, in ms; `None` when it is empty (no samples is no
+    /// latency, not a latency of 0 ms).
+    pub fn of(h: &Histogram<u64>) -> Option<Self> {
         if h.is_empty() {
-            return Self::default();
+            return None;
         }
         let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        Self {
+        Some(Self {
             p50: ms(0.50),
             p90: ms(0.90),
             p99: ms(0.99),
             p999: ms(0.999),
             p9999: ms(0.9999),
             max: h.max() as f64 / 1000.0,
-        }
+        })
     }
+}
+
+/// A latency in ms for text output: `-` when there is none.
+pub fn ms_text(ms: Option<f64>) -> String {
+    ms.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
 }
 
 /// One second of a run, as printed on the progress line and plotted in the report.
@@ -100,10 +106,11 @@ pub struct Second {
     pub records_per_sec: f64,
     pub mb_per_sec: f64,
     pub consumed_per_sec: f64,
-    pub publish_avg_ms: f64,
-    pub publish_p99_ms: f64,
-    pub publish_max_ms: f64,
-    pub e2e_p99_ms: f64,
+    /// Latencies of this second; `None` (JSON null) when it had no samples.
+    pub publish_avg_ms: Option<f64>,
+    pub publish_p99_ms: Option<f64>,
+    pub publish_max_ms: Option<f64>,
+    pub e2e_p99_ms: Option<f64>,
     pub lag_records: i64,
     pub errors: u64,
 }
@@ -121,8 +128,9 @@ pub struct Summary {
     pub consumed_records: u64,
     pub consumed_records_per_sec: f64,
     pub consumed_mb_per_sec: f64,
-    pub publish_latency_ms: Percentiles,
-    pub e2e_latency_ms: Percentiles,
+    /// `None` (JSON null) when nothing was acknowledged / consumed with a latency.
+    pub publish_latency_ms: Option<Percentiles>,
+    pub e2e_latency_ms: Option<Percentiles>,
     pub lag_max_records: i64,
     /// Error counts by Kafka error name (or a `Client...` name for client-side failures).
     pub errors: BTreeMap<String, u64>,
@@ -343,14 +351,11 @@ impl Recorder {
             records_per_sec: iv.acked as f64 / secs,
             mb_per_sec: iv.acked_bytes as f64 / BYTES_PER_MB / secs,
             consumed_per_sec: iv.consumed as f64 / secs,
-            publish_avg_ms: if iv.acked == 0 {
-                0.0
-            } else {
-                iv.publish_sum_us as f64 / iv.acked as f64 / 1000.0
-            },
-            publish_p99_ms: Percentiles::of(&iv.publish).p99,
-            publish_max_ms: Percentiles::of(&iv.publish).max,
-            e2e_p99_ms: Percentiles::of(&iv.e2e).p99,
+            publish_avg_ms: (iv.acked > 0)
+                .then(|| iv.publish_sum_us as f64 / iv.acked as f64 / 1000.0),
+            publish_p99_ms: Percentiles::of(&iv.publish).map(|p| p.p99),
+            publish_max_ms: Percentiles::of(&iv.publish).map(|p| p.max),
+            e2e_p99_ms: Percentiles::of(&iv.e2e).map(|p| p.p99),
             lag_records: g.lag_now,
             errors: iv.errors,
         };
@@ -398,20 +403,23 @@ pub fn progress_line(s: &Second) -> String {
     let mut parts = Vec::new();
     if s.acked_records > 0 || s.consumed_records == 0 {
         parts.push(format!(
-            "{} records acked, {:.1} records/sec ({:.2} MB/sec), {:.1} ms avg latency, \
-             {:.1} ms p99, {:.1} ms max latency",
+            "{} records acked, {:.1} records/sec ({:.2} MB/sec), {} ms avg latency, \
+             {} ms p99, {} ms max latency",
             s.acked_records,
             s.records_per_sec,
             s.mb_per_sec,
-            s.publish_avg_ms,
-            s.publish_p99_ms,
-            s.publish_max_ms
+            ms_text(s.publish_avg_ms),
+            ms_text(s.publish_p99_ms),
+            ms_text(s.publish_max_ms)
         ));
     }
     if s.consumed_records > 0 || s.lag_records > 0 {
         parts.push(format!(
-            "{} records consumed, {:.1} records/sec, {:.1} ms e2e p99, lag {}",
-            s.consumed_records, s.consumed_per_sec, s.e2e_p99_ms, s.lag_records
+            "{} records consumed, {:.1} records/sec, {} ms e2e p99, lag {}",
+            s.consumed_records,
+            s.consumed_per_sec,
+            ms_text(s.e2e_p99_ms),
+            s.lag_records
         ));
     }
     if s.errors > 0 {
@@ -436,7 +444,7 @@ mod tests {
             r.record_acks([0], ms * 1_000_000, 100);
         }
         let s = r.summary(1_000_000_000);
-        let p = s.publish_latency_ms;
+        let p = s.publish_latency_ms.expect("acks were recorded");
         assert!((p.p50 - 500.0).abs() < 2.0, "{p:?}");
         assert!((p.p90 - 900.0).abs() < 2.0, "{p:?}");
         assert!((p.p99 - 990.0).abs() < 2.0, "{p:?}");
@@ -484,13 +492,38 @@ mod tests {
         let s = r.summary(2_000_000_000);
         assert_eq!(s.records, 1);
         assert_eq!(s.bytes, 10);
-        assert!((s.publish_latency_ms.max - 2.0).abs() < 0.01);
+        assert!(
+            s.publish_latency_ms
+                .is_some_and(|p| (p.max - 2.0).abs() < 0.01)
+        );
         let sec = r.tick(2_000_000_000);
         assert_eq!(
             sec.acked_records, 2,
             "the progress line shows warm-up acks too"
         );
         assert!(sec.warmup);
+    }
+
+    /// A run without consumers (or without acks) has no latency to report: no 0 ms.
+    #[test]
+    fn an_empty_histogram_is_no_value_not_zero() {
+        let r = Recorder::new(0);
+        r.record_acks([0], 2_000_000, 100);
+        let j = serde_json::to_value(r.summary(1_000_000_000)).unwrap_or_default();
+        assert!(j["publish_latency_ms"]["p99"].as_f64().is_some(), "{j}");
+        assert!(j["e2e_latency_ms"].is_null(), "{j}");
+        let sec = serde_json::to_value(r.tick(1_000_000_000)).unwrap_or_default();
+        assert!(sec["e2e_p99_ms"].is_null(), "{sec}");
+        let idle = serde_json::to_value(r.tick(2_000_000_000)).unwrap_or_default();
+        for k in ["publish_avg_ms", "publish_p99_ms", "publish_max_ms"] {
+            assert!(idle[k].is_null(), "{k}: {idle}");
+        }
+        let text = crate::report::summary_text(&Recorder::new(0).summary(1));
+        assert!(
+            text.contains("publish  latency ms: - (no samples)"),
+            "{text}"
+        );
+        assert!(!text.contains("p50 0.00"), "{text}");
     }
 
     #[test]
