@@ -98,7 +98,8 @@ pub struct Load {
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Throttle the consumers to this many records/s (all together); default: as fast as
-    /// they can. For showing lag grow.
+    /// they can. For showing lag grow. The consumed rate reported is over the consumers'
+    /// own window (which runs on while they catch up), not over the produce window.
     #[arg(long)]
     pub consume_rate: Option<f64>,
     #[arg(long, default_value_t = 120_000)]

@@ -92,8 +92,9 @@ pub fn summary_text(s: &Summary) -> String {
     if s.consumed_records > 0 {
         let _ = writeln!(
             t,
-            "{} records consumed: {:.1} records/sec ({:.2} MB/sec), max lag {} records",
+            "{} records consumed in {:.1} s: {:.1} records/sec ({:.2} MB/sec), max lag {} records",
             s.consumed_records,
+            s.consumed_duration_s,
             s.consumed_records_per_sec,
             s.consumed_mb_per_sec,
             s.lag_max_records

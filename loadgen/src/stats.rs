@@ -126,6 +126,12 @@ pub struct Summary {
     pub records_per_sec: f64,
     pub mb_per_sec: f64,
     pub consumed_records: u64,
+    /// The consumers' measured window, seconds: from the warm-up end to the later of the
+    /// run's end and the last record consumed. Consumers that catch up after the
+    /// producers stop keep reading past `duration_s`; their rate is over their own window.
+    #[serde(default)]
+    pub consumed_duration_s: f64,
+    /// `consumed_records` (and their bytes) over `consumed_duration_s`.
     pub consumed_records_per_sec: f64,
     pub consumed_mb_per_sec: f64,
     /// `None` (JSON null) when nothing was acknowledged / consumed with a latency.
@@ -198,6 +204,8 @@ struct Inner {
     bytes: u64,
     consumed: u64,
     consumed_bytes: u64,
+    /// When the last record counted in `consumed` was read.
+    consumed_last_ns: u64,
     errors: BTreeMap<String, u64>,
     lag_now: i64,
     lag_max: i64,
@@ -242,6 +250,7 @@ impl Recorder {
                 bytes: 0,
                 consumed: 0,
                 consumed_bytes: 0,
+                consumed_last_ns: 0,
                 errors: BTreeMap::new(),
                 lag_now: 0,
                 lag_max: 0,
@@ -309,6 +318,7 @@ impl Recorder {
             if consumed_ns >= self.warmup_end_ns {
                 g.consumed += 1;
                 g.consumed_bytes += record_bytes;
+                g.consumed_last_ns = g.consumed_last_ns.max(consumed_ns);
             }
             return;
         };
@@ -317,6 +327,7 @@ impl Recorder {
         if produced_ns >= self.warmup_end_ns {
             g.consumed += 1;
             g.consumed_bytes += record_bytes;
+            g.consumed_last_ns = g.consumed_last_ns.max(consumed_ns);
             let _ = g.e2e.record(us);
         }
     }
@@ -363,10 +374,14 @@ impl Recorder {
         sec
     }
 
-    /// The summary of the window from the warm-up end to `end_ns`.
+    /// The summary of the window from the warm-up end to `end_ns`; the consumed rates are
+    /// over the consumers' own window, which ends no earlier than their last record.
     pub fn summary(&self, end_ns: u64) -> Summary {
         let g = self.lock();
-        let secs = (end_ns.saturating_sub(self.warmup_end_ns) as f64 / NS_PER_S).max(1e-9);
+        let window =
+            |end: u64| (end.saturating_sub(self.warmup_end_ns) as f64 / NS_PER_S).max(1e-9);
+        let secs = window(end_ns);
+        let consumed_secs = window(end_ns.max(g.consumed_last_ns));
         Summary {
             records: g.records,
             bytes: g.bytes,
@@ -374,8 +389,9 @@ impl Recorder {
             records_per_sec: g.records as f64 / secs,
             mb_per_sec: g.bytes as f64 / BYTES_PER_MB / secs,
             consumed_records: g.consumed,
-            consumed_records_per_sec: g.consumed as f64 / secs,
-            consumed_mb_per_sec: g.consumed_bytes as f64 / BYTES_PER_MB / secs,
+            consumed_duration_s: consumed_secs,
+            consumed_records_per_sec: g.consumed as f64 / consumed_secs,
+            consumed_mb_per_sec: g.consumed_bytes as f64 / BYTES_PER_MB / consumed_secs,
             publish_latency_ms: Percentiles::of(&g.publish),
             e2e_latency_ms: Percentiles::of(&g.e2e),
             lag_max_records: g.lag_max,
@@ -502,6 +518,30 @@ mod tests {
             "the progress line shows warm-up acks too"
         );
         assert!(sec.warmup);
+    }
+
+    /// Producers ran 10 s at 2,000 records/s; consumers throttled to 1,000 records/s
+    /// took 20 s to read it all (catching up after the producers stopped). The consumed
+    /// rate is what they read over their own 20 s, not over the 10 s produce window.
+    #[test]
+    fn the_consumed_rate_is_over_the_consumers_window() {
+        let r = Recorder::new(0);
+        let s_ns = 1_000_000_000u64;
+        for i in 0..20_000u64 {
+            let produced = i * s_ns / 2_000;
+            r.record_acks([produced], produced + 1_000_000, 100);
+            r.record_consumed(Some(produced), i * s_ns / 1_000, 100);
+        }
+        let s = r.summary(10 * s_ns);
+        assert!((s.records_per_sec - 2_000.0).abs() < 1.0, "{s:?}");
+        assert_eq!(s.consumed_records, 20_000);
+        assert!(
+            (s.consumed_records_per_sec - 1_000.0).abs() < 10.0,
+            "consumed {} records/s",
+            s.consumed_records_per_sec
+        );
+        let mb = 20_000.0 * 100.0 / BYTES_PER_MB / 20.0;
+        assert!((s.consumed_mb_per_sec - mb).abs() < mb / 100.0, "{s:?}");
     }
 
     /// A run without consumers (or without acks) has no latency to report: no 0 ms.
