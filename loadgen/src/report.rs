@@ -99,6 +99,13 @@ pub fn summary_text(s: &Summary) -> String {
             s.consumed_mb_per_sec,
             s.lag_max_records
         );
+        if s.lag_unknown_samples > 0 {
+            let _ = writeln!(
+                t,
+                "lag unknown in {} samples (a partition's log end could not be read)",
+                s.lag_unknown_samples
+            );
+        }
         if s.e2e_latency_ms.is_some() {
             t.push_str(&p("e2e", &s.e2e_latency_ms));
         }
@@ -219,14 +226,15 @@ fn render_html(title: &str, runs: &[RunReport], rows: &[Row]) -> Result<String> 
         h.push_str(&timeline_svg(
             runs,
             "records/s",
-            |s| s.records_per_sec,
+            |s| Some(s.records_per_sec),
             true,
         )?);
         h.push_str("<h2>Consumer lag over time</h2>");
         h.push_str(&timeline_svg(
             runs,
             "lag (records)",
-            |s| s.lag_records as f64,
+            // A second whose sample failed has no point (unknown is not 0).
+            |s| s.lag_records.map(|l| l as f64),
             false,
         )?);
         if runs.iter().any(|r| !r.summary.follower_lag.is_empty()) {
@@ -398,7 +406,7 @@ fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
 fn timeline_svg(
     runs: &[RunReport],
     y_desc: &str,
-    value: impl Fn(&crate::stats::Second) -> f64,
+    value: impl Fn(&crate::stats::Second) -> Option<f64>,
     with_consumed: bool,
 ) -> Result<String> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
@@ -407,7 +415,7 @@ fn timeline_svg(
             .summary
             .timeline
             .iter()
-            .map(|s| (s.t_s, value(s)))
+            .filter_map(|s| Some((s.t_s, value(s)?)))
             .collect();
         series.push((r.label.clone(), pts));
         if with_consumed && r.summary.consumed_records > 0 {

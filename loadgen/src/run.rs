@@ -1,7 +1,6 @@
 //! One measured run: producers and/or consumers on their own threads, a progress thread
 //! printing a line per second and sampling consumer lag, and the summary at the end.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -13,7 +12,7 @@ use wire::batch::Compression;
 
 use crate::client::conn::Conn;
 use crate::client::consumer::{
-    Consumer, ConsumerConfig, Positions, RecordSink, StartAt, Until, sample_lag,
+    Consumer, ConsumerConfig, LagSampler, Positions, RecordSink, StartAt, Until,
 };
 use crate::client::metadata::{self, Cluster};
 use crate::client::payload::Stamp;
@@ -415,12 +414,11 @@ fn start_progress(
         recorder.clone(),
         stop.clone(),
     );
-    let topic = spec.topic.clone();
+    let mut sampler = LagSampler::new(cluster, &spec.topic);
     let quiet = spec.quiet;
     std::thread::Builder::new()
         .name("progress".into())
         .spawn(move || {
-            let mut conns = BTreeMap::new();
             let mut next = clock.now_ns() + 1_000_000_000;
             let max_ticks = RUN_MAX.as_secs();
             for _ in 0..max_ticks {
@@ -433,9 +431,14 @@ fn start_progress(
                 next += 1_000_000_000;
                 let now = clock.now_ns();
                 if sample {
-                    match sample_lag(&mut conns, &cluster, &topic, &positions) {
+                    match sampler.sample(&positions) {
                         Ok(lag) => recorder.record_lag(lag, now),
-                        Err(e) => warn(&format!("lag sample failed: {e:#}")),
+                        Err(e) => {
+                            // Unknown, not the last value: the line says so, and the
+                            // summary counts the samples that failed.
+                            recorder.record_lag_unknown(now);
+                            warn(&format!("lag sample failed: {e:#}"));
+                        }
                     }
                 }
                 let sec = recorder.tick(now);

@@ -111,7 +111,9 @@ pub struct Second {
     pub publish_p99_ms: Option<f64>,
     pub publish_max_ms: Option<f64>,
     pub e2e_p99_ms: Option<f64>,
-    pub lag_records: i64,
+    /// Consumer lag sampled at the end of this second; `None` (JSON null) when the sample
+    /// failed (a partition's log end could not be read).
+    pub lag_records: Option<i64>,
     pub errors: u64,
 }
 
@@ -137,7 +139,11 @@ pub struct Summary {
     /// `None` (JSON null) when nothing was acknowledged / consumed with a latency.
     pub publish_latency_ms: Option<Percentiles>,
     pub e2e_latency_ms: Option<Percentiles>,
+    /// Highest lag of the samples taken after the warm-up that succeeded.
     pub lag_max_records: i64,
+    /// Lag samples after the warm-up that failed (lag unknown then: not in the max).
+    #[serde(default)]
+    pub lag_unknown_samples: u64,
     /// Error counts by Kafka error name (or a `Client...` name for client-side failures).
     pub errors: BTreeMap<String, u64>,
     pub timeline: Vec<Second>,
@@ -207,8 +213,9 @@ struct Inner {
     /// When the last record counted in `consumed` was read.
     consumed_last_ns: u64,
     errors: BTreeMap<String, u64>,
-    lag_now: i64,
+    lag_now: Option<i64>,
     lag_max: i64,
+    lag_unknown: u64,
     interval: Interval,
     timeline: Vec<Second>,
 }
@@ -252,8 +259,9 @@ impl Recorder {
                 consumed_bytes: 0,
                 consumed_last_ns: 0,
                 errors: BTreeMap::new(),
-                lag_now: 0,
+                lag_now: None,
                 lag_max: 0,
+                lag_unknown: 0,
                 interval: Interval::new(0),
                 timeline: Vec::new(),
             }),
@@ -342,10 +350,22 @@ impl Recorder {
     /// The consumer lag sampled now (log end offset minus position, summed over partitions).
     pub fn record_lag(&self, lag_records: i64, now_ns: u64) {
         let mut g = self.lock();
-        g.lag_now = lag_records;
+        g.lag_now = Some(lag_records);
         if now_ns >= self.warmup_end_ns {
             g.lag_max = g.lag_max.max(lag_records);
         }
+    }
+
+    /// A lag sample failed: the lag is unknown now (not the last value, not 0); counted
+    /// as an error `ClientLagUnknown` and in the summary's `lag_unknown_samples`.
+    pub fn record_lag_unknown(&self, now_ns: u64) {
+        let mut g = self.lock();
+        g.lag_now = None;
+        if now_ns >= self.warmup_end_ns {
+            g.lag_unknown += 1;
+        }
+        drop(g);
+        self.record_error("ClientLagUnknown", 1);
     }
 
     /// Closes the current second at `now_ns` and returns it (for the progress line).
@@ -395,6 +415,7 @@ impl Recorder {
             publish_latency_ms: Percentiles::of(&g.publish),
             e2e_latency_ms: Percentiles::of(&g.e2e),
             lag_max_records: g.lag_max,
+            lag_unknown_samples: g.lag_unknown,
             errors: g.errors.clone(),
             timeline: g.timeline.clone(),
             follower_lag_max_records: None,
@@ -429,13 +450,14 @@ pub fn progress_line(s: &Second) -> String {
             ms_text(s.publish_max_ms)
         ));
     }
-    if s.consumed_records > 0 || s.lag_records > 0 {
+    if s.consumed_records > 0 || s.lag_records != Some(0) {
         parts.push(format!(
             "{} records consumed, {:.1} records/sec, {} ms e2e p99, lag {}",
             s.consumed_records,
             s.consumed_per_sec,
             ms_text(s.e2e_p99_ms),
             s.lag_records
+                .map_or_else(|| "unknown".to_string(), |l| l.to_string())
         ));
     }
     if s.errors > 0 {

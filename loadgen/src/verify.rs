@@ -27,6 +27,7 @@ use serde::Serialize;
 
 use crate::cli::Verify;
 use crate::client::consumer::{RecordSink, StartAt};
+use crate::client::metadata::Refresher;
 use crate::client::payload::{PRODUCER_SHIFT, Stamp};
 use crate::client::producer::{AckSink, warn};
 use crate::report;
@@ -37,6 +38,8 @@ const FAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
 /// A read_committed read-back waits for the LSO at most transaction.timeout.ms plus this.
 const LSO_WAIT_EXTRA: Duration = Duration::from_secs(30);
 const LSO_POLL: Duration = Duration::from_millis(100);
+/// How long the read-back waits for every partition to have a leader after the faults.
+const LAYOUT_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Ledger {
@@ -260,10 +263,12 @@ pub fn verify(v: &Verify) -> Result<Findings> {
     spec.records = None;
     spec.duration = None;
     spec.quiet = true;
+    // Leaders may have moved during the faults: the read-back asks where they are now.
+    let mut cluster = current_layout(&spec.topic, &cluster)?;
     if spec.read_committed {
         let bound = Duration::from_millis(spec.producer.transaction_timeout_ms.max(0) as u64)
             + LSO_WAIT_EXTRA;
-        wait_stable(&spec.topic, &cluster, bound)?;
+        wait_stable(&spec.topic, &mut cluster, bound)?;
     }
     let read = read_back(&spec, &cluster, &starts, ledger.clone())?;
     let mut f = analyse(&ledger.lock());
@@ -277,6 +282,28 @@ pub fn verify(v: &Verify) -> Result<Findings> {
         report::write_json(p, &f)?;
     }
     Ok(f)
+}
+
+/// The topic's layout now, asked of the brokers `old` names (waiting, bounded, for
+/// partitions without a leader to get one).
+fn current_layout(
+    topic: &str,
+    old: &crate::client::metadata::Cluster,
+) -> Result<crate::client::metadata::Cluster> {
+    let mut refresher = Refresher::default();
+    let mut cluster = old.clone();
+    let deadline = Instant::now() + LAYOUT_WAIT;
+    let mut last = anyhow::anyhow!("no answer within {LAYOUT_WAIT:?}");
+    // Bounded by the deadline; the refresher backs off between attempts.
+    while Instant::now() < deadline {
+        refresher.want();
+        match refresher.refresh_if_due(&mut cluster, topic) {
+            Ok(true) => return Ok(cluster),
+            Ok(false) => std::thread::sleep(refresher.wait().min(LSO_POLL)),
+            Err(e) => last = e,
+        }
+    }
+    Err(last.context(format!("the layout of topic {topic} after the faults")))
 }
 
 fn start_offsets(
@@ -305,14 +332,19 @@ fn start_offsets(
 /// read_committed read-back that starts earlier could go idle below the LSO.
 fn wait_stable(
     topic: &str,
-    cluster: &crate::client::metadata::Cluster,
+    cluster: &mut crate::client::metadata::Cluster,
     bound: Duration,
 ) -> Result<()> {
     use crate::client::metadata::{LATEST, list_offsets_isolated};
     let deadline = Instant::now() + bound;
     let mut conns: BTreeMap<usize, crate::client::conn::Conn> = BTreeMap::new();
+    let mut refresher = Refresher::default();
     // Bounded by the deadline; one round of ListOffsets per poll.
     while Instant::now() < deadline {
+        // A partition that failed may have a new leader: ask (with backoff).
+        if let Ok(true) = refresher.refresh_if_due(cluster, topic) {
+            conns.clear();
+        }
         let mut stable = true;
         for p in 0..cluster.partitions() {
             let part = [p as i32];
@@ -329,9 +361,11 @@ fn wait_stable(
             })();
             match offsets {
                 Ok((Some(hw), Some(lso))) if lso >= hw => {}
-                Ok(_) => stable = false,
-                Err(_) => {
+                Ok((Some(_), Some(_))) => stable = false,
+                // Refused (a moved leader, say) or a lost connection.
+                Ok(_) | Err(_) => {
                     conns.remove(&p);
+                    refresher.want();
                     stable = false;
                 }
             }

@@ -29,7 +29,7 @@ use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header};
 use super::conn::Conn;
 use super::error_name;
 use super::group::{Beat, GroupMember};
-use super::metadata::{self, Cluster, EARLIEST, LATEST};
+use super::metadata::{self, Cluster, EARLIEST, LATEST, Refresher};
 use super::payload::{self, Stamp};
 use super::producer::warn;
 use crate::stats::{Clock, Recorder};
@@ -140,6 +140,9 @@ pub struct Consumer {
     fetch_at: BTreeMap<i32, i64>,
     /// When throttling started (first record).
     throttle_start: Option<Instant>,
+    /// Partition leaders are asked for again after a leadership error or a lost
+    /// connection (the layout the consumer was built with goes stale when leaders move).
+    refresh: Refresher,
 }
 
 impl Consumer {
@@ -169,6 +172,7 @@ impl Consumer {
             pending: BTreeMap::new(),
             fetch_at: BTreeMap::new(),
             throttle_start: None,
+            refresh: Refresher::default(),
         }
     }
 
@@ -308,6 +312,9 @@ impl Consumer {
             if until.idle.is_some_and(|d| last_record.elapsed() >= d) {
                 break;
             }
+            if !self.refresh_leaders() {
+                continue;
+            }
             let before = self.consumed;
             for (broker, parts) in self.by_broker() {
                 if let Err(e) = self.fetch_once(broker, &parts, stop) {
@@ -316,6 +323,7 @@ impl Consumer {
                     self.conns.remove(&broker);
                     self.pending.remove(&broker);
                     self.fetch_at.clear();
+                    self.refresh.want();
                     std::thread::sleep(RECONNECT_BACKOFF);
                 }
             }
@@ -327,6 +335,35 @@ impl Consumer {
             }
         }
         self.consumed
+    }
+
+    /// Asks for the partition leaders again when a fetch said they moved. Returns whether
+    /// to fetch now; while the refresh backs off, it sleeps a bounded step instead, so a
+    /// partition without a leader is not fetched in a tight loop.
+    fn refresh_leaders(&mut self) -> bool {
+        if !self.refresh.wanted() {
+            return true;
+        }
+        let wait = self.refresh.wait();
+        if !wait.is_zero() {
+            std::thread::sleep(wait.min(THROTTLE_SLEEP_MAX));
+            return false;
+        }
+        match self
+            .refresh
+            .refresh_if_due(&mut self.cluster, &self.cfg.topic)
+        {
+            Ok(_) => {
+                // Fetches in flight went to the old leaders.
+                self.forget_fetches();
+                true
+            }
+            Err(e) => {
+                self.recorder.record_error("ClientMetadataRefreshFailed", 1);
+                warn(&format!("metadata refresh failed: {e:#}"));
+                false
+            }
+        }
     }
 
     fn forget_fetches(&mut self) {
@@ -372,6 +409,7 @@ impl Consumer {
             conn.recv::<FetchRequest>(pending.version, pending.correlation_id)?;
         if resp.error_code != 0 {
             self.recorder.record_error(&error_name(resp.error_code), 1);
+            self.refresh.want();
         }
         // Where each partition's next fetch starts: after the last whole batch returned.
         let mut clean = resp.error_code == 0;
@@ -388,6 +426,9 @@ impl Consumer {
                     *at = (*at).max(end);
                 }
             }
+        }
+        if clean {
+            self.refresh.healthy();
         }
         if clean && !stop.load(Ordering::Relaxed) {
             self.send_fetch(broker, parts)?;
@@ -458,7 +499,10 @@ impl Consumer {
             return self.reset(p);
         }
         if code != 0 {
+            // Any other partition error (a moved leader above all) is retried against a
+            // fresh layout, after the refresh's backoff: never in a tight loop.
             self.recorder.record_error(&error_name(code), 1);
+            self.refresh.want();
             return Ok(());
         }
         let Some(records) = records else {
@@ -639,6 +683,9 @@ fn batches_end(records: &[u8]) -> Option<i64> {
 /// the consumer ran between samples at high rates; the quickstart showed "max lag 0"
 /// at 287k records/s. Read first, records appended during the round trip count as lag
 /// (an upper bound, by the round trip times the rate), never hidden.
+///
+/// A partition whose leader refused ListOffsets (or left it out) makes the whole sample an
+/// error: the lag is then unknown, never counted as 0.
 pub fn sample_lag(
     conns: &mut BTreeMap<i32, Conn>,
     cluster: &Cluster,
@@ -664,20 +711,74 @@ pub fn sample_lag(
         let Some(conn) = conns.get_mut(&broker) else {
             continue;
         };
-        let ends = match metadata::list_offsets(conn, topic, &parts, LATEST) {
+        let ends = match metadata::list_offsets_answers(conn, topic, &parts, LATEST, 0) {
             Ok(e) => e,
             Err(e) => {
                 conns.remove(&broker);
                 return Err(e);
             }
         };
-        for (p, end) in ends {
+        for p in parts {
+            let end = match ends.get(&p) {
+                Some(Ok(end)) => *end,
+                Some(Err(code)) => {
+                    anyhow::bail!("partition {p}: ListOffsets answered {}", error_name(*code))
+                }
+                None => anyhow::bail!("partition {p}: left out of the ListOffsets answer"),
+            };
             if let Some(&Some(pos)) = usize::try_from(p).ok().and_then(|p| before.get(p)) {
                 lag += (end - pos).max(0);
             }
         }
     }
     Ok(lag)
+}
+
+/// Samples consumer lag once a second for the progress thread, following partition
+/// leaders: a sample that fails (a refused partition, a lost connection) asks for the
+/// layout again and, if the refresh's backoff allows, samples once more at once.
+pub struct LagSampler {
+    cluster: Cluster,
+    topic: String,
+    conns: BTreeMap<i32, Conn>,
+    refresh: Refresher,
+}
+
+impl LagSampler {
+    pub fn new(cluster: Cluster, topic: &str) -> Self {
+        Self {
+            cluster,
+            topic: topic.to_string(),
+            conns: BTreeMap::new(),
+            refresh: Refresher::default(),
+        }
+    }
+
+    /// Total lag over all partitions; an error when it is not known for every partition.
+    pub fn sample(&mut self, positions: &Positions) -> Result<i64> {
+        // Bounded: the first try, and one more after a refresh.
+        let mut last = anyhow::anyhow!("no sample taken");
+        for _ in 0..2 {
+            if self.refresh.wanted() {
+                match self.refresh.refresh_if_due(&mut self.cluster, &self.topic) {
+                    Ok(true) => self.conns.clear(),
+                    Ok(false) => return Err(last),
+                    Err(e) => return Err(e.context(format!("after {last:#}"))),
+                }
+            }
+            match sample_lag(&mut self.conns, &self.cluster, &self.topic, positions) {
+                Ok(lag) => {
+                    self.refresh.healthy();
+                    return Ok(lag);
+                }
+                Err(e) => {
+                    self.refresh.want();
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
 }
 
 #[cfg(test)]

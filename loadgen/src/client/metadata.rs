@@ -25,6 +25,16 @@ const TOPIC_READY_POLL: Duration = Duration::from_millis(100);
 pub const LATEST: i64 = -1;
 /// ListOffsets timestamp meaning "the log start".
 pub const EARLIEST: i64 = -2;
+/// Errors that mean "ask the cluster again who leads this partition":
+/// NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE,
+/// FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH.
+pub const LEADERSHIP_ERRORS: [i16; 5] = [6, 3, 5, 74, 75];
+/// The first refresh after a healthy spell waits this long at most (none at all if the
+/// last refresh was longer ago); each further one in a row doubles it, up to the max.
+const REFRESH_BACKOFF: Duration = Duration::from_millis(100);
+const REFRESH_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Doublings of the refresh backoff at most (far beyond the max already).
+const REFRESH_DOUBLINGS_MAX: u32 = 10;
 
 /// One topic's layout: partition → leader broker id, and broker id → address.
 #[derive(Clone, Debug, Default)]
@@ -50,6 +60,94 @@ impl Cluster {
     /// Number of partitions.
     pub fn partitions(&self) -> usize {
         self.leaders.len()
+    }
+}
+
+/// Whether a partition error code means its leader moved (or is being elected).
+pub fn is_leadership_error(code: i16) -> bool {
+    LEADERSHIP_ERRORS.contains(&code)
+}
+
+/// Asks every broker `cluster` knows, in turn, for `topic`'s layout again. Only a full
+/// answer (every partition led, the same partition count) replaces the old one.
+pub fn refresh(cluster: &Cluster, topic: &str) -> Result<Cluster> {
+    let mut last = anyhow!("no brokers to ask");
+    for addr in cluster.brokers.values() {
+        let fresh = Conn::connect(addr).and_then(|mut c| fetch(&mut c, topic, false));
+        match fresh {
+            Ok(Some(c)) if c.partitions() == cluster.partitions() => return Ok(c),
+            Ok(Some(c)) => {
+                last = anyhow!(
+                    "{addr}: topic {topic} has {} partitions, was {}",
+                    c.partitions(),
+                    cluster.partitions()
+                );
+            }
+            Ok(None) => {
+                last = anyhow!("{addr}: topic {topic} unknown or a partition has no leader")
+            }
+            Err(e) => last = e.context(format!("metadata from {addr}")),
+        }
+    }
+    Err(last)
+}
+
+/// When a reader (consumer, lag sampler, verify) may ask for metadata again: wanted after
+/// a leadership error or a lost connection; refreshes in a row back off exponentially
+/// ([`REFRESH_BACKOFF`] doubling up to [`REFRESH_BACKOFF_MAX`]) until a clean answer
+/// says the layout works again, so a partition without a leader is not asked about (nor
+/// fetched from) in a tight loop.
+#[derive(Debug)]
+pub struct Refresher {
+    wanted: bool,
+    /// Refreshes since the last clean answer.
+    in_a_row: u32,
+    next_at: Instant,
+}
+
+impl Default for Refresher {
+    fn default() -> Self {
+        Self {
+            wanted: false,
+            in_a_row: 0,
+            next_at: Instant::now(),
+        }
+    }
+}
+
+impl Refresher {
+    /// A leadership error or a lost connection: refresh before relying on the layout.
+    pub fn want(&mut self) {
+        self.wanted = true;
+    }
+
+    pub fn wanted(&self) -> bool {
+        self.wanted
+    }
+
+    /// How long until the wanted refresh may go (zero: now).
+    pub fn wait(&self) -> Duration {
+        self.next_at.saturating_duration_since(Instant::now())
+    }
+
+    /// An answer without leadership errors: the next refresh needs no backoff.
+    pub fn healthy(&mut self) {
+        self.in_a_row = 0;
+    }
+
+    /// Refreshes `cluster` if wanted and due. `Ok(true)`: it was replaced.
+    pub fn refresh_if_due(&mut self, cluster: &mut Cluster, topic: &str) -> Result<bool> {
+        if !self.wanted || !self.wait().is_zero() {
+            return Ok(false);
+        }
+        let doublings = self.in_a_row.min(REFRESH_DOUBLINGS_MAX);
+        let backoff = REFRESH_BACKOFF.saturating_mul(1 << doublings);
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        self.next_at = Instant::now() + backoff.min(REFRESH_BACKOFF_MAX);
+        let fresh = refresh(cluster, topic)?;
+        *cluster = fresh;
+        self.wanted = false;
+        Ok(true)
     }
 }
 
@@ -147,8 +245,7 @@ pub fn list_offsets(
     list_offsets_isolated(conn, topic, partitions, timestamp, 0)
 }
 
-/// [`list_offsets`] at an isolation level: 1 (read_committed) makes LATEST the last
-/// stable offset instead of the high watermark.
+/// [`list_offsets_answers`] without the failures.
 pub fn list_offsets_isolated(
     conn: &mut Conn,
     topic: &str,
@@ -156,6 +253,23 @@ pub fn list_offsets_isolated(
     timestamp: i64,
     isolation_level: i8,
 ) -> Result<BTreeMap<i32, i64>> {
+    let answers = list_offsets_answers(conn, topic, partitions, timestamp, isolation_level)?;
+    Ok(answers
+        .into_iter()
+        .filter_map(|(p, a)| Some((p, a.ok()?)))
+        .collect())
+}
+
+/// Each partition's answer to ListOffsets at `timestamp`: its offset or its error code.
+/// Isolation level 1 (read_committed) makes LATEST the last stable offset instead of the
+/// high watermark. A partition the broker left out of its answer is left out here too.
+pub fn list_offsets_answers(
+    conn: &mut Conn,
+    topic: &str,
+    partitions: &[i32],
+    timestamp: i64,
+    isolation_level: i8,
+) -> Result<BTreeMap<i32, Result<i64, i16>>> {
     let lo = if isolation_level == 0 { 1 } else { 2 };
     let v = conn.versions.pick(api::LIST_OFFSETS, lo, 7)?;
     let mut t = ListOffsetsTopic::default();
@@ -178,9 +292,12 @@ pub fn list_offsets_isolated(
     let mut out = BTreeMap::new();
     for t in resp.topics {
         for p in t.partitions {
-            if p.error_code == 0 {
-                out.insert(p.partition_index, p.offset);
-            }
+            let answer = if p.error_code == 0 {
+                Ok(p.offset)
+            } else {
+                Err(p.error_code)
+            };
+            out.insert(p.partition_index, answer);
         }
     }
     Ok(out)

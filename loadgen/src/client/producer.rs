@@ -50,9 +50,6 @@ const SLEEP_MIN_NS: u64 = 50_000;
 /// Longest the producer waits for in-flight requests after the schedule ends.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 const NS_PER_MS: u64 = 1_000_000;
-/// Errors that mean "ask the cluster again who leads this partition": NOT_LEADER_OR_FOLLOWER,
-/// UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE.
-const LEADERSHIP_ERRORS: [i16; 3] = [6, 3, 5];
 /// A repeated warning is printed at most once per this interval (with a count of the
 /// ones held back), so a broker that keeps failing cannot flood stderr.
 const WARN_EVERY_NS: u64 = 5_000_000_000;
@@ -992,7 +989,7 @@ fn handle_response(
             continue;
         }
         ctx.recorder.record_error(&error_name(code), 1);
-        refresh |= LEADERSHIP_ERRORS.contains(&code);
+        refresh |= metadata::is_leadership_error(code);
         if is_retriable(code, ctx.cfg.idempotent) {
             returned.push(b);
         } else {

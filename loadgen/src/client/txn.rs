@@ -38,7 +38,7 @@ use wire::batch::Compression;
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
 use super::conn::Conn;
-use super::metadata::Cluster;
+use super::metadata::{self, Cluster};
 use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestBuf, RequestFields, Values};
 use super::producer::{AckSink, ProducerConfig, ProducerStats, warn};
 use super::{error_name, partition_for_key, payload};
@@ -297,6 +297,7 @@ impl TxnProducer {
                 }
                 self.stats.failed += records;
                 self.need_init = true;
+                self.refresh_leaders();
             }
             Err(Failed::CommitUnknown(e)) => {
                 warn(&format!(
@@ -310,6 +311,29 @@ impl TxnProducer {
                 }
                 self.stats.failed += records;
                 self.need_init = true;
+                self.refresh_leaders();
+            }
+        }
+    }
+
+    /// After a failed transaction (a moved leader, a lost connection among the likely
+    /// causes), asks for the partition leaders again so the next one does not write to
+    /// the old ones. Once per failed transaction: bounded by the schedule, and the next
+    /// InitProducerId backs off on its own. A failed refresh keeps the old layout.
+    fn refresh_leaders(&mut self) {
+        match metadata::refresh(&self.cluster, &self.cfg.topic) {
+            Ok(c) => {
+                if c.leaders != self.cluster.leaders {
+                    self.leaders.clear();
+                }
+                self.cluster = c;
+            }
+            Err(e) => {
+                self.recorder.record_error("ClientMetadataRefreshFailed", 1);
+                warn(&format!(
+                    "{}: metadata refresh failed: {e:#}",
+                    self.transactional_id
+                ));
             }
         }
     }
