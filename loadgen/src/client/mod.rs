@@ -29,7 +29,8 @@ pub fn error_name(code: i16) -> String {
 
 /// Whether a produce error is worth retrying (Kafka's own classification, plus
 /// OUT_OF_ORDER_SEQUENCE_NUMBER, which an idempotent producer retries after an earlier
-/// batch of the same partition failed).
+/// batch of the same partition failed: giving that batch up renews the producer id, and
+/// the retry goes out renumbered under the new one, see `producer.rs`).
 pub fn is_retriable(code: i16, idempotent: bool) -> bool {
     if idempotent && code == OUT_OF_ORDER_SEQUENCE_NUMBER {
         return true;

@@ -53,6 +53,9 @@ const NS_PER_MS: u64 = 1_000_000;
 /// A repeated warning is printed at most once per this interval (with a count of the
 /// ones held back), so a broker that keeps failing cannot flood stderr.
 const WARN_EVERY_NS: u64 = 5_000_000_000;
+/// New producer ids (after a batch was given up on) per producer at most: past it, a
+/// partition with a sequence gap keeps failing, as it did before resets existed.
+const PRODUCER_ID_RESETS_MAX: u32 = 100;
 /// Doublings of the retry backoff at most (2^20 × the base is far beyond any max).
 const BACKOFF_DOUBLINGS_MAX: u32 = 20;
 
@@ -135,6 +138,8 @@ struct Batch {
     created_ns: u64,
     sealed: Option<Sealed>,
     base_sequence: Sequence,
+    /// The producer id generation (`Producer::resets`) `base_sequence` belongs to.
+    generation: u32,
     attempts: u32,
     retry_at_ns: u64,
 }
@@ -213,6 +218,9 @@ struct LinkState {
     released_bytes: usize,
     /// A response said the partition moved: refresh metadata before retrying.
     refresh_metadata: bool,
+    /// An idempotent batch (with a sequence) was given up on: the partition's sequences
+    /// have a gap the broker will never fill.
+    gave_up_sequenced: bool,
 }
 
 /// Wakes the producer thread when a response arrives.
@@ -296,6 +304,16 @@ pub struct Producer {
     scratch: Vec<u8>,
     refresh: Refresh,
     send_warn: Limited,
+    /// Idempotent producer: a batch with a sequence was given up on. No batch is sent
+    /// until the in-flight ones are answered, then a new producer id is asked for and
+    /// every partition's sequences start again at 0 (what Kafka's idempotent producer
+    /// does), so the batches after the gap are not refused OUT_OF_ORDER_SEQUENCE_NUMBER
+    /// for the rest of the run.
+    reset_pending: bool,
+    /// New producer ids asked for so far (bounded by [`PRODUCER_ID_RESETS_MAX`]).
+    resets: u32,
+    /// Not before this (ns): the last InitProducerId failed.
+    reset_at_ns: u64,
 }
 
 impl Producer {
@@ -341,6 +359,9 @@ impl Producer {
             scratch: Vec::new(),
             refresh: Refresh::default(),
             send_warn: Limited::default(),
+            reset_pending: false,
+            resets: 0,
+            reset_at_ns: 0,
         })
     }
 
@@ -352,6 +373,7 @@ impl Producer {
             let now = self.clock.now_ns();
             let seen = self.wake.current();
             self.service_links(now);
+            self.reset_producer_id_if_due(now);
             let mut wait_until = now + WAIT_MAX_NS;
             if generating {
                 match self.generate(&mut pacer, now, stop) {
@@ -462,6 +484,7 @@ impl Producer {
                     created_ns: now,
                     sealed: None,
                     base_sequence: Sequence::NONE,
+                    generation: 0,
                     attempts: 0,
                     retry_at_ns: 0,
                 });
@@ -495,6 +518,11 @@ impl Producer {
     /// rounds). Returns whether anything was sent and the earliest time something becomes
     /// ready.
     fn send_ready(&mut self, now: u64, flush: bool) -> (bool, Option<u64>) {
+        if self.reset_pending {
+            // Waiting for in-flight answers (a response wakes the producer) or for the
+            // InitProducerId backoff.
+            return (false, Some(self.reset_at_ns.max(now + SLEEP_MIN_NS)));
+        }
         let mut sent_any = false;
         let mut next = None;
         for _ in 0..SEND_ROUNDS_MAX {
@@ -580,6 +608,7 @@ impl Producer {
         if age_ms < self.cfg.delivery_timeout_ms {
             return false;
         }
+        self.gave_up_on(b);
         self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
         self.recorder
             .record_error("ClientDeliveryTimeout", b.records.len() as u64);
@@ -588,16 +617,77 @@ impl Producer {
         true
     }
 
+    /// Notes a batch given up on: if it had a sequence, the producer id must be renewed.
+    fn gave_up_on(&mut self, b: &Batch) {
+        if self.cfg.idempotent && b.sealed.is_some() {
+            self.reset_pending = true;
+        }
+    }
+
+    /// Once nothing is in flight, asks for a new producer id and restarts every
+    /// partition's sequences at 0; batches numbered under the old id (returned for
+    /// retry) are numbered again when next sent, so they go out with the new id in
+    /// sequence (never as a "duplicate" of a number the new id already used).
+    fn reset_producer_id_if_due(&mut self, now: u64) {
+        if !self.reset_pending || now < self.reset_at_ns {
+            return;
+        }
+        let in_flight = self
+            .links
+            .values()
+            .any(|l| !lock(&l.state).in_flight.is_empty());
+        if in_flight {
+            return;
+        }
+        if self.resets >= PRODUCER_ID_RESETS_MAX {
+            self.reset_pending = false;
+            warn(&format!(
+                "{PRODUCER_ID_RESETS_MAX} new producer ids already; not asking for another"
+            ));
+            return;
+        }
+        self.resets += 1;
+        let fresh = self
+            .cluster
+            .leader_addr(0)
+            .map(str::to_string)
+            .and_then(|addr| Conn::connect(&addr))
+            .and_then(|mut c| metadata::init_producer_id(&mut c));
+        match fresh {
+            Ok((id, epoch)) => {
+                self.producer_id = id;
+                self.producer_epoch = epoch;
+                // Batches numbered under the old id are numbered again when sent (seal).
+                self.next_sequence.fill(Sequence(0));
+                self.reset_pending = false;
+                warn(&format!(
+                    "gave up on a batch: new producer id {} epoch {}, sequences from 0",
+                    id.get(),
+                    epoch.get()
+                ));
+            }
+            Err(e) => {
+                self.recorder.record_error("ClientInitProducerIdFailed", 1);
+                let (base, max) = (self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms);
+                self.reset_at_ns = now + backoff_ns(base, max, self.resets);
+                warn(&format!("InitProducerId after a given-up batch: {e:#}"));
+            }
+        }
+    }
+
     /// Fixes what a batch looks like on the wire (first send only): its sequence, its
     /// timestamp and, if compressed, its compressed records.
     fn seal(&mut self, b: &mut Batch) -> Result<()> {
+        let p = b.partition as usize;
+        // A batch numbered under an older producer id (returned for retry around a reset)
+        // is numbered again, after everything the new id has sent on its partition.
+        if self.cfg.idempotent && (b.sealed.is_none() || b.generation != self.resets) {
+            b.base_sequence = self.next_sequence[p];
+            b.generation = self.resets;
+            self.next_sequence[p] = b.base_sequence.add_wrapping(b.records.len() as i32);
+        }
         if b.sealed.is_some() {
             return Ok(());
-        }
-        let p = b.partition as usize;
-        if self.cfg.idempotent {
-            b.base_sequence = self.next_sequence[p];
-            self.next_sequence[p] = b.base_sequence.add_wrapping(b.records.len() as i32);
         }
         let timestamp_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -788,6 +878,7 @@ impl Producer {
             self.stats.acked += std::mem::take(&mut st.acked);
             self.stats.failed += std::mem::take(&mut st.failed);
             refresh |= std::mem::take(&mut st.refresh_metadata);
+            self.reset_pending |= std::mem::take(&mut st.gave_up_sequenced);
             let released = std::mem::take(&mut st.released_bytes);
             self.buffered_bytes = self.buffered_bytes.saturating_sub(released);
             returned.append(&mut st.returned);
@@ -814,6 +905,7 @@ impl Producer {
         self.expire_fronts(now);
         for mut b in returned {
             if b.attempts > self.cfg.retries {
+                self.gave_up_on(&b);
                 self.recorder
                     .record_error("ClientRetriesExhausted", b.records.len() as u64);
                 self.sink.failed(b.partition, &b.ids());
@@ -879,7 +971,9 @@ impl Producer {
     /// the front of its partition's queue, so retries never overtake each other.
     fn requeue(&mut self, b: Batch) {
         let q = &mut self.queues[b.partition as usize];
-        let seq_of = |x: &Batch| x.base_sequence.get();
+        // Batches of an older producer id get new numbers after the current id's.
+        let current = self.resets;
+        let seq_of = |x: &Batch| (x.generation != current, x.base_sequence.get());
         let pos = q
             .iter()
             .position(|x| x.sealed.is_none() || seq_of(x) > seq_of(&b))
@@ -976,6 +1070,7 @@ fn handle_response(
     let mut failed = 0u64;
     let mut released = 0usize;
     let mut refresh = false;
+    let mut gave_up_sequenced = false;
     let mut returned = Vec::new();
     for b in batches {
         // A partition missing from the response is treated as a retriable network error.
@@ -996,6 +1091,7 @@ fn handle_response(
             ctx.sink.failed(b.partition, &b.ids());
             failed += b.records.len() as u64;
             released += b.bytes;
+            gave_up_sequenced |= ctx.cfg.idempotent;
         }
     }
     let mut st = lock(state);
@@ -1003,5 +1099,6 @@ fn handle_response(
     st.failed += failed;
     st.released_bytes += released;
     st.refresh_metadata |= refresh;
+    st.gave_up_sequenced |= gave_up_sequenced;
     st.returned.append(&mut returned);
 }
