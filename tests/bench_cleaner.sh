@@ -51,7 +51,7 @@ for line in open(log):
         after += int(re.search(r"bytes_after=(\d+)", line).group(1))
 errors = sum(o.get("errors", {}).values())
 print(f"cleaner={enable:<5} run={run} mb_per_sec={o['mb_per_sec']:.1f} "
-      f"records_per_sec={o['records_per_sec']:.0f} p99_ms={o['publish_latency_ms']['p99']:.1f} "
+      f"records_per_sec={o['records_per_sec']:.0f} p99_ms={(o['publish_latency_ms'] or {}).get('p99', float('nan')):.1f} "
       f"errors={errors} cleans={cleans} cleaned_mib={before / 2**20:.0f}->{after / 2**20:.1f} "
       f"log_mib_at_end={log_mib}")
 EOF

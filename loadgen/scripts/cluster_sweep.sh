@@ -272,8 +272,9 @@ for a in m1:
     if r3 is None:
         continue
     ratio = r3["records_per_sec"] / max(r1["records_per_sec"], 1e-9)
-    p1 = h1.get(a, {}).get("publish_latency_ms", {}).get("p99", float("nan"))
-    p3 = h3.get(a, {}).get("publish_latency_ms", {}).get("p99", float("nan"))
+    # A latency without samples is null in the JSON: NaN here.
+    p1 = (h1.get(a, {}).get("publish_latency_ms") or {}).get("p99", float("nan"))
+    p3 = (h3.get(a, {}).get("publish_latency_ms") or {}).get("p99", float("nan"))
     lag = max(r3.get("follower_lag_max_records") or 0, h3.get(a, {}).get("follower_lag_max_records") or 0)
     lag_ms = max(r3.get("follower_lag_max_ms") or 0, h3.get(a, {}).get("follower_lag_max_ms") or 0)
     print(f"{a:<10} {r1['records_per_sec']:>11,.0f} {r3['records_per_sec']:>11,.0f} {ratio:>8.2f} "
@@ -282,7 +283,7 @@ for a in m1:
 a1, a3 = m1.get("acks=all"), m3.get("acks=all")
 if a1 and a3:
     ratio = a3["records_per_sec"] / max(a1["records_per_sec"], 1e-9)
-    p99 = h3.get("acks=all", {}).get("publish_latency_ms", {}).get("p99", float("nan"))
+    p99 = (h3.get("acks=all", {}).get("publish_latency_ms") or {}).get("p99", float("nan"))
     print(f"\naims: acks=all RF3/RF1 throughput {ratio:.2f} (aim >= 0.5: {'met' if ratio >= 0.5 else 'missed'}); "
           f"acks=all RF3 publish p99 at half load {p99:.2f} ms (aim <= 5 ms: {'met' if p99 <= 5 else 'missed'})")
 errs = {n: sum(r["errors"] for r in rows(n).values()) for n in ("max-rf1", "max-rf3", "half-rf1", "half-rf3")}

@@ -94,7 +94,9 @@ print(f"consume: {c['consumed_records_per_sec']:.0f} rec/s, {c['consumed_mb_per_
       f"= {c['consumed_mb_per_sec']/net:.2f} x loopback")
 for a in ["1", "all"]:
     e = j(f"e2e-half-acks-{a}.json")
-    pl, el = e["publish_latency_ms"], e["e2e_latency_ms"]
+    # A latency without samples is null in the JSON: NaN here.
+    nan = {"p50": float("nan"), "p99": float("nan"), "p999": float("nan")}
+    pl, el = e["publish_latency_ms"] or nan, e["e2e_latency_ms"] or nan
     print(f"50% load acks={a}: {e['records_per_sec']:.0f} rec/s; publish p50 {pl['p50']:.2f} "
           f"p99 {pl['p99']:.2f} p99.9 {pl['p999']:.2f} ms; e2e p50 {el['p50']:.2f} "
           f"p99 {el['p99']:.2f} p99.9 {el['p999']:.2f} ms; max lag {e['lag_max_records']}")
