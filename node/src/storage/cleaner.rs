@@ -325,8 +325,13 @@ impl OffsetMap {
                 self.bytes += cost;
             }
         }
+        // A producer's last *data* batch holds its sequence state; a marker after it must
+        // not make that batch look superseded (Kafka keeps the batch at lastDataOffset).
         let pid = header.producer_id.get();
-        if pid >= 0 && self.producers.insert(pid, header.base_offset()).is_none() {
+        if pid >= 0
+            && !attributes.is_control()
+            && self.producers.insert(pid, header.base_offset()).is_none()
+        {
             self.bytes += PRODUCER_ENTRY_BYTES;
         }
         Ok(true)
@@ -957,4 +962,45 @@ async fn next_offset_of(disk: &Disk, path: &Path) -> Result<Offset> {
         pos += total as u64;
     }
     Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::batch::{BatchBuilder, NewRecord, control_batch};
+    use wire::{ProducerEpoch, ProducerId, Sequence};
+
+    /// A transactional batch of producer 7 at `base`, one record keyed "k".
+    fn txn_batch(base: i64) -> Bytes {
+        BatchBuilder {
+            base_offset: Offset(base),
+            producer_id: ProducerId(7),
+            producer_epoch: ProducerEpoch(0),
+            base_sequence: Sequence(0),
+            transactional: true,
+            records: vec![NewRecord {
+                key: Some(Bytes::from_static(b"k")),
+                ..NewRecord::value(1000, Bytes::from_static(b"v"))
+            }],
+            ..BatchBuilder::default()
+        }
+        .build()
+        .expect("a batch")
+    }
+
+    #[test]
+    fn a_marker_after_a_producers_last_data_batch_leaves_that_batch_its_last() {
+        let bounds = CleanBounds::new(Offset(100), &[]);
+        let mut map = OffsetMap::new(1 << 20, Offset(0));
+        assert_eq!(map.add_batch(&txn_batch(0), &bounds), Ok(true));
+        let mut marker = bytes::BytesMut::from(
+            &control_batch(ProducerId(7), ProducerEpoch(0), true, 0, 1001).expect("marker")[..],
+        );
+        wire::batch::assign_offsets(&mut marker, Offset(1), wire::LeaderEpoch(0)).expect("offsets");
+        assert_eq!(map.add_batch(&marker.freeze(), &bounds), Ok(true));
+        assert!(
+            map.last_of_producer(7, Offset(0)),
+            "the data batch before the marker holds the producer's sequences"
+        );
+    }
 }

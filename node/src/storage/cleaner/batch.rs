@@ -132,13 +132,16 @@ pub fn filter_batch(
     } else {
         None
     };
-    let outcome = if removed == 0 && !set_horizon {
+    // An emptied batch stays only as its producer's last (its header holds the producer's
+    // sequence state); one kept empty earlier goes once a later batch of its producer is
+    // mapped, else empty headers would pile up round after round.
+    let holds_producer = header.producer_id.get() >= 0 && rules.last_of_producer;
+    let outcome = if kept.is_empty() && !holds_producer {
+        Outcome::Drop
+    } else if removed == 0 && !set_horizon {
         Outcome::Keep
     } else if kept.is_empty() {
-        match header.producer_id.get() >= 0 && rules.last_of_producer {
-            true => Outcome::Rewrite(encode(&header, &[], None)?),
-            false => Outcome::Drop,
-        }
+        Outcome::Rewrite(encode(&header, &[], None)?)
     } else {
         Outcome::Rewrite(encode(&header, &kept, new_horizon)?)
     };
@@ -391,6 +394,25 @@ mod tests {
         assert_eq!(h.last_offset(), Offset(0));
         assert_eq!(h.producer_id(), ProducerId(7));
         assert_eq!(h.last_sequence(), Sequence(100));
+    }
+
+    #[test]
+    fn an_empty_batch_kept_for_its_producer_goes_once_the_producer_writes_again() {
+        let b = batch(0, vec![rec(5, Some("a"), Some("1"))], Compression::None);
+        let m = map(&[("a", 9)]);
+        let Outcome::Rewrite(empty) = filter_batch(&b, &m, rules(0, true)).unwrap().outcome else {
+            panic!("expected an empty batch");
+        };
+        assert_eq!(
+            filter_batch(&empty, &m, rules(0, true)).unwrap().outcome,
+            Outcome::Keep,
+            "still the producer's last"
+        );
+        assert_eq!(
+            filter_batch(&empty, &m, rules(0, false)).unwrap().outcome,
+            Outcome::Drop,
+            "a later batch of its producer holds its state now"
+        );
     }
 
     #[test]
