@@ -654,3 +654,48 @@ fn a_marker_from_an_older_coordinator_epoch_is_fenced() {
     );
     assert_eq!(write_marker(&mut c, 4242, false, 8), 0);
 }
+
+/// ListOffsets v7 of partition 0 of [`TOPIC`] by `timestamp` at `isolation`: (error,
+/// offset).
+fn list_offset(c: &mut Client, timestamp: i64, isolation: i8) -> (i16, i64) {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_isolation_level(isolation)
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(topic_name(TOPIC))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(timestamp),
+                ]),
+        ]);
+    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 7, &req);
+    let p = &resp.topics[0].partitions[0];
+    (p.error_code, p.offset)
+}
+
+/// A consumer's ListOffsets by timestamp (or -3, the max timestamp) finds only what it
+/// may fetch: for read_committed nothing at or past the LSO, as Kafka answers; else a
+/// consumer would seek into an open transaction it cannot read yet.
+#[test]
+fn list_offsets_by_time_stays_below_what_the_consumer_may_fetch() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(1, &[], &[(TOPIC, 1)]);
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    assert_eq!(produce(&mut c, txn_batch(pid, epoch, 0, 2)), 0);
+    assert_eq!(
+        list_offset(&mut c, 0, 0),
+        (0, 0),
+        "read_uncommitted: the HW covers it"
+    );
+    assert_eq!(list_offset(&mut c, -3, 0).0, 0);
+    assert_eq!(
+        list_offset(&mut c, 0, 1),
+        (0, -1),
+        "read_committed: past the LSO"
+    );
+    assert_eq!(list_offset(&mut c, -3, 1), (0, -1));
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
+    assert_eq!(list_offset(&mut c, 0, 1), (0, 0), "committed: readable");
+}

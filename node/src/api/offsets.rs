@@ -55,6 +55,7 @@ pub async fn list_offsets(
                     current_epoch: LeaderEpoch(p.current_leader_epoch),
                     // v2+: read_committed's latest offset is the LSO (Kafka's rule).
                     read_committed: version >= 2 && req.isolation_level == 1,
+                    consumer: req.replica_id.0 == -1,
                     lagging_hw_error: (version >= 2 && req.replica_id.0 == -1).then_some(
                         match version >= 5 {
                             true => errors::OFFSET_NOT_AVAILABLE,

@@ -200,6 +200,10 @@ pub struct ListOffsetCall {
     /// where its epoch began, this error (KIP-207: OFFSET_NOT_AVAILABLE from v5,
     /// LEADER_NOT_AVAILABLE before), not an offset lower than the last leader answered.
     pub lagging_hw_error: Option<i16>,
+    /// A consumer's request (replica id -1): an offset found by timestamp (or -3, the max
+    /// timestamp) counts only below what it may fetch, the HW (the LSO for
+    /// read_committed); else none (-1), as Kafka answers.
+    pub consumer: bool,
 }
 
 impl ShardCall for ListOffsetCall {
@@ -225,6 +229,20 @@ impl ShardCall for ListOffsetCall {
                         offset: p.last_stable_offset(),
                         ..listed
                     };
+                }
+                let by_time = self.timestamp >= 0 || self.timestamp == -3;
+                if self.consumer && by_time && listed.error == 0 {
+                    let fetchable = match self.read_committed {
+                        true => p.last_stable_offset(),
+                        false => p.high_watermark(),
+                    };
+                    if listed.offset >= fetchable {
+                        return ListedOffset {
+                            timestamp: -1,
+                            offset: Offset::NONE,
+                            ..listed
+                        };
+                    }
                 }
                 listed
             }
