@@ -115,11 +115,22 @@ fn txn_batch(pid: ProducerId, epoch: ProducerEpoch, seq: i32, n: usize) -> Bytes
 /// Produce v7 (`acks`, with the transactional id) of `batch` to partition `index` of
 /// `topic`; returns the partition's error code.
 fn produce_to(c: &mut Client, topic: &str, index: i32, acks: i16, batch: Bytes) -> i16 {
+    produce_as(c, Some(TXN_ID), (topic, index), acks, batch)
+}
+
+/// Produce v7 naming `txn_id` (or none).
+fn produce_as(
+    c: &mut Client,
+    txn_id: Option<&'static str>,
+    (topic, index): (&str, i32),
+    acks: i16,
+    batch: Bytes,
+) -> i16 {
     let part = PartitionProduceData::default()
         .with_index(index)
         .with_records(Some(batch));
     let req = ProduceRequest::default()
-        .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str(TXN_ID))))
+        .with_transactional_id(txn_id.map(|id| TransactionalId(StrBytes::from_static_str(id))))
         .with_acks(acks)
         .with_timeout_ms(10_000)
         .with_topic_data(vec![
@@ -698,4 +709,21 @@ fn list_offsets_by_time_stays_below_what_the_consumer_may_fetch() {
     assert_eq!(list_offset(&mut c, -3, 1), (0, -1));
     assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
     assert_eq!(list_offset(&mut c, 0, 1), (0, 0), "committed: readable");
+}
+
+/// Transactional batches need the transactional id in the request (Kafka refuses them
+/// with TRANSACTIONAL_ID_AUTHORIZATION_FAILED otherwise): without it, anyone allowed to
+/// write the topic could append to another producer's open transaction.
+#[test]
+fn transactional_batches_without_a_transactional_id_are_refused() {
+    const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
+    let (_broker, mut c, pid, epoch) = start_with_producer(1, &[], &[(TOPIC, 1)]);
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    let batch = txn_batch(pid, epoch, 0, 1);
+    assert_eq!(
+        produce_as(&mut c, None, (TOPIC, 0), -1, batch.clone()),
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    );
+    assert_eq!(fetch(&mut c, 0).high_watermark, 0, "nothing appended");
+    assert_eq!(produce(&mut c, batch), 0, "with its transactional id");
 }

@@ -61,10 +61,17 @@ pub async fn handle(
         (view.acks, view.timeout_ms, plan, txn_id)
     };
     // Kafka: a transactional producer needs Write on its transactional id, else every
-    // partition is refused.
-    let txn_denied = txn_id
-        .as_ref()
-        .is_some_and(|id| !authz.txn(Operation::Write, id));
+    // partition is refused; transactional batches without a transactional id are refused
+    // the same way (else any principal with topic Write could append to another
+    // producer's open transaction).
+    let txn_denied = match &txn_id {
+        Some(id) => !authz.txn(Operation::Write, id),
+        None => parts.iter().any(|p| {
+            p.records
+                .as_ref()
+                .is_ok_and(|range| has_transactional_batch(&req.body[range.clone()]))
+        }),
+    };
     if txn_denied {
         for p in &mut parts {
             p.records = Err(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
@@ -88,6 +95,22 @@ pub async fn handle(
     }
     let frame = wire::produce::encode_produce_response(correlation_id, version, &resp)?;
     Ok(Some(vec![frame]))
+}
+
+/// Whether any batch in `records` has the transactional bit (headers only are read; a
+/// malformed blob is the partition's own refusal later).
+fn has_transactional_batch(records: &[u8]) -> bool {
+    let mut pos = 0usize;
+    while let Some(rest) = records.get(pos..).filter(|r| !r.is_empty()) {
+        let Ok(h) = wire::batch::read_header(rest) else {
+            return false;
+        };
+        if h.attributes().is_transactional() {
+            return true;
+        }
+        pos = pos.saturating_add(h.total_size().max(1));
+    }
+    false
 }
 
 /// The request's body, with every other handle on the frame dropped: the header's client
