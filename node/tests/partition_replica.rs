@@ -1255,3 +1255,36 @@ fn a_follower_appends_across_a_gap_its_leaders_cleaner_left() {
         );
     });
 }
+
+/// A replica id the leader does not follow (a client posing as a replica) reads as a
+/// consumer does, up to the HW: records not yet on the ISR are not handed out, and its
+/// fetch offset does not count as any follower's progress.
+#[test]
+fn an_unknown_replica_id_reads_only_up_to_the_hw() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, _b) = pair_with_ten_copied(root.path(), 1).await;
+        let out = a.produce(batch(None, 2, "unreplicated"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        assert_eq!(
+            (a.high_watermark(), a.log.log_end_offset()),
+            (Offset(10), Offset(12))
+        );
+        let posing = a
+            .fetch_within(
+                Offset(10),
+                ReadFor::Follower(NodeId(99), wire::BrokerEpoch(1)),
+                LeaderEpoch::NONE,
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            )
+            .await;
+        assert_eq!(posing.error, errors::NONE);
+        assert!(posing.batches.is_empty(), "nothing past the HW");
+        let (error, batches) = follower_fetch(&a, Offset(10), LeaderEpoch::NONE).await;
+        assert_eq!(error, errors::NONE);
+        assert_eq!(batches.len(), 1, "the real follower reads to the log end");
+    });
+}

@@ -131,6 +131,12 @@ impl Partition {
         let upper = match reader {
             ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
             ReadFor::Consumer(Isolation::ReadCommitted) => lso,
+            // A replica id this leader does not follow (a client posing as a replica, or a
+            // replica assigned before this leader applied it) reads as a consumer does: up
+            // to the HW, nothing unreplicated, no progress noted.
+            ReadFor::Follower(node, _) if !self.replica.borrow().has_follower(node) => {
+                self.high_watermark()
+            }
             ReadFor::Follower(node, epoch) => {
                 if let Some(answered) = self.follower_answered.borrow_mut().remove(&node) {
                     crate::metrics::local(|m| m.follower_turned_around(answered.elapsed()));
