@@ -801,3 +801,54 @@ fn a_fetch_session_stops_reading_a_topic_once_its_read_acl_is_deleted() {
         .collect();
     assert_eq!(answers, vec![(0, TOPIC_DENIED, false)], "{next:?}");
 }
+
+/// DeleteTopics v6 by topic id: the id is resolved to its name first and Delete is asked
+/// on that name, as Kafka does; a principal with only Read on the topic learns its id
+/// from Metadata but cannot delete it by id. An id that names no topic is UNKNOWN_TOPIC_ID.
+#[test]
+fn delete_topics_by_id_asks_delete_on_the_resolved_name() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    let b = start(&[]);
+    let mut admin = login(&b, "admin");
+    assert_eq!(create_topics(&mut admin, &["t"]), vec![0]);
+    let read_t = acl(TOPIC, "t", LITERAL, "User:alice", READ, ALLOW);
+    assert_eq!(create_acls(&mut admin, vec![read_t]), vec![0]);
+    let mut alice = login(&b, "alice");
+    let meta: MetadataResponse = alice.call(
+        api::METADATA,
+        12,
+        &MetadataRequest::default()
+            .with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(s("t")))),
+            ]))
+            .with_allow_auto_topic_creation(false),
+    );
+    let id = meta.topics[0].topic_id;
+    assert!(!id.is_nil(), "Metadata v12 gives the id");
+    let by_id = |c: &mut Client, id: uuid::Uuid| -> DeleteTopicsResponse {
+        c.call(
+            api::DELETE_TOPICS,
+            6,
+            &DeleteTopicsRequest::default()
+                .with_topics(vec![DeleteTopicState::default().with_topic_id(id)])
+                .with_timeout_ms(10_000),
+        )
+    };
+    let resp = by_id(&mut alice, id);
+    assert_eq!(resp.responses.len(), 1);
+    assert_eq!(resp.responses[0].error_code, TOPIC_DENIED, "no Delete on t");
+    assert_eq!(resp.responses[0].topic_id, id);
+    assert_eq!(visible_topics(&mut admin), vec!["t"], "t is still there");
+    let unknown = by_id(&mut alice, uuid::Uuid::from_u128(42));
+    assert_eq!(unknown.responses[0].error_code, 100, "UNKNOWN_TOPIC_ID");
+    // Bob may not even describe t: refused too, and its name is not given away.
+    let mut bob = login(&b, "bob");
+    let resp = by_id(&mut bob, id);
+    assert_eq!(resp.responses[0].error_code, TOPIC_DENIED);
+    assert_eq!(resp.responses[0].name, None, "bob cannot describe t");
+    assert_eq!(visible_topics(&mut admin), vec!["t"]);
+    // The super user deletes it by id.
+    let resp = by_id(&mut admin, id);
+    assert_eq!(resp.responses[0].error_code, 0);
+    assert!(visible_topics(&mut admin).is_empty());
+}

@@ -265,7 +265,13 @@ where
     resp
 }
 
-/// DeleteTopics (v1–v5, names): Delete on each topic.
+/// DeleteTopics: Delete on each topic. An entry by topic id (v6) is first resolved to
+/// the name the id has here and Delete asked on that name, as Kafka does: the id is no
+/// way around the ACL. The name is filled into the entry, so the handler deletes the
+/// topic that was checked (the id is kept: a topic of that name created again meanwhile
+/// is not deleted). An id that names no topic is left to the handler
+/// (UNKNOWN_TOPIC_ID). A refusal by id gives the name only to a principal that may
+/// describe the topic (Kafka's `ControllerApis.deleteTopics`).
 pub async fn delete_topics<F, Fut>(
     a: &Authz<'_>,
     mut q: DeleteTopicsRequest,
@@ -277,22 +283,51 @@ where
 {
     use delete_topics_response::DeletableTopicResult;
     let denied = take_denied(&mut q.topic_names, |n| a.topic(Operation::Delete, n));
+    if a.enabled() {
+        resolve_topic_ids(a, &mut q.topics);
+    }
     let denied_states = take_denied(&mut q.topics, |t| {
         t.name
             .as_ref()
             .is_none_or(|n| a.topic(Operation::Delete, n))
     });
     let mut resp = f(q).await;
-    let names = denied
-        .into_iter()
-        .chain(denied_states.into_iter().filter_map(|t| t.name));
-    resp.responses.extend(names.map(|n| {
-        DeletableTopicResult::default()
-            .with_name(Some(n))
-            .with_error_code(TOPIC_DENIED)
-            .with_error_message(msg("Authorization failed."))
-    }));
+    let by_name = denied.into_iter().map(|n| (Some(n), uuid::Uuid::nil()));
+    let by_state = denied_states.into_iter().map(|t| {
+        let shown = t.topic_id.is_nil()
+            || t.name
+                .as_ref()
+                .is_some_and(|n| a.topic(Operation::Describe, n));
+        (t.name.filter(|_| shown), t.topic_id)
+    });
+    resp.responses
+        .extend(by_name.chain(by_state).map(|(name, id)| {
+            DeletableTopicResult::default()
+                .with_name(name)
+                .with_topic_id(id)
+                .with_error_code(TOPIC_DENIED)
+                .with_error_message(msg("Authorization failed."))
+        }));
     resp
+}
+
+/// Gives each DeleteTopics entry named only by its id the name that id has in this
+/// shard's image (an id that names nothing keeps no name).
+fn resolve_topic_ids(a: &Authz<'_>, topics: &mut [delete_topics_request::DeleteTopicState]) {
+    if topics.iter().all(|t| t.name.is_some()) {
+        return;
+    }
+    let image = a.shard.catalog();
+    let by_id: std::collections::HashMap<u128, &str> = image
+        .topics
+        .values()
+        .map(|t| (t.id, t.name.as_str()))
+        .collect();
+    for t in topics.iter_mut().filter(|t| t.name.is_none()) {
+        if let Some(name) = by_id.get(&t.topic_id.as_u128()) {
+            t.name = Some(super::topic_name(name));
+        }
+    }
 }
 
 /// CreatePartitions: Alter on each topic.
