@@ -852,3 +852,61 @@ fn delete_topics_by_id_asks_delete_on_the_resolved_name() {
     assert_eq!(resp.responses[0].error_code, 0);
     assert!(visible_topics(&mut admin).is_empty());
 }
+
+/// The BROKER resource's secrets (Kafka's PASSWORD keys, and weir's own keys holding
+/// passwords) are described as Kafka describes them: value null, `is_sensitive`. A
+/// secret set dynamically is not echoed back by the alter, its description or the log.
+#[test]
+fn describe_configs_hides_the_brokers_secrets() {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    const SECRET: &str = "jaas-s3cret";
+    let b = start(&[("ssl.key.password", "key-s3cret")]);
+    let mut admin = login(&b, "admin");
+    let jaas_key = "listener.name.sasl_plaintext.plain.sasl.jaas.config";
+    let jaas = format!(r#"PlainLoginModule required user_eve="{SECRET}";"#);
+    let resource = AlterConfigsResource::default()
+        .with_resource_type(CLUSTER)
+        .with_resource_name(s(""))
+        .with_configs(vec![
+            AlterableConfig::default()
+                .with_name(s(jaas_key))
+                .with_config_operation(0)
+                .with_value(Some(s(&jaas))),
+        ]);
+    let altered: IncrementalAlterConfigsResponse = admin.call(
+        api::INCREMENTAL_ALTER_CONFIGS,
+        1,
+        &IncrementalAlterConfigsRequest::default().with_resources(vec![resource]),
+    );
+    assert_eq!(altered.responses[0].error_code, 0, "{altered:?}");
+    assert!(!format!("{altered:?}").contains(SECRET));
+    for version in [1, 4] {
+        let resp: DescribeConfigsResponse = admin.call(
+            api::DESCRIBE_CONFIGS,
+            version,
+            &DescribeConfigsRequest::default().with_resources(vec![
+                DescribeConfigsResource::default()
+                    .with_resource_type(CLUSTER)
+                    .with_resource_name(s(""))
+                    .with_configuration_keys(None),
+            ]),
+        );
+        let entries = &resp.results[0].configs;
+        let find = |name: &str| entries.iter().find(|e| e.name.as_str() == name);
+        for key in ["sasl.plain.users", "ssl.key.password", jaas_key] {
+            let e = find(key).unwrap_or_else(|| panic!("v{version}: {key} is described"));
+            assert_eq!(e.value, None, "v{version}: {key} has no value shown");
+            assert!(e.is_sensitive, "v{version}: {key} is sensitive");
+        }
+        let plain = find("num.partitions").expect("num.partitions");
+        assert!(plain.value.is_some() && !plain.is_sensitive, "v{version}");
+        let shown = format!("{resp:?}");
+        for secret in ["admin-pw", "alice-pw", "key-s3cret", SECRET] {
+            assert!(!shown.contains(secret), "v{version} shows {secret}");
+        }
+    }
+    assert!(
+        !b.log_contains(SECRET),
+        "the log keeps the secret to itself"
+    );
+}

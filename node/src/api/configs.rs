@@ -44,6 +44,7 @@ const SOURCE_DEFAULT: i8 = 5;
 const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_LONG: i8 = 5;
+const TYPE_PASSWORD: i8 = 9;
 
 /// Broker keys set by the command line's dedicated flags or their Kafka keys: always
 /// static (given at startup one way or the other).
@@ -101,12 +102,25 @@ pub async fn describe(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Describ
 
 fn entry(name: &str, value: &str, source: i8, read_only: bool) -> DescribeConfigsResourceResult {
     let numeric = name.ends_with(".ms") || name.ends_with(".bytes");
-    DescribeConfigsResourceResult::default()
+    let config_type = if numeric { TYPE_LONG } else { TYPE_STRING };
+    let e = DescribeConfigsResourceResult::default()
         .with_name(str_bytes(name))
         .with_value(Some(str_bytes(value)))
         .with_read_only(read_only)
         .with_config_source(source)
-        .with_config_type(if numeric { TYPE_LONG } else { TYPE_STRING })
+        .with_config_type(config_type);
+    hide_secret(e)
+}
+
+/// A secret's entry as Kafka describes a PASSWORD key: no value, `is_sensitive` (a
+/// field of every version of the response).
+fn hide_secret(e: DescribeConfigsResourceResult) -> DescribeConfigsResourceResult {
+    if !keys::is_sensitive(e.name.as_str()) {
+        return e;
+    }
+    e.with_value(None)
+        .with_is_sensitive(true)
+        .with_config_type(TYPE_PASSWORD)
 }
 
 fn topic_entries(
@@ -171,12 +185,13 @@ fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
                 Some(v) if v.parse::<i64>().is_ok() => TYPE_LONG,
                 _ => TYPE_STRING,
             };
-            DescribeConfigsResourceResult::default()
+            let e = DescribeConfigsResourceResult::default()
                 .with_name(str_bytes(k))
                 .with_value(value.map(|v| str_bytes(&v)))
                 .with_read_only(read_only)
                 .with_config_source(source)
-                .with_config_type(config_type)
+                .with_config_type(config_type);
+            hide_secret(e)
         })
         .collect()
 }
@@ -291,7 +306,9 @@ async fn change_broker(
     let applied = keys::DYNAMIC_APPLIED
         .iter()
         .any(|(k, _)| old.get(*k) != new.get(*k));
-    let shown = format!("{new:?}");
+    // Secrets set dynamically (a listener's JAAS line, a key password) stay out of the log.
+    let shown: Vec<String> = new.iter().map(|(k, v)| keys::shown(k, v)).collect();
+    let shown = shown.join(", ");
     glommio::executor()
         .spawn_blocking(move || store.replace(new))
         .await

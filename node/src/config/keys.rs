@@ -287,6 +287,37 @@ pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
 /// Families of per-listener security keys Kafka reconfigures at runtime.
 const KAFKA_DYNAMIC_IGNORED_PREFIXES: &[&str] = &["listener.name.", "sasl.", "ssl."];
 
+/// Endings of the keys whose values are secrets: Kafka's PASSWORD-typed keys
+/// (`ssl.key.password`, `ssl.keystore.key`, `sasl.jaas.config`, `password.encoder.secret`,
+/// `delegation.token.secret.key`, the certificate PEMs, ...), also under a
+/// `listener.name.<l>.[<mechanism>.]` prefix, and weir's own keys holding passwords.
+const SENSITIVE_SUFFIXES: &[&str] = &[
+    ".password",
+    ".secret",
+    ".key",
+    ".passphrase",
+    "sasl.jaas.config",
+    "sasl.plain.users",
+    "scram.bootstrap.credentials",
+    "ssl.keystore.certificate.chain",
+    "ssl.truststore.certificates",
+];
+
+/// Whether `key`'s value is a secret: DescribeConfigs answers it as Kafka answers a
+/// PASSWORD key (value null, `is_sensitive`), and logs never show it.
+pub fn is_sensitive(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    SENSITIVE_SUFFIXES.iter().any(|s| key.ends_with(s))
+}
+
+/// `key=value` for a log line or message, the value hidden if it is a secret.
+pub fn shown(key: &str, value: &str) -> String {
+    match is_sensitive(key) {
+        true => format!("{key}=[hidden]"),
+        false => format!("{key}={value}"),
+    }
+}
+
 /// Whether and how a broker key may be set dynamically.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dynamic {
@@ -403,6 +434,39 @@ mod tests {
         for (k, _) in DYNAMIC_APPLIED {
             assert_eq!(kind(k), KeyKind::Used, "{k}");
         }
+    }
+
+    #[test]
+    fn secrets_are_told_from_other_keys() {
+        for key in [
+            "sasl.plain.users",
+            "sasl.jaas.config",
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.truststore.password",
+            "ssl.keystore.key",
+            "ssl.keystore.certificate.chain",
+            "ssl.truststore.certificates",
+            "listener.name.client.ssl.key.password",
+            "scram.bootstrap.credentials",
+            "password.encoder.secret",
+            "delegation.token.secret.key",
+            "sasl.oauthbearer.client.credentials.client.secret",
+        ] {
+            assert!(is_sensitive(key), "{key}");
+        }
+        for key in [
+            "num.partitions",
+            "sasl.enabled.mechanisms",
+            "ssl.keystore.location",
+            "ssl.client.auth",
+            "log.retention.ms",
+        ] {
+            assert!(!is_sensitive(key), "{key}");
+        }
+        assert_eq!(shown("ssl.key.password", "pw"), "ssl.key.password=[hidden]");
+        assert_eq!(shown("num.partitions", "3"), "num.partitions=3");
     }
 
     #[test]
