@@ -363,3 +363,37 @@ fn explicit_assignments_naming_this_node_are_accepted() {
     let m = metadata(&mut c, &["two"], false);
     assert_eq!(m.topics[0].partitions.len(), 4);
 }
+
+/// CreatePartitions with a count of i32::MIN and a replica list: refused as
+/// INVALID_PARTITIONS before any arithmetic on the count (a debug build once panicked on
+/// `count - current`), and the broker goes on answering.
+#[test]
+fn create_partitions_with_a_count_of_i32_min_is_refused() {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsAssignment;
+    const INVALID_PARTITIONS: i16 = 37;
+    let b = Broker::start(1, &[]);
+    let mut c = b.client();
+    assert_eq!(create(&mut c, vec![topic("p", 1, 1, &[])], false), vec![0]);
+    for count in [i32::MIN, i32::MAX, 0] {
+        let grow = CreatePartitionsRequest::default().with_topics(vec![
+            CreatePartitionsTopic::default()
+                .with_name(TopicName(s("p")))
+                .with_count(count)
+                .with_assignments(Some(vec![
+                    CreatePartitionsAssignment::default().with_broker_ids(vec![BrokerId(0)]),
+                ])),
+        ]);
+        let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &grow);
+        assert_eq!(
+            resp.results[0].error_code, INVALID_PARTITIONS,
+            "count {count}"
+        );
+    }
+    let mut fresh = b.client();
+    let m = metadata(&mut fresh, &["p"], false);
+    assert_eq!(
+        m.topics[0].partitions.len(),
+        1,
+        "the broker answers, p unchanged"
+    );
+}

@@ -577,15 +577,25 @@ async fn grow_topic(
     let Some(current) = shard.catalog().topics.get(name).cloned() else {
         return Err(meta_error(MetaError::UnknownTopic(name.to_string())));
     };
+    // The count is the client's: checked before any arithmetic on it (i32::MIN minus
+    // the current count would overflow).
+    if count <= current.partitions || count > PARTITIONS_PER_TOPIC_MAX {
+        let msg = format!(
+            "topic {name} has {} partitions; cannot change to {count}",
+            current.partitions
+        );
+        return Err((errors::INVALID_PARTITIONS, msg));
+    }
+    let added = count - current.partitions;
+    assert!(added > 0, "a topic only grows");
     if !assignments.is_empty() && !in_cluster(shard) {
         single_node_assignment(shard, &assignments)?;
-        if usize::try_from(count - current.partitions).ok() != Some(assignments.len()) {
+        if usize::try_from(added).ok() != Some(assignments.len()) {
             return Err((
                 errors::INVALID_REPLICA_ASSIGNMENT,
                 format!(
-                    "{} replica lists for {} new partitions",
-                    assignments.len(),
-                    count - current.partitions
+                    "{} replica lists for {added} new partitions",
+                    assignments.len()
                 ),
             ));
         }
@@ -596,14 +606,7 @@ async fn grow_topic(
     } else {
         Vec::new()
     };
-    if count <= current.partitions || count > PARTITIONS_PER_TOPIC_MAX {
-        let msg = format!(
-            "topic {name} has {} partitions; cannot change to {count}",
-            current.partitions
-        );
-        return Err((errors::INVALID_PARTITIONS, msg));
-    }
-    budget.take(count - current.partitions)?;
+    budget.take(added)?;
     if validate_only {
         return Ok(());
     }
