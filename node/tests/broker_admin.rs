@@ -397,3 +397,31 @@ fn create_partitions_with_a_count_of_i32_min_is_refused() {
         "the broker answers, p unchanged"
     );
 }
+
+/// AlterUserScramCredentials naming 200,000 deletions is refused as a whole
+/// (INVALID_REQUEST for each) in linear time: the duplicate check once scanned the whole
+/// request per entry before the size limit was looked at.
+#[test]
+fn a_scram_alteration_with_200k_entries_is_refused_quickly() {
+    use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialDeletion;
+    const ENTRIES: usize = 200_000;
+    let b = Broker::start(1, &[]);
+    let mut c = b.client();
+    let deletion = ScramCredentialDeletion::default()
+        .with_name(s("u"))
+        .with_mechanism(1);
+    let req = AlterUserScramCredentialsRequest::default().with_deletions(vec![deletion; ENTRIES]);
+    let started = std::time::Instant::now();
+    let resp: AlterUserScramCredentialsResponse =
+        c.call(api::ALTER_USER_SCRAM_CREDENTIALS, 0, &req);
+    let took = started.elapsed();
+    assert_eq!(resp.results.len(), ENTRIES);
+    assert!(
+        resp.results.iter().all(|r| r.error_code == 42),
+        "INVALID_REQUEST"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "answered in {took:?}"
+    );
+}

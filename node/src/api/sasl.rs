@@ -8,7 +8,7 @@
 //! SASL_AUTHENTICATION_FAILED after `connection.failed.authentication.delay.ms`, and the
 //! connection is closed after that answer.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -185,20 +185,24 @@ pub async fn alter_scram(
     shard: &Rc<Shard>,
     req: AlterUserScramCredentialsRequest,
 ) -> AlterUserScramCredentialsResponse {
+    let named = req.deletions.len().saturating_add(req.upsertions.len());
+    if named > SCRAM_CHANGES_PER_REQUEST_MAX {
+        // Refused before any per-entry work: the request may name many thousands.
+        return refuse_all(&req);
+    }
     let mut results = Vec::new();
     let mut changes = Vec::new();
     let mut users = Vec::new();
-    let named: Vec<String> = req
-        .deletions
-        .iter()
-        .map(|d| d.name.to_string())
-        .chain(req.upsertions.iter().map(|u| u.name.to_string()))
-        .collect();
-    let dup = |name: &str| named.iter().filter(|n| *n == name).count() > 1;
-    let too_many = named.len() > SCRAM_CHANGES_PER_REQUEST_MAX;
+    // How often each user is named, counted once: a per-entry scan would be quadratic.
+    let mut times: HashMap<&str, usize> = HashMap::with_capacity(named);
+    let all_names = req.deletions.iter().map(|d| d.name.as_str());
+    for name in all_names.chain(req.upsertions.iter().map(|u| u.name.as_str())) {
+        *times.entry(name).or_default() += 1;
+    }
+    let dup = |name: &str| times.get(name).is_some_and(|n| *n > 1);
     for d in &req.deletions {
         let user = d.name.to_string();
-        let checked = check_user(&user, too_many, dup(&user)).and_then(|()| {
+        let checked = check_user(&user, dup(&user)).and_then(|()| {
             ScramMechanism::from_code(d.mechanism).ok_or((
                 errors::UNSUPPORTED_SASL_MECHANISM,
                 "unknown SCRAM mechanism",
@@ -217,7 +221,7 @@ pub async fn alter_scram(
     }
     for u in &req.upsertions {
         let user = u.name.to_string();
-        let checked = check_user(&user, too_many, dup(&user)).and_then(|()| upsert_credential(u));
+        let checked = check_user(&user, dup(&user)).and_then(|()| upsert_credential(u));
         match checked {
             Ok(credential) => {
                 changes.push(ScramChange::Upsert {
@@ -274,13 +278,19 @@ pub async fn alter_scram(
     AlterUserScramCredentialsResponse::default().with_results(results)
 }
 
-fn check_user(user: &str, too_many: bool, duplicate: bool) -> Result<(), (i16, &'static str)> {
-    if too_many {
-        return Err((
-            errors::INVALID_REQUEST,
-            "too many credential changes in one request",
-        ));
-    }
+/// A request naming more than [`SCRAM_CHANGES_PER_REQUEST_MAX`] changes: every entry is
+/// answered INVALID_REQUEST and nothing is changed.
+fn refuse_all(req: &AlterUserScramCredentialsRequest) -> AlterUserScramCredentialsResponse {
+    let names = req.deletions.iter().map(|d| d.name.as_str());
+    let names = names.chain(req.upsertions.iter().map(|u| u.name.as_str()));
+    let why = "too many credential changes in one request";
+    let results = names
+        .map(|user| alter_result(user, errors::INVALID_REQUEST, why))
+        .collect();
+    AlterUserScramCredentialsResponse::default().with_results(results)
+}
+
+fn check_user(user: &str, duplicate: bool) -> Result<(), (i16, &'static str)> {
     if user.is_empty() || user.len() > SCRAM_USER_NAME_MAX_BYTES {
         return Err((
             errors::UNACCEPTABLE_CREDENTIAL,
