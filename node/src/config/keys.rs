@@ -94,6 +94,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "replica.lag.time.max.ms",
     "sasl.enabled.mechanisms",
     "sasl.plain.users",
+    "sasl.server.max.receive.size",
     "ssl.client.auth",
     "ssl.handshake.timeout.ms",
     "ssl.key.password",

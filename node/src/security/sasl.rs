@@ -18,6 +18,9 @@ pub const ENABLED_MECHANISMS_DEFAULT: &str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
 /// Default of `connection.failed.authentication.delay.ms` (Kafka's key; Kafka's default
 /// is 100 ms, weir waits longer so that guessing passwords costs a second per try).
 pub const FAILED_AUTH_DELAY_MS_DEFAULT: u64 = 1_000;
+/// Default of `sasl.server.max.receive.size` (Kafka's key and default): the largest frame
+/// read from a connection before it has authenticated.
+pub const SERVER_MAX_RECEIVE_BYTES_DEFAULT: usize = 524_288;
 /// Longest PLAIN message (authzid, user, password) accepted.
 const PLAIN_MESSAGE_MAX_BYTES: usize = 4096;
 
@@ -53,6 +56,9 @@ pub struct SaslSetup {
     /// PLAIN users and passwords (from `sasl.plain.users` and the JAAS form).
     plain_users: BTreeMap<String, String>,
     pub failed_auth_delay_ms: u64,
+    /// `sasl.server.max.receive.size`: a larger frame before authentication closes the
+    /// connection, so a stranger cannot make the broker buffer `socket.request.max.bytes`.
+    pub max_receive_bytes: usize,
 }
 
 /// Reads the SASL keys of `listener`.
@@ -92,10 +98,22 @@ pub fn setup(props: &Properties, listener: &str) -> anyhow::Result<SaslSetup> {
             anyhow::anyhow!("connection.failed.authentication.delay.ms={v}: not a number")
         })?,
     };
+    let max_receive_bytes = match get("sasl.server.max.receive.size") {
+        None => SERVER_MAX_RECEIVE_BYTES_DEFAULT,
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=i32::MAX as usize).contains(n))
+            .ok_or_else(|| {
+                anyhow::anyhow!("sasl.server.max.receive.size={v}: expected a number of bytes > 0")
+            })?,
+    };
     Ok(SaslSetup {
         mechanisms,
         plain_users,
         failed_auth_delay_ms,
+        max_receive_bytes,
     })
 }
 

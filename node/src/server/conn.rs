@@ -470,10 +470,11 @@ pub async fn serve(
         last: Cell::new(Instant::now()),
         in_flight: Cell::new(0),
     });
+    let request_max_bytes = shard.config().socket_request_max_bytes as usize;
     let mut reader = FrameReader {
         half,
         buf: BytesMut::new(),
-        max_bytes: shard.config().socket_request_max_bytes as usize,
+        max_bytes: request_max_bytes,
         limits,
         activity: activity.clone(),
         permit: None,
@@ -487,6 +488,12 @@ pub async fn serve(
     let mut last_fetch: Option<Rc<FetchTurn>> = None;
     // Checked before each listen: an event fired before we listen is not heard.
     while !shard.shutting_down.get() {
+        // Before authentication a frame is bounded by `sasl.server.max.receive.size`, as
+        // in Kafka; set per frame, since the requests before it are served one at a time.
+        reader.max_bytes = match &session.listener.sasl {
+            Some(sasl) if !session.is_open() => sasl.max_receive_bytes.min(request_max_bytes),
+            _ => request_max_bytes,
+        };
         let stop = futures_lite::future::or(shard.shutdown.listen(), closing.listen());
         let next = futures_lite::future::or(reader.next(), async {
             stop.await;
