@@ -398,6 +398,65 @@ fn create_partitions_with_a_count_of_i32_min_is_refused() {
     );
 }
 
+/// A topic named twice in one CreateTopics, DeleteTopics or CreatePartitions: every entry
+/// naming it is answered INVALID_REQUEST and nothing is done for it, as Kafka answers; the
+/// other topics of the request are handled.
+#[test]
+fn a_topic_named_twice_in_one_request_is_refused_for_each_entry() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    const INVALID_REQUEST: i16 = 42;
+    let b = Broker::start(1, &[]);
+    let mut c = b.client();
+    let twice = vec![
+        topic("d", 1, 1, &[]),
+        topic("e", 1, 1, &[]),
+        topic("d", 2, 1, &[]),
+    ];
+    assert_eq!(
+        create(&mut c, twice, false),
+        vec![INVALID_REQUEST, 0, INVALID_REQUEST]
+    );
+    let m = metadata(&mut c, &["d", "e"], false);
+    let codes: Vec<i16> = m.topics.iter().map(|t| t.error_code).collect();
+    assert_eq!(codes, vec![3, 0], "d was not created, e was");
+    let e_id = m.topics[1].topic_id;
+
+    let grow = |name: &str, count: i32| {
+        CreatePartitionsTopic::default()
+            .with_name(TopicName(s(name)))
+            .with_count(count)
+    };
+    let req = CreatePartitionsRequest::default().with_topics(vec![grow("e", 2), grow("e", 3)]);
+    let resp: CreatePartitionsResponse = c.call(api::CREATE_PARTITIONS, 3, &req);
+    let codes: Vec<i16> = resp.results.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, vec![INVALID_REQUEST, INVALID_REQUEST]);
+    assert_eq!(
+        metadata(&mut c, &["e"], false).topics[0].partitions.len(),
+        1
+    );
+
+    let by_name = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(s("e")), TopicName(s("e"))])
+        .with_timeout_ms(5000);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 5, &by_name);
+    let codes: Vec<i16> = resp.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, vec![INVALID_REQUEST, INVALID_REQUEST]);
+    let by_id = DeleteTopicsRequest::default()
+        .with_topics(vec![
+            DeleteTopicState::default().with_topic_id(e_id),
+            DeleteTopicState::default().with_topic_id(e_id),
+        ])
+        .with_timeout_ms(5000);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 6, &by_id);
+    let codes: Vec<i16> = resp.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, vec![INVALID_REQUEST, INVALID_REQUEST]);
+    assert_eq!(
+        metadata(&mut c, &["e"], false).topics[0].error_code,
+        0,
+        "e is kept"
+    );
+}
+
 /// AlterUserScramCredentials naming 200,000 deletions is refused as a whole
 /// (INVALID_REQUEST for each) in linear time: the duplicate check once scanned the whole
 /// request per entry before the size limit was looked at.

@@ -3,7 +3,7 @@
 //! (`crate::controller`: the catalogue on a single node, the quorum in a cluster), then
 //! every shard is told to sync its open partitions with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -382,13 +382,18 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
     let budget = RequestBudget::new(shard);
     let mut results = Vec::with_capacity(req.topics.len());
     let mut pending: Vec<(usize, NewTopic)> = Vec::new();
+    let named_twice = repeated(req.topics.iter().map(|t| t.name.0.as_str()));
     for (i, t) in req.topics.iter().enumerate() {
         if i % CHECK_YIELD_TOPICS == CHECK_YIELD_TOPICS - 1 {
             glommio::executor().yield_if_needed().await;
         }
         let name = t.name.0.to_string();
         let mut r = CreatableTopicResult::default().with_name(topic_name(&name));
-        match requested_topic(shard, t, &budget) {
+        let asked = match named_twice.contains(name.as_str()) {
+            true => Err(duplicate("Found multiple entries for this topic.")),
+            false => requested_topic(shard, t, &budget),
+        };
+        match asked {
             Ok(asked) => {
                 let partitions = asked.partitions;
                 r = r
@@ -450,6 +455,24 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
     CreateTopicsResponse::default().with_topics(results)
 }
 
+/// The keys that occur more than once in `keys`. Kafka answers every entry of a topic
+/// named twice in one CreateTopics, DeleteTopics or CreatePartitions INVALID_REQUEST
+/// and does nothing for it: which of the two was meant is not for the broker to guess.
+fn repeated<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> HashSet<K> {
+    let mut seen = HashSet::new();
+    let mut twice = HashSet::new();
+    for key in keys {
+        if let Some(again) = seen.replace(key) {
+            twice.insert(again);
+        }
+    }
+    twice
+}
+
+fn duplicate(msg: &str) -> TopicError {
+    (errors::INVALID_REQUEST, msg.to_string())
+}
+
 /// Refuses to delete or grow an internal topic: the coordinators keep its partitions
 /// open and hash groups by its partition count, so either would strand committed offsets.
 fn refuse_internal(name: &str, what: &str) -> Result<(), TopicError> {
@@ -499,16 +522,33 @@ pub async fn delete_topics(shard: &Rc<Shard>, req: DeleteTopicsRequest) -> Delet
             .iter()
             .map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)),
     );
+    // An entry is the id it gives, else the name (the authorizer may have added the
+    // name an id has).
+    let key = |(name, id): &(Option<String>, Uuid)| match id.is_nil() {
+        true => (name.clone(), Uuid::nil()),
+        false => (None, *id),
+    };
+    let named_twice = repeated(targets.iter().map(key));
+    let ids = names_by_id(shard, &targets);
     let mut results = Vec::new();
-    for (name, id) in targets {
-        let name = name.or_else(|| {
-            shard
-                .catalog()
-                .topics
-                .values()
-                .find(|t| t.id == id.as_u128())
-                .map(|t| t.name.clone())
-        });
+    for target in targets {
+        if named_twice.contains(&key(&target)) {
+            let (name, id) = target;
+            let msg = match id.is_nil() {
+                true => "Duplicate topic name.",
+                false => "Duplicate topic id.",
+            };
+            results.push(
+                DeletableTopicResult::default()
+                    .with_name(name.map(|n| topic_name(&n)))
+                    .with_topic_id(id)
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_error_message(Some(str_bytes(msg))),
+            );
+            continue;
+        }
+        let (name, id) = target;
+        let name = name.or_else(|| ids.get(&id.as_u128()).cloned());
         let mut r = DeletableTopicResult::default().with_topic_id(id);
         match name {
             None => r = r.with_error_code(errors::UNKNOWN_TOPIC_ID),
@@ -530,6 +570,17 @@ pub async fn delete_topics(shard: &Rc<Shard>, req: DeleteTopicsRequest) -> Delet
     DeleteTopicsResponse::default().with_responses(results)
 }
 
+/// The names of the topics that DeleteTopics entries without a name give by id, from one
+/// pass over the catalogue (not one per entry).
+fn names_by_id(shard: &Shard, targets: &[(Option<String>, Uuid)]) -> HashMap<u128, String> {
+    if targets.iter().all(|(name, _)| name.is_some()) {
+        return HashMap::new();
+    }
+    let catalog = shard.catalog();
+    let topics = catalog.topics.values();
+    topics.map(|t| (t.id, t.name.clone())).collect()
+}
+
 /// CreatePartitions: grows a topic to `count` partitions (never shrinks).
 pub async fn create_partitions(
     shard: &Rc<Shard>,
@@ -537,8 +588,19 @@ pub async fn create_partitions(
 ) -> CreatePartitionsResponse {
     let budget = RequestBudget::new(shard);
     let mut results = Vec::new();
+    let named_twice = repeated(req.topics.iter().map(|t| t.name.0.to_string()));
     for t in req.topics {
         let name = t.name.0.to_string();
+        if named_twice.contains(&name) {
+            let (code, msg) = duplicate("Duplicate topic in request.");
+            results.push(
+                CreatePartitionsTopicResult::default()
+                    .with_name(topic_name(&name))
+                    .with_error_code(code)
+                    .with_error_message(Some(str_bytes(&msg))),
+            );
+            continue;
+        }
         let assignments: Vec<Vec<i32>> = t
             .assignments
             .iter()
