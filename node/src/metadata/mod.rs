@@ -304,23 +304,71 @@ pub fn collision_key(name: &str) -> String {
     name.replace('.', "_")
 }
 
+/// The topics whose names can collide with another's (those holding `.` or `_`), by
+/// [`collision_key`]: built in one pass over the catalogue for a request or a batch of
+/// new topics, so that checking each new name is one lookup, not a scan of every topic.
+#[derive(Debug, Default)]
+pub struct CollisionIndex {
+    by_key: std::collections::HashMap<String, String>,
+}
+
+impl CollisionIndex {
+    /// Notes topic `name` (one that exists, or is being added in the same batch).
+    pub fn add(&mut self, name: &str) {
+        // A name without `.` or `_` collides only with itself: the existence check's job.
+        if name.contains(['.', '_']) {
+            self.by_key
+                .entry(collision_key(name))
+                .or_insert_with(|| name.to_string());
+        }
+    }
+
+    /// The noted topic `name` collides with, if any (never `name` itself).
+    fn colliding(&self, name: &str) -> Option<&String> {
+        if !name.contains(['.', '_']) {
+            return None;
+        }
+        self.by_key
+            .get(&collision_key(name))
+            .filter(|existing| existing.as_str() != name)
+    }
+}
+
 impl Catalog {
     /// Checks that a client may create `name` now: it does not exist, is not internal, and
-    /// does not collide with an existing topic (`t.1` vs `t_1`).
+    /// does not collide with an existing topic (`t.1` vs `t_1`). One scan of the
+    /// catalogue: to check many names, build [`Catalog::collision_index`] once and use
+    /// [`Catalog::check_new_name_in`].
     pub fn check_new_name(&self, name: &str) -> Result<(), MetaError> {
+        let mut index = CollisionIndex::default();
+        // Only names holding `.` or `_` can collide; skip the scan for the rest.
+        if name.contains(['.', '_']) {
+            let key = collision_key(name);
+            let same = self.topics.keys().filter(|t| collision_key(t) == key);
+            same.for_each(|t| index.add(t));
+        }
+        self.check_new_name_in(name, &index)
+    }
+
+    /// The collision index of every topic here.
+    pub fn collision_index(&self) -> CollisionIndex {
+        let mut index = CollisionIndex::default();
+        for name in self.topics.keys() {
+            index.add(name);
+        }
+        index
+    }
+
+    /// As [`Catalog::check_new_name`], against `index` (this catalogue's, with any
+    /// topics added since noted in it).
+    pub fn check_new_name_in(&self, name: &str, index: &CollisionIndex) -> Result<(), MetaError> {
         if self.topics.contains_key(name) {
             return Err(MetaError::TopicExists(name.to_string()));
         }
         if is_internal(name) {
             return Err(MetaError::Internal(name.to_string()));
         }
-        let key = collision_key(name);
-        // Only names holding `.` or `_` can collide; skip the scan for the rest.
-        let colliding = name
-            .contains(['.', '_'])
-            .then(|| self.topics.keys().find(|t| collision_key(t) == key))
-            .flatten();
-        match colliding {
+        match index.colliding(name) {
             Some(existing) => Err(MetaError::Collides(name.to_string(), existing.clone())),
             None => Ok(()),
         }
