@@ -182,3 +182,61 @@ fn a_long_poll_with_some_data_wakes_when_an_append_reaches_min_bytes() {
         "answered at the append, not at max_wait_ms: {elapsed:?}"
     );
 }
+
+/// A client that sends a Fetch and never reads its answer is closed once the write has
+/// made no progress for `connections.max.idle.ms`, as an idle connection is: the stalled
+/// response held its share of the fetch budget, which other consumers wait for.
+#[test]
+fn a_fetch_answer_never_read_closes_its_connection_after_the_idle_limit() {
+    let broker = Broker::start(1, &[("connections.max.idle.ms", "2000")]);
+    let mut c: Client = broker.client();
+    let topic = CreatableTopic::default()
+        .with_name(name("unread"))
+        .with_num_partitions(1)
+        .with_replication_factor(1);
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![topic]),
+    );
+    assert_eq!(created.topics[0].error_code, 0);
+    // 27 MB: more than the two sockets' buffers hold, so the broker's write stalls.
+    let value = vec![b'u'; 1000];
+    let values: Vec<&[u8]> = (0..900).map(|_| &value[..]).collect();
+    for _ in 0..30 {
+        produce_values(&mut c, "unread", &values);
+    }
+    let fetch = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(50 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(name("unread"))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(0)
+                        .with_partition_max_bytes(50 << 20),
+                ]),
+        ]);
+    let mut stalled = broker.client();
+    stalled.send(api::FETCH, 12, &fetch);
+    assert!(
+        broker.wait_log("a response not read for 2000 ms", Duration::from_secs(30)),
+        "the stalled connection was not closed: {}",
+        broker.log_tail(20)
+    );
+    // Everyone else still reads (a new connection: `c` idled past the limit too).
+    let mut c = broker.client();
+    let resp: FetchResponse = c.call(api::FETCH, 12, &fetch.with_max_bytes(1 << 20));
+    assert_eq!(resp.responses[0].partitions[0].error_code, 0);
+    assert!(
+        resp.responses[0].partitions[0]
+            .records
+            .as_ref()
+            .is_some_and(|r| !r.is_empty())
+    );
+    drop(stalled);
+}

@@ -465,7 +465,13 @@ pub async fn serve(
     let half = Half(Rc::new(RefCell::new(stream)));
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
-    let writer = glommio::spawn_local(write_responses(half.clone(), rx, closing.clone()));
+    let write_stall = limits.idle_timeout;
+    let writer = glommio::spawn_local(write_responses(
+        half.clone(),
+        rx,
+        closing.clone(),
+        write_stall,
+    ));
     let activity = Rc::new(Activity {
         last: Cell::new(Instant::now()),
         in_flight: Cell::new(0),
@@ -634,18 +640,26 @@ async fn serve_before_auth(
 }
 
 /// Writes responses in request order; stops at the first response that asks to close the
-/// connection (an empty chunk list) or at a write error.
+/// connection (an empty chunk list), at a write error, or at a write that makes no
+/// progress for `stall` (`connections.max.idle.ms`: a client that stops reading is idle,
+/// as in Kafka). The last matters beyond the one connection: a stalled response holds its
+/// fetch budget, which other consumers' fetches wait for.
 async fn write_responses(
     mut half: Half,
     rx: local_channel::LocalReceiver<Pending>,
     closing: Rc<Event>,
+    stall: Duration,
 ) {
-    write_in_order(&mut half, &rx).await;
+    write_in_order(&mut half, &rx, stall).await;
     closing.notify_all();
     let _ = half.close().await;
 }
 
-async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pending>) {
+async fn write_in_order(
+    half: &mut Half,
+    rx: &local_channel::LocalReceiver<Pending>,
+    stall: Duration,
+) {
     while let Some(mut pending) = rx.recv().await {
         let Some(response) = (&mut pending.response).await else {
             break;
@@ -655,7 +669,13 @@ async fn write_in_order(half: &mut Half, rx: &local_channel::LocalReceiver<Pendi
             break;
         }
         let started = Instant::now();
-        if write_chunks(half, &chunks).await.is_err() {
+        if let Err(e) = write_chunks(half, &chunks, stall).await {
+            if e.kind() == io::ErrorKind::TimedOut {
+                crate::client_warn!(
+                    "closing connection: a response not read for {} ms (connections.max.idle.ms)",
+                    stall.as_millis()
+                );
+            }
             break;
         }
         crate::metrics::local(|m| m.sent(pending.api_key, started.elapsed()));
@@ -670,9 +690,9 @@ const IOV_CHUNKS_MAX: usize = 1024;
 /// and record slices leave from their own buffers, uncopied, in one system call. Whatever
 /// the socket does not take at once is written through glommio, which waits for the
 /// socket to drain, and then the vectored send is tried again.
-async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
+async fn write_chunks(half: &mut Half, chunks: &[Bytes], stall: Duration) -> io::Result<()> {
     if half.0.borrow().is_tls() {
-        return write_chunks_tls(half, chunks).await;
+        return write_chunks_tls(half, chunks, stall).await;
     }
     let fd = half.0.borrow().raw_fd();
     let (mut index, mut offset) = (0, 0);
@@ -682,7 +702,7 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
         if index == chunks.len() {
             break;
         }
-        half.write_all(&chunks[index][offset..]).await?;
+        within(stall, half.write_all(&chunks[index][offset..])).await?;
         (index, offset) = (index + 1, 0);
     }
     Ok(())
@@ -690,11 +710,23 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
 
 /// Under TLS the chunks go through rustls, which copies them into its records (at most
 /// 16 KiB each) and encrypts them; the flush pushes out the last record.
-async fn write_chunks_tls(half: &mut Half, chunks: &[Bytes]) -> io::Result<()> {
+async fn write_chunks_tls(half: &mut Half, chunks: &[Bytes], stall: Duration) -> io::Result<()> {
     for chunk in chunks {
-        half.write_all(chunk).await?;
+        within(stall, half.write_all(chunk)).await?;
     }
-    half.flush().await
+    within(stall, half.flush()).await
+}
+
+/// `write`, failed with `TimedOut` if it has not completed within `stall`.
+async fn within(stall: Duration, write: impl Future<Output = io::Result<()>>) -> io::Result<()> {
+    futures_lite::future::or(write, async move {
+        glommio::timer::sleep(stall).await;
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no write progress within connections.max.idle.ms",
+        ))
+    })
+    .await
 }
 
 /// The requests a SASL listener serves before authentication (Kafka's rule).
