@@ -696,6 +696,14 @@ impl Config {
             ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
             ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
             ("log.roll.ms", "segment.ms"),
+            (
+                "log.message.timestamp.before.max.ms",
+                "message.timestamp.before.max.ms",
+            ),
+            (
+                "log.message.timestamp.after.max.ms",
+                "message.timestamp.after.max.ms",
+            ),
         ] {
             if let Some(v) = self.props.get(broker_key) {
                 m.insert(topic_key.into(), v.into());
@@ -706,6 +714,11 @@ impl Config {
             .get("log.message.timestamp.type")
             .unwrap_or("CreateTime");
         m.insert("message.timestamp.type".into(), ts_type.into());
+        // Kafka's defaults, described even when not set.
+        m.entry("message.timestamp.before.max.ms".into())
+            .or_insert_with(|| i64::MAX.to_string());
+        m.entry("message.timestamp.after.max.ms".into())
+            .or_insert_with(|| crate::storage::MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT.to_string());
         // Dynamic broker configs (AlterConfigs on the BROKER resource) win over static ones.
         for (broker_key, topic_key) in keys::DYNAMIC_APPLIED {
             if let Some(v) = self.dynamic.get(broker_key) {

@@ -614,3 +614,65 @@ fn a_compacted_topic_refuses_keyless_records() {
     .expect("a keyed batch");
     assert_eq!(produce(&mut c, "compacted", 0, 1, keyed), (0, 1));
 }
+
+/// Kafka's `message.timestamp.after.max.ms` (default one hour, as in Kafka 4) and
+/// `message.timestamp.before.max.ms`: a CreateTime batch outside them is refused with
+/// INVALID_TIMESTAMP. A timestamp far in the future would otherwise keep its segment,
+/// and every later one, from time-based retention. LogAppendTime topics are not checked.
+#[test]
+fn timestamps_outside_the_topics_limits_are_refused() {
+    const INVALID_TIMESTAMP: i16 = 32;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "ts", 1, &[]);
+    create(
+        &mut c,
+        "ts-before",
+        1,
+        &[("message.timestamp.before.max.ms", "60000")],
+    );
+    create(
+        &mut c,
+        "ts-append",
+        1,
+        &[("message.timestamp.type", "LogAppendTime")],
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64;
+    let far_future = now + 2 * 3_600_000;
+    assert_eq!(produce(&mut c, "ts", 0, 1, batch(&[b"now"], now)).0, 0);
+    assert_eq!(
+        produce(&mut c, "ts", 0, 1, batch(&[b"later"], far_future)).0,
+        INVALID_TIMESTAMP
+    );
+    assert_eq!(
+        produce(&mut c, "ts", 0, 1, batch(&[b"max"], i64::MAX)).0,
+        INVALID_TIMESTAMP
+    );
+    assert_eq!(
+        produce(&mut c, "ts", 0, 1, batch(&[b"2023"], 1_700_000_000_000)).0,
+        0,
+        "no limit before by default"
+    );
+    assert_eq!(
+        produce(
+            &mut c,
+            "ts-before",
+            0,
+            1,
+            batch(&[b"2023"], 1_700_000_000_000)
+        )
+        .0,
+        INVALID_TIMESTAMP
+    );
+    assert_eq!(
+        produce(&mut c, "ts-before", 0, 1, batch(&[b"now"], now)).0,
+        0
+    );
+    assert_eq!(
+        produce(&mut c, "ts-append", 0, 1, batch(&[b"later"], far_future)).0,
+        0
+    );
+}

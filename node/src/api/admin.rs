@@ -41,6 +41,8 @@ pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "max.message.bytes",
     // Accepted and ignored, as Kafka 3.x does (it writes record batch v2 whatever the value).
     "message.format.version",
+    "message.timestamp.after.max.ms",
+    "message.timestamp.before.max.ms",
     "message.timestamp.type",
     "min.cleanable.dirty.ratio",
     "min.compaction.lag.ms",

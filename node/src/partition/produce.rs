@@ -125,7 +125,7 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        if let Err(refusal) = self.validate(&records) {
+        if let Err(refusal) = self.validate(&records, now_ms) {
             return ProduceOutcome::refused(refusal);
         }
         if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
@@ -328,7 +328,7 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        self.validate(&records).map_err(|(code, _)| code)?;
+        self.validate(&records, now_ms).map_err(|(code, _)| code)?;
         self.note_epoch(epoch, self.log.log_end_offset())?;
         let appended = self
             .producers
@@ -375,12 +375,16 @@ impl Partition {
         }
     }
 
-    fn validate(&self, records: &[u8]) -> Result<(), Refusal> {
+    fn validate(&self, records: &[u8], now_ms: i64) -> Result<(), Refusal> {
         let code = |c: i16| (c, Vec::new());
         if records.is_empty() {
             return Err(code(errors::INVALID_RECORD));
         }
         let compacted = self.compacted.get();
+        let config = self.log.config();
+        let create_time = config.message_timestamp_type == wire::batch::TimestampType::CreateTime;
+        let earliest = now_ms.saturating_sub(config.message_timestamp_before_max_ms);
+        let latest = now_ms.saturating_add(config.message_timestamp_after_max_ms);
         for range in split_batches(records) {
             let range = range.map_err(|e| code(wire_error_code(&e)))?;
             if range.len() > self.max_message_bytes.get() {
@@ -388,6 +392,15 @@ impl Partition {
             }
             if wire::batch::check_produced_batch(&records[range.clone()]).is_err() {
                 return Err(code(errors::INVALID_RECORD));
+            }
+            // Kafka's message.timestamp.before/after.max.ms, on the batch's range of
+            // timestamps (-1: none given, not checked). With LogAppendTime the broker's
+            // clock replaces them.
+            if create_time && let Ok(h) = read_header(&records[range.clone()]) {
+                let (first, max) = (h.base_timestamp(), h.max_timestamp());
+                if (first >= 0 && first < earliest) || max > latest {
+                    return Err(code(errors::INVALID_TIMESTAMP));
+                }
             }
             // Kafka: a compacted topic refuses records without a key (the cleaner could
             // not tell which to keep) with INVALID_RECORD, naming each such record.

@@ -34,6 +34,15 @@ pub struct LogConfig {
     /// `log.message.timestamp.type` / `message.timestamp.type`: `CreateTime` keeps the
     /// producer's timestamps, `LogAppendTime` stamps each batch with the append time.
     pub message_timestamp_type: TimestampType,
+    /// `log.message.timestamp.before.max.ms` / `message.timestamp.before.max.ms`: with
+    /// CreateTime, a batch with a timestamp this far before the broker's clock is refused
+    /// (INVALID_TIMESTAMP). Kafka's default: no limit.
+    pub message_timestamp_before_max_ms: i64,
+    /// `log.message.timestamp.after.max.ms` / `message.timestamp.after.max.ms`: with
+    /// CreateTime, a batch with a timestamp this far after the broker's clock is refused.
+    /// Kafka 4's default, one hour: a timestamp in the far future would otherwise keep
+    /// its segment, and every later one, from time-based retention.
+    pub message_timestamp_after_max_ms: i64,
     /// `log.preallocate` / `preallocate`: reserve blocks ahead of the writes (fallocate,
     /// keeping the file size), growing with the segment, at most 64 MiB ahead. Kafka's
     /// default is false; weir's is true, because with O_DIRECT a write that has to
@@ -101,6 +110,8 @@ impl Default for LogConfig {
             flush_interval_ms: i64::MAX,
             flush_on_ack: false,
             message_timestamp_type: TimestampType::CreateTime,
+            message_timestamp_before_max_ms: i64::MAX,
+            message_timestamp_after_max_ms: MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT,
             preallocate: true,
             tail_cache_bytes: 4 << 20,
             read_ahead_bytes: 8 << 20,
@@ -115,6 +126,9 @@ impl Default for LogConfig {
         }
     }
 }
+
+/// Kafka 4's default `log.message.timestamp.after.max.ms`: one hour.
+pub const MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT: i64 = 3_600_000;
 
 /// Smallest accepted segment size: Kafka's own lower bound for `segment.bytes`.
 const SEGMENT_BYTES_MIN: u64 = 14;
@@ -167,6 +181,12 @@ impl LogConfig {
                     "LogAppendTime" => TimestampType::LogAppendTime,
                     _ => return Err(bad(key, value, "must be CreateTime or LogAppendTime")),
                 }
+            }
+            "message.timestamp.before.max.ms" => {
+                self.message_timestamp_before_max_ms = non_negative(key, value)?
+            }
+            "message.timestamp.after.max.ms" => {
+                self.message_timestamp_after_max_ms = non_negative(key, value)?
             }
             "preallocate" => self.preallocate = parse(key, value)?,
             "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
