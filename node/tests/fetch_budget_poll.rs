@@ -240,3 +240,52 @@ fn a_fetch_answer_never_read_closes_its_connection_after_the_idle_limit() {
     );
     drop(stalled);
 }
+
+/// A follower whose last fetched epoch diverges from the leader's log is told so at once
+/// (Kafka's hasDivergingEpoch), not after `max_wait_ms`: it has to truncate before it can
+/// fetch anything, and a parked answer only delays that.
+#[test]
+fn a_diverging_follower_is_answered_without_waiting() {
+    let broker = Broker::start(1, &[]);
+    let mut c: Client = broker.client();
+    let topic = CreatableTopic::default()
+        .with_name(name("dv"))
+        .with_num_partitions(1)
+        .with_replication_factor(1);
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![topic]),
+    );
+    assert_eq!(created.topics[0].error_code, 0);
+    produce_values(&mut c, "dv", &[b"a", b"b"]);
+    // Epoch 99 is unknown to this leader: the follower diverges.
+    let fetch = FetchRequest::default()
+        .with_replica_id(BrokerId(2))
+        .with_max_wait_ms(5000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(name("dv"))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(2)
+                        .with_last_fetched_epoch(99)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ]);
+    let t0 = Instant::now();
+    let resp: FetchResponse = c.call(api::FETCH, 12, &fetch);
+    let elapsed = t0.elapsed();
+    let part = &resp.responses[0].partitions[0];
+    assert_eq!(part.error_code, 0);
+    // This leader cannot place epoch 99: it answers the divergence as (-1, -1) (see
+    // docs: an unplaceable epoch), with no records.
+    assert!(part.records.as_ref().is_none_or(|r| r.is_empty()));
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "answered at once, not at max_wait_ms: {elapsed:?}"
+    );
+}

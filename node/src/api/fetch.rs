@@ -310,7 +310,12 @@ async fn poll(
             total <= max_bytes.max(first_batch),
             "{total} record bytes for a {max_bytes} byte limit"
         );
-        let any_error = read.outcomes.iter().any(|o| o.error != errors::NONE);
+        // A diverging epoch is answered at once (Kafka's hasDivergingEpoch): the follower
+        // must truncate before anything else, and has nothing to wait for here.
+        let any_error = read
+            .outcomes
+            .iter()
+            .any(|o| o.error != errors::NONE || o.diverging.is_some());
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         if enough || any_error || read.starved || now >= deadline || shard.shutting_down.get() {

@@ -38,7 +38,9 @@ impl Session {
             listener,
             principal: RefCell::new(tls_principal.unwrap_or_else(|| ANONYMOUS.to_string())),
             sasl: RefCell::new(sasl),
-            host: peer.ip().to_string(),
+            // An IPv4 client of a dual-stack (`[::]`) listener arrives as `::ffff:a.b.c.d`:
+            // ACLs name its IPv4 address, as Kafka's do.
+            host: peer.ip().to_canonical().to_string(),
             acl: RefCell::new(AclCache::default()),
         }
     }
@@ -104,5 +106,29 @@ impl Session {
 
     pub fn advertised(&self) -> &(String, u16) {
         &self.listener.advertised
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_client_of_a_dual_stack_listener_has_its_ipv4_host() {
+        let setup = Arc::new(ListenerSetup {
+            config: crate::security::listener::ListenerConfig {
+                name: "PLAINTEXT".into(),
+                protocol: crate::security::listener::SecurityProtocol::Plaintext,
+                bind: "[::]:9092".parse().expect("address"),
+                advertised: None,
+            },
+            advertised: ("localhost".into(), 9092),
+            tls: None,
+            sasl: None,
+        });
+        let mapped: SocketAddr = "[::ffff:10.0.0.5]:9092".parse().expect("address");
+        assert_eq!(Session::new(mapped, setup.clone(), None).host, "10.0.0.5");
+        let v6: SocketAddr = "[2001:db8::1]:9092".parse().expect("address");
+        assert_eq!(Session::new(v6, setup, None).host, "2001:db8::1");
     }
 }
