@@ -168,6 +168,15 @@ impl Properties {
         self.values.get(key).map(String::as_str)
     }
 
+    /// These properties without `keys`.
+    pub fn without(&self, keys: &[&str]) -> Properties {
+        let mut values = self.values.clone();
+        for key in keys {
+            values.remove(*key);
+        }
+        Properties { values }
+    }
+
     /// Every key set, in key order.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.values.keys().map(String::as_str)

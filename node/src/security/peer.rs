@@ -130,7 +130,11 @@ fn controller_sasl_setup(props: &Properties, listener: &str) -> anyhow::Result<C
             client.mechanism.name()
         );
     }
-    let server = super::sasl::setup(props, listener)?;
+    // Only the controller listener's own credentials log in here (its
+    // `listener.name.<l>.` keys): the client listeners' users, from the unprefixed keys,
+    // must not reach the quorum's RPCs.
+    let own = props.without(&["sasl.plain.users", "sasl.jaas.config"]);
+    let server = super::sasl::setup(&own, listener)?;
     if !server.mechanisms.contains(&Mechanism::Plain) {
         anyhow::bail!(
             "listener {listener}: sasl.enabled.mechanisms must include PLAIN on the controller listener"
@@ -274,6 +278,25 @@ fn jaas_option(jaas: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_controller_port_takes_only_its_own_sasl_users() {
+        let text = "controller.listener.names=CONTROLLER\n\
+            sasl.plain.users=bob:pw\n\
+            sasl.jaas.config=PlainLoginModule required user_carol=\"pw\";\n\
+            listener.name.controller.plain.sasl.jaas.config=PlainLoginModule required username=\"controller\" password=\"c\" user_controller=\"c\";\n";
+        let props = Properties::parse(text, "test").expect("properties");
+        let setup = controller_sasl_setup(&props, "CONTROLLER").expect("controller SASL");
+        assert!(setup.server.check_plain("controller", "c"));
+        assert!(
+            !setup.server.check_plain("bob", "pw"),
+            "a client listener's user"
+        );
+        assert!(
+            !setup.server.check_plain("carol", "pw"),
+            "a client listener's user"
+        );
+    }
 
     #[test]
     fn jaas_username_and_password_are_read() {

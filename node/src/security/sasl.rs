@@ -232,6 +232,14 @@ fn scram_first(m: ScramMechanism, catalog: &Catalog, token: &[u8]) -> (SaslState
     )
 }
 
+impl SaslSetup {
+    /// Whether PLAIN `user` with `password` logs in here.
+    pub fn check_plain(&self, user: &str, password: &str) -> bool {
+        let token = format!("\0{user}\0{password}");
+        check_plain(self, token.as_bytes()).is_ok()
+    }
+}
+
 /// RFC 4616: `[authzid] NUL authcid NUL passwd`; an authzid must equal the user.
 fn check_plain(setup: &SaslSetup, token: &[u8]) -> Result<String, String> {
     if token.len() > PLAIN_MESSAGE_MAX_BYTES {
