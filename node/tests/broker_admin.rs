@@ -484,3 +484,40 @@ fn a_scram_alteration_with_200k_entries_is_refused_quickly() {
         "answered in {took:?}"
     );
 }
+
+/// IncrementalAlterConfigs APPEND / SUBTRACT on a list key start from the value in force,
+/// the broker default when the topic has no override, as in Kafka: APPEND compact to a
+/// topic that deletes by time makes it `delete,compact`, not `compact` (which would stop
+/// time retention without anyone asking).
+#[test]
+fn append_to_cleanup_policy_starts_from_the_default() {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    assert_eq!(create(&mut c, vec![topic("ap", 1, 1, &[])], false), vec![0]);
+    let alter = |c: &mut common::Client, op: i8, value: &str| -> i16 {
+        let resource = AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(s("ap"))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(s("cleanup.policy"))
+                    .with_config_operation(op)
+                    .with_value(Some(s(value))),
+            ]);
+        let resp: IncrementalAlterConfigsResponse = c.call(
+            api::INCREMENTAL_ALTER_CONFIGS,
+            1,
+            &IncrementalAlterConfigsRequest::default().with_resources(vec![resource]),
+        );
+        resp.responses[0].error_code
+    };
+    assert_eq!(alter(&mut c, 2, "compact"), 0);
+    let policy = config_of(&describe_topic(&mut c, "ap"), "cleanup.policy").0;
+    assert_eq!(policy, "delete,compact");
+    assert_eq!(alter(&mut c, 3, "delete"), 0);
+    let policy = config_of(&describe_topic(&mut c, "ap"), "cleanup.policy").0;
+    assert_eq!(policy, "compact");
+}

@@ -527,12 +527,15 @@ pub async fn incremental_alter(
             )
             .await
         } else {
+            // APPEND / SUBTRACT start from the value in force: the broker default when the
+            // topic has no override (Kafka's rule), not from nothing.
+            let defaults = shard.config().topic_defaults();
             change_topic(
                 shard,
                 r.resource_type,
                 r.resource_name.as_str(),
                 req.validate_only,
-                |c| apply_ops(c, ops),
+                |c| apply_ops(c, ops, &defaults),
             )
             .await
         };
@@ -552,6 +555,7 @@ pub async fn incremental_alter(
 fn apply_ops(
     configs: &mut BTreeMap<String, String>,
     ops: Vec<(String, i8, Option<String>)>,
+    defaults: &BTreeMap<String, String>,
 ) -> Result<(), TopicError> {
     for (key, op, value) in ops {
         if !TOPIC_CONFIG_KEYS.contains(&key.as_str()) {
@@ -570,6 +574,7 @@ fn apply_ops(
             (2, Some(v)) | (3, Some(v)) if key == "cleanup.policy" => {
                 let mut items: Vec<String> = configs
                     .get(&key)
+                    .or_else(|| defaults.get(&key))
                     .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
                     .unwrap_or_default();
                 items.retain(|x| !x.is_empty() && *x != v);
