@@ -78,6 +78,34 @@ fn describe_until(
     }
 }
 
+/// AlterPartitionReassignments v0 of one partition to `replicas`, through `addr`: the
+/// partition's error code.
+fn reassign(addr: &str, topic: &str, partition: i32, replicas: &[i32]) -> i16 {
+    use kafka_protocol::messages::alter_partition_reassignments_request::{
+        ReassignablePartition, ReassignableTopic,
+    };
+    use kafka_protocol::messages::{
+        AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, ApiKey, BrokerId,
+        TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    let addr = addr.parse().expect("a node's address");
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = AlterPartitionReassignmentsRequest::default().with_topics(vec![
+        ReassignableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![
+                ReassignablePartition::default()
+                    .with_partition_index(partition)
+                    .with_replicas(Some(replicas.iter().map(|r| BrokerId(*r)).collect())),
+            ]),
+    ]);
+    let resp: AlterPartitionReassignmentsResponse = conn
+        .call(ApiKey::AlterPartitionReassignments, 0, &req)
+        .expect("AlterPartitionReassignments");
+    resp.responses[0].partitions[0].error_code
+}
+
 #[test]
 fn topics_and_cluster_commands_manage_a_three_node_cluster() {
     let mut c = Cluster::start(3, &[]).expect("cluster");
@@ -133,6 +161,14 @@ fn topics_and_cluster_commands_manage_a_three_node_cluster() {
     let rows = partition_rows(&placed);
     assert_eq!(rows[0].2, vec![3, 1], "{placed}");
     assert_eq!(rows[1].2, vec![1, 2], "{placed}");
+    // A reassignment to the replicas a partition has is nothing to do; any other is
+    // refused (weir does not move replicas yet), never answered as if done.
+    assert_eq!(reassign(&node2, "placed", 0, &[3, 1]), 0);
+    assert_eq!(
+        reassign(&node2, "placed", 1, &[2]),
+        39,
+        "INVALID_REPLICA_ASSIGNMENT"
+    );
 
     // Alter: partitions, one config set, one removed.
     topics_ok(
