@@ -106,6 +106,30 @@ fn reassign(addr: &str, topic: &str, partition: i32, replicas: &[i32]) -> i16 {
     resp.responses[0].partitions[0].error_code
 }
 
+/// The partitions of `topic` that DescribeLogDirs v1 through `addr` lists.
+fn log_dir_partitions(addr: &str, topic: &str) -> Vec<i32> {
+    use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
+    use kafka_protocol::messages::{
+        ApiKey, DescribeLogDirsRequest, DescribeLogDirsResponse, TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    let addr = addr.parse().expect("a node's address");
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = DescribeLogDirsRequest::default().with_topics(Some(vec![
+        DescribableLogDirTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![0, 1]),
+    ]));
+    let resp: DescribeLogDirsResponse = conn
+        .call(ApiKey::DescribeLogDirs, 1, &req)
+        .expect("DescribeLogDirs");
+    resp.results
+        .iter()
+        .flat_map(|r| r.topics.iter())
+        .flat_map(|t| t.partitions.iter().map(|p| p.partition_index))
+        .collect()
+}
+
 #[test]
 fn topics_and_cluster_commands_manage_a_three_node_cluster() {
     let mut c = Cluster::start(3, &[]).expect("cluster");
@@ -169,6 +193,9 @@ fn topics_and_cluster_commands_manage_a_three_node_cluster() {
         39,
         "INVALID_REPLICA_ASSIGNMENT"
     );
+    // DescribeLogDirs lists the replicas the answering node holds, not every partition.
+    assert_eq!(log_dir_partitions(&node2, "placed"), vec![1]);
+    assert_eq!(log_dir_partitions(&node3, "placed"), vec![0]);
 
     // Alter: partitions, one config set, one removed.
     topics_ok(

@@ -42,14 +42,29 @@ fn exists(catalog: &Catalog, topic: &str, partition: i32) -> bool {
         .is_some_and(|t| (0..t.partitions).contains(&partition))
 }
 
+/// Whether `node` holds a replica of `partition` of `topic`: named in its assignment in a
+/// cluster; every existing partition on a single node (no assignment recorded).
+fn hosted(catalog: &Catalog, node: i32, topic: &str, partition: i32) -> bool {
+    let Some(t) = catalog.topics.get(topic) else {
+        return false;
+    };
+    if !(0..t.partitions).contains(&partition) {
+        return false;
+    }
+    usize::try_from(partition)
+        .ok()
+        .and_then(|i| t.assignment.get(i))
+        .is_none_or(|a| a.replicas.contains(&node))
+}
+
 /// The data dir as clients see it: absolute, symlinks resolved where possible.
 fn log_dir(shard: &Shard) -> PathBuf {
     let dir = &shard.config().data_dir;
     std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone())
 }
 
-/// DescribeLogDirs: the one log dir, with every asked-for partition that exists (all of
-/// them for a null topic list). A partition's size is the bytes of its `.log` segment
+/// DescribeLogDirs: the one log dir, with every asked-for partition this node holds a
+/// replica of (all of them for a null topic list). A partition's size is the bytes of its `.log` segment
 /// files on disk (Kafka reports the segments' sizes; weir's files hold the written data,
 /// the last block of an active segment padded to 4 KiB). Offset lag is 0: there are no
 /// future replicas to catch up.
@@ -58,11 +73,18 @@ pub async fn describe_log_dirs(
     req: DescribeLogDirsRequest,
 ) -> DescribeLogDirsResponse {
     let catalog = shard.catalog();
+    let node = shard.config().node_id;
     let wanted: Vec<(String, Vec<i32>)> = match &req.topics {
         None => catalog
             .topics
             .values()
-            .map(|t| (t.name.clone(), (0..t.partitions).collect()))
+            .map(|t| {
+                let parts = (0..t.partitions)
+                    .filter(|p| hosted(&catalog, node, &t.name, *p))
+                    .collect();
+                (t.name.clone(), parts)
+            })
+            .filter(|(_, parts): &(String, Vec<i32>)| !parts.is_empty())
             .collect(),
         Some(topics) => topics
             .iter()
@@ -72,7 +94,7 @@ pub async fn describe_log_dirs(
                     .partitions
                     .iter()
                     .copied()
-                    .filter(|p| exists(&catalog, &name, *p))
+                    .filter(|p| hosted(&catalog, node, &name, *p))
                     .collect();
                 (name, parts)
             })
