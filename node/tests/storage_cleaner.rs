@@ -688,3 +688,46 @@ fn bounds_keep_what_an_open_or_aborted_transaction_would_obsolete() {
         log.close().await.unwrap();
     });
 }
+
+/// `cleanup.policy=compact,delete`: a sealed segment the cleaner emptied (every key in it
+/// overwritten later) has no timestamp; time retention must go on past it to the expired
+/// segments after it, not stop there for as long as the topic stays quiet.
+#[test]
+fn an_emptied_segment_does_not_stop_time_retention() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[
+            ("cleanup.policy", "compact,delete"),
+            ("retention.ms", "1000"),
+            // Two segments do not fit one: each is cleaned on its own.
+            ("segment.bytes", "1000"),
+        ]);
+        let log = Log::open(root.join("quiet-0"), cfg).await.unwrap();
+        let now = 1_000_000;
+        // Segment 0: keys 0..10; segment 1: the same keys again; segment 2: active.
+        write(&log, 0, 10, 10, |i| format!("key-{i}"), 40, now).await;
+        log.roll().unwrap();
+        write(&log, 10, 10, 10, |i| format!("key-{}", i - 10), 40, now).await;
+        log.roll().unwrap();
+        write(&log, 20, 1, 1, |_| "other".to_string(), 40, now).await;
+        let stats = log.clean_if_due(now, &budget()).await.unwrap();
+        assert!(stats.segments_swapped > 0, "{stats:?}");
+        assert_eq!(log.segment_count(), 3);
+        assert_eq!(
+            read_records(&log, Offset(0)).await.first().map(|r| r.0),
+            Some(10),
+            "segment 0 emptied"
+        );
+        let deleted = log
+            .apply_retention(now + 10_000, log.log_end_offset())
+            .await
+            .unwrap();
+        assert_eq!(
+            deleted, 2,
+            "the emptied segment and the expired one after it"
+        );
+        assert_eq!(log.log_start_offset(), Offset(20));
+    });
+}

@@ -512,9 +512,13 @@ fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offse
         .into_iter()
         .rev()
     {
-        let by_time = cfg.retention_ms >= 0
-            && seg.max_timestamp.0 >= 0
-            && now_ms.saturating_sub(seg.max_timestamp.0) > cfg.retention_ms;
+        // A sealed segment the cleaner emptied has no timestamp: it holds nothing to keep,
+        // and must not stop time retention of the segments after it.
+        let emptied = seg.size == 0 && cfg.retention_ms >= 0;
+        let by_time = emptied
+            || (cfg.retention_ms >= 0
+                && seg.max_timestamp.0 >= 0
+                && now_ms.saturating_sub(seg.max_timestamp.0) > cfg.retention_ms);
         let by_size = cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
         if !(by_time || by_size) || seg.next_offset > below {
             break;
