@@ -450,7 +450,9 @@ pub fn progress_line(s: &Second) -> String {
             ms_text(s.publish_max_ms)
         ));
     }
-    if s.consumed_records > 0 || s.lag_records != Some(0) {
+    // A second without a lag sample (no consumers, or before the first) shows none; a
+    // failed sample is counted among the errors.
+    if s.consumed_records > 0 || s.lag_records.is_some_and(|l| l > 0) {
         parts.push(format!(
             "{} records consumed, {:.1} records/sec, {} ms e2e p99, lag {}",
             s.consumed_records,
@@ -473,6 +475,20 @@ pub fn progress_line(s: &Second) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_produce_only_second_shows_no_consumer_part() {
+        let produced = Second {
+            acked_records: 10,
+            ..Second::default()
+        };
+        assert!(!progress_line(&produced).contains("consumed"));
+        let behind = Second {
+            lag_records: Some(5),
+            ..Second::default()
+        };
+        assert!(progress_line(&behind).contains("lag 5"));
+    }
 
     #[test]
     fn percentiles_of_uniform_latencies() {

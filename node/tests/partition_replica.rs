@@ -1283,6 +1283,11 @@ fn an_unknown_replica_id_reads_only_up_to_the_hw() {
             .await;
         assert_eq!(posing.error, errors::NONE);
         assert!(posing.batches.is_empty(), "nothing past the HW");
+        // A long poll waits for the same bounds (else its wait would end at once and spin).
+        let posing = ReadFor::Follower(NodeId(99), wire::BrokerEpoch(1));
+        assert_eq!(a.read_upper(posing), Offset(10));
+        let real = ReadFor::Follower(FOLLOWER, wire::BrokerEpoch(1));
+        assert_eq!(a.read_upper(real), Offset(12));
         let (error, batches) = follower_fetch(&a, Offset(10), LeaderEpoch::NONE).await;
         assert_eq!(error, errors::NONE);
         assert_eq!(batches.len(), 1, "the real follower reads to the log end");

@@ -731,3 +731,29 @@ fn an_emptied_segment_does_not_stop_time_retention() {
         assert_eq!(log.log_start_offset(), Offset(20));
     });
 }
+
+/// A truncation below the cleaner checkpoint lowers it (Kafka's maybeTruncateCheckpoint):
+/// records appended again below the old checkpoint must be mapped by the next clean, else
+/// a tombstone among them could be dropped while the value it deletes stays.
+#[test]
+fn a_truncation_below_the_cleaner_checkpoint_lowers_it() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "16384")]);
+        let path = root.join("cut-0");
+        let log = Log::open(path.clone(), cfg.clone()).await.unwrap();
+        let now = 1_000_000;
+        write(&log, 0, 2_000, 10, |i| format!("key-{}", i % 100), 40, now).await;
+        log.clean_if_due(now, &budget()).await.unwrap();
+        let cleaned = log.cleaner_checkpoint().unwrap();
+        assert!(cleaned > Offset(100), "cleaned up to {cleaned}");
+        let end = log.truncate_to(cleaned.add(-1)).await.unwrap();
+        assert!(end < cleaned, "cut at {end}");
+        assert_eq!(log.cleaner_checkpoint().unwrap(), end);
+        log.close().await.unwrap();
+        let reopened = Log::open(path, cfg).await.unwrap();
+        assert_eq!(reopened.cleaner_checkpoint().unwrap(), end, "kept on disk");
+    });
+}

@@ -323,7 +323,7 @@ async fn poll(
             return (read.outcomes, read.hold);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
-        let waits = wait_list(shard, wanted, &read.outcomes);
+        let waits = wait_list(shard, wanted, &read.outcomes, reader);
         drop(read);
         let parked = Instant::now();
         wait_for_data(shard, waits, reader, deadline).await;
@@ -567,6 +567,7 @@ fn wait_list(
     shard: &Shard,
     wanted: &[Wanted],
     outcomes: &[FetchOutcome],
+    reader: ReadFor,
 ) -> BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> {
     let mut by_owner: BTreeMap<ShardId, Vec<(TopicPartition, Offset)>> = BTreeMap::new();
     for (w, o) in wanted.iter().zip(outcomes) {
@@ -576,8 +577,12 @@ fn wait_list(
         // already gave some must wake the poll too). A partition left empty by the
         // response budget has data already: it waits for an append past its current
         // high watermark, else its wait would end at once and the poll would spin.
+        // Only a consumer's: a follower reads to the log end, which its outcome does not
+        // carry, and waiting at the HW would wake at once and spin.
+        let consumer = matches!(reader, ReadFor::Consumer(_));
         let read_to_end = o.batches.last().is_none_or(|last| {
-            wire::batch::read_header(last).is_ok_and(|h| h.next_offset() >= readable_end(o))
+            consumer
+                && wire::batch::read_header(last).is_ok_and(|h| h.next_offset() >= readable_end(o))
         });
         if read_to_end && w.readable() {
             let owner = shard.router.owner(&w.tp.0, w.tp.1);

@@ -111,6 +111,20 @@ impl Partition {
         }
     }
 
+    /// How far `reader` may read now: the LSO for read_committed, the HW for other
+    /// consumers and for replica ids this leader does not follow, the log end for its
+    /// followers. A long poll waits for this to pass its offset.
+    pub fn read_upper(&self, reader: ReadFor) -> Offset {
+        match reader {
+            ReadFor::Consumer(Isolation::ReadCommitted) => self.last_stable_offset(),
+            ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
+            ReadFor::Follower(node, _) if !self.replica.borrow().has_follower(node) => {
+                self.high_watermark()
+            }
+            ReadFor::Follower(..) => self.log.log_end_offset(),
+        }
+    }
+
     /// Reads from `offset` for `reader`, at most `max_bytes` of records except that the
     /// first batch is returned whole up to `hard_max_bytes` (see `Log::read_within`). With
     /// `hard_max_bytes` 0 the log is not read at all: the outcome carries only the offsets

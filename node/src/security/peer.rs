@@ -140,6 +140,16 @@ fn controller_sasl_setup(props: &Properties, listener: &str) -> anyhow::Result<C
             "listener {listener}: sasl.enabled.mechanisms must include PLAIN on the controller listener"
         );
     }
+    // Every voter logs in to the others with its own credentials: if its own controller
+    // port would not take them, the others (configured alike) will not either. Said at
+    // startup, since a quorum that never forms is harder to read than this line.
+    if !server.check_plain(&client.user, &client.password) {
+        let l = listener.to_ascii_lowercase();
+        tracing::warn!(
+            "listener {listener}: the controller port does not accept this node's own controller user {:?}; list it in listener.name.{l}.plain.sasl.jaas.config (user_NAME=\"PASSWORD\") or listener.name.{l}.sasl.plain.users, or the other voters will refuse it too",
+            client.user
+        );
+    }
     Ok(ControllerSasl { server, client })
 }
 
@@ -296,6 +306,18 @@ mod tests {
             !setup.server.check_plain("carol", "pw"),
             "a client listener's user"
         );
+    }
+
+    #[test]
+    fn unprefixed_jaas_users_do_not_log_in_to_the_controller_port() {
+        // The node's own credentials still come from the unprefixed JAAS line (the client
+        // side's fallback), its users do not: the startup warning says so.
+        let text = "controller.listener.names=CONTROLLER\n\
+            sasl.jaas.config=PlainLoginModule required username=\"admin\" password=\"x\" user_admin=\"x\";\n";
+        let props = Properties::parse(text, "test").expect("properties");
+        let setup = controller_sasl_setup(&props, "CONTROLLER").expect("controller SASL");
+        assert_eq!(setup.client.user, "admin");
+        assert!(!setup.server.check_plain("admin", "x"));
     }
 
     #[test]

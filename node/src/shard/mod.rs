@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::errors;
 use crate::event::{Event, join_all};
 use crate::metadata::{Catalog, MetaStore};
-use crate::partition::{Isolation, Partition, ReadFor};
+use crate::partition::{Partition, ReadFor};
 use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
 pub use calls::{
@@ -213,12 +213,7 @@ impl Shard {
         let mut ready = false;
         for (tp, offset) in tps {
             if let Ok(p) = self.partition(tp).await {
-                let upper = match reader {
-                    ReadFor::Consumer(Isolation::ReadCommitted) => p.last_stable_offset(),
-                    ReadFor::Consumer(_) => p.high_watermark(),
-                    ReadFor::Follower(..) => p.log.log_end_offset(),
-                };
-                ready |= upper > *offset;
+                ready |= p.read_upper(reader) > *offset;
                 parts.push(p);
             }
         }

@@ -251,6 +251,9 @@ struct SegRef {
     roll_base_ms: Option<i64>,
     /// Where batches at the checkpoint start in this segment (0 if it starts after).
     checkpoint_position: u64,
+    /// The log's truncation count when planned: a segment cut, refilled and sealed again
+    /// keeps its file, and only this tells the copy is of its old contents.
+    truncations: u64,
 }
 
 /// The segments a round may clean and where the dirty part starts.
@@ -410,6 +413,18 @@ impl Log {
         }
         stats.elapsed = started.elapsed();
         Ok(stats)
+    }
+
+    /// After a cut of the log at `end` (a follower's truncation, a restart below it): a
+    /// cleaner checkpoint past it is lowered to it, as Kafka's `maybeTruncateCheckpoint`
+    /// does, so that records appended again below the old checkpoint are mapped (else a
+    /// tombstone there could go while the value it deletes stays).
+    pub(super) fn lower_cleaner_checkpoint(&self, end: Offset) -> Result<()> {
+        if self.cleaner_checkpoint()? > end {
+            write_checkpoint(&self.dir, end)?;
+            self.state.borrow_mut().cleaner.checkpoint = Some(end);
+        }
+        Ok(())
     }
 
     /// The offset up to which the log was cleaned (`cleaner-offset-checkpoint`); offset 0
@@ -592,9 +607,10 @@ impl Log {
         let unchanged = {
             let st = self.state.borrow();
             let same_files = group.iter().all(|old| {
-                st.segments.get(&old.base).is_some_and(|s| {
-                    s.sealed && s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &old.file))
-                })
+                st.truncations == old.truncations
+                    && st.segments.get(&old.base).is_some_and(|s| {
+                        s.sealed && s.file.as_ref().is_some_and(|f| Rc::ptr_eq(f, &old.file))
+                    })
             });
             same_files && !st.closed && st.failed.is_none()
         };
@@ -769,6 +785,7 @@ fn plan(
             path: seg.path("log"),
             roll_base_ms: seg.roll_base_ms,
             checkpoint_position,
+            truncations: st.truncations,
         });
     }
     let end = segments.last()?.next_offset;

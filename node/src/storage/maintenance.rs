@@ -54,6 +54,7 @@ impl Log {
         }
         let result = self.apply_cut(&cut).await;
         self.check_io(result)?;
+        self.lower_cleaner_checkpoint(cut.next_offset)?;
         Ok(cut.next_offset)
     }
 
@@ -304,7 +305,8 @@ impl Log {
         for seg in &doomed {
             retire_segment_files(seg)?;
         }
-        sync_dir(&self.dir)
+        sync_dir(&self.dir)?;
+        self.lower_cleaner_checkpoint(offset)
     }
 
     /// DeleteRecords: moves the log start offset up to `offset` (clamped to the LEO),
