@@ -200,3 +200,25 @@ proptest! {
         }
     }
 }
+
+/// An array whose count fits the bytes left but whose first element fails to decode
+/// reserves room for a few elements, not for the count: a 100 KB request claiming 100,000
+/// topics must not reserve 100,000 topics' worth of memory up front.
+#[test]
+fn an_array_count_reserves_little_before_its_elements_decode() {
+    let _g = SERIAL.lock();
+    let count = 100_000usize;
+    let mut body = (count as i32).to_be_bytes().to_vec();
+    // Each topic name claims 0x7f7f bytes: three names use the body up and the fourth
+    // runs past its end.
+    body.extend(std::iter::repeat_n(0x7fu8, count));
+    let len = body.len();
+    let body = Bytes::from(body);
+    let peak = peak_during(|| {
+        let _ = messages::decode_request(wire::api::METADATA, 4, body);
+    });
+    assert!(
+        peak <= BASE + 4 * len,
+        "peak {peak} bytes for a {len}-byte Metadata request"
+    );
+}

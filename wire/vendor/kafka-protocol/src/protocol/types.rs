@@ -980,6 +980,9 @@ impl<T, E: for<'a> Encoder<&'a T>> Encoder<&Vec<T>> for Array<E> {
     }
 }
 
+/// weir patch: most elements an array decode reserves room for before decoding them.
+const ARRAY_PREALLOC_MAX: usize = 1024;
+
 impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
     fn decode<B: ByteBuf>(&self, buf: &mut B) -> Result<Option<Vec<T>>> {
         match Int32.decode(buf)? {
@@ -990,7 +993,9 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
                 if n as usize > buf.remaining() {
                     bail!("Array length {n} exceeds the {} bytes left", buf.remaining());
                 }
-                let mut result = Vec::with_capacity(n as usize);
+                // weir patch: the count fits the bytes, but an element can be far bigger in
+                // memory than its one byte: grow as elements decode, not all up front.
+                let mut result = Vec::with_capacity((n as usize).min(ARRAY_PREALLOC_MAX));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1102,7 +1107,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
                 if (n - 1) as usize > buf.remaining() {
                     bail!("CompactArray length {} exceeds the {} bytes left", n - 1, buf.remaining());
                 }
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                let mut result = Vec::with_capacity(((n - 1) as usize).min(ARRAY_PREALLOC_MAX));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
