@@ -18,6 +18,10 @@ use crate::metadata::Catalog;
 /// over (a client naming ever new topics cannot grow it without bound).
 pub const DECISIONS_PER_CONNECTION_MAX: usize = 10_000;
 
+/// Longest resource name whose decision is cached (topic names stop at 249 bytes); longer
+/// ones are decided each time, so one connection's cache stays within ~2.5 MB per type.
+pub const CACHED_NAME_BYTES_MAX: usize = 256;
+
 /// The authorizer's settings (Kafka's keys).
 #[derive(Debug, Clone, Default)]
 pub struct AuthorizerSettings {
@@ -104,6 +108,11 @@ impl AclCache {
             settings.allow_everyone_if_no_acl_found
                 && !self.catalog.acls.iter().any(|b| b.covers(rt, name))
         });
+        // Names no valid resource has are decided, not remembered: a client sending
+        // megabyte-long names would otherwise hold megabytes per cached decision.
+        if name.len() > CACHED_NAME_BYTES_MAX {
+            return allowed;
+        }
         if table.len() >= DECISIONS_PER_CONNECTION_MAX {
             table.clear();
         }
@@ -220,6 +229,17 @@ mod tests {
             cache.allowed(&settings, (2, &c2), who, read("t")),
             "new image"
         );
+        // A name no resource can have is decided (the default: no ACL names it) but not
+        // kept: a megabyte name would otherwise be held per cached decision.
+        let long = "g".repeat(1 << 20);
+        assert!(cache.allowed(&settings, (2, &c2), who, read(long.as_str())));
+        let kept: usize = cache
+            .decisions
+            .iter()
+            .flat_map(|t| t.keys())
+            .map(String::len)
+            .sum();
+        assert!(kept < 1024, "{kept} bytes of names cached");
         assert!(settings.is_super("User:admin") && !settings.is_super("User:alice"));
         assert!(cache.allowed_on_some(
             &settings,
