@@ -257,8 +257,9 @@ impl Partition {
     }
 
     /// A follower's append of batches fetched from its leader: they keep the leader's
-    /// offsets and epochs (the first must start at this replica's log end), and the
-    /// producer state learns them as the leader's did, so idempotence survives a failover.
+    /// offsets and epochs (offsets only grow from this replica's log end; gaps are the
+    /// leader's cleaner's), and the producer state learns them as the leader's did, so
+    /// idempotence survives a failover.
     pub async fn append_as_follower(
         &self,
         records: BytesMut,
