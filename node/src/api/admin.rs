@@ -80,6 +80,19 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
                 format!("cleanup.policy={v} is not delete/compact"),
             ));
         }
+        // Kafka's validators for the keys stored without effect on the log.
+        let valid = match k.as_str() {
+            "min.insync.replicas" => v.trim().parse::<i64>().is_ok_and(|n| n >= 1),
+            "compression.type" => matches!(
+                v.trim(),
+                "uncompressed" | "zstd" | "lz4" | "snappy" | "gzip" | "producer"
+            ),
+            "unclean.leader.election.enable" => matches!(v.trim(), "true" | "false"),
+            _ => true,
+        };
+        if !valid {
+            return Err((errors::INVALID_CONFIG, format!("{k}={v} is not a valid value")));
+        }
     }
     let pairs = configs.iter().map(|(k, v)| (k.as_str(), v.as_str()));
     crate::storage::LogConfig::from_pairs(pairs)
@@ -814,4 +827,25 @@ pub async fn internal_topic_partitions(
         .get(name)
         .map(|t| t.partitions)
         .ok_or(errors::COORDINATOR_NOT_AVAILABLE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str, value: &str) -> bool {
+        validate_configs(&BTreeMap::from([(key.to_string(), value.to_string())])).is_ok()
+    }
+
+    #[test]
+    fn stored_keys_get_kafkas_value_checks() {
+        assert!(check("min.insync.replicas", "2"));
+        assert!(!check("min.insync.replicas", "0"), "Kafka requires at least 1");
+        assert!(!check("min.insync.replicas", "-1"));
+        assert!(check("compression.type", "zstd"));
+        assert!(check("compression.type", "producer"));
+        assert!(!check("compression.type", "brotli"));
+        assert!(check("unclean.leader.election.enable", "false"));
+        assert!(!check("unclean.leader.election.enable", "maybe"));
+    }
 }
