@@ -676,3 +676,39 @@ fn timestamps_outside_the_topics_limits_are_refused() {
         0
     );
 }
+
+/// A partition named twice in one ListOffsets gets INVALID_REQUEST for each entry, as in
+/// Kafka (a lookup by timestamp may decompress a batch: one request must not repeat it
+/// thousands of times); the others are answered.
+#[test]
+fn list_offsets_naming_a_partition_twice_is_refused_for_it() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "twice", 2, &[]);
+    let p = |index| {
+        ListOffsetsPartition::default()
+            .with_partition_index(index)
+            .with_timestamp(-1)
+    };
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s("twice")))
+                .with_partitions(vec![p(0), p(1)]),
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s("twice")))
+                .with_partitions(vec![p(0)]),
+        ]);
+    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, LIST_OFFSETS_V, &req);
+    let codes: Vec<(i32, i16)> = resp
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.partition_index, p.error_code))
+        })
+        .collect();
+    assert_eq!(codes, vec![(0, 42), (1, 0), (0, 42)]);
+}

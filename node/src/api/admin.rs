@@ -91,7 +91,10 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
             _ => true,
         };
         if !valid {
-            return Err((errors::INVALID_CONFIG, format!("{k}={v} is not a valid value")));
+            return Err((
+                errors::INVALID_CONFIG,
+                format!("{k}={v} is not a valid value"),
+            ));
         }
     }
     let pairs = configs.iter().map(|(k, v)| (k.as_str(), v.as_str()));
@@ -840,7 +843,10 @@ mod tests {
     #[test]
     fn stored_keys_get_kafkas_value_checks() {
         assert!(check("min.insync.replicas", "2"));
-        assert!(!check("min.insync.replicas", "0"), "Kafka requires at least 1");
+        assert!(
+            !check("min.insync.replicas", "0"),
+            "Kafka requires at least 1"
+        );
         assert!(!check("min.insync.replicas", "-1"));
         assert!(check("compression.type", "zstd"));
         assert!(check("compression.type", "producer"));

@@ -3,6 +3,7 @@
 //! becoming follower truncates to), each partition answered by its owning shard.
 //! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION.
 
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -41,6 +42,21 @@ pub async fn list_offsets(
     req: ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
+    // Kafka answers every entry of a partition named twice with INVALID_REQUEST, unread
+    // (a lookup by timestamp may decompress a batch: one request must not repeat it).
+    let mut named: HashMap<(&str, i32), usize> = HashMap::new();
+    for t in &req.topics {
+        for p in &t.partitions {
+            *named
+                .entry((t.name.0.as_str(), p.partition_index))
+                .or_default() += 1;
+        }
+    }
+    let duplicated: HashSet<(String, i32)> = named
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((t, p), _)| (t.to_string(), p))
+        .collect();
     let mut topics = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
@@ -48,6 +64,9 @@ pub async fn list_offsets(
             .partitions
             .iter()
             .map(|p| {
+                if duplicated.contains(&(name.to_string(), p.partition_index)) {
+                    return (p.partition_index, None);
+                }
                 let tp = (name.clone(), p.partition_index);
                 let call = ListOffsetCall {
                     tp: tp.clone(),
@@ -65,17 +84,19 @@ pub async fn list_offsets(
                 };
                 let s = shard.clone();
                 let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;
-                (
-                    p.partition_index,
-                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await }),
-                )
+                let task =
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await });
+                (p.partition_index, Some(task))
             })
             .collect();
         let mut partitions = Vec::new();
         for (index, task) in tasks {
-            let listed = task
-                .await
-                .unwrap_or_else(|e| ListedOffset::failed(e.code()));
+            let listed = match task {
+                Some(task) => task
+                    .await
+                    .unwrap_or_else(|e| ListedOffset::failed(e.code())),
+                None => ListedOffset::failed(errors::INVALID_REQUEST),
+            };
             let epoch = if version >= 4 && listed.error == errors::NONE && listed.offset.get() >= 0
             {
                 listed.leader_epoch
