@@ -373,7 +373,7 @@ async fn change_topic(
     resource_type: i8,
     topic: &str,
     validate_only: bool,
-    edit: impl FnOnce(&mut BTreeMap<String, String>) -> Result<(), TopicError>,
+    edit: impl Fn(&mut BTreeMap<String, String>) -> Result<(), TopicError>,
 ) -> Result<(), TopicError> {
     if resource_type != RESOURCE_TOPIC {
         return Err((
@@ -381,37 +381,59 @@ async fn change_topic(
             "only topic and broker configs can be altered".into(),
         ));
     }
-    let Some(meta) = shard.catalog().topics.get(topic).cloned() else {
-        return Err((
-            errors::UNKNOWN_TOPIC_OR_PARTITION,
-            format!("topic {topic} does not exist"),
-        ));
-    };
-    let mut configs = meta.configs.clone();
-    edit(&mut configs)?;
-    validate_changed(&meta.configs, &configs)?;
-    if crate::metadata::is_internal(topic) {
-        keeps_internal_pins(topic, &configs)?;
-    }
-    if validate_only || configs == meta.configs {
-        return Ok(());
-    }
-    let cmd = Command::AlterConfigs {
-        name: topic.to_string(),
-        id: meta.id,
-        configs,
-    };
-    match shard.node.controller.submit(&shard.node, cmd).await {
-        Outcome::Done(done) => done?,
-        other => {
-            let msg = format!("controller answered {other:?}");
-            return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+    // The change is computed from this node's catalogue and applied only if the topic's
+    // overrides are still those (compare and set): when another change came first, it is
+    // computed again from the catalogue that has it.
+    let mut last = (errors::INVALID_UPDATE_VERSION, String::new());
+    for attempt in 0..CHANGE_ATTEMPTS {
+        if attempt > 0 {
+            glommio::timer::sleep(CHANGE_RETRY_BACKOFF * attempt).await;
+            shard.sync_all().await;
+        }
+        let Some(meta) = shard.catalog().topics.get(topic).cloned() else {
+            return Err((
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("topic {topic} does not exist"),
+            ));
+        };
+        let mut configs = meta.configs.clone();
+        edit(&mut configs)?;
+        validate_changed(&meta.configs, &configs)?;
+        if crate::metadata::is_internal(topic) {
+            keeps_internal_pins(topic, &configs)?;
+        }
+        if validate_only || configs == meta.configs {
+            return Ok(());
+        }
+        let cmd = Command::AlterConfigs {
+            name: topic.to_string(),
+            id: meta.id,
+            configs,
+            expected: Some(meta.configs.clone()),
+        };
+        match shard.node.controller.submit(&shard.node, cmd).await {
+            Outcome::Done(Err(e)) if e.0 == errors::INVALID_UPDATE_VERSION => last = e,
+            Outcome::Done(done) => {
+                done?;
+                tracing::info!(topic, "topic config changed");
+                shard.sync_all().await;
+                return Ok(());
+            }
+            other => {
+                let msg = format!("controller answered {other:?}");
+                return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+            }
         }
     }
-    tracing::info!(topic, "topic config changed");
-    shard.sync_all().await;
-    Ok(())
+    Err(last)
 }
+
+/// How many times a topic config change is computed again after another change of the
+/// same topic came first.
+const CHANGE_ATTEMPTS: u32 = 8;
+/// The wait before computing again (times the attempt), for this node's catalogue to
+/// catch up with the change that came first.
+const CHANGE_RETRY_BACKOFF: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Checks the overrides a change adds or alters (those already stored were accepted when
 /// set — some, like an internal topic's `log.tail.cache.bytes`, by the broker itself), then
@@ -481,7 +503,7 @@ pub async fn alter(shard: &Rc<Shard>, req: AlterConfigsRequest) -> AlterConfigsR
                 r.resource_name.as_str(),
                 req.validate_only,
                 |c| {
-                    *c = new;
+                    c.clone_from(&new);
                     Ok(())
                 },
             )
@@ -535,7 +557,7 @@ pub async fn incremental_alter(
                 r.resource_type,
                 r.resource_name.as_str(),
                 req.validate_only,
-                |c| apply_ops(c, ops, &defaults),
+                |c| apply_ops(c, ops.clone(), &defaults),
             )
             .await
         };

@@ -57,6 +57,12 @@ pub enum Command {
         /// The topic the change was checked against (a recreated topic is not changed).
         id: u128,
         configs: BTreeMap<String, String>,
+        /// The overrides the change was computed from: applied only if they are still the
+        /// topic's (else INVALID_UPDATE_VERSION, and the sender computes again), so two
+        /// changes of different keys at once cannot undo each other. `None` (older
+        /// entries): applied whatever the topic has.
+        #[serde(default)]
+        expected: Option<BTreeMap<String, String>>,
     },
     /// A node heartbeat from a node the image does not know, or knows as fenced, at
     /// another address or under another broker epoch (it restarted). The epoch is what
@@ -250,7 +256,12 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             let changed = done.is_ok();
             (Outcome::Done(done), changed)
         }
-        Command::AlterConfigs { name, id, configs } => {
+        Command::AlterConfigs {
+            name,
+            id,
+            configs,
+            expected,
+        } => {
             let Some(t) = c.topics.get_mut(name).filter(|t| t.id == *id) else {
                 let e = MetaError::UnknownTopic(name.clone());
                 return (
@@ -258,6 +269,13 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
                     false,
                 );
             };
+            if expected.as_ref().is_some_and(|e| *e != t.configs) {
+                let msg = format!("the configs of {name} changed meanwhile");
+                return (
+                    Outcome::Done(Err((errors::INVALID_UPDATE_VERSION, msg))),
+                    false,
+                );
+            }
             let mut changed = (**t).clone();
             changed.configs = configs.clone();
             *t = Arc::new(changed);
