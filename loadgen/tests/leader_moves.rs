@@ -47,12 +47,7 @@ struct Counts {
 
 fn batch() -> Bytes {
     let records = (0..RECORDS)
-        .map(|_| NewRecord {
-            timestamp_ms: 0,
-            key: None,
-            value: Some(Bytes::from_static(b"v")),
-            headers: Vec::new(),
-        })
+        .map(|_| NewRecord::value(0, Bytes::from_static(b"v")))
         .collect();
     BatchBuilder {
         base_offset: Offset(0),

@@ -18,6 +18,20 @@ fn name(v: &str) -> TopicName {
     TopicName(StrBytes::from_string(v.to_string()))
 }
 
+/// Creates `topic` with `partitions` partitions.
+fn create_topic(c: &mut Client, topic: &str, partitions: i32) {
+    let t = CreatableTopic::default()
+        .with_name(name(topic))
+        .with_num_partitions(partitions)
+        .with_replication_factor(1);
+    let created: CreateTopicsResponse = c.call(
+        api::CREATE_TOPICS,
+        7,
+        &CreateTopicsRequest::default().with_topics(vec![t]),
+    );
+    assert_eq!(created.topics[0].error_code, 0, "CreateTopics {topic}");
+}
+
 /// CPU seconds (user + system) used so far by this test's child processes (the broker).
 fn children_cpu_secs() -> f64 {
     let mut ticks = 0u64;
@@ -47,30 +61,9 @@ fn children_cpu_secs() -> f64 {
 fn a_budget_limited_long_poll_sleeps_instead_of_spinning() {
     let broker = Broker::start(1, &[]);
     let mut c: Client = broker.client();
-    let topic = CreatableTopic::default()
-        .with_name(name("fb"))
-        .with_num_partitions(2)
-        .with_replication_factor(1);
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![topic]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
+    create_topic(&mut c, "fb", 2);
     for partition in 0..2 {
-        let data = PartitionProduceData::default()
-            .with_index(partition)
-            .with_records(Some(batch(&[b"value"], 1)));
-        let req = ProduceRequest::default()
-            .with_acks(1)
-            .with_timeout_ms(5000)
-            .with_topic_data(vec![
-                TopicProduceData::default()
-                    .with_name(name("fb"))
-                    .with_partition_data(vec![data]),
-            ]);
-        let resp: ProduceResponse = c.call(api::PRODUCE, 9, &req);
-        assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
+        produce_values(&mut c, ("fb", partition), &[b"value"]);
     }
     // max_bytes 1: the first partition's batch is sent whole, the second left out; the
     // bytes sent stay below min_bytes, so the fetch long-polls for max_wait_ms.
@@ -111,9 +104,10 @@ fn a_budget_limited_long_poll_sleeps_instead_of_spinning() {
     );
 }
 
-fn produce_values(c: &mut Client, topic: &str, values: &[&[u8]]) {
+/// One batch of `values` to partition `index` of `topic`, acks=1.
+fn produce_values(c: &mut Client, (topic, index): (&str, i32), values: &[&[u8]]) {
     let data = PartitionProduceData::default()
-        .with_index(0)
+        .with_index(index)
         .with_records(Some(batch(values, 1)));
     let req = ProduceRequest::default()
         .with_acks(1)
@@ -134,19 +128,10 @@ fn produce_values(c: &mut Client, topic: &str, values: &[&[u8]]) {
 fn a_long_poll_with_some_data_wakes_when_an_append_reaches_min_bytes() {
     let broker = Broker::start(1, &[]);
     let mut c: Client = broker.client();
-    let topic = CreatableTopic::default()
-        .with_name(name("mb"))
-        .with_num_partitions(1)
-        .with_replication_factor(1);
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![topic]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
+    create_topic(&mut c, "mb", 1);
     let value = vec![b'x'; 1000];
     let values: Vec<&[u8]> = (0..50).map(|_| &value[..]).collect();
-    produce_values(&mut c, "mb", &values);
+    produce_values(&mut c, ("mb", 0), &values);
 
     let fetch = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
@@ -170,7 +155,7 @@ fn a_long_poll_with_some_data_wakes_when_an_append_reaches_min_bytes() {
     // however the two race; without it, a parked poll sleeps the whole 10 s).
     std::thread::sleep(Duration::from_millis(300));
     let more: Vec<&[u8]> = (0..60).map(|_| &value[..]).collect();
-    produce_values(&mut c, "mb", &more);
+    produce_values(&mut c, ("mb", 0), &more);
     let (_, resp): (i32, FetchResponse) = poller.recv(api::FETCH, 12);
     let elapsed = t0.elapsed();
     let part = &resp.responses[0].partitions[0];
@@ -190,21 +175,12 @@ fn a_long_poll_with_some_data_wakes_when_an_append_reaches_min_bytes() {
 fn a_fetch_answer_never_read_closes_its_connection_after_the_idle_limit() {
     let broker = Broker::start(1, &[("connections.max.idle.ms", "2000")]);
     let mut c: Client = broker.client();
-    let topic = CreatableTopic::default()
-        .with_name(name("unread"))
-        .with_num_partitions(1)
-        .with_replication_factor(1);
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![topic]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
+    create_topic(&mut c, "unread", 1);
     // 27 MB: more than the two sockets' buffers hold, so the broker's write stalls.
     let value = vec![b'u'; 1000];
     let values: Vec<&[u8]> = (0..900).map(|_| &value[..]).collect();
     for _ in 0..30 {
-        produce_values(&mut c, "unread", &values);
+        produce_values(&mut c, ("unread", 0), &values);
     }
     let fetch = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
@@ -248,17 +224,8 @@ fn a_fetch_answer_never_read_closes_its_connection_after_the_idle_limit() {
 fn a_diverging_follower_is_answered_without_waiting() {
     let broker = Broker::start(1, &[]);
     let mut c: Client = broker.client();
-    let topic = CreatableTopic::default()
-        .with_name(name("dv"))
-        .with_num_partitions(1)
-        .with_replication_factor(1);
-    let created: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![topic]),
-    );
-    assert_eq!(created.topics[0].error_code, 0);
-    produce_values(&mut c, "dv", &[b"a", b"b"]);
+    create_topic(&mut c, "dv", 1);
+    produce_values(&mut c, ("dv", 0), &[b"a", b"b"]);
     // Epoch 99 is unknown to this leader: the follower diverges.
     let fetch = FetchRequest::default()
         .with_replica_id(BrokerId(2))

@@ -142,16 +142,12 @@ impl Partition {
             return FetchOutcome::refused(code);
         }
         let lso = self.last_stable_offset();
+        // Where the read stops: `read_upper`, which a long poll also waits on. A follower's
+        // read first notes its progress; a replica id this leader does not follow (a client
+        // posing as a replica, or a replica assigned before this leader applied it) reads
+        // as a consumer does, with no progress noted.
         let upper = match reader {
-            ReadFor::Consumer(Isolation::ReadUncommitted) => self.high_watermark(),
-            ReadFor::Consumer(Isolation::ReadCommitted) => lso,
-            // A replica id this leader does not follow (a client posing as a replica, or a
-            // replica assigned before this leader applied it) reads as a consumer does: up
-            // to the HW, nothing unreplicated, no progress noted.
-            ReadFor::Follower(node, _) if !self.replica.borrow().has_follower(node) => {
-                self.high_watermark()
-            }
-            ReadFor::Follower(node, epoch) => {
+            ReadFor::Follower(node, epoch) if self.replica.borrow().has_follower(node) => {
                 if let Some(answered) = self.follower_answered.borrow_mut().remove(&node) {
                     crate::metrics::local(|m| m.follower_turned_around(answered.elapsed()));
                 }
@@ -165,6 +161,7 @@ impl Partition {
                 }
                 end
             }
+            _ => self.read_upper(reader),
         };
         let hw = self.high_watermark();
         let committed = reader == ReadFor::Consumer(Isolation::ReadCommitted);

@@ -296,6 +296,30 @@ pub fn decode_snapshot(
     Ok(table)
 }
 
+/// A section at `pos`: a 4-byte record count, then that many `record_size`-byte records.
+/// Returns where the records start and end, the count checked against the bytes present.
+fn counted_section(
+    bytes: &[u8],
+    pos: usize,
+    record_size: usize,
+    what: &'static str,
+) -> Result<(usize, usize), SnapshotError> {
+    let count_bytes: [u8; 4] = bytes
+        .get(pos..pos + 4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(SnapshotError::Truncated {
+            field: what,
+            need: pos + 4,
+            have: bytes.len(),
+        })?;
+    let count = u32::from_be_bytes(count_bytes) as usize;
+    let start = pos + 4;
+    if count > (bytes.len() - start) / record_size {
+        return Err(invalid(pos, "section count larger than the file can hold"));
+    }
+    Ok((start, start + count * record_size))
+}
+
 /// The open-transaction section at `pos` (version 2): returns the position after it.
 fn decode_ongoing(
     bytes: &[u8],
@@ -303,23 +327,7 @@ fn decode_ongoing(
     limit: Offset,
     table: &mut ProducerStateTable,
 ) -> Result<usize, SnapshotError> {
-    let count_bytes: [u8; 4] = bytes
-        .get(pos..pos + 4)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(SnapshotError::Truncated {
-            field: "open transaction count",
-            need: pos + 4,
-            have: bytes.len(),
-        })?;
-    let count = u32::from_be_bytes(count_bytes) as usize;
-    let start = pos + 4;
-    if count > (bytes.len() - start) / ONGOING_RECORD_SIZE {
-        return Err(invalid(
-            pos,
-            "open transaction count larger than the file can hold",
-        ));
-    }
-    let end = start + count * ONGOING_RECORD_SIZE;
+    let (start, end) = counted_section(bytes, pos, ONGOING_RECORD_SIZE, "open transaction")?;
     let mut previous: Option<ProducerId> = None;
     for (i, chunk) in bytes[start..end]
         .chunks_exact(ONGOING_RECORD_SIZE)
@@ -348,23 +356,7 @@ fn decode_coordinator_epochs(
     pos: usize,
     table: &mut ProducerStateTable,
 ) -> Result<usize, SnapshotError> {
-    let count_bytes: [u8; 4] = bytes
-        .get(pos..pos + 4)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(SnapshotError::Truncated {
-            field: "coordinator epoch count",
-            need: pos + 4,
-            have: bytes.len(),
-        })?;
-    let count = u32::from_be_bytes(count_bytes) as usize;
-    let start = pos + 4;
-    if count > (bytes.len() - start) / COORDINATOR_RECORD_SIZE {
-        return Err(invalid(
-            pos,
-            "coordinator epoch count larger than the file can hold",
-        ));
-    }
-    let end = start + count * COORDINATOR_RECORD_SIZE;
+    let (start, end) = counted_section(bytes, pos, COORDINATOR_RECORD_SIZE, "coordinator epoch")?;
     let mut previous: Option<ProducerId> = None;
     for (i, chunk) in bytes[start..end]
         .chunks_exact(COORDINATOR_RECORD_SIZE)
