@@ -2,6 +2,7 @@
 //! describe|delete|alter` and `weir cluster status`, run as an operator runs them (the
 //! `weir` binary, against any node), their output checked against Metadata.
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -267,4 +268,148 @@ fn topics_and_cluster_commands_manage_a_three_node_cluster() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// IncrementalAlterConfigs SET of broker `name` ("" the cluster default) through `addr`.
+fn set_broker_config(addr: SocketAddr, name: &str, key: &str, value: &str) -> i16 {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(4)
+            .with_resource_name(StrBytes::from_string(name.to_string()))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(StrBytes::from_string(key.to_string()))
+                    .with_config_operation(0)
+                    .with_value(Some(StrBytes::from_string(value.to_string()))),
+            ]),
+    ]);
+    let resp: IncrementalAlterConfigsResponse = conn
+        .call(ApiKey::IncrementalAlterConfigs, 1, &req)
+        .expect("IncrementalAlterConfigs");
+    resp.responses[0].error_code
+}
+
+/// (value, source) of `key` in DescribeConfigs of resource (`resource_type`, `name`)
+/// through `addr`.
+fn described(addr: SocketAddr, resource_type: i8, name: &str, key: &str) -> Option<(String, i8)> {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::{ApiKey, DescribeConfigsRequest, DescribeConfigsResponse};
+    use kafka_protocol::protocol::StrBytes;
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = DescribeConfigsRequest::default().with_resources(vec![
+        DescribeConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(StrBytes::from_string(name.to_string()))
+            .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_string())])),
+    ]);
+    let resp: DescribeConfigsResponse = conn
+        .call(ApiKey::DescribeConfigs, 1, &req)
+        .expect("DescribeConfigs");
+    let r = &resp.results[0];
+    assert_eq!(
+        r.error_code, 0,
+        "DescribeConfigs {name}: {:?}",
+        r.error_message
+    );
+    r.configs
+        .iter()
+        .find(|c| c.name.as_str() == key)
+        .and_then(|c| Some((c.value.as_ref()?.to_string(), c.config_source)))
+}
+
+/// Polls `described` until it is `want` (nodes apply the controller's record a moment
+/// after it commits); bounded.
+fn describe_config_until(
+    addr: SocketAddr,
+    resource_type: i8,
+    name: &str,
+    key: &str,
+    want: (&str, i8),
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = described(addr, resource_type, name, key);
+        if got
+            .as_ref()
+            .is_some_and(|(v, s)| v == want.0 && *s == want.1)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} of {name} through {addr}: {got:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Kafka's DescribeConfigs sources and resource types.
+const DYNAMIC_BROKER: i8 = 2;
+const DYNAMIC_DEFAULT_BROKER: i8 = 3;
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+
+#[test]
+fn a_cluster_wide_broker_default_set_through_one_node_reaches_every_node() {
+    let mut c = Cluster::start(3, &[]).expect("cluster");
+    c.wait_agreed(3, Duration::from_secs(60), |_| true)
+        .expect("agreed");
+    let addrs: Vec<SocketAddr> = (1..=3).map(|id| c.node(id).addr()).collect();
+    let node2 = c.node(2).bootstrap();
+    topics_ok(
+        &node2,
+        &[
+            "create",
+            "kept",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "3",
+        ],
+    );
+
+    // `kafka-configs --entity-default`: through node 1, for all.
+    assert_eq!(
+        set_broker_config(addrs[0], "", "log.retention.ms", "123456789"),
+        0
+    );
+    // Node 3's own value, through node 3, wins there only.
+    assert_eq!(
+        set_broker_config(addrs[2], "3", "log.retention.ms", "987654321"),
+        0
+    );
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = (i + 1).to_string();
+        let want = if id == "3" {
+            ("987654321", DYNAMIC_BROKER)
+        } else {
+            ("123456789", DYNAMIC_DEFAULT_BROKER)
+        };
+        describe_config_until(*addr, RESOURCE_BROKER, &id, "log.retention.ms", want);
+        // A topic without its own retention follows the node's broker default.
+        describe_config_until(*addr, RESOURCE_TOPIC, "kept", "retention.ms", want);
+    }
+    // A node's own set is refused through another node (Kafka's clients send it to that
+    // node).
+    assert_ne!(set_broker_config(addrs[0], "2", "log.retention.ms", "1"), 0);
+
+    // Kept across a restart: it is in the quorum's log, not in the node's data dir.
+    c.node(2).kill().expect("kill node 2");
+    c.node(2).restart().expect("restart node 2");
+    let addr2 = c.node(2).addr();
+    describe_config_until(
+        addr2,
+        RESOURCE_BROKER,
+        "2",
+        "log.retention.ms",
+        ("123456789", DYNAMIC_DEFAULT_BROKER),
+    );
 }

@@ -26,6 +26,7 @@ use kafka_protocol::messages::{
 
 use super::admin::{TOPIC_CONFIG_KEYS, TopicError, validate_configs};
 use super::str_bytes;
+use crate::config::dynamic::Layer;
 use crate::config::keys::{self, Dynamic};
 use crate::controller::{Command, Outcome};
 use crate::errors;
@@ -135,11 +136,20 @@ fn topic_entries(
         ));
     };
     let defaults = shard.config().topic_defaults();
-    // Topic keys whose broker default was set dynamically (AlterConfigs on the broker).
-    let dynamic_defaults: Vec<&str> = keys::DYNAMIC_APPLIED
+    // Topic keys whose broker default was set dynamically (AlterConfigs on the broker),
+    // with the source Kafka names for the layer it was set in.
+    // (A single node's one set stands for the cluster default, as before clusters.)
+    let store = &shard.config().dynamic;
+    let dynamic = store.all_with_layer();
+    let dynamic_defaults: BTreeMap<&str, i8> = keys::DYNAMIC_APPLIED
         .iter()
-        .filter(|(broker_key, _)| shard.config().dynamic.get(broker_key).is_some())
-        .map(|(_, topic_key)| *topic_key)
+        .filter_map(|(broker_key, topic_key)| {
+            let source = match dynamic.get(*broker_key)?.1 {
+                Layer::Node if store.in_cluster() => SOURCE_DYNAMIC_BROKER,
+                _ => SOURCE_DYNAMIC_DEFAULT_BROKER,
+            };
+            Some((*topic_key, source))
+        })
         .collect();
     let mut keys: Vec<&str> = defaults.keys().map(String::as_str).collect();
     keys.extend(meta.configs.keys().map(String::as_str));
@@ -149,8 +159,8 @@ fn topic_entries(
         .into_iter()
         .filter_map(|k| match (meta.configs.get(k), defaults.get(k)) {
             (Some(v), _) => Some(entry(k, v, SOURCE_TOPIC, false)),
-            (None, Some(v)) if dynamic_defaults.contains(&k) => {
-                Some(entry(k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, false))
+            (None, Some(v)) if dynamic_defaults.contains_key(k) => {
+                Some(entry(k, v, dynamic_defaults[k], false))
             }
             (None, Some(v)) => Some(entry(k, v, SOURCE_DEFAULT, false)),
             (None, None) => None,
@@ -163,7 +173,7 @@ fn topic_entries(
 /// every dynamic key set, in key order.
 fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
     let c = shard.config();
-    let dynamic = c.dynamic.all();
+    let dynamic = c.dynamic.all_with_layer();
     let mut names: Vec<&str> = keys::WEIR_KEYS.to_vec();
     names.extend(keys::KAFKA_DYNAMIC_IGNORED);
     names.extend(dynamic.keys().map(String::as_str));
@@ -174,7 +184,10 @@ fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
         .map(|k| {
             let read_only = !matches!(keys::dynamic_kind(k), Dynamic::Applied(_) | Dynamic::Stored);
             let (value, source) = match dynamic.get(k) {
-                Some(v) => (Some(v.clone()), SOURCE_DYNAMIC_BROKER),
+                Some((v, Layer::Node)) => (Some(v.clone()), SOURCE_DYNAMIC_BROKER),
+                Some((v, Layer::ClusterDefault)) => {
+                    (Some(v.clone()), SOURCE_DYNAMIC_DEFAULT_BROKER)
+                }
                 None if FLAG_KEYS.contains(&k) || c.props.get(k).is_some() => {
                     (broker_value(shard, k), SOURCE_STATIC_BROKER)
                 }
@@ -293,13 +306,11 @@ async fn change_broker(
 ) -> Result<(), TopicError> {
     check_broker_name(shard, name)?;
     let store = shard.config().dynamic.clone();
-    let old = store.all();
-    let mut new = old.clone();
-    let effective = |k: &str| broker_value(shard, k);
-    edit(&mut new, &effective)?;
-    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
-        check_dynamic(k, v)?;
+    if store.in_cluster() {
+        return change_cluster_broker(shard, name, validate_only, edit).await;
     }
+    let old = store.all();
+    let new = edited(shard, &old, edit)?;
     if validate_only || new == old {
         return Ok(());
     }
@@ -321,6 +332,103 @@ async fn change_broker(
         reconfigure_all_topics(shard).await;
     }
     Ok(())
+}
+
+/// `old` after `edit`, every key it adds or changes checked.
+fn edited(
+    shard: &Rc<Shard>,
+    old: &BTreeMap<String, String>,
+    edit: impl FnOnce(
+        &mut BTreeMap<String, String>,
+        &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), TopicError>,
+) -> Result<BTreeMap<String, String>, TopicError> {
+    let mut new = old.clone();
+    let effective = |k: &str| broker_value(shard, k);
+    edit(&mut new, &effective)?;
+    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
+        check_dynamic(k, v)?;
+    }
+    Ok(new)
+}
+
+/// A cluster's broker configs are metadata: the set named ("" the cluster default, else
+/// this node's own) is changed through the controller, compare and set as a topic's,
+/// and every node applies it from its image.
+async fn change_cluster_broker(
+    shard: &Rc<Shard>,
+    name: &str,
+    validate_only: bool,
+    edit: impl FnOnce(
+        &mut BTreeMap<String, String>,
+        &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), TopicError>,
+) -> Result<(), TopicError> {
+    let name = name.trim();
+    // The edit runs once (it may own its operations); a retry after another change came
+    // first replays the same difference onto the newer set.
+    let old = shard
+        .catalog()
+        .broker_configs
+        .get(name)
+        .cloned()
+        .unwrap_or_default();
+    let new = edited(shard, &old, edit)?;
+    if validate_only || new == old {
+        return Ok(());
+    }
+    let mut last = (errors::INVALID_UPDATE_VERSION, String::new());
+    let mut expected = old.clone();
+    for attempt in 0..CHANGE_ATTEMPTS {
+        if attempt > 0 {
+            glommio::timer::sleep(CHANGE_RETRY_BACKOFF * attempt).await;
+            shard.sync_all().await;
+            expected = shard
+                .catalog()
+                .broker_configs
+                .get(name)
+                .cloned()
+                .unwrap_or_default();
+        }
+        let configs = replay(&old, &new, &expected);
+        let cmd = Command::AlterBrokerConfigs {
+            name: name.to_string(),
+            configs,
+            expected: expected.clone(),
+        };
+        match shard.node.controller.submit(&shard.node, cmd).await {
+            Outcome::Done(Err(e)) if e.0 == errors::INVALID_UPDATE_VERSION => last = e,
+            Outcome::Done(done) => {
+                done?;
+                let shown: Vec<String> = new.iter().map(|(k, v)| keys::shown(k, v)).collect();
+                tracing::info!(broker = name, configs = %shown.join(", "), "dynamic broker configs changed");
+                shard.sync_all().await;
+                return Ok(());
+            }
+            other => {
+                let msg = format!("controller answered {other:?}");
+                return Err((errors::UNKNOWN_SERVER_ERROR, msg));
+            }
+        }
+    }
+    Err(last)
+}
+
+/// `current` with the difference between `old` and `new` applied: the keys the change
+/// set or removed, and nothing else, so a change made meanwhile to other keys stays.
+fn replay(
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+    current: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out = current.clone();
+    for k in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.remove(k);
+    }
+    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
+        out.insert(k.clone(), v.clone());
+    }
+    out
 }
 
 /// Whether `key` may be set to `value` at runtime.

@@ -1,6 +1,13 @@
 //! Dynamic broker configs: the values set with AlterConfigs / IncrementalAlterConfigs on
-//! the BROKER resource, persisted in `<data dir>/dynamic-broker.properties` and applied
-//! over the static configuration (Kafka's precedence: dynamic > static > default).
+//! the BROKER resource, applied over the static configuration (Kafka's precedence: this
+//! node's dynamic value > the cluster-wide dynamic default > static > default).
+//!
+//! Where they live depends on the deployment. A single node persists its set in
+//! `<data dir>/dynamic-broker.properties`, and the empty resource name (Kafka's
+//! `--entity-default`) and its own id name that one set. In a cluster they are metadata,
+//! as in KRaft: the controller's catalogue holds the cluster default and each node's own
+//! set ([`crate::metadata::Catalog::broker_configs`]), so a change made through any node
+//! reaches every node, and survives a node's restart through the quorum's log.
 //!
 //! Which keys may be set, and which of them take effect, is [`super::keys::dynamic_kind`]'s
 //! decision. The store is read when topic defaults are built (a partition opens or is
@@ -10,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use super::{ConfigError, Properties};
 
@@ -18,11 +25,40 @@ use super::{ConfigError, Properties};
 pub const FILE_NAME: &str = "dynamic-broker.properties";
 
 /// The dynamic broker configs of this node.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct DynamicConfigs {
     /// Where they persist; `None` keeps them in memory only (tests).
     path: Option<PathBuf>,
     values: RwLock<BTreeMap<String, String>>,
+    /// In a cluster: where the catalogue's layers are read (the file is not used).
+    cluster: OnceLock<Box<dyn Fn() -> Layers + Send + Sync>>,
+}
+
+impl std::fmt::Debug for DynamicConfigs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamicConfigs")
+            .field("path", &self.path)
+            .field("cluster", &self.cluster.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A cluster's dynamic broker configs as one node sees them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Layers {
+    /// The cluster-wide default (resource name "").
+    pub cluster: BTreeMap<String, String>,
+    /// This node's own (resource name: its id), over the default.
+    pub node: BTreeMap<String, String>,
+}
+
+/// Which layer a dynamic value comes from (DescribeConfigs' source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// Set for this node (or, on a single node, for the node or the default alike).
+    Node,
+    /// The cluster-wide default.
+    ClusterDefault,
 }
 
 impl DynamicConfigs {
@@ -41,21 +77,72 @@ impl DynamicConfigs {
         Ok(DynamicConfigs {
             path: Some(path),
             values: RwLock::new(values),
+            cluster: OnceLock::new(),
         })
+    }
+
+    /// From now on the configs are the cluster's: `layers` reads them from the current
+    /// catalogue. Values this node's file held are not used any more (said once, here).
+    pub fn follow_cluster(&self, layers: Box<dyn Fn() -> Layers + Send + Sync>) {
+        let left = self.read().len();
+        if left > 0 {
+            tracing::warn!(
+                "{FILE_NAME} holds {left} dynamic broker configs from running alone; in a \
+                 cluster the controller's are used: set them again with the admin API"
+            );
+        }
+        if self.cluster.set(layers).is_err() {
+            tracing::warn!("dynamic broker configs already follow the cluster");
+        }
+    }
+
+    /// Whether the configs are the cluster's (changed through the controller).
+    pub fn in_cluster(&self) -> bool {
+        self.cluster.get().is_some()
+    }
+
+    /// The cluster's layers (`None` on a single node).
+    pub fn layers(&self) -> Option<Layers> {
+        self.cluster.get().map(|read| read())
     }
 
     /// The dynamic value of `key`, if one is set.
     pub fn get(&self, key: &str) -> Option<String> {
-        self.read().get(key).cloned()
+        match self.layers() {
+            Some(l) => l.node.get(key).or_else(|| l.cluster.get(key)).cloned(),
+            None => self.read().get(key).cloned(),
+        }
     }
 
-    /// Every dynamic value.
+    /// Every dynamic value in force.
     pub fn all(&self) -> BTreeMap<String, String> {
-        self.read().clone()
+        self.all_with_layer()
+            .into_iter()
+            .map(|(k, (v, _))| (k, v))
+            .collect()
     }
 
-    /// Replaces the whole set: written to disk first (temp file, fsync, rename, fsync of
-    /// the dir), then visible. Blocking I/O: call it off a shard's thread.
+    /// Every dynamic value in force, with the layer it comes from.
+    pub fn all_with_layer(&self) -> BTreeMap<String, (String, Layer)> {
+        let Some(l) = self.layers() else {
+            let values = self.read();
+            return values
+                .iter()
+                .map(|(k, v)| (k.clone(), (v.clone(), Layer::Node)))
+                .collect();
+        };
+        let mut all: BTreeMap<String, (String, Layer)> = l
+            .cluster
+            .into_iter()
+            .map(|(k, v)| (k, (v, Layer::ClusterDefault)))
+            .collect();
+        all.extend(l.node.into_iter().map(|(k, v)| (k, (v, Layer::Node))));
+        all
+    }
+
+    /// Replaces a single node's whole set: written to disk first (temp file, fsync,
+    /// rename, fsync of the dir), then visible. Blocking I/O: call it off a shard's thread.
+    /// (A cluster's sets change through the controller.)
     pub fn replace(&self, values: BTreeMap<String, String>) -> std::io::Result<()> {
         if let Some(path) = &self.path {
             write_atomically(path, &values)?;
@@ -102,5 +189,29 @@ mod tests {
         assert_eq!(d.get("log.retention.ms").as_deref(), Some("1234"));
         let again = DynamicConfigs::load(dir.path()).expect("reload");
         assert_eq!(again.all(), v);
+    }
+
+    #[test]
+    fn in_a_cluster_the_nodes_value_wins_over_the_default_and_the_file_is_not_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = DynamicConfigs::load(dir.path()).expect("load empty");
+        let file = BTreeMap::from([("log.retention.ms".to_string(), "1".to_string())]);
+        d.replace(file).expect("persist");
+        d.follow_cluster(Box::new(|| Layers {
+            cluster: BTreeMap::from([
+                ("log.retention.ms".to_string(), "2".to_string()),
+                ("log.segment.bytes".to_string(), "3".to_string()),
+            ]),
+            node: BTreeMap::from([("log.segment.bytes".to_string(), "4".to_string())]),
+        }));
+        assert!(d.in_cluster());
+        assert_eq!(d.get("log.retention.ms").as_deref(), Some("2"));
+        assert_eq!(d.get("log.segment.bytes").as_deref(), Some("4"));
+        let all = d.all_with_layer();
+        assert_eq!(
+            all["log.retention.ms"],
+            ("2".to_string(), Layer::ClusterDefault)
+        );
+        assert_eq!(all["log.segment.bytes"], ("4".to_string(), Layer::Node));
     }
 }

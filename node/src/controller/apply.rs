@@ -64,6 +64,14 @@ pub enum Command {
         #[serde(default)]
         expected: Option<BTreeMap<String, String>>,
     },
+    /// AlterConfigs / IncrementalAlterConfigs on the BROKER resource in a cluster: the
+    /// whole set of `name` ("" the cluster default, else a node id), applied only if it
+    /// still is `expected` (else INVALID_UPDATE_VERSION, as for topics).
+    AlterBrokerConfigs {
+        name: String,
+        configs: BTreeMap<String, String>,
+        expected: BTreeMap<String, String>,
+    },
     /// A node heartbeat from a node the image does not know, or knows as fenced, at
     /// another address or under another broker epoch (it restarted). The epoch is what
     /// an ISR change naming the node is checked against (KIP-903). A restart alone does
@@ -176,6 +184,7 @@ impl Outcome {
             Command::DeleteTopic { .. } => Outcome::Deleted(Err(err)),
             Command::CreatePartitions { .. }
             | Command::AlterConfigs { .. }
+            | Command::AlterBrokerConfigs { .. }
             | Command::AlterPartition { .. }
             | Command::ResignLeader { .. } => Outcome::Done(Err(err)),
             Command::CreateAcls { bindings } => {
@@ -214,6 +223,37 @@ pub fn write_failed(cmd: &Command, e: MetaError) -> Outcome {
         }
         _ => Outcome::failed(cmd, meta_error(e)),
     }
+}
+
+/// Replaces the dynamic broker configs of `name` if they are still `expected`. Every
+/// topic entry is replaced by an equal copy, so that each node's shards check their open
+/// partitions against the broker defaults this may have changed.
+fn alter_broker_configs(
+    c: &mut Catalog,
+    name: &str,
+    configs: &BTreeMap<String, String>,
+    expected: &BTreeMap<String, String>,
+) -> (Outcome, bool) {
+    let current = c.broker_configs.get(name).cloned().unwrap_or_default();
+    if current != *expected {
+        let msg = format!("the dynamic configs of broker {name:?} changed meanwhile");
+        return (
+            Outcome::Done(Err((errors::INVALID_UPDATE_VERSION, msg))),
+            false,
+        );
+    }
+    if current == *configs {
+        return (Outcome::Done(Ok(())), false);
+    }
+    if configs.is_empty() {
+        c.broker_configs.remove(name);
+    } else {
+        c.broker_configs.insert(name.to_string(), configs.clone());
+    }
+    for t in c.topics.values_mut() {
+        *t = Arc::new((**t).clone());
+    }
+    (Outcome::Done(Ok(())), true)
 }
 
 /// POLICY_VIOLATION for a change that would take the node past `max.partitions`.
@@ -281,6 +321,11 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             *t = Arc::new(changed);
             (Outcome::Done(Ok(())), true)
         }
+        Command::AlterBrokerConfigs {
+            name,
+            configs,
+            expected,
+        } => alter_broker_configs(c, name, configs, expected),
         Command::RegisterNode {
             id,
             host,

@@ -111,6 +111,11 @@ pub struct Catalog {
     /// DeleteAcls commands; absent in catalogues written before them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub acls: std::collections::BTreeSet<crate::security::acl::AclBinding>,
+    /// A cluster's dynamic broker configs by resource name: "" is the cluster-wide
+    /// default, a node id's decimal form that node's own (see `config::dynamic`). Empty
+    /// on a single node, which keeps them in its data dir.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Catalog {

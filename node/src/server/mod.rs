@@ -188,6 +188,30 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         cluster_id,
         controller,
     });
+    if quorum.is_some() {
+        // Dynamic broker configs are metadata in a cluster: read from the image.
+        let weak = Arc::downgrade(&node);
+        let id = node_id.to_string();
+        node.config
+            .dynamic
+            .follow_cluster(Box::new(move || match weak.upgrade() {
+                Some(node) => {
+                    let catalog = node.meta.snapshot();
+                    let layer = |name: &str| {
+                        catalog
+                            .broker_configs
+                            .get(name)
+                            .cloned()
+                            .unwrap_or_default()
+                    };
+                    crate::config::dynamic::Layers {
+                        cluster: layer(""),
+                        node: layer(&id),
+                    }
+                }
+                None => crate::config::dynamic::Layers::default(),
+            }));
+    }
     if let Some(q) = quorum {
         crate::controller::quorum::start(q, node.clone())?;
     }
