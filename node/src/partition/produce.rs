@@ -108,6 +108,21 @@ impl Partition {
         deadline: Instant,
         now_ms: i64,
     ) -> ProduceOutcome {
+        self.produce_then_wait(records, acks, deadline, now_ms, || ())
+            .await
+    }
+
+    /// [`Partition::produce`], calling `waiting` once the local part is done, before it
+    /// waits for replication (acks=all) or for a resent batch's original to be
+    /// committed: a caller gives back what it must not hold while waiting.
+    pub async fn produce_then_wait(
+        &self,
+        records: BytesMut,
+        acks: Acks,
+        deadline: Instant,
+        now_ms: i64,
+        waiting: impl FnOnce(),
+    ) -> ProduceOutcome {
         let epoch = {
             let replica = self.replica.borrow();
             if !replica.is_leader() {
@@ -140,6 +155,7 @@ impl Partition {
         let info = match appended {
             Ok(ProducerAppend::Appended(info)) => info,
             Ok(ProducerAppend::Duplicate(original)) => {
+                waiting();
                 return self
                     .duplicate(original.first_offset, original.last_offset, acks, epoch)
                     .await;
@@ -155,6 +171,7 @@ impl Partition {
         if acks != Acks::All {
             return outcome;
         }
+        waiting();
         let (started, wait) = (
             Instant::now(),
             deadline.saturating_duration_since(Instant::now()),

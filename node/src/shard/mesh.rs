@@ -10,11 +10,16 @@
 //! replies ([`ReplyEnvelope`]) back. A full queue makes the sender wait (backpressure),
 //! it never drops. Each shard runs one inbox task per peer; it handles at most
 //! [`INBOX_IN_FLIGHT_MAX`] calls from that peer at once, then stops pulling, which pushes
-//! back on the peer's connections. The call crosses as a boxed job and its reply as a
+//! back on the peer's connections. A call that goes on to wait for something slow (an
+//! acks=all produce for its replication) gives its slot back first ([`InboxSlot`]), as
+//! Kafka parks a delayed produce in a purgatory holding no handler: else enough waiting
+//! calls would hold back every other call from that peer, the follower fetch they wait
+//! for included. The call crosses as a boxed job and its reply as a
 //! boxed value; the only place that turns one back into its type is [`Shard::call`], which
 //! created the pairing.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -22,7 +27,7 @@ use std::time::Instant;
 
 use glommio::channels::channel_mesh::Receivers;
 use glommio::channels::local_channel;
-use glommio::sync::Semaphore;
+use glommio::sync::{Semaphore, StaticPermit};
 
 use super::Shard;
 use crate::errors;
@@ -39,14 +44,32 @@ pub trait ShardCall: Send + 'static {
     type Reply: Send + 'static;
 
     /// Runs on the target shard. `deadline` is the caller's: work that waits (a delayed
-    /// produce, a long poll) ends by it.
-    fn run(self, shard: Rc<Shard>, deadline: Instant) -> impl Future<Output = Self::Reply>;
+    /// produce, a long poll) ends by it. Work that waits long releases `slot` first.
+    fn run(
+        self,
+        shard: Rc<Shard>,
+        deadline: Instant,
+        slot: InboxSlot,
+    ) -> impl Future<Output = Self::Reply>;
 
     /// Whether this call takes one of the peer's [`INBOX_IN_FLIGHT_MAX`] slots. A parked
     /// long-poll does not: it is cheap, and parked waits must not hold back the peer's
     /// produces and reads (their number is bounded by the peer's requests in flight).
     fn takes_inbox_slot(&self) -> bool {
         true
+    }
+}
+
+/// A running call's hold on one of its peer's [`INBOX_IN_FLIGHT_MAX`] slots (holds
+/// nothing for a call that takes none, or runs on its caller's shard). Given back when
+/// the call ends, or earlier by [`InboxSlot::release`].
+#[derive(Clone, Default)]
+pub struct InboxSlot(Rc<RefCell<Option<StaticPermit>>>);
+
+impl InboxSlot {
+    /// Gives the slot back: the call goes on, but no longer counts against its peer.
+    pub fn release(&self) {
+        self.0.borrow_mut().take();
     }
 }
 
@@ -79,6 +102,7 @@ pub trait Job: Send {
         self: Box<Self>,
         shard: Rc<Shard>,
         deadline: Instant,
+        slot: InboxSlot,
     ) -> Pin<Box<dyn Future<Output = Answer>>>;
     fn takes_inbox_slot(&self) -> bool;
 }
@@ -90,8 +114,9 @@ impl<C: ShardCall> Job for Boxed<C> {
         self: Box<Self>,
         shard: Rc<Shard>,
         deadline: Instant,
+        slot: InboxSlot,
     ) -> Pin<Box<dyn Future<Output = Answer>>> {
-        Box::pin(async move { Box::new(self.0.run(shard, deadline).await) as Answer })
+        Box::pin(async move { Box::new(self.0.run(shard, deadline, slot).await) as Answer })
     }
 
     fn takes_inbox_slot(&self) -> bool {
@@ -204,7 +229,7 @@ impl Shard {
         let (tx, rx) = local_channel::new_bounded(1);
         let shard = self.clone();
         glommio::spawn_local(async move {
-            let reply = call.run(shard, deadline).await;
+            let reply = call.run(shard, deadline, InboxSlot::default()).await;
             let _ = tx.try_send(reply);
         })
         .detach();
@@ -234,23 +259,9 @@ impl Shard {
             .map(|(peer, rx)| {
                 let shard = self.clone();
                 glommio::spawn_local(async move {
-                    let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
-                    while let Some(env) = rx.recv().await {
-                        let permit = if env.job.takes_inbox_slot() {
-                            match permits.clone().acquire_static_permit(1).await {
-                                Ok(p) => Some(p),
-                                Err(_) => break,
-                            }
-                        } else {
-                            None
-                        };
-                        let shard = shard.clone();
-                        glommio::spawn_local(async move {
-                            shard.serve_envelope(env).await;
-                            drop(permit);
-                        })
-                        .detach();
-                    }
+                    let takes_slot = |env: &Envelope| env.job.takes_inbox_slot();
+                    let serve = |env, slot| shard.clone().serve_envelope(env, slot);
+                    serve_peer(rx, takes_slot, serve).await;
                     tracing::debug!(shard = %shard.id, peer, "inbox closed");
                 })
             })
@@ -260,14 +271,14 @@ impl Shard {
         }
     }
 
-    async fn serve_envelope(self: Rc<Self>, env: Envelope) {
+    async fn serve_envelope(self: Rc<Self>, env: Envelope, slot: InboxSlot) {
         let delivery = if env.revision != self.router.revision() {
             Err(CallError::Refused(errors::NOT_LEADER_OR_FOLLOWER))
         } else if Instant::now() >= env.deadline {
             // The caller has stopped waiting: do not start work nobody will see.
             Err(CallError::TimedOut)
         } else {
-            Ok(env.job.run(self.clone(), env.deadline).await)
+            Ok(env.job.run(self.clone(), env.deadline, slot).await)
         };
         if let Some(replies) = &self.replies {
             let reply = ReplyEnvelope {
@@ -298,5 +309,82 @@ impl Shard {
         for t in tasks {
             t.await;
         }
+    }
+}
+
+/// One peer's inbox: serves each call of `calls` as its own task, at most
+/// [`INBOX_IN_FLIGHT_MAX`] holding a slot at once (those `takes_slot` says take one),
+/// then stops pulling until a slot is given back (a call ended or released it).
+async fn serve_peer<E, F, Fut>(
+    mut calls: impl futures_lite::Stream<Item = E> + Unpin,
+    takes_slot: impl Fn(&E) -> bool,
+    serve: F,
+) where
+    F: Fn(E, InboxSlot) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    use futures_lite::StreamExt;
+    let permits = Rc::new(Semaphore::new(INBOX_IN_FLIGHT_MAX));
+    while let Some(call) = calls.next().await {
+        let slot = InboxSlot::default();
+        if takes_slot(&call) {
+            match permits.acquire_static_permit(1).await {
+                Ok(p) => *slot.0.borrow_mut() = Some(p),
+                Err(_) => break,
+            }
+        }
+        let served = serve(call, slot.clone());
+        glommio::spawn_local(async move {
+            served.await;
+            slot.release();
+        })
+        .detach();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    /// Calls that release their slot and then wait (acks=all produces waiting for a
+    /// stalled follower) do not count against the peer: with more of them parked than
+    /// [`INBOX_IN_FLIGHT_MAX`], a later call from the same peer is still served.
+    #[test]
+    fn calls_waiting_after_releasing_their_slot_do_not_hold_back_the_peer() {
+        let served = crate::storage::testing::run_on_shard(|| async {
+            let parked = usize::try_from(INBOX_IN_FLIGHT_MAX).unwrap_or(usize::MAX) + 10;
+            // `Some(n)`: a produce-like call that parks; `None`: the later call.
+            let calls = (0..parked).map(Some).chain(std::iter::once(None));
+            let stall = Rc::new(Semaphore::new(0));
+            let later_served = Rc::new(Cell::new(false));
+            let serve = |call: Option<usize>, slot: InboxSlot| {
+                let (stall, later_served) = (stall.clone(), later_served.clone());
+                async move {
+                    match call {
+                        Some(_) => {
+                            slot.release();
+                            let _ = stall.acquire(1).await;
+                        }
+                        None => later_served.set(true),
+                    }
+                }
+            };
+            let inbox = serve_peer(futures_lite::stream::iter(calls), |_| true, serve);
+            let waited = within(Instant::now() + Duration::from_secs(5), async {
+                inbox.await;
+                for _ in 0..100 {
+                    if later_served.get() {
+                        return;
+                    }
+                    glommio::executor().yield_now().await;
+                }
+            });
+            let _ = waited.await;
+            stall.close();
+            later_served.get()
+        });
+        assert!(served);
     }
 }
