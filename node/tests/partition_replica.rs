@@ -1293,3 +1293,50 @@ fn an_unknown_replica_id_reads_only_up_to_the_hw() {
         assert_eq!(batches.len(), 1, "the real follower reads to the log end");
     });
 }
+
+/// A resend waits for its original to be committed. If the original is rolled back
+/// (out of space) while it waits and other records then take its offsets, the resend must
+/// not be answered with those offsets: its records would be acknowledged and in no log.
+/// It is answered KAFKA_STORAGE_ERROR (retriable): sent again, it is appended.
+#[test]
+fn a_resend_waiting_on_a_batch_that_is_rolled_back_is_not_acknowledged_with_other_offsets() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let disk = SimDisk::new();
+        let a = open_sim(&root.path().join("a/orders-0"), LEADER, &disk).await;
+        let out = a.produce(batch(Some((5, 0)), 2, "p0"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(0));
+        disk.hold_writes(true);
+        let mut original =
+            Box::pin(a.produce(batch(Some((5, 2)), 3, "p1"), Acks::Leader, soon(), NOW_MS));
+        assert!(
+            futures_lite::future::poll_once(&mut original)
+                .await
+                .is_none()
+        );
+        assert_eq!(
+            a.log.log_end_offset(),
+            Offset(5),
+            "offsets taken, unwritten"
+        );
+        let resent = batch(Some((5, 2)), 3, "p1");
+        let mut resend = Box::pin(a.produce(resent.clone(), Acks::Leader, soon(), NOW_MS));
+        assert!(futures_lite::future::poll_once(&mut resend).await.is_none());
+        disk.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        disk.hold_writes(false);
+        assert_eq!(original.await.error, errors::KAFKA_STORAGE_ERROR);
+        assert_eq!(a.log.log_end_offset(), Offset(2), "rolled back");
+        wait_writable(&a).await;
+        let out = a.produce(batch(None, 4, "plain"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(2));
+        let answer = weir::shard::mesh::within(soon(), resend).await;
+        let answer = answer.expect("the resend is answered");
+        assert_eq!(
+            (answer.error, answer.base_offset),
+            (errors::KAFKA_STORAGE_ERROR, Offset::NONE),
+            "not the plain append's offsets"
+        );
+        let out = a.produce(resent, Acks::Leader, soon(), NOW_MS).await;
+        assert_eq!((out.error, out.base_offset), (errors::NONE, Offset(6)));
+    });
+}

@@ -219,7 +219,12 @@ impl Partition {
     /// A resend of an appended batch: its original offsets once the original is committed
     /// under `epoch` (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its
     /// append failed), whatever `acks` asks: a resend is told its offsets only once they
-    /// cannot be cut. With acks=all the ISR must still have `min.insync.replicas`.
+    /// cannot be cut. With acks=all the ISR must still have `min.insync.replicas`. If the
+    /// log end moved back meanwhile (an out-of-space rollback keeps the epoch) the
+    /// original may be gone and others' records at its offsets: KAFKA_STORAGE_ERROR
+    /// (retriable; the producer state forgets a rolled-back batch, so a resend after it
+    /// is appended). Called right after the check that found the original, before any
+    /// other task ran, so the count compared is the one that check saw.
     async fn duplicate(
         &self,
         first: Offset,
@@ -227,10 +232,12 @@ impl Partition {
         acks: Acks,
         epoch: LeaderEpoch,
     ) -> ProduceOutcome {
-        let error = match self
+        let truncations = self.log.truncations();
+        let waited = self
             .await_replicated(epoch, last.add(1), DUPLICATE_WAIT)
-            .await
-        {
+            .await;
+        let error = match waited {
+            _ if self.log.truncations() != truncations => errors::KAFKA_STORAGE_ERROR,
             errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND if acks != Acks::All => errors::NONE,
             code => code,
         };
