@@ -712,3 +712,48 @@ fn list_offsets_naming_a_partition_twice_is_refused_for_it() {
         .collect();
     assert_eq!(codes, vec![(0, 42), (1, 0), (0, 42)]);
 }
+
+/// Whether the broker closed `c` (EOF or reset), as opposed to a read timing out.
+fn closed_by_broker(c: &mut Client) -> bool {
+    use std::io::{ErrorKind, Read};
+    let mut b = [0u8; 1];
+    match c.stream.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    }
+}
+
+/// acks=0 gets no answer, so a partition error would go unseen: as in Kafka
+/// (`handleProduceRequest`), the connection is closed, and the producer refreshes its
+/// metadata. An acks=0 produce that succeeds leaves the connection open.
+#[test]
+fn an_acks_0_produce_with_a_partition_error_closes_the_connection() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "quiet", 1, &[]);
+    c.send(
+        api::PRODUCE,
+        PRODUCE_V,
+        &produce_req("quiet", 0, 0, batch(&[b"ok"], 1)),
+    );
+    assert_eq!(
+        produce(&mut c, "quiet", 0, 1, batch(&[b"next"], 1)),
+        (0, 1),
+        "still open after a good acks=0 produce"
+    );
+    c.send(
+        api::PRODUCE,
+        PRODUCE_V,
+        &produce_req("quiet", 5, 0, batch(&[b"nowhere"], 1)),
+    );
+    assert!(
+        closed_by_broker(&mut c),
+        "closed after a failed acks=0 produce"
+    );
+    let mut other = broker.client();
+    assert_eq!(
+        produce(&mut other, "quiet", 0, 1, batch(&[b"x"], 1)),
+        (0, 2)
+    );
+}

@@ -1,6 +1,6 @@
 //! Produce: validate every batch, route each partition's records to its owning shard with
 //! the request's acks and timeout, append there, answer per partition. acks=0 gets no
-//! response; acks=1 is answered after the leader's append; acks=all waits on the owner
+//! response (the connection is closed if any partition failed, as in Kafka); acks=1 is answered after the leader's append; acks=all waits on the owner
 //! until the HW covers the batch (`timeout_ms`, then REQUEST_TIMED_OUT), and is refused
 //! there with NOT_ENOUGH_REPLICAS while the ISR is smaller than `min.insync.replicas`.
 //! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION.
@@ -45,7 +45,7 @@ struct Part {
     records: Result<Range<usize>, i16>,
 }
 
-/// Handles a Produce request; `Ok(None)` for acks=0.
+/// Handles a Produce request; `Ok(None)` for acks=0 (a close if a partition failed).
 pub async fn handle(
     shard: &Rc<Shard>,
     req: Request,
@@ -91,6 +91,12 @@ pub async fn handle(
     let timeout = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0));
     let resp = respond(shard, parts, records, (acks_kind, txn_id), timeout).await;
     if acks == 0 {
+        // No answer, but an error must not go unnoticed: Kafka closes the connection, so
+        // the producer refreshes its metadata (a moved leader, a deleted topic).
+        let failed = resp.topics.iter().flat_map(|t| &t.partitions);
+        if failed.into_iter().any(|p| p.error_code != errors::NONE) {
+            return Ok(super::close());
+        }
         return Ok(None);
     }
     let frame = wire::produce::encode_produce_response(correlation_id, version, &resp)?;
