@@ -757,3 +757,42 @@ fn an_acks_0_produce_with_a_partition_error_closes_the_connection() {
         (0, 2)
     );
 }
+
+/// A partition named twice in one Produce gets INVALID_REQUEST for each entry and
+/// nothing of either is appended (appending both would store the records twice); the
+/// request's other partitions are appended.
+#[test]
+fn a_produce_naming_a_partition_twice_is_refused_for_it() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "twice", 2, &[]);
+    let p = |index, value: &[u8]| {
+        PartitionProduceData::default()
+            .with_index(index)
+            .with_records(Some(batch(&[value], 1)))
+    };
+    let req = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(s("twice")))
+                .with_partition_data(vec![p(0, b"a"), p(1, b"b")]),
+            TopicProduceData::default()
+                .with_name(TopicName(s("twice")))
+                .with_partition_data(vec![p(0, b"c")]),
+        ]);
+    let resp: ProduceResponse = c.call(api::PRODUCE, PRODUCE_V, &req);
+    let codes: Vec<(i32, i16)> = resp
+        .responses
+        .iter()
+        .flat_map(|t| {
+            t.partition_responses
+                .iter()
+                .map(|p| (p.index, p.error_code))
+        })
+        .collect();
+    assert_eq!(codes, vec![(0, 42), (1, 0), (0, 42)]);
+    assert_eq!(list_offset(&mut c, "twice", 0, -1).1, 0, "nothing appended");
+    assert_eq!(list_offset(&mut c, "twice", 1, -1).1, 1);
+}

@@ -191,3 +191,60 @@ fn sigterm_answers_in_flight_requests_then_exits_cleanly() {
     assert_eq!(resp.responses[0].partitions[0].error_code, 0);
     assert!(broker.log_contains("logs closed"));
 }
+
+/// A Produce of `entries` empty (null records) partition entries of topic `t`, as a
+/// whole frame: v7, classic encoding, 8 bytes an entry.
+fn produce_of_empty_entries(entries: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64 + 8 * entries);
+    body.extend_from_slice(&api::PRODUCE.to_be_bytes());
+    body.extend_from_slice(&7i16.to_be_bytes());
+    body.extend_from_slice(&1i32.to_be_bytes()); // correlation id
+    body.extend_from_slice(&(-1i16).to_be_bytes()); // client id: null
+    body.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id: null
+    body.extend_from_slice(&1i16.to_be_bytes()); // acks
+    body.extend_from_slice(&5000i32.to_be_bytes()); // timeout
+    body.extend_from_slice(&1i32.to_be_bytes()); // one topic
+    body.extend_from_slice(&1i16.to_be_bytes());
+    body.push(b't');
+    let count = i32::try_from(entries).expect("fits");
+    body.extend_from_slice(&count.to_be_bytes());
+    for i in 0..count {
+        body.extend_from_slice(&i.to_be_bytes());
+        body.extend_from_slice(&(-1i32).to_be_bytes()); // records: null
+    }
+    raw_frame(&body)
+}
+
+/// A Produce naming more partition entries than `PARTITIONS_PER_PRODUCE_MAX` is refused
+/// at once as undecodable (connection closed): each entry would cost a task, a shard
+/// call and a response entry. Other clients are served meanwhile; a request at the
+/// bound is answered.
+#[test]
+fn a_produce_over_the_partition_entry_bound_closes_its_connection() {
+    let max = wire::produce::PARTITIONS_PER_PRODUCE_MAX;
+    let broker = Broker::start(2, &[]);
+    let mut over = broker.client();
+    let started = Instant::now();
+    over.stream
+        .write_all(&produce_of_empty_entries(max + 1))
+        .expect("write");
+    assert!(over.is_closed(), "closed, not answered");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused quickly"
+    );
+    let mut other = broker.client();
+    assert!(api_versions_ok(&mut other));
+
+    let mut at = broker.client();
+    at.stream
+        .write_all(&produce_of_empty_entries(max))
+        .expect("write");
+    let (_, resp): (i32, ProduceResponse) = at.recv(api::PRODUCE, 7);
+    let entries: usize = resp
+        .responses
+        .iter()
+        .map(|t| t.partition_responses.len())
+        .sum();
+    assert_eq!(entries, max, "answered at the bound");
+}

@@ -28,6 +28,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::codec::{Reader, put_array_len, put_bytes_len, put_nullable_string, put_string};
 use crate::{WireError, api, frame};
 
+/// Most partition entries one Produce request may name (as Fetch's bound). Each costs
+/// the broker a task, a call to the partition's shard and a response entry; a request
+/// of empty entries could otherwise name millions in 100 MiB. Past it the request is
+/// refused as undecodable (the connection is closed): answering every entry would cost
+/// what the bound avoids, and no client names more partitions than it writes to.
+pub const PARTITIONS_PER_PRODUCE_MAX: usize = 100_000;
+
 /// Smallest encoded topic entry: name length + partition array length (classic 2 + 4,
 /// flexible 1 + 1 + tagged 1).
 fn min_topic_bytes(flexible: bool) -> usize {
@@ -217,9 +224,10 @@ fn parse_topics(r: &mut Reader<'_>, flexible: bool) -> Result<Vec<ProduceTopic>,
         .array_len("topic_data", flexible, min_topic_bytes(flexible))?
         .unwrap_or(0);
     let mut topics = Vec::with_capacity(count);
+    let mut left = PARTITIONS_PER_PRODUCE_MAX;
     for _ in 0..count {
         let name = r.string("topic name", flexible)?;
-        let partitions = parse_partitions(r, flexible)?;
+        let partitions = parse_partitions(r, flexible, &mut left)?;
         if flexible {
             r.skip_tagged_fields()?;
         }
@@ -228,13 +236,26 @@ fn parse_topics(r: &mut Reader<'_>, flexible: bool) -> Result<Vec<ProduceTopic>,
     Ok(topics)
 }
 
+/// One topic's partitions; `left` is how many more entries the request may name.
 fn parse_partitions(
     r: &mut Reader<'_>,
     flexible: bool,
+    left: &mut usize,
 ) -> Result<Vec<ProducePartition>, WireError> {
+    let offset = r.position();
     let count = r
         .array_len("partition_data", flexible, min_partition_bytes(flexible))?
         .unwrap_or(0);
+    let Some(still) = left.checked_sub(count) else {
+        let named = PARTITIONS_PER_PRODUCE_MAX.saturating_sub(*left);
+        return Err(WireError::TooLarge {
+            field: "partitions in one produce request",
+            offset,
+            size: u64::try_from(named.saturating_add(count)).unwrap_or(u64::MAX),
+            max: u64::try_from(PARTITIONS_PER_PRODUCE_MAX).unwrap_or(u64::MAX),
+        });
+    };
+    *left = still;
     let mut partitions = Vec::with_capacity(count);
     for _ in 0..count {
         let index = r.i32("partition index")?;

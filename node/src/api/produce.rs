@@ -3,12 +3,15 @@
 //! response (the connection is closed if any partition failed, as in Kafka); acks=1 is answered after the leader's append; acks=all waits on the owner
 //! until the HW covers the batch (`timeout_ms`, then REQUEST_TIMED_OUT), and is refused
 //! there with NOT_ENOUGH_REPLICAS while the ISR is smaller than `min.insync.replicas`.
-//! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION.
+//! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION, a
+//! partition named twice with INVALID_REQUEST (each entry); a request naming more than
+//! `PARTITIONS_PER_PRODUCE_MAX` partition entries is undecodable (connection closed).
 //!
 //! Record bytes are not copied: the request frame is usually its own allocation (see
 //! `server::conn`), so once the request view is dropped the frame is taken back as a
 //! `BytesMut` and cut into one piece per partition, which the log patches in place.
 
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -159,7 +162,31 @@ fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes, authz: &Authz<'_
             });
         }
     }
+    refuse_repeated(&mut parts);
     parts
+}
+
+/// A partition named more than once gets INVALID_REQUEST for each of its entries, and
+/// nothing of them is appended (as ListOffsets; appending each would store the records
+/// twice, and one request could repeat a partition for every few bytes it carries).
+fn refuse_repeated(parts: &mut [Part]) {
+    let mut named: HashMap<(Arc<str>, i32), u32> = HashMap::with_capacity(parts.len());
+    for p in parts.iter() {
+        *named.entry((p.topic.clone(), p.index)).or_default() += 1;
+    }
+    let repeated: HashSet<(Arc<str>, i32)> = named
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(tp, _)| tp)
+        .collect();
+    if repeated.is_empty() {
+        return;
+    }
+    for p in parts.iter_mut() {
+        if repeated.contains(&(p.topic.clone(), p.index)) {
+            p.records = Err(errors::INVALID_REQUEST);
+        }
+    }
 }
 
 fn refusal(catalog: &Catalog, acks: i16, topic: &str, index: i32) -> Option<i16> {
