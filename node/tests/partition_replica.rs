@@ -1340,3 +1340,35 @@ fn a_resend_waiting_on_a_batch_that_is_rolled_back_is_not_acknowledged_with_othe
         assert_eq!((out.error, out.base_offset), (errors::NONE, Offset(6)));
     });
 }
+
+/// On a LogAppendTime topic a resend is answered with its original's append time (as
+/// Kafka answers), not -1: the client's record metadata carries the time either way.
+#[test]
+fn a_resend_on_a_log_append_time_topic_gets_its_originals_append_time() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let mut configs = configs(1);
+        let kind = ("message.timestamp.type", "LogAppendTime");
+        configs.insert(kind.0.to_string(), kind.1.to_string());
+        let disk = SimDisk::new();
+        let dir = root.path().join("orders-0");
+        let topic: Arc<str> = Arc::from("orders");
+        let a = Partition::open_on(&dir, LEADER, topic, 0, 7, configs, Disk::Sim(disk))
+            .await
+            .expect("open partition");
+        // Records stamped NOW_MS by the client, appended a second later.
+        let (sent, appended_at) = (batch(Some((5, 0)), 2, "p0"), NOW_MS + 1_000);
+        let out = a.produce(sent.clone(), Acks::Leader, soon(), appended_at);
+        let out = out.await;
+        assert_eq!(
+            (out.error, out.log_append_time_ms),
+            (errors::NONE, appended_at)
+        );
+        let later = NOW_MS + 5_000;
+        let resend = a.produce(sent, Acks::Leader, soon(), later).await;
+        assert_eq!(
+            (resend.error, resend.base_offset, resend.log_append_time_ms),
+            (errors::NONE, Offset(0), appended_at)
+        );
+    });
+}

@@ -6,11 +6,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use wire::batch::{read_header, split_batches};
+use wire::batch::{TimestampType, read_header, split_batches};
 use wire::{LeaderEpoch, Offset};
 
 use super::{Partition, storage_error_code, wire_error_code};
 use crate::errors;
+use crate::producer_state::entry::BatchMetadata;
 use crate::producer_state::partition::{Marker, ProducerAppend};
 use crate::storage::AppendInfo;
 
@@ -156,9 +157,7 @@ impl Partition {
             Ok(ProducerAppend::Appended(info)) => info,
             Ok(ProducerAppend::Duplicate(original)) => {
                 waiting();
-                return self
-                    .duplicate(original.first_offset, original.last_offset, acks, epoch)
-                    .await;
+                return self.duplicate(original, acks, epoch).await;
             }
             Ok(ProducerAppend::Rejected(error)) => return ProduceOutcome::failed(error),
             Err(e) => {
@@ -225,13 +224,14 @@ impl Partition {
     /// (retriable; the producer state forgets a rolled-back batch, so a resend after it
     /// is appended). Called right after the check that found the original, before any
     /// other task ran, so the count compared is the one that check saw.
+    /// On a LogAppendTime topic it gets the original's append time, as Kafka answers.
     async fn duplicate(
         &self,
-        first: Offset,
-        last: Offset,
+        original: BatchMetadata,
         acks: Acks,
         epoch: LeaderEpoch,
     ) -> ProduceOutcome {
+        let (first, last) = (original.first_offset, original.last_offset);
         let truncations = self.log.truncations();
         let waited = self
             .await_replicated(epoch, last.add(1), DUPLICATE_WAIT)
@@ -248,7 +248,10 @@ impl Partition {
             } else {
                 Offset::NONE
             },
-            log_append_time_ms: -1,
+            log_append_time_ms: match self.log.config().message_timestamp_type {
+                TimestampType::LogAppendTime if error == errors::NONE => original.max_timestamp,
+                _ => -1,
+            },
             log_start_offset: self.log.log_start_offset(),
             record_errors: Vec::new(),
             error_message: None,

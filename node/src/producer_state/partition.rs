@@ -144,7 +144,15 @@ impl PartitionProducers {
             if log.segment_count() > segments {
                 self.snapshot(log.dir(), first, false);
             }
-            self.table.borrow_mut().record_append(header, first, now_ms);
+            // As stored: with LogAppendTime the log stamped the append time as the batch's
+            // max timestamp, which a resend of it is answered with (as in Kafka).
+            let mut stored = *header;
+            if log.config().message_timestamp_type == wire::batch::TimestampType::LogAppendTime {
+                stored.max_timestamp.set(now_ms);
+            }
+            self.table
+                .borrow_mut()
+                .record_append(&stored, first, now_ms);
         }
         match first_poll {
             Some(result) => result,
