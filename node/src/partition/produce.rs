@@ -109,21 +109,6 @@ impl Partition {
         deadline: Instant,
         now_ms: i64,
     ) -> ProduceOutcome {
-        self.produce_then_wait(records, acks, deadline, now_ms, || ())
-            .await
-    }
-
-    /// [`Partition::produce`], calling `waiting` once the local part is done, before it
-    /// waits for replication (acks=all) or for a resent batch's original to be
-    /// committed: a caller gives back what it must not hold while waiting.
-    pub async fn produce_then_wait(
-        &self,
-        records: BytesMut,
-        acks: Acks,
-        deadline: Instant,
-        now_ms: i64,
-        waiting: impl FnOnce(),
-    ) -> ProduceOutcome {
         let epoch = {
             let replica = self.replica.borrow();
             if !replica.is_leader() {
@@ -156,7 +141,6 @@ impl Partition {
         let info = match appended {
             Ok(ProducerAppend::Appended(info)) => info,
             Ok(ProducerAppend::Duplicate(original)) => {
-                waiting();
                 return self.duplicate(original, acks, epoch).await;
             }
             Ok(ProducerAppend::Rejected(error)) => return ProduceOutcome::failed(error),
@@ -170,7 +154,6 @@ impl Partition {
         if acks != Acks::All {
             return outcome;
         }
-        waiting();
         let (started, wait) = (
             Instant::now(),
             deadline.saturating_duration_since(Instant::now()),
@@ -190,7 +173,12 @@ impl Partition {
     /// follower counts the new leader's records at its offsets); or
     /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below `min.insync.replicas`
     /// meanwhile (Kafka: the batch is in the log, but not as durable as asked).
+    ///
+    /// Run in a call from another shard, the call gives back its inbox slot first: a
+    /// wait holds none (see `shard::mesh`), as Kafka parks a delayed produce in a
+    /// purgatory holding no handler.
     pub async fn await_replicated(&self, epoch: LeaderEpoch, end: Offset, wait: Duration) -> i16 {
+        crate::shard::mesh::InboxSlot::release_current();
         let replicated = async {
             loop {
                 let moved = self.appended.listen();

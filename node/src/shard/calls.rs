@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use wire::{LeaderEpoch, Offset};
 
 use super::context::{MarkerWriter, ServiceContext};
-use super::mesh::{InboxSlot, ShardCall};
+use super::mesh::ShardCall;
 use super::{Shard, TopicPartition, now_ms};
 use crate::group::{GroupCall, GroupReply};
 use crate::partition::{Acks, FetchOutcome, ListedOffset, ProduceOutcome, ReadFor};
@@ -31,7 +31,7 @@ pub struct ProduceCall {
 impl ShardCall for ProduceCall {
     type Reply = ProduceOutcome;
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, slot: InboxSlot) -> ProduceOutcome {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
         // A cluster node whose lease expired (cut off from the controller) may have been
         // replaced as leader without knowing it: it acknowledges nothing more.
         if shard
@@ -72,16 +72,8 @@ impl ShardCall for ProduceCall {
         if let Err(code) = p.rebuild_producers().await {
             return ProduceOutcome::failed(code);
         }
-        // The wait for replication (acks=all, or a resend waiting for its original) holds
-        // no inbox slot: see `shard::mesh`.
-        let produce = p.produce_then_wait(
-            self.records,
-            self.acks,
-            self.replicated_by,
-            now_ms(),
-            || slot.release(),
-        );
-        let mut produce = std::pin::pin!(produce);
+        let mut produce =
+            std::pin::pin!(p.produce(self.records, self.acks, self.replicated_by, now_ms()));
         // The first poll checks and records the batch (offsets assigned synchronously,
         // see `PartitionProducers::append`); the next batch may go once it ran.
         let first = futures_lite::future::poll_once(&mut produce).await;
@@ -125,12 +117,7 @@ impl ShardCall for FetchCall {
     /// One outcome per read, in order.
     type Reply = Vec<FetchOutcome>;
 
-    async fn run(
-        self,
-        shard: Rc<Shard>,
-        _deadline: Instant,
-        _slot: InboxSlot,
-    ) -> Vec<FetchOutcome> {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Vec<FetchOutcome> {
         let mut left = self.budget_bytes;
         let mut exceed = self.exceed_once;
         let mut out = Vec::with_capacity(self.reads.len());
@@ -193,7 +180,7 @@ pub struct WaitCall {
 impl ShardCall for WaitCall {
     type Reply = ();
 
-    async fn run(self, shard: Rc<Shard>, deadline: Instant, _slot: InboxSlot) {
+    async fn run(self, shard: Rc<Shard>, deadline: Instant) {
         shard.wait_for_data(&self.tps, self.reader, deadline).await;
     }
 
@@ -222,7 +209,7 @@ pub struct ListOffsetCall {
 impl ShardCall for ListOffsetCall {
     type Reply = ListedOffset;
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, _slot: InboxSlot) -> ListedOffset {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ListedOffset {
         match shard.partition(&self.tp).await {
             Ok(p) => {
                 if let Some(code) = self.lagging_hw_error {
@@ -273,12 +260,7 @@ pub struct DeleteRecordsCall {
 impl ShardCall for DeleteRecordsCall {
     type Reply = Result<Offset, i16>;
 
-    async fn run(
-        self,
-        shard: Rc<Shard>,
-        _deadline: Instant,
-        _slot: InboxSlot,
-    ) -> Result<Offset, i16> {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Result<Offset, i16> {
         shard
             .partition(&self.tp)
             .await?
@@ -297,7 +279,7 @@ pub struct EpochEndCall {
 impl ShardCall for EpochEndCall {
     type Reply = Result<(LeaderEpoch, Offset), i16>;
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, _slot: InboxSlot) -> Self::Reply {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Self::Reply {
         let p = shard.partition(&self.tp).await?;
         p.epoch_end_offset(self.epoch, self.current_epoch)
     }
@@ -310,7 +292,7 @@ pub struct SyncCall;
 impl ShardCall for SyncCall {
     type Reply = ();
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, _slot: InboxSlot) {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) {
         shard.sync_partitions().await;
     }
 }
@@ -329,7 +311,7 @@ pub struct WriteMarkerCall {
 impl ShardCall for WriteMarkerCall {
     type Reply = i16;
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, slot: InboxSlot) -> i16 {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> i16 {
         let p = match shard.partition(&self.tp).await {
             Ok(p) => p,
             Err(code) => return code,
@@ -340,8 +322,6 @@ impl ShardCall for WriteMarkerCall {
             // Kafka writes markers with acks=all: answered once the HW covers the marker
             // (with it every append before it), so a leader change cannot lose it.
             let end = p.replica().log_end();
-            // Waiting holds no inbox slot (see `shard::mesh`).
-            slot.release();
             code = crate::coordinator::await_replicated(&p, epoch, end).await;
         }
         if code == crate::errors::NONE && &*self.tp.0 == crate::group::OFFSETS_TOPIC {
@@ -358,7 +338,7 @@ impl ShardCall for WriteMarkerCall {
 impl ShardCall for GroupCall {
     type Reply = GroupReply;
 
-    async fn run(self, shard: Rc<Shard>, _deadline: Instant, _slot: InboxSlot) -> GroupReply {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> GroupReply {
         let groups = shard.groups.clone();
         groups.exec(&ServiceContext::new(&shard), self).await
     }
@@ -369,12 +349,7 @@ impl ShardCall for GroupCall {
 impl ShardCall for crate::txn::TxnCall {
     type Reply = crate::txn::TxnReply;
 
-    async fn run(
-        self,
-        shard: Rc<Shard>,
-        _deadline: Instant,
-        _slot: InboxSlot,
-    ) -> crate::txn::TxnReply {
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> crate::txn::TxnReply {
         let txns = shard.txns.clone();
         let markers = MarkerWriter::new(shard.clone());
         txns.exec(&ServiceContext::new(&shard), markers, self).await

@@ -10,13 +10,13 @@
 //! replies ([`ReplyEnvelope`]) back. A full queue makes the sender wait (backpressure),
 //! it never drops. Each shard runs one inbox task per peer; it handles at most
 //! [`INBOX_IN_FLIGHT_MAX`] calls from that peer at once, then stops pulling, which pushes
-//! back on the peer's connections. A call that goes on to wait for something slow (an
-//! acks=all produce for its replication) gives its slot back first ([`InboxSlot`]), as
-//! Kafka parks a delayed produce in a purgatory holding no handler: else enough waiting
-//! calls would hold back every other call from that peer, the follower fetch they wait
-//! for included. The call crosses as a boxed job and its reply as a
-//! boxed value; the only place that turns one back into its type is [`Shard::call`], which
-//! created the pairing.
+//! back on the peer's connections. A call that goes on to wait for replication (an
+//! acks=all produce, a resend, a marker, a coordinator's write) gives its slot back first
+//! ([`InboxSlot::release_current`], from `Partition::await_replicated`), as Kafka parks a
+//! delayed produce in a purgatory holding no handler: else enough waiting calls would
+//! hold back every other call from that peer, the follower fetch they wait for included.
+//! The call crosses as a boxed job and its reply as a boxed value; the only place that
+//! turns one back into its type is [`Shard::call`], which created the pairing.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -44,13 +44,9 @@ pub trait ShardCall: Send + 'static {
     type Reply: Send + 'static;
 
     /// Runs on the target shard. `deadline` is the caller's: work that waits (a delayed
-    /// produce, a long poll) ends by it. Work that waits long releases `slot` first.
-    fn run(
-        self,
-        shard: Rc<Shard>,
-        deadline: Instant,
-        slot: InboxSlot,
-    ) -> impl Future<Output = Self::Reply>;
+    /// produce, a long poll) ends by it. A wait for replication gives back the call's
+    /// inbox slot first ([`InboxSlot::release_current`]).
+    fn run(self, shard: Rc<Shard>, deadline: Instant) -> impl Future<Output = Self::Reply>;
 
     /// Whether this call takes one of the peer's [`INBOX_IN_FLIGHT_MAX`] slots. A parked
     /// long-poll does not: it is cheap, and parked waits must not hold back the peer's
@@ -66,11 +62,41 @@ pub trait ShardCall: Send + 'static {
 #[derive(Clone, Default)]
 pub struct InboxSlot(Rc<RefCell<Option<StaticPermit>>>);
 
+thread_local! {
+    /// The slot of the call whose future this shard is polling, if any (see
+    /// [`with_slot`]): what waits for replication sits deep in a call (a coordinator's
+    /// write under a group or transaction call), where no handle reaches.
+    static CURRENT_SLOT: RefCell<Option<InboxSlot>> = const { RefCell::new(None) };
+}
+
 impl InboxSlot {
     /// Gives the slot back: the call goes on, but no longer counts against its peer.
     pub fn release(&self) {
         self.0.borrow_mut().take();
     }
+
+    /// Gives back the slot of the call being run, if any (nothing outside a call, or in
+    /// a call to the caller's own shard).
+    pub fn release_current() {
+        let current = CURRENT_SLOT.with(|c| c.borrow().clone());
+        if let Some(slot) = current {
+            slot.release();
+        }
+    }
+}
+
+/// Polls `work` with `slot` as the current call's slot ([`InboxSlot::release_current`]).
+/// One shard polls one task at a time, so the slot is set exactly while this call's own
+/// code runs; a nested poll puts back the outer slot when it ends.
+async fn with_slot<T>(slot: InboxSlot, work: impl Future<Output = T>) -> T {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(move |cx| {
+        let outer = CURRENT_SLOT.with(|c| c.replace(Some(slot.clone())));
+        let polled = work.as_mut().poll(cx);
+        CURRENT_SLOT.with(|c| *c.borrow_mut() = outer);
+        polled
+    })
+    .await
 }
 
 /// Why a call returned no reply.
@@ -116,7 +142,8 @@ impl<C: ShardCall> Job for Boxed<C> {
         deadline: Instant,
         slot: InboxSlot,
     ) -> Pin<Box<dyn Future<Output = Answer>>> {
-        Box::pin(async move { Box::new(self.0.run(shard, deadline, slot).await) as Answer })
+        let run = with_slot(slot, self.0.run(shard, deadline));
+        Box::pin(async move { Box::new(run.await) as Answer })
     }
 
     fn takes_inbox_slot(&self) -> bool {
@@ -229,7 +256,7 @@ impl Shard {
         let (tx, rx) = local_channel::new_bounded(1);
         let shard = self.clone();
         glommio::spawn_local(async move {
-            let reply = call.run(shard, deadline, InboxSlot::default()).await;
+            let reply = call.run(shard, deadline).await;
             let _ = tx.try_send(reply);
         })
         .detach();
@@ -361,15 +388,16 @@ mod tests {
             let later_served = Rc::new(Cell::new(false));
             let serve = |call: Option<usize>, slot: InboxSlot| {
                 let (stall, later_served) = (stall.clone(), later_served.clone());
-                async move {
+                with_slot(slot, async move {
                     match call {
                         Some(_) => {
-                            slot.release();
+                            // As `Partition::await_replicated` does, deep in a call.
+                            InboxSlot::release_current();
                             let _ = stall.acquire(1).await;
                         }
                         None => later_served.set(true),
                     }
-                }
+                })
             };
             let inbox = serve_peer(futures_lite::stream::iter(calls), |_| true, serve);
             let waited = within(Instant::now() + Duration::from_secs(5), async {
@@ -386,5 +414,59 @@ mod tests {
             later_served.get()
         });
         assert!(served);
+    }
+
+    /// An acks=all produce run as a call gives its slot back once appended, while it
+    /// waits for a follower that does not fetch (`Partition::await_replicated`).
+    #[test]
+    fn an_acks_all_produce_waiting_for_its_follower_holds_no_slot() {
+        use crate::partition::{Acks, Partition};
+        use wire::{LeaderEpoch, NodeId, Offset};
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (available, hw, end) = crate::storage::testing::run_on_shard(move || async move {
+            let disk = crate::storage::Disk::Sim(crate::storage::SimDisk::new());
+            let configs = std::collections::BTreeMap::new();
+            let p = Partition::open_on(
+                &data,
+                NodeId(1),
+                std::sync::Arc::from("t"),
+                0,
+                7,
+                configs,
+                disk,
+            );
+            let p = p.await.expect("open");
+            let both = [NodeId(1), NodeId(2)];
+            p.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+            let permits = Rc::new(Semaphore::new(1));
+            let slot = InboxSlot::default();
+            let permit = permits.acquire_static_permit(1).await.expect("a permit");
+            *slot.0.borrow_mut() = Some(permit);
+            let records = crate::storage::testing::build_batch(0, &[b"a"]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let produce = p.produce(records, Acks::All, deadline, crate::shard::now_ms());
+            let mut produce = std::pin::pin!(with_slot(slot, produce));
+            for _ in 0..100 {
+                if permits.available() == 1 {
+                    break;
+                }
+                let polled = futures_lite::future::poll_once(&mut produce).await;
+                assert!(polled.is_none(), "answered before the follower fetched");
+                // The log's write runs in a task of its own.
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            }
+            (
+                permits.available(),
+                p.high_watermark(),
+                p.log.log_end_offset(),
+            )
+        });
+        assert_eq!(available, 1, "the slot is given back while waiting");
+        assert_eq!(
+            (hw, end),
+            (Offset(0), Offset(1)),
+            "appended, not replicated"
+        );
     }
 }
