@@ -555,3 +555,97 @@ fn a_rollback_of_offsets_served_to_a_replica_fences_the_leader_epoch() {
         drop(root);
     });
 }
+
+/// Two appends share one I/O run with `log.flush.on.ack`: A's write succeeds, B's fails
+/// for lack of space (sealing the full segment's index files, creating the next segment's
+/// file, or a second DMA write). Nothing refused may stay in the log: A is either
+/// acknowledged (and survives a power loss) or gone. Before, A was written, refused
+/// (its waiter saw the out-of-space backoff) and kept: a producer's retry duplicated it.
+#[test]
+fn an_append_written_before_an_out_of_space_error_in_its_io_run_is_acknowledged_or_gone() {
+    // (point, segment.bytes, size of A, size of B): B rolls for the first two; for the
+    // last, A and B are one 4 MiB write each in the same segment.
+    let cases = [
+        (FaultPoint::Roll, 16_384usize, 600usize, 3_000usize),
+        (FaultPoint::IndexWrite, 16_384, 600, 3_000),
+        (FaultPoint::Append, 16 << 20, 3 << 20, 2 << 20),
+    ];
+    for (point, segment_bytes, a_len, b_len) in cases {
+        let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let dir = root.path().join("shared-run-0");
+        run_on_shard(move || async move {
+            let disk = SimDisk::new();
+            let cfg = LogConfig::from_pairs([
+                ("segment.bytes", segment_bytes.to_string().as_str()),
+                ("log.preallocate", "false"),
+                ("log.flush.on.ack", "true"),
+            ])
+            .unwrap();
+            let log = Rc::new(open(&dir, &cfg, &disk).await);
+            // Fill the segment until A still fits and B does not.
+            let mut acked = Vec::new();
+            for seq in 0..100u64 {
+                let size = log.size_bytes() as usize;
+                if size + a_len + b_len + 100 > segment_bytes || point == FaultPoint::Append {
+                    break;
+                }
+                let info = log
+                    .append(payload(0, 0, seq, 1_000), LeaderEpoch(1), 0)
+                    .await
+                    .unwrap();
+                acked.push(info.first_offset);
+            }
+            let segments = log.segment_count();
+            let skip = match point {
+                // The first write of the run (A's) succeeds.
+                FaultPoint::Append => 1,
+                _ => 0,
+            };
+            disk.inject(point, FaultKind::NoSpace, skip);
+            let spawn = |seq: u64, len: usize| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    log.append(payload(1, 0, seq, len), LeaderEpoch(1), 0).await
+                })
+            };
+            let a = spawn(0, a_len);
+            let b = spawn(1, b_len);
+            let (a, b) = (a.await, b.await);
+            assert!(
+                matches!(b, Err(ref e) if e.is_out_of_space()),
+                "{point:?}: B: {b:?}"
+            );
+            if point != FaultPoint::Append {
+                assert!(
+                    log.segment_count() <= segments + 1,
+                    "{point:?}: B rolled once at most"
+                );
+            }
+            let tags_in = |batches: &[Bytes]| -> Vec<(usize, u64, u64)> {
+                batches
+                    .iter()
+                    .map(|b| tag(b))
+                    .filter(|t| t.0 == 1)
+                    .collect()
+            };
+            let present = tags_in(&read_all(&log).await);
+            match &a {
+                Ok(info) => {
+                    assert_eq!(present, vec![(1, 0, 0)], "{point:?}: A acknowledged");
+                    assert!(log.log_end_offset() > info.last_offset);
+                }
+                Err(e) => assert!(
+                    present.is_empty(),
+                    "{point:?}: A refused ({e}) but kept in the log"
+                ),
+            }
+            // An acknowledged A is durable; a refused one does not come back.
+            disk.crash(None);
+            drop(log);
+            let log = open(&dir, &cfg, &disk).await;
+            let after = tags_in(&read_all(&log).await);
+            assert_eq!(after, present, "{point:?}: after a power loss");
+            drop(root);
+        });
+    }
+}

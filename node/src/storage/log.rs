@@ -161,9 +161,12 @@ pub(super) struct State {
     /// epoch ended, and the replica truncates there.
     pub fenced_epoch: Option<LeaderEpoch>,
     /// How many times the log end moved back (an out-of-space rollback, a truncation):
-    /// an append waiting for its bytes sees that they are gone, and the producer state
-    /// knows to drop what it recorded past the new end.
+    /// the producer state knows to drop what it recorded past the new end.
     pub truncations: u64,
+    /// The latest cuts (numbered as `truncations` counts them) and the log end each left:
+    /// an append waiting for its bytes tells from them whether they went. At most
+    /// [`CUTS_REMEMBERED`]; a waiter that missed older ones counts its bytes gone.
+    pub recent_cuts: VecDeque<(u64, Offset)>,
     pub closed: bool,
     /// The log cleaner's checkpoint and schedule (compacted logs).
     pub cleaner: super::cleaner::CleanerState,
@@ -180,6 +183,9 @@ pub(super) const CLEAN_SHUTDOWN_FILE: &str = ".weir-clean-shutdown";
 /// append tries the disk again (a full disk frees up when an operator or retention
 /// deletes something; a short backoff keeps a full log from retrying on every append).
 pub const NO_SPACE_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// Cuts of the log end remembered for waiting appends (see `State::recent_cuts`): a
+/// waiter wakes after each I/O run, so more than a few cuts in between are rare.
+const CUTS_REMEMBERED: usize = 16;
 
 impl State {
     pub fn active(&self) -> Option<&Segment> {
@@ -315,6 +321,32 @@ impl State {
             });
         }
         Ok(())
+    }
+
+    /// Counts a cut of the log end to `kept_end` (everything from it on went) and
+    /// remembers it for the appends waiting for their bytes.
+    pub(super) fn note_cut(&mut self, kept_end: Offset) {
+        self.truncations += 1;
+        if self.recent_cuts.len() >= CUTS_REMEMBERED {
+            self.recent_cuts.pop_front();
+        }
+        self.recent_cuts.push_back((self.truncations, kept_end));
+    }
+
+    /// Whether a cut made after the first `truncations` ones removed offsets below
+    /// `next`. A cut above them keeps them (an out-of-space rollback keeps what was
+    /// written); cuts too old to be remembered count as having removed them.
+    fn cut_below_since(&self, truncations: u64, next: Offset) -> bool {
+        if self.truncations == truncations {
+            return false;
+        }
+        let oldest = self.recent_cuts.front().map_or(u64::MAX, |&(n, _)| n);
+        if oldest > truncations + 1 {
+            return true;
+        }
+        self.recent_cuts
+            .iter()
+            .any(|&(n, kept_end)| n > truncations && kept_end < next)
     }
 
     /// Starts a new, empty active segment at the log end.
@@ -641,7 +673,7 @@ impl Log {
     /// if no other task is (group write).
     pub(super) async fn wait_written(&self, next: Offset) -> Result<()> {
         let truncations = self.state.borrow().truncations;
-        let gone = move |st: &State| st.truncations != truncations;
+        let gone = move |st: &State| st.cut_below_since(truncations, next);
         self.wait_until(|st| st.written_next >= next, gone, None)
             .await
     }
@@ -650,7 +682,7 @@ impl Log {
     /// and syncs for all waiting appends at once (group commit).
     pub(super) async fn wait_synced(&self, next: Offset, now_ms: i64) -> Result<()> {
         let truncations = self.state.borrow().truncations;
-        let gone = move |st: &State| st.truncations != truncations;
+        let gone = move |st: &State| st.cut_below_since(truncations, next);
         self.wait_until(|st| st.synced_next >= next, gone, Some(now_ms))
             .await
     }
@@ -658,7 +690,8 @@ impl Log {
     /// Waits for `done`; when no I/O task is running, starts one that writes everything
     /// pending (and fdatasyncs, with `sync_now_ms`). The I/O runs in a detached task, so
     /// it completes even if this future is dropped. `gone` says the awaited bytes were
-    /// rolled back (out of space): then this fails even once the log is writable again.
+    /// cut (an out-of-space rollback, a truncation): then this fails even once the log is
+    /// writable again. Bytes a cut kept are synced by it, so their waiters are done.
     async fn wait_until(
         &self,
         done: impl Fn(&State) -> bool,

@@ -159,7 +159,7 @@ impl LogInner {
             }
             st.written_next = cut.next_offset;
             st.synced_next = st.synced_next.min(cut.next_offset);
-            st.truncations += 1;
+            st.note_cut(cut.next_offset);
             st.assert_positions();
             (doomed, file, path)
         };
@@ -183,10 +183,29 @@ impl LogInner {
             self.state.borrow_mut().counters.fdatasyncs += 1;
             crate::metrics::add(|m| &m.storage_fdatasyncs, 1);
         }
+        self.note_synced_to(cut);
         self.remove_active_index_files()?;
         sync_dir(&self.dir)?;
         self.restore_max_timestamp(cut.base).await?;
         self.resume_writer().await
+    }
+
+    /// After a cut: everything below it is durable when the segments before the cut one
+    /// are sealed (synced then) — the cut segment was just synced, or holds nothing on
+    /// disk. Appends waiting for a sync of the bytes the cut kept are then done: an
+    /// out-of-space error later in their I/O run (which syncs nothing else) must not
+    /// refuse bytes the log keeps and a consumer will read.
+    fn note_synced_to(&self, cut: &Cut) {
+        let mut st = self.state.borrow_mut();
+        let earlier_sealed = st.segments.range(..cut.base).all(|(_, s)| s.sealed);
+        let on_disk = st
+            .segments
+            .get(&cut.base)
+            .is_some_and(|s| s.file.is_some() || cut.position == 0);
+        if earlier_sealed && on_disk && st.written_next >= cut.next_offset {
+            st.synced_next = st.synced_next.max(cut.next_offset);
+            st.assert_positions();
+        }
     }
 
     /// Out of space (finding 6): forgets every append not yet written — their callers get
@@ -296,7 +315,8 @@ impl Log {
             st.served_end = offset;
             st.written_next = offset;
             st.synced_next = offset;
-            st.truncations += 1;
+            // Nothing of the old log stays, whatever offset it restarts at.
+            st.note_cut(Offset(0));
             st.assert_positions();
             doomed
         };

@@ -86,6 +86,7 @@ fn build(
         append_epoch: LeaderEpoch::NONE,
         fenced_epoch: None,
         truncations: 0,
+        recent_cuts: VecDeque::new(),
         closed: false,
         cleaner: Default::default(),
         read_ahead: Default::default(),
