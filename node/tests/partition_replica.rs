@@ -1369,6 +1369,40 @@ fn a_resend_on_a_log_append_time_topic_gets_its_originals_append_time() {
         assert_eq!(
             (resend.error, resend.base_offset, resend.log_append_time_ms),
             (errors::NONE, Offset(0), appended_at)
+
+/// A follower's truncation waits for the disk to find its cut; an assignment may make
+/// the replica leader meanwhile. A produce then is refused (the log is being cut, not
+/// left with the produce's bytes pending past the cut), the truncation completes on the
+/// new leader (a release assertion took the shard down), and the new epoch starts at the
+/// new log end, where the next produce lands.
+#[test]
+fn a_replica_that_becomes_leader_during_its_truncation_leads_from_the_cut() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (_a, b) = pair_with_ten_copied(root.path(), 1).await;
+        let both = [LEADER, FOLLOWER];
+        let mut cut = Box::pin(b.truncate_to(Offset(5)));
+        assert!(
+            futures_lite::future::poll_once(&mut cut).await.is_none(),
+            "the truncation waits on the disk"
+        );
+        assert_eq!(
+            b.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS),
+            RoleChange::Lead
+        );
+        let during = b.produce(batch(None, 2, "during"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(during.await.error, errors::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(cut.await, Ok(Offset(4)), "cut at the batch holding 5");
+        assert_eq!(b.log.log_end_offset(), Offset(4));
+        assert_eq!(b.replica().epoch_start(), Some(Offset(4)));
+        let after = b.produce(batch(None, 2, "after"), Acks::Leader, soon(), NOW_MS);
+        let after = after.await;
+        assert_eq!((after.error, after.base_offset), (errors::NONE, Offset(4)));
+        assert_eq!(b.epoch_entries().last(), Some(&(LeaderEpoch(2), Offset(4))));
+        assert_eq!(
+            header_at(&b, Offset(4)).await.partition_leader_epoch(),
+            LeaderEpoch(2)
         );
     });
 }

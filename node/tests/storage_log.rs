@@ -551,3 +551,70 @@ fn a_read_spanning_a_truncation_leaves_no_stale_resume_position() {
         assert_eq!(next.next_offset, Offset(20));
     });
 }
+
+/// Reads every batch from the log start to its end, checking that offsets follow on.
+async fn read_contiguous(log: &Log) -> Vec<bytes::Bytes> {
+    let end = log.log_end_offset();
+    let mut at = log.log_start_offset();
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        if at >= end {
+            break;
+        }
+        let read = log.read(at, 1 << 20, end).await.unwrap();
+        assert!(!read.batches.is_empty(), "no progress at {at}");
+        for b in read.batches {
+            let h = wire::batch::read_header(&b).unwrap();
+            assert_eq!(h.base_offset(), at, "offsets follow on");
+            at = h.last_offset().add(1);
+            out.push(b);
+        }
+    }
+    assert_eq!(at, end, "read to the log end");
+    out
+}
+
+/// A follower's truncation reads the disk to find its cut; an append made meanwhile (the
+/// replica became leader) is refused, not left pending past the cut, where the next write
+/// put its bytes into the file beyond what the segment and its index describe (a debug
+/// assertion, or a release one on the write positions, took the shard down).
+#[test]
+fn an_append_during_a_truncation_is_refused_and_the_log_stays_consistent() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("log.tail.cache.bytes", "0")]);
+        let log = Log::open(root.join("t-0"), cfg.clone()).await.unwrap();
+        for i in 0..10 {
+            log.append(batch(i, 2), LeaderEpoch(1), 0).await.unwrap();
+        }
+        let mut cut = Box::pin(log.truncate_to(Offset(9)));
+        assert!(
+            futures_lite::future::poll_once(&mut cut).await.is_none(),
+            "the truncation waits on the disk to find its cut"
+        );
+        let mut during = Box::pin(log.append(batch(100, 2), LeaderEpoch(2), 0));
+        let first_poll = futures_lite::future::poll_once(&mut during).await;
+        assert_eq!(cut.await.unwrap(), Offset(8), "cut at the batch holding 9");
+        let during = match first_poll {
+            Some(result) => result,
+            None => during.await,
+        };
+        // Refused, or else present intact: never pending past the cut.
+        let kept = usize::from(during.is_ok());
+        log.append(batch(200, 2), LeaderEpoch(2), 0).await.unwrap();
+        log.append(batch(300, 2), LeaderEpoch(2), 0).await.unwrap();
+        let all = read_contiguous(&log).await;
+        assert_eq!(all.len(), 6 + kept);
+        let end = log.log_end_offset();
+        log.close().await.unwrap();
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        assert_eq!(log.log_end_offset(), end);
+        assert_eq!(read_contiguous(&log).await, all, "after a reopen");
+        assert!(
+            matches!(during, Err(StorageError::Truncating { .. })),
+            "{during:?}"
+        );
+    });
+}

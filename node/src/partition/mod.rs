@@ -632,6 +632,7 @@ impl Partition {
         }
         self.replica.borrow_mut().truncated(end);
         tracing::info!(topic = %self.topic, partition = self.index, offset = %end, "truncated as follower");
+        self.restart_epoch_if_leading()?;
         self.rebuild_producers().await?;
         Ok(end)
     }
@@ -652,7 +653,19 @@ impl Partition {
         }
         self.replica.borrow_mut().restarted(offset);
         tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
+        self.restart_epoch_if_leading()?;
         self.rebuild_producers().await
+    }
+
+    /// An assignment may make this replica leader while its truncation waits for the
+    /// disk (the log refuses appends meanwhile): its epoch, noted at the old log end,
+    /// went with the cut, so it starts again at the new end.
+    fn restart_epoch_if_leading(&self) -> Result<(), i16> {
+        if !self.replica.borrow().is_leader() {
+            return Ok(());
+        }
+        tracing::info!(topic = %self.topic, partition = self.index, "became leader during a truncation; the epoch starts at the new log end");
+        self.start_leader_epoch()
     }
 
     /// Brings the producer state in line with every cut of the log so far (rebuilding it
@@ -711,6 +724,8 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
         StorageError::InvalidBatch { .. } => errors::CORRUPT_MESSAGE,
         StorageError::RecordSetTooLarge { .. } => errors::RECORD_LIST_TOO_LARGE,
         StorageError::Closed { .. } => errors::NOT_LEADER_OR_FOLLOWER,
+        // A follower's truncation holds the log: whoever appends is not its leader yet.
+        StorageError::Truncating { .. } => errors::NOT_LEADER_OR_FOLLOWER,
         // This leader may not append under its epoch any more: the client looks for the
         // leader of the next one.
         StorageError::ServedRolledBack { .. } => errors::NOT_LEADER_OR_FOLLOWER,

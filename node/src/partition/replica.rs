@@ -357,19 +357,29 @@ impl ReplicaState {
 
     /// The local log was truncated to end at `log_end` (a follower cutting off what the
     /// leader does not have). The one case where the HW may move back: it cannot cover
-    /// records that are gone.
+    /// records that are gone. Also on a replica that became leader while the truncation
+    /// waited for the disk (the assignment does not wait for it): its epoch then starts
+    /// no later than the new end.
     pub fn truncated(&mut self, log_end: Offset) {
-        assert!(!self.is_leader(), "a leader never truncates its log");
         self.log_end = log_end;
         self.high_watermark = self.high_watermark.min(log_end);
+        self.epoch_start_at_most(log_end);
     }
 
     /// The local log was emptied and restarts at `offset` (a follower below its leader's
-    /// log start): nothing below it is here any more, and nothing above it yet.
+    /// log start): nothing below it is here any more, and nothing above it yet. As
+    /// [`truncated`](Self::truncated), also on a replica that became leader meanwhile.
     pub fn restarted(&mut self, offset: Offset) {
-        assert!(!self.is_leader(), "a leader never restarts its log");
         self.log_end = offset;
         self.high_watermark = offset;
+        self.epoch_start_at_most(offset);
+    }
+
+    /// A leader's epoch cannot start past its log end.
+    fn epoch_start_at_most(&mut self, log_end: Offset) {
+        if let Role::Leader(l) = &mut self.role {
+            l.epoch_start = l.epoch_start.min(log_end);
+        }
     }
 
     pub fn partition_epoch(&self) -> i32 {

@@ -67,6 +67,11 @@ pub enum StorageError {
         served_end: Offset,
         log_end: Offset,
     },
+    /// An append while a follower's truncation holds the log: the log end it would be
+    /// appended at is being cut. The broker answers NOT_LEADER_OR_FOLLOWER (the replica
+    /// was a follower when the truncation began).
+    #[error("log {path} is being truncated; appends are refused until it ends")]
+    Truncating { path: PathBuf },
     /// The log was closed.
     #[error("log {path} is closed")]
     Closed { path: PathBuf },

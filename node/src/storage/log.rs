@@ -168,11 +168,38 @@ pub(super) struct State {
     /// [`CUTS_REMEMBERED`]; a waiter that missed older ones counts its bytes gone.
     pub recent_cuts: VecDeque<(u64, Offset)>,
     pub closed: bool,
+    /// Set while a truncation holds the I/O gate: appends are refused, as the gate holder
+    /// cuts the end they would be appended at (see [`AppendsRefused`]).
+    pub refusing_appends: Option<Refusal>,
     /// The log cleaner's checkpoint and schedule (compacted logs).
     pub cleaner: super::cleaner::CleanerState,
     /// The window read ahead for a sequential disk reader; invalidated wherever segment
     /// bytes may change or segments go.
     pub read_ahead: super::readahead::ReadAhead,
+}
+
+/// Why appends are refused while an operation holds the I/O gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// A follower's truncation (or restart) is cutting the log end.
+    Truncating,
+}
+
+/// Refuses appends from its creation until it is dropped (on every return path of the
+/// operation that holds it, and when its future is dropped midway).
+pub(super) struct AppendsRefused<'a>(&'a RefCell<State>);
+
+impl<'a> AppendsRefused<'a> {
+    pub(super) fn new(state: &'a RefCell<State>, why: Refusal) -> AppendsRefused<'a> {
+        state.borrow_mut().refusing_appends = Some(why);
+        AppendsRefused(state)
+    }
+}
+
+impl Drop for AppendsRefused<'_> {
+    fn drop(&mut self) {
+        self.0.borrow_mut().refusing_appends = None;
+    }
 }
 
 /// Name of the file that persists the log start offset (text: version, offset).
@@ -551,6 +578,14 @@ impl Log {
     ) -> Result<(AppendInfo, bool)> {
         let mut st = self.state.borrow_mut();
         st.check_writable(&self.dir)?;
+        match st.refusing_appends {
+            None => {}
+            Some(Refusal::Truncating) => {
+                return Err(StorageError::Truncating {
+                    path: self.dir.clone(),
+                });
+            }
+        }
         if let Stamp::Assign(epoch) = stamp {
             st.check_epoch_not_fenced(&self.dir, epoch)?;
         }

@@ -9,7 +9,9 @@ use wire::Offset;
 use super::atomic::{sync_dir, write_atomic};
 use super::error::{Result, StorageError};
 use super::index::relative;
-use super::log::{CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, State};
+use super::log::{
+    AppendsRefused, CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, Refusal, State,
+};
 use super::open::{
     remove_files, remove_segment_files, retire_segment_files, write_index_files, write_log_start,
     write_log_start_synced_later,
@@ -32,6 +34,9 @@ impl Log {
     /// restarts it at `offset`. Durable (fdatasync) before it returns.
     pub async fn truncate_to(&self, offset: Offset) -> Result<Offset> {
         let _permit = self.lock_io().await?;
+        // An append while the cut is found (disk reads) would be pending past the end
+        // the cut sets; the replica may have become leader meanwhile.
+        let _refused = AppendsRefused::new(&self.state, Refusal::Truncating);
         self.write_pending().await?;
         let (log_start, log_end) = {
             let st = self.state.borrow();
@@ -63,6 +68,7 @@ impl Log {
     /// returns.
     pub async fn restart_at(&self, offset: Offset) -> Result<()> {
         let _permit = self.lock_io().await?;
+        let _refused = AppendsRefused::new(&self.state, Refusal::Truncating);
         self.write_pending().await?;
         self.state.borrow().check_writable(&self.dir)?;
         self.truncate_fully(offset.max(Offset(0))).await
@@ -149,6 +155,10 @@ impl LogInner {
                 seg.roll_base_ms = None;
             }
             let (file, path) = (seg.file.clone(), seg.path("log"));
+            // Nothing pending survives a cut: it lies past the written end, which is at
+            // or past the cut. Written later, it would land past the bytes the segment
+            // and its index describe. Its waiters see the cut and fail.
+            st.pending.clear();
             st.cache.truncate(cut.next_offset);
             st.read_ahead.invalidate();
             st.log_end = cut.next_offset;
@@ -308,6 +318,7 @@ impl Log {
             let mut st = self.state.borrow_mut();
             let doomed = std::mem::take(&mut st.segments).into_values().collect();
             st.segments.insert(offset, Segment::new(&self.dir, offset));
+            st.pending.clear();
             st.cache.clear();
             st.read_ahead.invalidate();
             st.log_start = offset;

@@ -88,6 +88,7 @@ fn build(
         truncations: 0,
         recent_cuts: VecDeque::new(),
         closed: false,
+        refusing_appends: None,
         cleaner: Default::default(),
         read_ahead: Default::default(),
     };
