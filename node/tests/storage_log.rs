@@ -618,3 +618,43 @@ fn an_append_during_a_truncation_is_refused_and_the_log_stays_consistent() {
         );
     });
 }
+
+/// Segments whose batches carry no timestamp (maxTimestamp -1) are aged by their file's
+/// last modification, as Kafka does; before, the first such segment stopped time
+/// retention for itself and every later segment.
+#[test]
+fn time_retention_passes_segments_without_timestamps() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "8192"), ("retention.ms", "60000")]);
+        let log = Log::open(root.join("t-0"), cfg).await.unwrap();
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        // Ten minutes from now: the files written now are older than retention.ms.
+        let now_ms = wall_ms + 600_000;
+        for _ in 0..20 {
+            let b = batch_of_size(-1, 1, 1000);
+            assert_eq!(wire::batch::read_header(&b).unwrap().max_timestamp(), -1);
+            log.append(b, LeaderEpoch(1), 0).await.unwrap();
+        }
+        let timeless_end = log.log_end_offset();
+        for _ in 0..20 {
+            let b = batch_of_size(now_ms, 1, 1000);
+            log.append(b, LeaderEpoch(1), 0).await.unwrap();
+        }
+        let segments = log.segment_count();
+        let deleted = log.apply_retention(now_ms, log.log_end_offset()).await;
+        assert!(deleted.unwrap() >= 2, "the timestamp-less segments go");
+        let start = log.log_start_offset();
+        assert!(
+            start >= Offset(10) && start <= timeless_end,
+            "none with recent timestamps: start {start}, timeless up to {timeless_end}"
+        );
+        assert!(log.segment_count() < segments);
+        log.close().await.unwrap();
+    });
+}

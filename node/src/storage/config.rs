@@ -18,7 +18,8 @@ pub struct LogConfig {
     /// sparse index entries.
     pub index_interval_bytes: u32,
     /// `log.retention.ms` / `retention.ms`: delete sealed segments whose newest timestamp
-    /// is older than this; -1 keeps forever.
+    /// (else, none carrying one, the file's last modification) is older than this; -1
+    /// keeps forever.
     pub retention_ms: i64,
     /// `log.retention.bytes` / `retention.bytes`: delete the oldest sealed segments while
     /// the log is larger than this; -1 means no limit.

@@ -61,14 +61,20 @@ pub struct IndexInvalid(pub &'static str);
 impl SegmentIndex {
     /// Adds the entries for one batch: its last offset at its position, and the largest
     /// timestamp so far (only if it grew since the last time entry).
+    #[cfg(test)]
     pub fn push(&mut self, relative_last: u32, position: FilePosition, max_ts: (i64, u32)) {
+        self.push_offset(relative_last, position);
+        self.push_time(max_ts);
+    }
+
+    /// Adds an offset entry: a batch's last offset at its position.
+    pub fn push_offset(&mut self, relative_last: u32, position: FilePosition) {
         debug_assert!(
             self.offsets
                 .last()
                 .is_none_or(|&(o, p)| o < relative_last && p < position)
         );
         self.offsets.push((relative_last, position));
-        self.push_time(max_ts);
     }
 
     /// Adds a time entry if the timestamp grew (also used when a segment is sealed).

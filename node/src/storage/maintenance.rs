@@ -550,8 +550,8 @@ fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offse
         let emptied = seg.size == 0 && cfg.retention_ms >= 0;
         let by_time = emptied
             || (cfg.retention_ms >= 0
-                && seg.max_timestamp.0 >= 0
-                && now_ms.saturating_sub(seg.max_timestamp.0) > cfg.retention_ms);
+                && retention_timestamp(seg)
+                    .is_some_and(|ts| now_ms.saturating_sub(ts) > cfg.retention_ms));
         let by_size = cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
         if !(by_time || by_size) || seg.next_offset > below {
             break;
@@ -561,6 +561,19 @@ fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offse
         new_start = Some(seg.next_offset);
     }
     new_start.map(|s| (count, s))
+}
+
+/// A segment's age for time retention: its newest batch timestamp, else — no batch
+/// carries one (maxTimestamp -1) — its file's last modification, as Kafka's
+/// `largestTimestamp` falls back to it. Before, such a segment stopped time retention for
+/// itself and every later one. `None` if neither is known.
+fn retention_timestamp(seg: &Segment) -> Option<i64> {
+    if seg.max_timestamp.0 >= 0 {
+        return Some(seg.max_timestamp.0);
+    }
+    let modified = fs::metadata(seg.path("log")).and_then(|m| m.modified());
+    let since_epoch = modified.ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since_epoch.as_millis()).ok()
 }
 
 /// When [`Log::advance_start`] makes the new log start offset durable.

@@ -144,15 +144,19 @@ impl Segment {
         self.roll_base_ms.get_or_insert(now_ms);
     }
 
+    /// Indexes the batch at `position`: its offset always (as Kafka does, whatever the
+    /// timestamps: reads find batches by it), the newest timestamp so far only once some
+    /// batch carried one (`maxTimestamp` -1 is none).
     fn push_index(&mut self, last_offset: Offset, position: FilePosition) {
-        let (Some(rel), Some(rel_ts)) = (
-            relative(self.base, last_offset),
-            relative(self.base, self.max_timestamp.1),
-        ) else {
+        let Some(rel) = relative(self.base, last_offset) else {
             return;
         };
-        self.index
-            .push(rel, position, (self.max_timestamp.0, rel_ts));
+        self.index.push_offset(rel, position);
+        if let Some(rel_ts) = relative(self.base, self.max_timestamp.1)
+            && self.max_timestamp.0 >= 0
+        {
+            self.index.push_time((self.max_timestamp.0, rel_ts));
+        }
     }
 
     /// Adds the final time-index entry (the segment's newest timestamp) before the
@@ -171,5 +175,36 @@ impl Segment {
         self.written = size;
         self.next_offset = next_offset;
         self.bytes_since_index = since_index;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(base: i64, max_timestamp: i64) -> BatchMeta {
+        BatchMeta {
+            base_offset: Offset(base),
+            last_offset: Offset(base + 1),
+            max_timestamp,
+            size: 100,
+            records: 2,
+        }
+    }
+
+    /// Batches without timestamps (maxTimestamp -1) are indexed by offset all the same;
+    /// before, a segment of them had no index entry and every read scanned it from byte 0.
+    #[test]
+    fn batches_without_timestamps_get_offset_entries_and_no_time_entries() {
+        let mut seg = Segment::new(Path::new("/nonexistent"), Offset(1000));
+        for i in 0..10 {
+            seg.record_batch(&meta(1000 + 2 * i, -1), 150, 0);
+        }
+        assert!(seg.index.last_offset_entry().is_some(), "offset entries");
+        assert_eq!(seg.index.position_for(19), FilePosition(800));
+        assert!(seg.index.time_entries().is_empty(), "no timestamp to index");
+        seg.record_batch(&meta(1020, 5_000), 150, 0);
+        seg.record_batch(&meta(1022, -1), 150, 0);
+        assert_eq!(seg.index.time_entries(), &[(5_000, 21)]);
     }
 }
