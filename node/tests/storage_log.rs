@@ -658,3 +658,59 @@ fn time_retention_passes_segments_without_timestamps() {
         log.close().await.unwrap();
     });
 }
+
+/// An append while `close()` seals the active segment is refused: before, it took
+/// offsets past what was written, and the clean-shutdown marker and the index files
+/// recorded that end.
+#[test]
+fn an_append_during_close_is_refused_and_the_log_reopens_at_its_written_end() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        // Every batch indexed, so an index entry would show an append past the file.
+        let cfg = config(&[("log.tail.cache.bytes", "0"), ("index.interval.bytes", "1")]);
+        let log = Log::open(root.join("t-0"), cfg.clone()).await.unwrap();
+        for i in 0..10 {
+            log.append(batch(i, 2), LeaderEpoch(1), 0).await.unwrap();
+        }
+        let written = read_contiguous(&log).await;
+        let mut closing = Box::pin(log.close());
+        assert!(
+            futures_lite::future::poll_once(&mut closing)
+                .await
+                .is_none(),
+            "the close waits on the disk"
+        );
+        let mut during = Box::pin(log.append(batch(100, 2), LeaderEpoch(1), 0));
+        let first_poll = futures_lite::future::poll_once(&mut during).await;
+        closing.await.unwrap();
+        let during = match first_poll {
+            Some(result) => result,
+            None => during.await,
+        };
+        assert!(
+            matches!(during, Err(StorageError::Closed { .. })),
+            "{during:?}"
+        );
+        let pdir = root.join("t-0");
+        let marker = std::fs::read_to_string(pdir.join(".weir-clean-shutdown")).unwrap();
+        assert_eq!(
+            marker, "20\n",
+            "the clean-shutdown marker records the written end"
+        );
+        let file_len = std::fs::metadata(pdir.join("00000000000000000000.log"))
+            .unwrap()
+            .len();
+        let index = std::fs::read(pdir.join("00000000000000000000.index")).unwrap();
+        for entry in index.chunks_exact(8) {
+            let position = u32::from_be_bytes(entry[4..8].try_into().unwrap());
+            assert!(u64::from(position) < file_len, "index entry past the file");
+        }
+        let log = Log::open(pdir, cfg).await.unwrap();
+        assert_eq!(log.log_end_offset(), Offset(20));
+        assert_eq!(read_contiguous(&log).await, written);
+        let info = log.append(batch(200, 2), LeaderEpoch(1), 0).await.unwrap();
+        assert_eq!(info.first_offset, Offset(20));
+    });
+}

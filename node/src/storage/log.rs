@@ -168,8 +168,8 @@ pub(super) struct State {
     /// [`CUTS_REMEMBERED`]; a waiter that missed older ones counts its bytes gone.
     pub recent_cuts: VecDeque<(u64, Offset)>,
     pub closed: bool,
-    /// Set while a truncation holds the I/O gate: appends are refused, as the gate holder
-    /// cuts the end they would be appended at (see [`AppendsRefused`]).
+    /// Set while a truncation or a close holds the I/O gate: appends are refused, as the
+    /// gate holder cuts or seals the end they would be appended at (see [`AppendsRefused`]).
     pub refusing_appends: Option<Refusal>,
     /// The log cleaner's checkpoint and schedule (compacted logs).
     pub cleaner: super::cleaner::CleanerState,
@@ -183,6 +183,8 @@ pub(super) struct State {
 pub(super) enum Refusal {
     /// A follower's truncation (or restart) is cutting the log end.
     Truncating,
+    /// `close()` is sealing the active segment and writing the clean-shutdown marker.
+    Closing,
 }
 
 /// Refuses appends from its creation until it is dropped (on every return path of the
@@ -582,6 +584,11 @@ impl Log {
             None => {}
             Some(Refusal::Truncating) => {
                 return Err(StorageError::Truncating {
+                    path: self.dir.clone(),
+                });
+            }
+            Some(Refusal::Closing) => {
+                return Err(StorageError::Closed {
                     path: self.dir.clone(),
                 });
             }

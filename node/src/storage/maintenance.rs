@@ -437,6 +437,9 @@ impl Log {
     pub async fn close(&self) -> Result<()> {
         let _permit = self.lock_io().await?;
         self.state.borrow().check_writable(&self.dir)?;
+        // From here: an append while the active segment is sealed would take offsets
+        // past the end the clean-shutdown marker and the index files record.
+        let _refused = AppendsRefused::new(&self.state, Refusal::Closing);
         self.write_pending().await?;
         if let Some(writer) = self.writer.take() {
             let result = writer.finish().await;
