@@ -714,3 +714,42 @@ fn an_append_during_close_is_refused_and_the_log_reopens_at_its_written_end() {
         assert_eq!(info.first_offset, Offset(20));
     });
 }
+
+/// A leader's append whose batches declare more than 2^31 offsets in all (compressed
+/// batches can claim any record count) is refused: no segment can index it, and before,
+/// it was appended into one with its index entries past 2^31 skipped silently.
+#[test]
+fn an_append_spanning_more_offsets_than_a_segment_indexes_is_refused() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let log = Log::open(root.join("t-0"), LogConfig::default())
+            .await
+            .unwrap();
+        log.append(batch(0, 2), LeaderEpoch(1), 0).await.unwrap();
+        let claiming_max = || {
+            let mut b = batch(1, 1);
+            // lastOffsetDelta: bytes 23..27 of the header (after baseOffset 8, batchLength
+            // 4, partitionLeaderEpoch 4, magic 1, crc 4, attributes 2).
+            b[23..27].copy_from_slice(&i32::MAX.to_be_bytes());
+            b
+        };
+        let one = claiming_max();
+        assert_eq!(
+            wire::batch::read_header(&one).unwrap().last_offset().get(),
+            i64::from(i32::MAX)
+        );
+        let mut blob = claiming_max();
+        blob.extend_from_slice(&claiming_max());
+        let refused = log.append(blob, LeaderEpoch(1), 0).await;
+        assert!(
+            matches!(refused, Err(StorageError::OffsetSpanTooLarge { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(log.log_end_offset(), Offset(2));
+        let info = log.append(batch(2, 2), LeaderEpoch(1), 0).await.unwrap();
+        assert_eq!(info.first_offset, Offset(2));
+        log.close().await.unwrap();
+    });
+}

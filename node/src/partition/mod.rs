@@ -723,6 +723,7 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
         StorageError::OffsetOutOfRange { .. } => errors::OFFSET_OUT_OF_RANGE,
         StorageError::InvalidBatch { .. } => errors::CORRUPT_MESSAGE,
         StorageError::RecordSetTooLarge { .. } => errors::RECORD_LIST_TOO_LARGE,
+        StorageError::OffsetSpanTooLarge { .. } => errors::INVALID_RECORD,
         StorageError::Closed { .. } => errors::NOT_LEADER_OR_FOLLOWER,
         // A follower's truncation holds the log: whoever appends is not its leader yet.
         StorageError::Truncating { .. } => errors::NOT_LEADER_OR_FOLLOWER,

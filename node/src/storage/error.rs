@@ -37,6 +37,11 @@ pub enum StorageError {
     /// The records blob is larger than one segment may hold.
     #[error("record set of {size} bytes exceeds the segment size {max}")]
     RecordSetTooLarge { size: u64, max: u64 },
+    /// A leader's append whose batches declare more offsets (`lastOffsetDelta`s) than one
+    /// segment can index (2^31, the index's 4-byte relative offset): no roll makes it
+    /// fit. A producer's batch declaring that many records is bogus: INVALID_RECORD.
+    #[error("record set spans {offsets} offsets; one segment holds at most {max}")]
+    OffsetSpanTooLarge { offsets: i64, max: i64 },
     /// A configuration key holds a value that cannot be used.
     #[error("config {key}={value}: {reason}")]
     Config {

@@ -615,6 +615,16 @@ impl Log {
                 last.get().saturating_sub(st.log_end.get())
             }
         };
+        // Even a new segment cannot index past 2^31 offsets from its base (before, the
+        // index entries past it were skipped silently). A follower's kept offsets are
+        // its leader's, which refused this.
+        let span_max = i64::from(i32::MAX);
+        if matches!(stamp, Stamp::Assign(_)) && last_delta > span_max {
+            return Err(StorageError::OffsetSpanTooLarge {
+                offsets: last_delta.saturating_add(1),
+                max: span_max + 1,
+            });
+        }
         if st.needs_roll(blob_len, last_delta, now_ms) {
             st.roll(&self.dir);
         }
