@@ -104,6 +104,8 @@ pub enum ConfigError {
         value: String,
         reason: &'static str,
     },
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Raw `key=value` pairs in the order of precedence they were applied (later wins).
@@ -595,7 +597,52 @@ impl Config {
                 "must be 64..=2147483647",
             ));
         }
+        if !(0..=NODE_ID_MAX).contains(&self.node_id) {
+            let v = self.node_id.to_string();
+            return Err(value_err("node.id", &v, "must be 0..=32767"));
+        }
+        self.check_integer_keys()?;
+        self.check_topic_defaults()?;
         self.check_connection_limits()
+    }
+
+    /// Keys read where they are used (the group and transaction coordinators, the
+    /// replica manager) are checked here, so a bad value stops the start with a message
+    /// instead of being clamped, wrapped or replaced by the default at first use.
+    fn check_integer_keys(&self) -> Result<(), ConfigError> {
+        for &(key, min, max) in INTEGER_KEYS {
+            let Some(v) = self.props.get(key) else {
+                continue;
+            };
+            match v.trim().parse::<i64>() {
+                Ok(n) if (min..=max).contains(&n) => {}
+                Ok(_) => return Err(value_err(key, v, "out of range (see docs/LIMITS.md)")),
+                Err(_) => return Err(value_err(key, v, "not an integer")),
+            }
+        }
+        let min = self.props.get("group.min.session.timeout.ms");
+        let max = self.props.get("group.max.session.timeout.ms");
+        let parse = |v: Option<&str>, d: i64| v.and_then(|v| v.trim().parse().ok()).unwrap_or(d);
+        if parse(min, 6_000) > parse(max, 1_800_000) {
+            let v = max.unwrap_or("1800000");
+            return Err(value_err(
+                "group.max.session.timeout.ms",
+                v,
+                "must be >= group.min.session.timeout.ms",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The broker's topic defaults (`log.retention.*`, `log.segment.bytes`,
+    /// `log.cleanup.policy`, ...) are checked as a partition's log would read them: a log
+    /// opens at first use, so a bad default would otherwise fail every partition then.
+    fn check_topic_defaults(&self) -> Result<(), ConfigError> {
+        let defaults = self.topic_defaults();
+        let pairs = defaults.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        crate::storage::LogConfig::from_pairs(pairs)
+            .map(drop)
+            .map_err(|e| ConfigError::Invalid(format!("broker topic defaults: {e}")))
     }
 
     /// The connection and request-read limits are bounded: weir refuses Kafka's -1
@@ -740,16 +787,19 @@ impl Config {
 
 /// Kafka's retention precedence: `log.retention.ms` > `.minutes` > `.hours`; weir also
 /// accepts the topic-level name `retention.ms` as a broker default.
+/// Any negative value means no time limit (-1), as in Kafka: `log.retention.hours=-1`
+/// is a common way to say "keep forever".
 fn retention_ms(props: &Properties) -> Result<i64, ConfigError> {
-    if props.first(&["log.retention.ms", "retention.ms"]).is_some() {
-        return props.parse_num(&["log.retention.ms", "retention.ms"], RETENTION_MS_DEFAULT);
-    }
-    if props.get("log.retention.minutes").is_some() {
+    let ms = if props.first(&["log.retention.ms", "retention.ms"]).is_some() {
+        props.parse_num(&["log.retention.ms", "retention.ms"], RETENTION_MS_DEFAULT)?
+    } else if props.get("log.retention.minutes").is_some() {
         let m: i64 = props.parse_num(&["log.retention.minutes"], 0)?;
-        return Ok(m.saturating_mul(60_000));
-    }
-    let h: i64 = props.parse_num(&["log.retention.hours"], 168)?;
-    Ok(h.saturating_mul(3_600_000))
+        m.saturating_mul(60_000)
+    } else {
+        let h: i64 = props.parse_num(&["log.retention.hours"], 168)?;
+        h.saturating_mul(3_600_000)
+    };
+    Ok(if ms < 0 { -1 } else { ms })
 }
 
 /// `max.connections.per.ip.overrides`: `IP:COUNT` pairs separated by commas (Kafka's
@@ -798,6 +848,26 @@ fn quorum_voters(props: &Properties) -> Result<BTreeMap<i32, String>, ConfigErro
     }
     Ok(out)
 }
+
+/// The largest node id: producer ids carry it in 15 bits (`producer_state::allocator`).
+pub const NODE_ID_MAX: i32 = 0x7FFF;
+
+/// Integer keys read outside `Config` and their ranges (Kafka's, where it has one; a
+/// time in minutes must not overflow once in milliseconds).
+const INTEGER_KEYS: &[(&str, i64, i64)] = &[
+    ("offsets.topic.num.partitions", 1, 1_000),
+    ("offsets.topic.segment.bytes", 1, i32::MAX as i64),
+    ("offsets.topic.replication.factor", 1, i16::MAX as i64),
+    ("offsets.retention.minutes", 1, i32::MAX as i64),
+    ("offsets.retention.check.interval.ms", 1, i64::MAX),
+    ("offset.metadata.max.bytes", 0, i32::MAX as i64),
+    ("group.min.session.timeout.ms", 0, i32::MAX as i64),
+    ("group.max.session.timeout.ms", 0, i32::MAX as i64),
+    ("group.initial.rebalance.delay.ms", 0, i32::MAX as i64),
+    ("group.max.size", 1, i32::MAX as i64),
+    ("transaction.state.log.segment.bytes", 1, i32::MAX as i64),
+    ("replica.lag.time.max.ms", 1, i64::MAX),
+];
 
 fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
     ConfigError::Value {
@@ -871,6 +941,54 @@ mod tests {
         assert!(Config::resolve(p, &CliOverrides::default()).is_err());
         assert!(Properties::parse("novalue\n", "t").is_err());
         assert!(Properties::default().set_arg("=x").is_err());
+    }
+
+    /// Kafka's "keep forever" is any negative retention; bad topic defaults, out-of-range
+    /// coordinator keys and node ids stop the start instead of failing every partition,
+    /// clamping or wrapping later.
+    #[test]
+    fn negative_retention_is_unlimited_and_bad_defaults_stop_the_start() {
+        let resolve = |pairs: &[(&str, &str)]| {
+            let mut p = Properties::default();
+            for (k, v) in pairs {
+                p.set(k, v);
+            }
+            Config::resolve(p, &CliOverrides::default())
+        };
+        for key in [
+            "log.retention.hours",
+            "log.retention.minutes",
+            "log.retention.ms",
+        ] {
+            let c = resolve(&[(key, "-1")]).unwrap();
+            assert_eq!(c.retention_ms, -1, "{key}");
+            let defaults = c.topic_defaults();
+            let pairs = defaults.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            assert!(
+                crate::storage::LogConfig::from_pairs(pairs).is_ok(),
+                "{key}"
+            );
+        }
+        assert_eq!(
+            resolve(&[("log.retention.ms", "-5")]).unwrap().retention_ms,
+            -1
+        );
+        for bad in [
+            ("log.segment.bytes", "4294967296"),
+            ("log.cleanup.policy", "Compact"),
+            ("offsets.retention.minutes", "-1"),
+            ("offsets.retention.minutes", "9223372036854775807"),
+            ("offsets.topic.segment.bytes", "4294967296"),
+            ("transaction.state.log.segment.bytes", "4294967296"),
+            ("group.max.session.timeout.ms", "3000000000"),
+            ("group.max.session.timeout.ms", "1000"),
+            ("replica.lag.time.max.ms", "soon"),
+            ("node.id", "40000"),
+            ("node.id", "-1"),
+        ] {
+            assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
+        }
+        assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
     }
 
     #[test]
