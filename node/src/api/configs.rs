@@ -317,16 +317,18 @@ async fn change_broker(
     let applied = keys::DYNAMIC_APPLIED
         .iter()
         .any(|(k, _)| old.get(*k) != new.get(*k));
-    // Secrets set dynamically (a listener's JAAS line, a key password) stay out of the log.
-    let shown: Vec<String> = new.iter().map(|(k, v)| keys::shown(k, v)).collect();
-    let shown = shown.join(", ");
-    glommio::executor()
-        .spawn_blocking(move || store.replace(new))
+    // Another shard's client may change the set meanwhile: the store applies this change
+    // over whatever it holds then.
+    let now = glommio::executor()
+        .spawn_blocking(move || store.change(&old, &new))
         .await
         .map_err(|e| {
             let msg = format!("cannot persist dynamic broker configs: {e}");
             (errors::KAFKA_STORAGE_ERROR, msg)
         })?;
+    // Secrets set dynamically (a listener's JAAS line, a key password) stay out of the log.
+    let shown: Vec<String> = now.iter().map(|(k, v)| keys::shown(k, v)).collect();
+    let shown = shown.join(", ");
     tracing::info!(configs = %shown, "dynamic broker configs changed");
     if applied {
         reconfigure_all_topics(shard).await;
@@ -390,7 +392,7 @@ async fn change_cluster_broker(
                 .cloned()
                 .unwrap_or_default();
         }
-        let configs = replay(&old, &new, &expected);
+        let configs = crate::config::dynamic::replay(&old, &new, &expected);
         let cmd = Command::AlterBrokerConfigs {
             name: name.to_string(),
             configs,
@@ -414,25 +416,15 @@ async fn change_cluster_broker(
     Err(last)
 }
 
-/// `current` with the difference between `old` and `new` applied: the keys the change
-/// set or removed, and nothing else, so a change made meanwhile to other keys stays.
-fn replay(
-    old: &BTreeMap<String, String>,
-    new: &BTreeMap<String, String>,
-    current: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut out = current.clone();
-    for k in old.keys().filter(|k| !new.contains_key(*k)) {
-        out.remove(k);
-    }
-    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
-        out.insert(k.clone(), v.clone());
-    }
-    out
-}
-
 /// Whether `key` may be set to `value` at runtime.
 fn check_dynamic(key: &str, value: &str) -> Result<(), TopicError> {
+    use crate::config::dynamic::storable;
+    if !storable(key, true) || !storable(value, false) {
+        return Err((
+            errors::INVALID_CONFIG,
+            format!("{key:?}: a line break, or in a key one of = : # !, cannot be stored"),
+        ));
+    }
     match keys::dynamic_kind(key) {
         Dynamic::Applied(topic_key) => {
             let one = BTreeMap::from([(topic_key.to_string(), value.to_string())]);

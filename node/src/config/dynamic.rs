@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
 
 use super::{ConfigError, Properties};
 
@@ -30,6 +30,8 @@ pub struct DynamicConfigs {
     /// Where they persist; `None` keeps them in memory only (tests).
     path: Option<PathBuf>,
     values: RwLock<BTreeMap<String, String>>,
+    /// Held across a change's read, write and publish: one writer of the file at a time.
+    writing: Mutex<()>,
     /// In a cluster: where the catalogue's layers are read (the file is not used).
     cluster: OnceLock<Box<dyn Fn() -> Layers + Send + Sync>>,
 }
@@ -77,6 +79,7 @@ impl DynamicConfigs {
         Ok(DynamicConfigs {
             path: Some(path),
             values: RwLock::new(values),
+            writing: Mutex::new(()),
             cluster: OnceLock::new(),
         })
     }
@@ -144,6 +147,26 @@ impl DynamicConfigs {
     /// rename, fsync of the dir), then visible. Blocking I/O: call it off a shard's thread.
     /// (A cluster's sets change through the controller.)
     pub fn replace(&self, values: BTreeMap<String, String>) -> std::io::Result<()> {
+        let _one_writer = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.store(values)
+    }
+
+    /// Applies the change from `old` to `new` (the keys it sets or removes) to the set as
+    /// it is now, and persists the result, which it returns. Changes from several shards'
+    /// clients at once are taken one at a time, each over the one before: none is lost,
+    /// and the file is never written by two threads. Blocking I/O, as [`Self::replace`].
+    pub fn change(
+        &self,
+        old: &BTreeMap<String, String>,
+        new: &BTreeMap<String, String>,
+    ) -> std::io::Result<BTreeMap<String, String>> {
+        let _one_writer = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let values = replay(old, new, &self.read());
+        self.store(values.clone())?;
+        Ok(values)
+    }
+
+    fn store(&self, values: BTreeMap<String, String>) -> std::io::Result<()> {
         if let Some(path) = &self.path {
             write_atomically(path, &values)?;
         }
@@ -154,6 +177,29 @@ impl DynamicConfigs {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, String>> {
         self.values.read().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// `current` with the difference between `old` and `new` applied: the keys the change
+/// set or removed, and nothing else, so a change made meanwhile to other keys stays.
+pub fn replay(
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+    current: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out = current.clone();
+    for k in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.remove(k);
+    }
+    for (k, v) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
+        out.insert(k.clone(), v.clone());
+    }
+    out
+}
+
+/// Whether `text` can be a key or value of the properties file as it is: one line,
+/// no separator in a key (nothing is escaped).
+pub fn storable(text: &str, key: bool) -> bool {
+    !text.contains(['\n', '\r']) && !(key && text.contains(['=', ':', '#', '!']))
 }
 
 fn write_atomically(path: &Path, values: &BTreeMap<String, String>) -> std::io::Result<()> {
@@ -189,6 +235,37 @@ mod tests {
         assert_eq!(d.get("log.retention.ms").as_deref(), Some("1234"));
         let again = DynamicConfigs::load(dir.path()).expect("reload");
         assert_eq!(again.all(), v);
+    }
+
+    #[test]
+    fn changes_from_several_threads_at_once_all_survive_a_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = std::sync::Arc::new(DynamicConfigs::load(dir.path()).expect("load empty"));
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    let old = d.all();
+                    let mut new = old.clone();
+                    new.insert(format!("background.threads.{i}"), i.to_string());
+                    d.change(&old, &new).expect("persist");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        let again = DynamicConfigs::load(dir.path()).expect("reload");
+        assert_eq!(again.all().len(), 8, "{:?}", again.all());
+    }
+
+    #[test]
+    fn a_line_break_or_separator_cannot_be_stored() {
+        assert!(storable("ssl.cipher.suites", true));
+        assert!(storable("a=b:c", false));
+        assert!(!storable("ssl.x\ny", true));
+        assert!(!storable("1\nlog.segment.bytes=5", false));
+        assert!(!storable("a=b", true));
     }
 
     #[test]
