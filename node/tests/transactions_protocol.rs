@@ -727,3 +727,43 @@ fn transactional_batches_without_a_transactional_id_are_refused() {
     assert_eq!(fetch(&mut c, 0).high_watermark, 0, "nothing appended");
     assert_eq!(produce(&mut c, batch), 0, "with its transactional id");
 }
+
+/// A batch of a newer epoch than the open transaction's (a buggy or hostile client) is
+/// checked with the coordinator like one that opens a transaction, and refused: appended,
+/// it fenced the transaction's own COMMIT marker, which was then retried for ever, holding
+/// the id in PrepareCommit and the partition's LSO where it was (Kafka's
+/// `hasOngoingTransaction` compares the epoch too).
+#[test]
+fn a_batch_of_a_newer_epoch_inside_an_open_transaction_is_refused_and_the_commit_completes() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[
+            ("transaction.state.log.num.partitions", "2"),
+            ("offsets.topic.num.partitions", "2"),
+        ],
+        &[(TOPIC, 1)],
+    );
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    assert_eq!(produce(&mut c, txn_batch(pid, epoch, 0, 2)), 0);
+    let newer = ProducerEpoch(epoch.get() + 5);
+    assert_ne!(
+        produce(&mut c, txn_batch(pid, newer, 0, 1)),
+        0,
+        "a batch of an epoch the coordinator never gave out was appended"
+    );
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0, "EndTxn(commit)");
+    // Two records and the COMMIT marker, all stable.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = fetch(&mut c, 1);
+        if (p.high_watermark, p.last_stable_offset) == (3, 3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "HW / LSO {:?}",
+            (p.high_watermark, p.last_stable_offset)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

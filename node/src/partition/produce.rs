@@ -316,8 +316,10 @@ impl Partition {
     }
 
     /// The producer of `records` if they are a transactional batch that would open a
-    /// transaction here (its producer has none open in this partition): such a batch is
-    /// checked with the transaction coordinator first (KIP-890).
+    /// transaction here (its producer has none open in this partition under the batch's
+    /// epoch): such a batch is checked with the transaction coordinator first (KIP-890).
+    /// A batch of another epoch than the open transaction's is checked too: appended, it
+    /// would fence that transaction's own markers and wedge it.
     pub fn opens_transaction(
         &self,
         records: &[u8],
@@ -328,10 +330,11 @@ impl Partition {
             return None;
         }
         let pid = header.producer_id();
-        if !pid.is_some() || self.producers.has_open_txn(pid) {
+        let epoch = header.producer_epoch();
+        if !pid.is_some() || self.producers.has_open_txn_at(pid, epoch) {
             return None;
         }
-        Some((pid, header.producer_epoch()))
+        Some((pid, epoch))
     }
 
     /// A coordinator's append of a batch it built (see

@@ -329,6 +329,13 @@ impl PartitionProducers {
         self.table.borrow().has_ongoing(producer_id)
     }
 
+    /// Whether `producer_id` has a transaction open in this partition under `epoch` (a
+    /// batch of another epoch is not part of it: Kafka's `hasOngoingTransaction`).
+    pub fn has_open_txn_at(&self, producer_id: ProducerId, epoch: ProducerEpoch) -> bool {
+        let table = self.table.borrow();
+        table.has_ongoing(producer_id) && table.get(producer_id).is_some_and(|e| e.epoch() == epoch)
+    }
+
     /// The first offset of the oldest open transaction in this partition.
     pub fn first_unstable_offset(&self) -> Option<Offset> {
         self.table.borrow().first_unstable_offset()

@@ -817,6 +817,17 @@ async fn write_marker(
             // A newer coordinator of this id has written its markers there: this one has
             // lost the partition, whether it knows yet or not.
             errors::TRANSACTION_COORDINATOR_FENCED => return Err(errors::NOT_COORDINATOR),
+            // The partition has seen a newer epoch of this producer: a retry can never be
+            // taken, and waiting would hold the transaction (and the id) in Prepare*
+            // forever. Kafka stops sending here too.
+            errors::INVALID_PRODUCER_EPOCH => {
+                tracing::warn!(
+                    topic,
+                    partition = index,
+                    "marker refused: the partition knows a newer producer epoch"
+                );
+                return Ok(());
+            }
             _ => glommio::timer::sleep(MARKER_RETRY_BACKOFF).await,
         }
     }
