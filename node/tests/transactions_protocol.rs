@@ -767,3 +767,20 @@ fn a_batch_of_a_newer_epoch_inside_an_open_transaction_is_refused_and_the_commit
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Kafka refuses only an empty transactional id; a long one (here 300 bytes) is served,
+/// not answered INVALID_REQUEST, which the Java client takes as fatal.
+#[test]
+fn a_long_transactional_id_is_served() {
+    let broker = Broker::start(1, &[("transaction.state.log.num.partitions", "2")]);
+    let mut c = broker.client();
+    let long = "t".repeat(300);
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(long))))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id((-1i64).into())
+        .with_producer_epoch(-1);
+    let resp: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &req);
+    assert_eq!(resp.error_code, 0, "InitProducerId of a 300-byte id");
+    assert!(resp.producer_id.0 >= 0);
+}

@@ -122,6 +122,12 @@ async fn call_coordinator(
         .await
     {
         Ok(reply) => reply,
+        // Kafka's coordinator never answers REQUEST_TIMED_OUT, which the Java client's
+        // InitProducerId and EndTxn handlers take as fatal: a slow coordinator is a
+        // coordinator not available (retried).
+        Err(e) if e.code() == errors::REQUEST_TIMED_OUT => {
+            TxnReply::Code(errors::COORDINATOR_NOT_AVAILABLE)
+        }
         Err(e) => TxnReply::Code(e.code()),
     }
 }

@@ -58,8 +58,9 @@ const MARKER_ATTEMPTS_MAX: u32 = 20;
 const MARKER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// How long one marker call may take.
 const MARKER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest transactional id (Kafka: a string; bounded here like group ids).
-pub const TRANSACTIONAL_ID_MAX_BYTES: usize = 255;
+/// Longest transactional id: what `__transaction_state`'s int16-length strings hold (Kafka
+/// refuses only an empty one).
+pub const TRANSACTIONAL_ID_MAX_BYTES: usize = i16::MAX as usize;
 /// Epochs above this start a new producer id instead (Kafka: `Short.MaxValue - 1`).
 const EPOCH_MAX: i16 = i16::MAX - 1;
 /// Tries to claim a transactional id found in Prepare* at load while a request holds it
@@ -497,7 +498,10 @@ impl Coordinators {
         let now = now_ms();
         let mut fenced = m.prepare(false, now);
         fenced.bumped_from = None;
-        if m.producer_epoch.get() < EPOCH_MAX {
+        // Up to i16::MAX (Kafka's `prepareFenceProducerEpoch`): the timed-out producer is
+        // fenced even at the last epoch InitProducerId gives out; its next
+        // InitProducerId then gets a new producer id.
+        if m.producer_epoch.get() < i16::MAX {
             fenced.producer_epoch = ProducerEpoch(m.producer_epoch.get() + 1);
         }
         self.store(part, id, &fenced).await?;
