@@ -158,6 +158,19 @@ struct ServeArgs {
     set: Vec<String>,
 }
 
+/// A panic anywhere ends the process (after the usual message and a log line). A shard
+/// thread that unwound would otherwise leave the node half alive: its partitions
+/// unserved, and a SIGTERM waiting for ever for it to drain. A supervisor restarts a
+/// process that exits; it cannot tell that a thread is gone.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!("panic: {info}; aborting the process");
+        std::process::abort();
+    }));
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut props = match &args.config {
         Some(path) => weir::config::Properties::load(path)?,
@@ -247,6 +260,7 @@ fn main() -> ExitCode {
         Command::Acls(args) => weir::admin_cli::acls::run(args),
         Command::Serve(args) => {
             init_logging();
+            abort_on_panic();
             match serve(args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -7,6 +7,7 @@
 //! Requests naming several groups (FindCoordinator v4+, OffsetFetch v8+, DescribeGroups,
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
+use bytes::Bytes;
 use std::rc::Rc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -378,7 +379,9 @@ async fn join_group(
             protocols: req
                 .protocols
                 .iter()
-                .map(|p| (p.name.to_string(), p.metadata.clone()))
+                // Copied: a slice would keep the whole 64 KiB read buffer it came in alive
+                // for as long as the member stays in the group.
+                .map(|p| (p.name.to_string(), Bytes::copy_from_slice(&p.metadata)))
                 .collect(),
             session_timeout_ms: req.session_timeout_ms,
             // v0 has no rebalance timeout: Kafka uses the session timeout.
@@ -440,7 +443,12 @@ async fn sync_group(shard: &Rc<Shard>, req: SyncGroupRequest, version: i16) -> S
         assignments: req
             .assignments
             .iter()
-            .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+            .map(|a| {
+                (
+                    a.member_id.to_string(),
+                    Bytes::copy_from_slice(&a.assignment),
+                )
+            })
             .collect(),
     };
     let r = if !valid_group_id(&group) {

@@ -684,6 +684,12 @@ async fn accept_loop(
 ) {
     let mut backoff = AcceptBackoff::default();
     loop {
+        // Checked on every turn, not only by listening: an accept that won the race with
+        // the shutdown event would make the next listen wait for a later notification
+        // that never comes, and the shard would never drain.
+        if shard.shutting_down.get() {
+            return;
+        }
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
             shard.shutdown.listen().await;
             None
@@ -724,8 +730,11 @@ async fn accept_loop(
             drop(stream);
             continue;
         }
-        let max_ip = shard.config().max_connections_for(peer.ip());
-        let slot = match admission.per_ip.admit(peer.ip(), max_ip) {
+        // An IPv4 client of a dual-stack listener arrives as ::ffff:a.b.c.d: counted and
+        // matched against the overrides as the IPv4 address it is (as the ACLs do).
+        let ip = peer.ip().to_canonical();
+        let max_ip = shard.config().max_connections_for(ip);
+        let slot = match admission.per_ip.admit(ip, max_ip) {
             Ok(slot) => slot,
             Err(open_ip) => {
                 shard.node.connections.fetch_sub(1, Ordering::AcqRel);
@@ -733,7 +742,7 @@ async fn accept_loop(
                     .metrics()
                     .refused(crate::metrics::Refusal::MaxConnectionsPerIp);
                 if let Some(more) = admission.refusals.allow() {
-                    tracing::warn!(%peer, "refusing connection: {open_ip} open from {}, max.connections.per.ip is {max_ip} ({more} more refused since the last line)", peer.ip());
+                    tracing::warn!(%peer, "refusing connection: {open_ip} open from {ip}, max.connections.per.ip is {max_ip} ({more} more refused since the last line)");
                 }
                 drop(stream);
                 continue;
