@@ -199,7 +199,9 @@ pub fn replay(
 /// Whether `text` can be a key or value of the properties file as it is: one line,
 /// no separator in a key (nothing is escaped).
 pub fn storable(text: &str, key: bool) -> bool {
-    !text.contains(['\n', '\r']) && !(key && text.contains(['=', ':', '#', '!']))
+    let breaks_line = text.contains(['\n', '\r']);
+    let breaks_key = key && text.contains(['=', ':', '#', '!']);
+    !(breaks_line || breaks_key)
 }
 
 fn write_atomically(path: &Path, values: &BTreeMap<String, String>) -> std::io::Result<()> {
