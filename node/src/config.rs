@@ -115,11 +115,14 @@ pub struct Properties {
 }
 
 impl Properties {
-    /// Parses Java-properties style text: `#`/`!` comments, `key=value` or `key: value`.
-    /// Line continuations and unicode escapes are not supported (Kafka configs rarely use them).
+    /// Parses Java-properties style text: `#`/`!` comments, `key=value` or `key: value`,
+    /// and a line ending in an odd number of `\` continued on the next (its leading
+    /// blanks dropped), as Kafka's documented multi-line `sasl.jaas.config` values are
+    /// written. Other escapes (`\uXXXX`, `\=`) are not supported.
     pub fn parse(text: &str, origin: &str) -> Result<Properties, ConfigError> {
         let mut props = Properties::default();
-        for (i, raw) in text.lines().enumerate() {
+        for (i, raw) in logical_lines(text) {
+            let raw = raw.as_str();
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
                 continue;
@@ -787,6 +790,31 @@ impl Config {
 
 /// Kafka's retention precedence: `log.retention.ms` > `.minutes` > `.hours`; weir also
 /// accepts the topic-level name `retention.ms` as a broker default.
+/// The logical lines of a properties text, each with its first physical line's index:
+/// a line ending in an odd number of backslashes goes on with the next one.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut open = false;
+    for (i, line) in text.lines().enumerate() {
+        let piece = if open { line.trim_start() } else { line };
+        let trailing = piece.len() - piece.trim_end_matches('\\').len();
+        let continues = trailing % 2 == 1;
+        let piece = if continues {
+            &piece[..piece.len() - 1]
+        } else {
+            piece
+        };
+        match (open, out.last_mut()) {
+            (true, Some((_, text))) => text.push_str(piece),
+            _ => out.push((i, piece.to_string())),
+        }
+        // A comment line does not continue (Java's rule).
+        let comment = !open && matches!(piece.trim_start().chars().next(), Some('#' | '!'));
+        open = continues && !comment;
+    }
+    out
+}
+
 /// Any negative value means no time limit (-1), as in Kafka: `log.retention.hours=-1`
 /// is a common way to say "keep forever".
 fn retention_ms(props: &Properties) -> Result<i64, ConfigError> {
@@ -922,6 +950,22 @@ mod tests {
         assert_eq!(c.listen.port(), 9999);
         assert_eq!(c.shards, 2);
         assert_eq!(c.message_max_bytes, MESSAGE_MAX_BYTES_DEFAULT);
+    }
+
+    #[test]
+    fn a_line_ending_in_a_backslash_goes_on_with_the_next() {
+        let text = "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n    user_admin=\"s\";\n# a comment \\\nnum.partitions=3\npath=C:\\\\\nlast=1\n";
+        let p = Properties::parse(text, "t").unwrap();
+        assert_eq!(
+            p.get("sasl.jaas.config"),
+            Some(
+                "org.apache.kafka.common.security.plain.PlainLoginModule required user_admin=\"s\";"
+            )
+        );
+        assert_eq!(p.get("num.partitions"), Some("3"));
+        // An even number of backslashes ends the line (an escaped backslash).
+        assert_eq!(p.get("path"), Some("C:\\\\"));
+        assert_eq!(p.get("last"), Some("1"));
     }
 
     #[test]
