@@ -44,8 +44,33 @@ enum AclsCommand {
     Add(Binding),
     /// List ACLs (every one, or those matching the given resource and principal).
     List(Selector),
-    /// Remove the ACLs matching the selector (an unset field matches anything).
-    Remove(Selector),
+    /// Remove the ACLs matching the selector (an unset field matches anything). A
+    /// resource is required, or `--all` to match every resource (as kafka-acls.sh
+    /// requires a resource option).
+    Remove(RemoveArgs),
+}
+
+#[derive(clap::Args)]
+struct RemoveArgs {
+    #[command(flatten)]
+    selector: Selector,
+    /// Remove matching ACLs of every resource (with no resource named).
+    #[arg(long)]
+    all: bool,
+}
+
+impl RemoveArgs {
+    /// No resource and no `--all` would remove every ACL (or every ACL of a principal)
+    /// in one keystroke: with the authorizer on, that locks out every client.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.selector.resource.get()?.is_none() && !self.all {
+            bail!(
+                "name a resource (--topic, --group, --transactional-id or --cluster), or \
+                 --all to remove the matching ACLs of every resource"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Which resource: exactly one of topic, group, transactional id, cluster.
@@ -302,16 +327,56 @@ fn remove(c: &mut Client, sel: &Selector, out: &mut impl Write) -> anyhow::Resul
 /// Runs `weir acls ...`.
 pub fn run(args: AclsArgs) -> ExitCode {
     let mut out = std::io::stdout().lock();
-    let done = connect(&args).and_then(|mut c| match &args.command {
-        AclsCommand::Add(b) => add(&mut c, b, &mut out),
-        AclsCommand::List(sel) => list(&mut c, sel, &mut out),
-        AclsCommand::Remove(sel) => remove(&mut c, sel, &mut out),
-    });
+    let checked = match &args.command {
+        AclsCommand::Remove(r) => r.check(),
+        _ => Ok(()),
+    };
+    let done = checked
+        .and_then(|()| connect(&args))
+        .and_then(|mut c| match &args.command {
+            AclsCommand::Add(b) => add(&mut c, b, &mut out),
+            AclsCommand::List(sel) => list(&mut c, sel, &mut out),
+            AclsCommand::Remove(r) => remove(&mut c, &r.selector, &mut out),
+        });
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weir acls: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        acls: AclsArgs,
+    }
+
+    fn remove_args(args: &[&str]) -> RemoveArgs {
+        let mut all = vec!["weir", "remove"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).expect("parse").acls.command {
+            AclsCommand::Remove(r) => r,
+            _ => panic!("not remove"),
+        }
+    }
+
+    #[test]
+    fn remove_needs_a_resource_or_all() {
+        assert!(remove_args(&[]).check().is_err());
+        assert!(remove_args(&["--principal", "User:x"]).check().is_err());
+        assert!(remove_args(&["--topic", "t"]).check().is_ok());
+        assert!(remove_args(&["--all"]).check().is_ok());
+        assert!(
+            remove_args(&["--all", "--principal", "User:x"])
+                .check()
+                .is_ok()
+        );
     }
 }
