@@ -402,3 +402,32 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     );
     drop((stalled, extra));
 }
+
+/// A client that trickles its request a byte at a time, each inside the old per-read
+/// timeout, is cut at the whole-connection deadline: the next scrape is answered within
+/// it, not after hours.
+#[test]
+fn a_trickling_scrape_does_not_hold_the_endpoint() {
+    let broker = Broker::start(1, &[("metrics.listener", "127.0.0.1:0")]);
+    let addr = metrics_addr(&broker);
+    let mut slow = TcpStream::connect(&addr).expect("connect");
+    let trickle = std::thread::spawn(move || {
+        // 12 s of one byte every 2 s: never done, each read well inside 5 s.
+        for b in b"GET /metr" {
+            if slow.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let text = scrape(&addr, "/metrics");
+    let took = started.elapsed();
+    assert!(text.contains("weir_"), "a real scrape: {text}");
+    assert!(
+        took < Duration::from_secs(8),
+        "the next scrape waited {took:?}"
+    );
+    trickle.join().expect("trickle");
+}
