@@ -784,3 +784,73 @@ fn a_long_transactional_id_is_served() {
     assert_eq!(resp.error_code, 0, "InitProducerId of a 300-byte id");
     assert!(resp.producer_id.0 >= 0);
 }
+
+/// TxnOffsetCommit of `offset` for [`TOPIC`]-0 in `group` by the producer; its code.
+fn txn_offset_commit(
+    c: &mut Client,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    group: &str,
+    offset: i64,
+) -> i16 {
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    let req = TxnOffsetCommitRequest::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
+        .with_group_id(GroupId(s(group)))
+        .with_producer_id(pid.get().into())
+        .with_producer_epoch(epoch.get())
+        .with_generation_id(-1)
+        .with_topics(vec![
+            TxnOffsetCommitRequestTopic::default()
+                .with_name(topic_name(TOPIC))
+                .with_partitions(vec![
+                    TxnOffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(offset),
+                ]),
+        ]);
+    let resp: TxnOffsetCommitResponse = c.call(api::TXN_OFFSET_COMMIT, 3, &req);
+    resp.topics[0].partitions[0].error_code
+}
+
+/// Kafka 3.6+ checks a TxnOffsetCommit with the transaction coordinator (KIP-890): the
+/// group's offsets partition must be in the ongoing transaction. Unchecked, a commit with
+/// no AddOffsetsToTxn (or one late after its abort) opened a transaction in
+/// `__consumer_offsets` that no marker would ever close.
+#[test]
+fn a_transactional_offset_commit_outside_the_transaction_is_refused() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[
+            ("transaction.state.log.num.partitions", "2"),
+            ("offsets.topic.num.partitions", "2"),
+        ],
+        &[(TOPIC, 1)],
+    );
+    assert_ne!(
+        txn_offset_commit(&mut c, pid, epoch, "g", 5),
+        0,
+        "TxnOffsetCommit without AddOffsetsToTxn"
+    );
+    let req = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
+        .with_producer_id(pid.get().into())
+        .with_producer_epoch(epoch.get())
+        .with_group_id(GroupId(s("g")));
+    let resp: AddOffsetsToTxnResponse = c.call(api::ADD_OFFSETS_TO_TXN, 3, &req);
+    assert_eq!(resp.error_code, 0, "AddOffsetsToTxn");
+    assert_eq!(txn_offset_commit(&mut c, pid, epoch, "g", 5), 0);
+    assert_eq!(
+        txn_offset_commit(&mut c, pid, ProducerEpoch(epoch.get() - 1), "g", 6),
+        INVALID_PRODUCER_EPOCH,
+        "an older epoch is fenced"
+    );
+    assert_eq!(end_txn(&mut c, pid, epoch, false), 0);
+    assert_ne!(
+        txn_offset_commit(&mut c, pid, epoch, "g", 7),
+        0,
+        "a commit arriving after its transaction was aborted"
+    );
+}

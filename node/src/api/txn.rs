@@ -488,8 +488,18 @@ pub async fn txn_offset_commit(
             .collect(),
     };
     let count = args.offsets.len();
-    let per = if group.is_empty() {
-        vec![errors::INVALID_REQUEST; count]
+    let txn_id = req.transactional_id.0.to_string();
+    let producer = (
+        ProducerId(req.producer_id.0),
+        ProducerEpoch(req.producer_epoch),
+    );
+    let verified = if group.is_empty() || !valid_txn_id(&txn_id) {
+        errors::INVALID_REQUEST
+    } else {
+        verify_offsets(shard, &txn_id, producer, &group).await
+    };
+    let per = if verified != errors::NONE {
+        vec![verified; count]
     } else {
         let op = GroupOp::TxnCommit {
             commit: args,
@@ -516,6 +526,30 @@ pub async fn txn_offset_commit(
         resp.topics.push(tr);
     }
     resp
+}
+
+/// KIP-890 for transactional offsets (Kafka 3.6+): the group's `__consumer_offsets`
+/// partition must be in the producer's ongoing transaction (AddOffsetsToTxn) at this
+/// epoch. Unchecked, an offset commit of no transaction, or one that arrives after its
+/// transaction ended, opened a transaction no marker would ever close: the partition's
+/// LSO stood still, its cleaner stopped, and `require_stable` fetches waited for ever.
+async fn verify_offsets(
+    shard: &Rc<Shard>,
+    txn_id: &str,
+    producer: (ProducerId, ProducerEpoch),
+    group: &str,
+) -> i16 {
+    let partitions = match super::groups::offsets_partitions(shard).await {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    let partition = crate::group::partition_for(group, partitions);
+    match verify_produce(shard, txn_id, producer, OFFSETS_TOPIC, partition).await {
+        // verify_produce's mapping of a busy coordinator, for a produce; a TxnOffsetCommit
+        // retries this one.
+        errors::NOT_ENOUGH_REPLICAS => errors::COORDINATOR_NOT_AVAILABLE,
+        code => code,
+    }
 }
 
 /// WriteTxnMarkers (an inter-broker API, served for completeness): each marker to each
