@@ -498,7 +498,7 @@ impl Coordinators {
         let now = now_ms();
         let check = match self.groups.borrow().get(&a.group) {
             Some(_) if a.generation < 0 => Ok(()),
-            Some(g) => g.check_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
+            Some(g) => g.check_txn_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
             None => Ok(()),
         };
         if let Err(code) = check {

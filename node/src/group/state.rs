@@ -944,6 +944,31 @@ impl Group {
         instance: Option<&str>,
         generation: i32,
     ) -> Result<(), i16> {
+        self.check_member_commit(member_id, instance, generation)?;
+        if self.state == State::CompletingRebalance {
+            return Err(codes::REBALANCE_IN_PROGRESS);
+        }
+        Ok(())
+    }
+
+    /// A TxnOffsetCommit's check: as a commit's, but without REBALANCE_IN_PROGRESS while
+    /// the group completes a rebalance (Kafka's transactional `validateOffsetCommit`;
+    /// the Java producer has no way to handle that code there and fails).
+    pub fn check_txn_commit(
+        &self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation: i32,
+    ) -> Result<(), i16> {
+        self.check_member_commit(member_id, instance, generation)
+    }
+
+    fn check_member_commit(
+        &self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation: i32,
+    ) -> Result<(), i16> {
         if generation < 0 && member_id.is_empty() && instance.is_none() {
             return if self.members.is_empty() {
                 Ok(())
@@ -959,9 +984,6 @@ impl Group {
         }
         if generation != self.generation {
             return Err(codes::ILLEGAL_GENERATION);
-        }
-        if self.state == State::CompletingRebalance {
-            return Err(codes::REBALANCE_IN_PROGRESS);
         }
         Ok(())
     }

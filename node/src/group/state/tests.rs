@@ -90,6 +90,18 @@ fn two_members_join_sync_and_leave() {
     assert_eq!(staged, Some(1), "a completed generation is stored");
     assert!(take(&rx_sa).is_none(), "answered once stored");
     assert_eq!(g.state, State::CompletingRebalance);
+    // A plain commit waits for the rebalance to complete; a transactional one does not
+    // (Kafka's transactional validateOffsetCommit; the Java producer cannot handle
+    // REBALANCE_IN_PROGRESS there).
+    assert_eq!(
+        g.check_commit(&a, None, 1),
+        Err(codes::REBALANCE_IN_PROGRESS)
+    );
+    assert_eq!(g.check_txn_commit(&a, None, 1), Ok(()));
+    assert_eq!(
+        g.check_txn_commit(&a, None, 0),
+        Err(codes::ILLEGAL_GENERATION)
+    );
     g.assignment_written(1, Ok(()), 0, &LIMITS);
     let sa = take(&rx_sa).expect("leader sync");
     assert_eq!(sa.assignment, Bytes::from_static(b"p0"));
