@@ -854,3 +854,28 @@ fn a_transactional_offset_commit_outside_the_transaction_is_refused() {
         "a commit arriving after its transaction was aborted"
     );
 }
+
+/// InitProducerId after a finished transaction leaves the id Empty (Kafka's
+/// `prepareIncrementProducerEpoch`), not in the old transaction's Complete* state: it is
+/// described as Empty and an EndTxn with no transaction is INVALID_TXN_STATE.
+#[test]
+fn a_new_epoch_starts_with_no_transaction() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[("transaction.state.log.num.partitions", "2")],
+        &[(TOPIC, 1)],
+    );
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    assert_eq!(produce(&mut c, txn_batch(pid, epoch, 0, 1)), 0);
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
+    let (error, pid2, epoch2) = init(&mut c);
+    assert_eq!(error, 0);
+    let req = DescribeTransactionsRequest::default()
+        .with_transactional_ids(vec![TransactionalId(StrBytes::from_static_str(TXN_ID))]);
+    let resp: DescribeTransactionsResponse = c.call(api::DESCRIBE_TRANSACTIONS, 0, &req);
+    assert_eq!(
+        resp.transaction_states[0].transaction_state.as_str(),
+        "Empty"
+    );
+    assert_eq!(end_txn(&mut c, pid2, epoch2, false), INVALID_TXN_STATE);
+}

@@ -852,12 +852,10 @@ fn bump(
     } else {
         (m.producer_id, ProducerEpoch(m.producer_epoch.get() + 1))
     };
-    let mut next = TxnMetadata::empty(pid, epoch, timeout_ms, now);
-    // The previous transaction's outcome stays visible (a retried EndTxn of it).
-    if matches!(m.state, TxnState::CompleteCommit | TxnState::CompleteAbort) {
-        next.state = m.state;
-    }
-    Ok(next)
+    // Empty, as Kafka's `prepareIncrementProducerEpoch`: a retried EndTxn of the
+    // previous transaction carries the old epoch and is fenced anyway, and a producer
+    // just initialised is listed and described as having no transaction.
+    Ok(TxnMetadata::empty(pid, epoch, timeout_ms, now))
 }
 
 /// PRODUCER_FENCED where the client knows it (InitProducerId v4+), else
