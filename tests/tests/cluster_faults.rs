@@ -619,3 +619,62 @@ fn a_node_back_from_a_cut_leads_nothing_before_its_image_caught_up() {
         .expect("produce acks=1");
     assert_eq!(code, NOT_LEADER_OR_FOLLOWER, "x follows the partition now");
 }
+
+/// Clients that hold `max.connections` on a leader do not keep its followers out: the
+/// dedicated inter-broker listener is exempt from the limit, as in Kafka (KIP-402). Both
+/// followers are restarted while the clients' listener is full, and an acks=all produce
+/// (which needs both back: the ISR does not shrink here) is still acknowledged.
+#[test]
+fn clients_at_max_connections_do_not_keep_restarted_followers_out() {
+    const MAX: usize = 6;
+    let max = MAX.to_string();
+    let mut c = Cluster::start(
+        3,
+        &[
+            ("listeners", "PLAINTEXT://127.0.0.1:0,REPL://127.0.0.1:0"),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,REPL:PLAINTEXT",
+            ),
+            ("inter.broker.listener.name", "REPL"),
+            ("max.connections", max.as_str()),
+            ("replica.lag.time.max.ms", "600000"),
+        ],
+    )
+    .expect("cluster");
+    c.wait_agreed(3, Duration::from_secs(60), |_| true)
+        .expect("agreed");
+    let via = c.node(2).addr();
+    assert_eq!(cluster::create_topic(via, TOPIC, 1, 3).expect("create"), 0);
+    let (leader, _) = wait_isr(&mut c, &[1, 2, 3], Duration::from_secs(60));
+    let addr = c.node(leader).addr();
+    // The clients' listener full: the producer's connection and MAX - 1 idle ones.
+    let mut producer = RawConn::connect(addr).expect("producer connection");
+    producer.api_versions().expect("served");
+    let mut held = Vec::new();
+    for _ in 1..MAX {
+        let mut h = RawConn::connect(addr).expect("connect");
+        h.api_versions().expect("served under the limit");
+        held.push(h);
+    }
+    let mut over = RawConn::connect(addr).expect("connect");
+    assert!(
+        over.api_versions().is_err(),
+        "a client past max.connections is refused"
+    );
+    for id in (1..=3).filter(|id| *id != leader) {
+        c.node(id).kill().expect("kill follower");
+        c.node(id).restart().expect("restart follower");
+    }
+    let batch = raw::record_batch(&[b"after".to_vec()], Compression::None).expect("batch");
+    let (code, _) = producer
+        .produce(TOPIC, 0, -1, batch)
+        .expect("produce answered");
+    assert_eq!(
+        code,
+        0,
+        "acks=all with both followers back\n{}",
+        logs(&mut c)
+    );
+    drop(held);
+}

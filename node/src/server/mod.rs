@@ -683,6 +683,16 @@ async fn accept_loop(
     setup: &Arc<ListenerSetup>,
 ) {
     let mut backoff = AcceptBackoff::default();
+    // A cluster's dedicated inter-broker listener (one the clients' listeners are not)
+    // is exempt from the connection limits, as in Kafka (KIP-402): clients that use up
+    // `max.connections` must not keep a restarted follower's fetcher, or the
+    // coordinators' marker writes, out.
+    let config = shard.config();
+    let limited = config.quorum_voters.is_empty()
+        || config.listeners.len() < 2
+        || !crate::security::peer::inter_broker_listener(config)
+            .name
+            .eq_ignore_ascii_case(&setup.config.name);
     loop {
         // Checked on every turn, not only by listening: an accept that won the race with
         // the shutdown event would make the next listen wait for a later notification
@@ -717,6 +727,18 @@ async fn accept_loop(
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        if !limited {
+            let s = shard.clone();
+            let limits = conn::ReadLimits::new(shard.config(), admission.budget.clone());
+            let setup = setup.clone();
+            glommio::spawn_local(async move {
+                conn::serve(s.clone(), stream, peer, limits, setup).await;
+                s.open_connections.set(s.open_connections.get() - 1);
+            })
+            .detach();
+            shard.open_connections.set(shard.open_connections.get() + 1);
+            continue;
+        }
         let max = shard.config().max_connections as usize;
         let open = shard.node.connections.fetch_add(1, Ordering::AcqRel);
         if open >= max {
