@@ -142,6 +142,8 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let _lock = lock_data_dir(&config.data_dir)?;
+    // Partition directories a crash left half deleted go on being removed.
+    crate::storage::reclaim::retire_leftovers(&config.data_dir);
     // In a cluster the catalogue is the controller quorum's image, rebuilt from its log.
     let meta = if config.quorum_voters.is_empty() {
         MetaStore::open(&config.data_dir)?

@@ -529,7 +529,7 @@ impl Shard {
                 continue;
             }
             let dir = crate::partition::partition_dir(&data_dir, name, index);
-            match std::fs::remove_dir_all(&dir) {
+            match crate::storage::reclaim::retire_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {

@@ -479,7 +479,9 @@ impl Log {
         Ok(log_end)
     }
 
-    /// Removes the partition directory and everything in it (partition deleted or moved).
+    /// Removes the partition directory and everything in it (partition deleted or moved):
+    /// renamed aside at once, its files removed in steps off the shard's thread
+    /// ([`super::reclaim::retire_dir`]).
     pub async fn delete(&self) -> Result<()> {
         let _permit = self.lock_io().await?;
         {
@@ -491,7 +493,8 @@ impl Log {
             st.read_ahead.invalidate();
         }
         self.writer.set(None);
-        fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("remove dir", &self.dir, e))
+        super::reclaim::retire_dir(&self.dir)
+            .map_err(|e| StorageError::io("retire dir", &self.dir, e))
     }
 }
 

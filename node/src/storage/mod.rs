@@ -55,7 +55,7 @@ mod open;
 mod probe;
 mod read;
 mod readahead;
-mod reclaim;
+pub mod reclaim;
 pub use reclaim::retired_files_handed_over;
 mod recovery;
 mod segment;

@@ -11,6 +11,12 @@
 //! One thread serves every shard, so two deletions never share a commit.
 //!
 //! A crash leaves the `.log.deleted` file, whole or cut; the next open removes it.
+//!
+//! A deleted partition's whole directory goes the same way ([`retire_dir`]): renamed
+//! aside at once (`<dir>.<nanos>-delete`, Kafka's shape), then its segments cut in steps
+//! and the rest removed on the reclaim thread. Unlinked on a shard's thread, a large
+//! partition's segments stalled every partition of that shard for seconds. A crash leaves
+//! the renamed directory; [`retire_leftovers`] at the next start hands it over again.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -30,9 +36,20 @@ const STEP_PAUSE: Duration = Duration::from_millis(5);
 /// Files waiting beyond which the steps run back to back.
 const BACKLOG_NO_PAUSE: usize = 16;
 
-struct Reclaimer {
-    queue: Sender<PathBuf>,
+/// What the reclaim thread removes.
+enum Job {
+    /// A retired segment file.
+    File(PathBuf),
+    /// A retired partition directory: its files cut in steps, then the directory.
+    Dir(PathBuf),
 }
+
+struct Reclaimer {
+    queue: Sender<Job>,
+}
+
+/// The suffix of a retired partition directory's name.
+const RETIRED_DIR_SUFFIX: &str = "-delete";
 
 static RECLAIMER: OnceLock<Option<Reclaimer>> = OnceLock::new();
 /// Files sent to the reclaim thread and not yet removed.
@@ -48,32 +65,73 @@ pub fn retired_files_handed_over() -> usize {
 /// the reclaim thread cannot be started, removes it at once.
 pub fn reclaim(path: PathBuf) {
     HANDED_OVER.fetch_add(1, Ordering::Relaxed);
+    hand_over(Job::File(path));
+}
+
+/// Retires a deleted partition's directory: renamed aside now (a rename, cheap on the
+/// caller's thread; the partition's name is free again at once), removed in steps on
+/// the reclaim thread.
+pub fn retire_dir(dir: &Path) -> std::io::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut name = dir.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{nanos}{RETIRED_DIR_SUFFIX}"));
+    let retired = dir.with_file_name(name);
+    fs::rename(dir, &retired)?;
+    hand_over(Job::Dir(retired));
+    Ok(())
+}
+
+/// Hands the retired directories a crash left in `data_dir` to the reclaim thread.
+pub fn retire_leftovers(data_dir: &Path) {
+    let Ok(entries) = fs::read_dir(data_dir) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let retired = e
+            .file_name()
+            .to_string_lossy()
+            .ends_with(RETIRED_DIR_SUFFIX);
+        if retired && e.file_type().is_ok_and(|t| t.is_dir()) {
+            hand_over(Job::Dir(e.path()));
+        }
+    }
+}
+
+fn hand_over(job: Job) {
     let reclaimer = RECLAIMER.get_or_init(start);
-    let path = match reclaimer {
+    let job = match reclaimer {
         Some(r) => {
             WAITING.fetch_add(1, Ordering::Relaxed);
-            match r.queue.send(path) {
+            match r.queue.send(job) {
                 Ok(()) => return,
-                Err(mpsc::SendError(path)) => {
+                Err(mpsc::SendError(job)) => {
                     WAITING.fetch_sub(1, Ordering::Relaxed);
-                    path
+                    job
                 }
             }
         }
-        None => path,
+        None => job,
     };
-    remove_logged(&path, fs::remove_file(&path));
+    run(&job, &AtomicUsize::new(0));
+}
+
+fn run(job: &Job, waiting: &AtomicUsize) {
+    match job {
+        Job::File(path) => remove_logged(path, shrink_then_remove(path, waiting)),
+        Job::Dir(dir) => remove_logged(dir, remove_dir_in_steps(dir, waiting)),
+    }
 }
 
 fn start() -> Option<Reclaimer> {
-    let (queue, files) = mpsc::channel::<PathBuf>();
+    let (queue, jobs) = mpsc::channel::<Job>();
     let spawned = std::thread::Builder::new()
         .name("weir-reclaim".into())
         .spawn(move || {
-            for path in files {
-                let result = shrink_then_remove(&path, &WAITING);
+            for job in jobs {
+                run(&job, &WAITING);
                 WAITING.fetch_sub(1, Ordering::Relaxed);
-                remove_logged(&path, result);
             }
         });
     match spawned {
@@ -99,6 +157,16 @@ fn shrink_then_remove(path: &Path, waiting: &AtomicUsize) -> std::io::Result<()>
     }
     drop(file);
     fs::remove_file(path)
+}
+
+/// Cuts every file of `dir` in steps (see [`shrink_then_remove`]), then removes `dir`.
+fn remove_dir_in_steps(dir: &Path, waiting: &AtomicUsize) -> std::io::Result<()> {
+    for e in fs::read_dir(dir)?.filter_map(Result::ok) {
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            remove_logged(&e.path(), shrink_then_remove(&e.path(), waiting));
+        }
+    }
+    fs::remove_dir_all(dir)
 }
 
 fn remove_logged(path: &Path, result: std::io::Result<()>) {
@@ -134,5 +202,29 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(!path.exists(), "the reclaim thread removed the file");
+    }
+
+    #[test]
+    fn a_retired_directory_is_renamed_at_once_and_removed_later_also_after_a_crash() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let dir = data.path().join("orders-0");
+        fs::create_dir(&dir).expect("dir");
+        fs::File::create(dir.join("00000000000000000000.log"))
+            .and_then(|f| f.set_len(2 * STEP_BYTES + 1))
+            .expect("segment");
+        fs::write(dir.join("00000000000000000000.index"), b"x").expect("index");
+        retire_dir(&dir).expect("retire");
+        assert!(!dir.exists(), "the partition's name is free at once");
+        // A directory a crash left behind.
+        let left = data.path().join("orders-1.123-delete");
+        fs::create_dir(&left).expect("leftover");
+        fs::write(left.join("00000000000000000000.log"), b"x").expect("segment");
+        retire_leftovers(data.path());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let empty = || fs::read_dir(data.path()).map_or(false, |mut e| e.next().is_none());
+        while !empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(empty(), "everything removed by the reclaim thread");
     }
 }
