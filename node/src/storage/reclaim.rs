@@ -221,7 +221,7 @@ mod tests {
         fs::write(left.join("00000000000000000000.log"), b"x").expect("segment");
         retire_leftovers(data.path());
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let empty = || fs::read_dir(data.path()).map_or(false, |mut e| e.next().is_none());
+        let empty = || fs::read_dir(data.path()).is_ok_and(|mut e| e.next().is_none());
         while !empty() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
