@@ -413,3 +413,103 @@ fn a_cluster_wide_broker_default_set_through_one_node_reaches_every_node() {
         ("123456789", DYNAMIC_DEFAULT_BROKER),
     );
 }
+
+/// OffsetCommit (generation -1, as an admin's) of offset `at` for partitions `0..n` of
+/// `topic` in `group`, sent to the group's coordinator found through `addr`.
+fn commit_offsets(addr: SocketAddr, group: &str, topic: &str, n: i32, at: i64) {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, FindCoordinatorRequest, FindCoordinatorResponse, GroupId, OffsetCommitRequest,
+        OffsetCommitResponse, TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let coordinator = loop {
+        let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+        let req = FindCoordinatorRequest::default().with_key(StrBytes::from_string(group.into()));
+        let resp: FindCoordinatorResponse = conn
+            .call(ApiKey::FindCoordinator, 2, &req)
+            .expect("FindCoordinator");
+        if resp.error_code == 0 {
+            break format!("{}:{}", resp.host.as_str(), resp.port);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no coordinator: {}",
+            resp.error_code
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let partitions = (0..n)
+        .map(|p| {
+            OffsetCommitRequestPartition::default()
+                .with_partition_index(p)
+                .with_committed_offset(at)
+        })
+        .collect();
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.into())))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(TopicName(StrBytes::from_string(topic.into())))
+                .with_partitions(partitions),
+        ]);
+    let mut conn =
+        weir_tests::raw::RawConn::connect(coordinator.parse().expect("addr")).expect("connect");
+    let resp: OffsetCommitResponse = conn
+        .call(ApiKey::OffsetCommit, 2, &req)
+        .expect("OffsetCommit");
+    for p in &resp.topics[0].partitions {
+        assert_eq!(
+            p.error_code, 0,
+            "OffsetCommit of {topic}-{}",
+            p.partition_index
+        );
+    }
+}
+
+/// `weir groups` works through any node of a cluster, as kafka-consumer-groups.sh does:
+/// the group's requests go to its coordinator, log ends to each partition's leader, and
+/// `list` asks every node (before, only the coordinator itself could describe a group,
+/// and `list` showed only the bootstrap node's groups).
+#[test]
+fn groups_are_listed_and_described_through_any_node() {
+    let mut c = Cluster::start(3, &[("offsets.topic.replication.factor", "3")]).expect("cluster");
+    c.wait_agreed(3, Duration::from_secs(60), |_| true)
+        .expect("agreed");
+    let via = c.node(1).bootstrap();
+    topics_ok(
+        &via,
+        &[
+            "create",
+            "gt",
+            "--partitions",
+            "3",
+            "--replication-factor",
+            "3",
+        ],
+    );
+    let addr1 = c.node(1).addr();
+    commit_offsets(addr1, "audit", "gt", 3, 0);
+    for id in 1..=3 {
+        let node = c.node(id).bootstrap();
+        let (ok, out, err) = weir(&["groups", "--bootstrap-server", &node, "list"]);
+        assert!(
+            ok && out.contains("audit"),
+            "list via node {id}:\n{out}{err}"
+        );
+        let (ok, out, err) = weir(&["groups", "--bootstrap-server", &node, "describe", "audit"]);
+        assert!(ok, "describe via node {id}:\n{out}{err}");
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("gt ")).collect();
+        assert_eq!(rows.len(), 3, "describe via node {id}:\n{out}");
+        // Every partition's log end came from its leader (0 here: empty), never "-".
+        assert!(
+            rows.iter()
+                .all(|r| r.split_whitespace().nth(3) == Some("0")),
+            "describe via node {id}:\n{out}"
+        );
+    }
+}

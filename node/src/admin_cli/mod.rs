@@ -5,6 +5,10 @@
 //! `describe` shows, per partition the group has committed or been assigned: the committed
 //! offset, the log end offset (ListOffsets latest, i.e. the high watermark) and the lag
 //! between them, with the member that owns the partition.
+//!
+//! In a cluster each request goes where Kafka's tools send it: the group's requests to
+//! its coordinator (FindCoordinator), ListOffsets to each partition's leader, ListGroups
+//! to every node. The bootstrap node may be any of them.
 
 pub mod acls;
 pub mod cluster;
@@ -19,9 +23,10 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    ApiKey, ConsumerProtocolAssignment, DescribeGroupsRequest, DescribeGroupsResponse, GroupId,
-    ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse,
-    OffsetFetchRequest, OffsetFetchResponse,
+    ApiKey, ConsumerProtocolAssignment, DescribeGroupsRequest, DescribeGroupsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupId, ListGroupsRequest,
+    ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse, OffsetFetchRequest,
+    OffsetFetchResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 use wire::frame::RequestHeader;
@@ -90,15 +95,43 @@ fn kafka_error(code: i16) -> String {
         .map_or_else(|| format!("error {code}"), |e| format!("{e:?}"))
 }
 
-/// `weir groups list`: one line per group: id, state, protocol type.
+/// The nodes of the cluster `bootstrap` belongs to: id → `host:port`.
+fn nodes(c: &mut Client) -> anyhow::Result<BTreeMap<i32, String>> {
+    let m = topics::metadata(c, Some(&[]))?;
+    Ok(m.brokers
+        .iter()
+        .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
+        .collect())
+}
+
+/// A connection to `group`'s coordinator, found through `bootstrap`.
+fn coordinator(bootstrap: &str, group: &str) -> anyhow::Result<Client> {
+    let mut c = Client::connect(bootstrap)?;
+    let req = FindCoordinatorRequest::default().with_key(group.to_string().into());
+    let resp: FindCoordinatorResponse = c.call(ApiKey::FindCoordinator, 2, &req)?;
+    if resp.error_code != 0 {
+        bail!("FindCoordinator: {}", kafka_error(resp.error_code));
+    }
+    let addr = format!("{}:{}", resp.host.as_str(), resp.port);
+    Client::connect(&addr)
+}
+
+/// `weir groups list`: one line per group: id, state, protocol type (from every node:
+/// each lists the groups it coordinates).
 pub fn list(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     let mut c = Client::connect(bootstrap)?;
-    let resp: ListGroupsResponse = c.call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
-    if resp.error_code != 0 {
-        bail!("ListGroups: {}", kafka_error(resp.error_code));
+    let mut groups = Vec::new();
+    for addr in nodes(&mut c)?.values() {
+        let mut node = Client::connect(addr)?;
+        let resp: ListGroupsResponse =
+            node.call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
+        if resp.error_code != 0 {
+            bail!("ListGroups at {addr}: {}", kafka_error(resp.error_code));
+        }
+        groups.extend(resp.groups);
     }
-    let mut groups: Vec<_> = resp.groups.iter().collect();
     groups.sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
+    groups.dedup_by(|a, b| a.group_id == b.group_id);
     writeln!(out, "{:<40} {:<20} PROTOCOL-TYPE", "GROUP", "STATE")?;
     for g in groups {
         let id = g.group_id.as_str();
@@ -167,7 +200,7 @@ fn owners(
 
 /// Fetches everything `describe` prints: (state, protocol, member count, rows).
 pub fn describe_rows(bootstrap: &str, group: &str) -> anyhow::Result<GroupView> {
-    let mut c = Client::connect(bootstrap)?;
+    let mut c = coordinator(bootstrap, group)?;
     let mut req = DescribeGroupsRequest::default();
     req.groups = vec![GroupId(group.to_string().into())];
     let resp: DescribeGroupsResponse = c.call(ApiKey::DescribeGroups, 5, &req)?;
@@ -201,7 +234,7 @@ pub fn describe_rows(bootstrap: &str, group: &str) -> anyhow::Result<GroupView> 
         });
         (row.member, row.host, row.client_id) = (member.clone(), host.clone(), client.clone());
     }
-    let ends = log_ends(&mut c, rows.keys())?;
+    let ends = log_ends(bootstrap, rows.keys())?;
     for ((topic, partition), row) in rows.iter_mut() {
         row.topic = topic.clone();
         row.partition = *partition;
@@ -269,8 +302,45 @@ fn assignment_text(pairs: &[(String, i32)]) -> String {
     }
 }
 
-/// ListOffsets latest for every partition in `keys`.
+/// ListOffsets latest for every partition in `keys`, asked of each partition's leader.
 fn log_ends<'a>(
+    bootstrap: &str,
+    keys: impl Iterator<Item = &'a (String, i32)>,
+) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+    let keys: Vec<&(String, i32)> = keys.collect();
+    let mut c = Client::connect(bootstrap)?;
+    let mut names: Vec<String> = keys.iter().map(|(t, _)| t.clone()).collect();
+    names.dedup();
+    let m = topics::metadata(&mut c, Some(&names))?;
+    let addrs: BTreeMap<i32, String> = m
+        .brokers
+        .iter()
+        .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
+        .collect();
+    let leader = |topic: &str, p: i32| {
+        m.topics
+            .iter()
+            .find(|t| t.name.as_ref().is_some_and(|n| n.as_str() == topic))
+            .and_then(|t| t.partitions.iter().find(|x| x.partition_index == p))
+            .map(|x| x.leader_id.0)
+    };
+    let mut by_leader: BTreeMap<i32, Vec<&(String, i32)>> = BTreeMap::new();
+    for k in keys {
+        // A partition without a leader (or topic) gets no log end: "-".
+        if let Some(l) = leader(&k.0, k.1).filter(|l| addrs.contains_key(l)) {
+            by_leader.entry(l).or_default().push(k);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (l, keys) in by_leader {
+        let mut node = Client::connect(&addrs[&l])?;
+        out.extend(log_ends_at(&mut node, keys.into_iter())?);
+    }
+    Ok(out)
+}
+
+/// ListOffsets latest for every partition in `keys`, at one node.
+fn log_ends_at<'a>(
     c: &mut Client,
     keys: impl Iterator<Item = &'a (String, i32)>,
 ) -> anyhow::Result<BTreeMap<(String, i32), i64>> {

@@ -330,7 +330,10 @@ pub fn partition_line(topic: &str, p: &MetadataResponsePartition) -> String {
     )
 }
 
-fn metadata(c: &mut Client, names: Option<&[String]>) -> anyhow::Result<MetadataResponse> {
+pub(super) fn metadata(
+    c: &mut Client,
+    names: Option<&[String]>,
+) -> anyhow::Result<MetadataResponse> {
     let topics = names.map(|names| {
         names
             .iter()
