@@ -1369,6 +1369,9 @@ fn a_resend_on_a_log_append_time_topic_gets_its_originals_append_time() {
         assert_eq!(
             (resend.error, resend.base_offset, resend.log_append_time_ms),
             (errors::NONE, Offset(0), appended_at)
+        );
+    });
+}
 
 /// A follower's truncation waits for the disk to find its cut; an assignment may make
 /// the replica leader meanwhile. A produce then is refused (the log is being cut, not
