@@ -83,6 +83,12 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
         // Kafka's validators for the keys stored without effect on the log.
         let valid = match k.as_str() {
             "min.insync.replicas" => v.trim().parse::<i64>().is_ok_and(|n| n >= 1),
+            // Kafka's int with atLeast(0): a negative or oversized value fell back to the
+            // built-in limit, ignoring the broker's message.max.bytes.
+            "max.message.bytes" => v
+                .trim()
+                .parse::<i64>()
+                .is_ok_and(|n| (0..=i64::from(i32::MAX)).contains(&n)),
             "compression.type" => matches!(
                 v.trim(),
                 "uncompressed" | "zstd" | "lz4" | "snappy" | "gzip" | "producer"
@@ -853,5 +859,8 @@ mod tests {
         assert!(!check("compression.type", "brotli"));
         assert!(check("unclean.leader.election.enable", "false"));
         assert!(!check("unclean.leader.election.enable", "maybe"));
+        assert!(check("max.message.bytes", "1048588"));
+        assert!(!check("max.message.bytes", "-1"), "Kafka requires at least 0");
+        assert!(!check("max.message.bytes", "1000000000000"), "an int");
     }
 }
