@@ -860,7 +860,10 @@ mod tests {
         assert!(check("unclean.leader.election.enable", "false"));
         assert!(!check("unclean.leader.election.enable", "maybe"));
         assert!(check("max.message.bytes", "1048588"));
-        assert!(!check("max.message.bytes", "-1"), "Kafka requires at least 0");
+        assert!(
+            !check("max.message.bytes", "-1"),
+            "Kafka requires at least 0"
+        );
         assert!(!check("max.message.bytes", "1000000000000"), "an int");
     }
 }
