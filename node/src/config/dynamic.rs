@@ -196,12 +196,17 @@ pub fn replay(
     out
 }
 
-/// Whether `text` can be a key or value of the properties file as it is: one line,
-/// no separator in a key (nothing is escaped).
+/// Whether `text` can be a key or value of the properties file as it is (nothing is
+/// escaped): one line, not ending in an odd number of backslashes (the reader would
+/// continue it on the next line, swallowing the next key), no blanks at either end (the
+/// reader trims them), and no separator in a key.
 pub fn storable(text: &str, key: bool) -> bool {
     let breaks_line = text.contains(['\n', '\r']);
+    let trailing = text.len() - text.trim_end_matches('\\').len();
+    let continues = trailing % 2 == 1;
+    let trimmed = text.trim() != text;
     let breaks_key = key && text.contains(['=', ':', '#', '!']);
-    !(breaks_line || breaks_key)
+    !(breaks_line || continues || trimmed || breaks_key)
 }
 
 fn write_atomically(path: &Path, values: &BTreeMap<String, String>) -> std::io::Result<()> {
@@ -268,6 +273,28 @@ mod tests {
         assert!(!storable("ssl.x\ny", true));
         assert!(!storable("1\nlog.segment.bytes=5", false));
         assert!(!storable("a=b", true));
+        assert!(!storable("abc\\", false), "would continue on the next line");
+        assert!(
+            storable("abc\\\\", false),
+            "an escaped backslash ends the line"
+        );
+        assert!(!storable(" padded", false));
+    }
+
+    #[test]
+    fn a_value_ending_in_a_backslash_cannot_swallow_the_next_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = DynamicConfigs::load(dir.path()).expect("load empty");
+        let values = BTreeMap::from([
+            ("a.password".to_string(), "abc\\\\".to_string()),
+            ("log.retention.ms".to_string(), "2592000000".to_string()),
+        ]);
+        assert!(values.values().all(|v| storable(v, false)));
+        d.replace(values.clone()).expect("persist");
+        assert_eq!(
+            DynamicConfigs::load(dir.path()).expect("reload").all(),
+            values
+        );
     }
 
     #[test]

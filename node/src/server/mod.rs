@@ -685,14 +685,16 @@ async fn accept_loop(
     setup: &Arc<ListenerSetup>,
 ) {
     let mut backoff = AcceptBackoff::default();
-    // A cluster's dedicated inter-broker listener (one the clients' listeners are not)
-    // is exempt from the connection limits, as in Kafka (KIP-402): clients that use up
-    // `max.connections` must not keep a restarted follower's fetcher, or the
-    // coordinators' marker writes, out.
+    // A cluster's dedicated inter-broker listener (named by `inter.broker.listener.name`,
+    // and not the first listener, which clients use when no name is given) is not held to
+    // `max.connections`, nor counted in it, as in Kafka (KIP-402): clients that use up
+    // the limit must not keep a restarted follower's fetcher, or the coordinators'
+    // marker writes, out. `max.connections.per.ip` still applies to it.
     let config = shard.config();
-    let limited = config.quorum_voters.is_empty()
-        || config.listeners.len() < 2
-        || !crate::security::peer::inter_broker_listener(config)
+    let named = config.props.get("inter.broker.listener.name");
+    let protected = !config.quorum_voters.is_empty()
+        && named.is_some_and(|n| n.trim().eq_ignore_ascii_case(&setup.config.name))
+        && !config.listeners[0]
             .name
             .eq_ignore_ascii_case(&setup.config.name);
     loop {
@@ -729,21 +731,10 @@ async fn accept_loop(
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        if !limited {
-            let s = shard.clone();
-            let limits = conn::ReadLimits::new(shard.config(), admission.budget.clone());
-            let setup = setup.clone();
-            glommio::spawn_local(async move {
-                conn::serve(s.clone(), stream, peer, limits, setup).await;
-                s.open_connections.set(s.open_connections.get() - 1);
-            })
-            .detach();
-            shard.open_connections.set(shard.open_connections.get() + 1);
-            continue;
-        }
         let max = shard.config().max_connections as usize;
-        let open = shard.node.connections.fetch_add(1, Ordering::AcqRel);
-        if open >= max {
+        let counted = usize::from(!protected);
+        let open = shard.node.connections.fetch_add(counted, Ordering::AcqRel);
+        if !protected && open >= max {
             shard.node.connections.fetch_sub(1, Ordering::AcqRel);
             shard
                 .metrics()
@@ -761,7 +752,7 @@ async fn accept_loop(
         let slot = match admission.per_ip.admit(ip, max_ip) {
             Ok(slot) => slot,
             Err(open_ip) => {
-                shard.node.connections.fetch_sub(1, Ordering::AcqRel);
+                shard.node.connections.fetch_sub(counted, Ordering::AcqRel);
                 shard
                     .metrics()
                     .refused(crate::metrics::Refusal::MaxConnectionsPerIp);
@@ -778,7 +769,7 @@ async fn accept_loop(
         glommio::spawn_local(async move {
             conn::serve(s.clone(), stream, peer, limits, setup).await;
             drop(slot);
-            s.node.connections.fetch_sub(1, Ordering::AcqRel);
+            s.node.connections.fetch_sub(counted, Ordering::AcqRel);
             s.open_connections.set(s.open_connections.get() - 1);
         })
         .detach();
