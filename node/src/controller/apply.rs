@@ -225,9 +225,9 @@ pub fn write_failed(cmd: &Command, e: MetaError) -> Outcome {
     }
 }
 
-/// Replaces the dynamic broker configs of `name` if they are still `expected`. Every
-/// topic entry is replaced by an equal copy, so that each node's shards check their open
-/// partitions against the broker defaults this may have changed.
+/// Replaces the dynamic broker configs of `name` if they are still `expected`. If a key
+/// topics inherit changed, every topic entry is replaced by an equal copy, so that each
+/// node's shards check their open partitions against the new broker defaults.
 fn alter_broker_configs(
     c: &mut Catalog,
     name: &str,
@@ -250,8 +250,15 @@ fn alter_broker_configs(
     } else {
         c.broker_configs.insert(name.to_string(), configs.clone());
     }
-    for t in c.topics.values_mut() {
-        *t = Arc::new((**t).clone());
+    // Only a change of a key topics inherit makes the shards look again (the key list is
+    // a constant: the outcome stays a function of catalogue and command).
+    let applied = crate::config::keys::DYNAMIC_APPLIED
+        .iter()
+        .any(|(k, _)| current.get(*k) != configs.get(*k));
+    if applied {
+        for t in c.topics.values_mut() {
+            *t = Arc::new((**t).clone());
+        }
     }
     (Outcome::Done(Ok(())), true)
 }

@@ -207,8 +207,8 @@ impl Partition {
     /// under `epoch` (REQUEST_TIMED_OUT if that does not happen within 30 s, e.g. its
     /// append failed), whatever `acks` asks: a resend is told its offsets only once they
     /// cannot be cut. With acks=all the ISR must still have `min.insync.replicas`. If the
-    /// log end moved back meanwhile (an out-of-space rollback keeps the epoch) the
-    /// original may be gone and others' records at its offsets: KAFKA_STORAGE_ERROR
+    /// log end moved back below the original meanwhile (an out-of-space rollback keeps the
+    /// epoch) it is gone and others' records may be at its offsets: KAFKA_STORAGE_ERROR
     /// (retriable; the producer state forgets a rolled-back batch, so a resend after it
     /// is appended). Called right after the check that found the original, before any
     /// other task ran, so the count compared is the one that check saw.
@@ -225,7 +225,9 @@ impl Partition {
             .await_replicated(epoch, last.add(1), DUPLICATE_WAIT)
             .await;
         let error = match waited {
-            _ if self.log.truncations() != truncations => errors::KAFKA_STORAGE_ERROR,
+            // Only a cut below the original's end can have taken it; a rollback of later
+            // appends keeps it, written, and the resend is answered with its offsets.
+            _ if self.log.cut_below_since(truncations, last.add(1)) => errors::KAFKA_STORAGE_ERROR,
             errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND if acks != Acks::All => errors::NONE,
             code => code,
         };

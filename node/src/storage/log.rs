@@ -1109,6 +1109,13 @@ impl Log {
         self.state.borrow().truncations
     }
 
+    /// Whether a cut made since the log had counted `truncations` cuts removed offsets
+    /// below `next` (see [`Log::truncations`]): what a waiter for `next` must know, since
+    /// a cut above them (an out-of-space rollback of later appends) keeps them.
+    pub fn cut_below_since(&self, truncations: u64, next: Offset) -> bool {
+        self.state.borrow().cut_below_since(truncations, next)
+    }
+
     /// Whether the log refuses writes for lack of space right now (it retries after
     /// [`NO_SPACE_RETRY_BACKOFF`]).
     pub fn is_out_of_space(&self) -> bool {
