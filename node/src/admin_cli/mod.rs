@@ -104,16 +104,27 @@ fn nodes(c: &mut Client) -> anyhow::Result<BTreeMap<i32, String>> {
         .collect())
 }
 
+/// A connection to a node at its advertised `addr`; on a single node, the bootstrap
+/// address itself if the advertised one cannot be reached (a node bound to 0.0.0.0
+/// advertises 127.0.0.1, which a remote operator cannot reach).
+fn connect_node(addr: &str, bootstrap: &str, single: bool) -> anyhow::Result<Client> {
+    match Client::connect(addr) {
+        Err(_) if single => Client::connect(bootstrap),
+        other => other,
+    }
+}
+
 /// A connection to `group`'s coordinator, found through `bootstrap`.
 fn coordinator(bootstrap: &str, group: &str) -> anyhow::Result<Client> {
     let mut c = Client::connect(bootstrap)?;
+    let single = nodes(&mut c)?.len() == 1;
     let req = FindCoordinatorRequest::default().with_key(group.to_string().into());
     let resp: FindCoordinatorResponse = c.call(ApiKey::FindCoordinator, 2, &req)?;
     if resp.error_code != 0 {
         bail!("FindCoordinator: {}", kafka_error(resp.error_code));
     }
     let addr = format!("{}:{}", resp.host.as_str(), resp.port);
-    Client::connect(&addr)
+    connect_node(&addr, bootstrap, single)
 }
 
 /// `weir groups list`: one line per group: id, state, protocol type (from every node:
@@ -121,8 +132,9 @@ fn coordinator(bootstrap: &str, group: &str) -> anyhow::Result<Client> {
 pub fn list(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     let mut c = Client::connect(bootstrap)?;
     let mut groups = Vec::new();
-    for addr in nodes(&mut c)?.values() {
-        let mut node = Client::connect(addr)?;
+    let nodes = nodes(&mut c)?;
+    for addr in nodes.values() {
+        let mut node = connect_node(addr, bootstrap, nodes.len() == 1)?;
         let resp: ListGroupsResponse =
             node.call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
         if resp.error_code != 0 {
@@ -333,7 +345,7 @@ fn log_ends<'a>(
     }
     let mut out = BTreeMap::new();
     for (l, keys) in by_leader {
-        let mut node = Client::connect(&addrs[&l])?;
+        let mut node = connect_node(&addrs[&l], bootstrap, addrs.len() == 1)?;
         out.extend(log_ends_at(&mut node, keys.into_iter())?);
     }
     Ok(out)

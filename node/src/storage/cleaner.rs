@@ -620,6 +620,7 @@ impl Log {
                 .map_err(|e| StorageError::io("remove", &cleaned, e))?;
             return Ok(false);
         }
+        keep_modified_time(group, &cleaned);
         self.disk
             .rename(&cleaned, &swap)
             .map_err(|e| StorageError::io("rename", &cleaned, e))?;
@@ -652,6 +653,25 @@ impl Log {
         st.segments.insert(first.base, new);
         st.assert_positions();
         Ok(true)
+    }
+}
+
+/// Gives the cleaned copy the newest last-modified time of the segments it replaces, as
+/// Kafka's cleaner does: time retention ages a segment without timestamps by it, and a
+/// clean must not make such a segment young again. Best effort (a failure only delays
+/// retention; a simulated disk has no such file).
+fn keep_modified_time(group: &[&SegRef], cleaned: &Path) {
+    let newest = group
+        .iter()
+        .filter_map(|old| fs::metadata(&old.path).and_then(|m| m.modified()).ok())
+        .max();
+    if let Some(t) = newest
+        && let Err(e) = fs::File::options()
+            .write(true)
+            .open(cleaned)
+            .and_then(|f| f.set_modified(t))
+    {
+        tracing::debug!(segment = %cleaned.display(), "cleaned segment's modified time: {e}");
     }
 }
 
