@@ -1396,6 +1396,24 @@ fn a_replica_that_becomes_leader_during_its_truncation_leads_from_the_cut() {
         );
         let during = b.produce(batch(None, 2, "during"), Acks::Leader, soon(), NOW_MS);
         assert_eq!(during.await.error, errors::NOT_LEADER_OR_FOLLOWER);
+        // Nor are reads served: a follower of the new leader must not copy (and move the
+        // HW over) records about to be cut.
+        let read = b
+            .fetch_within(
+                Offset(0),
+                ReadFor::Follower(LEADER, wire::BrokerEpoch(1)),
+                LeaderEpoch(2),
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            )
+            .await;
+        assert_eq!(
+            read.error,
+            errors::NOT_LEADER_OR_FOLLOWER,
+            "a read during the cut"
+        );
+        assert!(read.batches.is_empty());
         assert_eq!(cut.await, Ok(Offset(4)), "cut at the batch holding 5");
         assert_eq!(b.log.log_end_offset(), Offset(4));
         assert_eq!(b.replica().epoch_start(), Some(Offset(4)));

@@ -57,6 +57,12 @@ pub struct Partition {
     /// On a leader: when each follower's last fetch was answered with records (its next
     /// fetch closes the turnaround, `weir_follower_fetch_turnaround_seconds`).
     follower_answered: RefCell<BTreeMap<NodeId, std::time::Instant>>,
+    /// A follower's truncation (or restart) is under way: set before its first await, so
+    /// a replica an assignment makes leader meanwhile neither appends nor serves reads
+    /// until the cut is done (Kafka serialises the two with `leaderIsrUpdateLock`).
+    /// Otherwise an acks=1 append could be written and acknowledged, then cut, and
+    /// followers could fetch, and move the HW over, records about to be cut.
+    truncating: Cell<u32>,
     max_message_bytes: Cell<usize>,
     /// The topic's `min.insync.replicas`.
     min_insync: Cell<usize>,
@@ -360,6 +366,7 @@ impl Partition {
             epochs: RefCell::new(epochs),
             appended: Event::default(),
             follower_answered: RefCell::new(BTreeMap::new()),
+            truncating: Cell::new(0),
             last_used: Cell::new(0),
             lost_hw: Cell::new(None),
             created: fresh,
@@ -622,6 +629,7 @@ impl Partition {
         if self.replica.borrow().is_leader() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
+        let _cutting = Cutting::start(&self.truncating);
         let end = self.log.truncate_to(offset).await.map_err(|e| {
             tracing::error!(topic = %self.topic, partition = self.index, "truncation: {e}");
             storage_error_code(&e)
@@ -643,6 +651,7 @@ impl Partition {
         if self.replica.borrow().is_leader() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
+        let _cutting = Cutting::start(&self.truncating);
         self.log.restart_at(offset).await.map_err(|e| {
             tracing::error!(topic = %self.topic, partition = self.index, "restart: {e}");
             storage_error_code(&e)
@@ -655,6 +664,12 @@ impl Partition {
         tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
         self.restart_epoch_if_leading()?;
         self.rebuild_producers().await
+    }
+
+    /// Whether a follower's truncation is under way (see the `truncating` field): a
+    /// leader does not append or serve reads meanwhile.
+    pub fn truncating(&self) -> bool {
+        self.truncating.get() > 0
     }
 
     /// An assignment may make this replica leader while its truncation waits for the
@@ -784,5 +799,23 @@ mod tests {
             reopened.is_empty(),
             "an empty log keeps no epoch at its end"
         );
+    }
+}
+
+/// Marks a partition's truncation as under way for as long as it lives (also when the
+/// truncation's future is dropped mid-way). A count, so overlapping cuts keep the mark
+/// until the last one ends.
+struct Cutting<'a>(&'a Cell<u32>);
+
+impl<'a> Cutting<'a> {
+    fn start(count: &'a Cell<u32>) -> Cutting<'a> {
+        count.set(count.get().saturating_add(1));
+        Cutting(count)
+    }
+}
+
+impl Drop for Cutting<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
     }
 }

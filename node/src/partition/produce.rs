@@ -111,7 +111,7 @@ impl Partition {
     ) -> ProduceOutcome {
         let epoch = {
             let replica = self.replica.borrow();
-            if !replica.is_leader() {
+            if !replica.is_leader() || self.truncating() {
                 return ProduceOutcome::failed(errors::NOT_LEADER_OR_FOLLOWER);
             }
             // Kafka checks before appending: with too few in-sync replicas an acks=all
@@ -344,7 +344,7 @@ impl Partition {
     pub async fn append_coordinator(&self, records: BytesMut, now_ms: i64) -> Result<Offset, i16> {
         let epoch = {
             let replica = self.replica.borrow();
-            if !replica.is_leader() {
+            if !replica.is_leader() || self.truncating() {
                 return Err(errors::NOT_LEADER_OR_FOLLOWER);
             }
             replica.leader_epoch()
@@ -371,7 +371,7 @@ impl Partition {
     pub async fn write_marker(&self, marker: Marker, now_ms: i64) -> i16 {
         let epoch = {
             let replica = self.replica.borrow();
-            if !replica.is_leader() {
+            if !replica.is_leader() || self.truncating() {
                 return errors::NOT_LEADER_OR_FOLLOWER;
             }
             replica.leader_epoch()

@@ -104,7 +104,7 @@ impl Partition {
             replica.check_epoch(current_epoch).map_err(epoch_error)?;
             replica.is_leader()
         };
-        if leads && !self.leads_without_acknowledged() {
+        if leads && !self.truncating() && !self.leads_without_acknowledged() {
             Ok(())
         } else {
             Err(errors::NOT_LEADER_OR_FOLLOWER)
