@@ -749,6 +749,24 @@ pub fn storage_error_code(e: &StorageError) -> i16 {
     }
 }
 
+/// Marks a partition's truncation as under way for as long as it lives (also when the
+/// truncation's future is dropped mid-way). A count, so overlapping cuts keep the mark
+/// until the last one ends.
+struct Cutting<'a>(&'a Cell<u32>);
+
+impl<'a> Cutting<'a> {
+    fn start(count: &'a Cell<u32>) -> Cutting<'a> {
+        count.set(count.get().saturating_add(1));
+        Cutting(count)
+    }
+}
+
+impl Drop for Cutting<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,23 +817,5 @@ mod tests {
             reopened.is_empty(),
             "an empty log keeps no epoch at its end"
         );
-    }
-}
-
-/// Marks a partition's truncation as under way for as long as it lives (also when the
-/// truncation's future is dropped mid-way). A count, so overlapping cuts keep the mark
-/// until the last one ends.
-struct Cutting<'a>(&'a Cell<u32>);
-
-impl<'a> Cutting<'a> {
-    fn start(count: &'a Cell<u32>) -> Cutting<'a> {
-        count.set(count.get().saturating_add(1));
-        Cutting(count)
-    }
-}
-
-impl Drop for Cutting<'_> {
-    fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
     }
 }
