@@ -757,3 +757,37 @@ fn a_truncation_below_the_cleaner_checkpoint_lowers_it() {
         assert_eq!(reopened.cleaner_checkpoint().unwrap(), end, "kept on disk");
     });
 }
+
+/// A cleaned segment keeps the newest modified time of the segments it replaces (Kafka's
+/// cleaner does the same): time retention ages a segment without timestamps by its
+/// file's modified time, and a clean must not make such a segment young again.
+#[test]
+fn a_cleaned_segment_keeps_its_sources_modified_time() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("segment.bytes", "1000")]);
+        let path = root.join("aged-0");
+        let log = Log::open(path.clone(), cfg).await.unwrap();
+        let now = 1_000_000;
+        write(&log, 0, 10, 10, |i| format!("key-{i}"), 40, now).await;
+        log.roll().unwrap();
+        write(&log, 10, 10, 10, |i| format!("key-{}", i - 10), 40, now).await;
+        log.roll().unwrap();
+        write(&log, 20, 1, 1, |_| "other".to_string(), 40, now).await;
+        let first = path.join("00000000000000000000.log");
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&first)
+            .and_then(|f| f.set_modified(old))
+            .unwrap();
+        let stats = log.clean_if_due(now, &budget()).await.unwrap();
+        assert!(stats.segments_swapped > 0, "{stats:?}");
+        let modified = std::fs::metadata(&first)
+            .and_then(|m| m.modified())
+            .unwrap();
+        assert_eq!(modified, old, "the cleaned copy of segment 0 kept its time");
+    });
+}
