@@ -398,22 +398,37 @@ async fn change_cluster_broker(
             configs,
             expected: expected.clone(),
         };
-        match shard.node.controller.submit(&shard.node, cmd).await {
-            Outcome::Done(Err(e)) if e.0 == errors::INVALID_UPDATE_VERSION => last = e,
-            Outcome::Done(done) => {
-                done?;
+        match submit_compared(shard, cmd).await? {
+            Err(stale) => last = stale,
+            Ok(()) => {
                 let shown: Vec<String> = new.iter().map(|(k, v)| keys::shown(k, v)).collect();
                 tracing::info!(broker = name, configs = %shown.join(", "), "dynamic broker configs changed");
-                shard.sync_all().await;
                 return Ok(());
-            }
-            other => {
-                let msg = format!("controller answered {other:?}");
-                return Err((errors::UNKNOWN_SERVER_ERROR, msg));
             }
         }
     }
     Err(last)
+}
+
+/// Submits a compare-and-set config command: `Ok(Ok(()))` once it is applied (and this
+/// node's shards synced), `Ok(Err(stale))` if the set it was computed from changed
+/// meanwhile (compute again), `Err` for any other refusal.
+async fn submit_compared(
+    shard: &Rc<Shard>,
+    cmd: Command,
+) -> Result<Result<(), TopicError>, TopicError> {
+    match shard.node.controller.submit(&shard.node, cmd).await {
+        Outcome::Done(Err(e)) if e.0 == errors::INVALID_UPDATE_VERSION => Ok(Err(e)),
+        Outcome::Done(done) => {
+            done?;
+            shard.sync_all().await;
+            Ok(Ok(()))
+        }
+        other => {
+            let msg = format!("controller answered {other:?}");
+            Err((errors::UNKNOWN_SERVER_ERROR, msg))
+        }
+    }
 }
 
 /// Whether `key` may be set to `value` at runtime.
@@ -422,7 +437,10 @@ fn check_dynamic(key: &str, value: &str) -> Result<(), TopicError> {
     if !storable(key, true) || !storable(value, false) {
         return Err((
             errors::INVALID_CONFIG,
-            format!("{key:?}: a line break, or in a key one of = : # !, cannot be stored"),
+            format!(
+                "{key:?}: a line break, blanks at either end, a trailing backslash, or in a \
+                 key one of = : # !, cannot be stored"
+            ),
         ));
     }
     match keys::dynamic_kind(key) {
@@ -511,17 +529,11 @@ async fn change_topic(
             configs,
             expected: Some(meta.configs.clone()),
         };
-        match shard.node.controller.submit(&shard.node, cmd).await {
-            Outcome::Done(Err(e)) if e.0 == errors::INVALID_UPDATE_VERSION => last = e,
-            Outcome::Done(done) => {
-                done?;
+        match submit_compared(shard, cmd).await? {
+            Err(stale) => last = stale,
+            Ok(()) => {
                 tracing::info!(topic, "topic config changed");
-                shard.sync_all().await;
                 return Ok(());
-            }
-            other => {
-                let msg = format!("controller answered {other:?}");
-                return Err((errors::UNKNOWN_SERVER_ERROR, msg));
             }
         }
     }

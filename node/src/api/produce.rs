@@ -1,6 +1,7 @@
 //! Produce: validate every batch, route each partition's records to its owning shard with
 //! the request's acks and timeout, append there, answer per partition. acks=0 gets no
-//! response (the connection is closed if any partition failed, as in Kafka); acks=1 is answered after the leader's append; acks=all waits on the owner
+//! response (the connection is closed if any partition failed, as in Kafka); acks=1 is
+//! answered after the leader's append; acks=all waits on the owner
 //! until the HW covers the batch (`timeout_ms`, then REQUEST_TIMED_OUT), and is refused
 //! there with NOT_ENOUGH_REPLICAS while the ISR is smaller than `min.insync.replicas`.
 //! Internal topics (`__consumer_offsets`) are refused with INVALID_TOPIC_EXCEPTION, a
@@ -170,6 +171,10 @@ fn plan(shard: &Shard, view: &ProduceRequestView, body: &Bytes, authz: &Authz<'_
 /// nothing of them is appended (as ListOffsets; appending each would store the records
 /// twice, and one request could repeat a partition for every few bytes it carries).
 fn refuse_repeated(parts: &mut [Part]) {
+    // Most requests name one partition: no table to build.
+    if parts.len() < 2 {
+        return;
+    }
     let mut named: HashMap<(Arc<str>, i32), u32> = HashMap::with_capacity(parts.len());
     for p in parts.iter() {
         *named.entry((p.topic.clone(), p.index)).or_default() += 1;
