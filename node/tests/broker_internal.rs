@@ -183,6 +183,7 @@ fn internal_topics_refuse_client_writes_deletes_creates_and_config_changes() {
         leader_epoch: wire::LeaderEpoch::NONE,
         metadata: "forged".into(),
         commit_timestamp_ms: 1,
+        appended_at: wire::Offset::NONE,
     };
     let batch = BatchBuilder {
         records: vec![NewRecord {

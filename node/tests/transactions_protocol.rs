@@ -855,6 +855,54 @@ fn a_transactional_offset_commit_outside_the_transaction_is_refused() {
     );
 }
 
+/// A transaction's offsets, committed, replace only values written before its own
+/// TxnOffsetCommit: a plain OffsetCommit appended while the transaction was open is newer
+/// and stays (Kafka compares where each was appended), live and after a reload.
+#[test]
+fn a_committed_transaction_does_not_overwrite_a_newer_plain_offset_commit() {
+    use common::requests::{commit_offsets, fetch_offsets};
+    let (mut broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[
+            ("transaction.state.log.num.partitions", "2"),
+            ("offsets.topic.num.partitions", "2"),
+        ],
+        &[(TOPIC, 1)],
+    );
+    let add_offsets = |c: &mut Client, group: &str| {
+        let req = AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
+            .with_producer_id(pid.get().into())
+            .with_producer_epoch(epoch.get())
+            .with_group_id(GroupId(s(group)));
+        let resp: AddOffsetsToTxnResponse = c.call(api::ADD_OFFSETS_TO_TXN, 3, &req);
+        assert_eq!(resp.error_code, 0, "AddOffsetsToTxn {group}");
+    };
+    // "newer": the plain commit lands after the transaction's; "older": before it.
+    assert_eq!(commit_offsets(&mut c, "older", TOPIC, &[(0, 3, "")]), [0]);
+    add_offsets(&mut c, "newer");
+    add_offsets(&mut c, "older");
+    assert_eq!(txn_offset_commit(&mut c, pid, epoch, "newer", 5), 0);
+    assert_eq!(txn_offset_commit(&mut c, pid, epoch, "older", 5), 0);
+    assert_eq!(commit_offsets(&mut c, "newer", TOPIC, &[(0, 10, "")]), [0]);
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
+    let committed = |c: &mut Client, group: &str| fetch_offsets(c, group, TOPIC, &[0])[0].0;
+    assert_eq!(
+        committed(&mut c, "newer"),
+        10,
+        "the plain commit after the txn's"
+    );
+    assert_eq!(
+        committed(&mut c, "older"),
+        5,
+        "the txn's over an older plain commit"
+    );
+    broker.restart();
+    let mut c = broker.client();
+    assert_eq!(committed(&mut c, "newer"), 10, "after a reload");
+    assert_eq!(committed(&mut c, "older"), 5, "after a reload");
+}
+
 /// InitProducerId after a finished transaction leaves the id Empty (Kafka's
 /// `prepareIncrementProducerEpoch`), not in the old transaction's Complete* state: it is
 /// described as Empty and an EndTxn with no transaction is INVALID_TXN_STATE.

@@ -470,10 +470,11 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let (per, writes) = offset_writes(&a, s, now);
+        let (per, mut writes) = offset_writes(&a, s, now);
         let writing = self.writing();
-        if let Err(code) = store::write_offsets(part, &a.group, &writes).await {
-            return GroupReply::Codes(codes::NONE, failed_writes(&per, code));
+        match store::write_offsets(part, &a.group, &writes).await {
+            Ok(at) => writes.iter_mut().for_each(|(_, v)| v.appended_at = at),
+            Err(code) => return GroupReply::Codes(codes::NONE, failed_writes(&per, code)),
         }
         let mut groups = self.groups.borrow_mut();
         let g = groups
@@ -504,10 +505,11 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let (per, writes) = offset_writes(&a, s, now);
+        let (per, mut writes) = offset_writes(&a, s, now);
         let writing = self.writing();
-        if let Err(code) = store::write_txn_offsets(part, &a.group, producer, &writes).await {
-            return GroupReply::Codes(codes::NONE, failed_writes(&per, code));
+        match store::write_txn_offsets(part, &a.group, producer, &writes).await {
+            Ok(at) => writes.iter_mut().for_each(|(_, v)| v.appended_at = at),
+            Err(code) => return GroupReply::Codes(codes::NONE, failed_writes(&per, code)),
         }
         let mut pending = self.pending_txn.borrow_mut();
         let held = pending
@@ -982,6 +984,7 @@ fn offset_writes(a: &CommitArgs, s: &Settings, now: i64) -> (Vec<i16>, Vec<Offse
             leader_epoch: c.leader_epoch,
             metadata,
             commit_timestamp_ms: now,
+            appended_at: Offset::NONE,
         };
         writes.push(((c.topic.clone(), c.partition), value));
     }

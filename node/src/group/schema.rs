@@ -61,6 +61,10 @@ pub struct OffsetValue {
     pub leader_epoch: LeaderEpoch,
     pub metadata: String,
     pub commit_timestamp_ms: i64,
+    /// Where in `__consumer_offsets` the batch holding this value starts (not stored in
+    /// the value; `Offset::NONE` until known). A transaction's commit compares it: its
+    /// offsets replace only values written before its own batch (Kafka's `olderThan`).
+    pub appended_at: Offset,
 }
 
 /// One member as stored in a group's metadata.
@@ -267,6 +271,7 @@ pub fn decode_offset_value(buf: &Bytes) -> Result<OffsetValue, SchemaError> {
         leader_epoch,
         metadata,
         commit_timestamp_ms,
+        appended_at: Offset::NONE,
     })
 }
 
@@ -360,6 +365,7 @@ mod tests {
             leader_epoch: LeaderEpoch(3),
             metadata: "m".into(),
             commit_timestamp_ms: 1000,
+            appended_at: Offset::NONE,
         };
         assert_eq!(decode_offset_value(&offset_value(&v)), Ok(v));
     }

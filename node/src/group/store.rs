@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use bytes::Bytes;
 use kafka_protocol::messages::ConsumerProtocolSubscription;
 use kafka_protocol::protocol::Decodable;
+use wire::Offset;
 use wire::batch::{BatchBuilder, NewRecord, batch_records};
 
 use super::codes;
@@ -37,14 +38,15 @@ async fn append(part: &Led, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), 
 /// whole or not at all (a batch is appended, and survives a crash, as a unit; a torn one
 /// is cut off by recovery). A commit larger than one batch may be is refused with
 /// INVALID_COMMIT_OFFSET_SIZE, as Kafka does, and nothing of it is written. Acknowledged
-/// once replicated (acks=all); errors as Kafka maps them for offset commits.
+/// once replicated (acks=all); errors as Kafka maps them for offset commits. Returns
+/// where the batch starts (`Offset::NONE` if there was nothing to write).
 pub async fn write_offsets(
     part: &Led,
     group: &str,
     offsets: &[((String, i32), OffsetValue)],
-) -> Result<(), i16> {
+) -> Result<Offset, i16> {
     if offsets.is_empty() {
-        return Ok(());
+        return Ok(Offset::NONE);
     }
     let records = offsets
         .iter()
@@ -59,21 +61,22 @@ pub async fn write_offsets(
     let batch = build_batch(records, batch_bytes_max(part)).map_err(|c| kind.code(c))?;
     append_contiguous(part, vec![batch])
         .await
-        .map(|_| ())
+        .map(Offset)
         .map_err(|c| kind.code(c))
 }
 
 /// Writes a transactional offset commit (TxnOffsetCommit): one transactional batch with
 /// the producer's id and epoch, applied only when the producer's COMMIT marker follows it
-/// in this partition (live: `Coordinators::complete_txn`; at load: `replay`).
+/// in this partition (live: `Coordinators::complete_txn`; at load: `replay`). Returns
+/// where the batch starts (`Offset::NONE` if there was nothing to write).
 pub async fn write_txn_offsets(
     part: &Led,
     group: &str,
     producer: (wire::ProducerId, wire::ProducerEpoch),
     offsets: &[((String, i32), OffsetValue)],
-) -> Result<(), i16> {
+) -> Result<Offset, i16> {
     if offsets.is_empty() {
-        return Ok(());
+        return Ok(Offset::NONE);
     }
     let records = offsets
         .iter()
@@ -113,7 +116,7 @@ pub async fn write_txn_offsets(
     // Acknowledged once replicated, like every coordinator write (acks=all).
     let end = first.add(count);
     match await_replicated(part, epoch, end).await {
-        codes::NONE => Ok(()),
+        codes::NONE => Ok(first),
         code => Err(kind.code(code)),
     }
 }
@@ -181,14 +184,15 @@ fn replay_batch(
         }
         return Ok(());
     }
+    let at = header.base_offset();
     if header.attributes().is_transactional() {
-        hold_pending(pending, header.producer_id(), records);
+        hold_pending(pending, header.producer_id(), at, records);
         return Ok(());
     }
     for record in records {
         let record = record.map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
         let Some(key) = record.key else { continue };
-        apply(&key, record.value.as_ref(), groups, now);
+        apply(&key, record.value.as_ref(), at, groups, now);
         *applied += 1;
     }
     Ok(())
@@ -198,6 +202,7 @@ fn replay_batch(
 fn hold_pending(
     pending: &mut PendingTxnOffsets,
     producer_id: wire::ProducerId,
+    at: Offset,
     records: wire::batch::RecordIter,
 ) {
     let held = pending.entry(producer_id).or_default();
@@ -211,7 +216,7 @@ fn hold_pending(
                 topic,
                 partition,
             }),
-            Ok(v),
+            Ok(mut v),
         ) = (
             schema::decode_key(&key),
             schema::decode_offset_value(&value),
@@ -219,27 +224,41 @@ fn hold_pending(
         else {
             continue;
         };
+        v.appended_at = at;
         held.push((group, (topic, partition), v));
     }
 }
 
-/// Applies the offset commits of a committed transaction.
+/// Applies the offset commits of a committed transaction. Each replaces only a value
+/// written before the transaction's own batch: a plain OffsetCommit appended while the
+/// transaction was open is newer and stays (Kafka's `completePendingTxnOffsetCommit`).
 pub fn apply_committed(
     groups: &mut HashMap<String, Group>,
     done: Vec<(String, (String, i32), OffsetValue)>,
     now: i64,
 ) {
     for (group, key, value) in done {
-        groups
+        let offsets = &mut groups
             .entry(group.clone())
             .or_insert_with(|| Group::new(&group, now))
-            .offsets
-            .insert(key, value);
+            .offsets;
+        let newer = offsets
+            .get(&key)
+            .is_some_and(|held| held.appended_at > value.appended_at);
+        if !newer {
+            offsets.insert(key, value);
+        }
     }
 }
 
 /// Applies one stored record: the latest value per key wins; a tombstone deletes.
-fn apply(key: &Bytes, value: Option<&Bytes>, groups: &mut HashMap<String, Group>, now: i64) {
+fn apply(
+    key: &Bytes,
+    value: Option<&Bytes>,
+    at: Offset,
+    groups: &mut HashMap<String, Group>,
+    now: i64,
+) {
     let key = match schema::decode_key(key) {
         Ok(k) => k,
         Err(e) => {
@@ -260,7 +279,8 @@ fn apply(key: &Bytes, value: Option<&Bytes>, groups: &mut HashMap<String, Group>
                 None => {
                     g.offsets.remove(&(topic, partition));
                 }
-                Some(Ok(v)) => {
+                Some(Ok(mut v)) => {
+                    v.appended_at = at;
                     g.offsets.insert((topic, partition), v);
                 }
                 Some(Err(e)) => tracing::warn!(group, "skipping unreadable offset value: {e}"),
@@ -333,6 +353,7 @@ mod tests {
             leader_epoch: wire::LeaderEpoch::NONE,
             metadata: String::new(),
             commit_timestamp_ms: commit_ms,
+            appended_at: Offset::NONE,
         }
     }
 
@@ -398,14 +419,21 @@ mod tests {
         apply(
             &key,
             Some(&schema::offset_value(&offset(1))),
+            Offset(1),
             &mut groups,
             0,
         );
         let mut later = offset(2);
         later.offset = Offset(7);
-        apply(&key, Some(&schema::offset_value(&later)), &mut groups, 0);
+        apply(
+            &key,
+            Some(&schema::offset_value(&later)),
+            Offset(2),
+            &mut groups,
+            0,
+        );
         assert_eq!(groups["g"].offsets[&("t".to_string(), 0)].offset, Offset(7));
-        apply(&key, None, &mut groups, 0);
+        apply(&key, None, Offset(2), &mut groups, 0);
         assert!(groups["g"].offsets.is_empty());
         let gv = GroupValue {
             protocol_type: "consumer".into(),
@@ -415,12 +443,19 @@ mod tests {
         apply(
             &schema::group_key("g"),
             Some(&schema::group_value(&gv)),
+            Offset(1),
             &mut groups,
             0,
         );
         assert_eq!(groups["g"].generation, 4);
-        apply(&schema::group_key("g"), None, &mut groups, 0);
+        apply(&schema::group_key("g"), None, Offset(2), &mut groups, 0);
         assert!(!groups.contains_key("g"));
-        apply(&Bytes::from_static(b"\x00"), None, &mut groups, 0);
+        apply(
+            &Bytes::from_static(b"\x00"),
+            None,
+            Offset(2),
+            &mut groups,
+            0,
+        );
     }
 }
