@@ -128,6 +128,15 @@ fn the_metrics_endpoint_counts_requests_and_topic_traffic_over_both_shards() {
     assert!(text.contains("# TYPE weir_request_duration_seconds histogram"));
     assert!(text.contains(r#"weir_partitions_open{shard="1"}"#));
     assert!(scrape(&addr, "/other").starts_with("HTTP/1.1 404"));
+
+    // A deleted topic's counters leave the scrape on both shards.
+    let req = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(s("metered"))])
+        .with_timeout_ms(30_000);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 4, &req);
+    assert_eq!(resp.responses[0].error_code, 0, "DeleteTopics");
+    let gone = |t: &str| !t.contains(r#"{topic="metered"}"#);
+    scrape_until(&broker, &addr, &[("metered's series gone", &gone)]);
 }
 
 #[test]

@@ -385,6 +385,16 @@ impl ShardMetrics {
         Some(c)
     }
 
+    /// Drops the counters of a deleted `topic` on this shard (call on the shard's own
+    /// thread): a deleted topic leaves the scrape, and its slot under [`TOPICS_MAX`]
+    /// goes back for new names.
+    pub fn forget_topic(&self, topic: &str) {
+        TOPICS.with(|t| t.borrow_mut().remove(topic));
+        if let Ok(mut registry) = self.topics.lock() {
+            registry.remove(topic);
+        }
+    }
+
     /// Adds a produce's appended bytes and records to `topic`.
     pub fn produced(&self, topic: &str, bytes: u64, records: u64) {
         if let Some(c) = self.topic(topic) {

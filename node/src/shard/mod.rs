@@ -500,6 +500,7 @@ impl Shard {
             let gone = catalog.topics.get(name).is_none_or(|t| t.id != old.id);
             if gone {
                 self.node.hw_checkpoint.remove_topic(name);
+                self.metrics().forget_topic(name);
                 self.remove_unopened(name, old.partitions).await;
             }
         }
