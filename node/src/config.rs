@@ -52,7 +52,7 @@ pub const QUEUED_MAX_REQUEST_BYTES_DEFAULT: u64 = 512 << 20;
 /// longer to arrive is one nobody waits for any more.
 pub const REQUEST_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Kafka's default `connections.max.idle.ms` (10 minutes).
-pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: u64 = 600_000;
+pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: i64 = 600_000;
 /// Default `max.connections.per.ip`. Kafka's is unbounded (i32::MAX), which lets one client
 /// take every `max.connections` slot; a tenth of the default `max.connections` still
 /// leaves room for many clients behind one NAT address.
@@ -320,8 +320,8 @@ pub struct Config {
     /// `request.read.timeout.ms` (weir): deadline to finish a frame once it started.
     pub request_read_timeout_ms: u64,
     /// `connections.max.idle.ms`: a connection with nothing read or in flight this long is
-    /// closed.
-    pub connections_max_idle_ms: u64,
+    /// closed; negative (Kafka's -1): never ([`Config::connection_idle`]).
+    pub connections_max_idle_ms: i64,
     /// `max.connections.per.ip` and its `max.connections.per.ip.overrides`.
     pub max_connections_per_ip: u64,
     pub max_connections_per_ip_overrides: BTreeMap<IpAddr, u64>,
@@ -432,6 +432,14 @@ pub struct CliOverrides {
 }
 
 impl Config {
+    /// `connections.max.idle.ms` as a duration; `None` when negative: idle connections
+    /// are never closed (Kafka's Selector skips its idle expiry then).
+    pub fn connection_idle(&self) -> Option<std::time::Duration> {
+        u64::try_from(self.connections_max_idle_ms)
+            .ok()
+            .map(std::time::Duration::from_millis)
+    }
+
     /// Resolves the final configuration: file, then `--set`, then dedicated flags.
     pub fn resolve(props: Properties, cli: &CliOverrides) -> Result<Config, ConfigError> {
         let data_dir = match (&cli.data_dir, props.first(&["log.dirs", "log.dir"])) {
@@ -663,7 +671,11 @@ impl Config {
             return Err(value_err("request.read.timeout.ms", "0", "must be > 0"));
         }
         if self.connections_max_idle_ms == 0 {
-            return Err(value_err("connections.max.idle.ms", "0", "must be > 0"));
+            return Err(value_err(
+                "connections.max.idle.ms",
+                "0",
+                "must be > 0, or -1 for never",
+            ));
         }
         Ok(())
     }
@@ -1040,6 +1052,22 @@ mod tests {
         let c = Config::resolve(Properties::default(), &CliOverrides::default()).unwrap();
         assert_eq!(c.queued_max_request_bytes, QUEUED_MAX_REQUEST_BYTES_DEFAULT);
         assert_eq!(c.connections_max_idle_ms, CONNECTIONS_MAX_IDLE_MS_DEFAULT);
+        assert_eq!(
+            c.connection_idle(),
+            Some(std::time::Duration::from_secs(600))
+        );
+        let idle = |v: &str| {
+            let mut p = Properties::default();
+            p.set("connections.max.idle.ms", v);
+            Config::resolve(p, &CliOverrides::default())
+        };
+        let never = idle("-1").unwrap();
+        assert_eq!(
+            never.connection_idle(),
+            None,
+            "-1: never closed for idleness"
+        );
+        assert!(idle("0").is_err());
         assert_eq!(c.request_read_timeout_ms, REQUEST_READ_TIMEOUT_MS_DEFAULT);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         assert_eq!(c.max_connections_for(ip), MAX_CONNECTIONS_PER_IP_DEFAULT);

@@ -113,16 +113,28 @@ pub struct ReadLimits {
     /// `request.read.timeout.ms`: a started frame must be complete this long after its
     /// first byte (a large one: after its budget was granted).
     frame_timeout: Duration,
-    /// `connections.max.idle.ms`: nothing read and nothing in flight this long closes it.
+    /// `connections.max.idle.ms`: nothing read and nothing in flight this long closes it
+    /// ([`IDLE_NEVER`] for -1).
     idle_timeout: Duration,
+    /// A response the client does not read closes the connection after this long
+    /// (`connections.max.idle.ms`; with -1 its default still applies: an unread response
+    /// holds fetch budget other clients wait for).
+    write_stall: Duration,
 }
+
+/// The idle timeout of `connections.max.idle.ms=-1`: longer than any node runs, short
+/// enough that deadlines computed from it cannot overflow an `Instant`.
+const IDLE_NEVER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 impl ReadLimits {
     pub fn new(config: &Config, budget: Rc<RequestBudget>) -> ReadLimits {
         ReadLimits {
             budget,
             frame_timeout: Duration::from_millis(config.request_read_timeout_ms),
-            idle_timeout: Duration::from_millis(config.connections_max_idle_ms),
+            idle_timeout: config.connection_idle().unwrap_or(IDLE_NEVER),
+            write_stall: config.connection_idle().unwrap_or(Duration::from_millis(
+                crate::config::CONNECTIONS_MAX_IDLE_MS_DEFAULT.unsigned_abs(),
+            )),
         }
     }
 }
@@ -465,7 +477,7 @@ pub async fn serve(
     let half = Half(Rc::new(RefCell::new(stream)));
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
-    let write_stall = limits.idle_timeout;
+    let write_stall = limits.write_stall;
     let writer = glommio::spawn_local(write_responses(
         half.clone(),
         rx,
@@ -849,6 +861,7 @@ mod tests {
                     budget: RequestBudget::new(1 << 30, 1),
                     frame_timeout: Duration::from_secs(30),
                     idle_timeout: Duration::from_secs(60),
+                    write_stall: Duration::from_secs(60),
                 },
                 activity: Rc::new(Activity {
                     last: Cell::new(Instant::now()),
