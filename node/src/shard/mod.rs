@@ -286,22 +286,22 @@ impl Shard {
         overrides: &BTreeMap<String, String>,
         lead_epoch: Option<wire::LeaderEpoch>,
     ) -> Result<(), i16> {
+        if self.partitions.borrow().contains_key(tp) {
+            return Ok(());
+        }
         let waiting = self.opening.borrow().get(tp).cloned();
         if let Some(ev) = waiting {
             ev.listen().await;
             return Ok(());
         }
+        // Registered before the first await (closing idle logs waits): a request for
+        // this partition arriving meanwhile waits for this open instead of opening the
+        // same directory a second time.
+        let ev = Rc::new(Event::default());
+        self.opening.borrow_mut().insert(tp.clone(), ev.clone());
         if self.partitions.borrow().len() >= self.open_max {
             self.close_idle().await;
         }
-        // Closing idle logs waited: another request may have started opening this one.
-        let opened_meanwhile = self.opening.borrow().get(tp).cloned();
-        if let Some(ev) = opened_meanwhile {
-            ev.listen().await;
-            return Ok(());
-        }
-        let ev = Rc::new(Event::default());
-        self.opening.borrow_mut().insert(tp.clone(), ev.clone());
         let configs = self.topic_configs(overrides);
         let data_dir = self.config().data_dir.clone();
         let local = self.node_id();
@@ -581,5 +581,118 @@ impl Shard {
         for p in self.partitions.borrow().values() {
             p.appended.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CliOverrides, Properties};
+    use crate::metadata::TopicMeta;
+    use std::path::Path;
+
+    /// Partitions each test topic has: more than a shard keeps open at the least.
+    const TEST_PARTITIONS: i32 = 4 * OPEN_PER_SHARD_MIN as i32;
+    /// Partitions a test opens at once, past the shard's budget.
+    const OVER_BUDGET: i32 = 3 * OPEN_PER_SHARD_MIN as i32;
+    /// Most executor turns a test waits for a condition before it gives up.
+    const TURNS_MAX: usize = 10_000;
+
+    /// A one-shard node on `data`, keeping the fewest logs open a shard may.
+    fn test_shard(data: &Path) -> Rc<Shard> {
+        let mut props = Properties::default();
+        props.set("log.dirs", &data.display().to_string());
+        props.set("weir.shards", "1");
+        props.set("max.open.partitions", "1");
+        let config = Config::resolve(props, &CliOverrides::default()).expect("config");
+        let node = Arc::new(NodeShared {
+            hw_checkpoint: crate::storage::hw_checkpoint::HwCheckpoint::empty(data),
+            meta: MetaStore::in_memory(data),
+            config,
+            connections: AtomicUsize::new(0),
+            drained: AtomicUsize::new(0),
+            metrics: Arc::new(crate::metrics::NodeMetrics::new(1)),
+            cluster_id: "test".into(),
+            controller: crate::controller::Controller::local(),
+        });
+        Rc::new(Shard::new(
+            ShardId(0),
+            node,
+            None,
+            None,
+            ("127.0.0.1".into(), 9092),
+        ))
+    }
+
+    /// Creates (or recreates, under a new id) topic `name`; returns its id.
+    fn create_topic(shard: &Shard, name: &str) -> u128 {
+        let id = crate::metadata::new_topic_id();
+        let configs = [("segment.bytes", "1048576"), ("preallocate", "false")]
+            .map(|(k, v)| (k.to_string(), v.to_string()));
+        let topic = TopicMeta {
+            name: name.into(),
+            id,
+            partitions: TEST_PARTITIONS,
+            configs: configs.into_iter().collect(),
+            assignment: Vec::new(),
+        };
+        let created = shard.node.meta.update(|c| {
+            c.topics.insert(name.into(), Arc::new(topic));
+            Ok(())
+        });
+        created.expect("catalogue update");
+        id
+    }
+
+    /// Yields until `ready` holds, at most [`TURNS_MAX`] times; whether it held.
+    async fn turns_until(ready: impl Fn() -> bool) -> bool {
+        for _ in 0..TURNS_MAX {
+            if ready() {
+                return true;
+            }
+            glommio::executor().yield_now().await;
+        }
+        ready()
+    }
+
+    /// A request that has to close idle logs before it opens a partition (the shard is at
+    /// its budget) and a request for the same partition arriving meanwhile open it once:
+    /// both get the same log, the one in the map. Before, the second opened it while the
+    /// first was closing logs, and the first then opened the same directory again.
+    #[test]
+    fn a_partition_opened_while_idle_logs_close_is_opened_once() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (same, in_map, evicting_seen) = crate::storage::testing::run_on_shard(move || {
+            async move {
+                let shard = test_shard(&data);
+                create_topic(&shard, "t");
+                let tp = |i: i32| -> TopicPartition { (Arc::from("t"), i) };
+                // Opened together, far past the budget (each skips the eviction another
+                // runs), so that the first request below has many logs to close.
+                let opens = (0..OVER_BUDGET).map(|i| {
+                    let (shard, tp) = (shard.clone(), tp(i));
+                    Box::pin(async move { shard.partition(&tp).await.map(|_| ()) })
+                });
+                let opened = join_all(opens.collect()).await;
+                assert!(opened.iter().all(Result::is_ok), "opened");
+                let target = tp(TEST_PARTITIONS - 1);
+                let first = glommio::spawn_local({
+                    let (shard, target) = (shard.clone(), target.clone());
+                    async move { shard.partition(&target).await }
+                });
+                let evicting_seen = turns_until(|| shard.evicting.get()).await;
+                let second = shard.partition(&target).await.expect("second open");
+                let first = first.await.expect("first open");
+                let in_map = shard.partitions.borrow().get(&target).cloned();
+                let same = Rc::ptr_eq(&first, &second);
+                let in_map = in_map.is_some_and(|p| Rc::ptr_eq(&p, &second));
+                shard.close_all().await;
+                (same, in_map, evicting_seen)
+            }
+        });
+        assert!(evicting_seen, "the first request closed idle logs");
+        assert!(same, "both requests got the same log");
+        assert!(in_map, "the log they got is the open one");
     }
 }
