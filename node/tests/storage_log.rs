@@ -753,3 +753,24 @@ fn an_append_spanning_more_offsets_than_a_segment_indexes_is_refused() {
         log.close().await.unwrap();
     });
 }
+
+/// Deleting a log that was already closed leaves its directory alone: by then it may be
+/// another log's (the same partition reopened, or a new topic's of the same name).
+#[test]
+fn deleting_a_closed_log_leaves_its_directory_to_the_next_log() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let pdir = root.join("t-0");
+        let closed = Log::open(pdir.clone(), config(&[])).await.unwrap();
+        closed.append(batch(1, 1), LeaderEpoch(0), 0).await.unwrap();
+        closed.close().await.unwrap();
+        let next = Log::open(pdir.clone(), config(&[])).await.unwrap();
+        closed.delete().await.unwrap();
+        assert!(pdir.exists(), "the next log's directory is kept");
+        let info = next.append(batch(2, 1), LeaderEpoch(0), 0).await.unwrap();
+        assert_eq!(info.first_offset, Offset(1));
+        next.close().await.unwrap();
+    });
+}

@@ -98,6 +98,9 @@ pub struct Shard {
     arrivals: RefCell<HashMap<TopicPartition, Rc<arrivals::ArrivalQueue>>>,
     /// The catalogue the last sync applied (to find topics deleted since).
     synced: RefCell<Arc<Catalog>>,
+    /// The version of `synced`: while the catalogue has not moved past it, every open
+    /// partition is the catalogue's (see [`Shard::opened`]).
+    synced_version: Cell<u64>,
     /// Partition logs this shard keeps open (its share of `max.open.partitions`).
     open_max: usize,
     /// Counts partition uses: the idle logs closed first are those used longest ago.
@@ -123,6 +126,23 @@ pub struct Shard {
     pub coordinator_roles: Event,
 }
 
+/// Whether partition directory `dir` may hold topic `topic_id`'s log: its
+/// `partition.metadata` names that id, or none (a directory from before topic ids, or
+/// none at all).
+fn dir_of_topic(dir: &std::path::Path, topic_id: u128) -> bool {
+    let path = dir.join(crate::partition::PARTITION_METADATA_FILE);
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return true;
+    };
+    let id_of = |text: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("topic_id:"))
+            .map(|id| id.trim().to_string())
+    };
+    let wanted = id_of(&crate::partition::partition_metadata_text(topic_id));
+    id_of(&text).is_none_or(|id| Some(id) == wanted)
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -146,6 +166,7 @@ impl Shard {
             / router.shards().max(1);
         let open_max = open_max.max(OPEN_PER_SHARD_MIN);
         let synced = RefCell::new(catalog.1.clone());
+        let synced_version = Cell::new(catalog.0);
         Shard {
             id,
             node,
@@ -160,6 +181,7 @@ impl Shard {
             opening: RefCell::new(HashMap::new()),
             arrivals: RefCell::new(HashMap::new()),
             synced,
+            synced_version,
             open_max,
             use_clock: Cell::new(0),
             evicting: Cell::new(false),
@@ -260,23 +282,54 @@ impl Shard {
             if !replicas::hosted_here(meta, tp.1, self.node_id()) {
                 return Err(errors::NOT_LEADER_OR_FOLLOWER);
             }
+            // Open under a deleted topic's id: the sync that deletes it has not run yet,
+            // and its directory is not free for the new topic until then.
+            if self.partitions.borrow().contains_key(tp) {
+                return Err(errors::NOT_LEADER_OR_FOLLOWER);
+            }
             let lead_epoch = replicas::lead_epoch_here(meta, tp.1, self.node_id());
             let meta = meta.clone();
             self.open_partition(tp, meta.id, &meta.configs, lead_epoch)
                 .await?;
         }
-        self.partitions
-            .borrow()
-            .get(tp)
-            .cloned()
-            .ok_or(errors::UNKNOWN_TOPIC_OR_PARTITION)
+        self.opened(tp).ok_or(errors::UNKNOWN_TOPIC_OR_PARTITION)
     }
 
-    /// `tp` if it is open here (marked as used), without waiting.
+    /// `tp` if it is open here and is the catalogue's (marked as used), without waiting.
     fn opened(&self, tp: &TopicPartition) -> Option<Rc<Partition>> {
         let p = self.partitions.borrow().get(tp).cloned()?;
+        if !self.is_current(tp, &p) {
+            return None;
+        }
         self.touch(&p);
         Some(p)
+    }
+
+    /// Whether open `p` is the catalogue's partition `tp`, not one of a topic deleted
+    /// (maybe created again under the same name) since the last sync. Until the
+    /// catalogue moves past that sync, every open partition is: the sync removed the
+    /// others, and an open keeps its log only if its topic is still there.
+    fn is_current(&self, tp: &TopicPartition, p: &Partition) -> bool {
+        self.node.meta.version() == self.synced_version.get() || self.in_catalog(tp, p)
+    }
+
+    /// Whether the newest catalogue has `p`'s topic, under its id, and partition `tp`.
+    fn in_catalog(&self, tp: &TopicPartition, p: &Partition) -> bool {
+        self.catalog()
+            .topics
+            .get(&*tp.0)
+            .is_some_and(|t| t.id == p.topic_id && tp.1 < t.partitions)
+    }
+
+    /// Ends `ev`, the open, close or delete of `tp`: its entry goes (unless another has
+    /// replaced it) and its waiters wake.
+    fn opening_done(&self, tp: &TopicPartition, ev: &Rc<Event>) {
+        let mut opening = self.opening.borrow_mut();
+        if opening.get(tp).is_some_and(|e| Rc::ptr_eq(e, ev)) {
+            opening.remove(tp);
+        }
+        drop(opening);
+        ev.notify_all();
     }
 
     async fn open_partition(
@@ -312,8 +365,18 @@ impl Shard {
         let (topic, index) = (tp.0.clone(), tp.1);
         let opened = Partition::open_on(&data_dir, local, topic, index, topic_id, configs, with);
         let opened = opened.await;
-        self.opening.borrow_mut().remove(tp);
-        ev.notify_all();
+        // The topic was deleted while its log opened: the sync that deleted it found
+        // neither a log to delete nor a free directory. Deleted here, still marked busy.
+        if let Ok(p) = &opened
+            && !self.in_catalog(tp, p)
+        {
+            if let Err(e) = p.log.delete().await {
+                tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
+            }
+            self.opening_done(tp, &ev);
+            return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
+        }
+        self.opening_done(tp, &ev);
         match opened {
             Ok(p) => {
                 let p = Rc::new(p);
@@ -443,8 +506,7 @@ impl Shard {
             Ok(()) => p.producers.close(&p.log),
             Err(e) => tracing::error!(topic = %tp.0, partition = tp.1, "close failed: {e}"),
         }
-        self.opening.borrow_mut().remove(tp);
-        ev.notify_all();
+        self.opening_done(tp, &ev);
     }
 
     /// Brings this shard in line with the catalogue: closes and deletes open partitions
@@ -454,7 +516,10 @@ impl Shard {
     /// so creating or restarting with 100,000 partitions opens none of them.
     pub async fn sync_partitions(&self) {
         let catalog = self.catalog();
+        // Read after the snapshot: never newer than it (a write publishes, then counts).
+        let version = self.catalog.borrow().0;
         let previous = self.synced.replace(catalog.clone());
+        self.synced_version.set(version);
         let mut stale = Vec::new();
         for (tp, p) in self.partitions.borrow().iter() {
             match catalog.topics.get(&*tp.0) {
@@ -477,39 +542,69 @@ impl Shard {
                 _ => stale.push((tp.clone(), p.clone())),
             }
         }
-        for (tp, p) in stale {
-            self.partitions.borrow_mut().remove(&tp);
-            // Its fetcher would ask for the deleted topic's id forever, holding the log.
-            self.unfollow(&tp);
-            p.appended.notify_all();
-            // While the directory is deleted, `partition` waits instead of opening it for
-            // a new topic of the same name: the delete would remove the new directory.
-            let busy = self.opening.borrow().get(&tp).cloned();
-            if let Some(ev) = busy {
-                ev.listen().await;
-            }
-            let ev = Rc::new(Event::default());
-            self.opening.borrow_mut().insert(tp.clone(), ev.clone());
+        // Every stale log leaves the map, and is marked busy, before the first await: a
+        // topic created again under the same name meanwhile (another sync runs then)
+        // must neither be served by the old log nor lose its own to this delete.
+        let deleting: Vec<_> = stale
+            .into_iter()
+            .map(|(tp, p)| {
+                let ev = self.retire_open(&tp, &p);
+                (tp, p, ev)
+            })
+            .collect();
+        for (tp, p, ev) in deleting {
+            let Some(ev) = ev else {
+                continue;
+            };
             if let Err(e) = p.log.delete().await {
                 tracing::warn!(topic = %tp.0, partition = tp.1, "deleting partition: {e}");
             }
-            self.opening.borrow_mut().remove(&tp);
-            ev.notify_all();
+            self.opening_done(&tp, &ev);
         }
         for (name, old) in previous.topics.iter() {
             let gone = catalog.topics.get(name).is_none_or(|t| t.id != old.id);
             if gone {
                 self.node.hw_checkpoint.remove_topic(name);
                 self.metrics().forget_topic(name);
-                self.remove_unopened(name, old.partitions).await;
+                self.remove_unopened(name, old.id, old.partitions).await;
             }
         }
         self.apply_assignments().await;
     }
 
+    /// Takes `p`, open as `tp` but no longer in the catalogue, out of use at once: out of
+    /// the map, not followed, offline (an acks=all produce waiting on it answers now, not
+    /// at its timeout), and marked busy so that `tp` is not opened again until its
+    /// directory is deleted. Returns that mark; `None` if `tp` was already busy, which
+    /// an open log never is (its directory then goes with the topic's unopened ones).
+    fn retire_open(&self, tp: &TopicPartition, p: &Rc<Partition>) -> Option<Rc<Event>> {
+        self.partitions.borrow_mut().remove(tp);
+        // Its fetcher would ask for the deleted topic's id forever, holding the log.
+        self.unfollow(tp);
+        p.update_replica(|r| {
+            let offline = crate::partition::replica::Assignment {
+                replicas: Vec::new(),
+                leader: None,
+                leader_epoch: r.leader_epoch(),
+                isr: Vec::new(),
+                partition_epoch: r.partition_epoch(),
+            };
+            r.apply(&offline, now_ms());
+        });
+        if self.opening.borrow().contains_key(tp) {
+            tracing::warn!(topic = %tp.0, partition = tp.1, "a deleted partition's log is open and busy: its directory goes with the unopened ones");
+            return None;
+        }
+        let ev = Rc::new(Event::default());
+        self.opening.borrow_mut().insert(tp.clone(), ev.clone());
+        Some(ev)
+    }
+
     /// Removes the directories of a deleted topic's partitions that this shard owns and
-    /// has not open (an open one was deleted through its log).
-    async fn remove_unopened(&self, name: &str, partitions: i32) {
+    /// has not open (an open one was deleted through its log). A directory whose
+    /// `partition.metadata` names another topic id is a newer topic's of the same name
+    /// (created, opened and closed again while this ran): kept.
+    async fn remove_unopened(&self, name: &str, topic_id: u128, partitions: i32) {
         let topic: Arc<str> = Arc::from(name);
         let data_dir = self.config().data_dir.clone();
         for index in 0..partitions {
@@ -530,6 +625,9 @@ impl Shard {
                 continue;
             }
             let dir = crate::partition::partition_dir(&data_dir, name, index);
+            if !dir_of_topic(&dir, topic_id) {
+                continue;
+            }
             match crate::storage::reclaim::retire_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -585,21 +683,21 @@ impl Shard {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::{CliOverrides, Properties};
     use crate::metadata::TopicMeta;
     use std::path::Path;
 
     /// Partitions each test topic has: more than a shard keeps open at the least.
-    const TEST_PARTITIONS: i32 = 4 * OPEN_PER_SHARD_MIN as i32;
+    pub(super) const TEST_PARTITIONS: i32 = 4 * OPEN_PER_SHARD_MIN as i32;
     /// Partitions a test opens at once, past the shard's budget.
-    const OVER_BUDGET: i32 = 3 * OPEN_PER_SHARD_MIN as i32;
+    pub(super) const OVER_BUDGET: i32 = 3 * OPEN_PER_SHARD_MIN as i32;
     /// Most executor turns a test waits for a condition before it gives up.
-    const TURNS_MAX: usize = 10_000;
+    pub(super) const TURNS_MAX: usize = 10_000;
 
     /// A one-shard node on `data`, keeping the fewest logs open a shard may.
-    fn test_shard(data: &Path) -> Rc<Shard> {
+    pub(super) fn test_shard(data: &Path) -> Rc<Shard> {
         let mut props = Properties::default();
         props.set("log.dirs", &data.display().to_string());
         props.set("weir.shards", "1");
@@ -625,7 +723,7 @@ mod tests {
     }
 
     /// Creates (or recreates, under a new id) topic `name`; returns its id.
-    fn create_topic(shard: &Shard, name: &str) -> u128 {
+    pub(super) fn create_topic(shard: &Shard, name: &str) -> u128 {
         let id = crate::metadata::new_topic_id();
         let configs = [("segment.bytes", "1048576"), ("preallocate", "false")]
             .map(|(k, v)| (k.to_string(), v.to_string()));
@@ -644,16 +742,43 @@ mod tests {
         id
     }
 
-    /// Yields until `ready` holds, at most [`TURNS_MAX`] times; whether it held.
-    async fn turns_until(ready: impl Fn() -> bool) -> bool {
-        for _ in 0..TURNS_MAX {
+    /// Waits until `ready` holds, at most [`TURNS_MAX`] turns (the first ones yields,
+    /// so that a state seen at once is not missed; then 1 ms sleeps, for I/O); whether
+    /// it held.
+    pub(super) async fn turns_until(ready: impl Fn() -> bool) -> bool {
+        for turn in 0..TURNS_MAX {
             if ready() {
                 return true;
             }
-            glommio::executor().yield_now().await;
+            if turn < TURNS_MAX / 2 {
+                glommio::executor().yield_now().await;
+            } else {
+                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            }
         }
         ready()
     }
+
+    pub(super) fn delete_topic(shard: &Shard, name: &str) {
+        let deleted = shard.node.meta.update(|c| {
+            c.topics.remove(name);
+            Ok(())
+        });
+        deleted.expect("catalogue update");
+    }
+
+    pub(super) fn tp(i: i32) -> TopicPartition {
+        (Arc::from("t"), i)
+    }
+
+    /// Whether `tp` has a directory, naming topic `topic_id` (or no id).
+    pub(super) fn dir_names(shard: &Shard, tp: &TopicPartition, topic_id: u128) -> bool {
+        let dir = crate::partition::partition_dir(&shard.config().data_dir, &tp.0, tp.1);
+        dir.exists() && dir_of_topic(&dir, topic_id)
+    }
+
+    /// Partitions of `t` the topic-recreation tests open.
+    pub(super) const RECREATED: i32 = 16;
 
     /// A request that has to close idle logs before it opens a partition (the shard is at
     /// its budget) and a request for the same partition arriving meanwhile open it once:
@@ -667,7 +792,6 @@ mod tests {
             async move {
                 let shard = test_shard(&data);
                 create_topic(&shard, "t");
-                let tp = |i: i32| -> TopicPartition { (Arc::from("t"), i) };
                 // Opened together, far past the budget (each skips the eviction another
                 // runs), so that the first request below has many logs to close.
                 let opens = (0..OVER_BUDGET).map(|i| {
@@ -694,5 +818,172 @@ mod tests {
         assert!(evicting_seen, "the first request closed idle logs");
         assert!(same, "both requests got the same log");
         assert!(in_map, "the log they got is the open one");
+    }
+}
+
+#[cfg(test)]
+mod deletion_tests {
+    use super::tests::*;
+    use super::*;
+
+    /// A topic deleted and created again under the same name while the first sync still
+    /// deletes the old logs: from the create on, every partition is the new topic's (none
+    /// served by an old log about to be deleted), and the old sync leaves the new logs
+    /// and their directories alone.
+    #[test]
+    fn a_topic_created_again_while_its_old_logs_are_deleted_gets_new_logs() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (ids, kept, dirs, expected) = crate::storage::testing::run_on_shard(move || {
+            async move {
+                let shard = test_shard(&data);
+                create_topic(&shard, "t");
+                shard.sync_partitions().await;
+                // Appends still being written when the topic goes: each delete waits for
+                // its log's write, so the first sync is still deleting when it is created
+                // again.
+                let mut appends = Vec::new();
+                for i in 0..RECREATED {
+                    let p = shard.partition(&tp(i)).await.expect("open");
+                    appends.push(glommio::spawn_local(async move {
+                        let records = crate::storage::testing::build_batch(0, &[b"old"]);
+                        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+                        let acks = crate::partition::Acks::Leader;
+                        p.produce(records, acks, deadline, now_ms()).await.error
+                    }));
+                }
+                delete_topic(&shard, "t");
+                let first_sync = glommio::spawn_local({
+                    let shard = shard.clone();
+                    async move { shard.sync_partitions().await }
+                });
+                let deleting = turns_until(|| !shard.opening.borrow().is_empty()).await;
+                assert!(deleting, "the first sync deletes logs");
+                let id = create_topic(&shard, "t");
+                // Those the first sync has not reached first (as produces for them):
+                // each request that waits for a delete lets the sync go on meanwhile.
+                let mut order: Vec<i32> = (0..RECREATED).collect();
+                order.sort_by_key(|i| !shard.partitions.borrow().contains_key(&tp(*i)));
+                let mut got = vec![Err(errors::NONE); RECREATED as usize];
+                for i in order {
+                    got[i as usize] = shard.partition(&tp(i)).await;
+                }
+                first_sync.await;
+                shard.sync_partitions().await;
+                for append in appends {
+                    append.await;
+                }
+                let ids: Vec<_> = got
+                    .iter()
+                    .map(|p| p.as_ref().map(|p| p.topic_id).map_err(|e| *e))
+                    .collect();
+                let kept = got.iter().enumerate().all(|(i, p)| {
+                    let open = shard.partitions.borrow().get(&tp(i as i32)).cloned();
+                    matches!((p, open), (Ok(p), Some(open)) if Rc::ptr_eq(p, &open))
+                });
+                let dirs = (0..RECREATED).all(|i| dir_names(&shard, &tp(i), id));
+                drop(got);
+                shard.close_all().await;
+                (ids, kept, dirs, id)
+            }
+        });
+        assert!(
+            ids.iter().all(|id| *id == Ok(expected)),
+            "every partition is the new topic's: {ids:?}"
+        );
+        assert!(kept, "the first sync left the new logs open");
+        assert!(dirs, "the new logs' directories are there");
+    }
+
+    /// A sync that finds a topic deleted and created again keeps a directory the new
+    /// topic already wrote (opened and closed as idle before the sync ran).
+    #[test]
+    fn a_sync_keeps_the_directory_of_a_topic_created_again() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (kept, reopened) = crate::storage::testing::run_on_shard(move || async move {
+            let shard = test_shard(&data);
+            create_topic(&shard, "t");
+            shard.sync_partitions().await;
+            delete_topic(&shard, "t");
+            let id = create_topic(&shard, "t");
+            let p = shard.partition(&tp(3)).await.expect("open");
+            drop(p);
+            shard.close_partition(&tp(3)).await;
+            shard.sync_partitions().await;
+            let kept = dir_names(&shard, &tp(3), id);
+            let reopened = shard.partition(&tp(3)).await.map(|p| p.topic_id) == Ok(id);
+            shard.close_all().await;
+            (kept, reopened)
+        });
+        assert!(kept, "the new topic's directory is kept");
+        assert!(reopened, "and opens again");
+    }
+
+    /// A partition whose topic is deleted while its log opens is not kept open, and its
+    /// directory goes (the sync found neither an open log nor a free directory).
+    #[test]
+    fn a_partition_opening_when_its_topic_is_deleted_is_dropped_with_its_directory() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (answer, open, dir) = crate::storage::testing::run_on_shard(move || async move {
+            let shard = test_shard(&data);
+            let id = create_topic(&shard, "t");
+            shard.sync_partitions().await;
+            let opening = glommio::spawn_local({
+                let shard = shard.clone();
+                async move { shard.partition(&tp(5)).await.map(|p| p.topic_id) }
+            });
+            let started = turns_until(|| shard.opening.borrow().contains_key(&tp(5))).await;
+            assert!(started, "the open started");
+            delete_topic(&shard, "t");
+            shard.sync_partitions().await;
+            let answer = opening.await;
+            let open = shard.partitions.borrow().contains_key(&tp(5));
+            let dir = dir_names(&shard, &tp(5), id);
+            shard.close_all().await;
+            (answer, open, dir)
+        });
+        assert_eq!(answer, Err(errors::UNKNOWN_TOPIC_OR_PARTITION));
+        assert!(!open, "not kept open");
+        assert!(!dir, "its directory is gone");
+    }
+
+    /// An acks=all produce waiting for a follower on a partition whose topic is deleted
+    /// answers at once (NOT_LEADER_OR_FOLLOWER), not at its timeout.
+    #[test]
+    fn an_acks_all_produce_waiting_on_a_deleted_partition_answers_at_once() {
+        use crate::partition::Acks;
+        use wire::{LeaderEpoch, NodeId};
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let answer = crate::storage::testing::run_on_shard(move || async move {
+            let shard = test_shard(&data);
+            create_topic(&shard, "t");
+            shard.sync_partitions().await;
+            let p = shard.partition(&tp(0)).await.expect("open");
+            let both = [shard.node_id(), NodeId(2)];
+            p.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+            let produce = glommio::spawn_local({
+                let p = p.clone();
+                async move {
+                    let records = crate::storage::testing::build_batch(0, &[b"a"]);
+                    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+                    p.produce(records, Acks::All, deadline, now_ms())
+                        .await
+                        .error
+                }
+            });
+            let appended = turns_until(|| p.log.log_end_offset() == Offset(1)).await;
+            assert!(appended, "appended, waiting for the follower");
+            drop(p);
+            delete_topic(&shard, "t");
+            shard.sync_partitions().await;
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            let answer = mesh::within(deadline, produce).await;
+            shard.close_all().await;
+            answer
+        });
+        assert_eq!(answer, Some(errors::NOT_LEADER_OR_FOLLOWER));
     }
 }

@@ -481,11 +481,15 @@ impl Log {
 
     /// Removes the partition directory and everything in it (partition deleted or moved):
     /// renamed aside at once, its files removed in steps off the shard's thread
-    /// ([`super::reclaim::retire_dir`]).
+    /// ([`super::reclaim::retire_dir`]). A log already closed or deleted leaves the
+    /// directory alone: it may be another log's by now (reopened, or a new topic's).
     pub async fn delete(&self) -> Result<()> {
         let _permit = self.lock_io().await?;
         {
             let mut st = self.state.borrow_mut();
+            if st.closed {
+                return Ok(());
+            }
             st.closed = true;
             st.pending.clear();
             st.segments.clear();
