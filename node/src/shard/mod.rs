@@ -53,7 +53,10 @@ const OPEN_PER_SHARD_MIN: usize = 64;
 const EVICT_FRACTION: usize = 10;
 /// Partitions a catalogue sync handles between yields to the executor.
 const SYNC_YIELD_PARTITIONS: usize = 256;
-/// Longest a shard waits for another to apply a catalogue change.
+/// Most opens, closes and deletes under way that shutdown waits for, one after another.
+const SETTLE_WAITS_MAX: usize = 100_000;
+/// Longest a shard waits for another to apply a catalogue change (and, at shutdown, for
+/// its opens under way).
 const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A partition key: topic name and index.
@@ -108,6 +111,8 @@ pub struct Shard {
     /// True while idle logs are being closed (one eviction at a time).
     evicting: Cell<bool>,
     pub shutting_down: Cell<bool>,
+    /// Set once [`Shard::close_all`] began: no partition log opens any more.
+    closing: Cell<bool>,
     pub shutdown: Event,
     /// Client connections open on this shard.
     pub open_connections: Cell<usize>,
@@ -186,6 +191,7 @@ impl Shard {
             use_clock: Cell::new(0),
             evicting: Cell::new(false),
             shutting_down: Cell::new(false),
+            closing: Cell::new(false),
             shutdown: Event::default(),
             open_connections: Cell::new(0),
             advertised,
@@ -339,6 +345,9 @@ impl Shard {
         overrides: &BTreeMap<String, String>,
         lead_epoch: Option<wire::LeaderEpoch>,
     ) -> Result<(), i16> {
+        if self.closing.get() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
         if self.partitions.borrow().contains_key(tp) {
             return Ok(());
         }
@@ -651,6 +660,21 @@ impl Shard {
 
     /// Closes every partition log (flush, clean-shutdown marker), a bounded number at once.
     pub async fn close_all(&self) {
+        self.closing.set(true);
+        // Opens under way finish first: one would add its log after the drain below, and
+        // it would never be closed. Idle closes and deletes under way finish too.
+        let settled = mesh::within(Instant::now() + SYNC_TIMEOUT, async {
+            for _ in 0..SETTLE_WAITS_MAX {
+                let busy = self.opening.borrow().values().next().cloned();
+                let Some(ev) = busy else {
+                    return;
+                };
+                ev.listen().await;
+            }
+        });
+        if settled.await.is_none() {
+            tracing::warn!(shard = %self.id, "partition opens still under way at shutdown");
+        }
         let parts: Vec<(TopicPartition, Rc<Partition>)> =
             self.partitions.borrow_mut().drain().collect();
         self.checkpoint_high_watermarks(parts.iter().map(|(_, p)| p));
@@ -985,5 +1009,41 @@ mod deletion_tests {
             answer
         });
         assert_eq!(answer, Some(errors::NOT_LEADER_OR_FOLLOWER));
+    }
+}
+
+#[cfg(test)]
+mod shutdown_tests {
+    use super::tests::*;
+    use super::*;
+
+    /// A log still opening when the shard closes every log is closed with them, and no
+    /// log opens once closing began.
+    #[test]
+    fn a_log_opening_at_shutdown_is_closed_and_no_log_opens_after() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let dir = crate::partition::partition_dir(&data, "t", 1);
+        let (first, later, open) = crate::storage::testing::run_on_shard(move || async move {
+            let shard = test_shard(&data);
+            create_topic(&shard, "t");
+            let opening = glommio::spawn_local({
+                let shard = shard.clone();
+                async move { shard.partition(&tp(1)).await.map(|_| ()) }
+            });
+            let started = turns_until(|| shard.opening.borrow().contains_key(&tp(1))).await;
+            assert!(started, "the open started");
+            shard.close_all().await;
+            let first = opening.await;
+            let later = shard.partition(&tp(2)).await.map(|_| ());
+            let open = shard.partitions.borrow().len();
+            (first, later, open)
+        });
+        assert!(first.is_ok(), "the open under way completed: {first:?}");
+        assert_eq!(later, Err(errors::NOT_LEADER_OR_FOLLOWER), "no open after");
+        assert_eq!(open, 0, "every log closed");
+        // The log's clean-shutdown marker (`storage::log::CLEAN_SHUTDOWN_FILE`).
+        let marker = dir.join(".weir-clean-shutdown");
+        assert!(marker.exists(), "the opened log was closed cleanly");
     }
 }
