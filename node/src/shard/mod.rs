@@ -214,12 +214,17 @@ impl Shard {
 
     /// The newest catalogue snapshot; one atomic load when nothing changed.
     pub fn catalog(&self) -> Arc<Catalog> {
+        self.newest_catalog().1.clone()
+    }
+
+    /// The cached (version, catalogue), refreshed if the catalogue moved; borrowed, not
+    /// cloned (the hot path shares no reference count with other shards).
+    fn newest_catalog(&self) -> std::cell::Ref<'_, (u64, Arc<Catalog>)> {
         let version = self.node.meta.version();
-        let mut cached = self.catalog.borrow_mut();
-        if cached.0 != version {
-            *cached = (version, self.node.meta.snapshot());
+        if self.catalog.borrow().0 != version {
+            *self.catalog.borrow_mut() = (version, self.node.meta.snapshot());
         }
-        cached.1.clone()
+        self.catalog.borrow()
     }
 
     /// The node this shard belongs to (`node.id`).
@@ -321,7 +326,8 @@ impl Shard {
 
     /// Whether the newest catalogue has `p`'s topic, under its id, and partition `tp`.
     fn in_catalog(&self, tp: &TopicPartition, p: &Partition) -> bool {
-        self.catalog()
+        self.newest_catalog()
+            .1
             .topics
             .get(&*tp.0)
             .is_some_and(|t| t.id == p.topic_id && tp.1 < t.partitions)
@@ -524,9 +530,8 @@ impl Shard {
     /// Nothing is opened here: partitions open on first use (see [`Shard::partition`]),
     /// so creating or restarting with 100,000 partitions opens none of them.
     pub async fn sync_partitions(&self) {
-        let catalog = self.catalog();
-        // Read after the snapshot: never newer than it (a write publishes, then counts).
-        let version = self.catalog.borrow().0;
+        // The version is read before the snapshot is taken: never newer than it.
+        let (version, catalog) = self.newest_catalog().clone();
         let previous = self.synced.replace(catalog.clone());
         self.synced_version.set(version);
         let mut stale = Vec::new();
