@@ -51,30 +51,25 @@ impl Shard {
             if self.shutting_down.get() {
                 break;
             }
-            let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             let now = now_ms();
             let retention_due = now - last_retention >= interval_ms as i64;
             let clean_due = cleaner.enable && now - last_clean >= cleaner.backoff_ms as i64;
-            for p in parts {
-                if let Err(e) = p.log.flush_if_due(now).await {
-                    tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
-                }
-                if retention_due {
-                    apply_retention(&p, now).await;
-                }
-            }
+            self.flush_and_retain(now, retention_due).await;
             if clean_due && !cleaning.get() {
                 last_clean = now;
                 let (shard, budget, done) =
                     (self.clone(), cleaner_budget.clone(), cleaning.clone());
                 let pass = async move {
-                    let parts: Vec<Rc<Partition>> =
-                        shard.partitions.borrow().values().cloned().collect();
-                    for p in parts {
+                    for tp in shard.open_keys() {
                         if shard.shutting_down.get() {
                             break;
                         }
-                        clean_log(&p, now_ms(), &budget).await;
+                        // Held for its own clean only: a pass takes minutes, and a log
+                        // held is one idle eviction cannot close.
+                        let p = shard.partitions.borrow().get(&tp).cloned();
+                        if let Some(p) = p {
+                            clean_log(&p, now_ms(), &budget).await;
+                        }
                     }
                     done.set(false);
                 };
@@ -94,14 +89,34 @@ impl Shard {
             self.publish_gauges();
             self.propose_isr_changes();
             self.propose_resignations();
-            let open: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
-            self.checkpoint_high_watermarks(open.iter());
+            self.checkpoint_high_watermarks(self.partitions.borrow().values());
             self.write_hw_checkpoint(false).await;
         }
         // The logs close after housekeeping ends: a pass still cleaning finishes first.
         if let Some(pass) = clean_pass.take() {
             pass.await;
         }
+    }
+
+    /// Interval flushes, and retention if `retention_due`, of the open logs. Each log is
+    /// held only while its own work runs: one held is one idle eviction cannot close.
+    pub(super) async fn flush_and_retain(&self, now: i64, retention_due: bool) {
+        for tp in self.open_keys() {
+            let Some(p) = self.partitions.borrow().get(&tp).cloned() else {
+                continue;
+            };
+            if let Err(e) = p.log.flush_if_due(now).await {
+                tracing::warn!(topic = %p.topic, partition = p.index, "flush: {e}");
+            }
+            if retention_due {
+                apply_retention(&p, now).await;
+            }
+        }
+    }
+
+    /// The partitions open now.
+    fn open_keys(&self) -> Vec<TopicPartition> {
+        self.partitions.borrow().keys().cloned().collect()
     }
 
     /// Retention for the partitions this shard owns that are not open (logs open on first

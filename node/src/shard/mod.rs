@@ -753,14 +753,21 @@ pub(super) mod tests {
 
     /// Creates (or recreates, under a new id) topic `name`; returns its id.
     pub(super) fn create_topic(shard: &Shard, name: &str) -> u128 {
+        create_topic_with(shard, name, &[])
+    }
+
+    /// [`create_topic`] with these topic configs too.
+    pub(super) fn create_topic_with(shard: &Shard, name: &str, extra: &[(&str, &str)]) -> u128 {
         let id = crate::metadata::new_topic_id();
         let configs = [("segment.bytes", "1048576"), ("preallocate", "false")]
+            .iter()
+            .chain(extra)
             .map(|(k, v)| (k.to_string(), v.to_string()));
         let topic = TopicMeta {
             name: name.into(),
             id,
             partitions: TEST_PARTITIONS,
-            configs: configs.into_iter().collect(),
+            configs: configs.collect(),
             assignment: Vec::new(),
         };
         let created = shard.node.meta.update(|c| {
@@ -1050,5 +1057,56 @@ mod shutdown_tests {
         // The log's clean-shutdown marker (`storage::log::CLEAN_SHUTDOWN_FILE`).
         let marker = dir.join(".weir-clean-shutdown");
         assert!(marker.exists(), "the opened log was closed cleanly");
+    }
+}
+
+#[cfg(test)]
+mod housekeeping_tests {
+    use super::tests::*;
+    use super::*;
+
+    /// While the interval flushes run, idle eviction can close the logs they are not
+    /// flushing: the pass holds each log only for its own flush (it held every open log
+    /// until the pass ended, and the cleaner's pass takes minutes).
+    #[test]
+    fn idle_logs_close_while_interval_flushes_run() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        let (open_before, open_after) = crate::storage::testing::run_on_shard(move || {
+            async move {
+                let shard = test_shard(&data);
+                create_topic_with(&shard, "t", &[("flush.ms", "60000")]);
+                shard.sync_partitions().await;
+                // The first append of a log is synced (its last flush is "never"); the
+                // second is not, until the interval passed.
+                for i in 0..OPEN_PER_SHARD_MIN as i32 {
+                    let p = shard.partition(&tp(i)).await.expect("open");
+                    for _ in 0..2 {
+                        let records = crate::storage::testing::build_batch(0, &[b"a"]);
+                        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+                        let acks = crate::partition::Acks::Leader;
+                        let answer = p.produce(records, acks, deadline, now_ms()).await;
+                        assert_eq!(answer.error, errors::NONE, "appended");
+                    }
+                }
+                let open_before = shard.partitions.borrow().len();
+                // Every log is due: written, not synced, its last flush long ago.
+                let flushes = glommio::spawn_local({
+                    let shard = shard.clone();
+                    async move { shard.flush_and_retain(now_ms() + 120_000, false).await }
+                });
+                glommio::executor().yield_now().await;
+                shard.close_idle().await;
+                let open_after = shard.partitions.borrow().len();
+                flushes.await;
+                shard.close_all().await;
+                (open_before, open_after)
+            }
+        });
+        assert_eq!(open_before, OPEN_PER_SHARD_MIN);
+        assert!(
+            open_after < open_before,
+            "idle logs closed while the flushes ran: {open_after} of {open_before} open"
+        );
     }
 }
