@@ -114,14 +114,20 @@ impl Broker {
                 }
             });
         }
-        let addr = rx
+        let port = rx
             .recv_timeout(READY_TIMEOUT)
-            .unwrap_or_else(|_| panic!("weir not ready: {:?}", self.log.lock().map(|l| l.clone())));
-        self.port = addr
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
+            .ok()
+            .and_then(|addr| addr.rsplit(':').next().and_then(|p| p.parse().ok()));
+        let Some(port) = port else {
+            // The child is a local here: without this it would outlive the test.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "weir not ready within {READY_TIMEOUT:?}: {:?}",
+                self.log.lock().map(|l| l.clone())
+            );
+        };
+        self.port = port;
         self.child = Some(child);
     }
 
@@ -154,7 +160,14 @@ impl Broker {
             if let Some(status) = child.try_wait().expect("wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "weir did not stop after SIGTERM");
+            if Instant::now() >= deadline {
+                // Taken out of self above, so Drop cannot kill it: a hung broker would
+                // outlive the test.
+                let threads = thread_states(child.id());
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("weir did not stop within 30 s of SIGTERM; its threads:\n{threads}");
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -197,27 +210,7 @@ impl Broker {
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log.lock().map(|l| l.clone()).unwrap_or_default();
         let tail = log[log.len().saturating_sub(lines)..].join("\n");
-        let tasks = format!("/proc/{}/task", self.pid());
-        let threads: Vec<String> = std::fs::read_dir(&tasks)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .map(|e| {
-                let dir = e.path();
-                let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-                let state = read("status")
-                    .lines()
-                    .filter(|l| l.starts_with("Name:") || l.starts_with("State:"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                format!(
-                    "{state} wchan={} syscall={}",
-                    read("wchan"),
-                    read("syscall").trim()
-                )
-            })
-            .collect();
-        format!("{tail}\n--- threads:\n{}", threads.join("\n"))
+        format!("{tail}\n--- threads:\n{}", thread_states(self.pid()))
     }
 
     /// Waits up to `timeout` for a log line containing `needle`.
@@ -231,6 +224,31 @@ impl Broker {
         }
         false
     }
+}
+
+/// What the kernel says each thread of `pid` is doing (state and wait channel), one a line.
+fn thread_states(pid: u32) -> String {
+    let tasks = format!("/proc/{pid}/task");
+    let threads: Vec<String> = std::fs::read_dir(&tasks)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let dir = e.path();
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let state = read("status")
+                .lines()
+                .filter(|l| l.starts_with("Name:") || l.starts_with("State:"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!(
+                "{state} wchan={} syscall={}",
+                read("wchan"),
+                read("syscall").trim()
+            )
+        })
+        .collect();
+    threads.join("\n")
 }
 
 impl Drop for Broker {
