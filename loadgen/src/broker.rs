@@ -46,7 +46,12 @@ impl Broker {
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--shards")
-            .arg(shards.to_string());
+            .arg(shards.to_string())
+            // Unpinned: it shares the host with the load generator (and, in tests, with
+            // other brokers), and pinned shard s would sit on CPU s beside them. First, so
+            // a `--set` in `extra` wins.
+            .arg("--set")
+            .arg("weir.shard.cpus=none");
         for kv in extra {
             cmd.arg("--set").arg(kv);
         }

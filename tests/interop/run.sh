@@ -43,7 +43,9 @@ fi
 start_weir() {
     mkdir -p "$root/target/interop-data"
     work=$(mktemp -d "$root/target/interop-data/run-XXXXXX")
-    "$WEIR" serve --data-dir "$work/data" --listen 127.0.0.1:0 --shards 2 >"$work/weir.log" 2>&1 &
+    # Unpinned: pinned shards would sit on CPUs 0 and 1 beside the clients under test.
+    "$WEIR" serve --data-dir "$work/data" --listen 127.0.0.1:0 --shards 2 \
+        --set weir.shard.cpus=none >"$work/weir.log" 2>&1 &
     weir_pid=$!
     for _ in $(seq 1 $((READY_TIMEOUT_S * 10))); do
         if grep -q "weir ready" "$work/weir.log" 2>/dev/null; then

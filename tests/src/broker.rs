@@ -226,6 +226,9 @@ impl Weir {
         if let Some(n) = self.config.shards {
             cmd.arg("--shards").arg(n.to_string());
         }
+        // Unpinned: by default shard s is pinned to CPU s, so the brokers of tests running
+        // in parallel would all share CPU 0. First, so a test's own `--set` wins.
+        cmd.arg("--set").arg("weir.shard.cpus=none");
         for (k, v) in &self.config.sets {
             cmd.arg("--set").arg(format!("{k}={v}"));
         }

@@ -49,7 +49,14 @@ impl Broker {
 
     fn start_limited(nofile: Option<u64>, shards: usize, sets: &[(&str, &str)]) -> Broker {
         let data_dir = tempfile::tempdir_in(test_root()).expect("tempdir");
-        let mut args = vec!["--shards".to_string(), shards.to_string()];
+        // Unpinned: by default shard s is pinned to CPU s, so every single-shard broker of
+        // tests running in parallel would share CPU 0. First, so a test's own `--set` wins.
+        let mut args = vec![
+            "--shards".to_string(),
+            shards.to_string(),
+            "--set".into(),
+            "weir.shard.cpus=none".into(),
+        ];
         for (k, v) in sets {
             args.push("--set".into());
             args.push(format!("{k}={v}"));
