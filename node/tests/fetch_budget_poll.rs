@@ -32,31 +32,6 @@ fn create_topic(c: &mut Client, topic: &str, partitions: i32) {
     assert_eq!(created.topics[0].error_code, 0, "CreateTopics {topic}");
 }
 
-/// CPU seconds (user + system) used so far by this test's child processes (the broker).
-fn children_cpu_secs() -> f64 {
-    let mut ticks = 0u64;
-    let tasks = std::fs::read_dir("/proc/self/task").expect("proc tasks");
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children.split_whitespace() {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Fields after the ")" that closes the command name: utime is the 12th, stime
-            // the 13th.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            for i in [11, 12] {
-                ticks += fields
-                    .get(i)
-                    .and_then(|f| f.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    ticks as f64 / hz
-}
-
 #[test]
 fn a_budget_limited_long_poll_sleeps_instead_of_spinning() {
     let broker = Broker::start(1, &[]);
@@ -85,11 +60,11 @@ fn a_budget_limited_long_poll_sleeps_instead_of_spinning() {
                 .with_topic(name("fb"))
                 .with_partitions(partitions),
         ]);
-    let cpu_before = children_cpu_secs();
+    let cpu_before = broker.cpu_secs();
     let t0 = Instant::now();
     let resp: FetchResponse = c.call(api::FETCH, 12, &fetch);
     let elapsed = t0.elapsed();
-    let cpu = children_cpu_secs() - cpu_before;
+    let cpu = broker.cpu_secs() - cpu_before;
     let parts = &resp.responses[0].partitions;
     assert_eq!((parts[0].error_code, parts[1].error_code), (0, 0));
     assert!(parts[0].records.as_ref().is_some_and(|r| !r.is_empty()));

@@ -354,29 +354,6 @@ fn topic_ids_in_metadata_fetch_and_delete() {
     );
 }
 
-/// CPU seconds (user + system) used so far by this test's child processes (the broker).
-fn children_cpu_secs() -> f64 {
-    let mut ticks = 0u64;
-    let tasks = std::fs::read_dir("/proc/self/task").expect("proc tasks");
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children.split_whitespace() {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            for i in [11, 12] {
-                ticks += fields
-                    .get(i)
-                    .and_then(|f| f.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    ticks as f64 / hz
-}
-
 /// Broker CPU per fetch of 1,000 idle partitions: full fetches (sessionless, every
 /// partition in request and response) versus incremental fetches of an open session
 /// (empty request, empty response). Minutes on a debug build; run with
@@ -402,21 +379,21 @@ fn incremental_fetches_of_idle_partitions_cost_less_cpu() {
     // Warm up: every partition opened once.
     let _: FetchResponse = c.call(api::FETCH, 12, &fetch(0, -1, "idle", all()));
     let full_req = fetch(0, -1, "idle", all());
-    let cpu0 = children_cpu_secs();
+    let cpu0 = broker.cpu_secs();
     for _ in 0..fetches {
         let r: FetchResponse = c.call(api::FETCH, 12, &full_req);
         assert_eq!(answered(&r).len(), PARTITIONS as usize);
     }
-    let full_cpu = children_cpu_secs() - cpu0;
+    let full_cpu = broker.cpu_secs() - cpu0;
     let opened: FetchResponse = c.call(api::FETCH, 12, &fetch(0, 0, "idle", all()));
     let id = opened.session_id;
     assert_ne!(id, 0);
-    let cpu0 = children_cpu_secs();
+    let cpu0 = broker.cpu_secs();
     for epoch in 1..=fetches as i32 {
         let r: FetchResponse = c.call(api::FETCH, 12, &fetch(id, epoch, "idle", Vec::new()));
         assert_eq!((r.error_code, answered(&r).len()), (0, 0));
     }
-    let inc_cpu = children_cpu_secs() - cpu0;
+    let inc_cpu = broker.cpu_secs() - cpu0;
     let per = |cpu: f64| cpu / fetches as f64 * 1e6;
     println!(
         "broker CPU per fetch of {PARTITIONS} idle partitions: full {:.0} µs, incremental {:.0} µs ({fetches} fetches each; {full_cpu:.2} s vs {inc_cpu:.2} s)",

@@ -153,6 +153,29 @@ impl Broker {
         self.child.as_ref().expect("running").id()
     }
 
+    /// CPU seconds (user + system) this broker has used so far, from `/proc/PID/stat`
+    /// (its own, not another test's broker running beside it).
+    pub fn cpu_secs(&self) -> f64 {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        // Fields after the ")" that closes the command name: utime is the 12th, stime the
+        // 13th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = [11, 12]
+            .iter()
+            .map(|&i| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no CPU time (field {i}) in {path}: {stat}"))
+            })
+            .sum();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        ticks as f64 / hz
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.addr())
     }
