@@ -27,7 +27,8 @@ fn api_versions_ok(c: &mut Client) -> bool {
 }
 
 /// Waits up to `timeout` for the broker to close `stream`; returns how long it took.
-/// A read timeout is not a close (unlike `Client::is_closed`).
+/// A read timeout is not a close (as in `Client::is_closed`), and the wait is bounded by
+/// `timeout` rather than the client's read timeout.
 fn closed_within(stream: &mut TcpStream, timeout: Duration) -> Option<Duration> {
     let t0 = Instant::now();
     let mut byte = [0u8; 1];

@@ -99,6 +99,24 @@ fn oversized_and_garbage_frames_close_only_their_connection() {
     );
 }
 
+/// `Client::is_closed` is false for a peer that holds the connection open and silent
+/// (its read times out): else every `is_closed` assert here would pass against a broker
+/// that ignored the bad input instead of closing.
+#[test]
+fn is_closed_is_false_for_a_silent_peer() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let stream =
+        std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (peer, _) = listener.accept().expect("accept");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let mut c = Client::from_stream(stream);
+    assert!(!c.is_closed(), "a read timeout is not a close");
+    drop(peer);
+    assert!(c.is_closed(), "EOF is");
+}
+
 #[test]
 fn unsupported_versions() {
     let broker = Broker::start(1, &[]);

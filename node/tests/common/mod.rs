@@ -349,10 +349,29 @@ impl Client {
         resp
     }
 
-    /// True once the broker has closed this connection (read returns EOF or reset).
+    /// True if the broker has closed this connection (read returns EOF or reset) within
+    /// the read timeout. A timeout is not a close: a broker that ignores the connection
+    /// must not pass for one that closed it.
     pub fn is_closed(&mut self) -> bool {
         let mut b = [0u8; 1];
-        matches!(self.stream.read(&mut b), Ok(0) | Err(_))
+        // Bounded: only EINTR repeats, and a signal storm is not expected in a test.
+        for _ in 0..100 {
+            return match self.stream.read(&mut b) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    false
+                }
+                Err(_) => true,
+            };
+        }
+        false
     }
 }
 
