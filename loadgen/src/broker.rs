@@ -39,12 +39,23 @@ pub struct Broker {
 impl Broker {
     /// Starts `weir serve` on an ephemeral 127.0.0.1 port and waits for `weir ready`.
     pub fn start(weir: &Path, data_dir: &Path, shards: usize, extra: &[String]) -> Result<Self> {
+        Self::start_on(weir, data_dir, "127.0.0.1:0", shards, extra)
+    }
+
+    /// Starts `weir serve` listening on `listen` (`host:port`) and waits for `weir ready`.
+    pub fn start_on(
+        weir: &Path,
+        data_dir: &Path,
+        listen: &str,
+        shards: usize,
+        extra: &[String],
+    ) -> Result<Self> {
         let mut cmd = Command::new(weir);
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--shards")
             .arg(shards.to_string())
             // Unpinned: it shares the host with the load generator (and, in tests, with

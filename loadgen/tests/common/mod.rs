@@ -94,32 +94,103 @@ pub fn json(path: &Path) -> Value {
 }
 
 /// A shell script that SIGKILLs the broker whose pid is in `dir/pid` and starts it again
-/// on the same port and data dir; the test's guard kills the last one.
-fn restart_script(dir: &Path, port: &str) -> PathBuf {
+/// on the same port and data dir; the test's guard kills the last one. Once the guard has
+/// made `dir/stop` it starts no broker, or kills the one it just started (a script still
+/// running when the test ends: see [`PidGuard`]).
+fn restart_script(dir: &Path, port: u16) -> PathBuf {
     let script = dir.join("restart.sh");
     let body = format!(
         "#!/bin/sh\nP=$(cat {d}/pid); kill -9 \"$P\" 2>/dev/null\n\
          for i in $(seq 1 200); do [ -e /proc/$P ] && ! grep -qs zombie /proc/$P/status || break; sleep 0.05; done\n\
          sleep 0.2\n\
-         {w} serve --data-dir {d}/data --listen 127.0.0.1:{port} --shards 1 >> {d}/restarts.log 2>&1 &\n\
-         echo $! > {d}/pid\n",
+         [ -e {d}/stop ] && exit 0\n\
+         {w} serve --data-dir {d}/data --listen 127.0.0.1:{port} --shards 1 --set weir.shard.cpus=none >> {d}/restarts.log 2>&1 &\n\
+         echo $! > {d}/pid.new && mv {d}/pid.new {d}/pid\n\
+         [ -e {d}/stop ] && kill -9 $!\n\
+         exit 0\n",
         d = dir.display(),
         w = weir().display(),
     );
     std::fs::write(&script, body).expect("script");
-    let _ = Command::new("chmod").arg("+x").arg(&script).status();
+    let mut perms = std::fs::metadata(&script).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).expect("chmod script");
     script
 }
 
-/// Kills whatever broker the pid file names when the test ends (pass or fail).
-struct PidGuard(PathBuf);
+/// A port for a broker that must come back on the same one after a restart: below the
+/// ephemeral range, so no connection of a parallel test takes it between the SIGKILL and
+/// the rebind; starts at a per-process offset so two test processes differ.
+fn free_port() -> u16 {
+    use std::sync::Mutex;
+    static CURSOR: Mutex<Option<u16>> = Mutex::new(None);
+    const LOWEST: u16 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768u16);
+    let ceiling = ephemeral.max(LOWEST + 1_000);
+    let span = ceiling - LOWEST;
+    let mut cursor = CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut next = cursor.unwrap_or_else(|| {
+        LOWEST + (std::process::id().wrapping_mul(7_919) % u32::from(span)) as u16
+    });
+    for _ in 0..span {
+        let port = next;
+        next = if next + 1 >= ceiling {
+            LOWEST
+        } else {
+            next + 1
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *cursor = Some(next);
+            return port;
+        }
+    }
+    panic!("no free port below {ceiling}");
+}
+
+/// How long the guard waits for a SIGKILLed broker to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Kills whatever broker the pid file names when the test ends (pass or fail). It makes
+/// the stop file first, so a restart script still running starts no broker after it, or
+/// kills its own (the script writes the pid file, then checks the stop file).
+struct PidGuard {
+    pidfile: PathBuf,
+    stopfile: PathBuf,
+}
 
 impl Drop for PidGuard {
     fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.0) {
-            let _ = Command::new("kill").arg("-9").arg(pid.trim()).status();
+        if let Err(e) = std::fs::write(&self.stopfile, b"") {
+            eprintln!("could not make {}: {e}", self.stopfile.display());
+        }
+        let Some(pid) = std::fs::read_to_string(&self.pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
+        else {
+            return;
+        };
+        // SAFETY: kill(2) has no memory preconditions; the pid is the broker the script
+        // started (not our child, so not reaped by us: its pid stays taken until it is gone).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + KILL_WAIT;
+        while Instant::now() < deadline && alive(pid) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if alive(pid) && !std::thread::panicking() {
+            panic!("broker {pid} still running {KILL_WAIT:?} after SIGKILL");
         }
     }
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn alive(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
 }
 
 /// A broker on `dir` that `fault_cmd` (weir-loadgen's `--fault-cmd`) SIGKILLs and
@@ -132,12 +203,22 @@ struct Restartable {
 }
 
 fn start_restartable(dir: &Path) -> Restartable {
-    let first = start(dir);
-    let port = first.addr.rsplit(':').next().unwrap().to_string();
+    let port = free_port();
+    let first = Broker::start_on(
+        &weir(),
+        &dir.join("data"),
+        &format!("127.0.0.1:{port}"),
+        1,
+        &[],
+    )
+    .expect("weir starts");
     let pidfile = dir.join("pid");
-    std::fs::write(&pidfile, first.pid().to_string()).unwrap();
-    let guard = PidGuard(pidfile);
-    let script = restart_script(dir, &port);
+    std::fs::write(&pidfile, first.pid().to_string()).expect("pid file");
+    let guard = PidGuard {
+        pidfile,
+        stopfile: dir.join("stop"),
+    };
+    let script = restart_script(dir, port);
     Restartable {
         first,
         fault_cmd: script.display().to_string(),
