@@ -14,7 +14,11 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use weir_tests::process::run_bounded;
 use wire::api;
+
+/// How long a `weir serve` that must refuse to start may take to exit.
+const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -76,23 +80,19 @@ fn config_file_set_and_flags_reach_clients() {
     assert_eq!(md.controller_id.0, 9);
     assert_eq!(md.topics[0].partitions[0].leader_id.0, 9);
 
-    let bad = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--set",
-            "num.partitions=lots",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data2"))
-        .output()
-        .expect("run");
-    assert!(!bad.status.success(), "a bad value is refused at startup");
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("num.partitions"),
-        "naming the key"
-    );
+    let mut bad = Command::new(env!("CARGO_BIN_EXE_weir"));
+    bad.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--set",
+        "num.partitions=lots",
+        "--data-dir",
+    ])
+    .arg(dir.path().join("data2"));
+    let bad = run_bounded(&mut bad, CMD_TIMEOUT).expect("run");
+    assert!(!bad.ok(), "a bad value is refused at startup");
+    assert!(bad.stderr.contains("num.partitions"), "naming the key");
 }
 
 struct ChildGuard(std::process::Child);
@@ -226,7 +226,8 @@ fn retention_reaches_partitions_not_opened_since_the_restart() {
 fn a_second_broker_on_the_same_data_dir_is_refused() {
     let broker = Broker::start(1, &[]);
     let t0 = Instant::now();
-    let second = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut second = Command::new(env!("CARGO_BIN_EXE_weir"));
+    second
         .args([
             "serve",
             "--listen",
@@ -235,11 +236,10 @@ fn a_second_broker_on_the_same_data_dir_is_refused() {
             "1",
             "--data-dir",
         ])
-        .arg(broker.data_dir.path())
-        .output()
-        .expect("run");
-    assert!(!second.status.success(), "the second broker must not start");
-    let stderr = String::from_utf8_lossy(&second.stderr);
+        .arg(broker.data_dir.path());
+    let second = run_bounded(&mut second, CMD_TIMEOUT).expect("run");
+    assert!(!second.ok(), "the second broker must not start");
+    let stderr = &second.stderr;
     assert!(stderr.contains("in use by another weir"), "{stderr}");
     assert!(t0.elapsed() < Duration::from_secs(30));
     // The first one is unaffected.

@@ -20,8 +20,11 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use weir_tests::process::run_bounded;
 use wire::api;
 
+/// How long a `weir log` command may run.
+const CMD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 const TOPIC: &str = "dmg";
 /// One record per batch, so a damaged batch hides exactly one offset.
 const RECORDS: i64 = 300;
@@ -161,15 +164,14 @@ fn flip(path: &Path, pos: u64) {
 }
 
 fn verify(path: &Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["log", "verify"])
-        .arg(path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+    let out = run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["log", "verify"])
+            .arg(path),
+        CMD_TIMEOUT,
     )
+    .expect("weir log verify");
+    (out.ok(), out.stdout)
 }
 
 /// Partition 0: the damage is in the header of a batch of a sealed segment (framing is

@@ -12,8 +12,11 @@ use std::process::Command;
 
 use weir::storage::testing::{batch_of_size, run_on_shard};
 use weir::storage::{Log, LogConfig, StorageError, prime_dma_probe};
+use weir_tests::process::run_bounded;
 use wire::{LeaderEpoch, Offset};
 
+/// How long a `weir log` command may run.
+const CMD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 const BATCHES: i64 = 20;
 const BATCH_BYTES: usize = 1000;
 
@@ -304,29 +307,29 @@ fn weir_log_dump_prints_batches_and_index_entries() {
     let dir = tempdir();
     let pdir = dir.path().join("t-0");
     let files = write_log(pdir.clone(), 1 << 30, true);
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["log", "dump"])
-        .arg(&pdir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["log", "dump"])
+            .arg(&pdir),
+        CMD_TIMEOUT,
+    )
+    .expect("weir log dump");
+    let text = &out.stdout;
+    assert!(out.ok(), "{text}\n{}", out.stderr);
     assert_eq!(text.matches("crcValid: true").count(), BATCHES as usize);
     assert!(text.contains("baseOffset: 0 lastOffset: 0 count: 1"));
     assert!(text.contains("position: 0 CreateTime: 0"));
     assert!(text.contains("offset: ") && text.contains("timestamp: 19 offset: 19"));
     // A damaged batch makes the dump say so and exit non-zero.
     overwrite(&files[0], 300, b"\xff");
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["log", "dump"])
-        .arg(&files[0])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success());
+    let out = run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["log", "dump"])
+            .arg(&files[0]),
+        CMD_TIMEOUT,
+    )
+    .expect("weir log dump");
+    let text = &out.stdout;
+    assert!(!out.ok());
     assert!(text.contains("crcValid: false"), "{text}");
 }

@@ -16,6 +16,8 @@
 //!   id and epoch, partitions listed and answered) between real clients and a broker.
 //! - [`peer_security`]: what the node-to-node TLS/SASL tests share (a PKI and keystore,
 //!   TLS config keys, bounded waits for registration and log lines).
+//! - [`process`]: a short-lived child process (client script, `weir` command) run with a
+//!   time limit, its stdout and stderr read as it runs.
 
 pub mod broker;
 pub mod certs;
@@ -25,6 +27,7 @@ pub mod disk;
 pub mod fetch_tap;
 pub mod fuzz;
 pub mod peer_security;
+pub mod process;
 pub mod proxy;
 pub mod raw;
 

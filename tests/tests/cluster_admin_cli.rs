@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 
 use weir_tests::broker::weir_binary;
 use weir_tests::cluster::Cluster;
+use weir_tests::process::run_bounded;
+
+/// How long one `weir` command may run.
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `weir ARGS...`; (exit success, stdout, stderr).
 fn weir(args: &[&str]) -> (bool, String, String) {
     let bin = weir_binary().expect("weir binary");
-    let out = Command::new(bin).args(args).output().expect("run weir");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = run_bounded(Command::new(bin).args(args), CLI_TIMEOUT).expect("run weir");
+    (out.ok(), out.stdout, out.stderr)
 }
 
 /// `weir topics ARGS... --bootstrap-server ADDR` must succeed; its stdout.

@@ -268,17 +268,18 @@ fn create_via(via: &[i32], c: &mut Cluster, name: &str) -> bool {
 /// `weir cluster status` through node `id`: its "controller N" line's N.
 fn status_controller(c: &mut Cluster, id: i32) -> Option<i32> {
     let bin = weir_tests::broker::weir_binary().ok()?;
-    let out = std::process::Command::new(bin)
-        .args([
+    let out = weir_tests::process::run_bounded(
+        std::process::Command::new(bin).args([
             "cluster",
             "--bootstrap-server",
             &c.node(id).bootstrap(),
             "status",
-        ])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.lines()
+        ]),
+        Duration::from_secs(60),
+    )
+    .ok()?;
+    out.stdout
+        .lines()
         .find_map(|l| l.strip_prefix("controller "))
         .and_then(|n| n.trim().parse().ok())
 }

@@ -569,16 +569,14 @@ fn kafka_python_creates_produces_and_consumes_through_different_nodes() {
         c.node(2).bootstrap(),
         c.node(3).bootstrap(),
     );
-    let out = std::process::Command::new(py)
-        .arg(&script)
-        .args([&a, &b, &d, "kp-routed"])
-        .output()
-        .expect("run kafka-python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}\n{}", logs(&mut c));
+    let out = weir_tests::process::run_bounded(
+        std::process::Command::new(py)
+            .arg(&script)
+            .args([&a, &b, &d, "kp-routed"]),
+        Duration::from_secs(300),
+    )
+    .expect("run kafka-python");
+    let text = out.text();
+    assert!(out.ok(), "{text}\n{}", logs(&mut c));
     assert!(text.contains("ok: 300 records"), "{text}");
 }

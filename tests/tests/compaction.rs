@@ -17,9 +17,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use weir_tests::broker::python;
+use weir_tests::process::run_bounded;
 use weir_tests::{Weir, WeirConfig};
 
 const TOPIC: &str = "compacted";
+/// How long one run of the client script may take (its consume loop stops at 60 s).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long the cleaner may take to compact the topic after the restart.
 const CLEAN_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -80,15 +83,16 @@ elif mode == "consume":
 
 /// Runs the client script in `mode`; returns the records it printed.
 fn client(mode: &str, bootstrap: &str) -> Result<Vec<Rec>> {
-    let out = Command::new(python()?)
-        .args(["-c", SCRIPT, mode, bootstrap, TOPIC])
-        .output()
-        .context("run python")?;
-    if !out.status.success() {
-        bail!("{mode}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run_bounded(
+        Command::new(python()?).args(["-c", SCRIPT, mode, bootstrap, TOPIC]),
+        CLIENT_TIMEOUT,
+    )
+    .context("run python")?;
+    if !out.ok() {
+        bail!("{mode}: {}", out.stderr);
     }
-    let text = String::from_utf8(out.stdout)?;
-    text.lines()
+    out.stdout
+        .lines()
         .map(|line| {
             let mut f = line.splitn(3, '\t');
             let (Some(o), Some(k), Some(v)) = (f.next(), f.next(), f.next()) else {

@@ -168,10 +168,16 @@ fn describe_shows_lag_while_producer_runs_ahead() -> Result<()> {
         let (_, rows) = describe(&weir, group)?;
         Ok(rows.iter().all(|r| r.lag == Some(0)))
     })?;
-    let list = std::process::Command::new(weir_tests::broker::weir_binary()?)
-        .args(["groups", "--bootstrap-server", &bootstrap, "list"])
-        .output()?;
-    let text = String::from_utf8_lossy(&list.stdout);
+    let list = weir_tests::process::run_bounded(
+        std::process::Command::new(weir_tests::broker::weir_binary()?).args([
+            "groups",
+            "--bootstrap-server",
+            &bootstrap,
+            "list",
+        ]),
+        Duration::from_secs(60),
+    )?;
+    let text = &list.stdout;
     ensure!(
         text.lines()
             .any(|l| l.starts_with(group) && l.contains("Stable")),

@@ -39,31 +39,18 @@ fn broker() -> Result<Weir> {
 
 /// Runs one scenario to its end (bounded); fails with its output if it fails.
 fn scenario(python: &PathBuf, weir: &Weir, name: &str, topic: &str) -> Result<String> {
-    let mut child = Command::new(python)
-        .arg(script())
-        .arg(weir.bootstrap())
-        .arg(name)
-        .arg(topic)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("start python")?;
-    let started = Instant::now();
     // Bounded: the scenario's own waits end within its deadline; this is the backstop.
-    while child.try_wait()?.is_none() {
-        if started.elapsed() > SCENARIO_TIMEOUT {
-            let _ = child.kill();
-            bail!("scenario {name} did not finish in {SCENARIO_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if !out.status.success() {
+    let out = weir_tests::process::run_bounded(
+        Command::new(python)
+            .arg(script())
+            .arg(weir.bootstrap())
+            .arg(name)
+            .arg(topic),
+        SCENARIO_TIMEOUT,
+    )
+    .with_context(|| format!("scenario {name}"))?;
+    let text = out.text();
+    if !out.ok() {
         bail!(
             "scenario {name} failed:\n{text}\nbroker log:\n{}",
             weir.log_tail(40)

@@ -21,6 +21,9 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use weir_tests::clients::{self, TestProducer};
 use weir_tests::{Weir, WeirConfig};
 
+/// How long one `weir groups` command may run.
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Session timeout every member uses (the broker's minimum is lowered to allow it).
 pub const SESSION_MS: u64 = 4000;
 
@@ -342,17 +345,15 @@ pub fn describe_text(weir: &Weir, group: &str) -> Result<String> {
         "describe",
         group,
     ];
-    let out = Command::new(weir_tests::broker::weir_binary()?)
-        .args(args)
-        .output()
-        .context("run weir groups describe")?;
-    if !out.status.success() {
-        bail!(
-            "weir groups describe: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let out = weir_tests::process::run_bounded(
+        Command::new(weir_tests::broker::weir_binary()?).args(args),
+        CLI_TIMEOUT,
+    )
+    .context("run weir groups describe")?;
+    if !out.ok() {
+        bail!("weir groups describe: {}", out.stderr);
     }
-    Ok(String::from_utf8(out.stdout)?)
+    Ok(out.stdout)
 }
 
 /// The member lines of `weir groups describe` (after the partition table).

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use weir_tests::certs::{self, TestPki};
@@ -174,56 +174,16 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<Output> {
     run_bounded_input(&mut cmd, None, timeout)
 }
 
+/// [`run_bounded`] with `input` on stdin (weir_tests' shared helper, as an [`Output`]).
 pub fn run_bounded_input(
     cmd: &mut Command,
     input: Option<&str>,
     timeout: Duration,
 ) -> Result<Output> {
-    use std::io::{Read, Write};
-    use std::process::Stdio;
-    cmd.stdin(if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("spawn client")?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(text.as_bytes())?;
-    }
-    let mut stdout = child.stdout.take().context("stdout")?;
-    let mut stderr = child.stderr.take().context("stderr")?;
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = out_t.join().unwrap_or_default();
-    let stderr = err_t.join().unwrap_or_default();
-    let Some(status) = status else {
-        bail!("client did not finish within {timeout:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-    };
+    let out = weir_tests::process::run_bounded_input(cmd, input, timeout)?;
     Ok(Output {
-        ok: status.success(),
-        stdout,
-        stderr,
+        ok: out.ok(),
+        stdout: out.stdout,
+        stderr: out.stderr,
     })
 }
