@@ -15,6 +15,11 @@ use groups_support::{
 use weir_tests::clients;
 
 const PARTITIONS: i32 = 6;
+/// The session timeout of the member that leaves: far above how long the coordinator may
+/// take to drop it after its LeaveGroup, so the two cannot be mistaken for each other.
+const LEAVER_SESSION_MS: u64 = 30_000;
+/// How long the coordinator may take to drop a member after its LeaveGroup.
+const LEAVE_WAIT: Duration = Duration::from_secs(10);
 
 fn sizes(members: &[&Member]) -> Vec<usize> {
     members.iter().map(|m| m.assignment().len()).collect()
@@ -33,7 +38,15 @@ fn members_share_partitions_and_take_over_on_leave_and_crash() -> Result<()> {
     let (producer, _log) = clients::producer(&bootstrap, "all", "none", &[])?;
     let mut load = BackgroundProducer::start(producer, topic, PARTITIONS, 300);
 
-    let mut a = Member::start(&bootstrap, group, topic, "range", "member-a")?;
+    let leaver_session = LEAVER_SESSION_MS.to_string();
+    let mut a = Member::start_with(
+        &bootstrap,
+        group,
+        topic,
+        "range",
+        "member-a",
+        &[("session.timeout.ms", &leaver_session)],
+    )?;
     let b = Member::start(&bootstrap, group, topic, "range", "member-b")?;
     let mut k = KcatMember::start(&bootstrap, group, topic, "member-k")?;
     let kcat_owns = |n: usize| -> Result<bool> {
@@ -50,19 +63,15 @@ fn members_share_partitions_and_take_over_on_leave_and_crash() -> Result<()> {
         "every partition owned: {rows:?}"
     );
 
-    // A leaves cleanly: the coordinator drops it at once, well within the session timeout
+    // A leaves cleanly: the coordinator drops it at once, well within its session timeout
     // (a member that merely went silent would stay until its session expired), and B and
     // kcat then take its two partitions. How fast they rejoin is the clients' business and
     // a loaded machine's, so that part is bounded generously.
     let a_seen = a.leave()?;
-    let gone = wait_until(
-        "member-a gone after leave",
-        Duration::from_millis(SESSION_MS),
-        || {
-            let members = groups_support::describe_members(&weir, group)?;
-            Ok(!members.iter().any(|m| m.contains("member-a")))
-        },
-    )?;
+    let gone = wait_until("member-a gone after leave", LEAVE_WAIT, || {
+        let members = groups_support::describe_members(&weir, group)?;
+        Ok(!members.iter().any(|m| m.contains("member-a")))
+    })?;
     let moved = wait_until("3+3 after leave", Duration::from_secs(30), || {
         Ok(b.assignment().len() == 3 && kcat_owns(3)?)
     })?;

@@ -23,6 +23,8 @@ use weir_tests::{Weir, WeirConfig};
 
 /// How long one `weir groups` command may run.
 const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a member's poll loop may take to notice a pause (one poll is 50 ms).
+const PAUSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Session timeout every member uses (the broker's minimum is lowered to allow it).
 pub const SESSION_MS: u64 = 4000;
@@ -133,11 +135,21 @@ impl Member {
     }
 
     /// Stops (or resumes) processing without leaving the group. Pausing returns once
-    /// the poll loop has seen it (no record is processed after that).
+    /// the poll loop has seen it (no record is processed after that); it panics if the
+    /// loop has not within 5 s (it ended, or is stuck in a call), since the test would
+    /// otherwise go on with a member still processing.
     pub fn pause(&self, paused: bool) {
         self.paused.store(paused, Ordering::SeqCst);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while paused && lock(&self.seen).idle != paused && Instant::now() < deadline {
+        if !paused {
+            return;
+        }
+        let deadline = Instant::now() + PAUSE_WAIT;
+        while !lock(&self.seen).idle {
+            assert!(
+                Instant::now() < deadline,
+                "member {} did not pause within {PAUSE_WAIT:?}",
+                self.name
+            );
             thread::sleep(Duration::from_millis(5));
         }
     }
@@ -213,7 +225,10 @@ impl KcatMember {
     pub fn start(bootstrap: &str, group: &str, topic: &str, client_id: &str) -> Result<KcatMember> {
         let session = format!("session.timeout.ms={SESSION_MS}");
         let client = format!("client.id={client_id}");
+        // Debian's kcat with its own librdkafka: cargo's LD_LIBRARY_PATH holds the
+        // build's librdkafka, which would otherwise be loaded instead.
         let mut child = Command::new("kcat")
+            .env_remove("LD_LIBRARY_PATH")
             .args([
                 "-b", bootstrap, "-G", group, topic, "-q", "-u", "-f", "%p %o\\n",
             ])
@@ -356,11 +371,32 @@ pub fn describe_text(weir: &Weir, group: &str) -> Result<String> {
     Ok(out.stdout)
 }
 
-/// The member lines of `weir groups describe` (after the partition table).
+/// The member lines of `weir groups describe` (after the partition table). Fails if the
+/// members section is missing or its count differs from the header's `MEMBERS N`, so a
+/// change of the output format cannot pass for "no members".
 pub fn describe_members(weir: &Weir, group: &str) -> Result<Vec<String>> {
     let text = describe_text(weir, group)?;
-    let section = text.split("\n\n").nth(1).unwrap_or_default();
-    Ok(section.lines().skip(1).map(str::to_string).collect())
+    let count = text
+        .lines()
+        .next()
+        .and_then(|head| head.split(" MEMBERS ").nth(1))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .with_context(|| format!("no MEMBERS count in the header:\n{text}"))?;
+    let Some(section) = text.split("\n\n").nth(1) else {
+        bail!("no members section (after a blank line):\n{text}");
+    };
+    let mut lines = section.lines();
+    if !lines.next().is_some_and(|h| h.starts_with("MEMBER-ID")) {
+        bail!("the members section has no MEMBER-ID header:\n{text}");
+    }
+    let members: Vec<String> = lines.map(str::to_string).collect();
+    if members.len() != count {
+        bail!(
+            "{} member lines, header says {count}:\n{text}",
+            members.len()
+        );
+    }
+    Ok(members)
 }
 
 /// Runs `weir groups describe GROUP` against the node and parses it: (header, rows).
