@@ -434,8 +434,10 @@ fn a_trickling_scrape_does_not_hold_the_endpoint() {
     let text = scrape(&addr, "/metrics");
     let took = started.elapsed();
     assert!(text.contains("weir_"), "a real scrape: {text}");
+    // The 5 s deadline plus a loaded machine's margin; the trickle alone lasts 18 s (the
+    // next scrape waited 17.7 s before the fix).
     assert!(
-        took < Duration::from_secs(8),
+        took < Duration::from_secs(12),
         "the next scrape waited {took:?}"
     );
     trickle.join().expect("trickle");

@@ -507,9 +507,12 @@ fn appends_continue_during_a_clean_with_bounded_latency() {
     );
     assert!(stats.segments_swapped > 10, "{stats:?}");
     assert!(appends >= 20, "appends ran during the clean: {appends}");
+    // 500 ms, or ten times the idle p99 on a machine too loaded for that: a clean that
+    // does not yield holds appends for its whole run (seconds for 24 MiB).
+    let bound = Duration::from_millis(500).max(p99_idle * 10);
     assert!(
-        p99_cleaning < Duration::from_millis(500),
-        "append p99 during a clean: {p99_cleaning:?}"
+        p99_cleaning < bound,
+        "append p99 during a clean: {p99_cleaning:?} (idle {p99_idle:?})"
     );
 }
 

@@ -206,8 +206,10 @@ const CANARY_PRODUCES: usize = 200;
 const CANARY_GAP: Duration = Duration::from_millis(10);
 /// Largest p99 produce latency allowed for the canary. Generous for a loaded 2-core CI
 /// machine running a debug build (measured there: 68-74 ms p99 with the fix, 864 ms p99
-/// and a 2.8 s stall before it); the aim on a quiet machine is 50 ms.
+/// and a 2.8 s stall before it); the aim on a quiet machine is 50 ms. On a machine where
+/// the canary alone (before the load) is slower, `CANARY_P99_RATIO_MAX` times that.
 const CANARY_P99_MAX: Duration = Duration::from_millis(250);
+const CANARY_P99_RATIO_MAX: u32 = 3;
 
 #[test]
 fn pipelined_unread_cold_fetches_are_bounded_and_a_producer_keeps_its_latency() -> Result<()> {
@@ -215,6 +217,7 @@ fn pipelined_unread_cold_fetches_are_bounded_and_a_producer_keeps_its_latency() 
     let mut canary = RawConn::connect_timeout(weir.addr(), IO_TIMEOUT)?;
     let small = record_batch(&[vec![1u8; 100]], Compression::None)?;
     ensure!(canary.produce(CANARY_TOPIC, 0, 1, small.clone())?.0 == 0);
+    let p99_alone = percentile(&canary_latencies(&mut canary, &small)?, 99);
     let (hwm_before, rss_before) = (vm_hwm_kib(&weir)?, weir.rss_kib()?);
 
     let req = fetch_request(COLD_TOPIC, &[0], LIMIT_NEAR_2_31);
@@ -270,9 +273,10 @@ fn pipelined_unread_cold_fetches_are_bounded_and_a_producer_keeps_its_latency() 
         "VmHWM {hwm_before} -> {hwm_stalled} KiB with {STALLED_CONNECTIONS} stalled connections \
          (budget {RESPONSE_BUFFER_BYTES})"
     );
+    let p99_max = CANARY_P99_MAX.max(p99_alone * CANARY_P99_RATIO_MAX);
     ensure!(
-        p99 <= CANARY_P99_MAX,
-        "canary p99 {p99:?} > {CANARY_P99_MAX:?}"
+        p99 <= p99_max,
+        "canary p99 {p99:?} > {p99_max:?} (alone {p99_alone:?})"
     );
     ensure!(
         rss_after < rss_before + RSS_AFTER_GROWTH_KIB_MAX,
