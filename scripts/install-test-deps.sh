@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine (run as root in CI):
-# - apt: a C toolchain and cmake (the rdkafka crate compiles librdkafka from source),
+# - apt: a C and C++ toolchain and cmake (the rdkafka crate compiles librdkafka from source),
 #   fio (disk baseline for benchmarks), kcat, openssl (test certificates), Python's venv,
 #   Node and npm;
 # - PyPI: confluent-kafka, kafka-python, aiokafka into a venv at target/interop-venv;
@@ -22,6 +22,10 @@ command -v kcat >/dev/null || need_apt+=(kcat)
 # The security tests make their certificates with the openssl CLI.
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v cc >/dev/null || need_apt+=(build-essential)
+# librdkafka's build needs a C++ compiler too, which a bare `cc` does not bring.
+command -v c++ >/dev/null || need_apt+=(g++)
+# procps (ps, pgrep): to look at a stuck test run; minimal images lack it.
+command -v pgrep >/dev/null || need_apt+=(procps)
 command -v make >/dev/null || need_apt+=(make)
 command -v perl >/dev/null || need_apt+=(perl)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
