@@ -266,3 +266,94 @@ fn a_produce_over_the_partition_entry_bound_closes_its_connection() {
         .sum();
     assert_eq!(entries, max, "answered at the bound");
 }
+
+/// A topic named again in one Metadata request is answered once, by name (v1) and by id
+/// (v12), as Kafka takes the request's topics as a set: each repeat would build the
+/// topic's whole partition list again (a small request could name a large topic
+/// hundreds of thousands of times).
+#[test]
+fn metadata_answers_a_repeated_topic_once() {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    const REPEATS: usize = 10_000;
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    assert_eq!(common::requests::create_topics(&mut c, &[("t", 50)]), [0]);
+
+    let by_name = MetadataRequest::default().with_topics(Some(vec![
+        MetadataRequestTopic::default()
+            .with_name(Some(
+                TopicName(common::requests::s("t"))
+            ));
+        REPEATS
+    ]));
+    let resp: MetadataResponse = c.call(api::METADATA, 1, &by_name);
+    assert_eq!(resp.topics.len(), 1, "one answer for the one topic named");
+    assert_eq!(resp.topics[0].partitions.len(), 50);
+
+    let all: MetadataResponse = c.call(
+        api::METADATA,
+        12,
+        &MetadataRequest::default().with_topics(None),
+    );
+    let id = all.topics[0].topic_id;
+    assert!(!id.is_nil(), "the topic has an id");
+    let by_id = MetadataRequest::default().with_topics(Some(vec![
+        MetadataRequestTopic::default()
+            .with_name(None)
+            .with_topic_id(id);
+        REPEATS
+    ]));
+    let resp: MetadataResponse = c.call(api::METADATA, 12, &by_id);
+    assert_eq!(resp.topics.len(), 1, "one answer for the one id named");
+    assert_eq!(resp.topics[0].error_code, 0);
+    assert_eq!(resp.topics[0].partitions.len(), 50);
+}
+
+/// A DescribeConfigs naming the broker again (same keys) is answered once; more
+/// resources than the bound close the connection, as Produce's partition bound.
+#[test]
+fn describe_configs_answers_a_repeated_resource_once_and_is_bounded() {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    const REPEATS: usize = 10_000;
+    const BROKER: i8 = 4;
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    let resource = DescribeConfigsResource::default()
+        .with_resource_type(BROKER)
+        .with_resource_name(common::requests::s(""));
+    let req = DescribeConfigsRequest::default().with_resources(vec![resource.clone(); REPEATS]);
+    let resp: DescribeConfigsResponse = c.call(api::DESCRIBE_CONFIGS, 4, &req);
+    assert_eq!(
+        resp.results.len(),
+        1,
+        "one answer for the one resource named"
+    );
+    assert_eq!(resp.results[0].error_code, 0);
+    assert!(resp.results[0].configs.len() > 10, "every broker key");
+
+    // Different keys are a different question: each is answered, with its keys only.
+    let keyed = |key: &str| {
+        resource
+            .clone()
+            .with_configuration_keys(Some(vec![common::requests::s(key)]))
+    };
+    let req = DescribeConfigsRequest::default().with_resources(vec![
+        keyed("num.partitions"),
+        keyed("log.retention.ms"),
+        keyed("num.partitions"),
+    ]);
+    let resp: DescribeConfigsResponse = c.call(api::DESCRIBE_CONFIGS, 4, &req);
+    let names: Vec<Vec<String>> = resp
+        .results
+        .iter()
+        .map(|r| r.configs.iter().map(|e| e.name.to_string()).collect())
+        .collect();
+    assert_eq!(names, [["num.partitions"], ["log.retention.ms"]]);
+
+    let max = weir::api::configs::RESOURCES_PER_DESCRIBE_MAX;
+    let mut over = broker.client();
+    let req = DescribeConfigsRequest::default().with_resources(vec![resource; max + 1]);
+    over.send(api::DESCRIBE_CONFIGS, 4, &req);
+    assert!(over.is_closed(), "over the bound: closed, not answered");
+    assert!(api_versions_ok(&mut c), "other connections are served");
+}

@@ -8,9 +8,10 @@
 //! it can change at runtime. Dynamic broker configs ([`crate::config::dynamic`]): the
 //! topic defaults in [`keys::DYNAMIC_APPLIED`] apply at once; Kafka's dynamic keys weir
 //! does not use are stored and described without effect; every other key is refused with
-//! INVALID_CONFIG and a message saying why.
+//! INVALID_CONFIG and a message saying why. A DescribeConfigs naming more than
+//! `RESOURCES_PER_DESCRIBE_MAX` resources is undecodable (connection closed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -59,45 +60,61 @@ const FLAG_KEYS: &[&str] = &[
     "weir.shards",
 ];
 
-/// DescribeConfigs.
+/// Most resources one DescribeConfigs may name; past it the request is refused as
+/// undecodable (the connection is closed), as Produce's partition bound: a 4-byte
+/// resource entry could otherwise ask for a hundred entries of the broker's configs,
+/// millions of times in one request.
+pub const RESOURCES_PER_DESCRIBE_MAX: usize = 100_000;
+
+/// The resources a DescribeConfigs names (for [`RESOURCES_PER_DESCRIBE_MAX`]).
+pub fn describe_resources(req: &DescribeConfigsRequest) -> usize {
+    req.resources.len()
+}
+
+/// A resource as it is answered: type, name and the keys asked for (`None`: all).
+type ResourceKey<'a> = (i8, &'a str, Option<BTreeSet<&'a str>>);
+
+/// DescribeConfigs. A resource named again with the same keys is answered once (its
+/// answer would be the same); the broker's entries are built once per request.
 pub async fn describe(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
-    let results = req
-        .resources
-        .iter()
-        .map(|r| {
-            // Null asks for every key; so does an empty list (some clients send that).
-            let keys: Option<Vec<String>> = r
-                .configuration_keys
-                .as_ref()
-                .filter(|k| !k.is_empty())
-                .map(|k| k.iter().map(|s| s.to_string()).collect());
-            let base = DescribeConfigsResult::default()
-                .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name.clone());
-            let entries = match r.resource_type {
-                RESOURCE_TOPIC => topic_entries(shard, r.resource_name.as_str()),
-                RESOURCE_BROKER => check_broker_name(shard, r.resource_name.as_str())
-                    .map(|()| broker_entries(shard)),
-                _ => Err((
-                    errors::INVALID_REQUEST,
-                    "unsupported resource type".to_string(),
-                )),
-            };
-            match entries {
-                Ok(all) => base.with_configs(
-                    all.into_iter()
-                        .filter(|e| {
-                            keys.as_ref()
-                                .is_none_or(|k| k.iter().any(|k| k == e.name.as_str()))
-                        })
-                        .collect(),
-                ),
-                Err((code, msg)) => base
-                    .with_error_code(code)
-                    .with_error_message(Some(str_bytes(&msg))),
-            }
-        })
-        .collect();
+    let mut seen: HashSet<ResourceKey<'_>> = HashSet::new();
+    let mut broker: Option<Vec<DescribeConfigsResourceResult>> = None;
+    let mut results = Vec::new();
+    for r in &req.resources {
+        // Null asks for every key; so does an empty list (some clients send that).
+        let keys: Option<BTreeSet<&str>> = r
+            .configuration_keys
+            .as_ref()
+            .filter(|k| !k.is_empty())
+            .map(|k| k.iter().map(|s| s.as_str()).collect());
+        if !seen.insert((r.resource_type, r.resource_name.as_str(), keys.clone())) {
+            continue;
+        }
+        let wanted = |name: &str| keys.as_ref().is_none_or(|k| k.contains(name));
+        let base = DescribeConfigsResult::default()
+            .with_resource_type(r.resource_type)
+            .with_resource_name(r.resource_name.clone());
+        let entries = match r.resource_type {
+            RESOURCE_TOPIC => topic_entries(shard, r.resource_name.as_str(), &wanted),
+            RESOURCE_BROKER => check_broker_name(shard, r.resource_name.as_str()).map(|()| {
+                let all = broker.get_or_insert_with(|| broker_entries(shard));
+                all.iter()
+                    .filter(|e| wanted(e.name.as_str()))
+                    .cloned()
+                    .collect()
+            }),
+            _ => Err((
+                errors::INVALID_REQUEST,
+                "unsupported resource type".to_string(),
+            )),
+        };
+        results.push(match entries {
+            Ok(entries) => base.with_configs(entries),
+            Err((code, msg)) => base
+                .with_error_code(code)
+                .with_error_message(Some(str_bytes(&msg))),
+        });
+    }
     DescribeConfigsResponse::default().with_results(results)
 }
 
@@ -124,9 +141,11 @@ fn hide_secret(e: DescribeConfigsResourceResult) -> DescribeConfigsResourceResul
         .with_config_type(TYPE_PASSWORD)
 }
 
+/// A topic's entries of the keys `wanted` (only those are built).
 fn topic_entries(
     shard: &Shard,
     topic: &str,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<DescribeConfigsResourceResult>, TopicError> {
     let catalog = shard.catalog();
     let Some(meta) = catalog.topics.get(topic) else {
@@ -153,6 +172,7 @@ fn topic_entries(
         .collect();
     let mut keys: Vec<&str> = defaults.keys().map(String::as_str).collect();
     keys.extend(meta.configs.keys().map(String::as_str));
+    keys.retain(|k| wanted(k));
     keys.sort_unstable();
     keys.dedup();
     Ok(keys

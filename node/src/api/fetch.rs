@@ -352,7 +352,7 @@ thread_local! {
 }
 
 /// The id → name map of `catalog`, rebuilt only when the catalogue changed.
-fn topic_ids(catalog: &Arc<Catalog>) -> TopicIds {
+pub(super) fn topic_ids(catalog: &Arc<Catalog>) -> TopicIds {
     TOPIC_IDS.with(|slot| {
         let mut slot = slot.borrow_mut();
         if let Some((c, map)) = slot.as_ref()

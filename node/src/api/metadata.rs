@@ -3,6 +3,7 @@
 //! the controller quorum's committed image (live brokers, active controller, per
 //! partition leader, leader epoch, replicas, ISR).
 
+use std::collections::HashSet;
 use std::rc::Rc;
 
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
@@ -52,18 +53,8 @@ pub async fn handle(
     } else {
         // Auto-creation counts against `max.partitions.per.request` like CreateTopics.
         let budget = admin::RequestBudget::new(shard);
-        for t in req.topics.iter().flatten() {
-            topics.push(
-                requested_topic(
-                    shard,
-                    t.name.as_ref().map(|n| n.0.to_string()),
-                    t.topic_id,
-                    allow_create,
-                    &budget,
-                    authz,
-                )
-                .await,
-            );
+        for (name, id) in requested_once(&req) {
+            topics.push(requested_topic(shard, name, id, allow_create, &budget, authz).await);
         }
     }
     let view = cluster_view(shard, advertised);
@@ -141,6 +132,26 @@ pub fn cluster_view(shard: &Shard, advertised: &(String, u16)) -> ClusterView {
     }
 }
 
+/// The request's topics in order, each once: Kafka takes them as a set, and a topic
+/// named again would cost its whole partition list again (one small request could name
+/// a large topic hundreds of thousands of times). A named topic is keyed by its name, one
+/// asked for by id (no name) by its id.
+fn requested_once(req: &MetadataRequest) -> Vec<(Option<String>, Uuid)> {
+    let mut seen: HashSet<(Option<&str>, Uuid)> = HashSet::new();
+    let mut out = Vec::new();
+    for t in req.topics.iter().flatten() {
+        let name = t.name.as_ref().map(|n| n.0.as_str());
+        let key = match name {
+            Some(name) => (Some(name), Uuid::nil()),
+            None => (None, t.topic_id),
+        };
+        if seen.insert(key) {
+            out.push((name.map(str::to_string), t.topic_id));
+        }
+    }
+    out
+}
+
 async fn requested_topic(
     shard: &Rc<Shard>,
     name: Option<String>,
@@ -158,10 +169,11 @@ async fn requested_topic(
     };
     let found = match &name {
         Some(n) => catalog.topics.get(n).cloned(),
-        None => catalog
-            .topics
-            .values()
-            .find(|t| t.id == id.as_u128())
+        // By the id map of this catalogue snapshot (built once per snapshot, as Fetch
+        // does), not a scan of every topic per id asked for.
+        None => super::fetch::topic_ids(&catalog)
+            .get(&id.as_u128())
+            .and_then(|n| catalog.topics.get(&**n))
             .cloned(),
     };
     if let Some(meta) = found {

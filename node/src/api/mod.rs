@@ -216,7 +216,12 @@ async fn administrative(
             .await
         }
         Some(ApiKey::DescribeConfigs) => {
-            run(req, |r| {
+            let bound = (
+                configs::describe_resources as fn(&_) -> usize,
+                "resources in one DescribeConfigs request",
+                configs::RESOURCES_PER_DESCRIBE_MAX,
+            );
+            run_bounded(req, bound, |r| {
                 authz::describe_configs(a, r, |r| configs::describe(shard, r))
             })
             .await
@@ -348,6 +353,34 @@ where
     Fut: std::future::Future<Output = P>,
 {
     let typed: Q = proto::decode(req)?;
+    let resp = f(typed).await;
+    let frame = proto::encode_response(req, &resp)?;
+    Ok(Some(vec![frame]))
+}
+
+/// [`run`] for a request whose entries cost work each: more than `max` of them (as
+/// `count` counts) is refused as undecodable, the connection closed, as Produce's bound.
+async fn run_bounded<Q, P, F, Fut>(
+    req: &Request,
+    (count, field, max): (fn(&Q) -> usize, &'static str, usize),
+    f: F,
+) -> Result<Response, WireError>
+where
+    Q: Decodable,
+    P: Encodable,
+    F: FnOnce(Q) -> Fut,
+    Fut: std::future::Future<Output = P>,
+{
+    let typed: Q = proto::decode(req)?;
+    let size = count(&typed);
+    if size > max {
+        return Err(WireError::TooLarge {
+            field,
+            offset: 0,
+            size: u64::try_from(size).unwrap_or(u64::MAX),
+            max: u64::try_from(max).unwrap_or(u64::MAX),
+        });
+    }
     let resp = f(typed).await;
     let frame = proto::encode_response(req, &resp)?;
     Ok(Some(vec![frame]))
