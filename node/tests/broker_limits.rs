@@ -357,3 +357,134 @@ fn describe_configs_answers_a_repeated_resource_once_and_is_bounded() {
     assert!(over.is_closed(), "over the bound: closed, not answered");
     assert!(api_versions_ok(&mut c), "other connections are served");
 }
+
+/// An OffsetFetch naming many distinct topics is answered in time linear in them (its
+/// answer was grouped by topic with a scan of the topics so far for each offset).
+#[test]
+fn offset_fetch_of_many_distinct_topics_is_answered_in_time() {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    const TOPICS: usize = 200_000;
+    const ANSWER_MAX: Duration = Duration::from_secs(60);
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    common::requests::find_coordinator(&mut c, "g");
+    let topics = (0..TOPICS)
+        .map(|i| {
+            OffsetFetchRequestTopic::default()
+                .with_name(TopicName(common::requests::s(&format!("t{i}"))))
+                .with_partition_indexes(vec![0])
+        })
+        .collect();
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(common::requests::s("g")))
+        .with_topics(Some(topics));
+    // Waits past the bound, so a slow answer fails the assertion below, not the read.
+    c.stream
+        .set_read_timeout(Some(ANSWER_MAX * 2))
+        .expect("timeout");
+    let started = Instant::now();
+    let sent = c.send(api::OFFSET_FETCH, 7, &req);
+    let frame = c.read_frame();
+    let elapsed = started.elapsed();
+    assert!(elapsed < ANSWER_MAX, "answered in {elapsed:?}");
+    let frame = frame.expect("answered");
+    let (got, resp): (i32, OffsetFetchResponse) =
+        wire::messages::decode_response_as(api::OFFSET_FETCH, 7, &frame).expect("decode");
+    assert_eq!(got, sent);
+    assert_eq!(resp.error_code, 0);
+    assert_eq!(resp.topics.len(), TOPICS, "each topic answered once");
+}
+
+/// A stable OffsetFetch (v7, `require_stable`) of many partitions with as many offsets
+/// of an open transaction is answered in time linear in them (each fetched offset was
+/// checked against every pending one), each partition UNSTABLE_OFFSET_COMMIT.
+#[test]
+fn stable_offset_fetch_of_many_pending_offsets_is_answered_in_time() {
+    use common::requests::s;
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    const PARTITIONS: i32 = 50_000;
+    const COMMIT_PARTITIONS: usize = 5_000;
+    const ANSWER_MAX: Duration = Duration::from_secs(60);
+    const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+    let broker = Broker::start(2, &[]);
+    let mut c = broker.client();
+    common::requests::find_coordinator(&mut c, "g");
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(s("tx"))))
+        .with_transaction_timeout_ms(600_000)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    let resp: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &req);
+    assert_eq!(resp.error_code, 0, "InitProducerId");
+    let (pid, epoch) = (resp.producer_id, resp.producer_epoch);
+    let req = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(TransactionalId(s("tx")))
+        .with_producer_id(pid)
+        .with_producer_epoch(epoch)
+        .with_group_id(GroupId(s("g")));
+    let resp: AddOffsetsToTxnResponse = c.call(api::ADD_OFFSETS_TO_TXN, 3, &req);
+    assert_eq!(resp.error_code, 0, "AddOffsetsToTxn");
+    // In parts: one commit's batch must fit the offsets topic's record size limit.
+    for first in (0..PARTITIONS).step_by(COMMIT_PARTITIONS) {
+        let partitions = (first..PARTITIONS.min(first + COMMIT_PARTITIONS as i32))
+            .map(|p| {
+                TxnOffsetCommitRequestPartition::default()
+                    .with_partition_index(p)
+                    .with_committed_offset(1)
+            })
+            .collect();
+        let req = TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(s("tx")))
+            .with_group_id(GroupId(s("g")))
+            .with_producer_id(pid)
+            .with_producer_epoch(epoch)
+            .with_generation_id(-1)
+            .with_topics(vec![
+                TxnOffsetCommitRequestTopic::default()
+                    .with_name(TopicName(s("x")))
+                    .with_partitions(partitions),
+            ]);
+        let resp: TxnOffsetCommitResponse = c.call(api::TXN_OFFSET_COMMIT, 3, &req);
+        assert!(
+            resp.topics[0].partitions.iter().all(|p| p.error_code == 0),
+            "TxnOffsetCommit: {:?}",
+            resp.topics[0].partitions.first()
+        );
+    }
+
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_require_stable(true)
+        .with_topics(Some(vec![
+            OffsetFetchRequestTopic::default()
+                .with_name(TopicName(s("x")))
+                .with_partition_indexes((0..PARTITIONS).collect()),
+        ]));
+    // Waits past the bound, so a slow answer fails the assertion below, not the read.
+    c.stream
+        .set_read_timeout(Some(ANSWER_MAX * 2))
+        .expect("timeout");
+    let started = Instant::now();
+    let sent = c.send(api::OFFSET_FETCH, 7, &req);
+    let frame = c.read_frame();
+    let elapsed = started.elapsed();
+    assert!(elapsed < ANSWER_MAX, "answered in {elapsed:?}");
+    let frame = frame.expect("answered");
+    let (got, resp): (i32, OffsetFetchResponse) =
+        wire::messages::decode_response_as(api::OFFSET_FETCH, 7, &frame).expect("decode");
+    assert_eq!(got, sent);
+    assert_eq!(resp.error_code, 0, "answered, not failed");
+    let unstable = resp
+        .topics
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .filter(|p| p.error_code == UNSTABLE_OFFSET_COMMIT)
+        .count();
+    assert_eq!(
+        unstable, PARTITIONS as usize,
+        "each pending offset is unstable"
+    );
+}

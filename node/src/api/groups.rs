@@ -8,6 +8,7 @@
 //! DeleteGroups) are split per group. `__consumer_offsets` is created on first use.
 
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -631,13 +632,18 @@ async fn fetch_group(
     }
 }
 
-/// Groups fetched offsets by topic, in first-seen order.
+/// Groups fetched offsets by topic, in first-seen order (indexed by name: a request may
+/// name hundreds of thousands of topics).
 fn by_topic(offsets: Vec<FetchedOffset>) -> Vec<(String, Vec<FetchedOffset>)> {
     let mut out: Vec<(String, Vec<FetchedOffset>)> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
     for o in offsets {
-        match out.iter_mut().find(|(t, _)| *t == o.topic) {
-            Some((_, v)) => v.push(o),
-            None => out.push((o.topic.clone(), vec![o])),
+        match at.get(&o.topic) {
+            Some(&i) => out[i].1.push(o),
+            None => {
+                at.insert(o.topic.clone(), out.len());
+                out.push((o.topic.clone(), vec![o]));
+            }
         }
     }
     out
@@ -883,16 +889,19 @@ async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> OffsetDel
     if top != codes::NONE || per.len() != partitions.len() {
         return resp;
     }
+    // Indexed by name, as `by_topic`.
+    let mut at: HashMap<String, usize> = HashMap::new();
     for ((topic, partition), code) in partitions.into_iter().zip(per) {
         let mut p = OffsetDeleteResponsePartition::default();
         p.partition_index = partition;
         p.error_code = code;
-        match resp.topics.iter_mut().find(|t| t.name.as_str() == topic) {
-            Some(t) => t.partitions.push(p),
+        match at.get(&topic) {
+            Some(&i) => resp.topics[i].partitions.push(p),
             None => {
                 let mut t = OffsetDeleteResponseTopic::default();
                 t.name = topic_name(&topic);
                 t.partitions.push(p);
+                at.insert(topic, resp.topics.len());
                 resp.topics.push(t);
             }
         }

@@ -20,7 +20,7 @@ mod park;
 mod store;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -554,12 +554,16 @@ impl Coordinators {
         let Some(pending) = pending.get(&index) else {
             return GroupReply::Offsets(code, offsets);
         };
+        // Built once per call: checking each offset against every pending one is
+        // offsets x pending.
+        let unstable: HashSet<(&str, i32)> = pending
+            .values()
+            .flatten()
+            .filter(|(g, _, _)| g == group)
+            .map(|(_, (t, p), _)| (t.as_str(), *p))
+            .collect();
         for o in &mut offsets {
-            let unstable = pending
-                .values()
-                .flatten()
-                .any(|(g, (t, p), _)| g == group && *t == o.topic && *p == o.partition);
-            if unstable {
+            if unstable.contains(&(o.topic.as_str(), o.partition)) {
                 o.error = codes::UNSTABLE_OFFSET_COMMIT;
             }
         }
