@@ -488,3 +488,57 @@ fn stable_offset_fetch_of_many_pending_offsets_is_answered_in_time() {
         "each pending offset is unstable"
     );
 }
+
+/// A ListOffsets or OffsetForLeaderEpoch naming more partition entries than the bound
+/// is refused as undecodable (connection closed): each entry costs a task and a call
+/// to its owner, all queued at once. One at the bound is answered.
+#[test]
+fn offsets_requests_over_the_partition_entry_bound_close_their_connection() {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{
+        OffsetForLeaderPartition, OffsetForLeaderTopic,
+    };
+    let max = weir::api::offsets::PARTITIONS_PER_REQUEST_MAX;
+    let broker = Broker::start(2, &[]);
+    let list = |entries: usize| {
+        let partitions = (0..entries)
+            .map(|i| {
+                ListOffsetsPartition::default()
+                    .with_partition_index(i32::try_from(i).expect("fits"))
+                    .with_timestamp(-1)
+            })
+            .collect();
+        ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![
+                ListOffsetsTopic::default()
+                    .with_name(TopicName(common::requests::s("t")))
+                    .with_partitions(partitions),
+            ])
+    };
+    let mut over = broker.client();
+    over.send(api::LIST_OFFSETS, 6, &list(max + 1));
+    assert!(over.is_closed(), "ListOffsets over the bound: closed");
+
+    let epochs = OffsetForLeaderEpochRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            OffsetForLeaderTopic::default()
+                .with_topic(TopicName(common::requests::s("t")))
+                .with_partitions(vec![
+                    OffsetForLeaderPartition::default().with_leader_epoch(0);
+                    max + 1
+                ]),
+        ]);
+    let mut over = broker.client();
+    over.send(api::OFFSET_FOR_LEADER_EPOCH, 4, &epochs);
+    assert!(
+        over.is_closed(),
+        "OffsetForLeaderEpoch over the bound: closed"
+    );
+
+    let mut at = broker.client();
+    let resp: ListOffsetsResponse = at.call(api::LIST_OFFSETS, 6, &list(max));
+    let entries: usize = resp.topics.iter().map(|t| t.partitions.len()).sum();
+    assert_eq!(entries, max, "answered at the bound");
+}

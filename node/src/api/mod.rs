@@ -180,7 +180,12 @@ async fn administrative(
     let v = req.version;
     match req.key() {
         Some(ApiKey::ListOffsets) => {
-            run(req, |r| {
+            let bound = (
+                offsets::list_offsets_partitions as fn(&_) -> usize,
+                "partitions in one ListOffsets request",
+                offsets::PARTITIONS_PER_REQUEST_MAX,
+            );
+            run_bounded(req, bound, |r| {
                 authz::list_offsets(a, r, |r| offsets::list_offsets(shard, r, v))
             })
             .await
@@ -192,7 +197,12 @@ async fn administrative(
             .await
         }
         Some(ApiKey::OffsetForLeaderEpoch) => {
-            run(req, |r| {
+            let bound = (
+                offsets::epoch_end_partitions as fn(&_) -> usize,
+                "partitions in one OffsetForLeaderEpoch request",
+                offsets::PARTITIONS_PER_REQUEST_MAX,
+            );
+            run_bounded(req, bound, |r| {
                 authz::offset_for_leader_epoch(a, r, |r| offsets::offset_for_leader_epoch(shard, r))
             })
             .await

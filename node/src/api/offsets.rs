@@ -1,7 +1,9 @@
 //! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp), DeleteRecords and
 //! OffsetForLeaderEpoch (where a leader epoch ends in the log, KIP-101/279: what a replica
 //! becoming follower truncates to), each partition answered by its owning shard.
-//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION.
+//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION. A ListOffsets
+//! or OffsetForLeaderEpoch naming more than `PARTITIONS_PER_REQUEST_MAX` partition entries
+//! is undecodable (connection closed).
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -34,6 +36,22 @@ use crate::shard::{DeleteRecordsCall, EpochEndCall, ListOffsetCall, Shard};
 const LIST_OFFSETS_TIMEOUT: Duration = Duration::from_secs(30);
 /// DeleteRecords' own `timeout_ms` is used when positive, else this.
 const DELETE_RECORDS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// Most partition entries one ListOffsets or OffsetForLeaderEpoch may name (as Fetch and
+/// Produce): each costs a task and a call to its owner, all queued at once. Past it the
+/// request is refused as undecodable (the connection is closed).
+pub const PARTITIONS_PER_REQUEST_MAX: usize = 100_000;
+
+/// The partition entries a ListOffsets names (for [`PARTITIONS_PER_REQUEST_MAX`]).
+pub fn list_offsets_partitions(req: &ListOffsetsRequest) -> usize {
+    req.topics.iter().map(|t| t.partitions.len()).sum()
+}
+
+/// The partition entries an OffsetForLeaderEpoch names (for
+/// [`PARTITIONS_PER_REQUEST_MAX`]).
+pub fn epoch_end_partitions(req: &OffsetForLeaderEpochRequest) -> usize {
+    req.topics.iter().map(|t| t.partitions.len()).sum()
+}
 
 /// ListOffsets.
 /// `leader_epoch` exists from v4; encoding it earlier is an error.
