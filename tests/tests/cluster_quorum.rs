@@ -580,3 +580,91 @@ fn kafka_python_creates_produces_and_consumes_through_different_nodes() {
     assert!(out.ok(), "{text}\n{}", logs(&mut c));
     assert!(text.contains("ok: 300 records"), "{text}");
 }
+
+/// Every node has two listeners, PLAINTEXT (inter-broker) and CLIENT: a client is told
+/// every node's address on the listener it came through (Kafka's rule), in Metadata,
+/// DescribeCluster and FindCoordinator. Before, each node registered one address and
+/// a CLIENT client was sent to the PLAINTEXT ports.
+#[test]
+fn clients_are_given_the_addresses_of_the_listener_they_came_through() {
+    use kafka_protocol::messages::{
+        ApiKey, DescribeClusterRequest, DescribeClusterResponse, FindCoordinatorRequest,
+        FindCoordinatorResponse,
+    };
+    use weir_tests::peer_security::listener_of;
+    use weir_tests::raw::RawConn;
+    let extra = [
+        ("listeners", "PLAINTEXT://127.0.0.1:0,CLIENT://127.0.0.1:0"),
+        (
+            "listener.security.protocol.map",
+            "PLAINTEXT:PLAINTEXT,CLIENT:PLAINTEXT",
+        ),
+        ("inter.broker.listener.name", "PLAINTEXT"),
+        ("offsets.topic.replication.factor", "3"),
+        ("offsets.topic.num.partitions", "3"),
+    ];
+    let mut c = Cluster::start(3, &extra).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut ports: BTreeMap<&str, BTreeMap<i32, u16>> = BTreeMap::new();
+    for name in ["PLAINTEXT", "CLIENT"] {
+        for id in 1..=3 {
+            let addr = listener_of(&mut c, id, name).expect("listener");
+            ports.entry(name).or_default().insert(id, addr.port());
+        }
+    }
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    for name in ["PLAINTEXT", "CLIENT"] {
+        let want = &ports[name];
+        let at = std::net::SocketAddr::from(([127, 0, 0, 1], want[&2]));
+        // Nodes register their listeners with their first heartbeat: wait for all three.
+        let brokers = loop {
+            let m = cluster::metadata_at(at).expect("metadata");
+            let got: BTreeMap<i32, u16> = m
+                .brokers
+                .iter()
+                .map(|b| (b.node_id.0, u16::try_from(b.port).unwrap_or(0)))
+                .collect();
+            if &got == want || Instant::now() >= deadline {
+                break got;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(&brokers, want, "Metadata through {name}");
+        let mut conn = RawConn::connect_timeout(at, Duration::from_secs(10)).expect("connect");
+        let dc: DescribeClusterResponse = conn
+            .call(
+                ApiKey::DescribeCluster,
+                0,
+                &DescribeClusterRequest::default(),
+            )
+            .expect("DescribeCluster");
+        let got: BTreeMap<i32, u16> = dc
+            .brokers
+            .iter()
+            .map(|b| (b.broker_id.0, u16::try_from(b.port).unwrap_or(0)))
+            .collect();
+        assert_eq!(&got, want, "DescribeCluster through {name}");
+        // The coordinator's partition is created on first use; retried until it leads.
+        let coordinator = loop {
+            let req = FindCoordinatorRequest::default()
+                .with_key(kafka_protocol::protocol::StrBytes::from_static_str("g"));
+            let r: FindCoordinatorResponse = conn
+                .call(ApiKey::FindCoordinator, 3, &req)
+                .expect("FindCoordinator");
+            if r.error_code == NONE || Instant::now() >= deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(
+            coordinator.error_code, NONE,
+            "FindCoordinator through {name}"
+        );
+        let port = u16::try_from(coordinator.port).unwrap_or(0);
+        assert_eq!(
+            Some(&port),
+            want.get(&coordinator.node_id.0),
+            "FindCoordinator through {name}: {coordinator:?}"
+        );
+    }
+}

@@ -55,6 +55,12 @@ impl<'a> Authz<'a> {
         Authz { shard, session }
     }
 
+    /// The name of the listener the client came through (answers that name nodes give
+    /// that listener's addresses).
+    pub fn listener_name(&self) -> &str {
+        &self.session.listener.config.name
+    }
+
     pub fn enabled(&self) -> bool {
         self.shard.config().authorizer.enabled
     }

@@ -276,7 +276,8 @@ async fn respond(
         );
     }
     count_out(shard, &wanted, &outcomes);
-    let mut parts = build(&catalog, version, &wanted, outcomes, &include);
+    let listener = authz.listener_name();
+    let mut parts = build(&catalog, version, &wanted, outcomes, (&include, listener));
     parts.session_id = session_id;
     (parts, hold)
 }
@@ -651,13 +652,14 @@ fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
 }
 
 /// Assembles the response in request order, grouping consecutive partitions by topic;
-/// `include` leaves out the partitions an incremental session does not answer.
+/// `include` leaves out the partitions an incremental session does not answer; leaders
+/// named (KIP-951) are given at their address on the client's `listener`.
 fn build(
     catalog: &Catalog,
     version: i16,
     wanted: &[Wanted],
     outcomes: Vec<FetchOutcome>,
-    include: &[bool],
+    (include, listener): (&[bool], &str),
 ) -> FetchResponseParts {
     let mut topics: Vec<FetchTopicResponse> = Vec::new();
     let mut leaders: Vec<i32> = Vec::new();
@@ -715,10 +717,11 @@ fn build(
         leaders
             .iter()
             .filter_map(|id| {
-                catalog.nodes.get(id).map(|n| NodeEndpoint {
+                let (host, port) = catalog.nodes.get(id)?.address_for(listener)?;
+                Some(NodeEndpoint {
                     node_id: *id,
-                    host: Bytes::copy_from_slice(n.host.as_bytes()),
-                    port: i32::from(n.port),
+                    host: Bytes::copy_from_slice(host.as_bytes()),
+                    port: i32::from(port),
                     rack: None,
                 })
             })

@@ -47,6 +47,7 @@ use crate::group::{
 };
 use crate::proto::Request;
 use crate::router::ShardId;
+use crate::security::ListenerSetup;
 use crate::security::acl::Operation;
 use crate::server::session::Session;
 use crate::shard::Shard;
@@ -86,7 +87,7 @@ pub async fn dispatch(
     let a = &Authz::new(shard, session);
     match req.key() {
         Some(ApiKey::FindCoordinator) => {
-            let f = |r| find_coordinator(shard, r, v, session.advertised());
+            let f = |r| find_coordinator(shard, r, v, &session.listener);
             run(req, |r| authz::find_coordinator(a, r, v, f)).await
         }
         Some(ApiKey::JoinGroup | ApiKey::SyncGroup | ApiKey::Heartbeat | ApiKey::LeaveGroup) => {
@@ -263,7 +264,7 @@ async fn find_coordinator(
     shard: &Rc<Shard>,
     req: FindCoordinatorRequest,
     version: i16,
-    advertised: &(String, u16),
+    listener: &ListenerSetup,
 ) -> FindCoordinatorResponse {
     // Key type 0: a group (its `__consumer_offsets` partition); 1: a transactional id
     // (its `__transaction_state` partition). Each topic is created on first use.
@@ -282,14 +283,8 @@ async fn find_coordinator(
     let partitions = found.unwrap_or(1);
     let mut resp = FindCoordinatorResponse::default();
     if version < 4 {
-        let (error, node, host, port) = coordinator_of(
-            shard,
-            advertised,
-            topic,
-            req.key.as_str(),
-            partitions,
-            error,
-        );
+        let (error, node, host, port) =
+            coordinator_of(shard, listener, topic, req.key.as_str(), partitions, error);
         resp.error_code = error;
         if error == codes::NONE {
             resp.node_id = node;
@@ -305,7 +300,7 @@ async fn find_coordinator(
         .iter()
         .map(|key| {
             let (error, node, host, port) =
-                coordinator_of(shard, advertised, topic, key.as_str(), partitions, error);
+                coordinator_of(shard, listener, topic, key.as_str(), partitions, error);
             let mut c = Coordinator::default();
             c.key = key.clone();
             c.error_code = error;
@@ -324,16 +319,17 @@ async fn find_coordinator(
 
 /// The node hosting the coordinator of `key` (a group or transactional id) on `topic`
 /// (`__consumer_offsets` or `__transaction_state`): this node on a single node; in a
-/// cluster the leader of its partition (none yet: COORDINATOR_NOT_AVAILABLE).
+/// cluster the leader of its partition (none yet, or without the client's listener:
+/// COORDINATOR_NOT_AVAILABLE). Addresses are those of the client's `listener`.
 fn coordinator_of(
     shard: &Shard,
-    advertised: &(String, u16),
+    listener: &ListenerSetup,
     topic: &str,
     group: &str,
     partitions: i32,
     error: i16,
 ) -> (i16, BrokerId, String, u16) {
-    let (host, port) = advertised.clone();
+    let (host, port) = listener.advertised.clone();
     let me = (error, BrokerId(shard.config().node_id), host, port);
     if error != codes::NONE || shard.node.controller.cluster().is_none() {
         return me;
@@ -348,8 +344,13 @@ fn coordinator_of(
     let Some(leader) = leader else {
         return me;
     };
-    match image.nodes.get(&leader).filter(|n| !n.fenced) {
-        Some(n) => (error, BrokerId(leader), n.host.clone(), n.port),
+    let address = image
+        .nodes
+        .get(&leader)
+        .filter(|n| !n.fenced)
+        .and_then(|n| n.address_for(&listener.config.name));
+    match address {
+        Some((host, port)) => (error, BrokerId(leader), host.to_string(), port),
         None => (
             codes::COORDINATOR_NOT_AVAILABLE,
             BrokerId(-1),

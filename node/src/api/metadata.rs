@@ -20,6 +20,7 @@ use super::{admin, str_bytes, topic_name};
 use crate::errors;
 use crate::metadata::TopicMeta;
 use crate::partition::replica::SOLE_LEADER_EPOCH;
+use crate::security::ListenerSetup;
 use crate::security::acl::{CLUSTER_NAME, Operation, ResourceType};
 use crate::shard::Shard;
 
@@ -30,7 +31,7 @@ pub async fn handle(
     shard: &Rc<Shard>,
     req: MetadataRequest,
     version: i16,
-    advertised: &(String, u16),
+    listener: &ListenerSetup,
     authz: &Authz<'_>,
 ) -> MetadataResponse {
     let all = match &req.topics {
@@ -57,7 +58,7 @@ pub async fn handle(
             topics.push(requested_topic(shard, name, id, allow_create, &budget, authz).await);
         }
     }
-    let view = cluster_view(shard, advertised);
+    let view = cluster_view(shard, listener);
     let brokers = view
         .brokers
         .iter()
@@ -98,12 +99,15 @@ pub struct ClusterView {
 }
 
 /// The brokers, controller and cluster id to answer with: this node alone on a single
-/// node; the registered, unfenced nodes of the image in a cluster.
-/// `advertised` is this node's address on the listener the client came through (a
-/// cluster's other nodes are known by the one address they registered).
-pub fn cluster_view(shard: &Shard, advertised: &(String, u16)) -> ClusterView {
+/// node; the registered, unfenced nodes of the image in a cluster, each at its address
+/// on the client's `listener` (a node without that listener is left out, as Kafka does).
+pub fn cluster_view(shard: &Shard, listener: &ListenerSetup) -> ClusterView {
     let node_id = shard.config().node_id;
-    let me = (node_id, advertised.0.clone(), advertised.1);
+    let me = (
+        node_id,
+        listener.advertised.0.clone(),
+        listener.advertised.1,
+    );
     let Some(q) = shard.node.controller.cluster() else {
         return ClusterView {
             brokers: vec![me],
@@ -116,7 +120,10 @@ pub fn cluster_view(shard: &Shard, advertised: &(String, u16)) -> ClusterView {
         .nodes
         .iter()
         .filter(|(_, n)| !n.fenced)
-        .map(|(id, n)| (*id, n.host.clone(), n.port))
+        .filter_map(|(id, n)| {
+            let (host, port) = n.address_for(&listener.config.name)?;
+            Some((*id, host.to_string(), port))
+        })
         .collect();
     if brokers.is_empty() {
         // Not registered yet: a client still needs an address to retry on.
@@ -302,10 +309,10 @@ fn describe_placed(shard: &Shard, meta: &TopicMeta) -> MetadataResponseTopic {
 pub async fn describe_cluster(
     shard: &Rc<Shard>,
     req: DescribeClusterRequest,
-    advertised: &(String, u16),
+    listener: &ListenerSetup,
     authz: &Authz<'_>,
 ) -> DescribeClusterResponse {
-    let view = cluster_view(shard, advertised);
+    let view = cluster_view(shard, listener);
     let brokers = view
         .brokers
         .iter()

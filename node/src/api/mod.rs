@@ -87,12 +87,12 @@ async fn dispatch(
     session: &Session,
 ) -> Result<Response, WireError> {
     let v = req.version;
-    let advertised = session.advertised();
+    let listener = &*session.listener;
     let a = &Authz::new(shard, session);
     match req.key() {
-        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, advertised, a)).await,
+        Some(ApiKey::Metadata) => run(req, |r| metadata::handle(shard, r, v, listener, a)).await,
         Some(ApiKey::DescribeCluster) => {
-            run(req, |r| metadata::describe_cluster(shard, r, advertised, a)).await
+            run(req, |r| metadata::describe_cluster(shard, r, listener, a)).await
         }
         Some(ApiKey::Fetch) => fetch::handle(shard, req, a).await,
         _ => match transactional(shard, req, a).await {

@@ -85,6 +85,9 @@ pub enum Command {
         /// `wire::BrokerEpoch` of the registering process.
         #[serde(default = "no_broker_epoch")]
         epoch: i64,
+        /// Every listener's advertised address (empty from an older node).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        endpoints: Vec<crate::metadata::Endpoint>,
     },
     /// A node's lease expired: it leads nothing any more.
     FenceNode { id: i32 },
@@ -338,12 +341,14 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             host,
             port,
             epoch,
+            endpoints,
         } => {
             let info = NodeInfo {
                 host: host.clone(),
                 port: *port,
                 fenced: false,
                 broker_epoch: *epoch,
+                endpoints: endpoints.clone(),
             };
             if c.nodes.get(id) == Some(&info) {
                 return (Outcome::Noted, false);
@@ -920,6 +925,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 9000 + id as u16,
             epoch: 1,
+            endpoints: Vec::new(),
         };
         apply(c, &cmd, true);
     }
@@ -958,6 +964,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 9002,
             epoch,
+            endpoints: Vec::new(),
         };
         assert_eq!(apply(&mut c, &register(1), true), (Outcome::Noted, false));
         assert_eq!(apply(&mut c, &register(2), true), (Outcome::Noted, true));
@@ -1093,6 +1100,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 9000 + u16::try_from(follower).expect("a small id"),
             epoch: -1,
+            endpoints: Vec::new(),
         };
         apply(&mut c, &register, true);
         assert_eq!(c.nodes[&follower].broker_epoch, -1);

@@ -69,6 +69,19 @@ pub struct NodeInfo {
     /// written before nodes had one).
     #[serde(default = "no_broker_epoch")]
     pub broker_epoch: i64,
+    /// Every listener's advertised address, by listener name: a client is answered with
+    /// the address of the listener it came through (Kafka's rule). Empty in an image
+    /// written before nodes registered them: then `host`/`port` serve every listener.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// One listener of a node as registered: its name and advertised address.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Endpoint {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
 }
 
 fn no_broker_epoch() -> i64 {
@@ -76,6 +89,18 @@ fn no_broker_epoch() -> i64 {
 }
 
 impl NodeInfo {
+    /// The address a client of listener `listener` is given for this node; `None` if the
+    /// node has no such listener (Kafka leaves such a node out of the answer).
+    pub fn address_for(&self, listener: &str) -> Option<(&str, u16)> {
+        if self.endpoints.is_empty() {
+            return Some((&self.host, self.port));
+        }
+        self.endpoints
+            .iter()
+            .find(|e| e.name == listener)
+            .map(|e| (e.host.as_str(), e.port))
+    }
+
     /// The broker epoch the node registered (NONE: an older node, or an older image).
     pub fn epoch(&self) -> wire::BrokerEpoch {
         wire::BrokerEpoch(self.broker_epoch)

@@ -158,7 +158,15 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     let (bound, mut per_shard) = bind_all(&config)?;
     let listen = bound[0].1;
     crate::security::peer::init(&config)?;
-    let quorum = prepare_quorum(&config, inter_broker_advertised(&config, &bound))?;
+    let endpoints = per_shard
+        .iter()
+        .map(|(setup, _)| crate::metadata::Endpoint {
+            name: setup.config.name.clone(),
+            host: setup.advertised.0.clone(),
+            port: setup.advertised.1,
+        })
+        .collect();
+    let quorum = prepare_quorum(&config, inter_broker_advertised(&config, &bound), endpoints)?;
     let controller = match &quorum {
         None => crate::controller::Controller::local(),
         Some(q) => crate::controller::Controller::quorum(q.handle.clone()),
@@ -292,6 +300,7 @@ fn inter_broker_advertised(config: &Config, bound: &[(String, SocketAddr)]) -> (
 fn prepare_quorum(
     config: &Config,
     registered: (String, u16),
+    endpoints: Vec<crate::metadata::Endpoint>,
 ) -> anyhow::Result<Option<crate::controller::quorum::Prepared>> {
     if config.quorum_voters.is_empty() {
         return Ok(None);
@@ -300,6 +309,7 @@ fn prepare_quorum(
         node_id: config.node_id,
         voters: config.quorum_voters.clone(),
         advertised: registered,
+        endpoints,
         broker_epoch: wire::BrokerEpoch::draw(rand::random()),
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),

@@ -103,10 +103,6 @@ impl Session {
     pub fn has_failed(&self) -> bool {
         matches!(*self.sasl.borrow(), SaslState::Failed)
     }
-
-    pub fn advertised(&self) -> &(String, u16) {
-        &self.listener.advertised
-    }
 }
 
 #[cfg(test)]

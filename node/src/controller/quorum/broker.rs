@@ -109,6 +109,7 @@ async fn heartbeats(b: Arc<Broker>) {
                 port: b.config.advertised.1,
                 have: Some(b.have.load(Ordering::Acquire)),
                 epoch: b.config.broker_epoch.get(),
+                endpoints: b.config.endpoints.clone(),
             };
             let sent = Instant::now();
             match peer.call(&rpc, timeout).await {

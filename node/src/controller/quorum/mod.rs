@@ -54,8 +54,12 @@ pub struct QuorumConfig {
     pub node_id: i32,
     /// Voter id → controller address (`HOST:PORT`).
     pub voters: BTreeMap<i32, String>,
-    /// This node's client address, registered with the controller.
+    /// This node's inter-broker address, registered with the controller (where peers
+    /// reach it).
     pub advertised: (String, u16),
+    /// Every listener's advertised address, registered too: clients are answered with
+    /// the address of the listener they came through.
+    pub endpoints: Vec<crate::metadata::Endpoint>,
     /// This process's broker epoch, registered with the controller: a node that comes
     /// back with another one restarted. Its ISR memberships stand (its completed writes
     /// survived), but no leader may add it to an ISR on fetches its old process made
@@ -574,27 +578,30 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             port,
             have,
             epoch,
-        } => RpcReply::Heartbeat(heartbeat(ctx, id, host, port, epoch).map(|live| {
-            // Read after `live` was decided from the image: a fence applied in between
-            // is in what the node must catch up to. The answer renews a lease only from
-            // a leader that a quorum acknowledged and that has applied an entry of its
-            // own term (so its image holds everything its predecessors committed, fences
-            // included): a leader cut off with a minority keeps calling itself leader.
-            let (applied, authority) = leader_authority(ctx);
-            let live = live && authority.is_some();
-            // Index read before the image: the image holds at least what it says.
-            let behind = have.is_some_and(|h| h < applied);
-            let image = behind.then(|| net::ImageUpdate {
-                index: applied,
-                catalog: (*ctx.node.meta.snapshot()).clone(),
-            });
-            HeartbeatAnswer {
-                image,
-                applied,
-                live,
-                quorum_ack_age_ms: authority.unwrap_or(0),
-            }
-        })),
+            endpoints,
+        } => RpcReply::Heartbeat(
+            heartbeat(ctx, id, (host, port), epoch, endpoints).map(|live| {
+                // Read after `live` was decided from the image: a fence applied in between
+                // is in what the node must catch up to. The answer renews a lease only from
+                // a leader that a quorum acknowledged and that has applied an entry of its
+                // own term (so its image holds everything its predecessors committed, fences
+                // included): a leader cut off with a minority keeps calling itself leader.
+                let (applied, authority) = leader_authority(ctx);
+                let live = live && authority.is_some();
+                // Index read before the image: the image holds at least what it says.
+                let behind = have.is_some_and(|h| h < applied);
+                let image = behind.then(|| net::ImageUpdate {
+                    index: applied,
+                    catalog: (*ctx.node.meta.snapshot()).clone(),
+                });
+                HeartbeatAnswer {
+                    image,
+                    applied,
+                    live,
+                    quorum_ack_age_ms: authority.unwrap_or(0),
+                }
+            }),
+        ),
     }
 }
 
@@ -622,7 +629,13 @@ fn is_leader(ctx: &Ctx) -> bool {
 /// live at this address and broker epoch (a new epoch: the node restarted). Whether the
 /// node is live: registered, unfenced, and not being fenced (see
 /// [`HeartbeatAnswer::live`]).
-fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<bool, Refused> {
+fn heartbeat(
+    ctx: &Ctx,
+    id: i32,
+    (host, port): (String, u16),
+    epoch: i64,
+    endpoints: Vec<crate::metadata::Endpoint>,
+) -> Result<bool, Refused> {
     if !is_leader(ctx) {
         return Err(Refused::NotLeader(
             ctx.raft.metrics().borrow().current_leader,
@@ -634,10 +647,13 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<
         lock(&ctx.fencing).contains(&id)
     };
     let image = ctx.node.meta.snapshot();
-    let known = image
-        .nodes
-        .get(&id)
-        .is_some_and(|n| !n.fenced && n.host == host && n.port == port && n.broker_epoch == epoch);
+    let known = image.nodes.get(&id).is_some_and(|n| {
+        !n.fenced
+            && n.host == host
+            && n.port == port
+            && n.broker_epoch == epoch
+            && n.endpoints == endpoints
+    });
     if known {
         return Ok(!being_fenced);
     }
@@ -664,6 +680,7 @@ fn heartbeat(ctx: &Ctx, id: i32, host: String, port: u16, epoch: i64) -> Result<
             host,
             port,
             epoch,
+            endpoints,
         };
         tokio::spawn(async move {
             if let Err(e) = raft.client_write(cmd).await {
@@ -697,7 +714,13 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
         let mut renewed = true;
         match leader {
             Some(l) if l == id as u64 => {
-                let _ = heartbeat(&ctx, id, host.clone(), port, epoch);
+                let _ = heartbeat(
+                    &ctx,
+                    id,
+                    (host.clone(), port),
+                    epoch,
+                    ctx.config.endpoints.clone(),
+                );
                 // The controller's own lease lasts while a quorum acknowledges it, and
                 // starts only once its image holds everything its predecessors committed:
                 // a new leader may not have applied those entries yet (the partitions it
@@ -720,6 +743,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         port,
                         have: None,
                         epoch,
+                        endpoints: ctx.config.endpoints.clone(),
                     };
                     let sent = Instant::now();
                     let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;

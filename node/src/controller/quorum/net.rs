@@ -59,6 +59,9 @@ pub enum Rpc {
         /// -1 from a node older than broker epochs (a rolling upgrade).
         #[serde(default = "no_broker_epoch")]
         epoch: i64,
+        /// Every listener's advertised address (empty from an older node).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        endpoints: Vec<crate::metadata::Endpoint>,
     },
     /// SASL: the first request on a connection to a SASL controller port, and the only
     /// one served before it succeeded. `token`: the mechanism's client message.
