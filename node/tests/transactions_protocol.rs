@@ -88,12 +88,38 @@ fn add_partition(c: &mut Client, pid: ProducerId, epoch: ProducerEpoch) -> i16 {
 }
 
 fn end_txn(c: &mut Client, pid: ProducerId, epoch: ProducerEpoch, commit: bool) -> i16 {
+    end_txn_v(c, pid, epoch, commit, 3)
+}
+
+fn end_txn_v(
+    c: &mut Client,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    commit: bool,
+    version: i16,
+) -> i16 {
     let req = EndTxnRequest::default()
         .with_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
         .with_producer_id(pid.get().into())
         .with_producer_epoch(epoch.get())
         .with_committed(commit);
-    let resp: EndTxnResponse = c.call(api::END_TXN, 3, &req);
+    let resp: EndTxnResponse = c.call(api::END_TXN, version, &req);
+    resp.error_code
+}
+
+fn add_offsets_v(
+    c: &mut Client,
+    pid: ProducerId,
+    epoch: ProducerEpoch,
+    group: &str,
+    version: i16,
+) -> i16 {
+    let req = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_static_str(TXN_ID)))
+        .with_producer_id(pid.get().into())
+        .with_producer_epoch(epoch.get())
+        .with_group_id(GroupId(s(group)));
+    let resp: AddOffsetsToTxnResponse = c.call(api::ADD_OFFSETS_TO_TXN, version, &req);
     resp.error_code
 }
 
@@ -269,6 +295,15 @@ fn produce_checks_the_transaction_and_aborts_are_indexed_across_restarts() {
         produce(&mut c, txn_batch(pid, epoch, 3, 1)),
         INVALID_PRODUCER_EPOCH
     );
+    // Versions before KIP-588 know fencing as INVALID_PRODUCER_EPOCH (Kafka maps it).
+    for (v, want) in [(1, INVALID_PRODUCER_EPOCH), (3, PRODUCER_FENCED)] {
+        assert_eq!(end_txn_v(&mut c, pid, epoch, true, v), want, "EndTxn v{v}");
+        assert_eq!(
+            add_offsets_v(&mut c, pid, epoch, "g", v),
+            want,
+            "AddOffsetsToTxn v{v}"
+        );
+    }
     assert!(broker.wait_log(
         "loaded transaction coordinator state",
         Duration::from_secs(10)

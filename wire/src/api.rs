@@ -141,7 +141,8 @@ pub const API_TABLE: &[ApiEntry] = &[
     entry(DESCRIBE_GROUPS, "DescribeGroups", 0, 5, 5),
     entry(LIST_GROUPS, "ListGroups", 0, 4, 3),
     entry(SASL_HANDSHAKE, "SaslHandshake", 0, 1, NEVER),
-    entry(API_VERSIONS, "ApiVersions", 0, 3, 3),
+    // v4 changes nothing on the wire for weir (it names no features).
+    entry(API_VERSIONS, "ApiVersions", 0, 4, 3),
     entry(CREATE_TOPICS, "CreateTopics", 2, 7, 5),
     entry(DELETE_TOPICS, "DeleteTopics", 1, 6, 4),
     entry(DELETE_RECORDS, "DeleteRecords", 0, 2, 2),
@@ -335,7 +336,7 @@ mod tests {
         let fallback = api_versions_fallback(|_| true);
         assert_eq!(fallback.error_code, ERROR_UNSUPPORTED_VERSION);
         assert_eq!(fallback.api_keys.len(), API_TABLE.len());
-        assert!(api_versions_needs_fallback(4));
-        assert!(!api_versions_needs_fallback(3));
+        assert!(api_versions_needs_fallback(5));
+        assert!(!api_versions_needs_fallback(4));
     }
 }

@@ -502,8 +502,36 @@ pub fn alter_replica_log_dirs_denied(q: AlterReplicaLogDirsRequest) -> AlterRepl
     AlterReplicaLogDirsResponse::default().with_results(results.collect())
 }
 
-pub fn elect_leaders_denied(_: ElectLeadersRequest) -> ElectLeadersResponse {
-    ElectLeadersResponse::default().with_error_code(CLUSTER_DENIED)
+/// Every requested partition refused, and from v1 the top-level code too (v0 has no
+/// top-level code: set there, the answer could not be encoded and the connection closed).
+pub fn elect_leaders_denied(req: ElectLeadersRequest, version: i16) -> ElectLeadersResponse {
+    use kafka_protocol::messages::elect_leaders_response::{
+        PartitionResult, ReplicaElectionResult,
+    };
+    let results = req
+        .topic_partitions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| {
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    PartitionResult::default()
+                        .with_partition_id(*p)
+                        .with_error_code(CLUSTER_DENIED)
+                        .with_error_message(msg("Cluster Alter is required"))
+                })
+                .collect();
+            ReplicaElectionResult::default()
+                .with_topic(t.topic)
+                .with_partition_result(partitions)
+        })
+        .collect();
+    let top = if version >= 1 { CLUSTER_DENIED } else { 0 };
+    ElectLeadersResponse::default()
+        .with_error_code(top)
+        .with_replica_election_results(results)
 }
 
 pub fn alter_reassignments_denied(

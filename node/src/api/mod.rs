@@ -134,11 +134,11 @@ async fn transactional(
         }
         ApiKey::AddOffsetsToTxn => {
             run(req, |r| {
-                authz::add_offsets_to_txn(a, r, |r| txn::add_offsets(shard, r))
+                authz::add_offsets_to_txn(a, r, |r| txn::add_offsets(shard, r, v))
             })
             .await
         }
-        ApiKey::EndTxn => run(req, |r| authz::end_txn(a, r, |r| txn::end_txn(shard, r))).await,
+        ApiKey::EndTxn => run(req, |r| authz::end_txn(a, r, |r| txn::end_txn(shard, r, v))).await,
         ApiKey::TxnOffsetCommit => {
             run(req, |r| {
                 authz::txn_offset_commit(a, r, |r| txn::txn_offset_commit(shard, r))
@@ -310,7 +310,7 @@ async fn replica_admin(
             .await
         }
         Some(ApiKey::ElectLeaders) => {
-            let deny = authz::elect_leaders_denied;
+            let deny = |r| authz::elect_leaders_denied(r, req.version);
             run(req, |r| {
                 gate(a, alter, r, deny, |r| replicas::elect_leaders(shard, r))
             })

@@ -243,6 +243,16 @@ fn for_version(code: i16, version: i16) -> i16 {
     }
 }
 
+/// A code as EndTxn or AddOffsetsToTxn `version` may carry it: PRODUCER_FENCED from v2
+/// (KIP-588); before, Kafka answers INVALID_PRODUCER_EPOCH, which clients of those
+/// versions (librdkafka's EndTxn v0-1, Java before 2.7) know as fencing.
+fn fenced_for_version(code: i16, version: i16) -> i16 {
+    match code {
+        errors::PRODUCER_FENCED if version < 2 => errors::INVALID_PRODUCER_EPOCH,
+        code => code,
+    }
+}
+
 /// One transaction's partitions added (or, `verify_only`, checked): a code per partition,
 /// in order. Any unknown partition fails the whole transaction (Kafka: the others
 /// OPERATION_NOT_ATTEMPTED); an add answers one code for all, a check one each.
@@ -422,6 +432,7 @@ async fn remote_verify(
 pub async fn add_offsets(
     shard: &Rc<Shard>,
     req: AddOffsetsToTxnRequest,
+    version: i16,
 ) -> AddOffsetsToTxnResponse {
     let txn_id = req.transactional_id.0.to_string();
     let group = req.group_id.0.to_string();
@@ -439,14 +450,14 @@ pub async fn add_offsets(
                     partitions: vec![(OFFSETS_TOPIC.to_string(), partition)],
                     verify_only: false,
                 };
-                code_of(&call_txn(shard, &txn_id, op).await)
+                fenced_for_version(code_of(&call_txn(shard, &txn_id, op).await), version)
             }
         }
     };
     AddOffsetsToTxnResponse::default().with_error_code(code)
 }
 
-pub async fn end_txn(shard: &Rc<Shard>, req: EndTxnRequest) -> EndTxnResponse {
+pub async fn end_txn(shard: &Rc<Shard>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
     let txn_id = req.transactional_id.0.to_string();
     let code = if !valid_txn_id(&txn_id) {
         errors::INVALID_REQUEST
@@ -457,7 +468,7 @@ pub async fn end_txn(shard: &Rc<Shard>, req: EndTxnRequest) -> EndTxnResponse {
             producer_epoch: ProducerEpoch(req.producer_epoch),
             commit: req.committed,
         };
-        code_of(&call_txn(shard, &txn_id, op).await)
+        fenced_for_version(code_of(&call_txn(shard, &txn_id, op).await), version)
     };
     EndTxnResponse::default().with_error_code(code)
 }
