@@ -686,6 +686,20 @@ impl Config {
         if self.quorum_voters.is_empty() {
             return Ok(());
         }
+        // A single node advertises 127.0.0.1 for a wildcard bind; a cluster node would
+        // send its peers and remote clients to their own host.
+        if let Some(l) = self
+            .listeners
+            .iter()
+            .find(|l| l.advertised.is_none() && l.bind.ip().is_unspecified())
+        {
+            return Err(value_err(
+                "advertised.listeners",
+                &l.name,
+                "a cluster node's listener bound to a wildcard address needs an \
+                 advertised.listeners entry (peers and clients cannot reach it at 127.0.0.1)",
+            ));
+        }
         if self.node_id < 0 {
             let v = self.node_id.to_string();
             return Err(value_err("node.id", &v, "must be >= 0"));
@@ -1002,6 +1016,49 @@ mod tests {
     /// Kafka's "keep forever" is any negative retention; bad topic defaults, out-of-range
     /// coordinator keys and node ids stop the start instead of failing every partition,
     /// clamping or wrapping later.
+    /// A wildcard bind is advertised as 127.0.0.1 on a single node only: a cluster node
+    /// needs an advertised address, and no advertised address may be empty or 0.0.0.0.
+    #[test]
+    fn cluster_nodes_need_a_reachable_advertised_address() {
+        let resolve = |pairs: &[(&str, &str)]| {
+            let mut p = Properties::default();
+            for (k, v) in pairs {
+                p.set(k, v);
+            }
+            Config::resolve(p, &CliOverrides::default())
+        };
+        let cluster = [
+            ("node.id", "1"),
+            ("controller.quorum.voters", "1@127.0.0.1:9093"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut all = cluster.to_vec();
+            all.extend_from_slice(extra);
+            resolve(&all)
+        };
+        assert!(resolve(&[("listeners", "PLAINTEXT://0.0.0.0:9092")]).is_ok());
+        assert!(with(&[("listeners", "PLAINTEXT://0.0.0.0:9092")]).is_err());
+        assert!(with(&[("listeners", "PLAINTEXT://:9092")]).is_err());
+        assert!(
+            with(&[
+                ("listeners", "PLAINTEXT://0.0.0.0:9092"),
+                ("advertised.listeners", "PLAINTEXT://b1.example:9092"),
+            ])
+            .is_ok()
+        );
+        for bad in [
+            "PLAINTEXT://0.0.0.0:9092",
+            "PLAINTEXT://:9092",
+            "PLAINTEXT://[::]:9092",
+        ] {
+            let r = resolve(&[
+                ("listeners", "PLAINTEXT://127.0.0.1:9092"),
+                ("advertised.listeners", bad),
+            ]);
+            assert!(r.is_err(), "{bad} advertised");
+        }
+    }
+
     #[test]
     fn negative_retention_is_unlimited_and_bad_defaults_stop_the_start() {
         let resolve = |pairs: &[(&str, &str)]| {

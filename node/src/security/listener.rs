@@ -110,7 +110,7 @@ pub fn resolve(
     }
     apply_advertised(props, &mut listeners)?;
     if let Some(a) = cli_advertised {
-        listeners[0].advertised = Some(parse_host_port("--advertised-listener", a)?);
+        listeners[0].advertised = Some(parse_advertised("--advertised-listener", a)?);
     }
     check_distinct_ports(&listeners, text)?;
     check_inter_broker(props, &listeners)?;
@@ -166,9 +166,26 @@ fn apply_advertised(
             .iter_mut()
             .find(|l| l.name == name)
             .ok_or_else(|| bad(KEY, text, "names a listener not in listeners"))?;
-        listener.advertised = Some(parse_host_port(KEY, addr)?);
+        listener.advertised = Some(parse_advertised(KEY, addr)?);
     }
     Ok(())
+}
+
+/// An advertised `HOST:PORT`: a client must be able to dial it, so neither an empty
+/// host nor a wildcard address (Kafka refuses the "non-routable meta-address" too).
+fn parse_advertised(key: &str, v: &str) -> Result<(String, u16), ConfigError> {
+    let (host, port) = parse_host_port(key, v)?;
+    let wildcard = host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    if host.is_empty() || wildcard {
+        return Err(bad(
+            key,
+            v,
+            "an advertised host must be reachable: not empty or 0.0.0.0",
+        ));
+    }
+    Ok((host, port))
 }
 
 /// Two listeners on one port would both bind it (SO_REUSEPORT) and split its clients.
