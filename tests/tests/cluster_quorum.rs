@@ -668,3 +668,51 @@ fn clients_are_given_the_addresses_of_the_listener_they_came_through() {
         );
     }
 }
+
+/// CreateTopics that nothing passes writes no metadata command: answered at once even
+/// with no quorum to write to (it waited for a commit of an empty command, up to 15 s).
+/// `validate_only` checks the replication factor against the live nodes, as Kafka's
+/// controller does.
+#[test]
+fn create_topics_with_nothing_to_create_writes_nothing_and_validate_only_checks_placement() {
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::{ApiKey, CreateTopicsRequest, CreateTopicsResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    use weir_tests::raw::RawConn;
+    let call = |addr, name: &str, rf: i16, validate_only: bool| -> i16 {
+        let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(10)).expect("connect");
+        let topic = CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(name.to_string())))
+            .with_num_partitions(1)
+            .with_replication_factor(rf);
+        let req = CreateTopicsRequest::default()
+            .with_topics(vec![topic])
+            .with_timeout_ms(30_000)
+            .with_validate_only(validate_only);
+        let resp: CreateTopicsResponse = conn
+            .call(ApiKey::CreateTopics, 5, &req)
+            .expect("CreateTopics");
+        resp.topics.first().map_or(-1, |t| t.error_code)
+    };
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(
+        call(addr, "wide", 4, true),
+        38,
+        "validate_only, RF 4 of 3 nodes"
+    );
+    assert_eq!(call(addr, "wide", 3, true), NONE, "validate_only, RF 3");
+    assert!(create(&mut c, "there", 1, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "there"))
+        .expect("every node has it");
+    c.node(2).kill().expect("kill 2");
+    c.node(3).kill().expect("kill 3");
+    let started = Instant::now();
+    assert_eq!(call(addr, "there", 1, false), TOPIC_ALREADY_EXISTS);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered without a quorum write: {:?}",
+        started.elapsed()
+    );
+}

@@ -17,6 +17,7 @@ use kafka_protocol::messages::{
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
+use crate::controller::apply::check_placement;
 use crate::controller::{Command, NewTopic, Outcome, meta_error};
 use crate::errors;
 use crate::metadata::{
@@ -205,6 +206,11 @@ fn check_topic(
 /// (another shard may have created it, or taken the node's partitions, meanwhile). One
 /// outcome per topic, in order: its id or its error.
 async fn insert_topics(shard: &Shard, topics: Vec<NewTopic>) -> Vec<Result<u128, TopicError>> {
+    // Nothing passed the checks: no command (in a cluster each is a quorum write, and
+    // every node re-syncs its partitions after it).
+    if topics.is_empty() {
+        return Vec::new();
+    }
     let count = topics.len();
     let cmd = Command::CreateTopics {
         topics,
@@ -461,22 +467,31 @@ pub async fn create_topics(shard: &Rc<Shard>, req: CreateTopicsRequest) -> Creat
                 r = r
                     .with_num_partitions(partitions)
                     .with_replication_factor(asked.replication_factor);
-                if !req.validate_only {
-                    let id = metadata::new_topic_id();
-                    let meta = TopicMeta {
-                        name,
-                        id,
-                        partitions,
-                        configs: asked.configs,
-                        assignment: Vec::new(),
-                    };
-                    let topic = NewTopic {
-                        meta,
-                        internal: false,
-                        replication_factor: asked.replication_factor,
-                        assignments: asked.assignments,
-                    };
-                    pending.push((i, topic));
+                let meta = TopicMeta {
+                    name,
+                    id: metadata::new_topic_id(),
+                    partitions,
+                    configs: asked.configs,
+                    assignment: Vec::new(),
+                };
+                let topic = NewTopic {
+                    meta,
+                    internal: false,
+                    replication_factor: asked.replication_factor,
+                    assignments: asked.assignments,
+                };
+                let placed = match (req.validate_only, in_cluster(shard)) {
+                    (true, true) => check_placement(&shard.catalog(), &topic),
+                    _ => Ok(()),
+                };
+                match placed {
+                    Err((code, msg)) => {
+                        r = r
+                            .with_error_code(code)
+                            .with_error_message(Some(str_bytes(&msg)));
+                    }
+                    Ok(()) if req.validate_only => {}
+                    Ok(()) => pending.push((i, topic)),
                 }
             }
             Err((code, msg)) => {

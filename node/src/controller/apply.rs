@@ -512,6 +512,13 @@ fn live_nodes(c: &Catalog) -> Vec<i32> {
         .collect()
 }
 
+/// Whether the controller could place `t` in `c` (replication factor within the live
+/// nodes, an explicit assignment naming live nodes): CreateTopics' `validate_only`
+/// answers from it, as Kafka's controller validates without writing.
+pub fn check_placement(c: &Catalog, t: &NewTopic) -> Result<(), TopicError> {
+    place(c, t).map(|_| ())
+}
+
 /// Replica lists for a new topic: as given, or spread round-robin over live nodes.
 fn place(c: &Catalog, t: &NewTopic) -> Result<Vec<PartitionAssignment>, TopicError> {
     let live = live_nodes(c);
