@@ -64,6 +64,17 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
         if !TOPIC_CONFIG_KEYS.contains(&k.as_str()) {
             return Err((errors::INVALID_CONFIG, format!("unknown topic config {k}")));
         }
+        // Every topic key takes a short value; a long one only bloats the catalogue (and
+        // in a cluster every metadata command that carries it).
+        if v.len() > TOPIC_CONFIG_VALUE_BYTES_MAX {
+            return Err((
+                errors::INVALID_CONFIG,
+                format!(
+                    "{k}: a {} byte value is longer than {TOPIC_CONFIG_VALUE_BYTES_MAX}",
+                    v.len()
+                ),
+            ));
+        }
         let numeric = k.ends_with(".ms")
             || k.ends_with(".bytes")
             || k.ends_with(".messages")
@@ -95,6 +106,14 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
                 "uncompressed" | "zstd" | "lz4" | "snappy" | "gzip" | "producer"
             ),
             "unclean.leader.election.enable" => matches!(v.trim(), "true" | "false"),
+            // A Kafka version ("3.0", "2.8-IV1"), accepted and ignored.
+            "message.format.version" => {
+                let v = v.trim();
+                v.starts_with(|c: char| c.is_ascii_digit())
+                    && v.len() <= 32
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+            }
             _ => true,
         };
         if !valid {
@@ -109,6 +128,9 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
         .map_err(|e| (errors::INVALID_CONFIG, e.to_string()))?;
     Ok(())
 }
+
+/// Longest value any topic config may have.
+pub const TOPIC_CONFIG_VALUE_BYTES_MAX: usize = 1024;
 
 /// Topics of one CreateTopics request checked between yields to the executor, so a
 /// request naming thousands of topics does not hold the shard's other clients back.
@@ -880,5 +902,16 @@ mod tests {
             "Kafka requires at least 0"
         );
         assert!(!check("max.message.bytes", "1000000000000"), "an int");
+        // Accepted and ignored, but a version, not any text (it rode in every metadata
+        // command that carried the topic).
+        assert!(check("message.format.version", "3.0-IV1"));
+        assert!(check("message.format.version", "2.8"));
+        assert!(!check("message.format.version", &"9".repeat(70_000)));
+        assert!(!check("message.format.version", "3.0\u{0}\n"));
+        assert!(!check("message.format.version", ""));
+        assert!(!check(
+            "retention.ms",
+            &"1".repeat(TOPIC_CONFIG_VALUE_BYTES_MAX + 1)
+        ));
     }
 }

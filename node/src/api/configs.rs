@@ -451,9 +451,22 @@ async fn submit_compared(
     }
 }
 
+/// Longest value a dynamic broker config may have (a JAAS line or a certificate list
+/// fits; it is stored in the catalogue or the properties file).
+const DYNAMIC_VALUE_BYTES_MAX: usize = 32 * 1024;
+
 /// Whether `key` may be set to `value` at runtime.
 fn check_dynamic(key: &str, value: &str) -> Result<(), TopicError> {
     use crate::config::dynamic::storable;
+    if value.len() > DYNAMIC_VALUE_BYTES_MAX {
+        return Err((
+            errors::INVALID_CONFIG,
+            format!(
+                "{key}: a {} byte value is longer than {DYNAMIC_VALUE_BYTES_MAX}",
+                value.len()
+            ),
+        ));
+    }
     if !storable(key, true) || !storable(value, false) {
         return Err((
             errors::INVALID_CONFIG,
@@ -784,4 +797,19 @@ fn apply_broker_ops(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dynamic broker value is stored in the catalogue (a cluster's metadata log) or
+    /// the properties file: bounded, whatever the key.
+    #[test]
+    fn a_dynamic_value_is_bounded() {
+        let long = "x".repeat(DYNAMIC_VALUE_BYTES_MAX + 1);
+        let refused = check_dynamic("sasl.jaas.config", &long);
+        assert_eq!(refused.map_err(|e| e.0), Err(errors::INVALID_CONFIG));
+        assert!(check_dynamic("log.retention.ms", "1000").is_ok());
+    }
 }

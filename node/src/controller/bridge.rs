@@ -42,8 +42,50 @@ fn queue() -> TaskQueueHandle {
     })
 }
 
+/// Largest metadata command, as the log stores it (JSON), that is proposed: a log entry
+/// must fit a quorum frame (`net::FRAME_MAX_BYTES`, 64 MiB) with room to spare; an entry
+/// that did not could never be replicated, and nothing after it would commit. (KRaft
+/// bounds its record batches at 8 MiB too.)
+pub const COMMAND_BYTES_MAX: usize = 8 << 20;
+
+/// Bytes `cmd` takes as JSON, counted without building it (`usize::MAX` if it cannot
+/// be encoded).
+fn encoded_len(cmd: &Command) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    match serde_json::to_writer(&mut n, cmd) {
+        Ok(()) => n.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// INVALID_REQUEST for a command larger than [`COMMAND_BYTES_MAX`].
+fn check_size(cmd: &Command) -> Result<(), super::TopicError> {
+    let size = encoded_len(cmd);
+    if size > COMMAND_BYTES_MAX {
+        let why = format!(
+            "a metadata change of {size} bytes is larger than {COMMAND_BYTES_MAX}: split the \
+             request"
+        );
+        return Err((errors::INVALID_REQUEST, why));
+    }
+    Ok(())
+}
+
 /// Sends `cmd` to the controller thread and waits for its outcome.
 pub async fn propose(q: &Arc<Handle>, cmd: Command) -> Outcome {
+    if let Err(e) = check_size(&cmd) {
+        return Outcome::failed(&cmd, e);
+    }
     let (tx, rx) = flume::bounded(1);
     let failed = |cmd: &Command, why: &str| {
         Outcome::failed(cmd, (errors::REQUEST_TIMED_OUT, why.to_string()))
@@ -158,5 +200,42 @@ mod tests {
         let (mean_ni, max_ni) = measure(Latency::NotImportant, 200, gap);
         println!("Latency::NotImportant: mean {mean_ni:?}, max {max_ni:?}");
         assert!(mean < Duration::from_millis(50), "Matters mean {mean:?}");
+    }
+
+    fn create(topics: usize) -> Command {
+        let topics = (0..topics)
+            .map(|i| crate::controller::NewTopic {
+                meta: crate::metadata::TopicMeta {
+                    name: format!("{i:0>249}"),
+                    id: 1,
+                    partitions: 1,
+                    configs: Default::default(),
+                    assignment: Vec::new(),
+                },
+                internal: false,
+                replication_factor: 3,
+                assignments: Vec::new(),
+            })
+            .collect();
+        Command::CreateTopics {
+            topics,
+            max_partitions: u64::MAX,
+        }
+    }
+
+    /// A command that would not fit a quorum frame is refused before it is proposed;
+    /// the size is that of the JSON the log stores.
+    #[test]
+    fn a_command_over_the_bound_is_refused_before_it_is_proposed() {
+        let small = create(10);
+        assert!(check_size(&small).is_ok());
+        let stored = serde_json::to_vec(&small).map(|v| v.len()).unwrap_or(0);
+        assert_eq!(encoded_len(&small), stored);
+        let big = create(40_000);
+        assert!(encoded_len(&big) > COMMAND_BYTES_MAX);
+        assert_eq!(
+            check_size(&big).map_err(|e| e.0),
+            Err(errors::INVALID_REQUEST)
+        );
     }
 }

@@ -369,6 +369,8 @@ pub struct Peer {
     /// The last call failed before it had a connection (the voter refused or did not
     /// answer the dial): the voter is unreachable, not merely slow.
     unreachable: bool,
+    /// Whether the last call's frame exceeded [`FRAME_MAX_BYTES`] (not sent).
+    too_large: bool,
 }
 
 impl Peer {
@@ -377,6 +379,7 @@ impl Peer {
             addr,
             conn: None,
             unreachable: false,
+            too_large: false,
         }
     }
 
@@ -385,9 +388,22 @@ impl Peer {
         self.unreachable
     }
 
+    /// Whether the last call was not sent because its frame was too large.
+    pub fn too_large(&self) -> bool {
+        self.too_large
+    }
+
     /// Sends `rpc` and waits (at most `timeout`) for its reply.
     pub async fn call(&mut self, rpc: &Rpc, timeout: Duration) -> std::io::Result<RpcReply> {
         let body = serde_json::to_vec(rpc).map_err(std::io::Error::other)?;
+        self.too_large = body.len() > FRAME_MAX_BYTES;
+        if self.too_large {
+            // Not sent (the peer would refuse it); the connection stays usable.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("a {} byte frame exceeds FRAME_MAX_BYTES", body.len()),
+            ));
+        }
         let out = self.exchange(&body, timeout).await;
         if out.is_err() {
             self.conn = None;
@@ -477,7 +493,15 @@ impl RaftNetwork<TypeConfig> for Network {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr> {
-        match self.send(Rpc::Append(rpc), &option).await? {
+        let entries = u64::try_from(rpc.entries.len()).unwrap_or(u64::MAX);
+        let sent = self.send(Rpc::Append(rpc), &option).await;
+        if sent.is_err() && entries > 1 && self.peer.too_large() {
+            // Several entries together outgrow a frame (each alone is bounded by
+            // COMMAND_BYTES_MAX): openraft sends fewer next time.
+            let hint = openraft::error::PayloadTooLarge::new_entries_hint(entries / 2);
+            return Err(RPCError::PayloadTooLarge(hint));
+        }
+        match sent? {
             RpcReply::Append(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
