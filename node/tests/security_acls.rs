@@ -222,6 +222,27 @@ fn alter_retention(c: &mut Client, resource_type: i8, name: &str) -> i16 {
     resp.responses[0].error_code
 }
 
+/// OffsetFetch v1 of `group` for `topic`'s partition 0: (offset, code) per partition.
+fn offset_fetch_v1(c: &mut Client, group: &str, topic: &str) -> Vec<(i64, i16)> {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_topics(Some(vec![
+            OffsetFetchRequestTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partition_indexes(vec![0]),
+        ]));
+    let resp: OffsetFetchResponse = c.call(api::OFFSET_FETCH, 1, &req);
+    resp.topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.committed_offset, p.error_code))
+        })
+        .collect()
+}
+
 /// ElectLeaders (preferred) of `topic`'s partition 0 at `version`: the top-level code and
 /// each partition's.
 fn elect_leaders(c: &mut Client, topic: &str, version: i16) -> (i16, Vec<i16>) {
@@ -298,6 +319,12 @@ fn a_principal_with_read_on_one_topic_can_do_nothing_else_and_super_users_can() 
         "broker configs"
     );
     assert_eq!(commit(&mut alice, "g", "x"), GROUP_DENIED, "no Read on g");
+    // OffsetFetch v1 has no top-level code: each partition carries the denial (an empty
+    // answer reads as "nothing committed" and the consumer would reset its position).
+    assert_eq!(
+        offset_fetch_v1(&mut alice, "g", "x"),
+        vec![(-1, GROUP_DENIED)]
+    );
     assert_eq!(
         create_acls(
             &mut alice,

@@ -921,7 +921,7 @@ where
     let describe = Operation::Describe;
     if version < 8 {
         if !a.group(describe, &q.group_id) {
-            return OffsetFetchResponse::default().with_error_code(GROUP_DENIED);
+            return super::groups::offset_fetch_error(&q, version, GROUP_DENIED);
         }
         let denied = match &mut q.topics {
             Some(topics) => take_denied(topics, |t| a.topic(describe, &t.name)),

@@ -677,9 +677,8 @@ async fn offset_fetch(
     // v7+ (KIP-447): offsets of a pending transaction answer UNSTABLE_OFFSET_COMMIT.
     let stable = version >= 7 && req.require_stable;
     let (code, offsets) = fetch_group(shard, &req.group_id, topics, stable).await;
-    // v0-v1 have no top-level code: an error goes on every partition.
-    if version >= 2 {
-        resp.error_code = code;
+    if code != codes::NONE {
+        return offset_fetch_error(&req, version, code);
     }
     for (topic, offsets) in by_topic(offsets) {
         let mut t = OffsetFetchResponseTopic::default();
@@ -692,16 +691,52 @@ async fn offset_fetch(
                 p.committed_offset = o.offset.get();
                 p.committed_leader_epoch = o.leader_epoch.get();
                 p.metadata = opt_str_bytes(&o.metadata);
-                p.error_code = if version < 2 && code != codes::NONE {
-                    code
-                } else {
-                    o.error
-                };
+                p.error_code = o.error;
                 p
             })
             .collect();
         resp.topics.push(t);
     }
+    resp
+}
+
+/// OffsetFetch below v8 answered with a group-level `code`. From v2 it is the top-level
+/// code; v0-v1 have none, so every requested partition carries it (offset -1), as Kafka
+/// answers: a client of those versions (librdkafka before 1.6) would otherwise read "no
+/// offsets committed" and reset its position.
+pub fn offset_fetch_error(
+    req: &OffsetFetchRequest,
+    version: i16,
+    code: i16,
+) -> OffsetFetchResponse {
+    let mut resp = OffsetFetchResponse::default();
+    if version >= 2 {
+        resp.error_code = code;
+        return resp;
+    }
+    resp.topics = req
+        .topics
+        .iter()
+        .flatten()
+        .map(|t| {
+            let mut out = OffsetFetchResponseTopic::default();
+            out.name = t.name.clone();
+            out.partitions = t
+                .partition_indexes
+                .iter()
+                .map(|p| {
+                    let mut r = OffsetFetchResponsePartition::default();
+                    r.partition_index = *p;
+                    r.committed_offset = -1;
+                    r.committed_leader_epoch = -1;
+                    r.metadata = Some(str_bytes(""));
+                    r.error_code = code;
+                    r
+                })
+                .collect();
+            out
+        })
+        .collect();
     resp
 }
 
