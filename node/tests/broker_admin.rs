@@ -231,6 +231,32 @@ fn create_validate_refuse_alter_grow_delete_and_persist() {
     }
 }
 
+/// A Metadata naming many unknown topics creates them in one catalogue write (one
+/// "topics created" line), not one write per topic; a name that cannot be created
+/// (invalid) is answered with its error beside the created ones.
+#[test]
+fn metadata_auto_creates_the_topics_of_one_request_in_one_write() {
+    let broker = Broker::start(1, &[("num.partitions", "2")]);
+    let mut c = broker.client();
+    let names: Vec<String> = (0..100).map(|i| format!("auto-{i}")).collect();
+    let mut asked: Vec<&str> = names.iter().map(String::as_str).collect();
+    asked.insert(50, "bad/name");
+    let md = metadata(&mut c, &asked, true);
+    assert_eq!(md.topics.len(), 101);
+    for t in &md.topics {
+        let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+        if name == "bad/name" {
+            assert_eq!(t.error_code, 17, "INVALID_TOPIC_EXCEPTION");
+        } else {
+            assert_eq!((t.error_code, t.partitions.len()), (0, 2), "{name}");
+        }
+    }
+    assert!(broker.wait_log("topics created", std::time::Duration::from_secs(10)));
+    let log = broker.log_tail(10_000);
+    assert_eq!(log.matches("topics created").count(), 1, "{log}");
+    assert_eq!(log.matches("topic created").count(), 0, "{log}");
+}
+
 #[test]
 fn metadata_auto_creates_with_num_partitions() {
     let broker = Broker::start(1, &[("num.partitions", "3")]);

@@ -316,6 +316,52 @@ pub async fn create_topic(
     outcome
 }
 
+/// Metadata's auto-creation of `names` (each unknown when asked) with this node's
+/// defaults: each checked and counted against `budget`, those that pass created in one
+/// catalogue write, the shards synced once. One outcome per name, in order.
+pub async fn auto_create(
+    shard: &Rc<Shard>,
+    names: &[String],
+    budget: &RequestBudget,
+) -> Vec<Result<u128, TopicError>> {
+    let partitions = shard.config().num_partitions;
+    let check = NameCheck::for_request(shard);
+    let mut outcomes: Vec<Result<u128, TopicError>> = Vec::with_capacity(names.len());
+    let mut pending: Vec<(usize, NewTopic)> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if i % CHECK_YIELD_TOPICS == CHECK_YIELD_TOPICS - 1 {
+            glommio::executor().yield_if_needed().await;
+        }
+        let checked = check_topic(&check, name, partitions, &BTreeMap::new())
+            .and_then(|()| budget.take(partitions));
+        outcomes.push(checked.map(|()| 0));
+        if outcomes[i].is_ok() {
+            let meta = TopicMeta {
+                name: name.clone(),
+                id: metadata::new_topic_id(),
+                partitions,
+                configs: BTreeMap::new(),
+                assignment: Vec::new(),
+            };
+            pending.push((i, new_topic(shard, meta)));
+        }
+    }
+    let at: Vec<usize> = pending.iter().map(|(i, _)| *i).collect();
+    let inserted = insert_topics(shard, pending.into_iter().map(|(_, t)| t).collect()).await;
+    let mut created = Vec::new();
+    for (i, outcome) in at.into_iter().zip(inserted) {
+        if outcome.is_ok() {
+            created.push((names[i].as_str(), partitions));
+        }
+        outcomes[i] = outcome;
+    }
+    if !created.is_empty() {
+        log_created(&created);
+        shard.sync_all().await;
+    }
+    outcomes
+}
+
 /// One CreateTopics topic as asked for: partitions, configs, replication factor and the
 /// explicit replica lists (empty: placed by the controller).
 struct Requested {

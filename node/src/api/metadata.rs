@@ -52,10 +52,48 @@ pub async fn handle(
             topics.push(describe_topic(shard, meta));
         }
     } else {
-        // Auto-creation counts against `max.partitions.per.request` like CreateTopics.
-        let budget = admin::RequestBudget::new(shard);
+        // Unknown topics to create are collected and created in one catalogue write
+        // (one quorum command in a cluster), as Kafka's AutoTopicCreationManager sends
+        // one CreateTopics: one write per name made a request naming thousands of new
+        // topics rewrite the whole catalogue as often.
+        let mut to_create: Vec<(usize, String)> = Vec::new();
         for (name, id) in requested_once(&req) {
-            topics.push(requested_topic(shard, name, id, allow_create, &budget, authz).await);
+            match requested_topic(shard, name, id, allow_create, authz).await {
+                Asked::Answer(t) => topics.push(t),
+                Asked::Create(name) => {
+                    to_create.push((topics.len(), name.clone()));
+                    let unknown =
+                        MetadataResponseTopic::default().with_name(Some(topic_name(&name)));
+                    topics.push(unknown);
+                }
+            }
+        }
+        if !to_create.is_empty() {
+            // Auto-creation counts against `max.partitions.per.request` like CreateTopics.
+            let budget = admin::RequestBudget::new(shard);
+            let names: Vec<String> = to_create.iter().map(|(_, n)| n.clone()).collect();
+            let outcomes = admin::auto_create(shard, &names, &budget).await;
+            let catalog = shard.catalog();
+            for ((at, name), outcome) in to_create.into_iter().zip(outcomes) {
+                let Some(t) = topics.get_mut(at) else {
+                    continue;
+                };
+                let code = match outcome {
+                    Ok(_) | Err((errors::TOPIC_ALREADY_EXISTS, _)) => {
+                        errors::UNKNOWN_TOPIC_OR_PARTITION
+                    }
+                    Err((code, msg)) => {
+                        tracing::warn!(topic = %name, "auto-create failed: {msg}");
+                        code
+                    }
+                };
+                *t = match catalog.topics.get(&name) {
+                    Some(meta) if code == errors::UNKNOWN_TOPIC_OR_PARTITION => {
+                        describe_topic(shard, meta)
+                    }
+                    _ => std::mem::take(t).with_error_code(code),
+                };
+            }
         }
     }
     let view = cluster_view(shard, listener);
@@ -159,14 +197,19 @@ fn requested_once(req: &MetadataRequest) -> Vec<(Option<String>, Uuid)> {
     out
 }
 
+/// One topic of a Metadata request: answered as it stands, or to be auto-created.
+enum Asked {
+    Answer(MetadataResponseTopic),
+    Create(String),
+}
+
 async fn requested_topic(
     shard: &Rc<Shard>,
     name: Option<String>,
     id: Uuid,
     allow_create: bool,
-    budget: &admin::RequestBudget,
     authz: &Authz<'_>,
-) -> MetadataResponseTopic {
+) -> Asked {
     let catalog = shard.catalog();
     let denied = |topic: MetadataResponseTopic| {
         topic
@@ -185,47 +228,38 @@ async fn requested_topic(
     };
     if let Some(meta) = found {
         let described = describe_topic(shard, &meta);
-        return match authz.topic(Operation::Describe, &meta.name) {
+        return Asked::Answer(match authz.topic(Operation::Describe, &meta.name) {
             true => described,
             // Asked for by id, it is not named to one who may not see it.
             false if name.is_none() => denied(described.with_name(None)),
             false => denied(described),
-        };
+        });
     }
     let Some(name) = name else {
-        return MetadataResponseTopic::default()
-            .with_topic_id(id)
-            .with_error_code(errors::UNKNOWN_TOPIC_ID);
+        return Asked::Answer(
+            MetadataResponseTopic::default()
+                .with_topic_id(id)
+                .with_error_code(errors::UNKNOWN_TOPIC_ID),
+        );
     };
     let unknown = MetadataResponseTopic::default().with_name(Some(topic_name(&name)));
     // Before existence, as Kafka: an unauthorized name does not say whether it exists.
     if !authz.topic(Operation::Describe, &name) {
-        return denied(unknown);
+        return Asked::Answer(denied(unknown));
     }
     if crate::metadata::validate_topic_name(&name).is_err() {
-        return unknown.with_error_code(errors::INVALID_TOPIC_EXCEPTION);
+        return Asked::Answer(unknown.with_error_code(errors::INVALID_TOPIC_EXCEPTION));
     }
     if !(allow_create && shard.config().auto_create_topics) {
-        return unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
+        return Asked::Answer(unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION));
     }
     if crate::metadata::is_internal(&name) {
-        return auto_create_internal(shard, &name, unknown).await;
+        return Asked::Answer(auto_create_internal(shard, &name, unknown).await);
     }
     if !authz.may_create_topic(&name) {
-        return denied(unknown);
+        return Asked::Answer(denied(unknown));
     }
-    let partitions = shard.config().num_partitions;
-    match admin::create_topic(shard, &name, partitions, Default::default(), false, budget).await {
-        Ok(_) | Err((errors::TOPIC_ALREADY_EXISTS, _)) => {}
-        Err((code, msg)) => {
-            tracing::warn!(topic = %name, "auto-create failed: {msg}");
-            return unknown.with_error_code(code);
-        }
-    }
-    match shard.catalog().topics.get(&name) {
-        Some(meta) => describe_topic(shard, meta),
-        None => unknown.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION),
-    }
+    Asked::Create(name)
 }
 
 /// An internal topic asked for by name is created as its coordinator creates it (Kafka's

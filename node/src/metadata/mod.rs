@@ -179,7 +179,12 @@ pub struct MetaStore {
     /// catalogue is rebuilt from it on start.
     persist: bool,
     version: AtomicU64,
+    /// The published catalogue: held only to read or swap the pointer, so a reader (every
+    /// shard after a change, every SASL authentication) never waits for a write's
+    /// serialisation and fsyncs.
     current: Mutex<Arc<Catalog>>,
+    /// Held by a writer from the copy to the publish: writes stay serialised.
+    writing: Mutex<()>,
 }
 
 impl MetaStore {
@@ -199,6 +204,7 @@ impl MetaStore {
             persist: true,
             version: AtomicU64::new(1),
             current: Mutex::new(Arc::new(catalog)),
+            writing: Mutex::new(()),
         };
         store.assign_missing_topic_ids()?;
         Ok(store)
@@ -236,6 +242,7 @@ impl MetaStore {
             persist: false,
             version: AtomicU64::new(1),
             current: Mutex::new(Arc::new(Catalog::default())),
+            writing: Mutex::new(()),
         }
     }
 
@@ -254,10 +261,7 @@ impl MetaStore {
 
     /// The newest snapshot.
     pub fn snapshot(&self) -> Arc<Catalog> {
-        match self.current.lock() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        lock(&self.current).clone()
     }
 
     /// Applies a batch of changes (many topics of one request) to a copy of the
@@ -267,22 +271,26 @@ impl MetaStore {
         &self,
         change: impl FnOnce(&mut Catalog) -> (T, bool),
     ) -> Result<T, MetaError> {
-        let mut guard = match self.current.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let mut next = (**guard).clone();
+        let _writing = lock(&self.writing);
+        let mut next = (*self.snapshot()).clone();
         let (out, changed) = change(&mut next);
         if !changed {
             return Ok(out);
         }
+        self.publish(next)?;
+        Ok(out)
+    }
+
+    /// Persists `next` (on a single node), then makes it the published catalogue. The
+    /// caller holds `writing`.
+    fn publish(&self, next: Catalog) -> Result<(), MetaError> {
         if self.persist {
             let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
             write_atomic(&self.path, &json)?;
         }
-        *guard = Arc::new(next);
+        *lock(&self.current) = Arc::new(next);
         self.version.fetch_add(1, Ordering::AcqRel);
-        Ok(out)
+        Ok(())
     }
 
     /// Applies `change` to a copy of the catalogue, persists it, then publishes it.
@@ -291,19 +299,19 @@ impl MetaStore {
         &self,
         change: impl FnOnce(&mut Catalog) -> Result<T, MetaError>,
     ) -> Result<T, MetaError> {
-        let mut guard = match self.current.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let mut next = (**guard).clone();
+        let _writing = lock(&self.writing);
+        let mut next = (*self.snapshot()).clone();
         let out = change(&mut next)?;
-        if self.persist {
-            let json = serde_json::to_vec_pretty(&next).map_err(std::io::Error::other)?;
-            write_atomic(&self.path, &json)?;
-        }
-        *guard = Arc::new(next);
-        self.version.fetch_add(1, Ordering::AcqRel);
+        self.publish(next)?;
         Ok(out)
+    }
+}
+
+/// Locks `m`, also after a panic elsewhere poisoned it (the data is replaced whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -469,6 +477,40 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader is not held back by a write in progress (its serialisation and fsyncs):
+    /// the published catalogue and the writer have separate locks.
+    #[test]
+    fn a_snapshot_does_not_wait_for_a_write_in_progress() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Arc::new(MetaStore::open(dir.path()).expect("open"));
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                store.update_batch(|_| {
+                    let _ = entered_tx.send(());
+                    let _ = release_rx.recv_timeout(std::time::Duration::from_secs(30));
+                    ((), false)
+                })
+            })
+        };
+        entered_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the writer started");
+        let (read_tx, read_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let _ = read_tx.send(store.snapshot().topics.len());
+            })
+        };
+        let read = read_rx.recv_timeout(std::time::Duration::from_secs(5));
+        let _ = release_tx.send(());
+        assert_eq!(read, Ok(0), "the snapshot waited for the writer");
+        assert!(writer.join().is_ok() && reader.join().is_ok());
+    }
 
     #[test]
     fn a_topic_stored_without_an_id_gets_one_once() {
