@@ -792,7 +792,7 @@ impl Coordinators {
                 groups.retain(|id, g| {
                     let keep = partition_for(id, partitions) != index;
                     if !keep {
-                        g.fail_waiters(codes::NOT_COORDINATOR);
+                        g.fail_waiters(codes::NOT_COORDINATOR, now_ms());
                     }
                     keep
                 });

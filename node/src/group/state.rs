@@ -174,15 +174,21 @@ impl Member {
             .map_or_else(Bytes::new, |(_, m)| m.clone())
     }
 
-    fn answer_join(&mut self, result: JoinResult) {
+    /// Answers a waiting JoinGroup. The member's session restarts from the answer, as
+    /// Kafka's `completeAndScheduleNextHeartbeatExpiration`: it sent nothing while it
+    /// waited, and must not be expired before it can act on the answer.
+    fn answer_join(&mut self, result: JoinResult, now_ms: i64) {
         if let Some(w) = self.join_waiter.take() {
             let _ = w.try_send(result);
+            self.last_seen_ms = self.last_seen_ms.max(now_ms);
         }
     }
 
-    fn answer_sync(&mut self, result: SyncResult) {
+    /// Answers a waiting SyncGroup; the session restarts as in [`Member::answer_join`].
+    fn answer_sync(&mut self, result: SyncResult, now_ms: i64) {
         if let Some(w) = self.sync_waiter.take() {
             let _ = w.try_send(result);
+            self.last_seen_ms = self.last_seen_ms.max(now_ms);
         }
     }
 }
@@ -228,11 +234,11 @@ fn new_member_id(prefix: &str) -> String {
 impl Group {
     /// Answers every member's waiting JoinGroup/SyncGroup with `code` (the coordinator
     /// is dropping the group: it no longer leads its partition).
-    pub fn fail_waiters(&mut self, code: i16) {
+    pub fn fail_waiters(&mut self, code: i16, now_ms: i64) {
         for m in &mut self.members {
             let id = m.id.clone();
-            m.answer_join(JoinResult::error(code, &id));
-            m.answer_sync(SyncResult::error(code));
+            m.answer_join(JoinResult::error(code, &id), now_ms);
+            m.answer_sync(SyncResult::error(code), now_ms);
         }
     }
 
@@ -450,8 +456,8 @@ impl Group {
         let Some(m) = self.member_mut(old) else {
             return;
         };
-        m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old));
-        m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID));
+        m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old), now_ms);
+        m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID), now_ms);
         m.id = new_id.clone();
         m.protocols = a.protocols.clone();
         m.session_timeout_ms = a.session_timeout_ms;
@@ -532,7 +538,7 @@ impl Group {
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
         m.last_seen_ms = now_ms;
-        m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, id));
+        m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, id), now_ms);
         m.join_waiter = Some(reply);
         self.prepare_rebalance_if_settled(now_ms, limits, "a member rejoined");
     }
@@ -551,7 +557,7 @@ impl Group {
         if self.state == State::CompletingRebalance {
             for m in &mut self.members {
                 m.assignment = Bytes::new();
-                m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+                m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now_ms);
             }
         }
         let first = self.state == State::Empty;
@@ -589,7 +595,7 @@ impl Group {
                 .map(|m| m.id.clone())
                 .collect();
             for id in gone {
-                self.drop_member(&id);
+                self.drop_member(&id, now_ms);
             }
         }
         self.complete_join(now_ms);
@@ -620,8 +626,7 @@ impl Group {
         for id in ids {
             let result = self.current_join_result(&id);
             if let Some(m) = self.member_mut(&id) {
-                m.last_seen_ms = now_ms;
-                m.answer_join(result);
+                m.answer_join(result, now_ms);
             }
         }
     }
@@ -712,7 +717,7 @@ impl Group {
                 let leader = self.is_leader(&a.member_id);
                 if let Some(m) = self.member_mut(&a.member_id) {
                     m.last_seen_ms = now_ms;
-                    m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS));
+                    m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now_ms);
                     m.sync_waiter = Some(reply);
                 }
                 leader.then(|| self.stage_assignment(a.assignments))
@@ -797,7 +802,7 @@ impl Group {
                 for id in ids {
                     let result = self.sync_result(&id);
                     if let Some(m) = self.member_mut(&id) {
-                        m.answer_sync(result);
+                        m.answer_sync(result, now_ms);
                     }
                 }
             }
@@ -805,7 +810,7 @@ impl Group {
                 assert_ne!(code, codes::NONE, "a failed write has an error code");
                 for m in &mut self.members {
                     m.assignment = Bytes::new();
-                    m.answer_sync(SyncResult::error(code));
+                    m.answer_sync(SyncResult::error(code), now_ms);
                 }
                 self.prepare_rebalance(now_ms, limits, "the assignment could not be stored");
             }
@@ -882,13 +887,13 @@ impl Group {
     }
 
     /// Drops a member without touching the group's state.
-    fn drop_member(&mut self, id: &str) {
+    fn drop_member(&mut self, id: &str, now_ms: i64) {
         let Some(at) = self.members.iter().position(|m| m.id == id) else {
             return;
         };
         let mut m = self.members.remove(at);
-        m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id));
-        m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID));
+        m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id), now_ms);
+        m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now_ms);
         if self.is_leader(id) {
             self.leader = self.members.first().map(|m| m.id.clone());
         }
@@ -896,7 +901,7 @@ impl Group {
 
     /// Removes a member (left, expired); the others rebalance.
     fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits, reason: &str) {
-        self.drop_member(id);
+        self.drop_member(id, now_ms);
         if matches!(self.state, State::Stable | State::CompletingRebalance) {
             self.prepare_rebalance(now_ms, limits, reason);
         }
@@ -927,7 +932,7 @@ impl Group {
                 .map(|m| m.id.clone())
                 .collect();
             for id in late {
-                self.drop_member(&id);
+                self.drop_member(&id, now_ms);
             }
             self.prepare_rebalance(now_ms, limits, "the leader did not sync in time");
         }

@@ -67,6 +67,26 @@ fn sync_staged(
     (rx, staged)
 }
 
+/// A SyncGroup at `now`; the generation whose assignment the coordinator must store.
+fn sync_at(
+    g: &mut Group,
+    member: &str,
+    generation: i32,
+    asg: Vec<(String, Bytes)>,
+    now: i64,
+) -> (LocalReceiver<SyncResult>, Option<i32>) {
+    let (tx, rx) = local_channel::new_bounded(1);
+    let a = SyncArgs {
+        group: "g".into(),
+        generation,
+        member_id: member.into(),
+        assignments: asg,
+        ..SyncArgs::default()
+    };
+    let staged = g.sync(a, now, tx);
+    (rx, staged)
+}
+
 /// KIP-394 two-step join: the first answer only hands out a member id.
 fn first_member(g: &mut Group, now: i64) -> String {
     let r = take(&join(g, args("", b"m"), now)).expect("answered at once");
@@ -499,4 +519,72 @@ fn an_emptied_group_takes_the_next_first_members_protocol_type() {
         take(&rx_d).is_none(),
         "a second connect member waits for the rebalance"
     );
+}
+
+/// Two members of generation 1 with a 10 s session and a 60 s rebalance timeout, the
+/// join completed at 0: (leader, follower).
+fn two_members_slow_rebalance(g: &mut Group) -> (String, String) {
+    let slow = |member: &str| JoinArgs {
+        session_timeout_ms: 10_000,
+        rebalance_timeout_ms: 60_000,
+        require_known_member_id: false,
+        ..args(member, b"m")
+    };
+    let rx_a = join(g, slow(""), 0);
+    let a = take(&rx_a).expect("alone: joined").member_id;
+    take(&sync(g, &a, 1, vec![])).expect("synced");
+    let rx_b = join(g, slow(""), 0);
+    let rx_a = join(g, slow(&a), 0);
+    let (ra, rb) = (take(&rx_a).expect("a"), take(&rx_b).expect("b"));
+    assert_eq!((ra.generation, ra.leader.as_str()), (2, a.as_str()));
+    (a, rb.member_id)
+}
+
+/// Kafka's `propagateAssignment` restarts the session of every member it answers: a
+/// follower whose SyncGroup waited longer than its session for the leader's (librdkafka
+/// sends no heartbeat meanwhile) is not expired right after getting its assignment.
+#[test]
+fn a_follower_answered_after_a_long_sync_keeps_its_session() {
+    let mut g = Group::new("g", 0);
+    let (a, b) = two_members_slow_rebalance(&mut g);
+    let (rx_b, none) = sync_at(&mut g, &b, 2, vec![], 0);
+    assert_eq!(none, None);
+    assert_eq!(g.heartbeat(&a, None, 2, 9_000), codes::NONE);
+    g.tick(12_000, &LIMITS);
+    assert!(g.member(&b).is_some(), "a waiting sync is alive");
+    let (rx_a, staged) = sync_at(&mut g, &a, 2, vec![], 15_000);
+    assert_eq!(staged, Some(2));
+    g.assignment_written(2, Ok(()), 15_000, &LIMITS);
+    assert_eq!(take(&rx_b).map(|r| r.error), Some(codes::NONE));
+    assert_eq!(take(&rx_a).map(|r| r.error), Some(codes::NONE));
+    g.tick(15_100, &LIMITS);
+    assert!(
+        g.member(&b).is_some(),
+        "the session restarted at the answer"
+    );
+    assert_eq!(g.state, State::Stable);
+    g.tick(25_000, &LIMITS);
+    assert!(
+        g.member(&b).is_none(),
+        "and it still expires a session later"
+    );
+}
+
+/// The leader never syncs: the follower's waiting SyncGroup is answered
+/// REBALANCE_IN_PROGRESS at the rebalance deadline, and it has a whole session to rejoin.
+#[test]
+fn a_follower_told_to_rejoin_has_a_session_to_do_it() {
+    let mut g = Group::new("g", 0);
+    let (a, b) = two_members_slow_rebalance(&mut g);
+    let (rx_b, _) = sync_at(&mut g, &b, 2, vec![], 0);
+    g.tick(60_000, &LIMITS);
+    assert_eq!(
+        take(&rx_b).map(|r| r.error),
+        Some(codes::REBALANCE_IN_PROGRESS)
+    );
+    assert!(g.member(&a).is_none(), "the leader did not sync: dropped");
+    g.tick(60_200, &LIMITS);
+    assert!(g.member(&b).is_some(), "not expired before it can rejoin");
+    let rb = take(&join(&mut g, args(&b, b"m"), 61_000)).expect("rejoined");
+    assert_eq!((rb.error, rb.generation), (codes::NONE, 3));
 }
