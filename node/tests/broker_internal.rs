@@ -470,3 +470,111 @@ fn a_sync_whose_assignment_cannot_be_stored_is_refused_and_the_group_rebalances(
     assert_eq!(g.members.len(), 1);
     assert_eq!(g.members[0].member_assignment.as_ref(), b"p0");
 }
+
+/// JoinGroup v5 of the static member `instance` (`member` "" = its restart); the
+/// answer's (error, member id, generation).
+fn join_static(c: &mut Client, group: &str, member: &str, instance: &str) -> (i16, String, i32) {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    let req = JoinGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_member_id(s(member))
+        .with_group_instance_id(Some(s(instance)))
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(s("range"))
+                .with_metadata(bytes::Bytes::from_static(b"subscription")),
+        ]);
+    let resp: JoinGroupResponse = c.call(api::JOIN_GROUP, 5, &req);
+    (
+        resp.error_code,
+        resp.member_id.to_string(),
+        resp.generation_id,
+    )
+}
+
+fn heartbeat_static(
+    c: &mut Client,
+    group: &str,
+    generation: i32,
+    member: &str,
+    instance: &str,
+) -> i16 {
+    let req = HeartbeatRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id(generation)
+        .with_member_id(s(member))
+        .with_group_instance_id(Some(s(instance)));
+    let resp: HeartbeatResponse = c.call(api::HEARTBEAT, 3, &req);
+    resp.error_code
+}
+
+/// KIP-345 (Kafka's `updateStaticMemberAndRebalance`): a restarted static member of a
+/// `Stable` group gets its new member id only once the group's metadata naming it is
+/// stored. When the write fails the replacement is undone and the join answered with the
+/// mapped error, so the old id still holds — here and in the log. The old code answered
+/// NONE with the new id and only logged the failure: after a coordinator move the log's
+/// old id came back, and the member's next request was fenced (fatal for its client).
+#[test]
+fn a_static_member_replacement_that_cannot_be_stored_is_refused_and_undone() {
+    const FENCED_INSTANCE_ID: i16 = 82;
+    let mut broker = Broker::start(
+        1,
+        &[
+            ("offsets.topic.num.partitions", "1"),
+            ("group.initial.rebalance.delay.ms", "0"),
+        ],
+    );
+    let mut c = broker.client();
+    assert_eq!(create_topics(&mut c, &[("data", 1)]), vec![0]);
+    find_coordinator(&mut c, "g");
+    let (code, old, generation) = join_static(&mut c, "g", "", "i1");
+    assert_eq!((code, generation), (0, 1), "alone: generation 1 at once");
+    let (code, _) = sync_group(&mut c, "g", generation, &old, b"p0");
+    assert_eq!(code, 0);
+
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "min.insync.replicas", 0, Some("2")),
+        0
+    );
+    wait_commit_code(&mut c, COORDINATOR_NOT_AVAILABLE);
+    let (code, _, _) = join_static(&mut c, "g", "", "i1");
+    assert_eq!(
+        code, COORDINATOR_NOT_AVAILABLE,
+        "a replacement that was not stored is not handed out"
+    );
+    assert_eq!(
+        heartbeat_static(&mut c, "g", generation, &old, "i1"),
+        0,
+        "undone: the old member id still holds"
+    );
+
+    assert_eq!(
+        alter_one(&mut c, OFFSETS, "min.insync.replicas", 0, Some("1")),
+        0
+    );
+    wait_commit_code(&mut c, 0);
+    let (code, new, again) = join_static(&mut c, "g", "", "i1");
+    assert_eq!(
+        (code, again),
+        (0, generation),
+        "replaced without a rebalance"
+    );
+    assert_ne!(new, old);
+    assert_eq!(
+        heartbeat_static(&mut c, "g", generation, &old, "i1"),
+        FENCED_INSTANCE_ID
+    );
+
+    drop(c);
+    broker.restart();
+    let mut c = broker.client();
+    find_coordinator(&mut c, "g");
+    assert_eq!(
+        heartbeat_static(&mut c, "g", generation, &new, "i1"),
+        0,
+        "the new id was stored before it was handed out"
+    );
+}

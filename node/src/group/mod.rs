@@ -354,17 +354,50 @@ impl Coordinators {
         let group = a.group.clone();
         let member = a.member_id.clone();
         let (tx, rx) = local_channel::new_bounded(1);
-        {
+        let replacement = {
             let mut groups = self.groups.borrow_mut();
             let g = groups
                 .entry(group.clone())
                 .or_insert_with(|| Group::new(&group, now));
-            g.join(a, now, &s.limits, tx);
+            let replacement = g.join(a, now, &s.limits, tx);
             g.try_complete_join(now);
+            replacement.map(|r| (r, g.to_value()))
+        };
+        match replacement {
+            Some((r, value)) => self.store_replacement(part, &group, r, value).await,
+            None => self.store_if_dirty(part, &group).await,
         }
-        self.store_if_dirty(part, &group).await;
         self.wait_pending(ctx, park::Pending::Join(rx, member))
             .await
+    }
+
+    /// Writes the metadata naming a replaced static member's new id, then lets the group
+    /// answer it: the new id if stored, else the mapped error and the old id back (a new
+    /// id only logged as failed would be fenced by the next coordinator's replay).
+    async fn store_replacement(
+        &self,
+        part: &Led,
+        group: &str,
+        r: state::Replacement,
+        value: schema::GroupValue,
+    ) {
+        let result = {
+            let _writing = self.writing();
+            store::write_group(part, group, &value).await
+        };
+        if let Err(code) = result {
+            tracing::warn!(
+                group,
+                "cannot store a static member's replacement: error {code}"
+            );
+        }
+        // As in `store_assignment`: a lost lead dropped the group and answered its waiters.
+        if !part.leads() {
+            return;
+        }
+        if let Some(g) = self.groups.borrow_mut().get_mut(group) {
+            g.replacement_written(r, result, now_ms());
+        }
     }
 
     async fn sync(

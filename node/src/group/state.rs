@@ -226,6 +226,25 @@ struct Pending {
     connection: String,
 }
 
+/// A static member replaced in a `Stable` group without a rebalance (KIP-345): its new
+/// id is handed out only once the group's metadata naming it is stored (Kafka's
+/// `updateStaticMemberAndRebalance`). The coordinator writes [`Group::to_value`] and
+/// reports with [`Group::replacement_written`]; until then the JoinGroup waits.
+#[must_use = "the replacement must be written and reported"]
+pub struct Replacement {
+    new_id: String,
+    /// The member as it was, to restore if the write fails.
+    old_id: String,
+    old_protocols: Vec<(String, Bytes)>,
+    old_session_timeout_ms: i32,
+    old_rebalance_timeout_ms: i32,
+    old_client_id: String,
+    old_client_host: String,
+    was_leader: bool,
+    /// The answer once stored.
+    result: JoinResult,
+}
+
 fn new_member_id(prefix: &str) -> String {
     let id = crate::metadata::new_topic_id();
     format!("{prefix}-{}", uuid::Uuid::from_u128(id))
@@ -344,26 +363,42 @@ impl Group {
         common
     }
 
-    /// JoinGroup. The answer goes to `reply`, now or when the rebalance completes.
-    pub fn join(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
-        let refuse = |code: i16| {
-            let _ = reply.try_send(JoinResult::error(code, &a.member_id));
-        };
+    /// JoinGroup. The answer goes to `reply`, now or when the rebalance completes; a
+    /// static member's replacement returned here is answered once stored (see
+    /// [`Replacement`]).
+    pub fn join(
+        &mut self,
+        a: JoinArgs,
+        now_ms: i64,
+        limits: &Limits,
+        reply: Waiter<JoinResult>,
+    ) -> Option<Replacement> {
         if !self.supports(&a.protocol_type, &a.protocols) {
-            return refuse(codes::INCONSISTENT_GROUP_PROTOCOL);
+            let _ = reply.try_send(JoinResult::error(
+                codes::INCONSISTENT_GROUP_PROTOCOL,
+                &a.member_id,
+            ));
+            return None;
         }
         tracing::debug!(
             group = %self.id, generation = self.generation, member = %a.member_id,
             instance = ?a.instance_id, state = self.state.name(), "join"
         );
         if a.member_id.is_empty() {
-            self.join_new(a, now_ms, limits, reply);
+            self.join_new(a, now_ms, limits, reply)
         } else {
             self.join_known(a, now_ms, limits, reply);
+            None
         }
     }
 
-    fn join_new(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
+    fn join_new(
+        &mut self,
+        a: JoinArgs,
+        now_ms: i64,
+        limits: &Limits,
+        reply: Waiter<JoinResult>,
+    ) -> Option<Replacement> {
         let returning = a.instance_id.as_deref().and_then(|i| self.static_member(i));
         if let Some(old) = returning.map(|m| m.id.clone()) {
             return self.replace_static(&old, a, now_ms, limits, reply);
@@ -373,7 +408,7 @@ impl Group {
         }
         if self.members.len() + self.pending.len() >= limits.max_size {
             let _ = reply.try_send(JoinResult::error(codes::GROUP_MAX_SIZE_REACHED, ""));
-            return;
+            return None;
         }
         let prefix = a.instance_id.as_deref().unwrap_or(&a.client_id);
         let id = new_member_id(prefix);
@@ -384,9 +419,10 @@ impl Group {
             };
             self.pending.insert(id.clone(), pending);
             let _ = reply.try_send(JoinResult::error(codes::MEMBER_ID_REQUIRED, &id));
-            return;
+            return None;
         }
         self.add_member(id, &a, now_ms, limits, reply);
+        None
     }
 
     /// A client that asks for a new member id on a connection has given up the id handed
@@ -449,15 +485,24 @@ impl Group {
         now_ms: i64,
         limits: &Limits,
         reply: Waiter<JoinResult>,
-    ) {
+    ) -> Option<Replacement> {
         let new_id = new_member_id(a.instance_id.as_deref().unwrap_or("static"));
         let was_leader = self.is_leader(old);
         let leader_before = self.leader.clone().unwrap_or_default();
-        let Some(m) = self.member_mut(old) else {
-            return;
-        };
+        let m = self.member_mut(old)?;
         m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old), now_ms);
         m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID), now_ms);
+        let mut replacement = Replacement {
+            new_id: new_id.clone(),
+            old_id: old.to_string(),
+            old_protocols: m.protocols.clone(),
+            old_session_timeout_ms: m.session_timeout_ms,
+            old_rebalance_timeout_ms: m.rebalance_timeout_ms,
+            old_client_id: m.client_id.clone(),
+            old_client_host: m.client_host.clone(),
+            was_leader,
+            result: JoinResult::default(),
+        };
         m.id = new_id.clone();
         m.protocols = a.protocols.clone();
         m.session_timeout_ms = a.session_timeout_ms;
@@ -480,14 +525,54 @@ impl Group {
                     group = %self.id, generation = self.generation, member = %new_id, was_leader,
                     "static member rejoined: no rebalance (selected protocol unchanged)"
                 );
-                self.dirty = true;
                 let mut result = self.current_join_result(&new_id);
                 result.members.clear();
                 result.leader = leader_before;
-                let _ = reply.try_send(result);
+                replacement.result = result;
+                // Parked like a rejoin: alive, and answered by a rebalance if one
+                // completes before the write does (Kafka's awaitingJoinCallback).
+                let m = self.member_mut(&new_id)?;
+                m.join_waiter = Some(reply);
+                Some(replacement)
             }
-            _ => self.rejoin(&new_id, &a, now_ms, limits, reply),
+            _ => {
+                self.rejoin(&new_id, &a, now_ms, limits, reply);
+                None
+            }
         }
+    }
+
+    /// The write of a [`Replacement`] ended with `result`. Stored: the member gets its
+    /// new id. Not stored: the replacement is undone (the old id holds again, as in the
+    /// log) and the member gets the write's error (Kafka's `updateStaticMemberAndRebalance`
+    /// callback). Nothing if the member was answered meanwhile (a rebalance completed, or
+    /// it was replaced or removed again).
+    pub fn replacement_written(&mut self, r: Replacement, result: Result<(), i16>, now_ms: i64) {
+        let Some(m) = self.member_mut(&r.new_id) else {
+            return;
+        };
+        if m.join_waiter.is_none() {
+            return;
+        }
+        let code = match result {
+            Ok(()) => return m.answer_join(r.result, now_ms),
+            Err(code) => code,
+        };
+        assert_ne!(code, codes::NONE, "a failed write has an error code");
+        m.answer_join(JoinResult::error(code, ""), now_ms);
+        m.id = r.old_id.clone();
+        m.protocols = r.old_protocols;
+        m.session_timeout_ms = r.old_session_timeout_ms;
+        m.rebalance_timeout_ms = r.old_rebalance_timeout_ms;
+        m.client_id = r.old_client_id;
+        m.client_host = r.old_client_host;
+        if r.was_leader && self.is_leader(&r.new_id) {
+            self.leader = Some(r.old_id.clone());
+        }
+        tracing::debug!(
+            group = %self.id, member = %r.old_id, code,
+            "static member replacement not stored: undone"
+        );
     }
 
     fn join_known(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {

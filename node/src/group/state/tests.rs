@@ -29,7 +29,9 @@ fn take<T>(rx: &LocalReceiver<T>) -> Option<T> {
 
 fn join(g: &mut Group, a: JoinArgs, now: i64) -> LocalReceiver<JoinResult> {
     let (tx, rx) = local_channel::new_bounded(1);
-    g.join(a, now, &LIMITS, tx);
+    if let Some(r) = g.join(a, now, &LIMITS, tx) {
+        g.replacement_written(r, Ok(()), now);
+    }
     g.try_complete_join(now);
     rx
 }
@@ -587,4 +589,28 @@ fn a_follower_told_to_rejoin_has_a_session_to_do_it() {
     assert!(g.member(&b).is_some(), "not expired before it can rejoin");
     let rb = take(&join(&mut g, args(&b, b"m"), 61_000)).expect("rejoined");
     assert_eq!((rb.error, rb.generation), (codes::NONE, 3));
+}
+
+/// A static member's replacement whose write fails is undone: the old id (the one the
+/// log holds) is a member and the leader again, and the new id was never handed out.
+#[test]
+fn a_static_replacement_not_stored_is_undone() {
+    let mut g = Group::new("g", 0);
+    let mut a = args("", b"m");
+    a.instance_id = Some("i1".into());
+    let old = take(&join(&mut g, a.clone(), 0)).expect("joined").member_id;
+    take(&sync(&mut g, &old, 1, vec![])).expect("synced");
+    let (tx, rx) = local_channel::new_bounded(1);
+    let r = g.join(a, 100, &LIMITS, tx).expect("a replacement to store");
+    assert!(take(&rx).is_none(), "answered once stored");
+    g.replacement_written(r, Err(codes::COORDINATOR_NOT_AVAILABLE), 200);
+    let answer = take(&rx).expect("answered with the write's error");
+    assert_eq!(
+        (answer.error, answer.member_id.as_str()),
+        (codes::COORDINATOR_NOT_AVAILABLE, "")
+    );
+    assert_eq!(g.heartbeat(&old, Some("i1"), 1, 300), codes::NONE);
+    assert_eq!(g.leader.as_deref(), Some(old.as_str()));
+    assert_eq!(g.members.len(), 1);
+    assert_eq!(g.state, State::Stable);
 }
