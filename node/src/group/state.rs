@@ -177,11 +177,14 @@ impl Member {
     /// Answers a waiting JoinGroup. The member's session restarts from the answer, as
     /// Kafka's `completeAndScheduleNextHeartbeatExpiration`: it sent nothing while it
     /// waited, and must not be expired before it can act on the answer.
-    fn answer_join(&mut self, result: JoinResult, now_ms: i64) {
-        if let Some(w) = self.join_waiter.take() {
-            let _ = w.try_send(result);
-            self.last_seen_ms = self.last_seen_ms.max(now_ms);
-        }
+    /// Returns whether a JoinGroup was waiting.
+    fn answer_join(&mut self, result: JoinResult, now_ms: i64) -> bool {
+        let Some(w) = self.join_waiter.take() else {
+            return false;
+        };
+        let _ = w.try_send(result);
+        self.last_seen_ms = self.last_seen_ms.max(now_ms);
+        true
     }
 
     /// Answers a waiting SyncGroup; the session restarts as in [`Member::answer_join`].
@@ -201,8 +204,20 @@ pub struct Group {
     pub protocol_type: Option<String>,
     pub protocol: Option<String>,
     pub leader: Option<String>,
-    /// In join order (a `Vec`: groups are small, and join order picks the next leader).
+    /// In join order (join order picks the next leader). Read-only outside this module:
+    /// the indexes below follow it.
     pub members: Vec<Member>,
+    /// Where each member id is in `members`: a group may have many thousands of members
+    /// (one client can park them), and every request names one.
+    positions: HashMap<String, usize>,
+    /// Static members' member ids, by instance id.
+    instances: HashMap<String, String>,
+    /// How many members list each protocol name: the protocols every member supports
+    /// are those listed by all, without a scan of the members per join.
+    protocol_support: HashMap<String, usize>,
+    /// How many members wait in JoinGroup (have a `join_waiter`): whether all rejoined,
+    /// without a scan per join.
+    joined: usize,
     /// KIP-394: member ids handed out with MEMBER_ID_REQUIRED, not yet joined.
     pending: HashMap<String, Pending>,
     pub offsets: BTreeMap<(String, i32), OffsetValue>,
@@ -259,6 +274,7 @@ impl Group {
             m.answer_join(JoinResult::error(code, &id), now_ms);
             m.answer_sync(SyncResult::error(code), now_ms);
         }
+        self.joined = 0;
     }
 
     pub fn new(id: &str, now_ms: i64) -> Group {
@@ -270,6 +286,10 @@ impl Group {
             protocol: None,
             leader: None,
             members: Vec::new(),
+            positions: HashMap::new(),
+            instances: HashMap::new(),
+            protocol_support: HashMap::new(),
+            joined: 0,
             pending: HashMap::new(),
             offsets: BTreeMap::new(),
             state_since_ms: now_ms,
@@ -280,17 +300,125 @@ impl Group {
     }
 
     fn member(&self, id: &str) -> Option<&Member> {
-        self.members.iter().find(|m| m.id == id)
+        self.positions.get(id).map(|&at| &self.members[at])
     }
 
     fn member_mut(&mut self, id: &str) -> Option<&mut Member> {
-        self.members.iter_mut().find(|m| m.id == id)
+        self.positions.get(id).map(|&at| &mut self.members[at])
     }
 
     fn static_member(&self, instance: &str) -> Option<&Member> {
-        self.members
-            .iter()
-            .find(|m| m.instance_id.as_deref() == Some(instance))
+        self.instances.get(instance).and_then(|id| self.member(id))
+    }
+
+    /// Counts (or uncounts) one member's protocol names in `protocol_support`, each
+    /// name once however often the member lists it.
+    fn count_protocols(&mut self, protocols: &[(String, Bytes)], add: bool) {
+        let names: HashSet<&str> = protocols.iter().map(|(n, _)| n.as_str()).collect();
+        for name in names {
+            if add {
+                *self.protocol_support.entry(name.to_string()).or_default() += 1;
+                continue;
+            }
+            if let Some(n) = self.protocol_support.get_mut(name) {
+                *n -= 1;
+                if *n == 0 {
+                    self.protocol_support.remove(name);
+                }
+            }
+        }
+    }
+
+    /// Replaces the protocols of the member at `at`, keeping the counts.
+    fn set_protocols(&mut self, at: usize, protocols: Vec<(String, Bytes)>) {
+        let old = std::mem::replace(&mut self.members[at].protocols, protocols);
+        self.count_protocols(&old, false);
+        let new = self.members[at].protocols.clone();
+        self.count_protocols(&new, true);
+    }
+
+    /// Gives the member at `at` a new id, keeping the indexes.
+    fn rename_member(&mut self, at: usize, new_id: &str) {
+        let old = std::mem::replace(&mut self.members[at].id, new_id.to_string());
+        self.positions.remove(&old);
+        self.positions.insert(new_id.to_string(), at);
+        if let Some(i) = self.members[at].instance_id.clone() {
+            self.instances.insert(i, new_id.to_string());
+        }
+    }
+
+    /// Parks a JoinGroup of the member at `at` (one already parked is told to rejoin).
+    fn park_join(&mut self, at: usize, reply: Waiter<JoinResult>, now_ms: i64) {
+        let m = &mut self.members[at];
+        let id = m.id.clone();
+        if !m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, &id), now_ms) {
+            self.joined += 1;
+        }
+        self.members[at].join_waiter = Some(reply);
+    }
+
+    /// Answers the parked JoinGroup of the member at `at`, if any.
+    fn answer_join_at(&mut self, at: usize, result: JoinResult, now_ms: i64) {
+        if self.members[at].answer_join(result, now_ms) {
+            self.joined -= 1;
+        }
+    }
+
+    /// Rebuilds `positions` from `from` on (members moved).
+    fn reindex_from(&mut self, from: usize) {
+        for (at, m) in self.members.iter().enumerate().skip(from) {
+            self.positions.insert(m.id.clone(), at);
+        }
+    }
+
+    /// Forgets a removed member in the indexes.
+    fn unindex(&mut self, m: &Member) {
+        self.positions.remove(&m.id);
+        if let Some(i) = &m.instance_id
+            && self.instances.get(i) == Some(&m.id)
+        {
+            self.instances.remove(i);
+        }
+        self.count_protocols(&m.protocols, false);
+    }
+
+    /// Whether `positions`, `instances`, `protocol_support` and `joined` say what a scan
+    /// of the members says.
+    fn indexes_hold(&self) -> bool {
+        let mut support: HashMap<String, usize> = HashMap::new();
+        for m in &self.members {
+            let names: HashSet<&str> = m.protocols.iter().map(|(n, _)| n.as_str()).collect();
+            for n in names {
+                *support.entry(n.to_string()).or_default() += 1;
+            }
+        }
+        let joined = self.members.iter().filter(|m| m.join_waiter.is_some());
+        self.positions.len() == self.members.len()
+            && self.members.iter().enumerate().all(|(at, m)| {
+                self.positions.get(&m.id) == Some(&at)
+                    && m.instance_id
+                        .as_ref()
+                        .is_none_or(|i| self.instances.contains_key(i))
+            })
+            && self
+                .instances
+                .values()
+                .all(|id| self.positions.contains_key(id))
+            && support == self.protocol_support
+            && joined.count() == self.joined
+    }
+
+    /// Adds a member at the end, indexed.
+    fn push_member(&mut self, m: Member) {
+        self.positions.insert(m.id.clone(), self.members.len());
+        if let Some(i) = &m.instance_id {
+            self.instances
+                .entry(i.clone())
+                .or_insert_with(|| m.id.clone());
+        }
+        self.count_protocols(&m.protocols, true);
+        self.joined += usize::from(m.join_waiter.is_some());
+        self.members.push(m);
     }
 
     /// Whether a request naming `member_id` and `instance` comes from a fenced (replaced)
@@ -346,21 +474,14 @@ impl Group {
         !self.common_protocols(names).is_empty()
     }
 
-    /// Which of `names` every member supports. Linear in the members' protocol lists: a
-    /// JoinGroup may carry thousands of names, and nested scans would stall the shard.
+    /// Which of `names` every member supports: those all members list (counted as they
+    /// join), so linear in `names` alone — a JoinGroup may carry thousands of names and a
+    /// group hold thousands of members.
     fn common_protocols<'a>(&self, names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
-        let mut common: HashSet<&'a str> = names.collect();
-        for m in &self.members {
-            if common.is_empty() {
-                break;
-            }
-            common = m
-                .protocols
-                .iter()
-                .filter_map(|(n, _)| common.get(n.as_str()).copied())
-                .collect();
-        }
-        common
+        let all = self.members.len();
+        names
+            .filter(|n| self.protocol_support.get(*n).copied().unwrap_or(0) == all)
+            .collect()
     }
 
     /// JoinGroup. The answer goes to `reply`, now or when the rebalance completes; a
@@ -461,7 +582,7 @@ impl Group {
         if self.members.is_empty() {
             self.protocol_type = Some(a.protocol_type.clone());
         }
-        self.members.push(m);
+        self.push_member(m);
         if self.leader.is_none() {
             self.leader = Some(id);
         }
@@ -489,8 +610,13 @@ impl Group {
         let new_id = new_member_id(a.instance_id.as_deref().unwrap_or("static"));
         let was_leader = self.is_leader(old);
         let leader_before = self.leader.clone().unwrap_or_default();
-        let m = self.member_mut(old)?;
-        m.answer_join(JoinResult::error(codes::FENCED_INSTANCE_ID, old), now_ms);
+        let at = *self.positions.get(old)?;
+        self.answer_join_at(
+            at,
+            JoinResult::error(codes::FENCED_INSTANCE_ID, old),
+            now_ms,
+        );
+        let m = &mut self.members[at];
         m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID), now_ms);
         let mut replacement = Replacement {
             new_id: new_id.clone(),
@@ -503,13 +629,13 @@ impl Group {
             was_leader,
             result: JoinResult::default(),
         };
-        m.id = new_id.clone();
-        m.protocols = a.protocols.clone();
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
         m.client_id = a.client_id.clone();
         m.client_host = a.client_host.clone();
         m.last_seen_ms = now_ms;
+        self.rename_member(at, &new_id);
+        self.set_protocols(at, a.protocols.clone());
         if was_leader {
             self.leader = Some(new_id.clone());
         }
@@ -531,8 +657,7 @@ impl Group {
                 replacement.result = result;
                 // Parked like a rejoin: alive, and answered by a rebalance if one
                 // completes before the write does (Kafka's awaitingJoinCallback).
-                let m = self.member_mut(&new_id)?;
-                m.join_waiter = Some(reply);
+                self.park_join(at, reply, now_ms);
                 Some(replacement)
             }
             _ => {
@@ -548,24 +673,25 @@ impl Group {
     /// callback). Nothing if the member was answered meanwhile (a rebalance completed, or
     /// it was replaced or removed again).
     pub fn replacement_written(&mut self, r: Replacement, result: Result<(), i16>, now_ms: i64) {
-        let Some(m) = self.member_mut(&r.new_id) else {
+        let Some(&at) = self.positions.get(&r.new_id) else {
             return;
         };
-        if m.join_waiter.is_none() {
+        if self.members[at].join_waiter.is_none() {
             return;
         }
         let code = match result {
-            Ok(()) => return m.answer_join(r.result, now_ms),
+            Ok(()) => return self.answer_join_at(at, r.result, now_ms),
             Err(code) => code,
         };
         assert_ne!(code, codes::NONE, "a failed write has an error code");
-        m.answer_join(JoinResult::error(code, ""), now_ms);
-        m.id = r.old_id.clone();
-        m.protocols = r.old_protocols;
+        self.answer_join_at(at, JoinResult::error(code, ""), now_ms);
+        let m = &mut self.members[at];
         m.session_timeout_ms = r.old_session_timeout_ms;
         m.rebalance_timeout_ms = r.old_rebalance_timeout_ms;
         m.client_id = r.old_client_id;
         m.client_host = r.old_client_host;
+        self.rename_member(at, &r.old_id);
+        self.set_protocols(at, r.old_protocols);
         if r.was_leader && self.is_leader(&r.new_id) {
             self.leader = Some(r.old_id.clone());
         }
@@ -615,16 +741,16 @@ impl Group {
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) {
-        let Some(m) = self.member_mut(id) else {
+        let Some(&at) = self.positions.get(id) else {
             let _ = reply.try_send(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id));
             return;
         };
-        m.protocols = a.protocols.clone();
+        let m = &mut self.members[at];
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
         m.last_seen_ms = now_ms;
-        m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, id), now_ms);
-        m.join_waiter = Some(reply);
+        self.set_protocols(at, a.protocols.clone());
+        self.park_join(at, reply, now_ms);
         self.prepare_rebalance_if_settled(now_ms, limits, "a member rejoined");
     }
 
@@ -664,8 +790,12 @@ impl Group {
         if self.state != State::PreparingRebalance {
             return;
         }
-        let all_joined =
-            self.pending.is_empty() && self.members.iter().all(|m| m.join_waiter.is_some());
+        // Checked in debug builds for groups small enough to scan on every call.
+        debug_assert!(
+            self.members.len() > 1000 || self.indexes_hold(),
+            "the indexes follow the members"
+        );
+        let all_joined = self.pending.is_empty() && self.joined == self.members.len();
         let delay_over = self.initial_delay_until_ms.is_none_or(|t| now_ms >= t);
         let timed_out = now_ms >= self.deadline_ms;
         if !(timed_out || all_joined && delay_over) {
@@ -673,15 +803,7 @@ impl Group {
         }
         if !all_joined {
             self.pending.clear();
-            let gone: Vec<String> = self
-                .members
-                .iter()
-                .filter(|m| m.join_waiter.is_none())
-                .map(|m| m.id.clone())
-                .collect();
-            for id in gone {
-                self.drop_member(&id, now_ms);
-            }
+            self.drop_members(now_ms, |m| m.join_waiter.is_none());
         }
         self.complete_join(now_ms);
     }
@@ -707,13 +829,26 @@ impl Group {
         self.set_state(State::CompletingRebalance, now_ms, "join phase over");
         let timeout = self.members.iter().map(|m| m.rebalance_timeout_ms).max();
         self.deadline_ms = now_ms + i64::from(timeout.unwrap_or(0));
-        let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
-        for id in ids {
-            let result = self.current_join_result(&id);
-            if let Some(m) = self.member_mut(&id) {
-                m.answer_join(result, now_ms);
-            }
+        // One pass: a follower's answer differs from the others' only in its id, and the
+        // leader's member list is built once.
+        let leader = self.leader.clone().unwrap_or_default();
+        let mut for_leader = Some(self.current_join_result(&leader));
+        let for_follower = JoinResult {
+            members: Vec::new(),
+            ..self.current_join_result("")
+        };
+        let mut answered = 0;
+        for m in &mut self.members {
+            let result = match for_leader.take_if(|_| m.id == leader) {
+                Some(result) => result,
+                None => JoinResult {
+                    member_id: m.id.clone(),
+                    ..for_follower.clone()
+                },
+            };
+            answered += usize::from(m.answer_join(result, now_ms));
         }
+        self.joined -= answered;
     }
 
     /// The JoinGroup answer for `id` in the current generation; the leader also gets
@@ -883,12 +1018,21 @@ impl Group {
         match result {
             Ok(()) => {
                 self.set_state(State::Stable, now_ms, "the leader's assignment is stored");
-                let ids: Vec<String> = self.members.iter().map(|m| m.id.clone()).collect();
-                for id in ids {
-                    let result = self.sync_result(&id);
-                    if let Some(m) = self.member_mut(&id) {
-                        m.answer_sync(result, now_ms);
-                    }
+                let answer = SyncResult {
+                    error: codes::NONE,
+                    protocol_type: self.protocol_type.clone(),
+                    protocol_name: self.protocol.clone(),
+                    assignment: Bytes::new(),
+                };
+                for m in &mut self.members {
+                    let assignment = m.assignment.clone();
+                    m.answer_sync(
+                        SyncResult {
+                            assignment,
+                            ..answer.clone()
+                        },
+                        now_ms,
+                    );
                 }
             }
             Err(code) => {
@@ -973,15 +1117,48 @@ impl Group {
 
     /// Drops a member without touching the group's state.
     fn drop_member(&mut self, id: &str, now_ms: i64) {
-        let Some(at) = self.members.iter().position(|m| m.id == id) else {
+        let Some(at) = self.positions.get(id).copied() else {
             return;
         };
+        self.answer_join_at(at, JoinResult::error(codes::UNKNOWN_MEMBER_ID, id), now_ms);
         let mut m = self.members.remove(at);
-        m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, id), now_ms);
         m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now_ms);
+        self.unindex(&m);
+        self.reindex_from(at);
         if self.is_leader(id) {
             self.leader = self.members.first().map(|m| m.id.clone());
         }
+    }
+
+    /// Drops every member `doomed` picks in one pass, without touching the group's
+    /// state (one at a time, each removal would shift and re-index the rest). Returns
+    /// how many went.
+    fn drop_members(&mut self, now_ms: i64, doomed: impl Fn(&Member) -> bool) -> usize {
+        let (gone, kept): (Vec<Member>, Vec<Member>) = std::mem::take(&mut self.members)
+            .into_iter()
+            .partition(doomed);
+        self.members = kept;
+        let count = gone.len();
+        if count == 0 {
+            return 0;
+        }
+        for mut m in gone {
+            let id = m.id.clone();
+            if m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, &id), now_ms) {
+                self.joined -= 1;
+            }
+            m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now_ms);
+            self.unindex(&m);
+        }
+        self.reindex_from(0);
+        let leader_gone = self
+            .leader
+            .as_deref()
+            .is_some_and(|l| !self.positions.contains_key(l));
+        if leader_gone {
+            self.leader = self.members.first().map(|m| m.id.clone());
+        }
+        count
     }
 
     /// Removes a member (left, expired); the others rebalance.
@@ -997,28 +1174,22 @@ impl Group {
     /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
     pub fn tick(&mut self, now_ms: i64, limits: &Limits) {
         self.pending.retain(|_, p| p.expires_ms > now_ms);
-        let expired: Vec<String> = self
-            .members
-            .iter()
-            .filter(|m| m.join_waiter.is_none() && m.sync_waiter.is_none())
-            .filter(|m| now_ms - m.last_seen_ms >= i64::from(m.session_timeout_ms))
-            .map(|m| m.id.clone())
-            .collect();
-        for id in expired {
-            tracing::info!(group = %self.id, member = %id, "session expired");
-            self.remove_member(&id, now_ms, limits, "a member's session expired");
+        let expired = |m: &Member| {
+            m.join_waiter.is_none()
+                && m.sync_waiter.is_none()
+                && now_ms - m.last_seen_ms >= i64::from(m.session_timeout_ms)
+        };
+        for m in self.members.iter().filter(|m| expired(m)) {
+            tracing::info!(group = %self.id, member = %m.id, "session expired");
+        }
+        // All at once, and one rebalance for all of them.
+        let gone = self.drop_members(now_ms, expired);
+        if gone > 0 && matches!(self.state, State::Stable | State::CompletingRebalance) {
+            self.prepare_rebalance(now_ms, limits, "a member's session expired");
         }
         if self.state == State::CompletingRebalance && now_ms >= self.deadline_ms {
             // The leader never sent its assignment: drop whoever has not synced, retry.
-            let late: Vec<String> = self
-                .members
-                .iter()
-                .filter(|m| m.sync_waiter.is_none())
-                .map(|m| m.id.clone())
-                .collect();
-            for id in late {
-                self.drop_member(&id, now_ms);
-            }
+            self.drop_members(now_ms, |m| m.sync_waiter.is_none());
             self.prepare_rebalance(now_ms, limits, "the leader did not sync in time");
         }
         self.try_complete_join(now_ms);
@@ -1117,7 +1288,7 @@ impl Group {
             now_ms
         };
         let protocol = self.protocol.clone().unwrap_or_default();
-        self.members = v
+        let restored: Vec<Member> = v
             .members
             .into_iter()
             .map(|m| Member {
@@ -1134,6 +1305,17 @@ impl Group {
                 last_seen_ms: now_ms,
             })
             .collect();
+        self.members.clear();
+        self.positions.clear();
+        self.instances.clear();
+        self.protocol_support.clear();
+        self.joined = 0;
+        for m in restored {
+            // A member id stored twice (a damaged value) is kept once: the index holds one.
+            if !self.positions.contains_key(&m.id) {
+                self.push_member(m);
+            }
+        }
         self.state = if self.members.is_empty() {
             State::Empty
         } else {

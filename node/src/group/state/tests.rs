@@ -614,3 +614,54 @@ fn a_static_replacement_not_stored_is_undone() {
     assert_eq!(g.members.len(), 1);
     assert_eq!(g.state, State::Stable);
 }
+
+/// One client may park thousands of members (JoinGroup v0-v3 needs no KIP-394 step, and
+/// `group.max.size` is unbounded by default): joining, completing the join, the sync and
+/// a heartbeat from each stay linear in the members, not quadratic.
+#[test]
+fn many_members_rebalance_in_linear_time() {
+    const MEMBERS: usize = 10_000;
+    let limits = Limits {
+        initial_delay_ms: 1000,
+        max_size: usize::MAX,
+    };
+    let started = std::time::Instant::now();
+    let mut g = Group::new("g", 0);
+    let mut waiting = Vec::with_capacity(MEMBERS);
+    for _ in 0..MEMBERS {
+        let (tx, rx) = local_channel::new_bounded(1);
+        let a = JoinArgs {
+            require_known_member_id: false,
+            ..args("", b"m")
+        };
+        assert!(g.join(a, 0, &limits, tx).is_none());
+        g.try_complete_join(0);
+        waiting.push(rx);
+    }
+    g.tick(1000, &limits);
+    let answers: Vec<JoinResult> = waiting.iter().map(|rx| take(rx).expect("joined")).collect();
+    let leader = answers[0].leader.clone();
+    assert_eq!(g.members.len(), MEMBERS);
+    let asg = answers
+        .iter()
+        .map(|r| (r.member_id.clone(), Bytes::from_static(b"p")))
+        .collect();
+    let followers: Vec<_> = answers
+        .iter()
+        .filter(|r| r.member_id != leader)
+        .map(|r| sync_at(&mut g, &r.member_id, 1, vec![], 1000).0)
+        .collect();
+    let (rx, staged) = sync_at(&mut g, &leader, 1, asg, 1000);
+    g.assignment_written(staged.expect("leader"), Ok(()), 1000, &limits);
+    assert_eq!(take(&rx).map(|r| r.error), Some(codes::NONE));
+    assert!(
+        followers
+            .iter()
+            .all(|rx| take(rx).is_some_and(|r| r.assignment == "p"))
+    );
+    for r in &answers {
+        assert_eq!(g.heartbeat(&r.member_id, None, 1, 2000), codes::NONE);
+    }
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+}
