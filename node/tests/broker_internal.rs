@@ -578,3 +578,42 @@ fn a_static_member_replacement_that_cannot_be_stored_is_refused_and_undone() {
         "the new id was stored before it was handed out"
     );
 }
+
+fn delete_group(c: &mut Client, group: &str) -> i16 {
+    let req = DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s(group))]);
+    let resp: DeleteGroupsResponse = c.call(api::DELETE_GROUPS, 2, &req);
+    resp.results[0].error_code
+}
+
+fn describe_state(c: &mut Client, group: &str) -> String {
+    let req = DescribeGroupsRequest::default().with_groups(vec![GroupId(s(group))]);
+    let resp: DescribeGroupsResponse = c.call(api::DESCRIBE_GROUPS, 3, &req);
+    resp.groups[0].group_state.to_string()
+}
+
+/// A group whose only trace is a KIP-394 member id handed out and never used is `Empty`,
+/// and DeleteGroups deletes it (Kafka counts no pending member); it was refused with
+/// NON_EMPTY_GROUP until the id's session timeout passed.
+#[test]
+fn an_empty_group_with_an_unused_pending_member_id_can_be_deleted() {
+    const MEMBER_ID_REQUIRED: i16 = 79;
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    let broker = Broker::start(1, &[("offsets.topic.num.partitions", "1")]);
+    let mut c = broker.client();
+    find_coordinator(&mut c, "g");
+    let req = JoinGroupRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(s("range"))
+                .with_metadata(bytes::Bytes::from_static(b"subscription")),
+        ]);
+    let resp: JoinGroupResponse = c.call(api::JOIN_GROUP, 4, &req);
+    assert_eq!(resp.error_code, MEMBER_ID_REQUIRED);
+    assert_eq!(describe_state(&mut c, "g"), "Empty");
+    assert_eq!(delete_group(&mut c, "g"), 0, "an Empty group is deleted");
+    assert_eq!(describe_state(&mut c, "g"), "Dead");
+}

@@ -433,9 +433,11 @@ impl Group {
         self.leader.as_deref() == Some(id)
     }
 
-    /// Empty with nobody joining: nothing but its offsets keeps it.
+    /// Empty: nothing but its offsets keeps it. KIP-394 member ids handed out and not
+    /// used yet do not count (as in Kafka: the group is `Empty`, and may be deleted with
+    /// them; an id that joins later is unknown and its client asks for a new one).
     pub fn is_idle(&self) -> bool {
-        self.state == State::Empty && self.members.is_empty() && self.pending.is_empty()
+        self.state == State::Empty && self.members.is_empty()
     }
 
     /// Returns and clears whether the group's metadata must be written.
