@@ -617,3 +617,33 @@ fn an_empty_group_with_an_unused_pending_member_id_can_be_deleted() {
     assert_eq!(delete_group(&mut c, "g"), 0, "an Empty group is deleted");
     assert_eq!(describe_state(&mut c, "g"), "Dead");
 }
+
+fn list_groups(c: &mut Client) -> Vec<String> {
+    let resp: ListGroupsResponse = c.call(api::LIST_GROUPS, 3, &ListGroupsRequest::default());
+    assert_eq!(resp.error_code, 0);
+    resp.groups.iter().map(|g| g.group_id.to_string()).collect()
+}
+
+/// A JoinGroup refused outright (no protocol, an unknown member id) leaves no group
+/// behind: it was created before the join was checked, and stayed (listed as Empty) until
+/// the next retention check.
+#[test]
+fn a_refused_join_leaves_no_group() {
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+    let broker = Broker::start(1, &[("offsets.topic.num.partitions", "1")]);
+    let mut c = broker.client();
+    find_coordinator(&mut c, "g");
+    let req = JoinGroupRequest::default()
+        .with_group_id(GroupId(s("no-protocol")))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_protocol_type(s("consumer"));
+    let resp: JoinGroupResponse = c.call(api::JOIN_GROUP, 3, &req);
+    assert_eq!(resp.error_code, INCONSISTENT_GROUP_PROTOCOL);
+    let (code, _, _) = join_group(&mut c, "unknown-member", "m-1");
+    assert_eq!(code, UNKNOWN_MEMBER_ID);
+    let (code, _, _) = join_group(&mut c, "joined", "");
+    assert_eq!(code, 0);
+    assert_eq!(list_groups(&mut c), vec!["joined".to_string()]);
+}

@@ -243,6 +243,13 @@ pub struct Coordinators {
     next_ticket: Cell<u64>,
     /// Transactional offset commits waiting for their marker, by partition index.
     pending_txn: RefCell<HashMap<i32, store::PendingTxnOffsets>>,
+    /// Groups whose metadata the timers changed, to be written by the store task (the
+    /// ticker does not wait for writes: timers keep running while one is slow).
+    to_store: RefCell<std::collections::BTreeSet<String>>,
+    /// Whether the store task runs.
+    storing: Cell<bool>,
+    /// Whether a retention pass runs (one at a time, beside the ticker).
+    expiring: Cell<bool>,
 }
 
 /// Counts a write as in flight while alive.
@@ -356,12 +363,19 @@ impl Coordinators {
         let (tx, rx) = local_channel::new_bounded(1);
         let replacement = {
             let mut groups = self.groups.borrow_mut();
+            let created = !groups.contains_key(&group);
             let g = groups
                 .entry(group.clone())
                 .or_insert_with(|| Group::new(&group, now));
             let replacement = g.join(a, now, &s.limits, tx);
             g.try_complete_join(now);
-            replacement.map(|r| (r, g.to_value()))
+            let replacement = replacement.map(|r| (r, g.to_value()));
+            // A refused join (no common protocol, an unknown member id, a full group)
+            // leaves no group behind: nothing but this call made it.
+            if created && g.is_blank() {
+                groups.remove(&group);
+            }
+            replacement
         };
         match replacement {
             Some((r, value)) => self.store_replacement(part, &group, r, value).await,
@@ -901,33 +915,57 @@ impl Coordinators {
         let me = self.clone();
         glommio::spawn_local(async move {
             let mut last_retention = now_ms();
+            // Never waits for I/O: writes and retention run in tasks of their own, so a
+            // slow write holds no session expiry or rebalance deadline.
             loop {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 let now = now_ms();
                 me.drop_idle_parked(now);
                 me.drop_stale();
-                me.tick(now, &settings).await;
-                if now - last_retention >= settings.retention_check_ms {
+                me.tick(now, &settings);
+                if now - last_retention >= settings.retention_check_ms && !me.expiring.get() {
                     last_retention = now;
-                    me.expire_offsets(now, &settings).await;
+                    me.expiring.set(true);
+                    let task = me.clone();
+                    glommio::spawn_local(async move {
+                        task.expire_offsets(now, &settings).await;
+                        task.expiring.set(false);
+                    })
+                    .detach();
                 }
             }
         })
         .detach();
     }
 
-    async fn tick(&self, now: i64, s: &Settings) {
-        let dirty: Vec<String> = {
-            let mut groups = self.groups.borrow_mut();
-            groups
-                .values_mut()
-                .filter_map(|g| {
-                    g.tick(now, &s.limits);
-                    g.take_dirty().then(|| g.id.clone())
-                })
-                .collect()
-        };
-        for group in dirty {
+    /// Runs every group's timers; the metadata they changed is queued for the store task.
+    fn tick(self: &Rc<Self>, now: i64, s: &Settings) {
+        let mut to_store = self.to_store.borrow_mut();
+        for g in self.groups.borrow_mut().values_mut() {
+            g.tick(now, &s.limits);
+            if g.take_dirty() {
+                to_store.insert(g.id.clone());
+            }
+        }
+        if to_store.is_empty() || self.storing.replace(true) {
+            return;
+        }
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            me.store_queued().await;
+            me.storing.set(false);
+        })
+        .detach();
+    }
+
+    /// Writes the queued groups' metadata, one at a time, until the queue is empty (each
+    /// value taken right before its write: the latest).
+    async fn store_queued(&self) {
+        loop {
+            let next = self.to_store.borrow_mut().pop_first();
+            let Some(group) = next else {
+                return;
+            };
             let Some(part) = self.partition_of(&group) else {
                 continue;
             };
@@ -958,11 +996,23 @@ impl Coordinators {
         }
     }
 
+    /// Whether `group` has offsets to expire, or is to be deleted.
+    fn expiry_due(&self, group: &str, now: i64, s: &Settings) -> bool {
+        let groups = self.groups.borrow();
+        let Some(g) = groups.get(group) else {
+            return false;
+        };
+        let idle_and_bare = g.is_idle() && g.offsets.is_empty();
+        idle_and_bare || !store::expired_offsets(g, now, s.retention_ms).is_empty()
+    }
+
     /// Expires one group's offsets. Decided from the group's state right before the
     /// tombstones are issued (no await between), and applied only to what is still
     /// expired once they are written: a commit or a join that raced with the write wins.
     async fn expire_group(&self, group: &str, now: i64, s: &Settings) {
-        if !self.quiesce().await {
+        // Most groups have nothing due: seen without waiting for writes in flight
+        // (`quiesce` may take a second), and decided again after it.
+        if !self.expiry_due(group, now, s) || !self.quiesce().await {
             return;
         }
         let (keys, all_gone) = {

@@ -440,6 +440,15 @@ impl Group {
         self.state == State::Empty && self.members.is_empty()
     }
 
+    /// As [`Group::new`] made it: nothing joined, nothing pending, committed or stored.
+    pub fn is_blank(&self) -> bool {
+        self.is_idle()
+            && self.generation == 0
+            && self.pending.is_empty()
+            && self.offsets.is_empty()
+            && !self.dirty
+    }
+
     /// Returns and clears whether the group's metadata must be written.
     pub fn take_dirty(&mut self) -> bool {
         std::mem::take(&mut self.dirty)
