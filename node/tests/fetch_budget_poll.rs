@@ -231,3 +231,70 @@ fn a_diverging_follower_is_answered_without_waiting() {
         "answered at once, not at max_wait_ms: {elapsed:?}"
     );
 }
+
+/// A consumer's last fetched epoch is checked as a follower's is (Kafka's readRecords
+/// does it for every fetch): an epoch this leader cannot place is a diverging answer,
+/// given at once, so a KIP-320 client truncates instead of resetting its position.
+#[test]
+fn a_consumer_whose_last_fetched_epoch_diverges_is_told_so() {
+    let broker = Broker::start(1, &[]);
+    let mut c: Client = broker.client();
+    create_topic(&mut c, "cdv", 1);
+    produce_values(&mut c, ("cdv", 0), &[b"a", b"b"]);
+    let fetch = |last_fetched_epoch: i32| {
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(5000)
+            .with_min_bytes(1)
+            .with_max_bytes(1 << 20)
+            .with_topics(vec![
+                FetchTopic::default()
+                    .with_topic(name("cdv"))
+                    .with_partitions(vec![
+                        FetchPartition::default()
+                            .with_partition(0)
+                            .with_fetch_offset(1)
+                            .with_last_fetched_epoch(last_fetched_epoch)
+                            .with_partition_max_bytes(1 << 20),
+                    ]),
+            ])
+    };
+    let t0 = Instant::now();
+    let resp: FetchResponse = c.call(api::FETCH, 12, &fetch(99));
+    let part = &resp.responses[0].partitions[0];
+    assert_eq!(part.error_code, 0);
+    // An epoch it cannot place is answered as (-1, -1), with no records (as Kafka).
+    assert!(part.records.as_ref().is_none_or(|r| r.is_empty()));
+    assert_eq!(part.diverging_epoch.end_offset, -1);
+    assert!(t0.elapsed() < Duration::from_secs(3), "answered at once");
+    // Without a last fetched epoch, or with the leader's own, the fetch reads the record.
+    let epoch = list_epoch(&mut c, "cdv");
+    for last in [-1, epoch] {
+        let resp: FetchResponse = c.call(api::FETCH, 12, &fetch(last));
+        let part = &resp.responses[0].partitions[0];
+        assert_eq!(part.error_code, 0);
+        assert!(
+            part.records.as_ref().is_some_and(|r| !r.is_empty()),
+            "last fetched epoch {last}"
+        );
+    }
+}
+
+/// The leader epoch ListOffsets (v4+) gives for the latest offset of `topic`-0.
+fn list_epoch(c: &mut Client, topic: &str) -> i32 {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(name(topic))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(-1),
+                ]),
+        ]);
+    let resp: ListOffsetsResponse = c.call(api::LIST_OFFSETS, 6, &req);
+    resp.topics[0].partitions[0].leader_epoch
+}

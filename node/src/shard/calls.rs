@@ -127,9 +127,10 @@ impl ShardCall for FetchCall {
                 Ok(p) if r.topic_id != 0 && p.topic_id != 0 && p.topic_id != r.topic_id => {
                     FetchOutcome::refused(crate::errors::UNKNOWN_TOPIC_ID)
                 }
-                Ok(p)
-                    if matches!(self.reader, ReadFor::Follower(..)) && p.replica().is_leader() =>
-                {
+                // A consumer's last fetched epoch is checked too (Kafka's readRecords does it
+                // for every fetch): a client that sends it (KIP-320) learns of a truncated
+                // tail as a diverging epoch, not OFFSET_OUT_OF_RANGE and a reset.
+                Ok(p) if p.replica().is_leader() => {
                     match p.diverging(r.offset, r.last_fetched_epoch) {
                         Some(diverging) => p.diverged(diverging, r.current_epoch),
                         None => {
