@@ -619,3 +619,53 @@ fn concurrent_changes_of_different_keys_both_hold() {
         );
     }
 }
+
+/// DescribeConfigs names every listener, each by its own name, in `listeners` and
+/// `advertised.listeners` (it gave the first one only, always as PLAINTEXT).
+#[test]
+fn describe_configs_lists_every_listener() {
+    let broker = Broker::start(
+        1,
+        &[
+            ("listeners", "PLAINTEXT://127.0.0.1:0,CLIENT://127.0.0.1:0"),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,CLIENT:PLAINTEXT",
+            ),
+            ("advertised.listeners", "CLIENT://client.example:9999"),
+        ],
+    );
+    let mut c = broker.client();
+    let keys = ["listeners", "advertised.listeners"].map(|k| s(k));
+    let res = DescribeConfigsResource::default()
+        .with_resource_type(4)
+        .with_resource_name(s("0"))
+        .with_configuration_keys(Some(keys.to_vec()));
+    let resp: DescribeConfigsResponse = c.call(
+        api::DESCRIBE_CONFIGS,
+        4,
+        &DescribeConfigsRequest::default().with_resources(vec![res]),
+    );
+    let value = |k: &str| {
+        resp.results[0]
+            .configs
+            .iter()
+            .find(|e| e.name.as_str() == k)
+            .and_then(|e| e.value.as_ref().map(|v| v.to_string()))
+            .unwrap_or_default()
+    };
+    let listeners = value("listeners");
+    assert!(
+        listeners.starts_with("PLAINTEXT://127.0.0.1:")
+            && listeners.contains(",CLIENT://127.0.0.1:"),
+        "{listeners}"
+    );
+    let advertised = value("advertised.listeners");
+    assert_eq!(
+        advertised,
+        format!(
+            "PLAINTEXT://127.0.0.1:{},CLIENT://client.example:9999",
+            broker.port
+        )
+    );
+}

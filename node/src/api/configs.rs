@@ -229,6 +229,19 @@ fn broker_entries(shard: &Shard) -> Vec<DescribeConfigsResourceResult> {
         .collect()
 }
 
+/// `NAME://HOST:PORT,...` over every listener, each address from `addr`.
+fn listener_list(
+    c: &crate::config::Config,
+    addr: impl Fn(usize, &crate::security::listener::ListenerConfig) -> String,
+) -> String {
+    c.listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("{}://{}", l.name, addr(i, l)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The value weir runs with for broker key `key` (static or default; `None` where Kafka's
 /// default is null, e.g. `log.retention.minutes`).
 fn broker_value(shard: &Shard, key: &str) -> Option<String> {
@@ -238,8 +251,14 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
     let limits = &c.partition_limits;
     let (host, port) = &shard.advertised;
     let value = match key {
-        "advertised.listeners" => format!("PLAINTEXT://{host}:{port}"),
-        "listeners" => format!("PLAINTEXT://{}", c.listen),
+        "advertised.listeners" => listener_list(c, |i, l| match &l.advertised {
+            Some((h, p)) => format!("{h}:{p}"),
+            // The first listener's is known as bound (an ephemeral port resolved).
+            None if i == 0 => format!("{host}:{port}"),
+            None if l.bind.ip().is_unspecified() => format!("127.0.0.1:{}", l.bind.port()),
+            None => l.bind.to_string(),
+        }),
+        "listeners" => listener_list(c, |_, l| l.bind.to_string()),
         "log.dir" | "log.dirs" => c.data_dir.display().to_string(),
         "node.id" | "broker.id" => c.node_id.to_string(),
         "weir.shards" => c.shards.to_string(),
