@@ -636,7 +636,7 @@ fn describe_configs_lists_every_listener() {
         ],
     );
     let mut c = broker.client();
-    let keys = ["listeners", "advertised.listeners"].map(|k| s(k));
+    let keys = ["listeners", "advertised.listeners"].map(s);
     let res = DescribeConfigsResource::default()
         .with_resource_type(4)
         .with_resource_name(s("0"))
