@@ -307,6 +307,11 @@ fn metadata_answers_a_repeated_topic_once() {
     assert_eq!(resp.topics.len(), 1, "one answer for the one id named");
     assert_eq!(resp.topics[0].error_code, 0);
     assert_eq!(resp.topics[0].partitions.len(), 50);
+    // v10-v11 requests may carry a null name, their answers cannot: INVALID_REQUEST,
+    // encodable (a null name in the answer could not be parsed by a client).
+    let resp: MetadataResponse = c.call(api::METADATA, 11, &by_id);
+    assert_eq!(resp.topics.len(), 1);
+    assert_eq!(resp.topics[0].error_code, 42, "INVALID_REQUEST");
 }
 
 /// A DescribeConfigs naming the broker again (same keys) is answered once; more

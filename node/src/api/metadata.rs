@@ -58,6 +58,16 @@ pub async fn handle(
         // topics rewrite the whole catalogue as often.
         let mut to_create: Vec<(usize, String)> = Vec::new();
         for (name, id) in requested_once(&req) {
+            // Topics by id (a null name) are v12+; v10-v11 requests allow a null name but
+            // their answers cannot carry one: refused with an encodable answer, as Kafka
+            // refuses such a request (InvalidRequestException).
+            if name.is_none() && version < 12 {
+                let refused = MetadataResponseTopic::default()
+                    .with_name(Some(topic_name("")))
+                    .with_error_code(errors::INVALID_REQUEST);
+                topics.push(refused);
+                continue;
+            }
             match requested_topic(shard, name, id, allow_create, authz).await {
                 Asked::Answer(t) => topics.push(t),
                 Asked::Create(name) => {
