@@ -177,3 +177,37 @@ fn a_killed_follower_is_counted_under_replicated_and_its_return_as_an_isr_expand
     });
     assert!(copied > 0.0);
 }
+
+/// Commands that change nothing (here CreateTopics the controller refuses: a replication
+/// factor above the live nodes) are not announced to the shards, which would re-sync
+/// every partition for each: `weir_controller_notices_total` stays put, and a real change
+/// (a topic created) still moves it.
+#[test]
+fn refused_metadata_commands_announce_no_change_to_the_shards() {
+    let extra = [("metrics.listener", "127.0.0.1:0")];
+    let mut c = Cluster::start(3, &extra).expect("start cluster");
+    c.wait_agreed(3, TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let metrics = metrics_addr(&mut c, 1);
+    let notices = || total(&scrape(&metrics), "weir_controller_notices_total", "");
+    let before = notices();
+    const REFUSED: usize = 20;
+    for i in 0..REFUSED {
+        let code = cluster::create_topic(addr, &format!("too-wide-{i}"), 1, 4).expect("create");
+        assert_eq!(code, 38, "INVALID_REPLICATION_FACTOR");
+    }
+    let after = notices();
+    // Other changes may happen meanwhile on a loaded machine (an ISR change), but not
+    // one per refused command.
+    assert!(
+        after - before < (REFUSED / 2) as f64,
+        "{before} -> {after} notices for {REFUSED} refused commands"
+    );
+    assert_eq!(
+        cluster::create_topic(addr, "real", 1, 3).expect("create"),
+        0
+    );
+    scrape_until(&metrics, "a notice for a real change", |t| {
+        total(t, "weir_controller_notices_total", "") > after
+    });
+}

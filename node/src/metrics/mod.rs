@@ -441,6 +441,7 @@ impl NodeMetrics {
         self.render_gauges(&mut out);
         self.render_node_histograms(&mut out);
         self.render_counters(&mut out);
+        render_controller_notices(&mut out);
         snapshot::render(&self.shards, &mut out);
         out
     }
@@ -832,6 +833,18 @@ pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// Image changes the controller announced to this node's shards (a cluster node; each
+/// notice makes every shard re-sync its partitions, so a climbing count with no metadata
+/// change is churn worth finding).
+fn render_controller_notices(out: &mut String) {
+    use std::fmt::Write as _;
+    let n = crate::controller::bridge::WAKES.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP weir_controller_notices_total Metadata image changes announced to this node's shards (each re-syncs its partitions).\n# TYPE weir_controller_notices_total counter\nweir_controller_notices_total {n}"
+    );
 }
 
 #[cfg(test)]

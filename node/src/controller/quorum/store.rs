@@ -403,6 +403,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let before = self.meta().version();
         let mut inner = lock(&self.inner);
         let mut out = Vec::new();
         for entry in entries {
@@ -418,7 +419,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             out.push(outcome);
         }
         drop(inner);
-        (self.on_apply)();
+        // Only a changed image is announced: every shard re-syncs all its partitions on a
+        // notice, and a refused or no-op command (a create that failed its checks, a
+        // node registering as it already is) changes nothing to sync.
+        if self.meta().version() != before {
+            (self.on_apply)();
+        }
         Ok(out)
     }
 
