@@ -228,6 +228,41 @@ fn check_topic(
 /// (another shard may have created it, or taken the node's partitions, meanwhile). One
 /// outcome per topic, in order: its id or its error.
 async fn insert_topics(shard: &Shard, topics: Vec<NewTopic>) -> Vec<Result<u128, TopicError>> {
+    // A request whose topics would make one command larger than a quorum command may be
+    // is written in several (each still atomic); any other in one.
+    let mut out = Vec::with_capacity(topics.len());
+    for chunk in by_size(topics, TOPICS_COMMAND_BYTES) {
+        out.extend(insert_chunk(shard, chunk).await);
+    }
+    out
+}
+
+/// Topic bytes (as JSON) put in one CreateTopics command: a quarter of the command bound
+/// ([`crate::controller::bridge::COMMAND_BYTES_MAX`]), leaving room for the rest of it
+/// and keeping each command's apply short.
+const TOPICS_COMMAND_BYTES: usize = crate::controller::bridge::COMMAND_BYTES_MAX / 4;
+
+/// `topics` in order, cut into runs of at most `limit` bytes as JSON (a topic larger
+/// than `limit` alone in its run; the command bound refuses it if it is too large).
+fn by_size(topics: Vec<NewTopic>, limit: usize) -> Vec<Vec<NewTopic>> {
+    let mut out: Vec<Vec<NewTopic>> = Vec::new();
+    let mut bytes: usize = 0;
+    for t in topics {
+        let size = crate::controller::bridge::encoded_len(&t);
+        match out.last_mut() {
+            Some(run) if bytes.saturating_add(size) <= limit => run.push(t),
+            _ => {
+                out.push(vec![t]);
+                bytes = 0;
+            }
+        }
+        bytes = bytes.saturating_add(size);
+    }
+    out
+}
+
+/// One CreateTopics command of `topics`: one outcome per topic, in order.
+async fn insert_chunk(shard: &Shard, topics: Vec<NewTopic>) -> Vec<Result<u128, TopicError>> {
     // Nothing passed the checks: no command (in a cluster each is a quorum write, and
     // every node re-syncs its partitions after it).
     if topics.is_empty() {
@@ -959,5 +994,42 @@ mod tests {
             "retention.ms",
             &"1".repeat(TOPIC_CONFIG_VALUE_BYTES_MAX + 1)
         ));
+    }
+
+    /// Topics too many for one quorum command are cut into runs under the bound, in
+    /// order; a request that fits is one run (one atomic write, as before).
+    #[test]
+    fn topics_are_cut_into_commands_under_the_bound() {
+        let topic = |i: usize| NewTopic {
+            meta: TopicMeta {
+                name: format!("{i:x>249}"),
+                id: 1,
+                partitions: 1,
+                configs: BTreeMap::new(),
+                assignment: Vec::new(),
+            },
+            internal: false,
+            replication_factor: 3,
+            assignments: Vec::new(),
+        };
+        let few: Vec<NewTopic> = (0..10).map(topic).collect();
+        assert_eq!(by_size(few, TOPICS_COMMAND_BYTES).len(), 1);
+        let many: Vec<NewTopic> = (0..30_000).map(topic).collect();
+        let runs = by_size(many, TOPICS_COMMAND_BYTES);
+        assert!(runs.len() > 1);
+        let names: Vec<String> = runs.iter().flatten().map(|t| t.meta.name.clone()).collect();
+        let want: Vec<String> = (0..30_000).map(|i| format!("{i:x>249}")).collect();
+        assert_eq!(names, want, "every topic once, in order");
+        for run in &runs {
+            let cmd = Command::CreateTopics {
+                topics: run.clone(),
+                max_partitions: u64::MAX,
+            };
+            let size = crate::controller::bridge::encoded_len(&cmd);
+            assert!(
+                size <= crate::controller::bridge::COMMAND_BYTES_MAX,
+                "{size}"
+            );
+        }
     }
 }

@@ -48,9 +48,9 @@ fn queue() -> TaskQueueHandle {
 /// bounds its record batches at 8 MiB too.)
 pub const COMMAND_BYTES_MAX: usize = 8 << 20;
 
-/// Bytes `cmd` takes as JSON, counted without building it (`usize::MAX` if it cannot
-/// be encoded).
-fn encoded_len(cmd: &Command) -> usize {
+/// Bytes `cmd` (a command or a part of one) takes as JSON, counted without building it
+/// (`usize::MAX` if it cannot be encoded).
+pub fn encoded_len(cmd: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -527,7 +527,17 @@ impl Coordinators {
         let g = groups
             .entry(a.group.clone())
             .or_insert_with(|| Group::new(&a.group, now));
-        g.offsets.extend(writes);
+        for (key, value) in writes {
+            // A value appended later (a transaction's, committed meanwhile) stays, as
+            // Kafka's onOffsetCommitAppend and as a reload would keep it.
+            let newer = g
+                .offsets
+                .get(&key)
+                .is_some_and(|held| held.appended_at > value.appended_at);
+            if !newer {
+                g.offsets.insert(key, value);
+            }
+        }
         // Applied in the same poll as the append completed: a deletion (which waits for
         // no write in flight) never decides between the two.
         drop(writing);
@@ -888,11 +898,14 @@ impl Coordinators {
         Ok((part, epoch))
     }
 
-    /// Waits (bounded) until no write is in flight, so that state read right after
-    /// (in the same poll) holds every record logged so far. Returns false on timeout.
+    /// Waits (bounded) until no write is in flight and none is queued for the store task
+    /// (a queued group metadata write landing after a deletion's tombstones would bring
+    /// the group back at the next load), so that state read right after (in the same
+    /// poll) holds every record logged so far. Returns false on timeout.
     async fn quiesce(&self) -> bool {
         for _ in 0..QUIESCE_ROUNDS_MAX {
-            if self.writes_in_flight.get() == 0 {
+            let queued = self.storing.get() || !self.to_store.borrow().is_empty();
+            if self.writes_in_flight.get() == 0 && !queued {
                 return true;
             }
             glommio::timer::sleep(Duration::from_millis(2)).await;
