@@ -52,6 +52,9 @@ pub fn run_bounded_input(
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
     let program = cmd.get_program().to_string_lossy().into_owned();
+    // Its own process group: on the deadline the whole group is killed, so a descendant
+    // holding the pipes (a shell's child) cannot keep the readers below waiting.
+    std::os::unix::process::CommandExt::process_group(cmd, 0);
     let mut child = cmd.spawn().with_context(|| format!("spawn {program}"))?;
     // In a thread too: a child that prints before it reads cannot block the writer.
     let writer = match (input, child.stdin.take()) {
@@ -71,6 +74,10 @@ pub fn run_bounded_input(
             break Some(status);
         }
         if Instant::now() >= deadline {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill(2) on the child's process group, which it leads.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -112,6 +119,20 @@ mod tests {
         let t0 = Instant::now();
         let err = run_bounded(
             Command::new("sh").args(["-c", "echo started; exec sleep 30"]),
+            Duration::from_millis(500),
+        )
+        .expect_err("timed out");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        assert!(err.to_string().contains("started"), "{err}");
+    }
+
+    /// A descendant that holds the pipes (no `exec`) is killed with the child: the
+    /// readers end and the call fails at its limit instead of waiting for the descendant.
+    #[test]
+    fn a_descendant_holding_the_pipes_is_killed_too() {
+        let t0 = Instant::now();
+        let err = run_bounded(
+            Command::new("sh").args(["-c", "echo started; sleep 30; echo never"]),
             Duration::from_millis(500),
         )
         .expect_err("timed out");
