@@ -962,3 +962,121 @@ fn a_new_epoch_starts_with_no_transaction() {
     );
     assert_eq!(end_txn(&mut c, pid2, epoch2, false), INVALID_TXN_STATE);
 }
+
+/// InitProducerId v4 of transactional id `id` with a new producer.
+fn init_named(c: &mut Client, id: &str) -> (i16, ProducerId, ProducerEpoch) {
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(s(id))))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    let resp: InitProducerIdResponse = c.call(api::INIT_PRODUCER_ID, 4, &req);
+    (
+        resp.error_code,
+        ProducerId(resp.producer_id.0),
+        ProducerEpoch(resp.producer_epoch),
+    )
+}
+
+/// DescribeTransactions of `id`: its error code and state.
+fn describe_named(c: &mut Client, id: &str) -> (i16, String) {
+    let req =
+        DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(s(id))]);
+    let resp: DescribeTransactionsResponse = c.call(api::DESCRIBE_TRANSACTIONS, 0, &req);
+    let state = &resp.transaction_states[0];
+    (state.error_code, state.transaction_state.to_string())
+}
+
+/// The transactional ids ListTransactions shows.
+fn listed_ids(c: &mut Client) -> Vec<String> {
+    let resp: ListTransactionsResponse = c.call(
+        api::LIST_TRANSACTIONS,
+        0,
+        &ListTransactionsRequest::default(),
+    );
+    assert_eq!(resp.error_code, 0, "ListTransactions");
+    let mut ids: Vec<String> = resp
+        .transaction_states
+        .iter()
+        .map(|t| t.transactional_id.to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// `transactional.id.expiration.ms` (Kafka's `removeExpiredTransactionalIds`): an id whose
+/// transaction completed and that then stays unused past the expiration is removed — not
+/// described, not listed — and a tombstone in `__transaction_state` keeps it removed
+/// after a restart (restarted with the default expiration, so only the log can remove
+/// it); an id with an ongoing transaction is kept, before and after the restart.
+#[test]
+fn a_transactional_id_unused_past_its_expiration_is_removed_and_an_open_one_kept() {
+    const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+    const OPEN_ID: &str = "open-txn";
+    const GONE_WITHIN: Duration = Duration::from_secs(20);
+    let (mut broker, mut c, pid, epoch) = start_with_producer(
+        1,
+        &[
+            ("transaction.state.log.num.partitions", "2"),
+            ("transactional.id.expiration.ms", "1000"),
+            (
+                "transaction.remove.expired.transaction.cleanup.interval.ms",
+                "100",
+            ),
+        ],
+        &[(TOPIC, 1), ("open-t", 1)],
+    );
+    // First the open one: its last update is older than the completed one's.
+    let (error, open_pid, open_epoch) = init_named(&mut c, OPEN_ID);
+    assert_eq!(error, 0, "InitProducerId {OPEN_ID}");
+    let req = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(TransactionalId(s(OPEN_ID)))
+        .with_v3_and_below_producer_id(open_pid.get().into())
+        .with_v3_and_below_producer_epoch(open_epoch.get())
+        .with_v3_and_below_topics(vec![
+            AddPartitionsToTxnTopic::default()
+                .with_name(topic_name("open-t"))
+                .with_partitions(vec![0]),
+        ]);
+    let resp: AddPartitionsToTxnResponse = c.call(api::ADD_PARTITIONS_TO_TXN, 3, &req);
+    assert_eq!(
+        resp.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+        0
+    );
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    assert_eq!(produce(&mut c, txn_batch(pid, epoch, 0, 1)), 0);
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
+    assert_eq!(
+        describe_named(&mut c, TXN_ID),
+        (0, "CompleteCommit".to_string())
+    );
+    let started = Instant::now();
+    loop {
+        let (error, state) = describe_named(&mut c, TXN_ID);
+        if error == TRANSACTIONAL_ID_NOT_FOUND {
+            break;
+        }
+        assert!(
+            started.elapsed() < GONE_WITHIN,
+            "{TXN_ID} still {state} (error {error}) after {:?}",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("{TXN_ID} expired {:?} after its commit", started.elapsed());
+    assert_eq!(describe_named(&mut c, OPEN_ID), (0, "Ongoing".to_string()));
+    assert_eq!(listed_ids(&mut c), vec![OPEN_ID.to_string()]);
+
+    broker.restart_with(&[("transactional.id.expiration.ms", "604800000")]);
+    let mut c = broker.client();
+    assert_eq!(
+        describe_named(&mut c, TXN_ID).0,
+        TRANSACTIONAL_ID_NOT_FOUND,
+        "{TXN_ID} after a restart"
+    );
+    assert_eq!(describe_named(&mut c, OPEN_ID), (0, "Ongoing".to_string()));
+    assert_eq!(listed_ids(&mut c), vec![OPEN_ID.to_string()]);
+    // A new producer of the expired id starts over.
+    let (error, _, new_epoch) = init(&mut c);
+    assert_eq!((error, new_epoch), (0, ProducerEpoch(0)));
+}

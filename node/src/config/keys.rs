@@ -110,7 +110,9 @@ pub const WEIR_KEYS: &[&str] = &[
     "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "transaction.max.timeout.ms",
     "transaction.state.log.num.partitions",
+    "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.segment.bytes",
+    "transactional.id.expiration.ms",
     // security/peer.rs: node-to-node connections
     "controller.listener.names",
     "sasl.mechanism.inter.broker.protocol",
@@ -223,9 +225,7 @@ const KAFKA_KEYS: &[&str] = &[
     "socket.receive.buffer.bytes",
     "socket.send.buffer.bytes",
     "transaction.partition.verification.enable",
-    "transaction.remove.expired.transaction.cleanup.interval.ms",
     "transaction.state.log.load.buffer.size",
-    "transactional.id.expiration.ms",
     "unclean.leader.election.enable",
 ];
 

@@ -20,6 +20,11 @@
 //! One request per transactional id at a time: a second one meanwhile (or the ticker)
 //! gets CONCURRENT_TRANSACTIONS, which clients retry.
 //!
+//! An id with no transaction open or ending and unused for `transactional.id.expiration.ms`
+//! is removed by the ticker, as Kafka's coordinator does: a tombstone is written, then
+//! the id forgotten (a replay drops it too). Clients such as Flink's exactly-once sink
+//! use new ids all the time; without it they would be kept forever.
+//!
 //! In a cluster `__transaction_state` is replicated (`transaction.state.log.replication.factor`,
 //! `transaction.state.log.min.isr`) and the coordinator moves with its partition's leader:
 //! loaded (replayed) when this node becomes the leader, unloaded when it stops leading,
@@ -32,7 +37,7 @@ pub mod schema;
 pub mod state;
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -68,6 +73,9 @@ const EPOCH_MAX: i16 = i16::MAX - 1;
 const RESUME_CLAIM_TRIES: u32 = 50;
 /// Pause between those tries (with the tries: five seconds).
 const RESUME_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
+/// Most tombstones of expired transactional ids one append carries (ids of up to 32 KiB:
+/// a pass that finds many writes them in several appends, not one huge one).
+const EXPIRE_APPEND_IDS_MAX: usize = 500;
 
 /// Coordinator settings, under Kafka's keys.
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +95,12 @@ pub struct Settings {
     pub max_timeout_ms: i32,
     /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
     pub abort_check_ms: u64,
+    /// `transactional.id.expiration.ms`: an id with no transaction open or ending and
+    /// no change for this long is removed (a tombstone in its partition).
+    pub id_expiration_ms: i64,
+    /// `transaction.remove.expired.transaction.cleanup.interval.ms`: how often the
+    /// ticker looks for expired ids.
+    pub expire_check_ms: u64,
 }
 
 impl Settings {
@@ -111,6 +125,13 @@ impl Settings {
                 10_000,
             )
             .clamp(10, 3_600_000) as u64,
+            id_expiration_ms: num("transactional.id.expiration.ms", 604_800_000)
+                .clamp(1, i64::from(i32::MAX)),
+            expire_check_ms: num(
+                "transaction.remove.expired.transaction.cleanup.interval.ms",
+                3_600_000,
+            )
+            .clamp(10, i64::from(i32::MAX)) as u64,
         }
     }
 }
@@ -698,20 +719,119 @@ impl Coordinators {
     }
 
     /// Starts this shard's timer task once: aborts timed-out transactions and finishes
-    /// those left in Prepare* (a marker that could not be written, or found at load).
+    /// those left in Prepare* (a marker that could not be written, or found at load)
+    /// every `abort_check_ms`, and removes expired transactional ids every
+    /// `expire_check_ms`.
     fn start_ticker(self: &Rc<Self>, settings: Settings) {
         if self.ticker_started.replace(true) {
             return;
         }
         let me = self.clone();
+        let abort_every = Duration::from_millis(settings.abort_check_ms);
+        let expire_every = Duration::from_millis(settings.expire_check_ms);
         glommio::spawn_local(async move {
+            let mut aborted_at = Instant::now();
+            let mut expired_at = Instant::now();
             loop {
-                glommio::timer::sleep(Duration::from_millis(settings.abort_check_ms)).await;
+                let next = (aborted_at + abort_every).min(expired_at + expire_every);
+                glommio::timer::sleep(next.saturating_duration_since(Instant::now())).await;
                 me.drop_stale();
-                me.tick(now_ms()).await;
+                if aborted_at.elapsed() >= abort_every {
+                    aborted_at = Instant::now();
+                    me.tick(now_ms()).await;
+                }
+                if expired_at.elapsed() >= expire_every {
+                    expired_at = Instant::now();
+                    me.expire(now_ms(), settings.id_expiration_ms).await;
+                }
             }
         })
         .detach();
+    }
+
+    /// Removes the transactional ids expired at `now` (Kafka's
+    /// `removeExpiredTransactionalIds`): a tombstone per id is appended to its partition
+    /// (acks=all, as every state write), and only once it is written is the id dropped
+    /// from memory, so a new leader's replay forgets it too. An id with a transaction
+    /// open or ending never expires; one a request holds waits for the next pass.
+    async fn expire(&self, now: i64, expiration_ms: i64) {
+        let partitions = self.topic_partitions.get();
+        let mut by_partition: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        for (id, m) in self.txns.borrow().iter() {
+            if m.expired(now, expiration_ms) {
+                by_partition
+                    .entry(partition_for(id, partitions))
+                    .or_default()
+                    .push(id.clone());
+            }
+        }
+        for (index, ids) in by_partition {
+            let Some(part) = self.partitions.get(index) else {
+                continue;
+            };
+            for chunk in ids.chunks(EXPIRE_APPEND_IDS_MAX) {
+                self.expire_ids(&part, index, chunk, now, expiration_ms)
+                    .await;
+            }
+        }
+    }
+
+    /// Writes the tombstones of `ids` (of partition `index`) still expired under a
+    /// claim, then drops them.
+    async fn expire_ids(
+        &self,
+        part: &Led,
+        index: i32,
+        ids: &[String],
+        now: i64,
+        expiration_ms: i64,
+    ) {
+        let mut claimed = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(busy) = self.claim(id) else {
+                continue;
+            };
+            // Read under the claim: a request may have moved it on meanwhile.
+            let still = self
+                .txns
+                .borrow()
+                .get(id)
+                .is_some_and(|m| m.expired(now, expiration_ms));
+            if still {
+                claimed.push(busy);
+            }
+        }
+        if claimed.is_empty() {
+            return;
+        }
+        let kind = crate::coordinator::WriteKind::TxnState;
+        let records = claimed
+            .iter()
+            .map(|busy| (schema::key(&busy.id), None))
+            .collect();
+        let written = match build_batches(records, batch_bytes_max(part), now_ms()) {
+            Ok(batches) => append_contiguous(part, batches).await.map(|_| ()),
+            Err(code) => Err(code),
+        };
+        match written {
+            Ok(()) => {
+                let mut txns = self.txns.borrow_mut();
+                for busy in &claimed {
+                    txns.remove(&busy.id);
+                }
+                tracing::info!(
+                    partition = index,
+                    transactional_ids = claimed.len(),
+                    "expired transactional ids removed"
+                );
+            }
+            Err(code) => tracing::warn!(
+                partition = index,
+                transactional_ids = claimed.len(),
+                "cannot remove expired transactional ids: error {}",
+                kind.code(code)
+            ),
+        }
     }
 
     async fn tick(&self, now: i64) {

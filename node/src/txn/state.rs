@@ -230,6 +230,16 @@ impl TxnMetadata {
         next
     }
 
+    /// Whether the id may be forgotten at `now` (Kafka's `removeExpiredTransactionalIds`):
+    /// no transaction open or ending, and no change for `expiration_ms`
+    /// (`transactional.id.expiration.ms`).
+    pub fn expired(&self, now_ms: i64, expiration_ms: i64) -> bool {
+        matches!(
+            self.state,
+            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+        ) && self.last_update_ms <= now_ms.saturating_sub(expiration_ms)
+    }
+
     /// An ongoing transaction older than its timeout.
     pub fn timed_out(&self, now_ms: i64) -> bool {
         self.state == TxnState::Ongoing
@@ -297,6 +307,21 @@ mod tests {
             m.add_partitions(ProducerId(7), ProducerEpoch(0), &parts, 1),
             Err(errors::PRODUCER_FENCED)
         );
+    }
+
+    #[test]
+    fn only_an_id_with_no_transaction_open_or_ending_expires() {
+        let parts = [("t".to_string(), 0)];
+        assert!(!meta().expired(99, 100));
+        assert!(meta().expired(100, 100));
+        let ongoing = meta()
+            .add_partitions(ProducerId(7), ProducerEpoch(1), &parts, 0)
+            .unwrap()
+            .unwrap();
+        assert!(!ongoing.expired(1_000_000, 100));
+        let preparing = ongoing.prepare(true, 0);
+        assert!(!preparing.expired(1_000_000, 100));
+        assert!(preparing.complete(0).expired(100, 100));
     }
 
     #[test]
