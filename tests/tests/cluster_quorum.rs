@@ -716,3 +716,51 @@ fn create_topics_with_nothing_to_create_writes_nothing_and_validate_only_checks_
         started.elapsed()
     );
 }
+
+/// A broker-only node restarted while no voter runs serves no client until it has the
+/// quorum's image (Kafka's broker enables request processing once caught up with the
+/// metadata log): no ready line meanwhile — it would answer Metadata with no topics —
+/// and once a voter majority is back its first Metadata lists the topic.
+#[test]
+fn a_broker_only_node_restarted_without_a_quorum_serves_no_one_until_it_has_the_image() {
+    /// How long the restarted broker is watched for a ready line: well past the time one
+    /// takes to start here (with the image, about a second).
+    const NOT_READY_FOR: Duration = Duration::from_secs(6);
+    let mut c = Cluster::start_with_brokers(3, 1, &[]).expect("start cluster");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "kept", 2, 3), "create");
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| has_topic(m, "kept"))
+        .expect("every node has it");
+    for id in 1..=4 {
+        c.node(id).kill().expect("kill");
+    }
+    let (voters, brokers) = c.nodes.split_at_mut(3);
+    let broker = &mut brokers[0];
+    std::thread::scope(|scope| {
+        let restarted = scope.spawn(|| broker.restart().map(|()| Instant::now()));
+        let watched = Instant::now();
+        while watched.elapsed() < NOT_READY_FOR {
+            assert!(
+                !restarted.is_finished(),
+                "the broker-only node became ready with no quorum, after {:?}",
+                watched.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let voters_back = Instant::now();
+        for v in voters.iter_mut() {
+            v.restart().expect("restart a voter");
+        }
+        let ready_at = restarted
+            .join()
+            .expect("restart thread")
+            .expect("the broker-only node became ready once the voters were back");
+        assert!(ready_at > voters_back, "ready before the voters were back");
+    });
+    let m = c.metadata(4).expect("metadata");
+    assert!(
+        has_topic(&m, "kept"),
+        "the first Metadata of the restarted broker-only node: {}",
+        cluster::dump(&m)
+    );
+}

@@ -549,6 +549,9 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         ),
     });
     let trimmer = glommio::spawn_local(admission.budget.clone().trim_after_bursts());
+    if let Some(q) = node.controller.cluster() {
+        wait_for_image(id, q).await;
+    }
     let _ = ready.send(Ok(local));
     // One accept loop per listener; each ends at shutdown and closes its socket.
     let loops: Vec<_> = listeners
@@ -579,6 +582,26 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
     tracing::info!(shard = %id, "shard stopped, logs closed");
     Ok(())
 }
+
+/// Waits, without a bound (a node with no image has nothing right to serve), until this
+/// cluster node has the quorum's metadata image, or a shutdown is asked for: a broker-only
+/// node restarted while the voters have no leader would otherwise answer Metadata with no
+/// topics (a regex-subscribed consumer drops its partitions) and hold auto-creating
+/// requests on a forward that cannot complete.
+async fn wait_for_image(id: ShardId, q: &Arc<crate::controller::quorum::Handle>) {
+    if q.image_ready() {
+        return;
+    }
+    if id == ShardId(0) {
+        tracing::info!("waiting for the metadata image before serving clients");
+    }
+    while !q.image_ready() && !STOP.load(Ordering::SeqCst) {
+        glommio::timer::sleep(Duration::from_millis(IMAGE_POLL_MS)).await;
+    }
+}
+
+/// How often a shard waiting for the metadata image looks again.
+const IMAGE_POLL_MS: u64 = 50;
 
 /// Turns the process-wide signal flag into this shard's shutdown event.
 async fn watch_signal(shard: Rc<Shard>) {

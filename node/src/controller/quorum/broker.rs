@@ -2,7 +2,8 @@
 //! controller port. Its controller thread heartbeats the active controller (found by
 //! trying the voters, following their leader hints) and gets the committed image back
 //! whenever its own is behind; its metadata writes are forwarded to the controller and
-//! answered once the image here has them.
+//! answered once the image here has them. The node serves no client until a first
+//! answer has left it caught up (`Handle::image_ready`): it starts with no image.
 //!
 //! The image is sent whole (bounded by the frame size): fine for metadata of thousands of
 //! partitions; deltas are a later step.
@@ -134,10 +135,20 @@ async fn heartbeats(b: Arc<Broker>) {
                     // `HeartbeatAnswer::quorum_ack_age_ms`).
                     let age = Duration::from_millis(answer.quorum_ack_age_ms);
                     let from = sent.checked_sub(age);
+                    let caught_up = b.have.load(Ordering::Acquire) >= answer.applied;
                     if let (true, Some(from)) = (answer.live, from)
-                        && b.have.load(Ordering::Acquire) >= answer.applied
+                        && caught_up
                     {
                         b.handle.renew_lease(from);
+                    }
+                    // The shards start serving clients only now (see
+                    // `Handle::image_ready`).
+                    if caught_up && !b.handle.image_ready() {
+                        tracing::info!(
+                            index = b.have.load(Ordering::Acquire),
+                            "metadata image received from the controller"
+                        );
+                        b.handle.set_image_ready();
                     }
                     answered = true;
                     break;

@@ -93,6 +93,8 @@ pub struct Handle {
     /// Set by a controlled shutdown: no more heartbeats (they would register the node
     /// again once it is fenced).
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// Set once this node has the quorum's image (see [`Handle::image_ready`]).
+    image_ready: std::sync::atomic::AtomicBool,
     /// This node's own lease, in nanoseconds since `started` (0: none yet): see
     /// [`Handle::lease_valid`].
     lease_until_ns: AtomicU64,
@@ -127,6 +129,19 @@ impl Handle {
         let until = sent.saturating_duration_since(self.started) + self.session_timeout;
         self.lease_until_ns
             .fetch_max(until.as_nanos() as u64, Ordering::AcqRel);
+    }
+
+    /// Whether this node has the quorum's metadata image: a voter from its own log, once
+    /// Raft is up; a broker-only node once a controller's heartbeat answer left it caught
+    /// up. Until then the node serves no clients (Kafka's broker enables request
+    /// processing only once caught up with the metadata log): its empty image would
+    /// answer Metadata with no topics.
+    pub fn image_ready(&self) -> bool {
+        self.image_ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_image_ready(&self) {
+        self.image_ready.store(true, Ordering::Release);
     }
 
     /// Stops this node's heartbeats (controlled shutdown).
@@ -187,6 +202,7 @@ pub fn prepare(config: QuorumConfig) -> anyhow::Result<Prepared> {
         leader: AtomicI64::new(-1),
         subscribers: Mutex::new(Vec::new()),
         stopping: std::sync::atomic::AtomicBool::new(false),
+        image_ready: std::sync::atomic::AtomicBool::new(false),
         lease_until_ns: AtomicU64::new(0),
         started: Instant::now(),
         session_timeout: config.session_timeout,
@@ -298,6 +314,8 @@ async fn run(
             return;
         }
     };
+    // A voter's image is its own log's (the state machine opened from it).
+    handle.set_image_ready();
     // Every voter initialises a pristine quorum with the same members; openraft accepts
     // that (the entries are identical), and a node with a log refuses, which is fine.
     if matches!(raft.is_initialized().await, Ok(false)) {
