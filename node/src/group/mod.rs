@@ -248,6 +248,8 @@ pub struct Coordinators {
     to_store: RefCell<std::collections::BTreeSet<String>>,
     /// Whether the store task runs.
     storing: Cell<bool>,
+    /// The group whose metadata the store task is writing now.
+    storing_group: RefCell<Option<String>>,
     /// Whether a retention pass runs (one at a time, beside the ticker).
     expiring: Cell<bool>,
 }
@@ -718,7 +720,7 @@ impl Coordinators {
 
     /// DeleteGroups: only an empty group; its metadata and offsets get tombstones.
     async fn delete(&self, part: &Led, group: &str) -> i16 {
-        if !self.quiesce().await {
+        if !self.quiesce(group).await {
             return codes::COORDINATOR_LOAD_IN_PROGRESS;
         }
         let seen = match self.groups.borrow().get(group) {
@@ -744,7 +746,7 @@ impl Coordinators {
 
     /// OffsetDelete: refused per partition while the group's members subscribe to it.
     async fn delete_offsets(&self, part: &Led, group: &str, ps: Vec<(String, i32)>) -> GroupReply {
-        if !self.quiesce().await {
+        if !self.quiesce(group).await {
             return GroupReply::Codes(codes::COORDINATOR_LOAD_IN_PROGRESS, Vec::new());
         }
         let subscribed = match self.groups.borrow().get(group) {
@@ -898,13 +900,15 @@ impl Coordinators {
         Ok((part, epoch))
     }
 
-    /// Waits (bounded) until no write is in flight and none is queued for the store task
-    /// (a queued group metadata write landing after a deletion's tombstones would bring
-    /// the group back at the next load), so that state read right after (in the same
-    /// poll) holds every record logged so far. Returns false on timeout.
-    async fn quiesce(&self) -> bool {
+    /// Waits (bounded) until no write is in flight and `group`'s metadata is neither
+    /// queued for the store task nor being written by it (such a write landing after a
+    /// deletion's tombstones would bring the group back at the next load), so that state
+    /// read right after (in the same poll) holds every record logged so far. Other
+    /// groups' queued writes do not hold it. Returns false on timeout.
+    async fn quiesce(&self, group: &str) -> bool {
         for _ in 0..QUIESCE_ROUNDS_MAX {
-            let queued = self.storing.get() || !self.to_store.borrow().is_empty();
+            let queued = self.to_store.borrow().contains(group)
+                || self.storing_group.borrow().as_deref() == Some(group);
             if self.writes_in_flight.get() == 0 && !queued {
                 return true;
             }
@@ -987,9 +991,11 @@ impl Coordinators {
                 continue;
             };
             let _writing = self.writing();
+            *self.storing_group.borrow_mut() = Some(group.clone());
             if let Err(code) = store::write_group(&part, &group, &value).await {
                 tracing::warn!(group, "cannot store group metadata: error {code}");
             }
+            *self.storing_group.borrow_mut() = None;
         }
     }
 
@@ -1025,7 +1031,7 @@ impl Coordinators {
     async fn expire_group(&self, group: &str, now: i64, s: &Settings) {
         // Most groups have nothing due: seen without waiting for writes in flight
         // (`quiesce` may take a second), and decided again after it.
-        if !self.expiry_due(group, now, s) || !self.quiesce().await {
+        if !self.expiry_due(group, now, s) || !self.quiesce(group).await {
             return;
         }
         let (keys, all_gone) = {

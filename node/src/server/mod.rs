@@ -266,10 +266,20 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     if let Err(e) = watchdog.spawn(stall_warn_ms) {
         tracing::warn!("shard watchdog not started: {e}");
     }
+    // Only the shards hold senders now: if every one of them is gone, the wait ends.
+    drop(ready_tx);
     for _ in 0..shards {
         wait_for(&ready_rx)?;
     }
     let (host, port) = advertised(&node.config, listen);
+    let unready = node.controller.cluster().is_some_and(|q| !q.image_ready());
+    if unready && STOP.load(Ordering::SeqCst) {
+        // Stopped while it waited for the metadata image: it never served anyone.
+        println!("weir stopping before it was ready: no metadata image yet");
+        let joined = join_shards(handles);
+        watchdog.stop();
+        return joined;
+    }
     let all: Vec<String> = bound
         .iter()
         .map(|(name, addr)| format!("{name}={addr}"))
@@ -347,12 +357,25 @@ fn join_shards(
     Ok(())
 }
 
+/// Waits, without a bound, for a shard's ready message (a cluster node's shards wait for
+/// the metadata image first, as long as the quorum has none to give); logs now and then
+/// while it waits. Fails if the shard reports an error or every shard is gone.
 fn wait_for(rx: &mpsc::Receiver<anyhow::Result<SocketAddr>>) -> anyhow::Result<SocketAddr> {
-    match rx.recv_timeout(Duration::from_secs(3600)) {
-        Ok(r) => r,
-        Err(_) => anyhow::bail!("a shard stopped before it was ready"),
+    loop {
+        match rx.recv_timeout(Duration::from_secs(READY_LOG_EVERY_S)) {
+            Ok(r) => return r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tracing::info!("still waiting for the shards to be ready");
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("a shard stopped before it was ready")
+            }
+        }
     }
 }
+
+/// How often startup logs that it still waits for its shards.
+const READY_LOG_EVERY_S: u64 = 60;
 
 /// The data dir's lock file: held (flock) for the life of the process, as Kafka's `.lock`.
 const LOCK_FILE: &str = ".lock";
@@ -549,13 +572,17 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         ),
     });
     let trimmer = glommio::spawn_local(admission.budget.clone().trim_after_bursts());
-    if let Some(q) = node.controller.cluster() {
-        wait_for_image(id, q).await;
-    }
+    // A node stopped before it had the image never accepts anyone (the listeners close
+    // with the shard).
+    let serving = match node.controller.cluster() {
+        Some(q) => wait_for_image(id, q).await,
+        None => true,
+    };
     let _ = ready.send(Ok(local));
     // One accept loop per listener; each ends at shutdown and closes its socket.
     let loops: Vec<_> = listeners
         .into_iter()
+        .filter(|_| serving)
         .map(|(setup, listener)| {
             let (shard, admission) = (shard.clone(), admission.clone());
             glommio::spawn_local(async move {
@@ -588,9 +615,10 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
 /// node restarted while the voters have no leader would otherwise answer Metadata with no
 /// topics (a regex-subscribed consumer drops its partitions) and hold auto-creating
 /// requests on a forward that cannot complete.
-async fn wait_for_image(id: ShardId, q: &Arc<crate::controller::quorum::Handle>) {
+/// Whether the image arrived (false: the node is stopping).
+async fn wait_for_image(id: ShardId, q: &Arc<crate::controller::quorum::Handle>) -> bool {
     if q.image_ready() {
-        return;
+        return true;
     }
     if id == ShardId(0) {
         tracing::info!("waiting for the metadata image before serving clients");
@@ -598,6 +626,7 @@ async fn wait_for_image(id: ShardId, q: &Arc<crate::controller::quorum::Handle>)
     while !q.image_ready() && !STOP.load(Ordering::SeqCst) {
         glommio::timer::sleep(Duration::from_millis(IMAGE_POLL_MS)).await;
     }
+    q.image_ready()
 }
 
 /// How often a shard waiting for the metadata image looks again.
