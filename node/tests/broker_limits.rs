@@ -369,7 +369,6 @@ fn describe_configs_answers_a_repeated_resource_once_and_is_bounded() {
 fn offset_fetch_of_many_distinct_topics_is_answered_in_time() {
     use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
     const TOPICS: usize = 200_000;
-    const ANSWER_MAX: Duration = Duration::from_secs(60);
     let broker = Broker::start(2, &[]);
     let mut c = broker.client();
     common::requests::find_coordinator(&mut c, "g");
@@ -383,19 +382,7 @@ fn offset_fetch_of_many_distinct_topics_is_answered_in_time() {
     let req = OffsetFetchRequest::default()
         .with_group_id(GroupId(common::requests::s("g")))
         .with_topics(Some(topics));
-    // Waits past the bound, so a slow answer fails the assertion below, not the read.
-    c.stream
-        .set_read_timeout(Some(ANSWER_MAX * 2))
-        .expect("timeout");
-    let started = Instant::now();
-    let sent = c.send(api::OFFSET_FETCH, 7, &req);
-    let frame = c.read_frame();
-    let elapsed = started.elapsed();
-    assert!(elapsed < ANSWER_MAX, "answered in {elapsed:?}");
-    let frame = frame.expect("answered");
-    let (got, resp): (i32, OffsetFetchResponse) =
-        wire::messages::decode_response_as(api::OFFSET_FETCH, 7, &frame).expect("decode");
-    assert_eq!(got, sent);
+    let resp = offset_fetch_within(&mut c, &req, OFFSET_FETCH_ANSWER_MAX);
     assert_eq!(resp.error_code, 0);
     assert_eq!(resp.topics.len(), TOPICS, "each topic answered once");
 }
@@ -412,7 +399,6 @@ fn stable_offset_fetch_of_many_pending_offsets_is_answered_in_time() {
     };
     const PARTITIONS: i32 = 50_000;
     const COMMIT_PARTITIONS: usize = 5_000;
-    const ANSWER_MAX: Duration = Duration::from_secs(60);
     const UNSTABLE_OFFSET_COMMIT: i16 = 88;
     let broker = Broker::start(2, &[]);
     let mut c = broker.client();
@@ -468,19 +454,7 @@ fn stable_offset_fetch_of_many_pending_offsets_is_answered_in_time() {
                 .with_name(TopicName(s("x")))
                 .with_partition_indexes((0..PARTITIONS).collect()),
         ]));
-    // Waits past the bound, so a slow answer fails the assertion below, not the read.
-    c.stream
-        .set_read_timeout(Some(ANSWER_MAX * 2))
-        .expect("timeout");
-    let started = Instant::now();
-    let sent = c.send(api::OFFSET_FETCH, 7, &req);
-    let frame = c.read_frame();
-    let elapsed = started.elapsed();
-    assert!(elapsed < ANSWER_MAX, "answered in {elapsed:?}");
-    let frame = frame.expect("answered");
-    let (got, resp): (i32, OffsetFetchResponse) =
-        wire::messages::decode_response_as(api::OFFSET_FETCH, 7, &frame).expect("decode");
-    assert_eq!(got, sent);
+    let resp = offset_fetch_within(&mut c, &req, OFFSET_FETCH_ANSWER_MAX);
     assert_eq!(resp.error_code, 0, "answered, not failed");
     let unstable = resp
         .topics
@@ -546,4 +520,27 @@ fn offsets_requests_over_the_partition_entry_bound_close_their_connection() {
     let resp: ListOffsetsResponse = at.call(api::LIST_OFFSETS, 6, &list(max));
     let entries: usize = resp.topics.iter().map(|t| t.partitions.len()).sum();
     assert_eq!(entries, max, "answered at the bound");
+}
+
+/// Generous for a debug build; the quadratic code took minutes.
+const OFFSET_FETCH_ANSWER_MAX: Duration = Duration::from_secs(60);
+
+/// Sends OffsetFetch v7 `req` and asserts it is answered within `max` (the read waits
+/// past it, so a slow answer fails this assertion, not the read).
+fn offset_fetch_within(
+    c: &mut Client,
+    req: &OffsetFetchRequest,
+    max: Duration,
+) -> OffsetFetchResponse {
+    c.stream.set_read_timeout(Some(max * 2)).expect("timeout");
+    let started = Instant::now();
+    let sent = c.send(api::OFFSET_FETCH, 7, req);
+    let frame = c.read_frame();
+    let elapsed = started.elapsed();
+    assert!(elapsed < max, "answered in {elapsed:?}");
+    let frame = frame.expect("answered");
+    let (got, resp): (i32, OffsetFetchResponse) =
+        wire::messages::decode_response_as(api::OFFSET_FETCH, 7, &frame).expect("decode");
+    assert_eq!(got, sent);
+    resp
 }

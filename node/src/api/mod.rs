@@ -363,6 +363,16 @@ where
     Fut: std::future::Future<Output = P>,
 {
     let typed: Q = proto::decode(req)?;
+    answer(req, typed, f).await
+}
+
+/// Runs `f` on a decoded request and encodes its answer.
+async fn answer<Q, P, F, Fut>(req: &Request, typed: Q, f: F) -> Result<Response, WireError>
+where
+    P: Encodable,
+    F: FnOnce(Q) -> Fut,
+    Fut: std::future::Future<Output = P>,
+{
     let resp = f(typed).await;
     let frame = proto::encode_response(req, &resp)?;
     Ok(Some(vec![frame]))
@@ -391,9 +401,7 @@ where
             max: u64::try_from(max).unwrap_or(u64::MAX),
         });
     }
-    let resp = f(typed).await;
-    let frame = proto::encode_response(req, &resp)?;
-    Ok(Some(vec![frame]))
+    answer(req, typed, f).await
 }
 
 /// A topic name as a kafka-protocol `TopicName`.

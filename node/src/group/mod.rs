@@ -397,10 +397,7 @@ impl Coordinators {
         r: state::Replacement,
         value: schema::GroupValue,
     ) {
-        let result = {
-            let _writing = self.writing();
-            store::write_group(part, group, &value).await
-        };
+        let result = self.write_group(part, group, &value).await;
         if let Err(code) = result {
             tracing::warn!(
                 group,
@@ -458,10 +455,7 @@ impl Coordinators {
         generation: i32,
         value: schema::GroupValue,
     ) {
-        let result = {
-            let _writing = self.writing();
-            store::write_group(part, group, &value).await
-        };
+        let result = self.write_group(part, group, &value).await;
         if let Err(code) = result {
             tracing::warn!(
                 group,
@@ -804,8 +798,7 @@ impl Coordinators {
             }
             g.to_value()
         };
-        let _writing = self.writing();
-        if let Err(code) = store::write_group(part, group, &value).await {
+        if let Err(code) = self.write_group(part, group, &value).await {
             tracing::warn!(group, "cannot store group metadata: error {code}");
         }
     }
@@ -917,6 +910,18 @@ impl Coordinators {
         false
     }
 
+    /// Writes `group`'s metadata, counted as a write in flight from the caller's poll on
+    /// (`quiesce` waits for it).
+    async fn write_group(
+        &self,
+        part: &Led,
+        group: &str,
+        value: &schema::GroupValue,
+    ) -> Result<(), i16> {
+        let _writing = self.writing();
+        store::write_group(part, group, value).await
+    }
+
     fn writing(&self) -> Writing<'_> {
         self.writes_in_flight.set(self.writes_in_flight.get() + 1);
         Writing(&self.writes_in_flight)
@@ -990,9 +995,8 @@ impl Coordinators {
             let Some(value) = value else {
                 continue;
             };
-            let _writing = self.writing();
             *self.storing_group.borrow_mut() = Some(group.clone());
-            if let Err(code) = store::write_group(&part, &group, &value).await {
+            if let Err(code) = self.write_group(&part, &group, &value).await {
                 tracing::warn!(group, "cannot store group metadata: error {code}");
             }
             *self.storing_group.borrow_mut() = None;
