@@ -310,6 +310,11 @@ fn broker_configs_are_described_and_dynamic_ones_altered() {
     assert_eq!(find(&all, "num.partitions").3, 4, "set with --set: static");
     assert!(!find(&all, "log.retention.ms").2, "dynamic");
     assert_eq!(find(&all, "group.max.size").3, 5, "default");
+    // The transaction coordinator's keys show the values it runs with (7 days, 15 min).
+    let expiry = find(&all, "transactional.id.expiration.ms");
+    assert_eq!((expiry.1.as_deref(), expiry.3), (Some("604800000"), 5));
+    let max_timeout = find(&all, "transaction.max.timeout.ms");
+    assert_eq!(max_timeout.1.as_deref(), Some("900000"));
     assert!(find(&all, "log.dirs").1.is_some());
     let threads = find(&all, "background.threads");
     assert_eq!(

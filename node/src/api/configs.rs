@@ -248,6 +248,7 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
     let c = shard.config();
     let log = crate::storage::LogConfig::default();
     let group = crate::group::Settings::from_config(shard.config());
+    let txn = crate::txn::Settings::from_config(shard.config());
     let limits = &c.partition_limits;
     let (host, port) = &shard.advertised;
     let value = match key {
@@ -309,6 +310,20 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
                     "offsets.retention.minutes" => (group.retention_ms / 60_000).to_string(),
                     "offsets.topic.num.partitions" => group.num_partitions.to_string(),
                     "offsets.topic.segment.bytes" => group.segment_bytes.to_string(),
+                    "transaction.max.timeout.ms" => txn.max_timeout_ms.to_string(),
+                    "transactional.id.expiration.ms" => txn.id_expiration_ms.to_string(),
+                    "transaction.abort.timed.out.transaction.cleanup.interval.ms" => {
+                        txn.abort_check_ms.to_string()
+                    }
+                    "transaction.remove.expired.transaction.cleanup.interval.ms" => {
+                        txn.expire_check_ms.to_string()
+                    }
+                    "transaction.state.log.num.partitions" => txn.num_partitions.to_string(),
+                    "transaction.state.log.replication.factor" => {
+                        txn.replication_factor.to_string()
+                    }
+                    "transaction.state.log.min.isr" => txn.min_isr.to_string(),
+                    "transaction.state.log.segment.bytes" => txn.segment_bytes.to_string(),
                     _ => return None,
                 };
                 Some(v)
