@@ -219,7 +219,7 @@ pub struct Group {
     /// without a scan per join.
     joined: usize,
     /// KIP-394: member ids handed out with MEMBER_ID_REQUIRED, not yet joined.
-    pending: HashMap<String, Pending>,
+    pending: PendingIds,
     pub offsets: BTreeMap<(String, i32), OffsetValue>,
     /// When the group entered its current state (offsets retention counts from here).
     pub state_since_ms: i64,
@@ -239,6 +239,79 @@ struct Pending {
     expires_ms: i64,
     /// The connection it was handed out on (empty: unknown).
     connection: String,
+}
+
+/// KIP-394's pending member ids, indexed by the connection each was handed out on, so
+/// that a new id superseding a connection's earlier one costs no scan of them all (a
+/// client may hold one per connection, thousands).
+#[derive(Debug, Default)]
+struct PendingIds {
+    by_id: HashMap<String, Pending>,
+    /// Connection → the id last handed out on it (only non-empty connections).
+    by_connection: HashMap<String, String>,
+}
+
+impl PendingIds {
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    fn insert(&mut self, id: String, pending: Pending) {
+        if !pending.connection.is_empty() {
+            let old = self
+                .by_connection
+                .insert(pending.connection.clone(), id.clone());
+            if let Some(old) = old.filter(|old| *old != id) {
+                self.by_id.remove(&old);
+            }
+        }
+        self.by_id.insert(id, pending);
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        let Some(p) = self.by_id.remove(id) else {
+            return false;
+        };
+        if self
+            .by_connection
+            .get(&p.connection)
+            .is_some_and(|i| i == id)
+        {
+            self.by_connection.remove(&p.connection);
+        }
+        true
+    }
+
+    /// Forgets the id handed out on `connection`, if any; whether one was.
+    fn forget_on(&mut self, connection: &str) -> bool {
+        match self.by_connection.remove(connection) {
+            Some(id) => self.by_id.remove(&id).is_some(),
+            None => false,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_id.clear();
+        self.by_connection.clear();
+    }
+
+    fn expire(&mut self, now_ms: i64) {
+        let before = self.by_id.len();
+        self.by_id.retain(|_, p| p.expires_ms > now_ms);
+        if self.by_id.len() != before {
+            let by_id = &self.by_id;
+            self.by_connection.retain(|_, id| by_id.contains_key(id));
+        }
+        debug_assert!(self.by_connection.len() <= self.by_id.len());
+    }
 }
 
 /// A static member replaced in a `Stable` group without a rebalance (KIP-345): its new
@@ -290,7 +363,7 @@ impl Group {
             instances: HashMap::new(),
             protocol_support: HashMap::new(),
             joined: 0,
-            pending: HashMap::new(),
+            pending: PendingIds::default(),
             offsets: BTreeMap::new(),
             state_since_ms: now_ms,
             deadline_ms: i64::MAX,
@@ -563,15 +636,9 @@ impl Group {
     /// phase until its session timeout (45 s by default) expires. Kafka waits for it;
     /// weir forgets it at once.
     fn forget_superseded_pending(&mut self, connection: &str) {
-        if connection.is_empty() {
-            return;
-        }
-        let before = self.pending.len();
-        self.pending.retain(|_, p| p.connection != connection);
-        let forgotten = before - self.pending.len();
-        if forgotten > 0 {
+        if !connection.is_empty() && self.pending.forget_on(connection) {
             tracing::debug!(
-                group = %self.id, connection, forgotten,
+                group = %self.id, connection,
                 "pending member id superseded by a new one on the same connection"
             );
         }
@@ -713,7 +780,7 @@ impl Group {
     }
 
     fn join_known(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
-        if self.pending.contains_key(&a.member_id) {
+        if self.pending.contains(&a.member_id) {
             return self.add_member(a.member_id.clone(), &a, now_ms, limits, reply);
         }
         let refuse = |code: i16| {
@@ -1115,7 +1182,7 @@ impl Group {
                 }
                 Some(m) => m.id.clone(),
             },
-            None if self.pending.remove(member_id).is_some() => {
+            None if self.pending.remove(member_id) => {
                 self.try_complete_join(now_ms);
                 return codes::NONE;
             }
@@ -1184,7 +1251,7 @@ impl Group {
 
     /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
     pub fn tick(&mut self, now_ms: i64, limits: &Limits) {
-        self.pending.retain(|_, p| p.expires_ms > now_ms);
+        self.pending.expire(now_ms);
         let expired = |m: &Member| {
             m.join_waiter.is_none()
                 && m.sync_waiter.is_none()

@@ -336,6 +336,34 @@ fn a_new_member_id_on_a_connection_supersedes_the_pending_one() {
     assert_eq!(late.error, codes::UNKNOWN_MEMBER_ID);
 }
 
+/// The pending ids' connection index follows them: one id per connection, the entry
+/// gone when its id joins or expires (it would otherwise grow with every connection).
+#[test]
+fn pending_member_ids_are_indexed_by_connection_and_the_index_follows_them() {
+    let mut g = Group::new("g", 0);
+    let on = |conn: usize, member: &str| {
+        let mut x = args(member, b"m");
+        x.connection = format!("127.0.0.1:{}", 40_000 + conn);
+        x
+    };
+    let mut ids = Vec::new();
+    for conn in 0..3 {
+        take(&join(&mut g, on(conn, ""), 0)).expect("superseded below");
+        ids.push(take(&join(&mut g, on(conn, ""), 0)).expect("id").member_id);
+    }
+    assert_eq!((g.pending.len(), g.pending.by_connection.len()), (3, 3));
+    // The first connection's id joins: it is no longer pending, nor indexed.
+    let _joined = join(&mut g, on(0, &ids[0]), 1);
+    assert_eq!((g.pending.len(), g.pending.by_connection.len()), (2, 2));
+    // A new id asked for on that connection does not touch the member.
+    take(&join(&mut g, on(0, ""), 2)).expect("id");
+    assert!(g.member(&ids[0]).is_some());
+    assert_eq!((g.pending.len(), g.pending.by_connection.len()), (3, 3));
+    // Session timeouts pass: every pending id and its index entry go.
+    g.tick(10_000_000, &LIMITS);
+    assert_eq!((g.pending.len(), g.pending.by_connection.len()), (0, 0));
+}
+
 #[test]
 fn protocols_must_match_and_the_vote_picks_a_common_one() {
     let mut g = Group::new("g", 0);
