@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use weir::errors;
 use weir::partition::replica::{Assignment, RoleChange};
-use weir::partition::{Acks, Isolation, Partition, ReadFor};
+use weir::partition::{Acks, Isolation, Lister, Partition, ReadFor};
 use weir::producer_state::OUT_OF_ORDER_SEQUENCE_NUMBER;
 use weir::producer_state::partition::Marker;
 use weir::storage::testing::run_on_shard;
@@ -1425,5 +1425,99 @@ fn a_replica_that_becomes_leader_during_its_truncation_leads_from_the_cut() {
             header_at(&b, Offset(4)).await.partition_leader_epoch(),
             LeaderEpoch(2)
         );
+    });
+}
+
+/// KIP-207 on a new leader with a transaction open from before the failover: earliest is
+/// answered at once; latest waits only for the HW to reach the epoch's start, then is the
+/// LSO (the open transaction's first offset), as Kafka. The LSO never enters the check: it
+/// held every read_committed ListOffsets until the transaction ended (found by review).
+#[test]
+fn a_new_leaders_list_offsets_waits_for_its_hw_not_for_a_transaction_open_across_the_failover() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = pair_with_ten_copied(root.path(), 1).await;
+        let both = [LEADER, FOLLOWER];
+        let out = a.produce(txn_batch(9, 2), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE, "open transaction at 10..12");
+        assert!(!replicate_round(&a, &b).await, "b copies 10..12");
+        let (error, _) = follower_fetch(&a, Offset(12), LeaderEpoch(1)).await;
+        assert_eq!(error, errors::NONE);
+
+        // a dies; b leads epoch 2 from 12 with its learned HW 10.
+        b.apply_assignment(&assigned(FOLLOWER, 2, &both, &both), NOW_MS);
+        assert_eq!(b.high_watermark(), Offset(10));
+        let committed = Lister {
+            read_committed: true,
+            consumer: true,
+            lagging_hw_error: Some(errors::OFFSET_NOT_AVAILABLE),
+        };
+        let list = |ts: i64| b.list_offset_for(ts, LeaderEpoch::NONE, committed);
+        let earliest = list(-2).await;
+        assert_eq!((earliest.error, earliest.offset), (errors::NONE, Offset(0)));
+        assert_eq!(
+            list(-1).await.error,
+            errors::OFFSET_NOT_AVAILABLE,
+            "HW lags"
+        );
+
+        // a comes back as b's follower and fetches to b's end: b's HW reaches 12.
+        let caught_up = b
+            .fetch_within(
+                Offset(12),
+                ReadFor::Follower(LEADER, BrokerEpoch(1)),
+                LeaderEpoch(2),
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            )
+            .await;
+        assert_eq!(caught_up.error, errors::NONE);
+        assert_eq!(b.high_watermark(), Offset(12));
+        let latest = list(-1).await;
+        assert_eq!(
+            (latest.error, latest.offset),
+            (errors::NONE, Offset(10)),
+            "the LSO, while the transaction stays open"
+        );
+    });
+}
+
+/// DeleteRecords past an open transaction's first offset: the LSO is the log start, not
+/// below it, so read_committed latest is an offset a consumer can fetch (Kafka's rule; it
+/// looped on OFFSET_OUT_OF_RANGE before, found by review).
+#[test]
+fn the_last_stable_offset_is_never_below_the_log_start() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let p = open(&root.path().join("orders-0"), LEADER, 1).await;
+        let out = p.produce(txn_batch(9, 2), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE, "open transaction at 0..2");
+        let out = p.produce(batch(None, 2, "plain"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        assert_eq!(p.last_stable_offset(), Offset(0), "held by the transaction");
+        let start = p.delete_records(Offset::NONE).await.expect("deleted");
+        assert!(start > Offset(0));
+        assert_eq!(p.last_stable_offset(), start);
+        let committed = Lister {
+            read_committed: true,
+            consumer: true,
+            lagging_hw_error: Some(errors::OFFSET_NOT_AVAILABLE),
+        };
+        let latest = p.list_offset_for(-1, LeaderEpoch::NONE, committed).await;
+        assert_eq!((latest.error, latest.offset), (errors::NONE, start));
+        let read = p
+            .fetch_within(
+                latest.offset,
+                ReadFor::Consumer(Isolation::ReadCommitted),
+                LeaderEpoch::NONE,
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            )
+            .await;
+        assert_eq!(read.error, errors::NONE, "fetchable, not out of range");
     });
 }

@@ -30,6 +30,7 @@ use wire::{LeaderEpoch, Offset};
 use super::topic_name;
 use crate::errors;
 use crate::partition::ListedOffset;
+use crate::partition::Lister;
 use crate::shard::{DeleteRecordsCall, EpochEndCall, ListOffsetCall, Shard};
 
 /// Longest a ListOffsets partition may take on its owner.
@@ -90,15 +91,18 @@ pub async fn list_offsets(
                     tp: tp.clone(),
                     timestamp: p.timestamp,
                     current_epoch: LeaderEpoch(p.current_leader_epoch),
-                    // v2+: read_committed's latest offset is the LSO (Kafka's rule).
-                    read_committed: version >= 2 && req.isolation_level == 1,
-                    consumer: req.replica_id.0 == -1,
-                    lagging_hw_error: (version >= 2 && req.replica_id.0 == -1).then_some(
-                        match version >= 5 {
-                            true => errors::OFFSET_NOT_AVAILABLE,
-                            false => errors::LEADER_NOT_AVAILABLE,
-                        },
-                    ),
+                    asker: Lister {
+                        // v2+: read_committed's latest offset is the LSO (Kafka's rule).
+                        read_committed: version >= 2 && req.isolation_level == 1,
+                        consumer: req.replica_id.0 == -1,
+                        // Kafka checks every client request from v1 (v0 has its own path).
+                        lagging_hw_error: (version >= 1 && req.replica_id.0 == -1).then_some(
+                            match version >= 5 {
+                                true => errors::OFFSET_NOT_AVAILABLE,
+                                false => errors::LEADER_NOT_AVAILABLE,
+                            },
+                        ),
+                    },
                 };
                 let s = shard.clone();
                 let deadline = Instant::now() + LIST_OFFSETS_TIMEOUT;

@@ -34,7 +34,7 @@ use crate::storage::epochs::LeaderEpochCache;
 use crate::storage::{Log, LogConfig, StorageError};
 
 pub use produce::{Acks, ProduceOutcome};
-pub use read::{FetchOutcome, Isolation, ListedOffset, ReadFor};
+pub use read::{FetchOutcome, Isolation, ListedOffset, Lister, ReadFor};
 use replica::ReplicaState;
 
 /// A partition replica owned by this shard.

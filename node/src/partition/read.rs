@@ -67,6 +67,19 @@ impl FetchOutcome {
     }
 }
 
+/// Who asks ListOffsets, and so what it may be told (see [`Partition::list_offset_for`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lister {
+    /// `isolation_level` 1 (v2+): latest is the LSO, not the HW.
+    pub read_committed: bool,
+    /// A consumer (replica id -1): answered from what it may fetch.
+    pub consumer: bool,
+    /// A client request (v1+): while this leader's HW is below where its epoch began,
+    /// latest is this error (KIP-207: OFFSET_NOT_AVAILABLE from v5, LEADER_NOT_AVAILABLE
+    /// before), not an offset lower than the last leader answered.
+    pub lagging_hw_error: Option<i16>,
+}
+
 /// A ListOffsets answer for one partition.
 #[derive(Clone, Copy, Debug)]
 pub struct ListedOffset {
@@ -249,13 +262,17 @@ impl Partition {
     }
 
     /// The last stable offset: no read_committed consumer reads past it. The first offset
-    /// of the oldest open transaction, or the HW if that is lower (or none is open).
+    /// of the oldest open transaction, or the HW if that is lower (or none is open). Never
+    /// below the log start (Kafka's rule): DeleteRecords or retention may move the start
+    /// past an open transaction's first offset, and a latest answer below the start would
+    /// send a read_committed consumer into OFFSET_OUT_OF_RANGE and back, in a loop.
     pub fn last_stable_offset(&self) -> Offset {
         let hw = self.high_watermark();
+        let start = self.log.log_start_offset();
         let lso = self
             .producers
             .first_unstable_offset()
-            .map_or(hw, |f| f.min(hw));
+            .map_or(hw, |f| f.max(start).min(hw));
         debug_assert!(lso <= hw);
         lso
     }
@@ -352,6 +369,50 @@ impl Partition {
                 Ok(None) => found(-1, Offset::NONE),
                 Err(e) => ListedOffset::failed(storage_error_code(&e)),
             },
+        }
+    }
+
+    /// ListOffsets as `asker` may be answered. Kafka's order: the epoch and leadership
+    /// checks first ([`list_offset`](Self::list_offset)), then the answer. A consumer is
+    /// answered from what it may fetch: latest is the HW (the LSO for read_committed), and
+    /// an offset found by time (or -3) counts only below it, else none (-1). A new leader
+    /// whose HW is still below its epoch's start (KIP-207) refuses only what would come
+    /// from the HW: latest, or a lookup by time that found nothing it may serve. Earliest
+    /// is always answered, and the LSO never enters that check: a transaction open at the
+    /// failover would otherwise hold it for minutes.
+    pub async fn list_offset_for(
+        &self,
+        timestamp: i64,
+        current_epoch: LeaderEpoch,
+        asker: Lister,
+    ) -> ListedOffset {
+        let listed = self.list_offset(timestamp, current_epoch).await;
+        if listed.error != errors::NONE || !asker.consumer {
+            return listed;
+        }
+        let lagging = asker.lagging_hw_error.filter(|_| {
+            self.replica()
+                .epoch_start()
+                .is_some_and(|start| start > self.high_watermark())
+        });
+        let fetchable = match asker.read_committed {
+            true => self.last_stable_offset(),
+            false => self.high_watermark(),
+        };
+        let by_time = timestamp >= 0 || timestamp == -3;
+        match lagging {
+            Some(code) if timestamp == -1 => ListedOffset::failed(code),
+            _ if timestamp == -1 => ListedOffset {
+                offset: fetchable,
+                ..listed
+            },
+            Some(code) if by_time && listed.offset >= fetchable => ListedOffset::failed(code),
+            None if by_time && listed.offset >= fetchable => ListedOffset {
+                timestamp: -1,
+                offset: Offset::NONE,
+                ..listed
+            },
+            _ => listed,
         }
     }
 

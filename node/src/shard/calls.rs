@@ -195,16 +195,7 @@ pub struct ListOffsetCall {
     pub tp: TopicPartition,
     pub timestamp: i64,
     pub current_epoch: LeaderEpoch,
-    /// `isolation_level` 1: latest (-1) is the LSO, not the HW.
-    pub read_committed: bool,
-    /// A consumer's request (replica id -1, v2+): while this leader's HW (or LSO) is below
-    /// where its epoch began, this error (KIP-207: OFFSET_NOT_AVAILABLE from v5,
-    /// LEADER_NOT_AVAILABLE before), not an offset lower than the last leader answered.
-    pub lagging_hw_error: Option<i16>,
-    /// A consumer's request (replica id -1): an offset found by timestamp (or -3, the max
-    /// timestamp) counts only below what it may fetch, the HW (the LSO for
-    /// read_committed); else none (-1), as Kafka answers.
-    pub consumer: bool,
+    pub asker: crate::partition::Lister,
 }
 
 impl ShardCall for ListOffsetCall {
@@ -213,39 +204,8 @@ impl ShardCall for ListOffsetCall {
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ListedOffset {
         match shard.partition(&self.tp).await {
             Ok(p) => {
-                if let Some(code) = self.lagging_hw_error {
-                    let fetchable = match self.read_committed {
-                        true => p.last_stable_offset(),
-                        false => p.high_watermark(),
-                    };
-                    let start = p.replica().epoch_start();
-                    if start.is_some_and(|start| start > fetchable) {
-                        return ListedOffset::failed(code);
-                    }
-                }
-                let listed = p.list_offset(self.timestamp, self.current_epoch);
-                let listed = listed.await;
-                if self.read_committed && self.timestamp == -1 && listed.error == 0 {
-                    return ListedOffset {
-                        offset: p.last_stable_offset(),
-                        ..listed
-                    };
-                }
-                let by_time = self.timestamp >= 0 || self.timestamp == -3;
-                if self.consumer && by_time && listed.error == 0 {
-                    let fetchable = match self.read_committed {
-                        true => p.last_stable_offset(),
-                        false => p.high_watermark(),
-                    };
-                    if listed.offset >= fetchable {
-                        return ListedOffset {
-                            timestamp: -1,
-                            offset: Offset::NONE,
-                            ..listed
-                        };
-                    }
-                }
-                listed
+                p.list_offset_for(self.timestamp, self.current_epoch, self.asker)
+                    .await
             }
             Err(code) => ListedOffset::failed(code),
         }
