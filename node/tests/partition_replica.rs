@@ -1521,3 +1521,31 @@ fn the_last_stable_offset_is_never_below_the_log_start() {
         assert_eq!(read.error, errors::NONE, "fetchable, not out of range");
     });
 }
+
+/// An ABORT marker rolled back (out of space) closed its transaction in the producer
+/// table before the cut; with no append since, nothing rebuilt the table. A close then
+/// must not snapshot that table at the log end: reopened, the transaction is open again,
+/// so the marker the coordinator writes again records the abort (found by review).
+#[test]
+fn a_close_after_a_rolled_back_marker_keeps_its_transaction_open() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        let disk = SimDisk::new();
+        let dir = root.path().join("a/orders-0");
+        let a = open_sim(&dir, LEADER, &disk).await;
+        let out = a.produce(txn_batch(9, 2), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        disk.inject(FaultPoint::Append, FaultKind::NoSpace, 0);
+        assert_ne!(a.write_marker(abort_of(9), NOW_MS).await, errors::NONE);
+        assert_eq!(a.log.log_end_offset(), Offset(2), "the marker rolled back");
+        wait_writable(&a).await;
+        a.log.close().await.expect("closed");
+        a.producers.close(&a.log);
+        drop(a);
+        let again = open_sim(&dir, LEADER, &disk).await;
+        assert!(
+            again.producers.has_open_txn(ProducerId(9)),
+            "open: its ABORT marker was rolled back"
+        );
+    });
+}

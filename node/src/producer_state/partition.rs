@@ -443,9 +443,17 @@ impl PartitionProducers {
         }
     }
 
-    /// Clean shutdown: a snapshot at the log end, so the next open replays nothing.
+    /// Clean shutdown: a snapshot at the log end, so the next open replays nothing. Not
+    /// while the table is behind a cut it has not rebuilt from (an out-of-space rollback
+    /// with no append since): the table may hold what the cut removed (a transaction its
+    /// rolled-back marker closed), and a snapshot at the log end would keep it for good;
+    /// the next open replays from an older snapshot instead (found by review).
     pub fn close(&self, log: &Log) {
-        self.snapshot(log.dir(), log.log_end_offset(), true);
+        if self.behind(log) {
+            tracing::info!(dir = %log.dir().display(), "producer state behind a cut of its log: no snapshot at close, the next open replays");
+        } else {
+            self.snapshot(log.dir(), log.log_end_offset(), true);
+        }
         let c = self.counters();
         if c != ProducerStateCounters::default() {
             tracing::info!(
