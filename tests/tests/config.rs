@@ -92,3 +92,28 @@ fn min_insync_replicas_above_one_refuses_acks_all_only() -> Result<()> {
     );
     Ok(())
 }
+
+/// A `cluster.id` that cannot be used (here: empty) stops startup with its path named; the
+/// id is never silently replaced, which would give the node another cluster's identity
+/// (found by review).
+#[test]
+fn an_unusable_cluster_id_file_stops_startup_rather_than_being_replaced() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("cluster.id"), "")?;
+    let mut cmd = std::process::Command::new(weir_tests::broker::weir_binary()?);
+    cmd.arg("serve").arg("--data-dir").arg(dir.path()).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--set",
+        "weir.shard.cpus=none",
+    ]);
+    let out = weir_tests::process::run_bounded(&mut cmd, Duration::from_secs(60))?;
+    ensure!(
+        !out.ok(),
+        "started with an empty cluster.id: {}",
+        out.text()
+    );
+    ensure!(out.text().contains("cluster.id"), "{}", out.text());
+    ensure!(std::fs::read_to_string(dir.path().join("cluster.id"))?.is_empty());
+    Ok(())
+}

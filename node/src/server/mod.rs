@@ -466,11 +466,16 @@ pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
     advertised_for(config.advertised.as_ref(), bound)
 }
 
-/// A stable cluster id, created once and kept in `cluster.id` in the data dir.
+/// A stable cluster id, created once and kept in `cluster.id` in the data dir. Created
+/// only where there is no file: one that cannot be read (EIO, EACCES, not UTF-8) or is
+/// empty is an error, not a reason to replace the id (found by review).
 fn cluster_id(config: &Config) -> anyhow::Result<String> {
     let path = config.data_dir.join("cluster.id");
-    if let Ok(id) = std::fs::read_to_string(&path) {
-        return Ok(id.trim().to_string());
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => anyhow::bail!("{} is empty; restore it or remove it", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
     }
     let id = format!("weir-{:032x}", crate::metadata::new_topic_id());
     crate::metadata::write_atomic(&path, id.as_bytes())?;

@@ -67,8 +67,15 @@ impl LeaderEpochCache {
                 "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
             );
         }
+        // In memory only once on disk: a failed write (out of space) leaves the epoch
+        // unassigned, so the next append tries again rather than finding it recorded and
+        // going on without it (a checkpoint missing an epoch answers OffsetForLeaderEpoch
+        // wrongly after a restart; found by review).
         self.entries.insert(epoch, start);
-        self.persist()?;
+        if let Err(e) = self.persist() {
+            self.entries.remove(&epoch);
+            return Err(e);
+        }
         Ok(true)
     }
 
@@ -145,6 +152,24 @@ fn parse(text: &str) -> std::result::Result<BTreeMap<LeaderEpoch, Offset>, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write that fails leaves the epoch unassigned: the next try writes it again.
+    #[test]
+    fn an_epoch_whose_checkpoint_write_failed_is_not_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gone = dir.path().join("removed");
+        let mut c = LeaderEpochCache::load(&gone).expect("no file: empty");
+        assert!(
+            c.assign(LeaderEpoch(3), Offset(10)).is_err(),
+            "no directory"
+        );
+        assert_eq!(c.latest(), None);
+        assert!(c.assign(LeaderEpoch(3), Offset(10)).is_err(), "tried again");
+        std::fs::create_dir(&gone).expect("mkdir");
+        assert_eq!(c.assign(LeaderEpoch(3), Offset(10)).ok(), Some(true));
+        let reloaded = LeaderEpochCache::load(&gone).expect("reload");
+        assert_eq!(reloaded.latest(), Some((LeaderEpoch(3), Offset(10))));
+    }
 
     #[test]
     fn epochs_end_where_the_next_begins_and_survive_a_reload() {

@@ -17,6 +17,7 @@
 //! any aborted transaction whose entry was lost. Blocking std I/O on the shard thread: an
 //! entry is written once per aborted transaction per partition.
 
+use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
@@ -80,7 +81,9 @@ impl AbortedTxn {
 /// A partition's aborted transactions, ordered by marker offset.
 #[derive(Clone, Debug, Default)]
 pub struct TxnIndex {
-    entries: Vec<AbortedTxn>,
+    /// Sorted by marker offset. A deque: markers arrive in offset order, so inserts land
+    /// at the back and the cap drops from the front, neither moving the rest.
+    entries: VecDeque<AbortedTxn>,
 }
 
 impl TxnIndex {
@@ -108,12 +111,18 @@ impl TxnIndex {
                 continue;
             };
             let mut kept = Vec::new();
-            let mut cut = false;
+            // A torn tail (a partial entry, or one that does not decode) is cut from the
+            // file too: appends land after it, and left there it would misalign every
+            // entry written later (found by review).
+            let mut cut = bytes.len() % TXN_INDEX_ENTRY_BYTES != 0;
             for chunk in bytes.chunks_exact(TXN_INDEX_ENTRY_BYTES) {
                 match AbortedTxn::decode(chunk) {
                     Some(t) if t.last_offset < log_end => kept.push(t),
                     Some(_) => cut = true,
-                    None => break,
+                    None => {
+                        cut = true;
+                        break;
+                    }
                 }
             }
             if cut {
@@ -126,7 +135,9 @@ impl TxnIndex {
         }
         entries.sort_unstable_by_key(|t| t.last_offset);
         entries.dedup();
-        let mut index = TxnIndex { entries };
+        let mut index = TxnIndex {
+            entries: entries.into(),
+        };
         index.bound();
         index
     }
@@ -150,7 +161,15 @@ impl TxnIndex {
     /// Records an aborted transaction in memory only (rebuilt by replay; its entry is
     /// written by [`Self::append`] when missing from the files).
     pub fn insert(&mut self, txn: AbortedTxn) -> bool {
-        if self.entries.contains(&txn) {
+        let same_marker = self
+            .entries
+            .partition_point(|t| t.last_offset < txn.last_offset);
+        let known = self
+            .entries
+            .range(same_marker..)
+            .take_while(|t| t.last_offset == txn.last_offset)
+            .any(|t| *t == txn);
+        if known {
             return false;
         }
         let at = self
@@ -166,8 +185,8 @@ impl TxnIndex {
     /// offset), in marker order.
     pub fn overlapping(&self, from: Offset, upper: Offset) -> Vec<(ProducerId, Offset)> {
         let start = self.entries.partition_point(|t| t.last_offset < from);
-        self.entries[start..]
-            .iter()
+        self.entries
+            .range(start..)
             .filter(|t| t.first_offset < upper)
             .map(|t| (t.producer_id, t.first_offset))
             .collect()
@@ -177,8 +196,8 @@ impl TxnIndex {
     /// is before `upper`, whole (the log cleaner needs the marker offset too).
     pub fn entries_overlapping(&self, from: Offset, upper: Offset) -> Vec<AbortedTxn> {
         let start = self.entries.partition_point(|t| t.last_offset < from);
-        self.entries[start..]
-            .iter()
+        self.entries
+            .range(start..)
             .filter(|t| t.first_offset < upper)
             .copied()
             .collect()
@@ -259,5 +278,37 @@ mod tests {
         let torn = TxnIndex::load(dir.path(), Offset(110));
         assert_eq!(torn.len(), 1);
         assert!(dir.path().join("00000000000000000100.txnindex").exists());
+    }
+
+    /// A torn tail is cut from the file at load, so entries appended later stay aligned.
+    #[test]
+    fn a_torn_tail_is_cut_so_later_entries_stay_readable() {
+        let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+        let mut index = TxnIndex::default();
+        index.append(dir.path(), Offset(0), txn(1, 0, 5)).unwrap();
+        let file = dir.path().join("00000000000000000000.txnindex");
+        let mut torn = std::fs::read(&file).unwrap();
+        torn.extend_from_slice(&[0xff; 10]);
+        std::fs::write(&file, torn).unwrap();
+        let mut loaded = TxnIndex::load(dir.path(), Offset(100));
+        assert_eq!(loaded.len(), 1);
+        loaded.append(dir.path(), Offset(0), txn(2, 6, 9)).unwrap();
+        assert_eq!(TxnIndex::load(dir.path(), Offset(100)).len(), 2);
+    }
+
+    /// Past the cap the oldest entries go; a repeat is not inserted twice.
+    #[test]
+    fn the_cap_drops_the_oldest_and_repeats_are_ignored() {
+        let mut index = TxnIndex::default();
+        for i in 0..(TXN_INDEX_ENTRIES_MAX as i64 + 10) {
+            assert!(index.insert(txn(i, 2 * i, 2 * i + 1)));
+        }
+        assert_eq!(index.len(), TXN_INDEX_ENTRIES_MAX);
+        assert!(!index.insert(txn(20, 40, 41)), "a repeat");
+        assert!(
+            index.insert(txn(21, 40, 41)),
+            "another producer's, same marker offset"
+        );
+        assert_eq!(index.overlapping(Offset(0), Offset(21)).len(), 0, "dropped");
     }
 }
