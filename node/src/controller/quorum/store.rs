@@ -118,18 +118,35 @@ impl LogStore {
             let Some(body) = bytes.get(pos + HEADER..pos + HEADER + len) else {
                 break;
             };
-            if len > RECORD_MAX_BYTES || crc32c::crc32c(body) != crc {
+            // An empty record is a zero-filled tail (a crash can leave one), not an entry.
+            if len <= 1 || len > RECORD_MAX_BYTES || crc32c::crc32c(body) != crc {
                 break;
             }
-            let Ok(entry) = serde_json::from_slice::<Entry<TypeConfig>>(body) else {
-                break;
-            };
+            // Whole and checked, yet not an entry this binary knows: written by a newer
+            // weir (a rollback), not torn. Cutting it would destroy committed entries.
+            let entry = serde_json::from_slice::<Entry<TypeConfig>>(body).map_err(|e| {
+                anyhow::anyhow!(
+                    "controller log {}: the entry at byte {pos} is whole but cannot be read \
+                     ({e}); was it written by a newer weir? Nothing was changed",
+                    path.display()
+                )
+            })?;
             let index = entry.log_id.index;
             // A record after a truncation point never survives (truncate cuts the file),
             // so indexes only grow; keep the newest on a repeat all the same.
             entries.split_off(&index);
             entries.insert(index, (entry, pos as u64));
             pos += HEADER + len;
+        }
+        // Only a tail is cut: damage with a whole record after it is not a torn write, and
+        // cutting there would destroy committed entries (found by review).
+        if let Some(at) = whole_record_after(&bytes, pos) {
+            anyhow::bail!(
+                "controller log {}: damaged at byte {pos}, with a whole record at byte {at} \
+                 after it; not a torn tail, so nothing was cut. Restore the file, or remove \
+                 this voter's controller directory to have it copy the log from the others",
+                path.display()
+            );
         }
         if pos < bytes.len() {
             tracing::warn!(
@@ -154,6 +171,21 @@ impl LogStore {
             })),
         })
     }
+}
+
+/// The first position after `from` where a whole, checksummed record starts, if any (a
+/// zero-filled tail, as a crash can leave, is no record: an entry is never empty).
+fn whole_record_after(bytes: &[u8], from: usize) -> Option<usize> {
+    (from + 1..bytes.len().saturating_sub(HEADER)).find(|&p| {
+        let header = &bytes[p..p + HEADER];
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        len > 1
+            && len <= RECORD_MAX_BYTES
+            && bytes
+                .get(p + HEADER..p + HEADER + len)
+                .is_some_and(|body| crc32c::crc32c(body) == crc)
+    })
 }
 
 fn io_err(e: impl std::error::Error + 'static) -> SErr {
@@ -530,6 +562,35 @@ mod tests {
                 .len();
             assert_eq!(on_disk, good.len() as u64, "the tail is cut from the file");
         }
+    }
+
+    /// Damage with whole records after it, or a whole record this binary cannot read,
+    /// is an error that leaves the file as it was: never a cut of committed entries.
+    #[test]
+    fn damage_before_whole_records_or_an_unknown_entry_is_refused_not_cut() {
+        let dir = temp_dir();
+        let mut damaged = record(2);
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0xff;
+        let mut unknown = br#"{"not":"an entry"}"#.to_vec();
+        let crc = crc32c::crc32c(&unknown);
+        let mut framed = (unknown.len() as u32).to_le_bytes().to_vec();
+        framed.extend_from_slice(&crc.to_le_bytes());
+        framed.append(&mut unknown);
+        for bytes in [
+            [record(1), damaged, record(3), record(4)].concat(),
+            [record(1), framed, record(3)].concat(),
+        ] {
+            std::fs::write(dir.path().join("log"), &bytes).expect("write");
+            assert!(LogStore::open(dir.path()).is_err());
+            let on_disk = std::fs::read(dir.path().join("log")).expect("read");
+            assert_eq!(on_disk, bytes, "nothing cut");
+        }
+        // A zero-filled tail is still a torn tail.
+        let bytes = [record(1), vec![0; 64]].concat();
+        std::fs::write(dir.path().join("log"), &bytes).expect("write");
+        let store = LogStore::open(dir.path()).expect("open");
+        assert_eq!(lock(&store.inner).entries.len(), 1);
     }
 
     #[test]
