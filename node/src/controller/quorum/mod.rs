@@ -432,6 +432,10 @@ async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let me = ctx.config.node_id as u64;
     let lease_ms = (ctx.config.election_timeout * 2).as_millis() as u64;
     loop {
+        let fatal = rx.borrow().running_state.clone().err();
+        if let Some(fatal) = fatal {
+            halt_unless_stopping(&handle, &fatal.to_string());
+        }
         let leader = {
             let m = rx.borrow();
             match m.current_leader {
@@ -454,9 +458,27 @@ async fn watch_leader(ctx: Arc<Ctx>, handle: Arc<Handle>) {
         // Also on a timer: a cut-off leader's quorum ack ages with few metrics changes.
         let tick = Duration::from_millis(LEASE_CHECK_MS);
         if let Ok(Err(_)) = tokio::time::timeout(tick, rx.changed()).await {
+            halt_unless_stopping(&handle, "the Raft core is gone");
             return;
         }
     }
+}
+
+/// The Raft core stopped on its own (openraft stops it on any storage error: the log,
+/// vote or committed id could not be written). Its last metrics stay as they were, so a
+/// leader would go on renewing leases and answering heartbeats as leader, and its image
+/// would never move again: this node halts instead, as Kafka's broker does when its
+/// metadata log directory fails (found by review). A controlled shutdown is left alone.
+fn halt_unless_stopping(handle: &Handle, why: &str) {
+    if handle.stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    tracing::error!(
+        "the controller quorum's Raft core stopped ({why}); this node halts: it can no \
+         longer follow the metadata, and must not act on what it last knew"
+    );
+    eprintln!("weir halting: the controller's Raft core stopped ({why})");
+    std::process::exit(1);
 }
 
 /// Proposes on this node, or forwards to the leader; returns once committed and applied
