@@ -19,6 +19,7 @@ need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v kcat >/dev/null || need_apt+=(kcat)
+command -v chattr >/dev/null || need_apt+=(e2fsprogs)
 # The security tests make their certificates with the openssl CLI.
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v cc >/dev/null || need_apt+=(build-essential)
