@@ -20,6 +20,7 @@ DURATION=${DURATION:-40s}
 RATE=${RATE:-2000}
 FAULT_EVERY=${FAULT_EVERY:-8s}
 TOPIC=${TOPIC:-verify-rf3}
+command -v kcat >/dev/null || { echo "cluster_verify.sh needs kcat" >&2; exit 1; }
 rm -rf "$OUT" && mkdir -p "$OUT"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -40,12 +41,14 @@ case \$n in 1) port=${PORT[1]} ;; 2) port=${PORT[2]} ;; 3) port=${PORT[3]} ;; es
     >> "$OUT/node-\$n.log" 2>&1 &
 echo \$! > "$OUT/pid-\$n"
 EOS
-# fault.sh: SIGKILLs the leader of partition 0, waits until it is gone, restarts it.
+# fault.sh: SIGKILLs the leader of partition 0, waits until it is gone, restarts it. It
+# exits non-zero when it injected no fault (no kcat, no leader), so verify counts it failed.
 cat > "$OUT/fault.sh" <<EOS
 #!/bin/sh
+command -v kcat >/dev/null || { echo "\$(date +%T) kcat not found: no fault" >> "$OUT/faults.log"; exit 1; }
 leader=\$(kcat -b 127.0.0.1:${PORT[1]},127.0.0.1:${PORT[2]},127.0.0.1:${PORT[3]} -L -t $TOPIC -J -m 5 2>/dev/null \\
     | python3 -c 'import json,sys; t=json.load(sys.stdin)["topics"][0]; print([p["leader"] for p in t["partitions"] if p["partition"]==0][0])')
-case "\$leader" in 1|2|3) ;; *) echo "\$(date +%T) no leader for partition 0 (\$leader)" >> "$OUT/faults.log"; exit 0 ;; esac
+case "\$leader" in 1|2|3) ;; *) echo "\$(date +%T) no leader for partition 0 (\$leader)" >> "$OUT/faults.log"; exit 1 ;; esac
 P=\$(cat "$OUT/pid-\$leader"); kill -9 "\$P" 2>/dev/null
 for i in \$(seq 1 200); do [ -e /proc/\$P ] && ! grep -qs zombie /proc/\$P/status || break; sleep 0.05; done
 echo "\$(date +%T) SIGKILLed node \$leader (pid \$P), restarting" >> "$OUT/faults.log"

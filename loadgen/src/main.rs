@@ -16,11 +16,15 @@ fn main() {
         Cmd::Plan(p) => commands::plan(p).map(|_| 0),
         Cmd::Quickstart(q) => commands::quickstart(q).map(|_| 0),
         Cmd::Verify(v) => verify::verify(v).map(|f| {
-            if v.strict && (f.lost > 0 || f.duplicated > 0 || f.aborted_visible > 0) {
-                2
+            let why = if v.strict {
+                f.strict_failures()
             } else {
-                0
+                Vec::new()
+            };
+            for w in &why {
+                eprintln!("weir-loadgen: verify --strict: {w}");
             }
+            if why.is_empty() { 0 } else { 2 }
         }),
     };
     match result {

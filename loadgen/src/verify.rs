@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,6 +35,8 @@ use crate::run;
 
 /// Upper bound on the fault command's own runtime.
 const FAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most fault commands one run starts.
+const MAX_FAULTS: u64 = 10_000;
 /// A read_committed read-back waits for the LSO at most transaction.timeout.ms plus this.
 const LSO_WAIT_EXTRA: Duration = Duration::from_secs(30);
 const LSO_POLL: Duration = Duration::from_millis(100);
@@ -121,9 +123,46 @@ pub struct Findings {
     #[serde(default)]
     pub aborted_visible: u64,
     pub faults_injected: u64,
+    /// Fault commands that exited non-zero, could not start, or timed out (not injected).
+    #[serde(default)]
+    pub faults_failed: u64,
     pub partitions: BTreeMap<i32, PartitionFindings>,
     /// Up to 20 lost record ids, for a first look.
     pub lost_examples: Vec<u64>,
+}
+
+impl Findings {
+    /// Why `--strict` fails this run, one line each (empty: it passes).
+    pub fn strict_failures(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        // Nothing acknowledged is nothing checked: a run of rejected writes is no pass.
+        if self.acknowledged == 0 {
+            why.push("nothing verified: no record was acknowledged".to_string());
+        }
+        if self.lost > 0 {
+            why.push(format!("{} acknowledged records lost", self.lost));
+        }
+        if self.duplicated > 0 {
+            why.push(format!("{} records duplicated", self.duplicated));
+        }
+        if self.aborted_visible > 0 {
+            why.push(format!(
+                "{} records of aborted transactions read back",
+                self.aborted_visible
+            ));
+        }
+        // Kafka's idempotent producer keeps each partition's records in order.
+        if self.reordered > 0 && (self.idempotent || self.transactional) {
+            why.push(format!(
+                "{} records reordered by an idempotent producer",
+                self.reordered
+            ));
+        }
+        if self.faults_failed > 0 {
+            why.push(format!("{} fault commands failed", self.faults_failed));
+        }
+        why
+    }
 }
 
 /// Compares what was acknowledged with what was read.
@@ -177,53 +216,85 @@ fn analyse(ledger: &Ledger) -> Findings {
     f
 }
 
-/// Runs the fault command every `every` until `stop`; returns how many times it ran.
-fn fault_thread(cmd: String, every: Duration, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
+/// How many fault commands ran to success, and how many failed (non-zero exit, could
+/// not start, timed out): a failed command injected no fault the run can claim.
+#[derive(Default)]
+struct FaultCounts {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Runs the fault command every `every` until `stop`, each bounded by `timeout`.
+fn fault_thread(
+    cmd: String,
+    every: Duration,
+    timeout: Duration,
+    stop: Arc<AtomicBool>,
+    counts: Arc<FaultCounts>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut n = 0u64;
         let mut next = Instant::now() + every;
-        // Bounded: one fault per interval, at most 10 000 in all.
-        while n < 10_000 {
+        // Bounded: one fault per interval, at most MAX_FAULTS in all.
+        for _ in 0..MAX_FAULTS {
             while Instant::now() < next {
                 if stop.load(Ordering::Relaxed) {
-                    return n;
+                    return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
             if stop.load(Ordering::Relaxed) {
-                return n;
+                return;
             }
             let started = Instant::now();
-            run_fault(&cmd);
+            let ok = run_fault(&cmd, timeout);
             eprintln!("weir-loadgen: fault command took {:?}", started.elapsed());
-            n += 1;
+            let n = if ok { &counts.ok } else { &counts.failed };
+            n.fetch_add(1, Ordering::Relaxed);
             next = Instant::now() + every;
         }
-        n
     })
 }
 
-fn run_fault(cmd: &str) {
+/// Runs `cmd` with `sh -c` in a process group of its own; true if it exited 0 within
+/// `timeout`. At the timeout the whole group is killed (not only `sh`: what it started
+/// would live on).
+fn run_fault(cmd: &str, timeout: Duration) -> bool {
+    use std::os::unix::process::CommandExt;
     eprintln!("weir-loadgen: fault: {cmd}");
-    let child = Command::new("sh").arg("-c").arg(cmd).spawn();
-    let Ok(mut child) = child else {
-        warn("could not start the fault command");
-        return;
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .process_group(0)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            warn(&format!("could not start the fault command: {e}"));
+            return false;
+        }
     };
-    let deadline = Instant::now() + FAULT_CMD_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {
             Ok(Some(st)) if !st.success() => {
                 warn(&format!("fault command exited with {st}"));
-                return;
+                return false;
             }
-            Ok(Some(_)) => return,
+            Ok(Some(_)) => return true,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
+                // The group's id is the child's pid (process_group(0)).
+                if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+                    // SAFETY: kill(2) has no memory preconditions; the group is the one
+                    // this child leads, not yet reaped, so its id cannot have been reused.
+                    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                }
                 let _ = child.kill();
                 let _ = child.wait();
-                warn("fault command timed out; killed");
-                return;
+                warn(&format!(
+                    "fault command timed out after {timeout:?}; killed"
+                ));
+                return false;
             }
         }
     }
@@ -243,10 +314,18 @@ pub fn verify(v: &Verify) -> Result<Findings> {
     let cluster = run::prepare_topic(&spec)?;
     let starts = start_offsets(&spec.bootstrap, &spec.topic, &cluster)?;
     let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(FaultCounts::default());
     let faults = match (&v.fault_cmd, v.fault_every) {
-        (Some(c), Some(e)) => Some(fault_thread(c.clone(), e, stop.clone())),
+        (Some(c), Some(e)) => Some(fault_thread(
+            c.clone(),
+            e,
+            FAULT_CMD_TIMEOUT,
+            stop.clone(),
+            counts.clone(),
+        )),
         (Some(_), None) => bail!("--fault-cmd needs --fault-every"),
-        _ => None,
+        (None, Some(_)) => bail!("--fault-every needs --fault-cmd"),
+        (None, None) => None,
     };
     let produced = run::run(
         &spec,
@@ -256,7 +335,11 @@ pub fn verify(v: &Verify) -> Result<Findings> {
         Arc::new(crate::client::consumer::NoRecordSink),
     );
     stop.store(true, Ordering::Relaxed);
-    let faults_injected = faults.map_or(0, |h| h.join().unwrap_or(0));
+    if let Some(h) = faults
+        && h.join().is_err()
+    {
+        warn("the fault thread panicked");
+    }
     let produced = produced?;
     // Read back everything from the recorded start offsets, until idle.
     spec.start = StartAt::Earliest;
@@ -276,7 +359,8 @@ pub fn verify(v: &Verify) -> Result<Findings> {
     f.acks = v.load.acks.clone();
     f.idempotent = v.load.idempotent || spec.producer.transactional_id.is_some();
     f.transactional = spec.producer.transactional_id.is_some();
-    f.faults_injected = faults_injected;
+    f.faults_injected = counts.ok.load(Ordering::Relaxed);
+    f.faults_failed = counts.failed.load(Ordering::Relaxed);
     println!("{}", findings_text(&f, read));
     if let Some(p) = &v.load.json {
         report::write_json(p, &f)?;
@@ -429,11 +513,12 @@ fn read_back(
 
 fn findings_text(f: &Findings, read: u64) -> String {
     let mut t = format!(
-        "verify: acks={} idempotent={} transactional={} faults={}\n  sent {}  acknowledged {}  unacknowledged {}  read {} ({} unique)\n  lost (acknowledged, not read back): {}\n  duplicated: {}\n  reordered: {}\n",
+        "verify: acks={} idempotent={} transactional={} faults={} faults failed={}\n  sent {}  acknowledged {}  unacknowledged {}  read {} ({} unique)\n  lost (acknowledged, not read back): {}\n  duplicated: {}\n  reordered: {}\n",
         f.acks,
         f.idempotent,
         f.transactional,
         f.faults_injected,
+        f.faults_failed,
         f.sent,
         f.acknowledged,
         f.unacknowledged,
@@ -443,6 +528,9 @@ fn findings_text(f: &Findings, read: u64) -> String {
         f.duplicated,
         f.reordered
     );
+    if f.acknowledged == 0 {
+        t.push_str("  nothing verified: no record was acknowledged\n");
+    }
     if f.transactional {
         t.push_str(&format!(
             "  aborted: {}  aborted visible (read_committed): {}\n",
@@ -514,5 +602,113 @@ mod tests {
         assert_eq!(f.aborted_visible, 1);
         assert_eq!(f.lost, 0);
         assert_eq!(f.unacknowledged, 2);
+    }
+
+    fn clean_run() -> Findings {
+        Findings {
+            acknowledged: 100,
+            read_unique: 100,
+            ..Findings::default()
+        }
+    }
+
+    #[test]
+    fn strict_fails_a_run_that_acknowledged_nothing() {
+        assert!(clean_run().strict_failures().is_empty());
+        let nothing = Findings::default();
+        let why = nothing.strict_failures();
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].contains("nothing verified"), "{why:?}");
+    }
+
+    #[test]
+    fn strict_fails_reordering_only_for_idempotent_or_transactional_producers() {
+        let plain = Findings {
+            reordered: 3,
+            ..clean_run()
+        };
+        // Without idempotence, retries may reorder (as Kafka allows).
+        assert!(plain.strict_failures().is_empty());
+        let idempotent = Findings {
+            idempotent: true,
+            ..plain.clone()
+        };
+        assert_eq!(idempotent.strict_failures().len(), 1);
+        let transactional = Findings {
+            transactional: true,
+            ..plain
+        };
+        assert_eq!(transactional.strict_failures().len(), 1);
+    }
+
+    #[test]
+    fn strict_fails_a_run_whose_fault_command_failed() {
+        let f = Findings {
+            faults_failed: 1,
+            ..clean_run()
+        };
+        assert_eq!(f.strict_failures().len(), 1);
+    }
+
+    /// Waits (bounded) for `cond`.
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_failing_fault_command_is_counted_as_failed_not_injected() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(FaultCounts::default());
+        let h = fault_thread(
+            "false".into(),
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+            stop.clone(),
+            counts.clone(),
+        );
+        wait_for("a failed fault", || {
+            counts.failed.load(Ordering::Relaxed) >= 1
+        });
+        stop.store(true, Ordering::Relaxed);
+        h.join().expect("fault thread");
+        assert_eq!(counts.ok.load(Ordering::Relaxed), 0);
+        assert!(counts.failed.load(Ordering::Relaxed) >= 1);
+    }
+
+    /// Whether `pid` is a process that has not exited (a zombie has).
+    fn alive(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn a_hung_fault_command_is_killed_with_what_it_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("sleep.pid");
+        let cmd = format!("sleep 100 & echo $! > {}; wait", pidfile.display());
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(FaultCounts::default());
+        let h = fault_thread(
+            cmd,
+            Duration::from_millis(10),
+            Duration::from_millis(500),
+            stop.clone(),
+            counts.clone(),
+        );
+        wait_for("the timed-out fault", || {
+            counts.failed.load(Ordering::Relaxed) >= 1
+        });
+        stop.store(true, Ordering::Relaxed);
+        h.join().expect("fault thread");
+        assert_eq!(counts.ok.load(Ordering::Relaxed), 0);
+        let pid = std::fs::read_to_string(&pidfile).expect("the sleep's pid");
+        let pid = pid.trim();
+        wait_for("the sleep to be killed", || !alive(pid));
     }
 }

@@ -393,3 +393,32 @@ fn lag_of_a_throttled_consumer_grows_at_offered_minus_consumed() {
         "{e}"
     );
 }
+
+/// Records the broker refuses (each batch over its message.max.bytes) are never
+/// acknowledged: `verify --strict` checked nothing and must not pass.
+#[test]
+fn verify_strict_fails_when_nothing_was_acknowledged() {
+    let dir = scratch();
+    let b = start(dir.path());
+    let vj = dir.path().join("v.json");
+    let out = loadgen(&[
+        "verify",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "oversize",
+        "--records",
+        "3",
+        "--record-size",
+        "2000000",
+        "--retries",
+        "0",
+        "--strict",
+        "--quiet",
+        "--json",
+        vj.to_str().unwrap(),
+    ]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stdout.contains("nothing verified"), "{out}");
+    assert_eq!(json(&vj)["acknowledged"], 0);
+}
