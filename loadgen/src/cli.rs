@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use wire::batch::Compression;
 
 use crate::client::consumer::StartAt;
-use crate::run::LoadSpec;
+use crate::run::{LoadSpec, RUN_MAX};
 use crate::schedule::Rate;
 
 /// Most TCP connections per broker per producer (`--connections`).
@@ -226,7 +226,7 @@ pub struct Quickstart {
     pub json: Option<PathBuf>,
 }
 
-/// `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds.
+/// `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds; at most [`RUN_MAX`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
@@ -240,10 +240,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     } else {
         (s, 1000.0)
     };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v >= 0.0 && v.is_finite() => Ok(Duration::from_secs_f64(v * mult_ms / 1000.0)),
-        _ => Err(format!("not a duration: {s:?} (try 30s, 500ms, 2m)")),
+    let secs = match num.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => v * mult_ms / 1000.0,
+        _ => return Err(format!("not a duration: {s:?} (try 30s, 500ms, 2m)")),
+    };
+    // Checked before the conversion, which panics on a value past Duration's range.
+    if secs > RUN_MAX.as_secs_f64() {
+        return Err(format!(
+            "{s:?} is longer than a run may last ({} h)",
+            RUN_MAX.as_secs() / 3600
+        ));
     }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// `none|gzip|snappy|lz4|zstd`.
@@ -380,6 +388,15 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_duration("24h"), Ok(RUN_MAX));
+    }
+
+    #[test]
+    fn durations_past_the_run_maximum_are_refused_not_a_panic() {
+        for huge in ["1e20", "1e20s", "1e300ms", "25h"] {
+            let e = parse_duration(huge).expect_err(huge);
+            assert!(e.contains("longer than a run may last"), "{huge}: {e}");
+        }
         assert_eq!(parse_list("0,1,all", parse_acks).ok(), Some(vec![0, 1, -1]));
         assert!(parse_acks("2").is_err());
     }

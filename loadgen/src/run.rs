@@ -27,7 +27,7 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// A consume-only run with no record count and no duration stops after this long idle.
 const CONSUME_IDLE: Duration = Duration::from_secs(5);
 /// Upper bound on any run, whatever the flags say.
-const RUN_MAX: Duration = Duration::from_secs(24 * 3600);
+pub const RUN_MAX: Duration = Duration::from_secs(24 * 3600);
 const POLL: Duration = Duration::from_millis(20);
 
 /// Everything a run needs to know (the CLI fills it in).
