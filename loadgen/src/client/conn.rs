@@ -100,6 +100,23 @@ pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
+/// Connects to the first of `addrs` that accepts, in order (as Kafka's client tries each
+/// address a name resolves to: `localhost` may give ::1 first and the broker listen on
+/// 127.0.0.1 only).
+fn connect_any(addrs: &[SocketAddr]) -> Result<(SocketAddr, TcpStream)> {
+    let mut failures = Vec::new();
+    for &sa in addrs {
+        match TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT) {
+            Ok(s) => return Ok((sa, s)),
+            Err(e) => failures.push(format!("{sa}: {e}")),
+        }
+    }
+    if failures.is_empty() {
+        bail!("the address resolves to nothing");
+    }
+    bail!("{}", failures.join("; "))
+}
+
 /// A connected broker with negotiated versions.
 pub struct Conn {
     pub addr: SocketAddr,
@@ -111,13 +128,11 @@ pub struct Conn {
 impl Conn {
     /// Connects to `addr` and asks for the broker's API versions.
     pub fn connect(addr: &str) -> Result<Self> {
-        let sa = addr
+        let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .with_context(|| format!("resolving {addr}"))?
-            .next()
-            .ok_or_else(|| anyhow!("{addr} resolves to nothing"))?;
-        let stream = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT)
-            .with_context(|| format!("connecting to {sa}"))?;
+            .collect();
+        let (sa, stream) = connect_any(&addrs).with_context(|| format!("connecting to {addr}"))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
         stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;
@@ -166,5 +181,25 @@ impl Conn {
     pub fn recv<R: Request>(&mut self, version: i16, correlation_id: i32) -> Result<R::Response> {
         let frame_bytes = read_frame(&mut self.stream)?;
         decode_response::<R>(frame_bytes, version, correlation_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_tries_every_resolved_address() {
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr")
+        };
+        let open = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let good = open.local_addr().expect("addr");
+        let (sa, _stream) = connect_any(&[refused, good]).expect("the second address");
+        assert_eq!(sa, good);
+        let e = connect_any(&[refused]).expect_err("nothing listens");
+        assert!(e.to_string().contains(&refused.to_string()), "{e}");
+        assert!(connect_any(&[]).is_err());
     }
 }
