@@ -15,6 +15,11 @@ pub fn status(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     let mut c = Client::connect(bootstrap)?;
     let req = MetadataRequest::default().with_topics(None);
     let m: MetadataResponse = c.call(ApiKey::Metadata, METADATA_VERSION, &req)?;
+    status_text(&m, out)
+}
+
+/// Writes `m` as `status` prints it.
+fn status_text(m: &MetadataResponse, out: &mut impl Write) -> anyhow::Result<()> {
     let cluster = m
         .cluster_id
         .as_ref()
@@ -27,6 +32,8 @@ pub fn status(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
     for b in brokers {
         writeln!(out, "{:<8} {}:{}", b.node_id.0, b.host.as_str(), b.port)?;
     }
+    // How many it saw: a listener that hides topics from this client shows 0 here.
+    writeln!(out, "topics: {}", m.topics.len())?;
     let (mut under, mut offline) = (Vec::new(), Vec::new());
     let mut topics: Vec<_> = m.topics.iter().collect();
     topics.sort_by_key(|t| t.name.as_ref().map(|n| n.0.to_string()));
@@ -50,4 +57,25 @@ pub fn status(bootstrap: &str, out: &mut impl Write) -> anyhow::Result<()> {
         writeln!(out, "  {l}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
+
+    #[test]
+    fn status_says_how_many_topics_it_saw() {
+        let mut m = MetadataResponse::default();
+        for name in ["a", "b"] {
+            let mut t = MetadataResponseTopic::default();
+            t.name = Some(TopicName(name.to_string().into()));
+            m.topics.push(t);
+        }
+        let mut out = Vec::new();
+        status_text(&m, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("topics: 2\n"), "{text}");
+    }
 }

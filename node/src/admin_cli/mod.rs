@@ -40,6 +40,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Client {
     stream: TcpStream,
     correlation_id: i32,
+    /// Whether the node has answered anything on this connection yet.
+    answered: bool,
 }
 
 impl Client {
@@ -51,6 +53,7 @@ impl Client {
         Ok(Client {
             stream,
             correlation_id: 0,
+            answered: false,
         })
     }
 
@@ -71,13 +74,28 @@ impl Client {
         let frame = wire::messages::encode_request(&header, req)?;
         self.stream.write_all(&frame)?;
         let mut size = [0u8; 4];
-        self.stream.read_exact(&mut size)?;
+        if let Err(e) = self.stream.read_exact(&mut size) {
+            // A listener that wants SASL or TLS closes a connection whose first request
+            // is not the handshake it expects.
+            let closed = matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            );
+            if !self.answered && closed {
+                bail!(
+                    "the node closed the connection before answering; the listener may need \
+                     authentication (SASL or TLS)"
+                );
+            }
+            return Err(e.into());
+        }
         let size = i32::from_be_bytes(size);
         if size < 0 || size as usize > RESPONSE_MAX_BYTES {
             bail!("response size {size} out of range");
         }
         let mut body = vec![0u8; size as usize];
         self.stream.read_exact(&mut body)?;
+        self.answered = true;
         let (correlation_id, resp) =
             wire::messages::decode_response_as::<P>(key as i16, version, &Bytes::from(body))?;
         if correlation_id != self.correlation_id {
@@ -172,9 +190,10 @@ pub struct Row {
 }
 
 impl Row {
-    /// Log end minus committed; `None` if nothing is committed.
+    /// Log end minus committed; `None` if nothing is committed. Negative when the commit
+    /// is past the log end (a truncated log), shown as it is, as Kafka's tool does.
     pub fn lag(&self) -> Option<i64> {
-        (self.committed >= 0 && self.log_end >= 0).then(|| (self.log_end - self.committed).max(0))
+        (self.committed >= 0 && self.log_end >= 0).then(|| self.log_end - self.committed)
     }
 }
 
@@ -246,6 +265,9 @@ pub fn describe_rows(bootstrap: &str, group: &str) -> anyhow::Result<GroupView> 
         });
         (row.member, row.host, row.client_id) = (member.clone(), host.clone(), client.clone());
     }
+    if group_missing(g.group_state.as_str(), g.members.len(), rows.len()) {
+        bail!("group {group} does not exist");
+    }
     let ends = log_ends(bootstrap, rows.keys())?;
     for ((topic, partition), row) in rows.iter_mut() {
         row.topic = topic.clone();
@@ -275,6 +297,12 @@ pub fn describe_rows(bootstrap: &str, group: &str) -> anyhow::Result<GroupView> 
         members,
         rows: rows.into_values().collect(),
     })
+}
+
+/// Whether a described group is one that does not exist: Kafka answers DescribeGroups for
+/// an unknown id with state Dead, no members (and it has no committed offsets).
+fn group_missing(state: &str, members: usize, committed_or_owned: usize) -> bool {
+    state == "Dead" && members == 0 && committed_or_owned == 0
 }
 
 /// One member as `describe` shows it.
@@ -452,4 +480,50 @@ pub fn describe(bootstrap: &str, group: &str, out: &mut impl Write) -> anyhow::R
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_shown_negative_when_the_commit_is_past_the_log_end() {
+        let row = |committed, log_end| Row {
+            committed,
+            log_end,
+            ..Row::default()
+        };
+        assert_eq!(row(5, 10).lag(), Some(5));
+        assert_eq!(row(10, 4).lag(), Some(-6));
+        assert_eq!(row(-1, 4).lag(), None);
+        assert_eq!(row(3, -1).lag(), None);
+    }
+
+    #[test]
+    fn a_dead_group_without_members_or_offsets_does_not_exist() {
+        assert!(group_missing("Dead", 0, 0));
+        assert!(!group_missing("Dead", 0, 2));
+        assert!(!group_missing("Empty", 0, 0));
+        assert!(!group_missing("Stable", 1, 0));
+    }
+
+    #[test]
+    fn a_connection_closed_before_any_answer_suggests_authentication() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        // The "node" reads the request, then closes without a word.
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut size = [0u8; 4];
+            s.read_exact(&mut size).unwrap();
+            let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+            s.read_exact(&mut body).unwrap();
+        });
+        let mut c = Client::connect(&addr).unwrap();
+        let e = c
+            .call::<_, ListGroupsResponse>(ApiKey::ListGroups, 4, &ListGroupsRequest::default())
+            .unwrap_err();
+        server.join().unwrap();
+        assert!(e.to_string().contains("may need authentication"), "{e}");
+    }
 }
