@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::broker::{Broker, find_weir};
@@ -44,7 +44,30 @@ pub fn single(load: &Load, produce: bool, consume: bool, title: &str) -> Result<
         report::write_html(p, &format!("weir-loadgen {title}"), &[run], &[])?;
         println!("report written to {}", p.display());
     }
+    if let Some(why) = nothing_done(&r, produce, consume) {
+        bail!("{title}: {why}");
+    }
     Ok(r)
+}
+
+/// Why a run measured nothing (no record acknowledged or none consumed), if it did not.
+fn nothing_done(r: &RunResult, produce: bool, consume: bool) -> Option<String> {
+    if produce && r.summary.records == 0 {
+        Some("no record was acknowledged".to_string())
+    } else if consume && r.summary.consumed_records == 0 {
+        Some("no record was consumed".to_string())
+    } else {
+        None
+    }
+}
+
+/// Fails a sweep or plan whose steps failed, after its table and files were written.
+fn steps_failed(rows: &[Row]) -> Result<()> {
+    let failed = rows.iter().filter(|r| r.failed.is_some()).count();
+    if failed > 0 {
+        bail!("{failed} of {} steps failed", rows.len());
+    }
+    Ok(())
 }
 
 /// The JSON of a sweep or plan: one row per configuration.
@@ -59,9 +82,10 @@ struct Table<'a, T: Serialize> {
 pub fn sweep(s: &Sweep) -> Result<Vec<Row>> {
     let acks = parse_list(&s.load.acks, parse_acks)?;
     let sizes = parse_list(&s.record_sizes, |x| Ok(x.parse::<usize>()?))?;
-    let (rows, runs) = sweep_runs(&s.load, &acks, &sizes, !s.produce_only, s.settle_timeout)?;
+    let (rows, runs) = sweep_runs(&s.load, &acks, &sizes, !s.produce_only, s.settle_timeout);
     print!("{}", report::table_text(&rows));
     write_outputs(&s.load, "sweep", &rows, &runs, None::<()>)?;
+    steps_failed(&rows)?;
     Ok(rows)
 }
 
@@ -71,7 +95,7 @@ fn sweep_runs(
     sizes: &[usize],
     consume: bool,
     settle_timeout: Duration,
-) -> Result<(Vec<Row>, Vec<RunReport>)> {
+) -> (Vec<Row>, Vec<RunReport>) {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     for &size in sizes {
@@ -86,20 +110,32 @@ fn sweep_runs(
             l.report = None;
             let label = format!("acks={} {}B", acks_label(a), size);
             println!("== {label}");
-            let spec = l.spec(StartAt::Latest)?;
-            let r = run::run(
-                &spec,
-                true,
-                consume,
-                Arc::new(NoSink),
-                Arc::new(NoRecordSink),
-            )?;
-            print!("{}", report::summary_text(&r.summary));
-            let offered = match spec.rate {
+            let offered = match l.rate {
                 Rate::PerSec(x) => Some(x),
                 Rate::Max => None,
             };
-            rows.push(Row::from_summary(&label, offered, &r.summary));
+            // A failed step is a row saying so; the others still run.
+            let r = l.spec(StartAt::Latest).and_then(|spec| {
+                run::run(
+                    &spec,
+                    true,
+                    consume,
+                    Arc::new(NoSink),
+                    Arc::new(NoRecordSink),
+                )
+            });
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("{label}: failed: {e:#}");
+                    rows.push(Row::failed(&label, offered, format!("{e:#}")));
+                    continue;
+                }
+            };
+            print!("{}", report::summary_text(&r.summary));
+            let mut row = Row::from_summary(&label, offered, &r.summary);
+            row.failed = nothing_done(&r, true, consume);
+            rows.push(row);
             runs.push(RunReport {
                 label,
                 summary: r.summary,
@@ -108,7 +144,7 @@ fn sweep_runs(
             });
         }
     }
-    Ok((rows, runs))
+    (rows, runs)
 }
 
 /// Waits (bounded) until the scraped followers of `topic` have caught up, and says so.
@@ -171,7 +207,7 @@ pub fn plan(p: &Plan) -> Result<Vec<Capacity>> {
         if l.duration.is_none() {
             l.duration = Some(Duration::from_secs(10));
         }
-        let best = plan_steps(p, &l, &mut rows, &mut runs)?;
+        let best = plan_steps(p, &l, &mut rows, &mut runs);
         let mbps = best * size as f64 / crate::stats::BYTES_PER_MB;
         let per_partition = mbps / f64::from(l.partitions.max(1));
         let needed = p
@@ -192,18 +228,34 @@ pub fn plan(p: &Plan) -> Result<Vec<Capacity>> {
     print!("{}", report::table_text(&rows));
     print!("{}", capacity_text(&caps));
     write_outputs(&p.load, "plan", &rows, &runs, Some(&caps))?;
+    steps_failed(&rows)?;
     Ok(caps)
 }
 
 /// One record size: returns the highest rate that held.
-fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>) -> Result<f64> {
+/// A step that fails (an error, or nothing acknowledged) is a failed row and ends the
+/// search for this record size.
+fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>) -> f64 {
     let mut rate = p.start_rate.max(1.0);
     let mut best = 0.0;
     for _ in 0..p.max_steps {
         let mut step = l.clone();
         step.rate = Rate::PerSec(rate);
-        let spec = step.spec(StartAt::Latest)?;
-        let r = run::run(&spec, true, true, Arc::new(NoSink), Arc::new(NoRecordSink))?;
+        let label = format!("{}B @ {:.0}/s", step.record_size, rate);
+        let run = step.spec(StartAt::Latest).and_then(|spec| {
+            let r = run::run(&spec, true, true, Arc::new(NoSink), Arc::new(NoRecordSink))?;
+            Ok((spec, r))
+        });
+        let (spec, r) = match run {
+            Ok(x) => x,
+            Err(e) => {
+                println!("{label}: failed: {e:#}");
+                let mut row = Row::failed(&label, Some(rate), format!("{e:#}"));
+                row.ok = Some(false);
+                rows.push(row);
+                break;
+            }
+        };
         let s = &r.summary;
         // Delivering less than 95% of the offered records is a failure too (errors or a
         // client that cannot keep up); timeliness is the latency SLO's job.
@@ -215,7 +267,6 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
             && s.lag_max_records <= p.max_lag_records
             && kept_up
             && s.errors.is_empty();
-        let label = format!("{}B @ {:.0}/s", step.record_size, rate);
         println!(
             "{label}: {:.0} records/s, publish p99 {} ms, max lag {} → {}",
             s.records_per_sec,
@@ -225,6 +276,7 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
         );
         let mut row = Row::from_summary(&label, Some(rate), s);
         row.ok = Some(ok);
+        row.failed = nothing_done(&r, true, false);
         rows.push(row);
         runs.push(RunReport {
             label,
@@ -238,7 +290,7 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
         best = rate;
         rate *= p.step_factor.max(1.05);
     }
-    Ok(best)
+    best
 }
 
 fn capacity_text(caps: &[Capacity]) -> String {

@@ -47,6 +47,9 @@ pub struct Row {
     pub follower_lag_max_records: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follower_lag_max_ms: Option<f64>,
+    /// Why this step failed (an error, or nothing acknowledged); absent if it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 impl Row {
@@ -64,7 +67,15 @@ impl Row {
             ok: None,
             follower_lag_max_records: s.follower_lag_max_records,
             follower_lag_max_ms: s.follower_lag_max_ms,
+            failed: None,
         }
+    }
+
+    /// The row of a step that failed: no measurements, the reason.
+    pub fn failed(label: &str, offered_per_sec: Option<f64>, why: String) -> Self {
+        let mut r = Self::from_summary(label, offered_per_sec, &Summary::default());
+        r.failed = Some(why);
+        r
     }
 }
 
@@ -148,10 +159,11 @@ pub fn table_text(rows: &[Row]) -> String {
         let offered = r
             .offered_per_sec
             .map_or("max".to_string(), |o| format!("{o:.0}"));
-        let ok = match r.ok {
-            Some(true) => " ok",
-            Some(false) => " FAIL",
-            None => "",
+        let ok = match (&r.failed, r.ok) {
+            (Some(why), _) => format!(" FAILED: {why}"),
+            (None, Some(true)) => " ok".to_string(),
+            (None, Some(false)) => " FAIL".to_string(),
+            (None, None) => String::new(),
         };
         let flw = if follower {
             format!(
@@ -293,10 +305,11 @@ fn rows_table_html(rows: &[Row]) -> String {
             ms_text(r.e2e_latency_ms.map(|p| p.p99)),
             r.lag_max_records,
             r.errors,
-            match r.ok {
-                Some(true) => "met",
-                Some(false) => "missed",
-                None => "",
+            match (&r.failed, r.ok) {
+                (Some(why), _) => format!("failed: {}", escape(why)),
+                (None, Some(true)) => "met".to_string(),
+                (None, Some(false)) => "missed".to_string(),
+                (None, None) => String::new(),
             }
         );
         if follower {

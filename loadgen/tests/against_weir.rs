@@ -298,7 +298,9 @@ fn consumer_group_reads_everything_once_and_commits() {
         "--json",
         second.to_str().unwrap(),
     ]);
-    assert_eq!(out.code, 0, "{out}");
+    // Nothing consumed is a non-zero exit, with the report still written.
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stderr_tail.contains("no record was consumed"), "{out}");
     assert_eq!(
         json(&second)["consumed_records"],
         0,
@@ -421,4 +423,61 @@ fn verify_strict_fails_when_nothing_was_acknowledged() {
     assert_ne!(out.code, 0, "{out}");
     assert!(out.stdout.contains("nothing verified"), "{out}");
     assert_eq!(json(&vj)["acknowledged"], 0);
+}
+
+/// A failed step (a bad record size, records the broker refuses) is a row marked failed:
+/// the other steps still run, the table and --json are written, and the exit is non-zero.
+#[test]
+fn sweep_keeps_the_steps_around_a_failed_one_and_exits_non_zero() {
+    let dir = scratch();
+    let b = start(dir.path());
+    let sj = dir.path().join("s.json");
+    let out = loadgen(&[
+        "sweep",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "sweep-fail",
+        "--acks",
+        "1",
+        "--record-sizes",
+        "10,200,2000000",
+        "--retries",
+        "0",
+        "--duration",
+        "1s",
+        "--produce-only",
+        "--quiet",
+        "--json",
+        sj.to_str().unwrap(),
+    ]);
+    assert_ne!(out.code, 0, "{out}");
+    let s = json(&sj);
+    let rows = s["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3, "{s}");
+    assert!(rows[0]["failed"].is_string(), "too small a record: {s}");
+    assert!(rows[1].get("failed").is_none(), "{s}");
+    assert!(rows[1]["records_per_sec"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(rows[2]["failed"].is_string(), "nothing acknowledged: {s}");
+    assert!(out.stdout.contains("FAILED"), "{out}");
+    // A produce that acknowledged nothing fails too.
+    let out = loadgen(&[
+        "produce",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "sweep-fail",
+        "--records",
+        "2",
+        "--record-size",
+        "2000000",
+        "--retries",
+        "0",
+        "--quiet",
+    ]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(
+        out.stderr_tail.contains("no record was acknowledged"),
+        "{out}"
+    );
 }
