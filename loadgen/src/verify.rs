@@ -312,7 +312,7 @@ pub fn verify(v: &Verify) -> Result<Findings> {
     let ledger = Arc::new(Recorder::default());
     // Positions at the start: the read-back covers exactly this run's range.
     let cluster = run::prepare_topic(&spec)?;
-    let starts = start_offsets(&spec.bootstrap, &spec.topic, &cluster)?;
+    let starts = start_offsets(&spec.topic, &cluster, LAYOUT_WAIT)?;
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let faults = match (&v.fault_cmd, v.fault_every) {
@@ -390,25 +390,68 @@ fn current_layout(
     Err(last.context(format!("the layout of topic {topic} after the faults")))
 }
 
-fn start_offsets(
-    bootstrap: &str,
+/// Each partition's log end now (where this run's records will start), asked of its
+/// leader. A partition that gets no offset (a refusal, a moved leader, a lost connection)
+/// is asked again, after a metadata refresh with backoff, until every partition has one
+/// or `wait` has passed: a partition left out would never be read back, and all its
+/// records would be reported lost.
+pub fn start_offsets(
     topic: &str,
     cluster: &crate::client::metadata::Cluster,
+    wait: Duration,
 ) -> Result<BTreeMap<i32, i64>> {
-    let _ = bootstrap;
+    let mut cluster = cluster.clone();
+    let mut refresher = Refresher::default();
     let mut out = BTreeMap::new();
-    for p in 0..cluster.partitions() {
-        let addr = cluster.leader_addr(p)?;
-        let mut c = crate::client::conn::Conn::connect(addr)?;
-        let o = crate::client::metadata::list_offsets(
-            &mut c,
-            topic,
-            &[p as i32],
-            crate::client::metadata::LATEST,
-        )?;
-        out.extend(o);
+    let mut last = anyhow::anyhow!("no answer");
+    let deadline = Instant::now() + wait;
+    // Bounded by the deadline; each round sleeps at least LSO_POLL.
+    loop {
+        if let Err(e) = refresher.refresh_if_due(&mut cluster, topic) {
+            last = e;
+        }
+        for p in 0..cluster.partitions() {
+            let part = p as i32;
+            if out.contains_key(&part) {
+                continue;
+            }
+            match start_offset(topic, &cluster, part) {
+                Ok(o) => {
+                    out.insert(part, o);
+                }
+                Err(e) => {
+                    last = e;
+                    refresher.want();
+                }
+            }
+        }
+        if out.len() == cluster.partitions() {
+            return Ok(out);
+        }
+        if Instant::now() >= deadline {
+            return Err(last.context(format!(
+                "the start offsets of topic {topic}: {} of {} partitions answered within {wait:?}",
+                out.len(),
+                cluster.partitions()
+            )));
+        }
+        std::thread::sleep(refresher.wait().max(LSO_POLL));
     }
-    Ok(out)
+}
+
+/// One partition's log end, asked of its leader.
+fn start_offset(topic: &str, cluster: &crate::client::metadata::Cluster, p: i32) -> Result<i64> {
+    use crate::client::metadata::{LATEST, list_offsets_answers};
+    let addr = cluster.leader_addr(p as usize)?;
+    let mut c = crate::client::conn::Conn::connect(addr)?;
+    match list_offsets_answers(&mut c, topic, &[p], LATEST, 0)?.get(&p) {
+        Some(Ok(o)) => Ok(*o),
+        Some(Err(code)) => bail!(
+            "partition {p}: ListOffsets answered {}",
+            crate::client::error_name(*code)
+        ),
+        None => bail!("partition {p}: left out of the ListOffsets answer"),
+    }
 }
 
 /// Waits (up to `bound`) until every partition's last stable offset has reached its high

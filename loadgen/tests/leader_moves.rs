@@ -100,6 +100,11 @@ fn list_offsets(req: &Req) -> ListOffsetsResponse {
 
 /// Two nodes; the partition is led by node 1 (whatever the client thinks).
 fn moved_cluster(counts: Arc<Counts>) -> Fake {
+    cluster_led_by(1, counts)
+}
+
+/// Two nodes; Metadata names node `leader` as the partition's leader (node 0 refuses).
+fn cluster_led_by(leader: i32, counts: Arc<Counts>) -> Fake {
     Fake::start(
         2,
         Arc::new(move |req: &Req| match req.api_key {
@@ -111,7 +116,7 @@ fn moved_cluster(counts: Arc<Counts>) -> Fake {
             ])),
             api::METADATA => {
                 counts.metadata.fetch_add(1, Ordering::SeqCst);
-                req.answer(&metadata(&req.ports, TOPIC, &[1]))
+                req.answer(&metadata(&req.ports, TOPIC, &[leader]))
             }
             api::FETCH => req.answer(&fetch(req, &counts)),
             api::LIST_OFFSETS => req.answer(&list_offsets(req)),
@@ -198,4 +203,29 @@ fn the_lag_sampler_follows_a_moved_leader() {
         1,
         "no refresh once healthy"
     );
+}
+
+/// verify's start offsets: a partition whose leader refused ListOffsets is asked again
+/// at its new leader, never left out (it would never be read back).
+#[test]
+fn verify_start_offsets_follow_a_moved_leader() {
+    let fake = moved_cluster(Arc::default());
+    let starts =
+        weir_loadgen::verify::start_offsets(TOPIC, &fake.cluster(&[0]), Duration::from_secs(10))
+            .unwrap();
+    assert_eq!(starts, BTreeMap::from([(0, LOG_END)]));
+}
+
+/// ... and a partition that never gets an offset fails the run, with why.
+#[test]
+fn verify_start_offsets_fail_when_a_partition_never_answers() {
+    let fake = cluster_led_by(0, Arc::default());
+    let started = Instant::now();
+    let e =
+        weir_loadgen::verify::start_offsets(TOPIC, &fake.cluster(&[0]), Duration::from_millis(500))
+            .unwrap_err();
+    let text = format!("{e:#}");
+    assert!(text.contains("0 of 1 partitions"), "{text}");
+    assert!(text.contains("NotLeaderOrFollower"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{text}");
 }
