@@ -1,6 +1,7 @@
 //! One measured run: producers and/or consumers on their own threads, a progress thread
 //! printing a line per second and sampling consumer lag, and the summary at the end.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -327,6 +328,7 @@ fn consumer_until(spec: &LoadSpec, with_producers: bool) -> Until {
         consumed: Arc::new(AtomicU64::new(0)),
         deadline,
         idle: unbounded.then_some(CONSUME_IDLE),
+        reach: BTreeMap::new(),
     }
 }
 
@@ -368,6 +370,7 @@ fn start_consumers(
         group: spec.group.clone(),
         max_records_per_sec: spec.consume_rate.map(|r| r / threads as f64),
         read_committed: spec.read_committed,
+        reset_out_of_range: true,
     };
     let consumer = |parts: Vec<i32>, s: Arc<dyn RecordSink>| {
         let (c, p, r) = (cluster.clone(), positions.clone(), recorder.clone());

@@ -51,6 +51,9 @@ struct Ledger {
     aborted: HashSet<u64>,
     /// Per partition, (offset, record id) in the order read.
     read: BTreeMap<i32, Vec<(i64, u64)>>,
+    /// Per partition, the offset after the last record acknowledged with an offset: the
+    /// read-back reads at least this far.
+    acked_end: BTreeMap<i32, i64>,
 }
 
 /// Records acks (producer side) and reads (consumer side).
@@ -64,10 +67,15 @@ impl Recorder {
 }
 
 impl AckSink for Recorder {
-    fn acked(&self, partition: i32, _base: Option<i64>, ids: &[u64]) {
+    fn acked(&self, partition: i32, base: Option<i64>, ids: &[u64]) {
         let mut g = self.lock();
         for &id in ids {
             g.acked.insert(id, partition);
+        }
+        if let Some(base) = base.filter(|&b| b >= 0) {
+            let end = base.saturating_add(ids.len() as i64);
+            let e = g.acked_end.entry(partition).or_insert(end);
+            *e = (*e).max(end);
         }
     }
     fn failed(&self, _partition: i32, ids: &[u64]) {
@@ -126,6 +134,13 @@ pub struct Findings {
     /// Fault commands that exited non-zero, could not start, or timed out (not injected).
     #[serde(default)]
     pub faults_failed: u64,
+    /// Errors of the read-back consumer, by name (a fetch that failed may hide records).
+    #[serde(default)]
+    pub read_back_errors: BTreeMap<String, u64>,
+    /// Partitions the read-back stopped reading at OFFSET_OUT_OF_RANGE (their records
+    /// past that point were not checked: the log was truncated or deleted under them).
+    #[serde(default)]
+    pub out_of_range_partitions: Vec<i32>,
     pub partitions: BTreeMap<i32, PartitionFindings>,
     /// Up to 20 lost record ids, for a first look.
     pub lost_examples: Vec<u64>,
@@ -160,6 +175,12 @@ impl Findings {
         }
         if self.faults_failed > 0 {
             why.push(format!("{} fault commands failed", self.faults_failed));
+        }
+        if !self.out_of_range_partitions.is_empty() {
+            why.push(format!(
+                "partitions {:?} out of range during the read-back",
+                self.out_of_range_partitions
+            ));
         }
         why
     }
@@ -353,15 +374,18 @@ pub fn verify(v: &Verify) -> Result<Findings> {
             + LSO_WAIT_EXTRA;
         wait_stable(&spec.topic, &mut cluster, bound)?;
     }
-    let read = read_back(&spec, &cluster, &starts, ledger.clone())?;
+    let reach = ledger.lock().acked_end.clone();
+    let read = read_back(&spec, &cluster, &starts, &reach, ledger.clone());
     let mut f = analyse(&ledger.lock());
+    f.read_back_errors = read.errors;
+    f.out_of_range_partitions = read.out_of_range;
     f.sent = produced.producer.generated;
     f.acks = v.load.acks.clone();
     f.idempotent = v.load.idempotent || spec.producer.transactional_id.is_some();
     f.transactional = spec.producer.transactional_id.is_some();
     f.faults_injected = counts.ok.load(Ordering::Relaxed);
     f.faults_failed = counts.failed.load(Ordering::Relaxed);
-    println!("{}", findings_text(&f, read));
+    println!("{}", findings_text(&f, read.records));
     if let Some(p) = &v.load.json {
         report::write_json(p, &f)?;
     }
@@ -508,13 +532,31 @@ fn wait_stable(
     Ok(())
 }
 
-/// Reads the topic from `starts` until no record arrives for a few seconds.
+/// What the read-back saw besides the records (which went to the ledger).
+pub struct ReadBack {
+    pub records: u64,
+    /// The consumer's errors, by name.
+    pub errors: BTreeMap<String, u64>,
+    /// Partitions it stopped reading at OFFSET_OUT_OF_RANGE.
+    pub out_of_range: Vec<i32>,
+}
+
+/// How long the read-back may take in all.
+const READ_BACK_MAX: Duration = Duration::from_secs(600);
+/// The read-back ends after this long without a record, once it has passed `reach`.
+const READ_BACK_IDLE: Duration = Duration::from_secs(3);
+
+/// Reads the topic from `starts` until every partition's position has passed its offset
+/// in `reach` (the end of what was acknowledged) and then no record arrives for a few
+/// seconds; at OFFSET_OUT_OF_RANGE it stops reading that partition instead of jumping
+/// to the log start (which would hide the gap).
 fn read_back(
     spec: &run::LoadSpec,
     cluster: &crate::client::metadata::Cluster,
     starts: &BTreeMap<i32, i64>,
+    reach: &BTreeMap<i32, i64>,
     sink: Arc<Recorder>,
-) -> Result<u64> {
+) -> ReadBack {
     use crate::client::consumer::{Consumer, ConsumerConfig, Positions, Until};
     let positions = Positions::new(cluster.partitions());
     for (&p, &o) in starts {
@@ -533,25 +575,49 @@ fn read_back(
         group: None,
         max_records_per_sec: None,
         read_committed: spec.read_committed,
+        reset_out_of_range: false,
     };
     let parts = (0..cluster.partitions() as i32).collect();
     let c = Consumer::new(
         cfg,
         cluster.clone(),
         parts,
-        positions,
+        positions.clone(),
         clock,
-        recorder,
+        recorder.clone(),
         sink,
         spec.run_id,
     );
     let until = Until {
         records: None,
         consumed: Arc::default(),
-        deadline: Instant::now() + Duration::from_secs(600),
-        idle: Some(Duration::from_secs(3)),
+        deadline: Instant::now() + READ_BACK_MAX,
+        idle: Some(READ_BACK_IDLE),
+        reach: reach.clone(),
     };
-    Ok(c.run(until, &AtomicBool::new(false)))
+    let records = c.run(until, &AtomicBool::new(false));
+    // A partition that had a start offset and has none now was given up out of range.
+    let out_of_range: Vec<i32> = starts
+        .keys()
+        .copied()
+        .filter(|&p| positions.get(p as usize).is_none())
+        .collect();
+    let behind: Vec<(i32, i64, i64)> = reach
+        .iter()
+        .filter_map(|(&p, &end)| Some((p, positions.get(p as usize)?, end)))
+        .filter(|&(_, pos, end)| pos < end)
+        .collect();
+    if !behind.is_empty() {
+        warn(&format!(
+            "the read-back stopped at {READ_BACK_MAX:?} below the acknowledged end of \
+             (partition, position, acknowledged end) {behind:?}"
+        ));
+    }
+    ReadBack {
+        records,
+        errors: recorder.summary(0).errors,
+        out_of_range,
+    }
 }
 
 fn findings_text(f: &Findings, read: u64) -> String {
@@ -573,6 +639,15 @@ fn findings_text(f: &Findings, read: u64) -> String {
     );
     if f.acknowledged == 0 {
         t.push_str("  nothing verified: no record was acknowledged\n");
+    }
+    if !f.read_back_errors.is_empty() {
+        t.push_str(&format!("  read-back errors: {:?}\n", f.read_back_errors));
+    }
+    if !f.out_of_range_partitions.is_empty() {
+        t.push_str(&format!(
+            "  out of range during the read-back (not read further): partitions {:?}\n",
+            f.out_of_range_partitions
+        ));
     }
     if f.transactional {
         t.push_str(&format!(
@@ -682,6 +757,27 @@ mod tests {
             ..plain
         };
         assert_eq!(transactional.strict_failures().len(), 1);
+    }
+
+    #[test]
+    fn strict_fails_a_run_whose_read_back_hit_out_of_range() {
+        let f = Findings {
+            out_of_range_partitions: vec![1],
+            ..clean_run()
+        };
+        assert_eq!(f.strict_failures().len(), 1);
+    }
+
+    #[test]
+    fn the_read_back_target_is_the_end_of_the_last_acknowledged_batch() {
+        let r = Recorder::default();
+        r.acked(0, Some(5), &[0, 1, 2]);
+        r.acked(0, Some(0), &[3]);
+        r.acked(1, Some(7), &[4]);
+        // acks=0 has no offsets: no target.
+        r.acked(2, None, &[5]);
+        let ends = r.lock().acked_end.clone();
+        assert_eq!(ends, BTreeMap::from([(0, 8), (1, 8)]));
     }
 
     #[test]

@@ -141,6 +141,7 @@ fn a_consumer_follows_a_moved_leader_and_backs_off() {
         group: None,
         max_records_per_sec: None,
         read_committed: false,
+        reset_out_of_range: true,
     };
     let c = Consumer::new(
         cfg,
@@ -158,6 +159,7 @@ fn a_consumer_follows_a_moved_leader_and_backs_off() {
         consumed: Arc::default(),
         deadline: Instant::now() + Duration::from_secs(10),
         idle: None,
+        reach: BTreeMap::new(),
     };
     let consumed = c.run(until, &AtomicBool::new(false));
     let elapsed = started.elapsed();

@@ -65,6 +65,10 @@ pub struct ConsumerConfig {
     /// Fetch with isolation_level=1: records up to the last stable offset only, aborted
     /// transactions' records skipped (the response's aborted_transactions + markers).
     pub read_committed: bool,
+    /// On OFFSET_OUT_OF_RANGE, move to the log start (Kafka's auto.offset.reset=earliest);
+    /// false: stop reading that partition (its position becomes unknown), for `verify`,
+    /// where records skipped by a reset would pass for records never written.
+    pub reset_out_of_range: bool,
 }
 
 /// A Fetch sent and not yet answered (one per broker: read-ahead depth 1).
@@ -118,6 +122,10 @@ pub struct Until {
     pub deadline: Instant,
     /// Stop after this long without a single record.
     pub idle: Option<Duration>,
+    /// The idle rule applies only once each of these partitions' positions has reached
+    /// its offset here (or is unknown: given up); `verify` waits for the offset after the
+    /// last record it saw acknowledged, so a slow fetch is not taken for the end.
+    pub reach: BTreeMap<i32, i64>,
 }
 
 /// One consumer over a fixed set of partitions.
@@ -309,7 +317,8 @@ impl Consumer {
             {
                 break;
             }
-            if until.idle.is_some_and(|d| last_record.elapsed() >= d) {
+            if until.idle.is_some_and(|d| last_record.elapsed() >= d) && self.reached(&until.reach)
+            {
                 break;
             }
             if !self.refresh_leaders() {
@@ -335,6 +344,18 @@ impl Consumer {
             }
         }
         self.consumed
+    }
+
+    /// Whether every partition of this consumer in `reach` has been read up to its offset
+    /// there (a partition with no position any more counts: it was given up).
+    fn reached(&self, reach: &BTreeMap<i32, i64>) -> bool {
+        self.partitions.iter().all(|p| {
+            let target = reach.get(p).copied().unwrap_or(0);
+            usize::try_from(*p)
+                .ok()
+                .and_then(|i| self.positions.get(i))
+                .is_none_or(|pos| pos >= target)
+        })
     }
 
     /// Asks for the partition leaders again when a fetch said they moved. Returns whether
@@ -496,7 +517,16 @@ impl Consumer {
     ) -> Result<()> {
         if code == OFFSET_OUT_OF_RANGE {
             self.recorder.record_error(&error_name(code), 1);
-            return self.reset(p);
+            if self.cfg.reset_out_of_range {
+                return self.reset(p);
+            }
+            warn(&format!(
+                "partition {p}: offset {} out of range; not reading it further",
+                self.positions.get(p as usize).unwrap_or(-1)
+            ));
+            self.fetch_at.remove(&p);
+            self.positions.set(p as usize, -1);
+            return Ok(());
         }
         if code != 0 {
             // Any other partition error (a moved leader above all) is retried against a
