@@ -30,7 +30,8 @@ pub fn find_weir() -> Result<PathBuf> {
     )
 }
 
-/// A running single-node broker.
+/// A running single-node broker. It gets SIGTERM if the thread that started it dies
+/// (PR_SET_PDEATHSIG): keep it on a thread that outlives it.
 pub struct Broker {
     pub addr: String,
     child: Child,
@@ -67,6 +68,7 @@ impl Broker {
             cmd.arg("--set").arg(kv);
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        exit_with_parent(&mut cmd);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", weir.display()))?;
@@ -98,6 +100,25 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Makes the child get SIGTERM when the thread that starts it (ours) dies, so a broker
+/// never outlives a loadgen that was killed before it could stop it.
+fn exit_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl,
+    // getppid and raise, which are async-signal-safe.
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        });
     }
 }
 

@@ -85,6 +85,9 @@ pub fn sweep(s: &Sweep) -> Result<Vec<Row>> {
     let (rows, runs) = sweep_runs(&s.load, &acks, &sizes, !s.produce_only, s.settle_timeout);
     print!("{}", report::table_text(&rows));
     write_outputs(&s.load, "sweep", &rows, &runs, None::<()>)?;
+    if run::interrupted() {
+        bail!("interrupted");
+    }
     steps_failed(&rows)?;
     Ok(rows)
 }
@@ -100,6 +103,9 @@ fn sweep_runs(
     let mut runs = Vec::new();
     for &size in sizes {
         for &a in acks {
+            if run::interrupted() {
+                return (rows, runs);
+            }
             if !runs.is_empty() && !load.metrics_urls.is_empty() {
                 settle(&load.metrics_urls, &load.topic, settle_timeout);
             }
@@ -319,17 +325,21 @@ fn capacity_text(caps: &[Capacity]) -> String {
     t
 }
 
-/// Starts a temporary weir (or uses --bootstrap) and sweeps acks 0/1/all.
+/// Starts a temporary weir (or uses --bootstrap) and sweeps acks 0/1/all. Ctrl-C or
+/// SIGTERM ends the sweep early and still removes the data dir and stops the broker (the
+/// broker also gets SIGTERM if the loadgen dies without cleaning up).
 pub fn quickstart(q: &Quickstart) -> Result<Vec<Row>> {
+    run::stop_on_signals();
     let tmp;
     let _broker;
     let bootstrap = match &q.bootstrap {
         Some(b) => b.clone(),
         None => {
             let weir = find_weir()?;
+            // Under the system temp dir ($TMPDIR), not the current one.
             tmp = tempfile::Builder::new()
                 .prefix("weir-quickstart-")
-                .tempdir_in(std::env::current_dir()?)
+                .tempdir()
                 .context("creating a data dir")?;
             println!(
                 "starting {} (data in {})",

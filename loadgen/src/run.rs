@@ -31,6 +31,33 @@ const CONSUME_IDLE: Duration = Duration::from_secs(5);
 pub const RUN_MAX: Duration = Duration::from_secs(24 * 3600);
 const POLL: Duration = Duration::from_millis(20);
 
+/// Set by SIGINT/SIGTERM once [`stop_on_signals`] is installed: producers and consumers
+/// stop, and `quickstart` ends its sweep so its data dir and broker are cleaned up.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether SIGINT or SIGTERM arrived (see [`stop_on_signals`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // A second signal: the user insists; leave now (a spawned broker still gets its
+    // parent-death signal).
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+/// Makes SIGINT and SIGTERM end the current run cleanly instead of killing the process.
+pub fn stop_on_signals() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only touches an atomic (and _exit), both async-signal-safe.
+        unsafe { libc::signal(sig, handler) };
+    }
+}
+
 /// Everything a run needs to know (the CLI fills it in).
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
@@ -214,7 +241,9 @@ pub fn run(
         };
         produce_end_ns = clock.now_ns();
         if consume {
-            wait_caught_up(&counting, pstats.acked);
+            if !interrupted() {
+                wait_caught_up(&counting, pstats.acked);
+            }
             stop_consumers.store(true, Ordering::Relaxed);
         }
     }
@@ -304,10 +333,10 @@ fn start_producers(
         let builder = std::thread::Builder::new().name(format!("producer-{i}"));
         let h = if spec.producer.transactional_id.is_some() {
             let p = TxnProducer::new(cfg, c, clock, r, s, rid, i)?;
-            builder.spawn(move || p.run(pacer, &AtomicBool::new(false)))?
+            builder.spawn(move || p.run(pacer, &INTERRUPTED))?
         } else {
             let p = Producer::new(cfg, c, clock, r, s, rid, i)?;
-            builder.spawn(move || p.run(pacer, &AtomicBool::new(false)))?
+            builder.spawn(move || p.run(pacer, &INTERRUPTED))?
         };
         handles.push(h);
     }

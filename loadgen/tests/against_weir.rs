@@ -7,6 +7,9 @@
 
 mod common;
 
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 use common::{json, loadgen, scratch, start, verify_across_sigkill, weir};
 use serde_json::Value;
 use weir_loadgen::broker::Broker;
@@ -479,5 +482,115 @@ fn sweep_keeps_the_steps_around_a_failed_one_and_exits_non_zero() {
     assert!(
         out.stderr_tail.contains("no record was acknowledged"),
         "{out}"
+    );
+}
+
+/// The pid of the process whose command line mentions `needle`, if any (bounded scan).
+fn pid_with_arg(needle: &str) -> Option<i32> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for e in entries.flatten().take(1_000_000) {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) && alive(pid) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+/// Waits (bounded) for `cond`; false if it never held.
+fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// Starts `quickstart` with its temp dir in a scratch dir; returns the child, the scratch
+/// dir, and the pid of the weir it started (once it runs).
+fn quickstart_running() -> (std::process::Child, tempfile::TempDir, i32) {
+    let tmp = scratch();
+    let child = Command::new(common::LOADGEN)
+        .args(["quickstart", "--duration", "60s", "--report"])
+        .arg(tmp.path().join("q.html"))
+        .env("TMPDIR", tmp.path())
+        .current_dir(tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn weir-loadgen");
+    let needle = tmp.path().join("weir-quickstart-").display().to_string();
+    let mut pid = None;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            pid = pid_with_arg(&needle);
+            pid.is_some()
+        }),
+        "no weir started with its data under {needle}"
+    );
+    (child, tmp, pid.unwrap())
+}
+
+/// SIGTERM to quickstart ends it: its data dir is removed and its broker stopped.
+#[test]
+fn quickstart_cleans_up_its_broker_and_data_dir_on_sigterm() {
+    let (mut child, tmp, weir_pid) = quickstart_running();
+    let data_dirs = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("weir-quickstart-")
+            })
+            .count()
+    };
+    assert_eq!(data_dirs(), 1, "the data dir is under $TMPDIR");
+    // SAFETY: kill(2) has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let exited = wait_until(Duration::from_secs(60), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    assert!(exited, "quickstart did not stop on SIGTERM");
+    assert!(
+        wait_until(Duration::from_secs(30), || !alive(weir_pid)),
+        "the broker {weir_pid} outlived quickstart"
+    );
+    assert_eq!(data_dirs(), 0, "the data dir was left behind");
+}
+
+/// A quickstart killed outright (no cleanup possible) still takes its broker with it.
+#[test]
+fn quickstart_broker_dies_with_a_killed_loadgen() {
+    let (mut child, _tmp, weir_pid) = quickstart_running();
+    let _ = child.kill();
+    let _ = child.wait();
+    let gone = wait_until(Duration::from_secs(30), || !alive(weir_pid));
+    if !gone {
+        // SAFETY: kill(2) has no memory preconditions; the pid is the broker found above.
+        unsafe { libc::kill(weir_pid, libc::SIGKILL) };
+    }
+    assert!(
+        gone,
+        "the broker {weir_pid} outlived a SIGKILLed quickstart"
     );
 }

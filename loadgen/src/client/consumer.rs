@@ -305,7 +305,10 @@ impl Consumer {
 
     fn fetch_loop(&mut self, until: Until, stop: &AtomicBool) -> u64 {
         let mut last_record = Instant::now();
-        while !stop.load(Ordering::Relaxed) && Instant::now() < until.deadline {
+        while !stop.load(Ordering::Relaxed)
+            && !crate::run::interrupted()
+            && Instant::now() < until.deadline
+        {
             if let Err(e) = self.keep_membership() {
                 warn(&format!("group membership: {e:#}"));
                 self.recorder.record_error("ClientGroupFailed", 1);
