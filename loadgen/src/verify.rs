@@ -420,6 +420,12 @@ fn run_fault(cmd: &str, timeout: Duration) -> bool {
 
 /// Produce phase with faults, then a full read-back, then the comparison.
 pub fn verify(v: &Verify) -> Result<Findings> {
+    // Checked before the broker is touched.
+    match (&v.fault_cmd, v.fault_every) {
+        (Some(_), None) => bail!("--fault-cmd needs --fault-every"),
+        (None, Some(_)) => bail!("--fault-every needs --fault-cmd"),
+        _ => {}
+    }
     let mut load = v.load.clone();
     if v.transactional && load.transactional_id.is_none() {
         load.transactional_id = Some(format!("weir-loadgen-verify-{:x}", run::run_id()));
@@ -441,9 +447,7 @@ pub fn verify(v: &Verify) -> Result<Findings> {
             stop.clone(),
             counts.clone(),
         )),
-        (Some(_), None) => bail!("--fault-cmd needs --fault-every"),
-        (None, Some(_)) => bail!("--fault-every needs --fault-cmd"),
-        (None, None) => None,
+        _ => None,
     };
     let produced = run::run(
         &spec,
@@ -933,6 +937,22 @@ mod tests {
             ..clean_run()
         };
         assert_eq!(f.strict_failures().len(), 1);
+    }
+
+    #[test]
+    fn fault_every_without_a_fault_command_is_refused() {
+        use clap::Parser;
+        // Nothing listens on port 1: the flags are refused before any connection.
+        let args = ["weir-loadgen", "verify", "--bootstrap", "127.0.0.1:1"];
+        let with = |extra: &[&str]| {
+            let cli = crate::cli::Cli::parse_from(args.iter().chain(extra));
+            let crate::cli::Cmd::Verify(v) = cli.cmd else {
+                panic!("parsed verify")
+            };
+            verify(&v).expect_err("refused").to_string()
+        };
+        assert!(with(&["--fault-every", "1s"]).contains("--fault-every needs --fault-cmd"));
+        assert!(with(&["--fault-cmd", "true"]).contains("--fault-cmd needs --fault-every"));
     }
 
     /// Waits (bounded) for `cond`.
