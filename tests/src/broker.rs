@@ -89,6 +89,27 @@ impl Weir {
         Ok(weir)
     }
 
+    /// Starts a broker on a fresh data dir that is not expected to become ready (e.g. the
+    /// controller refuses it): returns once a line of its output contains `needle`
+    /// (bounded by [`READY_TIMEOUT`]). Its [`addr`](Self::addr) is the one it printed, or
+    /// `0.0.0.0:0`.
+    pub fn start_until(config: WeirConfig, needle: &str) -> Result<Weir> {
+        let root = target_dir().join("e2e-data");
+        std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
+        let data_dir = tempfile::Builder::new()
+            .prefix("weir-")
+            .tempdir_in(&root)
+            .with_context(|| format!("create data dir in {}", root.display()))?;
+        let mut weir = Weir {
+            config,
+            data_dir,
+            running: None,
+            past_log: Vec::new(),
+        };
+        weir.spawn_until(Some(needle))?;
+        Ok(weir)
+    }
+
     /// Starts with default config.
     pub fn start_default() -> Result<Weir> {
         Weir::start(WeirConfig::default())
@@ -216,6 +237,10 @@ impl Weir {
     }
 
     fn spawn(&mut self) -> Result<()> {
+        self.spawn_until(None)
+    }
+
+    fn spawn_until(&mut self, needle: Option<&str>) -> Result<()> {
         let bin = weir_binary()?;
         let mut cmd = Command::new(&bin);
         cmd.arg("serve")
@@ -256,7 +281,7 @@ impl Weir {
         if let Some(err) = child.stderr.take() {
             pump_lines(err, Arc::clone(&log), tx);
         }
-        match wait_ready(&mut child, &rx) {
+        match wait_ready(&mut child, &rx, needle) {
             Ok(addr) => {
                 self.running = Some(Running { child, addr, log });
                 Ok(())
@@ -284,8 +309,13 @@ impl Drop for Weir {
     }
 }
 
-/// Waits for the ready line and parses the listening address from it.
-fn wait_ready(child: &mut Child, rx: &Receiver<String>) -> Result<SocketAddr> {
+/// Waits for the ready line and parses the listening address from it; with `needle`,
+/// for a line containing it instead.
+fn wait_ready(
+    child: &mut Child,
+    rx: &Receiver<String>,
+    needle: Option<&str>,
+) -> Result<SocketAddr> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut addr: Option<SocketAddr> = None;
     let mut ready = false;
@@ -305,6 +335,9 @@ fn wait_ready(child: &mut Child, rx: &Receiver<String>) -> Result<SocketAddr> {
                 ready |= line.contains("weir ready");
                 if let (true, Some(a)) = (ready, addr) {
                     return Ok(a);
+                }
+                if needle.is_some_and(|n| line.contains(n)) {
+                    return Ok(addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))));
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}

@@ -10,11 +10,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
-    MetadataRequest, MetadataResponse, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -484,6 +484,31 @@ pub fn create_topic(addr: SocketAddr, name: &str, partitions: i32, rf: i16) -> R
         .with_name(TopicName(StrBytes::from_string(name.to_string())))
         .with_num_partitions(partitions)
         .with_replication_factor(rf);
+    let req = CreateTopicsRequest::default()
+        .with_topics(vec![topic])
+        .with_timeout_ms(30_000);
+    let resp: CreateTopicsResponse = conn.call(ApiKey::CreateTopics, 5, &req)?;
+    Ok(resp.topics.first().map_or(-1, |t| t.error_code))
+}
+
+/// CreateTopics (v5) of one topic at `addr` with explicit replica lists, one per
+/// partition (the first replica leads); returns its error code.
+pub fn create_topic_assigned(addr: SocketAddr, name: &str, lists: &[Vec<i32>]) -> Result<i16> {
+    let mut conn = RawConn::connect_timeout(addr, CALL_TIMEOUT)?;
+    let assignments = lists
+        .iter()
+        .enumerate()
+        .map(|(p, replicas)| {
+            CreatableReplicaAssignment::default()
+                .with_partition_index(p as i32)
+                .with_broker_ids(replicas.iter().map(|r| BrokerId(*r)).collect())
+        })
+        .collect();
+    let topic = CreatableTopic::default()
+        .with_name(TopicName(StrBytes::from_string(name.to_string())))
+        .with_num_partitions(-1)
+        .with_replication_factor(-1)
+        .with_assignments(assignments);
     let req = CreateTopicsRequest::default()
         .with_topics(vec![topic])
         .with_timeout_ms(30_000);

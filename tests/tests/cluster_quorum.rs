@@ -825,4 +825,52 @@ fn a_controller_whose_raft_files_cannot_be_written_halts_and_the_others_carry_on
         "the quorum of two commits"
     );
     Ok(())
+
+/// A second process started with the node id of a running broker (its own data dir and
+/// ports, a copied config) is refused by the controller while the first heartbeats: it
+/// never registers, gets no image, never becomes ready and says why; the first stays
+/// the registered node 4 (at its address) and keeps leading its partition. Before, the
+/// two took turns registering, and both renewed leases as leader of the same partitions.
+#[test]
+fn a_second_process_with_a_running_nodes_id_is_refused_and_the_first_keeps_leading() {
+    const REFUSED: &str = "the controller refuses this node's heartbeats";
+    /// How long node 4 must stay the first process (many heartbeat intervals).
+    const WATCH: Duration = Duration::from_secs(4);
+    let mut c = Cluster::start_with_brokers(3, 1, &[]).expect("start cluster");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let created = cluster::create_topic_assigned(addr, "dup", &[vec![4, 1, 2]]);
+    assert_eq!(created.expect("create"), NONE);
+    c.wait_agreed(4, AGREE_TIMEOUT, |m| {
+        placement(m, "dup") == [(4, vec![4, 1, 2])]
+    })
+    .expect("node 4 leads dup");
+    let first = c.node(4).addr();
+    let config = c.node(4).config_mut().clone();
+    let mut second = weir_tests::broker::Weir::start_until(config, REFUSED)
+        .unwrap_or_else(|e| panic!("the second process is refused: {e:#}\n{}", logs(&mut c)));
+    let watched = Instant::now();
+    while watched.elapsed() < WATCH {
+        for id in 1..=3 {
+            let m = c.metadata(id).expect("metadata");
+            let four = m.brokers.iter().find(|b| b.node_id.0 == 4).map(|b| b.port);
+            assert_eq!(
+                four,
+                Some(i32::from(first.port())),
+                "node {id} names another process as node 4: {}",
+                cluster::dump(&m)
+            );
+            assert_eq!(placement(&m, "dup"), [(4, vec![4, 1, 2])]);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = second.log_text();
+    assert!(
+        !text.contains("weir ready"),
+        "the second process became ready:\n{}",
+        second.log_tail(30)
+    );
+    second.kill().expect("kill the second process");
+    // The first one still answers as node 4.
+    c.metadata(4).expect("node 4 answers");
 }

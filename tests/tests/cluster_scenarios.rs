@@ -1094,3 +1094,74 @@ fn the_busiest_leader_sigkilled_5_times_loses_nothing_acknowledged() {
 fn the_busiest_leader_sigkilled_50_times_loses_nothing_acknowledged() {
     soak(50);
 }
+
+/// A leader back with an empty data dir (wiped, or a new disk) under the same node id,
+/// before its session expired. Its `directory.id` is new, so the controller takes it out
+/// of every ISR and gives its leadership to another ISR member under a newer epoch: it
+/// does not lead on at the old epoch with an empty log, which made its followers cut
+/// every acknowledged record to match it. It follows, copies the log back and rejoins.
+/// The node is a broker (not a voter), so only its partition data is lost, not the
+/// quorum's state.
+#[test]
+fn a_leader_back_with_an_empty_data_dir_leaves_its_isr_and_loses_nothing() {
+    const REPLACED: &str = "its storage was replaced";
+    const BROKER: i32 = 4;
+    const ALL: [i32; 4] = [1, 2, 3, 4];
+    // A session long enough that the restart is not fenced (which would move the
+    // leadership for another reason).
+    let extra = [
+        ("min.insync.replicas", "2"),
+        ("replica.lag.time.max.ms", "120000"),
+        ("broker.session.timeout.ms", "30000"),
+    ];
+    let mut c = Cluster::start_with_brokers(3, 1, &extra).expect("start cluster");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let placed = cluster::create_topic_assigned(addr, TOPIC, &[vec![BROKER, 1, 2]]);
+    assert_eq!(placed.expect("create"), 0);
+    let (_, epoch, _) = wait_placement(&mut c, &ALL, 0, |p| p.2.len() == 3 && p.0 == BROKER);
+    let (mut sent, mut acked) = produce(&mut c, BROKER, "all", 0, 500, "a");
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while [1, 2]
+        .iter()
+        .any(|id| log_bytes(&partition_dir(&mut c, *id, 0)).1 < 500)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the followers never held the records"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.node(BROKER).kill().expect("SIGKILL the leader");
+    let data_dir = c.node(BROKER).data_dir().to_path_buf();
+    std::fs::remove_dir_all(&data_dir).expect("wipe the leader's data dir");
+    c.node(BROKER)
+        .restart()
+        .expect("restart the leader on an empty data dir");
+
+    let (now, new_epoch, _) = wait_placement(&mut c, &ALL, 0, |p| p.0 > 0 && p.0 != BROKER);
+    assert!(
+        new_epoch > epoch,
+        "a newer leader epoch: {new_epoch} after {epoch}"
+    );
+    assert!(
+        (1..=3).any(|id| !log_lines(&mut c, id, &[REPLACED]).is_empty()),
+        "the controller says the storage was replaced:\n{}",
+        c.log_tails(30)
+    );
+    // Neither follower cut anything, and both still hold every acknowledged record.
+    for id in [1, 2] {
+        let cuts = log_lines(&mut c, id, &["truncat"]);
+        assert!(cuts.is_empty(), "node {id} cut its log: {cuts:?}");
+        let end = log_bytes(&partition_dir(&mut c, id, 0)).1;
+        assert!(end >= 500, "node {id} holds up to {end}");
+    }
+    // The wiped node follows, copies everything back and rejoins the ISR.
+    let (s, a) = produce(&mut c, now, "all", 1_000, 300, "b");
+    sent.extend(s);
+    acked.extend(a);
+    wait_placement(&mut c, &ALL, 0, |p| p.2.len() == 3);
+    assert_eq!(wait_identical(&mut c, &[1, 2, BROKER], 0), 800);
+    let got = clients::consume_to_end(&c.node(now).bootstrap(), TOPIC, &[0]).expect("consume");
+    assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
+}

@@ -88,6 +88,11 @@ pub enum Command {
         /// Every listener's advertised address (empty from an older node).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoints: Vec<crate::metadata::Endpoint>,
+        /// The `directory.id` of the node's data dir (`None` from an older node). Another
+        /// one than the node registered with: its storage was replaced, and it leaves its
+        /// ISRs and leaderships (see [`forget_storage`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        directory: Option<u128>,
     },
     /// A node's lease expired: it leads nothing any more.
     FenceNode { id: i32 },
@@ -342,18 +347,31 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             port,
             epoch,
             endpoints,
+            directory,
         } => {
+            let known = c.nodes.get(id).and_then(|n| n.directory_id);
+            // None from an older binary keeps what the node registered before; None
+            // known and Some sent is an upgrade, only recorded.
+            let replaced = matches!((known, directory), (Some(k), Some(d)) if k != *d);
             let info = NodeInfo {
                 host: host.clone(),
                 port: *port,
                 fenced: false,
                 broker_epoch: *epoch,
                 endpoints: endpoints.clone(),
+                directory_id: directory.or(known),
             };
             if c.nodes.get(id) == Some(&info) {
                 return (Outcome::Noted, false);
             }
             c.nodes.insert(*id, info);
+            if replaced {
+                tracing::warn!(
+                    node = id,
+                    "node registers another directory id: its storage was replaced; it leaves its ISRs and leaderships"
+                );
+                forget_storage(c, *id);
+            }
             elect_offline(c);
             (Outcome::Noted, true)
         }
@@ -701,6 +719,50 @@ fn fence(c: &mut Catalog, dead: i32) {
     }
 }
 
+/// A node back with another data dir (its `directory.id` changed) holds none of the
+/// records its ISR memberships vouched for: it leaves every ISR it is in, and every
+/// partition it led gets another live ISR member as leader (or none, offline), leader
+/// and partition epochs bumped: what [`fence`] does, but the node stays registered and
+/// live, and rejoins each ISR by catching up like any follower. Leading on with an empty
+/// log under its old epoch, it would make its followers cut every acknowledged record.
+/// Where it is the last ISR member it stays (Kafka before KIP-966: the ISR is never
+/// emptied), and the loss is logged.
+fn forget_storage(c: &mut Catalog, node: i32) {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    for t in c.topics.values_mut() {
+        if !t.assignment.iter().any(|a| a.isr.contains(&node)) {
+            continue;
+        }
+        let mut changed = (**t).clone();
+        for (p, a) in changed.assignment.iter_mut().enumerate() {
+            if !a.isr.contains(&node) {
+                continue;
+            }
+            if a.isr.len() == 1 {
+                tracing::error!(
+                    node,
+                    topic = %t.name,
+                    partition = p,
+                    "the last ISR member's storage was replaced: acknowledged records of this partition may be lost"
+                );
+                continue;
+            }
+            a.isr.retain(|r| *r != node);
+            if a.leader == node {
+                a.leader = a
+                    .isr
+                    .iter()
+                    .copied()
+                    .find(|r| live.contains(r))
+                    .unwrap_or(-1);
+                a.leader_epoch += 1;
+            }
+            a.partition_epoch += 1;
+        }
+        *t = Arc::new(changed);
+    }
+}
+
 /// Kafka's AlterPartition checks, then the new ISR with the partition epoch bumped.
 /// `seen` is (leader, leader epoch, partition epoch) of the record the leader acted on.
 fn alter_partition(
@@ -933,6 +995,7 @@ mod tests {
             port: 9000 + id as u16,
             epoch: 1,
             endpoints: Vec::new(),
+            directory: Some(100 + id as u128),
         };
         apply(c, &cmd, true);
     }
@@ -955,9 +1018,22 @@ mod tests {
         }
     }
 
-    /// A node registering a new broker epoch (it restarted) is noted with it, and keeps
-    /// its ISRs and leaderships (what it acknowledged was on its disk); the same epoch
-    /// again changes nothing.
+    /// Node 2's registration under broker epoch `epoch` from a data dir of id `directory`.
+    fn register_2(epoch: i64, directory: Option<u128>) -> Command {
+        Command::RegisterNode {
+            id: 2,
+            host: "127.0.0.1".into(),
+            port: 9002,
+            epoch,
+            endpoints: Vec::new(),
+            directory,
+        }
+    }
+
+    /// A node registering a new broker epoch (it restarted) from the same data dir is
+    /// noted with it, and keeps its ISRs and leaderships (what it acknowledged was on its
+    /// disk); the same epoch again changes nothing, nor does a registration without a
+    /// directory id (an older binary), which keeps the known one.
     #[test]
     fn a_node_back_with_a_new_broker_epoch_is_noted_with_it() {
         let mut c = Catalog::default();
@@ -966,17 +1042,78 @@ mod tests {
         }
         apply(&mut c, &topic("t", 3, 3), true);
         let before = c.topics["t"].assignment.clone();
-        let register = |epoch: i64| Command::RegisterNode {
-            id: 2,
-            host: "127.0.0.1".into(),
-            port: 9002,
-            epoch,
-            endpoints: Vec::new(),
-        };
-        assert_eq!(apply(&mut c, &register(1), true), (Outcome::Noted, false));
-        assert_eq!(apply(&mut c, &register(2), true), (Outcome::Noted, true));
+        let same = Some(102);
+        assert_eq!(
+            apply(&mut c, &register_2(1, same), true),
+            (Outcome::Noted, false)
+        );
+        assert_eq!(
+            apply(&mut c, &register_2(2, same), true),
+            (Outcome::Noted, true)
+        );
         assert_eq!(c.nodes[&2].broker_epoch, 2);
         assert_eq!(c.topics["t"].assignment, before);
+        assert_eq!(
+            apply(&mut c, &register_2(3, None), true),
+            (Outcome::Noted, true)
+        );
+        assert_eq!(c.nodes[&2].directory_id, same);
+        assert_eq!(c.topics["t"].assignment, before);
+    }
+
+    /// A node back with another data dir (a new directory id: wiped, a new disk) leaves
+    /// every ISR it is in unless it is the last member, and each partition it led gets
+    /// another ISR member as leader under newer leader and partition epochs; it stays
+    /// registered and live. Leading on with an empty log under its old epoch, it would
+    /// make its followers cut every acknowledged record. A first directory id (an upgrade)
+    /// is only recorded.
+    #[test]
+    fn a_node_back_with_another_directory_id_leaves_its_isrs_and_leaderships() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 3, 3), true);
+        apply(&mut c, &topic("alone", 1, 1), true);
+        // Upgrade: a node registered without one sends its first.
+        c.nodes.get_mut(&2).expect("node 2").directory_id = None;
+        let before = c.topics["t"].assignment.clone();
+        assert_eq!(
+            apply(&mut c, &register_2(2, Some(102)), true),
+            (Outcome::Noted, true)
+        );
+        assert_eq!(c.nodes[&2].directory_id, Some(102));
+        assert_eq!(c.topics["t"].assignment, before);
+        let alone = c.topics["alone"].assignment[0].clone();
+        assert!(before.iter().any(|a| a.leader == 2), "{before:?}");
+
+        assert_eq!(
+            apply(&mut c, &register_2(3, Some(999)), true),
+            (Outcome::Noted, true)
+        );
+        assert_eq!(c.nodes[&2].directory_id, Some(999));
+        assert!(!c.nodes[&2].fenced);
+        for (a, was) in c.topics["t"].assignment.iter().zip(&before) {
+            assert!(!a.isr.contains(&2), "{a:?}");
+            assert_eq!(a.replicas, was.replicas);
+            assert_eq!(a.partition_epoch, was.partition_epoch + 1);
+            if was.leader == 2 {
+                assert!(a.leader > 0 && a.leader != 2, "{a:?}");
+                assert_eq!(a.leader_epoch, was.leader_epoch + 1);
+            } else {
+                assert_eq!((a.leader, a.leader_epoch), (was.leader, was.leader_epoch));
+            }
+        }
+        // The last ISR member stays (the ISR is never emptied).
+        assert_eq!(alone.isr, [2]);
+        assert_eq!(c.topics["alone"].assignment[0], alone);
+        // The same directory again: nothing more moves.
+        let after = c.topics["t"].assignment.clone();
+        assert_eq!(
+            apply(&mut c, &register_2(4, Some(999)), true),
+            (Outcome::Noted, true)
+        );
+        assert_eq!(c.topics["t"].assignment, after);
     }
 
     /// A delete names the topic it meant by id: a retried forward, or one handled where
@@ -1108,6 +1245,7 @@ mod tests {
             port: 9000 + u16::try_from(follower).expect("a small id"),
             epoch: -1,
             endpoints: Vec::new(),
+            directory: None,
         };
         apply(&mut c, &register, true);
         assert_eq!(c.nodes[&follower].broker_epoch, -1);

@@ -74,6 +74,12 @@ pub struct NodeInfo {
     /// written before nodes registered them: then `host`/`port` serve every listener.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<Endpoint>,
+    /// The `directory.id` of the node's data dir (Kafka's KIP-858, simplified): another
+    /// one at a registration means its storage was replaced (wiped, a new disk), so what
+    /// its ISR memberships vouched for is gone. `None` in an image written before nodes
+    /// sent one, or from an older node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directory_id: Option<u128>,
 }
 
 /// One listener of a node as registered: its name and advertised address.

@@ -151,6 +151,7 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
         MetaStore::in_memory(&config.data_dir)
     };
     let cluster_id = cluster_id(&config)?;
+    let directory_id = directory_id(&config)?;
     let shards = config.shards;
     let node_id = config.node_id;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -166,7 +167,8 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
             port: setup.advertised.1,
         })
         .collect();
-    let quorum = prepare_quorum(&config, inter_broker_advertised(&config, &bound), endpoints)?;
+    let registered = inter_broker_advertised(&config, &bound);
+    let quorum = prepare_quorum(&config, registered, endpoints, directory_id)?;
     let controller = match &quorum {
         None => crate::controller::Controller::local(),
         Some(q) => crate::controller::Controller::quorum(q.handle.clone()),
@@ -311,6 +313,7 @@ fn prepare_quorum(
     config: &Config,
     registered: (String, u16),
     endpoints: Vec<crate::metadata::Endpoint>,
+    directory_id: u128,
 ) -> anyhow::Result<Option<crate::controller::quorum::Prepared>> {
     if config.quorum_voters.is_empty() {
         return Ok(None);
@@ -321,6 +324,7 @@ fn prepare_quorum(
         advertised: registered,
         endpoints,
         broker_epoch: wire::BrokerEpoch::draw(rand::random()),
+        directory_id: Some(directory_id),
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),
@@ -480,6 +484,26 @@ fn cluster_id(config: &Config) -> anyhow::Result<String> {
     let id = format!("weir-{:032x}", crate::metadata::new_topic_id());
     crate::metadata::write_atomic(&path, id.as_bytes())?;
     Ok(id)
+}
+
+/// The data dir's own id (Kafka's `directory.id`, KIP-858), created once and kept in
+/// `directory.id` beside `cluster.id`. A node back with another one (a wiped data dir, a
+/// new disk) holds none of what its ISR memberships vouched for: the controller takes it
+/// out of them (see `Command::RegisterNode`). A dir without one (an older binary's) gets
+/// one now.
+fn directory_id(config: &Config) -> anyhow::Result<u128> {
+    let path = config.data_dir.join("directory.id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => u128::from_str_radix(text.trim(), 16)
+            .with_context(|| format!("{}: not a directory id: {text:?}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = crate::metadata::new_topic_id();
+            crate::metadata::write_atomic(&path, format!("{id:032x}").as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
 }
 
 /// What a shard thread starts with.

@@ -97,6 +97,7 @@ async fn run(b: Arc<Broker>, requests: flume::Receiver<Request>) {
 async fn heartbeats(b: Arc<Broker>) {
     let mut peers: BTreeMap<i32, Peer> = BTreeMap::new();
     let timeout = b.config.heartbeat_interval * 2;
+    let mut refusals = super::RefusalLog::new(b.config.heartbeat_interval);
     while !b.handle.stopping.load(Ordering::SeqCst) {
         let mut answered = false;
         // Each voter once, plus one leader hint followed.
@@ -111,10 +112,12 @@ async fn heartbeats(b: Arc<Broker>) {
                 have: Some(b.have.load(Ordering::Acquire)),
                 epoch: b.config.broker_epoch.get(),
                 endpoints: b.config.endpoints.clone(),
+                directory: b.config.directory_id,
             };
             let sent = Instant::now();
             match peer.call(&rpc, timeout).await {
                 Ok(RpcReply::Heartbeat(Ok(answer))) => {
+                    refusals.taken();
                     b.follow(u64::try_from(id).ok());
                     b.handle.leader.store(i64::from(id), Ordering::Release);
                     if let Some(u) = answer.image
@@ -151,6 +154,10 @@ async fn heartbeats(b: Arc<Broker>) {
                         b.handle.set_image_ready();
                     }
                     answered = true;
+                    break;
+                }
+                Ok(RpcReply::Heartbeat(Err(Refused::Failed(why)))) => {
+                    refusals.refused(&why);
                     break;
                 }
                 Ok(RpcReply::Heartbeat(Err(Refused::NotLeader(Some(l))))) if hops == 0 => {

@@ -65,6 +65,9 @@ pub struct QuorumConfig {
     /// survived), but no leader may add it to an ISR on fetches its old process made
     /// (KIP-903), and a leader drops it at once if it fetches from below the HW.
     pub broker_epoch: BrokerEpoch,
+    /// The `directory.id` of this node's data dir, registered with the controller: a
+    /// node back with another one lost its storage, and leaves its ISRs and leaderships.
+    pub directory_id: Option<u128>,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
     pub election_timeout: Duration,
@@ -228,6 +231,88 @@ struct Ctx {
     /// Leader only: nodes whose fence is being proposed (their heartbeats meanwhile are
     /// answered not live). Locked only while `seen` is.
     fencing: Mutex<HashSet<i32>>,
+    /// Leader only: which process may heartbeat as each node id.
+    identities: Mutex<Identities>,
+}
+
+/// Which process may heartbeat as each node id (leader only, in memory: a new leader
+/// starts empty). Two processes with one `node.id` would otherwise take turns
+/// registering, both renewing leases and leading the same partitions. Refused:
+/// - a new broker epoch while the registered one heartbeated within the live window
+///   (two heartbeat intervals): that process is alive, so this is a second one (Kafka
+///   refuses a duplicate registration while the registered broker's session lasts;
+///   weir only while it heartbeats, so a SIGKILL restart registers within two
+///   intervals);
+/// - a broker epoch a later registration superseded (the last
+///   [`SUPERSEDED_PER_NODE_MAX`] per node): after a restart the old process never
+///   heartbeats again.
+#[derive(Default)]
+struct Identities {
+    superseded: HashMap<i32, std::collections::VecDeque<i64>>,
+    /// The registered broker epoch of each node id and when it last heartbeated.
+    heard: HashMap<i32, (i64, Instant)>,
+}
+
+/// Superseded broker epochs kept per node id.
+const SUPERSEDED_PER_NODE_MAX: usize = 8;
+
+impl Identities {
+    /// Whether node `id` may heartbeat under `epoch` at `now`; `registered` is the
+    /// epoch the image has for the node. A heartbeat under it is always taken (also when
+    /// a registration that superseded it failed), and noted as heard.
+    fn check(
+        &mut self,
+        id: i32,
+        epoch: i64,
+        registered: Option<i64>,
+        (now, live_window): (Instant, Duration),
+    ) -> Result<(), String> {
+        let none = BrokerEpoch::NONE.get();
+        if registered == Some(epoch) {
+            self.heard.insert(id, (epoch, now));
+            return Ok(());
+        }
+        // An older binary sends no epoch: nothing to tell its processes apart by.
+        if epoch == none {
+            return Ok(());
+        }
+        let other = registered.unwrap_or(none);
+        if self
+            .superseded
+            .get(&id)
+            .is_some_and(|old| old.contains(&epoch))
+        {
+            return Err(format!(
+                "node id {id} is registered by another process (broker epoch {other}) since this one's (broker epoch {epoch})"
+            ));
+        }
+        let alive = self.heard.get(&id).is_some_and(|(e, at)| {
+            Some(*e) == registered && now.saturating_duration_since(*at) < live_window
+        });
+        if alive && other != none {
+            return Err(format!(
+                "node id {id} is registered by another process (broker epoch {other}) that is still heartbeating"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Node `id` registers another broker epoch than `registered`: that one is
+    /// superseded.
+    fn note(&mut self, id: i32, registered: i64) {
+        if registered == BrokerEpoch::NONE.get() {
+            return;
+        }
+        let old = self.superseded.entry(id).or_default();
+        if old.contains(&registered) {
+            return;
+        }
+        if old.len() == SUPERSEDED_PER_NODE_MAX {
+            old.pop_front();
+        }
+        old.push_back(registered);
+        assert!(old.len() <= SUPERSEDED_PER_NODE_MAX);
+    }
 }
 
 impl Ctx {
@@ -346,6 +431,7 @@ async fn run(
         seen: Mutex::new((0, HashMap::new())),
         registering: Arc::new(Mutex::new(HashSet::new())),
         fencing: Mutex::new(HashSet::new()),
+        identities: Mutex::new(Identities::default()),
     });
     tokio::spawn(serve(listener, ctx.clone()));
     tokio::spawn(watch_leader(ctx.clone(), handle.clone()));
@@ -619,8 +705,9 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             have,
             epoch,
             endpoints,
+            directory,
         } => RpcReply::Heartbeat(
-            heartbeat(ctx, id, (host, port), epoch, endpoints).map(|live| {
+            heartbeat(ctx, id, (host, port), (epoch, directory), endpoints).map(|live| {
                 // Read after `live` was decided from the image: a fence applied in between
                 // is in what the node must catch up to. The answer renews a lease only from
                 // a leader that a quorum acknowledged and that has applied an entry of its
@@ -630,9 +717,16 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
                 let live = live && authority.is_some();
                 // Index read before the image: the image holds at least what it says.
                 let behind = have.is_some_and(|h| h < applied);
-                let image = behind.then(|| net::ImageUpdate {
+                let catalog = ctx.node.meta.snapshot();
+                // A node back with another data dir gets no image before its
+                // registration moved its leaderships: with the old one it would lead, with
+                // an empty log, partitions whose followers then cut what it had lost.
+                let replaced = catalog.nodes.get(&id).is_some_and(|n| {
+                    directory.is_some_and(|d| n.directory_id.is_some_and(|k| k != d))
+                });
+                let image = (behind && !replaced).then(|| net::ImageUpdate {
                     index: applied,
-                    catalog: (*ctx.node.meta.snapshot()).clone(),
+                    catalog: (*catalog).clone(),
                 });
                 HeartbeatAnswer {
                     image,
@@ -673,7 +767,7 @@ fn heartbeat(
     ctx: &Ctx,
     id: i32,
     (host, port): (String, u16),
-    epoch: i64,
+    (epoch, directory): (i64, Option<u128>),
     endpoints: Vec<crate::metadata::Endpoint>,
 ) -> Result<bool, Refused> {
     if !is_leader(ctx) {
@@ -681,11 +775,24 @@ fn heartbeat(
             ctx.raft.metrics().borrow().current_leader,
         ));
     }
+    // Before `seen`: a refused process does not keep the node's session alive.
+    let registered =
+        |image: &crate::metadata::Catalog| image.nodes.get(&id).map(|n| n.broker_epoch);
+    let live_window = ctx.config.heartbeat_interval * 2;
+    lock(&ctx.identities)
+        .check(
+            id,
+            epoch,
+            registered(&ctx.node.meta.snapshot()),
+            (Instant::now(), live_window),
+        )
+        .map_err(Refused::Failed)?;
     let being_fenced = {
         let mut seen = lock(&ctx.seen);
         seen.1.insert(id, Instant::now());
         lock(&ctx.fencing).contains(&id)
     };
+    // Read after `being_fenced`: a fence applied in between is seen here.
     let image = ctx.node.meta.snapshot();
     let known = image.nodes.get(&id).is_some_and(|n| {
         !n.fenced
@@ -693,6 +800,7 @@ fn heartbeat(
             && n.port == port
             && n.broker_epoch == epoch
             && n.endpoints == endpoints
+            && (directory.is_none() || n.directory_id == directory)
     });
     if known {
         return Ok(!being_fenced);
@@ -713,14 +821,31 @@ fn heartbeat(
                 "node restarted: it registers a new broker epoch"
             );
         }
+        if let Some(r) = registered(&image).filter(|r| *r != epoch) {
+            lock(&ctx.identities).note(id, r);
+        }
         let raft = ctx.raft.clone();
         let registering = ctx.registering.clone();
+        let replaced = image
+            .nodes
+            .get(&id)
+            .and_then(|n| n.directory_id)
+            .filter(|known| directory.is_some_and(|d| d != *known));
+        if let Some(known) = replaced {
+            tracing::warn!(
+                node = id,
+                known = format!("{known:032x}"),
+                now = format!("{:032x}", directory.unwrap_or_default()),
+                "node back with another directory id: its storage was replaced; it leaves its ISRs and leaderships"
+            );
+        }
         let cmd = Command::RegisterNode {
             id,
             host,
             port,
             epoch,
             endpoints,
+            directory,
         };
         tokio::spawn(async move {
             if let Err(e) = raft.client_write(cmd).await {
@@ -749,18 +874,25 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
     let (host, port) = ctx.config.advertised.clone();
     let id = ctx.config.node_id;
     let epoch = ctx.config.broker_epoch.get();
+    let mut refusals = RefusalLog::new(ctx.config.heartbeat_interval);
     while !handle.stopping.load(Ordering::SeqCst) {
         let leader = ctx.raft.metrics().borrow().current_leader;
         let mut renewed = true;
         match leader {
             Some(l) if l == id as u64 => {
-                let _ = heartbeat(
+                let mine = heartbeat(
                     &ctx,
                     id,
                     (host.clone(), port),
-                    epoch,
+                    (epoch, ctx.config.directory_id),
                     ctx.config.endpoints.clone(),
                 );
+                if let Err(Refused::Failed(why)) = mine {
+                    refusals.refused(&why);
+                    tokio::time::sleep(ctx.config.heartbeat_interval).await;
+                    continue;
+                }
+                refusals.taken();
                 // The controller's own lease lasts while a quorum acknowledges it, and
                 // starts only once its image holds everything its predecessors committed:
                 // a new leader may not have applied those entries yet (the partitions it
@@ -784,11 +916,19 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         have: None,
                         epoch,
                         endpoints: ctx.config.endpoints.clone(),
+                        directory: ctx.config.directory_id,
                     };
                     let sent = Instant::now();
                     let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;
-                    if let Ok(RpcReply::Heartbeat(Ok(answer))) = reply {
-                        renewed = renew_when_caught_up(&ctx, &handle, &answer, sent).await;
+                    match reply {
+                        Ok(RpcReply::Heartbeat(Ok(answer))) => {
+                            refusals.taken();
+                            renewed = renew_when_caught_up(&ctx, &handle, &answer, sent).await;
+                        }
+                        Ok(RpcReply::Heartbeat(Err(Refused::Failed(why)))) => {
+                            refusals.refused(&why);
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -803,6 +943,47 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
             ctx.config.heartbeat_interval.min(retry)
         };
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// How often a node whose heartbeats the controller refuses says so.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs the controller's refusals of this node's heartbeats (another process runs with
+/// its node id) as errors, at most once per [`REFUSED_LOG_EVERY`], once they have lasted
+/// four heartbeat intervals: a restart is refused too until its predecessor's
+/// heartbeats have stopped for two.
+pub(crate) struct RefusalLog {
+    grace: Duration,
+    /// Refused since then, with no heartbeat taken in between.
+    since: Option<Instant>,
+    logged: Option<Instant>,
+}
+
+impl RefusalLog {
+    pub(crate) fn new(heartbeat_interval: Duration) -> RefusalLog {
+        RefusalLog {
+            grace: heartbeat_interval * 4,
+            since: None,
+            logged: None,
+        }
+    }
+
+    pub(crate) fn refused(&mut self, why: &str) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() < self.grace
+            || self.logged.is_some_and(|t| t.elapsed() < REFUSED_LOG_EVERY)
+        {
+            return;
+        }
+        self.logged = Some(Instant::now());
+        tracing::error!(
+            "the controller refuses this node's heartbeats: {why}; is another process running with this node.id? This one leads nothing"
+        );
+    }
+
+    pub(crate) fn taken(&mut self) {
+        self.since = None;
     }
 }
 
@@ -957,5 +1138,49 @@ async fn leases(ctx: Arc<Ctx>) {
             // Applied here (or failed): the image says which.
             lock(&ctx.fencing).remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second process with a registered node id is refused while the registered one
+    /// heartbeats; once that one is silent (a SIGKILL restart) the new epoch is taken,
+    /// and from then on the old one is refused. At most eight old epochs are kept.
+    #[test]
+    fn a_heartbeat_from_a_second_process_with_a_node_id_is_refused() {
+        let window = Duration::from_millis(400);
+        let t0 = Instant::now();
+        let at = |ms: u64| (t0 + Duration::from_millis(ms), window);
+        let mut s = Identities::default();
+        // Process a (epoch 10) heartbeats; b (11) starts meanwhile.
+        assert_eq!(s.check(4, 10, Some(10), at(0)), Ok(()));
+        let refused = s.check(4, 11, Some(10), at(100));
+        assert_eq!(
+            refused,
+            Err("node id 4 is registered by another process (broker epoch 10) that is still heartbeating".into())
+        );
+        assert_eq!(s.check(4, 10, Some(10), at(200)), Ok(()));
+        // a dies: its silence lets a restart (b) register, which supersedes it.
+        assert_eq!(s.check(4, 11, Some(10), at(700)), Ok(()));
+        s.note(4, 10);
+        assert_eq!(s.check(4, 11, Some(11), at(800)), Ok(()));
+        assert!(s.check(4, 10, Some(11), at(900)).is_err());
+        // Registration of b failed: a is still the registered one and is taken.
+        assert_eq!(s.check(4, 10, Some(10), at(1_000)), Ok(()));
+        // Another node, and an older binary without epochs, are not concerned.
+        assert_eq!(s.check(5, 10, Some(11), at(1_000)), Ok(()));
+        assert_eq!(s.check(4, -1, Some(10), at(1_000)), Ok(()));
+        for e in 20..40 {
+            s.note(4, e);
+        }
+        assert_eq!(s.superseded[&4].len(), SUPERSEDED_PER_NODE_MAX);
+        assert!(s.check(4, 39, Some(40), at(5_000)).is_err());
+        assert_eq!(
+            s.check(4, 10, Some(40), at(5_000)),
+            Ok(()),
+            "the oldest are forgotten"
+        );
     }
 }

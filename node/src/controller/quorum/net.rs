@@ -62,6 +62,9 @@ pub enum Rpc {
         /// Every listener's advertised address (empty from an older node).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         endpoints: Vec<crate::metadata::Endpoint>,
+        /// The `directory.id` of the node's data dir (`None` from an older node).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        directory: Option<u128>,
     },
     /// SASL: the first request on a connection to a SASL controller port, and the only
     /// one served before it succeeded. `token`: the mechanism's client message.
