@@ -674,6 +674,20 @@ fn grow(
                     ),
                 ));
             }
+            // Kafka: every new partition has the topic's replication factor.
+            let rf = current.assignment.first().map(|a| a.replicas.len());
+            if let Some(rf) = rf
+                && let Some((i, bad)) = assignments.iter().enumerate().find(|(_, l)| l.len() != rf)
+            {
+                return Err((
+                    errors::INVALID_REPLICA_ASSIGNMENT,
+                    format!(
+                        "new partition {}: {} replicas, but topic {name} has a replication factor of {rf}",
+                        current.partitions + i as i32,
+                        bad.len()
+                    ),
+                ));
+            }
             assigned(c, assignments, &live)?
         };
         grown.assignment.extend(new);
@@ -1522,5 +1536,39 @@ mod tests {
                 errors::TOPIC_ALREADY_EXISTS
             ]
         );
+    }
+
+    /// CreatePartitions with explicit replica lists of another length than the topic's
+    /// replication factor is refused (INVALID_REPLICA_ASSIGNMENT, as Kafka), lists of
+    /// that length are placed as given.
+    #[test]
+    fn added_partitions_keep_the_topics_replication_factor() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 1, 2), true);
+        let grow = |lists: Vec<Vec<i32>>| Command::CreatePartitions {
+            name: "t".into(),
+            count: 1 + lists.len() as i32,
+            max_partitions: 1000,
+            assignments: lists,
+        };
+        for lists in [
+            vec![vec![1, 2, 3]],
+            vec![vec![3]],
+            vec![vec![1, 2], vec![2]],
+        ] {
+            let (out, changed) = apply(&mut c, &grow(lists.clone()), true);
+            assert!(!changed, "{lists:?}");
+            assert!(
+                matches!(&out, Outcome::Done(Err((code, _))) if *code == errors::INVALID_REPLICA_ASSIGNMENT),
+                "{lists:?}: {out:?}"
+            );
+        }
+        assert_eq!(c.topics["t"].partitions, 1);
+        let (out, changed) = apply(&mut c, &grow(vec![vec![3, 1]]), true);
+        assert_eq!((out, changed), (Outcome::Done(Ok(())), true));
+        assert_eq!(c.topics["t"].assignment[1].replicas, [3, 1]);
     }
 }
