@@ -874,3 +874,69 @@ fn a_second_process_with_a_running_nodes_id_is_refused_and_the_first_keeps_leadi
     // The first one still answers as node 4.
     c.metadata(4).expect("node 4 answers");
 }
+
+/// ElectLeaders PREFERRED with a null partition list (every partition): as Kafka, the
+/// partitions whose preferred replica already leads are left out, and every other one is
+/// listed with its result: here PREFERRED_LEADER_NOT_AVAILABLE for the partitions whose
+/// preferred replica is down. Before, every result but NONE was dropped, so the answer
+/// was empty and said nothing of the partitions that could not be elected.
+#[test]
+fn elect_leaders_of_every_partition_lists_those_it_could_not_elect() {
+    use kafka_protocol::messages::{ApiKey, ElectLeadersRequest, ElectLeadersResponse};
+    const PREFERRED_LEADER_NOT_AVAILABLE: i16 = 80;
+    let mut c =
+        Cluster::start(3, &[("auto.leader.rebalance.enable", "false")]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    assert!(create(&mut c, "every", 3, 3), "create");
+    c.wait_agreed(3, AGREE_TIMEOUT, |m| preferred_lead(m, "every"))
+        .expect("preferred replicas lead at creation");
+    let controller = c.controller(AGREE_TIMEOUT).expect("controller");
+    let victim = (1..=3)
+        .find(|id| *id != controller)
+        .expect("a non-controller");
+    let m = c.metadata(victim).expect("metadata");
+    let preferred_by_victim: BTreeSet<i32> = placement(&m, "every")
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, replicas))| replicas.first() == Some(&victim))
+        .map(|(p, _)| p as i32)
+        .collect();
+    assert!(!preferred_by_victim.is_empty(), "{}", cluster::dump(&m));
+    c.node(victim).kill().expect("kill");
+    let survivors: Vec<i32> = (1..=3).filter(|id| *id != victim).collect();
+    let t0 = Instant::now();
+    while !survivors.iter().all(|id| {
+        c.metadata(*id)
+            .is_ok_and(|m| led_without(&m, "every", victim))
+    }) {
+        assert!(
+            t0.elapsed() < AGREE_TIMEOUT,
+            "{victim}'s partitions not moved"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let addr = c.node(controller).addr();
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = ElectLeadersRequest::default()
+        .with_election_type(0)
+        .with_timeout_ms(30_000)
+        .with_topic_partitions(None);
+    let resp: ElectLeadersResponse = conn
+        .call(ApiKey::ElectLeaders, 1, &req)
+        .expect("ElectLeaders");
+    let listed: BTreeMap<(String, i32), i16> = resp
+        .replica_election_results
+        .iter()
+        .flat_map(|t| {
+            t.partition_result
+                .iter()
+                .map(|p| ((t.topic.0.to_string(), p.partition_id), p.error_code))
+        })
+        .collect();
+    let want: BTreeMap<(String, i32), i16> = preferred_by_victim
+        .iter()
+        .map(|p| (("every".to_string(), *p), PREFERRED_LEADER_NOT_AVAILABLE))
+        .collect();
+    assert_eq!(listed, want, "{resp:?}");
+}

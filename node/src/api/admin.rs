@@ -240,25 +240,12 @@ async fn insert_topics(shard: &Shard, topics: Vec<NewTopic>) -> Vec<Result<u128,
 /// Topic bytes (as JSON) put in one CreateTopics command: a quarter of the command bound
 /// ([`crate::controller::bridge::COMMAND_BYTES_MAX`]), leaving room for the rest of it
 /// and keeping each command's apply short.
-const TOPICS_COMMAND_BYTES: usize = crate::controller::bridge::COMMAND_BYTES_MAX / 4;
+const TOPICS_COMMAND_BYTES: usize = crate::controller::bridge::SPLIT_COMMAND_BYTES;
 
 /// `topics` in order, cut into runs of at most `limit` bytes as JSON (a topic larger
 /// than `limit` alone in its run; the command bound refuses it if it is too large).
 fn by_size(topics: Vec<NewTopic>, limit: usize) -> Vec<Vec<NewTopic>> {
-    let mut out: Vec<Vec<NewTopic>> = Vec::new();
-    let mut bytes: usize = 0;
-    for t in topics {
-        let size = crate::controller::bridge::encoded_len(&t);
-        match out.last_mut() {
-            Some(run) if bytes.saturating_add(size) <= limit => run.push(t),
-            _ => {
-                out.push(vec![t]);
-                bytes = 0;
-            }
-        }
-        bytes = bytes.saturating_add(size);
-    }
-    out
+    crate::controller::bridge::by_size(topics, limit)
 }
 
 /// One CreateTopics command of `topics`: one outcome per topic, in order.

@@ -227,8 +227,8 @@ pub async fn alter_replica_log_dirs(
 /// (`Command::ElectPreferred`: the first replica leads if it is live and in the ISR);
 /// UNCLEAN elections are not done (`unclean.leader.election.enable` is false): a partition
 /// with a leader needs none, one without gets ELIGIBLE_LEADERS_NOT_AVAILABLE. A null
-/// partition list means "every partition": Kafka then lists only partitions whose
-/// election did something.
+/// partition list means "every partition": Kafka then leaves out the partitions that
+/// needed no election (ELECTION_NOT_NEEDED), and lists the others with their result.
 pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> ElectLeadersResponse {
     let catalog = shard.catalog();
     let node = shard.config().node_id;
@@ -284,18 +284,24 @@ pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> Elect
     }
     if !proposed.is_empty() {
         let partitions: Vec<_> = proposed.iter().map(|(_, p)| p.clone()).collect();
-        let count = partitions.len();
-        let cmd = Command::ElectPreferred { partitions };
-        let results = match shard.node.controller.submit(&shard.node, cmd).await {
-            Outcome::Elected(r) if r.len() == count => r,
-            other => {
-                let e = (
-                    errors::UNKNOWN_SERVER_ERROR,
-                    format!("controller answered {other:?}"),
-                );
-                vec![Err(e); count]
+        // A null list names every partition: more than one command may hold.
+        let mut results = Vec::with_capacity(partitions.len());
+        for cmd in crate::controller::apply::elect_preferred_commands(partitions) {
+            let count = match &cmd {
+                Command::ElectPreferred { partitions } => partitions.len(),
+                _ => 0,
+            };
+            match shard.node.controller.submit(&shard.node, cmd).await {
+                Outcome::Elected(r) if r.len() == count => results.extend(r),
+                other => {
+                    let e = (
+                        errors::UNKNOWN_SERVER_ERROR,
+                        format!("controller answered {other:?}"),
+                    );
+                    results.extend(vec![Err(e); count]);
+                }
             }
-        };
+        }
         shard.sync_all().await;
         for ((slot, _), result) in proposed.iter().zip(results) {
             answers[*slot] = Some(match result {
@@ -307,7 +313,8 @@ pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> Elect
     let mut by_topic: Vec<(TopicName, Vec<PartitionResult>)> = Vec::new();
     for ((name, p), answer) in wanted.into_iter().zip(answers) {
         let (code, msg) = answer.unwrap_or((errors::UNKNOWN_SERVER_ERROR, String::new()));
-        if every && code != errors::NONE {
+        // Kafka leaves out only the partitions whose leader already is the one asked for.
+        if every && code == errors::ELECTION_NOT_NEEDED {
             continue;
         }
         let result = PartitionResult::default()

@@ -974,6 +974,16 @@ pub fn imbalanced(c: &Catalog, percentage: u32) -> Vec<PartitionRef> {
         .collect()
 }
 
+/// ElectPreferred commands for `partitions`, in order, each within the command bound
+/// (a null ElectLeaders list or an auto rebalance of a large cluster names more than one
+/// command may hold).
+pub fn elect_preferred_commands(partitions: Vec<PartitionRef>) -> Vec<Command> {
+    super::bridge::by_size(partitions, super::bridge::SPLIT_COMMAND_BYTES)
+        .into_iter()
+        .map(|partitions| Command::ElectPreferred { partitions })
+        .collect()
+}
+
 /// Partitions without a leader get one when a node of their ISR is live again.
 fn elect_offline(c: &mut Catalog) {
     let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
@@ -1570,5 +1580,31 @@ mod tests {
         let (out, changed) = apply(&mut c, &grow(vec![vec![3, 1]]), true);
         assert_eq!((out, changed), (Outcome::Done(Ok(())), true));
         assert_eq!(c.topics["t"].assignment[1].replicas, [3, 1]);
+    }
+
+    /// Preferred-leader elections of more partitions than one command may hold are
+    /// split into commands within the bound, keeping every partition in order.
+    #[test]
+    fn preferred_elections_of_many_partitions_are_split_within_the_command_bound() {
+        let many: Vec<PartitionRef> = (0..300_000)
+            .map(|p| (format!("topic-with-a-long-name-{}", p % 97), 7, p))
+            .collect();
+        let cmds = elect_preferred_commands(many.clone());
+        assert!(cmds.len() > 1);
+        let mut again = Vec::new();
+        for cmd in cmds {
+            let size = super::super::bridge::encoded_len(&cmd);
+            assert!(size <= super::super::bridge::COMMAND_BYTES_MAX, "{size}");
+            let Command::ElectPreferred { partitions } = cmd else {
+                panic!("{cmd:?}")
+            };
+            again.extend(partitions);
+        }
+        assert_eq!(again, many);
+        let few = vec![("t".to_string(), 7, 0)];
+        assert_eq!(
+            elect_preferred_commands(few.clone()),
+            [Command::ElectPreferred { partitions: few }]
+        );
     }
 }

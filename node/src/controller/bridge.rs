@@ -48,6 +48,29 @@ fn queue() -> TaskQueueHandle {
 /// bounds its record batches at 8 MiB too.)
 pub const COMMAND_BYTES_MAX: usize = 8 << 20;
 
+/// What one part of a change split over several commands may take (a quarter of
+/// [`COMMAND_BYTES_MAX`]: room for the command around it, and each apply stays short).
+pub const SPLIT_COMMAND_BYTES: usize = COMMAND_BYTES_MAX / 4;
+
+/// `items` in order, cut into runs of at most `limit` bytes as JSON (an item larger
+/// than `limit` alone in its run; the command bound refuses it if it is too large).
+pub fn by_size<T: serde::Serialize>(items: Vec<T>, limit: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut bytes: usize = 0;
+    for item in items {
+        let size = encoded_len(&item);
+        match out.last_mut() {
+            Some(run) if bytes.saturating_add(size) <= limit => run.push(item),
+            _ => {
+                out.push(vec![item]);
+                bytes = 0;
+            }
+        }
+        bytes = bytes.saturating_add(size);
+    }
+    out
+}
+
 /// Bytes `cmd` (a command or a part of one) takes as JSON, counted without building it
 /// (`usize::MAX` if it cannot be encoded).
 pub fn encoded_len(cmd: &impl serde::Serialize) -> usize {

@@ -1046,12 +1046,13 @@ async fn rebalance_leaders(ctx: Arc<Ctx>) {
             partitions = partitions.len(),
             "leaders imbalanced: electing preferred replicas"
         );
-        if let Err(e) = ctx
-            .raft
-            .client_write(Command::ElectPreferred { partitions })
-            .await
-        {
-            tracing::debug!("preferred-leader election: {e}");
+        // Within the command bound: a log entry too large for a quorum frame could never
+        // be replicated, and nothing after it would commit.
+        for cmd in super::apply::elect_preferred_commands(partitions) {
+            if let Err(e) = ctx.raft.client_write(cmd).await {
+                tracing::debug!("preferred-leader election: {e}");
+                break;
+            }
         }
     }
 }
