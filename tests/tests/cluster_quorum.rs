@@ -940,3 +940,84 @@ fn elect_leaders_of_every_partition_lists_those_it_could_not_elect() {
         .collect();
     assert_eq!(listed, want, "{resp:?}");
 }
+
+/// (leader, ISR) of partition 0 of `topic` as node `id` reports it.
+fn leader_and_isr(c: &mut Cluster, id: i32, topic: &str) -> Option<(i32, Vec<i32>)> {
+    let m = c.metadata(id).ok()?;
+    let t = m
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))?;
+    let p = t.partitions.iter().find(|p| p.partition_index == 0)?;
+    Some((p.leader_id.0, p.isr_nodes.iter().map(|b| b.0).collect()))
+}
+
+/// Waits until the voters report (leader, ISR) of `topic`-0 that `ok` accepts.
+fn wait_leader_and_isr(c: &mut Cluster, topic: &str, ok: impl Fn(&(i32, Vec<i32>)) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let seen: Vec<_> = (1..=3).map(|id| leader_and_isr(c, id, topic)).collect();
+        if seen.iter().all(|s| s.as_ref().is_some_and(&ok)) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < AGREE_TIMEOUT,
+            "not reached: {seen:?}\n{}",
+            logs(c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A partition whose last ISR member is gone for good stays offline (no clean election
+/// can lead it), and ElectLeaders UNCLEAN is the way out, as in Kafka: its live replica
+/// that had left the ISR leads under a new epoch with the ISR itself alone, and takes
+/// writes again. Before, UNCLEAN always answered ELIGIBLE_LEADERS_NOT_AVAILABLE.
+#[test]
+fn elect_leaders_unclean_brings_back_a_partition_whose_isr_is_gone() {
+    use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+    use kafka_protocol::messages::{ApiKey, ElectLeadersRequest, ElectLeadersResponse, TopicName};
+    const TOPIC: &str = "unclean";
+    let mut c = Cluster::start_with_brokers(3, 2, &[]).expect("start cluster");
+    c.wait_agreed(5, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let created = cluster::create_topic_assigned(addr, TOPIC, &[vec![4, 5]]);
+    assert_eq!(created.expect("create"), NONE);
+    wait_leader_and_isr(&mut c, TOPIC, |(l, isr)| *l == 4 && isr.len() == 2);
+    // 5 dies: fenced, it leaves the ISR. Then 4, the last ISR member, for good.
+    c.node(5).kill().expect("kill 5");
+    wait_leader_and_isr(&mut c, TOPIC, |(l, isr)| *l == 4 && *isr == [4]);
+    c.node(4).kill().expect("kill 4");
+    wait_leader_and_isr(&mut c, TOPIC, |(l, isr)| *l == -1 && *isr == [4]);
+    // 5 is back, but not in the ISR: still offline.
+    c.node(5).restart().expect("restart 5");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true)
+        .expect("5 registered");
+    wait_leader_and_isr(&mut c, TOPIC, |(l, _)| *l == -1);
+
+    let mut conn = weir_tests::raw::RawConn::connect(addr).expect("connect");
+    let req = ElectLeadersRequest::default()
+        .with_election_type(1)
+        .with_timeout_ms(30_000)
+        .with_topic_partitions(Some(vec![
+            TopicPartitions::default()
+                .with_topic(TopicName(TOPIC.to_string().into()))
+                .with_partitions(vec![0]),
+        ]));
+    let resp: ElectLeadersResponse = conn
+        .call(ApiKey::ElectLeaders, 1, &req)
+        .expect("ElectLeaders");
+    let codes: Vec<i16> = resp
+        .replica_election_results
+        .iter()
+        .flat_map(|t| t.partition_result.iter().map(|p| p.error_code))
+        .collect();
+    assert_eq!(codes, [NONE], "{resp:?}");
+    wait_leader_and_isr(&mut c, TOPIC, |(l, isr)| *l == 5 && *isr == [5]);
+    let bootstrap = c.node(5).bootstrap();
+    let (p, log) = weir_tests::clients::producer(&bootstrap, "all", "none", &[]).expect("producer");
+    let records = weir_tests::clients::make_records(0, 50, "u", weir_tests::clients::now_ms());
+    weir_tests::clients::produce_all(&p, TOPIC, &records, Some(0)).expect("produce");
+    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+    assert_eq!(log.acked().len(), 50);
+}

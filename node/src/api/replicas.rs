@@ -224,9 +224,11 @@ pub async fn alter_replica_log_dirs(
 
 /// ElectLeaders. On a single node each partition's only replica is its leader: no
 /// election is needed. In a cluster a PREFERRED election goes through the controller
-/// (`Command::ElectPreferred`: the first replica leads if it is live and in the ISR);
-/// UNCLEAN elections are not done (`unclean.leader.election.enable` is false): a partition
-/// with a leader needs none, one without gets ELIGIBLE_LEADERS_NOT_AVAILABLE. A null
+/// (`Command::ElectPreferred`: the first replica leads if it is live and in the ISR); so
+/// does an UNCLEAN one (`Command::ElectUnclean`), whatever `unclean.leader.election.enable`
+/// says, as Kafka: a partition with a live leader needs none, an offline one gets its
+/// first live ISR member, else its first live replica (ELIGIBLE_LEADERS_NOT_AVAILABLE
+/// with none). A null
 /// partition list means "every partition": Kafka then leaves out the partitions that
 /// needed no election (ELECTION_NOT_NEEDED), and lists the others with their result.
 pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> ElectLeadersResponse {
@@ -266,18 +268,12 @@ pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> Elect
             ));
             continue;
         };
-        if req.election_type != ELECTION_PREFERRED {
-            answers[slot] = Some(if a.leader >= 0 {
-                (
-                    errors::ELECTION_NOT_NEEDED,
-                    format!("{topic}-{p} has leader {}", a.leader),
-                )
-            } else {
-                (
-                    errors::ELIGIBLE_LEADERS_NOT_AVAILABLE,
-                    format!("{topic}-{p} has no live ISR member; unclean elections are off"),
-                )
-            });
+        let led = catalog.nodes.get(&a.leader).is_some_and(|n| !n.fenced);
+        if req.election_type != ELECTION_PREFERRED && led {
+            answers[slot] = Some((
+                errors::ELECTION_NOT_NEEDED,
+                format!("{topic}-{p} has leader {}", a.leader),
+            ));
             continue;
         }
         proposed.push((slot, (topic.to_string(), t.id, *p)));
@@ -285,10 +281,17 @@ pub async fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> Elect
     if !proposed.is_empty() {
         let partitions: Vec<_> = proposed.iter().map(|(_, p)| p.clone()).collect();
         // A null list names every partition: more than one command may hold.
-        let mut results = Vec::with_capacity(partitions.len());
-        for cmd in crate::controller::apply::elect_preferred_commands(partitions) {
+        let cmds = if req.election_type == ELECTION_PREFERRED {
+            crate::controller::apply::elect_preferred_commands(partitions)
+        } else {
+            crate::controller::apply::elect_unclean_commands(partitions)
+        };
+        let mut results = Vec::with_capacity(proposed.len());
+        for cmd in cmds {
             let count = match &cmd {
-                Command::ElectPreferred { partitions } => partitions.len(),
+                Command::ElectPreferred { partitions } | Command::ElectUnclean { partitions } => {
+                    partitions.len()
+                }
                 _ => 0,
             };
             match shard.node.controller.submit(&shard.node, cmd).await {

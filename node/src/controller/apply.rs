@@ -146,6 +146,11 @@ pub enum Command {
     /// PREFERRED): each listed partition (topic, topic id, index) whose first replica is
     /// live, in the ISR and not leading gets it as leader.
     ElectPreferred { partitions: Vec<PartitionRef> },
+    /// Unclean election (Kafka's ElectLeaders UNCLEAN): each listed partition that is
+    /// offline (no leader, or a fenced one) gets its first live ISR member as leader, or,
+    /// with none, its first live replica, whose log becomes the partition's: the ISR is
+    /// then that replica alone, and records only the lost members held are gone.
+    ElectUnclean { partitions: Vec<PartitionRef> },
 }
 
 /// A partition named in a command: (topic, topic id, partition index).
@@ -200,7 +205,7 @@ impl Outcome {
             }
             Command::DeleteAcls { .. } => Outcome::AclsDeleted(Err(err)),
             Command::AlterScramCredentials { .. } => Outcome::ScramAltered(Err(err)),
-            Command::ElectPreferred { partitions } => {
+            Command::ElectPreferred { partitions } | Command::ElectUnclean { partitions } => {
                 Outcome::Elected(partitions.iter().map(|_| Err(err.clone())).collect())
             }
             _ => Outcome::Noted,
@@ -419,6 +424,14 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             let results: Vec<_> = partitions
                 .iter()
                 .map(|(topic, id, partition)| elect_preferred(c, topic, *id, *partition))
+                .collect();
+            let changed = results.iter().any(Result::is_ok);
+            (Outcome::Elected(results), changed)
+        }
+        Command::ElectUnclean { partitions } => {
+            let results: Vec<_> = partitions
+                .iter()
+                .map(|(topic, id, partition)| elect_unclean(c, topic, *id, *partition))
                 .collect();
             let changed = results.iter().any(Result::is_ok);
             (Outcome::Elected(results), changed)
@@ -949,6 +962,47 @@ fn elect_preferred(
     Ok(())
 }
 
+/// Gives offline `topic`-`partition` (no leader, or a fenced one) a leader: its first
+/// live ISR member (a clean election), else its first live replica with the ISR that
+/// replica alone (unclean: what only the lost members held is gone). Leader and
+/// partition epochs bumped. ELECTION_NOT_NEEDED for a partition with a live leader,
+/// ELIGIBLE_LEADERS_NOT_AVAILABLE with no live replica.
+fn elect_unclean(c: &mut Catalog, topic: &str, id: u128, partition: i32) -> Result<(), TopicError> {
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let (t, index) = partition_of(c, topic, id, partition)?;
+    let a = &t.assignment[index];
+    if live.contains(&a.leader) {
+        return Err((
+            errors::ELECTION_NOT_NEEDED,
+            format!("node {} leads {topic}-{partition}", a.leader),
+        ));
+    }
+    let clean = a.isr.iter().copied().find(|r| live.contains(r));
+    let Some(leader) = clean.or_else(|| a.replicas.iter().copied().find(|r| live.contains(r)))
+    else {
+        return Err((
+            errors::ELIGIBLE_LEADERS_NOT_AVAILABLE,
+            format!("no replica of {topic}-{partition} is live"),
+        ));
+    };
+    let mut changed = (**t).clone();
+    let a = &mut changed.assignment[index];
+    if clean.is_none() {
+        tracing::warn!(
+            topic,
+            partition,
+            leader,
+            "unclean leader election: records only the lost ISR members held are gone"
+        );
+        a.isr = vec![leader];
+    }
+    a.leader = leader;
+    a.leader_epoch += 1;
+    a.partition_epoch += 1;
+    *t = Arc::new(changed);
+    Ok(())
+}
+
 /// The partitions Kafka's auto leader rebalance would move now: for each live node, the
 /// partitions whose preferred (first) replica it is, in their ISR, but led by another
 /// node — if those are more than `percentage` % of the node's preferred partitions.
@@ -981,6 +1035,14 @@ pub fn elect_preferred_commands(partitions: Vec<PartitionRef>) -> Vec<Command> {
     super::bridge::by_size(partitions, super::bridge::SPLIT_COMMAND_BYTES)
         .into_iter()
         .map(|partitions| Command::ElectPreferred { partitions })
+        .collect()
+}
+
+/// ElectUnclean commands for `partitions`, in order, each within the command bound.
+pub fn elect_unclean_commands(partitions: Vec<PartitionRef>) -> Vec<Command> {
+    super::bridge::by_size(partitions, super::bridge::SPLIT_COMMAND_BYTES)
+        .into_iter()
+        .map(|partitions| Command::ElectUnclean { partitions })
         .collect()
 }
 
@@ -1606,5 +1668,51 @@ mod tests {
             elect_preferred_commands(few.clone()),
             [Command::ElectPreferred { partitions: few }]
         );
+    }
+
+    /// An unclean election gives an offline partition its first live ISR member if any
+    /// (ISR kept), else its first live replica with the ISR that replica alone; a
+    /// partition with a live leader needs none, one with no live replica gets none.
+    #[test]
+    fn an_unclean_election_leads_an_offline_partition_from_a_live_replica() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        apply(&mut c, &topic("t", 1, 3), true);
+        let elect = Command::ElectUnclean {
+            partitions: vec![("t".into(), 7, 0)],
+        };
+        let code = |out: &Outcome| match out {
+            Outcome::Elected(r) => r[0].as_ref().err().map_or(0, |e| e.0),
+            other => panic!("{other:?}"),
+        };
+        let (out, changed) = apply(&mut c, &elect, true);
+        assert_eq!((code(&out), changed), (errors::ELECTION_NOT_NEEDED, false));
+        // The ISR shrinks to its leader, which is fenced: offline, ISR kept.
+        let a = c.topics["t"].assignment[0].clone();
+        let last = a.leader;
+        let mut t = (*c.topics["t"]).clone();
+        t.assignment[0].isr = vec![last];
+        c.topics.insert("t".into(), Arc::new(t));
+        apply(&mut c, &Command::FenceNode { id: last }, true);
+        let offline = c.topics["t"].assignment[0].clone();
+        assert_eq!((offline.leader, offline.isr.clone()), (-1, vec![last]));
+        let (out, changed) = apply(&mut c, &elect, true);
+        assert_eq!((code(&out), changed), (0, true));
+        let now = &c.topics["t"].assignment[0];
+        let first_live = *a.replicas.iter().find(|r| **r != last).expect("a live one");
+        assert_eq!(
+            (now.leader, now.isr.clone()),
+            (first_live, vec![first_live])
+        );
+        assert_eq!(now.leader_epoch, offline.leader_epoch + 1);
+        assert_eq!(now.partition_epoch, offline.partition_epoch + 1);
+        // No live replica at all: nothing to elect.
+        for id in 1..=3 {
+            apply(&mut c, &Command::FenceNode { id }, true);
+        }
+        let (out, _) = apply(&mut c, &elect, true);
+        assert_eq!(code(&out), errors::ELIGIBLE_LEADERS_NOT_AVAILABLE);
     }
 }
