@@ -1165,3 +1165,59 @@ fn a_leader_back_with_an_empty_data_dir_leaves_its_isr_and_loses_nothing() {
     let got = clients::consume_to_end(&c.node(now).bootstrap(), TOPIC, &[0]).expect("consume");
     assert_eq!(clients::verify(&sent, &acked, &got).expect("verify"), 800);
 }
+
+/// A broker-only node down while a topic is deleted (and not created again) starts from
+/// an empty image, so it never sees the topic go: its directory stayed for ever. Once
+/// its image registers this process (so it holds every change committed before), the
+/// node removes the directories of topics the image does not have, and keeps those of
+/// topics it has.
+#[test]
+fn a_topic_deleted_while_a_broker_was_down_leaves_no_directory_on_it() {
+    const GONE: &str = "deleted-meanwhile";
+    const BROKER: i32 = 4;
+    let extra = [("min.insync.replicas", "1")];
+    let mut c = Cluster::start_with_brokers(3, 1, &extra).expect("start cluster");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 4).expect("create"), 0);
+    assert_eq!(cluster::create_topic(addr, GONE, 1, 4).expect("create"), 0);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3, 4], 0, |p| p.2.len() == 4 && p.0 > 0);
+    produce(&mut c, leader, "all", 0, 100, "kept");
+    let kept = partition_dir(&mut c, BROKER, 0);
+    let gone = c.node(BROKER).data_dir().join(format!("{GONE}-0"));
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while !gone.join("partition.metadata").exists() || log_bytes(&kept).1 < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "the broker never held both partitions"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.node(BROKER).kill().expect("SIGKILL the broker");
+    assert_eq!(cluster::delete_topic(addr, GONE).expect("delete"), 0);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while (1..=3).any(|id| {
+        c.metadata(id)
+            .ok()
+            .is_none_or(|m| placement(&m, GONE, 0).is_some())
+    }) {
+        assert!(Instant::now() < deadline, "the topic was never deleted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.node(BROKER).restart().expect("restart the broker");
+    c.wait_agreed(4, AGREE_TIMEOUT, |_| true)
+        .expect("the broker is back");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gone.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted topic's directory stayed:\n{}",
+            c.node(BROKER).log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        log_bytes(&kept).1 >= 100,
+        "the kept topic's directory was touched"
+    );
+}

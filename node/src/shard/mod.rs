@@ -104,6 +104,9 @@ pub struct Shard {
     /// The version of `synced`: while the catalogue has not moved past it, every open
     /// partition is the catalogue's (see [`Shard::opened`]).
     synced_version: Cell<u64>,
+    /// Set once the directories of topics deleted while this node was down were looked
+    /// for (see [`Shard::retire_orphans`]).
+    orphans_swept: Cell<bool>,
     /// Partition logs this shard keeps open (its share of `max.open.partitions`).
     open_max: usize,
     /// Counts partition uses: the idle logs closed first are those used longest ago.
@@ -187,6 +190,7 @@ impl Shard {
             arrivals: RefCell::new(HashMap::new()),
             synced,
             synced_version,
+            orphans_swept: Cell::new(false),
             open_max,
             use_clock: Cell::new(0),
             evicting: Cell::new(false),
@@ -583,7 +587,82 @@ impl Shard {
                 self.remove_unopened(name, old.id, old.partitions).await;
             }
         }
+        if !self.orphans_swept.get() && self.image_has_this_process(&catalog) {
+            self.orphans_swept.set(true);
+            self.retire_orphans();
+        }
         self.apply_assignments().await;
+    }
+
+    /// Whether `catalog` registers this very process (a cluster node, its broker epoch).
+    /// That registration was committed after the process started, so the image holds
+    /// everything committed before: every topic this node ever had a directory of is in
+    /// it, or was deleted.
+    fn image_has_this_process(&self, catalog: &Catalog) -> bool {
+        let Some(q) = self.node.controller.cluster() else {
+            return false;
+        };
+        let epoch = q.broker_epoch();
+        q.image_ready()
+            && epoch != wire::BrokerEpoch::NONE
+            && catalog
+                .nodes
+                .get(&self.config().node_id)
+                .is_some_and(|n| n.epoch() == epoch)
+    }
+
+    /// Retires the directories this shard owns of topics deleted while this node was
+    /// down: `<topic>-<n>` with a `partition.metadata`, whose topic the image does not
+    /// have at all. A node that misses a delete (a broker-only node starts from an empty
+    /// image) never sees the topic go, so the diff in [`Shard::sync_partitions`] never
+    /// removes them. A topic of that name in the catalogue keeps its directory (one of an
+    /// older id is set aside when it opens). Checked against the newest catalogue right
+    /// before each rename, with no await in between: a topic created meanwhile is kept.
+    fn retire_orphans(&self) {
+        let data_dir = self.config().data_dir.clone();
+        let Ok(entries) = std::fs::read_dir(&data_dir) else {
+            return;
+        };
+        for e in entries.filter_map(Result::ok) {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let file_name = e.file_name();
+            let Some((topic, index)) = file_name
+                .to_str()
+                .and_then(|n| n.rsplit_once('-'))
+                .and_then(|(t, i)| Some((t, i.parse::<i32>().ok().filter(|i| *i >= 0)?)))
+            else {
+                continue;
+            };
+            let dir = crate::partition::partition_dir(&data_dir, topic, index);
+            if dir != e.path() || self.router.owner(topic, index) != self.id {
+                continue;
+            }
+            // Only a partition directory (it names a topic id), never anything else.
+            let text = std::fs::read_to_string(dir.join(crate::partition::PARTITION_METADATA_FILE));
+            if !text.is_ok_and(|t| t.lines().any(|l| l.trim().starts_with("topic_id:"))) {
+                continue;
+            }
+            let tp: TopicPartition = (Arc::from(topic), index);
+            let in_use = self.partitions.borrow().contains_key(&tp)
+                || self.opening.borrow().contains_key(&tp);
+            if in_use || self.newest_catalog().1.topics.contains_key(topic) {
+                continue;
+            }
+            tracing::warn!(
+                topic,
+                partition = index,
+                "a deleted topic's partition directory, left while this node was down, is removed"
+            );
+            if let Err(e) = crate::storage::reclaim::retire_dir(&dir) {
+                tracing::warn!(
+                    topic,
+                    partition = index,
+                    "removing a deleted topic's partition: {e}"
+                );
+            }
+        }
     }
 
     /// Takes `p`, open as `tp` but no longer in the catalogue, out of use at once: out of
