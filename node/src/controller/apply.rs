@@ -339,6 +339,8 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             let mut changed = (**t).clone();
             changed.configs = configs.clone();
             *t = Arc::new(changed);
+            // unclean.leader.election.enable=true takes effect at once, as in Kafka.
+            elect_offline(c);
             (Outcome::Done(Ok(())), true)
         }
         Command::AlterBrokerConfigs {
@@ -384,6 +386,8 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             Some(n) if !n.fenced => {
                 n.fenced = true;
                 fence(c, *id);
+                // A partition left offline may be led uncleanly where the topic allows.
+                elect_offline(c);
                 (Outcome::Noted, true)
             }
             _ => (Outcome::Noted, false),
@@ -1046,23 +1050,51 @@ pub fn elect_unclean_commands(partitions: Vec<PartitionRef>) -> Vec<Command> {
         .collect()
 }
 
-/// Partitions without a leader get one when a node of their ISR is live again.
+/// The topic config key that lets the controller elect a replica outside the ISR.
+const UNCLEAN_KEY: &str = "unclean.leader.election.enable";
+
+/// Partitions without a leader get one when a node of their ISR is live again; with the
+/// topic's `unclean.leader.election.enable=true`, also when only a replica outside the
+/// ISR is live: it leads with the ISR itself alone, and what only the lost members held
+/// is gone (Kafka's unclean election). Only the topic's config counts: a node's static
+/// value is not in the image (every node must apply a command alike), and the broker
+/// resource's dynamic value is stored without effect.
 fn elect_offline(c: &mut Catalog) {
     let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
     for t in c.topics.values_mut() {
-        let offline =
-            |a: &PartitionAssignment| a.leader == -1 && a.isr.iter().any(|r| live.contains(r));
-        if !t.assignment.iter().any(offline) {
+        let unclean = t
+            .configs
+            .get(UNCLEAN_KEY)
+            .is_some_and(|v| v.trim() == "true");
+        // (new leader, whether it is an ISR member)
+        let pick = |a: &PartitionAssignment| -> Option<(i32, bool)> {
+            if a.leader != -1 {
+                return None;
+            }
+            if let Some(r) = a.isr.iter().copied().find(|r| live.contains(r)) {
+                return Some((r, true));
+            }
+            let outside = a.replicas.iter().copied().find(|r| live.contains(r));
+            outside.filter(|_| unclean).map(|r| (r, false))
+        };
+        if !t.assignment.iter().any(|a| pick(a).is_some()) {
             continue;
         }
         let mut changed = (**t).clone();
-        for a in changed.assignment.iter_mut().filter(|a| offline(a)) {
-            a.leader = a
-                .isr
-                .iter()
-                .copied()
-                .find(|r| live.contains(r))
-                .unwrap_or(-1);
+        for (p, a) in changed.assignment.iter_mut().enumerate() {
+            let Some((leader, clean)) = pick(a) else {
+                continue;
+            };
+            if !clean {
+                tracing::warn!(
+                    topic = %t.name,
+                    partition = p,
+                    leader,
+                    "unclean leader election (unclean.leader.election.enable): records only the lost ISR members held are gone"
+                );
+                a.isr = vec![leader];
+            }
+            a.leader = leader;
             a.leader_epoch += 1;
             a.partition_epoch += 1;
         }
@@ -1714,5 +1746,60 @@ mod tests {
         }
         let (out, _) = apply(&mut c, &elect, true);
         assert_eq!(code(&out), errors::ELIGIBLE_LEADERS_NOT_AVAILABLE);
+    }
+
+    /// With `unclean.leader.election.enable=true` a partition whose last ISR member is
+    /// fenced is led at once by a live replica outside the ISR (ISR = it alone); with the
+    /// default (false) it stays offline, and setting the topic's config to true elects.
+    #[test]
+    fn unclean_leader_election_enable_elects_a_live_replica_outside_the_isr() {
+        for (at_creation, name) in [(true, "on"), (false, "off")] {
+            let mut c = Catalog::default();
+            for id in 1..=3 {
+                node(&mut c, id);
+            }
+            let Command::CreateTopics {
+                mut topics,
+                max_partitions,
+            } = topic(name, 1, 2)
+            else {
+                panic!("a CreateTopics")
+            };
+            if at_creation {
+                topics[0]
+                    .meta
+                    .configs
+                    .insert(UNCLEAN_KEY.into(), "true".into());
+            }
+            let create = Command::CreateTopics {
+                topics,
+                max_partitions,
+            };
+            apply(&mut c, &create, true);
+            let a = c.topics[name].assignment[0].clone();
+            let (last, other) = (a.replicas[0], a.replicas[1]);
+            let mut t = (*c.topics[name]).clone();
+            t.assignment[0].isr = vec![last];
+            c.topics.insert(name.into(), Arc::new(t));
+            apply(&mut c, &Command::FenceNode { id: last }, true);
+            let now = c.topics[name].assignment[0].clone();
+            if at_creation {
+                assert_eq!((now.leader, now.isr), (other, vec![other]), "{name}");
+                continue;
+            }
+            assert_eq!((now.leader, now.isr.clone()), (-1, vec![last]), "{name}");
+            let mut configs = BTreeMap::new();
+            configs.insert(UNCLEAN_KEY.to_string(), "true".to_string());
+            let alter = Command::AlterConfigs {
+                name: name.into(),
+                id: 7,
+                configs,
+                expected: None,
+            };
+            assert_eq!(apply(&mut c, &alter, true), (Outcome::Done(Ok(())), true));
+            let elected = &c.topics[name].assignment[0];
+            assert_eq!((elected.leader, elected.isr.clone()), (other, vec![other]));
+            assert_eq!(elected.leader_epoch, now.leader_epoch + 1);
+        }
     }
 }
