@@ -825,6 +825,7 @@ fn a_controller_whose_raft_files_cannot_be_written_halts_and_the_others_carry_on
         "the quorum of two commits"
     );
     Ok(())
+}
 
 /// A second process started with the node id of a running broker (its own data dir and
 /// ports, a copied config) is refused by the controller while the first heartbeats: it
