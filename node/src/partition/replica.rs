@@ -159,22 +159,12 @@ impl ReplicaState {
     /// was — the log start), never past what the log holds. Called once, right after the
     /// log opened and before any role is applied: the one time the HW is set from disk
     /// rather than moved by the ISR, so it may be below the [`ReplicaState::sole`] default.
-    ///
-    /// A leader's epoch counts as starting at the log's end: a node restarted within its
-    /// session keeps its leaderships under the same epoch (epoch 0 included, where no new
-    /// epoch would reset it), and its HW from disk may be below what its ISR had. Until the
-    /// followers' fetches bring the HW there, latest is refused (KIP-207), not answered
-    /// lower than the last answer (found by review).
     pub fn restore_high_watermark(&mut self, checkpointed: Option<Offset>, log_start: Offset) {
         let hw = checkpointed
             .unwrap_or(log_start)
             .max(log_start)
             .min(self.log_end);
         self.high_watermark = hw;
-        let log_end = self.log_end;
-        if let Role::Leader(l) = &mut self.role {
-            l.epoch_start = l.epoch_start.max(log_end);
-        }
     }
 
     pub fn role(&self) -> &Role {
@@ -721,26 +711,6 @@ mod tests {
             isr: isr.iter().copied().map(NodeId).collect(),
             partition_epoch: epoch,
         }
-    }
-
-    /// A leader restarted within its session keeps its leadership at the same epoch (0
-    /// here, where no new epoch resets anything): its epoch counts from its log's end, so
-    /// a HW from disk below it is not answered as latest until the followers catch up.
-    #[test]
-    fn a_leader_reopened_under_its_old_epoch_starts_it_at_its_log_end() {
-        let mut r = ReplicaState::sole(NodeId(1), Offset(10));
-        r.restore_high_watermark(Some(Offset(9)), Offset(0));
-        assert_eq!(
-            r.apply(&assignment(Some(1), 0, &[1, 2, 3]), 0),
-            RoleChange::Unchanged
-        );
-        assert_eq!(r.high_watermark(), Offset(9));
-        assert_eq!(r.epoch_start(), Some(Offset(10)));
-        // A single-replica ISR moves its HW to the log end at once.
-        let mut sole = ReplicaState::sole(NodeId(1), Offset(10));
-        sole.restore_high_watermark(Some(Offset(9)), Offset(0));
-        sole.apply(&assignment(Some(1), 0, &[1]), 0);
-        assert_eq!(sole.high_watermark(), Offset(10));
     }
 
     #[test]
