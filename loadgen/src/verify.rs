@@ -772,6 +772,18 @@ fn findings_text(f: &Findings, read: u64) -> String {
 mod tests {
     use super::*;
 
+    /// Records `ids` read back from partition 0, the i-th at offset i.
+    fn consume_ids(r: &Recorder, ids: &[u64]) {
+        for (o, &id) in ids.iter().enumerate() {
+            let stamp = Stamp {
+                run_id: 0,
+                record_id: id,
+                intended_ns: 0,
+            };
+            r.consumed(0, o as i64, Some(stamp), 0);
+        }
+    }
+
     #[test]
     fn analysis_finds_loss_duplicates_and_reordering() {
         let r = Recorder::default();
@@ -780,18 +792,7 @@ mod tests {
         r.acked(0, Some(0), &[p1, p1 + 1]);
         r.failed(0, &[4]);
         // read: 0, 2, 1 (reordered), 2 again (duplicate), p1, p1+1; 3 lost.
-        for (o, id) in [(0, 0), (1, 2), (2, 1), (3, 2), (4, p1), (5, p1 + 1)] {
-            r.consumed(
-                0,
-                o,
-                Some(Stamp {
-                    run_id: 0,
-                    record_id: id,
-                    intended_ns: 0,
-                }),
-                0,
-            );
-        }
+        consume_ids(&r, &[0, 2, 1, 2, p1, p1 + 1]);
         let f = analyse(&r.lock());
         assert_eq!(f.acknowledged, 6);
         assert_eq!(f.lost, 1);
@@ -808,14 +809,7 @@ mod tests {
         let r = Recorder::default();
         r.acked(0, Some(0), &[0, 1]);
         r.aborted(0, &[2, 3]);
-        for (o, id) in [(0, 0), (1, 1), (2, 3)] {
-            let stamp = Stamp {
-                run_id: 0,
-                record_id: id,
-                intended_ns: 0,
-            };
-            r.consumed(0, o, Some(stamp), 0);
-        }
+        consume_ids(&r, &[0, 1, 3]);
         let f = analyse(&r.lock());
         assert_eq!(f.aborted, 2);
         assert_eq!(f.aborted_visible, 1);
@@ -870,14 +864,7 @@ mod tests {
         for chunk in ids.chunks(1000) {
             r.acked(0, Some(0), chunk);
         }
-        for (o, &id) in ids.iter().enumerate() {
-            let stamp = Stamp {
-                run_id: 0,
-                record_id: id,
-                intended_ns: 0,
-            };
-            r.consumed(0, o as i64, Some(stamp), 0);
-        }
+        consume_ids(&r, &ids);
         let g = r.lock();
         let bytes = g.record_bytes();
         // Acked and seen bits of 2 M records: 0.5 MB; allow growth slack, far below 2 M
@@ -894,14 +881,7 @@ mod tests {
     fn reads_the_producers_never_recorded_count_but_are_not_lost_or_acked() {
         let r = Recorder::default();
         r.acked(0, Some(0), &[0]);
-        for (o, id) in [(0, 0), (1, 5000), (2, 5000)] {
-            let stamp = Stamp {
-                run_id: 0,
-                record_id: id,
-                intended_ns: 0,
-            };
-            r.consumed(0, o, Some(stamp), 0);
-        }
+        consume_ids(&r, &[0, 5000, 5000]);
         let f = analyse(&r.lock());
         assert_eq!(f.read_unique, 2);
         assert_eq!(f.duplicated, 1);

@@ -729,25 +729,32 @@ fn fence(c: &mut Catalog, dead: i32) {
             if !a.replicas.contains(&dead) {
                 continue;
             }
-            let before = a.clone();
-            if a.isr.len() > 1 {
-                a.isr.retain(|r| *r != dead);
-            }
-            if a.leader == dead {
-                a.leader = a
-                    .isr
-                    .iter()
-                    .copied()
-                    .find(|r| live.contains(r))
-                    .unwrap_or(-1);
-                a.leader_epoch += 1;
-            }
-            if *a != before {
+            if step_out(a, dead, &live) {
                 a.partition_epoch += 1;
             }
         }
         *t = Arc::new(changed);
     }
+}
+
+/// `node` leaves `a`'s ISR unless it is its last member, and a partition it led gets the
+/// first live ISR member as leader, or none (-1), under a new leader epoch. Whether `a`
+/// changed (the caller bumps the partition epoch).
+fn step_out(a: &mut PartitionAssignment, node: i32, live: &BTreeSet<i32>) -> bool {
+    let before = a.clone();
+    if a.isr.len() > 1 {
+        a.isr.retain(|r| *r != node);
+    }
+    if a.leader == node {
+        a.leader = a
+            .isr
+            .iter()
+            .copied()
+            .find(|r| live.contains(r))
+            .unwrap_or(-1);
+        a.leader_epoch += 1;
+    }
+    *a != before
 }
 
 /// A node back with another data dir (its `directory.id` changed) holds none of the
@@ -778,16 +785,8 @@ fn forget_storage(c: &mut Catalog, node: i32) {
                 );
                 continue;
             }
-            a.isr.retain(|r| *r != node);
-            if a.leader == node {
-                a.leader = a
-                    .isr
-                    .iter()
-                    .copied()
-                    .find(|r| live.contains(r))
-                    .unwrap_or(-1);
-                a.leader_epoch += 1;
-            }
+            let stepped = step_out(a, node, &live);
+            debug_assert!(stepped, "a member of a larger ISR leaves it");
             a.partition_epoch += 1;
         }
         *t = Arc::new(changed);
