@@ -148,6 +148,70 @@ pub struct Load {
     /// follower lag of --topic (records and ms), shown in --json and the --report.
     #[arg(long = "metrics-url")]
     pub metrics_urls: Vec<String>,
+    #[command(flatten)]
+    pub security: Security,
+}
+
+/// How connections are secured: librdkafka's properties, as flags.
+#[derive(Args, Debug, Clone)]
+pub struct Security {
+    /// Kafka's security.protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    #[arg(long, default_value = "PLAINTEXT")]
+    pub security_protocol: String,
+    /// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with SASL_PLAINTEXT or SASL_SSL).
+    #[arg(long, default_value = "PLAIN")]
+    pub sasl_mechanism: String,
+    #[arg(long)]
+    pub sasl_username: Option<String>,
+    /// The password (visible to other users in the process list: use a test account).
+    #[arg(long)]
+    pub sasl_password: Option<String>,
+    /// PEM file of the CA(s) the broker's certificate must chain to; default: the public
+    /// web roots (webpki-roots).
+    #[arg(long)]
+    pub ssl_ca_location: Option<PathBuf>,
+    /// PEM client certificate (chain), for a listener with ssl.client.auth=required.
+    #[arg(long)]
+    pub ssl_certificate_location: Option<PathBuf>,
+    /// PEM private key of --ssl-certificate-location.
+    #[arg(long)]
+    pub ssl_key_location: Option<PathBuf>,
+    /// https: the broker's certificate must name the host dialled; none: any name.
+    #[arg(long, default_value = "https")]
+    pub ssl_endpoint_identification_algorithm: String,
+}
+
+impl Security {
+    /// Installs these flags as the process's connection security (once, before any
+    /// connection is made).
+    pub fn install(&self) -> Result<()> {
+        let flags = crate::client::security::SecurityFlags {
+            protocol: self.security_protocol.clone(),
+            sasl_mechanism: self.sasl_mechanism.clone(),
+            sasl_username: self.sasl_username.clone(),
+            sasl_password: self.sasl_password.clone(),
+            ssl_ca_location: self.ssl_ca_location.clone(),
+            ssl_certificate_location: self.ssl_certificate_location.clone(),
+            ssl_key_location: self.ssl_key_location.clone(),
+            ssl_endpoint_identification_algorithm: self
+                .ssl_endpoint_identification_algorithm
+                .clone(),
+        };
+        crate::client::security::install(flags.build()?)
+    }
+}
+
+impl Cmd {
+    /// The load flags of the subcommands that take them (quickstart does not).
+    pub fn load(&self) -> Option<&Load> {
+        match self {
+            Cmd::Produce(l) | Cmd::Consume(l) | Cmd::E2e(l) => Some(l),
+            Cmd::Sweep(s) => Some(&s.load),
+            Cmd::Plan(p) => Some(&p.load),
+            Cmd::Verify(v) => Some(&v.load),
+            Cmd::Quickstart(_) => None,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]

@@ -8,6 +8,10 @@ use weir_loadgen::{commands, verify};
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(Err(e)) = cli.cmd.load().map(|l| l.security.install()) {
+        eprintln!("weir-loadgen: error: {e:#}");
+        std::process::exit(1);
+    }
     let result = match &cli.cmd {
         Cmd::Produce(l) => commands::single(l, true, false, "produce").map(|_| 0),
         Cmd::Consume(l) => commands::single(l, false, true, "consume").map(|_| 0),

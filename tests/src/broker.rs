@@ -514,6 +514,19 @@ pub fn weir_binary() -> Result<PathBuf> {
         .map_err(|e| anyhow!(e))
 }
 
+/// The `weir-loadgen` binary beside the test binary's profile dir (`target/<profile>/`):
+/// `cargo build --workspace --bins` puts it there, as it does `weir`.
+pub fn loadgen_binary() -> Result<PathBuf> {
+    let bin = profile_dir()?.join("weir-loadgen");
+    if !bin.is_file() {
+        bail!(
+            "the weir-loadgen binary is missing at {}; run `cargo build --workspace --bins` first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
 fn find_or_build_weir() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os("WEIR_BIN") {
         return Ok(PathBuf::from(bin));

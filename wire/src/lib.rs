@@ -16,6 +16,8 @@
 //! - [`codec`]: bounds-checked primitive readers/writers (integers, varints, strings).
 //! - [`batch`]: record batch v2 — the 61-byte header as a zero-copy view, validation
 //!   (sizes, magic, CRC-32C), in-place offset assignment.
+//! - [`scram`]: SASL/SCRAM-SHA-256/512 messages (KIP-84), both sides of the exchange: the
+//!   broker authenticates with it, weir's replication client and `weir-loadgen` log in.
 
 pub mod api;
 pub mod batch;
@@ -25,6 +27,7 @@ pub mod fetch;
 pub mod frame;
 pub mod messages;
 pub mod produce;
+pub mod scram;
 pub mod types;
 
 /// Re-exported so that users name the same `Bytes` type wire hands out.

@@ -15,6 +15,8 @@ use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
 use kafka_protocol::protocol::Request;
 use wire::{frame, messages};
 
+use super::security::{self, Stream};
+
 /// Largest response we accept (a fetch of many partitions can be large).
 pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
 /// How long a blocking read or write may take before the connection is declared dead.
@@ -120,13 +122,15 @@ fn connect_any(addrs: &[SocketAddr]) -> Result<(SocketAddr, TcpStream)> {
 /// A connected broker with negotiated versions.
 pub struct Conn {
     pub addr: SocketAddr,
-    pub stream: TcpStream,
+    pub stream: Stream,
     pub versions: Versions,
     next_correlation_id: i32,
 }
 
 impl Conn {
-    /// Connects to `addr` and asks for the broker's API versions.
+    /// Connects to `addr`, secures the connection as the process's
+    /// [`security`](super::security) says (TLS handshake; SASL after ApiVersions) and asks
+    /// for the broker's API versions.
     pub fn connect(addr: &str) -> Result<Self> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
@@ -136,6 +140,13 @@ impl Conn {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
         stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;
+        // The name a broker's certificate must carry: the host part as dialled.
+        let host = addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let stream = Stream::secure(stream, host).with_context(|| format!("securing {addr}"))?;
         let mut conn = Self {
             addr: sa,
             stream,
@@ -152,6 +163,7 @@ impl Conn {
                 .0
                 .insert(k.api_key, (k.min_version, k.max_version));
         }
+        security::authenticate(&mut conn).with_context(|| format!("authenticating to {addr}"))?;
         Ok(conn)
     }
 

@@ -8,6 +8,7 @@ pub mod group;
 pub mod metadata;
 pub mod produce_wire;
 pub mod producer;
+pub mod security;
 pub mod txn;
 
 use bytes::{BufMut, Bytes, BytesMut};

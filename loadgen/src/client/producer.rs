@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -24,6 +24,7 @@ use wire::{ProducerEpoch, ProducerId, Sequence, api};
 use super::conn::{self, Conn};
 use super::metadata::{self, Cluster};
 use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestBuf, RequestFields, Values};
+use super::security::Stream;
 use super::{DUPLICATE_SEQUENCE_NUMBER, error_name, is_retriable, partition_for_key, payload};
 use crate::schedule::{Next, Pacer};
 use crate::stats::{Clock, Recorder};
@@ -263,7 +264,7 @@ struct ReaderCtx {
 
 struct Link {
     addr: String,
-    writer: Option<TcpStream>,
+    writer: Option<Stream>,
     state: Arc<Mutex<LinkState>>,
     reader: Option<JoinHandle<()>>,
     version: i16,
@@ -1027,7 +1028,7 @@ pub fn warn(msg: &str) {
 }
 
 /// The reader thread of one connection: matches responses to in-flight requests in order.
-fn read_loop(mut stream: TcpStream, state: Arc<Mutex<LinkState>>, ctx: ReaderCtx) {
+fn read_loop(mut stream: Stream, state: Arc<Mutex<LinkState>>, ctx: ReaderCtx) {
     loop {
         let frame = match conn::read_frame(&mut stream) {
             Ok(f) => f,

@@ -7,7 +7,8 @@ pub mod authorizer;
 pub mod listener;
 pub mod peer;
 pub mod sasl;
-pub mod scram;
+/// SCRAM's messages live in `wire`, shared with the load generator's client.
+pub use wire::scram;
 pub mod scram_bootstrap;
 pub mod tls;
 

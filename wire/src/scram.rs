@@ -1,6 +1,7 @@
 //! SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, RFC 7677) as Kafka speaks it (KIP-84): the
-//! stored credential (salt, iterations, StoredKey, ServerKey — never the password) and the
-//! server side of the two-message exchange. HMAC, SHA-2 and PBKDF2 are the RustCrypto
+//! stored credential (salt, iterations, StoredKey, ServerKey — never the password), the
+//! server side of the two-message exchange (the broker) and the client side (weir's
+//! replication client, `weir-loadgen`). HMAC, SHA-2 and PBKDF2 are the RustCrypto
 //! crates'; only the message syntax is written here.
 
 use base64::Engine as _;
