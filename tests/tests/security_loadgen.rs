@@ -77,10 +77,14 @@ fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
 
 #[test]
 fn the_loadgen_produces_and_consumes_over_every_security_protocol() -> Result<()> {
-    let b = SecureBroker::start(&[])?;
-    // Created over the PLAINTEXT listener by confluent-kafka (AlterUserScramCredentials).
-    b.add_scram_user("SCRAM-SHA-512")?;
-    b.add_scram_user("SCRAM-SHA-256")?;
+    // The SCRAM users a new single node starts with (as `kafka-storage format --add-scram`).
+    let b = SecureBroker::start(&[(
+        "scram.bootstrap.credentials",
+        &format!(
+            "SCRAM-SHA-512=[name={SCRAM_USER},password={SCRAM_PASSWORD}];\
+             SCRAM-SHA-256=[name={SCRAM_USER},password={SCRAM_PASSWORD}]"
+        ),
+    )])?;
     let dir = tempfile::tempdir()?;
     let ca = b.pki.ca_pem.display().to_string();
     let cert = b.pki.client_pem.display().to_string();

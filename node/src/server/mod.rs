@@ -150,7 +150,10 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     } else {
         MetaStore::in_memory(&config.data_dir)
     };
-    let cluster_id = cluster_id(&config)?;
+    let (cluster_id, fresh) = cluster_id(&config)?;
+    if config.quorum_voters.is_empty() {
+        bootstrap_scram_locally(&config, &meta, fresh)?;
+    }
     let directory_id = directory_id(&config)?;
     let shards = config.shards;
     let node_id = config.node_id;
@@ -472,18 +475,50 @@ pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
 
 /// A stable cluster id, created once and kept in `cluster.id` in the data dir. Created
 /// only where there is no file: one that cannot be read (EIO, EACCES, not UTF-8) or is
-/// empty is an error, not a reason to replace the id (found by review).
-fn cluster_id(config: &Config) -> anyhow::Result<String> {
+/// empty is an error, not a reason to replace the id (found by review). `true` with an id
+/// created now: the data dir is new.
+fn cluster_id(config: &Config) -> anyhow::Result<(String, bool)> {
     let path = config.data_dir.join("cluster.id");
     match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(id) if !id.trim().is_empty() => return Ok((id.trim().to_string(), false)),
         Ok(_) => anyhow::bail!("{} is empty; restore it or remove it", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
     }
     let id = format!("weir-{:032x}", crate::metadata::new_topic_id());
     crate::metadata::write_atomic(&path, id.as_bytes())?;
-    Ok(id)
+    Ok((id, true))
+}
+
+/// `scram.bootstrap.credentials` on a single node: stored in the catalogue when the data dir
+/// is new (before the cluster id is kept), as Kafka's `kafka-storage format --add-scram`
+/// writes them once at format time. On a data dir that already has a cluster id the key is
+/// ignored, and says so: credentials changed or deleted since must not come back at every
+/// start. (In a cluster the first controller commits them: `controller::quorum`.)
+fn bootstrap_scram_locally(
+    config: &Config,
+    meta: &crate::metadata::MetaStore,
+    fresh: bool,
+) -> anyhow::Result<()> {
+    let key = crate::security::scram_bootstrap::KEY;
+    let Some(value) = config.props.get(key) else {
+        return Ok(());
+    };
+    let changes = crate::security::scram_bootstrap::parse(value)?;
+    if !fresh {
+        tracing::info!(
+            "{key}: this data dir is not new; its stored credentials are kept as they are"
+        );
+        return Ok(());
+    }
+    let outcomes = meta
+        .update_batch(|c| crate::metadata::scram::alter(c, &changes))
+        .with_context(|| format!("{key}: storing the credentials"))?;
+    tracing::info!(
+        credentials = outcomes.len(),
+        "bootstrap SCRAM credentials stored ({key})"
+    );
+    Ok(())
 }
 
 /// The data dir's own id (Kafka's `directory.id`, KIP-858), created once and kept in
