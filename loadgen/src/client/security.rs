@@ -397,8 +397,11 @@ impl TlsStream {
         loop {
             // read_tls takes what fits its buffer; process each part before the next, and
             // drain the plaintext each time (rustls bounds what it holds decrypted).
-            if !rest.is_empty() || raw.is_empty() {
-                conn.read_tls(&mut rest)?;
+            // An empty `raw` is read once: rustls takes it as the end of stream.
+            let before = rest.len();
+            conn.read_tls(&mut rest)?;
+            if !raw.is_empty() && rest.len() == before {
+                return Err(io::Error::other("TLS: received bytes not taken"));
             }
             conn.process_new_packets().map_err(io::Error::other)?;
             let mut reader = conn.reader();
@@ -522,4 +525,47 @@ pub fn authenticate(conn: &mut Conn) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(protocol: &str) -> SecurityFlags {
+        SecurityFlags {
+            protocol: protocol.to_string(),
+            sasl_mechanism: "PLAIN".to_string(),
+            ssl_endpoint_identification_algorithm: "https".to_string(),
+            ..SecurityFlags::default()
+        }
+    }
+
+    #[test]
+    fn flags_that_do_not_fit_the_protocol_are_refused() {
+        let ok = flags("plaintext").build().expect("plaintext");
+        assert!(ok.tls.is_none() && ok.sasl.is_none());
+        let tls = flags("SSL").build().expect("SSL with the public roots");
+        assert!(tls.tls.is_some() && tls.sasl.is_none());
+        let err = |f: SecurityFlags| format!("{:#}", f.build().err().expect("refused"));
+        assert!(err(flags("TLS")).contains("--security-protocol"));
+        assert!(err(flags("SASL_PLAINTEXT")).contains("--sasl-username"));
+        let mut f = flags("PLAINTEXT");
+        f.sasl_username = Some("u".into());
+        f.sasl_password = Some("p".into());
+        assert!(err(f).contains("SASL_PLAINTEXT or SASL_SSL"));
+        let mut f = flags("PLAINTEXT");
+        f.ssl_ca_location = Some("/nonexistent".into());
+        assert!(err(f).contains("SSL or SASL_SSL"));
+        let mut f = flags("SASL_SSL");
+        f.sasl_username = Some("u".into());
+        f.sasl_password = Some("p".into());
+        f.sasl_mechanism = "GSSAPI".into();
+        assert!(err(f).contains("--sasl-mechanism"));
+        let mut f = flags("SSL");
+        f.ssl_certificate_location = Some("/nonexistent".into());
+        assert!(err(f).contains("go together"));
+        let mut f = flags("SSL");
+        f.ssl_ca_location = Some("/nonexistent/ca.pem".into());
+        assert!(err(f).contains("/nonexistent/ca.pem"));
+    }
 }
