@@ -27,6 +27,9 @@ enum Command {
         /// HOST:PORT of the node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
+        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
+        #[arg(long, value_name = "USER:PASSWORD")]
+        sasl_plain: Option<String>,
         #[command(subcommand)]
         command: GroupsCommand,
     },
@@ -36,6 +39,9 @@ enum Command {
         /// HOST:PORT of any node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
+        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
+        #[arg(long, value_name = "USER:PASSWORD")]
+        sasl_plain: Option<String>,
         #[command(subcommand)]
         command: ClusterCommand,
     },
@@ -47,6 +53,9 @@ enum Command {
         /// HOST:PORT of any node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
+        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
+        #[arg(long, value_name = "USER:PASSWORD")]
+        sasl_plain: Option<String>,
         #[command(subcommand)]
         command: TopicsCommand,
     },
@@ -256,6 +265,16 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let sasl_plain = match &cli.command {
+        Command::Groups { sasl_plain, .. }
+        | Command::Cluster { sasl_plain, .. }
+        | Command::Topics { sasl_plain, .. } => sasl_plain.as_deref(),
+        _ => None,
+    };
+    if let Some(Err(e)) = sasl_plain.map(weir::admin_cli::use_sasl_plain) {
+        eprintln!("weir: {e:#}");
+        return ExitCode::FAILURE;
+    }
     match cli.command {
         Command::Acls(args) => weir::admin_cli::acls::run(args),
         Command::Serve(args) => {
@@ -272,6 +291,7 @@ fn main() -> ExitCode {
         Command::Groups {
             bootstrap_server,
             command,
+            ..
         } => {
             let mut out = std::io::stdout().lock();
             let done = match command {
@@ -291,6 +311,7 @@ fn main() -> ExitCode {
         Command::Cluster {
             bootstrap_server,
             command: ClusterCommand::Status,
+            ..
         } => {
             match weir::admin_cli::cluster::status(&bootstrap_server, &mut std::io::stdout().lock())
             {
@@ -304,6 +325,7 @@ fn main() -> ExitCode {
         Command::Topics {
             bootstrap_server,
             command,
+            ..
         } => match topics(&bootstrap_server, command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -8,13 +8,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use bytes::Bytes;
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
 use kafka_protocol::messages::{
     ApiKey, CreateAclsRequest, CreateAclsResponse, DeleteAclsRequest, DeleteAclsResponse,
-    DescribeAclsRequest, DescribeAclsResponse, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse,
+    DescribeAclsRequest, DescribeAclsResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -191,32 +189,12 @@ fn operation_name(code: i8) -> String {
     Operation::from_code(code).map_or("?".into(), |o| format!("{o:?}"))
 }
 
-/// Connects and, if asked, authenticates.
+/// Connects (logging in with `--sasl-plain`, if given).
 fn connect(args: &AclsArgs) -> anyhow::Result<Client> {
-    let mut c = Client::connect(&args.bootstrap_server)?;
     if let Some(creds) = &args.sasl_plain {
-        let Some((user, password)) = creds.split_once(':') else {
-            bail!("--sasl-plain wants USER:PASSWORD");
-        };
-        let hs: SaslHandshakeResponse = c.call(
-            ApiKey::SaslHandshake,
-            1,
-            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
-        )?;
-        if hs.error_code != 0 {
-            bail!("SASL handshake refused: error {}", hs.error_code);
-        }
-        let token = format!("\0{user}\0{password}");
-        let auth: SaslAuthenticateResponse = c.call(
-            ApiKey::SaslAuthenticate,
-            2,
-            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
-        )?;
-        if auth.error_code != 0 {
-            bail!("SASL authentication failed: error {}", auth.error_code);
-        }
+        super::use_sasl_plain(creds)?;
     }
-    Ok(c)
+    Client::connect(&args.bootstrap_server)
 }
 
 fn add(c: &mut Client, b: &Binding, out: &mut impl Write) -> anyhow::Result<()> {

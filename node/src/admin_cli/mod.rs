@@ -6,6 +6,9 @@
 //! offset, the log end offset (ListOffsets latest, i.e. the high watermark) and the lag
 //! between them, with the member that owns the partition.
 //!
+//! `--sasl-plain USER:PASSWORD` (every subcommand) logs each connection in with SASL PLAIN,
+//! for a SASL_PLAINTEXT listener ([`use_sasl_plain`]).
+//!
 //! In a cluster each request goes where Kafka's tools send it: the group's requests to
 //! its coordinator (FindCoordinator), ListOffsets to each partition's leader, ListGroups
 //! to every node. The bootstrap node may be any of them.
@@ -17,6 +20,7 @@ pub mod topics;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -26,15 +30,31 @@ use kafka_protocol::messages::{
     ApiKey, ConsumerProtocolAssignment, DescribeGroupsRequest, DescribeGroupsResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, GroupId, ListGroupsRequest,
     ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse, OffsetFetchRequest,
-    OffsetFetchResponse,
+    OffsetFetchResponse, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+    SaslHandshakeResponse,
 };
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use wire::frame::RequestHeader;
 
 /// Largest response frame accepted (a describe of a huge group stays far below).
 const RESPONSE_MAX_BYTES: usize = 64 << 20;
 /// How long to wait for the node to answer one request.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// SASL PLAIN credentials every connection of this process logs in with
+/// (`--sasl-plain USER:PASSWORD`), set once before the first connection.
+static SASL_PLAIN: OnceLock<(String, String)> = OnceLock::new();
+
+/// Makes every later [`Client::connect`] log in with SASL PLAIN (a SASL_PLAINTEXT
+/// listener): `creds` is `USER:PASSWORD`.
+pub fn use_sasl_plain(creds: &str) -> anyhow::Result<()> {
+    let Some((user, password)) = creds.split_once(':') else {
+        bail!("--sasl-plain wants USER:PASSWORD");
+    };
+    SASL_PLAIN
+        .set((user.to_string(), password.to_string()))
+        .map_err(|_| anyhow::anyhow!("SASL credentials were already set"))
+}
 
 /// A blocking Kafka-protocol connection.
 pub struct Client {
@@ -50,11 +70,41 @@ impl Client {
             TcpStream::connect(bootstrap).with_context(|| format!("connecting to {bootstrap}"))?;
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
         stream.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(Client {
+        let mut c = Client {
             stream,
             correlation_id: 0,
             answered: false,
-        })
+        };
+        if let Some((user, password)) = SASL_PLAIN.get() {
+            c.login_plain(user, password)
+                .with_context(|| format!("logging in to {bootstrap}"))?;
+        }
+        Ok(c)
+    }
+
+    /// SaslHandshake v1 (PLAIN) and SaslAuthenticate v2 with `user`'s password.
+    fn login_plain(&mut self, user: &str, password: &str) -> anyhow::Result<()> {
+        let hs: SaslHandshakeResponse = self.call(
+            ApiKey::SaslHandshake,
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+        )?;
+        if hs.error_code != 0 {
+            bail!("SASL handshake refused: {}", kafka_error(hs.error_code));
+        }
+        let token = format!("\0{user}\0{password}");
+        let auth: SaslAuthenticateResponse = self.call(
+            ApiKey::SaslAuthenticate,
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
+        )?;
+        if auth.error_code != 0 {
+            bail!(
+                "SASL authentication as {user:?} failed: {}",
+                kafka_error(auth.error_code)
+            );
+        }
+        Ok(())
     }
 
     /// Sends one request and reads its response.

@@ -1,10 +1,15 @@
-//! weir-loadgen over every security protocol of one node: TLS (with and without a client
+//! The operator's tools against secured listeners of one node.
+//!
+//! weir-loadgen over every security protocol: TLS (with and without a client
 //! certificate), SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 with and without TLS. Each
 //! run produces and consumes (e2e) through the loadgen's own client, so the producer's
 //! split connection (a reader thread beside the writer) runs over TLS too. A wrong
 //! password, an untrusted broker certificate and a name the certificate does not carry
 //! are refused with a non-zero exit and a message that says why; with endpoint
 //! identification off, the name is not checked.
+//!
+//! The `weir topics|groups|cluster|acls` commands log in with `--sasl-plain` on a
+//! SASL_PLAINTEXT listener.
 
 mod security_support;
 
@@ -16,7 +21,7 @@ use anyhow::{Context, Result, ensure};
 use security_support::{
     PLAIN_PASSWORD, PLAIN_USER, SCRAM_PASSWORD, SCRAM_USER, SecureBroker, listener_addr,
 };
-use weir_tests::broker::loadgen_binary;
+use weir_tests::broker::{loadgen_binary, weir_binary};
 use weir_tests::certs;
 use weir_tests::process::{Bounded, run_bounded};
 use weir_tests::{Weir, WeirConfig};
@@ -241,5 +246,83 @@ fn endpoint_identification_none_accepts_a_certificate_for_another_name() -> Resu
     ensure!(strict.stderr.contains("TLS handshake"), "{}", strict.stderr);
     let lax = run("none")?;
     ensure!(lax.ok(), "{}", lax.text());
+    Ok(())
+}
+
+/// `weir topics|groups|cluster status --sasl-plain USER:PASSWORD` against a SASL_PLAINTEXT
+/// listener: each logs in; without the flag the listener closes the connection and the
+/// command says authentication may be needed; a wrong password is named as such.
+#[test]
+fn the_admin_commands_log_in_with_sasl_plain() -> Result<()> {
+    let b = SecureBroker::start(&[])?;
+    let addr = b.addr("SASL_PLAINTEXT")?.to_string();
+    let creds = format!("{PLAIN_USER}:{PLAIN_PASSWORD}");
+    let weir = |args: &[&str]| -> Result<Bounded> {
+        let mut cmd = Command::new(weir_binary()?);
+        cmd.args(args);
+        run_bounded(&mut cmd, RUN_TIMEOUT)
+    };
+    let topic = [
+        "topics",
+        "--bootstrap-server",
+        &addr,
+        "--sasl-plain",
+        &creds,
+    ];
+    let created = weir(&[&topic[..], &["create", "secured", "--partitions", "2"]].concat())?;
+    ensure!(created.ok(), "{}", created.text());
+    let listed = weir(&[&topic[..], &["list"]].concat())?;
+    ensure!(
+        listed.ok() && listed.stdout.contains("secured"),
+        "{}",
+        listed.text()
+    );
+    let groups = weir(&[
+        "groups",
+        "--bootstrap-server",
+        &addr,
+        "--sasl-plain",
+        &creds,
+        "list",
+    ])?;
+    ensure!(groups.ok(), "{}", groups.text());
+    let status = weir(&[
+        "cluster",
+        "--bootstrap-server",
+        &addr,
+        "--sasl-plain",
+        &creds,
+        "status",
+    ])?;
+    ensure!(status.ok(), "{}", status.text());
+    let acls = weir(&[
+        "acls",
+        "--bootstrap-server",
+        &addr,
+        "--sasl-plain",
+        &creds,
+        "list",
+    ])?;
+    ensure!(acls.ok(), "{}", acls.text());
+    let anonymous = weir(&["topics", "--bootstrap-server", &addr, "list"])?;
+    ensure!(
+        !anonymous.ok() && anonymous.stderr.contains("authentication"),
+        "{}",
+        anonymous.text()
+    );
+    let wrong = format!("{PLAIN_USER}:not-the-password");
+    let refused = weir(&[
+        "topics",
+        "--bootstrap-server",
+        &addr,
+        "--sasl-plain",
+        &wrong,
+        "list",
+    ])?;
+    ensure!(
+        !refused.ok() && refused.stderr.contains("SASL authentication"),
+        "{}",
+        refused.text()
+    );
     Ok(())
 }
