@@ -293,6 +293,8 @@ pub struct Config {
     pub shard_cpus: ShardCpus,
     pub num_partitions: i32,
     pub auto_create_topics: bool,
+    /// Kafka's `delete.topic.enable`: false refuses every DeleteTopics.
+    pub delete_topic_enable: bool,
     pub default_replication_factor: i16,
     pub min_insync_replicas: i32,
     pub message_max_bytes: u64,
@@ -481,6 +483,7 @@ impl Config {
             shard_cpus: ShardCpus::parse(props.get("weir.shard.cpus"))?,
             num_partitions: props.parse_num(&["num.partitions"], 1)?,
             auto_create_topics: props.parse_bool("auto.create.topics.enable", true)?,
+            delete_topic_enable: props.parse_bool("delete.topic.enable", true)?,
             default_replication_factor: props.parse_num(&["default.replication.factor"], 1)?,
             min_insync_replicas: props.parse_num(&["min.insync.replicas"], 1)?,
             message_max_bytes: props
@@ -614,7 +617,38 @@ impl Config {
         }
         self.check_integer_keys()?;
         self.check_topic_defaults()?;
+        self.check_not_supported()?;
         self.check_connection_limits()
+    }
+
+    /// Kafka settings weir cannot honour and must not run without: a topic policy is
+    /// an operator's guard (a Java class weir cannot load), and bootstrap servers without
+    /// `controller.quorum.voters` would start each node as its own one-node cluster.
+    fn check_not_supported(&self) -> Result<(), ConfigError> {
+        for key in [
+            "create.topic.policy.class.name",
+            "alter.config.policy.class.name",
+        ] {
+            if let Some(v) = self.props.get(key).filter(|v| !v.trim().is_empty()) {
+                return Err(value_err(
+                    key,
+                    v,
+                    "weir cannot run Kafka's Java policy classes; remove it (see docs/LIMITS.md)",
+                ));
+            }
+        }
+        let key = "controller.quorum.bootstrap.servers";
+        if let Some(v) = self.props.get(key).filter(|v| !v.trim().is_empty())
+            && self.quorum_voters.is_empty()
+        {
+            return Err(value_err(
+                key,
+                v,
+                "weir forms its quorum from controller.quorum.voters (a static quorum, no \
+                 KIP-853 bootstrap); set controller.quorum.voters instead",
+            ));
+        }
+        Ok(())
     }
 
     /// Keys read where they are used (the group and transaction coordinators, the
@@ -649,7 +683,7 @@ impl Config {
     /// `log.cleanup.policy`, ...) are checked as a partition's log would read them: a log
     /// opens at first use, so a bad default would otherwise fail every partition then.
     fn check_topic_defaults(&self) -> Result<(), ConfigError> {
-        let defaults = self.topic_defaults();
+        let defaults = self.log_defaults();
         let pairs = defaults.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         crate::storage::LogConfig::from_pairs(pairs)
             .map(drop)
@@ -750,6 +784,27 @@ impl Config {
             .unwrap_or(self.max_connections_per_ip)
     }
 
+    /// What a partition's log and producer state are opened with before the topic's own
+    /// overrides: the broker-only storage keys (no topic-level name), `log.flush.on.ack`,
+    /// then [`Config::topic_defaults`].
+    pub fn log_defaults(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        for key in [
+            "log.tail.cache.bytes",
+            "log.read.ahead.bytes",
+            "producer.id.expiration.ms",
+        ] {
+            if let Some(v) = self.props.get(key) {
+                m.insert(key.to_string(), v.to_string());
+            }
+        }
+        if self.flush_on_ack {
+            m.insert("log.flush.on.ack".into(), "true".into());
+        }
+        m.extend(self.topic_defaults());
+        m
+    }
+
     /// Broker-level defaults for topic configs, under the topic-level key names.
     pub fn topic_defaults(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
@@ -781,6 +836,13 @@ impl Config {
             ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
             ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
             ("log.roll.ms", "segment.ms"),
+            // Under their topic names, so that a topic's own value replaces them (the raw
+            // broker keys beside a topic's override were applied in key order, and
+            // `log.flush.interval.messages` sorts after `flush.messages`: the broker won).
+            ("log.flush.interval.messages", "flush.messages"),
+            ("log.flush.interval.ms", "flush.ms"),
+            ("log.index.interval.bytes", "index.interval.bytes"),
+            ("log.preallocate", "preallocate"),
             (
                 "log.message.timestamp.before.max.ms",
                 "message.timestamp.before.max.ms",
@@ -793,6 +855,17 @@ impl Config {
             if let Some(v) = self.props.get(broker_key) {
                 m.insert(topic_key.into(), v.into());
             }
+        }
+        // Kafka's `log.roll.hours`, when `log.roll.ms` is not set.
+        if !m.contains_key("segment.ms")
+            && let Some(hours) = self.props.get("log.roll.hours")
+        {
+            let ms = match hours.trim().parse::<i64>() {
+                Ok(h) => h.saturating_mul(3_600_000).to_string(),
+                // Left for the log's own check to refuse, naming the value.
+                Err(_) => hours.to_string(),
+            };
+            m.insert("segment.ms".into(), ms);
         }
         let ts_type = self
             .props
@@ -1098,6 +1171,17 @@ mod tests {
             ("replica.lag.time.max.ms", "soon"),
             ("node.id", "40000"),
             ("node.id", "-1"),
+            // Storage keys that used to pass the start and fail every partition's open.
+            ("log.flush.interval.messages", "0"),
+            ("log.index.interval.bytes", "lots"),
+            ("log.tail.cache.bytes", "64MB"),
+            ("log.read.ahead.bytes", "-1"),
+            ("log.roll.hours", "0"),
+            ("log.preallocate", "yes"),
+            ("delete.topic.enable", "no"),
+            ("create.topic.policy.class.name", "com.example.Policy"),
+            ("alter.config.policy.class.name", "com.example.Policy"),
+            ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
         ] {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }
@@ -1151,6 +1235,54 @@ mod tests {
         assert!(Config::resolve(p.clone(), &CliOverrides::default()).is_err());
         p.set("queued.max.request.bytes", "0");
         assert!(Config::resolve(p, &CliOverrides::default()).is_err());
+    }
+
+    /// A topic's own `flush.messages`, `flush.ms`, `index.interval.bytes` and `preallocate`
+    /// replace the broker's `log.*` defaults (they used to lose to them: both names were
+    /// passed and the broker's sorted last); `log.roll.hours` sets `segment.ms` when
+    /// `log.roll.ms` does not.
+    #[test]
+    fn a_topics_own_storage_settings_beat_the_brokers_and_roll_hours_is_read() {
+        let mut p = Properties::default();
+        p.set("log.flush.interval.messages", "100000");
+        p.set("log.flush.interval.ms", "60000");
+        p.set("log.index.interval.bytes", "8192");
+        p.set("log.preallocate", "false");
+        p.set("log.roll.hours", "2");
+        let c = Config::resolve(p, &CliOverrides::default()).unwrap();
+        let open = |overrides: &[(&str, &str)]| {
+            let mut m = c.log_defaults();
+            m.extend(
+                overrides
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+            let pairs = m.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            crate::storage::LogConfig::from_pairs(pairs).unwrap()
+        };
+        let broker = open(&[]);
+        assert_eq!(broker.flush_interval_messages, 100_000);
+        assert_eq!(broker.index_interval_bytes, 8192);
+        assert!(!broker.preallocate);
+        assert_eq!(broker.segment_ms, 2 * 3_600_000);
+        let topic = open(&[
+            ("flush.messages", "1"),
+            ("flush.ms", "10"),
+            ("index.interval.bytes", "4096"),
+            ("preallocate", "true"),
+            ("segment.ms", "1000"),
+        ]);
+        assert_eq!(topic.flush_interval_messages, 1);
+        assert_eq!(topic.flush_interval_ms, 10);
+        assert_eq!(topic.index_interval_bytes, 4096);
+        assert!(topic.preallocate);
+        assert_eq!(topic.segment_ms, 1000);
+        // log.roll.ms wins over log.roll.hours, as in Kafka.
+        let mut p = Properties::default();
+        p.set("log.roll.hours", "2");
+        p.set("log.roll.ms", "5000");
+        let c = Config::resolve(p, &CliOverrides::default()).unwrap();
+        assert_eq!(c.topic_defaults()["segment.ms"], "5000");
     }
 
     #[test]

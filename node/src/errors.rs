@@ -36,6 +36,7 @@ pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
 /// ListOffsets v5+ from a consumer while a new leader's HW is below where its epoch began
 /// (KIP-207): retriable.
 pub const OFFSET_NOT_AVAILABLE: i16 = 78;
+pub const TOPIC_DELETION_DISABLED: i16 = 73;
 
 // Transactions (issue 13).
 pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;

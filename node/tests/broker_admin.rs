@@ -669,3 +669,23 @@ fn describe_configs_lists_every_listener() {
         )
     );
 }
+
+/// `delete.topic.enable=false` (an operator's guard against deleting data): DeleteTopics
+/// is refused for every topic named, with TOPIC_DELETION_DISABLED, and the topic stays.
+#[test]
+fn delete_topic_enable_false_refuses_every_deletion() {
+    let broker = Broker::start(1, &[("delete.topic.enable", "false")]);
+    let mut c = broker.client();
+    let t = CreatableTopic::default()
+        .with_name(TopicName(s("kept")))
+        .with_num_partitions(1)
+        .with_replication_factor(1);
+    assert_eq!(create(&mut c, vec![t], false), vec![0]);
+    let del = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(s("kept")), TopicName(s("absent"))]);
+    let resp: DeleteTopicsResponse = c.call(api::DELETE_TOPICS, 5, &del);
+    let codes: Vec<i16> = resp.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, vec![73, 73], "TOPIC_DELETION_DISABLED for each");
+    let md = metadata(&mut c, &["kept"], false);
+    assert_eq!(md.topics[0].error_code, 0, "the topic is still there");
+}

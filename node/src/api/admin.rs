@@ -695,6 +695,17 @@ pub async fn delete_topics(shard: &Rc<Shard>, req: DeleteTopicsRequest) -> Delet
         true => (name.clone(), Uuid::nil()),
         false => (None, *id),
     };
+    if !shard.config().delete_topic_enable {
+        // Kafka's controller refuses the whole request, every topic named.
+        let responses = targets.into_iter().map(|(name, id)| {
+            DeletableTopicResult::default()
+                .with_name(name.map(|n| topic_name(&n)))
+                .with_topic_id(id)
+                .with_error_code(errors::TOPIC_DELETION_DISABLED)
+                .with_error_message(Some(str_bytes("Topic deletion is disabled.")))
+        });
+        return DeleteTopicsResponse::default().with_responses(responses.collect());
+    }
     let named_twice = repeated(targets.iter().map(key));
     let ids = names_by_id(shard, &targets);
     let mut results = Vec::new();

@@ -53,10 +53,12 @@ pub const WEIR_KEYS: &[&str] = &[
     "retention.bytes",
     "retention.ms",
     "segment.bytes",
-    // Passed to the storage engine and producer state (shard.rs `topic_configs`).
+    // Passed to the storage engine and producer state (config.rs `log_defaults`).
     "log.flush.interval.messages",
     "log.flush.interval.ms",
     "log.index.interval.bytes",
+    "log.preallocate",
+    "log.roll.hours",
     "log.roll.ms",
     "log.tail.cache.bytes",
     "log.read.ahead.bytes",
@@ -117,6 +119,18 @@ pub const WEIR_KEYS: &[&str] = &[
     "controller.listener.names",
     "sasl.mechanism.inter.broker.protocol",
     "security.inter.broker.protocol",
+    // security/sasl.rs, security/tls.rs, security/peer.rs, security/scram_bootstrap.rs
+    "sasl.jaas.config",
+    "sasl.mechanism.controller.protocol",
+    "scram.bootstrap.credentials",
+    "ssl.endpoint.identification.algorithm",
+    // api/admin.rs: refused (TOPIC_DELETION_DISABLED) when false
+    "delete.topic.enable",
+    // config.rs: refused at startup (weir cannot run Kafka's Java policies, or form a
+    // quorum from bootstrap servers), rather than running without them
+    "alter.config.policy.class.name",
+    "controller.quorum.bootstrap.servers",
+    "create.topic.policy.class.name",
     // security/authorizer.rs
     "allow.everyone.if.no.acl.found",
     "authorizer.class.name",
@@ -133,7 +147,6 @@ pub const WEIR_KEYS: &[&str] = &[
 
 /// Kafka broker keys weir accepts without using them (Kafka 3.x/4.x `KafkaConfig`).
 const KAFKA_KEYS: &[&str] = &[
-    "alter.config.policy.class.name",
     "alter.log.dirs.replication.quota.window.num",
     "auto.include.jmx.reporter",
     "background.threads",
@@ -147,15 +160,12 @@ const KAFKA_KEYS: &[&str] = &[
     "controlled.shutdown.max.retries",
     "controlled.shutdown.retry.backoff.ms",
     "controller.quorum.append.linger.ms",
-    "controller.quorum.bootstrap.servers",
     "controller.quorum.election.backoff.max.ms",
     "controller.quorum.fetch.timeout.ms",
     "controller.quorum.request.timeout.ms",
     "controller.quorum.retry.backoff.ms",
     "controller.socket.timeout.ms",
-    "create.topic.policy.class.name",
     "delete.records.purgatory.purge.interval.requests",
-    "delete.topic.enable",
     "early.start.listeners",
     "eligible.leader.replicas.enable",
     "fetch.purgatory.purge.interval.requests",
@@ -177,8 +187,6 @@ const KAFKA_KEYS: &[&str] = &[
     "log.message.downconversion.enable",
     "log.message.format.version",
     "log.message.timestamp.difference.max.ms",
-    "log.preallocate",
-    "log.roll.hours",
     "log.roll.jitter.hours",
     "log.roll.jitter.ms",
     "log.segment.delete.delay.ms",
@@ -271,8 +279,6 @@ pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
     "log.cleaner.min.compaction.lag.ms",
     "log.cleaner.threads",
     "log.message.downconversion.enable",
-    "log.preallocate",
-    "log.roll.hours",
     "log.roll.jitter.hours",
     "log.roll.jitter.ms",
     "log.segment.delete.delay.ms",
@@ -363,8 +369,18 @@ pub enum KeyKind {
     Unknown,
 }
 
-/// What weir does with `key`.
+/// What weir does with `key`. A per-listener key (`listener.name.<l>.<key>`, also
+/// `listener.name.<l>.<mechanism>.sasl.jaas.config`) is what its `<key>` is.
 pub fn kind(key: &str) -> KeyKind {
+    if let Some(rest) = key.strip_prefix("listener.name.")
+        && let Some((_listener, key)) = rest.split_once('.')
+    {
+        return match kind(key) {
+            KeyKind::Used => KeyKind::Used,
+            _ if key.ends_with(".sasl.jaas.config") => KeyKind::Used,
+            _ => KeyKind::KafkaIgnored,
+        };
+    }
     if WEIR_KEYS.contains(&key) {
         KeyKind::Used
     } else if KAFKA_KEYS.contains(&key) || KAFKA_PREFIXES.iter().any(|p| key.starts_with(p)) {
@@ -432,6 +448,29 @@ mod tests {
         assert_eq!(dynamic_kind("num.partitions"), Dynamic::ReadOnly);
         assert_eq!(dynamic_kind("broker.rack"), Dynamic::ReadOnly);
         assert_eq!(dynamic_kind("foo.bar"), Dynamic::Unknown);
+        // Keys weir reads at startup, under a listener's prefix too: refused at runtime
+        // (a "successful" certificate rotation that changes nothing would mislead).
+        for key in [
+            "listener.name.ext.ssl.keystore.location",
+            "listener.name.ext.plain.sasl.jaas.config",
+            "listener.name.ext.sasl.enabled.mechanisms",
+            "sasl.jaas.config",
+            "ssl.endpoint.identification.algorithm",
+            "log.roll.hours",
+            "log.preallocate",
+        ] {
+            assert_eq!(kind(key), KeyKind::Used, "{key}");
+            assert_eq!(dynamic_kind(key), Dynamic::ReadOnly, "{key}");
+        }
+        assert_eq!(kind("scram.bootstrap.credentials"), KeyKind::Used);
+        assert_eq!(
+            kind("listener.name.ext.ssl.cipher.suites"),
+            KeyKind::KafkaIgnored
+        );
+        assert_eq!(
+            dynamic_kind("listener.name.ext.ssl.cipher.suites"),
+            Dynamic::Stored
+        );
         for (k, _) in DYNAMIC_APPLIED {
             assert_eq!(kind(k), KeyKind::Used, "{k}");
         }

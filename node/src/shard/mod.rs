@@ -430,27 +430,10 @@ impl Shard {
         }
     }
 
-    /// Broker properties (passed through for storage keys such as `log.tail.cache.bytes`),
-    /// then broker topic defaults, then the topic's own overrides.
+    /// The broker's log defaults ([`Config::log_defaults`](crate::config::Config::log_defaults)),
+    /// then the topic's own overrides, which replace them key by key.
     pub fn topic_configs(&self, overrides: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        for key in [
-            "log.tail.cache.bytes",
-            "log.read.ahead.bytes",
-            "log.index.interval.bytes",
-            "log.flush.interval.messages",
-            "log.flush.interval.ms",
-            "log.roll.ms",
-            "producer.id.expiration.ms",
-        ] {
-            if let Some(v) = self.config().props.get(key) {
-                m.insert(key.to_string(), v.to_string());
-            }
-        }
-        if self.config().flush_on_ack {
-            m.insert("log.flush.on.ack".into(), "true".into());
-        }
-        m.extend(self.config().topic_defaults());
+        let mut m = self.config().log_defaults();
         m.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
         m
     }

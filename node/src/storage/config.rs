@@ -174,8 +174,8 @@ impl LogConfig {
             "flush.interval.messages" | "flush.messages" => {
                 self.flush_interval_messages = positive::<i64>(key, value)? as u64
             }
-            "flush.interval.ms" | "flush.ms" => self.flush_interval_ms = parse(key, value)?,
-            "flush.on.ack" => self.flush_on_ack = parse(key, value)?,
+            "flush.interval.ms" | "flush.ms" => self.flush_interval_ms = non_negative(key, value)?,
+            "flush.on.ack" => self.flush_on_ack = boolean(key, value)?,
             "message.timestamp.type" => {
                 self.message_timestamp_type = match value {
                     "CreateTime" => TimestampType::CreateTime,
@@ -189,7 +189,7 @@ impl LogConfig {
             "message.timestamp.after.max.ms" => {
                 self.message_timestamp_after_max_ms = non_negative(key, value)?
             }
-            "preallocate" => self.preallocate = parse(key, value)?,
+            "preallocate" => self.preallocate = boolean(key, value)?,
             "tail.cache.bytes" => self.tail_cache_bytes = parse(key, value)?,
             "read.ahead.bytes" => self.read_ahead_bytes = parse(key, value)?,
             "cleanup.policy" => {
@@ -241,6 +241,15 @@ fn positive<T: std::str::FromStr + PartialOrd + Default>(key: &str, value: &str)
     Ok(v)
 }
 
+/// `true` or `false` in any case, as Kafka's boolean configs.
+fn boolean(key: &str, value: &str) -> Result<bool> {
+    match value.trim() {
+        v if v.eq_ignore_ascii_case("true") => Ok(true),
+        v if v.eq_ignore_ascii_case("false") => Ok(false),
+        _ => Err(bad(key, value, "must be true or false")),
+    }
+}
+
 fn non_negative(key: &str, value: &str) -> Result<i64> {
     let v: i64 = parse(key, value)?;
     if v < 0 {
@@ -283,8 +292,16 @@ mod tests {
         assert!(c.set("segment.bytes", "12").is_err());
         assert!(c.set("segment.bytes", "x").is_err());
         assert!(c.set("retention.bytes", "-2").is_err());
+        // Kafka: flush.ms is at least 0 (a negative value fsynced on every append).
+        assert!(c.set("flush.ms", "-1").is_err());
+        assert!(c.set("preallocate", "yes").is_err());
         assert!(!c.set("min.insync.replicas", "2").unwrap());
         assert_eq!(c, LogConfig::default());
+        // Booleans in any case, as Kafka's.
+        assert!(c.set("preallocate", "FALSE").unwrap());
+        assert!(!c.preallocate);
+        assert!(c.set("log.flush.on.ack", "True").unwrap());
+        assert!(c.flush_on_ack);
     }
 
     #[test]
