@@ -994,6 +994,34 @@ const INTEGER_KEYS: &[(&str, i64, i64)] = &[
     ("group.max.size", 1, i32::MAX as i64),
     ("transaction.state.log.segment.bytes", 1, i32::MAX as i64),
     ("replica.lag.time.max.ms", 1, i64::MAX),
+    // Kafka's ranges; a bad value used to become the default (or be clamped) silently.
+    ("transaction.state.log.num.partitions", 1, 1_000),
+    (
+        "transaction.state.log.replication.factor",
+        1,
+        i16::MAX as i64,
+    ),
+    ("transaction.state.log.min.isr", 1, i32::MAX as i64),
+    ("transaction.max.timeout.ms", 1, i32::MAX as i64),
+    ("transactional.id.expiration.ms", 1, i32::MAX as i64),
+    (
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        1,
+        i32::MAX as i64,
+    ),
+    (
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        1,
+        i32::MAX as i64,
+    ),
+    ("producer.id.expiration.ms", 1, i32::MAX as i64),
+    ("replica.fetch.max.bytes", 0, i32::MAX as i64),
+    ("replica.fetch.min.bytes", 0, i32::MAX as i64),
+    ("replica.fetch.wait.max.ms", 0, i32::MAX as i64),
+    ("replica.fetch.response.max.bytes", 0, i32::MAX as i64),
+    ("replica.high.watermark.checkpoint.interval.ms", 0, i64::MAX),
+    ("log.retention.check.interval.ms", 1, i64::MAX),
+    ("weir.shard.stall.warn.ms", 0, i64::MAX),
 ];
 
 fn value_err(key: &str, value: &str, reason: &'static str) -> ConfigError {
@@ -1182,6 +1210,10 @@ mod tests {
             ("create.topic.policy.class.name", "com.example.Policy"),
             ("alter.config.policy.class.name", "com.example.Policy"),
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
+            ("transaction.state.log.min.isr", "two"),
+            ("transaction.max.timeout.ms", "0"),
+            ("producer.id.expiration.ms", "-5"),
+            ("replica.fetch.wait.max.ms", "soon"),
         ] {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }
