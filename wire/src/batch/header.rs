@@ -27,6 +27,7 @@ use zerocopy::byteorder::big_endian::{I16, I32, I64, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::WireError;
+use crate::batch::records::{RecordRef, walk_batch};
 use crate::types::{LeaderEpoch, Offset, ProducerEpoch, ProducerId, Sequence};
 
 /// Size of the fixed batch header.
@@ -293,14 +294,30 @@ fn check_counts(header: &BatchHeader, total: usize) -> Result<(), WireError> {
     Ok(())
 }
 
-/// What Kafka checks of a batch a client produces, beyond [`validate_batch`] (which holds
-/// for every stored batch, cleaned ones included): not a control batch (only brokers write
-/// transaction markers), at least one record, `lastOffsetDelta` = `recordsCount` − 1, and,
-/// when uncompressed, record i has offsetDelta i and the records fill the batch exactly.
-/// Otherwise consumers would give a batch's records offsets that the broker assigned to
-/// the batches after it, and skip those. `batch` is one whole batch, already validated.
-/// Compressed records are not walked here: that needs decompressing on the produce path.
+/// Bound on a produced batch's records once decompressed when the caller names none.
+pub const PRODUCED_DECOMPRESSED_BYTES_DEFAULT: usize = 64 << 20;
+
+/// [`walk_produced_batch`] with the default decompression bound and no visitor.
 pub fn check_produced_batch(batch: &[u8]) -> Result<(), WireError> {
+    walk_produced_batch(batch, PRODUCED_DECOMPRESSED_BYTES_DEFAULT, |_, _| Ok(()))
+}
+
+/// What Kafka's `LogValidator` checks of a batch a client produces, beyond
+/// [`validate_batch`] (which holds for every stored batch, cleaned ones included): not a
+/// control batch (only brokers write transaction markers), at least one record,
+/// `lastOffsetDelta` = `recordsCount` − 1, and every record opened — decompressed first
+/// if the batch is, into at most `max_decompressed_bytes` — and walked: exactly
+/// `recordsCount` records, record i has offsetDelta i, each parses to exactly its length,
+/// no null header key. Otherwise consumers would give a batch's records offsets that the
+/// broker assigned to the batches after it, skip records, or stop at the batch for good.
+/// Each record goes to `visit` (key, timestamp checks), which may refuse it. `batch` is
+/// one whole batch, already validated. Record errors' offsets are within the records
+/// section (the decompressed one if compressed).
+pub fn walk_produced_batch(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+    mut visit: impl FnMut(usize, RecordRef<'_>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
     let header = read_header(batch)?;
     let invalid = |field, offset, reason| WireError::Invalid {
         field,
@@ -329,47 +346,16 @@ pub fn check_produced_batch(batch: &[u8]) -> Result<(), WireError> {
             "does not match recordsCount - 1",
         ));
     }
-    if header.attributes().compression() != Some(Compression::None) {
-        return Ok(());
-    }
-    let records = batch
-        .get(BATCH_HEADER_SIZE..header.total_size())
-        .unwrap_or(&[]);
-    let mut pos = 0usize;
-    for i in 0..count {
-        let mut r = crate::codec::Reader::new(records.get(pos..).unwrap_or(&[]));
-        let length = r.varint("record length")?;
-        let body = r.position();
-        let length = usize::try_from(length)
-            .ok()
-            .filter(|l| *l <= r.remaining())
-            .ok_or(invalid(
-                "record length",
-                BATCH_HEADER_SIZE + pos,
-                "outside the batch",
-            ))?;
-        r.i8("record attributes")?;
-        r.varlong("timestampDelta")?;
-        if r.varint("offsetDelta")? != i {
+    walk_batch(batch, max_decompressed_bytes, |i, record| {
+        if usize::try_from(record.offset_delta).ok() != Some(i) {
             return Err(invalid(
                 "offsetDelta",
-                BATCH_HEADER_SIZE + pos,
+                i,
                 "record offsets must run 0, 1, 2, ... in a batch",
             ));
         }
-        if r.position() > body + length {
-            return Err(invalid(
-                "record length",
-                BATCH_HEADER_SIZE + pos,
-                "too short",
-            ));
-        }
-        pos += body + length;
-    }
-    if pos != records.len() {
-        return Err(invalid("recordsCount", 57, "bytes after the last record"));
-    }
-    Ok(())
+        visit(i, record)
+    })
 }
 
 /// Splits a `records` blob (as carried by Produce or Fetch) into validated batches.
@@ -414,4 +400,163 @@ pub fn assign_offsets(
     header.base_offset.set(base_offset.get());
     header.partition_leader_epoch.set(leader_epoch.get());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{SnappyFraming, compress};
+    use crate::codec::{put_varint, put_varlong};
+
+    /// One record by hand: `headers` is the count written, followed by `header_bytes`.
+    fn record(offset_delta: i32, key: Option<&[u8]>, headers: i32, header_bytes: &[u8]) -> Vec<u8> {
+        let mut body = vec![0u8];
+        put_varlong(&mut body, 0);
+        put_varint(&mut body, offset_delta);
+        match key {
+            Some(k) => {
+                put_varint(&mut body, k.len() as i32);
+                body.extend_from_slice(k);
+            }
+            None => put_varint(&mut body, -1),
+        }
+        put_varint(&mut body, 1);
+        body.push(b'v');
+        put_varint(&mut body, headers);
+        body.extend_from_slice(header_bytes);
+        let mut out = Vec::new();
+        put_varint(&mut out, body.len() as i32);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// A batch around `records` (compressed with `codec`) claiming `count` records, with a
+    /// correct CRC so that only the rule under test can refuse it.
+    fn batch(codec: Compression, records: &[u8], count: i32) -> Vec<u8> {
+        let body = compress(codec, records, SnappyFraming::Xerial).expect("compresses");
+        raw_batch(codec, &body, count)
+    }
+
+    fn raw_batch(codec: Compression, body: &[u8], count: i32) -> Vec<u8> {
+        let mut b = vec![0u8; BATCH_HEADER_SIZE];
+        b.extend_from_slice(body);
+        let length = (b.len() - LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&length.to_be_bytes());
+        b[16] = MAGIC_V2;
+        b[21..23].copy_from_slice(&codec.bits().to_be_bytes());
+        b[23..27].copy_from_slice(&count.wrapping_sub(1).to_be_bytes());
+        b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+        b[57..61].copy_from_slice(&count.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    fn records(deltas: &[i32]) -> Vec<u8> {
+        deltas
+            .iter()
+            .flat_map(|d| record(*d, Some(b"k"), 0, &[]))
+            .collect()
+    }
+
+    const CODECS: [Compression; 5] = [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+
+    #[test]
+    fn well_formed_batches_pass_with_every_codec() {
+        for codec in CODECS {
+            let b = batch(codec, &records(&[0, 1, 2]), 3);
+            validate_batch(&b).expect("valid framing");
+            check_produced_batch(&b).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn compressed_records_are_opened_and_walked() {
+        for codec in CODECS {
+            // One record at offsetDelta 1000000: Java consumers would skip records.
+            let b = batch(codec, &records(&[1_000_000]), 1);
+            assert!(check_produced_batch(&b).is_err(), "{codec:?} offsetDelta");
+            // More records claimed than present, and fewer.
+            let b = batch(codec, &records(&[0, 1]), 3);
+            assert!(check_produced_batch(&b).is_err(), "{codec:?} count high");
+            let b = batch(codec, &records(&[0, 1, 2]), 2);
+            assert!(check_produced_batch(&b).is_err(), "{codec:?} count low");
+            // A null header key, and a record shorter than its fields.
+            let null_key = record(0, Some(b"k"), 1, &[1, 0]);
+            assert!(check_produced_batch(&batch(codec, &null_key, 1)).is_err());
+            let mut short = record(0, Some(b"k"), 0, &[]);
+            short[0] -= 2; // length varint (zigzag): one byte less
+            short.pop();
+            assert!(check_produced_batch(&batch(codec, &short, 1)).is_err());
+        }
+    }
+
+    #[test]
+    fn data_that_does_not_decompress_is_refused() {
+        for codec in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
+            let b = raw_batch(codec, b"definitely not compressed data", 1);
+            validate_batch(&b).expect("valid framing");
+            assert!(
+                matches!(
+                    check_produced_batch(&b),
+                    Err(WireError::Decompression { .. })
+                ),
+                "{codec:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_huge_count_in_a_small_compressed_batch_is_refused() {
+        // ~100 bytes claiming i32::MAX records would move the log end by 2^31.
+        let b = batch(Compression::Lz4, &records(&[0]), i32::MAX);
+        validate_batch(&b).expect("the header alone cannot tell");
+        assert!(matches!(
+            check_produced_batch(&b),
+            Err(WireError::TooLarge {
+                field: "recordsCount",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_header_count_above_the_record_length_is_refused_before_allocating() {
+        // 33 million headers claimed by a record of a few bytes, and 1000 by one followed
+        // by bytes that would read as headers: the record's own length bounds the count.
+        let huge = record(0, Some(b"k"), 33_000_000, &[2, b'h', 0]);
+        let mut followed = record(0, Some(b"k"), 1000, &[]);
+        followed.extend_from_slice(&[0; 4000]);
+        for rec in [huge, followed] {
+            headers_count_refused(&rec);
+        }
+    }
+
+    fn headers_count_refused(rec: &[u8]) {
+        for codec in [Compression::None, Compression::Zstd] {
+            let b = batch(codec, rec, 1);
+            assert!(matches!(
+                check_produced_batch(&b),
+                Err(WireError::TooLarge {
+                    field: "headersCount",
+                    ..
+                })
+            ));
+            let (_, mut iter) =
+                crate::batch::batch_records(&bytes::Bytes::from(b), 1 << 20).expect("batch");
+            assert!(matches!(
+                iter.next(),
+                Some(Err(WireError::TooLarge {
+                    field: "headersCount",
+                    ..
+                }))
+            ));
+        }
+    }
 }

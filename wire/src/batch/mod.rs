@@ -16,7 +16,9 @@ pub use builder::{BatchBuilder, NewRecord, control_batch};
 pub use compression::{SnappyFraming, compress, decompress};
 pub use header::{
     Attributes, BATCH_HEADER_SIZE, BatchHeader, BatchView, Compression, LOG_OVERHEAD, MAGIC_V2,
-    MIN_RECORD_SIZE, TimestampType, assign_offsets, check_produced_batch, read_header,
-    split_batches, validate_batch,
+    MIN_RECORD_SIZE, PRODUCED_DECOMPRESSED_BYTES_DEFAULT, TimestampType, assign_offsets,
+    check_produced_batch, read_header, split_batches, validate_batch, walk_produced_batch,
 };
-pub use records::{Record, RecordHeader, RecordIter, batch_records};
+pub use records::{
+    Record, RecordHeader, RecordIter, RecordRef, batch_records, walk_batch, walk_records,
+};

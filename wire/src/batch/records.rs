@@ -17,6 +17,8 @@
 //! headers         [headerKeyLength varint, headerKey, headerValueLength varint, value]
 //! ```
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
 use crate::WireError;
@@ -82,59 +84,52 @@ impl RecordIter {
     }
 
     fn next_record(&mut self) -> Result<Record, WireError> {
-        let mut r = Reader::over_at(&self.bytes, self.pos);
-        let start = r.position();
-        let length = r.varint("record length")?;
-        let length = usize::try_from(length).map_err(|_| WireError::Invalid {
-            field: "record length",
-            offset: start,
-            reason: "negative",
-        })?;
-        let body_start = r.position();
-        if length > r.remaining() {
-            return Err(WireError::UnexpectedEof {
-                field: "record",
-                offset: body_start,
-                need: length,
-                have: r.remaining(),
-            });
-        }
-        let record = parse_record_body(&mut r)?;
-        if r.position() - body_start != length {
-            return Err(WireError::Invalid {
-                field: "record length",
-                offset: start,
-                reason: "does not match the record's fields",
-            });
-        }
-        self.pos = r.position();
+        let (body, next) = record_body_at(&self.bytes, self.pos)?;
+        let start = body.start;
+        // The record's own bytes bound every count inside it (headers above all).
+        let body = self.bytes.slice(body);
+        let mut r = Reader::over(&body);
+        let record = parse_record_body(&mut r).map_err(|e| e.shifted(start))?;
+        self.pos = next;
         Ok(record)
     }
 }
 
+/// Most headers a decoded record reserves room for before it has read them: the count is
+/// the sender's, so a larger one grows the Vec only as headers are actually read.
+const HEADERS_PREALLOCATED_MAX: usize = 64;
+
+/// The record at `pos` of `records`: the range of its body (after its length varint) and
+/// where the next record starts. Its length is checked against the bytes present.
+fn record_body_at(records: &[u8], pos: usize) -> Result<(Range<usize>, usize), WireError> {
+    let mut r = Reader::new(records.get(pos..).unwrap_or(&[]));
+    let length = r.varint("record length").map_err(|e| e.shifted(pos))?;
+    let length = usize::try_from(length).map_err(|_| WireError::Invalid {
+        field: "record length",
+        offset: pos,
+        reason: "negative",
+    })?;
+    let body_start = pos + r.position();
+    if length > r.remaining() {
+        return Err(WireError::UnexpectedEof {
+            field: "record",
+            offset: body_start,
+            need: length,
+            have: r.remaining(),
+        });
+    }
+    Ok((body_start..body_start + length, body_start + length))
+}
+
+/// Reads a record's fields from a reader over exactly its body; every byte must be used.
 fn parse_record_body(r: &mut Reader<'_>) -> Result<Record, WireError> {
     let attributes = r.i8("record attributes")?;
     let timestamp_delta = r.varlong("timestampDelta")?;
     let offset_delta = r.varint("offsetDelta")?;
     let key = varint_bytes(r, "record key")?;
     let value = varint_bytes(r, "record value")?;
-    let at = r.position();
-    let count = r.varint("headersCount")?;
-    let max = r.remaining() / MIN_HEADER_SIZE;
-    let count = usize::try_from(count).map_err(|_| WireError::Invalid {
-        field: "headersCount",
-        offset: at,
-        reason: "negative",
-    })?;
-    if count > max {
-        return Err(WireError::TooLarge {
-            field: "headersCount",
-            offset: at,
-            size: count as u64,
-            max: max as u64,
-        });
-    }
-    let mut headers = Vec::with_capacity(count);
+    let count = headers_count(r)?;
+    let mut headers = Vec::with_capacity(count.min(HEADERS_PREALLOCATED_MAX));
     for _ in 0..count {
         let hat = r.position();
         let key = varint_bytes(r, "header key")?.ok_or(WireError::Invalid {
@@ -145,6 +140,7 @@ fn parse_record_body(r: &mut Reader<'_>) -> Result<Record, WireError> {
         let value = varint_bytes(r, "header value")?;
         headers.push(RecordHeader { key, value });
     }
+    end_of_record(r)?;
     Ok(Record {
         attributes,
         timestamp_delta,
@@ -153,6 +149,145 @@ fn parse_record_body(r: &mut Reader<'_>) -> Result<Record, WireError> {
         value,
         headers,
     })
+}
+
+/// The headers count, bounded by the bytes left in the record: each header takes at least
+/// [`MIN_HEADER_SIZE`] bytes.
+fn headers_count(r: &mut Reader<'_>) -> Result<usize, WireError> {
+    let at = r.position();
+    let count = r.varint("headersCount")?;
+    let count = usize::try_from(count).map_err(|_| WireError::Invalid {
+        field: "headersCount",
+        offset: at,
+        reason: "negative",
+    })?;
+    let max = r.remaining() / MIN_HEADER_SIZE;
+    if count > max {
+        return Err(WireError::TooLarge {
+            field: "headersCount",
+            offset: at,
+            size: count as u64,
+            max: max as u64,
+        });
+    }
+    Ok(count)
+}
+
+fn end_of_record(r: &Reader<'_>) -> Result<(), WireError> {
+    if !r.is_empty() {
+        return Err(WireError::Invalid {
+            field: "record length",
+            offset: r.position(),
+            reason: "does not match the record's fields",
+        });
+    }
+    Ok(())
+}
+
+/// One record as [`walk_records`] sees it: fields borrowed from the records bytes, nothing
+/// allocated. Headers are checked (lengths, no null key) and skipped; only their count is
+/// kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    pub attributes: i8,
+    pub timestamp_delta: i64,
+    pub offset_delta: i32,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers_count: usize,
+}
+
+/// Walks the `count` records of an uncompressed records section, handing each to `visit`
+/// with its index, and allocates nothing: the check a broker makes of every produced
+/// record. Fails on the first record that does not parse to exactly its length, on a
+/// count the bytes cannot hold, on bytes left after the last record, or with `visit`'s
+/// own error. Error offsets are from the start of `records`.
+pub fn walk_records<'a>(
+    records: &'a [u8],
+    count: i32,
+    mut visit: impl FnMut(usize, RecordRef<'a>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    let count = usize::try_from(count).map_err(|_| WireError::Invalid {
+        field: "recordsCount",
+        offset: 0,
+        reason: "negative",
+    })?;
+    let max = records.len() / MIN_RECORD_SIZE;
+    if count > max {
+        return Err(WireError::TooLarge {
+            field: "recordsCount",
+            offset: 0,
+            size: count as u64,
+            max: max as u64,
+        });
+    }
+    let mut pos = 0usize;
+    for i in 0..count {
+        let (body, next) = record_body_at(records, pos)?;
+        let start = body.start;
+        let record = walk_record_body(&records[body]).map_err(|e| e.shifted(start))?;
+        visit(i, record)?;
+        pos = next;
+    }
+    if pos != records.len() {
+        return Err(WireError::Invalid {
+            field: "records",
+            offset: pos,
+            reason: "bytes left after the last record",
+        });
+    }
+    Ok(())
+}
+
+/// [`parse_record_body`] without collecting anything: key and value borrowed, headers
+/// skipped by their lengths.
+fn walk_record_body(body: &[u8]) -> Result<RecordRef<'_>, WireError> {
+    let mut r = Reader::new(body);
+    let attributes = r.i8("record attributes")?;
+    let timestamp_delta = r.varlong("timestampDelta")?;
+    let offset_delta = r.varint("offsetDelta")?;
+    let key = varint_slice(&mut r, "record key")?;
+    let value = varint_slice(&mut r, "record value")?;
+    let headers_count = headers_count(&mut r)?;
+    for _ in 0..headers_count {
+        let hat = r.position();
+        if varint_slice(&mut r, "header key")?.is_none() {
+            return Err(WireError::Invalid {
+                field: "header key",
+                offset: hat,
+                reason: "null header key",
+            });
+        }
+        varint_slice(&mut r, "header value")?;
+    }
+    end_of_record(&r)?;
+    Ok(RecordRef {
+        attributes,
+        timestamp_delta,
+        offset_delta,
+        key,
+        value,
+        headers_count,
+    })
+}
+
+/// Varint-length-prefixed bytes borrowed from the reader's slice; -1 is null.
+fn varint_slice<'a>(
+    r: &mut Reader<'a>,
+    field: &'static str,
+) -> Result<Option<&'a [u8]>, WireError> {
+    let at = r.position();
+    let len = r.varint(field)?;
+    if len == -1 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len).map_err(|_| WireError::Invalid {
+        field,
+        offset: at,
+        reason: "negative length",
+    })?;
+    let range = r.take(field, len)?;
+    Ok(Some(r.slice_of(range)))
 }
 
 /// Varint-length-prefixed bytes; -1 is null.
@@ -217,4 +352,32 @@ pub fn batch_records(
     let iter = RecordIter::new(records, header.records_count())
         .map_err(|e| e.shifted(BATCH_HEADER_SIZE))?;
     Ok((header, iter))
+}
+
+/// Walks the records of one batch already checked by
+/// [`validate_batch`](crate::batch::validate_batch) (see [`walk_records`]). A compressed
+/// batch is decompressed first into one buffer of at most `max_decompressed_bytes`;
+/// an uncompressed one is walked in place, nothing copied. Error offsets are within the
+/// records section (the decompressed one if compressed).
+pub fn walk_batch(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+    visit: impl FnMut(usize, RecordRef<'_>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    let header = crate::batch::read_header(batch)?;
+    let end = header.total_size().min(batch.len());
+    let raw = batch.get(BATCH_HEADER_SIZE..end).unwrap_or(&[]);
+    let count = header.records_count();
+    match header.attributes().compression() {
+        Some(Compression::None) => walk_records(raw, count, visit),
+        Some(codec) => {
+            let records = decompress(codec, raw, max_decompressed_bytes)?;
+            walk_records(&records, count, visit)
+        }
+        None => Err(WireError::Invalid {
+            field: "attributes",
+            offset: 21,
+            reason: "unknown compression codec",
+        }),
+    }
 }
