@@ -675,6 +675,35 @@ fn timestamps_outside_the_topics_limits_are_refused() {
         produce(&mut c, "ts-append", 0, 1, batch(&[b"later"], far_future)).0,
         0
     );
+
+    // Every record is checked (KIP-937), not only the header's range: a far-future record
+    // behind a header maxTimestamp of now is refused, and named.
+    let with_max = |timestamps: &[i64], max: i64| {
+        let b = wire::batch::BatchBuilder {
+            records: timestamps
+                .iter()
+                .map(|t| wire::batch::NewRecord::value(*t, Bytes::from_static(b"r")))
+                .collect(),
+            ..Default::default()
+        }
+        .build()
+        .expect("batch");
+        let mut b = b.to_vec();
+        b[35..43].copy_from_slice(&max.to_be_bytes());
+        with_crc(b)
+    };
+    let hidden = with_max(&[now, far_future], now);
+    let resp: ProduceResponse = c.call(api::PRODUCE, PRODUCE_V, &produce_req("ts", 0, 1, hidden));
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, INVALID_TIMESTAMP, "{p:?}");
+    let named: Vec<i32> = p.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(named, vec![1]);
+    // A header maxTimestamp that is not its records' max is corrected, as Kafka's
+    // LogValidator does: the max timestamp ListOffsets finds is the records'.
+    create(&mut c, "ts-max", 1, &[]);
+    let understated = with_max(&[now - 1000, now - 500], now - 1000);
+    assert_eq!(produce(&mut c, "ts-max", 0, 1, understated), (0, 0));
+    assert_eq!(list_offset(&mut c, "ts-max", 0, -3), (0, 1, now - 500));
 }
 
 /// A partition named twice in one ListOffsets gets INVALID_REQUEST for each entry, as in
@@ -795,4 +824,152 @@ fn a_produce_naming_a_partition_twice_is_refused_for_it() {
     assert_eq!(codes, vec![(0, 42), (1, 0), (0, 42)]);
     assert_eq!(list_offset(&mut c, "twice", 0, -1).1, 0, "nothing appended");
     assert_eq!(list_offset(&mut c, "twice", 1, -1).1, 1);
+}
+
+/// One record encoded by hand: value `value`, the given deltas, no key, no headers.
+fn hand_record(offset_delta: i32, timestamp_delta: i64, value: &[u8]) -> Vec<u8> {
+    let mut body = vec![0u8];
+    wire::codec::put_varlong(&mut body, timestamp_delta);
+    wire::codec::put_varint(&mut body, offset_delta);
+    wire::codec::put_varint(&mut body, -1);
+    wire::codec::put_varint(&mut body, value.len() as i32);
+    body.extend_from_slice(value);
+    wire::codec::put_varint(&mut body, 0);
+    let mut out = Vec::new();
+    wire::codec::put_varint(&mut out, body.len() as i32);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A batch around `body` (its records section, already compressed if `codec` says so)
+/// claiming `count` records, with a correct CRC: what a buggy or hostile client can send.
+fn hand_batch(codec: wire::batch::Compression, body: &[u8], count: i32) -> Bytes {
+    let mut b = vec![0u8; wire::batch::BATCH_HEADER_SIZE];
+    b.extend_from_slice(body);
+    let length = (b.len() - wire::batch::LOG_OVERHEAD) as i32;
+    b[8..12].copy_from_slice(&length.to_be_bytes());
+    b[16] = wire::batch::MAGIC_V2;
+    b[21..23].copy_from_slice(&codec.bits().to_be_bytes());
+    b[23..27].copy_from_slice(&count.wrapping_sub(1).to_be_bytes());
+    b[27..35].copy_from_slice(&1i64.to_be_bytes());
+    b[35..43].copy_from_slice(&1i64.to_be_bytes());
+    b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+    b[51..53].copy_from_slice(&(-1i16).to_be_bytes());
+    b[53..57].copy_from_slice(&(-1i32).to_be_bytes());
+    b[57..61].copy_from_slice(&count.to_be_bytes());
+    with_crc(b)
+}
+
+fn with_crc(mut b: Vec<u8>) -> Bytes {
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(b)
+}
+
+/// `hand_batch` of `records` compressed with `codec`.
+fn compressed(codec: wire::batch::Compression, records: &[Vec<u8>], count: i32) -> Bytes {
+    let raw = records.concat();
+    let body =
+        wire::batch::compress(codec, &raw, wire::batch::SnappyFraming::Xerial).expect("compresses");
+    hand_batch(codec, &body, count)
+}
+
+/// Kafka's `LogValidator` opens every produced batch and walks every record, compressed
+/// ones too: a record count that is not the records present, an offsetDelta that is not
+/// the record's index, or data that does not decompress is INVALID_RECORD, and nothing is
+/// appended. Stored, such a batch makes Java consumers skip records or stop at it; a count
+/// of i32::MAX in a 100-byte lz4 batch would move the log end by 2^31.
+#[test]
+fn compressed_batches_are_opened_and_every_record_checked() {
+    use wire::batch::Compression;
+    const INVALID_RECORD: i16 = 87;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "walked", 1, &[]);
+    let good = compressed(
+        Compression::Lz4,
+        &[hand_record(0, 0, b"a"), hand_record(1, 0, b"b")],
+        2,
+    );
+    assert_eq!(produce(&mut c, "walked", 0, 1, good), (0, 0));
+    let built = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord::value(1, Bytes::from_static(b"c"))],
+        compression: Compression::Zstd,
+        ..Default::default()
+    }
+    .build()
+    .expect("zstd batch");
+    assert_eq!(produce(&mut c, "walked", 0, 1, built), (0, 2));
+
+    let refused = [
+        (
+            "offsetDelta 1000000 in a one-record lz4 batch",
+            compressed(Compression::Lz4, &[hand_record(1_000_000, 0, b"x")], 1),
+        ),
+        (
+            "three records claimed, two present",
+            compressed(
+                Compression::Gzip,
+                &[hand_record(0, 0, b"x"), hand_record(1, 0, b"y")],
+                3,
+            ),
+        ),
+        (
+            "one record claimed, two present",
+            compressed(
+                Compression::Snappy,
+                &[hand_record(0, 0, b"x"), hand_record(1, 0, b"y")],
+                1,
+            ),
+        ),
+        (
+            "gzip that does not decompress",
+            hand_batch(Compression::Gzip, b"\x1f\x8b\x08\0 not gzip at all", 1),
+        ),
+        (
+            "recordsCount i32::MAX in a small lz4 batch",
+            compressed(Compression::Lz4, &[hand_record(0, 0, b"x")], i32::MAX),
+        ),
+    ];
+    for (what, batch) in refused {
+        let resp: ProduceResponse =
+            c.call(api::PRODUCE, PRODUCE_V, &produce_req("walked", 0, 1, batch));
+        let p = &resp.responses[0].partition_responses[0];
+        assert_eq!(p.error_code, INVALID_RECORD, "{what}");
+        assert!(p.error_message.is_some(), "{what}: {p:?}");
+    }
+    assert_eq!(
+        list_offset(&mut c, "walked", 0, -1).1,
+        3,
+        "nothing appended"
+    );
+    let (err, _, records, _) = fetch(&mut c, "walked", 0, 0, 0);
+    assert_eq!(err, 0);
+    assert_eq!(
+        record_values(&records),
+        vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+    );
+}
+
+/// Kafka's `ProduceRequest.validateRecords`: from v3 a partition's records are exactly
+/// one batch, else INVALID_RECORD. One batch bounds the decompression one request makes
+/// a shard do for a partition.
+#[test]
+fn two_batches_for_one_partition_are_refused() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "one", 1, &[]);
+    let mut two = batch(&[b"a"], 1).to_vec();
+    two.extend_from_slice(&batch(&[b"b"], 1));
+    for version in [3, PRODUCE_V] {
+        let resp: ProduceResponse = c.call(
+            api::PRODUCE,
+            version,
+            &produce_req("one", 0, 1, Bytes::from(two.clone())),
+        );
+        let p = &resp.responses[0].partition_responses[0];
+        assert_eq!(p.error_code, 87, "v{version}");
+    }
+    assert_eq!(list_offset(&mut c, "one", 0, -1).1, 0, "nothing appended");
+    assert_eq!(produce(&mut c, "one", 0, 1, batch(&[b"c"], 1)), (0, 0));
 }

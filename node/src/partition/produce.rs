@@ -57,11 +57,40 @@ pub struct ProduceOutcome {
     pub error_message: Option<&'static str>,
 }
 
-/// Why records were refused before appending: the error and the records that caused it.
-type Refusal = (i16, Vec<i32>);
+/// Why records were refused before appending: the error, the records that caused it
+/// (indexes in the batch) and a message for the client.
+#[derive(Debug)]
+struct Refusal {
+    error: i16,
+    records: Vec<i32>,
+    message: Option<&'static str>,
+}
+
+impl Refusal {
+    fn code(error: i16) -> Refusal {
+        Refusal {
+            error,
+            records: Vec::new(),
+            message: None,
+        }
+    }
+
+    fn said(error: i16, message: &'static str) -> Refusal {
+        Refusal {
+            message: Some(message),
+            ..Refusal::code(error)
+        }
+    }
+}
 
 /// Kafka's message for a keyless record sent to a compacted topic.
 const KEYLESS_IN_COMPACTED: &str = "Compacted topic cannot accept message without key";
+/// Kafka's message for records outside `message.timestamp.before/after.max.ms`.
+const TIMESTAMP_OUT_OF_RANGE: &str =
+    "One or more records have been rejected due to invalid timestamp";
+/// Kafka's message for a Produce (v3+) partition carrying more than one batch.
+const NOT_ONE_BATCH: &str =
+    "Produce requests are only allowed to contain exactly one record batch per partition";
 
 impl ProduceOutcome {
     /// A produce that appended nothing (`error` is a Kafka error code).
@@ -76,12 +105,11 @@ impl ProduceOutcome {
         }
     }
 
-    fn refused((error, records): Refusal) -> ProduceOutcome {
-        let error_message = (!records.is_empty()).then_some(KEYLESS_IN_COMPACTED);
+    fn refused(refusal: Refusal) -> ProduceOutcome {
         ProduceOutcome {
-            record_errors: records,
-            error_message,
-            ..ProduceOutcome::failed(error)
+            record_errors: refusal.records,
+            error_message: refusal.message,
+            ..ProduceOutcome::failed(refusal.error)
         }
     }
 
@@ -104,7 +132,7 @@ impl Partition {
     /// place). A replica that does not lead answers NOT_LEADER_OR_FOLLOWER.
     pub async fn produce(
         &self,
-        records: BytesMut,
+        mut records: BytesMut,
         acks: Acks,
         deadline: Instant,
         now_ms: i64,
@@ -126,7 +154,7 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        if let Err(refusal) = self.validate(&records, now_ms) {
+        if let Err(refusal) = self.validate(&mut records, now_ms) {
             return ProduceOutcome::refused(refusal);
         }
         if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
@@ -341,7 +369,11 @@ impl Partition {
 
     /// A coordinator's append of a batch it built (see
     /// `PartitionProducers::append_unchecked`), answered once the local append completed.
-    pub async fn append_coordinator(&self, records: BytesMut, now_ms: i64) -> Result<Offset, i16> {
+    pub async fn append_coordinator(
+        &self,
+        mut records: BytesMut,
+        now_ms: i64,
+    ) -> Result<Offset, i16> {
         let epoch = {
             let replica = self.replica.borrow();
             if !replica.is_leader() || self.truncating() {
@@ -349,7 +381,7 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        self.validate(&records, now_ms).map_err(|(code, _)| code)?;
+        self.validate(&mut records, now_ms).map_err(|r| r.error)?;
         self.note_epoch(epoch, self.log.log_end_offset())?;
         let appended = self
             .producers
@@ -396,46 +428,135 @@ impl Partition {
         }
     }
 
-    fn validate(&self, records: &[u8], now_ms: i64) -> Result<(), Refusal> {
-        let code = |c: i16| (c, Vec::new());
-        if records.is_empty() {
-            return Err(code(errors::INVALID_RECORD));
+    /// Kafka's checks of a client's records before they are appended: exactly one batch
+    /// (Produce v3+, the only versions that reach here), within `max.message.bytes`, and
+    /// every record walked (`wire::batch::walk_produced_batch`; a compressed batch is
+    /// decompressed into a bounded buffer): a compacted topic refuses keyless records, a
+    /// CreateTime topic records outside `message.timestamp.before/after.max.ms`. One batch
+    /// bounds the decompression one request makes a shard do per partition. On a
+    /// CreateTime topic a header `maxTimestamp` that is not the records' max is rewritten
+    /// (with the CRC), as Kafka's `LogValidator` does.
+    fn validate(&self, records: &mut [u8], now_ms: i64) -> Result<(), Refusal> {
+        let range = {
+            let mut batches = split_batches(records);
+            let first = batches
+                .next()
+                .ok_or(Refusal::code(errors::INVALID_RECORD))?;
+            let range = first.map_err(|e| Refusal::code(wire_error_code(&e)))?;
+            match batches.next() {
+                None => range,
+                Some(Ok(_)) => return Err(Refusal::said(errors::INVALID_RECORD, NOT_ONE_BATCH)),
+                Some(Err(e)) => return Err(Refusal::code(wire_error_code(&e))),
+            }
+        };
+        if range.len() > self.max_message_bytes.get() {
+            return Err(Refusal::code(errors::MESSAGE_TOO_LARGE));
         }
-        let compacted = self.compacted.get();
-        let config = self.log.config();
-        let create_time = config.message_timestamp_type == wire::batch::TimestampType::CreateTime;
-        let earliest = now_ms.saturating_sub(config.message_timestamp_before_max_ms);
-        let latest = now_ms.saturating_add(config.message_timestamp_after_max_ms);
-        for range in split_batches(records) {
-            let range = range.map_err(|e| code(wire_error_code(&e)))?;
-            if range.len() > self.max_message_bytes.get() {
-                return Err(code(errors::MESSAGE_TOO_LARGE));
-            }
-            if wire::batch::check_produced_batch(&records[range.clone()]).is_err() {
-                return Err(code(errors::INVALID_RECORD));
-            }
-            // Kafka's message.timestamp.before/after.max.ms, on the batch's range of
-            // timestamps (-1: none given, not checked). With LogAppendTime the broker's
-            // clock replaces them.
-            if create_time && let Ok(h) = read_header(&records[range.clone()]) {
-                let (first, max) = (h.base_timestamp(), h.max_timestamp());
-                if (first >= 0 && first < earliest) || max > latest {
-                    return Err(code(errors::INVALID_TIMESTAMP));
-                }
-            }
-            // Kafka: a compacted topic refuses records without a key (the cleaner could
-            // not tell which to keep) with INVALID_RECORD, naming each such record.
-            if compacted {
-                let batch = bytes::Bytes::copy_from_slice(&records[range]);
-                if let Err(keyless) = crate::storage::keyless_records(&batch) {
-                    let indices = keyless
-                        .into_iter()
-                        .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
-                        .collect();
-                    return Err((errors::INVALID_RECORD, indices));
-                }
-            }
+        let checked = self.check_records(&records[range.clone()], now_ms)?;
+        if let Some(max) = checked.max_timestamp {
+            set_max_timestamp(&mut records[range], max);
         }
         Ok(())
+    }
+
+    /// Walks every record of one batch (see [`Partition::validate`]). Returns what the
+    /// walk learnt that the batch may need corrected.
+    fn check_records(&self, batch: &[u8], now_ms: i64) -> Result<Checked, Refusal> {
+        let header = *read_header(batch).map_err(|e| Refusal::code(wire_error_code(&e)))?;
+        let compacted = self.compacted.get();
+        let config = self.log.config();
+        // With LogAppendTime the broker's clock replaces the records' timestamps.
+        let create_time = config.message_timestamp_type == TimestampType::CreateTime;
+        let earliest = now_ms.saturating_sub(config.message_timestamp_before_max_ms);
+        let latest = now_ms.saturating_add(config.message_timestamp_after_max_ms);
+        let decompressed_max =
+            crate::storage::cleaner::decompressed_batch_bytes_max(self.max_message_bytes.get());
+        let (mut keyless, mut out_of_range) = (Vec::new(), Vec::new());
+        let mut max_timestamp = i64::MIN;
+        let walked = wire::batch::walk_produced_batch(batch, decompressed_max, |i, record| {
+            let index = i32::try_from(i).unwrap_or(i32::MAX);
+            // Kafka: a compacted topic refuses records without a key (the cleaner could
+            // not tell which to keep), naming each such record.
+            if compacted && record.key.is_none() {
+                keyless.push(index);
+            }
+            let ts = header
+                .base_timestamp()
+                .saturating_add(record.timestamp_delta);
+            max_timestamp = max_timestamp.max(ts);
+            // Kafka's message.timestamp.before/after.max.ms, per record (KIP-937); -1 is
+            // "no timestamp", not checked.
+            if create_time && ts != -1 && (ts < earliest || ts > latest) {
+                out_of_range.push(index);
+            }
+            Ok(())
+        });
+        if let Err(e) = walked {
+            return Err(Refusal::said(errors::INVALID_RECORD, why_invalid(&e)));
+        }
+        if !out_of_range.is_empty() {
+            // Kafka answers INVALID_TIMESTAMP when any record's timestamp is refused,
+            // naming every refused record.
+            let mut records = out_of_range;
+            records.extend(keyless);
+            records.sort_unstable();
+            records.dedup();
+            return Err(Refusal {
+                error: errors::INVALID_TIMESTAMP,
+                records,
+                message: Some(TIMESTAMP_OUT_OF_RANGE),
+            });
+        }
+        if !keyless.is_empty() {
+            return Err(Refusal {
+                error: errors::INVALID_RECORD,
+                records: keyless,
+                message: Some(KEYLESS_IN_COMPACTED),
+            });
+        }
+        let wrong_max = create_time && header.max_timestamp() != max_timestamp;
+        Ok(Checked {
+            max_timestamp: wrong_max.then_some(max_timestamp),
+        })
+    }
+}
+
+/// What walking a produced batch found to correct.
+struct Checked {
+    /// The records' max timestamp, when the header's differs (CreateTime only).
+    max_timestamp: Option<i64>,
+}
+
+/// Rewrites a batch's `maxTimestamp` and its CRC (which covers it).
+fn set_max_timestamp(batch: &mut [u8], max_timestamp: i64) {
+    /// Where the header's maxTimestamp sits, and the CRC and the bytes it covers.
+    const MAX_TIMESTAMP: std::ops::Range<usize> = 35..43;
+    const CRC: std::ops::Range<usize> = 17..21;
+    const CRC_START: usize = 21;
+    if batch.len() < wire::batch::BATCH_HEADER_SIZE {
+        return;
+    }
+    batch[MAX_TIMESTAMP].copy_from_slice(&max_timestamp.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[CRC_START..]);
+    batch[CRC].copy_from_slice(&crc.to_be_bytes());
+    debug_assert!(wire::batch::validate_batch(batch).is_ok());
+}
+
+/// A client-readable reason for a batch whose records do not walk.
+fn why_invalid(e: &wire::WireError) -> &'static str {
+    use wire::WireError as E;
+    match e {
+        E::Decompression { .. } => "Record batch could not be decompressed",
+        E::TooLarge {
+            field: "recordsCount",
+            ..
+        } => "Record batch holds fewer records than its recordsCount",
+        E::TooLarge {
+            field: "headersCount",
+            ..
+        } => "Record holds fewer headers than its headersCount",
+        E::Invalid { reason, .. } => reason,
+        E::UnexpectedEof { .. } => "Record runs past the end of its batch",
+        _ => "Corrupt record batch",
     }
 }

@@ -51,8 +51,8 @@ use wire::Offset;
 use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header, validate_batch};
 
 pub use batch::{
-    DECOMPRESSED_BATCH_BYTES_MAX, DELETE_HORIZON_BIT, FilterRules, Filtered, Outcome, filter_batch,
-    keyless_records,
+    DECOMPRESSED_BATCH_BYTES_MAX, DELETE_HORIZON_BIT, FilterRules, Filtered, Outcome,
+    decompressed_batch_bytes_max, filter_batch, keyless_records,
 };
 
 use super::atomic::{sync_dir, write_atomic};

@@ -25,9 +25,27 @@ use zerocopy::FromBytes;
 /// Attribute bit 6 (KIP-534): the batch's `baseTimestamp` is its delete horizon, the time
 /// after which the cleaner may remove its tombstones.
 pub const DELETE_HORIZON_BIT: i16 = 0x40;
-/// Bound on a batch's records once decompressed (a produced batch passed the broker's
-/// `message.max.bytes`; this only guards against a damaged one).
+/// Least bound on a batch's records once decompressed (see
+/// [`decompressed_batch_bytes_max`]).
 pub const DECOMPRESSED_BATCH_BYTES_MAX: usize = 64 << 20;
+/// Most any batch's records may take once decompressed, whatever the topic allows.
+pub const DECOMPRESSED_BATCH_BYTES_CEILING: usize = 1 << 30;
+/// How many times its wire size a batch may grow when decompressed, beyond the floor.
+const DECOMPRESSION_RATIO_MAX: usize = 8;
+
+/// Bound on one batch's records once decompressed, on a topic whose batches are at most
+/// `max_message_bytes` on the wire: 8 times that, at least 64 MiB, at most 1 GiB. The
+/// produce check and the cleaner share it, so a batch the broker accepted is one its
+/// cleaner can open (a fixed 64 MiB refused legitimate big batches); the bound only
+/// guards against a batch that claims to decompress to gigabytes.
+pub fn decompressed_batch_bytes_max(max_message_bytes: usize) -> usize {
+    max_message_bytes
+        .saturating_mul(DECOMPRESSION_RATIO_MAX)
+        .clamp(
+            DECOMPRESSED_BATCH_BYTES_MAX,
+            DECOMPRESSED_BATCH_BYTES_CEILING,
+        )
+}
 /// Where the CRC-covered bytes begin.
 const CRC_START: usize = 21;
 
@@ -253,23 +271,22 @@ fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
 /// the broker's own and pass. A batch whose records cannot be decoded fails with every
 /// index from the first undecodable record on (the caller answers INVALID_RECORD too).
 pub fn keyless_records(batch: &Bytes) -> Result<(), Vec<usize>> {
-    let (header, records) = match batch_records(batch, DECOMPRESSED_BATCH_BYTES_MAX) {
-        Ok(v) => v,
-        Err(_) => return Err(vec![0]),
-    };
+    let header = wire::batch::validate_batch(batch)
+        .map_err(|_| vec![0])?
+        .header;
     if Attributes(header.attributes.get()).is_control() {
         return Ok(());
     }
     let mut bad = Vec::new();
-    for (i, record) in records.enumerate() {
-        match record {
-            Ok(r) if r.key.is_some() => {}
-            Ok(_) => bad.push(i),
-            Err(_) => {
-                bad.push(i);
-                break;
-            }
+    let walked = wire::batch::walk_batch(batch, DECOMPRESSED_BATCH_BYTES_MAX, |i, r| {
+        if r.key.is_none() {
+            bad.push(i);
         }
+        Ok(())
+    });
+    if walked.is_err() {
+        // Where the walk stopped is not known here: the whole batch is named.
+        return Err(vec![0]);
     }
     if bad.is_empty() { Ok(()) } else { Err(bad) }
 }
