@@ -48,11 +48,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use wire::Offset;
-use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header, validate_batch};
+use wire::batch::{BATCH_HEADER_SIZE, read_header, records_section, validate_batch, walk_records};
 
 pub use batch::{
     DECOMPRESSED_BATCH_BYTES_MAX, DELETE_HORIZON_BIT, FilterRules, Filtered, Outcome,
-    decompressed_batch_bytes_max, filter_batch, keyless_records,
+    STORED_DECOMPRESSED_BYTES_MAX, decompressed_batch_bytes_max, filter_batch, keyless_records,
 };
 
 use super::atomic::{sync_dir, write_atomic};
@@ -294,19 +294,21 @@ impl OffsetMap {
         batch: &Bytes,
         bounds: &CleanBounds,
     ) -> std::result::Result<bool, String> {
-        let (header, records) =
-            batch_records(batch, DECOMPRESSED_BATCH_BYTES_MAX).map_err(|e| e.to_string())?;
+        let (header, section) =
+            records_section(batch, STORED_DECOMPRESSED_BYTES_MAX).map_err(|e| e.to_string())?;
         let attributes = header.attributes();
         let aborted = attributes.is_transactional()
             && bounds.is_aborted(header.producer_id.get(), header.base_offset());
         let mut keys = Vec::new();
         if !attributes.is_control() && !aborted {
-            for r in records {
-                let r = r.map_err(|e| e.to_string())?;
+            // Walked, not decoded: only keys are wanted, headers are skipped unread.
+            walk_records(&section, header.records_count(), |_, r| {
                 if let Some(k) = r.key {
                     keys.push((k, header.base_offset().add(i64::from(r.offset_delta))));
                 }
-            }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
         }
         // An upper bound (a key repeated inside the batch is counted each time).
         let need: u64 = keys

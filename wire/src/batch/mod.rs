@@ -20,5 +20,6 @@ pub use header::{
     check_produced_batch, read_header, split_batches, validate_batch, walk_produced_batch,
 };
 pub use records::{
-    Record, RecordHeader, RecordIter, RecordRef, batch_records, walk_batch, walk_records,
+    Record, RecordHeader, RecordIter, RecordRef, batch_records, records_section, walk_batch,
+    walk_records,
 };

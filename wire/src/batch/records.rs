@@ -195,6 +195,9 @@ pub struct RecordRef<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     pub headers_count: usize,
+    /// The record's bytes from its key length to its end (key, value, headers) as they
+    /// are, for re-encoding it with other deltas without decoding its headers.
+    pub fields: &'a [u8],
 }
 
 /// Walks the `count` records of an uncompressed records section, handing each to `visit`
@@ -246,6 +249,7 @@ fn walk_record_body(body: &[u8]) -> Result<RecordRef<'_>, WireError> {
     let attributes = r.i8("record attributes")?;
     let timestamp_delta = r.varlong("timestampDelta")?;
     let offset_delta = r.varint("offsetDelta")?;
+    let fields = &body[r.position()..];
     let key = varint_slice(&mut r, "record key")?;
     let value = varint_slice(&mut r, "record value")?;
     let headers_count = headers_count(&mut r)?;
@@ -268,6 +272,7 @@ fn walk_record_body(body: &[u8]) -> Result<RecordRef<'_>, WireError> {
         key,
         value,
         headers_count,
+        fields,
     })
 }
 
@@ -337,18 +342,7 @@ pub fn batch_records(
     batch: &Bytes,
     max_decompressed_bytes: usize,
 ) -> Result<(BatchHeader, RecordIter), WireError> {
-    let view = validate_batch(batch)?;
-    let header = *view.header;
-    let total = view.bytes.len();
-    let codec = header
-        .attributes()
-        .compression()
-        .unwrap_or(Compression::None);
-    let raw = batch.slice(BATCH_HEADER_SIZE..total);
-    let records = match codec {
-        Compression::None => raw,
-        codec => decompress(codec, &raw, max_decompressed_bytes)?,
-    };
+    let (header, records) = records_section(batch, max_decompressed_bytes)?;
     let iter = RecordIter::new(records, header.records_count())
         .map_err(|e| e.shifted(BATCH_HEADER_SIZE))?;
     Ok((header, iter))
@@ -380,4 +374,27 @@ pub fn walk_batch(
             reason: "unknown compression codec",
         }),
     }
+}
+
+/// Validates the batch at the start of `batch` (CRC included) and returns its header and
+/// its records section: a slice of `batch` if uncompressed (nothing copied), else the
+/// records decompressed (at most `max_decompressed_bytes`). Walk it with
+/// [`walk_records`] to see the records without allocating per record.
+pub fn records_section(
+    batch: &Bytes,
+    max_decompressed_bytes: usize,
+) -> Result<(BatchHeader, Bytes), WireError> {
+    let view = validate_batch(batch)?;
+    let header = *view.header;
+    let total = view.bytes.len();
+    let codec = header
+        .attributes()
+        .compression()
+        .unwrap_or(Compression::None);
+    let raw = batch.slice(BATCH_HEADER_SIZE..total);
+    let records = match codec {
+        Compression::None => raw,
+        codec => decompress(codec, &raw, max_decompressed_bytes)?,
+    };
+    Ok((header, records))
 }

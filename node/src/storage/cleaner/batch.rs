@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use bytes::{BufMut, Bytes, BytesMut};
 use wire::Offset;
 use wire::batch::{
-    Attributes, BATCH_HEADER_SIZE, BatchHeader, Compression, LOG_OVERHEAD, Record, SnappyFraming,
-    batch_records, compress,
+    Attributes, BATCH_HEADER_SIZE, BatchHeader, Compression, LOG_OVERHEAD, RecordRef,
+    SnappyFraming, compress, records_section, walk_records,
 };
 use wire::codec::{put_varint, put_varlong, varint_size, varlong_size};
 use zerocopy::FromBytes;
@@ -30,6 +30,12 @@ pub const DELETE_HORIZON_BIT: i16 = 0x40;
 pub const DECOMPRESSED_BATCH_BYTES_MAX: usize = 64 << 20;
 /// Most any batch's records may take once decompressed, whatever the topic allows.
 pub const DECOMPRESSED_BATCH_BYTES_CEILING: usize = 1 << 30;
+/// The bound the cleaner opens stored batches with. It does not know the topic's
+/// `max.message.bytes`; a stored batch passed its CRC, so it is one the produce check
+/// accepted within [`decompressed_batch_bytes_max`], never above this ceiling (a fixed
+/// 64 MiB left legitimate big batches of a topic with a large `max.message.bytes`
+/// uncleanable). Batches are opened one at a time.
+pub const STORED_DECOMPRESSED_BYTES_MAX: usize = DECOMPRESSED_BATCH_BYTES_CEILING;
 /// How many times its wire size a batch may grow when decompressed, beyond the floor.
 const DECOMPRESSION_RATIO_MAX: usize = 8;
 
@@ -104,7 +110,7 @@ pub fn filter_batch(
     map: &impl KeyView,
     rules: FilterRules,
 ) -> Result<Filtered, FilterError> {
-    let (header, records) = batch_records(batch, DECOMPRESSED_BATCH_BYTES_MAX)
+    let (header, section) = records_section(batch, STORED_DECOMPRESSED_BYTES_MAX)
         .map_err(|e| FilterError(e.to_string()))?;
     let keep_all = Filtered {
         outcome: Outcome::Keep,
@@ -121,28 +127,31 @@ pub fn filter_batch(
     let base = header.base_offset();
     let (mut kept, mut removed, mut tombstones_removed, mut tombstones_kept) =
         (Vec::new(), 0u64, 0u64, false);
-    for record in records {
-        let record = record.map_err(|e| FilterError(e.to_string()))?;
+    // Records are walked, not decoded: their headers stay bytes (a record may claim
+    // millions of empty headers).
+    let walked = walk_records(&section, header.records_count(), |_, record| {
         let offset = base.add(i64::from(record.offset_delta));
-        let Some(key) = &record.key else {
+        let Some(key) = record.key else {
             // Keyless records cannot be compacted; Kafka's cleaner discards them.
             removed += 1;
-            continue;
+            return Ok(());
         };
         if map.latest(key).is_some_and(|latest| latest > offset) {
             removed += 1;
-            continue;
+            return Ok(());
         }
         if record.value.is_none() {
             if horizon_passed {
                 removed += 1;
                 tombstones_removed += 1;
-                continue;
+                return Ok(());
             }
             tombstones_kept = true;
         }
         kept.push(record);
-    }
+        Ok(())
+    });
+    walked.map_err(|e| FilterError(e.to_string()))?;
     let set_horizon = tombstones_kept && horizon.is_none();
     let new_horizon = set_horizon.then(|| rules.now_ms.saturating_add(rules.delete_retention_ms));
     let horizon_ms = if tombstones_kept {
@@ -175,10 +184,11 @@ pub fn filter_batch(
 /// are the original's but for the length, record count, CRC and — with `horizon` — the
 /// delete-horizon bit and a `baseTimestamp` equal to the horizon (record timestamp deltas
 /// are shifted so every record keeps its absolute timestamp). The records are compressed
-/// with the batch's own codec.
+/// with the batch's own codec; each record's key, value and headers are copied as they
+/// are.
 pub fn encode(
     original: &BatchHeader,
-    records: &[Record],
+    records: &[RecordRef<'_>],
     horizon: Option<i64>,
 ) -> Result<Bytes, FilterError> {
     let old_base_ts = original.base_timestamp();
@@ -226,43 +236,14 @@ pub fn encode(
     Ok(out.freeze())
 }
 
-fn encode_record(record: &Record, timestamp_delta: i64, out: &mut Vec<u8>) {
-    let key = record.key.as_deref();
-    let value = record.value.as_deref();
-    let mut body = 1 + varlong_size(timestamp_delta) + varint_size(record.offset_delta);
-    body += bytes_size(key) + bytes_size(value);
-    body += varint_size(record.headers.len() as i32);
-    for h in &record.headers {
-        body += bytes_size(Some(&h.key)) + bytes_size(h.value.as_deref());
-    }
+fn encode_record(record: &RecordRef<'_>, timestamp_delta: i64, out: &mut Vec<u8>) {
+    let body =
+        1 + varlong_size(timestamp_delta) + varint_size(record.offset_delta) + record.fields.len();
     put_varint(out, body as i32);
     out.put_i8(record.attributes);
     put_varlong(out, timestamp_delta);
     put_varint(out, record.offset_delta);
-    put_bytes(out, key);
-    put_bytes(out, value);
-    put_varint(out, record.headers.len() as i32);
-    for h in &record.headers {
-        put_bytes(out, Some(&h.key));
-        put_bytes(out, h.value.as_deref());
-    }
-}
-
-fn bytes_size(b: Option<&[u8]>) -> usize {
-    match b {
-        Some(b) => varint_size(b.len() as i32) + b.len(),
-        None => 1,
-    }
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
-    match b {
-        Some(b) => {
-            put_varint(out, b.len() as i32);
-            out.put_slice(b);
-        }
-        None => put_varint(out, -1),
-    }
+    out.put_slice(record.fields);
 }
 
 /// Produce validation for a `cleanup.policy=compact` topic: the indexes of the records
@@ -294,7 +275,7 @@ pub fn keyless_records(batch: &Bytes) -> Result<(), Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wire::batch::{BatchBuilder, NewRecord, validate_batch};
+    use wire::batch::{BatchBuilder, NewRecord, Record, batch_records, validate_batch};
     use wire::{ProducerEpoch, ProducerId, Sequence};
 
     fn rec(ts: i64, key: Option<&str>, value: Option<&str>) -> NewRecord {
@@ -485,5 +466,55 @@ mod tests {
         let mut damaged = good.to_vec();
         damaged[30] ^= 1;
         assert_eq!(keyless_records(&Bytes::from(damaged)), Err(vec![0]));
+    }
+
+    /// A record that claims many headers: they are copied as bytes on a rewrite, never
+    /// decoded one by one (a few KB of zstd can hold millions of empty headers).
+    #[test]
+    fn headers_are_copied_as_bytes_on_a_rewrite() {
+        let headers: Vec<(Bytes, Option<Bytes>)> =
+            (0..1000).map(|_| (Bytes::new(), None)).collect();
+        let keyed = |key: &'static str| NewRecord {
+            timestamp_ms: 7,
+            key: Some(Bytes::from_static(key.as_bytes())),
+            value: Some(Bytes::from_static(b"v")),
+            headers: headers.clone(),
+        };
+        let b = batch(0, vec![keyed("a"), keyed("b")], Compression::Zstd);
+        let f = filter_batch(&b, &map(&[("a", 5)]), rules(0, false)).unwrap();
+        let Outcome::Rewrite(out) = f.outcome else {
+            panic!("expected a rewrite");
+        };
+        let (h, recs) = decoded(&out);
+        assert_eq!(h.records_count(), 1);
+        assert_eq!(recs[0].key.as_deref(), Some(&b"b"[..]));
+        assert_eq!(recs[0].offset_delta, 1);
+        assert_eq!(recs[0].headers.len(), 1000);
+    }
+
+    /// The cleaner opens any batch the produce check could have accepted: one whose
+    /// records take more than 64 MiB decompressed (a topic with a large
+    /// `max.message.bytes`) is filtered, not refused as damage.
+    #[test]
+    fn a_batch_above_64_mib_decompressed_is_filtered() {
+        let big = NewRecord {
+            timestamp_ms: 7,
+            key: Some(Bytes::from_static(b"a")),
+            value: Some(Bytes::from(vec![0u8; (64 << 20) + 1024])),
+            headers: Vec::new(),
+        };
+        let b = batch(0, vec![big], Compression::Zstd);
+        assert!(b.len() < 1 << 20, "compresses well");
+        let f = filter_batch(&b, &map(&[("a", 9)]), rules(0, false)).unwrap();
+        assert_eq!(f.outcome, Outcome::Drop);
+        assert_eq!(
+            decompressed_batch_bytes_max(1 << 20),
+            DECOMPRESSED_BATCH_BYTES_MAX
+        );
+        assert_eq!(decompressed_batch_bytes_max(64 << 20), 512 << 20);
+        assert_eq!(
+            decompressed_batch_bytes_max(usize::MAX),
+            DECOMPRESSED_BATCH_BYTES_CEILING
+        );
     }
 }
