@@ -973,3 +973,85 @@ fn two_batches_for_one_partition_are_refused() {
     assert_eq!(list_offset(&mut c, "one", 0, -1).1, 0, "nothing appended");
     assert_eq!(produce(&mut c, "one", 0, 1, batch(&[b"c"], 1)), (0, 0));
 }
+
+/// DeleteRecords up to `offset` on partition 0 of `topic`; returns the new log start.
+fn delete_records(c: &mut Client, topic: &str, offset: i64) -> i64 {
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(TopicName(s(topic)))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(offset),
+                ]),
+        ]);
+    let resp: DeleteRecordsResponse = c.call(api::DELETE_RECORDS, 2, &req);
+    let p = &resp.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    p.low_watermark
+}
+
+/// A batch of one record per timestamp, created at those times.
+fn timed(timestamps: &[i64]) -> Bytes {
+    wire::batch::BatchBuilder {
+        records: timestamps
+            .iter()
+            .map(|t| wire::batch::NewRecord::value(*t, Bytes::from_static(b"t")))
+            .collect(),
+        ..Default::default()
+    }
+    .build()
+    .expect("batch")
+}
+
+/// ListOffsets answers with records, not batches: -3 (KIP-734) with the first record
+/// holding the max timestamp (on a LogAppendTime topic the batch's first record still in
+/// the log); by time, never below the log start, and past a batch whose records left in
+/// the log are all older than asked, as Kafka's `LogSegment.findOffsetByTimestamp`.
+#[test]
+fn list_offsets_answers_the_exact_record() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "max", 1, &[]);
+    assert_eq!(
+        produce(&mut c, "max", 0, 1, timed(&[4_000, 6_000, 5_000])),
+        (0, 0)
+    );
+    assert_eq!(
+        list_offset(&mut c, "max", 0, -3),
+        (0, 1, 6_000),
+        "the record with the max timestamp, not the batch's last"
+    );
+
+    create(
+        &mut c,
+        "append",
+        1,
+        &[("message.timestamp.type", "LogAppendTime")],
+    );
+    assert_eq!(
+        produce(&mut c, "append", 0, 1, timed(&[1, 2, 3, 4, 5])),
+        (0, 0)
+    );
+    assert_eq!(delete_records(&mut c, "append", 2), 2);
+    let (err, offset, _) = list_offset(&mut c, "append", 0, 0);
+    assert_eq!((err, offset), (0, 2), "by time: not below the log start");
+    let (err, offset, _) = list_offset(&mut c, "append", 0, -3);
+    assert_eq!(
+        (err, offset),
+        (0, 2),
+        "max timestamp: the batch's first record left"
+    );
+
+    // Batch 0-2 holds 9000 at offset 1, deleted; what is left of it is older than 8000.
+    create(&mut c, "scan", 1, &[]);
+    assert_eq!(
+        produce(&mut c, "scan", 0, 1, timed(&[1_000, 9_000, 1_000])),
+        (0, 0)
+    );
+    assert_eq!(produce(&mut c, "scan", 0, 1, timed(&[8_500])), (0, 3));
+    assert_eq!(delete_records(&mut c, "scan", 2), 2);
+    assert_eq!(list_offset(&mut c, "scan", 0, 8_000), (0, 3, 8_500));
+}

@@ -11,8 +11,11 @@ use super::{Partition, storage_error_code};
 use crate::errors;
 use crate::storage::StorageError;
 
-/// Largest decompressed batch ListOffsets-by-time will look inside.
-const DECOMPRESSED_BATCH_MAX_BYTES: usize = 64 << 20;
+/// Largest decompressed batch ListOffsets-by-time will look inside: any stored batch.
+const DECOMPRESSED_BATCH_MAX_BYTES: usize = crate::storage::cleaner::STORED_DECOMPRESSED_BYTES_MAX;
+/// Batches a ListOffsets-by-time passes over, after the one the time index found, before
+/// it settles for the index's answer.
+const TIME_SCAN_BATCHES_MAX: usize = 64;
 
 /// A consumer's `isolation_level`: read_uncommitted reads up to the HW, read_committed up
 /// to the LSO (the first offset of the oldest open transaction, at most the HW).
@@ -356,7 +359,10 @@ impl Partition {
                 if ts < 0 {
                     found(-1, Offset::NONE)
                 } else {
-                    found(ts, offset)
+                    // KIP-734: the first record with the max timestamp, not its batch's
+                    // last (the batch's offset if it cannot be read).
+                    let exact = self.first_record_with(offset, ts).await;
+                    found(ts, exact.unwrap_or(offset))
                 }
             }
             ts if ts < 0 => ListedOffset::failed(errors::UNSUPPORTED_VERSION),
@@ -416,32 +422,37 @@ impl Partition {
         }
     }
 
-    /// Within the batch at `batch_offset` (found by the time index), the first record whose
-    /// timestamp is >= `ts`, as (its timestamp, its offset): Kafka answers ListOffsets by
-    /// time with that exact record, not the batch. `None` if the batch cannot be read.
+    /// From the batch at `batch_offset` (found by the time index) on, the first record
+    /// at or after `batch_offset` whose timestamp is >= `ts`, as (its timestamp, its
+    /// offset): Kafka answers ListOffsets by time with that exact record, not the batch.
+    /// A batch without such a record is passed over for the next, as Kafka's
+    /// `LogSegment.findOffsetByTimestamp` does, at most [`TIME_SCAN_BATCHES_MAX`] of them.
+    /// `None` if a batch cannot be read or none qualifies within the bound (the caller
+    /// answers with the index's batch then).
     async fn first_record_at(&self, batch_offset: Offset, ts: i64) -> Option<(i64, Offset)> {
-        let read = self
-            .log
-            .read(batch_offset, 1, self.high_watermark())
-            .await
-            .ok()?;
-        let batch = read.batches.into_iter().next()?;
-        let (header, records) =
-            wire::batch::batch_records(&batch, DECOMPRESSED_BATCH_MAX_BYTES).ok()?;
-        if header.attributes().timestamp_type() == wire::batch::TimestampType::LogAppendTime {
-            return Some((header.max_timestamp(), header.base_offset()));
-        }
-        for record in records {
-            let record = record.ok()?;
-            let record_ts = header
-                .base_timestamp()
-                .saturating_add(record.timestamp_delta);
-            let offset = header.base_offset().add(i64::from(record.offset_delta));
-            if record_ts >= ts && offset >= batch_offset {
-                return Some((record_ts, offset));
+        let mut from = batch_offset;
+        for _ in 0..TIME_SCAN_BATCHES_MAX {
+            let read = self.log.read(from, 1, self.high_watermark()).await.ok()?;
+            let batch = read.batches.into_iter().next()?;
+            let header = *wire::batch::read_header(&batch).ok()?;
+            if header.max_timestamp() >= ts
+                && let Some(found) = first_record_in(&batch, batch_offset, |t| t >= ts).ok()?
+            {
+                return Some(found);
             }
+            from = header.next_offset();
         }
         None
+    }
+
+    /// In the batch holding `offset` (the log's max-timestamp batch), the first record
+    /// whose timestamp is `ts` and that is still in the log.
+    async fn first_record_with(&self, offset: Offset, ts: i64) -> Option<Offset> {
+        let read = self.log.read(offset, 1, Offset(i64::MAX)).await.ok()?;
+        let batch = read.batches.into_iter().next()?;
+        let start = self.log.log_start_offset();
+        let (_, offset) = first_record_in(&batch, start, |t| t == ts).ok()??;
+        Some(offset)
     }
 
     /// A follower learns its leader's log start (each fetch answer carries it): its own
@@ -471,4 +482,37 @@ impl Partition {
             .await
             .map_err(|e| storage_error_code(&e))
     }
+}
+
+/// In `batch`, the first record at or above `from` whose timestamp passes `wanted`, as
+/// (its timestamp, its offset); `Err` if the batch cannot be decoded. Records are walked,
+/// not decoded (their headers are skipped unread). A LogAppendTime batch has one
+/// timestamp for all its records: its first record still in the log (at or above `from`).
+fn first_record_in(
+    batch: &bytes::Bytes,
+    from: Offset,
+    wanted: impl Fn(i64) -> bool,
+) -> Result<Option<(i64, Offset)>, ()> {
+    let (header, section) =
+        wire::batch::records_section(batch, DECOMPRESSED_BATCH_MAX_BYTES).map_err(|_| ())?;
+    if header.attributes().timestamp_type() == wire::batch::TimestampType::LogAppendTime {
+        let offset = header.base_offset().max(from);
+        let inside = offset <= header.last_offset();
+        return Ok(
+            (inside && wanted(header.max_timestamp())).then_some((header.max_timestamp(), offset))
+        );
+    }
+    let mut found = None;
+    let walked = wire::batch::walk_records(&section, header.records_count(), |_, record| {
+        let ts = header
+            .base_timestamp()
+            .saturating_add(record.timestamp_delta);
+        let offset = header.base_offset().add(i64::from(record.offset_delta));
+        if found.is_none() && offset >= from && wanted(ts) {
+            found = Some((ts, offset));
+        }
+        Ok(())
+    });
+    walked.map_err(|_| ())?;
+    Ok(found)
 }
