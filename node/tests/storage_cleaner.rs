@@ -794,3 +794,52 @@ fn a_cleaned_segment_keeps_its_sources_modified_time() {
         assert_eq!(modified, old, "the cleaned copy of segment 0 kept its time");
     });
 }
+
+/// A batch with a correct CRC whose one record lacks its headers count: stored fine, but
+/// the cleaner cannot read it.
+fn undecodable_batch(ts: i64) -> BytesMut {
+    let mut b = keyed_batch(ts, &[("k".to_string(), None)]).to_vec();
+    assert_eq!(b.len(), 61 + 8, "one 7-byte record");
+    assert_eq!(b[61], 14, "record length 7 (zigzag)");
+    b.pop();
+    b[61] = 12;
+    let length = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&length.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    BytesMut::from(&b[..])
+}
+
+/// A sealed segment the cleaner cannot read fails one clean; later calls skip the log
+/// (nothing read) while that segment is there unchanged, instead of re-reading it every
+/// `log.cleaner.backoff.ms` and logging the same error forever. A restart tries again.
+#[test]
+fn a_damaged_segment_is_not_re_read_every_backoff() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[]);
+        let path = root.join("damaged-0");
+        let log = Log::open(path.clone(), cfg.clone()).await.unwrap();
+        let now = 1_000_000;
+        write(&log, 0, 10, 10, |i| format!("key-{i}"), 40, now).await;
+        log.append(undecodable_batch(now), LeaderEpoch(1), now)
+            .await
+            .unwrap();
+        log.roll().unwrap();
+        write(&log, 11, 10, 10, |i| format!("key-{}", i % 5), 40, now).await;
+        let first = log.clean_if_due(now, &budget()).await;
+        assert!(
+            matches!(first, Err(weir::storage::StorageError::Corrupt { .. })),
+            "{first:?}"
+        );
+        for _ in 0..3 {
+            let again = log.clean_if_due(now, &budget()).await.unwrap();
+            assert_eq!((again.rounds, again.bytes_read), (0, 0), "{again:?}");
+        }
+        log.close().await.unwrap();
+        let reopened = Log::open(path, cfg).await.unwrap();
+        assert!(reopened.clean_if_due(now, &budget()).await.is_err());
+    });
+}

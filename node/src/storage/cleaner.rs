@@ -239,6 +239,11 @@ pub struct CleanerState {
     horizon_ms: Option<i64>,
     /// A clean is running (a second concurrent one returns at once).
     running: bool,
+    /// The segment where a clean last found damage, as (its base, its size then): the
+    /// log is not cleaned again while that segment is there unchanged, else every
+    /// `log.cleaner.backoff.ms` would re-read it up to the damage and log the same error.
+    /// Retention, a truncation or a restart lets the cleaner try again.
+    damaged: Option<(Offset, u64)>,
 }
 
 /// A cleanable sealed segment, as planned.
@@ -367,7 +372,8 @@ impl Log {
     /// for `min.compaction.lag.ms`, `max.compaction.lag.ms` and tombstone horizons. Never
     /// blocks appends. A log that is closed, failed or out of space is not cleaned; damage
     /// in a sealed segment fails the clean with [`StorageError::Corrupt`] and leaves the
-    /// log as it was.
+    /// log as it was, and later calls skip the log (nothing read, nothing logged) while
+    /// that segment is there unchanged.
     pub async fn clean_if_due(&self, now_ms: i64, budget: &CleanerBudget) -> Result<CleanStats> {
         self.clean_if_due_within(now_ms, budget, &CleanBounds::unbounded())
             .await
@@ -388,17 +394,40 @@ impl Log {
             if !st.config.cleanup_policy.compact || st.cleaner.running {
                 return Ok(stats);
             }
+            if let Some((base, size)) = st.cleaner.damaged {
+                if st.segments.get(&base).is_some_and(|s| s.size == size) {
+                    return Ok(stats);
+                }
+                st.cleaner.damaged = None;
+            }
             st.check_writable(&self.dir)?;
             st.cleaner.running = true;
         }
         let _running = Running(self);
+        let cleaned = self.clean_rounds(now_ms, budget, bounds, &mut stats).await;
+        if let Err(StorageError::Corrupt { path, .. }) = &cleaned {
+            self.remember_damage(path);
+        }
+        cleaned?;
+        stats.elapsed = started.elapsed();
+        Ok(stats)
+    }
+
+    /// The rounds of one [`Self::clean_if_due_within`].
+    async fn clean_rounds(
+        &self,
+        now_ms: i64,
+        budget: &CleanerBudget,
+        bounds: &CleanBounds,
+        stats: &mut CleanStats,
+    ) -> Result<()> {
         let mut forced = false;
         for _ in 0..ROUNDS_PER_CALL_MAX {
             let checkpoint = self.cleaner_checkpoint()?;
             let Some(plan) = plan(&self.state.borrow(), checkpoint, now_ms, forced, bounds) else {
                 break;
             };
-            let round = self.clean_round(&plan, now_ms, (budget, bounds), &mut stats);
+            let round = self.clean_round(&plan, now_ms, (budget, bounds), stats);
             let Some(end) = round.await? else {
                 break;
             };
@@ -413,8 +442,20 @@ impl Log {
             // The rest of the dirty part follows now, whatever the ratio says.
             forced = true;
         }
-        stats.elapsed = started.elapsed();
-        Ok(stats)
+        Ok(())
+    }
+
+    /// Notes the segment at `path` as damaged (see `CleanerState::damaged`).
+    fn remember_damage(&self, path: &Path) {
+        let mut st = self.state.borrow_mut();
+        let damaged = st
+            .segments
+            .values()
+            .find(|s| s.path("log") == path)
+            .map(|s| (s.base, s.size));
+        if damaged.is_some() {
+            st.cleaner.damaged = damaged;
+        }
     }
 
     /// After a cut of the log at `end` (a follower's truncation, a restart below it): a
