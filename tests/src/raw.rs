@@ -290,8 +290,9 @@ pub fn produce_request(topic: &str, partition: i32, acks: i16, batch: Bytes) -> 
         .with_topic_data(vec![topic])
 }
 
-/// Record batches (v2) holding `values` (keys `k<i>`), uncompressed unless asked. Note:
-/// kafka-protocol's encoder may write one batch per record.
+/// One record batch (v2) holding `values` (keys `k<i>`), uncompressed unless asked. A
+/// Produce v3+ partition must carry exactly one batch (Kafka's
+/// `ProduceRequest.validateRecords` refuses more with INVALID_RECORD).
 pub fn record_batch(values: &[Vec<u8>], compression: Compression) -> Result<Bytes> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -309,7 +310,10 @@ pub fn record_batch(values: &[Vec<u8>], compression: Compression) -> Result<Byte
             producer_epoch: -1,
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
-            sequence: -1,
+            // kafka-protocol's encoder starts a new batch wherever offset - sequence
+            // changes: a constant -1 gave one batch per record. This keeps them in one
+            // batch whose baseSequence is -1 (no producer id, no sequence).
+            sequence: i32::try_from(i).unwrap_or(i32::MAX).wrapping_sub(1),
             timestamp: now_ms,
             key: Some(Bytes::from(format!("k{i}"))),
             value: Some(Bytes::copy_from_slice(v)),
@@ -340,4 +344,29 @@ pub fn batch_crcs(batch: &[u8]) -> Option<(u32, u32)> {
     let mut stored = batch.get(17..21)?;
     let stored = stored.get_u32();
     Some((stored, crc32c::crc32c(batch.get(21..)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_batch_writes_one_batch_a_broker_accepts_with_every_codec() {
+        let values: Vec<Vec<u8>> = (0..50).map(|i| vec![b'v'; i * 10]).collect();
+        for codec in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let batch = record_batch(&values, codec).expect("encodes");
+            let batches: Vec<_> = wire::batch::split_batches(&batch).collect();
+            assert_eq!(batches.len(), 1, "{codec:?}: one batch per partition");
+            wire::batch::check_produced_batch(&batch).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            let header = wire::batch::read_header(&batch).expect("header");
+            assert_eq!(header.records_count(), 50, "{codec:?}");
+            assert_eq!(header.base_sequence().get(), -1, "{codec:?}: no sequence");
+        }
+    }
 }
