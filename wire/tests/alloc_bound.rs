@@ -8,13 +8,16 @@
 //! `PER_BYTE` bytes.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use proptest::prelude::*;
 use wire::api::API_TABLE;
-use wire::batch::{BatchBuilder, Compression, NewRecord, batch_records, decompress};
+use wire::batch::{
+    BatchBuilder, Compression, NewRecord, batch_records, decompress, walk_produced_batch,
+};
 use wire::messages;
 use wire::produce::ProduceRequestView;
 
@@ -23,8 +26,19 @@ struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Allocations made by this thread (a `Cell` needs no destructor, so the allocator may
+    /// touch it).
+    static THREAD_ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count_thread_alloc() {
+    let _ = THREAD_ALLOCS.try_with(|n| n.set(n.get() + 1));
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_thread_alloc();
         let now = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
         PEAK.fetch_max(now, Ordering::SeqCst);
         // SAFETY: forwarded unchanged to the system allocator.
@@ -38,6 +52,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_thread_alloc();
         if new_size > layout.size() {
             let now = LIVE.fetch_add(new_size - layout.size(), Ordering::SeqCst) + new_size
                 - layout.size();
@@ -155,6 +170,42 @@ fn record_iteration_is_bounded() {
         }
     });
     assert_bounded("record iterator", batch.len(), peak);
+}
+
+/// The produce path walks every record of every batch: uncompressed, that walk must not
+/// allocate (its cost is on the hot path, see docs/PERFORMANCE.md "Produced batch walk").
+#[test]
+fn walking_an_uncompressed_produced_batch_allocates_nothing() {
+    let _g = SERIAL.lock();
+    let records = (0..1000)
+        .map(|i| NewRecord {
+            key: (i % 3 != 0).then(|| Bytes::from(format!("key-{i}"))),
+            headers: vec![
+                (
+                    Bytes::from_static(b"h"),
+                    Some(Bytes::from_static(b"header")),
+                ),
+                (Bytes::from_static(b"null"), None),
+            ],
+            ..NewRecord::value(1_700_000_000_000 + i, vec![b'v'; 1024])
+        })
+        .collect();
+    let batch = BatchBuilder {
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("builds");
+    let before = THREAD_ALLOCS.with(Cell::get);
+    let mut walked = 0usize;
+    let result = walk_produced_batch(&batch, 1 << 20, |_, record| {
+        walked += record.value.map_or(0, <[u8]>::len) + record.headers_count;
+        Ok(())
+    });
+    let allocs = THREAD_ALLOCS.with(Cell::get) - before;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(walked, 1000 * (1024 + 2));
+    assert_eq!(allocs, 0, "allocations while walking");
 }
 
 #[test]
