@@ -1,7 +1,8 @@
 //! Compression codecs of record batches, with Kafka's exact framing for each, and an output
 //! size bound on decompression (a small compressed batch must not become gigabytes).
 //!
-//! - gzip: a gzip member (RFC 1952), as Java's `GZIPOutputStream` and librdkafka write it.
+//! - gzip: a gzip member (RFC 1952), as Java's `GZIPOutputStream` and librdkafka write it;
+//!   read as Java's `GZIPInputStream` does, so concatenated members are one stream.
 //! - snappy: two framings exist in the wild. Java clients and kafka-python write xerial
 //!   "snappy-java" framing: a 16-byte header (`\x82SNAPPY\0`, version, compatible version,
 //!   both big-endian i32) followed by blocks of `[length: i32 BE][raw snappy block]`.
@@ -83,7 +84,11 @@ pub fn decompress(codec: Compression, input: &[u8], max_bytes: usize) -> Result<
             }
             return Ok(Bytes::copy_from_slice(input));
         }
-        Compression::Gzip => read_bounded(codec, flate2::read::GzDecoder::new(input), max_bytes)?,
+        // Every member, as Java's GZIPInputStream (Kafka's reader) reads concatenated
+        // members as one stream; GzDecoder would stop after the first.
+        Compression::Gzip => {
+            read_bounded(codec, flate2::read::MultiGzDecoder::new(input), max_bytes)?
+        }
         Compression::Snappy => snappy_decompress(input, max_bytes)?,
         Compression::Lz4 => {
             read_bounded(codec, lz4_flex::frame::FrameDecoder::new(input), max_bytes)?

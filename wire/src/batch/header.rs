@@ -498,6 +498,18 @@ mod tests {
     }
 
     #[test]
+    fn a_gzip_body_of_several_members_is_walked_whole() {
+        // Java's GZIPInputStream (Kafka's reader) reads concatenated gzip members as one
+        // stream: records split across two members are all there.
+        let all = records(&[0, 1, 2]);
+        let (one, two) = all.split_at(all.len() / 2);
+        let mut body = compress(Compression::Gzip, one, SnappyFraming::Xerial).expect("gzip");
+        body.extend(compress(Compression::Gzip, two, SnappyFraming::Xerial).expect("gzip"));
+        let b = raw_batch(Compression::Gzip, &body, 3);
+        check_produced_batch(&b).expect("two gzip members hold the three records");
+    }
+
+    #[test]
     fn data_that_does_not_decompress_is_refused() {
         for codec in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
             let b = raw_batch(codec, b"definitely not compressed data", 1);
