@@ -1498,7 +1498,8 @@ fn the_last_stable_offset_is_never_below_the_log_start() {
         let out = p.produce(batch(None, 2, "plain"), Acks::Leader, soon(), NOW_MS);
         assert_eq!(out.await.error, errors::NONE);
         assert_eq!(p.last_stable_offset(), Offset(0), "held by the transaction");
-        let start = p.delete_records(Offset::NONE).await.expect("deleted");
+        let start = p.delete_records(Offset::NONE, PATIENCE, |_| true);
+        let start = start.await.expect("deleted");
         assert!(start > Offset(0));
         assert_eq!(p.last_stable_offset(), start);
         let committed = Lister {
@@ -1547,5 +1548,99 @@ fn a_close_after_a_rolled_back_marker_keeps_its_transaction_open() {
             again.producers.has_open_txn(ProducerId(9)),
             "open: its ABORT marker was rolled back"
         );
+    });
+}
+
+/// Waits (bounded) until `done` holds, yielding to spawned tasks in between.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < PATIENCE, "gave up waiting: {what}");
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// DeleteRecords is answered once every live replica's log start, as its fetches report
+/// it, reached the target (Kafka's low watermark): answered when only the leader had
+/// moved, a failover in the next fetch rounds elected a follower still serving the
+/// deleted records (found by review). A follower on a node no longer live does not hold
+/// it back; one that does not follow in time makes it REQUEST_TIMED_OUT; a leader that
+/// stops leading meanwhile answers NOT_LEADER_OR_FOLLOWER.
+#[test]
+fn delete_records_waits_until_every_live_replica_moved_its_log_start() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let p = open(&root.path().join("orders-0"), LEADER, 1).await;
+        let all = [LEADER, FOLLOWER, THIRD];
+        let epoch = LeaderEpoch(1);
+        p.update_replica(|r| r.become_leader(epoch, all.to_vec(), &all));
+        let out = p.produce(batch(None, 10, "a"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        for f in [FOLLOWER, THIRD] {
+            let read = p.fetch_within(
+                Offset(10),
+                ReadFor::Follower(f, BrokerEpoch(1)),
+                epoch,
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            );
+            assert_eq!(read.await.error, errors::NONE);
+        }
+        assert_eq!(p.high_watermark(), Offset(10));
+
+        // Followers not heard from about their log start: the answer waits.
+        let answer = Rc::new(std::cell::Cell::new(None));
+        glommio::spawn_local({
+            let (p, answer) = (p.clone(), answer.clone());
+            async move {
+                let deleted = p.delete_records(Offset(6), PATIENCE, |_| true).await;
+                answer.set(Some(deleted));
+            }
+        })
+        .detach();
+        until("the leader's log start", || {
+            p.log.log_start_offset() == Offset(6)
+        })
+        .await;
+        let_spawned_run().await;
+        assert_eq!(answer.get(), None, "no follower has moved yet");
+        assert_eq!(p.low_watermark(|_| true), Some(Offset::NONE));
+        p.follower_log_start(FOLLOWER, Offset(6));
+        let_spawned_run().await;
+        assert_eq!(answer.get(), None, "the third replica still holds 0..6");
+        p.follower_log_start(THIRD, Offset(7));
+        until("the answer", || answer.get().is_some()).await;
+        assert_eq!(answer.get(), Some(Ok(Offset(6))), "the low watermark");
+
+        // A follower that does not follow within the request's timeout.
+        let started = Instant::now();
+        let late = p.delete_records(Offset(8), Duration::from_millis(200), |_| true);
+        assert_eq!(late.await, Err(errors::REQUEST_TIMED_OUT));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // A replica on a node that is not live does not count.
+        p.follower_log_start(FOLLOWER, Offset(9));
+        let live = |n: NodeId| n != THIRD;
+        let deleted = p.delete_records(Offset(9), PATIENCE, live).await;
+        assert_eq!(deleted, Ok(Offset(9)));
+
+        // Demoted while waiting.
+        answer.set(None);
+        glommio::spawn_local({
+            let (p, answer) = (p.clone(), answer.clone());
+            async move {
+                let deleted = p.delete_records(Offset(10), PATIENCE, |_| true).await;
+                answer.set(Some(deleted));
+            }
+        })
+        .detach();
+        until("the leader's log start", || {
+            p.log.log_start_offset() == Offset(10)
+        })
+        .await;
+        p.update_replica(|r| r.become_follower(FOLLOWER, LeaderEpoch(2)));
+        until("the answer", || answer.get().is_some()).await;
+        assert_eq!(answer.get(), Some(Err(errors::NOT_LEADER_OR_FOLLOWER)));
     });
 }

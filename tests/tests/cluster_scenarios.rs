@@ -1221,3 +1221,111 @@ fn a_topic_deleted_while_a_broker_was_down_leaves_no_directory_on_it() {
         "the kept topic's directory was touched"
     );
 }
+
+/// DeleteRecords (v2) of partition 0 before `offset` at node `id`, waiting at most
+/// `timeout_ms`: (error, low watermark).
+fn delete_records(c: &mut Cluster, id: i32, offset: i64, timeout_ms: i32) -> (i16, i64) {
+    use kafka_protocol::messages::delete_records_request::{
+        DeleteRecordsPartition, DeleteRecordsTopic,
+    };
+    use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
+    let addr = c.node(id).addr();
+    let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(10)).expect("connect");
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(timeout_ms)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(offset),
+                ]),
+        ]);
+    let resp: DeleteRecordsResponse = conn
+        .call(ApiKey::DeleteRecords, 2, &req)
+        .expect("DeleteRecords answered");
+    let part = &resp.topics[0].partitions[0];
+    (part.error_code, part.low_watermark)
+}
+
+/// ListOffsets (v4) earliest of partition 0 at `id`: its log start when it leads.
+fn earliest(c: &mut Cluster, id: i32) -> Result<i64, i16> {
+    let addr = c.node(id).addr();
+    let Ok(mut conn) = RawConn::connect_timeout(addr, Duration::from_secs(10)) else {
+        return Err(-1);
+    };
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_current_leader_epoch(-1)
+                        .with_timestamp(-2),
+                ]),
+        ]);
+    let resp: Result<ListOffsetsResponse, _> = conn.call(ApiKey::ListOffsets, 4, &req);
+    let part = resp
+        .ok()
+        .and_then(|r| r.topics.into_iter().next())
+        .and_then(|t| t.partitions.into_iter().next())
+        .ok_or(-1i16)?;
+    match part.error_code {
+        0 => Ok(part.offset),
+        code => Err(code),
+    }
+}
+
+/// DeleteRecords is answered once every live replica moved its log start past the
+/// deleted records (Kafka's low watermark, reported by the followers' fetches), not once
+/// the leader alone had: a failover right after the answer elected a follower that had
+/// not heard of it yet and served the deleted records again (found by review). A live
+/// follower whose fetches are cut holds the answer back until the request's timeout
+/// (REQUEST_TIMED_OUT); once they pass it is answered; and a leader SIGKILLed right after
+/// an answer leaves a new leader whose log starts at the deleted offset.
+#[test]
+fn delete_records_waits_for_the_followers_and_survives_a_failover_right_after() {
+    let (mut c, net) = start_faulty(&[
+        ("min.insync.replicas", "2"),
+        // The cut follower stays in the ISR: it is the low watermark that must wait.
+        ("replica.lag.time.max.ms", "600000"),
+    ]);
+    let (old, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != old).collect();
+    produce(&mut c, old, "all", 0, 200, "doomed");
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 200);
+
+    net.cut_fetches(followers[1], old, Mode::Blackhole);
+    let (error, _) = delete_records(&mut c, old, 50, 1_500);
+    const REQUEST_TIMED_OUT: i16 = 7;
+    assert_eq!(
+        error, REQUEST_TIMED_OUT,
+        "a live follower still holds 0..50"
+    );
+    assert_eq!(earliest(&mut c, old), Ok(50), "the leader's own log moved");
+    net.heal();
+    let (error, low) = delete_records(&mut c, old, 50, 30_000);
+    assert_eq!((error, low), (0, 50), "answered once the follower followed");
+
+    // Answered: every replica's log start is past 100. Kill the leader at once.
+    let (error, low) = delete_records(&mut c, old, 100, 30_000);
+    assert_eq!(error, 0);
+    assert!(low >= 100, "low watermark {low}");
+    c.node(old).kill().expect("SIGKILL the leader");
+    let (leader, _, _) = wait_placement(&mut c, &followers, 0, |p| p.0 > 0 && p.0 != old);
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    let start = loop {
+        match earliest(&mut c, leader) {
+            Ok(start) => break start,
+            Err(code) => assert!(Instant::now() < deadline, "no ListOffsets answer: {code}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        start >= 100,
+        "the new leader {leader} serves deleted records from {start}"
+    );
+}

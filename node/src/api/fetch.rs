@@ -73,6 +73,8 @@ struct Wanted {
     max_bytes: usize,
     current_epoch: LeaderEpoch,
     last_fetched_epoch: LeaderEpoch,
+    /// A follower's log start (for DeleteRecords' low watermark).
+    log_start: Offset,
 }
 
 impl Wanted {
@@ -391,6 +393,7 @@ fn wanted_of(key: &PartKey, p: &FetchParams, ids: &HashMap<u128, Arc<str>>) -> W
         max_bytes: p.max_bytes,
         current_epoch: p.current_epoch,
         last_fetched_epoch: p.last_fetched_epoch,
+        log_start: p.log_start,
     }
 }
 
@@ -438,6 +441,7 @@ fn requested_partitions(req: &FetchRequest, version: i16) -> Vec<(PartKey, Fetch
                         max_bytes: p.partition_max_bytes.max(0) as usize,
                         current_epoch: LeaderEpoch(p.current_leader_epoch),
                         last_fetched_epoch: LeaderEpoch(p.last_fetched_epoch),
+                        log_start: Offset(p.log_start_offset),
                     },
                 ));
             }
@@ -517,6 +521,7 @@ async fn read_all(
                 max_bytes: wanted[i].max_bytes,
                 current_epoch: wanted[i].current_epoch,
                 last_fetched_epoch: wanted[i].last_fetched_epoch,
+                log_start: wanted[i].log_start,
             })
             .collect();
         let call = FetchCall {

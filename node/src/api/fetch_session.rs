@@ -79,6 +79,8 @@ pub struct FetchParams {
     pub max_bytes: usize,
     pub current_epoch: LeaderEpoch,
     pub last_fetched_epoch: LeaderEpoch,
+    /// A follower's log start (-1 from consumers and before Fetch v5).
+    pub log_start: Offset,
 }
 
 /// What the last response told the client about one partition.
@@ -537,6 +539,7 @@ mod tests {
             max_bytes: 1024,
             current_epoch: LeaderEpoch(-1),
             last_fetched_epoch: LeaderEpoch(-1),
+            log_start: Offset(-1),
         }
     }
 

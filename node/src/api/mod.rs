@@ -191,7 +191,12 @@ async fn administrative(
             .await
         }
         Some(ApiKey::DeleteRecords) => {
-            run(req, |r| {
+            let bound = (
+                offsets::delete_records_partitions as fn(&_) -> usize,
+                "partitions in one DeleteRecords request",
+                offsets::PARTITIONS_PER_REQUEST_MAX,
+            );
+            run_bounded(req, bound, |r| {
                 authz::delete_records(a, r, |r| offsets::delete_records(shard, r))
             })
             .await

@@ -1,9 +1,9 @@
 //! ListOffsets (earliest -2, latest -1, max timestamp -3, by timestamp), DeleteRecords and
 //! OffsetForLeaderEpoch (where a leader epoch ends in the log, KIP-101/279: what a replica
 //! becoming follower truncates to), each partition answered by its owning shard.
-//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION. A ListOffsets
-//! or OffsetForLeaderEpoch naming more than `PARTITIONS_PER_REQUEST_MAX` partition entries
-//! is undecodable (connection closed).
+//! DeleteRecords on an internal topic is refused with INVALID_TOPIC_EXCEPTION. A
+//! ListOffsets, DeleteRecords or OffsetForLeaderEpoch naming more than
+//! `PARTITIONS_PER_REQUEST_MAX` partition entries is undecodable (connection closed).
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -37,6 +37,9 @@ use crate::shard::{DeleteRecordsCall, EpochEndCall, ListOffsetCall, Shard};
 const LIST_OFFSETS_TIMEOUT: Duration = Duration::from_secs(30);
 /// DeleteRecords' own `timeout_ms` is used when positive, else this.
 const DELETE_RECORDS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// How long past its `timeout_ms` a DeleteRecords partition's call may take: the log
+/// start's move itself is never cut short by a short timeout.
+const DELETE_RECORDS_CALL_SLACK: Duration = Duration::from_secs(30);
 
 /// Most partition entries one ListOffsets or OffsetForLeaderEpoch may name (as Fetch and
 /// Produce): each costs a task and a call to its owner, all queued at once. Past it the
@@ -143,28 +146,51 @@ pub async fn list_offsets(
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-/// DeleteRecords: moves each partition's log start offset up.
+/// The partition entries a DeleteRecords names (for [`PARTITIONS_PER_REQUEST_MAX`]).
+pub fn delete_records_partitions(req: &DeleteRecordsRequest) -> usize {
+    req.topics.iter().map(|t| t.partitions.len()).sum()
+}
+
+/// DeleteRecords: moves each partition's log start offset up, and answers once the
+/// replicas have followed or the request's `timeout_ms` passed (see
+/// `Partition::delete_records`). The partitions wait concurrently, each on its owner, so
+/// one partition's wait does not eat the others' time.
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let timeout = match u64::try_from(req.timeout_ms) {
         Ok(ms) if ms > 0 => Duration::from_millis(ms),
         _ => DELETE_RECORDS_TIMEOUT_DEFAULT,
     };
-    let deadline = Instant::now() + timeout;
+    let now = Instant::now();
+    let replicated_by = now + timeout;
+    // The call's own deadline is later: the wait answers REQUEST_TIMED_OUT itself.
+    let deadline = replicated_by + DELETE_RECORDS_CALL_SLACK;
     let mut topics = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
+        let tasks: Vec<_> = t
+            .partitions
+            .iter()
+            .map(|p| {
+                let tp = (name.clone(), p.partition_index);
+                let call = DeleteRecordsCall {
+                    tp: tp.clone(),
+                    offset: Offset(p.offset),
+                    replicated_by,
+                };
+                // Internal topics lose records only by their coordinator's compaction
+                // (Kafka: "Cannot delete records of internal topic").
+                let task = (!crate::metadata::is_internal(&name)).then(|| {
+                    let s = shard.clone();
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await })
+                });
+                (p.partition_index, task)
+            })
+            .collect();
         let mut partitions = Vec::new();
-        for p in &t.partitions {
-            let tp = (name.clone(), p.partition_index);
-            let call = DeleteRecordsCall {
-                tp: tp.clone(),
-                offset: Offset(p.offset),
-            };
-            // Internal topics lose records only by their coordinator's compaction (Kafka:
-            // "Cannot delete records of internal topic").
-            let answer = match crate::metadata::is_internal(&name) {
-                true => Err(errors::INVALID_TOPIC_EXCEPTION),
-                false => match shard.call_owner(&tp, call, deadline).await {
+        for (index, task) in tasks {
+            let answer = match task {
+                None => Err(errors::INVALID_TOPIC_EXCEPTION),
+                Some(task) => match task.await {
                     Ok(result) => result,
                     Err(e) => Err(e.code()),
                 },
@@ -175,7 +201,7 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
             };
             partitions.push(
                 DeleteRecordsPartitionResult::default()
-                    .with_partition_index(p.partition_index)
+                    .with_partition_index(index)
                     .with_error_code(error)
                     .with_low_watermark(low),
             );

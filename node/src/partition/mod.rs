@@ -54,6 +54,9 @@ pub struct Partition {
     /// Notified whenever the log end or the HW moves (wakes long-polling fetches and
     /// delayed acks=all produces).
     pub appended: Event,
+    /// Notified when a follower's fetch reports another log start (wakes DeleteRecords
+    /// waiting for the low watermark).
+    pub log_starts_moved: Event,
     /// On a leader: when each follower's last fetch was answered with records (its next
     /// fetch closes the turnaround, `weir_follower_fetch_turnaround_seconds`).
     follower_answered: RefCell<BTreeMap<NodeId, std::time::Instant>>,
@@ -365,6 +368,7 @@ impl Partition {
             replica: RefCell::new(ReplicaState::sole(local, leo)),
             epochs: RefCell::new(epochs),
             appended: Event::default(),
+            log_starts_moved: Event::default(),
             follower_answered: RefCell::new(BTreeMap::new()),
             truncating: Cell::new(0),
             last_used: Cell::new(0),

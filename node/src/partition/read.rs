@@ -16,6 +16,9 @@ const DECOMPRESSED_BATCH_MAX_BYTES: usize = crate::storage::cleaner::STORED_DECO
 /// Batches a ListOffsets-by-time passes over, after the one the time index found, before
 /// it settles for the index's answer.
 const TIME_SCAN_BATCHES_MAX: usize = 64;
+/// How often DeleteRecords waiting for the low watermark looks again without a follower's
+/// fetch waking it (a follower's node fenced meanwhile no longer counts).
+const LOW_WATERMARK_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A consumer's `isolation_level`: read_uncommitted reads up to the HW, read_committed up
 /// to the LSO (the first offset of the oldest open transaction, at most the HW).
@@ -468,10 +471,44 @@ impl Partition {
         }
     }
 
-    /// DeleteRecords: `Offset::NONE` (-1) means "up to the HW". Returns the new low
-    /// watermark, or a Kafka error.
-    pub async fn delete_records(&self, offset: Offset) -> Result<Offset, i16> {
+    /// On a leader, a follower's fetch reported `log_start` as its log start (recorded
+    /// only for an assigned follower; wakes DeleteRecords waiting for it).
+    pub fn follower_log_start(&self, follower: NodeId, log_start: Offset) {
+        let changed = self
+            .replica
+            .borrow_mut()
+            .follower_log_start(follower, log_start);
+        if changed {
+            self.log_starts_moved.notify_all();
+        }
+    }
+
+    /// On a leader, the low watermark: the smallest log start over this replica and its
+    /// followers on nodes `alive` says are live (see `ReplicaState::low_watermark`).
+    pub fn low_watermark(&self, alive: impl Fn(NodeId) -> bool) -> Option<Offset> {
+        let start = self.log.log_start_offset();
+        self.replica.borrow().low_watermark(start, alive)
+    }
+
+    /// DeleteRecords: `Offset::NONE` (-1) means "up to the HW". The leader moves its own
+    /// log start, then answers once the low watermark (every live replica's log start,
+    /// [`Self::low_watermark`]) reached the target, as Kafka's DelayedDeleteRecords:
+    /// answered when only the leader had moved, a failover within the next fetch rounds
+    /// elected a follower that still served the deleted records. Returns the low
+    /// watermark, or a Kafka error: REQUEST_TIMED_OUT if the followers did not follow
+    /// within `wait`, NOT_LEADER_OR_FOLLOWER if this replica stopped leading meanwhile.
+    /// `alive` is asked afresh at each check (a node fenced meanwhile stops counting).
+    ///
+    /// Run in a call from another shard, the call gives back its inbox slot before
+    /// waiting, as a delayed produce does.
+    pub async fn delete_records(
+        &self,
+        offset: Offset,
+        wait: std::time::Duration,
+        alive: impl Fn(NodeId) -> bool,
+    ) -> Result<Offset, i16> {
         self.check_leader(LeaderEpoch::NONE)?;
+        let epoch = self.replica.borrow().leader_epoch();
         let hw = self.high_watermark();
         let target = if offset == Offset::NONE { hw } else { offset };
         if target > hw || target.get() < 0 {
@@ -480,7 +517,31 @@ impl Partition {
         self.log
             .delete_records_before(target)
             .await
-            .map_err(|e| storage_error_code(&e))
+            .map_err(|e| storage_error_code(&e))?;
+        crate::shard::mesh::InboxSlot::release_current();
+        let reached = async {
+            loop {
+                let moved = self.log_starts_moved.listen();
+                match self.low_watermark(&alive) {
+                    Some(low) if low >= target => return Some(low),
+                    Some(_) => {}
+                    None => return None,
+                }
+                // A follower's fetch wakes this; the tick notices a node fenced meanwhile.
+                let tick = glommio::timer::sleep(LOW_WATERMARK_RECHECK);
+                futures_lite::future::or(moved, tick).await;
+            }
+        };
+        let timeout = async {
+            glommio::timer::sleep(wait).await;
+            None
+        };
+        let waited = futures_lite::future::or(reached, timeout);
+        match self.while_leading(epoch, waited).await? {
+            Some(low) => Ok(low),
+            None if !self.replica.borrow().is_leader() => Err(errors::NOT_LEADER_OR_FOLLOWER),
+            None => Err(errors::REQUEST_TIMED_OUT),
+        }
     }
 }
 

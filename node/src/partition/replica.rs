@@ -65,16 +65,21 @@ pub struct FollowerProgress {
     /// meanwhile (the controller may have elected it while it had not); set until an ISR
     /// without it is committed, after which it rejoins as any follower does.
     pub lost_acknowledged: bool,
+    /// The follower's log start, as its fetches report it (`Offset::NONE` until one
+    /// does): DeleteRecords is answered once every live replica's is past the deleted
+    /// records (see [`ReplicaState::low_watermark`]).
+    pub log_start: Offset,
 }
 
 impl Default for FollowerProgress {
-    /// Unknown until the follower's first fetch (Kafka's rule: offset 0).
+    /// Unknown until the follower's first fetch (Kafka's rule: offset 0; log start -1).
     fn default() -> Self {
         FollowerProgress {
             log_end: Offset(0),
             caught_up_ms: 0,
             broker_epoch: BrokerEpoch::NONE,
             lost_acknowledged: false,
+            log_start: Offset::NONE,
         }
     }
 }
@@ -277,6 +282,43 @@ impl ReplicaState {
             p.caught_up_ms = now_ms;
         }
         self.recompute_high_watermark()
+    }
+
+    /// A follower's fetch reports its log start (Fetch v5+; -1 from older ones, which
+    /// leaves it unknown). Returns whether it changed. Unknown replicas are ignored.
+    pub fn follower_log_start(&mut self, follower: NodeId, log_start: Offset) -> bool {
+        let Role::Leader(l) = &mut self.role else {
+            return false;
+        };
+        let Some(p) = l.followers.get_mut(&follower) else {
+            return false;
+        };
+        let changed = p.log_start != log_start;
+        p.log_start = log_start;
+        changed
+    }
+
+    /// On a leader, the low watermark (Kafka's `lowWatermarkIfLeader`): the smallest log
+    /// start over this replica (`local_log_start`) and every other assigned replica on a
+    /// node `alive` says is live, in the ISR or not — a live replica outside it may still
+    /// be elected (unclean election, or after it rejoins) and would serve what it holds.
+    /// A replica not heard from since this leader took over counts as -1. `None` on a
+    /// follower.
+    pub fn low_watermark(
+        &self,
+        local_log_start: Offset,
+        alive: impl Fn(NodeId) -> bool,
+    ) -> Option<Offset> {
+        let Role::Leader(l) = &self.role else {
+            return None;
+        };
+        let low = l
+            .followers
+            .iter()
+            .filter(|(n, _)| alive(**n))
+            .map(|(_, p)| p.log_start)
+            .fold(local_log_start, Ord::min);
+        Some(low)
     }
 
     /// A follower learns the leader's HW from a fetch response: its own HW is the smaller
@@ -679,6 +721,33 @@ mod tests {
         assert_eq!(r.wanted_isr(4, lag, any), Some(vec![a, b, c]));
         assert_eq!(r.wanted_isr(4, lag, |_, e| e != BrokerEpoch(2)), None);
         assert_eq!(r.joiner_epochs(&[a, b, c]), vec![(b, BrokerEpoch(2))]);
+    }
+
+    /// Kafka's `lowWatermarkIfLeader`: the smallest log start over the leader and every
+    /// assigned replica on a live node, in the ISR or not; unknown (-1) until a replica's
+    /// fetch reports it, and again after a leader change.
+    #[test]
+    fn the_low_watermark_is_the_smallest_log_start_over_live_replicas() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let any = |_: NodeId| true;
+        let mut r = ReplicaState::sole(a, Offset(10));
+        assert_eq!(r.low_watermark(Offset(4), any), Some(Offset(4)), "alone");
+        r.become_leader(LeaderEpoch(1), vec![a, b], &[a, b, c]);
+        assert_eq!(r.low_watermark(Offset(4), any), Some(Offset::NONE));
+        assert!(r.follower_log_start(b, Offset(6)));
+        assert!(!r.follower_log_start(b, Offset(6)), "no change");
+        assert!(r.follower_log_start(c, Offset(2)));
+        assert_eq!(
+            r.low_watermark(Offset(4), any),
+            Some(Offset(2)),
+            "c, outside the ISR, counts"
+        );
+        assert_eq!(r.low_watermark(Offset(4), |n| n != c), Some(Offset(4)));
+        assert!(!r.follower_log_start(NodeId(9), Offset(0)), "not assigned");
+        r.become_leader(LeaderEpoch(2), vec![a, b], &[a, b, c]);
+        assert_eq!(r.low_watermark(Offset(4), |n| n != c), Some(Offset::NONE));
+        r.become_follower(b, LeaderEpoch(3));
+        assert_eq!(r.low_watermark(Offset(4), any), None);
     }
 
     #[test]

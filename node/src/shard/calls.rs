@@ -100,6 +100,9 @@ pub struct FetchRead {
     pub current_epoch: LeaderEpoch,
     /// A follower's `last_fetched_epoch` (-1: not given), checked for divergence.
     pub last_fetched_epoch: LeaderEpoch,
+    /// A follower's `log_start_offset` (-1: not given), recorded by its leader for
+    /// DeleteRecords' low watermark.
+    pub log_start: Offset,
 }
 
 /// Reads of several partitions owned by the same shard, in request order: together they
@@ -143,7 +146,13 @@ impl ShardCall for FetchCall {
                                 hard_max_bytes,
                                 now_ms(),
                             );
-                            read.await
+                            let read = read.await;
+                            if let ReadFor::Follower(node, _) = self.reader
+                                && read.error == crate::errors::NONE
+                            {
+                                p.follower_log_start(node, r.log_start);
+                            }
+                            read
                         }
                     }
                 }
@@ -212,21 +221,31 @@ impl ShardCall for ListOffsetCall {
     }
 }
 
-/// DeleteRecords for one partition: the new low watermark, or a Kafka error.
+/// DeleteRecords for one partition: the low watermark once every live replica's log
+/// start reached the target (waiting at most until `replicated_by`, the request's
+/// `timeout_ms`; the call's own deadline is later), or a Kafka error.
 pub struct DeleteRecordsCall {
     pub tp: TopicPartition,
     pub offset: Offset,
+    pub replicated_by: Instant,
 }
 
 impl ShardCall for DeleteRecordsCall {
     type Reply = Result<Offset, i16>;
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Result<Offset, i16> {
-        shard
-            .partition(&self.tp)
-            .await?
-            .delete_records(self.offset)
-            .await
+        let p = shard.partition(&self.tp).await?;
+        let wait = self.replicated_by.saturating_duration_since(Instant::now());
+        // Kafka counts the replicas on live brokers (registered, not fenced); the
+        // catalogue is read afresh at every check.
+        let alive = |n: wire::NodeId| {
+            shard
+                .catalog()
+                .nodes
+                .get(&n.get())
+                .is_some_and(|node| !node.fenced)
+        };
+        p.delete_records(self.offset, wait, alive).await
     }
 }
 
