@@ -1329,3 +1329,34 @@ fn delete_records_waits_for_the_followers_and_survives_a_failover_right_after() 
         "the new leader {leader} serves deleted records from {start}"
     );
 }
+
+/// The broker-level `unclean.leader.election.enable=true` (here every node's static
+/// value) applies to a topic without its own, as in Kafka, instead of being accepted and
+/// unused: a partition whose only ISR member dies is led by its live replica outside the
+/// ISR (ISR that replica alone) rather than staying offline (found by review).
+#[test]
+fn the_broker_level_unclean_leader_election_default_elects_a_live_replica() {
+    let (mut c, net) = Cluster::start_faulty(
+        3,
+        &[
+            ("unclean.leader.election.enable", "true"),
+            ("replica.lag.time.max.ms", "1000"),
+        ],
+    )
+    .expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let created = cluster::create_topic_assigned(addr, TOPIC, &[vec![1, 2]]).expect("create");
+    assert_eq!(created, 0);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.0 > 0 && p.2.len() == 2);
+    let other = if leader == 1 { 2 } else { 1 };
+    // The other replica falls out of the ISR; then the ISR's only member dies.
+    net.cut_fetches(other, leader, Mode::Blackhole);
+    wait_placement(&mut c, &[1, 2, 3], 0, |p| {
+        p.0 == leader && p.2 == vec![leader]
+    });
+    c.node(leader).kill().expect("SIGKILL the leader");
+    let live: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    let (now, _, isr) = wait_placement(&mut c, &live, 0, |p| p.0 == other);
+    assert_eq!((now, isr), (other, vec![other]));
+}

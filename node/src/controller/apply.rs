@@ -1055,9 +1055,10 @@ const UNCLEAN_KEY: &str = "unclean.leader.election.enable";
 /// Partitions without a leader get one when a node of their ISR is live again; with the
 /// topic's `unclean.leader.election.enable=true`, also when only a replica outside the
 /// ISR is live: it leads with the ISR itself alone, and what only the lost members held
-/// is gone (Kafka's unclean election). Only the topic's config counts: a node's static
-/// value is not in the image (every node must apply a command alike), and the broker
-/// resource's dynamic value is stored without effect.
+/// is gone (Kafka's unclean election). Only the topic's config counts here: the
+/// broker-level default a topic without a value inherits is the active controller's (its
+/// static value is not in the image, and every node must apply a command alike), applied
+/// by that controller through [`unclean_by_default`] and ElectUnclean commands.
 fn elect_offline(c: &mut Catalog) {
     let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
     for t in c.topics.values_mut() {
@@ -1099,6 +1100,44 @@ fn elect_offline(c: &mut Catalog) {
         }
         *t = Arc::new(changed);
     }
+}
+
+/// The broker-level `unclean.leader.election.enable` the active controller `controller`
+/// applies to topics without a value of their own, as Kafka's controller resolves it:
+/// its node's dynamic value, else the cluster-wide dynamic default (broker resource ""),
+/// else `static_value` (its `server.properties`); false when none says.
+pub fn unclean_default(c: &Catalog, controller: i32, static_value: Option<&str>) -> bool {
+    let dynamic = |name: &str| c.broker_configs.get(name)?.get(UNCLEAN_KEY).cloned();
+    dynamic(&controller.to_string())
+        .or_else(|| dynamic(""))
+        .or_else(|| static_value.map(str::to_string))
+        .is_some_and(|v| v.trim() == "true")
+}
+
+/// The offline partitions the broker-level default lets the controller elect uncleanly
+/// now (Kafka applies the broker value where the topic has none): no leader, no live ISR
+/// member, a live replica, and a topic without its own `unclean.leader.election.enable`.
+/// Empty when `default_enabled` is false.
+pub fn unclean_by_default(c: &Catalog, default_enabled: bool) -> Vec<PartitionRef> {
+    if !default_enabled {
+        return Vec::new();
+    }
+    let live: BTreeSet<i32> = live_nodes(c).into_iter().collect();
+    let mut out = Vec::new();
+    for t in c
+        .topics
+        .values()
+        .filter(|t| !t.configs.contains_key(UNCLEAN_KEY))
+    {
+        for (i, a) in t.assignment.iter().enumerate() {
+            let offline = a.leader == -1 || !live.contains(&a.leader);
+            let isr_gone = !a.isr.iter().any(|r| live.contains(r));
+            if offline && isr_gone && a.replicas.iter().any(|r| live.contains(r)) {
+                out.push((t.name.clone(), t.id, i as i32));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -1800,5 +1839,87 @@ mod tests {
             assert_eq!((elected.leader, elected.isr.clone()), (other, vec![other]));
             assert_eq!(elected.leader_epoch, now.leader_epoch + 1);
         }
+    }
+
+    /// The broker-level `unclean.leader.election.enable` (Kafka: the topic value
+    /// overrides it) was accepted and unused: a partition whose last ISR member is
+    /// fenced, on a topic without its own value, now gets a live replica when the active
+    /// controller's default says true — its node's dynamic value, else the cluster-wide
+    /// dynamic default, else its static one — and a topic's false still keeps it
+    /// offline (found by review).
+    #[test]
+    fn the_broker_level_unclean_default_applies_where_the_topic_has_no_value() {
+        let mut c = Catalog::default();
+        for id in 1..=3 {
+            node(&mut c, id);
+        }
+        // Replicas [1, 2] and [1, 3], ISR {1} alone; "strict" says false itself.
+        for (name, id, other) in [("plain", 7, 2), ("strict", 8, 3)] {
+            let Command::CreateTopics {
+                mut topics,
+                max_partitions,
+            } = topic(name, 1, 2)
+            else {
+                panic!("a CreateTopics")
+            };
+            topics[0].meta.id = id;
+            topics[0].assignments = vec![vec![1, other]];
+            if name == "strict" {
+                topics[0]
+                    .meta
+                    .configs
+                    .insert(UNCLEAN_KEY.into(), "false".into());
+            }
+            let create = Command::CreateTopics {
+                topics,
+                max_partitions,
+            };
+            apply(&mut c, &create, true);
+            let mut t = (*c.topics[name]).clone();
+            t.assignment[0].isr = vec![1];
+            c.topics.insert(name.into(), Arc::new(t));
+        }
+        apply(&mut c, &Command::FenceNode { id: 1 }, true);
+        for name in ["plain", "strict"] {
+            assert_eq!(c.topics[name].assignment[0].leader, -1, "{name} offline");
+        }
+
+        assert!(!unclean_default(&c, 1, None), "false when nothing says");
+        assert!(unclean_by_default(&c, false).is_empty());
+        assert!(unclean_default(&c, 1, Some("true")), "the static value");
+        // The cluster-wide dynamic default overrides the static value; the controller
+        // node's own dynamic value overrides both.
+        let set = |c: &mut Catalog, name: &str, v: &str| {
+            let expected = c.broker_configs.get(name).cloned().unwrap_or_default();
+            let configs = BTreeMap::from([(UNCLEAN_KEY.to_string(), v.to_string())]);
+            let cmd = Command::AlterBrokerConfigs {
+                name: name.into(),
+                configs,
+                expected,
+            };
+            assert_eq!(apply(c, &cmd, true).0, Outcome::Done(Ok(())));
+        };
+        set(&mut c, "", "false");
+        assert!(!unclean_default(&c, 2, Some("true")));
+        set(&mut c, "2", "true");
+        assert!(unclean_default(&c, 2, Some("false")));
+        assert!(!unclean_default(&c, 3, Some("true")), "another controller");
+
+        // Only the topic without a value of its own is elected.
+        let wanted = unclean_by_default(&c, true);
+        assert_eq!(wanted, vec![("plain".to_string(), 7, 0)]);
+        for cmd in elect_unclean_commands(wanted) {
+            apply(&mut c, &cmd, true);
+        }
+        let a = &c.topics["plain"].assignment[0];
+        assert_eq!((a.leader, a.isr.clone()), (2, vec![2]));
+        assert_eq!(
+            c.topics["strict"].assignment[0].leader, -1,
+            "its topic says no"
+        );
+        assert!(
+            unclean_by_default(&c, true).is_empty(),
+            "nothing left to elect"
+        );
     }
 }

@@ -38,6 +38,8 @@ pub const PROPOSE_DEADLINE_MS: u64 = 15_000;
 pub(crate) const RETRY_PAUSE_MS: u64 = 100;
 /// How often the leader looks for expired leases.
 const LEASE_CHECK_MS: u64 = 200;
+/// The broker-level key whose `true` lets the controller elect outside the ISR.
+const UNCLEAN_LEADER_ELECTION_KEY: &str = "unclean.leader.election.enable";
 /// Connections the controller port serves at once.
 const CONNECTIONS_MAX: usize = 16;
 /// A controller connection with no request for this long is closed.
@@ -1138,6 +1140,33 @@ async fn leases(ctx: Arc<Ctx>) {
             let _ = ctx.raft.client_write(Command::FenceNode { id }).await;
             // Applied here (or failed): the image says which.
             lock(&ctx.fencing).remove(&id);
+        }
+        elect_unclean_by_default(&ctx).await;
+    }
+}
+
+/// The broker-level `unclean.leader.election.enable` (this controller's dynamic or
+/// static value, or the cluster default; see [`super::apply::unclean_default`]) for
+/// topics without their own: offline partitions whose ISR is gone are led by a live
+/// replica, as Kafka's controller does. The topic-level value is applied within the
+/// commands themselves; this one is not in the image, so the active controller proposes
+/// the elections (checked every lease round, after that round's fences).
+async fn elect_unclean_by_default(ctx: &Ctx) {
+    let image = ctx.node.meta.snapshot();
+    let static_value = ctx.node.config.props.get(UNCLEAN_LEADER_ELECTION_KEY);
+    let enabled = super::apply::unclean_default(&image, ctx.config.node_id, static_value);
+    let partitions = super::apply::unclean_by_default(&image, enabled);
+    if partitions.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        partitions = partitions.len(),
+        "offline partitions with no live ISR member: electing live replicas (broker-level unclean.leader.election.enable)"
+    );
+    for cmd in super::apply::elect_unclean_commands(partitions) {
+        if let Err(e) = ctx.raft.client_write(cmd).await {
+            tracing::debug!("unclean leader election: {e}");
+            break;
         }
     }
 }
