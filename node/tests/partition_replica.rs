@@ -1644,3 +1644,44 @@ fn delete_records_waits_until_every_live_replica_moved_its_log_start() {
         assert_eq!(answer.get(), Some(Err(errors::NOT_LEADER_OR_FOLLOWER)));
     });
 }
+
+/// A leader change writes the leader epoch checkpoint (two fsyncs) in the blocking pool,
+/// not on the shard's thread: a failover made the node leader of thousands of partitions
+/// and the shard answered nothing while it fsynced each one (found by review). The entry
+/// is still on disk before the first append under the epoch: an append right after the
+/// change finds it there, and a reopened log has it.
+#[test]
+fn a_leader_change_writes_its_epoch_checkpoint_off_the_shard_thread_before_any_append() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let dir = root.path().join("orders-0");
+        let p = open(&dir, LEADER, 1).await;
+        let both = [LEADER, FOLLOWER];
+        let change = p.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+        assert_eq!(change, RoleChange::Lead);
+        until("the checkpoint on disk", || p.epochs_durable()).await;
+        assert_ne!(
+            p.epochs_written_by(),
+            Some(std::thread::current().id()),
+            "written by the shard's thread"
+        );
+        let out = p.produce(batch(None, 3, "a"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+
+        // Leader again under epoch 2 and an append at once: the entry is on disk first.
+        let change = p.apply_assignment(&assigned(LEADER, 2, &both, &both), NOW_MS);
+        assert_eq!(change, RoleChange::Lead);
+        let out = p.produce(batch(None, 2, "b"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        assert!(p.epochs_durable());
+        let files = dir.join("orders-0");
+        let on_disk = weir::storage::epochs::LeaderEpochCache::load(&files).expect("load");
+        let epochs = vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(3))];
+        assert_eq!(on_disk.entries(), epochs);
+        p.log.close().await.expect("closed");
+        drop(p);
+        let again = open(&dir, LEADER, 1).await;
+        assert_eq!(again.epoch_entries(), epochs);
+    });
+}

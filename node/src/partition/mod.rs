@@ -501,13 +501,24 @@ impl Partition {
     /// (-1, -1), which on the wire reads as no divergence: the follower neither
     /// truncated nor counted as fetching, and left the ISR after
     /// `replica.lag.time.max.ms` while acks=all writes waited for it.
+    ///
+    /// The checkpoint is written and fsynced in the blocking pool, not on the shard's
+    /// thread (a failover makes this node leader of many partitions at once); the first
+    /// append under the epoch waits for it to be on disk (`note_epoch` flushes it), so no
+    /// record of the epoch can be in the log while a crash could still take its entry
+    /// (see `LeaderEpochCache::assign_in_background`).
     fn start_leader_epoch(&self) -> Result<(), i16> {
         let epoch = {
             let replica = self.replica.borrow();
             assert!(replica.is_leader(), "only a leader starts an epoch");
             replica.leader_epoch()
         };
-        self.note_epoch(epoch, self.log.log_end_offset())?;
+        {
+            let mut epochs = self.epochs.borrow_mut();
+            let end = self.log.log_end_offset();
+            self.drop_epochs_past(&mut epochs, end)?;
+            epochs.assign_in_background(epoch, end);
+        }
         let start = self.epochs.borrow().latest().filter(|(e, _)| *e == epoch);
         if let Some((_, start)) = start {
             self.replica.borrow_mut().epoch_started_at(start);
@@ -529,22 +540,45 @@ impl Partition {
 
     /// Records that appends under `epoch` start at `start` if `epoch` is new to this log
     /// (before the append, so the entry's offset is the epoch's first).
+    /// An epoch entry a leader's change wrote in the background is on disk before the
+    /// append (written here, on this thread, if the pool has not done it yet).
     fn note_epoch(&self, epoch: LeaderEpoch, start: Offset) -> Result<(), i16> {
         let mut epochs = self.epochs.borrow_mut();
-        // An out-of-space rollback may have cut the log below where the latest epoch
-        // started (it began with appends that were never written): that entry goes with
-        // them, as a truncation would take it.
+        if let Err(e) = epochs.flush() {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            return Err(errors::KAFKA_STORAGE_ERROR);
+        }
+        self.drop_epochs_past(&mut epochs, start)?;
+        let assigned = epochs.assign(epoch, start);
+        assigned.map(|_| ()).map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            errors::KAFKA_STORAGE_ERROR
+        })
+    }
+
+    /// An out-of-space rollback may have cut the log below where the latest epoch started
+    /// (it began with appends that were never written): that entry goes with them, as a
+    /// truncation would take it.
+    fn drop_epochs_past(&self, epochs: &mut LeaderEpochCache, start: Offset) -> Result<(), i16> {
         if epochs.latest().is_some_and(|(_, s)| s > start)
             && let Err(e) = epochs.truncate_from_end(start.add(1))
         {
             tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
             return Err(errors::KAFKA_STORAGE_ERROR);
         }
-        let assigned = epochs.assign(epoch, start);
-        assigned.map(|_| ()).map_err(|e| {
-            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
-            errors::KAFKA_STORAGE_ERROR
-        })
+        Ok(())
+    }
+
+    /// Whether the leader epoch checkpoint holds every change (a new leader's entry is
+    /// written in the background; see `start_leader_epoch`).
+    pub fn epochs_durable(&self) -> bool {
+        self.epochs.borrow().durable()
+    }
+
+    /// The thread that last wrote the leader epoch checkpoint (tests: which thread paid
+    /// its fsyncs).
+    pub fn epochs_written_by(&self) -> Option<std::thread::ThreadId> {
+        self.epochs.borrow().written_by()
     }
 
     /// Whether this replica leads but may not append under its leader epoch: an

@@ -6,9 +6,16 @@
 //! It answers OffsetForLeaderEpoch — where did epoch E end in this log? — which is how a
 //! replica that becomes follower finds the point where its log diverges from the new
 //! leader's, instead of truncating blindly to its HW.
+//!
+//! A new leader's entry may be written in glommio's blocking pool
+//! ([`LeaderEpochCache::assign_in_background`]): a failover must not stop the shard for
+//! an fsync pair per partition it now leads. Writes of one file never interleave and the
+//! newest contents always win (a generation per change; see `Checkpoint`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use wire::{LeaderEpoch, Offset};
 
@@ -24,8 +31,69 @@ const ENTRIES_MAX: usize = 1 << 20;
 /// Epoch → first offset written under it, ascending in both.
 #[derive(Debug)]
 pub struct LeaderEpochCache {
-    path: PathBuf,
+    checkpoint: Arc<Checkpoint>,
     entries: BTreeMap<LeaderEpoch, Offset>,
+}
+
+/// The checkpoint file, shared with the blocking pool's writes: `latest` is what it must
+/// come to hold, `written` the generation on disk (synced). A writer holds `writing`
+/// while it writes and writes the newest contents there are then, so a slow write of old
+/// contents never lands after a newer one.
+#[derive(Debug)]
+struct Checkpoint {
+    path: PathBuf,
+    /// (generation, contents); the generation grows with every change.
+    latest: Mutex<(u64, Vec<u8>)>,
+    writing: Mutex<()>,
+    written: AtomicU64,
+    /// The thread of the last write (which thread pays for the fsyncs).
+    written_by: Mutex<Option<std::thread::ThreadId>>,
+}
+
+/// A lock whose holder panicked still guards consistent data here (plain values).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Checkpoint {
+    fn new(path: PathBuf) -> Checkpoint {
+        Checkpoint {
+            path,
+            latest: Mutex::new((0, Vec::new())),
+            writing: Mutex::new(()),
+            written: AtomicU64::new(0),
+            written_by: Mutex::new(None),
+        }
+    }
+
+    /// The contents the file must come to hold.
+    fn set(&self, contents: Vec<u8>) {
+        let mut latest = lock(&self.latest);
+        latest.0 += 1;
+        latest.1 = contents;
+    }
+
+    /// Whether the file lacks the latest change.
+    fn unwritten(&self) -> bool {
+        lock(&self.latest).0 > self.written.load(Ordering::Acquire)
+    }
+
+    /// Writes and syncs the latest contents unless they are on disk already (on the
+    /// caller's thread; it waits for a write under way).
+    fn write_latest(&self) -> Result<()> {
+        let _writing = lock(&self.writing);
+        let (generation, contents) = {
+            let latest = lock(&self.latest);
+            (latest.0, latest.1.clone())
+        };
+        if generation <= self.written.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        write_atomic(&self.path, &contents)?;
+        self.written.store(generation, Ordering::Release);
+        *lock(&self.written_by) = Some(std::thread::current().id());
+        Ok(())
+    }
 }
 
 impl LeaderEpochCache {
@@ -42,7 +110,11 @@ impl LeaderEpochCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(StorageError::io("read", &path, e)),
         };
-        Ok(LeaderEpochCache { path, entries })
+        let checkpoint = Arc::new(Checkpoint::new(path));
+        Ok(LeaderEpochCache {
+            checkpoint,
+            entries,
+        })
     }
 
     /// The newest epoch and where it started.
@@ -74,9 +146,71 @@ impl LeaderEpochCache {
         self.entries.insert(epoch, start);
         if let Err(e) = self.persist() {
             self.entries.remove(&epoch);
+            // What the file must hold is again the cache without it (a later flush).
+            self.checkpoint.set(self.rendered());
             return Err(e);
         }
         Ok(true)
+    }
+
+    /// [`assign`](Self::assign) for a replica that just became leader, with the write and
+    /// its fsyncs in glommio's blocking pool instead of the caller's thread: a failover
+    /// makes a node leader of many partitions at once, and one fsync pair each on the
+    /// shard's thread stopped every request of the shard for the whole batch. The entry
+    /// is in memory at once (OffsetForLeaderEpoch answers with it; that is safe, as it
+    /// holds whether or not a crash takes it: nothing is in the log under the new epoch
+    /// yet). What must hold is that no record under the epoch reaches the log before the
+    /// entry is on disk: a log holding epoch-E records with a checkpoint that lost E
+    /// answers where E-1 ended with its log end, and a follower then keeps a divergent
+    /// E-1 tail at offsets where this log has E records. The caller therefore calls
+    /// [`flush`](Self::flush) before its first append under the epoch (a leader append
+    /// notes its epoch first), which writes it on its own thread if the pool has not
+    /// yet. A failed background write is logged and left to that flush. Must run on a
+    /// glommio executor. Returns whether an entry was added.
+    pub fn assign_in_background(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
+        if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
+            return false;
+        }
+        if let Some((_, last_start)) = self.latest() {
+            assert!(
+                start >= last_start,
+                "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
+            );
+        }
+        self.entries.insert(epoch, start);
+        self.checkpoint.set(self.rendered());
+        let checkpoint = self.checkpoint.clone();
+        let written = glommio::executor().spawn_blocking(move || {
+            let done = checkpoint.write_latest();
+            (done, checkpoint)
+        });
+        glommio::spawn_local(async move {
+            let (done, checkpoint) = written.await;
+            if let Err(e) = done {
+                tracing::warn!(path = %checkpoint.path.display(), "leader epoch checkpoint, written in the background: {e}; the next append writes it");
+            }
+        })
+        .detach();
+        true
+    }
+
+    /// Writes the checkpoint now, on this thread, if a change is not on disk yet (a
+    /// background write not done, or failed). Before an append under a new epoch.
+    pub fn flush(&self) -> Result<()> {
+        if !self.checkpoint.unwritten() {
+            return Ok(());
+        }
+        self.checkpoint.write_latest()
+    }
+
+    /// Whether every change is on disk.
+    pub fn durable(&self) -> bool {
+        !self.checkpoint.unwritten()
+    }
+
+    /// The thread that last wrote the file (for tests: which thread paid the fsyncs).
+    pub fn written_by(&self) -> Option<std::thread::ThreadId> {
+        *lock(&self.checkpoint.written_by)
     }
 
     /// Where `requested` ended in this log, as (epoch, end offset), Kafka's rule: the
@@ -120,12 +254,17 @@ impl LeaderEpochCache {
     }
 
     fn persist(&self) -> Result<()> {
+        self.checkpoint.set(self.rendered());
+        self.checkpoint.write_latest()
+    }
+
+    fn rendered(&self) -> Vec<u8> {
         let entries: Vec<String> = self
             .entries
             .iter()
             .map(|(epoch, start)| format!("{epoch} {start}"))
             .collect();
-        write_atomic(&self.path, checkpoint::render(&entries).as_bytes())
+        checkpoint::render(&entries).into_bytes()
     }
 }
 
@@ -213,6 +352,49 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    /// A new leader's entry is written in the blocking pool, not on the caller's
+    /// thread; a synced change made meanwhile is never overwritten by the older
+    /// background write (the newest contents win); and an entry whose background write
+    /// failed is written by the next flush (found by review: a failover fsynced every
+    /// partition's checkpoint on the shard's thread).
+    #[test]
+    fn a_background_write_leaves_the_caller_thread_and_never_undoes_a_newer_one() {
+        crate::storage::testing::run_on_shard(|| async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut c = LeaderEpochCache::load(dir.path()).expect("empty");
+            assert!(c.assign_in_background(LeaderEpoch(1), Offset(0)));
+            assert!(!c.assign_in_background(LeaderEpoch(1), Offset(4)), "known");
+            let started = std::time::Instant::now();
+            while !c.durable() {
+                assert!(started.elapsed() < std::time::Duration::from_secs(30));
+                glommio::timer::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            assert_ne!(c.written_by(), Some(std::thread::current().id()));
+            let reloaded = LeaderEpochCache::load(dir.path()).expect("reload");
+            assert_eq!(reloaded.entries(), vec![(LeaderEpoch(1), Offset(0))]);
+
+            // A background write and a synced one right after: the file ends newest.
+            assert!(c.assign_in_background(LeaderEpoch(2), Offset(5)));
+            assert!(c.assign(LeaderEpoch(3), Offset(9)).expect("synced"));
+            assert!(c.durable());
+            glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+            let reloaded = LeaderEpochCache::load(dir.path()).expect("reload");
+            assert_eq!(reloaded.entries(), c.entries());
+            assert_eq!(c.entries().len(), 3);
+
+            // The directory is gone: the background write fails, the flush tells.
+            let gone = dir.path().join("gone");
+            let mut c = LeaderEpochCache::load(&gone).expect("empty");
+            assert!(c.assign_in_background(LeaderEpoch(4), Offset(0)));
+            assert!(c.flush().is_err());
+            std::fs::create_dir(&gone).expect("mkdir");
+            c.flush().expect("written");
+            assert!(c.durable());
+            let reloaded = LeaderEpochCache::load(&gone).expect("reload");
+            assert_eq!(reloaded.latest(), Some((LeaderEpoch(4), Offset(0))));
+        });
     }
 
     #[test]
