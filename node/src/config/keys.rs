@@ -131,6 +131,8 @@ pub const WEIR_KEYS: &[&str] = &[
     "alter.config.policy.class.name",
     "controller.quorum.bootstrap.servers",
     "create.topic.policy.class.name",
+    // controller/quorum: the default of a topic's own value (also set dynamically)
+    "unclean.leader.election.enable",
     // security/authorizer.rs
     "allow.everyone.if.no.acl.found",
     "authorizer.class.name",
@@ -234,7 +236,6 @@ const KAFKA_KEYS: &[&str] = &[
     "socket.send.buffer.bytes",
     "transaction.partition.verification.enable",
     "transaction.state.log.load.buffer.size",
-    "unclean.leader.election.enable",
 ];
 
 /// Families of Kafka keys too many to list one by one (TLS, SASL, ZooKeeper, tiered
@@ -264,6 +265,10 @@ pub const DYNAMIC_APPLIED: &[(&str, &str)] = &[
     ("log.segment.bytes", "segment.bytes"),
 ];
 
+/// Keys weir reads where they are used, in their dynamic form too (the dynamic value
+/// wins over the static one there): stored, described, and read at once.
+pub const DYNAMIC_READ: &[&str] = &["unclean.leader.election.enable"];
+
 /// Kafka keys Kafka lets an admin change at runtime that weir does not use: accepted,
 /// stored and described like their static form, without effect.
 pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
@@ -288,7 +293,6 @@ pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
     "num.recovery.threads.per.data.dir",
     "num.replica.alter.log.dirs.threads",
     "num.replica.fetchers",
-    "unclean.leader.election.enable",
 ];
 
 /// Families of per-listener security keys Kafka reconfigures at runtime.
@@ -330,7 +334,8 @@ pub fn shown(key: &str, value: &str) -> String {
 pub enum Dynamic {
     /// Applied at once, as the default of this topic-level key.
     Applied(&'static str),
-    /// A Kafka dynamic key weir does not use: stored and described, no effect.
+    /// Stored and described: without effect for a Kafka dynamic key weir does not use,
+    /// read where it is used for one of [`DYNAMIC_READ`].
     Stored,
     /// A key weir reads only at startup: refused (set it statically and restart).
     ReadOnly,
@@ -342,6 +347,9 @@ pub enum Dynamic {
 pub fn dynamic_kind(key: &str) -> Dynamic {
     if let Some((_, topic_key)) = DYNAMIC_APPLIED.iter().find(|(k, _)| *k == key) {
         return Dynamic::Applied(topic_key);
+    }
+    if DYNAMIC_READ.contains(&key) {
+        return Dynamic::Stored;
     }
     match kind(key) {
         KeyKind::Used => Dynamic::ReadOnly,
@@ -463,6 +471,11 @@ mod tests {
             assert_eq!(dynamic_kind(key), Dynamic::ReadOnly, "{key}");
         }
         assert_eq!(kind("scram.bootstrap.credentials"), KeyKind::Used);
+        assert_eq!(kind("unclean.leader.election.enable"), KeyKind::Used);
+        assert_eq!(
+            dynamic_kind("unclean.leader.election.enable"),
+            Dynamic::Stored
+        );
         assert_eq!(
             kind("listener.name.ext.ssl.cipher.suites"),
             KeyKind::KafkaIgnored
