@@ -774,3 +774,80 @@ fn deleting_a_closed_log_leaves_its_directory_to_the_next_log() {
         next.close().await.unwrap();
     });
 }
+
+/// Time retention deletes the active segment of a partition that stopped receiving
+/// records, as Kafka does (it rolls an empty segment at the log end first): before, the
+/// expired records stayed readable until an append rolled it. The log end does not move,
+/// the log start reaches it, appends continue at the same offset, and a restart — also
+/// one that lost the new log start file — reopens there.
+#[test]
+fn time_retention_deletes_an_expired_active_segment_and_the_log_end_stays() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("retention.ms", "60000")]);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+        for i in 0..5 {
+            log.append(batch(1_000 + i, 2), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        let end = log.log_end_offset();
+        assert_eq!((end, log.segment_count()), (Offset(10), 1));
+        let later = 1_000 + 120_000;
+        // Not past the bound (the HW): nothing goes, as for a sealed segment.
+        assert_eq!(log.apply_retention(later, Offset(9)).await.unwrap(), 0);
+        // Not yet expired: nothing goes.
+        assert_eq!(log.apply_retention(1_010, end).await.unwrap(), 0);
+        assert_eq!(log.apply_retention(later, end).await.unwrap(), 1);
+        assert_eq!(log.log_start_offset(), end);
+        assert_eq!(log.log_end_offset(), end);
+        assert_eq!(log.segment_bases(), vec![end]);
+        assert!(matches!(
+            log.read(Offset(0), 1 << 20, end).await,
+            Err(StorageError::OffsetOutOfRange { .. })
+        ));
+        let read = log.read(end, 1 << 20, end).await.unwrap();
+        assert!(read.batches.is_empty());
+        // An empty active segment is never retention's.
+        assert_eq!(log.apply_retention(later, end).await.unwrap(), 0);
+        let info = log
+            .append(batch(later, 3), LeaderEpoch(1), 0)
+            .await
+            .unwrap();
+        assert_eq!(info.first_offset, end);
+        assert_eq!(info.log_start_offset, end);
+        let read = log.read(end, 1 << 20, Offset(13)).await.unwrap();
+        assert_eq!(read.batches.len(), 1);
+        assert_eq!(read.next_offset, Offset(13));
+        // Expired again with nothing appended since: the same again, past the restart.
+        assert_eq!(
+            log.apply_retention(later + 120_000, Offset(13))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(log.log_start_offset(), Offset(13));
+        drop(log);
+        // The new log start file lost (a power loss before its sync): the empty active
+        // segment's file still says where the log ends.
+        std::fs::remove_file(pdir.join("weir-log-start-offset")).unwrap();
+        let log = Log::open(pdir.clone(), cfg.clone()).await.unwrap();
+        assert_eq!(log.log_start_offset(), Offset(13));
+        assert_eq!(log.log_end_offset(), Offset(13));
+        let info = log
+            .append(batch(later, 1), LeaderEpoch(2), 0)
+            .await
+            .unwrap();
+        assert_eq!(info.first_offset, Offset(13));
+        log.close().await.unwrap();
+        let log = Log::open(pdir, cfg).await.unwrap();
+        assert_eq!(log.log_start_offset(), Offset(13));
+        assert_eq!(log.log_end_offset(), Offset(14));
+        let read = log.read(Offset(13), 1 << 20, Offset(14)).await.unwrap();
+        assert_eq!(read.batches.len(), 1);
+        log.close().await.unwrap();
+    });
+}

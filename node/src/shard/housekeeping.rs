@@ -121,9 +121,11 @@ impl Shard {
 
     /// Retention for the partitions this shard owns that are not open (logs open on first
     /// use, and idle ones close past `max.open.partitions`): those holding a sealed segment
-    /// on disk are opened (the open budget closes idle ones again) and retained. A log with
-    /// only its active segment has nothing retention could delete, so most idle partitions
-    /// cost one directory listing, done off the shard's thread.
+    /// on disk, or only an active segment with records last written longer ago than the
+    /// topic's `retention.ms` (a partition that stopped receiving records: retention
+    /// deletes its active segment too), are opened (the open budget closes idle ones
+    /// again) and retained. Most idle partitions cost one directory listing and a stat,
+    /// done off the shard's thread.
     async fn retain_unopened(&self, now: i64) {
         let candidates = self.unopened_partitions();
         if candidates.is_empty() {
@@ -134,7 +136,11 @@ impl Shard {
             .spawn_blocking(move || {
                 candidates
                     .into_iter()
-                    .filter(|tp| has_sealed_segment(&partition_dir(&data_dir, &tp.0, tp.1)))
+                    .filter(|(tp, retention_ms)| {
+                        let dir = partition_dir(&data_dir, &tp.0, tp.1);
+                        may_hold_expired(&dir, *retention_ms, now)
+                    })
+                    .map(|(tp, _)| tp)
                     .collect::<Vec<_>>()
             })
             .await;
@@ -231,17 +237,24 @@ impl Shard {
         });
     }
 
-    /// Partitions of user topics this shard owns whose logs are not open now.
-    fn unopened_partitions(&self) -> Vec<TopicPartition> {
+    /// Partitions of user topics this shard owns whose logs are not open now, each with
+    /// its topic's `retention.ms` (-1 where time retention does not apply).
+    fn unopened_partitions(&self) -> Vec<(TopicPartition, i64)> {
         let catalog = self.catalog();
         let open = self.partitions.borrow();
         let mut out = Vec::new();
         for (name, meta) in catalog.topics.iter().filter(|(n, _)| !is_internal(n)) {
             let topic: Arc<str> = Arc::from(name.as_str());
+            let configs = self.topic_configs(&meta.configs);
+            let retention_ms =
+                crate::storage::LogConfig::from_pairs(configs.iter().map(|(k, v)| (&**k, &**v)))
+                    .ok()
+                    .filter(|c| c.cleanup_policy.delete)
+                    .map_or(-1, |c| c.retention_ms);
             for index in 0..meta.partitions {
                 let tp = (topic.clone(), index);
                 if self.router.owner(name, index) == self.id && !open.contains_key(&tp) {
-                    out.push(tp);
+                    out.push((tp, retention_ms));
                 }
             }
         }
@@ -283,15 +296,77 @@ async fn clean_log(p: &Partition, now: i64, budget: &crate::storage::CleanerBudg
     }
 }
 
-/// Whether a partition directory holds more than its active segment (two `.log` files or
-/// more); a missing directory holds none.
-fn has_sealed_segment(dir: &std::path::Path) -> bool {
+/// Whether an unopened partition directory may hold segments retention deletes: more
+/// than its active segment (two `.log` files or more), or a non-empty one last written
+/// more than `retention_ms` before `now_ms` (its records' timestamps decide once the log
+/// is open; -1: no time retention). A missing directory holds none.
+fn may_hold_expired(dir: &std::path::Path, retention_ms: i64, now_ms: i64) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
-    entries
+    let mut logs = entries
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-        .nth(1)
-        .is_some()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"));
+    let Some(first) = logs.next() else {
+        return false;
+    };
+    if logs.next().is_some() {
+        return true;
+    }
+    let Ok(meta) = first.metadata() else {
+        return false;
+    };
+    let written_ms = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok());
+    retention_ms >= 0
+        && meta.len() > 0
+        && written_ms.is_some_and(|w| now_ms.saturating_sub(w) > retention_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_hold_expired;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    fn ms(t: SystemTime) -> i64 {
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+
+    /// An unopened partition whose only segment has records written long ago is opened
+    /// for retention (it deletes an expired active segment); an empty one, a recent one,
+    /// or one of a topic without time retention is not.
+    #[test]
+    fn an_unopened_idle_partition_with_an_expired_active_segment_is_retained() -> std::io::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("00000000000000000000.log");
+        let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+        let now = ms(SystemTime::now());
+        assert!(!may_hold_expired(&dir.path().join("missing"), 0, now));
+        std::fs::write(&log, b"")?;
+        std::fs::File::options()
+            .write(true)
+            .open(&log)?
+            .set_modified(hour_ago)?;
+        assert!(!may_hold_expired(dir.path(), 60_000, now), "empty");
+        std::fs::write(&log, b"records")?;
+        assert!(!may_hold_expired(dir.path(), 60_000, now), "written now");
+        std::fs::File::options()
+            .write(true)
+            .open(&log)?
+            .set_modified(hour_ago)?;
+        assert!(may_hold_expired(dir.path(), 60_000, now), "expired");
+        assert!(
+            !may_hold_expired(dir.path(), 7_200_000, now),
+            "within retention"
+        );
+        assert!(!may_hold_expired(dir.path(), -1, now), "no time retention");
+        std::fs::write(dir.path().join("00000000000000000009.log"), b"")?;
+        assert!(may_hold_expired(dir.path(), -1, now), "a sealed segment");
+        Ok(())
+    }
 }

@@ -379,7 +379,7 @@ impl State {
     }
 
     /// Starts a new, empty active segment at the log end.
-    fn roll(&mut self, dir: &Path) {
+    pub(super) fn roll(&mut self, dir: &Path) {
         if self.active().is_some_and(Segment::is_empty) {
             return;
         }
@@ -971,7 +971,7 @@ impl LogInner {
     }
 
     /// Seals the segment `w` wrote: exact size, fdatasync, final time entry, index files.
-    async fn seal(&self, w: SegmentWriter) -> Result<()> {
+    pub(super) async fn seal(&self, w: SegmentWriter) -> Result<()> {
         w.finish().await?;
         let base = self.writer_base(&w);
         let mut st = self.state.borrow_mut();

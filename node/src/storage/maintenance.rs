@@ -411,11 +411,13 @@ impl Log {
         }
     }
 
-    /// Applies `retention.ms` and `retention.bytes`: deletes whole sealed segments (never
-    /// the active one), oldest first, each only if it ends at or below `below` (the
-    /// partition's HW: as in Kafka, records not yet on every ISR member are never
-    /// retention's to delete), and advances the log start offset. Returns the number of
-    /// segments deleted.
+    /// Applies `retention.ms` and `retention.bytes`: deletes whole segments, oldest first,
+    /// each only if it ends at or below `below` (the partition's HW: as in Kafka, records
+    /// not yet on every ISR member are never retention's to delete), and advances the log
+    /// start offset. When the non-empty active segment is due too (a partition that
+    /// stopped receiving records), the log first rolls an empty one at its end and then
+    /// deletes them all, as Kafka's `deleteSegments` does: the log start becomes the log
+    /// end, which does not move. Returns the number of segments deleted.
     pub async fn apply_retention(&self, now_ms: i64, below: Offset) -> Result<usize> {
         let _permit = self.lock_io().await?;
         self.write_pending().await?;
@@ -427,8 +429,47 @@ impl Log {
         let Some((count, new_start)) = new_start else {
             return Ok(0);
         };
+        if new_start >= self.log_end_offset() {
+            self.roll_for_retention().await?;
+        }
         self.advance_start(new_start.max(self.log_start_offset()), Durable::Later)?;
         Ok(count)
+    }
+
+    /// Before retention deletes the active segment: seals it (trim, fdatasync, index
+    /// files, as a roll on append does) and starts an empty active segment at the log end
+    /// whose file exists, its name durable, before anything is retired: a restart then
+    /// finds the log end there even if the new log start file did not reach the disk
+    /// (else the log would reopen at its old start and hand out offsets again). Caller
+    /// holds the I/O lock, nothing is pending.
+    async fn roll_for_retention(&self) -> Result<()> {
+        if let Some(writer) = self.writer.take() {
+            let result = self.seal(writer).await;
+            self.check_io(result)?;
+        }
+        let path = {
+            let mut st = self.state.borrow_mut();
+            st.roll(&self.dir);
+            // Everything below the log end goes: nothing pending, nothing to serve.
+            st.cache.clear();
+            st.read_ahead.invalidate();
+            st.active().map(|a| a.path("log"))
+        };
+        let Some(path) = path else {
+            return Ok(());
+        };
+        let created = create_log_file(&self.disk, &path).await;
+        let file = self.check_io(created)?;
+        let dir = self.dir.clone();
+        let synced = glommio::executor()
+            .spawn_blocking(move || sync_dir(&dir))
+            .await;
+        self.check_io(synced)?;
+        if let Some(active) = self.state.borrow_mut().segments.values_mut().next_back() {
+            active.file = Some(file);
+        }
+        let resumed = self.resume_writer().await;
+        self.check_io(resumed)
     }
 
     /// Clean shutdown: writes and syncs everything, trims the active segment to its last
@@ -535,8 +576,8 @@ fn split_after(st: &mut State, base: Offset) -> Vec<Segment> {
     later.into_values().collect()
 }
 
-/// How many of the oldest sealed segments retention deletes, and the offset after them:
-/// none past `below`.
+/// How many of the oldest segments retention deletes, and the offset after them: none
+/// past `below`. The active segment counts too, when not empty (the caller rolls first).
 fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offset)> {
     let cfg = &st.config;
     if !cfg.cleanup_policy.delete {
@@ -546,18 +587,17 @@ fn retention_cut(st: &State, now_ms: i64, below: Offset) -> Option<(usize, Offse
     let mut total: i64 = st.segments.values().map(|s| s.size as i64).sum();
     let mut count = 0;
     let mut new_start = None;
-    for seg in st
-        .segments
-        .values()
-        .rev()
-        .skip(1)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-    {
+    let active_base = st.active().map(|a| a.base);
+    for seg in st.segments.values() {
+        let active = Some(seg.base) == active_base;
+        if active && seg.is_empty() {
+            // Nothing to delete: an empty active segment stays (Kafka's
+            // `isLastSegmentAndEmpty`).
+            break;
+        }
         // A sealed segment the cleaner emptied has no timestamp: it holds nothing to keep,
         // and must not stop time retention of the segments after it.
-        let emptied = seg.size == 0 && cfg.retention_ms >= 0;
+        let emptied = !active && seg.size == 0 && cfg.retention_ms >= 0;
         let by_time = emptied
             || (cfg.retention_ms >= 0
                 && retention_timestamp(seg)
