@@ -851,3 +851,41 @@ fn time_retention_deletes_an_expired_active_segment_and_the_log_end_stays() {
         log.close().await.unwrap();
     });
 }
+
+/// On a compacted log, the active segment rolls once it is `max.compaction.lag.ms` old
+/// when that is below `segment.ms` (Kafka's `maxSegmentMs`): the cleaner never reads the
+/// active segment, so before, a record there stayed uncompacted up to `segment.ms`
+/// (seven days by default) whatever lag the topic promised. A log that is not compacted
+/// keeps rolling at `segment.ms`.
+#[test]
+fn a_compacted_log_rolls_at_its_max_compaction_lag() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let lag = ("max.compaction.lag.ms", "1000");
+        let compacted = config(&[lag, ("cleanup.policy", "compact")]);
+        let deleted = config(&[lag, ("cleanup.policy", "delete")]);
+        for (name, cfg, segments) in [("c-0", compacted, 2), ("d-0", deleted, 1)] {
+            let log = Log::open(root.join(name), cfg).await.unwrap();
+            // A keyed record, as a compacted log takes.
+            let record = wire::batch::NewRecord {
+                timestamp_ms: 0,
+                key: Some(bytes::Bytes::from_static(b"k")),
+                value: Some(bytes::Bytes::from_static(b"v")),
+                headers: Vec::new(),
+            };
+            let built = wire::batch::BatchBuilder {
+                records: vec![record],
+                ..Default::default()
+            };
+            let b = BytesMut::from(built.build().unwrap());
+            log.append(b.clone(), LeaderEpoch(1), 0).await.unwrap();
+            log.append(b.clone(), LeaderEpoch(1), 999).await.unwrap();
+            assert_eq!(log.segment_count(), 1, "{name}: not yet");
+            log.append(b, LeaderEpoch(1), 1_000).await.unwrap();
+            assert_eq!(log.segment_count(), segments, "{name}");
+            log.close().await.unwrap();
+        }
+    });
+}

@@ -218,6 +218,20 @@ impl LogConfig {
     }
 }
 
+impl LogConfig {
+    /// The age at which the active segment rolls on append: `segment.ms`, or
+    /// `max.compaction.lag.ms` when lower on a compacted log (Kafka's
+    /// `LogConfig.maxSegmentMs`). The cleaner never touches the active segment, so a
+    /// record there could not be compacted within the lag it promises.
+    pub fn roll_ms(&self) -> i64 {
+        if self.cleanup_policy.compact && self.max_compaction_lag_ms > 0 {
+            self.segment_ms.min(self.max_compaction_lag_ms)
+        } else {
+            self.segment_ms
+        }
+    }
+}
+
 fn bad(key: &str, value: &str, reason: &'static str) -> StorageError {
     StorageError::Config {
         key: key.to_owned(),

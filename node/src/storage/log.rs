@@ -398,7 +398,7 @@ impl State {
         let full = active.size + blob_len > self.config.segment_bytes;
         let old = active
             .roll_base_ms
-            .is_some_and(|t| now_ms.saturating_sub(t) >= self.config.segment_ms);
+            .is_some_and(|t| now_ms.saturating_sub(t) >= self.config.roll_ms());
         let offsets_overflow =
             super::index::relative(active.base, self.log_end.add(last_delta)).is_none();
         full || old || offsets_overflow
