@@ -31,9 +31,9 @@ use wire::{LeaderEpoch, Offset};
 use crate::coordinator::Led;
 use crate::partition::Partition;
 use crate::shard::context::ServiceContext;
-use crate::shard::now_ms;
+use crate::shard::{mono_ms, now_ms};
 use schema::OffsetValue;
-use state::{Group, JoinArgs, JoinResult, Limits, State, SyncArgs, SyncResult};
+use state::{Group, JoinArgs, JoinResult, Limits, Now, State, SyncArgs, SyncResult};
 
 /// The internal topic holding committed offsets and group metadata.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -297,7 +297,7 @@ impl Coordinators {
         s: &Settings,
         op: GroupOp,
     ) -> GroupReply {
-        let now = now_ms();
+        let now = clock();
         match op {
             GroupOp::Join(a) => self.join(ctx, part, s, a).await,
             GroupOp::Sync(a) => self.sync(ctx, part, s, a).await,
@@ -353,7 +353,7 @@ impl Coordinators {
         s: &Settings,
         a: JoinArgs,
     ) -> GroupReply {
-        let now = now_ms();
+        let now = clock();
         if a.session_timeout_ms < s.session_min_ms || a.session_timeout_ms > s.session_max_ms {
             return GroupReply::Join(JoinResult::error(
                 codes::INVALID_SESSION_TIMEOUT,
@@ -409,7 +409,7 @@ impl Coordinators {
             return;
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(group) {
-            g.replacement_written(r, result, now_ms());
+            g.replacement_written(r, result, clock());
         }
     }
 
@@ -426,7 +426,7 @@ impl Coordinators {
         // writes it (this generation, every member's assignment).
         let staged = match self.groups.borrow_mut().get_mut(&group) {
             Some(g) => Ok(g
-                .sync(a, now_ms(), tx)
+                .sync(a, clock(), tx)
                 .map(|generation| (generation, g.to_value()))),
             None => Err(()),
         };
@@ -470,7 +470,7 @@ impl Coordinators {
             return;
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(group) {
-            g.assignment_written(generation, result, now_ms(), &s.limits);
+            g.assignment_written(generation, result, clock(), &s.limits);
         }
     }
 
@@ -481,7 +481,7 @@ impl Coordinators {
         group: &str,
         members: Vec<(String, Option<String>)>,
     ) -> GroupReply {
-        let now = now_ms();
+        let now = clock();
         let codes_out: Option<Vec<i16>> = self.groups.borrow_mut().get_mut(group).map(|g| {
             members
                 .iter()
@@ -504,7 +504,7 @@ impl Coordinators {
 
     /// Checks, persists, then applies an offset commit; one code per offset.
     async fn commit(&self, part: &Led, s: &Settings, a: CommitArgs) -> GroupReply {
-        let now = now_ms();
+        let now = clock();
         let check = match self.groups.borrow().get(&a.group) {
             Some(g) => g.check_commit(&a.member_id, a.instance_id.as_deref(), a.generation),
             None if a.generation < 0 => Ok(()),
@@ -513,7 +513,7 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let (per, mut writes) = offset_writes(&a, s, now);
+        let (per, mut writes) = offset_writes(&a, s, now.wall_ms);
         let writing = self.writing();
         match store::write_offsets(part, &a.group, &writes).await {
             Ok(at) => writes.iter_mut().for_each(|(_, v)| v.appended_at = at),
@@ -593,7 +593,7 @@ impl Coordinators {
             .and_then(|p| p.remove(&marker.producer_id))
             .unwrap_or_default();
         if marker.commit {
-            store::apply_committed(&mut self.groups.borrow_mut(), done, now_ms());
+            store::apply_committed(&mut self.groups.borrow_mut(), done, clock());
         }
         codes::NONE
     }
@@ -844,7 +844,7 @@ impl Coordinators {
                 groups.retain(|id, g| {
                     let keep = partition_for(id, partitions) != index;
                     if !keep {
-                        g.fail_waiters(codes::NOT_COORDINATOR, now_ms());
+                        g.fail_waiters(codes::NOT_COORDINATOR, clock());
                     }
                     keep
                 });
@@ -874,7 +874,7 @@ impl Coordinators {
         // Replayed into a map of its own: no borrow of `self.groups` across the reads.
         let mut loaded = HashMap::new();
         let mut pending = store::PendingTxnOffsets::new();
-        let records = store::replay(&part, &mut loaded, &mut pending, now_ms()).await?;
+        let records = store::replay(&part, &mut loaded, &mut pending, clock()).await?;
         {
             // The log is the partition's whole state: nothing older of it stays.
             let partitions = self.topic_partitions.get();
@@ -936,17 +936,20 @@ impl Coordinators {
         }
         let me = self.clone();
         glommio::spawn_local(async move {
-            let mut last_retention = now_ms();
+            let mut last_retention = mono_ms();
             // Never waits for I/O: writes and retention run in tasks of their own, so a
             // slow write holds no session expiry or rebalance deadline.
             loop {
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
-                let now = now_ms();
-                me.drop_idle_parked(now);
+                let now = clock();
+                me.drop_idle_parked(now.mono_ms);
                 me.drop_stale();
                 me.tick(now, &settings);
-                if now - last_retention >= settings.retention_check_ms && !me.expiring.get() {
-                    last_retention = now;
+                if now.mono_ms - last_retention >= settings.retention_check_ms && !me.expiring.get()
+                {
+                    last_retention = now.mono_ms;
+                    // Offsets retention compares stored times: the system clock.
+                    let now = now.wall_ms;
                     me.expiring.set(true);
                     let task = me.clone();
                     glommio::spawn_local(async move {
@@ -961,7 +964,7 @@ impl Coordinators {
     }
 
     /// Runs every group's timers; the metadata they changed is queued for the store task.
-    fn tick(self: &Rc<Self>, now: i64, s: &Settings) {
+    fn tick(self: &Rc<Self>, now: Now, s: &Settings) {
         let mut to_store = self.to_store.borrow_mut();
         for g in self.groups.borrow_mut().values_mut() {
             g.tick(now, &s.limits);
@@ -1071,6 +1074,15 @@ impl Coordinators {
             groups.remove(group);
         }
         tracing::info!(group, offsets = keys.len(), all_gone, "offsets expired");
+    }
+}
+
+/// The time on both clocks: the monotonic one for the groups' timers, the system one for
+/// what is stored (see [`Now`]).
+fn clock() -> Now {
+    Now {
+        mono_ms: mono_ms(),
+        wall_ms: now_ms(),
     }
 }
 

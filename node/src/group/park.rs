@@ -18,7 +18,7 @@ use super::codes;
 use super::state::{JoinResult, SyncResult};
 use super::{Coordinators, GroupReply};
 use crate::shard::context::ServiceContext;
-use crate::shard::now_ms;
+use crate::shard::mono_ms;
 
 /// Longest one coordinator call waits for a parked answer.
 pub const PARK_SLICE_MS: u64 = 1000;
@@ -85,7 +85,9 @@ impl Coordinators {
     fn park(&self, pending: Pending) -> u64 {
         let ticket = self.next_ticket.get();
         self.next_ticket.set(ticket.wrapping_add(1));
-        self.parked.borrow_mut().insert(ticket, (pending, now_ms()));
+        self.parked
+            .borrow_mut()
+            .insert(ticket, (pending, mono_ms()));
         ticket
     }
 

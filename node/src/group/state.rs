@@ -7,7 +7,8 @@
 //! members leaves the group `Empty` with a new generation. A deleted group is removed from
 //! its coordinator (DescribeGroups then shows it as `Dead`).
 //!
-//! Pure and synchronous: time comes in as `now_ms`, answers to waiting JoinGroup and
+//! Pure and synchronous: time comes in as [`Now`] (a monotonic clock for every timer, the
+//! system clock only for the state timestamp that is stored), answers to waiting JoinGroup and
 //! SyncGroup requests go out through their [`Waiter`]s. The coordinator (`super`) owns
 //! the groups of one shard, persists what [`Group::take_dirty`] reports and drives
 //! [`Group::tick`]. Lives on the shard that owns the group's `__consumer_offsets` partition.
@@ -19,6 +20,30 @@ use glommio::channels::local_channel::LocalSender;
 
 use super::codes;
 use super::schema::{GroupValue, MemberValue, OffsetValue};
+
+/// The time a call runs at, on two clocks. Every timer — sessions, pending member ids,
+/// rebalance and sync deadlines, the initial rebalance delay — runs on `mono_ms`, a
+/// monotonic clock, as Kafka's timing wheel runs on `nanoTime`: a step of the system
+/// clock must neither expire every member at once (forward) nor hold expiry back
+/// (backward). `wall_ms`, the system clock, only stamps what is stored and compared with
+/// other stored times: the state timestamp (offsets retention of an empty group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Milliseconds on a monotonic clock (any origin; only differences count).
+    pub mono_ms: i64,
+    /// Milliseconds since the Unix epoch on the system clock.
+    pub wall_ms: i64,
+}
+
+impl Now {
+    /// Both clocks at `ms` (tests; a clock step is `Now { wall_ms: .., ..now }`).
+    pub fn at(ms: i64) -> Now {
+        Now {
+            mono_ms: ms,
+            wall_ms: ms,
+        }
+    }
+}
 
 /// Where the answer to a parked JoinGroup / SyncGroup goes.
 pub type Waiter<T> = LocalSender<T>;
@@ -150,7 +175,7 @@ pub struct Member {
 }
 
 impl Member {
-    fn new(id: String, a: &JoinArgs, now_ms: i64) -> Member {
+    fn new(id: String, a: &JoinArgs, now: Now) -> Member {
         Member {
             id,
             instance_id: a.instance_id.clone(),
@@ -162,7 +187,7 @@ impl Member {
             assignment: Bytes::new(),
             join_waiter: None,
             sync_waiter: None,
-            last_seen_ms: now_ms,
+            last_seen_ms: now.mono_ms,
         }
     }
 
@@ -178,20 +203,20 @@ impl Member {
     /// Kafka's `completeAndScheduleNextHeartbeatExpiration`: it sent nothing while it
     /// waited, and must not be expired before it can act on the answer.
     /// Returns whether a JoinGroup was waiting.
-    fn answer_join(&mut self, result: JoinResult, now_ms: i64) -> bool {
+    fn answer_join(&mut self, result: JoinResult, now: Now) -> bool {
         let Some(w) = self.join_waiter.take() else {
             return false;
         };
         let _ = w.try_send(result);
-        self.last_seen_ms = self.last_seen_ms.max(now_ms);
+        self.last_seen_ms = self.last_seen_ms.max(now.mono_ms);
         true
     }
 
     /// Answers a waiting SyncGroup; the session restarts as in [`Member::answer_join`].
-    fn answer_sync(&mut self, result: SyncResult, now_ms: i64) {
+    fn answer_sync(&mut self, result: SyncResult, now: Now) {
         if let Some(w) = self.sync_waiter.take() {
             let _ = w.try_send(result);
-            self.last_seen_ms = self.last_seen_ms.max(now_ms);
+            self.last_seen_ms = self.last_seen_ms.max(now.mono_ms);
         }
     }
 }
@@ -303,9 +328,9 @@ impl PendingIds {
         self.by_connection.clear();
     }
 
-    fn expire(&mut self, now_ms: i64) {
+    fn expire(&mut self, now: Now) {
         let before = self.by_id.len();
-        self.by_id.retain(|_, p| p.expires_ms > now_ms);
+        self.by_id.retain(|_, p| p.expires_ms > now.mono_ms);
         if self.by_id.len() != before {
             let by_id = &self.by_id;
             self.by_connection.retain(|_, id| by_id.contains_key(id));
@@ -341,16 +366,16 @@ fn new_member_id(prefix: &str) -> String {
 impl Group {
     /// Answers every member's waiting JoinGroup/SyncGroup with `code` (the coordinator
     /// is dropping the group: it no longer leads its partition).
-    pub fn fail_waiters(&mut self, code: i16, now_ms: i64) {
+    pub fn fail_waiters(&mut self, code: i16, now: Now) {
         for m in &mut self.members {
             let id = m.id.clone();
-            m.answer_join(JoinResult::error(code, &id), now_ms);
-            m.answer_sync(SyncResult::error(code), now_ms);
+            m.answer_join(JoinResult::error(code, &id), now);
+            m.answer_sync(SyncResult::error(code), now);
         }
         self.joined = 0;
     }
 
-    pub fn new(id: &str, now_ms: i64) -> Group {
+    pub fn new(id: &str, now: Now) -> Group {
         Group {
             id: id.to_string(),
             state: State::Empty,
@@ -365,7 +390,7 @@ impl Group {
             joined: 0,
             pending: PendingIds::default(),
             offsets: BTreeMap::new(),
-            state_since_ms: now_ms,
+            state_since_ms: now.wall_ms,
             deadline_ms: i64::MAX,
             initial_delay_until_ms: None,
             dirty: false,
@@ -421,18 +446,18 @@ impl Group {
     }
 
     /// Parks a JoinGroup of the member at `at` (one already parked is told to rejoin).
-    fn park_join(&mut self, at: usize, reply: Waiter<JoinResult>, now_ms: i64) {
+    fn park_join(&mut self, at: usize, reply: Waiter<JoinResult>, now: Now) {
         let m = &mut self.members[at];
         let id = m.id.clone();
-        if !m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, &id), now_ms) {
+        if !m.answer_join(JoinResult::error(codes::REBALANCE_IN_PROGRESS, &id), now) {
             self.joined += 1;
         }
         self.members[at].join_waiter = Some(reply);
     }
 
     /// Answers the parked JoinGroup of the member at `at`, if any.
-    fn answer_join_at(&mut self, at: usize, result: JoinResult, now_ms: i64) {
-        if self.members[at].answer_join(result, now_ms) {
+    fn answer_join_at(&mut self, at: usize, result: JoinResult, now: Now) {
+        if self.members[at].answer_join(result, now) {
             self.joined -= 1;
         }
     }
@@ -529,7 +554,7 @@ impl Group {
 
     /// Every transition goes through here, logged at debug (`WEIR_LOG=weir::group=debug`)
     /// with the generation and why: the trail to follow when a rebalance takes long.
-    fn set_state(&mut self, state: State, now_ms: i64, reason: &str) {
+    fn set_state(&mut self, state: State, now: Now, reason: &str) {
         tracing::debug!(
             group = %self.id,
             generation = self.generation,
@@ -539,7 +564,7 @@ impl Group {
             state.name()
         );
         self.state = state;
-        self.state_since_ms = now_ms;
+        self.state_since_ms = now.wall_ms;
     }
 
     /// Whether a joining member's protocols fit the group: same type, and at least one
@@ -574,7 +599,7 @@ impl Group {
     pub fn join(
         &mut self,
         a: JoinArgs,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) -> Option<Replacement> {
@@ -590,9 +615,9 @@ impl Group {
             instance = ?a.instance_id, state = self.state.name(), "join"
         );
         if a.member_id.is_empty() {
-            self.join_new(a, now_ms, limits, reply)
+            self.join_new(a, now, limits, reply)
         } else {
-            self.join_known(a, now_ms, limits, reply);
+            self.join_known(a, now, limits, reply);
             None
         }
     }
@@ -600,13 +625,13 @@ impl Group {
     fn join_new(
         &mut self,
         a: JoinArgs,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) -> Option<Replacement> {
         let returning = a.instance_id.as_deref().and_then(|i| self.static_member(i));
         if let Some(old) = returning.map(|m| m.id.clone()) {
-            return self.replace_static(&old, a, now_ms, limits, reply);
+            return self.replace_static(&old, a, now, limits, reply);
         }
         if a.instance_id.is_none() && a.require_known_member_id {
             self.forget_superseded_pending(&a.connection);
@@ -619,14 +644,14 @@ impl Group {
         let id = new_member_id(prefix);
         if a.instance_id.is_none() && a.require_known_member_id {
             let pending = Pending {
-                expires_ms: now_ms + i64::from(a.session_timeout_ms),
+                expires_ms: now.mono_ms + i64::from(a.session_timeout_ms),
                 connection: a.connection.clone(),
             };
             self.pending.insert(id.clone(), pending);
             let _ = reply.try_send(JoinResult::error(codes::MEMBER_ID_REQUIRED, &id));
             return None;
         }
-        self.add_member(id, &a, now_ms, limits, reply);
+        self.add_member(id, &a, now, limits, reply);
         None
     }
 
@@ -648,12 +673,12 @@ impl Group {
         &mut self,
         id: String,
         a: &JoinArgs,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) {
         self.pending.remove(&id);
-        let mut m = Member::new(id.clone(), a, now_ms);
+        let mut m = Member::new(id.clone(), a, now);
         m.join_waiter = Some(reply);
         // The first member of an empty group sets its protocol type (Kafka's rule): a
         // group id emptied by consumers may be used by another kind of client.
@@ -664,15 +689,15 @@ impl Group {
         if self.leader.is_none() {
             self.leader = Some(id);
         }
-        self.extend_initial_delay(now_ms, limits);
-        self.prepare_rebalance_if_settled(now_ms, limits, "a new member joined");
+        self.extend_initial_delay(now, limits);
+        self.prepare_rebalance_if_settled(now, limits, "a new member joined");
     }
 
     /// A new member arriving during an empty group's initial delay buys it another delay
     /// (bounded by the rebalance deadline).
-    fn extend_initial_delay(&mut self, now_ms: i64, limits: &Limits) {
+    fn extend_initial_delay(&mut self, now: Now, limits: &Limits) {
         if let Some(until) = self.initial_delay_until_ms.as_mut() {
-            *until = (now_ms + limits.initial_delay_ms).min(self.deadline_ms);
+            *until = (now.mono_ms + limits.initial_delay_ms).min(self.deadline_ms);
         }
     }
 
@@ -681,7 +706,7 @@ impl Group {
         &mut self,
         old: &str,
         a: JoinArgs,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) -> Option<Replacement> {
@@ -689,13 +714,9 @@ impl Group {
         let was_leader = self.is_leader(old);
         let leader_before = self.leader.clone().unwrap_or_default();
         let at = *self.positions.get(old)?;
-        self.answer_join_at(
-            at,
-            JoinResult::error(codes::FENCED_INSTANCE_ID, old),
-            now_ms,
-        );
+        self.answer_join_at(at, JoinResult::error(codes::FENCED_INSTANCE_ID, old), now);
         let m = &mut self.members[at];
-        m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID), now_ms);
+        m.answer_sync(SyncResult::error(codes::FENCED_INSTANCE_ID), now);
         let mut replacement = Replacement {
             new_id: new_id.clone(),
             old_id: old.to_string(),
@@ -711,7 +732,7 @@ impl Group {
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
         m.client_id = a.client_id.clone();
         m.client_host = a.client_host.clone();
-        m.last_seen_ms = now_ms;
+        m.last_seen_ms = now.mono_ms;
         self.rename_member(at, &new_id);
         self.set_protocols(at, a.protocols.clone());
         if was_leader {
@@ -735,11 +756,11 @@ impl Group {
                 replacement.result = result;
                 // Parked like a rejoin: alive, and answered by a rebalance if one
                 // completes before the write does (Kafka's awaitingJoinCallback).
-                self.park_join(at, reply, now_ms);
+                self.park_join(at, reply, now);
                 Some(replacement)
             }
             _ => {
-                self.rejoin(&new_id, &a, now_ms, limits, reply);
+                self.rejoin(&new_id, &a, now, limits, reply);
                 None
             }
         }
@@ -750,7 +771,7 @@ impl Group {
     /// log) and the member gets the write's error (Kafka's `updateStaticMemberAndRebalance`
     /// callback). Nothing if the member was answered meanwhile (a rebalance completed, or
     /// it was replaced or removed again).
-    pub fn replacement_written(&mut self, r: Replacement, result: Result<(), i16>, now_ms: i64) {
+    pub fn replacement_written(&mut self, r: Replacement, result: Result<(), i16>, now: Now) {
         let Some(&at) = self.positions.get(&r.new_id) else {
             return;
         };
@@ -758,11 +779,11 @@ impl Group {
             return;
         }
         let code = match result {
-            Ok(()) => return self.answer_join_at(at, r.result, now_ms),
+            Ok(()) => return self.answer_join_at(at, r.result, now),
             Err(code) => code,
         };
         assert_ne!(code, codes::NONE, "a failed write has an error code");
-        self.answer_join_at(at, JoinResult::error(code, ""), now_ms);
+        self.answer_join_at(at, JoinResult::error(code, ""), now);
         let m = &mut self.members[at];
         m.session_timeout_ms = r.old_session_timeout_ms;
         m.rebalance_timeout_ms = r.old_rebalance_timeout_ms;
@@ -779,9 +800,9 @@ impl Group {
         );
     }
 
-    fn join_known(&mut self, a: JoinArgs, now_ms: i64, limits: &Limits, reply: Waiter<JoinResult>) {
+    fn join_known(&mut self, a: JoinArgs, now: Now, limits: &Limits, reply: Waiter<JoinResult>) {
         if self.pending.contains(&a.member_id) {
-            return self.add_member(a.member_id.clone(), &a, now_ms, limits, reply);
+            return self.add_member(a.member_id.clone(), &a, now, limits, reply);
         }
         let refuse = |code: i16| {
             let _ = reply.try_send(JoinResult::error(code, &a.member_id));
@@ -795,7 +816,7 @@ impl Group {
         let same = m.protocols == a.protocols;
         match self.state {
             State::Empty => refuse(codes::UNKNOWN_MEMBER_ID),
-            State::PreparingRebalance => self.rejoin(&a.member_id, &a, now_ms, limits, reply),
+            State::PreparingRebalance => self.rejoin(&a.member_id, &a, now, limits, reply),
             State::CompletingRebalance if same => {
                 let result = self.current_join_result(&a.member_id);
                 let _ = reply.try_send(result);
@@ -805,7 +826,7 @@ impl Group {
                 let _ = reply.try_send(result);
             }
             State::CompletingRebalance | State::Stable => {
-                self.rejoin(&a.member_id, &a, now_ms, limits, reply)
+                self.rejoin(&a.member_id, &a, now, limits, reply)
             }
         }
     }
@@ -815,7 +836,7 @@ impl Group {
         &mut self,
         id: &str,
         a: &JoinArgs,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
         reply: Waiter<JoinResult>,
     ) {
@@ -826,45 +847,45 @@ impl Group {
         let m = &mut self.members[at];
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
-        m.last_seen_ms = now_ms;
+        m.last_seen_ms = now.mono_ms;
         self.set_protocols(at, a.protocols.clone());
-        self.park_join(at, reply, now_ms);
-        self.prepare_rebalance_if_settled(now_ms, limits, "a member rejoined");
+        self.park_join(at, reply, now);
+        self.prepare_rebalance_if_settled(now, limits, "a member rejoined");
     }
 
     /// Starts a rebalance unless one is already under way.
-    fn prepare_rebalance_if_settled(&mut self, now_ms: i64, limits: &Limits, reason: &str) {
+    fn prepare_rebalance_if_settled(&mut self, now: Now, limits: &Limits, reason: &str) {
         if matches!(
             self.state,
             State::Empty | State::Stable | State::CompletingRebalance
         ) {
-            self.prepare_rebalance(now_ms, limits, reason);
+            self.prepare_rebalance(now, limits, reason);
         }
     }
 
-    fn prepare_rebalance(&mut self, now_ms: i64, limits: &Limits, reason: &str) {
+    fn prepare_rebalance(&mut self, now: Now, limits: &Limits, reason: &str) {
         if self.state == State::CompletingRebalance {
             for m in &mut self.members {
                 m.assignment = Bytes::new();
-                m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now_ms);
+                m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now);
             }
         }
         let first = self.state == State::Empty;
-        self.set_state(State::PreparingRebalance, now_ms, reason);
+        self.set_state(State::PreparingRebalance, now, reason);
         let timeout = self
             .members
             .iter()
             .map(|m| i64::from(m.rebalance_timeout_ms))
             .max()
             .unwrap_or(0);
-        self.deadline_ms = now_ms + timeout;
+        self.deadline_ms = now.mono_ms + timeout;
         self.initial_delay_until_ms = (first && limits.initial_delay_ms > 0)
-            .then(|| (now_ms + limits.initial_delay_ms).min(self.deadline_ms));
+            .then(|| (now.mono_ms + limits.initial_delay_ms).min(self.deadline_ms));
     }
 
     /// Completes the join phase if every member rejoined (after any initial delay), or
     /// the rebalance timeout passed (members that did not rejoin are dropped).
-    pub fn try_complete_join(&mut self, now_ms: i64) {
+    pub fn try_complete_join(&mut self, now: Now) {
         if self.state != State::PreparingRebalance {
             return;
         }
@@ -874,25 +895,25 @@ impl Group {
             "the indexes follow the members"
         );
         let all_joined = self.pending.is_empty() && self.joined == self.members.len();
-        let delay_over = self.initial_delay_until_ms.is_none_or(|t| now_ms >= t);
-        let timed_out = now_ms >= self.deadline_ms;
+        let delay_over = self.initial_delay_until_ms.is_none_or(|t| now.mono_ms >= t);
+        let timed_out = now.mono_ms >= self.deadline_ms;
         if !(timed_out || all_joined && delay_over) {
             return;
         }
         if !all_joined {
             self.pending.clear();
-            self.drop_members(now_ms, |m| m.join_waiter.is_none());
+            self.drop_members(now, |m| m.join_waiter.is_none());
         }
-        self.complete_join(now_ms);
+        self.complete_join(now);
     }
 
-    fn complete_join(&mut self, now_ms: i64) {
+    fn complete_join(&mut self, now: Now) {
         self.initial_delay_until_ms = None;
         self.generation = self.generation.wrapping_add(1).max(1);
         if self.members.is_empty() {
             self.protocol = None;
             self.leader = None;
-            self.set_state(State::Empty, now_ms, "join phase over with no members");
+            self.set_state(State::Empty, now, "join phase over with no members");
             self.dirty = true;
             return;
         }
@@ -904,9 +925,9 @@ impl Group {
         if !leader_present {
             self.leader = self.members.first().map(|m| m.id.clone());
         }
-        self.set_state(State::CompletingRebalance, now_ms, "join phase over");
+        self.set_state(State::CompletingRebalance, now, "join phase over");
         let timeout = self.members.iter().map(|m| m.rebalance_timeout_ms).max();
-        self.deadline_ms = now_ms + i64::from(timeout.unwrap_or(0));
+        self.deadline_ms = now.mono_ms + i64::from(timeout.unwrap_or(0));
         // One pass: a follower's answer differs from the others' only in its id, and the
         // leader's member list is built once.
         let leader = self.leader.clone().unwrap_or_default();
@@ -924,7 +945,7 @@ impl Group {
                     ..for_follower.clone()
                 },
             };
-            answered += usize::from(m.answer_join(result, now_ms));
+            answered += usize::from(m.answer_join(result, now));
         }
         self.joined -= answered;
     }
@@ -989,7 +1010,7 @@ impl Group {
     /// now and report with [`Group::assignment_written`] (Kafka's `doSyncGroup`, which
     /// answers nobody before `storeGroup` calls back). Until then every member waits.
     #[must_use = "the leader's assignment must be written and reported"]
-    pub fn sync(&mut self, a: SyncArgs, now_ms: i64, reply: Waiter<SyncResult>) -> Option<i32> {
+    pub fn sync(&mut self, a: SyncArgs, now: Now, reply: Waiter<SyncResult>) -> Option<i32> {
         if let Err(code) = self.check_sync(&a) {
             let _ = reply.try_send(SyncResult::error(code));
             return None;
@@ -1006,7 +1027,7 @@ impl Group {
             State::Stable => {
                 let result = self.sync_result(&a.member_id);
                 if let Some(m) = self.member_mut(&a.member_id) {
-                    m.last_seen_ms = now_ms;
+                    m.last_seen_ms = now.mono_ms;
                 }
                 let _ = reply.try_send(result);
                 None
@@ -1014,8 +1035,8 @@ impl Group {
             State::CompletingRebalance => {
                 let leader = self.is_leader(&a.member_id);
                 if let Some(m) = self.member_mut(&a.member_id) {
-                    m.last_seen_ms = now_ms;
-                    m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now_ms);
+                    m.last_seen_ms = now.mono_ms;
+                    m.answer_sync(SyncResult::error(codes::REBALANCE_IN_PROGRESS), now);
                     m.sync_waiter = Some(reply);
                 }
                 leader.then(|| self.stage_assignment(a.assignments))
@@ -1087,7 +1108,7 @@ impl Group {
         &mut self,
         generation: i32,
         result: Result<(), i16>,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
     ) {
         if self.state != State::CompletingRebalance || self.generation != generation {
@@ -1095,7 +1116,7 @@ impl Group {
         }
         match result {
             Ok(()) => {
-                self.set_state(State::Stable, now_ms, "the leader's assignment is stored");
+                self.set_state(State::Stable, now, "the leader's assignment is stored");
                 let answer = SyncResult {
                     error: codes::NONE,
                     protocol_type: self.protocol_type.clone(),
@@ -1109,7 +1130,7 @@ impl Group {
                             assignment,
                             ..answer.clone()
                         },
-                        now_ms,
+                        now,
                     );
                 }
             }
@@ -1117,9 +1138,9 @@ impl Group {
                 assert_ne!(code, codes::NONE, "a failed write has an error code");
                 for m in &mut self.members {
                     m.assignment = Bytes::new();
-                    m.answer_sync(SyncResult::error(code), now_ms);
+                    m.answer_sync(SyncResult::error(code), now);
                 }
-                self.prepare_rebalance(now_ms, limits, "the assignment could not be stored");
+                self.prepare_rebalance(now, limits, "the assignment could not be stored");
             }
         }
     }
@@ -1130,7 +1151,7 @@ impl Group {
         member_id: &str,
         instance: Option<&str>,
         generation: i32,
-        now_ms: i64,
+        now: Now,
     ) -> i16 {
         if self.is_fenced(member_id, instance) {
             return codes::FENCED_INSTANCE_ID;
@@ -1146,7 +1167,7 @@ impl Group {
         if generation != current {
             return codes::ILLEGAL_GENERATION;
         }
-        m.last_seen_ms = now_ms;
+        m.last_seen_ms = now.mono_ms;
         if state == State::PreparingRebalance {
             codes::REBALANCE_IN_PROGRESS
         } else {
@@ -1159,10 +1180,10 @@ impl Group {
         &mut self,
         member_id: &str,
         instance: Option<&str>,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
     ) -> i16 {
-        let code = self.leave_member(member_id, instance, now_ms, limits);
+        let code = self.leave_member(member_id, instance, now, limits);
         tracing::debug!(group = %self.id, member = member_id, ?instance, code, "leave");
         code
     }
@@ -1171,7 +1192,7 @@ impl Group {
         &mut self,
         member_id: &str,
         instance: Option<&str>,
-        now_ms: i64,
+        now: Now,
         limits: &Limits,
     ) -> i16 {
         let id = match instance {
@@ -1183,24 +1204,24 @@ impl Group {
                 Some(m) => m.id.clone(),
             },
             None if self.pending.remove(member_id) => {
-                self.try_complete_join(now_ms);
+                self.try_complete_join(now);
                 return codes::NONE;
             }
             None if self.member(member_id).is_none() => return codes::UNKNOWN_MEMBER_ID,
             None => member_id.to_string(),
         };
-        self.remove_member(&id, now_ms, limits, "a member left");
+        self.remove_member(&id, now, limits, "a member left");
         codes::NONE
     }
 
     /// Drops a member without touching the group's state.
-    fn drop_member(&mut self, id: &str, now_ms: i64) {
+    fn drop_member(&mut self, id: &str, now: Now) {
         let Some(at) = self.positions.get(id).copied() else {
             return;
         };
-        self.answer_join_at(at, JoinResult::error(codes::UNKNOWN_MEMBER_ID, id), now_ms);
+        self.answer_join_at(at, JoinResult::error(codes::UNKNOWN_MEMBER_ID, id), now);
         let mut m = self.members.remove(at);
-        m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now_ms);
+        m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now);
         self.unindex(&m);
         self.reindex_from(at);
         if self.is_leader(id) {
@@ -1211,7 +1232,7 @@ impl Group {
     /// Drops every member `doomed` picks in one pass, without touching the group's
     /// state (one at a time, each removal would shift and re-index the rest). Returns
     /// how many went.
-    fn drop_members(&mut self, now_ms: i64, doomed: impl Fn(&Member) -> bool) -> usize {
+    fn drop_members(&mut self, now: Now, doomed: impl Fn(&Member) -> bool) -> usize {
         let (gone, kept): (Vec<Member>, Vec<Member>) = std::mem::take(&mut self.members)
             .into_iter()
             .partition(doomed);
@@ -1222,10 +1243,10 @@ impl Group {
         }
         for mut m in gone {
             let id = m.id.clone();
-            if m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, &id), now_ms) {
+            if m.answer_join(JoinResult::error(codes::UNKNOWN_MEMBER_ID, &id), now) {
                 self.joined -= 1;
             }
-            m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now_ms);
+            m.answer_sync(SyncResult::error(codes::UNKNOWN_MEMBER_ID), now);
             self.unindex(&m);
         }
         self.reindex_from(0);
@@ -1240,37 +1261,37 @@ impl Group {
     }
 
     /// Removes a member (left, expired); the others rebalance.
-    fn remove_member(&mut self, id: &str, now_ms: i64, limits: &Limits, reason: &str) {
-        self.drop_member(id, now_ms);
+    fn remove_member(&mut self, id: &str, now: Now, limits: &Limits, reason: &str) {
+        self.drop_member(id, now);
         if matches!(self.state, State::Stable | State::CompletingRebalance) {
-            self.prepare_rebalance(now_ms, limits, reason);
+            self.prepare_rebalance(now, limits, reason);
         }
         // The last member gone: the group is empty at once, not at the next tick.
-        self.try_complete_join(now_ms);
+        self.try_complete_join(now);
     }
 
     /// Timers: expired sessions and pending member ids, rebalance and sync deadlines.
-    pub fn tick(&mut self, now_ms: i64, limits: &Limits) {
-        self.pending.expire(now_ms);
+    pub fn tick(&mut self, now: Now, limits: &Limits) {
+        self.pending.expire(now);
         let expired = |m: &Member| {
             m.join_waiter.is_none()
                 && m.sync_waiter.is_none()
-                && now_ms - m.last_seen_ms >= i64::from(m.session_timeout_ms)
+                && now.mono_ms - m.last_seen_ms >= i64::from(m.session_timeout_ms)
         };
         for m in self.members.iter().filter(|m| expired(m)) {
             tracing::info!(group = %self.id, member = %m.id, "session expired");
         }
         // All at once, and one rebalance for all of them.
-        let gone = self.drop_members(now_ms, expired);
+        let gone = self.drop_members(now, expired);
         if gone > 0 && matches!(self.state, State::Stable | State::CompletingRebalance) {
-            self.prepare_rebalance(now_ms, limits, "a member's session expired");
+            self.prepare_rebalance(now, limits, "a member's session expired");
         }
-        if self.state == State::CompletingRebalance && now_ms >= self.deadline_ms {
+        if self.state == State::CompletingRebalance && now.mono_ms >= self.deadline_ms {
             // The leader never sent its assignment: drop whoever has not synced, retry.
-            self.drop_members(now_ms, |m| m.sync_waiter.is_none());
-            self.prepare_rebalance(now_ms, limits, "the leader did not sync in time");
+            self.drop_members(now, |m| m.sync_waiter.is_none());
+            self.prepare_rebalance(now, limits, "the leader did not sync in time");
         }
-        self.try_complete_join(now_ms);
+        self.try_complete_join(now);
     }
 
     /// Checks an OffsetCommit's member and generation (Kafka's rules: a commit with no
@@ -1354,8 +1375,8 @@ impl Group {
     }
 
     /// Rebuilds membership from a stored value (replay after a restart). Members get a
-    /// fresh session from `now_ms`: those that do not come back expire and rebalance.
-    pub fn restore(&mut self, v: GroupValue, now_ms: i64) {
+    /// fresh session from `now.mono_ms`: those that do not come back expire and rebalance.
+    pub fn restore(&mut self, v: GroupValue, now: Now) {
         self.generation = v.generation;
         self.protocol_type = (!v.protocol_type.is_empty()).then_some(v.protocol_type);
         self.protocol = v.protocol;
@@ -1363,7 +1384,7 @@ impl Group {
         self.state_since_ms = if v.state_timestamp_ms >= 0 {
             v.state_timestamp_ms
         } else {
-            now_ms
+            now.wall_ms
         };
         let protocol = self.protocol.clone().unwrap_or_default();
         let restored: Vec<Member> = v
@@ -1380,7 +1401,7 @@ impl Group {
                 assignment: m.assignment,
                 join_waiter: None,
                 sync_waiter: None,
-                last_seen_ms: now_ms,
+                last_seen_ms: now.mono_ms,
             })
             .collect();
         self.members.clear();

@@ -12,7 +12,7 @@ use wire::batch::{BatchBuilder, NewRecord, batch_records};
 
 use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
-use super::state::{Group, State};
+use super::state::{Group, Now, State};
 use crate::coordinator::{
     Led, WriteKind, append_contiguous, await_replicated, batch_bytes_max, build_batch,
     build_batches, check_insync,
@@ -156,7 +156,7 @@ pub async fn replay(
     part: &Partition,
     groups: &mut HashMap<String, Group>,
     pending: &mut PendingTxnOffsets,
-    now: i64,
+    now: Now,
 ) -> Result<u64, i16> {
     let mut applied = 0u64;
     crate::coordinator::replay_batches(part, |batch| {
@@ -172,7 +172,7 @@ fn replay_batch(
     batch: &Bytes,
     groups: &mut HashMap<String, Group>,
     pending: &mut PendingTxnOffsets,
-    now: i64,
+    now: Now,
     applied: &mut u64,
 ) -> Result<(), i16> {
     let (header, records) = batch_records(batch, REPLAY_DECOMPRESSED_MAX)
@@ -235,7 +235,7 @@ fn hold_pending(
 pub fn apply_committed(
     groups: &mut HashMap<String, Group>,
     done: Vec<(String, (String, i32), OffsetValue)>,
-    now: i64,
+    now: Now,
 ) {
     for (group, key, value) in done {
         let offsets = &mut groups
@@ -257,7 +257,7 @@ fn apply(
     value: Option<&Bytes>,
     at: Offset,
     groups: &mut HashMap<String, Group>,
-    now: i64,
+    now: Now,
 ) {
     let key = match schema::decode_key(key) {
         Ok(k) => k,
@@ -389,14 +389,14 @@ mod tests {
 
     #[test]
     fn retention_of_empty_groups() {
-        let mut standalone = Group::new("s", 0);
+        let mut standalone = Group::new("s", Now::at(0));
         standalone.offsets.insert(("t".into(), 0), offset(100));
         standalone.offsets.insert(("t".into(), 1), offset(900));
         assert_eq!(
             expired_offsets(&standalone, 1000, 500),
             vec![("t".into(), 0)]
         );
-        let mut consumer = Group::new("c", 0);
+        let mut consumer = Group::new("c", Now::at(0));
         consumer.protocol_type = Some("consumer".into());
         consumer.state_since_ms = 700;
         consumer.offsets.insert(("t".into(), 0), offset(100));
@@ -421,7 +421,7 @@ mod tests {
             Some(&schema::offset_value(&offset(1))),
             Offset(1),
             &mut groups,
-            0,
+            Now::at(0),
         );
         let mut later = offset(2);
         later.offset = Offset(7);
@@ -430,10 +430,10 @@ mod tests {
             Some(&schema::offset_value(&later)),
             Offset(2),
             &mut groups,
-            0,
+            Now::at(0),
         );
         assert_eq!(groups["g"].offsets[&("t".to_string(), 0)].offset, Offset(7));
-        apply(&key, None, Offset(2), &mut groups, 0);
+        apply(&key, None, Offset(2), &mut groups, Now::at(0));
         assert!(groups["g"].offsets.is_empty());
         let gv = GroupValue {
             protocol_type: "consumer".into(),
@@ -445,17 +445,23 @@ mod tests {
             Some(&schema::group_value(&gv)),
             Offset(1),
             &mut groups,
-            0,
+            Now::at(0),
         );
         assert_eq!(groups["g"].generation, 4);
-        apply(&schema::group_key("g"), None, Offset(2), &mut groups, 0);
+        apply(
+            &schema::group_key("g"),
+            None,
+            Offset(2),
+            &mut groups,
+            Now::at(0),
+        );
         assert!(!groups.contains_key("g"));
         apply(
             &Bytes::from_static(b"\x00"),
             None,
             Offset(2),
             &mut groups,
-            0,
+            Now::at(0),
         );
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use glommio::{Latency, Shares};
 
-use super::{Shard, TopicPartition, now_ms};
+use super::{Shard, TopicPartition, mono_ms, now_ms};
 use crate::metadata::is_internal;
 use crate::metrics::snapshot::{self, FollowerLag, GroupSnapshot, ShardSnapshot};
 use crate::partition::{Partition, partition_dir};
@@ -26,10 +26,13 @@ impl Shard {
             .config()
             .retention_check_interval_ms
             .clamp(100, 3_600_000);
-        let mut last_retention = now_ms();
+        // The intervals run on the monotonic clock: a step of the system clock neither
+        // runs every gate at once nor holds them back. `now` (the system clock) is what
+        // records' timestamps are compared with.
+        let mut last_retention = mono_ms();
         let cleaner = self.config().log_cleaner;
-        let (cleaner_budget, mut last_clean) =
-            (Rc::new(cleaner.shard_budget(self.config().shards)), 0);
+        let cleaner_budget = Rc::new(cleaner.shard_budget(self.config().shards));
+        let mut last_clean: Option<i64> = None;
         // Cleaning runs as its own task in a low-share queue, one pass at a time; flushes,
         // retention and checkpoints do not wait for it.
         let cleaner_queue = glommio::executor().create_task_queue(
@@ -52,11 +55,13 @@ impl Shard {
                 break;
             }
             let now = now_ms();
-            let retention_due = now - last_retention >= interval_ms as i64;
-            let clean_due = cleaner.enable && now - last_clean >= cleaner.backoff_ms as i64;
+            let mono = mono_ms();
+            let retention_due = mono - last_retention >= interval_ms as i64;
+            let clean_due =
+                cleaner.enable && last_clean.is_none_or(|t| mono - t >= cleaner.backoff_ms as i64);
             self.flush_and_retain(now, retention_due).await;
             if clean_due && !cleaning.get() {
-                last_clean = now;
+                last_clean = Some(mono);
                 let (shard, budget, done) =
                     (self.clone(), cleaner_budget.clone(), cleaning.clone());
                 let pass = async move {
@@ -83,7 +88,7 @@ impl Shard {
             }
             if retention_due {
                 self.retain_unopened(now).await;
-                last_retention = now;
+                last_retention = mono;
             }
             crate::api::fetch_budget::trim_shard_heap_if_idle();
             self.publish_gauges();

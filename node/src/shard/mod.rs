@@ -151,11 +151,23 @@ fn dir_of_topic(dir: &std::path::Path, topic_id: u128) -> bool {
     id_of(&text).is_none_or(|id| Some(id) == wanted)
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (the system clock): for times that are stored or
+/// sent (record and commit timestamps, retention of records by their timestamps). Timers
+/// and periodic work use [`mono_ms`].
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Milliseconds on a monotonic clock, counted from the first call in this process (the
+/// same origin on every shard): for durations and deadlines — group sessions and
+/// rebalances, the housekeeping intervals — which a step of the system clock must not
+/// move (forward, every member's session would expire at once).
+pub fn mono_ms() -> i64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    i64::try_from(origin.elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Shard {

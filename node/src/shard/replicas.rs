@@ -428,7 +428,7 @@ impl Shard {
         };
         let node = self.node.clone();
         let written = glommio::executor()
-            .spawn_blocking(move || node.hw_checkpoint.write_if_due(now_ms(), interval))
+            .spawn_blocking(move || node.hw_checkpoint.write_if_due(super::mono_ms(), interval))
             .await;
         if let Err(e) = written {
             tracing::warn!("high watermark checkpoint not written: {e}");

@@ -29,10 +29,10 @@ fn take<T>(rx: &LocalReceiver<T>) -> Option<T> {
 
 fn join(g: &mut Group, a: JoinArgs, now: i64) -> LocalReceiver<JoinResult> {
     let (tx, rx) = local_channel::new_bounded(1);
-    if let Some(r) = g.join(a, now, &LIMITS, tx) {
-        g.replacement_written(r, Ok(()), now);
+    if let Some(r) = g.join(a, Now::at(now), &LIMITS, tx) {
+        g.replacement_written(r, Ok(()), Now::at(now));
     }
-    g.try_complete_join(now);
+    g.try_complete_join(Now::at(now));
     rx
 }
 
@@ -45,7 +45,7 @@ fn sync(
 ) -> LocalReceiver<SyncResult> {
     let (rx, staged) = sync_staged(g, member, generation, asg);
     if let Some(staged) = staged {
-        g.assignment_written(staged, Ok(()), 0, &LIMITS);
+        g.assignment_written(staged, Ok(()), Now::at(0), &LIMITS);
     }
     rx
 }
@@ -65,7 +65,7 @@ fn sync_staged(
         assignments: asg,
         ..SyncArgs::default()
     };
-    let staged = g.sync(a, 0, tx);
+    let staged = g.sync(a, Now::at(0), tx);
     (rx, staged)
 }
 
@@ -85,7 +85,7 @@ fn sync_at(
         assignments: asg,
         ..SyncArgs::default()
     };
-    let staged = g.sync(a, now, tx);
+    let staged = g.sync(a, Now::at(now), tx);
     (rx, staged)
 }
 
@@ -99,7 +99,7 @@ fn first_member(g: &mut Group, now: i64) -> String {
 
 #[test]
 fn two_members_join_sync_and_leave() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("sole member completes the join");
     assert_eq!(
@@ -124,7 +124,7 @@ fn two_members_join_sync_and_leave() {
         g.check_txn_commit(&a, None, 0),
         Err(codes::ILLEGAL_GENERATION)
     );
-    g.assignment_written(1, Ok(()), 0, &LIMITS);
+    g.assignment_written(1, Ok(()), Now::at(0), &LIMITS);
     let sa = take(&rx_sa).expect("leader sync");
     assert_eq!(sa.assignment, Bytes::from_static(b"p0"));
     assert_eq!(g.state, State::Stable);
@@ -133,7 +133,10 @@ fn two_members_join_sync_and_leave() {
     let b = first_member(&mut g, 10);
     let rx_b = join(&mut g, args(&b, b"m"), 10);
     assert!(take(&rx_b).is_none(), "waits for the others to rejoin");
-    assert_eq!(g.heartbeat(&a, None, 1, 20), codes::REBALANCE_IN_PROGRESS);
+    assert_eq!(
+        g.heartbeat(&a, None, 1, Now::at(20)),
+        codes::REBALANCE_IN_PROGRESS
+    );
     let rx_a = join(&mut g, args(&a, b"m"), 30);
     let (ra, rb) = (take(&rx_a).expect("joined"), take(&rx_b).expect("joined"));
     assert_eq!((ra.generation, rb.generation), (2, 2));
@@ -157,8 +160,11 @@ fn two_members_join_sync_and_leave() {
         take(&rx_fb).map(|r| r.assignment),
         Some(Bytes::from_static(b"B"))
     );
-    assert_eq!(g.heartbeat(&b, None, 2, 40), codes::NONE);
-    assert_eq!(g.heartbeat("nobody", None, 2, 40), codes::UNKNOWN_MEMBER_ID);
+    assert_eq!(g.heartbeat(&b, None, 2, Now::at(40)), codes::NONE);
+    assert_eq!(
+        g.heartbeat("nobody", None, 2, Now::at(40)),
+        codes::UNKNOWN_MEMBER_ID
+    );
     assert_eq!(g.check_commit(&a, None, 1), Err(codes::ILLEGAL_GENERATION));
     assert_eq!(g.check_commit(&a, None, 2), Ok(()));
     // An admin commit (AlterConsumerGroupOffsets: generation -1, no member) into a group
@@ -166,12 +172,12 @@ fn two_members_join_sync_and_leave() {
     assert_eq!(g.check_commit("", None, -1), Err(codes::UNKNOWN_MEMBER_ID));
 
     // b leaves: a must rejoin, and alone it completes generation 3.
-    assert_eq!(g.leave(&b, None, 50, &LIMITS), codes::NONE);
+    assert_eq!(g.leave(&b, None, Now::at(50), &LIMITS), codes::NONE);
     assert_eq!(g.state, State::PreparingRebalance);
     let ra = take(&join(&mut g, args(&a, b"m"), 60)).expect("alone");
     assert_eq!((ra.generation, ra.members.len()), (3, 1));
     take(&sync(&mut g, &a, 3, vec![])).expect("synced");
-    assert_eq!(g.leave(&a, None, 70, &LIMITS), codes::NONE);
+    assert_eq!(g.leave(&a, None, Now::at(70), &LIMITS), codes::NONE);
     assert_eq!(
         g.state,
         State::Empty,
@@ -182,13 +188,13 @@ fn two_members_join_sync_and_leave() {
 
 #[test]
 fn session_expiry_rebalances_then_empties() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
     take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
-    g.tick(5_999, &LIMITS);
+    g.tick(Now::at(5_999), &LIMITS);
     assert_eq!(g.state, State::Stable, "still within the session");
-    g.tick(6_000, &LIMITS);
+    g.tick(Now::at(6_000), &LIMITS);
     assert_eq!(
         g.state,
         State::Empty,
@@ -205,15 +211,15 @@ fn session_expiry_rebalances_then_empties() {
 
 #[test]
 fn pending_member_ids_expire() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let _ = first_member(&mut g, 0);
-    g.tick(6_000, &LIMITS);
+    g.tick(Now::at(6_000), &LIMITS);
     assert!(g.pending.is_empty());
 }
 
 #[test]
 fn rebalance_timeout_drops_members_that_do_not_rejoin() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
     take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
@@ -221,8 +227,8 @@ fn rebalance_timeout_drops_members_that_do_not_rejoin() {
     let rx_b = join(&mut g, args(&b, b"m"), 100);
     // a keeps heartbeating but never rejoins.
     for t in (1000..=11_000).step_by(1000) {
-        g.heartbeat(&a, None, 1, t);
-        g.tick(t, &LIMITS);
+        g.heartbeat(&a, None, 1, Now::at(t));
+        g.tick(Now::at(t), &LIMITS);
     }
     let rb = take(&rx_b).expect("completed at the rebalance timeout");
     assert_eq!((rb.generation, rb.leader.as_str()), (2, b.as_str()));
@@ -231,7 +237,7 @@ fn rebalance_timeout_drops_members_that_do_not_rejoin() {
 
 #[test]
 fn static_member_rejoin_fences_the_old_id() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let mut a = args("", b"m");
     a.instance_id = Some("i1".into());
     let r1 = take(&join(&mut g, a.clone(), 0)).expect("static members skip MEMBER_ID_REQUIRED");
@@ -251,21 +257,21 @@ fn static_member_rejoin_fences_the_old_id() {
     let r2 = take(&rx).expect("sole member");
     assert_ne!(r2.member_id, old);
     assert_eq!(
-        g.heartbeat(&old, Some("i1"), r2.generation, 200),
+        g.heartbeat(&old, Some("i1"), r2.generation, Now::at(200)),
         codes::FENCED_INSTANCE_ID
     );
     assert_eq!(
-        g.leave(&old, Some("i1"), 200, &LIMITS),
+        g.leave(&old, Some("i1"), Now::at(200), &LIMITS),
         codes::FENCED_INSTANCE_ID
     );
-    assert_eq!(g.leave("", Some("i1"), 200, &LIMITS), codes::NONE);
+    assert_eq!(g.leave("", Some("i1"), Now::at(200), &LIMITS), codes::NONE);
 }
 
 /// The static leader restarts (0102_static_group_rebalance): no rebalance, the follower
 /// keeps its generation, the leader gets its old assignment back through SyncGroup.
 #[test]
 fn static_leader_restart_keeps_the_generation() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let statik = |instance: &str| {
         let mut a = args("", b"m");
         a.instance_id = Some(instance.into());
@@ -303,7 +309,7 @@ fn static_leader_restart_keeps_the_generation() {
     );
     assert!(r.members.is_empty());
     assert_eq!(g.state, State::Stable);
-    assert_eq!(g.heartbeat(&follower, None, 2, 110), codes::NONE);
+    assert_eq!(g.heartbeat(&follower, None, 2, Now::at(110)), codes::NONE);
     let back = take(&sync(&mut g, &r.member_id, 2, vec![])).expect("stable sync");
     assert_eq!(back.assignment, Bytes::from_static(b"A"));
     assert_eq!(g.leader.as_deref(), Some(r.member_id.as_str()));
@@ -313,7 +319,7 @@ fn static_leader_restart_keeps_the_generation() {
 /// the join phase does not wait for an id its client gave up.
 #[test]
 fn a_new_member_id_on_a_connection_supersedes_the_pending_one() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
     take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
@@ -340,7 +346,7 @@ fn a_new_member_id_on_a_connection_supersedes_the_pending_one() {
 /// gone when its id joins or expires (it would otherwise grow with every connection).
 #[test]
 fn pending_member_ids_are_indexed_by_connection_and_the_index_follows_them() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let on = |conn: usize, member: &str| {
         let mut x = args(member, b"m");
         x.connection = format!("127.0.0.1:{}", 40_000 + conn);
@@ -360,13 +366,13 @@ fn pending_member_ids_are_indexed_by_connection_and_the_index_follows_them() {
     assert!(g.member(&ids[0]).is_some());
     assert_eq!((g.pending.len(), g.pending.by_connection.len()), (3, 3));
     // Session timeouts pass: every pending id and its index entry go.
-    g.tick(10_000_000, &LIMITS);
+    g.tick(Now::at(10_000_000), &LIMITS);
     assert_eq!((g.pending.len(), g.pending.by_connection.len()), (0, 0));
 }
 
 #[test]
 fn protocols_must_match_and_the_vote_picks_a_common_one() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let mut a = args("", b"m");
     a.require_known_member_id = false;
     a.protocols = vec![
@@ -395,7 +401,7 @@ fn protocols_must_match_and_the_vote_picks_a_common_one() {
 
 #[test]
 fn stored_value_round_trips_membership() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     take(&join(&mut g, args(&a, b"sub"), 0)).expect("joined");
     take(&sync(
@@ -405,11 +411,11 @@ fn stored_value_round_trips_membership() {
         vec![(a.clone(), Bytes::from_static(b"asg"))],
     ))
     .expect("synced");
-    let mut back = Group::new("g", 0);
-    back.restore(g.to_value(), 1000);
+    let mut back = Group::new("g", Now::at(0));
+    back.restore(g.to_value(), Now::at(1000));
     assert_eq!(back.state, State::Stable);
     assert_eq!(back.generation, 1);
-    assert_eq!(back.heartbeat(&a, None, 1, 1000), codes::NONE);
+    assert_eq!(back.heartbeat(&a, None, 1, Now::at(1000)), codes::NONE);
     assert_eq!(
         back.member(&a).map(|m| m.assignment.clone()),
         Some(Bytes::from_static(b"asg"))
@@ -429,7 +435,7 @@ fn many_protocols_are_matched_in_linear_time() {
         v
     };
     let started = std::time::Instant::now();
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let mut a = args("", b"m");
     a.require_known_member_id = false;
     a.protocols = many("a");
@@ -451,7 +457,7 @@ fn many_protocols_are_matched_in_linear_time() {
 /// rejoin into a new generation.
 #[test]
 fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     take(&join(&mut g, args(&a, b"m"), 0)).expect("alone: generation 1");
     let b = first_member(&mut g, 0);
@@ -476,12 +482,12 @@ fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
         take(&rx_la).is_none() && take(&rx_fb).is_none(),
         "nobody before the write"
     );
-    assert_eq!(g.heartbeat(&b, None, generation, 2), codes::NONE);
+    assert_eq!(g.heartbeat(&b, None, generation, Now::at(2)), codes::NONE);
 
     g.assignment_written(
         generation,
         Err(codes::COORDINATOR_NOT_AVAILABLE),
-        3,
+        Now::at(3),
         &LIMITS,
     );
     for rx in [&rx_la, &rx_fb] {
@@ -495,12 +501,12 @@ fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
     assert_eq!(g.state, State::PreparingRebalance);
     assert!(g.members.iter().all(|m| m.assignment.is_empty()));
     assert_eq!(
-        g.heartbeat(&a, None, generation, 4),
+        g.heartbeat(&a, None, generation, Now::at(4)),
         codes::REBALANCE_IN_PROGRESS,
         "the members are told to rejoin"
     );
     // A late report of the same write changes nothing.
-    g.assignment_written(generation, Ok(()), 5, &LIMITS);
+    g.assignment_written(generation, Ok(()), Now::at(5), &LIMITS);
     assert_eq!(g.state, State::PreparingRebalance);
 
     // Both rejoin: a new generation, and this time its assignment is stored.
@@ -525,11 +531,11 @@ fn an_assignment_that_cannot_be_stored_answers_the_error_and_rebalances() {
 /// its id can be reused by another kind of client.
 #[test]
 fn an_emptied_group_takes_the_next_first_members_protocol_type() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let a = first_member(&mut g, 0);
     let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
     take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
-    assert_eq!(g.leave(&a, None, 10, &LIMITS), codes::NONE);
+    assert_eq!(g.leave(&a, None, Now::at(10), &LIMITS), codes::NONE);
     assert_eq!(g.state, State::Empty);
     let connect = |member: &str| JoinArgs {
         protocol_type: "connect".into(),
@@ -575,25 +581,25 @@ fn two_members_slow_rebalance(g: &mut Group) -> (String, String) {
 /// sends no heartbeat meanwhile) is not expired right after getting its assignment.
 #[test]
 fn a_follower_answered_after_a_long_sync_keeps_its_session() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let (a, b) = two_members_slow_rebalance(&mut g);
     let (rx_b, none) = sync_at(&mut g, &b, 2, vec![], 0);
     assert_eq!(none, None);
-    assert_eq!(g.heartbeat(&a, None, 2, 9_000), codes::NONE);
-    g.tick(12_000, &LIMITS);
+    assert_eq!(g.heartbeat(&a, None, 2, Now::at(9_000)), codes::NONE);
+    g.tick(Now::at(12_000), &LIMITS);
     assert!(g.member(&b).is_some(), "a waiting sync is alive");
     let (rx_a, staged) = sync_at(&mut g, &a, 2, vec![], 15_000);
     assert_eq!(staged, Some(2));
-    g.assignment_written(2, Ok(()), 15_000, &LIMITS);
+    g.assignment_written(2, Ok(()), Now::at(15_000), &LIMITS);
     assert_eq!(take(&rx_b).map(|r| r.error), Some(codes::NONE));
     assert_eq!(take(&rx_a).map(|r| r.error), Some(codes::NONE));
-    g.tick(15_100, &LIMITS);
+    g.tick(Now::at(15_100), &LIMITS);
     assert!(
         g.member(&b).is_some(),
         "the session restarted at the answer"
     );
     assert_eq!(g.state, State::Stable);
-    g.tick(25_000, &LIMITS);
+    g.tick(Now::at(25_000), &LIMITS);
     assert!(
         g.member(&b).is_none(),
         "and it still expires a session later"
@@ -604,16 +610,16 @@ fn a_follower_answered_after_a_long_sync_keeps_its_session() {
 /// REBALANCE_IN_PROGRESS at the rebalance deadline, and it has a whole session to rejoin.
 #[test]
 fn a_follower_told_to_rejoin_has_a_session_to_do_it() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let (a, b) = two_members_slow_rebalance(&mut g);
     let (rx_b, _) = sync_at(&mut g, &b, 2, vec![], 0);
-    g.tick(60_000, &LIMITS);
+    g.tick(Now::at(60_000), &LIMITS);
     assert_eq!(
         take(&rx_b).map(|r| r.error),
         Some(codes::REBALANCE_IN_PROGRESS)
     );
     assert!(g.member(&a).is_none(), "the leader did not sync: dropped");
-    g.tick(60_200, &LIMITS);
+    g.tick(Now::at(60_200), &LIMITS);
     assert!(g.member(&b).is_some(), "not expired before it can rejoin");
     let rb = take(&join(&mut g, args(&b, b"m"), 61_000)).expect("rejoined");
     assert_eq!((rb.error, rb.generation), (codes::NONE, 3));
@@ -623,21 +629,23 @@ fn a_follower_told_to_rejoin_has_a_session_to_do_it() {
 /// log holds) is a member and the leader again, and the new id was never handed out.
 #[test]
 fn a_static_replacement_not_stored_is_undone() {
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let mut a = args("", b"m");
     a.instance_id = Some("i1".into());
     let old = take(&join(&mut g, a.clone(), 0)).expect("joined").member_id;
     take(&sync(&mut g, &old, 1, vec![])).expect("synced");
     let (tx, rx) = local_channel::new_bounded(1);
-    let r = g.join(a, 100, &LIMITS, tx).expect("a replacement to store");
+    let r = g
+        .join(a, Now::at(100), &LIMITS, tx)
+        .expect("a replacement to store");
     assert!(take(&rx).is_none(), "answered once stored");
-    g.replacement_written(r, Err(codes::COORDINATOR_NOT_AVAILABLE), 200);
+    g.replacement_written(r, Err(codes::COORDINATOR_NOT_AVAILABLE), Now::at(200));
     let answer = take(&rx).expect("answered with the write's error");
     assert_eq!(
         (answer.error, answer.member_id.as_str()),
         (codes::COORDINATOR_NOT_AVAILABLE, "")
     );
-    assert_eq!(g.heartbeat(&old, Some("i1"), 1, 300), codes::NONE);
+    assert_eq!(g.heartbeat(&old, Some("i1"), 1, Now::at(300)), codes::NONE);
     assert_eq!(g.leader.as_deref(), Some(old.as_str()));
     assert_eq!(g.members.len(), 1);
     assert_eq!(g.state, State::Stable);
@@ -654,7 +662,7 @@ fn many_members_rebalance_in_linear_time() {
         max_size: usize::MAX,
     };
     let started = std::time::Instant::now();
-    let mut g = Group::new("g", 0);
+    let mut g = Group::new("g", Now::at(0));
     let mut waiting = Vec::with_capacity(MEMBERS);
     for _ in 0..MEMBERS {
         let (tx, rx) = local_channel::new_bounded(1);
@@ -662,11 +670,11 @@ fn many_members_rebalance_in_linear_time() {
             require_known_member_id: false,
             ..args("", b"m")
         };
-        assert!(g.join(a, 0, &limits, tx).is_none());
-        g.try_complete_join(0);
+        assert!(g.join(a, Now::at(0), &limits, tx).is_none());
+        g.try_complete_join(Now::at(0));
         waiting.push(rx);
     }
-    g.tick(1000, &limits);
+    g.tick(Now::at(1000), &limits);
     let answers: Vec<JoinResult> = waiting.iter().map(|rx| take(rx).expect("joined")).collect();
     let leader = answers[0].leader.clone();
     assert_eq!(g.members.len(), MEMBERS);
@@ -680,7 +688,7 @@ fn many_members_rebalance_in_linear_time() {
         .map(|r| sync_at(&mut g, &r.member_id, 1, vec![], 1000).0)
         .collect();
     let (rx, staged) = sync_at(&mut g, &leader, 1, asg, 1000);
-    g.assignment_written(staged.expect("leader"), Ok(()), 1000, &limits);
+    g.assignment_written(staged.expect("leader"), Ok(()), Now::at(1000), &limits);
     assert_eq!(take(&rx).map(|r| r.error), Some(codes::NONE));
     assert!(
         followers
@@ -688,8 +696,61 @@ fn many_members_rebalance_in_linear_time() {
             .all(|rx| take(rx).is_some_and(|r| r.assignment == "p"))
     );
     for r in &answers {
-        assert_eq!(g.heartbeat(&r.member_id, None, 1, 2000), codes::NONE);
+        assert_eq!(
+            g.heartbeat(&r.member_id, None, 1, Now::at(2000)),
+            codes::NONE
+        );
     }
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+}
+
+/// Sessions and rebalance deadlines run on the monotonic clock: a step of the system
+/// clock (an hour or two forward, or back) expires no member and ends no rebalance early
+/// or late; only the monotonic time does. The state timestamp, which is stored and which
+/// offsets retention compares with commit timestamps, is the system clock's.
+#[test]
+fn a_system_clock_step_expires_no_session_and_moves_no_deadline() {
+    let wall = 1_700_000_000_000;
+    let at = |mono_ms: i64, wall_ms: i64| Now { mono_ms, wall_ms };
+    let mut g = Group::new("g", at(0, wall));
+    let a = first_member(&mut g, 0);
+    let ra = take(&join(&mut g, args(&a, b"m"), 0)).expect("joined");
+    take(&sync(&mut g, &a, ra.generation, vec![])).expect("synced");
+    assert_eq!(g.state, State::Stable);
+    // A second member joins; `a` heartbeats but never rejoins: the join phase waits up
+    // to the rebalance timeout (10 s), then goes on without it.
+    let b = first_member(&mut g, 100);
+    let rx_b = join(&mut g, args(&b, b"m"), 100);
+    for (mono, step) in [(1_000, 3_600_000), (5_000, -3_600_000), (10_000, 7_200_000)] {
+        g.heartbeat(&a, None, 1, at(mono, wall + step));
+        g.tick(at(mono, wall + step), &LIMITS);
+        assert_eq!(
+            g.state,
+            State::PreparingRebalance,
+            "at {mono} ms, step {step}"
+        );
+        assert!(g.member(&a).is_some(), "at {mono} ms, step {step}");
+    }
+    g.tick(at(10_100, wall), &LIMITS);
+    let rb = take(&rx_b).expect("completed at the rebalance timeout, monotonic");
+    assert_eq!(rb.leader, b);
+    assert!(g.member(&a).is_none());
+    let (rx, staged) = sync_at(&mut g, &b, rb.generation, vec![], 10_100);
+    g.assignment_written(staged.expect("b leads"), Ok(()), at(10_100, wall), &LIMITS);
+    take(&rx).expect("synced");
+    // b's session (6 s) restarted at its answer: an hour's step forward expires nothing.
+    g.tick(at(10_200, wall + 3_600_000), &LIMITS);
+    assert_eq!(
+        g.state,
+        State::Stable,
+        "an hour's step forward expires nobody"
+    );
+    g.tick(at(16_100, wall + 10), &LIMITS);
+    assert_eq!(g.state, State::Empty, "expired on the monotonic clock");
+    assert_eq!(
+        g.state_since_ms,
+        wall + 10,
+        "the stored state timestamp is the system clock's"
+    );
 }
