@@ -843,6 +843,7 @@ impl Config {
             ("log.flush.interval.ms", "flush.ms"),
             ("log.index.interval.bytes", "index.interval.bytes"),
             ("log.preallocate", "preallocate"),
+            ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
             (
                 "log.message.timestamp.before.max.ms",
                 "message.timestamp.before.max.ms",

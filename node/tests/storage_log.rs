@@ -420,6 +420,11 @@ fn retention_retires_segments_off_the_shard_and_open_removes_leftovers() {
     let root = dir.path().to_path_buf();
     run_on_shard(move || async move {
         let (log, pdir, cfg) = forty_records_over_retention(&root).await;
+        // Retired files removed without `file.delete.delay.ms` (60 s by default).
+        log.set_config(LogConfig {
+            file_delete_delay_ms: 0,
+            ..cfg.clone()
+        });
         let logs = |dir: &std::path::Path, suffix: &str| -> Vec<String> {
             let mut names: Vec<String> = std::fs::read_dir(dir)
                 .unwrap()
@@ -887,5 +892,59 @@ fn a_compacted_log_rolls_at_its_max_compaction_lag() {
             assert_eq!(log.segment_count(), segments, "{name}");
             log.close().await.unwrap();
         }
+    });
+}
+
+/// A segment retention retires stays whole for `file.delete.delay.ms` before the reclaim
+/// thread cuts and removes it (Kafka's delay): a read planned on it before it was retired
+/// goes on through the fd it holds. Before, the file was cut at once, and such a read
+/// could fail with KAFKA_STORAGE_ERROR.
+#[test]
+fn a_retired_segment_stays_whole_until_its_delete_delay_passed() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let delay = std::time::Duration::from_millis(1_000);
+        let cfg = config(&[
+            ("segment.bytes", "8192"),
+            ("retention.ms", "60000"),
+            ("file.delete.delay.ms", "1000"),
+        ]);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), cfg).await.unwrap();
+        for i in 0..20 {
+            log.append(batch_of_size(1_000, 1, 1000), LeaderEpoch(1), i)
+                .await
+                .unwrap();
+        }
+        let bases = log.segment_bases();
+        assert!(bases.len() >= 3, "{bases:?}");
+        let first = pdir.join(format!("{:020}.log", bases[0].get()));
+        let size = std::fs::metadata(&first).unwrap().len();
+        let retired_at = std::time::Instant::now();
+        // Only the first segment: the bound is the second one's base.
+        assert_eq!(log.apply_retention(200_000, bases[1]).await.unwrap(), 1);
+        let retired = pdir.join(format!("{:020}.log.deleted", bases[0].get()));
+        assert_eq!(
+            std::fs::metadata(&retired).map(|m| m.len()).ok(),
+            Some(size),
+            "renamed, whole"
+        );
+        let mut gone_at = None;
+        for _ in 0..3_000 {
+            let Ok(meta) = std::fs::metadata(&retired) else {
+                gone_at = Some(retired_at.elapsed());
+                break;
+            };
+            assert_eq!(meta.len(), size, "whole until it goes");
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let gone_at = gone_at.expect("removed once the delay passed");
+        assert!(
+            gone_at >= delay,
+            "removed after {gone_at:?}, before the delay"
+        );
+        log.close().await.unwrap();
     });
 }

@@ -63,6 +63,8 @@ pub const WEIR_KEYS: &[&str] = &[
     "log.tail.cache.bytes",
     "log.read.ahead.bytes",
     "producer.id.expiration.ms",
+    // Passed as `file.delete.delay.ms` (config.rs `topic_defaults`).
+    "log.segment.delete.delay.ms",
     // The group coordinator (group/mod.rs `Settings`).
     "group.initial.rebalance.delay.ms",
     "group.max.session.timeout.ms",
@@ -191,7 +193,6 @@ const KAFKA_KEYS: &[&str] = &[
     "log.message.timestamp.difference.max.ms",
     "log.roll.jitter.hours",
     "log.roll.jitter.ms",
-    "log.segment.delete.delay.ms",
     "max.connection.creation.rate",
     "metadata.log.dir",
     "metadata.log.max.record.bytes.between.snapshots",

@@ -72,6 +72,10 @@ pub struct LogConfig {
     /// `log.cleaner.max.compaction.lag.ms` / `max.compaction.lag.ms`: a dirty segment whose
     /// oldest record is older than this is cleaned whatever the dirty ratio.
     pub max_compaction_lag_ms: i64,
+    /// `log.segment.delete.delay.ms` / `file.delete.delay.ms`: a retired segment's file
+    /// (retention, DeleteRecords, a full truncation) stays whole this long after it left
+    /// the log, so reads planned on it finish, before it is cut and removed.
+    pub file_delete_delay_ms: i64,
 }
 
 /// `cleanup.policy`: which of retention and compaction apply to a log.
@@ -124,6 +128,7 @@ impl Default for LogConfig {
             delete_retention_ms: 24 * 3600 * 1000,
             min_compaction_lag_ms: 0,
             max_compaction_lag_ms: i64::MAX,
+            file_delete_delay_ms: 60_000,
         }
     }
 }
@@ -211,6 +216,9 @@ impl LogConfig {
             }
             "max.compaction.lag.ms" | "cleaner.max.compaction.lag.ms" => {
                 self.max_compaction_lag_ms = positive(key, value)?
+            }
+            "file.delete.delay.ms" | "segment.delete.delay.ms" => {
+                self.file_delete_delay_ms = non_negative(key, value)?
             }
             _ => return Ok(false),
         }

@@ -333,8 +333,9 @@ impl Log {
         };
         self.writer.set(None);
         write_log_start(&self.dir, offset)?;
+        let delay_ms = self.state.borrow().config.file_delete_delay_ms;
         for seg in &doomed {
-            retire_segment_files(seg)?;
+            retire_segment_files(seg, delay_ms)?;
         }
         sync_dir(&self.dir)?;
         self.lower_cleaner_checkpoint(offset)
@@ -401,8 +402,9 @@ impl Log {
                 .collect();
             bases.iter().filter_map(|b| st.segments.remove(b)).collect()
         };
+        let delay_ms = self.state.borrow().config.file_delete_delay_ms;
         for seg in &doomed {
-            retire_segment_files(seg)?;
+            retire_segment_files(seg, delay_ms)?;
         }
         match durable {
             Durable::Now => sync_dir(&self.dir),

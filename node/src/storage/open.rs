@@ -402,12 +402,13 @@ const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
 
 /// Removes a segment the log no longer holds (retention, DeleteRecords) without making
 /// the shard wait for the unlink: the small index files go at once, the `.log` is renamed
-/// to `.log.deleted` and given back off the shard's thread, a step at a time
-/// ([`super::reclaim`]). On this VM's ext4 the unlink of a 128 MiB segment takes 21 ms,
+/// to `.log.deleted` and given back off the shard's thread after `delay_ms`
+/// (`file.delete.delay.ms`: reads planned on it go on through its open fd), a step at a
+/// time ([`super::reclaim`]). On this VM's ext4 the unlink of a 128 MiB segment takes 21 ms,
 /// all of which every request of the shard waited for, and its discard, done whole,
 /// stalled every append on the filesystem. A crash before the unlink leaves the
 /// `.deleted` file; the next open removes it ([`remove_retired`]).
-pub fn retire_segment_files(seg: &Segment) -> Result<()> {
+pub fn retire_segment_files(seg: &Segment, delay_ms: i64) -> Result<()> {
     remove_files(seg, &["index", "timeindex", "txnindex"])?;
     let log = seg.path("log");
     let mut name = log.clone().into_os_string();
@@ -418,7 +419,8 @@ pub fn retire_segment_files(seg: &Segment) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StorageError::io("rename", &log, e)),
     }
-    super::reclaim::reclaim(retired);
+    let delay = std::time::Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0));
+    super::reclaim::reclaim(retired, delay);
     Ok(())
 }
 

@@ -10,6 +10,11 @@
 //! each cut committed at once (fsync) so its discard stays small, and unlinked when empty.
 //! One thread serves every shard, so two deletions never share a commit.
 //!
+//! A retired segment is left whole for `file.delete.delay.ms` first (Kafka's delay, 60 s by
+//! default): a read planned on it before it was retired reads through the fd it holds,
+//! and the cut would pull the bytes out from under it (KAFKA_STORAGE_ERROR). The thread
+//! keeps the files waiting for their delay in a heap by due time.
+//!
 //! A crash leaves the `.log.deleted` file, whole or cut; the next open removes it.
 //!
 //! A deleted partition's whole directory goes the same way ([`retire_dir`]): renamed
@@ -18,12 +23,14 @@
 //! partition's segments stalled every partition of that shard for seconds. A crash leaves
 //! the renamed directory; [`retire_leftovers`] at the next start hands it over again.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Sender};
-use std::time::Duration;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
 /// Bytes freed per committed step: ~0.7 ms of discard per MiB on this VM's disk bounds a
 /// step's stall to a few ms.
@@ -38,11 +45,16 @@ const BACKLOG_NO_PAUSE: usize = 16;
 
 /// What the reclaim thread removes.
 enum Job {
-    /// A retired segment file.
-    File(PathBuf),
+    /// A retired segment file, removed once `Instant` passed.
+    File(PathBuf, Instant),
     /// A retired partition directory: its files cut in steps, then the directory.
     Dir(PathBuf),
 }
+
+/// Retired files the reclaim thread holds until their delay passed, at most: beyond it the
+/// earliest is removed early (a bound on the thread's memory; at one retired segment per
+/// partition per minute it takes 100,000 partitions retiring at once).
+const DELAYED_MAX: usize = 100_000;
 
 struct Reclaimer {
     queue: Sender<Job>,
@@ -52,7 +64,7 @@ struct Reclaimer {
 const RETIRED_DIR_SUFFIX: &str = "-delete";
 
 static RECLAIMER: OnceLock<Option<Reclaimer>> = OnceLock::new();
-/// Files sent to the reclaim thread and not yet removed.
+/// Directories sent to the reclaim thread and files due, not yet removed (the backlog).
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 static HANDED_OVER: AtomicUsize = AtomicUsize::new(0);
 
@@ -61,11 +73,12 @@ pub fn retired_files_handed_over() -> usize {
     HANDED_OVER.load(Ordering::Relaxed)
 }
 
-/// Removes `path` (a retired segment file) off the caller's thread, a step at a time. If
-/// the reclaim thread cannot be started, removes it at once.
-pub fn reclaim(path: PathBuf) {
+/// Removes `path` (a retired segment file) off the caller's thread, a step at a time, once
+/// `delay` (`file.delete.delay.ms`) passed. If the reclaim thread cannot be started,
+/// removes it at once.
+pub fn reclaim(path: PathBuf, delay: Duration) {
     HANDED_OVER.fetch_add(1, Ordering::Relaxed);
-    hand_over(Job::File(path));
+    hand_over(Job::File(path, Instant::now() + delay));
 }
 
 /// Retires a deleted partition's directory: renamed aside now (a rename, cheap on the
@@ -101,13 +114,15 @@ pub fn retire_leftovers(data_dir: &Path) {
 
 fn hand_over(job: Job) {
     let reclaimer = RECLAIMER.get_or_init(start);
+    // A file waiting for its delay is no backlog yet: it counts once due (`serve`).
+    let counted = usize::from(matches!(job, Job::Dir(_)));
     let job = match reclaimer {
         Some(r) => {
-            WAITING.fetch_add(1, Ordering::Relaxed);
+            WAITING.fetch_add(counted, Ordering::Relaxed);
             match r.queue.send(job) {
                 Ok(()) => return,
                 Err(mpsc::SendError(job)) => {
-                    WAITING.fetch_sub(1, Ordering::Relaxed);
+                    WAITING.fetch_sub(counted, Ordering::Relaxed);
                     job
                 }
             }
@@ -119,8 +134,49 @@ fn hand_over(job: Job) {
 
 fn run(job: &Job, waiting: &AtomicUsize) {
     match job {
-        Job::File(path) => remove_logged(path, shrink_then_remove(path, waiting)),
+        Job::File(path, _) => remove_logged(path, shrink_then_remove(path, waiting)),
         Job::Dir(dir) => remove_logged(dir, remove_dir_in_steps(dir, waiting)),
+    }
+}
+
+/// The reclaim thread: directories at once, files once their delay passed (earliest
+/// first), until every sender is gone.
+fn serve(jobs: mpsc::Receiver<Job>) {
+    let mut delayed: BinaryHeap<Reverse<(Instant, PathBuf)>> = BinaryHeap::new();
+    loop {
+        let next = match delayed.peek() {
+            Some(Reverse((due, _))) => {
+                jobs.recv_timeout(due.saturating_duration_since(Instant::now()))
+            }
+            None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok(Job::File(path, due)) => delayed.push(Reverse((due, path))),
+            Ok(job) => {
+                run(&job, &WAITING);
+                WAITING.fetch_sub(1, Ordering::Relaxed);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        let mut due_now = Vec::new();
+        while let Some(Reverse((due, _))) = delayed.peek() {
+            if *due > now && delayed.len() <= DELAYED_MAX {
+                break;
+            }
+            due_now.extend(
+                delayed
+                    .pop()
+                    .map(|Reverse((due, path))| Job::File(path, due)),
+            );
+        }
+        // Only files that are due count as a backlog (the steps then run back to back).
+        WAITING.fetch_add(due_now.len(), Ordering::Relaxed);
+        for job in due_now {
+            run(&job, &WAITING);
+            WAITING.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -128,12 +184,7 @@ fn start() -> Option<Reclaimer> {
     let (queue, jobs) = mpsc::channel::<Job>();
     let spawned = std::thread::Builder::new()
         .name("weir-reclaim".into())
-        .spawn(move || {
-            for job in jobs {
-                run(&job, &WAITING);
-                WAITING.fetch_sub(1, Ordering::Relaxed);
-            }
-        });
+        .spawn(move || serve(jobs));
     match spawned {
         Ok(_) => Some(Reclaimer { queue }),
         Err(e) => {
@@ -196,7 +247,7 @@ mod tests {
         fs::File::create(&path)
             .and_then(|f| f.set_len(STEP_BYTES + 1))
             .expect("create");
-        reclaim(path.clone());
+        reclaim(path.clone(), Duration::ZERO);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while path.exists() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
