@@ -948,3 +948,79 @@ fn a_retired_segment_stays_whole_until_its_delete_delay_passed() {
         log.close().await.unwrap();
     });
 }
+
+/// A follower beside a leader whose retention deleted its expired active segment: the
+/// follower takes the leader's log start (the log end) from a fetch answer, keeps
+/// copying the leader's next batches at the same offsets, and its own retention later
+/// deletes its expired segment the same way.
+#[test]
+fn a_follower_follows_a_leader_whose_retention_emptied_the_log() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("retention.ms", "60000")]);
+        let leader = Log::open(root.join("leader"), cfg.clone()).await.unwrap();
+        let follower = Log::open(root.join("follower"), cfg).await.unwrap();
+        let copy = |from: Offset| {
+            let (leader, follower) = (&leader, &follower);
+            async move {
+                let end = leader.log_end_offset();
+                let r = leader
+                    .read_for_replica(from, 1 << 20, 1 << 20, end)
+                    .await
+                    .unwrap();
+                for b in &r.batches {
+                    follower
+                        .append_keeping_offsets(BytesMut::from(&b[..]), 0)
+                        .await
+                        .unwrap();
+                }
+                r.log_start_offset
+            }
+        };
+        for i in 0..4 {
+            leader
+                .append(batch(1_000 + i, 2), LeaderEpoch(3), 0)
+                .await
+                .unwrap();
+        }
+        copy(Offset(0)).await;
+        assert_eq!(follower.log_end_offset(), Offset(8));
+        let later = 200_000;
+        assert_eq!(leader.apply_retention(later, Offset(8)).await.unwrap(), 1);
+        // The next fetch answer carries the new log start; nothing to copy.
+        let start = copy(Offset(8)).await;
+        assert_eq!(start, Offset(8));
+        assert_eq!(follower.follow_log_start(start).await.unwrap(), Offset(8));
+        assert_eq!(follower.log_start_offset(), follower.log_end_offset());
+        leader
+            .append(batch(later, 3), LeaderEpoch(3), 0)
+            .await
+            .unwrap();
+        copy(Offset(8)).await;
+        assert_eq!(follower.log_end_offset(), Offset(11));
+        let r = follower.read(Offset(8), 1 << 20, Offset(11)).await.unwrap();
+        assert_eq!(r.batches.len(), 1);
+        assert_eq!(r.next_offset, Offset(11));
+        // The follower's own retention: its one segment holds the new batch too, so it
+        // stays until that expires (as in Kafka, followers roll on their own).
+        assert_eq!(
+            follower.apply_retention(later, Offset(11)).await.unwrap(),
+            0
+        );
+        assert_eq!(follower.log_start_offset(), Offset(8));
+        let much_later = later + 120_000;
+        assert_eq!(
+            follower
+                .apply_retention(much_later, Offset(11))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(follower.log_start_offset(), Offset(11));
+        assert_eq!(follower.segment_bases(), vec![Offset(11)]);
+        leader.close().await.unwrap();
+        follower.close().await.unwrap();
+    });
+}
