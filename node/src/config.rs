@@ -1019,7 +1019,11 @@ const INTEGER_KEYS: &[(&str, i64, i64)] = &[
     ("replica.fetch.max.bytes", 0, i32::MAX as i64),
     // Kafka types these as int without a range (weir clamps where it reads them).
     ("replica.fetch.min.bytes", i32::MIN as i64, i32::MAX as i64),
-    ("replica.fetch.wait.max.ms", i32::MIN as i64, i32::MAX as i64),
+    (
+        "replica.fetch.wait.max.ms",
+        i32::MIN as i64,
+        i32::MAX as i64,
+    ),
     ("replica.fetch.response.max.bytes", 0, i32::MAX as i64),
     ("replica.high.watermark.checkpoint.interval.ms", 0, i64::MAX),
     ("log.retention.check.interval.ms", 1, i64::MAX),

@@ -287,7 +287,6 @@ pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
     "log.message.downconversion.enable",
     "log.roll.jitter.hours",
     "log.roll.jitter.ms",
-    "log.segment.delete.delay.ms",
     "max.connection.creation.rate",
     "num.io.threads",
     "num.network.threads",
