@@ -1024,3 +1024,46 @@ fn a_follower_follows_a_leader_whose_retention_emptied_the_log() {
         follower.close().await.unwrap();
     });
 }
+
+/// An append that arrives while time retention seals the expired active segment (the
+/// seal's fdatasync is an await, and appends do not wait for the I/O lock) goes to the
+/// new active segment at the log end and stays readable. Before, retention rolled after
+/// the seal: the append landed in the segment being retired, past what its writer had
+/// written, and the seal's synced position overtook the written one (an assertion
+/// stopped the broker) (found by review).
+#[test]
+fn an_append_during_retentions_seal_of_the_active_segment_goes_to_the_new_one() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = config(&[("retention.ms", "60000")]);
+        let log = Rc::new(Log::open(root.join("t-0"), cfg).await.unwrap());
+        for i in 0..5 {
+            log.append(batch(1_000 + i, 2), LeaderEpoch(1), 0)
+                .await
+                .unwrap();
+        }
+        let end = log.log_end_offset();
+        let later = 1_000 + 120_000;
+        let retained = {
+            let log = log.clone();
+            glommio::spawn_local(async move { log.apply_retention(later, end).await })
+        };
+        // Let retention take the I/O lock and reach the seal's fdatasync.
+        for _ in 0..3 {
+            futures_lite::future::yield_now().await;
+        }
+        let info = log
+            .append(batch(later, 2), LeaderEpoch(1), 0)
+            .await
+            .unwrap();
+        assert_eq!(retained.await.unwrap(), 1, "the expired segment goes");
+        assert_eq!(info.first_offset, end, "the append follows the old end");
+        assert_eq!(log.log_start_offset(), end);
+        assert_eq!(log.log_end_offset(), Offset(end.0 + 2));
+        let read = log.read(end, 1 << 20, Offset(end.0 + 2)).await.unwrap();
+        assert_eq!(read.batches.len(), 1, "the new batch is readable");
+        assert_eq!(read.next_offset, Offset(end.0 + 2));
+    });
+}

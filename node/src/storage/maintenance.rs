@@ -438,28 +438,34 @@ impl Log {
         Ok(count)
     }
 
-    /// Before retention deletes the active segment: seals it (trim, fdatasync, index
-    /// files, as a roll on append does) and starts an empty active segment at the log end
-    /// whose file exists, its name durable, before anything is retired: a restart then
-    /// finds the log end there even if the new log start file did not reach the disk
-    /// (else the log would reopen at its old start and hand out offsets again). Caller
-    /// holds the I/O lock, nothing is pending.
+    /// Before retention deletes the active segment: starts an empty active segment at the
+    /// log end, then seals the old one (trim, fdatasync, index files, as a roll on append
+    /// does) and creates the new one's file, its name durable, before anything is retired:
+    /// a restart then finds the log end there even if the new log start file did not reach
+    /// the disk (else the log would reopen at its old start and hand out offsets again).
+    /// Caller holds the I/O lock.
+    ///
+    /// The roll comes first, in the same turn as the caller's decision and before any
+    /// await: appends do not wait for the I/O lock, so one arriving while the old segment
+    /// is sealed goes to the new segment (its write waits for the lock). Rolled after the
+    /// seal, such an append landed in the segment being retired, past what the writer had
+    /// written, and the seal's synced position overtook the written one (found by review).
     async fn roll_for_retention(&self) -> Result<()> {
+        let (base, path) = {
+            let mut st = self.state.borrow_mut();
+            st.roll(&self.dir);
+            // Everything below the log end goes: nothing to serve from memory.
+            st.cache.clear();
+            st.read_ahead.invalidate();
+            match st.active() {
+                Some(a) => (a.base, a.path("log")),
+                None => return Ok(()),
+            }
+        };
         if let Some(writer) = self.writer.take() {
             let result = self.seal(writer).await;
             self.check_io(result)?;
         }
-        let path = {
-            let mut st = self.state.borrow_mut();
-            st.roll(&self.dir);
-            // Everything below the log end goes: nothing pending, nothing to serve.
-            st.cache.clear();
-            st.read_ahead.invalidate();
-            st.active().map(|a| a.path("log"))
-        };
-        let Some(path) = path else {
-            return Ok(());
-        };
         let created = create_log_file(&self.disk, &path).await;
         let file = self.check_io(created)?;
         let dir = self.dir.clone();
@@ -467,8 +473,9 @@ impl Log {
             .spawn_blocking(move || sync_dir(&dir))
             .await;
         self.check_io(synced)?;
-        if let Some(active) = self.state.borrow_mut().segments.values_mut().next_back() {
-            active.file = Some(file);
+        // By base, not "the last segment": appends meanwhile may have rolled again.
+        if let Some(segment) = self.state.borrow_mut().segments.get_mut(&base) {
+            segment.file = Some(file);
         }
         let resumed = self.resume_writer().await;
         self.check_io(resumed)
