@@ -153,8 +153,8 @@ pub fn delete_records_partitions(req: &DeleteRecordsRequest) -> usize {
 
 /// DeleteRecords: moves each partition's log start offset up, and answers once the
 /// replicas have followed or the request's `timeout_ms` passed (see
-/// `Partition::delete_records`). The partitions wait concurrently, each on its owner, so
-/// one partition's wait does not eat the others' time.
+/// `Partition::delete_records`). The partitions of every topic wait concurrently, each on
+/// its owner, so one partition's wait does not eat the others' time.
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let timeout = match u64::try_from(req.timeout_ms) {
         Ok(ms) if ms > 0 => Duration::from_millis(ms),
@@ -164,7 +164,11 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
     let replicated_by = now + timeout;
     // The call's own deadline is later: the wait answers REQUEST_TIMED_OUT itself.
     let deadline = replicated_by + DELETE_RECORDS_CALL_SLACK;
-    let mut topics = Vec::new();
+    // Every topic's partitions are started before any is awaited: they share one wait,
+    // as in Kafka's delayed operation (topic by topic, a later topic started only after an
+    // earlier one had waited out the timeout, and answered REQUEST_TIMED_OUT after its
+    // records were deleted) (found by review).
+    let mut started = Vec::new();
     for t in req.topics {
         let name: Arc<str> = Arc::from(t.name.0.as_str());
         let tasks: Vec<_> = t
@@ -186,6 +190,10 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
                 (p.partition_index, task)
             })
             .collect();
+        started.push((name, tasks));
+    }
+    let mut topics = Vec::new();
+    for (name, tasks) in started {
         let mut partitions = Vec::new();
         for (index, task) in tasks {
             let answer = match task {
