@@ -925,7 +925,17 @@ fn a_retired_segment_stays_whole_until_its_delete_delay_passed() {
         let retired_at = std::time::Instant::now();
         // Only the first segment: the bound is the second one's base.
         assert_eq!(log.apply_retention(200_000, bases[1]).await.unwrap(), 1);
-        let retired = pdir.join(format!("{:020}.log.deleted", bases[0].get()));
+        // Named `<base>.<when retired>-<n>.log.deleted`.
+        let stem = format!("{:020}.", bases[0].get());
+        let retired = std::fs::read_dir(&pdir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with(&stem) && name.ends_with(".log.deleted")
+            })
+            .expect("the retired segment");
         assert_eq!(
             std::fs::metadata(&retired).map(|m| m.len()).ok(),
             Some(size),

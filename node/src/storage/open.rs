@@ -395,10 +395,8 @@ pub fn remove_segment_files(seg: &Segment) -> Result<()> {
     remove_files(seg, &["log", "index", "timeindex", "txnindex"])
 }
 
-/// Suffix of a segment's `.log` renamed for deletion (Kafka's `.deleted`).
-const RETIRED_SUFFIX: &str = ".deleted";
-/// A retired segment file's whole suffix.
-const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
+/// A retired segment file's suffix (Kafka's `.deleted`).
+pub(super) const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
 
 /// Removes a segment the log no longer holds (retention, DeleteRecords) without making
 /// the shard wait for the unlink: the small index files go at once, the `.log` is renamed
@@ -407,13 +405,21 @@ const RETIRED_LOG_SUFFIX: &str = ".log.deleted";
 /// time ([`super::reclaim`]). On this VM's ext4 the unlink of a 128 MiB segment takes 21 ms,
 /// all of which every request of the shard waited for, and its discard, done whole,
 /// stalled every append on the filesystem. A crash before the unlink leaves the
-/// `.deleted` file; the next open removes it ([`remove_retired`]).
+/// `.deleted` file; the next open removes it ([`remove_retired`]), and so does the reclaim
+/// thread at the next start for a partition not opened again
+/// ([`super::reclaim::retire_leftovers`]).
+///
+/// The retired name carries when it was retired (`<base>.<nanos>-<n>.log.deleted`): the
+/// same base retired twice within the delay (a follower restarted at its leader's start)
+/// must not replace the file the first is still waiting on, and the start-up sweep tells
+/// an earlier process's leftovers from files this one still delays.
 pub fn retire_segment_files(seg: &Segment, delay_ms: i64) -> Result<()> {
     remove_files(seg, &["index", "timeindex", "txnindex"])?;
     let log = seg.path("log");
-    let mut name = log.clone().into_os_string();
-    name.push(RETIRED_SUFFIX);
-    let retired = PathBuf::from(name);
+    let retired = log.with_file_name(super::reclaim::retired_name(
+        &format!("{:020}", seg.base.get()),
+        RETIRED_LOG_SUFFIX,
+    ));
     match fs::rename(&log, &retired) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -424,7 +430,8 @@ pub fn retire_segment_files(seg: &Segment, delay_ms: i64) -> Result<()> {
     Ok(())
 }
 
-/// Deletes the `.log.deleted` files a crash (or a shutdown) left before their unlink ran.
+/// Deletes the `.log.deleted` files a crash (or a shutdown) left before their unlink ran
+/// (not this process's own: the reclaim thread holds those for their delay).
 fn remove_retired(dir: &Path) -> Result<()> {
     let entries = fs::read_dir(dir).map_err(|e| StorageError::io("read dir", dir, e))?;
     for entry in entries {
@@ -432,7 +439,7 @@ fn remove_retired(dir: &Path) -> Result<()> {
         let name = entry.file_name();
         if name
             .to_str()
-            .is_some_and(|n| n.ends_with(RETIRED_LOG_SUFFIX))
+            .is_some_and(|n| n.ends_with(RETIRED_LOG_SUFFIX) && super::reclaim::is_leftover(n))
         {
             let path = entry.path();
             match fs::remove_file(&path) {

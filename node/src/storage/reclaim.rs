@@ -15,7 +15,9 @@
 //! and the cut would pull the bytes out from under it (KAFKA_STORAGE_ERROR). The thread
 //! keeps the files waiting for their delay in a heap by due time.
 //!
-//! A crash leaves the `.log.deleted` file, whole or cut; the next open removes it.
+//! A crash or a shutdown leaves the `.log.deleted` file, whole or cut; the next open of its
+//! partition removes it, and the thread sweeps every partition directory once at start
+//! for files an earlier process retired ([`retire_leftovers`]).
 //!
 //! A deleted partition's whole directory goes the same way ([`retire_dir`]): renamed
 //! aside at once (`<dir>.<nanos>-delete`, Kafka's shape), then its segments cut in steps
@@ -49,6 +51,46 @@ enum Job {
     File(PathBuf, Instant),
     /// A retired partition directory: its files cut in steps, then the directory.
     Dir(PathBuf),
+    /// The data dir at start: the retired segment files an earlier process left in its
+    /// partition directories, removed now (their delay died with that process).
+    Leftovers(PathBuf),
+}
+
+/// When this process started retiring (nanoseconds since the epoch): a retired file named
+/// earlier is an earlier process's leftover.
+static STARTED_NANOS: OnceLock<u128> = OnceLock::new();
+/// Tells apart files retired in the same nanosecond.
+static RETIRED_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// `<stem>.<nanos>-<n><suffix>`: a retired file's name, unique in this process and
+/// stamped with when it was retired.
+pub(super) fn retired_name(stem: &str, suffix: &str) -> String {
+    STARTED_NANOS.get_or_init(now_nanos);
+    let n = RETIRED_SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("{stem}.{}-{n}{suffix}", now_nanos())
+}
+
+/// Whether the retired segment file `name` is an earlier process's leftover (this
+/// process's own wait for their delay on the reclaim thread).
+pub(super) fn is_leftover(name: &str) -> bool {
+    retired_before_start(name, *STARTED_NANOS.get_or_init(now_nanos))
+}
+
+/// Whether the retired file `name` is a leftover of an earlier process: retired before
+/// this one started (or named without a stamp, by an older weir).
+fn retired_before_start(name: &str, started: u128) -> bool {
+    let stamp = name
+        .strip_suffix(super::open::RETIRED_LOG_SUFFIX)
+        .and_then(|rest| rest.rsplit_once('.'))
+        .and_then(|(_, stamp)| stamp.split_once('-'))
+        .and_then(|(nanos, _)| nanos.parse::<u128>().ok());
+    stamp.is_none_or(|nanos| nanos < started)
 }
 
 /// Retired files the reclaim thread holds until their delay passed, at most: beyond it the
@@ -85,9 +127,7 @@ pub fn reclaim(path: PathBuf, delay: Duration) {
 /// caller's thread; the partition's name is free again at once), removed in steps on
 /// the reclaim thread.
 pub fn retire_dir(dir: &Path) -> std::io::Result<()> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = now_nanos();
     let mut name = dir.file_name().unwrap_or_default().to_owned();
     name.push(format!(".{nanos}{RETIRED_DIR_SUFFIX}"));
     let retired = dir.with_file_name(name);
@@ -96,8 +136,13 @@ pub fn retire_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Hands the retired directories a crash left in `data_dir` to the reclaim thread.
+/// Hands the retired directories a crash left in `data_dir` to the reclaim thread, and
+/// has it sweep the partition directories for retired segment files an earlier process
+/// left (a shutdown within `file.delete.delay.ms` of a retention; a partition that is not
+/// opened again would keep them for ever).
 pub fn retire_leftovers(data_dir: &Path) {
+    STARTED_NANOS.get_or_init(now_nanos);
+    hand_over(Job::Leftovers(data_dir.to_path_buf()));
     let Ok(entries) = fs::read_dir(data_dir) else {
         return;
     };
@@ -115,7 +160,7 @@ pub fn retire_leftovers(data_dir: &Path) {
 fn hand_over(job: Job) {
     let reclaimer = RECLAIMER.get_or_init(start);
     // A file waiting for its delay is no backlog yet: it counts once due (`serve`).
-    let counted = usize::from(matches!(job, Job::Dir(_)));
+    let counted = usize::from(matches!(job, Job::Dir(_) | Job::Leftovers(_)));
     let job = match reclaimer {
         Some(r) => {
             WAITING.fetch_add(counted, Ordering::Relaxed);
@@ -136,7 +181,40 @@ fn run(job: &Job, waiting: &AtomicUsize) {
     match job {
         Job::File(path, _) => remove_logged(path, shrink_then_remove(path, waiting)),
         Job::Dir(dir) => remove_logged(dir, remove_dir_in_steps(dir, waiting)),
+        Job::Leftovers(data_dir) => {
+            for path in leftover_files(data_dir) {
+                remove_logged(&path, shrink_then_remove(&path, waiting));
+            }
+        }
     }
+}
+
+/// The retired segment files of `data_dir`'s partition directories that an earlier process
+/// retired (see [`retired_before_start`]).
+fn leftover_files(data_dir: &Path) -> Vec<PathBuf> {
+    let started = *STARTED_NANOS.get_or_init(now_nanos);
+    let Ok(dirs) = fs::read_dir(data_dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for d in dirs.filter_map(Result::ok) {
+        if !d.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(files) = fs::read_dir(d.path()) else {
+            continue;
+        };
+        for f in files.filter_map(Result::ok) {
+            let name = f.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(super::open::RETIRED_LOG_SUFFIX)
+                && retired_before_start(&name, started)
+            {
+                found.push(f.path());
+            }
+        }
+    }
+    found
 }
 
 /// The reclaim thread: directories at once, files once their delay passed (earliest
@@ -231,6 +309,45 @@ fn remove_logged(path: &Path, result: std::io::Result<()>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A retired file is named with when it was retired, uniquely: the same base retired
+    /// twice within the delay keeps two files. At start, only an earlier process's files
+    /// (stamped before this one started, or unstamped by an older weir) are swept from the
+    /// partition directories; files this process retired wait for their delay (found by
+    /// review: a shutdown within the delay left them for ever on partitions not opened
+    /// again).
+    #[test]
+    fn leftovers_of_an_earlier_process_are_swept_and_this_ones_wait() {
+        let a = retired_name("00000000000000000007", ".log.deleted");
+        let b = retired_name("00000000000000000007", ".log.deleted");
+        assert_ne!(a, b, "the same base retired twice keeps two names");
+        assert!(!is_leftover(&a), "this process's own: {a}");
+        assert!(is_leftover("00000000000000000007.log.deleted"), "unstamped");
+        assert!(
+            is_leftover("00000000000000000007.5-0.log.deleted"),
+            "stamped long ago"
+        );
+        let data = tempfile::tempdir().expect("tempdir");
+        let part = data.path().join("t-0");
+        fs::create_dir(&part).expect("partition dir");
+        let old = part.join("00000000000000000000.log.deleted");
+        let stamped_old = part.join("00000000000000000003.1000-0.log.deleted");
+        let own = part.join(&a);
+        let segment = part.join("00000000000000000009.log");
+        for p in [&old, &stamped_old, &own, &segment] {
+            fs::write(p, b"x").expect("write");
+        }
+        run(
+            &Job::Leftovers(data.path().to_path_buf()),
+            &AtomicUsize::new(0),
+        );
+        assert!(!old.exists() && !stamped_old.exists(), "leftovers swept");
+        assert!(
+            own.exists(),
+            "this process's retired file waits for its delay"
+        );
+        assert!(segment.exists(), "segments are not the sweep's");
+    }
 
     #[test]
     fn a_retired_file_is_cut_in_steps_and_removed() {
