@@ -637,6 +637,13 @@ impl Config {
                 ));
             }
         }
+        // Checked with the rest, so a bad value stops the start before anything is
+        // written (a single node stores the credentials once, with a new data dir).
+        let scram = crate::security::scram_bootstrap::KEY;
+        if let Some(v) = self.props.get(scram) {
+            crate::security::scram_bootstrap::parse(v)
+                .map_err(|e| ConfigError::Invalid(format!("{e:#}")))?;
+        }
         let key = "controller.quorum.bootstrap.servers";
         if let Some(v) = self.props.get(key).filter(|v| !v.trim().is_empty())
             && self.quorum_voters.is_empty()
@@ -1216,6 +1223,7 @@ mod tests {
             ("create.topic.policy.class.name", "com.example.Policy"),
             ("alter.config.policy.class.name", "com.example.Policy"),
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
+            ("scram.bootstrap.credentials", "SCRAM-SHA-512=[name=alice]"),
             ("transaction.state.log.min.isr", "two"),
             ("transaction.max.timeout.ms", "0"),
             ("producer.id.expiration.ms", "-5"),

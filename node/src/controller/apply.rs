@@ -1065,7 +1065,7 @@ fn elect_offline(c: &mut Catalog) {
         let unclean = t
             .configs
             .get(UNCLEAN_KEY)
-            .is_some_and(|v| v.trim() == "true");
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         // (new leader, whether it is an ISR member)
         let pick = |a: &PartitionAssignment| -> Option<(i32, bool)> {
             if a.leader != -1 {
@@ -1111,7 +1111,7 @@ pub fn unclean_default(c: &Catalog, controller: i32, static_value: Option<&str>)
     dynamic(&controller.to_string())
         .or_else(|| dynamic(""))
         .or_else(|| static_value.map(str::to_string))
-        .is_some_and(|v| v.trim() == "true")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// The offline partitions the broker-level default lets the controller elect uncleanly
@@ -1887,6 +1887,11 @@ mod tests {
         assert!(!unclean_default(&c, 1, None), "false when nothing says");
         assert!(unclean_by_default(&c, false).is_empty());
         assert!(unclean_default(&c, 1, Some("true")), "the static value");
+        // Booleans in any case, as Kafka reads them.
+        assert!(
+            unclean_default(&c, 1, Some(" TRUE")),
+            "the static value, upper case"
+        );
         // The cluster-wide dynamic default overrides the static value; the controller
         // node's own dynamic value overrides both.
         let set = |c: &mut Catalog, name: &str, v: &str| {

@@ -150,10 +150,16 @@ pub fn serve(mut config: Config) -> anyhow::Result<()> {
     } else {
         MetaStore::in_memory(&config.data_dir)
     };
-    let (cluster_id, fresh) = cluster_id(&config)?;
+    // A new data dir has no cluster id yet. Its bootstrap credentials are stored before
+    // the id is kept: a start that fails between the two tries again (found by review).
+    let fresh = matches!(
+        std::fs::symlink_metadata(config.data_dir.join("cluster.id")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound
+    );
     if config.quorum_voters.is_empty() {
         bootstrap_scram_locally(&config, &meta, fresh)?;
     }
+    let cluster_id = cluster_id(&config)?;
     let directory_id = directory_id(&config)?;
     let shards = config.shards;
     let node_id = config.node_id;
@@ -475,19 +481,18 @@ pub fn advertised(config: &Config, bound: SocketAddr) -> (String, u16) {
 
 /// A stable cluster id, created once and kept in `cluster.id` in the data dir. Created
 /// only where there is no file: one that cannot be read (EIO, EACCES, not UTF-8) or is
-/// empty is an error, not a reason to replace the id (found by review). `true` with an id
-/// created now: the data dir is new.
-fn cluster_id(config: &Config) -> anyhow::Result<(String, bool)> {
+/// empty is an error, not a reason to replace the id (found by review).
+fn cluster_id(config: &Config) -> anyhow::Result<String> {
     let path = config.data_dir.join("cluster.id");
     match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => return Ok((id.trim().to_string(), false)),
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
         Ok(_) => anyhow::bail!("{} is empty; restore it or remove it", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
     }
     let id = format!("weir-{:032x}", crate::metadata::new_topic_id());
     crate::metadata::write_atomic(&path, id.as_bytes())?;
-    Ok((id, true))
+    Ok(id)
 }
 
 /// `scram.bootstrap.credentials` on a single node: stored in the catalogue when the data dir
