@@ -1225,28 +1225,45 @@ fn a_topic_deleted_while_a_broker_was_down_leaves_no_directory_on_it() {
 /// DeleteRecords (v2) of partition 0 before `offset` at node `id`, waiting at most
 /// `timeout_ms`: (error, low watermark).
 fn delete_records(c: &mut Cluster, id: i32, offset: i64, timeout_ms: i32) -> (i16, i64) {
+    delete_records_of(c, id, &[(TOPIC, offset)], timeout_ms)[0]
+}
+
+/// DeleteRecords (v2) of partition 0 of each named topic below its offset, in one request
+/// at `id`: (error, low watermark) per topic, in request order.
+fn delete_records_of(
+    c: &mut Cluster,
+    id: i32,
+    topics: &[(&str, i64)],
+    timeout_ms: i32,
+) -> Vec<(i16, i64)> {
     use kafka_protocol::messages::delete_records_request::{
         DeleteRecordsPartition, DeleteRecordsTopic,
     };
     use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
     let addr = c.node(id).addr();
     let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(10)).expect("connect");
-    let req = DeleteRecordsRequest::default()
-        .with_timeout_ms(timeout_ms)
-        .with_topics(vec![
+    let named = topics
+        .iter()
+        .map(|(name, offset)| {
             DeleteRecordsTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+                .with_name(TopicName(StrBytes::from_string(name.to_string())))
                 .with_partitions(vec![
                     DeleteRecordsPartition::default()
                         .with_partition_index(0)
-                        .with_offset(offset),
-                ]),
-        ]);
+                        .with_offset(*offset),
+                ])
+        })
+        .collect();
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(timeout_ms)
+        .with_topics(named);
     let resp: DeleteRecordsResponse = conn
         .call(ApiKey::DeleteRecords, 2, &req)
         .expect("DeleteRecords answered");
-    let part = &resp.topics[0].partitions[0];
-    (part.error_code, part.low_watermark)
+    resp.topics
+        .iter()
+        .map(|t| (t.partitions[0].error_code, t.partitions[0].low_watermark))
+        .collect()
 }
 
 /// ListOffsets (v4) earliest of partition 0 at `id`: its log start when it leads.
@@ -1359,4 +1376,41 @@ fn the_broker_level_unclean_leader_election_default_elects_a_live_replica() {
     let live: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
     let (now, _, isr) = wait_placement(&mut c, &live, 0, |p| p.0 == other);
     assert_eq!((now, isr), (other, vec![other]));
+}
+
+/// One DeleteRecords naming two topics waits for both at once, as Kafka's one delayed
+/// operation: the topic whose follower's fetches are cut times out (REQUEST_TIMED_OUT),
+/// and the other, whose follower is healthy, is answered within the same wait. Before,
+/// topics waited one after another: the second started only once the first had waited
+/// out the timeout, deleted its records and answered REQUEST_TIMED_OUT (found by review).
+#[test]
+fn delete_records_of_several_topics_wait_together() {
+    const REQUEST_TIMED_OUT: i16 = 7;
+    let (mut c, net) = start_faulty(&[("replica.lag.time.max.ms", "600000")]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    let addr = c.node(leader).addr();
+    let healthy = "healthy";
+    let created = cluster::create_topic_assigned(addr, healthy, &[vec![leader, followers[0]]])
+        .expect("create");
+    assert_eq!(created, 0);
+    produce(&mut c, leader, "all", 0, 100, "cut");
+    let bootstrap = c.node(leader).bootstrap();
+    let (p, log) = clients::producer(&bootstrap, "all", "none", &[]).expect("producer");
+    let records = clients::make_records(0, 100, "healthy", clients::now_ms());
+    clients::produce_all(&p, healthy, &records, Some(0)).expect("produce");
+    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 100);
+
+    net.cut_fetches(followers[1], leader, Mode::Blackhole);
+    let answers = delete_records_of(&mut c, leader, &[(TOPIC, 50), (healthy, 50)], 3_000);
+    assert_eq!(
+        answers[0].0, REQUEST_TIMED_OUT,
+        "{TOPIC}: a follower is cut"
+    );
+    assert_eq!(
+        answers[1],
+        (0, 50),
+        "{healthy}: its follower followed in time"
+    );
 }
