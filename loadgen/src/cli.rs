@@ -202,14 +202,14 @@ impl Security {
 }
 
 impl Cmd {
-    /// The load flags of the subcommands that take them (quickstart does not).
-    pub fn load(&self) -> Option<&Load> {
+    /// The connection security flags of the subcommand (every one takes them).
+    pub fn security(&self) -> &Security {
         match self {
-            Cmd::Produce(l) | Cmd::Consume(l) | Cmd::E2e(l) => Some(l),
-            Cmd::Sweep(s) => Some(&s.load),
-            Cmd::Plan(p) => Some(&p.load),
-            Cmd::Verify(v) => Some(&v.load),
-            Cmd::Quickstart(_) => None,
+            Cmd::Produce(l) | Cmd::Consume(l) | Cmd::E2e(l) => &l.security,
+            Cmd::Sweep(s) => &s.load.security,
+            Cmd::Plan(p) => &p.load.security,
+            Cmd::Verify(v) => &v.load.security,
+            Cmd::Quickstart(q) => &q.security,
         }
     }
 }
@@ -288,6 +288,9 @@ pub struct Quickstart {
     pub report: PathBuf,
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// How to reach a secured --bootstrap (the temporary weir is plaintext).
+    #[command(flatten)]
+    pub security: Security,
 }
 
 /// `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds; at most [`RUN_MAX`].

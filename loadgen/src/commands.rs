@@ -334,6 +334,13 @@ pub fn quickstart(q: &Quickstart) -> Result<Vec<Row>> {
     let _broker;
     let bootstrap = match &q.bootstrap {
         Some(b) => b.clone(),
+        None if !q
+            .security
+            .security_protocol
+            .eq_ignore_ascii_case("PLAINTEXT") =>
+        {
+            bail!("--security-protocol needs --bootstrap (the temporary weir is plaintext)")
+        }
         None => {
             let weir = find_weir()?;
             // Under the system temp dir ($TMPDIR), not the current one.

@@ -8,7 +8,7 @@ use weir_loadgen::{commands, verify};
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Err(e)) = cli.cmd.load().map(|l| l.security.install()) {
+    if let Err(e) = cli.cmd.security().install() {
         eprintln!("weir-loadgen: error: {e:#}");
         std::process::exit(1);
     }

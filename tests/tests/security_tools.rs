@@ -8,6 +8,8 @@
 //! are refused with a non-zero exit and a message that says why; with endpoint
 //! identification off, the name is not checked.
 //!
+//! `quickstart` sweeps a secured --bootstrap the same way.
+//!
 //! The `weir topics|groups|cluster|acls` commands log in with `--sasl-plain` on a
 //! SASL_PLAINTEXT listener.
 
@@ -152,6 +154,18 @@ fn the_loadgen_produces_and_consumes_over_every_security_protocol() -> Result<()
             "{topic} over {listener}: acknowledged {acked}, consumed {consumed}, wanted {RECORDS} each"
         );
     }
+    // quickstart against a secured --bootstrap: its sweep (acks 0, 1, all) over SASL_SSL.
+    let (_, _, sasl_ssl) = cases.last().context("the SASL_SSL case")?;
+    let mut args: Vec<String> = ["quickstart", "--duration", "1s", "--bootstrap"]
+        .map(String::from)
+        .to_vec();
+    args.push(b.addr("SASL_SSL")?.to_string());
+    args.push("--report".into());
+    args.push(dir.path().join("quickstart.html").display().to_string());
+    args.extend(sasl_ssl.iter().cloned());
+    let quick = loadgen(&args)?;
+    ensure!(quick.ok(), "quickstart over SASL_SSL:\n{}", quick.text());
+    ensure!(quick.stdout.contains("acks=all"), "{}", quick.stdout);
     Ok(())
 }
 
@@ -191,6 +205,13 @@ fn the_loadgen_says_why_it_cannot_connect_securely() -> Result<()> {
     // The test CA is not among the public roots used when no CA file is given.
     let untrusted = produce("SSL", &[("security-protocol", "SSL")])?;
     ensure!(untrusted.contains("TLS handshake"), "{untrusted}");
+    // quickstart's temporary weir is plaintext: security flags need --bootstrap.
+    let temporary = loadgen(&["quickstart", "--security-protocol", "SSL"].map(String::from))?;
+    ensure!(
+        !temporary.ok() && temporary.stderr.contains("needs --bootstrap"),
+        "{}",
+        temporary.text()
+    );
     // SASL flags on a plaintext protocol are a usage error, not silently ignored.
     let misuse = produce(
         "PLAINTEXT",
