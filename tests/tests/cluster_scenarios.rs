@@ -76,6 +76,12 @@ fn wait_placement(
 /// ListOffsets (v4, read_uncommitted) latest of partition `p` at `id`: its HW when it
 /// leads; `Err(code)` otherwise.
 fn latest(c: &mut Cluster, id: i32, p: i32) -> Result<i64, i16> {
+    list_offset(c, id, p, -1)
+}
+
+/// ListOffsets (v4, read_uncommitted) of partition `p` at `id` for `timestamp` (-1 latest,
+/// -2 earliest); `Err(code)` for an error or no answer.
+fn list_offset(c: &mut Cluster, id: i32, p: i32, timestamp: i64) -> Result<i64, i16> {
     let addr = c.node(id).addr();
     let Ok(mut conn) = RawConn::connect_timeout(addr, Duration::from_secs(10)) else {
         return Err(-1);
@@ -90,7 +96,7 @@ fn latest(c: &mut Cluster, id: i32, p: i32) -> Result<i64, i16> {
                     ListOffsetsPartition::default()
                         .with_partition_index(p)
                         .with_current_leader_epoch(-1)
-                        .with_timestamp(-1),
+                        .with_timestamp(timestamp),
                 ]),
         ]);
     let resp: Result<ListOffsetsResponse, _> = conn.call(ApiKey::ListOffsets, 4, &req);
@@ -1268,32 +1274,7 @@ fn delete_records_of(
 
 /// ListOffsets (v4) earliest of partition 0 at `id`: its log start when it leads.
 fn earliest(c: &mut Cluster, id: i32) -> Result<i64, i16> {
-    let addr = c.node(id).addr();
-    let Ok(mut conn) = RawConn::connect_timeout(addr, Duration::from_secs(10)) else {
-        return Err(-1);
-    };
-    let req = ListOffsetsRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
-                .with_partitions(vec![
-                    ListOffsetsPartition::default()
-                        .with_partition_index(0)
-                        .with_current_leader_epoch(-1)
-                        .with_timestamp(-2),
-                ]),
-        ]);
-    let resp: Result<ListOffsetsResponse, _> = conn.call(ApiKey::ListOffsets, 4, &req);
-    let part = resp
-        .ok()
-        .and_then(|r| r.topics.into_iter().next())
-        .and_then(|t| t.partitions.into_iter().next())
-        .ok_or(-1i16)?;
-    match part.error_code {
-        0 => Ok(part.offset),
-        code => Err(code),
-    }
+    list_offset(c, id, 0, -2)
 }
 
 /// DeleteRecords is answered once every live replica moved its log start past the

@@ -298,33 +298,17 @@ fn the_admin_commands_log_in_with_sasl_plain() -> Result<()> {
         "{}",
         listed.text()
     );
-    let groups = weir(&[
-        "groups",
-        "--bootstrap-server",
-        &addr,
-        "--sasl-plain",
-        &creds,
-        "list",
-    ])?;
-    ensure!(groups.ok(), "{}", groups.text());
-    let status = weir(&[
-        "cluster",
-        "--bootstrap-server",
-        &addr,
-        "--sasl-plain",
-        &creds,
-        "status",
-    ])?;
-    ensure!(status.ok(), "{}", status.text());
-    let acls = weir(&[
-        "acls",
-        "--bootstrap-server",
-        &addr,
-        "--sasl-plain",
-        &creds,
-        "list",
-    ])?;
-    ensure!(acls.ok(), "{}", acls.text());
+    for (command, sub) in [("groups", "list"), ("cluster", "status"), ("acls", "list")] {
+        let out = weir(&[
+            command,
+            "--bootstrap-server",
+            &addr,
+            "--sasl-plain",
+            &creds,
+            sub,
+        ])?;
+        ensure!(out.ok(), "weir {command} {sub}: {}", out.text());
+    }
     let anonymous = weir(&["topics", "--bootstrap-server", &addr, "list"])?;
     ensure!(
         !anonymous.ok() && anonymous.stderr.contains("authentication"),

@@ -308,6 +308,7 @@ impl Stream {
                 shared: Arc::clone(&t.shared),
                 plain: Vec::new(),
                 plain_at: 0,
+                raw: Vec::new(),
             }),
         })
     }
@@ -361,6 +362,8 @@ pub struct TlsStream {
     /// Decrypted bytes not yet handed to the reader, from `plain_at`.
     plain: Vec<u8>,
     plain_at: usize,
+    /// Where the reader's socket reads land, kept across reads (zeroed once, not per read).
+    raw: Vec<u8>,
 }
 
 fn poisoned() -> io::Error {
@@ -386,6 +389,7 @@ impl TlsStream {
             }),
             plain: Vec::new(),
             plain_at: 0,
+            raw: Vec::new(),
         })
     }
 
@@ -425,7 +429,6 @@ impl TlsStream {
 
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut raw = Vec::new();
         loop {
             if self.plain_at < self.plain.len() {
                 let n = buf.len().min(self.plain.len() - self.plain_at);
@@ -440,10 +443,13 @@ impl Read for TlsStream {
             if buf.is_empty() {
                 return Ok(0);
             }
+            let mut raw = std::mem::take(&mut self.raw);
             raw.resize(TLS_READ_CHUNK, 0);
             // The lock is not held here: the writer may encrypt while this blocks.
-            let got = self.sock.read(&mut raw)?;
-            self.take_in(&raw[..got])?;
+            let got = self.sock.read(&mut raw);
+            let taken = got.and_then(|n| self.take_in(&raw[..n]).map(|()| n));
+            self.raw = raw;
+            let got = taken?;
             if got == 0 && self.plain.is_empty() {
                 return Ok(0);
             }
