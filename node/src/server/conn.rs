@@ -44,6 +44,9 @@ use crate::shard::Shard;
 pub const PIPELINE_MAX: usize = 16;
 /// Bytes asked of the socket per read call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Fewest bytes a read into a buffer's leftover room asks for; with less room the
+/// buffer is grown by a chunk instead (so reads stay large).
+const READ_MIN_BYTES: usize = 4 * 1024;
 /// Most bytes one read call may add to a large frame's buffer.
 const LARGE_READ_MAX_BYTES: usize = 1024 * 1024;
 
@@ -318,7 +321,8 @@ impl FrameReader {
     /// the buffer and is handed over whole (read past its end, the frame would share its
     /// allocation with the next one: copied out by Produce, and the buffer regrown and
     /// copied to make room). Between frames after a large one: its 4-byte size prefix.
-    /// Otherwise a chunk, which may also hold the next pipelined requests.
+    /// Otherwise a chunk, which may also hold the next pipelined requests; or, where the
+    /// rest of a small frame fits the room the buffer has left, that room (no regrowth).
     fn read_size(&self, need: usize) -> usize {
         let missing = need.saturating_sub(self.buf.len());
         if self.permit.is_some() && missing > 0 {
@@ -332,6 +336,13 @@ impl FrameReader {
         }
         if self.expect_large && self.buf.len() < 4 {
             return 4 - self.buf.len();
+        }
+        // Where the buffer already has room for the rest of this frame, read into that
+        // room only: asking for a whole chunk would grow the buffer, and growing copies
+        // every byte already read (a reallocation) only to leave the new room unused.
+        let spare = self.buf.capacity() - self.buf.len();
+        if spare >= missing.max(READ_MIN_BYTES) {
+            return spare.min(READ_CHUNK_BYTES);
         }
         READ_CHUNK_BYTES
     }
@@ -851,27 +862,7 @@ mod tests {
                 s
             });
             let stream = listener.accept().await.unwrap();
-            let half = Half(Rc::new(RefCell::new(Transport::Plain(stream))));
-            let plain_fd = Some(half.0.borrow().raw_fd());
-            let mut reader = FrameReader {
-                half,
-                buf: BytesMut::new(),
-                max_bytes: 1 << 20,
-                limits: ReadLimits {
-                    budget: RequestBudget::new(1 << 30, 1),
-                    frame_timeout: Duration::from_secs(30),
-                    idle_timeout: Duration::from_secs(60),
-                    write_stall: Duration::from_secs(60),
-                },
-                activity: Rc::new(Activity {
-                    last: Cell::new(Instant::now()),
-                    in_flight: Cell::new(0),
-                }),
-                permit: None,
-                deadline: None,
-                plain_fd,
-                expect_large: false,
-            };
+            let mut reader = plain_reader(stream);
             for i in 0..FRAMES {
                 let frame = reader.next().await.unwrap().expect("a frame");
                 assert_eq!(frame.bytes.len(), BODY);
@@ -884,6 +875,81 @@ mod tests {
                     assert_eq!(whole.capacity(), BODY, "frame {i} sized exactly");
                 }
             }
+            drop(client.join().unwrap());
+        });
+    }
+
+    /// A frame reader on an accepted plain TCP connection, with generous limits.
+    fn plain_reader(stream: TcpStream) -> FrameReader {
+        let half = Half(Rc::new(RefCell::new(Transport::Plain(stream))));
+        let plain_fd = Some(half.0.borrow().raw_fd());
+        FrameReader {
+            half,
+            buf: BytesMut::new(),
+            max_bytes: 1 << 20,
+            limits: ReadLimits {
+                budget: RequestBudget::new(1 << 30, 1),
+                frame_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(60),
+                write_stall: Duration::from_secs(60),
+            },
+            activity: Rc::new(Activity {
+                last: Cell::new(Instant::now()),
+                in_flight: Cell::new(0),
+            }),
+            permit: None,
+            deadline: None,
+            plain_fd,
+            expect_large: false,
+        }
+    }
+
+    /// A small frame that arrives in two parts is read into the room the first read left
+    /// in the buffer: the buffer is not grown (grown, it would be reallocated and the
+    /// first part copied, which a profile of a leader at RF 3 showed as 3.5 % of its CPU).
+    #[test]
+    fn a_small_frame_arriving_in_parts_is_read_without_regrowing_the_buffer() {
+        use std::io::Write;
+        const BODY: usize = 20_000;
+        const FIRST: usize = 8_000;
+        crate::storage::testing::run_on_shard(|| async {
+            let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (go_on, go) = std::sync::mpsc::channel::<()>();
+            let client = std::thread::spawn(move || {
+                let mut frame = (BODY as i32).to_be_bytes().to_vec();
+                frame.extend(std::iter::repeat_n(7u8, BODY));
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(&frame[..4 + FIRST]).unwrap();
+                go.recv().unwrap();
+                s.write_all(&frame[4 + FIRST..]).unwrap();
+                s
+            });
+            let stream = listener.accept().await.unwrap();
+            let mut reader = plain_reader(stream);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            for _ in 0..10_000 {
+                if reader.buf.len() >= 4 + FIRST {
+                    break;
+                }
+                reader.fill(4 + BODY, deadline).await.unwrap();
+            }
+            assert_eq!(reader.buf.len(), 4 + FIRST, "the first part is read");
+            let (at, capacity) = (reader.buf.as_ptr(), reader.buf.capacity());
+            go_on.send(()).unwrap();
+            let frame = reader.next().await.unwrap().expect("a frame");
+            assert_eq!(frame.bytes.len(), BODY);
+            assert!(frame.bytes.iter().all(|&b| b == 7));
+            assert_eq!(
+                frame.bytes.as_ptr(),
+                at.wrapping_add(4),
+                "the frame is where its first part was read: the buffer was not reallocated"
+            );
+            let whole = frame
+                .bytes
+                .try_into_mut()
+                .expect("the frame owns its allocation");
+            assert_eq!(whole.capacity(), capacity - 4, "nor grown");
             drop(client.join().unwrap());
         });
     }
