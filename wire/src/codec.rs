@@ -103,12 +103,26 @@ impl<'a> Reader<'a> {
         Ok(i64::from_be_bytes(self.array(field)?))
     }
 
+    /// The next byte, if any, without advancing.
+    fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
     /// An unsigned LEB128 varint of at most 5 bytes (32 bits).
     pub fn uvarint(&mut self, field: &'static str) -> Result<u32, WireError> {
+        // One byte is the common case (small lengths, counts and deltas), and it is read
+        // once per field of every produced record: no loop for it.
+        if let Some(byte) = self.peek().filter(|b| b & 0x80 == 0) {
+            self.pos += 1;
+            return Ok(u32::from(byte));
+        }
         let start = self.pos;
         let mut value: u32 = 0;
         for i in 0..5 {
-            let byte = self.array::<1>(field)?[0];
+            let Some(byte) = self.peek() else {
+                return Err(self.eof(field, 1));
+            };
+            self.pos += 1;
             value |= u32::from(byte & 0x7f) << (7 * i);
             if byte & 0x80 == 0 {
                 if i == 4 && byte > 0x0f {
@@ -132,10 +146,18 @@ impl<'a> Reader<'a> {
 
     /// A zigzag varlong of at most 10 bytes (i64).
     pub fn varlong(&mut self, field: &'static str) -> Result<i64, WireError> {
+        if let Some(byte) = self.peek().filter(|b| b & 0x80 == 0) {
+            self.pos += 1;
+            let raw = i64::from(byte);
+            return Ok((raw >> 1) ^ -(raw & 1));
+        }
         let start = self.pos;
         let mut raw: u64 = 0;
         for i in 0..10 {
-            let byte = self.array::<1>(field)?[0];
+            let Some(byte) = self.peek() else {
+                return Err(self.eof(field, 1));
+            };
+            self.pos += 1;
             raw |= u64::from(byte & 0x7f) << (7 * i);
             if byte & 0x80 == 0 {
                 if i == 9 && byte > 0x01 {
@@ -423,6 +445,54 @@ mod tests {
             put_varlong(&mut out, v);
             assert_eq!(out.len(), varlong_size(v));
             assert_eq!(Reader::new(&out).varlong("v"), Ok(v));
+        }
+    }
+
+    /// The one-byte fast path and the loop agree: every encoded length reads back with the
+    /// reader just past it, and every truncation is an end-of-input error.
+    #[test]
+    fn varints_of_every_length_read_back_and_truncations_are_refused() {
+        let ints = (0..32).flat_map(|b| {
+            [
+                1i32 << b,
+                (1i32 << b).wrapping_sub(1),
+                (1i32 << b).wrapping_neg(),
+            ]
+        });
+        for v in ints {
+            let mut out = BytesMut::new();
+            put_varint(&mut out, v);
+            let mut r = Reader::new(&out);
+            assert_eq!(r.varint("v"), Ok(v));
+            assert_eq!(r.position(), out.len(), "{v}");
+            for cut in 0..out.len() {
+                let err = Reader::new(&out[..cut]).varint("v");
+                assert!(
+                    matches!(err, Err(WireError::UnexpectedEof { .. })),
+                    "{v} cut at {cut}"
+                );
+            }
+        }
+        let longs = (0..64).flat_map(|b| {
+            [
+                1i64 << b,
+                (1i64 << b).wrapping_sub(1),
+                (1i64 << b).wrapping_neg(),
+            ]
+        });
+        for v in longs {
+            let mut out = BytesMut::new();
+            put_varlong(&mut out, v);
+            let mut r = Reader::new(&out);
+            assert_eq!(r.varlong("v"), Ok(v));
+            assert_eq!(r.position(), out.len(), "{v}");
+            for cut in 0..out.len() {
+                let err = Reader::new(&out[..cut]).varlong("v");
+                assert!(
+                    matches!(err, Err(WireError::UnexpectedEof { .. })),
+                    "{v} cut at {cut}"
+                );
+            }
         }
     }
 
