@@ -326,7 +326,7 @@ if len(costs) == 2:
         return int(v[1][metric]) - int(v[0][metric])
     rounds = counted("cpu-rf3", "weir_storage_follower_writes_total")
     if rounds:
-        _, nbytes = open(f"{out}/cpu-rf3.cpu").read().split()
+        nbytes = open(f"{out}/cpu-rf3.cpu").read().split()[1]
         per_gib = rounds / (int(nbytes) / GiB)
         extra = costs["cpu-rf3"] - costs["cpu-rf1"]
         print(f"follower rounds: {per_gib:,.0f} writes per GiB acked ({2 * GiB / per_gib / 1024:.0f} KiB each: two followers); "
