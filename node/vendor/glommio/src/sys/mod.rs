@@ -278,11 +278,31 @@ pub(super) fn new_sleep_notifier() -> io::Result<Arc<SleepNotifier>> {
 
 pub(crate) fn get_sleep_notifier_for(id: usize) -> Option<Arc<SleepNotifier>> {
     if id == usize::MAX {
-        Some(REACTOR_DISCONNECTED.clone())
-    } else {
-        let state = REACTOR_GLOBAL_STATE.read().unwrap();
-        state.sleep_notifiers.get(&id).and_then(|x| x.upgrade())
+        return Some(REACTOR_DISCONNECTED.clone());
     }
+    // weir patch: every task allocation asks for its own executor's notifier; the last
+    // one found is kept per thread, so that the common case takes no global lock and
+    // makes no map lookup (0.9 % of an RF 3 leader's CPU). A notifier whose executor is
+    // gone is not handed out: the kept one is a weak reference, as the map's are.
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(usize, std::sync::Weak<SleepNotifier>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let kept = LAST.with(|last| match &*last.borrow() {
+        Some((kept_id, notifier)) if *kept_id == id => notifier.upgrade(),
+        _ => None,
+    });
+    if kept.is_some() {
+        return kept;
+    }
+    let state = REACTOR_GLOBAL_STATE.read().unwrap();
+    let weak = state.sleep_notifiers.get(&id)?;
+    let found = weak.upgrade();
+    if found.is_some() {
+        let weak = weak.clone();
+        LAST.with(|last| *last.borrow_mut() = Some((id, weak)));
+    }
+    found
 }
 
 impl SleepNotifier {
