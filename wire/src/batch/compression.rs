@@ -13,8 +13,9 @@
 //!   besides the bounded output.
 //! - zstd: a zstd frame; librdkafka may omit the content size, so decoding is streamed.
 //!
-//! The broker never needs this: it stores batches as received. Compaction, verification in
-//! the load generator, and tests do.
+//! The broker decompresses to check every produced record, and compresses when a topic's
+//! `compression.type` names another codec than the producer's (see
+//! [`crate::batch::recompress`]); compaction, the load generator and tests use both.
 
 use std::io::{Read, Write};
 
@@ -77,12 +78,21 @@ fn too_large(codec: Compression, max_bytes: usize) -> WireError {
 /// Decompresses the records section of a batch. The output never exceeds `max_bytes`
 /// (an error says so instead), whatever the input claims.
 pub fn decompress(codec: Compression, input: &[u8], max_bytes: usize) -> Result<Bytes, WireError> {
+    decompress_to_vec(codec, input, max_bytes).map(Bytes::from)
+}
+
+/// [`decompress`] into a `Vec`.
+pub fn decompress_to_vec(
+    codec: Compression,
+    input: &[u8],
+    max_bytes: usize,
+) -> Result<Vec<u8>, WireError> {
     let out = match codec {
         Compression::None => {
             if input.len() > max_bytes {
                 return Err(too_large(codec, max_bytes));
             }
-            return Ok(Bytes::copy_from_slice(input));
+            return Ok(input.to_vec());
         }
         // Every member, as Java's GZIPInputStream (Kafka's reader) reads concatenated
         // members as one stream; GzDecoder would stop after the first.
@@ -104,7 +114,7 @@ pub fn decompress(codec: Compression, input: &[u8], max_bytes: usize) -> Result<
             read_bounded(codec, decoder, max_bytes)?
         }
     };
-    Ok(Bytes::from(out))
+    Ok(out)
 }
 
 fn snappy_decompress(input: &[u8], max_bytes: usize) -> Result<Vec<u8>, WireError> {
@@ -173,40 +183,84 @@ pub fn compress(
     input: &[u8],
     snappy_framing: SnappyFraming,
 ) -> Result<Vec<u8>, WireError> {
-    let io = |e: std::io::Error| fail(codec, e);
-    match codec {
-        Compression::None => Ok(input.to_vec()),
-        Compression::Gzip => {
-            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            enc.write_all(input).map_err(io)?;
-            enc.finish().map_err(io)
-        }
-        Compression::Snappy => snappy_compress(input, snappy_framing),
-        Compression::Lz4 => {
-            let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::new());
-            enc.write_all(input).map_err(io)?;
-            enc.finish().map_err(|e| fail(codec, e))
-        }
-        Compression::Zstd => zstd::bulk::compress(input, 3).map_err(io),
-    }
+    let mut out = Vec::new();
+    compress_into(codec, input, snappy_framing, &mut out)?;
+    Ok(out)
 }
 
-fn snappy_compress(input: &[u8], framing: SnappyFraming) -> Result<Vec<u8>, WireError> {
+/// zstd's level when none is named: Kafka's default (`compression.zstd.level`).
+pub const ZSTD_LEVEL_DEFAULT: i32 = 3;
+
+/// Compresses `input` with `codec` onto the end of `out`, which keeps what it held (a
+/// batch header, say): one buffer for the whole batch. On error `out` may hold part of
+/// the output.
+pub fn compress_into(
+    codec: Compression,
+    input: &[u8],
+    snappy_framing: SnappyFraming,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    let io = |e: std::io::Error| fail(codec, e);
+    match codec {
+        Compression::None => out.extend_from_slice(input),
+        Compression::Gzip => {
+            let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+            enc.write_all(input).map_err(io)?;
+            enc.finish().map_err(io)?;
+        }
+        Compression::Snappy => snappy_compress(input, snappy_framing, out)?,
+        Compression::Lz4 => {
+            let mut enc = lz4_flex::frame::FrameEncoder::new(out);
+            enc.write_all(input).map_err(io)?;
+            enc.finish().map_err(|e| fail(codec, e))?;
+        }
+        Compression::Zstd => {
+            let mut enc = zstd::stream::write::Encoder::new(out, ZSTD_LEVEL_DEFAULT).map_err(io)?;
+            // The frame says its content size, as a one-shot compression writes it:
+            // readers can size their output at once.
+            enc.set_pledged_src_size(Some(input.len() as u64))
+                .map_err(io)?;
+            enc.include_contentsize(true).map_err(io)?;
+            enc.write_all(input).map_err(io)?;
+            enc.finish().map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+fn snappy_compress(
+    input: &[u8],
+    framing: SnappyFraming,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
     let codec = Compression::Snappy;
     let mut encoder = snap::raw::Encoder::new();
+    let mut block = |chunk: &[u8], out: &mut Vec<u8>| {
+        let start = out.len();
+        out.resize(start + snap::raw::max_compress_len(chunk.len()), 0);
+        let written = encoder
+            .compress(chunk, &mut out[start..])
+            .map_err(|e| fail(codec, e))?;
+        out.truncate(start + written);
+        Ok::<usize, WireError>(written)
+    };
     if framing == SnappyFraming::Raw {
-        return encoder.compress_vec(input).map_err(|e| fail(codec, e));
+        block(input, out)?;
+        return Ok(());
     }
-    let mut out = Vec::with_capacity(XERIAL_HEADER_BYTES + input.len());
+    out.reserve(XERIAL_HEADER_BYTES + input.len());
     out.extend_from_slice(&XERIAL_MAGIC);
     out.extend_from_slice(&1i32.to_be_bytes());
     out.extend_from_slice(&1i32.to_be_bytes());
     for chunk in input.chunks(XERIAL_BLOCK_BYTES) {
-        let block = encoder.compress_vec(chunk).map_err(|e| fail(codec, e))?;
-        out.extend_from_slice(&(block.len() as i32).to_be_bytes());
-        out.extend_from_slice(&block);
+        // The block's length goes before it: written once the block is.
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        let written = block(chunk, out)?;
+        let written = i32::try_from(written).map_err(|_| fail(codec, "block too large"))?;
+        out[at..at + 4].copy_from_slice(&written.to_be_bytes());
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -231,6 +285,27 @@ mod tests {
                 assert_eq!(&back[..], &input[..], "{codec:?} {framing:?}");
             }
         }
+    }
+
+    /// The broker compresses a batch's records after its header, in one buffer: what was
+    /// there stays, and what follows decompresses to the input with every codec.
+    #[test]
+    fn compress_into_appends_after_what_the_buffer_holds() {
+        let input: Vec<u8> = (0..200_000u32).map(|i| (i % 13) as u8).collect();
+        for codec in ALL {
+            for framing in [SnappyFraming::Xerial, SnappyFraming::Raw] {
+                let mut out = b"header".to_vec();
+                compress_into(codec, &input, framing, &mut out).expect("compresses");
+                assert_eq!(&out[..6], b"header");
+                let back = decompress(codec, &out[6..], input.len()).expect("decompresses");
+                assert_eq!(&back[..], &input[..], "{codec:?} {framing:?}");
+            }
+        }
+        // A zstd frame says its content size, as a one-shot compression writes it.
+        let mut out = Vec::new();
+        compress_into(Compression::Zstd, &input, SnappyFraming::Raw, &mut out).expect("zstd");
+        let size = zstd::zstd_safe::get_frame_content_size(&out).expect("a frame");
+        assert_eq!(size, Some(input.len() as u64));
     }
 
     #[test]

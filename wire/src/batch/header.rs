@@ -27,7 +27,7 @@ use zerocopy::byteorder::big_endian::{I16, I32, I64, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::WireError;
-use crate::batch::records::{RecordRef, walk_batch};
+use crate::batch::records::{RecordRef, uncompressed_records, walk_records};
 use crate::types::{LeaderEpoch, Offset, ProducerEpoch, ProducerId, Sequence};
 
 /// Size of the fixed batch header.
@@ -99,13 +99,15 @@ pub enum TimestampType {
 pub struct Attributes(pub i16);
 
 impl Attributes {
+    /// Bits 0–2: the compression codec.
+    pub const COMPRESSION_MASK: i16 = 0x7;
     pub const TIMESTAMP_TYPE_BIT: i16 = 1 << 3;
     pub const TRANSACTIONAL_BIT: i16 = 1 << 4;
     pub const CONTROL_BIT: i16 = 1 << 5;
 
     /// The compression codec; `None` for the reserved values 5–7.
     pub fn compression(self) -> Option<Compression> {
-        match self.0 & 0x7 {
+        match self.0 & Self::COMPRESSION_MASK {
             0 => Some(Compression::None),
             1 => Some(Compression::Gzip),
             2 => Some(Compression::Snappy),
@@ -316,9 +318,17 @@ pub fn check_produced_batch(batch: &[u8]) -> Result<(), WireError> {
 pub fn walk_produced_batch(
     batch: &[u8],
     max_decompressed_bytes: usize,
-    mut visit: impl FnMut(usize, RecordRef<'_>) -> Result<(), WireError>,
+    visit: impl FnMut(usize, RecordRef<'_>) -> Result<(), WireError>,
 ) -> Result<(), WireError> {
     let header = read_header(batch)?;
+    check_produced_header(header)?;
+    let records = uncompressed_records(batch, max_decompressed_bytes)?;
+    walk_produced_records(&records, header.records_count(), visit)
+}
+
+/// The checks of [`walk_produced_batch`] the header alone answers: not a control batch,
+/// at least one record, `lastOffsetDelta` = `recordsCount` − 1.
+pub fn check_produced_header(header: &BatchHeader) -> Result<(), WireError> {
     let invalid = |field, offset, reason| WireError::Invalid {
         field,
         offset,
@@ -346,13 +356,24 @@ pub fn walk_produced_batch(
             "does not match recordsCount - 1",
         ));
     }
-    walk_batch(batch, max_decompressed_bytes, |i, record| {
+    Ok(())
+}
+
+/// The record checks of [`walk_produced_batch`] over a produced batch's uncompressed
+/// records section (see [`uncompressed_records`]) claiming `count` records: exactly that
+/// many, record i at offsetDelta i, each handed to `visit`.
+pub fn walk_produced_records<'a>(
+    records: &'a [u8],
+    count: i32,
+    mut visit: impl FnMut(usize, RecordRef<'a>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    walk_records(records, count, |i, record| {
         if usize::try_from(record.offset_delta).ok() != Some(i) {
-            return Err(invalid(
-                "offsetDelta",
-                i,
-                "record offsets must run 0, 1, 2, ... in a batch",
-            ));
+            return Err(WireError::Invalid {
+                field: "offsetDelta",
+                offset: i,
+                reason: "record offsets must run 0, 1, 2, ... in a batch",
+            });
         }
         visit(i, record)
     })

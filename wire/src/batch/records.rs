@@ -17,12 +17,13 @@
 //! headers         [headerKeyLength varint, headerKey, headerValueLength varint, value]
 //! ```
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::Bytes;
 
 use crate::WireError;
-use crate::batch::compression::decompress;
+use crate::batch::compression::{decompress, decompress_to_vec};
 use crate::batch::header::{BATCH_HEADER_SIZE, MIN_RECORD_SIZE, validate_batch};
 use crate::batch::{BatchHeader, Compression};
 use crate::codec::Reader;
@@ -358,15 +359,27 @@ pub fn walk_batch(
     max_decompressed_bytes: usize,
     visit: impl FnMut(usize, RecordRef<'_>) -> Result<(), WireError>,
 ) -> Result<(), WireError> {
+    let count = crate::batch::read_header(batch)?.records_count();
+    let records = uncompressed_records(batch, max_decompressed_bytes)?;
+    walk_records(&records, count, visit)
+}
+
+/// The records section of one batch already checked by
+/// [`validate_batch`](crate::batch::validate_batch), uncompressed: borrowed from `batch`
+/// if it is not compressed (nothing copied), else decompressed into one buffer of at most
+/// `max_decompressed_bytes`.
+pub fn uncompressed_records(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+) -> Result<Cow<'_, [u8]>, WireError> {
     let header = crate::batch::read_header(batch)?;
     let end = header.total_size().min(batch.len());
     let raw = batch.get(BATCH_HEADER_SIZE..end).unwrap_or(&[]);
-    let count = header.records_count();
     match header.attributes().compression() {
-        Some(Compression::None) => walk_records(raw, count, visit),
+        Some(Compression::None) => Ok(Cow::Borrowed(raw)),
         Some(codec) => {
-            let records = decompress(codec, raw, max_decompressed_bytes)?;
-            walk_records(&records, count, visit)
+            let records = decompress_to_vec(codec, raw, max_decompressed_bytes)?;
+            Ok(Cow::Owned(records))
         }
         None => Err(WireError::Invalid {
             field: "attributes",

@@ -1,0 +1,177 @@
+//! A produced batch rewritten with another compression codec: what a broker stores when
+//! the topic's `compression.type` names a codec other than the producer's (Kafka's
+//! `LogValidator`). Only the records' encoding changes: the header keeps its producer id,
+//! epoch, base sequence, transactional flag, timestamp type and timestamps, and the
+//! records keep their bytes (deltas from the same base offset and timestamp), so
+//! idempotence and consumers see the batch the producer sent. The CRC is new.
+
+use zerocopy::FromBytes;
+
+use crate::WireError;
+use crate::batch::compression::{SnappyFraming, compress_into};
+use crate::batch::header::{
+    Attributes, BATCH_HEADER_SIZE, BatchHeader, Compression, LOG_OVERHEAD, read_header,
+};
+
+/// Where the CRC sits, and where the bytes it covers begin.
+const CRC: std::ops::Range<usize> = 17..21;
+const CRC_START: usize = 21;
+/// A compressed target's output is reserved at this share of the records' size first
+/// (records of Kafka clients compress 2–10 times); it grows if they compress less.
+const COMPRESSED_SHARE_RESERVED: usize = 4;
+
+/// `batch` (one whole batch, already validated) with its records — `records`, its
+/// uncompressed records section (see [`crate::batch::uncompressed_records`]) —
+/// compressed with `codec`, in one new buffer. The header is the batch's but for the
+/// codec bits of its attributes, its `batchLength` and its CRC.
+pub fn with_codec(
+    batch: &[u8],
+    records: &[u8],
+    codec: Compression,
+    snappy_framing: SnappyFraming,
+) -> Result<Vec<u8>, WireError> {
+    let header = read_header(batch)?;
+    let attributes = header.attributes();
+    debug_assert!(!attributes.is_control(), "markers are written uncompressed");
+    let reserved = match codec {
+        Compression::None => records.len(),
+        _ => records.len() / COMPRESSED_SHARE_RESERVED,
+    };
+    let mut out = Vec::with_capacity(BATCH_HEADER_SIZE + reserved);
+    out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
+    compress_into(codec, records, snappy_framing, &mut out)?;
+    let length = i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| WireError::TooLarge {
+        field: "batchLength",
+        offset: 8,
+        size: out.len() as u64,
+        max: i32::MAX as u64,
+    })?;
+    let (new, _) =
+        BatchHeader::mut_from_prefix(&mut out).map_err(|_| WireError::UnexpectedEof {
+            field: "record batch header",
+            offset: 0,
+            need: BATCH_HEADER_SIZE,
+            have: 0,
+        })?;
+    new.batch_length.set(length);
+    let bits = (attributes.0 & !Attributes::COMPRESSION_MASK) | codec.bits();
+    new.attributes.set(bits);
+    let crc = crc32c::crc32c(&out[CRC_START..]);
+    out[CRC].copy_from_slice(&crc.to_be_bytes());
+    debug_assert!(crate::batch::validate_batch(&out).is_ok());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::batch::{BatchBuilder, NewRecord, batch_records, uncompressed_records};
+    use crate::types::{ProducerEpoch, ProducerId, Sequence};
+
+    const CODECS: [Compression; 5] = [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+
+    fn records() -> Vec<NewRecord> {
+        (0..50i64)
+            .map(|i| NewRecord {
+                timestamp_ms: 1_700_000_000_000 + i * 3,
+                key: (i % 7 != 0).then(|| Bytes::from(format!("key-{i}"))),
+                value: (i % 11 != 0).then(|| Bytes::from(vec![i as u8; 100 + i as usize])),
+                headers: vec![
+                    (Bytes::from_static(b"h"), Some(Bytes::from(format!("v{i}")))),
+                    (Bytes::from_static(b"null"), None),
+                ],
+            })
+            .collect()
+    }
+
+    fn idempotent(codec: Compression, framing: SnappyFraming) -> Bytes {
+        BatchBuilder {
+            producer_id: ProducerId(4242),
+            producer_epoch: ProducerEpoch(7),
+            base_sequence: Sequence(99),
+            transactional: true,
+            log_append_time: false,
+            compression: codec,
+            snappy_framing: framing,
+            records: records(),
+            ..BatchBuilder::default()
+        }
+        .build()
+        .expect("batch")
+    }
+
+    /// Every codec to every other: the header fields but codec, length and CRC are the
+    /// source's, the CRC is valid, and the records decode to the same records.
+    #[test]
+    fn every_codec_to_every_codec_keeps_header_and_records() {
+        for from in CODECS {
+            for framing in [SnappyFraming::Xerial, SnappyFraming::Raw] {
+                let source = idempotent(from, framing);
+                let plain = uncompressed_records(&source, 1 << 20).expect("records");
+                for to in CODECS {
+                    let out = with_codec(&source, &plain, to, SnappyFraming::Xerial)
+                        .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
+                    same_but_codec(&source, &out, to);
+                }
+            }
+        }
+    }
+
+    fn same_but_codec(source: &Bytes, out: &[u8], to: Compression) {
+        let out = Bytes::copy_from_slice(out);
+        let (a, ra) = batch_records(source, 1 << 20).expect("source");
+        let (b, rb) = batch_records(&out, 1 << 20).expect("rewritten batch is valid");
+        assert_eq!(b.attributes().compression(), Some(to));
+        assert_eq!(
+            a.attributes().0 & !Attributes::COMPRESSION_MASK,
+            b.attributes().0 & !Attributes::COMPRESSION_MASK
+        );
+        assert!(b.attributes().is_transactional());
+        assert_eq!(a.producer_id(), b.producer_id());
+        assert_eq!(a.producer_epoch(), b.producer_epoch());
+        assert_eq!(a.base_sequence(), b.base_sequence());
+        assert_eq!(a.base_timestamp(), b.base_timestamp());
+        assert_eq!(a.max_timestamp(), b.max_timestamp());
+        assert_eq!(a.records_count(), b.records_count());
+        assert_eq!(a.last_offset_delta.get(), b.last_offset_delta.get());
+        assert_eq!(a.base_offset(), b.base_offset());
+        assert_eq!(b.total_size(), out.len());
+        let ra: Vec<_> = ra.map(|r| r.expect("record")).collect();
+        let rb: Vec<_> = rb.map(|r| r.expect("record")).collect();
+        assert_eq!(ra, rb);
+        assert_eq!(rb.len(), 50);
+    }
+
+    /// The produce path's common case costs no copy: an uncompressed batch's records are
+    /// borrowed from it.
+    #[test]
+    fn an_uncompressed_batchs_records_are_borrowed() {
+        let source = idempotent(Compression::None, SnappyFraming::Xerial);
+        let records = uncompressed_records(&source, 1 << 20).expect("records");
+        assert!(matches!(records, std::borrow::Cow::Borrowed(_)));
+        assert_eq!(&records[..], &source[BATCH_HEADER_SIZE..]);
+    }
+
+    #[test]
+    fn a_batch_compressed_by_the_broker_shrinks_and_uncompressed_holds_the_records() {
+        let source = idempotent(Compression::None, SnappyFraming::Xerial);
+        let plain = uncompressed_records(&source, 1 << 20).expect("records");
+        for to in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
+            let out = with_codec(&source, &plain, to, SnappyFraming::Xerial).expect("packs");
+            assert!(out.len() < source.len(), "{to:?}: {} bytes", out.len());
+        }
+        let gz = idempotent(Compression::Gzip, SnappyFraming::Xerial);
+        let plain = uncompressed_records(&gz, 1 << 20).expect("records");
+        let out = with_codec(&gz, &plain, Compression::None, SnappyFraming::Xerial).expect("none");
+        assert_eq!(out.len(), BATCH_HEADER_SIZE + plain.len());
+        assert_eq!(&out[BATCH_HEADER_SIZE..], &plain[..]);
+    }
+}
