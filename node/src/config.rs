@@ -691,6 +691,15 @@ impl Config {
     /// opens at first use, so a bad default would otherwise fail every partition then.
     fn check_topic_defaults(&self) -> Result<(), ConfigError> {
         let defaults = self.log_defaults();
+        if let Some(v) = defaults.get("compression.type")
+            && crate::partition::TopicCompression::parse(v).is_none()
+        {
+            return Err(value_err(
+                "compression.type",
+                v,
+                "must be one of uncompressed, zstd, lz4, snappy, gzip, producer",
+            ));
+        }
         let pairs = defaults.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         crate::storage::LogConfig::from_pairs(pairs)
             .map(drop)
@@ -832,6 +841,14 @@ impl Config {
         m.insert(
             "min.insync.replicas".into(),
             self.min_insync_replicas.to_string(),
+        );
+        // Kafka's broker key has the topic key's name; `producer` stores batches as sent.
+        m.insert(
+            "compression.type".into(),
+            self.props
+                .get("compression.type")
+                .unwrap_or("producer")
+                .into(),
         );
         // The cleaner's broker defaults, under their topic-level names.
         for (broker_key, topic_key) in [
@@ -1228,10 +1245,29 @@ mod tests {
             ("transaction.max.timeout.ms", "0"),
             ("producer.id.expiration.ms", "-5"),
             ("replica.fetch.wait.max.ms", "soon"),
+            ("compression.type", "brotli"),
+            ("compression.type", "none"),
         ] {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }
         assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
+    }
+
+    /// The broker's `compression.type` is the default of the topic key of the same name,
+    /// `producer` unless set, as Kafka's.
+    #[test]
+    fn the_brokers_compression_type_is_every_topics_default() {
+        let resolve = |p: Properties| Config::resolve(p, &CliOverrides::default()).unwrap();
+        let c = resolve(Properties::default());
+        assert_eq!(c.topic_defaults()["compression.type"], "producer");
+        let mut p = Properties::default();
+        p.set("compression.type", "zstd");
+        assert_eq!(resolve(p).topic_defaults()["compression.type"], "zstd");
+        assert_eq!(keys::kind("compression.type"), keys::KeyKind::Used);
+        assert_eq!(
+            keys::dynamic_kind("compression.type"),
+            keys::Dynamic::Applied("compression.type")
+        );
     }
 
     #[test]

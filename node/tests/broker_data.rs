@@ -1055,3 +1055,235 @@ fn list_offsets_answers_the_exact_record() {
     assert_eq!(delete_records(&mut c, "scan", 2), 2);
     assert_eq!(list_offset(&mut c, "scan", 0, 8_000), (0, 3, 8_500));
 }
+
+/// Every batch stored in partition 0 of `topic`, as a consumer fetches them.
+fn stored_batches(c: &mut Client, topic: &str) -> Vec<Bytes> {
+    let (err, _, records, _) = fetch(c, topic, 0, 0, 0);
+    assert_eq!(err, 0, "fetch {topic}");
+    wire::batch::split_batches(&records)
+        .map(|r| records.slice(r.expect("a valid batch from the broker")))
+        .collect()
+}
+
+/// A batch's records, decoded.
+fn records_of(batch: &Bytes) -> Vec<wire::batch::Record> {
+    let (_, iter) = wire::batch::batch_records(batch, 1 << 20).expect("a valid batch");
+    iter.map(|r| r.expect("record")).collect()
+}
+
+fn codec_of(batch: &[u8]) -> wire::batch::Compression {
+    let header = wire::batch::read_header(batch).expect("header");
+    header.attributes().compression().expect("a known codec")
+}
+
+/// Three records with keys, values and headers, from an idempotent producer at `seq`.
+fn idempotent_batch(codec: wire::batch::Compression, seq: i32) -> Bytes {
+    let records = (0..3)
+        .map(|i| wire::batch::NewRecord {
+            timestamp_ms: clients_now_ms() + i,
+            key: Some(Bytes::from(format!("key-{seq}-{i}"))),
+            value: Some(Bytes::from(vec![b'v'; 500 + i as usize])),
+            headers: vec![(Bytes::from_static(b"id"), Some(Bytes::from(format!("{i}"))))],
+        })
+        .collect();
+    wire::batch::BatchBuilder {
+        producer_id: wire::ProducerId(4000),
+        producer_epoch: wire::ProducerEpoch(0),
+        base_sequence: wire::Sequence(seq),
+        compression: codec,
+        records,
+        ..Default::default()
+    }
+    .build()
+    .expect("batch")
+}
+
+fn clients_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A topic's `compression.type` (Kafka's `LogValidator`): a client's batch in another
+/// codec is stored in the topic's, with its producer id, epoch, sequence, timestamps
+/// and records as sent; a batch already in it, or any batch under `producer`, is stored
+/// byte for byte as sent. A resent idempotent batch is still a duplicate.
+#[test]
+fn compression_type_stores_batches_in_the_topics_codec() {
+    use wire::batch::Compression;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "to-zstd", 1, &[("compression.type", "zstd")]);
+    let sent = idempotent_batch(Compression::None, 0);
+    assert_eq!(produce(&mut c, "to-zstd", 0, 1, sent.clone()), (0, 0));
+    assert_eq!(
+        produce(&mut c, "to-zstd", 0, 1, sent.clone()),
+        (0, 0),
+        "a resent batch is a duplicate: its first offset again"
+    );
+    let already = idempotent_batch(Compression::Zstd, 3);
+    assert_eq!(produce(&mut c, "to-zstd", 0, 1, already.clone()), (0, 3));
+    assert_eq!(list_offset(&mut c, "to-zstd", 0, -1).1, 6, "nothing twice");
+    let stored = stored_batches(&mut c, "to-zstd");
+    assert_eq!(stored.len(), 2);
+    assert_eq!(codec_of(&stored[0]), Compression::Zstd);
+    let (was, now) = (
+        wire::batch::read_header(&sent).expect("sent"),
+        wire::batch::read_header(&stored[0]).expect("stored"),
+    );
+    assert_eq!(now.producer_id(), was.producer_id());
+    assert_eq!(now.producer_epoch(), was.producer_epoch());
+    assert_eq!(now.base_sequence(), was.base_sequence());
+    assert_eq!(now.base_timestamp(), was.base_timestamp());
+    assert_eq!(now.max_timestamp(), was.max_timestamp());
+    assert_eq!(records_of(&stored[0]), records_of(&sent));
+    assert_eq!(
+        &stored[1][17..],
+        &already[17..],
+        "already in the topic's codec: as sent, CRC included"
+    );
+
+    create(
+        &mut c,
+        "to-none",
+        1,
+        &[("compression.type", "uncompressed")],
+    );
+    let gzip = idempotent_batch(Compression::Gzip, 0);
+    assert_eq!(produce(&mut c, "to-none", 0, 1, gzip.clone()), (0, 0));
+    let stored = stored_batches(&mut c, "to-none");
+    assert_eq!(codec_of(&stored[0]), Compression::None);
+    assert_eq!(records_of(&stored[0]), records_of(&gzip));
+
+    create(&mut c, "as-sent", 1, &[]);
+    let lz4 = idempotent_batch(Compression::Lz4, 0);
+    assert_eq!(produce(&mut c, "as-sent", 0, 1, lz4.clone()), (0, 0));
+    let stored = stored_batches(&mut c, "as-sent");
+    assert_eq!(&stored[0][17..], &lz4[17..], "producer: stored as sent");
+
+    // LogAppendTime still stamps a rewritten batch with the append time.
+    create(
+        &mut c,
+        "append-lz4",
+        1,
+        &[
+            ("compression.type", "lz4"),
+            ("message.timestamp.type", "LogAppendTime"),
+        ],
+    );
+    let before = clients_now_ms();
+    let plain = batch(&[b"a", b"b"], 1_000);
+    assert_eq!(produce(&mut c, "append-lz4", 0, 1, plain), (0, 0));
+    let stored = stored_batches(&mut c, "append-lz4");
+    let header = wire::batch::read_header(&stored[0]).expect("stored");
+    assert_eq!(codec_of(&stored[0]), Compression::Lz4);
+    assert_eq!(
+        header.attributes().timestamp_type(),
+        wire::batch::TimestampType::LogAppendTime
+    );
+    assert!(
+        header.max_timestamp() >= before,
+        "{}",
+        header.max_timestamp()
+    );
+    assert_eq!(
+        record_values(&stored[0]),
+        vec![b"a".to_vec(), b"b".to_vec()]
+    );
+}
+
+/// Kafka checks `max.message.bytes` again after recompression (RecordTooLargeException):
+/// a gzip batch within it that is larger uncompressed is MESSAGE_TOO_LARGE on an
+/// `uncompressed` topic, and nothing is appended.
+#[test]
+fn a_batch_too_large_in_the_topics_codec_is_refused() {
+    use wire::batch::Compression;
+    const MESSAGE_TOO_LARGE: i16 = 10;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(
+        &mut c,
+        "small",
+        1,
+        &[
+            ("compression.type", "uncompressed"),
+            ("max.message.bytes", "2000"),
+        ],
+    );
+    let big = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord::value(1, vec![0u8; 10_000])],
+        compression: Compression::Gzip,
+        ..Default::default()
+    }
+    .build()
+    .expect("gzip batch");
+    assert!(big.len() < 2000, "{} bytes compressed", big.len());
+    let resp: ProduceResponse = c.call(api::PRODUCE, PRODUCE_V, &produce_req("small", 0, 1, big));
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, MESSAGE_TOO_LARGE, "{p:?}");
+    assert_eq!(list_offset(&mut c, "small", 0, -1).1, 0, "nothing appended");
+    let fits = wire::batch::BatchBuilder {
+        records: vec![wire::batch::NewRecord::value(1, vec![0u8; 1_000])],
+        compression: Compression::Gzip,
+        ..Default::default()
+    }
+    .build()
+    .expect("gzip batch");
+    assert_eq!(produce(&mut c, "small", 0, 1, fits), (0, 0));
+    assert_eq!(
+        codec_of(&stored_batches(&mut c, "small")[0]),
+        Compression::None
+    );
+}
+
+/// The broker's `compression.type` is the default of topics without their own; a
+/// topic's own value set or removed with IncrementalAlterConfigs applies to the next
+/// produce.
+#[test]
+fn a_changed_compression_type_applies_to_later_produces() {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use wire::batch::Compression;
+    let broker = Broker::start(1, &[("compression.type", "snappy")]);
+    let mut c = broker.client();
+    create(&mut c, "changing", 1, &[]);
+    let alter = |c: &mut Client, op: i8, value: &str| {
+        let resource = AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(s("changing"))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(s("compression.type"))
+                    .with_config_operation(op)
+                    .with_value(Some(s(value))),
+            ]);
+        let resp: IncrementalAlterConfigsResponse = c.call(
+            api::INCREMENTAL_ALTER_CONFIGS,
+            1,
+            &IncrementalAlterConfigsRequest::default().with_resources(vec![resource]),
+        );
+        assert_eq!(resp.responses[0].error_code, 0, "{op} {value}");
+    };
+    let plain = || batch(&[b"x"], 1);
+    assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 0));
+    alter(&mut c, 0, "producer");
+    assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 1));
+    alter(&mut c, 0, "gzip");
+    assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 2));
+    alter(&mut c, 1, "");
+    assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 3));
+    let codecs: Vec<Compression> = stored_batches(&mut c, "changing")
+        .iter()
+        .map(|b| codec_of(b))
+        .collect();
+    assert_eq!(
+        codecs,
+        vec![
+            Compression::Snappy,
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy
+        ]
+    );
+}

@@ -289,6 +289,7 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
                 // Keys read elsewhere: their own defaults.
                 let v = match key {
                     "log.cleanup.policy" => "delete".to_string(),
+                    "compression.type" => "producer".to_string(),
                     "log.message.timestamp.type" => "CreateTime".to_string(),
                     "log.retention.hours" => "168".to_string(),
                     "log.flush.interval.messages" => log.flush_interval_messages.to_string(),

@@ -14,6 +14,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "advertised.listeners",
     "auto.create.topics.enable",
     "broker.id",
+    "compression.type",
     "connections.max.idle.ms",
     "default.replication.factor",
     "fetch.max.bytes",
@@ -157,7 +158,6 @@ const KAFKA_KEYS: &[&str] = &[
     "broker.id.generation.enable",
     "broker.rack",
     "client.quota.callback.class",
-    "compression.type",
     "connections.max.reauth.ms",
     "control.plane.listener.name",
     "controlled.shutdown.enable",
@@ -259,6 +259,7 @@ const KAFKA_PREFIXES: &[&str] = &[
 /// resource), with the topic-level key each is the default of: they change the defaults
 /// of every topic without its own override, at once for open partitions too.
 pub const DYNAMIC_APPLIED: &[(&str, &str)] = &[
+    ("compression.type", "compression.type"),
     ("log.cleanup.policy", "cleanup.policy"),
     ("log.message.timestamp.type", "message.timestamp.type"),
     ("log.retention.bytes", "retention.bytes"),
@@ -274,7 +275,6 @@ pub const DYNAMIC_READ: &[&str] = &["unclean.leader.election.enable"];
 /// stored and described like their static form, without effect.
 pub const KAFKA_DYNAMIC_IGNORED: &[&str] = &[
     "background.threads",
-    "compression.type",
     "log.cleaner.dedupe.buffer.size",
     "log.cleaner.delete.retention.ms",
     "log.cleaner.io.buffer.load.factor",

@@ -33,7 +33,7 @@ use crate::send_turns::SendTurns;
 use crate::storage::epochs::LeaderEpochCache;
 use crate::storage::{Log, LogConfig, StorageError};
 
-pub use produce::{Acks, ProduceOutcome};
+pub use produce::{Acks, ProduceOutcome, TopicCompression};
 pub use read::{FetchOutcome, Isolation, ListedOffset, Lister, ReadFor};
 use replica::ReplicaState;
 
@@ -71,6 +71,8 @@ pub struct Partition {
     min_insync: Cell<usize>,
     /// `cleanup.policy` includes compact: records without a key are refused.
     compacted: Cell<bool>,
+    /// The topic's `compression.type`: the codec clients' batches are stored in.
+    compression: Cell<TopicCompression>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
     /// The checkpointed HW, while the log ends below it: it reopened without records this
@@ -120,6 +122,15 @@ fn max_message_bytes(configs: &BTreeMap<String, String>) -> usize {
         .get("max.message.bytes")
         .and_then(|v| v.parse().ok())
         .unwrap_or(crate::config::MESSAGE_MAX_BYTES_DEFAULT as usize)
+}
+
+/// The topic's `compression.type`; `producer` (Kafka's default) if unset. Values were
+/// checked when set (CreateTopics, AlterConfigs, the broker's config at startup).
+fn compression(configs: &BTreeMap<String, String>) -> TopicCompression {
+    configs
+        .get("compression.type")
+        .and_then(|v| TopicCompression::parse(v))
+        .unwrap_or_default()
 }
 
 /// The topic's `min.insync.replicas` (at least 1).
@@ -362,6 +373,7 @@ impl Partition {
             max_message_bytes: Cell::new(max_message_bytes(&configs)),
             min_insync: Cell::new(min_insync(&configs)),
             compacted: Cell::new(compacted),
+            compression: Cell::new(compression(&configs)),
             configs: RefCell::new(configs),
             log: Rc::new(log),
             producers,
@@ -460,6 +472,7 @@ impl Partition {
         self.log.set_config(log_config);
         self.max_message_bytes.set(max_message_bytes(&configs));
         self.min_insync.set(min_insync(&configs));
+        self.compression.set(compression(&configs));
         *self.configs.borrow_mut() = configs;
         Ok(())
     }

@@ -2,11 +2,14 @@
 //! offsets assigned, then acks: 1 answers once the local append completed, all once the HW
 //! covers the batch — a delayed produce — and only while the ISR has at least
 //! `min.insync.replicas`), and the follower's append that keeps the leader's offsets.
+//! A client's batch in another codec than the topic's `compression.type` names is
+//! rewritten in that codec before it is appended ([`TopicCompression`]); followers copy
+//! the leader's bytes.
 
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use wire::batch::{TimestampType, read_header, split_batches};
+use bytes::{Bytes, BytesMut};
+use wire::batch::{Compression, SnappyFraming, TimestampType, read_header, split_batches};
 use wire::{LeaderEpoch, Offset};
 
 use super::{Partition, storage_error_code, wire_error_code};
@@ -40,6 +43,45 @@ impl Acks {
         }
     }
 }
+
+/// A topic's `compression.type` (Kafka's `BrokerCompressionType`): `producer` stores each
+/// batch as its producer compressed it, any other value stores every client batch in that
+/// codec (`uncompressed` is none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TopicCompression {
+    #[default]
+    Producer,
+    Codec(Compression),
+}
+
+impl TopicCompression {
+    /// Kafka's values, as its validator takes them (exact, lower case).
+    pub fn parse(value: &str) -> Option<TopicCompression> {
+        let codec = match value.trim() {
+            "producer" => return Some(TopicCompression::Producer),
+            "uncompressed" => Compression::None,
+            "gzip" => Compression::Gzip,
+            "snappy" => Compression::Snappy,
+            "lz4" => Compression::Lz4,
+            "zstd" => Compression::Zstd,
+            _ => return None,
+        };
+        Some(TopicCompression::Codec(codec))
+    }
+
+    /// The codec a batch that arrived in `source` is stored in.
+    pub fn target(self, source: Compression) -> Compression {
+        match self {
+            TopicCompression::Producer => source,
+            TopicCompression::Codec(codec) => codec,
+        }
+    }
+}
+
+/// How the broker frames snappy when it compresses: xerial, as Kafka's Java code writes
+/// it (every Kafka client reads it; librdkafka writes raw blocks, which a batch already
+/// in snappy keeps).
+const BROKER_SNAPPY_FRAMING: SnappyFraming = SnappyFraming::Xerial;
 
 /// Result of appending one Produce partition's records.
 #[derive(Clone, Debug)]
@@ -88,6 +130,8 @@ const KEYLESS_IN_COMPACTED: &str = "Compacted topic cannot accept message withou
 /// Kafka's message for records outside `message.timestamp.before/after.max.ms`.
 const TIMESTAMP_OUT_OF_RANGE: &str =
     "One or more records have been rejected due to invalid timestamp";
+/// Why a batch within `max.message.bytes` as sent was refused once in the topic's codec.
+const RECOMPRESSED_TOO_LARGE: &str = "Message batch exceeds the maximum configured message size once in the topic's compression.type";
 /// Kafka's message for a Produce (v3+) partition carrying more than one batch.
 const NOT_ONE_BATCH: &str =
     "Produce requests are only allowed to contain exactly one record batch per partition";
@@ -154,7 +198,8 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        if let Err(refusal) = self.validate(&mut records, now_ms) {
+        let compression = self.compression.get();
+        if let Err(refusal) = self.validate(&mut records, now_ms, compression) {
             return ProduceOutcome::refused(refusal);
         }
         if let Err(error) = self.note_epoch(epoch, self.log.log_end_offset()) {
@@ -381,7 +426,10 @@ impl Partition {
             }
             replica.leader_epoch()
         };
-        self.validate(&mut records, now_ms).map_err(|r| r.error)?;
+        // A coordinator's batches stay as it built them: Kafka pins its internal topics to
+        // `compression.type=producer`.
+        self.validate(&mut records, now_ms, TopicCompression::Producer)
+            .map_err(|r| r.error)?;
         self.note_epoch(epoch, self.log.log_end_offset())?;
         let appended = self
             .producers
@@ -430,13 +478,22 @@ impl Partition {
 
     /// Kafka's checks of a client's records before they are appended: exactly one batch
     /// (Produce v3+, the only versions that reach here), within `max.message.bytes`, and
-    /// every record walked (`wire::batch::walk_produced_batch`; a compressed batch is
+    /// every record walked (`wire::batch::walk_produced_records`; a compressed batch is
     /// decompressed into a bounded buffer): a compacted topic refuses keyless records, a
     /// CreateTime topic records outside `message.timestamp.before/after.max.ms`. One batch
     /// bounds the decompression one request makes a shard do per partition. On a
     /// CreateTime topic a header `maxTimestamp` that is not the records' max is rewritten
-    /// (with the CRC), as Kafka's `LogValidator` does.
-    fn validate(&self, records: &mut [u8], now_ms: i64) -> Result<(), Refusal> {
+    /// (with the CRC), as Kafka's `LogValidator` does. A batch in another codec than
+    /// `compression` asks for is replaced by one in that codec (see
+    /// [`Partition::check_records`]); once rewritten it too must be within
+    /// `max.message.bytes` (Kafka's RecordTooLargeException, MESSAGE_TOO_LARGE). A batch
+    /// kept as it came is neither copied nor reallocated.
+    fn validate(
+        &self,
+        records: &mut BytesMut,
+        now_ms: i64,
+        compression: TopicCompression,
+    ) -> Result<(), Refusal> {
         let range = {
             let mut batches = split_batches(records);
             let first = batches
@@ -449,10 +506,26 @@ impl Partition {
                 Some(Err(e)) => return Err(Refusal::code(wire_error_code(&e))),
             }
         };
-        if range.len() > self.max_message_bytes.get() {
+        let max_bytes = self.max_message_bytes.get();
+        if range.len() > max_bytes {
             return Err(Refusal::code(errors::MESSAGE_TOO_LARGE));
         }
-        let checked = self.check_records(&records[range.clone()], now_ms)?;
+        let checked = self.check_records(&records[range.clone()], now_ms, compression)?;
+        let range = match checked.rewritten {
+            None => range,
+            Some(batch) if batch.len() > max_bytes => {
+                return Err(Refusal::said(
+                    errors::MESSAGE_TOO_LARGE,
+                    RECOMPRESSED_TOO_LARGE,
+                ));
+            }
+            Some(batch) => {
+                // The request's buffer held only this batch (checked above): replaced whole.
+                // A Vec becomes a BytesMut without a copy.
+                *records = BytesMut::from(Bytes::from(batch));
+                0..records.len()
+            }
+        };
         if let Some(max) = checked.max_timestamp {
             set_max_timestamp(&mut records[range], max);
         }
@@ -460,20 +533,66 @@ impl Partition {
     }
 
     /// Walks every record of one batch (see [`Partition::validate`]). Returns what the
-    /// walk learnt that the batch may need corrected.
-    fn check_records(&self, batch: &[u8], now_ms: i64) -> Result<Checked, Refusal> {
+    /// walk learnt that the batch may need corrected, and the batch rewritten in the codec
+    /// `compression` asks for when it came in another: from the records the walk already
+    /// decompressed, so a batch is decompressed once, into a buffer bounded as the walk's.
+    fn check_records(
+        &self,
+        batch: &[u8],
+        now_ms: i64,
+        compression: TopicCompression,
+    ) -> Result<Checked, Refusal> {
         let header = *read_header(batch).map_err(|e| Refusal::code(wire_error_code(&e)))?;
+        let invalid = |e: wire::WireError| Refusal::said(errors::INVALID_RECORD, why_invalid(&e));
+        wire::batch::check_produced_header(&header).map_err(invalid)?;
+        let decompressed_max =
+            crate::storage::cleaner::decompressed_batch_bytes_max(self.max_message_bytes.get());
+        // Borrowed from `batch` when it is not compressed: nothing copied.
+        let records =
+            wire::batch::uncompressed_records(batch, decompressed_max).map_err(invalid)?;
+        let max_timestamp = self.check_each_record(&header, &records, now_ms)?;
+        // validate_batch accepted only known codecs; Producer keeps whatever came.
+        let source = header
+            .attributes()
+            .compression()
+            .unwrap_or(Compression::None);
+        let target = compression.target(source);
+        let rewritten = match target == source {
+            true => None,
+            false => Some(
+                wire::batch::recompress::with_codec(batch, &records, target, BROKER_SNAPPY_FRAMING)
+                    .map_err(|e| {
+                        tracing::warn!(topic = %self.topic, partition = self.index, "recompression to {target:?} failed: {e}");
+                        Refusal::code(errors::UNKNOWN_SERVER_ERROR)
+                    })?,
+            ),
+        };
+        let wrong_max = self.log.config().message_timestamp_type == TimestampType::CreateTime
+            && header.max_timestamp() != max_timestamp;
+        Ok(Checked {
+            max_timestamp: wrong_max.then_some(max_timestamp),
+            rewritten,
+        })
+    }
+
+    /// The per-record checks of [`Partition::check_records`] over a batch's uncompressed
+    /// `records`; returns the records' max timestamp.
+    fn check_each_record(
+        &self,
+        header: &wire::batch::BatchHeader,
+        records: &[u8],
+        now_ms: i64,
+    ) -> Result<i64, Refusal> {
         let compacted = self.compacted.get();
         let config = self.log.config();
         // With LogAppendTime the broker's clock replaces the records' timestamps.
         let create_time = config.message_timestamp_type == TimestampType::CreateTime;
         let earliest = now_ms.saturating_sub(config.message_timestamp_before_max_ms);
         let latest = now_ms.saturating_add(config.message_timestamp_after_max_ms);
-        let decompressed_max =
-            crate::storage::cleaner::decompressed_batch_bytes_max(self.max_message_bytes.get());
         let (mut keyless, mut out_of_range) = (Vec::new(), Vec::new());
         let mut max_timestamp = i64::MIN;
-        let walked = wire::batch::walk_produced_batch(batch, decompressed_max, |i, record| {
+        let count = header.records_count();
+        let walked = wire::batch::walk_produced_records(records, count, |i, record| {
             let index = i32::try_from(i).unwrap_or(i32::MAX);
             // Kafka: a compacted topic refuses records without a key (the cleaner could
             // not tell which to keep), naming each such record.
@@ -514,10 +633,7 @@ impl Partition {
                 message: Some(KEYLESS_IN_COMPACTED),
             });
         }
-        let wrong_max = create_time && header.max_timestamp() != max_timestamp;
-        Ok(Checked {
-            max_timestamp: wrong_max.then_some(max_timestamp),
-        })
+        Ok(max_timestamp)
     }
 }
 
@@ -525,6 +641,8 @@ impl Partition {
 struct Checked {
     /// The records' max timestamp, when the header's differs (CreateTime only).
     max_timestamp: Option<i64>,
+    /// The batch in the topic's codec, when it came in another.
+    rewritten: Option<Vec<u8>>,
 }
 
 /// Rewrites a batch's `maxTimestamp` and its CRC (which covers it).
