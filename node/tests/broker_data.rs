@@ -1237,8 +1237,8 @@ fn a_batch_too_large_in_the_topics_codec_is_refused() {
 }
 
 /// The broker's `compression.type` is the default of topics without their own; a
-/// topic's own value set or removed with IncrementalAlterConfigs applies to the next
-/// produce.
+/// topic's own value set or removed with IncrementalAlterConfigs, and the broker's set
+/// at runtime, apply to the next produce.
 #[test]
 fn a_changed_compression_type_applies_to_later_produces() {
     use kafka_protocol::messages::incremental_alter_configs_request::{
@@ -1248,10 +1248,12 @@ fn a_changed_compression_type_applies_to_later_produces() {
     let broker = Broker::start(1, &[("compression.type", "snappy")]);
     let mut c = broker.client();
     create(&mut c, "changing", 1, &[]);
-    let alter = |c: &mut Client, op: i8, value: &str| {
+    const TOPIC: i8 = 2;
+    const BROKER: i8 = 4;
+    let alter_resource = |c: &mut Client, (kind, name): (i8, &str), op: i8, value: &str| {
         let resource = AlterConfigsResource::default()
-            .with_resource_type(2)
-            .with_resource_name(s("changing"))
+            .with_resource_type(kind)
+            .with_resource_name(s(name))
             .with_configs(vec![
                 AlterableConfig::default()
                     .with_name(s("compression.type"))
@@ -1265,6 +1267,8 @@ fn a_changed_compression_type_applies_to_later_produces() {
         );
         assert_eq!(resp.responses[0].error_code, 0, "{op} {value}");
     };
+    let alter =
+        |c: &mut Client, op: i8, value: &str| alter_resource(c, (TOPIC, "changing"), op, value);
     let plain = || batch(&[b"x"], 1);
     assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 0));
     alter(&mut c, 0, "producer");
@@ -1273,6 +1277,9 @@ fn a_changed_compression_type_applies_to_later_produces() {
     assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 2));
     alter(&mut c, 1, "");
     assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 3));
+    // The cluster-wide dynamic default, over the static one.
+    alter_resource(&mut c, (BROKER, ""), 0, "zstd");
+    assert_eq!(produce(&mut c, "changing", 0, 1, plain()), (0, 4));
     let codecs: Vec<Compression> = stored_batches(&mut c, "changing")
         .iter()
         .map(|b| codec_of(b))
@@ -1283,7 +1290,8 @@ fn a_changed_compression_type_applies_to_later_produces() {
             Compression::Snappy,
             Compression::None,
             Compression::Gzip,
-            Compression::Snappy
+            Compression::Snappy,
+            Compression::Zstd
         ]
     );
 }
