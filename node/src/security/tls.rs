@@ -59,25 +59,8 @@ pub fn setup(props: &Properties, listener: &str) -> anyhow::Result<TlsSetup> {
             "ssl.key.password: encrypted private keys are not supported; give the key unencrypted (PKCS#8 or PKCS#1 PEM)"
         );
     }
-    let keystore = pem_source(
-        get("ssl.keystore.location"),
-        get("ssl.keystore.certificate.chain"),
-        "ssl.keystore.location",
-    )?
+    let (chain, key) = keystore(get, listener)?
     .with_context(|| format!("listener {listener}: ssl.keystore.location or ssl.keystore.certificate.chain is required"))?;
-    let key_pem = match get("ssl.keystore.key") {
-        Some(k) => normalize_pem(k).into_bytes(),
-        // Kafka's PEM keystore file holds the key and the chain together.
-        None => keystore.clone(),
-    };
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&keystore)
-        .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("listener {listener}: keystore certificates: {e:?}"))?;
-    if chain.is_empty() {
-        anyhow::bail!("listener {listener}: the keystore holds no certificate");
-    }
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| anyhow::anyhow!("listener {listener}: keystore private key: {e:?}"))?;
     let client_auth = match get("ssl.client.auth").map(str::trim) {
         None | Some("none") | Some("") => ClientAuth::None,
         Some("requested") => ClientAuth::Requested,
@@ -133,6 +116,47 @@ pub fn client_config(
     let roots = trust_roots(get, listener)
         .with_context(|| format!("listener {listener}: node-to-node TLS needs a truststore"))?;
     let check_host = endpoint_identification(get(ENDPOINT_IDENTIFICATION_KEY))?;
+    let client_cert = keystore(get, listener)?;
+    client_config_with(roots, check_host, client_cert)
+        .with_context(|| format!("listener {listener}: client certificate and key"))
+}
+
+/// The listener's keystore (`ssl.keystore.*`): its certificate chain and private key, or
+/// `None` if none is configured.
+fn keystore<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+    listener: &str,
+) -> anyhow::Result<Option<CertAndKey>> {
+    let Some(keystore) = pem_source(
+        get("ssl.keystore.location"),
+        get("ssl.keystore.certificate.chain"),
+        "ssl.keystore.location",
+    )?
+    else {
+        return Ok(None);
+    };
+    let key_pem = match get("ssl.keystore.key") {
+        Some(k) => normalize_pem(k).into_bytes(),
+        // Kafka's PEM keystore file holds the key and the chain together.
+        None => keystore.clone(),
+    };
+    let pair = chain_and_key(&keystore, &key_pem)
+        .with_context(|| format!("listener {listener}: keystore"))?;
+    Ok(Some(pair))
+}
+
+/// A certificate chain and its private key.
+pub type CertAndKey = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// A rustls client configuration (ring): the server's chain checked against `roots`, its
+/// certificate checked to name the host dialled only if `check_host`, and `client_cert`
+/// presented when the server asks for one. Shared by node-to-node connections and the
+/// admin commands (`admin_cli`).
+pub fn client_config_with(
+    roots: rustls::RootCertStore,
+    check_host: bool,
+    client_cert: Option<CertAndKey>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
@@ -146,31 +170,25 @@ pub fn client_config(
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(ChainOnly(verifier))),
     };
-    let keystore = pem_source(
-        get("ssl.keystore.location"),
-        get("ssl.keystore.certificate.chain"),
-        "ssl.keystore.location",
-    )?;
-    let config = match keystore {
+    let config = match client_cert {
         None => builder.with_no_client_auth(),
-        Some(keystore) => {
-            let key_pem = match get("ssl.keystore.key") {
-                Some(k) => normalize_pem(k).into_bytes(),
-                None => keystore.clone(),
-            };
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&keystore)
-                .collect::<Result<_, _>>()
-                .map_err(|e| {
-                    anyhow::anyhow!("listener {listener}: keystore certificates: {e:?}")
-                })?;
-            let key = PrivateKeyDer::from_pem_slice(&key_pem)
-                .map_err(|e| anyhow::anyhow!("listener {listener}: keystore private key: {e:?}"))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .with_context(|| format!("listener {listener}: client certificate and key"))?
-        }
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
     };
     Ok(Arc::new(config))
+}
+
+/// The certificate chain in `chain_pem` and the private key in `key_pem` (the same text
+/// when one PEM file holds both, as Kafka's PEM keystore does).
+pub fn chain_and_key(chain_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<CertAndKey> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("certificates: {e:?}"))?;
+    if chain.is_empty() {
+        anyhow::bail!("no certificate");
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| anyhow::anyhow!("private key: {e:?}"))?;
+    Ok((chain, key))
 }
 
 /// Kafka's `ssl.endpoint.identification.algorithm`: `https` (the default) checks the
@@ -257,19 +275,25 @@ fn trust_roots<'a>(
         "ssl.truststore.location",
     )?
     .with_context(|| format!("listener {listener}: ssl.client.auth needs ssl.truststore.location or ssl.truststore.certificates"))?;
+    roots_from_pem(&pem).with_context(|| format!("listener {listener}: the truststore"))
+}
+
+/// The CA certificates in PEM text (at least one).
+pub fn roots_from_pem(pem: &[u8]) -> anyhow::Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| anyhow::anyhow!("truststore certificate: {e:?}"))?;
-        roots.add(cert).context("truststore certificate")?;
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| anyhow::anyhow!("a CA certificate: {e:?}"))?;
+        roots.add(cert).context("a CA certificate")?;
     }
     if roots.is_empty() {
-        anyhow::bail!("listener {listener}: the truststore holds no certificate");
+        anyhow::bail!("no CA certificate");
     }
     Ok(roots)
 }
 
-/// PEM text from a file (`location`) or inline (`inline`), whichever is set.
-fn pem_source(
+/// PEM text from a file (`location`) or inline (`inline`), whichever is set; errors name
+/// `location_key` (a config key, or an admin command's flag).
+pub fn pem_source(
     location: Option<&str>,
     inline: Option<&str>,
     location_key: &str,
