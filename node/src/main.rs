@@ -27,9 +27,8 @@ enum Command {
         /// HOST:PORT of the node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
-        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
-        #[arg(long, value_name = "USER:PASSWORD")]
-        sasl_plain: Option<String>,
+        #[command(flatten)]
+        security: weir::admin_cli::security::SecurityArgs,
         #[command(subcommand)]
         command: GroupsCommand,
     },
@@ -39,9 +38,8 @@ enum Command {
         /// HOST:PORT of any node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
-        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
-        #[arg(long, value_name = "USER:PASSWORD")]
-        sasl_plain: Option<String>,
+        #[command(flatten)]
+        security: weir::admin_cli::security::SecurityArgs,
         #[command(subcommand)]
         command: ClusterCommand,
     },
@@ -53,9 +51,8 @@ enum Command {
         /// HOST:PORT of any node.
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_server: String,
-        /// Log in with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
-        #[arg(long, value_name = "USER:PASSWORD")]
-        sasl_plain: Option<String>,
+        #[command(flatten)]
+        security: weir::admin_cli::security::SecurityArgs,
         #[command(subcommand)]
         command: TopicsCommand,
     },
@@ -265,13 +262,14 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let sasl_plain = match &cli.command {
-        Command::Groups { sasl_plain, .. }
-        | Command::Cluster { sasl_plain, .. }
-        | Command::Topics { sasl_plain, .. } => sasl_plain.as_deref(),
+    let security = match &cli.command {
+        Command::Groups { security, .. }
+        | Command::Cluster { security, .. }
+        | Command::Topics { security, .. } => Some(security),
+        Command::Acls(args) => Some(&args.security),
         _ => None,
     };
-    if let Some(Err(e)) = sasl_plain.map(weir::admin_cli::use_sasl_plain) {
+    if let Some(Err(e)) = security.map(weir::admin_cli::security::install) {
         eprintln!("weir: {e:#}");
         return ExitCode::FAILURE;
     }

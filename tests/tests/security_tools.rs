@@ -11,7 +11,10 @@
 //! `quickstart` sweeps a secured --bootstrap the same way.
 //!
 //! The `weir topics|groups|cluster|acls` commands log in with `--sasl-plain` on a
-//! SASL_PLAINTEXT listener.
+//! SASL_PLAINTEXT listener, and speak TLS with the loadgen's flags: SSL, mutual TLS and
+//! SASL_SSL (SCRAM-SHA-512) succeed; an untrusted CA, a missing client certificate, a
+//! name the certificate does not carry, a wrong password and a peer that never finishes
+//! the handshake each fail in one line that says why, within a bounded time.
 
 mod security_support;
 
@@ -221,33 +224,63 @@ fn the_loadgen_says_why_it_cannot_connect_securely() -> Result<()> {
     Ok(())
 }
 
+/// A node whose SSL listener presents a certificate of the test CA naming only
+/// `localhost` (no IP address), so a client dialling 127.0.0.1 finds the name wrong.
+struct LocalhostOnly {
+    _weir: Weir,
+    /// The SSL listener, as 127.0.0.1:port.
+    addr: String,
+    _certs: tempfile::TempDir,
+    /// The test CA's PEM file.
+    ca: String,
+}
+
+impl LocalhostOnly {
+    fn start() -> Result<LocalhostOnly> {
+        let certs_dir = tempfile::tempdir()?;
+        let pki = certs::make(certs_dir.path())?;
+        let weir = Weir::start(
+            WeirConfig::shards(1)
+                .set("listeners", "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0")
+                .set(
+                    "listener.security.protocol.map",
+                    "PLAINTEXT:PLAINTEXT,SSL:SSL",
+                )
+                .set("ssl.keystore.type", "PEM")
+                .set(
+                    "ssl.keystore.location",
+                    pki.localhost_only_keystore()?.display(),
+                ),
+        )?;
+        Ok(LocalhostOnly {
+            addr: listener_addr(&weir.log_text(), "SSL")?.to_string(),
+            ca: pki.ca_pem.display().to_string(),
+            _weir: weir,
+            _certs: certs_dir,
+        })
+    }
+
+    /// The flags of SSL to it with `--ssl-endpoint-identification-algorithm identification`.
+    fn flags(&self, identification: &str) -> Vec<String> {
+        flags(&[
+            ("security-protocol", "SSL"),
+            ("ssl-ca-location", &self.ca),
+            ("ssl-endpoint-identification-algorithm", identification),
+        ])
+    }
+}
+
 /// Kafka's `ssl.endpoint.identification.algorithm`: with `https` (the default) a broker
 /// whose certificate names only `localhost` is refused when dialled as 127.0.0.1; with
 /// `none` the chain is still checked but the name is not.
 #[test]
 fn endpoint_identification_none_accepts_a_certificate_for_another_name() -> Result<()> {
-    let certs_dir = tempfile::tempdir()?;
-    let pki = certs::make(certs_dir.path())?;
-    let weir = Weir::start(
-        WeirConfig::shards(1)
-            .set("listeners", "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0")
-            .set(
-                "listener.security.protocol.map",
-                "PLAINTEXT:PLAINTEXT,SSL:SSL",
-            )
-            .set("ssl.keystore.type", "PEM")
-            .set(
-                "ssl.keystore.location",
-                pki.localhost_only_keystore()?.display(),
-            ),
-    )?;
-    let addr = listener_addr(&weir.log_text(), "SSL")?.to_string();
-    let ca = pki.ca_pem.display().to_string();
+    let b = LocalhostOnly::start()?;
     let run = |identification: &str| -> Result<Bounded> {
         let mut args: Vec<String> = [
             "produce",
             "--bootstrap",
-            &addr,
+            &b.addr,
             "--records",
             "10",
             "--quiet",
@@ -255,11 +288,7 @@ fn endpoint_identification_none_accepts_a_certificate_for_another_name() -> Resu
         .iter()
         .map(|s| s.to_string())
         .collect();
-        args.extend(flags(&[
-            ("security-protocol", "SSL"),
-            ("ssl-ca-location", &ca),
-            ("ssl-endpoint-identification-algorithm", identification),
-        ]));
+        args.extend(b.flags(identification));
         loadgen(&args)
     };
     let strict = run("https")?;
@@ -278,11 +307,7 @@ fn the_admin_commands_log_in_with_sasl_plain() -> Result<()> {
     let b = SecureBroker::start(&[])?;
     let addr = b.addr("SASL_PLAINTEXT")?.to_string();
     let creds = format!("{PLAIN_USER}:{PLAIN_PASSWORD}");
-    let weir = |args: &[&str]| -> Result<Bounded> {
-        let mut cmd = Command::new(weir_binary()?);
-        cmd.args(args);
-        run_bounded(&mut cmd, RUN_TIMEOUT)
-    };
+    let weir = weir_admin;
     let topic = [
         "topics",
         "--bootstrap-server",
@@ -329,5 +354,198 @@ fn the_admin_commands_log_in_with_sasl_plain() -> Result<()> {
         "{}",
         refused.text()
     );
+    Ok(())
+}
+
+/// How long a refused admin command may take: the TLS handshake is bounded at 10 s, the
+/// rest is a process start and a round trip or two.
+const REFUSAL_MAX: Duration = Duration::from_secs(30);
+
+/// Runs `weir` with `args` (bounded by [`RUN_TIMEOUT`]).
+fn weir_admin(args: &[&str]) -> Result<Bounded> {
+    let mut cmd = Command::new(weir_binary()?);
+    cmd.args(args);
+    run_bounded(&mut cmd, RUN_TIMEOUT)
+}
+
+/// `weir <command> --bootstrap-server addr <security...> <rest...>`.
+fn admin_args<'a>(
+    command: &'a str,
+    addr: &'a str,
+    security: &'a [String],
+    rest: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![command, "--bootstrap-server", addr];
+    args.extend(security.iter().map(String::as_str));
+    args.extend_from_slice(rest);
+    args
+}
+
+/// Runs an admin command that must fail; checks it failed within [`REFUSAL_MAX`] with one
+/// line on stderr, and returns that line.
+fn admin_refused(args: &[&str]) -> Result<String> {
+    let started = std::time::Instant::now();
+    let out = weir_admin(args)?;
+    let took = started.elapsed();
+    ensure!(!out.ok(), "weir {args:?} succeeded:\n{}", out.text());
+    ensure!(took < REFUSAL_MAX, "weir {args:?} took {took:?}");
+    let stderr = out.stderr.trim();
+    println!("weir {args:?} refused in {took:?}: {stderr}");
+    ensure!(
+        stderr.lines().count() == 1 && !stderr.contains("panicked"),
+        "weir {args:?} did not say why in one line:\n{stderr}"
+    );
+    Ok(stderr.to_string())
+}
+
+/// A [`SecureBroker`] with the SCRAM user for SCRAM-SHA-512, the SASL_SSL listener's
+/// mechanism.
+fn scram_broker() -> Result<SecureBroker> {
+    SecureBroker::start(&[(
+        "scram.bootstrap.credentials",
+        &format!("SCRAM-SHA-512=[name={SCRAM_USER},password={SCRAM_PASSWORD}]"),
+    )])
+}
+
+/// The flags of SASL_SSL with SCRAM-SHA-512 as the SCRAM user with `password`.
+fn sasl_ssl_flags(ca: &str, password: &str) -> Vec<String> {
+    flags(&[
+        ("security-protocol", "SASL_SSL"),
+        ("ssl-ca-location", ca),
+        ("sasl-mechanism", "SCRAM-SHA-512"),
+        ("sasl-username", SCRAM_USER),
+        ("sasl-password", password),
+    ])
+}
+
+/// Every admin command over TLS (SSL), mutual TLS and SASL_SSL with SCRAM-SHA-512, with the
+/// loadgen's flags: topics create/list/describe, groups list (which asks every node, at
+/// the address Metadata gives for the listener), cluster status, acls list.
+#[test]
+fn the_admin_commands_speak_tls_and_sasl_ssl() -> Result<()> {
+    let b = scram_broker()?;
+    let ca = b.pki.ca_pem.display().to_string();
+    let cert = b.pki.client_pem.display().to_string();
+    let key = b.pki.client_key.display().to_string();
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "SSL",
+            flags(&[("security-protocol", "SSL"), ("ssl-ca-location", &ca)]),
+        ),
+        (
+            "MTLS",
+            flags(&[
+                ("security-protocol", "SSL"),
+                ("ssl-ca-location", &ca),
+                ("ssl-certificate-location", &cert),
+                ("ssl-key-location", &key),
+            ]),
+        ),
+        ("SASL_SSL", sasl_ssl_flags(&ca, SCRAM_PASSWORD)),
+    ];
+    for (listener, security) in &cases {
+        let addr = b.addr(listener)?.to_string();
+        let topic = format!("admin-{}", listener.to_ascii_lowercase().replace('_', "-"));
+        let run = |command: &str, rest: &[&str]| -> Result<Bounded> {
+            let out = weir_admin(&admin_args(command, &addr, security, rest))?;
+            ensure!(
+                out.ok(),
+                "weir {command} {rest:?} over {listener}:\n{}",
+                out.text()
+            );
+            Ok(out)
+        };
+        run("topics", &["create", &topic, "--partitions", "2"])?;
+        let listed = run("topics", &["list"])?;
+        ensure!(listed.stdout.contains(&topic), "{}", listed.text());
+        let described = run("topics", &["describe", &topic])?;
+        ensure!(
+            described.stdout.contains("PartitionCount: 2"),
+            "{}",
+            described.text()
+        );
+        run("groups", &["list"])?;
+        let status = run("cluster", &["status"])?;
+        ensure!(
+            status.stdout.contains("offline partitions: 0"),
+            "{}",
+            status.text()
+        );
+        run("acls", &["list"])?;
+    }
+    Ok(())
+}
+
+/// An untrusted CA, a listener that wants a client certificate, a wrong SCRAM password
+/// and a peer that never finishes the handshake: each admin command fails with one line
+/// that names the cause, a non-zero exit, within a bounded time.
+#[test]
+fn the_admin_commands_say_why_they_cannot_connect_securely() -> Result<()> {
+    let b = scram_broker()?;
+    let ssl = b.addr("SSL")?.to_string();
+    let rogue_ca = b.pki.dir.join("rogue-ca.pem");
+    ensure!(rogue_ca.exists(), "{} missing", rogue_ca.display());
+    let rogue_ca = rogue_ca.display().to_string();
+    let ca = b.pki.ca_pem.display().to_string();
+    // A CA file that did not sign the broker's certificate, and the public roots (the
+    // default) that do not hold the test CA.
+    for security in [
+        flags(&[("security-protocol", "SSL"), ("ssl-ca-location", &rogue_ca)]),
+        flags(&[("security-protocol", "SSL")]),
+    ] {
+        for (command, sub) in [("topics", "list"), ("cluster", "status"), ("acls", "list")] {
+            let why = admin_refused(&admin_args(command, &ssl, &security, &[sub]))?;
+            ensure!(
+                why.contains("not signed by a trusted CA"),
+                "{command} {security:?}: {why}"
+            );
+        }
+    }
+    let mtls = b.addr("MTLS")?.to_string();
+    let no_cert = flags(&[("security-protocol", "SSL"), ("ssl-ca-location", &ca)]);
+    let why = admin_refused(&admin_args("topics", &mtls, &no_cert, &["list"]))?;
+    ensure!(why.contains("client certificate"), "{why}");
+    let sasl_ssl = b.addr("SASL_SSL")?.to_string();
+    let wrong_password = sasl_ssl_flags(&ca, "not-the-password");
+    for (command, sub) in [("topics", "list"), ("groups", "list"), ("acls", "list")] {
+        let why = admin_refused(&admin_args(command, &sasl_ssl, &wrong_password, &[sub]))?;
+        ensure!(
+            why.contains("SASL authentication (SCRAM-SHA-512) as") && why.contains("failed"),
+            "{command}: {why}"
+        );
+    }
+    // Something that accepts the connection and never says a word: the handshake times
+    // out instead of hanging.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let silent_addr = silent.local_addr()?.to_string();
+    let tls = flags(&[("security-protocol", "SSL"), ("ssl-ca-location", &ca)]);
+    let why = admin_refused(&admin_args("cluster", &silent_addr, &tls, &["status"]))?;
+    ensure!(
+        why.contains("TLS handshake") && why.contains("timed out"),
+        "{why}"
+    );
+    drop(silent);
+    Ok(())
+}
+
+/// A broker whose certificate names only `localhost`, dialled as 127.0.0.1: refused with
+/// the default `--ssl-endpoint-identification-algorithm https`, saying the name does not
+/// match; accepted with `none` (the chain still checked).
+#[test]
+fn the_admin_commands_check_the_brokers_name_unless_told_not_to() -> Result<()> {
+    let b = LocalhostOnly::start()?;
+    let strict = b.flags("https");
+    let why = admin_refused(&admin_args("topics", &b.addr, &strict, &["list"]))?;
+    ensure!(why.contains("does not name 127.0.0.1"), "{why}");
+    let lax = b.flags("none");
+    for (command, rest) in [
+        ("topics", &["create", "named", "--partitions", "1"][..]),
+        ("topics", &["describe", "named"][..]),
+        ("groups", &["list"][..]),
+        ("cluster", &["status"][..]),
+    ] {
+        let out = weir_admin(&admin_args(command, &b.addr, &lax, rest))?;
+        ensure!(out.ok(), "weir {command} {rest:?}: {}", out.text());
+    }
     Ok(())
 }

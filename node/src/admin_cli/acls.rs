@@ -1,8 +1,7 @@
 //! `weir acls add|list|remove`: ACLs of a running node over the Kafka protocol
 //! (CreateAcls, DescribeAcls, DeleteAcls), in the shape of Kafka's `kafka-acls.sh`.
-//! Optionally authenticates with SASL PLAIN (`--sasl-plain USER:PASSWORD`) on a
-//! SASL_PLAINTEXT listener; the principal needs Cluster Alter (add, remove) or Describe
-//! (list), or to be a super user.
+//! Connects with the admin commands' security flags (TLS, SASL: [`super::security`]); the
+//! principal needs Cluster Alter (add, remove) or Describe (list), or to be a super user.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -29,9 +28,9 @@ pub struct AclsArgs {
     /// HOST:PORT of the node.
     #[arg(long, default_value = "127.0.0.1:9092")]
     bootstrap_server: String,
-    /// Authenticate with SASL PLAIN first (a SASL_PLAINTEXT listener), USER:PASSWORD.
-    #[arg(long, value_name = "USER:PASSWORD")]
-    sasl_plain: Option<String>,
+    /// Installed by `main` before [`run`], as for the other admin commands.
+    #[command(flatten)]
+    pub security: super::security::SecurityArgs,
     #[command(subcommand)]
     command: AclsCommand,
 }
@@ -189,14 +188,6 @@ fn operation_name(code: i8) -> String {
     Operation::from_code(code).map_or("?".into(), |o| format!("{o:?}"))
 }
 
-/// Connects (logging in with `--sasl-plain`, if given).
-fn connect(args: &AclsArgs) -> anyhow::Result<Client> {
-    if let Some(creds) = &args.sasl_plain {
-        super::use_sasl_plain(creds)?;
-    }
-    Client::connect(&args.bootstrap_server)
-}
-
 fn add(c: &mut Client, b: &Binding, out: &mut impl Write) -> anyhow::Result<()> {
     let Some((rt, name)) = b.resource.get()? else {
         bail!("add needs a resource: --topic, --group, --transactional-id or --cluster");
@@ -310,7 +301,7 @@ pub fn run(args: AclsArgs) -> ExitCode {
         _ => Ok(()),
     };
     let done = checked
-        .and_then(|()| connect(&args))
+        .and_then(|()| Client::connect(&args.bootstrap_server))
         .and_then(|mut c| match &args.command {
             AclsCommand::Add(b) => add(&mut c, b, &mut out),
             AclsCommand::List(sel) => list(&mut c, sel, &mut out),

@@ -6,8 +6,9 @@
 //! offset, the log end offset (ListOffsets latest, i.e. the high watermark) and the lag
 //! between them, with the member that owns the partition.
 //!
-//! `--sasl-plain USER:PASSWORD` (every subcommand) logs each connection in with SASL PLAIN,
-//! for a SASL_PLAINTEXT listener ([`use_sasl_plain`]).
+//! Every subcommand takes `weir-loadgen`'s security flags (`--security-protocol`,
+//! `--ssl-*`, `--sasl-*`, and `--sasl-plain USER:PASSWORD` for PLAIN): every connection a
+//! command opens is secured the same way ([`security`]).
 //!
 //! In a cluster each request goes where Kafka's tools send it: the group's requests to
 //! its coordinator (FindCoordinator), ListOffsets to each partition's leader, ListGroups
@@ -15,12 +16,11 @@
 
 pub mod acls;
 pub mod cluster;
+pub mod security;
 pub mod topics;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -35,74 +35,92 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use wire::frame::RequestHeader;
+use wire::scram::ScramClient;
+
+use crate::security::sasl::Mechanism;
 
 /// Largest response frame accepted (a describe of a huge group stays far below).
 const RESPONSE_MAX_BYTES: usize = 64 << 20;
 /// How long to wait for the node to answer one request.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// SASL PLAIN credentials every connection of this process logs in with
-/// (`--sasl-plain USER:PASSWORD`), set once before the first connection.
-static SASL_PLAIN: OnceLock<(String, String)> = OnceLock::new();
-
-/// Makes every later [`Client::connect`] log in with SASL PLAIN (a SASL_PLAINTEXT
-/// listener): `creds` is `USER:PASSWORD`.
-pub fn use_sasl_plain(creds: &str) -> anyhow::Result<()> {
-    let Some((user, password)) = creds.split_once(':') else {
-        bail!("--sasl-plain wants USER:PASSWORD");
-    };
-    SASL_PLAIN
-        .set((user.to_string(), password.to_string()))
-        .map_err(|_| anyhow::anyhow!("SASL credentials were already set"))
-}
-
 /// A blocking Kafka-protocol connection.
 pub struct Client {
-    stream: TcpStream,
+    stream: Box<dyn security::Duplex>,
+    /// The `host:port` dialled, for error messages.
+    addr: String,
     correlation_id: i32,
     /// Whether the node has answered anything on this connection yet.
     answered: bool,
 }
 
 impl Client {
-    pub fn connect(bootstrap: &str) -> anyhow::Result<Client> {
-        let stream =
-            TcpStream::connect(bootstrap).with_context(|| format!("connecting to {bootstrap}"))?;
-        stream.set_read_timeout(Some(IO_TIMEOUT))?;
-        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    /// Connects to `addr` and secures the connection as `--security-protocol` says: TLS,
+    /// then the SASL login.
+    pub fn connect(addr: &str) -> anyhow::Result<Client> {
+        let stream = security::connect(addr, IO_TIMEOUT)?;
         let mut c = Client {
             stream,
+            addr: addr.to_string(),
             correlation_id: 0,
             answered: false,
         };
-        if let Some((user, password)) = SASL_PLAIN.get() {
-            c.login_plain(user, password)
-                .with_context(|| format!("logging in to {bootstrap}"))?;
+        if let Some(sasl) = &security::current().sasl {
+            c.login(sasl)
+                .with_context(|| format!("logging in to {addr}"))?;
         }
         Ok(c)
     }
 
-    /// SaslHandshake v1 (PLAIN) and SaslAuthenticate v2 with `user`'s password.
-    fn login_plain(&mut self, user: &str, password: &str) -> anyhow::Result<()> {
+    /// SaslHandshake v1 and SaslAuthenticate v2: PLAIN's one token, or SCRAM's two rounds.
+    fn login(&mut self, sasl: &crate::security::peer::PeerSasl) -> anyhow::Result<()> {
+        let mechanism = sasl.mechanism.name();
         let hs: SaslHandshakeResponse = self.call(
             ApiKey::SaslHandshake,
             1,
-            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism)),
         )?;
         if hs.error_code != 0 {
-            bail!("SASL handshake refused: {}", kafka_error(hs.error_code));
-        }
-        let token = format!("\0{user}\0{password}");
-        let auth: SaslAuthenticateResponse = self.call(
-            ApiKey::SaslAuthenticate,
-            2,
-            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
-        )?;
-        if auth.error_code != 0 {
+            let offered: Vec<&str> = hs.mechanisms.iter().map(|m| m.as_str()).collect();
             bail!(
-                "SASL authentication as {user:?} failed: {}",
-                kafka_error(auth.error_code)
+                "SASL handshake for {mechanism} refused: {} (the broker offers {offered:?})",
+                kafka_error(hs.error_code)
             );
+        }
+        let user = &sasl.user;
+        let mut step = |token: Vec<u8>| -> anyhow::Result<Bytes> {
+            let auth: SaslAuthenticateResponse = self.call(
+                ApiKey::SaslAuthenticate,
+                2,
+                &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
+            )?;
+            if auth.error_code != 0 {
+                let why = auth.error_message.as_ref().map_or("", |m| m.as_str());
+                bail!(
+                    "SASL authentication ({mechanism}) as {user:?} failed: {} {why}",
+                    kafka_error(auth.error_code)
+                );
+            }
+            Ok(auth.auth_bytes)
+        };
+        match sasl.mechanism {
+            Mechanism::Plain => {
+                step(format!("\0{user}\0{}", sasl.password).into_bytes())?;
+            }
+            Mechanism::Scram(m) => {
+                let (mut client, first) = ScramClient::start(m, user, &sasl.password);
+                // Two round trips, never more: the exchange is not driven by the broker.
+                let server_first = step(first)?;
+                let last = client
+                    .client_final(&server_first)
+                    .map_err(|e| anyhow::anyhow!("SCRAM server-first: {e}"))?;
+                let server_final = step(last)?;
+                client.check_server_final(&server_final).map_err(|e| {
+                    anyhow::anyhow!(
+                        "SCRAM server-final (the broker did not prove it knows the password): {e}"
+                    )
+                })?;
+            }
         }
         Ok(())
     }
@@ -122,7 +140,10 @@ impl Client {
             client_id: Some(Bytes::from_static(b"weir-groups")),
         };
         let frame = wire::messages::encode_request(&header, req)?;
-        self.stream.write_all(&frame)?;
+        self.stream
+            .write_all(&frame)
+            .and_then(|()| self.stream.flush())
+            .map_err(|e| self.failed(e))?;
         let mut size = [0u8; 4];
         if let Err(e) = self.stream.read_exact(&mut size) {
             // A listener that wants SASL or TLS closes a connection whose first request
@@ -137,14 +158,16 @@ impl Client {
                      authentication (SASL or TLS)"
                 );
             }
-            return Err(e.into());
+            return Err(self.failed(e));
         }
         let size = i32::from_be_bytes(size);
         if size < 0 || size as usize > RESPONSE_MAX_BYTES {
             bail!("response size {size} out of range");
         }
         let mut body = vec![0u8; size as usize];
-        self.stream.read_exact(&mut body)?;
+        self.stream
+            .read_exact(&mut body)
+            .map_err(|e| self.failed(e))?;
         self.answered = true;
         let (correlation_id, resp) =
             wire::messages::decode_response_as::<P>(key as i16, version, &Bytes::from(body))?;
@@ -155,6 +178,21 @@ impl Client {
             );
         }
         Ok(resp)
+    }
+}
+
+impl Client {
+    /// An I/O failure on this connection, said in the operator's terms when TLS caused it
+    /// (a client certificate refused after the handshake shows at the first read).
+    fn failed(&self, e: std::io::Error) -> anyhow::Error {
+        let e = anyhow::Error::from(e);
+        let host = self
+            .addr
+            .rsplit_once(':')
+            .map_or(self.addr.as_str(), |(h, _)| h);
+        security::explain(&e, host)
+            .unwrap_or(e)
+            .context(format!("talking to {}", self.addr))
     }
 }
 
