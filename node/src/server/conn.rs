@@ -190,6 +190,10 @@ struct FrameReader {
     /// alone, so that a large frame is read into a buffer sized for it from its first
     /// byte (no 64 KiB chunk to copy over when the buffer grows for it).
     expect_large: bool,
+    /// A frame was cut off the buffer's allocation and may still be alive: frames read
+    /// into the rest of it would share it (and Produce would copy them out), so the
+    /// buffer moves to a fresh allocation for the next frame instead (see `read_size`).
+    shares_allocation: bool,
 }
 
 impl FrameReader {
@@ -250,8 +254,10 @@ impl FrameReader {
             // frame is its only owner (Produce then appends the record bytes in place
             // instead of copying them).
             let bytes = std::mem::take(&mut self.buf).freeze();
+            self.shares_allocation = false;
             return Frame { bytes, permit };
         }
+        self.shares_allocation = true;
         Frame {
             bytes: self.buf.split_to(size).freeze(),
             permit,
@@ -340,8 +346,11 @@ impl FrameReader {
         // Where the buffer already has room for the rest of this frame, read into that
         // room only: asking for a whole chunk would grow the buffer, and growing copies
         // every byte already read (a reallocation) only to leave the new room unused.
+        // Not while the allocation is shared with a frame cut off it: there, growing
+        // moves the partial frame to an allocation of its own, which Produce then takes
+        // whole instead of copying it out.
         let spare = self.buf.capacity() - self.buf.len();
-        if spare >= missing.max(READ_MIN_BYTES) {
+        if !self.shares_allocation && spare >= missing.max(READ_MIN_BYTES) {
             return spare.min(READ_CHUNK_BYTES);
         }
         READ_CHUNK_BYTES
@@ -357,7 +366,14 @@ impl FrameReader {
     async fn fill(&mut self, need: usize, deadline: Instant) -> Result<Option<usize>, ConnError> {
         let mut want = self.read_size(need);
         if let Some(fd) = self.plain_fd {
-            if let Some(n) = recv_now(fd, &mut self.buf, want)? {
+            let at = self.buf.as_ptr();
+            let read = recv_now(fd, &mut self.buf, want);
+            if self.buf.as_ptr() != at {
+                // Grown into a new allocation (or reclaimed, when no frame held the old
+                // one any more): no frame shares it.
+                self.shares_allocation = false;
+            }
+            if let Some(n) = read? {
                 if n > 0 {
                     self.activity.touch();
                 }
@@ -366,7 +382,11 @@ impl FrameReader {
             want = 1;
         }
         let start = self.buf.len();
+        let at = self.buf.as_ptr();
         self.buf.resize(start + want, 0);
+        if self.buf.as_ptr() != at {
+            self.shares_allocation = false;
+        }
         let (half, buf) = (&mut self.half, &mut self.buf);
         let timer = glommio::timer::Timer::new(deadline.saturating_duration_since(Instant::now()));
         let read =
@@ -510,6 +530,7 @@ pub async fn serve(
         deadline: None,
         plain_fd: None,
         expect_large: false,
+        shares_allocation: false,
     };
     if !reader.half.0.borrow().is_tls() {
         reader.plain_fd = Some(reader.half.0.borrow().raw_fd());
@@ -901,7 +922,51 @@ mod tests {
             deadline: None,
             plain_fd,
             expect_large: false,
+            shares_allocation: false,
         }
+    }
+
+    /// Pipelined small frames: the frame after one that was cut off the buffer (and is
+    /// still held, as Produce holds its records) is read into an allocation of its own,
+    /// not into the room left in the shared one, so it is handed over as the only owner
+    /// of its bytes (Produce then keeps them without copying).
+    #[test]
+    fn a_frame_after_one_still_held_gets_its_own_allocation() {
+        use std::io::Write;
+        const FIRST: usize = 10_000;
+        const SECOND: usize = 20_000;
+        const SECOND_START: usize = 2_000;
+        crate::storage::testing::run_on_shard(|| async {
+            let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (go_on, go) = std::sync::mpsc::channel::<()>();
+            let client = std::thread::spawn(move || {
+                let mut all = (FIRST as i32).to_be_bytes().to_vec();
+                all.extend(std::iter::repeat_n(1u8, FIRST));
+                all.extend_from_slice(&(SECOND as i32).to_be_bytes());
+                all.extend(std::iter::repeat_n(2u8, SECOND));
+                let cut = 4 + FIRST + 4 + SECOND_START;
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(&all[..cut]).unwrap();
+                go.recv().unwrap();
+                s.write_all(&all[cut..]).unwrap();
+                s
+            });
+            let stream = listener.accept().await.unwrap();
+            let mut reader = plain_reader(stream);
+            let first = reader.next().await.unwrap().expect("the first frame");
+            assert_eq!(first.bytes.len(), FIRST);
+            go_on.send(()).unwrap();
+            let second = reader.next().await.unwrap().expect("the second frame");
+            assert_eq!(second.bytes.len(), SECOND);
+            assert!(second.bytes.iter().all(|&b| b == 2));
+            assert!(
+                second.bytes.try_into_mut().is_ok(),
+                "the second frame owns its allocation while the first is still held"
+            );
+            drop(first);
+            drop(client.join().unwrap());
+        });
     }
 
     /// A small frame that arrives in two parts is read into the room the first read left
