@@ -288,10 +288,15 @@ pub(crate) fn get_sleep_notifier_for(id: usize) -> Option<Arc<SleepNotifier>> {
         static LAST: std::cell::RefCell<Option<(usize, std::sync::Weak<SleepNotifier>)>> =
             const { std::cell::RefCell::new(None) };
     }
-    let kept = LAST.with(|last| match &*last.borrow() {
-        Some((kept_id, notifier)) if *kept_id == id => notifier.upgrade(),
-        _ => None,
-    });
+    // `try_with`: during the thread's exit the slot may be gone already (a channel
+    // dropped by another thread-local's destructor still asks); the map answers then.
+    let kept = LAST
+        .try_with(|last| match &*last.borrow() {
+            Some((kept_id, notifier)) if *kept_id == id => notifier.upgrade(),
+            _ => None,
+        })
+        .ok()
+        .flatten();
     if kept.is_some() {
         return kept;
     }
@@ -300,7 +305,7 @@ pub(crate) fn get_sleep_notifier_for(id: usize) -> Option<Arc<SleepNotifier>> {
     let found = weak.upgrade();
     if found.is_some() {
         let weak = weak.clone();
-        LAST.with(|last| *last.borrow_mut() = Some((id, weak)));
+        let _ = LAST.try_with(|last| *last.borrow_mut() = Some((id, weak)));
     }
     found
 }
