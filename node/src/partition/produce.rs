@@ -559,12 +559,25 @@ impl Partition {
         let target = compression.target(source);
         let rewritten = match target == source {
             true => None,
+            // Bounded by max.message.bytes as it is built: an oversized rewrite stops at
+            // the bound instead of being built whole and refused after.
             false => Some(
-                wire::batch::recompress::with_codec(batch, &records, target, BROKER_SNAPPY_FRAMING)
-                    .map_err(|e| {
+                wire::batch::recompress::with_codec(
+                    batch,
+                    &records,
+                    target,
+                    BROKER_SNAPPY_FRAMING,
+                    self.max_message_bytes.get(),
+                )
+                .map_err(|e| match e {
+                    wire::WireError::TooLarge { .. } => {
+                        Refusal::said(errors::MESSAGE_TOO_LARGE, RECOMPRESSED_TOO_LARGE)
+                    }
+                    e => {
                         tracing::warn!(topic = %self.topic, partition = self.index, "recompression to {target:?} failed: {e}");
                         Refusal::code(errors::UNKNOWN_SERVER_ERROR)
-                    })?,
+                    }
+                })?,
             ),
         };
         let wrong_max = self.log.config().message_timestamp_type == TimestampType::CreateTime

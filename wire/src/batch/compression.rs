@@ -184,54 +184,101 @@ pub fn compress(
     snappy_framing: SnappyFraming,
 ) -> Result<Vec<u8>, WireError> {
     let mut out = Vec::new();
-    compress_into(codec, input, snappy_framing, &mut out)?;
+    compress_into(codec, input, snappy_framing, &mut out, usize::MAX)?;
     Ok(out)
+}
+
+/// A writer onto the end of a Vec that refuses to take it past `limit` bytes: an encoder
+/// writing into it stops at the first output past the bound instead of building all of it.
+struct Bounded<'a> {
+    out: &'a mut Vec<u8>,
+    limit: usize,
+}
+
+/// The error a [`Bounded`] writer gives. A bare kind, with no error inside: lz4_flex
+/// 0.11 panics on an I/O error that carries one of another type.
+const OVER_LIMIT: std::io::ErrorKind = std::io::ErrorKind::FileTooLarge;
+
+impl std::io::Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len().saturating_add(buf.len()) > self.limit {
+            return Err(std::io::Error::from(OVER_LIMIT));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The error for output past `limit` bytes (`out` counts what the buffer held before).
+fn over_limit(out: &[u8], limit: usize) -> WireError {
+    WireError::TooLarge {
+        field: "compressed records",
+        offset: 0,
+        size: out.len() as u64,
+        max: limit as u64,
+    }
 }
 
 /// zstd's level when none is named: Kafka's default (`compression.zstd.level`).
 pub const ZSTD_LEVEL_DEFAULT: i32 = 3;
 
 /// Compresses `input` with `codec` onto the end of `out`, which keeps what it held (a
-/// batch header, say): one buffer for the whole batch. On error `out` may hold part of
-/// the output.
+/// batch header, say): one buffer for the whole batch, never longer than `limit` bytes
+/// (`TooLarge` as soon as the output would pass it: a broker bounds a rewritten batch by
+/// `max.message.bytes` without building all of an oversized one). On error `out` may
+/// hold part of the output.
 pub fn compress_into(
     codec: Compression,
     input: &[u8],
     snappy_framing: SnappyFraming,
     out: &mut Vec<u8>,
+    limit: usize,
 ) -> Result<(), WireError> {
-    let io = |e: std::io::Error| fail(codec, e);
-    match codec {
-        Compression::None => out.extend_from_slice(input),
+    let mut sink = Bounded { out, limit };
+    let written = match codec {
+        Compression::None => std::io::Write::write_all(&mut sink, input),
         Compression::Gzip => {
-            let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-            enc.write_all(input).map_err(io)?;
-            enc.finish().map_err(io)?;
+            let mut enc = flate2::write::GzEncoder::new(&mut sink, flate2::Compression::default());
+            enc.write_all(input).and_then(|()| enc.finish().map(drop))
         }
-        Compression::Snappy => snappy_compress(input, snappy_framing, out)?,
+        Compression::Snappy => return snappy_compress(input, snappy_framing, sink.out, limit),
         Compression::Lz4 => {
-            let mut enc = lz4_flex::frame::FrameEncoder::new(out);
-            enc.write_all(input).map_err(io)?;
-            enc.finish().map_err(|e| fail(codec, e))?;
+            let mut enc = lz4_flex::frame::FrameEncoder::new(&mut sink);
+            enc.write_all(input).and_then(|()| {
+                enc.finish().map(drop).map_err(|e| match e {
+                    lz4_flex::frame::Error::IoError(e) => e,
+                    e => std::io::Error::other(e),
+                })
+            })
         }
-        Compression::Zstd => {
-            let mut enc = zstd::stream::write::Encoder::new(out, ZSTD_LEVEL_DEFAULT).map_err(io)?;
+        Compression::Zstd => (|| {
+            let mut enc = zstd::stream::write::Encoder::new(&mut sink, ZSTD_LEVEL_DEFAULT)?;
             // The frame says its content size, as a one-shot compression writes it:
             // readers can size their output at once.
-            enc.set_pledged_src_size(Some(input.len() as u64))
-                .map_err(io)?;
-            enc.include_contentsize(true).map_err(io)?;
-            enc.write_all(input).map_err(io)?;
-            enc.finish().map_err(io)?;
+            enc.set_pledged_src_size(Some(input.len() as u64))?;
+            enc.include_contentsize(true)?;
+            enc.write_all(input)?;
+            enc.finish().map(drop)
+        })(),
+    };
+    written.map_err(|e| {
+        if e.kind() == OVER_LIMIT || sink.out.len() > limit {
+            over_limit(sink.out, limit)
+        } else {
+            fail(codec, e)
         }
-    }
-    Ok(())
+    })
 }
 
 fn snappy_compress(
     input: &[u8],
     framing: SnappyFraming,
     out: &mut Vec<u8>,
+    limit: usize,
 ) -> Result<(), WireError> {
     let codec = Compression::Snappy;
     let mut encoder = snap::raw::Encoder::new();
@@ -242,13 +289,15 @@ fn snappy_compress(
             .compress(chunk, &mut out[start..])
             .map_err(|e| fail(codec, e))?;
         out.truncate(start + written);
+        if out.len() > limit {
+            return Err(over_limit(out, limit));
+        }
         Ok::<usize, WireError>(written)
     };
     if framing == SnappyFraming::Raw {
         block(input, out)?;
         return Ok(());
     }
-    out.reserve(XERIAL_HEADER_BYTES + input.len());
     out.extend_from_slice(&XERIAL_MAGIC);
     out.extend_from_slice(&1i32.to_be_bytes());
     out.extend_from_slice(&1i32.to_be_bytes());
@@ -295,7 +344,7 @@ mod tests {
         for codec in ALL {
             for framing in [SnappyFraming::Xerial, SnappyFraming::Raw] {
                 let mut out = b"header".to_vec();
-                compress_into(codec, &input, framing, &mut out).expect("compresses");
+                compress_into(codec, &input, framing, &mut out, usize::MAX).expect("compresses");
                 assert_eq!(&out[..6], b"header");
                 let back = decompress(codec, &out[6..], input.len()).expect("decompresses");
                 assert_eq!(&back[..], &input[..], "{codec:?} {framing:?}");
@@ -303,7 +352,14 @@ mod tests {
         }
         // A zstd frame says its content size, as a one-shot compression writes it.
         let mut out = Vec::new();
-        compress_into(Compression::Zstd, &input, SnappyFraming::Raw, &mut out).expect("zstd");
+        compress_into(
+            Compression::Zstd,
+            &input,
+            SnappyFraming::Raw,
+            &mut out,
+            usize::MAX,
+        )
+        .expect("zstd");
         let size = zstd::zstd_safe::get_frame_content_size(&out).expect("a frame");
         assert_eq!(size, Some(input.len() as u64));
     }

@@ -22,24 +22,42 @@ const COMPRESSED_SHARE_RESERVED: usize = 4;
 
 /// `batch` (one whole batch, already validated) with its records — `records`, its
 /// uncompressed records section (see [`crate::batch::uncompressed_records`]) —
-/// compressed with `codec`, in one new buffer. The header is the batch's but for the
-/// codec bits of its attributes, its `batchLength` and its CRC.
+/// compressed with `codec`, in one new buffer of at most `max_bytes` (`TooLarge` as soon
+/// as the batch would pass it: nothing larger is built). The header is the batch's but
+/// for the codec bits of its attributes, its `batchLength` and its CRC. The buffer holds
+/// little more than the batch: it is kept (in the log's tail cache) for as long as the
+/// batch is.
 pub fn with_codec(
     batch: &[u8],
     records: &[u8],
     codec: Compression,
     snappy_framing: SnappyFraming,
+    max_bytes: usize,
 ) -> Result<Vec<u8>, WireError> {
     let header = read_header(batch)?;
     let attributes = header.attributes();
     debug_assert!(!attributes.is_control(), "markers are written uncompressed");
+    let too_large = |size: usize| WireError::TooLarge {
+        field: "record batch",
+        offset: 0,
+        size: size as u64,
+        max: max_bytes as u64,
+    };
     let reserved = match codec {
         Compression::None => records.len(),
         _ => records.len() / COMPRESSED_SHARE_RESERVED,
     };
-    let mut out = Vec::with_capacity(BATCH_HEADER_SIZE + reserved);
+    let reserved = BATCH_HEADER_SIZE.saturating_add(reserved);
+    if codec == Compression::None && reserved > max_bytes {
+        return Err(too_large(reserved));
+    }
+    let mut out = Vec::with_capacity(reserved.min(max_bytes));
     out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
-    compress_into(codec, records, snappy_framing, &mut out)?;
+    compress_into(codec, records, snappy_framing, &mut out, max_bytes)?;
+    if out.capacity() - out.len() > out.len() / 8 {
+        // Records that compressed better than reserved for: give the rest back.
+        out.shrink_to_fit();
+    }
     let length = i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| WireError::TooLarge {
         field: "batchLength",
         offset: 8,
@@ -117,7 +135,7 @@ mod tests {
                 let source = idempotent(from, framing);
                 let plain = uncompressed_records(&source, 1 << 20).expect("records");
                 for to in CODECS {
-                    let out = with_codec(&source, &plain, to, SnappyFraming::Xerial)
+                    let out = with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX)
                         .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
                     same_but_codec(&source, &out, to);
                 }
@@ -165,13 +183,88 @@ mod tests {
         let source = idempotent(Compression::None, SnappyFraming::Xerial);
         let plain = uncompressed_records(&source, 1 << 20).expect("records");
         for to in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
-            let out = with_codec(&source, &plain, to, SnappyFraming::Xerial).expect("packs");
+            let out =
+                with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX).expect("packs");
             assert!(out.len() < source.len(), "{to:?}: {} bytes", out.len());
         }
         let gz = idempotent(Compression::Gzip, SnappyFraming::Xerial);
         let plain = uncompressed_records(&gz, 1 << 20).expect("records");
-        let out = with_codec(&gz, &plain, Compression::None, SnappyFraming::Xerial).expect("none");
+        let out = with_codec(
+            &gz,
+            &plain,
+            Compression::None,
+            SnappyFraming::Xerial,
+            usize::MAX,
+        )
+        .expect("none");
         assert_eq!(out.len(), BATCH_HEADER_SIZE + plain.len());
         assert_eq!(&out[BATCH_HEADER_SIZE..], &plain[..]);
+    }
+
+    /// One batch of `count` records of `value_bytes` each, every value byte from `byte`.
+    fn batch_of(count: i64, value_bytes: usize, byte: impl Fn(usize) -> u8) -> Bytes {
+        BatchBuilder {
+            records: (0..count)
+                .map(|i| NewRecord {
+                    timestamp_ms: 1_700_000_000_000 + i,
+                    key: None,
+                    value: Some(Bytes::from(
+                        (0..value_bytes)
+                            .map(|j| byte(i as usize * value_bytes + j))
+                            .collect::<Vec<u8>>(),
+                    )),
+                    headers: Vec::new(),
+                })
+                .collect(),
+            ..BatchBuilder::default()
+        }
+        .build()
+        .expect("batch")
+    }
+
+    /// Records that do not compress, rewritten under a bound they pass: every codec stops
+    /// with `TooLarge` (none builds the oversized batch to be measured after).
+    #[test]
+    fn a_rewrite_past_its_bound_is_refused() {
+        // splitmix64 of the position: bytes no codec here can shrink.
+        let noise = |i: usize| {
+            let mut z = (i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) as u8
+        };
+        let source = batch_of(64, 4096, noise);
+        let plain = uncompressed_records(&source, 1 << 22).expect("records");
+        for to in CODECS {
+            let got = with_codec(&source, &plain, to, SnappyFraming::Xerial, 64 * 1024);
+            assert!(
+                matches!(got, Err(WireError::TooLarge { .. })),
+                "{to:?}: {:?}",
+                got.map(|b| b.len())
+            );
+        }
+    }
+
+    /// Records that compress a thousand times: the rewritten batch's buffer is not the
+    /// share of the records reserved up front (it is kept as long as the batch is).
+    #[test]
+    fn a_rewritten_batch_keeps_little_more_than_its_bytes() {
+        let source = batch_of(64, 64 * 1024, |_| 0);
+        let plain = uncompressed_records(&source, 1 << 23).expect("records");
+        for to in [
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let out = with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX)
+                .unwrap_or_else(|e| panic!("{to:?}: {e}"));
+            assert!(
+                out.capacity() <= out.len() + out.len() / 8,
+                "{to:?}: {} bytes in a buffer of {}",
+                out.len(),
+                out.capacity()
+            );
+        }
     }
 }
