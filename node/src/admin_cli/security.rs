@@ -30,8 +30,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `ssl.handshake.timeout.ms`, 10 s by default).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The connection security flags every admin command takes.
-#[derive(clap::Args, Debug, Clone, Default)]
+/// The connection security flags every admin command takes. Its `Debug` leaves the
+/// passwords out.
+#[derive(clap::Args, Clone, Default)]
 pub struct SecurityArgs {
     /// Kafka's security.protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (default:
     /// PLAINTEXT, or SASL_PLAINTEXT with --sasl-plain).
@@ -63,6 +64,26 @@ pub struct SecurityArgs {
     /// chain is still checked).
     #[arg(long, default_value = "https")]
     pub ssl_endpoint_identification_algorithm: String,
+}
+
+impl std::fmt::Debug for SecurityArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |p: &Option<String>| p.as_ref().map(|_| "<hidden>");
+        f.debug_struct("SecurityArgs")
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &hidden(&self.sasl_password))
+            .field("sasl_plain", &hidden(&self.sasl_plain))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("ssl_certificate_location", &self.ssl_certificate_location)
+            .field("ssl_key_location", &self.ssl_key_location)
+            .field(
+                "ssl_endpoint_identification_algorithm",
+                &self.ssl_endpoint_identification_algorithm,
+            )
+            .finish()
+    }
 }
 
 /// What every connection of this process does after TCP connects.
@@ -248,7 +269,7 @@ fn connect_tcp(addr: &str) -> anyhow::Result<(TcpStream, SocketAddr)> {
 
 /// The TLS handshake on `sock`, all of it within [`HANDSHAKE_TIMEOUT`].
 fn handshake(
-    mut sock: TcpStream,
+    sock: TcpStream,
     config: &Arc<rustls::ClientConfig>,
     host: &str,
     peer: SocketAddr,
@@ -263,13 +284,17 @@ fn handshake(
         )
     };
     while conn.is_handshaking() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if Instant::now() >= deadline {
             return Err(timed_out());
         }
-        // Each read and write waits at most what is left of the whole handshake's time.
-        set_timeouts(&sock, left)?;
-        match conn.complete_io(&mut sock) {
+        // Each read and write waits at most what is left of the whole handshake's time
+        // (`complete_io` reads on until the handshake is done, so a peer trickling bytes
+        // would otherwise keep it going past the deadline).
+        let mut within = UntilDeadline {
+            sock: &sock,
+            deadline,
+        };
+        match conn.complete_io(&mut within) {
             Ok(_) => {}
             Err(e)
                 if matches!(
@@ -283,6 +308,42 @@ fn handshake(
         }
     }
     Ok(StreamOwned::new(conn, sock))
+}
+
+/// A socket whose every read and write is bounded by what is left until `deadline`
+/// (`TimedOut` once it has passed).
+struct UntilDeadline<'a> {
+    sock: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl UntilDeadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        set_timeouts(self.sock, left)?;
+        Ok(left)
+    }
+}
+
+impl io::Read for UntilDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.left()?;
+        io::Read::read(&mut self.sock, buf)
+    }
+}
+
+impl io::Write for UntilDeadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.left()?;
+        io::Write::write(&mut self.sock, buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::Write::flush(&mut self.sock)
+    }
 }
 
 /// A TLS failure said in the operator's terms, with the flag that changes it; `None` if
@@ -328,6 +389,59 @@ pub(super) fn explain(e: &anyhow::Error, host: &str) -> Option<anyhow::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that trickles a byte every 50 ms keeps each read short, but reads through
+    /// [`UntilDeadline`] stop once the deadline has passed: what bounds a handshake with
+    /// such a peer, which `complete_io` would otherwise read from for as long as it sends.
+    #[test]
+    fn reads_until_a_deadline_stop_at_it_however_the_peer_trickles() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let trickler = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            for _ in 0..100 {
+                if s.write_all(&[0x16]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let sock = TcpStream::connect(addr).expect("connect");
+        let started = Instant::now();
+        let mut within = UntilDeadline {
+            sock: &sock,
+            deadline: started + Duration::from_millis(300),
+        };
+        let mut got = 0;
+        let mut byte = [0u8; 1];
+        let err = loop {
+            match within.read(&mut byte) {
+                Ok(n) => got += n,
+                Err(e) => break e,
+            }
+            assert!(
+                got < 100,
+                "the peer's bytes ran out before the deadline stopped the reads"
+            );
+        };
+        // TimedOut from the deadline check, or WouldBlock from the socket's own timeout
+        // when a read was waiting as the deadline passed: the handshake takes both.
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+        assert!(got >= 1, "bytes came before the deadline");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "stopped near the deadline"
+        );
+        drop(sock);
+        trickler.join().expect("trickler");
+    }
 
     fn args(protocol: Option<&str>) -> SecurityArgs {
         SecurityArgs {
