@@ -1295,3 +1295,52 @@ fn a_changed_compression_type_applies_to_later_produces() {
         ]
     );
 }
+
+/// Kafka's rule for clients from before zstd (KIP-110): Fetch below v10 gets
+/// UNSUPPORTED_COMPRESSION_TYPE and no records for a partition whose answer holds a zstd
+/// batch; v10 and later, and partitions without zstd, are served as before.
+#[test]
+fn a_fetch_below_v10_is_refused_zstd_batches() {
+    use wire::batch::Compression;
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    create(&mut c, "zstd-old", 1, &[]);
+    create(&mut c, "gzip-old", 1, &[]);
+    assert_eq!(
+        produce(
+            &mut c,
+            "zstd-old",
+            0,
+            1,
+            idempotent_batch(Compression::Zstd, 0)
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        produce(
+            &mut c,
+            "gzip-old",
+            0,
+            1,
+            idempotent_batch(Compression::Gzip, 0)
+        ),
+        (0, 0)
+    );
+    let at = |c: &mut Client, topic: &str, version: i16| {
+        let resp: FetchResponse = c.call(api::FETCH, version, &fetch_req(topic, 0, 0, 0, 1));
+        let p = &resp.responses[0].partitions[0];
+        (p.error_code, p.records.as_ref().map_or(0, |r| r.len()))
+    };
+    let (code, bytes) = at(&mut c, "zstd-old", 9);
+    assert_eq!(
+        (code, bytes),
+        (76, 0),
+        "UNSUPPORTED_COMPRESSION_TYPE, no records"
+    );
+    let (code, bytes) = at(&mut c, "zstd-old", 10);
+    assert_eq!(code, 0);
+    assert!(bytes > 0, "v10 reads zstd");
+    let (code, bytes) = at(&mut c, "gzip-old", 9);
+    assert_eq!(code, 0);
+    assert!(bytes > 0, "gzip is served to v9");
+}

@@ -641,6 +641,15 @@ async fn wait_for_data(
     .await;
 }
 
+/// The first Fetch version whose clients read zstd batches (KIP-110).
+const ZSTD_FETCH_VERSION_MIN: i16 = 10;
+
+/// Whether a stored batch is compressed with zstd.
+fn is_zstd(batch: &[u8]) -> bool {
+    wire::batch::read_header(batch)
+        .is_ok_and(|h| h.attributes().compression() == Some(wire::batch::Compression::Zstd))
+}
+
 /// Adds what the response carries to each topic's bytes and records out.
 fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
     for (w, o) in wanted.iter().zip(outcomes) {
@@ -685,6 +694,17 @@ fn build(
         {
             leaders.push(l.leader_id);
         }
+        // Kafka's rule (KIP-110): a client that fetches below v10 predates zstd and cannot
+        // read it, so a partition whose answer holds a zstd batch is refused, not served.
+        let refuse_zstd = version < ZSTD_FETCH_VERSION_MIN && o.batches.iter().any(|b| is_zstd(b));
+        let o = match refuse_zstd {
+            true => FetchOutcome {
+                error: errors::UNSUPPORTED_COMPRESSION_TYPE,
+                batches: Vec::new(),
+                ..o
+            },
+            false => o,
+        };
         let p = FetchPartitionResponse {
             partition_index: w.tp.1,
             error_code: o.error,
