@@ -514,6 +514,12 @@ fn the_admin_commands_say_why_they_cannot_connect_securely() -> Result<()> {
             "{command}: {why}"
         );
     }
+    // A plaintext listener closes a connection whose first bytes (the ClientHello) make
+    // no Kafka frame: the command asks whether it dialled a TLS listener.
+    let plain = b.addr("PLAINTEXT")?.to_string();
+    let tls_to_plain = flags(&[("security-protocol", "SSL"), ("ssl-ca-location", &ca)]);
+    let why = admin_refused(&admin_args("topics", &plain, &tls_to_plain, &["list"]))?;
+    ensure!(why.contains("is it a TLS listener"), "{why}");
     // Something that accepts the connection and never says a word: the handshake times
     // out instead of hanging.
     let silent = std::net::TcpListener::bind("127.0.0.1:0")?;

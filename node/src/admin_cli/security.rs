@@ -304,6 +304,14 @@ fn handshake(
             {
                 return Err(timed_out());
             }
+            // A plaintext listener reads the ClientHello as a frame of absurd size and
+            // closes the connection.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(anyhow!(
+                    "the broker closed the connection during the TLS handshake (is it a TLS \
+                     listener? --security-protocol SSL and SASL_SSL need one)"
+                ));
+            }
             Err(e) => return Err(e.into()),
         }
     }
