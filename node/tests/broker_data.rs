@@ -1210,25 +1210,22 @@ fn a_batch_too_large_in_the_topics_codec_is_refused() {
             ("max.message.bytes", "2000"),
         ],
     );
-    let big = wire::batch::BatchBuilder {
-        records: vec![wire::batch::NewRecord::value(1, vec![0u8; 10_000])],
-        compression: Compression::Gzip,
-        ..Default::default()
-    }
-    .build()
-    .expect("gzip batch");
+    let gzip_of_zeros = |n: usize| {
+        wire::batch::BatchBuilder {
+            records: vec![wire::batch::NewRecord::value(1, vec![0u8; n])],
+            compression: Compression::Gzip,
+            ..Default::default()
+        }
+        .build()
+        .expect("gzip batch")
+    };
+    let big = gzip_of_zeros(10_000);
     assert!(big.len() < 2000, "{} bytes compressed", big.len());
     let resp: ProduceResponse = c.call(api::PRODUCE, PRODUCE_V, &produce_req("small", 0, 1, big));
     let p = &resp.responses[0].partition_responses[0];
     assert_eq!(p.error_code, MESSAGE_TOO_LARGE, "{p:?}");
     assert_eq!(list_offset(&mut c, "small", 0, -1).1, 0, "nothing appended");
-    let fits = wire::batch::BatchBuilder {
-        records: vec![wire::batch::NewRecord::value(1, vec![0u8; 1_000])],
-        compression: Compression::Gzip,
-        ..Default::default()
-    }
-    .build()
-    .expect("gzip batch");
+    let fits = gzip_of_zeros(1_000);
     assert_eq!(produce(&mut c, "small", 0, 1, fits), (0, 0));
     assert_eq!(
         codec_of(&stored_batches(&mut c, "small")[0]),

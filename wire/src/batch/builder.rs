@@ -247,13 +247,7 @@ mod tests {
 
     #[test]
     fn built_batches_validate_and_iterate_back_for_every_codec() {
-        for codec in [
-            Compression::None,
-            Compression::Gzip,
-            Compression::Snappy,
-            Compression::Lz4,
-            Compression::Zstd,
-        ] {
+        for codec in Compression::ALL {
             let b = sample(codec);
             let batch = b.build().expect("builds");
             let view = validate_batch(&batch).expect("valid");

@@ -316,13 +316,7 @@ fn snappy_compress(
 mod tests {
     use super::*;
 
-    const ALL: [Compression; 5] = [
-        Compression::None,
-        Compression::Gzip,
-        Compression::Snappy,
-        Compression::Lz4,
-        Compression::Zstd,
-    ];
+    const ALL: [Compression; 5] = Compression::ALL;
 
     #[test]
     fn every_codec_roundtrips() {

@@ -75,6 +75,15 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// Every codec, in attribute-bit order.
+    pub const ALL: [Compression; 5] = [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+
     /// The codec's attribute bits.
     pub const fn bits(self) -> i16 {
         match self {
@@ -480,13 +489,7 @@ mod tests {
             .collect()
     }
 
-    const CODECS: [Compression; 5] = [
-        Compression::None,
-        Compression::Gzip,
-        Compression::Snappy,
-        Compression::Lz4,
-        Compression::Zstd,
-    ];
+    const CODECS: [Compression; 5] = Compression::ALL;
 
     #[test]
     fn well_formed_batches_pass_with_every_codec() {
