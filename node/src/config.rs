@@ -700,6 +700,13 @@ impl Config {
                 "must be one of uncompressed, zstd, lz4, snappy, gzip, producer",
             ));
         }
+        for (key, _) in crate::partition::COMPRESSION_LEVEL_DEFAULTS {
+            if let Some(v) = defaults.get(key)
+                && crate::partition::compression_level_valid(key, v) == Some(false)
+            {
+                return Err(value_err(key, v, "is outside Kafka's range for the codec"));
+            }
+        }
         let pairs = defaults.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         crate::storage::LogConfig::from_pairs(pairs)
             .map(drop)
@@ -897,6 +904,10 @@ impl Config {
             .get("log.message.timestamp.type")
             .unwrap_or("CreateTime");
         m.insert("message.timestamp.type".into(), ts_type.into());
+        // KIP-390's levels: the broker's keys have the topic keys' names.
+        for (key, default) in crate::partition::COMPRESSION_LEVEL_DEFAULTS {
+            m.insert(key.into(), self.props.get(key).unwrap_or(default).into());
+        }
         // Kafka's defaults, described even when not set.
         m.entry("message.timestamp.before.max.ms".into())
             .or_insert_with(|| i64::MAX.to_string());
@@ -1247,6 +1258,9 @@ mod tests {
             ("replica.fetch.wait.max.ms", "soon"),
             ("compression.type", "brotli"),
             ("compression.type", "none"),
+            ("compression.gzip.level", "0"),
+            ("compression.lz4.level", "18"),
+            ("compression.zstd.level", "23"),
         ] {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }

@@ -1192,6 +1192,67 @@ fn compression_type_stores_batches_in_the_topics_codec() {
     );
 }
 
+/// KIP-390: a batch the topic's `compression.type` rewrites is compressed at the topic's
+/// `compression.gzip.level` / `compression.zstd.level`, else at the broker's, else at the
+/// codec's default. Smaller at gzip 9 than at 1, at zstd 19 (the broker's default here)
+/// than at 1; the records read back as sent either way.
+#[test]
+fn compression_levels_set_how_far_a_rewritten_batch_is_compressed() {
+    let broker = Broker::start(1, &[("compression.zstd.level", "19")]);
+    let mut c = broker.client();
+    let words = [
+        "offset", "epoch", "leader", "replica", "segment", "fetch", "batch",
+    ];
+    let values: Vec<Vec<u8>> = (0..60usize)
+        .map(|i| {
+            (0..60usize)
+                .map(|j| format!("{}-{} ", words[(i * 7 + j * j) % words.len()], (i * j) % 97))
+                .collect::<String>()
+                .into_bytes()
+        })
+        .collect();
+    let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    let mut stored_size = |topic: &str, configs: &[(&str, &str)]| {
+        create(&mut c, topic, 1, configs);
+        assert_eq!(produce(&mut c, topic, 0, 1, batch(&refs, 1_000)), (0, 0));
+        let stored = stored_batches(&mut c, topic);
+        assert_eq!(stored.len(), 1, "{topic}");
+        assert_eq!(
+            record_values(&stored[0]),
+            values,
+            "{topic}: records as sent"
+        );
+        stored[0].len()
+    };
+    let gzip1 = stored_size(
+        "gzip-1",
+        &[
+            ("compression.type", "gzip"),
+            ("compression.gzip.level", "1"),
+        ],
+    );
+    let gzip9 = stored_size(
+        "gzip-9",
+        &[
+            ("compression.type", "gzip"),
+            ("compression.gzip.level", "9"),
+        ],
+    );
+    assert!(gzip9 < gzip1, "gzip 9: {gzip9} bytes, gzip 1: {gzip1}");
+    let zstd1 = stored_size(
+        "zstd-1",
+        &[
+            ("compression.type", "zstd"),
+            ("compression.zstd.level", "1"),
+        ],
+    );
+    let zstd_broker = stored_size("zstd-broker", &[("compression.type", "zstd")]);
+    assert!(
+        zstd_broker < zstd1,
+        "zstd at the broker's 19: {zstd_broker} bytes, zstd 1: {zstd1}"
+    );
+}
+
 /// Kafka checks `max.message.bytes` again after recompression (RecordTooLargeException):
 /// a gzip batch within it that is larger uncompressed is MESSAGE_TOO_LARGE on an
 /// `uncompressed` topic, and nothing is appended.

@@ -32,7 +32,10 @@ pub use crate::controller::TopicError;
 /// the rest are stored and reported for compatibility.
 pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "cleanup.policy",
+    "compression.gzip.level",
+    "compression.lz4.level",
     "compression.type",
+    "compression.zstd.level",
     "delete.retention.ms",
     "file.delete.delay.ms",
     "flush.messages",
@@ -93,7 +96,9 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), TopicE
             ));
         }
         // Kafka's validators for the keys stored without effect on the log.
+        let level = crate::partition::compression_level_valid(k, v);
         let valid = match k.as_str() {
+            _ if level.is_some() => level == Some(true),
             "min.insync.replicas" => v.trim().parse::<i64>().is_ok_and(|n| n >= 1),
             // Kafka's int with atLeast(0): a negative or oversized value fell back to the
             // built-in limit, ignoring the broker's message.max.bytes.
@@ -973,6 +978,27 @@ mod tests {
         assert!(check("compression.type", "zstd"));
         assert!(check("compression.type", "producer"));
         assert!(!check("compression.type", "brotli"));
+        // KIP-390's levels, Kafka's ranges.
+        for (key, good, bad) in [
+            (
+                "compression.gzip.level",
+                ["-1", "1", "9"],
+                ["0", "10", "-2"],
+            ),
+            ("compression.lz4.level", ["1", "9", "17"], ["0", "18", "-1"]),
+            (
+                "compression.zstd.level",
+                ["-131072", "3", "22"],
+                ["23", "-131073", "x"],
+            ),
+        ] {
+            for v in good {
+                assert!(check(key, v), "{key}={v}");
+            }
+            for v in bad {
+                assert!(!check(key, v), "{key}={v}");
+            }
+        }
         assert!(check("unclean.leader.election.enable", "false"));
         assert!(!check("unclean.leader.election.enable", "maybe"));
         assert!(check("max.message.bytes", "1048588"));

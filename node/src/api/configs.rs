@@ -325,7 +325,10 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
                     }
                     "transaction.state.log.min.isr" => txn.min_isr.to_string(),
                     "transaction.state.log.segment.bytes" => txn.segment_bytes.to_string(),
-                    _ => return None,
+                    _ => crate::partition::COMPRESSION_LEVEL_DEFAULTS
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map(|(_, v)| v.to_string())?,
                 };
                 Some(v)
             });

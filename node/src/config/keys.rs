@@ -14,7 +14,10 @@ pub const WEIR_KEYS: &[&str] = &[
     "advertised.listeners",
     "auto.create.topics.enable",
     "broker.id",
+    "compression.gzip.level",
+    "compression.lz4.level",
     "compression.type",
+    "compression.zstd.level",
     "connections.max.idle.ms",
     "default.replication.factor",
     "fetch.max.bytes",
@@ -259,7 +262,10 @@ const KAFKA_PREFIXES: &[&str] = &[
 /// resource), with the topic-level key each is the default of: they change the defaults
 /// of every topic without its own override, at once for open partitions too.
 pub const DYNAMIC_APPLIED: &[(&str, &str)] = &[
+    ("compression.gzip.level", "compression.gzip.level"),
+    ("compression.lz4.level", "compression.lz4.level"),
     ("compression.type", "compression.type"),
+    ("compression.zstd.level", "compression.zstd.level"),
     ("log.cleanup.policy", "cleanup.policy"),
     ("log.message.timestamp.type", "message.timestamp.type"),
     ("log.retention.bytes", "retention.bytes"),

@@ -33,7 +33,9 @@ use crate::send_turns::SendTurns;
 use crate::storage::epochs::LeaderEpochCache;
 use crate::storage::{Log, LogConfig, StorageError};
 
-pub use produce::{Acks, ProduceOutcome, TopicCompression};
+pub use produce::{
+    Acks, COMPRESSION_LEVEL_DEFAULTS, ProduceOutcome, TopicCompression, compression_level_valid,
+};
 pub use read::{FetchOutcome, Isolation, ListedOffset, Lister, ReadFor};
 use replica::ReplicaState;
 
@@ -73,6 +75,9 @@ pub struct Partition {
     compacted: Cell<bool>,
     /// The topic's `compression.type`: the codec clients' batches are stored in.
     compression: Cell<TopicCompression>,
+    /// The topic's `compression.gzip.level` and `compression.zstd.level` (KIP-390): what
+    /// a batch rewritten into that codec is compressed at.
+    compression_levels: Cell<wire::batch::Levels>,
     /// The shard's use clock when a request last took this partition (idle eviction).
     pub last_used: Cell<u64>,
     /// The checkpointed HW, while the log ends below it: it reopened without records this
@@ -131,6 +136,25 @@ fn compression(configs: &BTreeMap<String, String>) -> TopicCompression {
         .get("compression.type")
         .and_then(|v| TopicCompression::parse(v))
         .unwrap_or_default()
+}
+
+/// The topic's compression levels (KIP-390); each codec's default where unset or -1
+/// (Kafka's "the codec's default" for gzip). Values were checked when set.
+fn compression_levels(configs: &BTreeMap<String, String>) -> wire::batch::Levels {
+    let mut levels = wire::batch::Levels::default();
+    if let Some(l) = configs
+        .get(produce::GZIP_LEVEL)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        levels.gzip = l;
+    }
+    if let Some(l) = configs
+        .get(produce::ZSTD_LEVEL)
+        .and_then(|v| v.trim().parse::<i32>().ok())
+    {
+        levels.zstd = l;
+    }
+    levels
 }
 
 /// The topic's `min.insync.replicas` (at least 1).
@@ -374,6 +398,7 @@ impl Partition {
             min_insync: Cell::new(min_insync(&configs)),
             compacted: Cell::new(compacted),
             compression: Cell::new(compression(&configs)),
+            compression_levels: Cell::new(compression_levels(&configs)),
             configs: RefCell::new(configs),
             log: Rc::new(log),
             producers,
@@ -473,6 +498,7 @@ impl Partition {
         self.max_message_bytes.set(max_message_bytes(&configs));
         self.min_insync.set(min_insync(&configs));
         self.compression.set(compression(&configs));
+        self.compression_levels.set(compression_levels(&configs));
         *self.configs.borrow_mut() = configs;
         Ok(())
     }

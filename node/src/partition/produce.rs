@@ -78,6 +78,29 @@ impl TopicCompression {
     }
 }
 
+/// KIP-390's level keys (topic names; the broker's defaults have the same names).
+pub const GZIP_LEVEL: &str = "compression.gzip.level";
+pub const LZ4_LEVEL: &str = "compression.lz4.level";
+pub const ZSTD_LEVEL: &str = "compression.zstd.level";
+
+/// Kafka's default of each level key, as DescribeConfigs shows it: -1 is gzip's own
+/// default (6); lz4's 9 picks among lz4-java's levels, which weir's lz4 does not have.
+pub const COMPRESSION_LEVEL_DEFAULTS: [(&str, &str); 3] =
+    [(GZIP_LEVEL, "-1"), (LZ4_LEVEL, "9"), (ZSTD_LEVEL, "3")];
+
+/// Whether `value` is in Kafka's range for the level key `key` (gzip 1–9 or -1, lz4
+/// 1–17, zstd -131072–22); `None` for any other key.
+pub fn compression_level_valid(key: &str, value: &str) -> Option<bool> {
+    let n = value.trim().parse::<i64>();
+    let range = match key {
+        GZIP_LEVEL => return Some(n.is_ok_and(|n| n == -1 || (1..=9).contains(&n))),
+        LZ4_LEVEL => 1..=17,
+        ZSTD_LEVEL => -131_072..=22,
+        _ => return None,
+    };
+    Some(n.is_ok_and(|n| range.contains(&n)))
+}
+
 /// How the broker frames snappy when it compresses: xerial, as Kafka's Java code writes
 /// it (every Kafka client reads it; librdkafka writes raw blocks, which a batch already
 /// in snappy keeps).
@@ -567,6 +590,7 @@ impl Partition {
                     &records,
                     target,
                     BROKER_SNAPPY_FRAMING,
+                    self.compression_levels.get(),
                     self.max_message_bytes.get(),
                 )
                 .map_err(|e| match e {

@@ -184,7 +184,14 @@ pub fn compress(
     snappy_framing: SnappyFraming,
 ) -> Result<Vec<u8>, WireError> {
     let mut out = Vec::new();
-    compress_into(codec, input, snappy_framing, &mut out, usize::MAX)?;
+    compress_into(
+        codec,
+        input,
+        snappy_framing,
+        Levels::default(),
+        &mut out,
+        usize::MAX,
+    )?;
     Ok(out)
 }
 
@@ -223,18 +230,44 @@ fn over_limit(out: &[u8], limit: usize) -> WireError {
     }
 }
 
-/// zstd's level when none is named: Kafka's default (`compression.zstd.level`).
-pub const ZSTD_LEVEL_DEFAULT: i32 = 3;
+/// The levels weir compresses with, for the codecs that have them (KIP-390's
+/// `compression.gzip.level` and `compression.zstd.level`). snappy has none, and lz4_flex
+/// writes lz4's one fast level (Kafka's `compression.lz4.level` picks among lz4-java's
+/// high-compression levels, which lz4_flex does not have).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Levels {
+    /// 1 (fastest) to 9 (smallest).
+    pub gzip: u32,
+    /// zstd's levels: negative (faster) to 22 (smallest).
+    pub zstd: i32,
+}
 
-/// Compresses `input` with `codec` onto the end of `out`, which keeps what it held (a
-/// batch header, say): one buffer for the whole batch, never longer than `limit` bytes
-/// (`TooLarge` as soon as the output would pass it: a broker bounds a rewritten batch by
-/// `max.message.bytes` without building all of an oversized one). On error `out` may
-/// hold part of the output.
+impl Levels {
+    /// gzip's level when none is named: zlib's default, which Kafka's -1 means.
+    pub const GZIP_DEFAULT: u32 = 6;
+    /// zstd's level when none is named: Kafka's default.
+    pub const ZSTD_DEFAULT: i32 = 3;
+}
+
+impl Default for Levels {
+    fn default() -> Self {
+        Levels {
+            gzip: Levels::GZIP_DEFAULT,
+            zstd: Levels::ZSTD_DEFAULT,
+        }
+    }
+}
+
+/// Compresses `input` with `codec` (at its level in `levels`) onto the end of `out`,
+/// which keeps what it held (a batch header, say): one buffer for the whole batch, never
+/// longer than `limit` bytes (`TooLarge` as soon as the output would pass it: a broker
+/// bounds a rewritten batch by `max.message.bytes` without building all of an oversized
+/// one). On error `out` may hold part of the output.
 pub fn compress_into(
     codec: Compression,
     input: &[u8],
     snappy_framing: SnappyFraming,
+    levels: Levels,
     out: &mut Vec<u8>,
     limit: usize,
 ) -> Result<(), WireError> {
@@ -242,7 +275,8 @@ pub fn compress_into(
     let written = match codec {
         Compression::None => std::io::Write::write_all(&mut sink, input),
         Compression::Gzip => {
-            let mut enc = flate2::write::GzEncoder::new(&mut sink, flate2::Compression::default());
+            let mut enc =
+                flate2::write::GzEncoder::new(&mut sink, flate2::Compression::new(levels.gzip));
             enc.write_all(input).and_then(|()| enc.finish().map(drop))
         }
         Compression::Snappy => return snappy_compress(input, snappy_framing, sink.out, limit),
@@ -256,7 +290,7 @@ pub fn compress_into(
             })
         }
         Compression::Zstd => (|| {
-            let mut enc = zstd::stream::write::Encoder::new(&mut sink, ZSTD_LEVEL_DEFAULT)?;
+            let mut enc = zstd::stream::write::Encoder::new(&mut sink, levels.zstd)?;
             // The frame says its content size, as a one-shot compression writes it:
             // readers can size their output at once.
             enc.set_pledged_src_size(Some(input.len() as u64))?;
@@ -338,7 +372,15 @@ mod tests {
         for codec in ALL {
             for framing in [SnappyFraming::Xerial, SnappyFraming::Raw] {
                 let mut out = b"header".to_vec();
-                compress_into(codec, &input, framing, &mut out, usize::MAX).expect("compresses");
+                compress_into(
+                    codec,
+                    &input,
+                    framing,
+                    Levels::default(),
+                    &mut out,
+                    usize::MAX,
+                )
+                .expect("compresses");
                 assert_eq!(&out[..6], b"header");
                 let back = decompress(codec, &out[6..], input.len()).expect("decompresses");
                 assert_eq!(&back[..], &input[..], "{codec:?} {framing:?}");
@@ -350,12 +392,65 @@ mod tests {
             Compression::Zstd,
             &input,
             SnappyFraming::Raw,
+            Levels::default(),
             &mut out,
             usize::MAX,
         )
         .expect("zstd");
         let size = zstd::zstd_safe::get_frame_content_size(&out).expect("a frame");
         assert_eq!(size, Some(input.len() as u64));
+    }
+
+    /// KIP-390: the level reaches the encoder. Text-like records compress smaller at
+    /// gzip 9 than at 1 and at zstd 19 than at 1 (and faster levels give larger output),
+    /// and every level decompresses to the input.
+    #[test]
+    fn the_level_reaches_gzip_and_zstd() {
+        let words = [
+            "offset", "epoch", "batch", "leader", "replica", "segment", "fetch",
+        ];
+        let input: Vec<u8> = (0..40_000u32)
+            .flat_map(|i| {
+                let w = words[(i.wrapping_mul(2_654_435_761) >> 29) as usize % words.len()];
+                format!("{w}-{} ", i % 977).into_bytes()
+            })
+            .collect();
+        let packed = |codec, levels| {
+            let mut out = Vec::new();
+            compress_into(
+                codec,
+                &input,
+                SnappyFraming::Raw,
+                levels,
+                &mut out,
+                usize::MAX,
+            )
+            .expect("compresses");
+            let back = decompress(codec, &out, input.len()).expect("decompresses");
+            assert_eq!(back.len(), input.len());
+            assert!(back[..] == input[..], "{codec:?} {levels:?}");
+            out.len()
+        };
+        let gzip = |gzip| Levels {
+            gzip,
+            ..Levels::default()
+        };
+        let zstd = |zstd| Levels {
+            zstd,
+            ..Levels::default()
+        };
+        let (g1, g9) = (
+            packed(Compression::Gzip, gzip(1)),
+            packed(Compression::Gzip, gzip(9)),
+        );
+        assert!(g9 < g1, "gzip 9 {g9} bytes, gzip 1 {g1}");
+        let (z1, z19) = (
+            packed(Compression::Zstd, zstd(1)),
+            packed(Compression::Zstd, zstd(19)),
+        );
+        assert!(z19 < z1, "zstd 19 {z19} bytes, zstd 1 {z1}");
+        let z_fast = packed(Compression::Zstd, zstd(-50));
+        assert!(z_fast > z1, "zstd -50 {z_fast} bytes, zstd 1 {z1}");
     }
 
     #[test]

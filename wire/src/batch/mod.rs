@@ -16,7 +16,7 @@ pub mod recompress;
 pub mod records;
 
 pub use builder::{BatchBuilder, NewRecord, control_batch};
-pub use compression::{SnappyFraming, compress, compress_into, decompress};
+pub use compression::{Levels, SnappyFraming, compress, compress_into, decompress};
 pub use header::{
     Attributes, BATCH_HEADER_SIZE, BatchHeader, BatchView, Compression, LOG_OVERHEAD, MAGIC_V2,
     MIN_RECORD_SIZE, PRODUCED_DECOMPRESSED_BYTES_DEFAULT, TimestampType, assign_offsets,

@@ -8,7 +8,7 @@
 use zerocopy::FromBytes;
 
 use crate::WireError;
-use crate::batch::compression::{SnappyFraming, compress_into};
+use crate::batch::compression::{Levels, SnappyFraming, compress_into};
 use crate::batch::header::{
     Attributes, BATCH_HEADER_SIZE, BatchHeader, Compression, LOG_OVERHEAD, read_header,
 };
@@ -22,7 +22,7 @@ const COMPRESSED_SHARE_RESERVED: usize = 4;
 
 /// `batch` (one whole batch, already validated) with its records — `records`, its
 /// uncompressed records section (see [`crate::batch::uncompressed_records`]) —
-/// compressed with `codec`, in one new buffer of at most `max_bytes` (`TooLarge` as soon
+/// compressed with `codec` at its level in `levels`, in one new buffer of at most `max_bytes` (`TooLarge` as soon
 /// as the batch would pass it: nothing larger is built). The header is the batch's but
 /// for the codec bits of its attributes, its `batchLength` and its CRC. The buffer holds
 /// little more than the batch: it is kept (in the log's tail cache) for as long as the
@@ -32,6 +32,7 @@ pub fn with_codec(
     records: &[u8],
     codec: Compression,
     snappy_framing: SnappyFraming,
+    levels: Levels,
     max_bytes: usize,
 ) -> Result<Vec<u8>, WireError> {
     let header = read_header(batch)?;
@@ -53,7 +54,7 @@ pub fn with_codec(
     }
     let mut out = Vec::with_capacity(reserved.min(max_bytes));
     out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
-    compress_into(codec, records, snappy_framing, &mut out, max_bytes)?;
+    compress_into(codec, records, snappy_framing, levels, &mut out, max_bytes)?;
     if out.capacity() - out.len() > out.len() / 8 {
         // Records that compressed better than reserved for: give the rest back.
         out.shrink_to_fit();
@@ -129,8 +130,15 @@ mod tests {
                 let source = idempotent(from, framing);
                 let plain = uncompressed_records(&source, 1 << 20).expect("records");
                 for to in CODECS {
-                    let out = with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX)
-                        .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
+                    let out = with_codec(
+                        &source,
+                        &plain,
+                        to,
+                        SnappyFraming::Xerial,
+                        Levels::default(),
+                        usize::MAX,
+                    )
+                    .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
                     same_but_codec(&source, &out, to);
                 }
             }
@@ -177,8 +185,15 @@ mod tests {
         let source = idempotent(Compression::None, SnappyFraming::Xerial);
         let plain = uncompressed_records(&source, 1 << 20).expect("records");
         for to in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
-            let out =
-                with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX).expect("packs");
+            let out = with_codec(
+                &source,
+                &plain,
+                to,
+                SnappyFraming::Xerial,
+                Levels::default(),
+                usize::MAX,
+            )
+            .expect("packs");
             assert!(out.len() < source.len(), "{to:?}: {} bytes", out.len());
         }
         let gz = idempotent(Compression::Gzip, SnappyFraming::Xerial);
@@ -188,6 +203,7 @@ mod tests {
             &plain,
             Compression::None,
             SnappyFraming::Xerial,
+            Levels::default(),
             usize::MAX,
         )
         .expect("none");
@@ -230,7 +246,14 @@ mod tests {
         let source = batch_of(64, 4096, noise);
         let plain = uncompressed_records(&source, 1 << 22).expect("records");
         for to in CODECS {
-            let got = with_codec(&source, &plain, to, SnappyFraming::Xerial, 64 * 1024);
+            let got = with_codec(
+                &source,
+                &plain,
+                to,
+                SnappyFraming::Xerial,
+                Levels::default(),
+                64 * 1024,
+            );
             assert!(
                 matches!(got, Err(WireError::TooLarge { .. })),
                 "{to:?}: {:?}",
@@ -248,8 +271,15 @@ mod tests {
         // Every codec but none (uncompressed does not shrink).
         for to in &Compression::ALL[1..] {
             let to = *to;
-            let out = with_codec(&source, &plain, to, SnappyFraming::Xerial, usize::MAX)
-                .unwrap_or_else(|e| panic!("{to:?}: {e}"));
+            let out = with_codec(
+                &source,
+                &plain,
+                to,
+                SnappyFraming::Xerial,
+                Levels::default(),
+                usize::MAX,
+            )
+            .unwrap_or_else(|e| panic!("{to:?}: {e}"));
             assert!(
                 out.capacity() <= out.len() + out.len() / 8,
                 "{to:?}: {} bytes in a buffer of {}",
