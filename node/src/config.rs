@@ -807,6 +807,16 @@ impl Config {
             .unwrap_or(self.max_connections_per_ip)
     }
 
+    /// `broker.rack`: the rack (or zone) this node is in, `None` unless set and not
+    /// blank. Registered with the controller, answered in Metadata and DescribeCluster,
+    /// and used to spread a new partition's replicas over racks.
+    pub fn rack(&self) -> Option<&str> {
+        self.props
+            .get("broker.rack")
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+    }
+
     /// What a partition's log and producer state are opened with before the topic's own
     /// overrides: the broker-only storage keys (no topic-level name), `log.flush.on.ack`,
     /// then [`Config::topic_defaults`].

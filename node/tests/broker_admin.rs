@@ -286,6 +286,28 @@ fn metadata_auto_creates_with_num_partitions() {
     );
 }
 
+/// `broker.rack`: a single node answers its rack in Metadata and DescribeCluster (null
+/// when unset, as Kafka).
+#[test]
+fn a_node_answers_its_rack() {
+    for (sets, want) in [
+        (vec![("broker.rack", "zone-b")], Some("zone-b")),
+        (vec![], None),
+    ] {
+        let broker = Broker::start(1, &sets);
+        let mut c = broker.client();
+        let md: MetadataResponse = c.call(
+            api::METADATA,
+            12,
+            &MetadataRequest::default().with_topics(None),
+        );
+        assert_eq!(md.brokers[0].rack.as_ref().map(|r| r.as_str()), want);
+        let dc: DescribeClusterResponse =
+            c.call(api::DESCRIBE_CLUSTER, 1, &DescribeClusterRequest::default());
+        assert_eq!(dc.brokers[0].rack.as_ref().map(|r| r.as_str()), want);
+    }
+}
+
 /// `__consumer_offsets` backs the group coordinators: deleting or growing it is refused.
 #[test]
 fn offsets_topic_cannot_be_deleted_or_grown() {

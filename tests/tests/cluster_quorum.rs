@@ -116,6 +116,46 @@ fn three_nodes_agree_and_a_topic_created_through_node_2_is_spread_over_all() {
     assert!(leaders.values().all(|n| *n == 2), "evenly: {leaders:?}");
 }
 
+/// `broker.rack` (Kafka's rack awareness): every node's rack is in Metadata, and a topic's
+/// replicas are placed across racks. Racks a, b, b: every RF 2 partition has one replica
+/// in a and one in b (round-robin over ids alone would put [2, 3] in b alone), and the
+/// leaders still go round all three nodes.
+#[test]
+fn brokers_report_their_racks_and_replicas_are_spread_over_them() {
+    let racks = [
+        (1, "broker.rack", "a"),
+        (2, "broker.rack", "b"),
+        (3, "broker.rack", "b"),
+    ];
+    let mut c = Cluster::start_per_node(3, &[], &racks).expect("start cluster");
+    let has_racks = |m: &kafka_protocol::messages::MetadataResponse| {
+        m.brokers.iter().all(|b| {
+            let want = racks
+                .iter()
+                .find(|(id, ..)| *id == b.node_id.0)
+                .map(|r| r.2);
+            b.rack.as_ref().map(|r| r.as_str()) == want
+        })
+    };
+    c.wait_agreed(3, AGREE_TIMEOUT, has_racks)
+        .expect("every node reports every node's rack");
+    assert!(create(&mut c, "racked", 6, 2), "create\n{}", logs(&mut c));
+    let dump = c
+        .wait_agreed(3, AGREE_TIMEOUT, |m| has_topic(m, "racked"))
+        .expect("every node has the topic");
+    let m = c.metadata(1).expect("metadata");
+    let parts = placement(&m, "racked");
+    assert_eq!(parts.len(), 6, "{dump}");
+    for (_, replicas) in &parts {
+        assert!(
+            replicas.contains(&1) && replicas.len() == 2,
+            "not over both racks: {replicas:?}\n{dump}"
+        );
+    }
+    let leaders: BTreeSet<i32> = parts.iter().map(|(l, _)| *l).collect();
+    assert_eq!(leaders, BTreeSet::from([1, 2, 3]), "{dump}");
+}
+
 /// Kills the controller's node, returns how long until the others agree on a new one.
 fn kill_controller_and_time(c: &mut Cluster) -> (i32, Duration) {
     let old = c.controller(AGREE_TIMEOUT).expect("controller");

@@ -110,11 +110,12 @@ pub async fn handle(
     let brokers = view
         .brokers
         .iter()
-        .map(|(id, host, port)| {
+        .map(|b| {
             MetadataResponseBroker::default()
-                .with_node_id(BrokerId(*id))
-                .with_host(str_bytes(host))
-                .with_port(i32::from(*port))
+                .with_node_id(BrokerId(b.id))
+                .with_host(str_bytes(&b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.as_deref().map(str_bytes))
         })
         .collect();
     // Kafka's bitmasks, only when asked (and only where the version has the field).
@@ -140,10 +141,20 @@ pub async fn handle(
 
 /// Who the cluster is, as this node's image says.
 pub struct ClusterView {
-    /// Live brokers: id, advertised host and port.
-    pub brokers: Vec<(i32, String, u16)>,
+    /// Live brokers.
+    pub brokers: Vec<ViewBroker>,
     pub controller: i32,
     pub cluster_id: String,
+}
+
+/// One live broker as clients are told of it.
+pub struct ViewBroker {
+    pub id: i32,
+    /// Its advertised address on the listener the client came through.
+    pub host: String,
+    pub port: u16,
+    /// Its `broker.rack`.
+    pub rack: Option<String>,
 }
 
 /// The brokers, controller and cluster id to answer with: this node alone on a single
@@ -151,11 +162,12 @@ pub struct ClusterView {
 /// on the client's `listener` (a node without that listener is left out, as Kafka does).
 pub fn cluster_view(shard: &Shard, listener: &ListenerSetup) -> ClusterView {
     let node_id = shard.config().node_id;
-    let me = (
-        node_id,
-        listener.advertised.0.clone(),
-        listener.advertised.1,
-    );
+    let me = ViewBroker {
+        id: node_id,
+        host: listener.advertised.0.clone(),
+        port: listener.advertised.1,
+        rack: shard.config().rack().map(str::to_string),
+    };
     let Some(q) = shard.node.controller.cluster() else {
         return ClusterView {
             brokers: vec![me],
@@ -164,13 +176,18 @@ pub fn cluster_view(shard: &Shard, listener: &ListenerSetup) -> ClusterView {
         };
     };
     let image = shard.catalog();
-    let mut brokers: Vec<(i32, String, u16)> = image
+    let mut brokers: Vec<ViewBroker> = image
         .nodes
         .iter()
         .filter(|(_, n)| !n.fenced)
         .filter_map(|(id, n)| {
             let (host, port) = n.address_for(&listener.config.name)?;
-            Some((*id, host.to_string(), port))
+            Some(ViewBroker {
+                id: *id,
+                host: host.to_string(),
+                port,
+                rack: n.rack.clone(),
+            })
         })
         .collect();
     if brokers.is_empty() {
@@ -360,11 +377,12 @@ pub async fn describe_cluster(
     let brokers = view
         .brokers
         .iter()
-        .map(|(id, host, port)| {
+        .map(|b| {
             DescribeClusterBroker::default()
-                .with_broker_id(BrokerId(*id))
-                .with_host(str_bytes(host))
-                .with_port(i32::from(*port))
+                .with_broker_id(BrokerId(b.id))
+                .with_host(str_bytes(&b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.as_deref().map(str_bytes))
         })
         .collect();
     let mut resp = DescribeClusterResponse::default()

@@ -93,6 +93,9 @@ pub enum Command {
         /// ISRs and leaderships (see [`forget_storage`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         directory: Option<u128>,
+        /// The node's `broker.rack` (`None` unset, or from an older node).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rack: Option<String>,
     },
     /// A node's lease expired: it leads nothing any more.
     FenceNode { id: i32 },
@@ -355,6 +358,7 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             epoch,
             endpoints,
             directory,
+            rack,
         } => {
             let known = c.nodes.get(id).and_then(|n| n.directory_id);
             // None from an older binary keeps what the node registered before; None
@@ -367,6 +371,7 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
                 broker_epoch: *epoch,
                 endpoints: endpoints.clone(),
                 directory_id: directory.or(known),
+                rack: rack.clone(),
             };
             if c.nodes.get(id) == Some(&info) {
                 return (Outcome::Noted, false);
@@ -573,7 +578,12 @@ fn place(c: &Catalog, t: &NewTopic) -> Result<Vec<PartitionAssignment>, TopicErr
 }
 
 /// Partitions `first..first+count` placed round-robin: partition p's replicas start at
-/// live node `(p + topics) % n`, so leaders spread over the nodes and over topics.
+/// live node `(p + topics) % n`, so leaders spread over the nodes and over topics. When
+/// every live node has a `broker.rack` (and there are two racks or more), the round goes
+/// over the nodes in Kafka's rack-alternating order (see [`rack_alternated`]) and each
+/// next replica is the next node whose rack the partition has no replica in yet, while
+/// such a node is left: a partition's replicas span `min(rf, racks)` racks, so losing a
+/// rack loses no partition with replicas in two.
 fn spread(
     c: &Catalog,
     count: i32,
@@ -589,10 +599,19 @@ fn spread(
         ));
     }
     let shift = c.topics.len();
+    let racks = rack_alternated(c, live);
     let out = (first..first + count)
         .map(|p| {
             let base = usize::try_from(p).unwrap_or(0) + shift;
-            let replicas: Vec<i32> = (0..rf as usize).map(|i| live[(base + i) % n]).collect();
+            let replicas: Vec<i32> = match &racks {
+                None => (0..rf as usize).map(|i| live[(base + i) % n]).collect(),
+                Some(order) => rack_aware_replicas(order, base, rf as usize),
+            };
+            debug_assert_eq!(
+                replicas.iter().collect::<BTreeSet<_>>().len(),
+                replicas.len(),
+                "a node placed twice in one partition"
+            );
             PartitionAssignment {
                 leader: replicas[0],
                 leader_epoch: 0,
@@ -603,6 +622,53 @@ fn spread(
         })
         .collect();
     Ok(out)
+}
+
+/// `live` with each node's rack, in Kafka's rack-alternating order: the first node (by
+/// id) of each rack, racks in name order, then the second of each, and so on. `None`
+/// unless every live node has a rack and there are two racks or more (Kafka refuses a
+/// rack-aware placement over nodes of which only some have racks; weir places those
+/// without racks, as when none has one).
+fn rack_alternated<'a>(c: &'a Catalog, live: &[i32]) -> Option<Vec<(i32, &'a str)>> {
+    let mut by_rack: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for id in live {
+        let rack = c.nodes.get(id)?.rack.as_deref()?;
+        by_rack.entry(rack).or_default().push(*id);
+    }
+    if by_rack.len() < 2 {
+        return None;
+    }
+    let deepest = by_rack.values().map(Vec::len).max().unwrap_or(0);
+    let order = (0..deepest)
+        .flat_map(|i| {
+            by_rack
+                .iter()
+                .filter_map(move |(rack, ids)| ids.get(i).map(|id| (*id, *rack)))
+        })
+        .collect();
+    Some(order)
+}
+
+/// One partition's `rf` replicas from the rack-alternated `order`, starting at
+/// `base % len`: each next replica is the next node in the order not yet chosen whose
+/// rack has no replica yet, or, once every rack has one, the next node not yet chosen.
+fn rack_aware_replicas(order: &[(i32, &str)], base: usize, rf: usize) -> Vec<i32> {
+    let n = order.len();
+    let racks = order.iter().map(|(_, r)| *r).collect::<BTreeSet<_>>().len();
+    let mut chosen: Vec<i32> = Vec::with_capacity(rf);
+    let mut used: BTreeSet<&str> = BTreeSet::new();
+    let mut at = base % n.max(1);
+    while chosen.len() < rf.min(n) {
+        let pick = (0..n).map(|k| order[(at + k) % n]).position(|(id, rack)| {
+            !chosen.contains(&id) && (used.len() >= racks || !used.contains(rack))
+        });
+        let Some(k) = pick else { break };
+        let (id, rack) = order[(at + k) % n];
+        chosen.push(id);
+        used.insert(rack);
+        at = (at + k + 1) % n;
+    }
+    chosen
 }
 
 /// Explicit replica lists (CreateTopics/CreatePartitions assignments), checked: known
@@ -1145,6 +1211,10 @@ mod tests {
     use super::*;
 
     fn node(c: &mut Catalog, id: i32) {
+        node_in(c, id, None);
+    }
+
+    fn node_in(c: &mut Catalog, id: i32, rack: Option<&str>) {
         let cmd = Command::RegisterNode {
             id,
             host: "127.0.0.1".into(),
@@ -1152,8 +1222,44 @@ mod tests {
             epoch: 1,
             endpoints: Vec::new(),
             directory: Some(100 + id as u128),
+            rack: rack.map(str::to_string),
         };
         apply(c, &cmd, true);
+    }
+
+    /// `broker.rack` on every node: each partition's replicas span as many racks as its
+    /// replication factor allows (two racks of 3 and 1 nodes: every RF 2 and RF 3
+    /// partition has a replica in each), leaders still go round every node, and a
+    /// placement over nodes of which only some have racks ignores racks.
+    #[test]
+    fn replicas_are_spread_over_racks_when_every_node_has_one() {
+        let rack_of = |c: &Catalog, id: &i32| c.nodes[id].rack.clone().expect("a rack");
+        let mut c = Catalog::default();
+        for (id, rack) in [(1, "a"), (2, "a"), (3, "a"), (4, "b")] {
+            node_in(&mut c, id, Some(rack));
+        }
+        for (name, rf) in [("two", 2), ("three", 3)] {
+            let mut cmd = topic(name, 8, rf);
+            if let Command::CreateTopics { topics, .. } = &mut cmd {
+                topics[0].meta.id = u128::from(rf as u16);
+            }
+            apply(&mut c, &cmd, true);
+            let placed = &c.topics[name].assignment;
+            assert_eq!(placed.len(), 8);
+            for a in placed {
+                let racks: BTreeSet<String> = a.replicas.iter().map(|r| rack_of(&c, r)).collect();
+                assert_eq!(racks.len(), 2, "{name}: {:?} in one rack", a.replicas);
+                let nodes: BTreeSet<i32> = a.replicas.iter().copied().collect();
+                assert_eq!(nodes.len(), rf as usize, "{name}: {:?}", a.replicas);
+            }
+            let leaders: BTreeSet<i32> = placed.iter().map(|a| a.leader).collect();
+            assert_eq!(leaders.len(), 4, "{name}: leaders {leaders:?}");
+        }
+        // Node 5 without a rack: no rack-aware placement (it would have to guess).
+        node_in(&mut c, 5, None);
+        assert!(rack_alternated(&c, &live_nodes(&c)).is_none());
+        let order = rack_alternated(&c, &[1, 2, 3, 4]).expect("all have racks");
+        assert_eq!(order, vec![(1, "a"), (4, "b"), (2, "a"), (3, "a")]);
     }
 
     fn topic(name: &str, partitions: i32, rf: i16) -> Command {
@@ -1183,6 +1289,7 @@ mod tests {
             epoch,
             endpoints: Vec::new(),
             directory,
+            rack: None,
         }
     }
 
@@ -1402,6 +1509,7 @@ mod tests {
             epoch: -1,
             endpoints: Vec::new(),
             directory: None,
+            rack: None,
         };
         apply(&mut c, &register, true);
         assert_eq!(c.nodes[&follower].broker_epoch, -1);

@@ -80,6 +80,9 @@ pub struct NodeInfo {
     /// sent one, or from an older node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directory_id: Option<u128>,
+    /// The node's `broker.rack` (`None` unset, or in an image written before racks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
 }
 
 /// One listener of a node as registered: its name and advertised address.

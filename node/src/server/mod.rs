@@ -334,6 +334,7 @@ fn prepare_quorum(
         endpoints,
         broker_epoch: wire::BrokerEpoch::draw(rand::random()),
         directory_id: Some(directory_id),
+        rack: config.rack().map(str::to_string),
         heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
         session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
         election_timeout: Duration::from_millis(config.controller_election_timeout_ms),

@@ -113,6 +113,7 @@ async fn heartbeats(b: Arc<Broker>) {
                 epoch: b.config.broker_epoch.get(),
                 endpoints: b.config.endpoints.clone(),
                 directory: b.config.directory_id,
+                rack: b.config.rack.clone(),
             };
             let sent = Instant::now();
             match peer.call(&rpc, timeout).await {

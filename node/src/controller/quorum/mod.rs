@@ -70,6 +70,8 @@ pub struct QuorumConfig {
     /// The `directory.id` of this node's data dir, registered with the controller: a
     /// node back with another one lost its storage, and leaves its ISRs and leaderships.
     pub directory_id: Option<u128>,
+    /// This node's `broker.rack`, registered with the controller.
+    pub rack: Option<String>,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
     pub election_timeout: Duration,
@@ -708,8 +710,9 @@ async fn handle_rpc(ctx: &Ctx, rpc: Rpc) -> RpcReply {
             epoch,
             endpoints,
             directory,
+            rack,
         } => RpcReply::Heartbeat(
-            heartbeat(ctx, id, (host, port), (epoch, directory), endpoints).map(|live| {
+            heartbeat(ctx, id, (host, port), (epoch, directory), endpoints, rack).map(|live| {
                 // Read after `live` was decided from the image: a fence applied in between
                 // is in what the node must catch up to. The answer renews a lease only from
                 // a leader that a quorum acknowledged and that has applied an entry of its
@@ -771,6 +774,7 @@ fn heartbeat(
     (host, port): (String, u16),
     (epoch, directory): (i64, Option<u128>),
     endpoints: Vec<crate::metadata::Endpoint>,
+    rack: Option<String>,
 ) -> Result<bool, Refused> {
     if !is_leader(ctx) {
         return Err(Refused::NotLeader(
@@ -803,6 +807,7 @@ fn heartbeat(
             && n.broker_epoch == epoch
             && n.endpoints == endpoints
             && (directory.is_none() || n.directory_id == directory)
+            && n.rack == rack
     });
     if known {
         return Ok(!being_fenced);
@@ -848,6 +853,7 @@ fn heartbeat(
             epoch,
             endpoints,
             directory,
+            rack,
         };
         tokio::spawn(async move {
             if let Err(e) = raft.client_write(cmd).await {
@@ -888,6 +894,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                     (host.clone(), port),
                     (epoch, ctx.config.directory_id),
                     ctx.config.endpoints.clone(),
+                    ctx.config.rack.clone(),
                 );
                 if let Err(Refused::Failed(why)) = mine {
                     refusals.refused(&why);
@@ -919,6 +926,7 @@ async fn heartbeats(ctx: Arc<Ctx>, handle: Arc<Handle>) {
                         epoch,
                         endpoints: ctx.config.endpoints.clone(),
                         directory: ctx.config.directory_id,
+                        rack: ctx.config.rack.clone(),
                     };
                     let sent = Instant::now();
                     let reply = peer.call(&rpc, ctx.config.heartbeat_interval * 2).await;

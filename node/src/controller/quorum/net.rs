@@ -65,6 +65,9 @@ pub enum Rpc {
         /// The `directory.id` of the node's data dir (`None` from an older node).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         directory: Option<u128>,
+        /// The node's `broker.rack` (`None` unset, or from an older node).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rack: Option<String>,
     },
     /// SASL: the first request on a connection to a SASL controller port, and the only
     /// one served before it succeeded. `token`: the mechanism's client message.
