@@ -11,7 +11,7 @@
 # deleted on exit.
 #
 # Usage: bench/efficiency.sh            (from the repo root; BUILD=0 skips cargo build)
-#   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 IN_FLIGHT=5 bench/efficiency.sh
+#   SHARDS=2 DUR=10s RECORD=1024 BATCH=65536 PARTITIONS=2 CONNECTIONS=1 IN_FLIGHT=5 CONSUMERS=2 bench/efficiency.sh
 #   IN_FLIGHT: produce requests in flight per connection (Kafka's default 5). With 5, a
 #   2-partition produce is bound by the round trip, not by a CPU or the disk
 #   (docs/PERFORMANCE.md, "Produce: the client's window").
@@ -27,6 +27,7 @@ BATCH=${BATCH:-65536}
 PARTITIONS=${PARTITIONS:-2}
 CONNECTIONS=${CONNECTIONS:-1}
 IN_FLIGHT=${IN_FLIGHT:-5}
+CONSUMERS=${CONSUMERS:-2}
 BIN=${BIN:-target/release}
 
 if [ "${BUILD:-1}" = 1 ]; then cargo build --release -p weir -p weir-loadgen --bins >/dev/null; fi
@@ -117,7 +118,7 @@ phase produce-acks-1 produce "${COMMON[@]}" --topic t1 --acks 1 --rate max --dur
     --connections "$CONNECTIONS" --max-in-flight "$IN_FLIGHT"
 phase produce-acks-all produce "${COMMON[@]}" --topic tall --acks all --rate max \
     --duration "$DUR" --connections "$CONNECTIONS" --max-in-flight "$IN_FLIGHT"
-phase consume consume --bootstrap "$ADDR" --topic tall --consumers 2 --from earliest --quiet
+phase consume consume --bootstrap "$ADDR" --topic tall --consumers "$CONSUMERS" --from earliest --quiet
 fi
 
 python3 - "$WORK" "$FIO" "$RECV0" "$RECV1" "$SEND_CPU" "$RECORD" "$FLOORS_ONLY" "$WRITE_BS" "$WRITE_SYS" <<'EOF'

@@ -13,7 +13,7 @@ use wire::batch::Compression;
 
 use crate::client::conn::Conn;
 use crate::client::consumer::{
-    Consumer, ConsumerConfig, LagSampler, Positions, RecordSink, StartAt, Until,
+    Consumer, ConsumerConfig, LagSampler, Positions, RecordSink, Seen, StartAt, Until,
 };
 use crate::client::metadata::{self, Cluster};
 use crate::client::payload::Stamp;
@@ -157,6 +157,16 @@ impl RecordSink for Counting {
         }
         self.last_ns.store(now_ns, Ordering::Relaxed);
         self.inner.consumed(partition, offset, stamp, now_ns);
+    }
+
+    /// A batch at once: each counter moved once, not once per record (the consumer
+    /// threads share them).
+    fn consumed_all(&self, partition: i32, records: &[Seen], now_ns: u64) {
+        let ours = records.iter().filter(|r| r.stamp.is_some()).count() as u64;
+        self.all.fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.ours.fetch_add(ours, Ordering::Relaxed);
+        self.last_ns.store(now_ns, Ordering::Relaxed);
+        self.inner.consumed_all(partition, records, now_ns);
     }
 }
 
@@ -480,4 +490,53 @@ fn start_progress(
             }
         })
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::consumer::NoRecordSink;
+
+    /// A batch counted at once moves the counters as its records one by one would.
+    #[test]
+    fn a_batch_counts_as_its_records() {
+        let stamp = Stamp {
+            run_id: 1,
+            record_id: 2,
+            intended_ns: 3,
+        };
+        let records = [
+            Seen {
+                offset: 5,
+                stamp: Some(stamp),
+                bytes: 10,
+            },
+            Seen {
+                offset: 6,
+                stamp: None,
+                bytes: 10,
+            },
+            Seen {
+                offset: 7,
+                stamp: Some(stamp),
+                bytes: 10,
+            },
+        ];
+        let counting = || Counting {
+            inner: Arc::new(NoRecordSink),
+            ours: AtomicU64::new(0),
+            all: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
+        };
+        let (one, all) = (counting(), counting());
+        for r in &records {
+            one.consumed(0, r.offset, r.stamp, 99);
+        }
+        all.consumed_all(0, &records, 99);
+        for c in [&one, &all] {
+            assert_eq!(c.all.load(Ordering::Relaxed), 3);
+            assert_eq!(c.ours.load(Ordering::Relaxed), 2);
+            assert_eq!(c.last_ns.load(Ordering::Relaxed), 99);
+        }
+    }
 }

@@ -77,7 +77,7 @@ pub fn decode_response<R: Request>(
 }
 
 /// Reads one frame; returns its bytes without the size prefix.
-pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
+pub fn read_frame(stream: &mut Stream) -> Result<Bytes> {
     let mut prefix = [0u8; frame::SIZE_PREFIX_BYTES];
     stream
         .read_exact(&mut prefix)
@@ -87,11 +87,10 @@ pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
         Ok(frame::FrameStatus::Complete { size }) => size,
         Err(e) => bail!("bad frame from broker: {e}"),
     };
-    // read_to_end fills spare capacity without zeroing it first (a fetch can be 64 MiB).
+    // Into spare capacity, not zeroed first on a plain socket (a fetch can be 64 MiB).
     let mut buf = Vec::with_capacity(size);
     stream
-        .take(size as u64)
-        .read_to_end(&mut buf)
+        .read_body(size, &mut buf)
         .context("reading frame body")?;
     if buf.len() != size {
         bail!(

@@ -82,6 +82,24 @@ struct Pending {
 pub trait RecordSink: Send + Sync {
     /// Record at `offset` of `partition`, fetched at `now_ns` (run clock).
     fn consumed(&self, partition: i32, offset: i64, stamp: Option<Stamp>, now_ns: u64);
+
+    /// The records of one fetched batch of `partition`, in offset order. One by one
+    /// unless a sink can do better: consumer threads share a sink, and what it updates
+    /// per record they contend for.
+    fn consumed_all(&self, partition: i32, records: &[Seen], now_ns: u64) {
+        for r in records {
+            self.consumed(partition, r.offset, r.stamp, now_ns);
+        }
+    }
+}
+
+/// One record a consumer counted.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    pub offset: i64,
+    pub stamp: Option<Stamp>,
+    /// Its value's length.
+    pub bytes: u64,
 }
 
 /// Ignores records.
@@ -151,6 +169,8 @@ pub struct Consumer {
     /// Partition leaders are asked for again after a leadership error or a lost
     /// connection (the layout the consumer was built with goes stale when leaders move).
     refresh: Refresher,
+    /// One batch's records, kept between batches.
+    seen: Vec<Seen>,
 }
 
 impl Consumer {
@@ -181,6 +201,7 @@ impl Consumer {
             fetch_at: BTreeMap::new(),
             throttle_start: None,
             refresh: Refresher::default(),
+            seen: Vec::new(),
         }
     }
 
@@ -583,37 +604,45 @@ impl Consumer {
         Ok(())
     }
 
+    /// Checks one fetched batch (CRC) and counts its records from `pos` on: each is
+    /// walked in place (no allocation, no reference count per record), and the batch is
+    /// recorded under one lock of the shared recorder.
     fn decode_batch(&mut self, p: i32, batch: Bytes, pos: i64, now: u64) {
-        let (header, records) = match batch_records(&batch, MAX_DECOMPRESSED_BYTES) {
-            Ok(x) => x,
-            Err(e) => {
-                self.recorder.record_error("ClientCorruptBatch", 1);
-                warn(&format!("partition {p}: undecodable batch: {e}"));
-                return;
-            }
+        let checked = wire::batch::validate_batch(&batch).map(|view| view.header.base_offset());
+        let base = match checked {
+            Ok(base) => base.get(),
+            Err(e) => return self.corrupt(p, &format!("undecodable batch: {e}")),
         };
-        let base = header.base_offset().get();
-        for r in records {
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    self.recorder.record_error("ClientCorruptBatch", 1);
-                    warn(&format!("partition {p}: bad record: {e}"));
-                    return;
-                }
-            };
+        let mut seen = std::mem::take(&mut self.seen);
+        seen.clear();
+        let run_id = self.run_id;
+        let walked = wire::batch::walk_batch(&batch, MAX_DECOMPRESSED_BYTES, |_, r| {
             let offset = base + i64::from(r.offset_delta);
-            if offset < pos {
-                continue;
+            if offset >= pos {
+                let value = r.value.unwrap_or(&[]);
+                seen.push(Seen {
+                    offset,
+                    stamp: payload::decode(value).filter(|s| s.run_id == run_id),
+                    bytes: value.len() as u64,
+                });
             }
-            let value = r.value.as_deref().unwrap_or(&[]);
-            let stamp = payload::decode(value).filter(|s| s.run_id == self.run_id);
-            let len = value.len() as u64;
-            self.recorder
-                .record_consumed(stamp.map(|s| s.intended_ns), now, len);
-            self.sink.consumed(p, offset, stamp, now);
-            self.consumed += 1;
+            Ok(())
+        });
+        self.sink.consumed_all(p, &seen, now);
+        let stats = seen
+            .iter()
+            .map(|r| (r.stamp.map(|s| s.intended_ns), r.bytes));
+        self.recorder.record_consumed_all(stats, now);
+        self.consumed += seen.len() as u64;
+        self.seen = seen;
+        if let Err(e) = walked {
+            self.corrupt(p, &format!("bad record: {e}"));
         }
+    }
+
+    fn corrupt(&self, p: i32, why: &str) {
+        self.recorder.record_error("ClientCorruptBatch", 1);
+        warn(&format!("partition {p}: {why}"));
     }
 
     fn reset(&mut self, p: i32) -> Result<()> {

@@ -317,6 +317,18 @@ impl Stream {
         self.sock().shutdown(how)
     }
 
+    /// Reads up to `size` bytes onto the end of `buf` (fewer only at end of stream).
+    /// Plaintext reads straight into the Vec's spare capacity: the socket's own reader
+    /// fills memory it was given uninitialised, where a reader with only `read` (this
+    /// enum's) has every byte zeroed first — a memset of each whole fetch answer, an
+    /// eighth of a consumer's CPU.
+    pub fn read_body(&mut self, size: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.take(size as u64).read_to_end(buf),
+            Stream::Tls(t) => t.take(size as u64).read_to_end(buf),
+        }
+    }
+
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.sock().set_read_timeout(t)
     }
