@@ -27,6 +27,7 @@ pub mod fetch;
 pub mod frame;
 pub mod messages;
 pub mod produce;
+pub mod sasl;
 pub mod scram;
 pub mod types;
 

@@ -30,7 +30,6 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::{CertificateError, ClientConfig, ClientConnection, DigitallySignedStruct};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use wire::scram::{ScramClient, ScramMechanism};
 
 use super::conn::Conn;
 
@@ -40,31 +39,16 @@ const PEM_FILE_MAX_BYTES: u64 = 1 << 20;
 /// of payload; a fetch answer arrives as many of them).
 const TLS_READ_CHUNK: usize = 256 << 10;
 
-/// Kafka's `sasl.mechanism`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mechanism {
-    Plain,
-    Scram(ScramMechanism),
-}
+/// Kafka's `sasl.mechanism` (the login itself is `wire::sasl`'s, shared with weir's
+/// own clients).
+pub use wire::sasl::Mechanism;
 
-impl Mechanism {
-    pub fn parse(s: &str) -> Result<Self> {
-        Ok(match s.to_ascii_uppercase().as_str() {
-            "PLAIN" => Mechanism::Plain,
-            "SCRAM-SHA-256" => Mechanism::Scram(ScramMechanism::Sha256),
-            "SCRAM-SHA-512" => Mechanism::Scram(ScramMechanism::Sha512),
-            other => bail!(
-                "--sasl-mechanism must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, not {other:?}"
-            ),
-        })
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Mechanism::Plain => "PLAIN",
-            Mechanism::Scram(m) => m.name(),
-        }
-    }
+/// `--sasl-mechanism`, in any case.
+fn parse_mechanism(s: &str) -> Result<Mechanism> {
+    let upper = s.to_ascii_uppercase();
+    Mechanism::parse(&upper).ok_or_else(|| {
+        anyhow!("--sasl-mechanism must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, not {upper:?}")
+    })
 }
 
 /// The credentials a SASL listener asks for.
@@ -112,7 +96,7 @@ impl SecurityFlags {
         };
         let sasl = match (sasl, &self.sasl_username, &self.sasl_password) {
             (true, Some(u), Some(p)) => Some(Sasl {
-                mechanism: Mechanism::parse(&self.sasl_mechanism)?,
+                mechanism: parse_mechanism(&self.sasl_mechanism)?,
                 username: u.clone(),
                 password: p.clone(),
             }),
@@ -510,7 +494,9 @@ pub fn authenticate(conn: &mut Conn) -> Result<()> {
         );
     }
     let auth_version = conn.versions.pick(36, 0, 2)?;
-    let mut step = |token: Vec<u8>| -> Result<Bytes> {
+    let (mut login, mut token) =
+        wire::sasl::Login::start(sasl.mechanism, &sasl.username, &sasl.password);
+    loop {
         let resp: SaslAuthenticateResponse = conn.call(
             &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
             auth_version,
@@ -523,26 +509,11 @@ pub fn authenticate(conn: &mut Conn) -> Result<()> {
                 resp.error_code
             );
         }
-        Ok(resp.auth_bytes)
-    };
-    match sasl.mechanism {
-        Mechanism::Plain => {
-            step(format!("\0{}\0{}", sasl.username, sasl.password).into_bytes())?;
-        }
-        Mechanism::Scram(m) => {
-            let (mut client, first) = ScramClient::start(m, &sasl.username, &sasl.password);
-            // Two round trips, never more: the exchange is not driven by the broker.
-            let server_first = step(first)?;
-            let last = client
-                .client_final(&server_first)
-                .map_err(|e| anyhow!("SCRAM server-first: {e}"))?;
-            let server_final = step(last)?;
-            client.check_server_final(&server_final).map_err(|e| {
-                anyhow!("SCRAM server-final (the broker did not prove it knows the password): {e}")
-            })?;
+        match login.answer(&resp.auth_bytes)? {
+            Some(next) => token = next,
+            None => return Ok(()),
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -35,9 +35,6 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use wire::frame::RequestHeader;
-use wire::scram::ScramClient;
-
-use crate::security::sasl::Mechanism;
 
 /// Largest response frame accepted (a describe of a huge group stays far below).
 const RESPONSE_MAX_BYTES: usize = 64 << 20;
@@ -88,7 +85,8 @@ impl Client {
             );
         }
         let user = &sasl.user;
-        let mut step = |token: Vec<u8>| -> anyhow::Result<Bytes> {
+        let (mut login, mut token) = wire::sasl::Login::start(sasl.mechanism, user, &sasl.password);
+        loop {
             let auth: SaslAuthenticateResponse = self.call(
                 ApiKey::SaslAuthenticate,
                 2,
@@ -101,28 +99,11 @@ impl Client {
                     kafka_error(auth.error_code)
                 );
             }
-            Ok(auth.auth_bytes)
-        };
-        match sasl.mechanism {
-            Mechanism::Plain => {
-                step(format!("\0{user}\0{}", sasl.password).into_bytes())?;
-            }
-            Mechanism::Scram(m) => {
-                let (mut client, first) = ScramClient::start(m, user, &sasl.password);
-                // Two round trips, never more: the exchange is not driven by the broker.
-                let server_first = step(first)?;
-                let last = client
-                    .client_final(&server_first)
-                    .map_err(|e| anyhow::anyhow!("SCRAM server-first: {e}"))?;
-                let server_final = step(last)?;
-                client.check_server_final(&server_final).map_err(|e| {
-                    anyhow::anyhow!(
-                        "SCRAM server-final (the broker did not prove it knows the password): {e}"
-                    )
-                })?;
+            match login.answer(&auth.auth_bytes)? {
+                Some(next) => token = next,
+                None => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// Sends one request and reads its response.

@@ -135,8 +135,6 @@ impl BrokerConn {
         addr: SocketAddr,
         sasl: &crate::security::peer::PeerSasl,
     ) -> Result<(), ClientError> {
-        use crate::security::sasl::Mechanism;
-        use crate::security::scram::ScramClient;
         use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
         let deadline = Instant::now() + CONNECT_TIMEOUT;
         let refused = |why: String| ClientError::Sasl { addr, why };
@@ -151,35 +149,24 @@ impl BrokerConn {
                 resp.error_code
             )));
         }
-        let mut step = async |token: Vec<u8>| -> Result<Bytes, ClientError> {
+        let (mut login, mut token) =
+            wire::sasl::Login::start(sasl.mechanism, &sasl.user, &sasl.password);
+        loop {
             let req = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
             let resp = self.call(&req, 1, deadline).await?;
-            match resp.error_code {
-                0 => Ok(resp.auth_bytes),
-                code => Err(refused(format!(
-                    "SaslAuthenticate: error {code} {}",
+            if resp.error_code != 0 {
+                return Err(refused(format!(
+                    "SaslAuthenticate: error {} {}",
+                    resp.error_code,
                     resp.error_message.as_deref().unwrap_or_default()
-                ))),
+                )));
             }
-        };
-        match sasl.mechanism {
-            Mechanism::Plain => {
-                let token = format!("\0{}\0{}", sasl.user, sasl.password).into_bytes();
-                step(token).await?;
-            }
-            Mechanism::Scram(m) => {
-                let (mut client, first) = ScramClient::start(m, &sasl.user, &sasl.password);
-                let server_first = step(first).await?;
-                let fin = client
-                    .client_final(&server_first)
-                    .map_err(|e| refused(e.to_string()))?;
-                let server_final = step(fin).await?;
-                client
-                    .check_server_final(&server_final)
-                    .map_err(|_| refused("the peer's SCRAM signature is wrong".into()))?;
+            match login.answer(&resp.auth_bytes) {
+                Ok(Some(next)) => token = next,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(refused(e.to_string())),
             }
         }
-        Ok(())
     }
 
     /// Sends `req` at `version` and returns its response, all by `deadline`.

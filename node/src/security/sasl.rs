@@ -24,30 +24,8 @@ pub const SERVER_MAX_RECEIVE_BYTES_DEFAULT: usize = 524_288;
 /// Longest PLAIN message (authzid, user, password) accepted.
 const PLAIN_MESSAGE_MAX_BYTES: usize = 4096;
 
-/// A SASL mechanism weir speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mechanism {
-    Plain,
-    Scram(ScramMechanism),
-}
-
-impl Mechanism {
-    pub fn parse(name: &str) -> Option<Mechanism> {
-        match name.trim() {
-            "PLAIN" => Some(Mechanism::Plain),
-            "SCRAM-SHA-256" => Some(Mechanism::Scram(ScramMechanism::Sha256)),
-            "SCRAM-SHA-512" => Some(Mechanism::Scram(ScramMechanism::Sha512)),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Plain => "PLAIN",
-            Mechanism::Scram(m) => m.name(),
-        }
-    }
-}
+/// A SASL mechanism weir speaks (shared with its clients' logins).
+pub use wire::sasl::Mechanism;
 
 /// What a SASL listener offers and checks against.
 #[derive(Debug, Clone)]
