@@ -313,6 +313,9 @@ pub struct Config {
     pub retention_check_interval_ms: u64,
     /// weir's own key `log.flush.on.ack`: an ack also waits for fdatasync.
     pub flush_on_ack: bool,
+    /// weir's `log.index.cache.bytes`: sealed segments' index entries the node keeps in
+    /// memory (split evenly per shard); the rest are read from their files when needed.
+    pub log_index_cache_bytes: u64,
     /// All raw properties, for keys passed through to topic defaults.
     pub props: Properties,
     /// `max.partitions`, `max.partitions.per.request`, `max.open.partitions` (weir's own).
@@ -513,6 +516,10 @@ impl Config {
                 RETENTION_CHECK_INTERVAL_MS_DEFAULT,
             )?,
             flush_on_ack: props.parse_bool("log.flush.on.ack", false)?,
+            log_index_cache_bytes: props.parse_num(
+                &["log.index.cache.bytes"],
+                crate::storage::INDEX_CACHE_BYTES_DEFAULT,
+            )?,
             partition_limits: PartitionLimits::resolve(&props)?,
             queued_max_request_bytes: props.parse_num(
                 &["queued.max.request.bytes"],
@@ -883,6 +890,7 @@ impl Config {
             ("log.flush.interval.messages", "flush.messages"),
             ("log.flush.interval.ms", "flush.ms"),
             ("log.index.interval.bytes", "index.interval.bytes"),
+            ("log.index.size.max.bytes", "segment.index.bytes"),
             ("log.preallocate", "preallocate"),
             ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
             (
@@ -1253,6 +1261,9 @@ mod tests {
             // Storage keys that used to pass the start and fail every partition's open.
             ("log.flush.interval.messages", "0"),
             ("log.index.interval.bytes", "lots"),
+            ("log.index.size.max.bytes", "3"),
+            ("log.index.cache.bytes", "64MB"),
+            ("log.index.cache.bytes", "-1"),
             ("log.tail.cache.bytes", "64MB"),
             ("log.read.ahead.bytes", "-1"),
             ("log.roll.hours", "0"),
@@ -1353,6 +1364,7 @@ mod tests {
         p.set("log.flush.interval.messages", "100000");
         p.set("log.flush.interval.ms", "60000");
         p.set("log.index.interval.bytes", "8192");
+        p.set("log.index.size.max.bytes", "4096");
         p.set("log.preallocate", "false");
         p.set("log.roll.hours", "2");
         let c = Config::resolve(p, &CliOverrides::default()).unwrap();
@@ -1369,15 +1381,18 @@ mod tests {
         let broker = open(&[]);
         assert_eq!(broker.flush_interval_messages, 100_000);
         assert_eq!(broker.index_interval_bytes, 8192);
+        assert_eq!(broker.segment_index_bytes, 4096);
         assert!(!broker.preallocate);
         assert_eq!(broker.segment_ms, 2 * 3_600_000);
         let topic = open(&[
             ("flush.messages", "1"),
             ("flush.ms", "10"),
             ("index.interval.bytes", "4096"),
+            ("segment.index.bytes", "1024"),
             ("preallocate", "true"),
             ("segment.ms", "1000"),
         ]);
+        assert_eq!(topic.segment_index_bytes, 1024);
         assert_eq!(topic.flush_interval_messages, 1);
         assert_eq!(topic.flush_interval_ms, 10);
         assert_eq!(topic.index_interval_bytes, 4096);

@@ -603,6 +603,9 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         .1
         .local_addr()
         .map_err(|e| anyhow::anyhow!("local_addr: {e}"))?;
+    // This shard's share of the node's `log.index.cache.bytes`, before any log opens.
+    let shards = node.config.shards.max(1) as u64;
+    crate::storage::set_shard_index_cache_bytes(node.config.log_index_cache_bytes / shards);
     if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
         let _ = ready.send(Err(anyhow::anyhow!("DMA probe failed: {e}")));
         return Err(e.into());

@@ -643,7 +643,7 @@ impl Log {
     /// 3). Synchronous from the check to the state update, so nothing else runs in
     /// between. Returns false (the copy deleted) if a segment of the group is no longer
     /// in the log as it was read.
-    fn swap(&self, group: &[&SegRef], new: Segment) -> Result<bool> {
+    fn swap(&self, group: &[&SegRef], mut new: Segment) -> Result<bool> {
         let first = group[0];
         let cleaned = suffixed(&first.path, CLEANED_SUFFIX);
         let swap = suffixed(&first.path, SWAP_SUFFIX);
@@ -686,9 +686,12 @@ impl Log {
         let mut st = self.state.borrow_mut();
         st.cache.drop_below(new.next_offset);
         st.read_ahead.invalidate();
-        if let Err(e) = write_index_files(&new, &self.disk) {
-            // Rebuilt from the `.log` at the next open.
-            tracing::warn!(segment = %first.path.display(), "cleaned segment's index files: {e}");
+        match write_index_files(&new, &self.disk) {
+            Ok(()) => new.index_to_files(false),
+            // Rebuilt from the `.log` at the next open; kept in memory until then.
+            Err(e) => {
+                tracing::warn!(segment = %first.path.display(), "cleaned segment's index files: {e}")
+            }
         }
         for old in group.iter().skip(1) {
             st.segments.remove(&old.base);
@@ -837,7 +840,12 @@ fn plan(
             continue;
         }
         let checkpoint_position = match relative(seg.base, checkpoint) {
-            Some(rel) if checkpoint < seg.next_offset => seg.index.position_for(rel).get(),
+            // Only if the shard's index cache holds it: else the dirty part is found
+            // by reading the segment from its start (batches below the checkpoint are
+            // read and skipped), which costs reads, not a wrong map.
+            Some(rel) if checkpoint < seg.next_offset => seg
+                .with_index(None, |ix| ix.position_for(rel).get())
+                .unwrap_or(0),
             _ => 0,
         };
         segments.push(SegRef {

@@ -17,6 +17,10 @@ pub struct LogConfig {
     /// `log.index.interval.bytes` / `index.interval.bytes`: bytes of batches between two
     /// sparse index entries.
     pub index_interval_bytes: u32,
+    /// `log.index.size.max.bytes` / `segment.index.bytes`: the active segment rolls
+    /// before its offset index (8 bytes an entry) or time index (12) would grow past this
+    /// many bytes.
+    pub segment_index_bytes: u64,
     /// `log.retention.ms` / `retention.ms`: delete sealed segments whose newest timestamp
     /// (else, none carrying one, the file's last modification) is older than this; -1
     /// keeps forever.
@@ -109,6 +113,7 @@ impl Default for LogConfig {
             segment_bytes: 1 << 30,
             segment_ms: 7 * 24 * 3600 * 1000,
             index_interval_bytes: 4096,
+            segment_index_bytes: SEGMENT_INDEX_BYTES_DEFAULT,
             retention_ms: 7 * 24 * 3600 * 1000,
             retention_bytes: -1,
             flush_interval_messages: i64::MAX as u64,
@@ -135,6 +140,12 @@ impl Default for LogConfig {
 
 /// Kafka 4's default `log.message.timestamp.after.max.ms`: one hour.
 pub const MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT: i64 = 3_600_000;
+
+/// Kafka's default `segment.index.bytes`: 10 MiB.
+pub const SEGMENT_INDEX_BYTES_DEFAULT: u64 = 10 << 20;
+/// Kafka's lower bound for `segment.index.bytes` (an index too small for one entry rolls
+/// at every append).
+const SEGMENT_INDEX_BYTES_MIN: u64 = 4;
 
 /// Smallest accepted segment size: Kafka's own lower bound for `segment.bytes`.
 const SEGMENT_BYTES_MIN: u64 = 14;
@@ -167,6 +178,13 @@ impl LogConfig {
             "roll.hours" => self.segment_ms = positive::<i64>(key, value)? * 3_600_000,
             "index.interval.bytes" => {
                 self.index_interval_bytes = parse(key, value)?;
+            }
+            "index.size.max.bytes" | "segment.index.bytes" => {
+                let v: u64 = parse(key, value)?;
+                if !(SEGMENT_INDEX_BYTES_MIN..=i32::MAX as u64).contains(&v) {
+                    return Err(bad(key, value, "must be between 4 and 2147483647"));
+                }
+                self.segment_index_bytes = v;
             }
             "retention.ms" => self.retention_ms = at_least_minus_one(key, value)?,
             "retention.minutes" => {
@@ -324,6 +342,21 @@ mod tests {
         assert!(!c.preallocate);
         assert!(c.set("log.flush.on.ack", "True").unwrap());
         assert!(c.flush_on_ack);
+    }
+
+    /// `segment.index.bytes` (topic) and `log.index.size.max.bytes` (broker) bound the
+    /// active segment's index; Kafka's default and lower bound.
+    #[test]
+    fn segment_index_bytes_parses_under_both_names() {
+        assert_eq!(LogConfig::default().segment_index_bytes, 10 << 20);
+        let c = LogConfig::from_pairs([("log.index.size.max.bytes", "4096")]).unwrap();
+        assert_eq!(c.segment_index_bytes, 4096);
+        let c = LogConfig::from_pairs([("segment.index.bytes", "4")]).unwrap();
+        assert_eq!(c.segment_index_bytes, 4);
+        let mut c = LogConfig::default();
+        assert!(c.set("segment.index.bytes", "3").is_err());
+        assert!(c.set("segment.index.bytes", "2147483648").is_err());
+        assert!(c.set("log.index.size.max.bytes", "x").is_err());
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! The sparse offset index (`.index`) and time index (`.timeindex`) of one segment, in
-//! Kafka's byte layout, kept in memory and written to disk when the segment is sealed or
-//! the log is closed.
+//! Kafka's byte layout, written to disk when the segment is sealed or the log is closed.
 //!
 //! `.index` entry, 8 bytes, big-endian:
 //!
@@ -17,6 +16,8 @@
 //! |   8 |    4 | relative offset of the last record of the batch holding it |
 //!
 //! One entry of each is added per `log.index.interval.bytes` of batches, as Kafka does.
+//! The active segment's index lives here in memory; a sealed segment's is read back from
+//! its files when needed, into the shard's bounded cache (`index_cache.rs`).
 
 use zerocopy::byteorder::big_endian::{I32, I64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -118,6 +119,22 @@ impl SegmentIndex {
 
     pub fn time_entries(&self) -> &[(i64, u32)] {
         &self.times
+    }
+
+    /// Entries in the offset index (8 bytes each in `.index`).
+    pub fn offset_entry_count(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Entries in the time index (12 bytes each in `.timeindex`).
+    pub fn time_entry_count(&self) -> usize {
+        self.times.len()
+    }
+
+    /// The memory the entries take (what the index cache charges for them).
+    pub fn memory_bytes(&self) -> u64 {
+        (self.offsets.capacity() * size_of::<(u32, FilePosition)>()
+            + self.times.capacity() * size_of::<(i64, u32)>()) as u64
     }
 
     /// The `.index` file bytes.

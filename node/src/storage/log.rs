@@ -388,7 +388,7 @@ impl State {
         self.counters.rolls += 1;
     }
 
-    fn needs_roll(&self, blob_len: u64, last_delta: i64, now_ms: i64) -> bool {
+    fn needs_roll(&self, blob_len: u64, batches: usize, last_delta: i64, now_ms: i64) -> bool {
         let Some(active) = self.active() else {
             return true;
         };
@@ -401,7 +401,13 @@ impl State {
             .is_some_and(|t| now_ms.saturating_sub(t) >= self.config.roll_ms());
         let offsets_overflow =
             super::index::relative(active.base, self.log_end.add(last_delta)).is_none();
-        full || old || offsets_overflow
+        let index_full = active.index_would_overflow(
+            batches,
+            blob_len,
+            self.config.index_interval_bytes,
+            self.config.segment_index_bytes,
+        );
+        full || old || offsets_overflow || index_full
     }
 }
 
@@ -625,7 +631,7 @@ impl Log {
                 max: span_max + 1,
             });
         }
-        if st.needs_roll(blob_len, last_delta, now_ms) {
+        if st.needs_roll(blob_len, batches.len(), last_delta, now_ms) {
             st.roll(&self.dir);
         }
         let append_time = (st.config.message_timestamp_type == TimestampType::LogAppendTime
@@ -984,6 +990,10 @@ impl LogInner {
         let next = seg.next_offset;
         super::open::write_index_files(seg, &self.disk)?;
         seg.sealed = true;
+        // From here its entries are read back from the files when needed, through the
+        // shard's bounded index cache (kept there for now: a consumer a little behind
+        // reads the segment just rolled next).
+        seg.index_to_files(true);
         st.synced_next = st.synced_next.max(next);
         st.assert_positions();
         Ok(())
@@ -1091,6 +1101,19 @@ impl Log {
     pub fn open_files(&self) -> usize {
         let st = self.state.borrow();
         st.segments.values().filter(|s| s.file.is_some()).count()
+    }
+
+    /// Bytes of index entries this log's sealed segments hold in memory themselves,
+    /// outside the shard's bounded index cache ([`super::shard_index_cache_stats`]): 0
+    /// unless a sealed segment's index files could not be written.
+    pub fn sealed_index_bytes_held(&self) -> u64 {
+        let st = self.state.borrow();
+        let active = st.active().map(|a| a.base);
+        st.segments
+            .values()
+            .filter(|s| Some(s.base) != active && !s.index_in_files())
+            .map(|s| s.index.memory_bytes())
+            .sum()
     }
 
     /// Number of segments.

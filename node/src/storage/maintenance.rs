@@ -16,6 +16,7 @@ use super::open::{
     remove_files, remove_segment_files, retire_segment_files, write_index_files, write_log_start,
     write_log_start_synced_later,
 };
+use super::read::{Planned, plan_loading_index};
 use super::recovery::FileWindow;
 use super::segment::{Segment, check_stored_header};
 use super::writer::create_log_file;
@@ -51,6 +52,7 @@ impl Log {
             return Ok(self.log_end_offset());
         }
         let cut = self.find_cut(offset).await?;
+        self.index_to_memory(cut.base).await?;
         if cut.next_offset <= log_start {
             // The cut batch straddles the log start (DeleteRecords can stop mid-batch):
             // nothing at or after the start survives, so the log restarts empty there.
@@ -76,8 +78,7 @@ impl Log {
 
     /// Finds the first batch holding an offset `>= offset`.
     async fn find_cut(&self, offset: Offset) -> Result<Cut> {
-        let (base, file, path, from, end, seg_next) = {
-            let st = self.state.borrow();
+        let planned = plan_loading_index(self, |st, loaded| {
             let Some(seg) = st.segments.range(..=offset).next_back().map(|(_, s)| s) else {
                 return Err(StorageError::OffsetOutOfRange {
                     requested: offset,
@@ -85,15 +86,30 @@ impl Log {
                     log_end: st.log_end,
                 });
             };
-            let from = relative(seg.base, offset).map_or(0, |r| seg.index.position_for(r).get());
-            (
+            let from = match relative(seg.base, offset) {
+                None => Ok(0),
+                Some(r) => seg.with_index(loaded, |ix| ix.position_for(r).get()),
+            };
+            let from = match from {
+                Ok(from) => from,
+                Err(load) => return Ok(Planned::Load(load)),
+            };
+            Ok(Planned::Ready((
                 seg.base,
                 seg.file.clone(),
                 seg.path("log"),
                 from,
                 seg.written,
                 seg.next_offset,
-            )
+            )))
+        })
+        .await?;
+        let Some((base, file, path, from, end, seg_next)) = planned else {
+            return Err(StorageError::OffsetOutOfRange {
+                requested: offset,
+                log_start: self.log_start_offset(),
+                log_end: self.log_end_offset(),
+            });
         };
         let Some(file) = file else {
             return Ok(Cut {
@@ -129,6 +145,30 @@ impl Log {
     }
 }
 
+impl Log {
+    /// Brings a sealed segment's index entries back into memory from its files: a cut
+    /// in it makes it the active segment, whose index grows with appends.
+    async fn index_to_memory(&self, base: Offset) -> Result<()> {
+        let index = plan_loading_index(self, |st, loaded| {
+            let Some(seg) = st.segments.get(&base).filter(|s| s.index_in_files()) else {
+                return Ok(Planned::Nothing);
+            };
+            Ok(match seg.with_index(loaded, |ix| ix.clone()) {
+                Ok(index) => Planned::Ready(index),
+                Err(load) => Planned::Load(load),
+            })
+        })
+        .await?;
+        // No await since the plan: the segment is the one the index was loaded for.
+        if let Some(index) = index
+            && let Some(seg) = self.state.borrow_mut().segments.get_mut(&base)
+        {
+            seg.index_to_memory(index);
+        }
+        Ok(())
+    }
+}
+
 impl LogInner {
     /// Applies a cut in memory, then on disk: later segments deleted, the cut segment
     /// truncated and synced, its stale index files removed, the writer resumed.
@@ -139,6 +179,11 @@ impl LogInner {
             let Some(seg) = st.segments.get_mut(&cut.base) else {
                 return Ok(());
             };
+            if seg.index_in_files() {
+                // Not brought back into memory (see `Log::index_to_memory`): no entries
+                // is a correct sparse index, which the appends after the cut extend.
+                seg.index_to_memory(super::index::SegmentIndex::default());
+            }
             let since = cut.position
                 - seg
                     .index

@@ -49,6 +49,7 @@ pub mod file;
 mod gate;
 pub mod hw_checkpoint;
 mod index;
+mod index_cache;
 mod log;
 mod maintenance;
 mod open;
@@ -72,6 +73,10 @@ pub use config::{CleanupPolicy, LogConfig, MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAUL
 pub use error::{Result, StorageError};
 pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};
+pub use index_cache::{
+    INDEX_CACHE_BYTES_DEFAULT, IndexCacheStats, set_shard_index_cache_bytes,
+    shard_index_cache_stats,
+};
 pub use log::{AppendInfo, Log, LogCounters, NO_SPACE_RETRY_BACKOFF, ReadResult};
 pub use probe::prime_dma_probe;
 pub use readahead::{SHARD_READ_AHEAD_BYTES_MAX, shard_read_ahead_bytes};

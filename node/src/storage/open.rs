@@ -170,11 +170,19 @@ async fn load_segment(
     seg.file = Some(file.clone());
     let mut window = FileWindow::new(file, &path, size);
     let trusted = !active || clean;
-    if trusted && quick_check(&mut seg, &mut window, config).await? {
+    let checked = match trusted {
+        true => quick_check(&mut seg, &mut window, config).await?,
+        false => Checked::Failed,
+    };
+    if checked != Checked::Failed {
+        if !active {
+            seal_index(&mut seg, disk, checked == Checked::FromFiles);
+        }
         return Ok(seg);
     }
     if let Some(next_base) = next_base {
         load_damaged(&mut seg, &mut window, next_base, config).await?;
+        seal_index(&mut seg, disk, false);
         return Ok(seg);
     }
     let scan = scan(&mut window, 0, base).await?;
@@ -183,39 +191,64 @@ async fn load_segment(
     Ok(seg)
 }
 
+/// What the quick check of a segment found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Checked {
+    /// It does not check out: the caller rescans the whole segment.
+    Failed,
+    /// Its index is the one in its files.
+    FromFiles,
+    /// Its files held no entries; its index was rebuilt from a scan of the segment.
+    Rebuilt,
+}
+
 /// Loads the index files and verifies the batches from the last index entry to the end
-/// of the file. Returns false if that fails (the caller rescans the whole segment).
+/// of the file.
 async fn quick_check(
     seg: &mut Segment,
     window: &mut FileWindow,
     config: &LogConfig,
-) -> Result<bool> {
+) -> Result<Checked> {
     let size = window.end();
     let (Ok(offsets), Ok(times)) = (fs::read(seg.path("index")), fs::read(seg.path("timeindex")))
     else {
-        return Ok(false);
+        return Ok(Checked::Failed);
     };
     let Ok(index) = SegmentIndex::decode(&offsets, &times, size.max(1), i32::MAX as u64) else {
         tracing::warn!(segment = %seg.path("index").display(), "index files invalid; rebuilding");
-        return Ok(false);
+        return Ok(Checked::Failed);
     };
     let Some((_, from)) = index.last_offset_entry() else {
         // No entries: the scan below covers the whole segment, so build the index too.
         let Some(scan) = not_corrupt(scan(window, 0, seg.base).await)? else {
-            return Ok(false);
+            return Ok(Checked::Failed);
         };
         apply_full_scan(seg, &scan, config);
-        return Ok(scan.tail == Tail::Clean);
+        return Ok(match scan.tail == Tail::Clean {
+            true => Checked::Rebuilt,
+            false => Checked::Failed,
+        });
     };
     let Some(scan) = not_corrupt(scan(window, from.get(), seg.base).await)? else {
-        return Ok(false);
+        return Ok(Checked::Failed);
     };
     if scan.tail != Tail::Clean || scan.batches.is_empty() {
-        return Ok(false);
+        return Ok(Checked::Failed);
     }
     apply_indexed_scan(seg, &scan, index, from.get());
     seg.roll_base_ms = first_batch_timestamp(window).await?;
-    Ok(true)
+    Ok(Checked::FromFiles)
+}
+
+/// A sealed segment's index leaves memory once its files hold it: at once if it was read
+/// from them, else (rebuilt by a scan) once they are written again. If they cannot be
+/// written it stays in memory (logged): reads must not depend on files known to be stale.
+fn seal_index(seg: &mut Segment, disk: &Disk, from_files: bool) {
+    if !from_files && let Err(e) = write_index_files(seg, disk) {
+        tracing::warn!(segment = %seg.path("index").display(), "rebuilt index files not written, index kept in memory: {e}");
+        return;
+    }
+    seg.index_to_files(false);
 }
 
 /// A scan that found damage followed by a valid batch is `None` (the caller rescans);
@@ -471,6 +504,10 @@ pub fn remove_files(seg: &Segment, extensions: &[&str]) -> Result<()> {
 /// empty or a prefix of its entries — still a valid sparse index (the quick check scans
 /// from its last entry to the end of the segment). This saves four syncs per roll.
 pub fn write_index_files(seg: &Segment, disk: &Disk) -> Result<()> {
+    if seg.index_in_files() {
+        // The files already hold the entries; `seg.index` is empty.
+        return Ok(());
+    }
     for (ext, bytes) in [
         ("index", seg.index.encode_offsets()),
         ("timeindex", seg.index.encode_times()),

@@ -1,5 +1,7 @@
 //! Reads: by offset (tail cache, else offset index then a scan in the segment file) and
-//! by timestamp (time index, then a scan of batch headers).
+//! by timestamp (time index, then a scan of batch headers). A sealed segment's index is
+//! loaded from its files into the shard's index cache when a read needs it and it is not
+//! there (`index_cache.rs`).
 
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -11,6 +13,7 @@ use wire::batch::{BatchHeader, validate_batch};
 use super::error::{Result, StorageError};
 use super::file::SegmentFile;
 use super::index::relative;
+use super::index_cache::{IndexLoad, LoadedIndex};
 use super::log::{Log, ReadResult, State};
 use super::recovery::{FileWindow, find_valid_batch};
 use super::segment::{BatchMeta, check_stored_header};
@@ -78,12 +81,16 @@ pub async fn read(
     let segments = log.segment_count();
     let window_bytes = max_bytes.clamp(READ_WINDOW_MIN, READ_WINDOW_MAX);
     for _ in 0..segments {
-        let (plan, generation) = {
-            let st = log.state.borrow();
-            let Some(plan) = plan_disk_read(&st, start, after)? else {
-                break;
-            };
-            (plan, st.read_ahead.generation())
+        let planned = plan_loading_index(log, |st, loaded| {
+            Ok(match plan_disk_read(st, start, after, loaded)? {
+                Planned::Ready(plan) => Planned::Ready((plan, st.read_ahead.generation())),
+                Planned::Nothing => Planned::Nothing,
+                Planned::Load(load) => Planned::Load(load),
+            })
+        })
+        .await?;
+        let Some((plan, generation)) = planned else {
+            break;
         };
         let seed = read_ahead_for(log, &plan).await;
         let hit = seed.is_some();
@@ -152,7 +159,9 @@ fn read_ahead_next(
     if !sequential || limit == 0 || next >= st.log_end || st.cache.covers(next) {
         return;
     }
-    let Ok(Some(plan)) = plan_disk_read(&st, next, None) else {
+    // Its index was just at hand for the read that ended here; if it is not now (the
+    // shard's index cache is small), no read ahead rather than a load.
+    let Ok(Planned::Ready(plan)) = plan_disk_read(&st, next, None, None) else {
         return;
     };
     let len = limit.min(plan.end.saturating_sub(plan.from));
@@ -171,21 +180,78 @@ fn finish(mut result: ReadResult, batches: Vec<Bytes>) -> ReadResult {
     result
 }
 
-/// The segment holding `start` (or, with `after`, the segment after that one).
-fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Option<DiskPlan>> {
+/// What planning a read found.
+pub(super) enum Planned<T> {
+    /// Where to read.
+    Ready(T),
+    /// Nothing to read.
+    Nothing,
+    /// The segment's index is only in its files: load it, then plan again.
+    Load(IndexLoad),
+}
+
+/// Index loads one plan may await before it settles for no index entries: each load
+/// happens only if the segment it was for was replaced meanwhile (a cleaner swap, a
+/// truncation), so more than one is rare.
+const PLAN_INDEX_LOADS_MAX: usize = 3;
+
+/// Runs `plan` on the log's state, loading the sealed segment index it asks for and
+/// planning again with it. If the log keeps changing under the loads, the last plan gets
+/// an empty index for its segment, which is always correct: the segment is scanned from
+/// its first byte.
+pub(super) async fn plan_loading_index<T>(
+    log: &Log,
+    mut plan: impl FnMut(&State, Option<&LoadedIndex>) -> Result<Planned<T>>,
+) -> Result<Option<T>> {
+    let mut loaded: Option<LoadedIndex> = None;
+    for _ in 0..PLAN_INDEX_LOADS_MAX {
+        let load = match plan(&log.state.borrow(), loaded.as_ref())? {
+            Planned::Ready(t) => return Ok(Some(t)),
+            Planned::Nothing => return Ok(None),
+            Planned::Load(load) => load,
+        };
+        loaded = Some(load.load().await);
+    }
+    let st = log.state.borrow();
+    let load = match plan(&st, loaded.as_ref())? {
+        Planned::Ready(t) => return Ok(Some(t)),
+        Planned::Nothing => return Ok(None),
+        Planned::Load(load) => load,
+    };
+    let empty = LoadedIndex {
+        id: load.id,
+        index: Rc::default(),
+    };
+    Ok(match plan(&st, Some(&empty))? {
+        Planned::Ready(t) => Some(t),
+        Planned::Nothing | Planned::Load(_) => None,
+    })
+}
+
+/// The segment holding `start` (or, with `after`, the segment after that one). `loaded`:
+/// a sealed segment's index just loaded (see [`plan_loading_index`]).
+fn plan_disk_read(
+    st: &State,
+    start: Offset,
+    after: Option<Offset>,
+    loaded: Option<&LoadedIndex>,
+) -> Result<Planned<DiskPlan>> {
     let seg = match after {
         None => st.segments.range(..=start).next_back().map(|(_, s)| s),
         Some(b) => st.segments.range(b.add(1)..).next().map(|(_, s)| s),
     };
     let Some(seg) = seg else {
-        return Ok(None);
+        return Ok(Planned::Nothing);
     };
     let Some(file) = seg.file.clone() else {
-        return Ok(None);
+        return Ok(Planned::Nothing);
     };
     let from = match relative(seg.base, start) {
         Some(rel) if after.is_none() => {
-            let indexed = seg.index.position_for(rel).get();
+            let indexed = match seg.with_index(loaded, |ix| ix.position_for(rel).get()) {
+                Ok(position) => position,
+                Err(load) => return Ok(Planned::Load(load)),
+            };
             // Where the previous read ended, if `start` is there: the batch itself, not
             // the one before it (where the index points). Never before the index's answer
             // nor past the written end, so a stale position could only cost a scan.
@@ -196,7 +262,7 @@ fn plan_disk_read(st: &State, start: Offset, after: Option<Offset>) -> Result<Op
         }
         _ => 0,
     };
-    Ok(Some(DiskPlan {
+    Ok(Planned::Ready(DiskPlan {
         file,
         path: seg.path("log"),
         base: seg.base,
@@ -390,7 +456,11 @@ pub async fn read_by_time(log: &Log, timestamp: i64) -> Result<Option<(Offset, i
     let log_start = log.log_start_offset();
     let mut after: Option<Offset> = None;
     for _ in 0..log.segment_count() {
-        let Some(plan) = plan_time_scan(&log.state.borrow(), timestamp, log_start, after) else {
+        let planned = plan_loading_index(log, |st, loaded| {
+            Ok(plan_time_scan(st, timestamp, log_start, after, loaded))
+        })
+        .await?;
+        let Some(plan) = planned else {
             break;
         };
         if let Some((base, ts)) = scan_time(&plan, timestamp, log_start).await? {
@@ -404,23 +474,37 @@ pub async fn read_by_time(log: &Log, timestamp: i64) -> Result<Option<(Offset, i
 }
 
 /// The next segment (after `after`) that may hold a batch at or after `log_start` with
-/// max timestamp `>= timestamp`, and where in it to start scanning.
+/// max timestamp `>= timestamp`, and where in it to start scanning (`loaded`: see
+/// [`plan_disk_read`]).
 fn plan_time_scan(
     st: &State,
     timestamp: i64,
     log_start: Offset,
     after: Option<Offset>,
-) -> Option<DiskPlan> {
+    loaded: Option<&LoadedIndex>,
+) -> Planned<DiskPlan> {
     let from = after.map_or(Offset(i64::MIN), |b| b.add(1));
-    let seg = st
+    let Some(seg) = st
         .segments
         .range(from..)
         .map(|(_, s)| s)
-        .find(|s| s.max_timestamp.0 >= timestamp && s.next_offset > log_start)?;
-    let rel = seg.index.relative_offset_for_time(timestamp);
-    let from = seg.index.position_for(rel).get();
-    Some(DiskPlan {
-        file: seg.file.clone()?,
+        .find(|s| s.max_timestamp.0 >= timestamp && s.next_offset > log_start)
+    else {
+        return Planned::Nothing;
+    };
+    let from = seg.with_index(loaded, |ix| {
+        ix.position_for(ix.relative_offset_for_time(timestamp))
+            .get()
+    });
+    let from = match from {
+        Ok(from) => from,
+        Err(load) => return Planned::Load(load),
+    };
+    let Some(file) = seg.file.clone() else {
+        return Planned::Nothing;
+    };
+    Planned::Ready(DiskPlan {
+        file,
         path: seg.path("log"),
         base: seg.base,
         next_offset: seg.next_offset,

@@ -1,5 +1,6 @@
-//! [`Segment`]: one `.log` file named by its base offset, with its in-memory indexes and
-//! the summary (next offset, size, newest timestamp) the log needs without touching disk.
+//! [`Segment`]: one `.log` file named by its base offset, with the summary (next offset,
+//! size, newest timestamp) the log needs without touching disk, and its indexes: in
+//! memory while it is active, in its files (and the shard's index cache) once sealed.
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -9,6 +10,7 @@ use wire::batch::{BATCH_HEADER_SIZE, BatchHeader, LOG_OVERHEAD, MAGIC_V2, read_h
 
 use super::file::SegmentFile;
 use super::index::{SegmentIndex, relative};
+use super::index_cache::{self, IndexLoad, LoadedIndex, SegmentId};
 use super::{FilePosition, segment_file_name};
 
 /// What the log keeps about one batch: enough to index it and to answer by-time queries.
@@ -82,8 +84,15 @@ pub struct Segment {
     pub size: u64,
     /// Bytes known to be written to the file: reads from disk stay below this.
     pub written: u64,
-    /// Sparse offset and time indexes.
+    /// Sparse offset and time indexes, while they live in memory (the active segment, or
+    /// a sealed one whose files could not be written); empty once they are in the files
+    /// (`index_in_files`): use [`Segment::with_index`] to read them.
     pub index: SegmentIndex,
+    /// The index entries are in the `.index` / `.timeindex` files, read into the shard's
+    /// index cache on demand, and not in `index`.
+    index_in_files: bool,
+    /// This segment in the shard's index cache.
+    id: SegmentId,
     /// Batch bytes appended since the last index entry.
     bytes_since_index: u64,
     /// Largest batch max timestamp and the last offset of its batch; -1 when empty.
@@ -108,6 +117,8 @@ impl Segment {
             size: 0,
             written: 0,
             index: SegmentIndex::default(),
+            index_in_files: false,
+            id: SegmentId::next(),
             bytes_since_index: 0,
             max_timestamp: (-1, Offset::NONE),
             roll_base_ms: None,
@@ -124,6 +135,64 @@ impl Segment {
 
     pub fn is_empty(&self) -> bool {
         self.size == 0
+    }
+
+    /// Runs `f` on this segment's index if it is at hand: its own in memory, `loaded` if
+    /// that was loaded for this very segment, or the shard's cached copy. Otherwise the
+    /// load to await first (then call again with its result).
+    pub fn with_index<T>(
+        &self,
+        loaded: Option<&LoadedIndex>,
+        f: impl FnOnce(&SegmentIndex) -> T,
+    ) -> std::result::Result<T, IndexLoad> {
+        if !self.index_in_files {
+            return Ok(f(&self.index));
+        }
+        if let Some(loaded) = loaded.filter(|l| l.id == self.id) {
+            return Ok(f(&loaded.index));
+        }
+        match index_cache::get(self.id) {
+            Some(index) => Ok(f(&index)),
+            None => Err(self.index_load()),
+        }
+    }
+
+    /// What loading this segment's index from its files needs.
+    pub fn index_load(&self) -> IndexLoad {
+        IndexLoad {
+            id: self.id,
+            offsets_path: self.path("index"),
+            times_path: self.path("timeindex"),
+            log_size: self.size,
+            relative_end: self.next_offset.get().saturating_sub(self.base.get()) as u64,
+        }
+    }
+
+    /// Whether the index entries are in the files only (see [`Segment::with_index`]).
+    pub fn index_in_files(&self) -> bool {
+        self.index_in_files
+    }
+
+    /// A sealed segment whose index files were just written (or checked) stops holding
+    /// the entries itself; `warm` keeps them in the shard's index cache (a segment just
+    /// rolled is the likeliest to be read next).
+    pub fn index_to_files(&mut self, warm: bool) {
+        debug_assert!(self.sealed, "only a sealed segment's index leaves memory");
+        let index = std::mem::take(&mut self.index);
+        self.index_in_files = true;
+        if warm {
+            index_cache::insert(self.id, std::rc::Rc::new(index));
+        }
+    }
+
+    /// The segment holds its index in memory again (`index`, loaded from its files): it is
+    /// about to change (a truncation makes it active).
+    pub fn index_to_memory(&mut self, index: SegmentIndex) {
+        if self.index_in_files {
+            index_cache::forget(self.id);
+        }
+        self.index = index;
+        self.index_in_files = false;
     }
 
     /// Records a batch appended at `position` (the segment's current size): indexes it
@@ -159,6 +228,27 @@ impl Segment {
         }
     }
 
+    /// Whether appending `batches` batches of `blob_len` bytes could take the offset or
+    /// the time index past `max_bytes` (`segment.index.bytes`): each batch may add an
+    /// entry of each, at most one per `interval` bytes, and sealing adds a last time
+    /// entry. The log rolls first, as Kafka rolls a segment whose index is full.
+    pub fn index_would_overflow(
+        &self,
+        batches: usize,
+        blob_len: u64,
+        interval: u32,
+        max_bytes: u64,
+    ) -> bool {
+        debug_assert!(
+            !self.index_in_files,
+            "the active segment's index is in memory"
+        );
+        let added = (batches as u64).min(1 + blob_len / (u64::from(interval) + 1));
+        let offsets = (self.index.offset_entry_count() as u64 + added) * 8;
+        let times = (self.index.time_entry_count() as u64 + added + 1) * 12;
+        offsets > max_bytes || times > max_bytes
+    }
+
     /// Adds the final time-index entry (the segment's newest timestamp) before the
     /// indexes are written, as Kafka does when a segment stops being active.
     pub fn seal_time_index(&mut self) {
@@ -175,6 +265,16 @@ impl Segment {
         self.written = size;
         self.next_offset = next_offset;
         self.bytes_since_index = since_index;
+    }
+}
+
+impl Drop for Segment {
+    /// A segment that leaves its log (retention, a cleaner swap, a truncation, the log
+    /// closed) leaves the index cache too.
+    fn drop(&mut self) {
+        if self.index_in_files {
+            index_cache::forget(self.id);
+        }
     }
 }
 
