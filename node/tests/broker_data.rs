@@ -1402,3 +1402,58 @@ fn a_fetch_below_v10_is_refused_zstd_batches() {
     assert_eq!(code, 0);
     assert!(bytes > 0, "gzip is served to v9");
 }
+
+/// A topic's `segment.index.bytes` takes effect: with 64 bytes (8 offset or 5 time
+/// entries) and an index entry per batch, its segments roll whenever the index fills,
+/// every index file stays within it, and every record reads back by offset and by time.
+#[test]
+fn a_topics_segment_index_bytes_rolls_its_segments_when_the_index_fills() {
+    let broker = Broker::start(1, &[]);
+    let mut c = broker.client();
+    let cfg = [("segment.index.bytes", "64"), ("index.interval.bytes", "0")];
+    create(&mut c, "small-index", 1, &cfg);
+    let now = clients_now_ms();
+    for i in 0..40 {
+        let value = format!("v{i}");
+        let produced = produce(
+            &mut c,
+            "small-index",
+            0,
+            1,
+            batch(&[value.as_bytes()], now + i),
+        );
+        assert_eq!(produced, (0, i));
+    }
+    let dir = broker.data_dir.path().join("small-index-0");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let logs = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "log"));
+    assert!(logs.count() >= 6, "segments rolled: {files:?}");
+    for path in &files {
+        if path
+            .extension()
+            .is_some_and(|e| e == "index" || e == "timeindex")
+        {
+            let len = std::fs::metadata(path).unwrap().len();
+            assert!(len <= 64, "{} is {len} bytes", path.display());
+        }
+    }
+    for i in 0..40 {
+        let (code, _, records, _) = fetch(&mut c, "small-index", 0, i, 0);
+        assert_eq!(code, 0);
+        let values = record_values(&records);
+        assert_eq!(
+            values.first(),
+            Some(&format!("v{i}").into_bytes()),
+            "at {i}"
+        );
+    }
+    assert_eq!(
+        list_offset(&mut c, "small-index", 0, now + 25),
+        (0, 25, now + 25)
+    );
+}
