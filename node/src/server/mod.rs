@@ -603,9 +603,16 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         .1
         .local_addr()
         .map_err(|e| anyhow::anyhow!("local_addr: {e}"))?;
-    // This shard's share of the node's `log.index.cache.bytes`, before any log opens.
+    // This shard's share of the node's `log.index.cache.bytes`, before any log opens. The
+    // default's share is at least a floor (many shards would otherwise each get too
+    // little to hold a few segments' indexes); a value set is divided as it is.
     let shards = node.config.shards.max(1) as u64;
-    crate::storage::set_shard_index_cache_bytes(node.config.log_index_cache_bytes / shards);
+    let share = node.config.log_index_cache_bytes / shards;
+    let share = match node.config.props.get("log.index.cache.bytes") {
+        Some(_) => share,
+        None => share.max(crate::storage::INDEX_CACHE_SHARD_BYTES_MIN),
+    };
+    crate::storage::set_shard_index_cache_bytes(share);
     if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
         let _ = ready.send(Err(anyhow::anyhow!("DMA probe failed: {e}")));
         return Err(e.into());

@@ -8,14 +8,20 @@
 //! this cache, least recently used first out.
 //!
 //! - Per shard (thread-local), as every log lives on one shard; the node's bound is
-//!   divided among its shards. Keyed by [`SegmentId`], unique per segment in memory: a
-//!   cleaned or truncated segment is a new `Segment` with a new id, so no entry is ever
-//!   served for index files that changed since they were read. A segment dropped from its
-//!   log drops its entry ([`forget`]).
+//!   divided among its shards, each share at least [`INDEX_CACHE_SHARD_BYTES_MIN`].
+//!   Keyed by [`SegmentId`]: a segment gets a new id whenever its index files are
+//!   written anew (a cleaned segment is a new `Segment`; a truncated one takes a new id
+//!   when its index comes back into memory), and only ids whose index is in its files
+//!   now are cached ([`live`]), so a load that finishes after its segment changed or
+//!   left is dropped, never served. A segment dropped from its log drops its entry
+//!   ([`forget`]).
 //! - Loads read and decode both files in glommio's blocking pool, off the shard's thread.
-//! - Files that fail to read or decode (damaged, removed) give an empty index, which is
-//!   still correct: a sparse index with no entries makes reads scan the segment from its
-//!   first byte. The next open of the log rebuilds the files (`open.rs`).
+//!   Concurrent loads of one index are one load: the others wait for it.
+//! - Files that fail to decode (damaged) give an empty index, which is still correct: a
+//!   sparse index with no entries makes reads scan the segment from its first byte; the
+//!   next open of the log rebuilds the files (`open.rs`). A read that fails (a missing
+//!   file, EMFILE, EIO) gives an empty index for that lookup only, not cached: the next
+//!   lookup tries again.
 //! - An index larger than the whole bound is used for the lookup that loaded it and not
 //!   kept.
 
@@ -28,9 +34,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::index::SegmentIndex;
 
 /// Default `log.index.cache.bytes`: sealed segments' index entries the node keeps in
-/// memory (divided among its shards). 64 MiB holds the indexes of 10–40 GiB of segments
-/// at the default `index.interval.bytes`.
-pub const INDEX_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
+/// memory (divided among its shards). 256 MiB holds the indexes of 50–170 GiB of
+/// segments at the default `index.interval.bytes` (a 1 GiB segment of 1 KiB batches
+/// costs ~5 MiB, of 16 KiB batches ~1.5 MiB).
+pub const INDEX_CACHE_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// The least a shard's share is: a share that cannot hold a few full segments' indexes
+/// would read them again for every fetch (many shards dividing a small node bound).
+pub const INDEX_CACHE_SHARD_BYTES_MIN: u64 = 16 << 20;
 
 /// What one cached index costs beyond its entries (map slots, `Rc`, the two `Vec`s), so
 /// that many small indexes also count against the bound.
@@ -73,38 +84,84 @@ impl IndexLoad {
     /// result. Files that cannot be read or decoded give an empty index (reads then scan
     /// the segment from its start), logged.
     pub async fn load(self) -> LoadedIndex {
+        let id = self.id;
+        // One load per index at a time: a load under way is waited for, then the cache
+        // asked again (it may have been dropped as too large, or its segment changed).
+        while let Some(busy) = CACHE.with(|c| c.borrow().loading.get(&id).cloned()) {
+            busy.listen().await;
+            if let Some(index) = get(id) {
+                return LoadedIndex { id, index };
+            }
+        }
+        let loading = Loading::start(id);
+        let (index, keep) = self.read_files().await;
+        let index = Rc::new(index);
+        CACHE.with(|c| c.borrow_mut().loads += 1);
+        if keep && is_live(id) {
+            insert(id, index.clone());
+        }
+        drop(loading);
+        LoadedIndex { id, index }
+    }
+
+    /// The index the files hold, and whether to cache it: decoded, or empty for files
+    /// that do not decode (cached: they stay damaged until the next open rebuilds them),
+    /// or empty for a read that failed (not cached: it may succeed next time).
+    async fn read_files(self) -> (SegmentIndex, bool) {
         let IndexLoad {
-            id,
             offsets_path,
             times_path,
             log_size,
             relative_end,
+            ..
         } = self;
-        let index = glommio::executor()
+        glommio::executor()
             .spawn_blocking(move || {
                 let read = std::fs::read(&offsets_path)
                     .and_then(|o| std::fs::read(&times_path).map(|t| (o, t)));
-                let why = match read {
+                let (why, keep) = match read {
                     Ok((offsets, times)) => {
                         match SegmentIndex::decode(&offsets, &times, log_size.max(1), relative_end)
                         {
-                            Ok(index) => return index,
-                            Err(invalid) => invalid.0.to_string(),
+                            Ok(index) => return (index, true),
+                            Err(invalid) => (invalid.0.to_string(), true),
                         }
                     }
-                    Err(e) => e.to_string(),
+                    Err(e) => (e.to_string(), false),
                 };
                 tracing::warn!(
                     index = %offsets_path.display(), reason = %why,
-                    "sealed segment's index files cannot be used; reads scan the segment from its start until the log is reopened"
+                    "sealed segment's index files cannot be used; this read scans the segment from its start"
                 );
-                SegmentIndex::default()
+                (SegmentIndex::default(), keep)
             })
-            .await;
-        let index = Rc::new(index);
-        insert(id, index.clone());
-        CACHE.with(|c| c.borrow_mut().loads += 1);
-        LoadedIndex { id, index }
+            .await
+    }
+}
+
+/// A load under way: registered while it runs, and on its end (or its future dropped
+/// halfway) unregistered and its waiters woken, so none waits for a load that is gone.
+struct Loading {
+    id: SegmentId,
+    done: Rc<crate::event::Event>,
+}
+
+impl Loading {
+    fn start(id: SegmentId) -> Loading {
+        let done = Rc::new(crate::event::Event::default());
+        CACHE.with(|c| c.borrow_mut().loading.insert(id, done.clone()));
+        Loading { id, done }
+    }
+}
+
+impl Drop for Loading {
+    fn drop(&mut self) {
+        let _ = CACHE.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                c.loading.remove(&self.id);
+            }
+        });
+        self.done.notify_all();
     }
 }
 
@@ -138,6 +195,10 @@ struct IndexCache {
     clock: u64,
     loads: u64,
     evictions: u64,
+    /// Segments whose index is in their files now: the only ids a load may cache.
+    live: std::collections::HashSet<SegmentId>,
+    /// Loads under way, each with the event its waiters listen on.
+    loading: HashMap<SegmentId, Rc<crate::event::Event>>,
 }
 
 thread_local! {
@@ -149,6 +210,8 @@ thread_local! {
         clock: 0,
         loads: 0,
         evictions: 0,
+        live: std::collections::HashSet::new(),
+        loading: HashMap::new(),
     });
 }
 
@@ -188,8 +251,8 @@ impl IndexCache {
     }
 }
 
-/// Sets the calling shard's bound (`log.index.cache.bytes` divided among the shards);
-/// evicts at once if it is now over it.
+/// Sets the calling shard's bound (its share of `log.index.cache.bytes`); evicts at once
+/// if it is now over it.
 pub fn set_shard_index_cache_bytes(bytes: u64) {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
@@ -245,10 +308,22 @@ pub fn insert(id: SegmentId, index: Rc<SegmentIndex>) {
     });
 }
 
-/// Drops segment `id`'s index (the segment left its log). Quiet during thread exit.
+/// Segment `id`'s index is in its files from now on: loads of it may be cached.
+pub fn live(id: SegmentId) {
+    CACHE.with(|c| c.borrow_mut().live.insert(id));
+}
+
+fn is_live(id: SegmentId) -> bool {
+    CACHE.with(|c| c.borrow().live.contains(&id))
+}
+
+/// Drops segment `id`'s index (the segment left its log, or its index went back into
+/// memory): a load of it still under way is not cached when it finishes. Quiet during
+/// thread exit.
 pub fn forget(id: SegmentId) {
     let _ = CACHE.try_with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
+            c.live.remove(&id);
             c.remove(id);
         }
     });
@@ -265,6 +340,96 @@ mod tests {
             ix.push_offset(i, FilePosition(i * 100));
         }
         Rc::new(ix)
+    }
+
+    /// Index files for `entries` entries in `dir` under `name`, and the load of them.
+    fn files(dir: &std::path::Path, name: &str, entries: u32) -> IndexLoad {
+        let ix = index_of(entries);
+        let (offsets, times) = (
+            dir.join(format!("{name}.index")),
+            dir.join(format!("{name}.timeindex")),
+        );
+        std::fs::write(&offsets, ix.encode_offsets()).unwrap();
+        std::fs::write(&times, ix.encode_times()).unwrap();
+        IndexLoad {
+            id: SegmentId::next(),
+            offsets_path: offsets,
+            times_path: times,
+            log_size: u64::from(entries) * 100 + 100,
+            relative_end: u64::from(entries) + 1,
+        }
+    }
+
+    /// Only indexes whose segment has them in its files now are cached: a load that ends
+    /// after its segment's index went back into memory (a truncation) or left (retention)
+    /// is used by no one, and a failed read is not cached (the next lookup reads again),
+    /// while files that do not decode are (they stay damaged until the log reopens).
+    #[test]
+    fn a_load_is_cached_only_for_a_live_segment_and_only_when_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            set_shard_index_cache_bytes(1 << 20);
+            let live_load = files(&dir, "a", 10);
+            let id = live_load.id;
+            live(id);
+            let loaded = live_load.load().await;
+            assert_eq!(loaded.index.offset_entry_count(), 10);
+            assert!(get(id).is_some(), "a live segment's index is cached");
+
+            let gone = files(&dir, "b", 10);
+            let gone_id = gone.id;
+            live(gone_id);
+            let pending = gone.load();
+            forget(gone_id); // the segment changed before the load ended
+            assert_eq!(
+                pending.await.index.offset_entry_count(),
+                10,
+                "the caller still gets it"
+            );
+            assert!(
+                get(gone_id).is_none(),
+                "a load for a forgotten segment is not cached"
+            );
+
+            let missing = files(&dir, "c", 10);
+            std::fs::remove_file(&missing.offsets_path).unwrap();
+            let missing_id = missing.id;
+            live(missing_id);
+            assert_eq!(missing.load().await.index.offset_entry_count(), 0, "scans");
+            assert!(get(missing_id).is_none(), "a failed read is not cached");
+
+            let damaged = files(&dir, "d", 10);
+            std::fs::write(&damaged.offsets_path, b"garbage").unwrap();
+            let damaged_id = damaged.id;
+            live(damaged_id);
+            assert_eq!(damaged.load().await.index.offset_entry_count(), 0);
+            assert!(
+                get(damaged_id).is_some(),
+                "files that do not decode are cached empty"
+            );
+        });
+    }
+
+    /// Loads of one index at the same time read its files once.
+    #[test]
+    fn concurrent_loads_of_one_index_read_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            set_shard_index_cache_bytes(1 << 20);
+            let load = files(&dir, "e", 50);
+            live(load.id);
+            let before = shard_index_cache_stats().loads;
+            let all = (0..8).map(|_| Box::pin(load.clone().load()));
+            let got = crate::event::join_all(all.collect()).await;
+            assert!(got.iter().all(|l| l.index.offset_entry_count() == 50));
+            assert_eq!(
+                shard_index_cache_stats().loads - before,
+                1,
+                "one read of the files"
+            );
+        });
     }
 
     #[test]

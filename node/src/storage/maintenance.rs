@@ -3,11 +3,13 @@
 //! pending, so no write is in flight while files shrink or disappear.
 
 use std::fs;
+use std::rc::Rc;
 
 use wire::Offset;
 
 use super::atomic::{sync_dir, write_atomic};
 use super::error::{Result, StorageError};
+use super::file::SegmentFile;
 use super::index::relative;
 use super::log::{
     AppendsRefused, CLEAN_SHUTDOWN_FILE, Log, LogInner, NO_SPACE_RETRY_BACKOFF, Refusal, State,
@@ -26,7 +28,14 @@ struct Cut {
     base: Offset,
     position: u64,
     next_offset: Offset,
+    /// The file `position` is in: a cleaner swap of the segment while the cut was found
+    /// (its reads and its index load await) puts another file there, where the position
+    /// means nothing.
+    file: Option<Rc<SegmentFile>>,
 }
+
+/// Tries at finding a cut while the cleaner swaps the segment under it.
+const CUT_TRIES: usize = 4;
 
 impl Log {
     /// Removes every batch that holds an offset `>= offset` (a follower's truncation; the
@@ -51,8 +60,7 @@ impl Log {
             self.truncate_fully(offset.max(Offset(0))).await?;
             return Ok(self.log_end_offset());
         }
-        let cut = self.find_cut(offset).await?;
-        self.index_to_memory(cut.base).await?;
+        let cut = self.find_cut_in_place(offset).await?;
         if cut.next_offset <= log_start {
             // The cut batch straddles the log start (DeleteRecords can stop mid-batch):
             // nothing at or after the start survives, so the log restarts empty there.
@@ -74,6 +82,31 @@ impl Log {
         self.write_pending().await?;
         self.state.borrow().check_writable(&self.dir)?;
         self.truncate_fully(offset.max(Offset(0))).await
+    }
+
+    /// [`Log::find_cut`], with the cut segment's index brought into memory, and checked
+    /// (with no await after) to still be in the file it was found in.
+    async fn find_cut_in_place(&self, offset: Offset) -> Result<Cut> {
+        for _ in 0..CUT_TRIES {
+            let cut = self.find_cut(offset).await?;
+            self.index_to_memory(cut.base).await?;
+            let st = self.state.borrow();
+            let file = st.segments.get(&cut.base).map(|s| s.file.as_ref());
+            let same = match (file, &cut.file) {
+                (Some(Some(now)), Some(then)) => Rc::ptr_eq(now, then),
+                (Some(None), None) => true,
+                _ => false,
+            };
+            if same {
+                return Ok(cut);
+            }
+            tracing::debug!(dir = %self.dir.display(), base = %cut.base, "segment swapped while its cut was found; finding it again");
+        }
+        Err(StorageError::Io {
+            op: "truncate (the segment kept being replaced)",
+            path: self.dir.clone(),
+            source: std::io::Error::from(std::io::ErrorKind::ResourceBusy),
+        })
     }
 
     /// Finds the first batch holding an offset `>= offset`.
@@ -116,9 +149,10 @@ impl Log {
                 base,
                 position: 0,
                 next_offset: base,
+                file: None,
             });
         };
-        let mut window = FileWindow::new(file, &path, end);
+        let mut window = FileWindow::new(file.clone(), &path, end);
         let mut pos = from;
         while pos < end {
             let head = window.get(pos, wire::batch::BATCH_HEADER_SIZE).await?;
@@ -133,6 +167,7 @@ impl Log {
                     base,
                     position: pos,
                     next_offset: h.base_offset(),
+                    file: Some(file),
                 });
             }
             pos += size as u64;
@@ -141,6 +176,7 @@ impl Log {
             base,
             position: end,
             next_offset: seg_next,
+            file: Some(file),
         })
     }
 }
@@ -614,6 +650,7 @@ fn rollback_cut(st: &State, keep: Offset) -> Cut {
                 base: keep,
                 position: 0,
                 next_offset: keep,
+                file: None,
             };
         }
     };
@@ -621,6 +658,7 @@ fn rollback_cut(st: &State, keep: Offset) -> Cut {
         base: chosen.base,
         position: chosen.written,
         next_offset: keep,
+        file: chosen.file.clone(),
     }
 }
 

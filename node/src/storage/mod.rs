@@ -74,8 +74,8 @@ pub use error::{Result, StorageError};
 pub use file::{Disk, FaultKind, FaultPoint, SimDisk};
 pub use index::{OffsetIndexEntry, TimeIndexEntry};
 pub use index_cache::{
-    INDEX_CACHE_BYTES_DEFAULT, IndexCacheStats, set_shard_index_cache_bytes,
-    shard_index_cache_stats,
+    INDEX_CACHE_BYTES_DEFAULT, INDEX_CACHE_SHARD_BYTES_MIN, IndexCacheStats,
+    set_shard_index_cache_bytes, shard_index_cache_stats,
 };
 pub use log::{AppendInfo, Log, LogCounters, NO_SPACE_RETRY_BACKOFF, ReadResult};
 pub use probe::prime_dma_probe;

@@ -180,17 +180,21 @@ impl Segment {
         debug_assert!(self.sealed, "only a sealed segment's index leaves memory");
         let index = std::mem::take(&mut self.index);
         self.index_in_files = true;
+        index_cache::live(self.id);
         if warm {
             index_cache::insert(self.id, std::rc::Rc::new(index));
         }
     }
 
     /// The segment holds its index in memory again (`index`, loaded from its files): it is
-    /// about to change (a truncation makes it active).
+    /// about to change (a truncation makes it active). It takes a new id: a load of its
+    /// old files still under way can then neither be cached nor be taken for its index
+    /// (see `with_index`), whatever files it is written with next.
     pub fn index_to_memory(&mut self, index: SegmentIndex) {
         if self.index_in_files {
             index_cache::forget(self.id);
         }
+        self.id = SegmentId::next();
         self.index = index;
         self.index_in_files = false;
     }
