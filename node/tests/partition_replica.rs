@@ -1685,3 +1685,121 @@ fn a_leader_change_writes_its_epoch_checkpoint_off_the_shard_thread_before_any_a
         assert_eq!(again.epoch_entries(), epochs);
     });
 }
+
+/// A batch of `records` records of about `bytes` bytes in all, from idempotent producer
+/// `pid` at sequence `seq`, with the leader's offsets and epoch already in it.
+fn copied_batch(pid: i64, seq: i32, bytes: usize, at: Offset, epoch: LeaderEpoch) -> BytesMut {
+    let records = 4;
+    let value = "v".repeat(bytes / records);
+    let records = (0..records)
+        .map(|i| NewRecord::value(NOW_MS + i as i64, value.clone()))
+        .collect();
+    let built = BatchBuilder {
+        producer_id: ProducerId(pid),
+        producer_epoch: ProducerEpoch(0),
+        base_sequence: Sequence(seq),
+        records,
+        ..BatchBuilder::default()
+    }
+    .build()
+    .expect("a batch from test data");
+    let mut b = BytesMut::from(&built[..]);
+    wire::batch::assign_offsets(&mut b, at, epoch).expect("offsets");
+    b
+}
+
+/// A fetched chunk larger than the follower's `segment.bytes` (64 KiB here; a fetch
+/// answer holds up to `replica.fetch.max.bytes`, 1 MiB) is appended in parts that roll
+/// the log between them, keeping the leader's offsets, epochs and bytes; a single batch
+/// larger than a segment gets a segment of its own. Before, the whole chunk was refused
+/// with RECORD_LIST_TOO_LARGE and the follower stalled on it for good. The producer
+/// state recorded every part: after taking over, the follower answers a resend of the
+/// chunk's last batch as a duplicate.
+#[test]
+fn a_follower_appends_a_chunk_larger_than_a_segment_in_parts_that_each_fit_one() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let dir = root.path().join("follower/orders-0");
+        let follower = open(&dir, FOLLOWER, 1).await;
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        let segment_bytes = 65_536;
+        let pid = 7;
+        // Epoch 1, then 2 mid-chunk; the fifth batch is larger than a segment.
+        let sizes = [20_000, 20_000, 20_000, 20_000, 100_000, 20_000, 20_000];
+        let (mut chunk, mut batches, mut at) = (BytesMut::new(), Vec::new(), Offset(0));
+        for (i, size) in sizes.iter().enumerate() {
+            let epoch = LeaderEpoch(if i < 3 { 1 } else { 2 });
+            let b = copied_batch(pid, 4 * i as i32, *size, at, epoch);
+            at = at.add(4);
+            chunk.extend_from_slice(&b);
+            batches.push(b);
+        }
+        assert!(chunk.len() > 3 * segment_bytes);
+        let expected = chunk.to_vec();
+
+        let info = follower
+            .append_as_follower(chunk, NOW_MS)
+            .await
+            .expect("a chunk larger than a segment");
+        assert_eq!(
+            (info.first_offset, info.last_offset),
+            (Offset(0), at.add(-1))
+        );
+        assert_eq!(info.batches, sizes.len() as u32);
+        assert_eq!(follower.log.log_end_offset(), at);
+        assert_eq!(whole_log(&follower).await, expected, "the leader's bytes");
+        let epochs = vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(12))];
+        assert_eq!(follower.epoch_entries(), epochs);
+
+        // Each segment fits `segment.bytes`, or holds one batch alone (the big one).
+        let bases = follower.log.segment_bases();
+        assert_eq!(
+            bases,
+            vec![Offset(0), Offset(12), Offset(16), Offset(20)],
+            "rolled where a leader appending these batches would"
+        );
+        for (i, base) in bases.iter().enumerate() {
+            let end = bases.get(i + 1).copied().unwrap_or(at);
+            let read = follower.log.read(*base, 1 << 24, end).await.expect("read");
+            let bytes = read.bytes();
+            assert!(
+                bytes <= segment_bytes || read.batches.len() == 1,
+                "segment {base}: {bytes} bytes in {} batches",
+                read.batches.len()
+            );
+        }
+        assert_eq!(
+            follower
+                .log
+                .read(Offset(16), 1 << 24, Offset(20))
+                .await
+                .expect("read")
+                .batches,
+            vec![batches[4].clone().freeze()],
+            "the big batch alone"
+        );
+
+        // Reopened, the log is the same.
+        follower.log.close().await.expect("close");
+        drop(follower);
+        let follower = open(&dir, FOLLOWER, 1).await;
+        assert_eq!(follower.log.segment_bases(), bases);
+        assert_eq!(whole_log(&follower).await, expected);
+        assert_eq!(follower.epoch_entries(), epochs);
+
+        // Leader now: the producer state knows the chunk's last batch.
+        follower.update_replica(|r| r.become_leader(LeaderEpoch(3), vec![FOLLOWER], &[FOLLOWER]));
+        let resend = batch(Some((pid, 24)), 4, "resend");
+        let resend = follower.produce(resend, Acks::All, soon(), NOW_MS).await;
+        assert_eq!(
+            (resend.error, resend.base_offset),
+            (errors::NONE, Offset(24))
+        );
+        assert_eq!(
+            follower.log.log_end_offset(),
+            at,
+            "a duplicate appends nothing"
+        );
+    });
+}

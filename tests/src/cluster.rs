@@ -10,7 +10,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
+use kafka_protocol::messages::create_topics_request::{
+    CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig,
+};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
@@ -479,11 +481,32 @@ pub fn metadata_at(addr: SocketAddr) -> Result<MetadataResponse> {
 
 /// CreateTopics (v5) of one topic at `addr`; returns its error code.
 pub fn create_topic(addr: SocketAddr, name: &str, partitions: i32, rf: i16) -> Result<i16> {
+    create_topic_with(addr, name, partitions, rf, &[])
+}
+
+/// CreateTopics (v5) of one topic at `addr` with topic configs (e.g. `segment.bytes`);
+/// returns its error code.
+pub fn create_topic_with(
+    addr: SocketAddr,
+    name: &str,
+    partitions: i32,
+    rf: i16,
+    configs: &[(&str, &str)],
+) -> Result<i16> {
     let mut conn = RawConn::connect_timeout(addr, CALL_TIMEOUT)?;
+    let configs = configs
+        .iter()
+        .map(|(k, v)| {
+            CreatableTopicConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_value(Some(StrBytes::from_string(v.to_string())))
+        })
+        .collect();
     let topic = CreatableTopic::default()
         .with_name(TopicName(StrBytes::from_string(name.to_string())))
         .with_num_partitions(partitions)
-        .with_replication_factor(rf);
+        .with_replication_factor(rf)
+        .with_configs(configs);
     let req = CreateTopicsRequest::default()
         .with_topics(vec![topic])
         .with_timeout_ms(30_000);

@@ -137,3 +137,97 @@ fn acks_all_survives_the_leaders_sigkill_and_the_replicas_end_identical() {
     let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
     assert_eq!(checked, 800);
 }
+
+/// A topic whose `segment.bytes` (64 KiB) is smaller than what a follower fetches at
+/// once (`replica.fetch.max.bytes`, 1 MiB): under acks=all load, with the leader made to
+/// answer follower fetches only once 200 KB are there (or 200 ms passed), every fetched
+/// chunk holds several producer batches and is larger than a segment. The followers
+/// append each chunk in parts that roll their logs between them, stay in the ISR, and
+/// end with the leader's log byte for byte, in segments no larger than the setting.
+/// Before, such a chunk was refused whole (RECORD_LIST_TOO_LARGE) and the followers
+/// stalled on it for good: they left the ISR and acks=all stopped.
+#[test]
+fn followers_of_a_topic_with_segments_smaller_than_a_fetch_stay_in_sync() {
+    let segment_bytes = 65_536;
+    let mut c = Cluster::start(
+        3,
+        &[
+            ("min.insync.replicas", "2"),
+            ("replica.fetch.min.bytes", "200000"),
+            ("replica.fetch.wait.max.ms", "200"),
+            ("replica.lag.time.max.ms", "10000"),
+        ],
+    )
+    .expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    let configs = [("segment.bytes", "65536")];
+    let created = cluster::create_topic_with(addr, TOPIC, 1, 3, &configs).expect("create");
+    assert_eq!(created, 0);
+    let (leader, isr) = wait_placement(&mut c, 3, AGREE_TIMEOUT);
+    assert_eq!(isr, vec![1, 2, 3]);
+
+    // Batches of up to 30 KB (a segment takes two). A connection has one produce
+    // request in process at a time, as in Kafka, so four producers write at once: each
+    // fetch answer holds about a batch from each.
+    let bootstrap = c.node(leader).bootstrap();
+    let producers = 4;
+    let (sent, acked) = std::thread::scope(|s| {
+        let running: Vec<_> = (0..producers)
+            .map(|k| {
+                let bootstrap = bootstrap.clone();
+                s.spawn(move || {
+                    let settings = [("enable.idempotence", "true"), ("batch.size", "30000")];
+                    let (p, log) =
+                        clients::producer(&bootstrap, "all", "none", &settings).expect("producer");
+                    let tag = format!("producer-{k}");
+                    let sent = clients::make_records(k * 100_000, 5_000, &tag, clients::now_ms());
+                    clients::produce_all(&p, TOPIC, &sent, Some(0)).expect("produce");
+                    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+                    (sent, log.acked())
+                })
+            })
+            .collect();
+        let (mut sent, mut acked) = (Vec::new(), Vec::new());
+        for r in running {
+            let (s, a) = r.join().expect("a producer thread");
+            sent.extend(s);
+            acked.extend(a);
+        }
+        (sent, acked)
+    });
+
+    let m = c.metadata(leader).expect("metadata");
+    assert_eq!(
+        placement(&m, TOPIC),
+        Some((leader, vec![1, 2, 3])),
+        "every follower in sync\n{}",
+        c.log_tails(30)
+    );
+    let bytes = wait_identical(&mut c, AGREE_TIMEOUT);
+    for id in (1..=3).filter(|id| *id != leader) {
+        let dir = partition_dir(&mut c, id);
+        let mut segments: Vec<(std::path::PathBuf, u64)> = std::fs::read_dir(&dir)
+            .expect("partition dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| (e.path(), e.metadata().map_or(0, |m| m.len())))
+            .collect();
+        segments.sort();
+        assert!(
+            segments.len() as u64 >= bytes as u64 / segment_bytes,
+            "node {id}: {} segments for {bytes} bytes",
+            segments.len()
+        );
+        // The active (last) segment's file may be padded to a block; sealed ones are
+        // trimmed to their batches.
+        segments.pop();
+        assert!(
+            segments.iter().all(|(_, size)| *size <= segment_bytes),
+            "node {id}: a sealed segment larger than segment.bytes: {segments:?}"
+        );
+    }
+    let got = clients::consume_to_end(&bootstrap, TOPIC, &[0]).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
+    assert_eq!(checked, 20_000);
+}

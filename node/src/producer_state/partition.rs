@@ -197,13 +197,79 @@ impl PartitionProducers {
     /// A follower's append of its leader's batches: no check (the leader checked them),
     /// offsets kept, and every idempotent batch recorded as the leader recorded it, so the
     /// follower's table matches the leader's when it takes over.
+    ///
+    /// A fetched chunk larger than what a segment takes is appended in parts, cut at
+    /// batch boundaries ([`Log::replica_parts`]), so the log rolls between them (with a
+    /// snapshot at each new segment's base, as at any roll) instead of refusing the chunk
+    /// and stalling the follower on it. Each part takes its offsets before the next one
+    /// starts; their writes are awaited together. A part that fails ends the append
+    /// there: the parts before it are answered (the next fetch goes on after them), the
+    /// error only if none was appended.
     pub async fn append_replicated(
+        &self,
+        log: &Log,
+        mut records: BytesMut,
+        now_ms: i64,
+    ) -> Result<AppendInfo, StorageError> {
+        self.follow_truncation(log, now_ms).await?;
+        let parts = log.replica_parts(&records)?;
+        if parts.len() == 1 {
+            return self.append_replicated_part(log, records, now_ms).await;
+        }
+        /// A part whose first poll took its offsets: done, or its write still awaited.
+        enum Started<F> {
+            Done(AppendInfo),
+            Writing(F),
+        }
+        let mut started = Vec::with_capacity(parts.len());
+        let mut failed = None;
+        for len in parts {
+            let part = records.split_to(len);
+            let mut append = Box::pin(self.append_replicated_part(log, part, now_ms));
+            match futures_lite::future::poll_once(&mut append).await {
+                // Refused (or failed at once): the parts after it would not continue the
+                // log.
+                Some(Err(e)) => {
+                    failed = Some(e);
+                    break;
+                }
+                Some(Ok(info)) => started.push(Started::Done(info)),
+                None => started.push(Started::Writing(append)),
+            }
+        }
+        let mut appended: Option<AppendInfo> = None;
+        for part in started {
+            let done = match part {
+                Started::Done(info) => Ok(info),
+                Started::Writing(append) => append.await,
+            };
+            match done {
+                Ok(info) => appended = Some(appended.map_or(info, |a| a.followed_by(&info))),
+                // A write cut by a rollback takes the later parts' bytes with it.
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+        match (appended, failed) {
+            (Some(info), _) => Ok(info),
+            (None, failed) => Err(failed.unwrap_or(StorageError::InvalidBatch {
+                position: 0,
+                reason: "no batches".into(),
+            })),
+        }
+    }
+
+    /// One part of [`append_replicated`](Self::append_replicated): at most what a segment
+    /// takes, or a single batch. Its first poll appends it in memory and records its
+    /// batches; the rest waits for the write.
+    async fn append_replicated_part(
         &self,
         log: &Log,
         records: BytesMut,
         now_ms: i64,
     ) -> Result<AppendInfo, StorageError> {
-        self.follow_truncation(log, now_ms).await?;
         let headers: Vec<(BatchHeader, Option<(bool, i32)>)> = batch_headers(&records)
             .into_iter()
             .zip(marker_types(&records))

@@ -37,6 +37,24 @@ pub struct AppendInfo {
     pub bytes: u64,
 }
 
+impl AppendInfo {
+    /// This append and `next`, which came right after it, as one.
+    pub fn followed_by(&self, next: &AppendInfo) -> AppendInfo {
+        debug_assert!(
+            next.first_offset > self.last_offset,
+            "appends in offset order"
+        );
+        AppendInfo {
+            first_offset: self.first_offset,
+            last_offset: next.last_offset,
+            log_append_time_ms: next.log_append_time_ms.or(self.log_append_time_ms),
+            log_start_offset: next.log_start_offset,
+            batches: self.batches + next.batches,
+            bytes: self.bytes + next.bytes,
+        }
+    }
+}
+
 /// What a read returned.
 #[derive(Clone, Debug, Default)]
 pub struct ReadResult {
@@ -447,6 +465,36 @@ fn walk_blob(blob: &[u8]) -> Result<Vec<BlobBatch>> {
     Ok(out)
 }
 
+/// Cuts `blob` (whole batches) at batch boundaries into parts of at most `room` bytes for
+/// the first (what the active segment has left) and `segment_bytes` for the others, each
+/// as long as it can be: every part fits the segment it goes to, and the log rolls
+/// between them. A batch that does not fit starts a new segment; one larger than
+/// `segment_bytes` is a part of its own. Returns the parts' byte lengths, in order.
+pub(crate) fn segment_parts(blob: &[u8], room: u64, segment_bytes: u64) -> Result<Vec<usize>> {
+    let room = room.min(segment_bytes);
+    // The usual case, without a walk of the headers (the append walks them anyway).
+    if blob.len() as u64 <= room {
+        return Ok(vec![blob.len()]);
+    }
+    let mut parts = Vec::new();
+    let (mut room, mut len) = (room, 0u64);
+    for b in walk_blob(blob)? {
+        let size = b.size as u64;
+        if len + size > room {
+            if len > 0 {
+                parts.push(len as usize);
+                len = 0;
+            }
+            // The next part starts a segment (the append rolls: it does not fit).
+            room = segment_bytes;
+        }
+        len += size;
+    }
+    parts.push(len as usize);
+    debug_assert_eq!(parts.iter().sum::<usize>(), blob.len());
+    Ok(parts)
+}
+
 /// Stamps offsets, leader epoch and (for `LogAppendTime`) the append time into one batch.
 fn stamp_batch(
     batch: &mut [u8],
@@ -547,7 +595,9 @@ impl Log {
     }
 
     /// Appends batches that already carry their offsets and leader epochs — a follower
-    /// copying its leader, whose log must stay byte for byte the leader's. Offsets must
+    /// copying its leader, whose log must stay byte for byte the leader's. At most
+    /// `segment.bytes`, or one batch of any size (which rolls into a segment of its own);
+    /// a larger fetched chunk is cut first with [`Log::replica_parts`]. Offsets must
     /// grow: each batch's base offset at or past the end of what comes before it (this
     /// log's end offset for the first), else [`StorageError::InvalidBatch`] and nothing is
     /// appended. Gaps are allowed, as Kafka allows them: a compacted leader's log has
@@ -604,7 +654,11 @@ impl Log {
         }
         let batches = walk_blob(&records)?;
         let blob_len = records.len() as u64;
-        if blob_len > st.config.segment_bytes {
+        // A follower's single batch larger than a segment goes into a segment of its own
+        // (the leader wrote it under a larger `segment.bytes`, or before it was lowered):
+        // refused, it would stall the follower on it for good.
+        let lone_copy = stamp == Stamp::Keep && batches.len() == 1;
+        if blob_len > st.config.segment_bytes && !lone_copy {
             return Err(StorageError::RecordSetTooLarge {
                 size: blob_len,
                 max: st.config.segment_bytes,
@@ -1116,6 +1170,21 @@ impl Log {
             .sum()
     }
 
+    /// How a follower appends `records` (whole batches fetched from its leader): the
+    /// byte lengths of consecutive parts, cut at batch boundaries, each of which fits the
+    /// room left in the active segment or a new one, so the log rolls between them as a
+    /// leader appending the same batches would (see [`segment_parts`]). A fetch answer
+    /// holds up to `replica.fetch.max.bytes`, which may be more than `segment.bytes`.
+    pub fn replica_parts(&self, records: &[u8]) -> Result<Vec<usize>> {
+        let st = self.state.borrow();
+        let segment_bytes = st.config.segment_bytes;
+        let room = st
+            .active()
+            .filter(|a| !a.is_empty())
+            .map_or(segment_bytes, |a| segment_bytes.saturating_sub(a.size));
+        segment_parts(records, room, segment_bytes)
+    }
+
     /// Number of segments.
     pub fn segment_count(&self) -> usize {
         self.state.borrow().segments.len()
@@ -1201,5 +1270,48 @@ impl Log {
 
     pub(super) fn check_readable(&self) -> Result<()> {
         self.state.borrow().check_readable(&self.dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::testing::batch_of_size;
+
+    /// A blob of batches of these sizes (about: the builder rounds) and their exact sizes.
+    fn blob(sizes: &[usize]) -> (Vec<u8>, Vec<usize>) {
+        let batches: Vec<BytesMut> = sizes.iter().map(|s| batch_of_size(0, 4, *s)).collect();
+        let exact = batches.iter().map(BytesMut::len).collect();
+        (batches.concat(), exact)
+    }
+
+    /// A fetched chunk larger than a segment is cut where a leader appending the same
+    /// batches one by one would roll: the first part fills what the active segment has
+    /// left, the others a segment each, and a batch larger than a segment is alone.
+    #[test]
+    fn a_chunk_is_cut_at_batch_boundaries_into_parts_that_each_fit_a_segment() {
+        let (chunk, b) = blob(&[20_000, 20_000, 20_000, 20_000, 100_000, 20_000]);
+        let segment = 65_536;
+        let parts = segment_parts(&chunk, segment, segment).expect("parts");
+        assert_eq!(
+            parts,
+            vec![b[0] + b[1] + b[2], b[3], b[4], b[5]],
+            "three fit a segment, the fourth rolls, the big one is alone"
+        );
+        // The active segment has room for one batch: the first part is that one.
+        let parts = segment_parts(&chunk, 30_000, segment).expect("parts");
+        assert_eq!(parts, vec![b[0], b[1] + b[2] + b[3], b[4], b[5]]);
+        // No room at all: the first part starts a new segment.
+        let parts = segment_parts(&chunk, 0, segment).expect("parts");
+        assert_eq!(parts[0], b[0] + b[1] + b[2]);
+        // A chunk that fits is one part, unwalked.
+        let parts = segment_parts(&chunk, 1 << 20, 1 << 20).expect("parts");
+        assert_eq!(parts, vec![chunk.len()]);
+        for room in [0, 1, 30_000, segment] {
+            let parts = segment_parts(&chunk, room, segment).expect("parts");
+            assert_eq!(parts.iter().sum::<usize>(), chunk.len());
+        }
+        // Damaged framing is refused, as the append would refuse it.
+        assert!(segment_parts(&chunk[..chunk.len() - 1], 0, segment).is_err());
     }
 }
