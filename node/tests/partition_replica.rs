@@ -1803,3 +1803,75 @@ fn a_follower_appends_a_chunk_larger_than_a_segment_in_parts_that_each_fit_one()
         );
     });
 }
+
+/// The leader epoch checkpoint of `p` (in data dir `dir`) as the file on disk holds it.
+fn epochs_on_disk(dir: &Path) -> Vec<(LeaderEpoch, Offset)> {
+    let files = dir.join("orders-0");
+    let on_disk = weir::storage::epochs::LeaderEpochCache::load(&files).expect("load");
+    on_disk.entries()
+}
+
+/// A follower's first batch of a new leader epoch, and its truncations, write the leader
+/// epoch checkpoint (an atomic write, two fsyncs) in the blocking pool, not on the
+/// shard's thread, where it stalled every partition of the shard (found by review, after
+/// a leader's change had moved there). The entry is still on disk before the append
+/// under its epoch returns, and a cut's removal before the truncation does.
+#[test]
+fn a_follower_writes_its_epoch_checkpoint_off_the_shard_thread_before_it_goes_on() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let dir = root.path().join("follower");
+        let follower = open(&dir, FOLLOWER, 1).await;
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        let shard = std::thread::current().id();
+        let copy = |at: i64, epoch: i32, seq: i32| {
+            copied_batch(9, seq, 100, Offset(at), LeaderEpoch(epoch))
+        };
+
+        let appended = follower.append_as_follower(copy(0, 1, 0), NOW_MS).await;
+        appended.expect("epoch 1");
+        assert!(
+            follower.epochs_durable(),
+            "on disk before the append returned"
+        );
+        assert_ne!(
+            follower.epochs_written_by(),
+            Some(shard),
+            "written on the shard"
+        );
+        assert_eq!(epochs_on_disk(&dir), vec![(LeaderEpoch(1), Offset(0))]);
+
+        let appended = follower.append_as_follower(copy(4, 2, 4), NOW_MS).await;
+        appended.expect("epoch 2");
+        assert!(follower.epochs_durable());
+        assert_ne!(
+            follower.epochs_written_by(),
+            Some(shard),
+            "written on the shard"
+        );
+        let both = vec![(LeaderEpoch(1), Offset(0)), (LeaderEpoch(2), Offset(4))];
+        assert_eq!(epochs_on_disk(&dir), both);
+
+        // A truncation into epoch 1 takes epoch 2's entry off the disk before it returns.
+        assert_eq!(follower.truncate_to(Offset(4)).await, Ok(Offset(4)));
+        assert!(follower.epochs_durable());
+        assert_ne!(
+            follower.epochs_written_by(),
+            Some(shard),
+            "written on the shard"
+        );
+        assert_eq!(epochs_on_disk(&dir), vec![(LeaderEpoch(1), Offset(0))]);
+
+        // A restart at the leader's log start takes them all.
+        assert_eq!(follower.restart_at(Offset(20)).await, Ok(()));
+        assert!(follower.epochs_durable());
+        assert_ne!(
+            follower.epochs_written_by(),
+            Some(shard),
+            "written on the shard"
+        );
+        assert_eq!(epochs_on_disk(&dir), Vec::new());
+        assert_eq!(follower.epoch_entries(), Vec::new());
+    });
+}

@@ -595,6 +595,49 @@ impl Partition {
         })
     }
 
+    /// A follower's note of the epochs of the batches it copies (each starts at the first
+    /// batch carrying it), as [`note_epoch`](Self::note_epoch) notes a leader's. The
+    /// checkpoint is written and fsynced in the blocking pool, not on the shard's thread,
+    /// and awaited: no record of a new epoch is appended before its entry is on disk (a
+    /// log holding epoch-E records whose checkpoint lost E answers OffsetForLeaderEpoch
+    /// wrongly after a restart). A failed write leaves the change for the next append to
+    /// write again, which awaits it the same way.
+    async fn note_copied_epochs(&self, headers: &[wire::batch::BatchHeader]) -> Result<(), i16> {
+        let written = {
+            let mut epochs = self.epochs.borrow_mut();
+            for h in headers {
+                let (epoch, start) = (h.partition_leader_epoch(), h.base_offset());
+                // Entries past the start went with an out-of-space rollback's bytes.
+                if epochs.latest().is_some_and(|(_, s)| s > start) {
+                    epochs.truncate_from_end_unwritten(start.add(1));
+                }
+                epochs.assign_unwritten(epoch, start);
+            }
+            epochs.written_in_pool()
+        };
+        written.await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            errors::KAFKA_STORAGE_ERROR
+        })
+    }
+
+    /// A cut of the log to `end` (a follower's truncation or restart) takes the epochs
+    /// that start at or past it; the checkpoint is written in the blocking pool and
+    /// awaited before the caller goes on, so nothing is appended past the cut while the
+    /// file still holds those entries (after a restart they would claim offsets appended
+    /// under other epochs since).
+    async fn truncate_epochs(&self, end: Offset) -> Result<(), i16> {
+        let written = {
+            let mut epochs = self.epochs.borrow_mut();
+            epochs.truncate_from_end_unwritten(end);
+            epochs.written_in_pool()
+        };
+        written.await.map_err(|e| {
+            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
+            errors::KAFKA_STORAGE_ERROR
+        })
+    }
+
     /// An out-of-space rollback may have cut the log below where the latest epoch started
     /// (it began with appends that were never written): that entry goes with them, as a
     /// truncation would take it.
@@ -711,10 +754,7 @@ impl Partition {
             tracing::error!(topic = %self.topic, partition = self.index, "truncation: {e}");
             storage_error_code(&e)
         })?;
-        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(end) {
-            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
-            return Err(errors::KAFKA_STORAGE_ERROR);
-        }
+        self.truncate_epochs(end).await?;
         self.replica.borrow_mut().truncated(end);
         tracing::info!(topic = %self.topic, partition = self.index, offset = %end, "truncated as follower");
         self.restart_epoch_if_leading()?;
@@ -733,10 +773,7 @@ impl Partition {
             tracing::error!(topic = %self.topic, partition = self.index, "restart: {e}");
             storage_error_code(&e)
         })?;
-        if let Err(e) = self.epochs.borrow_mut().truncate_from_end(Offset(0)) {
-            tracing::error!(topic = %self.topic, partition = self.index, "leader epoch checkpoint: {e}");
-            return Err(errors::KAFKA_STORAGE_ERROR);
-        }
+        self.truncate_epochs(Offset(0)).await?;
         self.replica.borrow_mut().restarted(offset);
         tracing::info!(topic = %self.topic, partition = self.index, %offset, "follower log restarted at the leader's log start");
         self.restart_epoch_if_leading()?;

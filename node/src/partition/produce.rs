@@ -395,8 +395,11 @@ impl Partition {
             next = header.next_offset();
             headers.push(header);
         }
-        for h in &headers {
-            self.note_epoch(h.partition_leader_epoch(), h.base_offset())?;
+        self.note_copied_epochs(&headers).await?;
+        // Led meanwhile (an assignment while the checkpoint was written): these batches
+        // are the old leader's, not this one's to append.
+        if self.replica.borrow().is_leader() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
         let started = Instant::now();
         let appended = self

@@ -9,8 +9,10 @@
 //!
 //! A new leader's entry may be written in glommio's blocking pool
 //! ([`LeaderEpochCache::assign_in_background`]): a failover must not stop the shard for
-//! an fsync pair per partition it now leads. Writes of one file never interleave and the
-//! newest contents always win (a generation per change; see `Checkpoint`).
+//! an fsync pair per partition it now leads. A follower's new epochs and its truncations
+//! are written there too, and awaited ([`LeaderEpochCache::written_in_pool`]). Writes of
+//! one file never interleave and the newest contents always win (a generation per change;
+//! see `Checkpoint`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -192,6 +194,57 @@ impl LeaderEpochCache {
         })
         .detach();
         true
+    }
+
+    /// [`assign`](Self::assign) in memory only: the file is written by
+    /// [`written_in_pool`](Self::written_in_pool) (or [`flush`](Self::flush)), which the
+    /// caller awaits before any record of the epoch is appended — a follower copying its
+    /// leader's batches, whose appends may wait for the blocking pool. Returns whether an
+    /// entry was added.
+    pub fn assign_unwritten(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
+        if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
+            return false;
+        }
+        if let Some((_, last_start)) = self.latest() {
+            assert!(
+                start >= last_start,
+                "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
+            );
+        }
+        self.entries.insert(epoch, start);
+        self.checkpoint.set(self.rendered());
+        true
+    }
+
+    /// [`truncate_from_end`](Self::truncate_from_end) in memory only; the caller awaits
+    /// [`written_in_pool`](Self::written_in_pool) before the log grows past `end` again.
+    /// Returns whether entries were removed.
+    pub fn truncate_from_end_unwritten(&mut self, end: Offset) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(|_, start| *start < end);
+        let removed = self.entries.len() != before;
+        if removed {
+            self.checkpoint.set(self.rendered());
+        }
+        removed
+    }
+
+    /// Done once every change made so far is on disk: at once if it is, else after the
+    /// newest contents are written and synced in glommio's blocking pool, not on the
+    /// caller's thread (two fsyncs, which on a shard's thread stall every partition of
+    /// the shard). Holds no borrow of the cache, so it may be awaited outside one. A
+    /// failed write is returned and left to the next call (or a flush) to try again.
+    /// Must run on a glommio executor.
+    pub fn written_in_pool(&self) -> impl std::future::Future<Output = Result<()>> + 'static {
+        let unwritten = self.checkpoint.unwritten().then(|| self.checkpoint.clone());
+        async move {
+            let Some(checkpoint) = unwritten else {
+                return Ok(());
+            };
+            glommio::executor()
+                .spawn_blocking(move || checkpoint.write_latest())
+                .await
+        }
     }
 
     /// Writes the checkpoint now, on this thread, if a change is not on disk yet (a
@@ -392,6 +445,46 @@ mod tests {
             std::fs::create_dir(&gone).expect("mkdir");
             c.flush().expect("written");
             assert!(c.durable());
+            let reloaded = LeaderEpochCache::load(&gone).expect("reload");
+            assert_eq!(reloaded.latest(), Some((LeaderEpoch(4), Offset(0))));
+        });
+    }
+
+    /// Changes made in memory only are written by `written_in_pool`, in the blocking
+    /// pool; one whose write failed is written by the next call; with nothing to write
+    /// it is done at once.
+    #[test]
+    fn unwritten_changes_are_written_in_the_pool_when_awaited() {
+        crate::storage::testing::run_on_shard(|| async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut c = LeaderEpochCache::load(dir.path()).expect("empty");
+            assert!(c.assign_unwritten(LeaderEpoch(1), Offset(0)));
+            assert!(c.assign_unwritten(LeaderEpoch(2), Offset(7)));
+            assert!(!c.assign_unwritten(LeaderEpoch(2), Offset(9)), "known");
+            assert!(!c.durable());
+            c.written_in_pool().await.expect("written");
+            assert!(c.durable());
+            assert_ne!(c.written_by(), Some(std::thread::current().id()));
+            let reloaded = LeaderEpochCache::load(dir.path()).expect("reload");
+            assert_eq!(reloaded.entries(), c.entries());
+
+            assert!(c.truncate_from_end_unwritten(Offset(7)));
+            assert!(
+                !c.truncate_from_end_unwritten(Offset(7)),
+                "nothing left to cut"
+            );
+            c.written_in_pool().await.expect("written");
+            let reloaded = LeaderEpochCache::load(dir.path()).expect("reload");
+            assert_eq!(reloaded.entries(), vec![(LeaderEpoch(1), Offset(0))]);
+            c.written_in_pool().await.expect("nothing to write");
+
+            let gone = dir.path().join("gone");
+            let mut c = LeaderEpochCache::load(&gone).expect("empty");
+            assert!(c.assign_unwritten(LeaderEpoch(4), Offset(0)));
+            assert!(c.written_in_pool().await.is_err(), "no directory");
+            assert!(!c.durable());
+            std::fs::create_dir(&gone).expect("mkdir");
+            c.written_in_pool().await.expect("written by the next call");
             let reloaded = LeaderEpochCache::load(&gone).expect("reload");
             assert_eq!(reloaded.latest(), Some((LeaderEpoch(4), Offset(0))));
         });
