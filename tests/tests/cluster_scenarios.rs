@@ -1395,3 +1395,29 @@ fn delete_records_of_several_topics_wait_together() {
         "{healthy}: its follower followed in time"
     );
 }
+
+/// DeleteRecords on a partition with no produce traffic is answered within a fetch round
+/// trip, not after the followers' long polls (`replica.fetch.wait.max.ms`, 30 s here):
+/// the leader's log start moving wakes the follower fetches parked on it, as an append
+/// does, so they report the new start at once. Before, they learnt it only when their
+/// poll ran out, and DeleteRecords (which waits for every live replica's log start)
+/// waited that long (here: no answer within the raw client's 10 s read timeout).
+#[test]
+fn delete_records_on_an_idle_partition_wakes_the_parked_follower_fetches() {
+    let mut c = start(&[
+        ("replica.fetch.wait.max.ms", "30000"),
+        ("replica.lag.time.max.ms", "600000"),
+    ]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    produce(&mut c, leader, "all", 0, 200, "idle");
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 200);
+
+    let asked = Instant::now();
+    let (error, low) = delete_records(&mut c, leader, 100, 25_000);
+    let took = asked.elapsed();
+    assert_eq!((error, low), (0, 100), "answered after {took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "DeleteRecords took {took:?}: the followers' parked fetches were not woken"
+    );
+}

@@ -518,6 +518,9 @@ impl Partition {
             .delete_records_before(target)
             .await
             .map_err(|e| storage_error_code(&e))?;
+        // Parked follower fetches answer now with the new log start (see `api::fetch`),
+        // so this waits a fetch round trip, not up to `replica.fetch.wait.max.ms`.
+        self.appended.notify_all();
         crate::shard::mesh::InboxSlot::release_current();
         let reached = async {
             loop {
