@@ -1875,3 +1875,38 @@ fn a_follower_writes_its_epoch_checkpoint_off_the_shard_thread_before_it_goes_on
         assert_eq!(follower.epoch_entries(), Vec::new());
     });
 }
+
+/// A follower's append that brings a new epoch awaits the epoch checkpoint's write; if
+/// meanwhile the replica follows another leader (a failover moved it to a new fetcher),
+/// the batches are the old leader's and are refused, not appended after whatever the new
+/// leader's fetcher does (found by review: they could land where the new leader has other
+/// records, under an epoch entry that no longer says so).
+#[test]
+fn a_follower_append_that_outlives_its_leader_is_refused() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let follower = open(&root.path().join("follower"), FOLLOWER, 1).await;
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(5)));
+        let copy = |at: i64, epoch: i32, seq: i32| {
+            copied_batch(9, seq, 100, Offset(at), LeaderEpoch(epoch))
+        };
+        let appended = follower.append_as_follower(copy(0, 4, 0), NOW_MS).await;
+        appended.expect("epoch 4");
+        let end = follower.log.log_end_offset();
+        // A chunk with a new epoch: its append parks on the checkpoint's write.
+        let mut stale = Box::pin(follower.append_as_follower(copy(end.get(), 5, 4), NOW_MS));
+        assert!(
+            futures_lite::future::poll_once(&mut stale).await.is_none(),
+            "the append waits for the epoch checkpoint"
+        );
+        // A failover meanwhile: another leader, a newer epoch.
+        follower.update_replica(|r| r.become_follower(NodeId(7), LeaderEpoch(6)));
+        assert_eq!(
+            stale.await.map(|_| ()),
+            Err(errors::NOT_LEADER_OR_FOLLOWER),
+            "the old leader's batches are not appended"
+        );
+        assert_eq!(follower.log.log_end_offset(), end, "nothing appended");
+    });
+}

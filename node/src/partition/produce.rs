@@ -395,10 +395,14 @@ impl Partition {
             next = header.next_offset();
             headers.push(header);
         }
+        // What the batches were checked against: while the epoch checkpoint is written
+        // (an await) the replica may lead, follow another leader, or be cut and appended
+        // to by the fetcher of a new leader. Any of these makes these batches the old
+        // leader's, not this log's continuation: appended, they would diverge from the new
+        // leader where its epoch cache could not see it.
+        let checked_against = self.follower_position();
         self.note_copied_epochs(&headers).await?;
-        // Led meanwhile (an assignment while the checkpoint was written): these batches
-        // are the old leader's, not this one's to append.
-        if self.replica.borrow().is_leader() {
+        if self.follower_position() != checked_against {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
         let started = Instant::now();
@@ -414,6 +418,19 @@ impl Partition {
             })?;
         self.log_grew(info.last_offset.add(1));
         Ok(info)
+    }
+
+    /// What a follower's append is checked against: this replica's leader (none while it
+    /// leads) and leader epoch, its log end and how many times its log was cut.
+    fn follower_position(&self) -> (Option<wire::NodeId>, LeaderEpoch, Offset, u64) {
+        let replica = self.replica.borrow();
+        let leader = (!replica.is_leader()).then(|| replica.leader());
+        (
+            leader,
+            replica.leader_epoch(),
+            self.log.log_end_offset(),
+            self.log.truncations(),
+        )
     }
 
     /// The producer of `records` if they are a transactional batch that would open a
