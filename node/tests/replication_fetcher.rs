@@ -334,3 +334,75 @@ fn one_fetcher_follows_many_partitions_and_each_log_is_its_leaders() {
         assert_eq!(hw, Offset(leader_hw), "partition {index}: the leader's HW");
     }
 }
+
+/// A fetcher with nothing to fetch waits only until a paused partition may be fetched
+/// again, or a partition is followed; never the whole `replica.fetch.wait.max.ms` (30 s
+/// here): a partition the source refused is paused for `REFUSED_RETRY` (200 ms), and a
+/// round that finds it paused returns about then; a round that finds nothing followed
+/// returns as soon as a partition is.
+#[test]
+fn a_fetcher_with_nothing_to_fetch_wakes_for_a_paused_or_new_partition() {
+    let broker = Broker::start(1, &[]);
+    let addr: SocketAddr = broker.addr().parse().expect("broker address");
+    let mut c = broker.client();
+    let topic_id = create(&mut c, 1);
+    produce(&mut c, 0, 2, "x");
+    let follower_dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
+    let dir = follower_dir.path().to_path_buf();
+    let (paused_round, new_round, appended) = run_on_shard(move || async move {
+        prime_dma_probe(&dir).await.expect("prime DMA probe");
+        let config = FetcherConfig {
+            wait_max: Duration::from_secs(30),
+            ..FetcherConfig::default()
+        };
+        let fetcher = ReplicaFetcher::new(FOLLOWER, LEADER, addr, config);
+        let mut conn = BrokerConn::connect(addr)
+            .await
+            .expect("connect to the leader");
+        // A topic id the leader does not know: refused (UNKNOWN_TOPIC_ID), then paused.
+        let stranger = open_follower(&dir.join("stranger"), 0, topic_id ^ 1).await;
+        fetcher.follow((Arc::from("stranger"), 0), stranger.clone());
+        let refused = fetcher.round(&mut conn).await.expect("refused round");
+        assert_eq!(refused.paused, 1, "the source refused the unknown topic id");
+        let started = Instant::now();
+        fetcher
+            .round(&mut conn)
+            .await
+            .expect("round with all paused");
+        let paused_round = started.elapsed();
+        fetcher.unfollow(&(Arc::from("stranger"), 0));
+        stranger.log.close().await.expect("close");
+
+        // Nothing followed: the round waits until a partition is.
+        let p = open_follower(&dir.join(format!("{TOPIC}-0")), 0, topic_id).await;
+        let started = Instant::now();
+        let follow = async {
+            fetcher.follow((Arc::from(TOPIC), 0), p.clone());
+        };
+        let (idle, ()) = futures_lite::future::zip(fetcher.round(&mut conn), follow).await;
+        idle.expect("idle round");
+        let new_round = started.elapsed();
+        let mut appended = 0;
+        for _ in 0..ROUNDS_MAX {
+            if p.log.log_end_offset() >= Offset(2) {
+                break;
+            }
+            appended += fetcher
+                .round(&mut conn)
+                .await
+                .expect("round")
+                .appended_batches;
+        }
+        p.log.close().await.expect("close");
+        (paused_round, new_round, appended)
+    });
+    assert!(
+        paused_round < Duration::from_secs(5),
+        "a round with every partition paused took {paused_round:?}"
+    );
+    assert!(
+        new_round < Duration::from_secs(5),
+        "a round with nothing followed took {new_round:?} after a partition was followed"
+    );
+    assert!(appended > 0, "the newly followed partition was fetched");
+}

@@ -133,6 +133,8 @@ pub struct ReplicaFetcher {
     totals: Cell<RoundStats>,
     /// Appends started and not yet finished, and the most at once this round.
     appending: Cell<(u64, u64)>,
+    /// Notified when a partition is followed: a fetcher with nothing to fetch waits on it.
+    followed_more: crate::event::Event,
 }
 
 impl ReplicaFetcher {
@@ -163,6 +165,7 @@ impl ReplicaFetcher {
             stopped: Cell::new(false),
             totals: Cell::new(RoundStats::default()),
             appending: Cell::new((0, 0)),
+            followed_more: crate::event::Event::default(),
         })
     }
 
@@ -177,6 +180,7 @@ impl ReplicaFetcher {
             paused_until: None,
         };
         self.followed.borrow_mut().insert(tp, followed);
+        self.followed_more.notify_all();
     }
 
     /// Where it fetches from.
@@ -264,8 +268,21 @@ impl ReplicaFetcher {
     pub async fn round(&self, conn: &mut BrokerConn) -> Result<RoundStats, ClientError> {
         let mut stats = RoundStats::default();
         let Some(req) = self.fetch_request() else {
-            // Nothing to fetch: wait as long as a parked fetch would.
-            glommio::timer::sleep(self.config.wait_max).await;
+            // Nothing to fetch now: wait until a paused partition may be fetched again or
+            // a partition is followed, at most as long as a parked fetch would. (Sleeping
+            // the whole wait held a partition paused for 200 ms up to
+            // `replica.fetch.wait.max.ms`, and a newly followed one as long.)
+            let more = self.followed_more.listen();
+            let now = Instant::now();
+            let wait = self
+                .followed
+                .borrow()
+                .values()
+                .filter_map(|f| f.paused_until)
+                .min()
+                .map_or(self.config.wait_max, |t| t.saturating_duration_since(now))
+                .min(self.config.wait_max);
+            futures_lite::future::or(more, glommio::timer::sleep(wait)).await;
             return Ok(stats);
         };
         let sent = Instant::now();
