@@ -18,6 +18,8 @@
 //!   (sizes, magic, CRC-32C), in-place offset assignment.
 //! - [`scram`]: SASL/SCRAM-SHA-256/512 messages (KIP-84), both sides of the exchange: the
 //!   broker authenticates with it, weir's replication client and `weir-loadgen` log in.
+//! - [`sasl`]: the client's SASL login (PLAIN or SCRAM) as a state machine without I/O,
+//!   shared by weir's three clients.
 
 pub mod api;
 pub mod batch;
