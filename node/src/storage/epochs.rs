@@ -132,20 +132,13 @@ impl LeaderEpochCache {
     /// append under an older or the same epoch changes nothing). Persists the change.
     /// Returns whether an entry was added.
     pub fn assign(&mut self, epoch: LeaderEpoch, start: Offset) -> Result<bool> {
-        if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
-            return Ok(false);
-        }
-        if let Some((_, last_start)) = self.latest() {
-            assert!(
-                start >= last_start,
-                "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
-            );
-        }
         // In memory only once on disk: a failed write (out of space) leaves the epoch
         // unassigned, so the next append tries again rather than finding it recorded and
         // going on without it (a checkpoint missing an epoch answers OffsetForLeaderEpoch
         // wrongly after a restart; found by review).
-        self.entries.insert(epoch, start);
+        if !self.insert_newer(epoch, start) {
+            return Ok(false);
+        }
         if let Err(e) = self.persist() {
             self.entries.remove(&epoch);
             // What the file must hold is again the cache without it (a later flush).
@@ -170,26 +163,14 @@ impl LeaderEpochCache {
     /// yet. A failed background write is logged and left to that flush. Must run on a
     /// glommio executor. Returns whether an entry was added.
     pub fn assign_in_background(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
-        if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
+        if !self.assign_unwritten(epoch, start) {
             return false;
         }
-        if let Some((_, last_start)) = self.latest() {
-            assert!(
-                start >= last_start,
-                "epoch {epoch} starts at {start}, before the previous epoch's {last_start}"
-            );
-        }
-        self.entries.insert(epoch, start);
-        self.checkpoint.set(self.rendered());
-        let checkpoint = self.checkpoint.clone();
-        let written = glommio::executor().spawn_blocking(move || {
-            let done = checkpoint.write_latest();
-            (done, checkpoint)
-        });
+        let path = self.checkpoint.path.clone();
+        let written = self.written_in_pool();
         glommio::spawn_local(async move {
-            let (done, checkpoint) = written.await;
-            if let Err(e) = done {
-                tracing::warn!(path = %checkpoint.path.display(), "leader epoch checkpoint, written in the background: {e}; the next append writes it");
+            if let Err(e) = written.await {
+                tracing::warn!(path = %path.display(), "leader epoch checkpoint, written in the background: {e}; the next append writes it");
             }
         })
         .detach();
@@ -202,6 +183,16 @@ impl LeaderEpochCache {
     /// leader's batches, whose appends may wait for the blocking pool. Returns whether an
     /// entry was added.
     pub fn assign_unwritten(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
+        let added = self.insert_newer(epoch, start);
+        if added {
+            self.checkpoint.set(self.rendered());
+        }
+        added
+    }
+
+    /// Adds `epoch` at `start` in memory if it is newer than every epoch here; an epoch
+    /// never starts before the one it follows. Returns whether it was added.
+    fn insert_newer(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
         if epoch.get() < 0 || self.latest().is_some_and(|(e, _)| e >= epoch) {
             return false;
         }
@@ -212,7 +203,6 @@ impl LeaderEpochCache {
             );
         }
         self.entries.insert(epoch, start);
-        self.checkpoint.set(self.rendered());
         true
     }
 
@@ -298,10 +288,8 @@ impl LeaderEpochCache {
 
     /// The log was truncated to end at `end`: epochs that start at or after it are gone.
     pub fn truncate_from_end(&mut self, end: Offset) -> Result<()> {
-        let before = self.entries.len();
-        self.entries.retain(|_, start| *start < end);
-        if self.entries.len() != before {
-            self.persist()?;
+        if self.truncate_from_end_unwritten(end) {
+            self.checkpoint.write_latest()?;
         }
         Ok(())
     }

@@ -130,19 +130,29 @@ mod tests {
                 let source = idempotent(from, framing);
                 let plain = uncompressed_records(&source, 1 << 20).expect("records");
                 for to in CODECS {
-                    let out = with_codec(
-                        &source,
-                        &plain,
-                        to,
-                        SnappyFraming::Xerial,
-                        Levels::default(),
-                        usize::MAX,
-                    )
-                    .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
+                    let out = rewrite(&source, &plain, to, usize::MAX)
+                        .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: {e}"));
                     same_but_codec(&source, &out, to);
                 }
             }
         }
+    }
+
+    /// `with_codec` as the broker calls it: xerial snappy, the default levels.
+    fn rewrite(
+        source: &[u8],
+        plain: &[u8],
+        to: Compression,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, WireError> {
+        with_codec(
+            source,
+            plain,
+            to,
+            SnappyFraming::Xerial,
+            Levels::default(),
+            max_bytes,
+        )
     }
 
     fn same_but_codec(source: &Bytes, out: &[u8], to: Compression) {
@@ -185,28 +195,12 @@ mod tests {
         let source = idempotent(Compression::None, SnappyFraming::Xerial);
         let plain = uncompressed_records(&source, 1 << 20).expect("records");
         for to in [Compression::Gzip, Compression::Lz4, Compression::Zstd] {
-            let out = with_codec(
-                &source,
-                &plain,
-                to,
-                SnappyFraming::Xerial,
-                Levels::default(),
-                usize::MAX,
-            )
-            .expect("packs");
+            let out = rewrite(&source, &plain, to, usize::MAX).expect("packs");
             assert!(out.len() < source.len(), "{to:?}: {} bytes", out.len());
         }
         let gz = idempotent(Compression::Gzip, SnappyFraming::Xerial);
         let plain = uncompressed_records(&gz, 1 << 20).expect("records");
-        let out = with_codec(
-            &gz,
-            &plain,
-            Compression::None,
-            SnappyFraming::Xerial,
-            Levels::default(),
-            usize::MAX,
-        )
-        .expect("none");
+        let out = rewrite(&gz, &plain, Compression::None, usize::MAX).expect("none");
         assert_eq!(out.len(), BATCH_HEADER_SIZE + plain.len());
         assert_eq!(&out[BATCH_HEADER_SIZE..], &plain[..]);
     }
@@ -246,14 +240,7 @@ mod tests {
         let source = batch_of(64, 4096, noise);
         let plain = uncompressed_records(&source, 1 << 22).expect("records");
         for to in CODECS {
-            let got = with_codec(
-                &source,
-                &plain,
-                to,
-                SnappyFraming::Xerial,
-                Levels::default(),
-                64 * 1024,
-            );
+            let got = rewrite(&source, &plain, to, 64 * 1024);
             assert!(
                 matches!(got, Err(WireError::TooLarge { .. })),
                 "{to:?}: {:?}",
@@ -271,15 +258,8 @@ mod tests {
         // Every codec but none (uncompressed does not shrink).
         for to in &Compression::ALL[1..] {
             let to = *to;
-            let out = with_codec(
-                &source,
-                &plain,
-                to,
-                SnappyFraming::Xerial,
-                Levels::default(),
-                usize::MAX,
-            )
-            .unwrap_or_else(|e| panic!("{to:?}: {e}"));
+            let out =
+                rewrite(&source, &plain, to, usize::MAX).unwrap_or_else(|e| panic!("{to:?}: {e}"));
             assert!(
                 out.capacity() <= out.len() + out.len() / 8,
                 "{to:?}: {} bytes in a buffer of {}",
