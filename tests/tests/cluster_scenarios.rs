@@ -1242,11 +1242,19 @@ fn delete_records_of(
     topics: &[(&str, i64)],
     timeout_ms: i32,
 ) -> Vec<(i16, i64)> {
+    delete_records_at(c.node(id).addr(), topics, timeout_ms)
+}
+
+/// [`delete_records_of`] at a node's address (callable from another thread).
+fn delete_records_at(
+    addr: std::net::SocketAddr,
+    topics: &[(&str, i64)],
+    timeout_ms: i32,
+) -> Vec<(i16, i64)> {
     use kafka_protocol::messages::delete_records_request::{
         DeleteRecordsPartition, DeleteRecordsTopic,
     };
     use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
-    let addr = c.node(id).addr();
     let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(10)).expect("connect");
     let named = topics
         .iter()
@@ -1419,5 +1427,67 @@ fn delete_records_on_an_idle_partition_wakes_the_parked_follower_fetches() {
     assert!(
         took < Duration::from_secs(5),
         "DeleteRecords took {took:?}: the followers' parked fetches were not woken"
+    );
+}
+
+/// The same when the followers' fetches are in transit as the delete happens (answered
+/// before it, not yet sent again): there is no parked fetch to wake, and before, the next
+/// fetch found nothing new and parked, so DeleteRecords waited out the followers' long
+/// poll (30 s here, past the request's 8 s: REQUEST_TIMED_OUT) — a flake risk of the
+/// test above, which only a race hit. The fault proxy makes the race happen every run:
+/// it holds the answers to the fetches one more batch wakes, the delete moves the log
+/// start meanwhile, then the answers go on. The leader answers a follower's fetch at once
+/// when the log start it carries is newer than the one that follower was last sent.
+#[test]
+fn delete_records_while_the_follower_fetches_are_in_transit_is_answered_in_a_round_trip() {
+    let (mut c, net) = start_faulty(&[
+        ("replica.fetch.wait.max.ms", "30000"),
+        ("replica.lag.time.max.ms", "600000"),
+    ]);
+    let (leader, _, _) = wait_placement(&mut c, &[1, 2, 3], 0, |p| p.2.len() == 3 && p.0 > 0);
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    produce(&mut c, leader, "all", 0, 200, "idle");
+    assert_eq!(wait_identical(&mut c, &[1, 2, 3], 0), 200);
+
+    // The followers' fetches parked at 200 are woken by one more batch; their answers
+    // (read before the delete, with log start 0) are held on the way back.
+    for f in &followers {
+        net.cut_fetches(*f, leader, Mode::HoldResponses);
+    }
+    produce(&mut c, leader, "1", 200, 1, "wake");
+    let held = |p: &weir_tests::proxy::FaultProxy| {
+        followers
+            .iter()
+            .all(|f| p.client_stats(&cluster::fetcher_client_id(*f)).held_down > 0)
+    };
+    net.listener(leader)
+        .wait_for(AGREE_TIMEOUT, held)
+        .expect("both followers' answers held in transit");
+
+    let addr = c.node(leader).addr();
+    // Within the raw client's 10 s read timeout: a late answer is REQUEST_TIMED_OUT.
+    let delete = std::thread::spawn(move || delete_records_at(addr, &[(TOPIC, 100)], 8_000));
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    while earliest(&mut c, leader) != Ok(100) {
+        assert!(
+            Instant::now() < deadline,
+            "the leader's log start never moved"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let released = Instant::now();
+    for f in &followers {
+        net.cut_fetches(*f, leader, Mode::Pass);
+    }
+    let answer = delete.join().expect("the DeleteRecords thread");
+    let took = released.elapsed();
+    assert_eq!(
+        answer,
+        vec![(0, 100)],
+        "answered {took:?} after the release"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "DeleteRecords took {took:?}: the followers' next fetches parked"
     );
 }

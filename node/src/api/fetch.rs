@@ -300,16 +300,13 @@ async fn poll(
     let wait_ms = (req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_CAP);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut waited = Duration::ZERO;
-    // A parked follower fetch's log starts as read before it first parked: one that moves
-    // meanwhile (DeleteRecords) answers it at once, as DeleteRecords waits for every
-    // follower to report the new start in its next fetch.
-    let mut parked_starts: Option<Vec<Offset>> = None;
     loop {
         let read = read_all(shard, &budget, wanted, reader, max_bytes, deadline).await;
-        let start_moved = parked_starts.as_ref().is_some_and(|was| {
-            let now = read.outcomes.iter().map(|o| o.log_start_offset);
-            now.zip(was).any(|(now, was)| now > *was)
-        });
+        // A follower whose answer would carry a newer log start than its last (the leader's
+        // moved by DeleteRecords, whether this fetch was parked then or in transit) is
+        // answered at once: DeleteRecords waits for every follower to report the new
+        // start in its next fetch, and parking would hold it up to the follower's wait.
+        let start_moved = read.outcomes.iter().any(|o| o.log_start_news);
         let total: usize = read.outcomes.iter().map(FetchOutcome::bytes).sum();
         // KIP-74: only the first batch of the first partition with data may pass the limit.
         let first_batch = read
@@ -333,10 +330,6 @@ async fn poll(
         if answer_now || now >= deadline || shard.shutting_down.get() {
             shard.metrics().fetch_waited(waited);
             return (read.outcomes, read.hold);
-        }
-        if matches!(reader, ReadFor::Follower(..)) && parked_starts.is_none() {
-            let starts = read.outcomes.iter().map(|o| o.log_start_offset).collect();
-            parked_starts = Some(starts);
         }
         // Nothing is kept while parked: the bytes and their budget go back now.
         let waits = wait_list(shard, wanted, &read.outcomes, reader);

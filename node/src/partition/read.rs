@@ -52,6 +52,10 @@ pub struct FetchOutcome {
     /// KIP-320, to a follower: its log diverges from this leader's; the epoch (the
     /// largest at or below the one it last fetched) and where it ends here.
     pub diverging: Option<(LeaderEpoch, Offset)>,
+    /// To an assigned follower: this answer carries a newer log start than the last one it
+    /// was given (see `FollowerProgress::log_start_sent`), so its fetch is answered now,
+    /// not parked.
+    pub log_start_news: bool,
 }
 
 impl FetchOutcome {
@@ -69,6 +73,7 @@ impl FetchOutcome {
             batches: Vec::new(),
             aborted: None,
             diverging: None,
+            log_start_news: false,
         }
     }
 }
@@ -157,6 +162,22 @@ impl Partition {
         hard_max_bytes: usize,
         now_ms: i64,
     ) -> FetchOutcome {
+        let bytes = (max_bytes, hard_max_bytes);
+        let read = self.fetch_unnoted(offset, reader, current_epoch, bytes, now_ms);
+        let mut out = read.await;
+        self.note_log_start_sent(&mut out, reader);
+        out
+    }
+
+    /// [`Self::fetch_within`] but for noting the log start the answer carries.
+    async fn fetch_unnoted(
+        &self,
+        offset: Offset,
+        reader: ReadFor,
+        current_epoch: LeaderEpoch,
+        (max_bytes, hard_max_bytes): (usize, usize),
+        now_ms: i64,
+    ) -> FetchOutcome {
         if let Err(code) = self.check_leader(current_epoch) {
             return FetchOutcome::refused(code);
         }
@@ -192,6 +213,7 @@ impl Partition {
             batches: Vec::new(),
             aborted: committed.then(Vec::new),
             diverging: None,
+            log_start_news: false,
         };
         // In range up to the LEO, for consumers too (Kafka's rule): between the HW and
         // the LEO a consumer reads nothing yet. A new leader's HW, learned as a follower,
@@ -223,6 +245,22 @@ impl Partition {
             self.follower_answered.borrow_mut().insert(node, now);
         }
         out
+    }
+
+    /// Notes the log start a follower's answer carries as sent to it, and flags the
+    /// answer if that start is news to the follower. Every read of a follower's fetch
+    /// passes here, the ones that find nothing new included, and a flagged read is
+    /// answered at once (`api::fetch`), so what is noted is what its answer carries.
+    fn note_log_start_sent(&self, out: &mut FetchOutcome, reader: ReadFor) {
+        if let ReadFor::Follower(node, _) = reader
+            && out.error == errors::NONE
+            && out.log_start_offset != Offset::NONE
+        {
+            out.log_start_news = self
+                .replica
+                .borrow_mut()
+                .follower_log_start_sent(node, out.log_start_offset);
+        }
     }
 
     /// The log read of [`Self::fetch_within`], up to `upper`, into `out`; read_committed
@@ -319,6 +357,7 @@ impl Partition {
             batches: Vec::new(),
             aborted: None,
             diverging: Some(diverging),
+            log_start_news: false,
         }
     }
 

@@ -69,6 +69,12 @@ pub struct FollowerProgress {
     /// does): DeleteRecords is answered once every live replica's is past the deleted
     /// records (see [`ReplicaState::low_watermark`]).
     pub log_start: Offset,
+    /// The leader's log start in the last answer this follower's fetches were given
+    /// (`Offset::NONE` until one was): a fetch that would carry a newer one is answered
+    /// at once rather than parked, so a follower whose fetch was in transit when
+    /// DeleteRecords moved the start (no parked fetch to wake) learns it within a round
+    /// trip, not after `replica.fetch.wait.max.ms`.
+    pub log_start_sent: Offset,
 }
 
 impl Default for FollowerProgress {
@@ -80,6 +86,7 @@ impl Default for FollowerProgress {
             broker_epoch: BrokerEpoch::NONE,
             lost_acknowledged: false,
             log_start: Offset::NONE,
+            log_start_sent: Offset::NONE,
         }
     }
 }
@@ -296,6 +303,22 @@ impl ReplicaState {
         let changed = p.log_start != log_start;
         p.log_start = log_start;
         changed
+    }
+
+    /// A fetch answer to `follower` carries `log_start` as the leader's log start.
+    /// Returns whether it is newer than the one the follower was last answered (the fetch
+    /// must then be answered now, not parked), and notes it as sent. False on a follower
+    /// and for unknown replicas.
+    pub fn follower_log_start_sent(&mut self, follower: NodeId, log_start: Offset) -> bool {
+        let Role::Leader(l) = &mut self.role else {
+            return false;
+        };
+        let Some(p) = l.followers.get_mut(&follower) else {
+            return false;
+        };
+        let newer = log_start > p.log_start_sent;
+        p.log_start_sent = p.log_start_sent.max(log_start);
+        newer
     }
 
     /// On a leader, the low watermark (Kafka's `lowWatermarkIfLeader`): the smallest log
@@ -748,6 +771,32 @@ mod tests {
         assert_eq!(r.low_watermark(Offset(4), |n| n != c), Some(Offset::NONE));
         r.become_follower(b, LeaderEpoch(3));
         assert_eq!(r.low_watermark(Offset(4), any), None);
+    }
+
+    /// A follower's answer carrying a newer leader log start than its last is news (the
+    /// fetch is answered at once); the same or an older one is not; each leadership
+    /// starts from nothing sent.
+    #[test]
+    fn a_newer_log_start_than_the_last_sent_is_news_once() {
+        let (a, b) = (NodeId(1), NodeId(2));
+        let mut r = ReplicaState::sole(a, Offset(10));
+        r.become_leader(LeaderEpoch(1), vec![a, b], &[a, b]);
+        assert!(r.follower_log_start_sent(b, Offset(0)), "never sent");
+        assert!(!r.follower_log_start_sent(b, Offset(0)), "sent already");
+        assert!(
+            r.follower_log_start_sent(b, Offset(6)),
+            "DeleteRecords moved it"
+        );
+        assert!(!r.follower_log_start_sent(b, Offset(6)));
+        assert!(!r.follower_log_start_sent(b, Offset(4)), "never backwards");
+        assert!(
+            !r.follower_log_start_sent(NodeId(9), Offset(7)),
+            "not assigned"
+        );
+        r.become_leader(LeaderEpoch(2), vec![a, b], &[a, b]);
+        assert!(r.follower_log_start_sent(b, Offset(6)), "a new leadership");
+        r.become_follower(b, LeaderEpoch(3));
+        assert!(!r.follower_log_start_sent(b, Offset(8)), "not leading");
     }
 
     #[test]
