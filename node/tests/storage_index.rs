@@ -200,3 +200,44 @@ fn segment_index_bytes_rolls_the_segment_when_its_index_fills() {
         log.close().await.unwrap();
     });
 }
+
+/// Reads of many distinct sealed segments at once, with the cache cold, keep the memory
+/// of index entries within the bound: each load counts against it from before it reads
+/// its files until its index is cached or let go. Before, each load's index sat beside
+/// a full cache until it was inserted, and many at once went far past the bound (found
+/// by review). Every read is answered (no load waits forever for room).
+#[test]
+fn concurrent_loads_of_many_segments_stay_within_the_cache_bound() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        // About two segments' indexes.
+        let bound = 1024;
+        set_shard_index_cache_bytes(bound);
+        let pdir = root.join("t-0");
+        let log = Log::open(pdir.clone(), small_segments()).await.unwrap();
+        fill(&log).await;
+        log.close().await.unwrap();
+        drop(log);
+        let log = Log::open(pdir, small_segments()).await.unwrap();
+        let segments = log.segment_count() as u64;
+        let loads = shard_index_cache_stats().loads;
+        let (log, end) = (&log, Offset(BATCHES));
+        let reads = (0..BATCHES)
+            .step_by(7)
+            .map(|i| Box::pin(async move { (i, log.read(Offset(i), 1, end).await.unwrap()) }));
+        for (i, read) in weir::event::join_all(reads.collect()).await {
+            let h = wire::batch::read_header(&read.batches[0]).unwrap();
+            assert_eq!(h.base_offset(), Offset(i), "read at {i}");
+        }
+        let stats = shard_index_cache_stats();
+        assert!(stats.loads >= loads + segments - 1, "{stats:?}");
+        assert_eq!(stats.reserved_bytes, 0, "{stats:?}");
+        assert!(
+            stats.peak_bytes <= bound,
+            "index entries in memory at once: {stats:?}"
+        );
+        log.close().await.unwrap();
+    });
+}

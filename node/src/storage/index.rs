@@ -137,6 +137,15 @@ impl SegmentIndex {
             + self.times.capacity() * size_of::<(i64, u32)>()) as u64
     }
 
+    /// What [`Self::memory_bytes`] will be for the index decoded from files of these
+    /// sizes (8 bytes per `.index` entry, 12 per `.timeindex` entry; decoding allocates
+    /// exactly one slot per entry): the index cache reserves it before a load reads them.
+    pub fn memory_bytes_of_files(offsets_len: u64, times_len: u64) -> u64 {
+        let offsets = offsets_len / 8 * size_of::<(u32, FilePosition)>() as u64;
+        let times = times_len / 12 * size_of::<(i64, u32)>() as u64;
+        offsets.saturating_add(times)
+    }
+
     /// The `.index` file bytes.
     pub fn encode_offsets(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.offsets.len() * 8);

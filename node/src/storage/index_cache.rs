@@ -24,6 +24,14 @@
 //!   lookup tries again.
 //! - An index larger than the whole bound is used for the lookup that loaded it and not
 //!   kept.
+//! - Loads count against the bound while they run: each first reserves the bytes its
+//!   index will be charged (from its files' sizes), evicting cached indexes to make room,
+//!   and reads only once held plus reserved bytes fit the bound. Without it, many loads
+//!   of distinct segments at once each held a read index beyond the bound until it was
+//!   inserted (found by review). Loads that do not fit wait in arrival order (the first
+//!   waiter is served first, so none is passed over forever); a running load needs no
+//!   other to finish, so waiting cannot deadlock. A load larger than the whole bound
+//!   runs alone. A waiting load dropped halfway leaves the queue and wakes the next.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -94,14 +102,39 @@ impl IndexLoad {
             }
         }
         let loading = Loading::start(id);
+        let reservation = Reservation::take(self.files_charge().await).await;
         let (index, keep) = self.read_files().await;
         let index = Rc::new(index);
-        CACHE.with(|c| c.borrow_mut().loads += 1);
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            c.loads += 1;
+            // The read index is in memory beside the held ones and the other loads'.
+            let others = c.reserved_bytes - reservation.bytes;
+            let now = c.held_bytes + others + charge(&index);
+            c.peak_bytes = c.peak_bytes.max(now);
+        });
+        // Its reservation gives way to its entry with no await between: no other load
+        // can take the bytes meanwhile.
+        drop(reservation);
         if keep && is_live(id) {
             insert(id, index.clone());
         }
         drop(loading);
         LoadedIndex { id, index }
+    }
+
+    /// The bytes the index in this load's files will be charged, from their sizes (in
+    /// the blocking pool, as the read). A file that cannot be stat'ed counts as empty:
+    /// its read then fails too, and gives an empty index.
+    async fn files_charge(&self) -> u64 {
+        let (offsets, times) = (self.offsets_path.clone(), self.times_path.clone());
+        glommio::executor()
+            .spawn_blocking(move || {
+                let len = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                let entries = SegmentIndex::memory_bytes_of_files(len(&offsets), len(&times));
+                entries.saturating_add(ENTRY_OVERHEAD_BYTES)
+            })
+            .await
     }
 
     /// The index the files hold, and whether to cache it: decoded, or empty for files
@@ -165,6 +198,84 @@ impl Drop for Loading {
     }
 }
 
+/// Bytes a load counts against the bound while it runs, from [`Reservation::take`] until
+/// dropped (its index cached or let go, or its future dropped halfway).
+struct Reservation {
+    bytes: u64,
+}
+
+impl Reservation {
+    /// Waits for its turn (loads are served in arrival order) and for `bytes` to fit
+    /// beside the other loads' reservations, then reserves them, evicting cached indexes
+    /// until held plus reserved bytes are within the bound. More than the whole bound
+    /// fits only when no other load runs.
+    async fn take(bytes: u64) -> Reservation {
+        let queued = Queued::join();
+        loop {
+            let changed = CACHE.with(|c| c.borrow().reservations_changed.clone());
+            let next = changed.listen();
+            if CACHE.with(|c| c.borrow_mut().try_reserve(queued.ticket, bytes)) {
+                queued.served();
+                return Reservation { bytes };
+            }
+            next.await;
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let _ = CACHE.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                c.reserved_bytes -= self.bytes;
+                c.reservations_changed.notify_all();
+            }
+        });
+    }
+}
+
+/// A load's place in the queue for reservations, left on drop (a load dropped while
+/// waiting must not hold back the ones behind it).
+struct Queued {
+    ticket: u64,
+    waiting: bool,
+}
+
+impl Queued {
+    fn join() -> Queued {
+        let ticket = CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            c.next_ticket += 1;
+            let ticket = c.next_ticket;
+            c.waiting.push_back(ticket);
+            ticket
+        });
+        Queued {
+            ticket,
+            waiting: true,
+        }
+    }
+
+    /// `try_reserve` took it off the queue.
+    fn served(mut self) {
+        self.waiting = false;
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if !self.waiting {
+            return;
+        }
+        let _ = CACHE.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                c.waiting.retain(|t| *t != self.ticket);
+                c.reservations_changed.notify_all();
+            }
+        });
+    }
+}
+
 /// How the calling shard's index cache is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexCacheStats {
@@ -178,6 +289,12 @@ pub struct IndexCacheStats {
     pub loads: u64,
     /// Indexes dropped to stay within the bound.
     pub evictions: u64,
+    /// Bytes reserved by the loads running now (see [`IndexLoad::load`]).
+    pub reserved_bytes: u64,
+    /// The most bytes of index entries this shard had in memory at once since it
+    /// started, as of each load's read: the held ones, the one just read, and the other
+    /// running loads' reservations. Within the bound unless one index exceeds it alone.
+    pub peak_bytes: u64,
 }
 
 struct Cached {
@@ -199,6 +316,15 @@ struct IndexCache {
     live: std::collections::HashSet<SegmentId>,
     /// Loads under way, each with the event its waiters listen on.
     loading: HashMap<SegmentId, Rc<crate::event::Event>>,
+    /// Bytes the running loads reserved: `held_bytes + reserved_bytes` stays within the
+    /// bound (but for one load larger than it, running alone).
+    reserved_bytes: u64,
+    /// Loads waiting to reserve, by ticket, first come first served.
+    waiting: std::collections::VecDeque<u64>,
+    next_ticket: u64,
+    /// Notified when a reservation ends, a waiter leaves or the bound changes.
+    reservations_changed: Rc<crate::event::Event>,
+    peak_bytes: u64,
 }
 
 thread_local! {
@@ -212,6 +338,11 @@ thread_local! {
         evictions: 0,
         live: std::collections::HashSet::new(),
         loading: HashMap::new(),
+        reserved_bytes: 0,
+        waiting: std::collections::VecDeque::new(),
+        next_ticket: 0,
+        reservations_changed: Rc::new(crate::event::Event::default()),
+        peak_bytes: 0,
     });
 }
 
@@ -233,8 +364,11 @@ impl IndexCache {
         Some(cached)
     }
 
+    /// Evicts the least recently used indexes until they and the running loads'
+    /// reservations fit the bound, or none is left.
     fn evict_to_bound(&mut self) {
-        while self.held_bytes > self.bound_bytes {
+        let room = self.bound_bytes.saturating_sub(self.reserved_bytes);
+        while self.held_bytes > room {
             let Some((_, id)) = self.by_use.pop_first() else {
                 break;
             };
@@ -247,7 +381,24 @@ impl IndexCache {
             self.held_bytes <= self.bound_bytes,
             "index cache over its bound"
         );
+        debug_assert!(self.held_bytes <= room || self.entries.is_empty());
         debug_assert_eq!(self.entries.len(), self.by_use.len());
+    }
+
+    /// Reserves `bytes` for the load holding `ticket` if it is first in line and they
+    /// fit beside the other reservations (or none runs); evicts to make room. Wakes the
+    /// next in line, which may fit too.
+    fn try_reserve(&mut self, ticket: u64, bytes: u64) -> bool {
+        let first = self.waiting.front() == Some(&ticket);
+        let fits = self.reserved_bytes.saturating_add(bytes) <= self.bound_bytes;
+        if !first || !(fits || self.reserved_bytes == 0) {
+            return false;
+        }
+        self.waiting.pop_front();
+        self.reserved_bytes += bytes;
+        self.evict_to_bound();
+        self.reservations_changed.notify_all();
+        true
     }
 }
 
@@ -258,6 +409,7 @@ pub fn set_shard_index_cache_bytes(bytes: u64) {
         let mut c = c.borrow_mut();
         c.bound_bytes = bytes;
         c.evict_to_bound();
+        c.reservations_changed.notify_all();
     });
 }
 
@@ -271,6 +423,8 @@ pub fn shard_index_cache_stats() -> IndexCacheStats {
             indexes: c.entries.len() as u64,
             loads: c.loads,
             evictions: c.evictions,
+            reserved_bytes: c.reserved_bytes,
+            peak_bytes: c.peak_bytes,
         }
     })
 }
@@ -305,6 +459,7 @@ pub fn insert(id: SegmentId, index: Rc<SegmentIndex>) {
         c.entries.insert(id, Cached { index, bytes, used });
         c.by_use.insert(used, id);
         c.evict_to_bound();
+        c.peak_bytes = c.peak_bytes.max(c.held_bytes + c.reserved_bytes);
     });
 }
 
@@ -429,6 +584,35 @@ mod tests {
                 1,
                 "one read of the files"
             );
+        });
+    }
+
+    /// Loads of distinct indexes at once, more than the bound holds, one of them larger
+    /// than the whole bound: each waits its turn for room (the large one until it runs
+    /// alone), none waits forever, and held plus reserved bytes stay within the bound
+    /// but for the large one alone.
+    #[test]
+    fn concurrent_loads_wait_for_room_in_turn_and_all_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            let one = charge(&index_of(10));
+            set_shard_index_cache_bytes(2 * one);
+            let mut loads: Vec<IndexLoad> =
+                (0..8).map(|i| files(&dir, &format!("s{i}"), 10)).collect();
+            loads.insert(3, files(&dir, "big", 200));
+            for l in &loads {
+                live(l.id);
+            }
+            let all = loads.into_iter().map(|l| Box::pin(l.load()));
+            let got = crate::event::join_all(all.collect()).await;
+            let counts: Vec<usize> = got.iter().map(|l| l.index.offset_entry_count()).collect();
+            assert_eq!(counts, [10, 10, 10, 200, 10, 10, 10, 10, 10]);
+            let stats = shard_index_cache_stats();
+            assert_eq!(stats.reserved_bytes, 0, "every reservation ended");
+            assert!(stats.held_bytes <= 2 * one, "{stats:?}");
+            assert!(stats.peak_bytes <= charge(&index_of(200)), "{stats:?}");
+            assert!(stats.indexes >= 1, "the last loads are cached: {stats:?}");
         });
     }
 
