@@ -1910,3 +1910,74 @@ fn a_follower_append_that_outlives_its_leader_is_refused() {
         assert_eq!(follower.log.log_end_offset(), end, "nothing appended");
     });
 }
+
+/// A fetched chunk larger than the follower's segment is appended in parts; when a later
+/// part fails (here out of space creating the next segment's file, so it is rolled back)
+/// the earlier parts stay in the log. The append answers the failure — before, it
+/// answered the earlier parts as a success, and the fetcher neither paused nor warned —
+/// and the follower stays consistent: its log end is where the parts it holds end, its
+/// epoch cache has no epoch the log does not hold (the failed part's newer epoch goes),
+/// its producer state has no transaction the failed part opened, and the next fetch from
+/// its log end copies the rest until both logs are identical.
+#[test]
+fn a_chunk_whose_later_part_fails_leaves_the_follower_consistent_at_its_log_end() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let disk = SimDisk::new();
+        let leader = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let follower = open_sim(&root.path().join("b/orders-0"), FOLLOWER, &disk).await;
+        let both = [LEADER, FOLLOWER];
+        leader.update_replica(|r| r.become_leader(LeaderEpoch(1), both.to_vec(), &both));
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(1)));
+        let produce = |b: BytesMut| leader.produce(b, Acks::Leader, soon(), NOW_MS);
+        assert_eq!(produce(batch(None, 1, "first")).await.error, errors::NONE);
+        // The follower's first segment file exists: the next roll is the chunk's.
+        fetch_round(&leader, &follower, LeaderEpoch(1)).await;
+        assert_eq!(follower.log.log_end_offset(), Offset(1));
+
+        // Offsets 1..=8: eight ~9 KB batches, more than the 64 KiB segment takes after
+        // the first; offset 9, under epoch 2, opens a transaction.
+        for _ in 0..8 {
+            let big = weir::storage::testing::batch_of_size(NOW_MS, 1, 9_000);
+            assert_eq!(produce(big).await.error, errors::NONE);
+        }
+        leader.update_replica(|r| r.become_leader(LeaderEpoch(2), both.to_vec(), &both));
+        follower.update_replica(|r| r.become_follower(LEADER, LeaderEpoch(2)));
+        assert_eq!(produce(txn_batch(42, 1)).await.error, errors::NONE);
+        let (error, batches) = follower_fetch(&leader, Offset(1), LeaderEpoch(2)).await;
+        assert_eq!((error, batches.len()), (errors::NONE, 9));
+        let mut chunk = BytesMut::new();
+        for b in &batches {
+            chunk.extend_from_slice(b);
+        }
+        let parts = follower.log.replica_parts(&chunk).expect("parts");
+        assert_eq!(parts.len(), 2, "{parts:?}");
+
+        disk.inject(FaultPoint::Roll, FaultKind::NoSpace, 0);
+        let appended = follower.append_as_follower(chunk, NOW_MS).await;
+        assert!(appended.is_err(), "the failure is answered: {appended:?}");
+        let end = follower.log.log_end_offset();
+        assert!(end > Offset(1), "the first part stays appended");
+        assert!(end < Offset(10), "the failed part is not in the log");
+        assert_eq!(follower.replica().log_end(), end, "the replica's log end");
+        let entries = follower.epoch_entries();
+        assert!(
+            entries.iter().all(|(_, start)| *start < end),
+            "no epoch past the log end {end}: {entries:?}"
+        );
+        assert!(
+            !follower.producers.has_open_txn(ProducerId(42)),
+            "the failed part's transaction is not open"
+        );
+
+        // The fetcher pauses, then fetches from the log end: the rest is copied.
+        wait_writable(&follower).await;
+        fetch_round(&leader, &follower, LeaderEpoch(2)).await;
+        assert_eq!(follower.log.log_end_offset(), Offset(10));
+        assert_eq!(whole_log(&follower).await, whole_log(&leader).await);
+        assert!(follower.producers.has_open_txn(ProducerId(42)));
+        let last = follower.epoch_entries().last().copied();
+        assert_eq!(last, Some((LeaderEpoch(2), Offset(9))));
+    });
+}

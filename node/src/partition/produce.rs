@@ -15,7 +15,7 @@ use wire::{LeaderEpoch, Offset};
 use super::{Partition, storage_error_code, wire_error_code};
 use crate::errors;
 use crate::producer_state::entry::BatchMetadata;
-use crate::producer_state::partition::{Marker, ProducerAppend};
+use crate::producer_state::partition::{Marker, ProducerAppend, ReplicatedAppendFailed};
 use crate::storage::AppendInfo;
 
 /// Longest a resent duplicate waits for its original to be committed.
@@ -406,18 +406,45 @@ impl Partition {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
         let started = Instant::now();
+        let from = self.log.log_end_offset();
         let appended = self
             .producers
             .append_replicated(&self.log, records, now_ms)
             .await;
         crate::metrics::local(|m| m.replica_appended(started.elapsed()));
-        let info = appended
-            .map_err(|e| {
-                tracing::warn!(topic = %self.topic, partition = self.index, "replicated append failed: {e}");
-                storage_error_code(&e)
-            })?;
-        self.log_grew(info.last_offset.add(1));
-        Ok(info)
+        match appended {
+            Ok(info) => {
+                self.log_grew(info.last_offset.add(1));
+                Ok(info)
+            }
+            Err(failed) => Err(self.replicated_append_failed(failed, from).await),
+        }
+    }
+
+    /// After a follower's append failed, possibly partway (a chunk larger than a segment
+    /// is appended in parts, and a later part may fail: out of space at the roll, an I/O
+    /// error, a truncation meanwhile): the parts the log holds count as appended, and
+    /// the epochs noted for the batches it does not hold go, so the log end, the epoch
+    /// cache and the producer state (`append_replicated` rebuilt it) agree. The fetcher
+    /// pauses the partition on the error and fetches again from the log end.
+    async fn replicated_append_failed(&self, failed: ReplicatedAppendFailed, from: Offset) -> i16 {
+        let end = self.log.log_end_offset();
+        if let Some(info) = &failed.appended {
+            self.log_grew(info.last_offset.add(1).min(end));
+        }
+        // A follower's epochs all come from batches it copied, so none may start at or
+        // past its log end. Not on a leader (it became one meanwhile): its own epoch
+        // starts at its log end before anything is appended under it.
+        let leads = self.replica.borrow().is_leader();
+        let stale = self.epochs.borrow().latest().is_some_and(|(_, s)| s >= end);
+        if !leads
+            && stale
+            && let Err(code) = self.truncate_epochs(end).await
+        {
+            return code;
+        }
+        tracing::warn!(topic = %self.topic, partition = self.index, %from, log_end = %end, "replicated append failed; refetching from the log end: {failed}");
+        storage_error_code(&failed.error)
     }
 
     /// What a follower's append is checked against: this replica's leader (none while it

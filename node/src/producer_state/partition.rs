@@ -42,6 +42,27 @@ pub enum ProducerAppend {
     Rejected(i16),
 }
 
+/// A follower's append that failed ([`PartitionProducers::append_replicated`]) after
+/// `appended` (the parts before the one that failed, if any) went into the log.
+#[derive(Debug)]
+pub struct ReplicatedAppendFailed {
+    pub appended: Option<AppendInfo>,
+    pub error: StorageError,
+}
+
+impl std::fmt::Display for ReplicatedAppendFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.appended {
+            Some(a) => write!(
+                f,
+                "{} (after appending {}..={})",
+                self.error, a.first_offset, a.last_offset
+            ),
+            None => write!(f, "{}", self.error),
+        }
+    }
+}
+
 /// A partition's producer state, tied to its log.
 #[derive(Debug)]
 pub struct PartitionProducers {
@@ -203,19 +224,47 @@ impl PartitionProducers {
     /// snapshot at each new segment's base, as at any roll) instead of refusing the chunk
     /// and stalling the follower on it. Each part takes its offsets before the next one
     /// starts; their writes are awaited together. A part that fails ends the append
-    /// there: the parts before it are answered (the next fetch goes on after them), the
-    /// error only if none was appended.
+    /// there, and the error carries the parts before it, which the log holds: the
+    /// caller accounts for them and fetches again from the log end. Before, those parts
+    /// were answered as a success and the failure went unseen (no pause, no warning).
+    /// The producer state then follows the log at once (a rollback or a truncation that
+    /// cut the failed parts takes what they recorded), not at the next append.
     pub async fn append_replicated(
         &self,
         log: &Log,
-        mut records: BytesMut,
+        records: BytesMut,
         now_ms: i64,
-    ) -> Result<AppendInfo, StorageError> {
-        self.follow_truncation(log, now_ms).await?;
-        let parts = log.replica_parts(&records)?;
-        if parts.len() == 1 {
-            return self.append_replicated_part(log, records, now_ms).await;
+    ) -> Result<AppendInfo, ReplicatedAppendFailed> {
+        let failed = |error| ReplicatedAppendFailed {
+            appended: None,
+            error,
+        };
+        self.follow_truncation(log, now_ms).await.map_err(failed)?;
+        let parts = log.replica_parts(&records).map_err(failed)?;
+        let appended = if parts.len() == 1 {
+            self.append_replicated_part(log, records, now_ms)
+                .await
+                .map_err(failed)
+        } else {
+            self.append_replicated_parts(log, records, parts, now_ms)
+                .await
+        };
+        if appended.is_err()
+            && let Err(e) = self.follow_truncation(log, now_ms).await
+        {
+            tracing::warn!(dir = %log.dir().display(), "producer state after a failed replicated append: {e}");
         }
+        appended
+    }
+
+    /// [`append_replicated`](Self::append_replicated) of a chunk cut in `parts`.
+    async fn append_replicated_parts(
+        &self,
+        log: &Log,
+        mut records: BytesMut,
+        parts: Vec<usize>,
+        now_ms: i64,
+    ) -> Result<AppendInfo, ReplicatedAppendFailed> {
         /// A part whose first poll took its offsets: done, or its write still awaited.
         enum Started<F> {
             Done(AppendInfo),
@@ -252,12 +301,15 @@ impl PartitionProducers {
                 }
             }
         }
-        match (appended, failed) {
-            (Some(info), _) => Ok(info),
-            (None, failed) => Err(failed.unwrap_or(StorageError::InvalidBatch {
-                position: 0,
-                reason: "no batches".into(),
-            })),
+        match failed {
+            None => appended.ok_or(ReplicatedAppendFailed {
+                appended: None,
+                error: StorageError::InvalidBatch {
+                    position: 0,
+                    reason: "no batches".into(),
+                },
+            }),
+            Some(error) => Err(ReplicatedAppendFailed { appended, error }),
         }
     }
 
