@@ -278,6 +278,40 @@ impl ShardCpus {
     }
 }
 
+/// `replica.selector.class` (KIP-392): whether a leader sends a consumer to a replica
+/// closer to it. weir cannot load Java classes: it knows Kafka's two selectors by name
+/// and refuses any other at startup, rather than run a different policy than the one
+/// named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicaSelector {
+    /// Unset, or Kafka's `LeaderSelector`: consumers read from the leader.
+    #[default]
+    Leader,
+    /// Kafka's `RackAwareReplicaSelector`: a consumer whose `rack_id` is another rack
+    /// than the leader's is sent to an in-sync replica in its own rack.
+    RackAware,
+}
+
+impl ReplicaSelector {
+    pub const RACK_AWARE_CLASS: &'static str =
+        "org.apache.kafka.common.replica.RackAwareReplicaSelector";
+    pub const LEADER_CLASS: &'static str = "org.apache.kafka.common.replica.LeaderSelector";
+
+    /// Parses the class name (blank: unset).
+    pub fn parse(value: Option<&str>) -> Result<ReplicaSelector, ConfigError> {
+        match value.map(str::trim).unwrap_or("") {
+            "" | Self::LEADER_CLASS => Ok(ReplicaSelector::Leader),
+            Self::RACK_AWARE_CLASS => Ok(ReplicaSelector::RackAware),
+            other => Err(value_err(
+                "replica.selector.class",
+                other,
+                "weir cannot load Java classes; it knows org.apache.kafka.common.replica.\
+                 RackAwareReplicaSelector and org.apache.kafka.common.replica.LeaderSelector",
+            )),
+        }
+    }
+}
+
 /// Everything the broker needs to know, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -349,6 +383,8 @@ pub struct Config {
     pub dynamic: std::sync::Arc<dynamic::DynamicConfigs>,
     /// `authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`.
     pub authorizer: crate::security::authorizer::AuthorizerSettings,
+    /// `replica.selector.class`: where a leader sends consumers (KIP-392).
+    pub replica_selector: ReplicaSelector,
 }
 
 /// The log cleaner's node-level settings (Kafka's keys; see storage/cleaner.rs).
@@ -562,6 +598,7 @@ impl Config {
             },
             log_cleaner: LogCleanerSettings::resolve(&props)?,
             authorizer: crate::security::authorizer::AuthorizerSettings::resolve(&props)?,
+            replica_selector: ReplicaSelector::parse(props.get("replica.selector.class"))?,
             props,
             dynamic,
         };
@@ -1286,6 +1323,39 @@ mod tests {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }
         assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
+    }
+
+    /// `replica.selector.class`: Kafka's two selectors by name, unset = leader only, any
+    /// other class refused at startup with a message naming the key.
+    #[test]
+    fn the_replica_selector_is_one_of_kafkas_two_or_the_start_is_refused() {
+        let resolve = |v: Option<&str>| {
+            let mut p = Properties::default();
+            if let Some(v) = v {
+                p.set("replica.selector.class", v);
+            }
+            Config::resolve(p, &CliOverrides::default())
+        };
+        let selector = |v| resolve(v).unwrap().replica_selector;
+        assert_eq!(selector(None), ReplicaSelector::Leader);
+        assert_eq!(selector(Some(" ")), ReplicaSelector::Leader);
+        assert_eq!(
+            selector(Some(ReplicaSelector::LEADER_CLASS)),
+            ReplicaSelector::Leader
+        );
+        assert_eq!(
+            selector(Some(ReplicaSelector::RACK_AWARE_CLASS)),
+            ReplicaSelector::RackAware
+        );
+        let err = resolve(Some("com.example.NearestSelector")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("replica.selector.class"), "{text}");
+        assert!(text.contains("cannot load Java classes"), "{text}");
+        assert_eq!(keys::kind("replica.selector.class"), keys::KeyKind::Used);
+        assert_eq!(
+            keys::dynamic_kind("replica.selector.class"),
+            keys::Dynamic::ReadOnly
+        );
     }
 
     /// The broker's `compression.type` is the default of the topic key of the same name,

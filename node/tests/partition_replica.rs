@@ -3,7 +3,8 @@
 //! waits on the owner until the follower's fetch covers it (or times out); too small an
 //! ISR refuses acks=all before appending; stale and future leader epochs are fenced; and a
 //! follower appends its leader's batches keeping their offsets and epochs, byte for byte,
-//! rebuilding producer state so that after taking over it still recognises a resend.
+//! rebuilding producer state so that after taking over it still recognises a resend. A
+//! follower serves consumers (KIP-392) only up to the HW and LSO it learned.
 //!
 //! The followers here are driven by hand (the replication fetchers are the next step);
 //! the partition code under test is the one a running broker uses.
@@ -1908,6 +1909,131 @@ fn a_follower_append_that_outlives_its_leader_is_refused() {
             "the old leader's batches are not appended"
         );
         assert_eq!(follower.log.log_end_offset(), end, "nothing appended");
+    });
+}
+
+/// KIP-392: a consumer's read from a follower is bounded by the HW the follower learned,
+/// not by its log end nor by the leader's HW: it never serves records above its own HW;
+/// between its HW and its log end it answers empty, past its log end
+/// OFFSET_OUT_OF_RANGE; a stale leader epoch is fenced as on a leader (KIP-320). The
+/// leader-only read (Fetch below v11) still refuses it.
+#[test]
+fn a_follower_serves_consumers_only_up_to_the_hw_it_learned() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let (a, b) = pair_with_ten_copied(root.path(), 1).await;
+        let out = a.produce(batch(None, 2, "more"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        assert!(!replicate_round(&a, &b).await, "b copies 10..12");
+        let (error, _) = follower_fetch(&a, Offset(12), LeaderEpoch(1)).await;
+        assert_eq!(error, errors::NONE);
+        assert_eq!(
+            (
+                a.high_watermark(),
+                b.high_watermark(),
+                b.log.log_end_offset()
+            ),
+            (Offset(12), Offset(10), Offset(12)),
+            "b holds 12 but has learned HW 10 only"
+        );
+        let on_b = |at: Offset, epoch: LeaderEpoch, isolation: Isolation| {
+            let b = b.clone();
+            async move {
+                let sizes = (1 << 20, usize::MAX);
+                b.fetch_as_follower(at, isolation, epoch, sizes, NOW_MS)
+                    .await
+            }
+        };
+        let plain = Isolation::ReadUncommitted;
+        let from_0 = on_b(Offset(0), LeaderEpoch(1), plain).await;
+        assert_eq!(from_0.error, errors::NONE);
+        assert_eq!(from_0.high_watermark, Offset(10));
+        let last = from_0.batches.last().expect("records below the HW");
+        let end = read_header(last).expect("header").next_offset();
+        assert_eq!(end, Offset(10), "up to b's HW, not its log end 12");
+        let committed = on_b(Offset(0), LeaderEpoch::NONE, Isolation::ReadCommitted).await;
+        assert_eq!(committed.error, errors::NONE);
+        assert_eq!(committed.last_stable_offset, Offset(10));
+        assert_eq!(
+            committed.aborted,
+            Some(Vec::new()),
+            "no aborted transactions"
+        );
+        let at_hw = on_b(Offset(10), LeaderEpoch(1), plain).await;
+        assert_eq!(at_hw.error, errors::NONE, "below b's log end: in range");
+        assert!(at_hw.batches.is_empty(), "nothing above b's HW");
+        let past = on_b(Offset(13), LeaderEpoch(1), plain).await;
+        assert_eq!(past.error, errors::OFFSET_OUT_OF_RANGE, "past b's log end");
+        let stale = on_b(Offset(0), LeaderEpoch(0), plain).await;
+        assert_eq!(stale.error, errors::FENCED_LEADER_EPOCH);
+        let newer = on_b(Offset(0), LeaderEpoch(2), plain).await;
+        assert_eq!(newer.error, errors::UNKNOWN_LEADER_EPOCH);
+        let leader_only = b
+            .fetch_within(
+                Offset(0),
+                CONSUMER,
+                LeaderEpoch(1),
+                1 << 20,
+                usize::MAX,
+                NOW_MS,
+            )
+            .await;
+        assert_eq!(leader_only.error, errors::NOT_LEADER_OR_FOLLOWER);
+
+        // b learns HW 12 from its next round: it now serves 10..12.
+        replicate_round(&a, &b).await;
+        assert_eq!(b.high_watermark(), Offset(12));
+        let moved = on_b(Offset(10), LeaderEpoch(1), plain).await;
+        assert_eq!(moved.error, errors::NONE);
+        assert!(!moved.batches.is_empty(), "10..12 once b's HW covers them");
+    });
+}
+
+/// KIP-392 with transactions: a follower's read_committed read stops at the LSO it
+/// knows (an open transaction copied from its leader holds it back) and lists the aborted
+/// transactions it rebuilt from the copied markers, as its leader would.
+#[test]
+fn a_follower_serves_read_committed_up_to_its_own_lso_with_its_aborted_transactions() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let a = open(&root.path().join("a/orders-0"), LEADER, 1).await;
+        let b = open(&root.path().join("b/orders-0"), FOLLOWER, 1).await;
+        let both = [LEADER, FOLLOWER];
+        a.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+        b.apply_assignment(&assigned(LEADER, 1, &both, &both), NOW_MS);
+        let out = a.produce(txn_batch(9, 2), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.base_offset, Offset(0));
+        for _ in 0..3 {
+            replicate_round(&a, &b).await;
+        }
+        assert_eq!(b.high_watermark(), Offset(2));
+        let committed = |b: Rc<Partition>| async move {
+            let sizes = (1 << 20, usize::MAX);
+            let isolation = Isolation::ReadCommitted;
+            b.fetch_as_follower(Offset(0), isolation, LeaderEpoch(1), sizes, NOW_MS)
+                .await
+        };
+        let open_txn = committed(b.clone()).await;
+        assert_eq!(open_txn.error, errors::NONE);
+        assert_eq!(
+            open_txn.last_stable_offset,
+            Offset(0),
+            "the open transaction"
+        );
+        assert!(open_txn.batches.is_empty(), "nothing past the LSO");
+
+        assert_eq!(a.write_marker(abort_of(9), NOW_MS).await, errors::NONE);
+        for _ in 0..3 {
+            replicate_round(&a, &b).await;
+        }
+        assert_eq!(b.high_watermark(), Offset(3));
+        let aborted = committed(b.clone()).await;
+        assert_eq!(aborted.error, errors::NONE);
+        assert_eq!(aborted.last_stable_offset, Offset(3));
+        assert!(!aborted.batches.is_empty());
+        assert_eq!(aborted.aborted, Some(vec![(ProducerId(9), Offset(0))]));
     });
 }
 

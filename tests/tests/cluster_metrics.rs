@@ -4,12 +4,20 @@
 //! partition under-replicated, its lag in records growing with what is produced); once it
 //! restarts and catches up it rejoins (one expand counted, nothing under-replicated, lag 0),
 //! and the followers' replica fetchers count the bytes they copied.
+//!
+//! KIP-392 (fetch from the closest replica), counted the same way: with the rack-aware
+//! `replica.selector.class`, a librdkafka consumer whose `client.rack` is a follower's
+//! rack is sent there by the leader and reads everything exactly once, in order, from
+//! that follower; without the selector no follower serves it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::MetadataResponse;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
 use weir_tests::clients;
 use weir_tests::cluster::{self, Cluster};
 
@@ -210,4 +218,128 @@ fn refused_metadata_commands_announce_no_change_to_the_shards() {
     scrape_until(&metrics, "a notice for a real change", |t| {
         total(t, "weir_controller_notices_total", "") > after
     });
+}
+
+/// Kafka's rack-aware replica selector class.
+const RACK_AWARE: &str = "org.apache.kafka.common.replica.RackAwareReplicaSelector";
+/// Records produced for the fetch-from-follower tests.
+const NEAR_RECORDS: u64 = 300;
+
+/// The rack of node `id` in the fetch-from-follower tests.
+fn rack_of(id: i32) -> &'static str {
+    ["a", "b", "c"][usize::try_from(id - 1).expect("node ids from 1")]
+}
+
+/// Three nodes in racks a, b, c (plus `extra`), `TOPIC` with one partition on all three
+/// and `NEAR_RECORDS` produced with acks=all; returns the cluster, the leader and a
+/// follower.
+fn racked_with_records(extra: &[(&str, &str)]) -> (Cluster, i32, i32) {
+    let mut all = vec![
+        ("metrics.listener", "127.0.0.1:0"),
+        // The leader stays where it is for the whole test.
+        ("auto.leader.rebalance.enable", "false"),
+    ];
+    all.extend_from_slice(extra);
+    let racks: Vec<(i32, &str, &str)> =
+        (1..=3).map(|id| (id, "broker.rack", rack_of(id))).collect();
+    let mut c = Cluster::start_per_node(3, &all, &racks).expect("start cluster");
+    c.wait_agreed(3, TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 3).expect("create"), 0);
+    let (leader, isr) = wait_isr(&mut c, 1, 3);
+    let follower = *isr.iter().find(|n| **n != leader).expect("a follower");
+    let bootstrap = c.node(leader).bootstrap();
+    let (p, log) = clients::producer(&bootstrap, "all", "none", &[]).expect("producer");
+    let records = clients::make_records(0, NEAR_RECORDS, "near", clients::now_ms());
+    clients::produce_all(&p, TOPIC, &records, Some(0)).expect("produce");
+    assert!(log.failed().is_empty(), "failed: {:?}", log.failed());
+    assert_eq!(log.acked().len(), NEAR_RECORDS as usize);
+    (c, leader, follower)
+}
+
+/// Reads partition 0 of `TOPIC` from the start through `bootstrap` as a consumer in
+/// `rack` until `NEAR_RECORDS` arrived, then a little longer (duplicates); checks every
+/// record came once, in order.
+fn consume_in_rack(bootstrap: &str, rack: &str) {
+    let consumer = clients::consumer(bootstrap, &[("client.rack", rack)]).expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let mut ids = Vec::new();
+    let mut last_error: Option<KafkaError> = None;
+    let deadline = Instant::now() + TIMEOUT;
+    while ids.len() < NEAR_RECORDS as usize {
+        assert!(
+            Instant::now() < deadline,
+            "read {} of {NEAR_RECORDS}; last client error: {last_error:?}",
+            ids.len()
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            None | Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Ok(m)) => ids.push(clients::header_id(&clients::to_got(&m))),
+            Some(Err(e)) => last_error = Some(e),
+        }
+    }
+    let extra_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < extra_until {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            ids.push(clients::header_id(&clients::to_got(&m)));
+        }
+    }
+    let want: Vec<Option<u64>> = (0..NEAR_RECORDS).map(Some).collect();
+    assert_eq!(ids, want, "every record once, in order");
+}
+
+/// KIP-392: the leader sends a consumer in a follower's rack to that follower, which
+/// serves every record (counted there, and only there).
+#[test]
+fn a_consumer_in_a_followers_rack_reads_everything_from_that_follower() {
+    let (mut c, leader, follower) = racked_with_records(&[("replica.selector.class", RACK_AWARE)]);
+    let bootstrap = c.node(leader).bootstrap();
+    consume_in_rack(&bootstrap, rack_of(follower));
+    let at_follower = metrics_addr(&mut c, follower);
+    let near = scrape(&at_follower);
+    let served = total(&near, "weir_fetch_follower_records_total", "");
+    assert!(
+        served >= NEAR_RECORDS as f64,
+        "the follower served {served}\n{near}"
+    );
+    assert!(total(&near, "weir_fetch_follower_reads_total", "") >= 1.0);
+    let at_leader = metrics_addr(&mut c, leader);
+    let sent = total(
+        &scrape(&at_leader),
+        "weir_fetch_preferred_read_replica_total",
+        "",
+    );
+    assert!(sent >= 1.0, "the leader named a preferred read replica");
+    let other = (1..=3)
+        .find(|n| *n != leader && *n != follower)
+        .expect("a third node");
+    let at_other = metrics_addr(&mut c, other);
+    let far = total(&scrape(&at_other), "weir_fetch_follower_records_total", "");
+    assert_eq!(far, 0.0, "the follower in another rack served nothing");
+}
+
+/// Without a replica selector the leader serves every consumer itself: no follower
+/// serves a record, whatever the client's rack.
+#[test]
+fn without_a_replica_selector_followers_serve_no_consumer() {
+    let (mut c, leader, follower) = racked_with_records(&[]);
+    let bootstrap = c.node(leader).bootstrap();
+    consume_in_rack(&bootstrap, rack_of(follower));
+    for id in 1..=3 {
+        let at = metrics_addr(&mut c, id);
+        let text = scrape(&at);
+        assert_eq!(
+            total(&text, "weir_fetch_follower_records_total", ""),
+            0.0,
+            "node {id}"
+        );
+        assert_eq!(
+            total(&text, "weir_fetch_preferred_read_replica_total", ""),
+            0.0,
+            "node {id}"
+        );
+    }
 }

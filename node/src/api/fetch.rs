@@ -17,6 +17,12 @@
 //! `partition::read`). Every partition's `current_leader_epoch` is checked on the owner
 //! (KIP-320); NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH carry the current leader from
 //! the catalogue (KIP-951, v12+), with its endpoint at v16+.
+//!
+//! KIP-392 (fetch from the closest replica): a consumer's Fetch v11+ may be answered by a
+//! follower, up to the HW that follower learned from its leader (see
+//! `Partition::fetch_as_follower`); with `replica.selector.class` the rack-aware selector,
+//! a leader answers a consumer in another rack with `preferred_read_replica` (an in-sync
+//! follower in the client's `rack_id`) and no records, at once, and the client moves.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -44,7 +50,7 @@ use crate::partition::{FetchOutcome, Isolation, ReadFor};
 use crate::proto::{self, Request};
 use crate::router::ShardId;
 use crate::security::acl::Operation;
-use crate::shard::{CallError, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
+use crate::shard::{CallError, ClientSite, FetchCall, FetchRead, Shard, TopicPartition, WaitCall};
 use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset};
 
 /// Longest long poll weir honours, whatever the client asks.
@@ -108,6 +114,20 @@ fn reader_of(req: &FetchRequest, version: i16) -> ReadFor {
         ReadFor::Consumer(Isolation::ReadCommitted)
     } else {
         ReadFor::Consumer(Isolation::ReadUncommitted)
+    }
+}
+
+/// The first Fetch version that names the client's rack and lets a follower answer a
+/// consumer (KIP-392).
+const FOLLOWER_FETCH_VERSION_MIN: i16 = 11;
+
+/// KIP-392: whether a follower may answer this Fetch (a consumer's, v11+), and the
+/// client's rack.
+fn client_site(req: &FetchRequest, version: i16) -> ClientSite {
+    let consumer = replica_id(req, version) < 0;
+    ClientSite {
+        followers_may_serve: consumer && version >= FOLLOWER_FETCH_VERSION_MIN,
+        rack: Arc::from(req.rack_id.as_str().trim()),
     }
 }
 
@@ -263,7 +283,8 @@ async fn respond(
             w
         })
         .collect();
-    let (outcomes, hold) = poll(shard, &req, &wanted, reader).await;
+    let client = client_site(&req, version);
+    let (outcomes, hold) = poll(shard, &req, &wanted, (reader, &client)).await;
     let answers: Vec<Answer> = outcomes.iter().map(answer_of).collect();
     let (session_id, include) = fetch_session::with_cache(slots, shard_index, shards, |c| {
         let out = c.finish(&ctx, &to_read, &answers, Instant::now());
@@ -289,7 +310,7 @@ async fn poll(
     shard: &Rc<Shard>,
     req: &FetchRequest,
     wanted: &[Wanted],
-    reader: ReadFor,
+    (reader, client): (ReadFor, &ClientSite),
 ) -> (Vec<FetchOutcome>, Hold) {
     let budget = fetch_budget::shard_budget(shard_budget_bytes(shard.config()));
     let max_bytes = (req.max_bytes.max(0) as u64)
@@ -301,7 +322,15 @@ async fn poll(
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut waited = Duration::ZERO;
     loop {
-        let read = read_all(shard, &budget, wanted, reader, max_bytes, deadline).await;
+        let read = read_all(
+            shard,
+            &budget,
+            wanted,
+            (reader, client),
+            max_bytes,
+            deadline,
+        )
+        .await;
         // A follower whose answer would carry a newer log start than its last (the leader's
         // moved by DeleteRecords, whether this fetch was parked then or in transit) is
         // answered at once: DeleteRecords waits for every follower to report the new
@@ -319,11 +348,11 @@ async fn poll(
             "{total} record bytes for a {max_bytes} byte limit"
         );
         // A diverging epoch is answered at once (Kafka's hasDivergingEpoch): the follower
-        // must truncate before anything else, and has nothing to wait for here.
-        let any_error = read
-            .outcomes
-            .iter()
-            .any(|o| o.error != errors::NONE || o.diverging.is_some());
+        // must truncate before anything else, and has nothing to wait for here. So is a
+        // preferred read replica (Kafka's hasPreferredReadReplica): the client moves.
+        let any_error = read.outcomes.iter().any(|o| {
+            o.error != errors::NONE || o.diverging.is_some() || o.preferred_read_replica.is_some()
+        });
         let now = Instant::now();
         let enough = min_bytes == 0 || total >= min_bytes;
         let answer_now = enough || any_error || start_moved || read.starved;
@@ -349,6 +378,7 @@ fn answer_of(o: &FetchOutcome) -> Answer {
         last_stable_offset: o.last_stable_offset.get(),
         log_start_offset: o.log_start_offset.get(),
         diverging: o.diverging.is_some(),
+        redirected: o.preferred_read_replica.is_some(),
     }
 }
 
@@ -480,7 +510,7 @@ async fn read_all(
     shard: &Rc<Shard>,
     budget: &ResponseBudget,
     wanted: &[Wanted],
-    reader: ReadFor,
+    (reader, client): (ReadFor, &ClientSite),
     max_bytes: usize,
     deadline: Instant,
 ) -> Read {
@@ -535,6 +565,7 @@ async fn read_all(
             reader,
             budget_bytes: reserved,
             exceed_once: exceed_once && !read.starved,
+            client: client.clone(),
         };
         let reply = shard.call(owner, call, deadline + READ_TIMEOUT).await;
         let got = place(&mut read.outcomes, &slots, reply);
@@ -730,6 +761,7 @@ fn build(
                 end_offset: end.get(),
             }),
             current_leader,
+            preferred_read_replica: o.preferred_read_replica.map_or(-1, |n| n.0),
             records: Some(o.batches),
             ..Default::default()
         };

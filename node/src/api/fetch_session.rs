@@ -92,6 +92,8 @@ pub struct Answer {
     pub last_stable_offset: i64,
     pub log_start_offset: i64,
     pub diverging: bool,
+    /// KIP-392: the partition was answered with a preferred read replica.
+    pub redirected: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -116,7 +118,7 @@ impl Cached {
     /// Kafka's `CachedPartition.maybeUpdateResponseData`: whether the client must be told
     /// about this partition; remembers what it is told.
     fn must_respond(&mut self, a: &Answer) -> bool {
-        let mut must = a.has_records || a.diverging;
+        let mut must = a.has_records || a.diverging || a.redirected;
         if self.high_watermark != a.high_watermark
             || self.last_stable_offset != a.last_stable_offset
             || self.log_start_offset != a.log_start_offset
@@ -551,6 +553,7 @@ mod tests {
             last_stable_offset: hw,
             log_start_offset: 0,
             diverging: false,
+            redirected: false,
         }
     }
 

@@ -185,6 +185,11 @@ pub struct ShardMetrics {
     pub isr_expands: AtomicU64,
     pub replica_fetch_bytes: AtomicU64,
     pub replica_fetch_errors: AtomicU64,
+    /// KIP-392: consumer partition reads a leader sent to a closer replica, and those a
+    /// follower answered with records (and their records).
+    pub fetch_preferred_read_replica: AtomicU64,
+    pub fetch_follower_reads: AtomicU64,
+    pub fetch_follower_records: AtomicU64,
     /// What the shard's housekeeping computed from its state, replaced once per tick.
     pub snapshot: Mutex<snapshot::ShardSnapshot>,
     /// KIP-227 fetch sessions cached, their partitions, and sessions evicted (a count).
@@ -228,6 +233,9 @@ impl Default for ShardMetrics {
             isr_expands: AtomicU64::new(0),
             replica_fetch_bytes: AtomicU64::new(0),
             replica_fetch_errors: AtomicU64::new(0),
+            fetch_preferred_read_replica: AtomicU64::new(0),
+            fetch_follower_reads: AtomicU64::new(0),
+            fetch_follower_records: AtomicU64::new(0),
             snapshot: Mutex::default(),
             fetch_sessions: AtomicU64::new(0),
             fetch_session_partitions: AtomicU64::new(0),
@@ -536,7 +544,7 @@ impl NodeMetrics {
 
     /// Node-wide counters (summed over shards).
     fn render_counters(&self, out: &mut String) {
-        let counters: [Gauge; 10] = [
+        let counters: [Gauge; 13] = [
             (
                 "weir_storage_appends_total",
                 "Appends to partition logs.",
@@ -586,6 +594,21 @@ impl NodeMetrics {
                 "weir_replica_fetch_errors_total",
                 "Replication fetch rounds or connects that failed (the fetcher reconnects).",
                 |s| &s.replica_fetch_errors,
+            ),
+            (
+                "weir_fetch_preferred_read_replica_total",
+                "Consumer Fetch partitions this leader answered with a closer replica to read from (KIP-392).",
+                |s| &s.fetch_preferred_read_replica,
+            ),
+            (
+                "weir_fetch_follower_reads_total",
+                "Consumer Fetch partitions this node answered with records as a follower (KIP-392).",
+                |s| &s.fetch_follower_reads,
+            ),
+            (
+                "weir_fetch_follower_records_total",
+                "Records this node served to consumers as a follower (KIP-392).",
+                |s| &s.fetch_follower_records,
             ),
         ];
         for (metric, help, get) in counters {

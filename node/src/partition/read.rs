@@ -1,7 +1,7 @@
-//! Reads from a partition replica: Fetch for consumers (up to the HW, on the leader) and
-//! for followers (up to the leader's log end, recording the follower's progress, which may
-//! move the HW), with the request's leader epoch checked (KIP-320); ListOffsets and
-//! DeleteRecords.
+//! Reads from a partition replica: Fetch for consumers (up to the HW, on the leader, or on
+//! a follower up to the HW it learned: KIP-392) and for followers (up to the leader's log
+//! end, recording the follower's progress, which may move the HW), with the request's
+//! leader epoch checked (KIP-320); ListOffsets and DeleteRecords.
 
 use bytes::Bytes;
 use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset, ProducerId};
@@ -56,6 +56,8 @@ pub struct FetchOutcome {
     /// was given (see `FollowerProgress::log_start_sent`), so its fetch is answered now,
     /// not parked.
     pub log_start_news: bool,
+    /// KIP-392, to a consumer: read from this replica instead (no records come with it).
+    pub preferred_read_replica: Option<NodeId>,
 }
 
 impl FetchOutcome {
@@ -74,6 +76,7 @@ impl FetchOutcome {
             aborted: None,
             diverging: None,
             log_start_news: false,
+            preferred_read_replica: None,
         }
     }
 }
@@ -181,6 +184,82 @@ impl Partition {
         if let Err(code) = self.check_leader(current_epoch) {
             return FetchOutcome::refused(code);
         }
+        let sizes = (max_bytes, hard_max_bytes);
+        self.fetch_checked(offset, reader, sizes, now_ms).await
+    }
+
+    /// KIP-392: a consumer's read from this replica while it follows (Fetch v11+, where
+    /// Kafka no longer fetches only from the leader). The same read as on a leader, bounded
+    /// by what this replica knows: its own HW (learned from its leader, which may be
+    /// ahead) and its LSO; an offset between its HW and its log end is answered empty (a
+    /// long poll waits for this replica's HW), one past its log end OFFSET_OUT_OF_RANGE
+    /// (Kafka's rule; the client goes back to the leader). The request's leader epoch is
+    /// checked as a leader checks it (KIP-320). A replica that leads reads as a leader.
+    pub async fn fetch_as_follower(
+        &self,
+        offset: Offset,
+        isolation: Isolation,
+        current_epoch: LeaderEpoch,
+        (max_bytes, hard_max_bytes): (usize, usize),
+        now_ms: i64,
+    ) -> FetchOutcome {
+        let reader = ReadFor::Consumer(isolation);
+        if let Err(code) = self.check_follower(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        if self.replica.borrow().is_leader() {
+            let read = self.fetch_within(
+                offset,
+                reader,
+                current_epoch,
+                max_bytes,
+                hard_max_bytes,
+                now_ms,
+            );
+            return read.await;
+        }
+        self.fetch_checked(offset, reader, (max_bytes, hard_max_bytes), now_ms)
+            .await
+    }
+
+    /// The checks of a consumer's read on a follower: the request's epoch is this
+    /// replica's, and the log is not being cut (a truncation lowers the HW as it
+    /// completes; meanwhile the client is sent back to the leader).
+    fn check_follower(&self, current_epoch: LeaderEpoch) -> Result<(), i16> {
+        let replica = self.replica.borrow();
+        replica.check_epoch(current_epoch).map_err(epoch_error)?;
+        if !replica.is_leader() && self.truncating() {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        Ok(())
+    }
+
+    /// KIP-392, on a leader: the answer that sends a consumer to `replica`, without
+    /// records but with this leader's offsets (Kafka's answer), after the usual checks.
+    pub fn redirected(&self, replica: NodeId, current_epoch: LeaderEpoch) -> FetchOutcome {
+        if let Err(code) = self.check_leader(current_epoch) {
+            return FetchOutcome::refused(code);
+        }
+        FetchOutcome {
+            error: errors::NONE,
+            high_watermark: self.high_watermark(),
+            last_stable_offset: self.last_stable_offset(),
+            log_start_offset: self.log.log_start_offset(),
+            batches: Vec::new(),
+            aborted: None,
+            diverging: None,
+            preferred_read_replica: Some(replica),
+        }
+    }
+
+    /// [`Self::fetch_within`] after its checks passed.
+    async fn fetch_checked(
+        &self,
+        offset: Offset,
+        reader: ReadFor,
+        (max_bytes, hard_max_bytes): (usize, usize),
+        now_ms: i64,
+    ) -> FetchOutcome {
         let lso = self.last_stable_offset();
         // Where the read stops: `read_upper`, which a long poll also waits on. A follower's
         // read first notes its progress; a replica id this leader does not follow (a client
@@ -214,6 +293,7 @@ impl Partition {
             aborted: committed.then(Vec::new),
             diverging: None,
             log_start_news: false,
+            preferred_read_replica: None,
         };
         // In range up to the LEO, for consumers too (Kafka's rule): between the HW and
         // the LEO a consumer reads nothing yet. A new leader's HW, learned as a follower,
@@ -358,6 +438,7 @@ impl Partition {
             aborted: None,
             diverging: Some(diverging),
             log_start_news: false,
+            preferred_read_replica: None,
         }
     }
 

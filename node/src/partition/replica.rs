@@ -321,6 +321,43 @@ impl ReplicaState {
         newer
     }
 
+    /// KIP-392's rack-aware selector, on a leader: the replica a consumer in
+    /// `client_rack` fetching at `offset` should read from instead, if any. Only an ISR
+    /// member that holds `offset` (log start at or below it, log end at or past it), is not
+    /// known to have lost acknowledged records, and sits in the client's rack qualifies;
+    /// none if this leader's own rack is the client's (the leader is as close) or none
+    /// qualifies. Of several, the one furthest ahead, then the one caught up most
+    /// recently, then the lowest id (Kafka's order, made deterministic). `rack_of` is a
+    /// node's `broker.rack` from the metadata image.
+    pub fn read_replica_for(
+        &self,
+        client_rack: &str,
+        offset: Offset,
+        rack_of: impl Fn(NodeId) -> Option<String>,
+    ) -> Option<NodeId> {
+        let Role::Leader(l) = &self.role else {
+            return None;
+        };
+        if client_rack.is_empty() || rack_of(self.local).as_deref() == Some(client_rack) {
+            return None;
+        }
+        let holds = |p: &FollowerProgress| {
+            p.log_end >= offset && p.log_start <= offset && !p.lost_acknowledged
+        };
+        let chosen = l
+            .followers
+            .iter()
+            .filter(|(n, p)| l.isr.contains(n) && holds(p))
+            .filter(|(n, _)| rack_of(**n).as_deref() == Some(client_rack))
+            .max_by_key(|(n, p)| (p.log_end, p.caught_up_ms, std::cmp::Reverse(**n)))
+            .map(|(n, _)| *n);
+        debug_assert!(
+            chosen != Some(self.local),
+            "a leader is not its own follower"
+        );
+        chosen
+    }
+
     /// On a leader, the low watermark (Kafka's `lowWatermarkIfLeader`): the smallest log
     /// start over this replica (`local_log_start`) and every other assigned replica on a
     /// node `alive` says is live, in the ISR or not — a live replica outside it may still
@@ -658,6 +695,62 @@ mod tests {
         );
         r.follower_fetched(c, BrokerEpoch(1), Offset(10), Offset(10), 0);
         assert_eq!(r.wanted_isr(1, 30_000, |_, _| true), Some(vec![a, b, c]));
+    }
+
+    /// KIP-392: a consumer in another rack than the leader's is sent to an in-sync
+    /// follower in its own rack that holds its fetch offset; to none if the leader is in
+    /// its rack, it gives no rack, or no such follower is in sync or far enough.
+    #[test]
+    fn the_rack_aware_selector_picks_an_in_sync_follower_in_the_clients_rack() {
+        let (a, b, c, d) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+        let racks = |n: NodeId| match n.0 {
+            1 => Some("ra".to_string()),
+            2 | 4 => Some("rb".to_string()),
+            3 => Some("rc".to_string()),
+            _ => None,
+        };
+        let mut r = ReplicaState::sole(a, Offset(10));
+        r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c, d]);
+        for n in [b, c, d] {
+            r.follower_fetched(n, BrokerEpoch(1), Offset(10), Offset(10), 5);
+            r.follower_log_start(n, Offset(0));
+        }
+        assert_eq!(
+            r.read_replica_for("rb", Offset(4), racks),
+            Some(b),
+            "d is not in sync"
+        );
+        assert_eq!(r.read_replica_for("rc", Offset(10), racks), Some(c));
+        assert_eq!(
+            r.read_replica_for("ra", Offset(4), racks),
+            None,
+            "the leader's rack"
+        );
+        assert_eq!(
+            r.read_replica_for("", Offset(4), racks),
+            None,
+            "no rack given"
+        );
+        assert_eq!(
+            r.read_replica_for("rz", Offset(4), racks),
+            None,
+            "nobody there"
+        );
+        assert_eq!(
+            r.read_replica_for("rc", Offset(11), racks),
+            None,
+            "c lacks 10"
+        );
+        r.follower_log_start(c, Offset(5));
+        assert_eq!(
+            r.read_replica_for("rc", Offset(4), racks),
+            None,
+            "c's log starts at 5"
+        );
+        // A follower does not choose: the leader does.
+        let mut f = ReplicaState::sole(b, Offset(10));
+        f.become_follower(a, LeaderEpoch(1));
+        assert_eq!(f.read_replica_for("rc", Offset(4), racks), None);
     }
 
     /// While a change adding a follower is proposed, the HW waits for that follower as

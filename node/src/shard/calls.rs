@@ -105,6 +105,18 @@ pub struct FetchRead {
     pub log_start: Offset,
 }
 
+/// KIP-392: where a consumer's Fetch may be served, from its version and `rack_id`.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSite {
+    /// A consumer's Fetch v11+: a follower may answer it (Kafka's `fetchOnlyFromLeader`
+    /// is false), up to the HW the follower knows. Below v11, and for replicas, only the
+    /// leader answers.
+    pub followers_may_serve: bool,
+    /// The client's `rack_id` (`client.rack`); empty when not given. With the rack-aware
+    /// `replica.selector.class`, a leader sends the client to an in-sync replica there.
+    pub rack: std::sync::Arc<str>,
+}
+
 /// Reads of several partitions owned by the same shard, in request order: together they
 /// return at most `budget_bytes` of records, except that with `exceed_once` the first
 /// partition with data returns its first batch whole even if it is larger (KIP-74: a
@@ -114,6 +126,7 @@ pub struct FetchCall {
     pub reader: ReadFor,
     pub budget_bytes: usize,
     pub exceed_once: bool,
+    pub client: ClientSite,
 }
 
 impl ShardCall for FetchCall {
@@ -124,8 +137,9 @@ impl ShardCall for FetchCall {
         let mut left = self.budget_bytes;
         let mut exceed = self.exceed_once;
         let mut out = Vec::with_capacity(self.reads.len());
-        for r in self.reads {
+        for r in &self.reads {
             let hard_max_bytes = if exceed { usize::MAX } else { left };
+            let max_bytes = r.max_bytes.min(left);
             let outcome = match shard.partition(&r.tp).await {
                 Ok(p) if r.topic_id != 0 && p.topic_id != 0 && p.topic_id != r.topic_id => {
                     FetchOutcome::refused(crate::errors::UNKNOWN_TOPIC_ID)
@@ -136,38 +150,58 @@ impl ShardCall for FetchCall {
                 Ok(p) if p.replica().is_leader() => {
                     match p.diverging(r.offset, r.last_fetched_epoch) {
                         Some(diverging) => p.diverged(diverging, r.current_epoch),
-                        None => {
-                            let max_bytes = r.max_bytes.min(left);
-                            let read = p.fetch_within(
-                                r.offset,
-                                self.reader,
-                                r.current_epoch,
-                                max_bytes,
-                                hard_max_bytes,
-                                now_ms(),
-                            );
-                            let read = read.await;
-                            if let ReadFor::Follower(node, _) = self.reader
-                                && read.error == crate::errors::NONE
-                            {
-                                p.follower_log_start(node, r.log_start);
+                        None => match self.read_replica(&shard, &p, r) {
+                            Some(node) => {
+                                crate::metrics::add(|m| &m.fetch_preferred_read_replica, 1);
+                                p.redirected(node, r.current_epoch)
                             }
-                            read
-                        }
+                            None => {
+                                let read = p.fetch_within(
+                                    r.offset,
+                                    self.reader,
+                                    r.current_epoch,
+                                    max_bytes,
+                                    hard_max_bytes,
+                                    now_ms(),
+                                );
+                                let read = read.await;
+                                if let ReadFor::Follower(node, _) = self.reader
+                                    && read.error == crate::errors::NONE
+                                {
+                                    p.follower_log_start(node, r.log_start);
+                                }
+                                read
+                            }
+                        },
                     }
                 }
-                Ok(p) => {
-                    let max_bytes = r.max_bytes.min(left);
-                    let read = p.fetch_within(
-                        r.offset,
-                        self.reader,
-                        r.current_epoch,
-                        max_bytes,
-                        hard_max_bytes,
-                        now_ms(),
-                    );
-                    read.await
-                }
+                Ok(p) => match self.reader {
+                    ReadFor::Consumer(isolation) if self.client.followers_may_serve => {
+                        let sizes = (max_bytes, hard_max_bytes);
+                        let read = p.fetch_as_follower(
+                            r.offset,
+                            isolation,
+                            r.current_epoch,
+                            sizes,
+                            now_ms(),
+                        );
+                        let read = read.await;
+                        count_follower_read(&read);
+                        read
+                    }
+                    // Refused there (NOT_LEADER_OR_FOLLOWER, or the epoch's error).
+                    _ => {
+                        let read = p.fetch_within(
+                            r.offset,
+                            self.reader,
+                            r.current_epoch,
+                            max_bytes,
+                            hard_max_bytes,
+                            now_ms(),
+                        );
+                        read.await
+                    }
+                },
                 Err(code) => FetchOutcome::refused(code),
             };
             let got = outcome.bytes();
@@ -178,6 +212,47 @@ impl ShardCall for FetchCall {
         }
         out
     }
+}
+
+impl FetchCall {
+    /// KIP-392 on a leader: the replica `r`'s consumer should read from instead, if the
+    /// rack-aware selector is on, the client gave its rack and a closer in-sync replica
+    /// holds its offset (see [`crate::partition::replica::ReplicaState::read_replica_for`]).
+    fn read_replica(
+        &self,
+        shard: &Shard,
+        p: &crate::partition::Partition,
+        r: &FetchRead,
+    ) -> Option<wire::NodeId> {
+        let consumer = matches!(self.reader, ReadFor::Consumer(_));
+        let selector = shard.config().replica_selector;
+        if !consumer || !self.client.followers_may_serve || self.client.rack.is_empty() {
+            return None;
+        }
+        if selector != crate::config::ReplicaSelector::RackAware {
+            return None;
+        }
+        let catalog = shard.catalog();
+        let rack_of = |n: wire::NodeId| catalog.nodes.get(&n.0).and_then(|b| b.rack.clone());
+        let chosen = p
+            .replica()
+            .read_replica_for(&self.client.rack, r.offset, rack_of);
+        chosen
+    }
+}
+
+/// Counts a consumer's read a follower answered with records (KIP-392).
+fn count_follower_read(read: &FetchOutcome) {
+    if read.batches.is_empty() {
+        return;
+    }
+    let records: u64 = read
+        .batches
+        .iter()
+        .map(|b| crate::api::produce::record_count(b))
+        .sum();
+    crate::metrics::add(|m| &m.fetch_follower_reads, 1);
+    crate::metrics::add(|m| &m.fetch_follower_records, records);
 }
 
 /// Completes when any of `tps` can be read past its offset (the HW for a consumer, the
