@@ -763,7 +763,6 @@ fn build(
             current_leader,
             preferred_read_replica: o.preferred_read_replica.map_or(-1, |n| n.0),
             records: Some(o.batches),
-            ..Default::default()
         };
         match topics.last_mut() {
             Some(t) if t.topic.as_ref() == w.tp.0.as_bytes() && t.topic_id == w.topic_id => {

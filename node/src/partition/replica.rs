@@ -23,7 +23,8 @@ pub enum Role {
     /// This node appends for clients; followers fetch from it.
     Leader(LeaderState),
     /// This node copies from `leader` (replication fetchers append with the leader's
-    /// offsets); clients are told NOT_LEADER_OR_FOLLOWER.
+    /// offsets); producers are told NOT_LEADER_OR_FOLLOWER, consumers fetching at v11+
+    /// read up to the HW it learned (KIP-392), older consumers are refused.
     Follower { leader: NodeId },
 }
 
@@ -715,6 +716,8 @@ mod tests {
             r.follower_fetched(n, BrokerEpoch(1), Offset(10), Offset(10), 5);
             r.follower_log_start(n, Offset(0));
         }
+        // d, out of the ISR, caught up last: it would win if it counted.
+        r.follower_fetched(d, BrokerEpoch(1), Offset(10), Offset(10), 9);
         assert_eq!(
             r.read_replica_for("rb", Offset(4), racks),
             Some(b),

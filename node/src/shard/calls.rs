@@ -234,10 +234,8 @@ impl FetchCall {
         }
         let catalog = shard.catalog();
         let rack_of = |n: wire::NodeId| catalog.nodes.get(&n.0).and_then(|b| b.rack.clone());
-        let chosen = p
-            .replica()
-            .read_replica_for(&self.client.rack, r.offset, rack_of);
-        chosen
+        p.replica()
+            .read_replica_for(&self.client.rack, r.offset, rack_of)
     }
 }
 
