@@ -1646,6 +1646,55 @@ fn delete_records_waits_until_every_live_replica_moved_its_log_start() {
     });
 }
 
+/// A follower fetch parks after its read; the log start may move (DeleteRecords) between
+/// that read and the park, when no wake reaches it. The park's readiness check counts a
+/// log start the follower has not been sent, so such a fetch is answered at once instead
+/// of after `replica.fetch.wait.max.ms` (found by review). A consumer's is not, and the
+/// answer that carries the new start makes it unready again.
+#[test]
+fn a_parked_follower_fetch_is_ready_for_a_log_start_it_was_not_sent() {
+    run_on_shard(|| async {
+        let root = tempfile::tempdir_in(test_root()).expect("tempdir");
+        prime_dma_probe(root.path()).await.expect("prime DMA probe");
+        let p = open(&root.path().join("orders-0"), LEADER, 1).await;
+        let all = [LEADER, FOLLOWER];
+        let epoch = LeaderEpoch(1);
+        p.update_replica(|r| r.become_leader(epoch, all.to_vec(), &all));
+        let out = p.produce(batch(None, 10, "a"), Acks::Leader, soon(), NOW_MS);
+        assert_eq!(out.await.error, errors::NONE);
+        let follower = ReadFor::Follower(FOLLOWER, BrokerEpoch(1));
+        let read = |p: Rc<Partition>| async move {
+            p.fetch_within(Offset(10), follower, epoch, 1 << 20, usize::MAX, NOW_MS)
+                .await
+        };
+        assert_eq!(read(p.clone()).await.error, errors::NONE);
+        assert!(
+            !p.fetch_ready(follower, Offset(10)),
+            "nothing new: it parks"
+        );
+
+        glommio::spawn_local({
+            let p = p.clone();
+            async move {
+                let _ = p.delete_records(Offset(4), PATIENCE, |_| true).await;
+            }
+        })
+        .detach();
+        until("the leader's log start", || {
+            p.log.log_start_offset() == Offset(4)
+        })
+        .await;
+        assert!(
+            p.fetch_ready(follower, Offset(10)),
+            "a log start it was not sent is news"
+        );
+        assert!(!p.fetch_ready(CONSUMER, Offset(10)), "not to a consumer");
+        let answered = read(p.clone()).await;
+        assert_eq!(answered.log_start_offset, Offset(4));
+        assert!(!p.fetch_ready(follower, Offset(10)), "sent now");
+    });
+}
+
 /// A leader change writes the leader epoch checkpoint (two fsyncs) in the blocking pool,
 /// not on the shard's thread: a failover made the node leader of thousands of partitions
 /// and the shard answered nothing while it fsynced each one (found by review). The entry

@@ -123,11 +123,12 @@ const FOLLOWER_FETCH_VERSION_MIN: i16 = 11;
 
 /// KIP-392: whether a follower may answer this Fetch (a consumer's, v11+), and the
 /// client's rack.
-fn client_site(req: &FetchRequest, version: i16) -> ClientSite {
+fn client_site(req: &FetchRequest, version: i16, listener: &str) -> ClientSite {
     let consumer = replica_id(req, version) < 0;
     ClientSite {
         followers_may_serve: consumer && version >= FOLLOWER_FETCH_VERSION_MIN,
         rack: Arc::from(req.rack_id.as_str().trim()),
+        listener: Arc::from(listener),
     }
 }
 
@@ -283,7 +284,7 @@ async fn respond(
             w
         })
         .collect();
-    let client = client_site(&req, version);
+    let client = client_site(&req, version, authz.listener_name());
     let (outcomes, hold) = poll(shard, &req, &wanted, (reader, &client)).await;
     let answers: Vec<Answer> = outcomes.iter().map(answer_of).collect();
     let (session_id, include) = fetch_session::with_cache(slots, shard_index, shards, |c| {
@@ -688,8 +689,13 @@ fn is_zstd(batch: &[u8]) -> bool {
 }
 
 /// Adds what the response carries to each topic's bytes and records out.
+/// KIP-392's counts too: redirects sent and reads a follower answered, once per answer
+/// (a long poll reads several times).
 fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
     for (w, o) in wanted.iter().zip(outcomes) {
+        if o.preferred_read_replica.is_some() && o.error == crate::errors::NONE {
+            crate::metrics::add(|m| &m.fetch_preferred_read_replica, 1);
+        }
         if o.batches.is_empty() {
             continue;
         }
@@ -699,6 +705,10 @@ fn count_out(shard: &Shard, wanted: &[Wanted], outcomes: &[FetchOutcome]) {
             .map(|b| super::produce::record_count(b))
             .sum();
         shard.metrics().fetched(&w.tp.0, o.bytes() as u64, records);
+        if o.from_follower {
+            crate::metrics::add(|m| &m.fetch_follower_reads, 1);
+            crate::metrics::add(|m| &m.fetch_follower_records, records);
+        }
     }
 }
 

@@ -417,7 +417,9 @@ impl Partition {
                 self.log_grew(info.last_offset.add(1));
                 Ok(info)
             }
-            Err(failed) => Err(self.replicated_append_failed(failed, from).await),
+            Err(failed) => Err(self
+                .replicated_append_failed(failed, from, checked_against)
+                .await),
         }
     }
 
@@ -427,8 +429,20 @@ impl Partition {
     /// the epochs noted for the batches it does not hold go, so the log end, the epoch
     /// cache and the producer state (`append_replicated` rebuilt it) agree. The fetcher
     /// pauses the partition on the error and fetches again from the log end.
-    async fn replicated_append_failed(&self, failed: ReplicatedAppendFailed, from: Offset) -> i16 {
+    ///
+    /// `started` is [`Self::follower_position`] when the append began: the epochs are
+    /// dropped only while the same leader and leader epoch hold. A new leader's fetcher
+    /// may meanwhile have cut the log (which is why this append failed) and noted its
+    /// epoch at the new log end; that entry is not this append's to drop.
+    async fn replicated_append_failed(
+        &self,
+        failed: ReplicatedAppendFailed,
+        from: Offset,
+        started: (Option<wire::NodeId>, LeaderEpoch, Offset, u64),
+    ) -> i16 {
         let end = self.log.log_end_offset();
+        let (leader, epoch, ..) = self.follower_position();
+        let same_leader = (leader, epoch) == (started.0, started.1);
         if let Some(info) = &failed.appended {
             self.log_grew(info.last_offset.add(1).min(end));
         }
@@ -438,6 +452,7 @@ impl Partition {
         let leads = self.replica.borrow().is_leader();
         let stale = self.epochs.borrow().latest().is_some_and(|(_, s)| s >= end);
         if !leads
+            && same_leader
             && stale
             && let Err(code) = self.truncate_epochs(end).await
         {

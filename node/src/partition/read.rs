@@ -58,6 +58,9 @@ pub struct FetchOutcome {
     pub log_start_news: bool,
     /// KIP-392, to a consumer: read from this replica instead (no records come with it).
     pub preferred_read_replica: Option<NodeId>,
+    /// KIP-392: a follower answered this consumer's read (counted once the Fetch is
+    /// answered, not per read pass of a long poll).
+    pub from_follower: bool,
 }
 
 impl FetchOutcome {
@@ -77,6 +80,7 @@ impl FetchOutcome {
             diverging: None,
             log_start_news: false,
             preferred_read_replica: None,
+            from_follower: false,
         }
     }
 }
@@ -149,6 +153,21 @@ impl Partition {
                 self.high_watermark()
             }
             ReadFor::Follower(..) => self.log.log_end_offset(),
+        }
+    }
+
+    /// Whether a fetch by `reader` parked at `offset` has something to answer now: records
+    /// past it, or (to a follower) a log start it has not been sent.
+    pub fn fetch_ready(&self, reader: ReadFor, offset: Offset) -> bool {
+        if self.read_upper(reader) > offset {
+            return true;
+        }
+        match reader {
+            ReadFor::Follower(node, _) => self
+                .replica
+                .borrow()
+                .follower_log_start_unsent(node, self.log.log_start_offset()),
+            ReadFor::Consumer(_) => false,
         }
     }
 
@@ -231,6 +250,11 @@ impl Partition {
         if !replica.is_leader() && self.truncating() {
             return Err(errors::NOT_LEADER_OR_FOLLOWER);
         }
+        // An offline partition's replica (no leader) refuses clients: what it holds may
+        // not be what the next leader keeps.
+        if !replica.is_leader() && replica.leader() == crate::partition::replica::NO_LEADER {
+            return Err(errors::NOT_LEADER_OR_FOLLOWER);
+        }
         Ok(())
     }
 
@@ -248,7 +272,9 @@ impl Partition {
             batches: Vec::new(),
             aborted: None,
             diverging: None,
+            log_start_news: false,
             preferred_read_replica: Some(replica),
+            from_follower: false,
         }
     }
 
@@ -294,6 +320,7 @@ impl Partition {
             diverging: None,
             log_start_news: false,
             preferred_read_replica: None,
+            from_follower: false,
         };
         // In range up to the LEO, for consumers too (Kafka's rule): between the HW and
         // the LEO a consumer reads nothing yet. A new leader's HW, learned as a follower,
@@ -425,7 +452,14 @@ impl Partition {
         diverging: (LeaderEpoch, Offset),
         current_epoch: LeaderEpoch,
     ) -> FetchOutcome {
-        if let Err(code) = self.check_leader(current_epoch) {
+        // A follower serving a consumer (KIP-392) answers a diverging epoch as a leader
+        // does (Kafka's readRecords checks it on every replica that reads).
+        let checked = if self.replica.borrow().is_leader() {
+            self.check_leader(current_epoch)
+        } else {
+            self.check_follower(current_epoch)
+        };
+        if let Err(code) = checked {
             return FetchOutcome::refused(code);
         }
         let hw = self.high_watermark();
@@ -439,6 +473,7 @@ impl Partition {
             diverging: Some(diverging),
             log_start_news: false,
             preferred_read_replica: None,
+            from_follower: false,
         }
     }
 

@@ -285,6 +285,10 @@ impl ReplicaState {
             );
             p.lost_acknowledged = true;
         }
+        if restarted {
+            // A new process has been sent nothing yet.
+            p.log_start_sent = Offset::NONE;
+        }
         p.broker_epoch = epoch;
         if offset >= leader_end {
             p.caught_up_ms = now_ms;
@@ -322,6 +326,18 @@ impl ReplicaState {
         newer
     }
 
+    /// Whether `log_start` is newer than the one `follower` was last answered, without
+    /// noting it: a parked follower fetch is ready when it is (the start moved between
+    /// the fetch's read and its wait).
+    pub fn follower_log_start_unsent(&self, follower: NodeId, log_start: Offset) -> bool {
+        let Role::Leader(l) = &self.role else {
+            return false;
+        };
+        l.followers
+            .get(&follower)
+            .is_some_and(|p| log_start > p.log_start_sent)
+    }
+
     /// KIP-392's rack-aware selector, on a leader: the replica a consumer in
     /// `client_rack` fetching at `offset` should read from instead, if any. Only an ISR
     /// member that holds `offset` (log start at or below it, log end at or past it), is not
@@ -342,8 +358,13 @@ impl ReplicaState {
         if client_rack.is_empty() || rack_of(self.local).as_deref() == Some(client_rack) {
             return None;
         }
+        // A follower not yet heard from under this leadership has no known progress
+        // (Kafka starts it at log end -1): never chosen before its first fetch.
         let holds = |p: &FollowerProgress| {
-            p.log_end >= offset && p.log_start <= offset && !p.lost_acknowledged
+            p.broker_epoch != BrokerEpoch::NONE
+                && p.log_end >= offset
+                && p.log_start <= offset
+                && !p.lost_acknowledged
         };
         let chosen = l
             .followers
@@ -712,6 +733,11 @@ mod tests {
         };
         let mut r = ReplicaState::sole(a, Offset(10));
         r.become_leader(LeaderEpoch(1), vec![a, b, c], &[a, b, c, d]);
+        assert_eq!(
+            r.read_replica_for("rb", Offset(0), racks),
+            None,
+            "no follower has fetched from this leader yet: its progress is unknown"
+        );
         for n in [b, c, d] {
             r.follower_fetched(n, BrokerEpoch(1), Offset(10), Offset(10), 5);
             r.follower_log_start(n, Offset(0));

@@ -115,6 +115,9 @@ pub struct ClientSite {
     /// The client's `rack_id` (`client.rack`); empty when not given. With the rack-aware
     /// `replica.selector.class`, a leader sends the client to an in-sync replica there.
     pub rack: std::sync::Arc<str>,
+    /// The listener the client came through: a preferred read replica must have an
+    /// address on it.
+    pub listener: std::sync::Arc<str>,
 }
 
 /// Reads of several partitions owned by the same shard, in request order: together they
@@ -151,10 +154,7 @@ impl ShardCall for FetchCall {
                     match p.diverging(r.offset, r.last_fetched_epoch) {
                         Some(diverging) => p.diverged(diverging, r.current_epoch),
                         None => match self.read_replica(&shard, &p, r) {
-                            Some(node) => {
-                                crate::metrics::add(|m| &m.fetch_preferred_read_replica, 1);
-                                p.redirected(node, r.current_epoch)
-                            }
+                            Some(node) => p.redirected(node, r.current_epoch),
                             None => {
                                 let read = p.fetch_within(
                                     r.offset,
@@ -177,17 +177,22 @@ impl ShardCall for FetchCall {
                 }
                 Ok(p) => match self.reader {
                     ReadFor::Consumer(isolation) if self.client.followers_may_serve => {
-                        let sizes = (max_bytes, hard_max_bytes);
-                        let read = p.fetch_as_follower(
-                            r.offset,
-                            isolation,
-                            r.current_epoch,
-                            sizes,
-                            now_ms(),
-                        );
-                        let read = read.await;
-                        count_follower_read(&read);
-                        read
+                        match p.diverging(r.offset, r.last_fetched_epoch) {
+                            Some(diverging) => p.diverged(diverging, r.current_epoch),
+                            None => {
+                                let sizes = (max_bytes, hard_max_bytes);
+                                let read = p.fetch_as_follower(
+                                    r.offset,
+                                    isolation,
+                                    r.current_epoch,
+                                    sizes,
+                                    now_ms(),
+                                );
+                                let mut read = read.await;
+                                read.from_follower = true;
+                                read
+                            }
+                        }
                     }
                     // Refused there (NOT_LEADER_OR_FOLLOWER, or the epoch's error).
                     _ => {
@@ -232,25 +237,19 @@ impl FetchCall {
         if selector != crate::config::ReplicaSelector::RackAware {
             return None;
         }
+        // Only a node the client can reach: unfenced, with an address on the listener the
+        // client came through (the nodes its Metadata lists; Kafka's endpoints rule).
         let catalog = shard.catalog();
-        let rack_of = |n: wire::NodeId| catalog.nodes.get(&n.0).and_then(|b| b.rack.clone());
+        let rack_of = |n: wire::NodeId| {
+            let node = catalog.nodes.get(&n.0)?;
+            if node.fenced || node.address_for(&self.client.listener).is_none() {
+                return None;
+            }
+            node.rack.clone()
+        };
         p.replica()
             .read_replica_for(&self.client.rack, r.offset, rack_of)
     }
-}
-
-/// Counts a consumer's read a follower answered with records (KIP-392).
-fn count_follower_read(read: &FetchOutcome) {
-    if read.batches.is_empty() {
-        return;
-    }
-    let records: u64 = read
-        .batches
-        .iter()
-        .map(|b| crate::api::produce::record_count(b))
-        .sum();
-    crate::metrics::add(|m| &m.fetch_follower_reads, 1);
-    crate::metrics::add(|m| &m.fetch_follower_records, records);
 }
 
 /// Completes when any of `tps` can be read past its offset (the HW for a consumer, the

@@ -262,7 +262,7 @@ impl Shard {
         let mut ready = false;
         for (tp, offset) in tps {
             if let Ok(p) = self.partition(tp).await {
-                ready |= p.read_upper(reader) > *offset;
+                ready |= p.fetch_ready(reader, *offset);
                 parts.push(p);
             }
         }

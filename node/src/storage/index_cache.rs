@@ -31,7 +31,7 @@
 //!   inserted (found by review). Loads that do not fit wait in arrival order (the first
 //!   waiter is served first, so none is passed over forever); a running load needs no
 //!   other to finish, so waiting cannot deadlock. A load larger than the whole bound
-//!   runs alone. A waiting load dropped halfway leaves the queue and wakes the next.
+//!   (never cached) neither waits nor reserves, so it holds back no other. A waiting load dropped halfway leaves the queue and wakes the next.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -207,9 +207,14 @@ struct Reservation {
 impl Reservation {
     /// Waits for its turn (loads are served in arrival order) and for `bytes` to fit
     /// beside the other loads' reservations, then reserves them, evicting cached indexes
-    /// until held plus reserved bytes are within the bound. More than the whole bound
-    /// fits only when no other load runs.
+    /// until held plus reserved bytes are within the bound. An index larger than the
+    /// whole bound is never cached (see [`insert`]): its load neither waits nor reserves,
+    /// so it does not hold back the loads queued behind it (with `log.index.cache.bytes`
+    /// 0, every load).
     async fn take(bytes: u64) -> Reservation {
+        if CACHE.with(|c| bytes > c.borrow().bound_bytes) {
+            return Reservation { bytes: 0 };
+        }
         let queued = Queued::join();
         loop {
             let changed = CACHE.with(|c| c.borrow().reservations_changed.clone());
@@ -226,7 +231,12 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         let _ = CACHE.try_with(|c| {
-            if let Ok(mut c) = c.try_borrow_mut() {
+            let borrowed = c.try_borrow_mut();
+            debug_assert!(
+                borrowed.is_ok(),
+                "a reservation dropped inside a cache borrow"
+            );
+            if let Ok(mut c) = borrowed {
                 c.reserved_bytes -= self.bytes;
                 c.reservations_changed.notify_all();
             }
@@ -268,7 +278,12 @@ impl Drop for Queued {
             return;
         }
         let _ = CACHE.try_with(|c| {
-            if let Ok(mut c) = c.try_borrow_mut() {
+            let borrowed = c.try_borrow_mut();
+            debug_assert!(
+                borrowed.is_ok(),
+                "a queued load dropped inside a cache borrow"
+            );
+            if let Ok(mut c) = borrowed {
                 c.waiting.retain(|t| *t != self.ticket);
                 c.reservations_changed.notify_all();
             }
@@ -588,9 +603,9 @@ mod tests {
     }
 
     /// Loads of distinct indexes at once, more than the bound holds, one of them larger
-    /// than the whole bound: each waits its turn for room (the large one until it runs
-    /// alone), none waits forever, and held plus reserved bytes stay within the bound
-    /// but for the large one alone.
+    /// than the whole bound: each waits its turn for room (the large one, never cached,
+    /// neither waits nor reserves), none waits forever, and held plus reserved bytes stay
+    /// within the bound but for the large one while it is read.
     #[test]
     fn concurrent_loads_wait_for_room_in_turn_and_all_finish() {
         let dir = tempfile::tempdir().unwrap();
@@ -611,7 +626,9 @@ mod tests {
             let stats = shard_index_cache_stats();
             assert_eq!(stats.reserved_bytes, 0, "every reservation ended");
             assert!(stats.held_bytes <= 2 * one, "{stats:?}");
-            assert!(stats.peak_bytes <= charge(&index_of(200)), "{stats:?}");
+            // The large one, read beside the others, is counted while read.
+            let big = charge(&index_of(200));
+            assert!(stats.peak_bytes <= 2 * one + big, "{stats:?}");
             assert!(stats.indexes >= 1, "the last loads are cached: {stats:?}");
         });
     }
