@@ -285,6 +285,18 @@ struct BlockFile {
 const BLOCK_FILE_SIZE: usize = size_of::<BlockFile>();
 const _: () = assert!(BLOCK_FILE_SIZE == 28);
 
+/// Where an allocator without a block file starts: a random block in the first half of
+/// its range. A missing file is not only a new node: it is also a node back with a wiped
+/// (or replaced) data dir, whose ids the partitions still remember with their producers'
+/// sequences. Starting at the range's start handed those ids out again, and a new
+/// producer given an old one was refused with OUT_OF_ORDER_SEQUENCE_NUMBER on its first
+/// batch, or had a batch taken for the old producer's duplicate. The chance of landing
+/// in the span a wiped node used is that span over 2^36 ids.
+fn fresh_start(range: IdRange) -> i64 {
+    let blocks = ((range.end - range.start) / 2 / PRODUCER_ID_BLOCK_SIZE).max(1);
+    range.start + rand::random_range(0..blocks) * PRODUCER_ID_BLOCK_SIZE
+}
+
 /// An allocator backed by its block file: reserves a block durably whenever one is
 /// needed (one small atomic write per [`PRODUCER_ID_BLOCK_SIZE`] producers; blocking std
 /// I/O, acceptable at that rate).
@@ -311,7 +323,7 @@ impl ProducerIdBlockFile {
                     reason,
                 })?
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => range.start,
+            Err(e) if e.kind() == ErrorKind::NotFound => fresh_start(range),
             Err(e) => return Err(StorageError::io("read", &path, e).into()),
         };
         Ok(ProducerIdBlockFile {
@@ -432,10 +444,12 @@ mod tests {
         let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
         let range = shard_range();
         let mut seen = std::collections::HashSet::new();
+        let mut start = None;
         for restart in 0..3 {
             let mut file = ProducerIdBlockFile::open(dir.path(), 2, range).unwrap();
             for _ in 0..1500 {
                 let (pid, epoch) = granted(file.init_producer_id(None, V4, 0).unwrap());
+                start.get_or_insert(pid.get());
                 assert_eq!(epoch, ProducerEpoch(0));
                 assert!(range.contains(pid.get()));
                 assert!(
@@ -446,10 +460,28 @@ mod tests {
         }
         // Each run used 1500 ids = two blocks; the next run starts after the second.
         let file = ProducerIdBlockFile::open(dir.path(), 2, range).unwrap();
-        assert_eq!(
-            file.allocator.next,
-            range.start + 3 * 2 * PRODUCER_ID_BLOCK_SIZE
-        );
+        let start = start.expect("ids were handed out");
+        assert_eq!(file.allocator.next, start + 3 * 2 * PRODUCER_ID_BLOCK_SIZE);
+    }
+
+    /// A node back with a wiped data dir must not hand out the ids it handed out before
+    /// (partitions still hold those producers' sequences): a fresh block file starts at
+    /// a random block, not at the range's start.
+    #[test]
+    fn a_wiped_allocator_does_not_hand_out_its_old_ids_again() {
+        let range = shard_range();
+        let mut firsts = std::collections::HashSet::new();
+        for _ in 0..8 {
+            let dir = tempfile::tempdir_in(crate::storage::test_dir_root()).unwrap();
+            let mut file = ProducerIdBlockFile::open(dir.path(), 2, range).unwrap();
+            let (pid, _) = granted(file.init_producer_id(None, V4, 0).unwrap());
+            assert!(range.contains(pid.get()));
+            assert!(
+                pid.get() < range.start + (range.end - range.start) / 2 + PRODUCER_ID_BLOCK_SIZE
+            );
+            firsts.insert(pid);
+        }
+        assert!(firsts.len() > 1, "every fresh start handed out {firsts:?}");
     }
 
     #[test]
