@@ -7,6 +7,9 @@
 //! [`PRODUCER_ID_BLOCK_SIZE`]: before the first id of a block is handed out, the end of
 //! the block is written durably; after a restart allocation resumes at that end, so ids
 //! handed out before a crash are never handed out again (at most one block is skipped).
+//! Without a block file (a new node, or one back with a wiped data dir) an allocator
+//! starts at a random block of the first half of its range, not at its start, so a
+//! wiped node does not hand out again the ids its producers still hold.
 //!
 //! Block file (`producer-id-block.<shard>` in the data dir), 28 bytes, big-endian:
 //!
