@@ -147,66 +147,10 @@ impl ShardCall for FetchCall {
                 Ok(p) if r.topic_id != 0 && p.topic_id != 0 && p.topic_id != r.topic_id => {
                     FetchOutcome::refused(crate::errors::UNKNOWN_TOPIC_ID)
                 }
-                // A consumer's last fetched epoch is checked too (Kafka's readRecords does it
-                // for every fetch): a client that sends it (KIP-320) learns of a truncated
-                // tail as a diverging epoch, not OFFSET_OUT_OF_RANGE and a reset.
-                Ok(p) if p.replica().is_leader() => {
-                    match p.diverging(r.offset, r.last_fetched_epoch) {
-                        Some(diverging) => p.diverged(diverging, r.current_epoch),
-                        None => match self.read_replica(&shard, &p, r) {
-                            Some(node) => p.redirected(node, r.current_epoch),
-                            None => {
-                                let read = p.fetch_within(
-                                    r.offset,
-                                    self.reader,
-                                    r.current_epoch,
-                                    max_bytes,
-                                    hard_max_bytes,
-                                    now_ms(),
-                                );
-                                let read = read.await;
-                                if let ReadFor::Follower(node, _) = self.reader
-                                    && read.error == crate::errors::NONE
-                                {
-                                    p.follower_log_start(node, r.log_start);
-                                }
-                                read
-                            }
-                        },
-                    }
+                Ok(p) => {
+                    self.read_one(&shard, &p, r, (max_bytes, hard_max_bytes))
+                        .await
                 }
-                Ok(p) => match self.reader {
-                    ReadFor::Consumer(isolation) if self.client.followers_may_serve => {
-                        match p.diverging(r.offset, r.last_fetched_epoch) {
-                            Some(diverging) => p.diverged(diverging, r.current_epoch),
-                            None => {
-                                let sizes = (max_bytes, hard_max_bytes);
-                                let read = p.fetch_as_follower(
-                                    r.offset,
-                                    isolation,
-                                    r.current_epoch,
-                                    sizes,
-                                    now_ms(),
-                                );
-                                let mut read = read.await;
-                                read.from_follower = true;
-                                read
-                            }
-                        }
-                    }
-                    // Refused there (NOT_LEADER_OR_FOLLOWER, or the epoch's error).
-                    _ => {
-                        let read = p.fetch_within(
-                            r.offset,
-                            self.reader,
-                            r.current_epoch,
-                            max_bytes,
-                            hard_max_bytes,
-                            now_ms(),
-                        );
-                        read.await
-                    }
-                },
                 Err(code) => FetchOutcome::refused(code),
             };
             let got = outcome.bytes();
@@ -220,6 +164,61 @@ impl ShardCall for FetchCall {
 }
 
 impl FetchCall {
+    /// One partition's read on its owner, by role: a leader reads (or, KIP-392, sends a
+    /// consumer to a closer replica); a follower serves a consumer's Fetch v11+ from its
+    /// own log; any other read is refused by `fetch_within`'s checks
+    /// (NOT_LEADER_OR_FOLLOWER, or the epoch's error).
+    async fn read_one(
+        &self,
+        shard: &Shard,
+        p: &crate::partition::Partition,
+        r: &FetchRead,
+        (max_bytes, hard_max_bytes): (usize, usize),
+    ) -> FetchOutcome {
+        let leads = p.replica().is_leader();
+        let serving_consumer = match self.reader {
+            ReadFor::Consumer(isolation) if !leads && self.client.followers_may_serve => {
+                Some(isolation)
+            }
+            _ => None,
+        };
+        // A consumer's last fetched epoch is checked too (Kafka's readRecords does it for
+        // every fetch, on a follower serving it as well): a client that sends it (KIP-320)
+        // learns of a truncated tail as a diverging epoch, not OFFSET_OUT_OF_RANGE and a
+        // reset.
+        if (leads || serving_consumer.is_some())
+            && let Some(diverging) = p.diverging(r.offset, r.last_fetched_epoch)
+        {
+            return p.diverged(diverging, r.current_epoch);
+        }
+        if let Some(isolation) = serving_consumer {
+            let sizes = (max_bytes, hard_max_bytes);
+            let read = p.fetch_as_follower(r.offset, isolation, r.current_epoch, sizes, now_ms());
+            let mut read = read.await;
+            read.from_follower = true;
+            return read;
+        }
+        if leads && let Some(node) = self.read_replica(shard, p, r) {
+            return p.redirected(node, r.current_epoch);
+        }
+        let read = p.fetch_within(
+            r.offset,
+            self.reader,
+            r.current_epoch,
+            max_bytes,
+            hard_max_bytes,
+            now_ms(),
+        );
+        let read = read.await;
+        if leads
+            && let ReadFor::Follower(node, _) = self.reader
+            && read.error == crate::errors::NONE
+        {
+            p.follower_log_start(node, r.log_start);
+        }
+        read
+    }
+
     /// KIP-392 on a leader: the replica `r`'s consumer should read from instead, if the
     /// rack-aware selector is on, the client gave its rack and a closer in-sync replica
     /// holds its offset (see [`crate::partition::replica::ReplicaState::read_replica_for`]).
