@@ -94,7 +94,7 @@ FLOORS_ONLY=${FLOORS_ONLY:-0}
 if [ "$FLOORS_ONLY" != 1 ]; then
 echo "== weir --shards $SHARDS"
 mkdir -p "$WORK/data"
-"$BIN/weir" serve --data-dir "$WORK/data" --listen 127.0.0.1:0 --shards "$SHARDS" \
+"$BIN/weir" serve --data-dir "$WORK/data" --listen 127.0.0.1:0 --shards "$SHARDS" ${WEIR_ARGS:-} \
     > "$WORK/weir.log" 2>&1 &
 WEIR_PID=$!
 for _ in $(seq 1 200); do grep -q "listening on" "$WORK/weir.log" && break; sleep 0.05; done

@@ -350,6 +350,10 @@ pub struct Config {
     /// weir's `log.index.cache.bytes`: sealed segments' index entries the node keeps in
     /// memory (split evenly per shard); the rest are read from their files when needed.
     pub log_index_cache_bytes: u64,
+    /// weir's `log.tail.cache.max.bytes`: recently appended batches all the node's logs
+    /// keep in memory together (split evenly per shard), oldest out first; weir's stand-in
+    /// for the page cache that O_DIRECT bypasses. Default an eighth of the memory.
+    pub log_tail_cache_max_bytes: u64,
     /// All raw properties, for keys passed through to topic defaults.
     pub props: Properties,
     /// `max.partitions`, `max.partitions.per.request`, `max.open.partitions` (weir's own).
@@ -555,6 +559,10 @@ impl Config {
             log_index_cache_bytes: props.parse_num(
                 &["log.index.cache.bytes"],
                 crate::storage::INDEX_CACHE_BYTES_DEFAULT,
+            )?,
+            log_tail_cache_max_bytes: props.parse_num(
+                &["log.tail.cache.max.bytes"],
+                crate::storage::node_tail_cache_bytes_default(),
             )?,
             partition_limits: PartitionLimits::resolve(&props)?,
             queued_max_request_bytes: props.parse_num(
@@ -1302,6 +1310,7 @@ mod tests {
             ("log.index.cache.bytes", "64MB"),
             ("log.index.cache.bytes", "-1"),
             ("log.tail.cache.bytes", "64MB"),
+            ("log.tail.cache.max.bytes", "-1"),
             ("log.read.ahead.bytes", "-1"),
             ("log.roll.hours", "0"),
             ("log.preallocate", "yes"),

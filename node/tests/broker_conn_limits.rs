@@ -419,7 +419,14 @@ fn memory_of_a_burst_of_large_produces_is_given_back() {
     let max_message = (BURST_BATCH_BYTES + (1 << 20)).to_string();
     let broker = Broker::start(
         2,
-        &[("message.max.bytes", &max_message), ("num.partitions", "2")],
+        &[
+            ("message.max.bytes", &max_message),
+            ("num.partitions", "2"),
+            // Logs keep recent batches in memory by design (an eighth of the machine's
+            // memory by default): bounded small here, so what is measured is what the
+            // requests held.
+            ("log.tail.cache.max.bytes", "8388608"),
+        ],
     );
     let pid = broker.pid();
     let mut warm = broker.client();

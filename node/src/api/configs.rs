@@ -269,6 +269,7 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
         "fetch.max.bytes" => c.fetch_max_bytes.to_string(),
         "fetch.response.buffer.max.bytes" => c.fetch_response_buffer_max_bytes.to_string(),
         "log.index.cache.bytes" => c.log_index_cache_bytes.to_string(),
+        "log.tail.cache.max.bytes" => c.log_tail_cache_max_bytes.to_string(),
         "log.flush.on.ack" => c.flush_on_ack.to_string(),
         "log.retention.bytes" | "retention.bytes" => c.retention_bytes.to_string(),
         "log.retention.ms" | "retention.ms" => c.retention_ms.to_string(),

@@ -30,6 +30,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "log.dirs",
     "log.flush.on.ack",
     "log.index.cache.bytes",
+    "log.tail.cache.max.bytes",
     "log.message.timestamp.after.max.ms",
     "log.message.timestamp.before.max.ms",
     "log.message.timestamp.type",

@@ -27,6 +27,8 @@ pub const HIGH_WATERMARKS_MAX: usize = 100_000;
 pub struct ShardSnapshot {
     /// Segment files open in this shard's partition logs.
     pub open_files: u64,
+    /// Bytes of recent batches this shard's logs hold in memory (their tail caches).
+    pub tail_cache_bytes: u64,
     /// Partitions led here whose ISR is smaller than their replica set.
     pub under_replicated: u64,
     /// The HW of each open partition of this shard (group lag = HW − committed).
@@ -66,11 +68,16 @@ pub fn render(shards: &[ShardMetrics], out: &mut String) {
         .iter()
         .filter_map(|s| s.snapshot.lock().ok())
         .collect();
-    let per_shard: [Family<ShardSnapshot, u64>; 3] = [
+    let per_shard: [Family<ShardSnapshot, u64>; 4] = [
         (
             "weir_open_segment_files",
             "Segment files open in partition logs, by shard.",
             |s| s.open_files,
+        ),
+        (
+            "weir_log_tail_cache_bytes",
+            "Bytes of recently appended batches held in memory by partition logs, by shard (bounded by log.tail.cache.max.bytes).",
+            |s| s.tail_cache_bytes,
         ),
         (
             "weir_under_replicated_partitions",

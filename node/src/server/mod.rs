@@ -613,6 +613,7 @@ async fn run_shard(start: ShardStart) -> anyhow::Result<()> {
         None => share.max(crate::storage::INDEX_CACHE_SHARD_BYTES_MIN),
     };
     crate::storage::set_shard_index_cache_bytes(share);
+    crate::storage::set_shard_cache_budget(node.config.log_tail_cache_max_bytes / shards);
     if let Err(e) = crate::storage::prime_dma_probe(&node.config.data_dir).await {
         let _ = ready.send(Err(anyhow::anyhow!("DMA probe failed: {e}")));
         return Err(e.into());

@@ -179,7 +179,10 @@ impl Shard {
     /// The gauges computed from the shard's own state (see `metrics::snapshot`), bounded
     /// in series per shard.
     fn compute_snapshot(&self) -> ShardSnapshot {
-        let mut snap = ShardSnapshot::default();
+        let mut snap = ShardSnapshot {
+            tail_cache_bytes: crate::storage::shard_cached_bytes(),
+            ..ShardSnapshot::default()
+        };
         let now = now_ms();
         for (tp, p) in self.partitions.borrow().iter() {
             snap.open_files += p.log.open_files() as u64;

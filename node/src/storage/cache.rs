@@ -1,125 +1,320 @@
-//! [`TailCache`]: the most recently appended batches, in memory, so that fetches of the
-//! tail (consumers and followers that keep up) never touch the disk, and so that batches
-//! whose DMA write is still pending are readable.
+//! [`TailCache`]: the most recently appended batches, in memory, so that fetches of recent
+//! data (consumers and followers that keep up, or are a little behind) never touch the
+//! disk, and so that batches whose DMA write is still pending are readable.
+//!
+//! weir writes with O_DIRECT, so the kernel's page cache does not hold what was just
+//! written, as it does for Kafka. These caches stand in for it: every log's cache is
+//! bounded by its own `log.tail.cache.bytes`, and all caches of one shard together by the
+//! shard's share of the node's `log.tail.cache.max.bytes`. When the shard is over its share,
+//! the batches appended longest ago leave first, whichever log holds them (one queue of
+//! every push on the shard, in order), so an idle partition's old batches do not keep a
+//! busy one from caching. A batch not yet written never leaves.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::{Rc, Weak};
 
 use bytes::Bytes;
 use wire::Offset;
 
-/// Default bound on the bytes all tail caches of one shard hold together.
+/// Default bound on the bytes all tail caches of one shard hold together, before the
+/// node's `log.tail.cache.max.bytes` sets the shard's share.
 pub const SHARD_CACHE_BYTES_DEFAULT: u64 = 256 << 20;
 
-thread_local! {
-    /// Bytes held by every tail cache on this shard (thread), and their bound. Per shard,
-    /// not per partition, so thousands of partitions do not each keep their own megabytes.
-    static SHARD_CACHED: Cell<u64> = const { Cell::new(0) };
-    static SHARD_BUDGET: Cell<u64> = const { Cell::new(SHARD_CACHE_BYTES_DEFAULT) };
+/// The node's default `log.tail.cache.max.bytes`: an eighth of the memory the process may
+/// use (the machine's, or a smaller cgroup limit), at least [`SHARD_CACHE_BYTES_DEFAULT`].
+/// Kafka has the page cache (all free memory) for this; an eighth leaves the rest to
+/// requests, fetch answers, indexes and the machine's other processes.
+pub fn node_cache_bytes_default() -> u64 {
+    let physical = physical_memory_bytes().unwrap_or(8 << 30);
+    let limit = cgroup_memory_limit().map_or(physical, |l| l.min(physical));
+    (limit / 8).max(SHARD_CACHE_BYTES_DEFAULT)
 }
 
-/// Sets the bound on the bytes all tail caches of the calling shard hold together.
-pub fn set_shard_cache_budget(bytes: u64) {
-    SHARD_BUDGET.with(|b| b.set(bytes));
+fn physical_memory_bytes() -> Option<u64> {
+    // SAFETY: sysconf reads a system constant; it has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
 }
 
-/// Bytes all tail caches of the calling shard hold now.
-pub fn shard_cached_bytes() -> u64 {
-    SHARD_CACHED.with(Cell::get)
+/// cgroup v2's `memory.max` of this process's group, when it is a number ("max" and a
+/// missing file mean none).
+fn cgroup_memory_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let file = format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'));
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
-fn shard_add(bytes: u64) {
-    SHARD_CACHED.with(|c| c.set(c.get() + bytes));
-}
-
-fn shard_sub(bytes: u64) {
-    SHARD_CACHED.with(|c| c.set(c.get().saturating_sub(bytes)));
-}
-
-fn shard_over_budget() -> bool {
-    SHARD_CACHED.with(Cell::get) > SHARD_BUDGET.with(Cell::get)
-}
-
+/// One batch (or a follower's run of batches) and its place in the shard's queue.
 struct Entry {
     base: Offset,
     last: Offset,
     bytes: Bytes,
+    /// Push order on this shard: increasing within a log and across logs.
+    seq: u64,
+}
+
+/// A log's batches; shared (weakly) with the shard's queue so that the shard can evict
+/// the oldest batch of whichever log holds it.
+struct Core {
+    entries: VecDeque<Entry>,
+    bytes: u64,
+    capacity_bytes: u64,
+    /// Offsets below this are on disk: only their batches may leave.
+    written_next: Offset,
+}
+
+impl Core {
+    fn holds(&self, seq: u64) -> bool {
+        self.entries.binary_search_by_key(&seq, |e| e.seq).is_ok()
+    }
+}
+
+/// Every cache of one shard: the bytes they hold, their bound, and every push in order.
+struct Shard {
+    cached: u64,
+    budget: u64,
+    /// Pushes, oldest first. An entry whose batch already left (evicted by its own log's
+    /// bound, cut, or its log closed) stays until it reaches the front or a compaction.
+    order: VecDeque<(u64, Weak<RefCell<Core>>)>,
+    /// Batches held by every cache of the shard (what `order` would hold if compacted).
+    live: usize,
+}
+
+/// `order` is compacted once it holds this many more entries than there are batches
+/// (and twice as many), so stale entries cost memory in proportion to live ones.
+const ORDER_SLACK_MIN: usize = 1024;
+
+thread_local! {
+    static SHARD: RefCell<Shard> = const {
+        RefCell::new(Shard {
+            cached: 0,
+            budget: SHARD_CACHE_BYTES_DEFAULT,
+            order: VecDeque::new(),
+            live: 0,
+        })
+    };
+    static NEXT_SEQ: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Sets the bound on the bytes all tail caches of the calling shard hold together.
+pub fn set_shard_cache_budget(bytes: u64) {
+    SHARD.with(|s| s.borrow_mut().budget = bytes);
+}
+
+/// Bytes all tail caches of the calling shard hold now.
+pub fn shard_cached_bytes() -> u64 {
+    SHARD.with(|s| s.borrow().cached)
+}
+
+/// Batches leave a log other than by the shard's queue (its own bound, a cut, a close).
+fn shard_forget(bytes: u64, batches: usize) {
+    SHARD.with(|s| {
+        let mut s = s.borrow_mut();
+        s.cached = s.cached.saturating_sub(bytes);
+        s.live = s.live.saturating_sub(batches);
+    });
+}
+
+/// Evicts the shard's oldest written batches, whichever log holds them, until the shard
+/// is within its budget or its oldest batch is not written yet. Call with no log's cache
+/// borrowed.
+fn shard_evict() {
+    SHARD.with(|s| {
+        let mut s = s.borrow_mut();
+        while s.cached > s.budget {
+            let Some((seq, core)) = s.order.front().map(|(q, w)| (*q, w.upgrade())) else {
+                break;
+            };
+            let Some(core) = core else {
+                s.order.pop_front();
+                continue;
+            };
+            let Ok(mut c) = core.try_borrow_mut() else {
+                break;
+            };
+            let front = c.entries.front().map(|e| (e.seq, e.last));
+            match front {
+                Some((front_seq, last)) if front_seq == seq => {
+                    if last >= c.written_next {
+                        // The oldest batch of the shard is still pending its write.
+                        break;
+                    }
+                    if let Some(e) = c.entries.pop_front() {
+                        let len = e.bytes.len() as u64;
+                        c.bytes -= len;
+                        s.cached = s.cached.saturating_sub(len);
+                        s.live = s.live.saturating_sub(1);
+                    }
+                    s.order.pop_front();
+                }
+                // Gone already (the log's own bound, a cut): a stale entry.
+                _ => {
+                    debug_assert!(front.is_none_or(|(q, _)| q > seq), "queue out of order");
+                    s.order.pop_front();
+                }
+            }
+        }
+    });
+}
+
+/// Drops stale entries from the shard's queue once they outnumber live ones.
+fn shard_compact_if_stale() {
+    SHARD.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.order.len() <= (2 * s.live).max(s.live + ORDER_SLACK_MIN) {
+            return;
+        }
+        s.order.retain(|(seq, w)| {
+            w.upgrade()
+                .is_some_and(|c| c.try_borrow().map_or(true, |c| c.holds(*seq)))
+        });
+    });
 }
 
 /// Batches in offset order. Invariant: every batch not yet written to disk is here, so a
 /// read below the first cached offset only needs bytes already on disk.
 pub struct TailCache {
-    entries: VecDeque<Entry>,
-    bytes: u64,
-    capacity_bytes: u64,
+    core: Rc<RefCell<Core>>,
 }
 
 impl TailCache {
-    pub fn new(capacity_bytes: u64) -> TailCache {
+    pub fn new(capacity_bytes: u64, written_next: Offset) -> TailCache {
         TailCache {
-            entries: VecDeque::new(),
-            bytes: 0,
-            capacity_bytes,
+            core: Rc::new(RefCell::new(Core {
+                entries: VecDeque::new(),
+                bytes: 0,
+                capacity_bytes,
+                written_next,
+            })),
         }
     }
 
     pub fn push(&mut self, base: Offset, last: Offset, bytes: Bytes) {
-        debug_assert!(self.entries.back().is_none_or(|e| e.last < base));
-        self.bytes += bytes.len() as u64;
-        shard_add(bytes.len() as u64);
-        self.entries.push_back(Entry { base, last, bytes });
+        let seq = NEXT_SEQ.with(|n| {
+            let seq = n.get();
+            n.set(seq + 1);
+            seq
+        });
+        let len = bytes.len() as u64;
+        {
+            let mut c = self.core.borrow_mut();
+            debug_assert!(c.entries.back().is_none_or(|e| e.last < base));
+            c.bytes += len;
+            c.entries.push_back(Entry {
+                base,
+                last,
+                bytes,
+                seq,
+            });
+        }
+        SHARD.with(|s| {
+            let mut s = s.borrow_mut();
+            s.cached += len;
+            s.live += 1;
+            s.order.push_back((seq, Rc::downgrade(&self.core)));
+        });
+        shard_compact_if_stale();
     }
 
-    /// Drops the oldest batches while this cache is over its capacity or the shard over
-    /// its budget, but only batches already written (offsets below `written_next`).
+    /// Notes that offsets below `written_next` are on disk, then drops the oldest written
+    /// batches while this cache is over its own capacity, and the shard's oldest written
+    /// batches (of any log) while the shard is over its budget.
     pub fn evict(&mut self, written_next: Offset) {
-        while self.bytes > self.capacity_bytes || (self.bytes > 0 && shard_over_budget()) {
-            match self.entries.front() {
-                Some(e) if e.last < written_next => {
-                    let _ = self.pop_front();
+        let (bytes, batches) = {
+            let mut c = self.core.borrow_mut();
+            c.written_next = c.written_next.max(written_next);
+            let (mut bytes, mut batches) = (0, 0);
+            while c.bytes > c.capacity_bytes {
+                match c.entries.front() {
+                    Some(e) if e.last < c.written_next => {
+                        let len = e.bytes.len() as u64;
+                        c.entries.pop_front();
+                        c.bytes -= len;
+                        bytes += len;
+                        batches += 1;
+                    }
+                    _ => break,
                 }
-                _ => break,
             }
-        }
+            (bytes, batches)
+        };
+        shard_forget(bytes, batches);
+        shard_evict();
     }
 
-    fn pop_front(&mut self) -> Option<Entry> {
-        let e = self.entries.pop_front()?;
-        self.bytes -= e.bytes.len() as u64;
-        shard_sub(e.bytes.len() as u64);
-        Some(e)
+    /// Removes entries from the back while `cut` says so; returns what they held.
+    fn cut_back(&mut self, cut: impl Fn(&Entry) -> bool) {
+        let (bytes, batches) = {
+            let mut c = self.core.borrow_mut();
+            let (mut bytes, mut batches) = (0, 0);
+            while let Some(e) = c.entries.back() {
+                if !cut(e) {
+                    break;
+                }
+                let len = e.bytes.len() as u64;
+                c.entries.pop_back();
+                c.bytes -= len;
+                bytes += len;
+                batches += 1;
+            }
+            (bytes, batches)
+        };
+        shard_forget(bytes, batches);
     }
 
-    /// Drops batches holding offsets `>= next` (log truncation).
+    /// Drops batches holding offsets `>= next` (log truncation). What stays is below
+    /// `next`; offsets from `next` on are not written until appended again.
     pub fn truncate(&mut self, next: Offset) {
-        while let Some(e) = self.entries.back() {
-            if e.last < next {
-                break;
-            }
-            let len = e.bytes.len() as u64;
-            self.bytes -= len;
-            shard_sub(len);
-            self.entries.pop_back();
-        }
+        self.cut_back(|e| e.last >= next);
+        let mut c = self.core.borrow_mut();
+        c.written_next = c.written_next.min(next);
     }
 
     /// Drops batches holding only offsets below `next` (the log cleaner rewrote them on
     /// disk; reads there must see the cleaned segment). They are written, being sealed.
     pub fn drop_below(&mut self, next: Offset) {
-        while self.entries.front().is_some_and(|e| e.last < next) {
-            let _ = self.pop_front();
-        }
+        let (bytes, batches) = {
+            let mut c = self.core.borrow_mut();
+            let (mut bytes, mut batches) = (0, 0);
+            while c.entries.front().is_some_and(|e| e.last < next) {
+                if let Some(e) = c.entries.pop_front() {
+                    let len = e.bytes.len() as u64;
+                    c.bytes -= len;
+                    bytes += len;
+                    batches += 1;
+                }
+            }
+            (bytes, batches)
+        };
+        shard_forget(bytes, batches);
     }
 
-    pub fn clear(&mut self) {
-        shard_sub(self.bytes);
-        self.entries.clear();
-        self.bytes = 0;
+    /// Drops every batch; the log's offsets below `written_next` are on disk.
+    pub fn clear(&mut self, written_next: Offset) {
+        self.cut_back(|_| true);
+        self.core.borrow_mut().written_next = written_next;
     }
 
     /// Whether a read at `start` can be served entirely from memory.
     pub fn covers(&self, start: Offset) -> bool {
-        self.entries.front().is_some_and(|e| e.base <= start)
+        self.core
+            .borrow()
+            .entries
+            .front()
+            .is_some_and(|e| e.base <= start)
+    }
+
+    /// Bytes this log's cache holds.
+    #[cfg(test)]
+    pub fn bytes(&self) -> u64 {
+        self.core.borrow().bytes
     }
 
     /// Whole batches from the one holding `start`, as a fetch wants them (see
@@ -131,10 +326,11 @@ impl TailCache {
         hard_max_bytes: usize,
         upper_bound: Offset,
     ) -> Vec<Bytes> {
-        let first = self.entries.partition_point(|e| e.last < start);
+        let c = self.core.borrow();
+        let first = c.entries.partition_point(|e| e.last < start);
         let mut out = Vec::new();
         let mut total = 0usize;
-        for e in self.entries.range(first..) {
+        for e in c.entries.range(first..) {
             if e.last >= upper_bound {
                 break;
             }
@@ -151,7 +347,7 @@ impl TailCache {
     /// The first cached batch ending at or after `log_start` whose max timestamp is
     /// `>= timestamp`, by reading headers.
     pub fn find_time(&self, timestamp: i64, log_start: Offset) -> Option<(Offset, i64)> {
-        self.entries.iter().find_map(|e| {
+        self.core.borrow().entries.iter().find_map(|e| {
             let h = wire::batch::read_header(&e.bytes).ok()?;
             (h.max_timestamp() >= timestamp && e.last >= log_start)
                 .then(|| (e.base, h.max_timestamp()))
@@ -161,7 +357,8 @@ impl TailCache {
 
 impl Drop for TailCache {
     fn drop(&mut self) {
-        shard_sub(self.bytes);
+        let c = self.core.borrow();
+        shard_forget(c.bytes, c.entries.len());
     }
 }
 
@@ -173,54 +370,144 @@ mod tests {
         (Offset(base), Offset(base), Bytes::from(vec![0u8; len]))
     }
 
+    /// Runs `f` on a thread of its own, so the shard's thread-local state is fresh.
+    fn on_fresh_shard<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(f).join().expect("test thread")
+    }
+
     #[test]
     fn never_evicts_unwritten_batches_and_counts_per_shard() {
-        let before = shard_cached_bytes();
-        let mut c = TailCache::new(100);
-        for i in 0..5 {
-            let (b, l, bytes) = entry(i, 60);
-            c.push(b, l, bytes);
-        }
-        assert_eq!(shard_cached_bytes(), before + 300);
-        c.evict(Offset(2)); // offsets 0 and 1 written
-        assert!(!c.covers(Offset(1)));
-        assert!(
-            c.covers(Offset(2)),
-            "unwritten batches stay even over capacity"
-        );
-        c.evict(Offset(5));
-        assert_eq!(
-            c.read(Offset(0), usize::MAX, usize::MAX, Offset(10)).len(),
-            1
-        );
-        c.truncate(Offset(4));
-        assert!(!c.covers(Offset(4)));
-        drop(c);
-        assert_eq!(shard_cached_bytes(), before);
+        on_fresh_shard(|| {
+            let mut c = TailCache::new(100, Offset(0));
+            for i in 0..5 {
+                let (b, l, bytes) = entry(i, 60);
+                c.push(b, l, bytes);
+            }
+            assert_eq!(shard_cached_bytes(), 300);
+            c.evict(Offset(2)); // offsets 0 and 1 written
+            assert!(!c.covers(Offset(1)));
+            assert!(
+                c.covers(Offset(2)),
+                "unwritten batches stay even over capacity"
+            );
+            c.evict(Offset(5));
+            assert_eq!(
+                c.read(Offset(0), usize::MAX, usize::MAX, Offset(10)).len(),
+                1
+            );
+            c.truncate(Offset(4));
+            assert!(!c.covers(Offset(4)));
+            drop(c);
+            assert_eq!(shard_cached_bytes(), 0);
+        });
     }
 
     #[test]
     fn reads_stop_at_the_soft_limit_after_the_first_batch_and_never_pass_the_hard_one() {
-        let mut c = TailCache::new(1 << 20);
-        for i in 0..3 {
-            let (b, l, bytes) = entry(i, 100);
-            c.push(b, l, bytes);
-        }
-        let upper = Offset(3);
-        assert_eq!(
-            c.read(Offset(0), 10, usize::MAX, upper).len(),
-            1,
-            "first batch whole"
-        );
-        assert_eq!(c.read(Offset(0), 250, usize::MAX, upper).len(), 2);
-        assert!(
-            c.read(Offset(0), 10, 99, upper).is_empty(),
-            "hard limit binds the first"
-        );
-        assert_eq!(
-            c.read(Offset(0), 300, 250, upper).len(),
-            2,
-            "hard limit binds later ones"
-        );
+        on_fresh_shard(|| {
+            let mut c = TailCache::new(1 << 20, Offset(0));
+            for i in 0..3 {
+                let (b, l, bytes) = entry(i, 100);
+                c.push(b, l, bytes);
+            }
+            let upper = Offset(3);
+            assert_eq!(
+                c.read(Offset(0), 10, usize::MAX, upper).len(),
+                1,
+                "first batch whole"
+            );
+            assert_eq!(c.read(Offset(0), 250, usize::MAX, upper).len(), 2);
+            assert!(
+                c.read(Offset(0), 10, 99, upper).is_empty(),
+                "hard limit binds the first"
+            );
+            assert_eq!(
+                c.read(Offset(0), 300, 250, upper).len(),
+                2,
+                "hard limit binds later ones"
+            );
+        });
+    }
+
+    #[test]
+    fn over_the_shard_budget_the_oldest_batches_of_any_log_leave_first() {
+        on_fresh_shard(|| {
+            set_shard_cache_budget(1_000);
+            let mut idle = TailCache::new(u64::MAX, Offset(0));
+            let mut busy = TailCache::new(u64::MAX, Offset(0));
+            for i in 0..5 {
+                let (b, l, bytes) = entry(i, 100);
+                idle.push(b, l, bytes);
+            }
+            idle.evict(Offset(5));
+            assert_eq!(idle.bytes(), 500, "within the budget: all kept");
+            for i in 0..8 {
+                let (b, l, bytes) = entry(i, 100);
+                busy.push(b, l, bytes);
+                busy.evict(Offset(i + 1));
+            }
+            // 1,300 bytes pushed, 1,000 allowed: the idle log's three oldest went, not
+            // the busy log's own.
+            assert_eq!(shard_cached_bytes(), 1_000);
+            assert_eq!(idle.bytes(), 200);
+            assert!(!idle.covers(Offset(2)) && idle.covers(Offset(3)));
+            assert_eq!(busy.bytes(), 800);
+            assert!(busy.covers(Offset(0)));
+            for i in 8..12 {
+                let (b, l, bytes) = entry(i, 100);
+                busy.push(b, l, bytes);
+                busy.evict(Offset(i + 1));
+            }
+            assert_eq!(idle.bytes(), 0, "the idle log's last batches went next");
+            assert!(busy.covers(Offset(2)) && !busy.covers(Offset(1)));
+            assert_eq!(shard_cached_bytes(), 1_000);
+        });
+    }
+
+    #[test]
+    fn the_shard_keeps_unwritten_batches_over_its_budget() {
+        on_fresh_shard(|| {
+            set_shard_cache_budget(150);
+            let mut a = TailCache::new(u64::MAX, Offset(0));
+            let mut b = TailCache::new(u64::MAX, Offset(0));
+            let (x, y, bytes) = entry(0, 100);
+            a.push(x, y, bytes);
+            let (x, y, bytes) = entry(0, 100);
+            b.push(x, y, bytes);
+            b.evict(Offset(1));
+            // a's batch is the shard's oldest and not written: nothing can leave before it.
+            assert_eq!(shard_cached_bytes(), 200);
+            assert!(a.covers(Offset(0)) && b.covers(Offset(0)));
+            a.evict(Offset(1));
+            assert!(!a.covers(Offset(0)), "written now, so it left");
+            assert!(b.covers(Offset(0)));
+            assert_eq!(shard_cached_bytes(), 100);
+        });
+    }
+
+    #[test]
+    fn stale_queue_entries_are_compacted_and_closed_logs_forgotten() {
+        on_fresh_shard(|| {
+            set_shard_cache_budget(u64::MAX);
+            // An idle log's batch at the queue's front, then a log whose own bound evicts
+            // every push: the queue would grow without bound without compaction.
+            let mut idle = TailCache::new(u64::MAX, Offset(0));
+            let (x, y, bytes) = entry(0, 10);
+            idle.push(x, y, bytes);
+            idle.evict(Offset(1));
+            let mut small = TailCache::new(10, Offset(0));
+            for i in 0..10_000 {
+                let (x, y, bytes) = entry(i, 10);
+                small.push(x, y, bytes);
+                small.evict(Offset(i + 1));
+            }
+            let queued = SHARD.with(|s| s.borrow().order.len());
+            assert!(queued <= 2 + ORDER_SLACK_MIN + 1, "queue holds {queued}");
+            assert_eq!(shard_cached_bytes(), 20);
+            drop(small);
+            drop(idle);
+            assert_eq!(shard_cached_bytes(), 0);
+            assert_eq!(SHARD.with(|s| s.borrow().live), 0);
+        });
     }
 }

@@ -53,8 +53,10 @@ pub struct LogConfig {
     /// default is false; weir's is true, because with O_DIRECT a write that has to
     /// allocate blocks waits for the allocation (see docs/PERFORMANCE.md "storage").
     pub preallocate: bool,
-    /// `log.tail.cache.bytes` (weir's own key): recently appended batches kept in memory
-    /// so that fetches of the tail never touch the disk.
+    /// `log.tail.cache.bytes` (weir's own key): recently appended batches this log keeps
+    /// in memory so that fetches of recent data never touch the disk. No bound of its own
+    /// by default: the shard's share of the node's `log.tail.cache.max.bytes` bounds every
+    /// log's together (`cache.rs`).
     pub tail_cache_bytes: u64,
     /// `log.read.ahead.bytes` (weir's own key): a disk read that continues the previous
     /// one starts reading the next window (at most this many bytes, and at most the
@@ -123,7 +125,7 @@ impl Default for LogConfig {
             message_timestamp_before_max_ms: i64::MAX,
             message_timestamp_after_max_ms: MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT,
             preallocate: true,
-            tail_cache_bytes: 4 << 20,
+            tail_cache_bytes: i64::MAX as u64,
             read_ahead_bytes: 8 << 20,
             cleanup_policy: CleanupPolicy {
                 delete: true,

@@ -400,7 +400,7 @@ impl Log {
             let doomed = std::mem::take(&mut st.segments).into_values().collect();
             st.segments.insert(offset, Segment::new(&self.dir, offset));
             st.pending.clear();
-            st.cache.clear();
+            st.cache.clear(offset);
             st.read_ahead.invalidate();
             st.log_start = offset;
             st.log_end = offset;
@@ -536,7 +536,8 @@ impl Log {
             let mut st = self.state.borrow_mut();
             st.roll(&self.dir);
             // Everything below the log end goes: nothing to serve from memory.
-            st.cache.clear();
+            let written = st.written_next;
+            st.cache.clear(written);
             st.read_ahead.invalidate();
             match st.active() {
                 Some(a) => (a.base, a.path("log")),
@@ -624,7 +625,8 @@ impl Log {
             st.closed = true;
             st.pending.clear();
             st.segments.clear();
-            st.cache.clear();
+            let written = st.written_next;
+            st.cache.clear(written);
             st.read_ahead.invalidate();
         }
         self.writer.set(None);

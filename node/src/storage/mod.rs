@@ -67,7 +67,10 @@ pub mod txn_index;
 mod writer;
 
 pub use atomic::{replace_unsynced, sync_dir, write_atomic, write_atomic_synced_later};
-pub use cache::{SHARD_CACHE_BYTES_DEFAULT, set_shard_cache_budget, shard_cached_bytes};
+pub use cache::{
+    SHARD_CACHE_BYTES_DEFAULT, node_cache_bytes_default as node_tail_cache_bytes_default,
+    set_shard_cache_budget, shard_cached_bytes,
+};
 pub use cleaner::{CleanBounds, CleanStats, CleanerBudget, keyless_records};
 pub use config::{CleanupPolicy, LogConfig, MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT};
 pub use error::{Result, StorageError};

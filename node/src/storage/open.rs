@@ -67,7 +67,7 @@ fn build(
         .values()
         .next_back()
         .map_or(log_start, |s| s.next_offset);
-    let cache = TailCache::new(config.tail_cache_bytes);
+    let cache = TailCache::new(config.tail_cache_bytes, log_end);
     let state = State {
         config,
         segments,
