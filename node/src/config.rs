@@ -352,7 +352,7 @@ pub struct Config {
     pub log_index_cache_bytes: u64,
     /// weir's `log.tail.cache.max.bytes`: recently appended batches all the node's logs
     /// keep in memory together (split evenly per shard), oldest out first; weir's stand-in
-    /// for the page cache that O_DIRECT bypasses. Default an eighth of the memory.
+    /// for the page cache that O_DIRECT bypasses. Default 512 MiB (less on a small machine).
     pub log_tail_cache_max_bytes: u64,
     /// All raw properties, for keys passed through to topic defaults.
     pub props: Properties,

@@ -221,7 +221,7 @@ fn range_in(body: &Bytes, slice: &Bytes) -> Option<Range<usize>> {
 /// a request carrying one batch for each of 2–3 partitions (what a client with a few
 /// partitions per broker sends) has pieces just under 1/2 or 1/3 of the frame, and each
 /// of them copied out cost one extra copy of every produced byte (issue 14).
-const PIN_FACTOR_MAX: usize = 4;
+pub(crate) const PIN_FACTOR_MAX: usize = 4;
 
 /// One buffer per partition with records. Zero-copy when this request is the only owner
 /// of its frame (the usual case for large produce requests) and the piece is at least

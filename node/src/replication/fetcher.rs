@@ -423,8 +423,13 @@ impl ReplicaFetcher {
         };
         if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
             let len = records.len() as u64;
+            // The log's tail cache keeps slices of what it appends: as for produced
+            // records, a slice that is a small part of its response's buffer is copied
+            // out, so that cached batches never pin much more memory than they hold.
+            let pin_max = len as usize * crate::api::produce::PIN_FACTOR_MAX;
             let (buf, copied) = match records.try_into_mut() {
-                Ok(unique) => (unique, 0),
+                Ok(unique) if unique.capacity() <= pin_max => (unique, 0),
+                Ok(unique) => (BytesMut::from(&unique[..]), len),
                 Err(shared) => (BytesMut::from(&shared[..]), len),
             };
             let (now, most) = self.appending.get();

@@ -21,14 +21,22 @@ use wire::Offset;
 /// node's `log.tail.cache.max.bytes` sets the shard's share.
 pub const SHARD_CACHE_BYTES_DEFAULT: u64 = 256 << 20;
 
-/// The node's default `log.tail.cache.max.bytes`: an eighth of the memory the process may
-/// use (the machine's, or a smaller cgroup limit), at least [`SHARD_CACHE_BYTES_DEFAULT`].
-/// Kafka has the page cache (all free memory) for this; an eighth leaves the rest to
-/// requests, fetch answers, indexes and the machine's other processes.
+/// The node's default `log.tail.cache.max.bytes`.
+pub const NODE_CACHE_BYTES_DEFAULT: u64 = 512 << 20;
+
+/// The node's default `log.tail.cache.max.bytes`: [`NODE_CACHE_BYTES_DEFAULT`], or an
+/// eighth of the memory the process may use (the machine's, or the smallest cgroup limit
+/// above it) when that is less.
+///
+/// Not more by default, although Kafka reads recent data from the page cache (all free
+/// memory): the memory a cache grows into is new to the process, and on the VMs measured
+/// faulting it in (the kernel zeroing every page) cost produce more than half again its
+/// CPU per byte until the cache was full (docs/PERFORMANCE.md). A node that serves
+/// consumers further behind sets more, and pays that once per start.
 pub fn node_cache_bytes_default() -> u64 {
     let physical = physical_memory_bytes().unwrap_or(8 << 30);
     let limit = cgroup_memory_limit().map_or(physical, |l| l.min(physical));
-    (limit / 8).max(SHARD_CACHE_BYTES_DEFAULT)
+    NODE_CACHE_BYTES_DEFAULT.min(limit / 8)
 }
 
 fn physical_memory_bytes() -> Option<u64> {
@@ -42,13 +50,30 @@ fn physical_memory_bytes() -> Option<u64> {
     (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
 }
 
-/// cgroup v2's `memory.max` of this process's group, when it is a number ("max" and a
-/// missing file mean none).
+/// The smallest memory limit of this process's cgroup and its ancestors: cgroup v2's
+/// `memory.max`, or v1's `memory.limit_in_bytes` ("max", v1's huge "unlimited" value and
+/// missing files mean none, the last by being above the machine's memory).
 fn cgroup_memory_limit() -> Option<u64> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let file = format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'));
-    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    let mut limits = Vec::new();
+    for line in own.lines() {
+        let (root, file, group) = if let Some(g) = line.strip_prefix("0::") {
+            ("/sys/fs/cgroup", "memory.max", g)
+        } else if let Some((_, g)) = line.split_once(":memory:") {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", g)
+        } else {
+            continue;
+        };
+        let mut path = std::path::PathBuf::from(root);
+        path.push(group.trim_start_matches('/'));
+        limits.extend(
+            path.ancestors()
+                .take_while(|p| p.starts_with(root))
+                .filter_map(|p| std::fs::read_to_string(p.join(file)).ok())
+                .filter_map(|v| v.trim().parse::<u64>().ok()),
+        );
+    }
+    limits.into_iter().min()
 }
 
 /// One batch (or a follower's run of batches) and its place in the shard's queue.
@@ -83,8 +108,14 @@ struct Shard {
     /// Pushes, oldest first. An entry whose batch already left (evicted by its own log's
     /// bound, cut, or its log closed) stays until it reaches the front or a compaction.
     order: VecDeque<(u64, Weak<RefCell<Core>>)>,
-    /// Batches held by every cache of the shard (what `order` would hold if compacted).
+    /// Batches held by every cache of the shard (what `order` and `parked` would hold if
+    /// compacted).
     live: usize,
+    /// Entries taken off `order` because their log's oldest batch is not written yet (so
+    /// none of its batches can leave): put back at the front by that log's next
+    /// [`TailCache::evict`]. One log whose write never comes (a failed log) so keeps only
+    /// its own batches, never the whole shard's.
+    parked: Vec<(u64, Weak<RefCell<Core>>)>,
 }
 
 /// `order` is compacted once it holds this many more entries than there are batches
@@ -98,6 +129,7 @@ thread_local! {
             budget: SHARD_CACHE_BYTES_DEFAULT,
             order: VecDeque::new(),
             live: 0,
+            parked: Vec::new(),
         })
     };
     static NEXT_SEQ: Cell<u64> = const { Cell::new(0) };
@@ -115,51 +147,80 @@ pub fn shard_cached_bytes() -> u64 {
 
 /// Batches leave a log other than by the shard's queue (its own bound, a cut, a close).
 fn shard_forget(bytes: u64, batches: usize) {
-    SHARD.with(|s| {
+    // `try_with`: a log dropped while the thread's locals are torn down has no shard left
+    // to tell.
+    let _ = SHARD.try_with(|s| {
         let mut s = s.borrow_mut();
+        debug_assert!(
+            s.cached >= bytes && s.live >= batches,
+            "shard cache accounting"
+        );
         s.cached = s.cached.saturating_sub(bytes);
         s.live = s.live.saturating_sub(batches);
     });
 }
 
 /// Evicts the shard's oldest written batches, whichever log holds them, until the shard
-/// is within its budget or its oldest batch is not written yet. Call with no log's cache
-/// borrowed.
+/// is within its budget. A log whose oldest batch is not written yet has nothing that may
+/// leave: its entries are parked until it writes. Call with no log's cache borrowed.
 fn shard_evict() {
     SHARD.with(|s| {
         let mut s = s.borrow_mut();
         while s.cached > s.budget {
-            let Some((seq, core)) = s.order.front().map(|(q, w)| (*q, w.upgrade())) else {
+            let Some((seq, weak)) = s.order.pop_front() else {
                 break;
             };
-            let Some(core) = core else {
-                s.order.pop_front();
+            let Some(core) = weak.upgrade() else {
                 continue;
             };
             let Ok(mut c) = core.try_borrow_mut() else {
+                s.order.push_front((seq, weak));
                 break;
             };
+            if !c.holds(seq) {
+                // Gone already (the log's own bound, a cut): a stale entry.
+                continue;
+            }
             let front = c.entries.front().map(|e| (e.seq, e.last));
             match front {
-                Some((front_seq, last)) if front_seq == seq => {
-                    if last >= c.written_next {
-                        // The oldest batch of the shard is still pending its write.
-                        break;
-                    }
+                Some((front_seq, last)) if front_seq == seq && last < c.written_next => {
                     if let Some(e) = c.entries.pop_front() {
                         let len = e.bytes.len() as u64;
                         c.bytes -= len;
+                        debug_assert!(s.cached >= len && s.live >= 1, "shard cache accounting");
                         s.cached = s.cached.saturating_sub(len);
                         s.live = s.live.saturating_sub(1);
                     }
-                    s.order.pop_front();
                 }
-                // Gone already (the log's own bound, a cut): a stale entry.
-                _ => {
-                    debug_assert!(front.is_none_or(|(q, _)| q > seq), "queue out of order");
-                    s.order.pop_front();
-                }
+                // The log's oldest batch is pending its write, so every batch it holds is:
+                // none may leave before it writes.
+                _ => s.parked.push((seq, weak)),
             }
+        }
+    });
+}
+
+/// Puts the parked entries of `core` back at the front of the shard's queue (they are
+/// older than what is there), oldest first: the log wrote, so its oldest may leave now.
+fn shard_unpark(core: &Rc<RefCell<Core>>) {
+    SHARD.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.parked.is_empty() {
+            return;
+        }
+        let me = Rc::downgrade(core);
+        let mut mine: Vec<(u64, Weak<RefCell<Core>>)> = Vec::new();
+        s.parked.retain(|(seq, w)| {
+            if w.ptr_eq(&me) {
+                mine.push((*seq, w.clone()));
+                false
+            } else {
+                true
+            }
+        });
+        mine.sort_unstable_by_key(|(seq, _)| *seq);
+        for entry in mine.into_iter().rev() {
+            s.order.push_front(entry);
         }
     });
 }
@@ -168,13 +229,15 @@ fn shard_evict() {
 fn shard_compact_if_stale() {
     SHARD.with(|s| {
         let mut s = s.borrow_mut();
-        if s.order.len() <= (2 * s.live).max(s.live + ORDER_SLACK_MIN) {
+        if s.order.len() + s.parked.len() <= (2 * s.live).max(s.live + ORDER_SLACK_MIN) {
             return;
         }
-        s.order.retain(|(seq, w)| {
+        let live = |(seq, w): &(u64, Weak<RefCell<Core>>)| {
             w.upgrade()
                 .is_some_and(|c| c.try_borrow().map_or(true, |c| c.holds(*seq)))
-        });
+        };
+        s.order.retain(live);
+        s.parked.retain(live);
     });
 }
 
@@ -246,6 +309,7 @@ impl TailCache {
             (bytes, batches)
         };
         shard_forget(bytes, batches);
+        shard_unpark(&self.core);
         shard_evict();
     }
 
@@ -277,8 +341,9 @@ impl TailCache {
         c.written_next = c.written_next.min(next);
     }
 
-    /// Drops batches holding only offsets below `next` (the log cleaner rewrote them on
-    /// disk; reads there must see the cleaned segment). They are written, being sealed.
+    /// Drops batches holding only offsets below `next`: the log cleaner rewrote them on
+    /// disk (reads there must see the cleaned segment), or the log start passed them
+    /// (nothing reads them again, written or not).
     pub fn drop_below(&mut self, next: Offset) {
         let (bytes, batches) = {
             let mut c = self.core.borrow_mut();
@@ -467,7 +532,7 @@ mod tests {
     #[test]
     fn the_shard_keeps_unwritten_batches_over_its_budget() {
         on_fresh_shard(|| {
-            set_shard_cache_budget(150);
+            set_shard_cache_budget(50);
             let mut a = TailCache::new(u64::MAX, Offset(0));
             let mut b = TailCache::new(u64::MAX, Offset(0));
             let (x, y, bytes) = entry(0, 100);
@@ -475,13 +540,44 @@ mod tests {
             let (x, y, bytes) = entry(0, 100);
             b.push(x, y, bytes);
             b.evict(Offset(1));
-            // a's batch is the shard's oldest and not written: nothing can leave before it.
-            assert_eq!(shard_cached_bytes(), 200);
-            assert!(a.covers(Offset(0)) && b.covers(Offset(0)));
+            // a's batch is the shard's oldest but not written: it stays, over the budget;
+            // b's, written, leaves.
+            assert_eq!(shard_cached_bytes(), 100);
+            assert!(a.covers(Offset(0)) && !b.covers(Offset(0)));
             a.evict(Offset(1));
             assert!(!a.covers(Offset(0)), "written now, so it left");
-            assert!(b.covers(Offset(0)));
-            assert_eq!(shard_cached_bytes(), 100);
+            assert_eq!(shard_cached_bytes(), 0);
+        });
+    }
+
+    #[test]
+    fn a_log_whose_write_never_comes_does_not_stop_the_others_from_evicting() {
+        on_fresh_shard(|| {
+            set_shard_cache_budget(1_000);
+            // `stuck` appends but never writes (a failed log): its batches are the shard's
+            // oldest and may never leave.
+            let mut stuck = TailCache::new(u64::MAX, Offset(0));
+            for i in 0..3 {
+                let (b, l, bytes) = entry(i, 100);
+                stuck.push(b, l, bytes);
+            }
+            let mut busy = TailCache::new(u64::MAX, Offset(0));
+            for i in 0..50 {
+                let (b, l, bytes) = entry(i, 100);
+                busy.push(b, l, bytes);
+                busy.evict(Offset(i + 1));
+            }
+            assert_eq!(shard_cached_bytes(), 1_000, "the busy log evicted its own");
+            assert!(stuck.covers(Offset(0)), "unwritten batches stay");
+            assert!(busy.covers(Offset(43)) && !busy.covers(Offset(42)));
+            // Written at last: the stuck log's batches are the oldest and leave first.
+            stuck.evict(Offset(3));
+            let (b, l, bytes) = entry(50, 100);
+            busy.push(b, l, bytes);
+            busy.evict(Offset(51));
+            assert!(!stuck.covers(Offset(0)));
+            assert!(busy.covers(Offset(43)), "{}", busy.bytes());
+            assert_eq!(shard_cached_bytes(), 1_000);
         });
     }
 

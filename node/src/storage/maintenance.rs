@@ -473,6 +473,8 @@ impl Log {
             let mut st = self.state.borrow_mut();
             st.log_start = new_start;
             st.read_ahead.invalidate();
+            // Nothing below the start is served again: memory for what is.
+            st.cache.drop_below(new_start);
             let bases: Vec<Offset> = st
                 .segments
                 .values()
