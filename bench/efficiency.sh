@@ -15,6 +15,7 @@
 #   IN_FLIGHT: produce requests in flight per connection (Kafka's default 5). With 5, a
 #   2-partition produce is bound by the round trip, not by a CPU or the disk
 #   (docs/PERFORMANCE.md, "Produce: the client's window").
+#   WEIR_ARGS="--set key=value ..."  passed to weir serve (e.g. log.tail.cache.max.bytes)
 #   FLOORS_ONLY=1 BUILD=0 bench/efficiency.sh   (only the fio and iperf3 lines, for other
 #                                                benches to print beside their numbers)
 set -euo pipefail
