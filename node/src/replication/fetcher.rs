@@ -424,11 +424,12 @@ impl ReplicaFetcher {
         if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
             let len = records.len() as u64;
             // The log's tail cache keeps slices of what it appends: as for produced
-            // records, a slice that is a small part of its response's buffer is copied
+            // records, a slice that is a small part of its response's frame is copied
             // out, so that cached batches never pin much more memory than they hold.
+            // (A unique slice's `capacity` does not tell: it counts from the slice on.)
             let pin_max = len as usize * crate::api::produce::PIN_FACTOR_MAX;
             let (buf, copied) = match records.try_into_mut() {
-                Ok(unique) if unique.capacity() <= pin_max => (unique, 0),
+                Ok(unique) if answer.frame_records_bytes <= pin_max => (unique, 0),
                 Ok(unique) => (BytesMut::from(&unique[..]), len),
                 Err(shared) => (BytesMut::from(&shared[..]), len),
             };
@@ -547,6 +548,9 @@ struct Answer {
     /// The leader's log start: this replica's follows it.
     log_start: Offset,
     records: Option<Bytes>,
+    /// Records bytes of the whole response these records are a slice of (about the size
+    /// of the frame they pin while the log's tail cache holds them).
+    frame_records_bytes: usize,
     diverging: Option<(LeaderEpoch, Offset)>,
 }
 
@@ -558,6 +562,12 @@ fn take_answers(
     names: &BTreeMap<u128, Arc<str>>,
 ) -> Vec<(TopicPartition, Answer)> {
     let mut out = Vec::new();
+    let frame_records_bytes = resp
+        .responses
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .filter_map(|p| p.records.as_ref().map(Bytes::len))
+        .sum();
     for t in resp.responses {
         let Some(name) = names.get(&t.topic_id.as_u128()) else {
             continue;
@@ -576,6 +586,7 @@ fn take_answers(
                     high_watermark: Offset(p.high_watermark),
                     log_start: Offset(p.log_start_offset),
                     records: p.records,
+                    frame_records_bytes,
                     diverging,
                 },
             ));

@@ -93,6 +93,12 @@ struct Core {
     capacity_bytes: u64,
     /// Offsets below this are on disk: only their batches may leave.
     written_next: Offset,
+    /// Push numbers of this log's batches the shard took off its queue while the log's
+    /// oldest batch was not written yet (none of them could leave): put back at the
+    /// queue's front by this log's next [`TailCache::evict`]. Kept here, not on the
+    /// shard, so a write costs only its own log's parked batches, and a log whose write
+    /// never comes (a failed log) keeps only its own batches, never the whole shard's.
+    parked: Vec<u64>,
 }
 
 impl Core {
@@ -108,14 +114,9 @@ struct Shard {
     /// Pushes, oldest first. An entry whose batch already left (evicted by its own log's
     /// bound, cut, or its log closed) stays until it reaches the front or a compaction.
     order: VecDeque<(u64, Weak<RefCell<Core>>)>,
-    /// Batches held by every cache of the shard (what `order` and `parked` would hold if
-    /// compacted).
+    /// Batches held by every cache of the shard: those in `order` (when compacted) and
+    /// those their logs parked.
     live: usize,
-    /// Entries taken off `order` because their log's oldest batch is not written yet (so
-    /// none of its batches can leave): put back at the front by that log's next
-    /// [`TailCache::evict`]. One log whose write never comes (a failed log) so keeps only
-    /// its own batches, never the whole shard's.
-    parked: Vec<(u64, Weak<RefCell<Core>>)>,
 }
 
 /// `order` is compacted once it holds this many more entries than there are batches
@@ -129,7 +130,6 @@ thread_local! {
             budget: SHARD_CACHE_BYTES_DEFAULT,
             order: VecDeque::new(),
             live: 0,
-            parked: Vec::new(),
         })
     };
     static NEXT_SEQ: Cell<u64> = const { Cell::new(0) };
@@ -194,33 +194,31 @@ fn shard_evict() {
                 }
                 // The log's oldest batch is pending its write, so every batch it holds is:
                 // none may leave before it writes.
-                _ => s.parked.push((seq, weak)),
+                _ => c.parked.push(seq),
             }
         }
     });
 }
 
-/// Puts the parked entries of `core` back at the front of the shard's queue (they are
-/// older than what is there), oldest first: the log wrote, so its oldest may leave now.
+/// Puts `core`'s parked batches back at the front of the shard's queue (they are older
+/// than most of what is there), oldest first: the log wrote, so its oldest may leave now.
 fn shard_unpark(core: &Rc<RefCell<Core>>) {
-    SHARD.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.parked.is_empty() {
+    let parked = {
+        let Ok(mut c) = core.try_borrow_mut() else {
+            return;
+        };
+        if c.parked.is_empty() {
             return;
         }
-        let me = Rc::downgrade(core);
-        let mut mine: Vec<(u64, Weak<RefCell<Core>>)> = Vec::new();
-        s.parked.retain(|(seq, w)| {
-            if w.ptr_eq(&me) {
-                mine.push((*seq, w.clone()));
-                false
-            } else {
-                true
-            }
-        });
-        mine.sort_unstable_by_key(|(seq, _)| *seq);
-        for entry in mine.into_iter().rev() {
-            s.order.push_front(entry);
+        let mut parked = std::mem::take(&mut c.parked);
+        // Cut since (truncation, the log start): those are gone.
+        parked.retain(|seq| c.holds(*seq));
+        parked
+    };
+    SHARD.with(|s| {
+        let mut s = s.borrow_mut();
+        for seq in parked.into_iter().rev() {
+            s.order.push_front((seq, Rc::downgrade(core)));
         }
     });
 }
@@ -229,15 +227,13 @@ fn shard_unpark(core: &Rc<RefCell<Core>>) {
 fn shard_compact_if_stale() {
     SHARD.with(|s| {
         let mut s = s.borrow_mut();
-        if s.order.len() + s.parked.len() <= (2 * s.live).max(s.live + ORDER_SLACK_MIN) {
+        if s.order.len() <= (2 * s.live).max(s.live + ORDER_SLACK_MIN) {
             return;
         }
-        let live = |(seq, w): &(u64, Weak<RefCell<Core>>)| {
+        s.order.retain(|(seq, w)| {
             w.upgrade()
                 .is_some_and(|c| c.try_borrow().map_or(true, |c| c.holds(*seq)))
-        };
-        s.order.retain(live);
-        s.parked.retain(live);
+        });
     });
 }
 
@@ -255,6 +251,7 @@ impl TailCache {
                 bytes: 0,
                 capacity_bytes,
                 written_next,
+                parked: Vec::new(),
             })),
         }
     }
@@ -364,7 +361,9 @@ impl TailCache {
     /// Drops every batch; the log's offsets below `written_next` are on disk.
     pub fn clear(&mut self, written_next: Offset) {
         self.cut_back(|_| true);
-        self.core.borrow_mut().written_next = written_next;
+        let mut c = self.core.borrow_mut();
+        c.written_next = written_next;
+        c.parked.clear();
     }
 
     /// Whether a read at `start` can be served entirely from memory.
@@ -569,6 +568,16 @@ mod tests {
             }
             assert_eq!(shard_cached_bytes(), 1_000, "the busy log evicted its own");
             assert!(stuck.covers(Offset(0)), "unwritten batches stay");
+            assert_eq!(
+                stuck.core.borrow().parked.len(),
+                3,
+                "parked with their log, off the shard's queue: the busy log's writes never walk them"
+            );
+            assert_eq!(
+                SHARD.with(|s| s.borrow().order.len()),
+                7,
+                "the busy log's 7"
+            );
             assert!(busy.covers(Offset(43)) && !busy.covers(Offset(42)));
             // Written at last: the stuck log's batches are the oldest and leave first.
             stuck.evict(Offset(3));
