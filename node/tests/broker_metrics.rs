@@ -9,8 +9,8 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
+use common::requests::{create_topics, fetch_values};
 use common::{Broker, Client, batch, metric_value as value, scrape_metrics as scrape};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
@@ -57,16 +57,7 @@ fn the_metrics_endpoint_counts_requests_and_topic_traffic_over_both_shards() {
         line.rsplit(' ').next().expect("address").trim().to_string()
     };
     let mut c = broker.client();
-    let t = CreatableTopic::default()
-        .with_name(TopicName(s("metered")))
-        .with_num_partitions(2)
-        .with_replication_factor(1);
-    let resp: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![t]),
-    );
-    assert_eq!(resp.topics[0].error_code, 0);
+    assert_eq!(create_topics(&mut c, &[("metered", 2)]), [0]);
     // Both partitions (one per shard), three batches, five records.
     let bytes = produce(&mut c, 0, &[b"a", b"b"])
         + produce(&mut c, 1, &[b"c"])
@@ -243,16 +234,7 @@ fn storage_idempotence_groups_refusals_budgets_and_the_request_split_move_with_t
     );
     let addr = metrics_addr(&broker);
     let mut c = broker.client();
-    let t = CreatableTopic::default()
-        .with_name(TopicName(s("metered")))
-        .with_num_partitions(2)
-        .with_replication_factor(1);
-    let resp: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![t]),
-    );
-    assert_eq!(resp.topics[0].error_code, 0);
+    assert_eq!(create_topics(&mut c, &[("metered", 2)]), [0]);
     let before = scrape(&addr, "/metrics");
     let delta = |after: &str, name: &str, labels: &str| {
         total(after, name, labels) - total(&before, name, labels)
@@ -443,47 +425,6 @@ fn a_trickling_scrape_does_not_hold_the_endpoint() {
     trickle.join().expect("trickle");
 }
 
-/// Fetches `topic`/`partition` from offset 0 until `end`, a small window at a time, and
-/// returns every record's value in offset order (each batch CRC-checked).
-fn read_values(c: &mut Client, topic: &str, partition: i32, end: i64) -> Vec<bytes::Bytes> {
-    let mut values = Vec::new();
-    let mut next = 0i64;
-    for _ in 0..10_000 {
-        if next >= end {
-            return values;
-        }
-        let req = FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_bytes(256 << 10)
-            .with_topics(vec![
-                FetchTopic::default()
-                    .with_topic(TopicName(s(topic)))
-                    .with_partitions(vec![
-                        FetchPartition::default()
-                            .with_partition(partition)
-                            .with_fetch_offset(next)
-                            .with_partition_max_bytes(256 << 10),
-                    ]),
-            ]);
-        let resp: FetchResponse = c.call(api::FETCH, 12, &req);
-        let p = &resp.responses[0].partitions[0];
-        assert_eq!(p.error_code, 0, "fetch at {next}");
-        let mut blob = p.records.clone().unwrap_or_default();
-        while blob.len() >= wire::batch::BATCH_HEADER_SIZE {
-            let size = wire::batch::read_header(&blob)
-                .expect("header")
-                .total_size();
-            let one = blob.split_to(size.min(blob.len()));
-            let (h, records) = wire::batch::batch_records(&one, 1 << 24).expect("a whole batch");
-            for r in records {
-                values.push(r.expect("record").value.expect("a value"));
-            }
-            next = h.next_offset().0;
-        }
-    }
-    panic!("fetches did not reach {end}: at {next}");
-}
-
 /// Recent batches stay in memory within the shard's share of `log.tail.cache.max.bytes`,
 /// whichever partitions they belong to; what left is read back from the segment files,
 /// so every record comes back either way.
@@ -500,16 +441,7 @@ fn recent_batches_are_cached_within_the_nodes_bound_and_the_rest_read_from_disk(
     );
     let addr = metrics_addr(&broker);
     let mut c = broker.client();
-    let t = CreatableTopic::default()
-        .with_name(TopicName(s("metered")))
-        .with_num_partitions(2)
-        .with_replication_factor(1);
-    let resp: CreateTopicsResponse = c.call(
-        api::CREATE_TOPICS,
-        7,
-        &CreateTopicsRequest::default().with_topics(vec![t]),
-    );
-    assert_eq!(resp.topics[0].error_code, 0);
+    assert_eq!(create_topics(&mut c, &[("metered", 2)]), [0]);
     // 3 MiB in 48 batches of 16 records of 4 KiB over two partitions: three times the bound.
     let value = |p: i32, b: usize, r: usize| {
         let mut v = format!("p{p}-b{b}-r{r}-").into_bytes();
@@ -536,15 +468,10 @@ fn recent_batches_are_cached_within_the_nodes_bound_and_the_rest_read_from_disk(
         text.contains("# TYPE weir_log_tail_cache_bytes gauge"),
         "{text}"
     );
-    for p in 0..2 {
-        let values = read_values(&mut c, "metered", p, 24 * 16);
+    for (p, values) in fetch_values(&mut c, "metered", &[0, 1]) {
         assert_eq!(values.len(), 24 * 16, "partition {p}");
         for (i, v) in values.iter().enumerate() {
-            assert_eq!(
-                &v[..],
-                &value(p, i / 16, i % 16)[..],
-                "partition {p}, offset {i}"
-            );
+            assert_eq!(v, &value(p, i / 16, i % 16), "partition {p}, offset {i}");
         }
     }
 }

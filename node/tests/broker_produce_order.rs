@@ -10,17 +10,15 @@
 
 mod common;
 
-use bytes::Bytes;
+use common::requests::fetch_values;
 use common::{Broker, Client, batch};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use wire::api;
 
 const PRODUCE_V: i16 = 9;
-const FETCH_V: i16 = 12;
 /// Produce requests in flight on the connection at once.
 const PIPELINED: usize = 32;
 
@@ -82,73 +80,6 @@ fn produce_pipelined(c: &mut Client, topic: &str, partitions: &[i32]) -> Vec<Vec
                 .collect()
         })
         .collect()
-}
-
-/// Most fetches per partition before a test gives up reading it (each returns at least
-/// one batch while the partition has more).
-const FETCHES_MAX: usize = 4 * PIPELINED;
-
-/// Every record value of each partition, from offset 0 up to its high watermark, read
-/// as a consumer reads: fetch, continue after the last batch returned.
-fn fetch_values(c: &mut Client, topic: &str, partitions: &[i32]) -> Vec<(i32, Vec<Vec<u8>>)> {
-    partitions
-        .iter()
-        .map(|&p| {
-            let (mut offset, mut values) = (0i64, Vec::new());
-            for _ in 0..FETCHES_MAX {
-                let (high_watermark, records) = fetch(c, topic, p, offset);
-                if offset >= high_watermark {
-                    return (p, values);
-                }
-                for range in wire::batch::split_batches(&records) {
-                    let one = records.slice(range.expect("valid batch from the broker"));
-                    let header = wire::batch::read_header(&one).expect("batch header");
-                    offset = header.last_offset().get() + 1;
-                    values.extend(record_values(&one));
-                }
-            }
-            panic!("partition {p}: still below its high watermark after {FETCHES_MAX} fetches");
-        })
-        .collect()
-}
-
-/// One Fetch of `partition` from `offset`: (high watermark, records).
-fn fetch(c: &mut Client, topic: &str, partition: i32, offset: i64) -> (i64, Bytes) {
-    let part = FetchPartition::default()
-        .with_partition(partition)
-        .with_fetch_offset(offset)
-        .with_partition_max_bytes(1 << 20);
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(1)
-        .with_max_bytes(1 << 20)
-        .with_topics(vec![
-            FetchTopic::default()
-                .with_topic(TopicName(s(topic)))
-                .with_partitions(vec![part]),
-        ]);
-    let resp: FetchResponse = c.call(api::FETCH, FETCH_V, &req);
-    let p = &resp.responses[0].partitions[0];
-    assert_eq!(
-        p.error_code, 0,
-        "fetch of partition {partition} at {offset}"
-    );
-    (p.high_watermark, p.records.clone().unwrap_or_default())
-}
-
-/// Every record value in a fetched records blob, in order.
-fn record_values(records: &Bytes) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for range in wire::batch::split_batches(records) {
-        let one = records.slice(range.expect("valid batch from the broker"));
-        let (_, iter) = wire::batch::batch_records(&one, 1 << 20).expect("records");
-        for rec in iter {
-            let value = rec.expect("record").value.map(|v| v.to_vec());
-            out.push(value.unwrap_or_default());
-        }
-    }
-    out
 }
 
 /// Checks that every batch was acknowledged at increasing offsets in send order, and

@@ -6,7 +6,9 @@
 //!
 //! - records: appended keeping the leader's offsets and epochs (`append_as_follower`);
 //!   the response frame is one allocation, so when one partition's records are the only
-//!   slice left of it they are appended in place, else copied once; a refused append (a
+//!   slice left of it, and at least a quarter of the answer's records (the log's tail
+//!   cache keeps what it appends), they are appended in place, else copied once; a
+//!   refused append (a
 //!   full disk, a batch that does not continue the log) pauses the partition
 //!   [`REFUSED_RETRY`];
 //! - the leader's HW: learned (bounded by what this replica holds);

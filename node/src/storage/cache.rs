@@ -10,7 +10,7 @@
 //! every push on the shard, in order), so an idle partition's old batches do not keep a
 //! busy one from caching. A batch not yet written never leaves.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 
@@ -102,6 +102,33 @@ struct Core {
 }
 
 impl Core {
+    /// Pops batches from the front while `pop(self, front)` holds; the bytes and batches
+    /// they held, for the shard's count.
+    fn pop_front_while(&mut self, pop: impl Fn(&Core, &Entry) -> bool) -> (u64, usize) {
+        let (mut bytes, mut batches) = (0, 0);
+        while self.entries.front().is_some_and(|e| pop(self, e)) {
+            if let Some(e) = self.entries.pop_front() {
+                self.bytes -= e.bytes.len() as u64;
+                bytes += e.bytes.len() as u64;
+                batches += 1;
+            }
+        }
+        (bytes, batches)
+    }
+
+    /// [`pop_front_while`](Self::pop_front_while) from the back.
+    fn pop_back_while(&mut self, pop: impl Fn(&Entry) -> bool) -> (u64, usize) {
+        let (mut bytes, mut batches) = (0, 0);
+        while self.entries.back().is_some_and(&pop) {
+            if let Some(e) = self.entries.pop_back() {
+                self.bytes -= e.bytes.len() as u64;
+                bytes += e.bytes.len() as u64;
+                batches += 1;
+            }
+        }
+        (bytes, batches)
+    }
+
     fn holds(&self, seq: u64) -> bool {
         self.entries.binary_search_by_key(&seq, |e| e.seq).is_ok()
     }
@@ -117,6 +144,8 @@ struct Shard {
     /// Batches held by every cache of the shard: those in `order` (when compacted) and
     /// those their logs parked.
     live: usize,
+    /// The next push's number.
+    next_seq: u64,
 }
 
 /// `order` is compacted once it holds this many more entries than there are batches
@@ -130,9 +159,9 @@ thread_local! {
             budget: SHARD_CACHE_BYTES_DEFAULT,
             order: VecDeque::new(),
             live: 0,
+            next_seq: 0,
         })
     };
-    static NEXT_SEQ: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Sets the bound on the bytes all tail caches of the calling shard hold together.
@@ -184,13 +213,10 @@ fn shard_evict() {
             let front = c.entries.front().map(|e| (e.seq, e.last));
             match front {
                 Some((front_seq, last)) if front_seq == seq && last < c.written_next => {
-                    if let Some(e) = c.entries.pop_front() {
-                        let len = e.bytes.len() as u64;
-                        c.bytes -= len;
-                        debug_assert!(s.cached >= len && s.live >= 1, "shard cache accounting");
-                        s.cached = s.cached.saturating_sub(len);
-                        s.live = s.live.saturating_sub(1);
-                    }
+                    let (len, one) = c.pop_front_while(|_, e| e.seq == seq);
+                    debug_assert!(s.cached >= len && s.live >= one, "shard cache accounting");
+                    s.cached = s.cached.saturating_sub(len);
+                    s.live = s.live.saturating_sub(one);
                 }
                 // The log's oldest batch is pending its write, so every batch it holds is:
                 // none may leave before it writes.
@@ -257,29 +283,26 @@ impl TailCache {
     }
 
     pub fn push(&mut self, base: Offset, last: Offset, bytes: Bytes) {
-        let seq = NEXT_SEQ.with(|n| {
-            let seq = n.get();
-            n.set(seq + 1);
-            seq
-        });
         let len = bytes.len() as u64;
-        {
-            let mut c = self.core.borrow_mut();
-            debug_assert!(c.entries.back().is_none_or(|e| e.last < base));
-            c.bytes += len;
-            c.entries.push_back(Entry {
-                base,
-                last,
-                bytes,
-                seq,
-            });
-        }
-        SHARD.with(|s| {
+        let seq = SHARD.with(|s| {
             let mut s = s.borrow_mut();
+            let seq = s.next_seq;
+            s.next_seq += 1;
             s.cached += len;
             s.live += 1;
             s.order.push_back((seq, Rc::downgrade(&self.core)));
+            seq
         });
+        let mut c = self.core.borrow_mut();
+        debug_assert!(c.entries.back().is_none_or(|e| e.last < base));
+        c.bytes += len;
+        c.entries.push_back(Entry {
+            base,
+            last,
+            bytes,
+            seq,
+        });
+        drop(c);
         shard_compact_if_stale();
     }
 
@@ -290,80 +313,39 @@ impl TailCache {
         let (bytes, batches) = {
             let mut c = self.core.borrow_mut();
             c.written_next = c.written_next.max(written_next);
-            let (mut bytes, mut batches) = (0, 0);
-            while c.bytes > c.capacity_bytes {
-                match c.entries.front() {
-                    Some(e) if e.last < c.written_next => {
-                        let len = e.bytes.len() as u64;
-                        c.entries.pop_front();
-                        c.bytes -= len;
-                        bytes += len;
-                        batches += 1;
-                    }
-                    _ => break,
-                }
-            }
-            (bytes, batches)
+            c.pop_front_while(|c, e| c.bytes > c.capacity_bytes && e.last < c.written_next)
         };
         shard_forget(bytes, batches);
         shard_unpark(&self.core);
         shard_evict();
     }
 
-    /// Removes entries from the back while `cut` says so; returns what they held.
-    fn cut_back(&mut self, cut: impl Fn(&Entry) -> bool) {
-        let (bytes, batches) = {
-            let mut c = self.core.borrow_mut();
-            let (mut bytes, mut batches) = (0, 0);
-            while let Some(e) = c.entries.back() {
-                if !cut(e) {
-                    break;
-                }
-                let len = e.bytes.len() as u64;
-                c.entries.pop_back();
-                c.bytes -= len;
-                bytes += len;
-                batches += 1;
-            }
-            (bytes, batches)
-        };
-        shard_forget(bytes, batches);
-    }
-
     /// Drops batches holding offsets `>= next` (log truncation). What stays is below
     /// `next`; offsets from `next` on are not written until appended again.
     pub fn truncate(&mut self, next: Offset) {
-        self.cut_back(|e| e.last >= next);
         let mut c = self.core.borrow_mut();
+        let (bytes, batches) = c.pop_back_while(|e| e.last >= next);
         c.written_next = c.written_next.min(next);
+        drop(c);
+        shard_forget(bytes, batches);
     }
 
     /// Drops batches holding only offsets below `next`: the log cleaner rewrote them on
     /// disk (reads there must see the cleaned segment), or the log start passed them
     /// (nothing reads them again, written or not).
     pub fn drop_below(&mut self, next: Offset) {
-        let (bytes, batches) = {
-            let mut c = self.core.borrow_mut();
-            let (mut bytes, mut batches) = (0, 0);
-            while c.entries.front().is_some_and(|e| e.last < next) {
-                if let Some(e) = c.entries.pop_front() {
-                    let len = e.bytes.len() as u64;
-                    c.bytes -= len;
-                    bytes += len;
-                    batches += 1;
-                }
-            }
-            (bytes, batches)
-        };
+        let (bytes, batches) = self.core.borrow_mut().pop_front_while(|_, e| e.last < next);
         shard_forget(bytes, batches);
     }
 
     /// Drops every batch; the log's offsets below `written_next` are on disk.
     pub fn clear(&mut self, written_next: Offset) {
-        self.cut_back(|_| true);
         let mut c = self.core.borrow_mut();
+        let (bytes, batches) = c.pop_back_while(|_| true);
         c.written_next = written_next;
         c.parked.clear();
+        drop(c);
+        shard_forget(bytes, batches);
     }
 
     /// Whether a read at `start` can be served entirely from memory.

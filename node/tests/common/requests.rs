@@ -1,7 +1,9 @@
 //! Kafka requests several broker tests send, each one call on the raw [`Client`] with the
 //! answer reduced to what the tests compare (error codes, offsets).
 
+use bytes::Bytes;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
@@ -125,4 +127,62 @@ pub fn list_offset(c: &mut Client, topic: &str, partition: i32, timestamp: i64) 
     let p = &resp.topics[0].partitions[0];
     assert_eq!(p.error_code, 0, "ListOffsets");
     p.offset
+}
+
+/// Most fetches per partition before [`fetch_values`] gives up (each returns at least one
+/// batch while the partition has more).
+const FETCHES_MAX: usize = 1_000;
+
+/// Every record value of each partition, from offset 0 up to its high watermark, read
+/// as a consumer reads: fetch (v12, 1 MiB), continue after the last batch returned. Every
+/// batch is CRC-checked.
+pub fn fetch_values(c: &mut Client, topic: &str, partitions: &[i32]) -> Vec<(i32, Vec<Vec<u8>>)> {
+    partitions
+        .iter()
+        .map(|&p| {
+            let (mut offset, mut values) = (0i64, Vec::new());
+            for _ in 0..FETCHES_MAX {
+                let (high_watermark, records) = fetch_at(c, topic, p, offset);
+                if offset >= high_watermark {
+                    return (p, values);
+                }
+                for range in wire::batch::split_batches(&records) {
+                    let one = records.slice(range.expect("valid batch from the broker"));
+                    let (header, iter) =
+                        wire::batch::batch_records(&one, 1 << 20).expect("records");
+                    offset = header.last_offset().get() + 1;
+                    for rec in iter {
+                        let value = rec.expect("record").value.map(|v| v.to_vec());
+                        values.push(value.unwrap_or_default());
+                    }
+                }
+            }
+            panic!("partition {p}: still below its high watermark after {FETCHES_MAX} fetches");
+        })
+        .collect()
+}
+
+/// One Fetch (v12) of `partition` from `offset`, at most 1 MiB: (high watermark, records).
+pub fn fetch_at(c: &mut Client, topic: &str, partition: i32, offset: i64) -> (i64, Bytes) {
+    let part = FetchPartition::default()
+        .with_partition(partition)
+        .with_fetch_offset(offset)
+        .with_partition_max_bytes(1 << 20);
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(s(topic)))
+                .with_partitions(vec![part]),
+        ]);
+    let resp: FetchResponse = c.call(api::FETCH, 12, &req);
+    let p = &resp.responses[0].partitions[0];
+    assert_eq!(
+        p.error_code, 0,
+        "fetch of partition {partition} at {offset}"
+    );
+    (p.high_watermark, p.records.clone().unwrap_or_default())
 }
