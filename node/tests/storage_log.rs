@@ -63,6 +63,34 @@ fn dma_reads_back_what_was_written_on_a_fresh_dir() {
     });
 }
 
+/// AlterConfigs of `tail.cache.bytes` applies to an open log at once: recent reads that
+/// came from memory come from the segment files after the bound is lowered.
+#[test]
+fn a_lowered_tail_cache_bound_applies_to_an_open_log() {
+    let dir = tempdir();
+    let root = dir.path().to_path_buf();
+    run_on_shard(move || async move {
+        prime_dma_probe(&root).await.unwrap();
+        let cfg = LogConfig::default();
+        let log = Log::open(root.join("t-0"), cfg.clone()).await.unwrap();
+        for i in 0..10 {
+            log.append(batch(i, 2), LeaderEpoch(0), 0).await.unwrap();
+        }
+        log.read(Offset(0), 1 << 20, Offset(20)).await.unwrap();
+        let before = log.counters();
+        assert_eq!((before.cache_reads, before.disk_reads), (1, 0));
+        log.set_config(LogConfig {
+            tail_cache_bytes: 0,
+            ..cfg
+        });
+        let read = log.read(Offset(0), 1 << 20, Offset(20)).await.unwrap();
+        assert_eq!(read.batches.len(), 10);
+        let after = log.counters();
+        assert_eq!(after.cache_reads, 1, "nothing left in memory");
+        assert!(after.disk_reads >= 1);
+    });
+}
+
 #[test]
 fn reads_respect_limits_and_upper_bound_and_range() {
     let dir = tempdir();

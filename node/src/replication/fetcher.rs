@@ -425,16 +425,7 @@ impl ReplicaFetcher {
         };
         if let Some(records) = answer.records.filter(|r| !r.is_empty()) {
             let len = records.len() as u64;
-            // The log's tail cache keeps slices of what it appends: as for produced
-            // records, a slice that is a small part of its response's frame is copied
-            // out, so that cached batches never pin much more memory than they hold.
-            // (A unique slice's `capacity` does not tell: it counts from the slice on.)
-            let pin_max = len as usize * crate::api::produce::PIN_FACTOR_MAX;
-            let (buf, copied) = match records.try_into_mut() {
-                Ok(unique) if answer.frame_records_bytes <= pin_max => (unique, 0),
-                Ok(unique) => (BytesMut::from(&unique[..]), len),
-                Err(shared) => (BytesMut::from(&shared[..]), len),
-            };
+            let (buf, copied) = records_to_append(records, answer.frame_records_bytes);
             let (now, most) = self.appending.get();
             self.appending.set((now + 1, most.max(now + 1)));
             let appended = p.append_as_follower(buf, crate::shard::now_ms()).await;
@@ -556,6 +547,23 @@ struct Answer {
     diverging: Option<(LeaderEpoch, Offset)>,
 }
 
+/// The buffer a follower appends for one partition's `records`, and how many bytes were
+/// copied to make it. The log's tail cache keeps slices of what it appends: as for
+/// produced records, a slice that is a small part of its response's records
+/// (`frame_records_bytes`, about the frame it would pin) is copied out, so that cached
+/// batches never pin much more memory than they hold. A unique slice's `capacity` does not
+/// tell, since it counts from the slice on; a shared one is copied (something else holds
+/// the frame).
+fn records_to_append(records: Bytes, frame_records_bytes: usize) -> (BytesMut, u64) {
+    let len = records.len();
+    let pin_max = len.saturating_mul(crate::api::produce::PIN_FACTOR_MAX);
+    match records.try_into_mut() {
+        Ok(unique) if frame_records_bytes <= pin_max => (unique, 0),
+        Ok(unique) => (BytesMut::from(&unique[..]), len as u64),
+        Err(shared) => (BytesMut::from(&shared[..]), len as u64),
+    }
+}
+
 /// Takes every partition's answer out of `resp`, so that the response's other fields are
 /// dropped and the records slices are the last references to the frame. Topics are named
 /// by `names` (id → name); one not in it (unfollowed meanwhile) is skipped.
@@ -599,4 +607,38 @@ fn take_answers(
 
 fn topic_name(name: &str) -> TopicName {
     TopicName(StrBytes::from_string(name.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slice of `len` bytes cut from a frame of `frame` bytes, the frame's only owner.
+    fn unique_slice(frame: usize, len: usize) -> Bytes {
+        let mut whole = Bytes::from(vec![7u8; frame]);
+        let slice = whole.split_to(len);
+        drop(whole);
+        slice
+    }
+
+    #[test]
+    fn records_pinning_more_than_four_times_their_size_are_copied_out() {
+        // A quarter of the response's records: kept as they are, no copy.
+        let records = unique_slice(400, 100);
+        let at = records.as_ptr();
+        let (buf, copied) = records_to_append(records, 400);
+        assert_eq!((buf.as_ptr(), buf.len(), copied), (at, 100, 0));
+        // Under a quarter: copied into a buffer of their own.
+        let records = unique_slice(401, 100);
+        let at = records.as_ptr();
+        let (buf, copied) = records_to_append(records, 401);
+        assert_ne!(buf.as_ptr(), at);
+        assert_eq!((&buf[..], copied), (&[7u8; 100][..], 100));
+        // Still shared with another slice of the frame: copied whatever their share.
+        let mut whole = Bytes::from(vec![7u8; 200]);
+        let records = whole.split_to(100);
+        let (buf, copied) = records_to_append(records, 200);
+        assert_eq!((buf.len(), copied), (100, 100));
+        drop(whole);
+    }
 }

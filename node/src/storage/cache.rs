@@ -55,20 +55,25 @@ fn physical_memory_bytes() -> Option<u64> {
 /// missing files mean none, the last by being above the machine's memory).
 fn cgroup_memory_limit() -> Option<u64> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_memory_limit_in(&own, std::path::Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_memory_limit`] for a `/proc/<pid>/cgroup` text and the cgroup file systems
+/// mounted at `sys_root` (v2 at its root, v1's memory controller at `memory/`).
+fn cgroup_memory_limit_in(proc_cgroup: &str, sys_root: &std::path::Path) -> Option<u64> {
     let mut limits = Vec::new();
-    for line in own.lines() {
+    for line in proc_cgroup.lines() {
         let (root, file, group) = if let Some(g) = line.strip_prefix("0::") {
-            ("/sys/fs/cgroup", "memory.max", g)
+            (sys_root.to_path_buf(), "memory.max", g)
         } else if let Some((_, g)) = line.split_once(":memory:") {
-            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", g)
+            (sys_root.join("memory"), "memory.limit_in_bytes", g)
         } else {
             continue;
         };
-        let mut path = std::path::PathBuf::from(root);
-        path.push(group.trim_start_matches('/'));
+        let path = root.join(group.trim_start_matches('/'));
         limits.extend(
             path.ancestors()
-                .take_while(|p| p.starts_with(root))
+                .take_while(|p| p.starts_with(&root))
                 .filter_map(|p| std::fs::read_to_string(p.join(file)).ok())
                 .filter_map(|v| v.trim().parse::<u64>().ok()),
         );
@@ -320,6 +325,17 @@ impl TailCache {
         shard_evict();
     }
 
+    /// Changes this log's own bound (AlterConfigs of `tail.cache.bytes`): a smaller one
+    /// lets its oldest written batches go at once.
+    pub fn set_capacity(&mut self, capacity_bytes: u64) {
+        let written_next = {
+            let mut c = self.core.borrow_mut();
+            c.capacity_bytes = capacity_bytes;
+            c.written_next
+        };
+        self.evict(written_next);
+    }
+
     /// Drops batches holding offsets `>= next` (log truncation). What stays is below
     /// `next`; offsets from `next` on are not written until appended again.
     pub fn truncate(&mut self, next: Offset) {
@@ -419,6 +435,47 @@ mod tests {
     /// Runs `f` on a thread of its own, so the shard's thread-local state is fresh.
     fn on_fresh_shard<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
         std::thread::spawn(f).join().expect("test thread")
+    }
+
+    #[test]
+    fn the_smallest_cgroup_limit_up_the_tree_counts_v2_and_v1() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let write = |dir: &str, file: &str, value: &str| {
+            let d = root.path().join(dir);
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join(file), value).expect("write");
+        };
+        // v2: the service's own group says "max", its parent slice has the limit.
+        write("", "memory.max", "max\n");
+        write("limited.slice", "memory.max", "2147483648\n");
+        write("limited.slice/weir.service", "memory.max", "max\n");
+        let v2 = "0::/limited.slice/weir.service\n";
+        assert_eq!(cgroup_memory_limit_in(v2, root.path()), Some(2 << 30));
+        // v1: the memory controller's line, "unlimited" as its huge number.
+        write("memory", "memory.limit_in_bytes", "9223372036854771712\n");
+        write("memory/box", "memory.limit_in_bytes", "1073741824\n");
+        let v1 = "12:cpu,cpuacct:/box\n4:memory:/box\n";
+        assert_eq!(cgroup_memory_limit_in(v1, root.path()), Some(1 << 30));
+        // No limit anywhere: none.
+        assert_eq!(cgroup_memory_limit_in("0::/\n", root.path()), None);
+        assert_eq!(cgroup_memory_limit_in("0::/elsewhere\n", root.path()), None);
+    }
+
+    #[test]
+    fn a_smaller_bound_set_at_runtime_lets_written_batches_go_at_once() {
+        on_fresh_shard(|| {
+            let mut c = TailCache::new(u64::MAX, Offset(0));
+            for i in 0..4 {
+                let (b, l, bytes) = entry(i, 100);
+                c.push(b, l, bytes);
+            }
+            c.evict(Offset(3)); // the last batch is not written yet
+            assert_eq!(c.bytes(), 400);
+            c.set_capacity(150);
+            assert_eq!(c.bytes(), 100, "only the unwritten batch stays");
+            assert!(c.covers(Offset(3)) && !c.covers(Offset(2)));
+            assert_eq!(shard_cached_bytes(), 100);
+        });
     }
 
     #[test]

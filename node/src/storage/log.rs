@@ -1222,9 +1222,12 @@ impl Log {
         self.state.borrow().counters
     }
 
-    /// Replaces the settings (AlterConfigs); takes effect from the next append.
+    /// Replaces the settings (AlterConfigs); takes effect from the next append, except the
+    /// tail cache's bound, which applies at once.
     pub fn set_config(&self, config: LogConfig) {
-        self.state.borrow_mut().config = config;
+        let mut st = self.state.borrow_mut();
+        st.cache.set_capacity(config.tail_cache_bytes);
+        st.config = config;
     }
 
     /// The settings in force.
