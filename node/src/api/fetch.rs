@@ -151,16 +151,27 @@ pub async fn handle(
     let mut fetch: FetchRequest = proto::decode(req)?;
     let denied = authorize(shard, &mut fetch, req.version, authz);
     let (mut parts, hold) = respond(shard, req.version, fetch, authz).await;
+    // Each partition is answered once (one the session answered already, refused there
+    // too, is not repeated; nor one named twice), and a request answers at most
+    // PARTITIONS_PER_FETCH_MAX partitions, refused ones included. Looked up in a set: the
+    // refused entries are the client's to multiply.
+    let mut answered: HashSet<(Bytes, u128, i32)> = parts
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.topic.clone(), t.topic_id, p.partition_index))
+        })
+        .collect();
+    let mut room = PARTITIONS_PER_FETCH_MAX.saturating_sub(answered.len());
     for (topic, topic_id, partitions) in denied {
-        // A partition the session answered already (refused there too) is not repeated.
-        let answered = |index: &i32| {
-            parts.topics.iter().any(|t| {
-                t.topic == topic
-                    && t.topic_id == topic_id
-                    && t.partitions.iter().any(|p| p.partition_index == *index)
-            })
-        };
-        let partitions: Vec<i32> = partitions.into_iter().filter(|i| !answered(i)).collect();
+        let partitions: Vec<i32> = partitions
+            .into_iter()
+            .filter(|i| answered.insert((topic.clone(), topic_id, *i)))
+            .take(room)
+            .collect();
+        room -= partitions.len();
         if partitions.is_empty() {
             continue;
         }
@@ -204,6 +215,8 @@ fn authorize(
     // is left for `respond`, which answers UNKNOWN_TOPIC_ID).
     let ids = (version >= 13).then(|| topic_ids(&shard.catalog()));
     let mut denied = Vec::new();
+    // Refused partitions kept for the answer: no more than one request may answer.
+    let mut denied_partitions = 0usize;
     req.topics.retain(|t| {
         let id = t.topic_id.as_u128();
         let name: &str = match &ids {
@@ -214,10 +227,18 @@ fn authorize(
             None => t.topic.0.as_str(),
         };
         let ok = cluster_ok && (follower || authz.topic(Operation::Read, name));
-        if !ok {
+        if !ok && denied_partitions < PARTITIONS_PER_FETCH_MAX {
             let name = Bytes::copy_from_slice(name.as_bytes());
             let id = if version >= 13 { id } else { 0 };
-            denied.push((name, id, t.partitions.iter().map(|p| p.partition).collect()));
+            let room = PARTITIONS_PER_FETCH_MAX - denied_partitions;
+            let partitions: Vec<i32> = t
+                .partitions
+                .iter()
+                .take(room)
+                .map(|p| p.partition)
+                .collect();
+            denied_partitions += partitions.len();
+            denied.push((name, id, partitions));
         }
         ok
     });
