@@ -6,20 +6,43 @@
 //! Client side (the load generator, tests): [`encode_request`] and [`decode_response`].
 //!
 //! kafka-protocol is used through weir's patched copy (`wire/vendor/kafka-protocol`), which
-//! refuses array counts larger than the bytes present before allocating; the frame size is
-//! bounded by [`crate::frame::check_frame`] first, so decoding allocates at most a constant
-//! factor of the frame size. The Produce and Fetch hot paths do not come here: see
-//! [`crate::produce`] and [`crate::fetch`].
+//! refuses array counts larger than the bytes present before allocating, and charges what a
+//! decode builds (each array element's size, each unknown tagged field) to a bound:
+//! [`decoded_bytes_max`] of the body's size, past which the request is malformed. A frame
+//! of one-byte elements (empty compact strings, 32 bytes each in memory) otherwise decoded
+//! to 30-100 times its size: gigabytes from one 100 MB frame, before any handler could
+//! refuse it. The Produce and Fetch hot paths do not come here: see [`crate::produce`]
+//! and [`crate::fetch`].
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::{Decodable, Encodable, with_decode_budget};
 
 use crate::frame::{self, RequestHeader};
 use crate::{WireError, api};
 
 /// Re-export so that every crate uses the same kafka-protocol types as `wire`.
 pub use kafka_protocol;
+
+/// Decoded memory a request body of any size may build.
+pub const DECODED_BYTES_BASE: usize = 64 << 10;
+/// Decoded memory per body byte on top of the base. Real requests stay below it: a Fetch
+/// partition (33 bytes at v12) decodes to about twice its size, a Metadata topic named
+/// with 10 characters (12 bytes at v1, 72 in memory) to six times.
+pub const DECODED_BYTES_PER_BODY_BYTE: usize = 8;
+/// Decoded memory no request may pass, whatever its size (a Fetch of 100,000 partitions
+/// builds ~10 MB; only Produce carries bulk, as record bytes, which are not decoded here).
+pub const DECODED_BYTES_MAX: usize = 64 << 20;
+
+/// The bound on what decoding a request body of `body_len` bytes may build in memory
+/// (array elements and unknown tagged fields; strings and bytes are slices of the body).
+/// Vectors grow by doubling, so the memory held is at most twice this.
+pub fn decoded_bytes_max(body_len: usize) -> usize {
+    DECODED_BYTES_PER_BODY_BYTE
+        .saturating_mul(body_len)
+        .saturating_add(DECODED_BYTES_BASE)
+        .min(DECODED_BYTES_MAX)
+}
 
 fn malformed(api_key: i16, api_version: i16, e: anyhow::Error) -> WireError {
     WireError::Malformed {
@@ -56,7 +79,10 @@ pub fn decode_request(
 ) -> Result<RequestKind, WireError> {
     let key = supported_key(api_key, api_version)?;
     let mut body = body;
-    RequestKind::decode(key, &mut body, api_version).map_err(|e| malformed(api_key, api_version, e))
+    with_decode_budget(decoded_bytes_max(body.len()), || {
+        RequestKind::decode(key, &mut body, api_version)
+    })
+    .map_err(|e| malformed(api_key, api_version, e))
 }
 
 /// Decodes a whole request frame (after the size prefix): header, then body.
@@ -75,7 +101,10 @@ pub fn decode_request_as<R: Decodable>(
 ) -> Result<R, WireError> {
     supported_key(api_key, api_version)?;
     let mut body = body;
-    R::decode(&mut body, api_version).map_err(|e| malformed(api_key, api_version, e))
+    with_decode_budget(decoded_bytes_max(body.len()), || {
+        R::decode(&mut body, api_version)
+    })
+    .map_err(|e| malformed(api_key, api_version, e))
 }
 
 /// Encodes a whole response frame: size prefix, response header (v0 or v1 as the API
@@ -239,6 +268,67 @@ mod tests {
         let (h, kind) = decode_request_frame(&bytes.slice(4..)).expect("decodes");
         assert_eq!(h.correlation_id, 42);
         assert_eq!(kind, RequestKind::ApiVersions(req));
+    }
+
+    /// Encodes `req` as a v`version` body and decodes it back through the bound.
+    fn through_bound<R: Encodable + Decodable>(
+        key: i16,
+        version: i16,
+        req: &R,
+    ) -> Result<R, WireError> {
+        let mut body = BytesMut::new();
+        req.encode(&mut body, version).expect("encodes");
+        decode_request_as::<R>(key, version, body.freeze())
+    }
+
+    #[test]
+    fn large_real_requests_decode_within_their_bound() {
+        use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+        use kafka_protocol::messages::{FetchRequest, TopicName};
+        let partitions = (0..100_000).map(|i| FetchPartition::default().with_partition(i));
+        let fetch = FetchRequest::default().with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("orders")))
+                .with_partitions(partitions.collect()),
+        ]);
+        assert!(
+            through_bound(api::FETCH, 12, &fetch).is_ok(),
+            "100,000 partitions"
+        );
+        let topics = (0..200_000).map(|i| {
+            let name = StrBytes::from_string(format!("topic{i:05}"));
+            MetadataRequestTopic::default().with_name(Some(TopicName(name)))
+        });
+        let metadata = MetadataRequest::default().with_topics(Some(topics.collect()));
+        assert!(
+            through_bound(api::METADATA, 1, &metadata).is_ok(),
+            "200,000 topics"
+        );
+    }
+
+    #[test]
+    fn one_byte_elements_are_refused_past_the_bound() {
+        use kafka_protocol::messages::ListTransactionsRequest;
+        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+        // Empty compact strings: one byte on the wire, 32 in memory.
+        let filters = |n: usize| {
+            ListTransactionsRequest::default().with_state_filters(vec![StrBytes::default(); n])
+        };
+        assert!(through_bound(api::LIST_TRANSACTIONS, 0, &filters(1_000)).is_ok());
+        let r = through_bound(api::LIST_TRANSACTIONS, 0, &filters(3_000_000));
+        assert!(matches!(r, Err(WireError::Malformed { .. })), "{r:?}");
+        // An unknown tagged field on every element: a few bytes each, a B-tree node each.
+        let tagged = |n: usize| {
+            let topic = MetadataRequestTopic::default()
+                .with_unknown_tagged_fields([(99, Bytes::new())].into_iter().collect());
+            MetadataRequest::default().with_topics(Some(vec![topic; n]))
+        };
+        assert!(through_bound(api::METADATA, 9, &tagged(10)).is_ok());
+        let r = through_bound(api::METADATA, 9, &tagged(20_000));
+        assert!(matches!(r, Err(WireError::Malformed { .. })), "{r:?}");
+        // The bound is per decode: the next one starts afresh.
+        assert!(through_bound(api::METADATA, 9, &tagged(10)).is_ok());
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! A counting global allocator records the peak bytes live while one decode runs. Frames
 //! claiming huge arrays (i32::MAX classic counts, u32::MAX compact counts, huge string and
 //! record lengths) are fed to every advertised (api key, version), the Produce view, the
-//! record iterator and the decompressors. The bound is `BASE + PER_BYTE * frame_len`: each
-//! decoded element needs at least one frame byte, and no in-memory element is larger than
-//! `PER_BYTE` bytes.
+//! record iterator and the decompressors. The bound is `BASE + PER_BYTE * frame_len`: a
+//! decode builds at most `wire::messages::decoded_bytes_max` (8 bytes per body byte and a
+//! base), twice that while its vectors grow by doubling, and frames whose elements are one
+//! byte each (32 bytes in memory) are refused once they reach it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -72,7 +73,7 @@ static ALLOCATOR: Counting = Counting;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const BASE: usize = 64 * 1024;
-const PER_BYTE: usize = 1024;
+const PER_BYTE: usize = 32;
 
 /// Peak bytes allocated (above what was live before) while `f` runs.
 fn peak_during(f: impl FnOnce()) -> usize {
@@ -249,6 +250,34 @@ proptest! {
             });
             prop_assert!(peak <= BASE + PER_BYTE * body.len(), "api {} v{} peak {}", key, version, peak);
         }
+    }
+}
+
+/// Empty compact strings are one byte on the wire and 32 in memory: decoded, a frame of
+/// them stays within the bound (refused once it reaches `decoded_bytes_max`).
+#[test]
+fn one_byte_elements_stay_within_the_bound() {
+    let _g = SERIAL.lock();
+    for count in [1_000usize, 100_000, 3_000_000] {
+        // ListTransactions v0: state_filters (compact count, then empty strings), producer
+        // id filters (empty), no tagged fields.
+        let mut body = Vec::new();
+        let mut n = count as u32 + 1;
+        while n >= 0x80 {
+            body.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        body.push(n as u8);
+        body.extend(std::iter::repeat_n(1u8, count));
+        body.extend([1, 0]);
+        let len = body.len();
+        let body = Bytes::from(body);
+        let mut refused = false;
+        let peak = peak_during(|| {
+            refused = messages::decode_request(wire::api::LIST_TRANSACTIONS, 0, body).is_err();
+        });
+        assert_bounded("ListTransactions of empty filters", len, peak);
+        assert_eq!(refused, count > 1_000, "{count} filters");
     }
 }
 

@@ -704,12 +704,19 @@ pub async fn list(shard: &Rc<Shard>, req: ListTransactionsRequest) -> ListTransa
         "Dead",
         "PrepareEpochFence",
     ];
-    resp.unknown_state_filters = req
-        .state_filters
+    // Filters as sets, each unknown one answered once: the request's lists are the
+    // client's to make long (matched per listed transaction, they were quadratic).
+    let states: std::collections::HashSet<&str> =
+        req.state_filters.iter().map(|f| f.as_str()).collect();
+    let pids: std::collections::HashSet<i64> =
+        req.producer_id_filters.iter().map(|p| p.0).collect();
+    let mut unknown: Vec<&str> = states
         .iter()
-        .filter(|f| !STATES.contains(&f.as_str()))
-        .cloned()
+        .copied()
+        .filter(|f| !STATES.contains(f))
         .collect();
+    unknown.sort_unstable();
+    resp.unknown_state_filters = unknown.into_iter().map(super::str_bytes).collect();
     if !shard.catalog().topics.contains_key(TXN_TOPIC) {
         return resp;
     }
@@ -731,10 +738,8 @@ pub async fn list(shard: &Rc<Shard>, req: ListTransactionsRequest) -> ListTransa
             }
         };
         for (id, pid, state) in listed {
-            let state_ok = req.state_filters.is_empty()
-                || req.state_filters.iter().any(|f| f.as_str() == state);
-            let pid_ok = req.producer_id_filters.is_empty()
-                || req.producer_id_filters.iter().any(|p| p.0 == pid.get());
+            let state_ok = states.is_empty() || states.contains(state);
+            let pid_ok = pids.is_empty() || pids.contains(&pid.get());
             if !(state_ok && pid_ok) {
                 continue;
             }

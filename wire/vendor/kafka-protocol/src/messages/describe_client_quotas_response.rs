@@ -182,7 +182,7 @@ impl Decodable for DescribeClientQuotasResponse {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -342,7 +342,7 @@ impl Decodable for EntityData {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -500,7 +500,7 @@ impl Decodable for EntryData {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -644,7 +644,7 @@ impl Decodable for ValueData {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {

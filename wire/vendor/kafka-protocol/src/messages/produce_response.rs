@@ -167,7 +167,7 @@ impl Decodable for BatchIndexAndErrorMessage {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -331,7 +331,7 @@ impl Decodable for LeaderIdAndEpoch {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -561,7 +561,7 @@ impl Decodable for NodeEndpoint {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {
@@ -894,7 +894,7 @@ impl Decodable for PartitionProduceResponse {
                     }
                     _ => {
                         let unknown_value = buf.try_get_bytes(size as usize)?;
-                        unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                        crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
                     }
                 }
             }
@@ -1117,7 +1117,7 @@ impl Decodable for ProduceResponse {
                     }
                     _ => {
                         let unknown_value = buf.try_get_bytes(size as usize)?;
-                        unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                        crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
                     }
                 }
             }
@@ -1313,7 +1313,7 @@ impl Decodable for TopicProduceResponse {
                 let tag: u32 = types::UnsignedVarInt.decode(buf)?;
                 let size: u32 = types::UnsignedVarInt.decode(buf)?;
                 let unknown_value = buf.try_get_bytes(size as usize)?;
-                unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+                crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
             }
         }
         Ok(Self {

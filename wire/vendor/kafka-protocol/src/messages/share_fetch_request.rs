@@ -135,7 +135,7 @@ impl Decodable for AcknowledgementBatch {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             first_offset,
@@ -280,7 +280,7 @@ impl Decodable for FetchPartition {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             partition_index,
@@ -409,7 +409,7 @@ impl Decodable for FetchTopic {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             topic_id,
@@ -535,7 +535,7 @@ impl Decodable for ForgottenTopic {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             topic_id,
@@ -798,7 +798,7 @@ impl Decodable for ShareFetchRequest {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             group_id,

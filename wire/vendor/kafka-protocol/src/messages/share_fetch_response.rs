@@ -135,7 +135,7 @@ impl Decodable for AcquiredRecords {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             first_offset,
@@ -263,7 +263,7 @@ impl Decodable for LeaderIdAndEpoch {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             leader_id,
@@ -423,7 +423,7 @@ impl Decodable for NodeEndpoint {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             node_id,
@@ -656,7 +656,7 @@ impl Decodable for PartitionData {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             partition_index,
@@ -864,7 +864,7 @@ impl Decodable for ShareFetchResponse {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             throttle_time_ms,
@@ -999,7 +999,7 @@ impl Decodable for ShareFetchableTopicResponse {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             topic_id,

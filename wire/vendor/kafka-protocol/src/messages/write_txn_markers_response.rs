@@ -118,7 +118,7 @@ impl Decodable for WritableTxnMarkerPartitionResult {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             partition_index,
@@ -244,7 +244,7 @@ impl Decodable for WritableTxnMarkerResult {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             producer_id,
@@ -371,7 +371,7 @@ impl Decodable for WritableTxnMarkerTopicResult {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             name,
@@ -480,7 +480,7 @@ impl Decodable for WriteTxnMarkersResponse {
             let tag: u32 = types::UnsignedVarInt.decode(buf)?;
             let size: u32 = types::UnsignedVarInt.decode(buf)?;
             let unknown_value = buf.try_get_bytes(size as usize)?;
-            unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused
+            crate::protocol::charge_decoded(crate::protocol::TAGGED_FIELD_DECODED_BYTES)?; unknown_tagged_fields.insert(i32::try_from(tag)?, unknown_value); // weir patch: tags past i32 refused, each charged to the decode's bound
         }
         Ok(Self {
             markers,

@@ -128,6 +128,42 @@ mod str_bytes {
 
 pub use str_bytes::StrBytes;
 
+// weir patch: a bound on the memory one decode builds (see WEIR-PATCH.md).
+thread_local! {
+    static DECODE_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// weir patch: what an unknown tagged field is charged (a B-tree leaf of the field map).
+pub(crate) const TAGGED_FIELD_DECODED_BYTES: usize = 512;
+
+/// weir patch: runs `f` (a decode) on this thread with at most `bytes` of memory for
+/// decoded array elements (`size_of` of each, charged as it is decoded) and unknown tagged
+/// fields. A decode past the bound fails. Without it, a frame of one-byte elements (an
+/// empty compact string is one byte on the wire, 32 in memory; an unknown tagged field
+/// three bytes, a B-tree node) decodes to 30-100 times its size.
+pub fn with_decode_budget<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = DECODE_BUDGET.try_with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(DECODE_BUDGET.with(|b| b.replace(bytes)));
+    f()
+}
+
+/// weir patch: takes `bytes` from the running decode's budget, or fails past it.
+pub(crate) fn charge_decoded(bytes: usize) -> Result<()> {
+    DECODE_BUDGET.with(|b| {
+        let left = b.get();
+        if bytes > left {
+            bail!("decoded message exceeds its memory bound");
+        }
+        b.set(left - bytes);
+        Ok(())
+    })
+}
+
 use crate::messages::{ApiKey, RequestHeader};
 
 pub(crate) trait NewType<Inner>: From<Inner> + Into<Inner> + Borrow<Inner> {}

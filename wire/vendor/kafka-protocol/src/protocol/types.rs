@@ -997,6 +997,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
                 // memory than its one byte: grow as elements decode, not all up front.
                 let mut result = Vec::with_capacity((n as usize).min(ARRAY_PREALLOC_MAX));
                 for _ in 0..n {
+                    // weir patch: each element's memory counts against the decode's bound.
+                    super::charge_decoded(std::mem::size_of::<T>())?;
                     result.push(self.0.decode(buf)?);
                 }
                 Ok(Some(result))
@@ -1109,6 +1111,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
                 }
                 let mut result = Vec::with_capacity(((n - 1) as usize).min(ARRAY_PREALLOC_MAX));
                 for _ in 1..n {
+                    // weir patch: see Array above.
+                    super::charge_decoded(std::mem::size_of::<T>())?;
                     result.push(self.0.decode(buf)?);
                 }
                 Ok(Some(result))
