@@ -56,7 +56,7 @@ use wire::{BrokerEpoch, LeaderEpoch, NodeId, Offset};
 /// Longest long poll weir honours, whatever the client asks.
 const MAX_WAIT_MS_CAP: u64 = 300_000;
 /// Most partitions one Fetch may name (bounds the work one request causes).
-const PARTITIONS_PER_FETCH_MAX: usize = 100_000;
+pub(crate) const PARTITIONS_PER_FETCH_MAX: usize = 100_000;
 /// Shortest wait for response budget, even when the long poll has no time left: under
 /// load a fetch with `max_wait_ms` 0 waits a little instead of making its client spin.
 const BUDGET_WAIT_MIN: Duration = Duration::from_millis(100);

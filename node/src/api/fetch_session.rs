@@ -31,11 +31,16 @@
 //! a slot is answered with session id 0 (sessionless), and the client keeps sending full
 //! fetches.
 //!
-//! Bounded memory: at most the shard's slots, and at most
+//! Bounded memory: at most the shard's slots, at most [`SESSION_PARTITIONS_MAX`]
+//! partitions a session (what one Fetch answers), and at most
 //! [`SESSION_PARTITIONS_PER_SHARD_MAX`] cached partitions per shard. A full fetch that
-//! would pass that bound gets no session (sessionless answer); an incremental fetch that
-//! would pass it closes its session and is answered FETCH_SESSION_ID_NOT_FOUND, so the
-//! client falls back to a full fetch.
+//! would pass the shard's bound evicts sessions unused for [`EVICTION_AFTER`], then the
+//! largest sessions bigger than itself (never a follower's for a consumer's), and gets no
+//! session (sessionless answer) if that does not make room: so one client that fills the
+//! bound with a few huge sessions of made-up partitions, and keeps them in use, cannot
+//! keep every other client sessionless. An incremental fetch that would pass either bound
+//! closes its session and is answered FETCH_SESSION_ID_NOT_FOUND, so the client falls back
+//! to a full fetch.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -59,6 +64,9 @@ pub const INVALID_SESSION_ID: i32 = 0;
 pub const EVICTION_AFTER: Duration = Duration::from_millis(120_000);
 /// Most partitions all sessions of one shard cache together (~150 bytes each).
 pub const SESSION_PARTITIONS_PER_SHARD_MAX: usize = 1_000_000;
+/// Most partitions one session holds: what one Fetch may name (`fetch.rs`), so an
+/// incremental fetch never makes the shard read more than a full one.
+pub const SESSION_PARTITIONS_MAX: usize = super::fetch::PARTITIONS_PER_FETCH_MAX;
 /// Tries to draw an unused session id before giving up (sessionless answer).
 const ID_DRAWS_MAX: usize = 32;
 
@@ -198,6 +206,10 @@ pub struct SessionCache {
     /// Partitions cached by all sessions here.
     partitions: usize,
     evictions: u64,
+    /// [`SESSION_PARTITIONS_MAX`] and [`SESSION_PARTITIONS_PER_SHARD_MAX`] (smaller in
+    /// tests).
+    session_partitions_max: usize,
+    shard_partitions_max: usize,
 }
 
 /// A fetch's session fields.
@@ -218,6 +230,8 @@ impl SessionCache {
             sessions: HashMap::new(),
             partitions: 0,
             evictions: 0,
+            session_partitions_max: SESSION_PARTITIONS_MAX,
+            shard_partitions_max: SESSION_PARTITIONS_PER_SHARD_MAX,
         }
     }
 
@@ -297,7 +311,7 @@ impl SessionCache {
             self.remove(f.session_id);
             return (Context::Sessionless, Vec::new());
         }
-        if total > SESSION_PARTITIONS_PER_SHARD_MAX {
+        if total > self.shard_partitions_max || after > self.session_partitions_max {
             self.remove(f.session_id);
             return (
                 Context::Error(errors::FETCH_SESSION_ID_NOT_FOUND),
@@ -408,8 +422,13 @@ impl SessionCache {
         if self.sessions.len() >= self.slots && !self.evict_one(privileged, size, now) {
             return INVALID_SESSION_ID;
         }
-        if self.partitions + size > SESSION_PARTITIONS_PER_SHARD_MAX {
+        if size > self.session_partitions_max {
             return INVALID_SESSION_ID;
+        }
+        while self.partitions + size > self.shard_partitions_max {
+            if !self.evict_for_room(privileged, size, now) {
+                return INVALID_SESSION_ID;
+            }
         }
         let Some(id) = self.draw_id() else {
             return INVALID_SESSION_ID;
@@ -454,6 +473,33 @@ impl SessionCache {
                 .filter(|(_, s)| privileged || !s.privileged)
                 .min_by_key(|(id, s)| (s.privileged, s.partitions.len(), **id))
                 .filter(|(_, s)| (privileged, size) > (s.privileged, s.partitions.len()))
+                .map(|(id, _)| *id)
+        });
+        match victim {
+            Some(id) => {
+                self.remove(id);
+                self.evictions += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees partitions of the shard's bound for a new session of `size`: a stale session
+    /// (the oldest), else the largest one bigger than the new one that it may displace
+    /// (a consumer's never displaces a follower's). Returns whether one was evicted.
+    fn evict_for_room(&mut self, privileged: bool, size: usize, now: Instant) -> bool {
+        let stale = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.last_used) > EVICTION_AFTER)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(id, _)| *id);
+        let victim = stale.or_else(|| {
+            self.sessions
+                .iter()
+                .filter(|(_, s)| (privileged || !s.privileged) && s.partitions.len() > size)
+                .max_by_key(|(id, s)| (s.partitions.len(), **id))
                 .map(|(id, _)| *id)
         });
         match victim {
@@ -607,6 +653,60 @@ mod tests {
         assert_eq!(ctx, Context::Sessionless);
         assert!(c.is_empty());
         assert_eq!(c.partitions, 0);
+    }
+
+    fn requests(range: std::ops::Range<i32>) -> Vec<(PartKey, FetchParams)> {
+        range.map(|p| (key(p), params(0))).collect()
+    }
+
+    /// A full fetch of `req` on `c`: the session id it got (0: none).
+    fn full(c: &mut SessionCache, req: Vec<(PartKey, FetchParams)>, now: Instant) -> i32 {
+        let (ctx, parts) = c.new_context(fields(0, 0), req, &[], now);
+        let answers: Vec<Answer> = parts.iter().map(|_| answer(0, false)).collect();
+        c.finish(&ctx, &parts, &answers, now).0
+    }
+
+    #[test]
+    fn a_client_holding_the_shards_partitions_cannot_keep_others_sessionless() {
+        let now = Instant::now();
+        let mut c = SessionCache::new(10, 0, 1);
+        c.session_partitions_max = 100;
+        c.shard_partitions_max = 250;
+        // A session grown past its own bound by incremental fetches is closed.
+        let hog = full(&mut c, requests(0..60), now);
+        assert_ne!(hog, 0);
+        let (ctx, _) = c.new_context(fields(hog, 1), requests(60..101), &[], now);
+        assert_eq!(ctx, Context::Error(errors::FETCH_SESSION_ID_NOT_FOUND));
+        assert_eq!(c.partitions, 0);
+        // Two sessions of 100 and one of 50 fill the shard's bound.
+        let big1 = full(&mut c, requests(0..100), now);
+        let big2 = full(&mut c, requests(100..200), now);
+        let mid = full(&mut c, requests(200..250), now);
+        assert!(big1 != 0 && big2 != 0 && mid != 0);
+        assert_eq!(c.partitions, 250);
+        // A small newcomer displaces the largest session, not a smaller one.
+        let small = full(&mut c, requests(0..10), now);
+        assert_ne!(small, 0);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.partitions, 160);
+        assert!(c.sessions.contains_key(&mid) && c.sessions.contains_key(&small));
+        // A consumer never displaces a follower's session.
+        let mut c = SessionCache::new(10, 0, 1);
+        c.shard_partitions_max = 100;
+        let (ctx, parts) = c.new_context(
+            SessionFields {
+                follower: true,
+                ..fields(0, 0)
+            },
+            requests(0..100),
+            &[],
+            now,
+        );
+        let answers: Vec<Answer> = parts.iter().map(|_| answer(0, false)).collect();
+        let follower = c.finish(&ctx, &parts, &answers, now).0;
+        assert_ne!(follower, 0);
+        assert_eq!(full(&mut c, requests(0..10), now), 0, "no room, none made");
+        assert!(c.sessions.contains_key(&follower));
     }
 
     #[test]
