@@ -99,5 +99,5 @@ for a in ["1", "all"]:
     pl, el = e["publish_latency_ms"] or nan, e["e2e_latency_ms"] or nan
     print(f"50% load acks={a}: {e['records_per_sec']:.0f} rec/s; publish p50 {pl['p50']:.2f} "
           f"p99 {pl['p99']:.2f} p99.9 {pl['p999']:.2f} ms; e2e p50 {el['p50']:.2f} "
-          f"p99 {el['p99']:.2f} p99.9 {el['p999']:.2f} ms; max lag {e['lag_max_records']}")
+          f"p99 {el['p99']:.2f} p99.9 {el['p999']:.2f} ms; max lag {e['lag_max_records'] if e['lag_max_records'] is not None else '-'}")
 EOF

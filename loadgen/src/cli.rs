@@ -102,8 +102,14 @@ pub struct Load {
     /// own window (which runs on while they catch up), not over the produce window.
     #[arg(long)]
     pub consume_rate: Option<f64>,
+    /// Kafka's delivery.timeout.ms: a batch not acknowledged this long after it was
+    /// created is given up on. At least --linger-ms + --request-timeout-ms (as in Kafka).
     #[arg(long, default_value_t = 120_000)]
     pub delivery_timeout_ms: u64,
+    /// Kafka's request.timeout.ms: a produce request unanswered this long has its
+    /// connection dropped and its batches retried (within --delivery-timeout-ms).
+    #[arg(long, default_value_t = 30_000)]
+    pub request_timeout_ms: u32,
     /// InitProducerId + per-partition sequences.
     #[arg(long)]
     pub idempotent: bool,
@@ -360,6 +366,23 @@ pub fn acks_label(acks: i16) -> &'static str {
     }
 }
 
+/// Kafka's producer refuses a delivery timeout shorter than linger.ms plus
+/// request.timeout.ms: a batch could then be given up on while its request may still be
+/// answered. So do we, with the same rule; the request timeout must be positive.
+fn check_timeouts(delivery_ms: u64, linger_ms: u64, request_ms: u32) -> Result<()> {
+    if request_ms == 0 {
+        bail!("--request-timeout-ms must be positive");
+    }
+    let least = linger_ms.saturating_add(u64::from(request_ms));
+    if delivery_ms < least {
+        bail!(
+            "--delivery-timeout-ms ({delivery_ms}) must be at least --linger-ms + \
+             --request-timeout-ms ({least}), as in Kafka"
+        );
+    }
+    Ok(())
+}
+
 impl Load {
     /// The run spec for these flags; `default_start` applies when --from is absent.
     pub fn spec(&self, default_start: StartAt) -> Result<LoadSpec> {
@@ -419,7 +442,14 @@ impl Load {
             crate::scrape::split_url(u)?;
         }
         spec.metrics_urls = self.metrics_urls.clone();
+        check_timeouts(
+            self.delivery_timeout_ms,
+            self.linger_ms,
+            self.request_timeout_ms,
+        )?;
         p.delivery_timeout_ms = self.delivery_timeout_ms;
+        p.request_timeout_ms = i32::try_from(self.request_timeout_ms)
+            .map_err(|_| anyhow::anyhow!("--request-timeout-ms must fit an i32"))?;
         p.idempotent = self.idempotent;
         p.compression = self.compression;
         p.record_size_bytes = self.record_size;
@@ -466,5 +496,20 @@ mod tests {
         }
         assert_eq!(parse_list("0,1,all", parse_acks).ok(), Some(vec![0, 1, -1]));
         assert!(parse_acks("2").is_err());
+    }
+
+    #[test]
+    fn the_delivery_timeout_covers_linger_and_the_request_timeout() {
+        assert!(check_timeouts(120_000, 5, 30_000).is_ok());
+        assert!(check_timeouts(30_005, 5, 30_000).is_ok());
+        let e = check_timeouts(4_000, 5, 30_000).expect_err("shorter than a request");
+        assert!(e.to_string().contains("30005"), "{e}");
+        assert!(check_timeouts(4_000, 5, 0).is_err());
+        let cli = Cli::parse_from(["weir-loadgen", "produce", "--request-timeout-ms", "250"]);
+        let Cmd::Produce(l) = cli.cmd else {
+            unreachable!("parsed the produce subcommand")
+        };
+        let spec = l.spec(StartAt::Latest).expect("a valid spec");
+        assert_eq!(spec.producer.request_timeout_ms, 250);
     }
 }

@@ -186,16 +186,78 @@ fn write_outputs<T: Serialize>(
 pub struct Capacity {
     pub record_size: usize,
     pub acks: String,
+    /// The topic's partitions as the runs found them (`--partitions` only applies when
+    /// the topic is created).
     pub partitions: i32,
-    /// Highest offered rate that met the SLO and kept lag bounded (records/s).
+    /// Highest offered rate that met the SLO and kept lag bounded (records/s); a lower
+    /// bound when `limit_reached` is false.
     pub sustainable_records_per_sec: f64,
     pub sustainable_mb_per_sec: f64,
+    /// Whether a step missed the SLO. False: every step that ran met it (the steps ran
+    /// out, or one failed), so the capacity is at least `sustainable_records_per_sec`.
+    pub limit_reached: bool,
     pub target_mbps: Option<f64>,
     /// Partitions (each its own shard's work) needed for the target at this per-partition
-    /// rate, assuming partitions scale linearly until the node's limit.
+    /// rate, assuming partitions scale linearly until the node's limit (at most this many
+    /// when the limit was not reached: the per-partition rate is then a lower bound).
     pub partitions_needed: Option<u64>,
-    /// Whether the target fits one node at all (the whole-node sustainable rate measured).
+    /// Whether the target fits one node at all (the whole-node sustainable rate measured);
+    /// `None` when unknown (the target lies beyond a limit that was not reached).
     pub fits_one_node: Option<bool>,
+}
+
+/// How the search of one record size ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Search {
+    /// The highest rate that met the SLO (0: none did).
+    best: f64,
+    /// A step missed the SLO (rather than the steps running out or one failing).
+    limit_reached: bool,
+    /// The topic's partitions as the last run that ran found them.
+    partitions: Option<usize>,
+}
+
+/// The capacity of one record size from its search, for `partitions` partitions.
+fn capacity(
+    size: usize,
+    acks: &str,
+    partitions: i32,
+    search: &Search,
+    target_mbps: Option<f64>,
+) -> Capacity {
+    let mbps = search.best * size as f64 / crate::stats::BYTES_PER_MB;
+    let per_partition = mbps / f64::from(partitions.max(1));
+    let needed = target_mbps
+        .filter(|_| per_partition > 0.0)
+        .map(|t| (t / per_partition).ceil() as u64);
+    // Beyond an unreached limit nothing was measured: fitting is then unknown.
+    let fits = target_mbps.and_then(|t| (t <= mbps || search.limit_reached).then_some(t <= mbps));
+    Capacity {
+        record_size: size,
+        acks: acks.to_string(),
+        partitions,
+        sustainable_records_per_sec: search.best,
+        sustainable_mb_per_sec: mbps,
+        limit_reached: search.limit_reached,
+        target_mbps,
+        partitions_needed: needed,
+        fits_one_node: fits,
+    }
+}
+
+/// The partition count capacity is per: the topic's own (what the runs measured), with
+/// a note when it is not what `--partitions` said; the flag when no run found out.
+fn plan_partitions(flag: i32, measured: Option<usize>, topic: &str) -> (i32, Option<String>) {
+    let Some(n) = measured.and_then(|n| i32::try_from(n).ok()) else {
+        return (flag, None);
+    };
+    let note = (n != flag).then(|| {
+        format!(
+            "topic {topic} has {n} partition(s), not --partitions {flag} (which applies only \
+             when the topic is created): capacity is per {n} partition(s)"
+        )
+    });
+    (n, note)
 }
 
 /// Raises the offered rate step by step until the SLO or bounded lag fails.
@@ -204,6 +266,7 @@ pub fn plan(p: &Plan) -> Result<Vec<Capacity>> {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     let mut caps = Vec::new();
+    let mut notes = Vec::new();
     for size in sizes {
         let mut l = p.load.clone();
         l.record_size = size;
@@ -213,37 +276,34 @@ pub fn plan(p: &Plan) -> Result<Vec<Capacity>> {
         if l.duration.is_none() {
             l.duration = Some(Duration::from_secs(10));
         }
-        let best = plan_steps(p, &l, &mut rows, &mut runs);
-        let mbps = best * size as f64 / crate::stats::BYTES_PER_MB;
-        let per_partition = mbps / f64::from(l.partitions.max(1));
-        let needed = p
-            .target_mbps
-            .filter(|_| per_partition > 0.0)
-            .map(|t| (t / per_partition).ceil() as u64);
-        caps.push(Capacity {
-            record_size: size,
-            acks: l.acks.clone(),
-            partitions: l.partitions,
-            sustainable_records_per_sec: best,
-            sustainable_mb_per_sec: mbps,
-            target_mbps: p.target_mbps,
-            partitions_needed: needed,
-            fits_one_node: p.target_mbps.map(|t| t <= mbps),
-        });
+        let search = plan_steps(p, &l, &mut rows, &mut runs);
+        let (partitions, note) = plan_partitions(l.partitions, search.partitions, &l.topic);
+        if let Some(n) = note.filter(|n| !notes.contains(n)) {
+            println!("{n}");
+            notes.push(n);
+        }
+        caps.push(capacity(size, &l.acks, partitions, &search, p.target_mbps));
     }
     print!("{}", report::table_text(&rows));
+    for n in &notes {
+        println!("{n}");
+    }
     print!("{}", capacity_text(&caps));
     write_outputs(&p.load, "plan", &rows, &runs, Some(&caps))?;
     steps_failed(&rows)?;
     Ok(caps)
 }
 
-/// One record size: returns the highest rate that held.
+/// One record size: the highest rate that held, and whether a step missed the SLO.
 /// A step that fails (an error, or nothing acknowledged) is a failed row and ends the
 /// search for this record size.
-fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>) -> f64 {
+fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>) -> Search {
     let mut rate = p.start_rate.max(1.0);
-    let mut best = 0.0;
+    let mut search = Search {
+        best: 0.0,
+        limit_reached: false,
+        partitions: None,
+    };
     for _ in 0..p.max_steps {
         let mut step = l.clone();
         step.rate = Rate::PerSec(rate);
@@ -262,27 +322,20 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
                 break;
             }
         };
+        search.partitions = Some(r.partitions);
         let s = &r.summary;
-        // Delivering less than 95% of the offered records is a failure too (errors or a
-        // client that cannot keep up); timeliness is the latency SLO's job.
-        let offered = rate * spec.duration.map_or(0.0, |d| d.as_secs_f64());
-        let kept_up = s.records as f64 >= offered * 0.95;
-        let p99 = s.publish_latency_ms.map(|l| l.p99);
-        // No acks at all is no latency to meet the SLO with.
-        let ok = p99.is_some_and(|l| l <= p.slo_p99_ms)
-            && s.lag_max_records <= p.max_lag_records
-            && kept_up
-            && s.errors.is_empty();
+        let ok = step_ok(p, rate, spec.duration, s);
         println!(
             "{label}: {:.0} records/s, publish p99 {} ms, max lag {} → {}",
             s.records_per_sec,
-            crate::stats::ms_text(p99),
-            s.lag_max_records,
+            crate::stats::ms_text(s.publish_latency_ms.map(|l| l.p99)),
+            report::lag_text(s.lag_max_records),
             if ok { "ok" } else { "missed" }
         );
         let mut row = Row::from_summary(&label, Some(rate), s);
         row.ok = Some(ok);
         row.failed = nothing_done(&r, true, false);
+        let failed = row.failed.is_some();
         rows.push(row);
         runs.push(RunReport {
             label,
@@ -290,33 +343,63 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
             publish_us: Some(r.publish_us),
             e2e_us: Some(r.e2e_us),
         });
-        if !ok {
+        if failed {
             break;
         }
-        best = rate;
+        if !ok {
+            search.limit_reached = true;
+            break;
+        }
+        search.best = rate;
         rate *= p.step_factor.max(1.05);
     }
-    best
+    search
+}
+
+/// Whether one step at `rate` met the SLO: publish p99 within it, a lag measured and
+/// bounded, at least 95% of the offered records acknowledged, and no error.
+fn step_ok(p: &Plan, rate: f64, duration: Option<Duration>, s: &crate::stats::Summary) -> bool {
+    // Delivering less than 95% of the offered records is a failure too (errors or a
+    // client that cannot keep up); timeliness is the latency SLO's job.
+    let offered = rate * duration.map_or(0.0, |d| d.as_secs_f64());
+    let kept_up = s.records as f64 >= offered * 0.95;
+    // No acks at all is no latency to meet the SLO with; no lag sample is no lag shown
+    // to be bounded.
+    s.publish_latency_ms.is_some_and(|l| l.p99 <= p.slo_p99_ms)
+        && s.lag_max_records.is_some_and(|l| l <= p.max_lag_records)
+        && kept_up
+        && s.errors.is_empty()
 }
 
 fn capacity_text(caps: &[Capacity]) -> String {
     let mut t = String::from("\ncapacity (highest rate meeting the SLO with bounded lag):\n");
     for c in caps {
+        // Every step met the SLO: the capacity is at least this, not this.
+        let at_least = if c.limit_reached { "" } else { "≥ " };
         t.push_str(&format!(
-            "  {} B records, acks={}, {} partition(s): {:.0} records/s = {:.2} MB/s",
+            "  {} B records, acks={}, {} partition(s): {at_least}{:.0} records/s = \
+             {at_least}{:.2} MB/s",
             c.record_size,
             c.acks,
             c.partitions,
             c.sustainable_records_per_sec,
             c.sustainable_mb_per_sec
         ));
+        if !c.limit_reached {
+            t.push_str(" (limit not reached: no step missed the SLO; raise --max-steps)");
+        }
         if let (Some(target), Some(n)) = (c.target_mbps, c.partitions_needed) {
+            let (bound, why) = if c.limit_reached {
+                ("≥ ", "")
+            } else {
+                ("≤ ", ", itself a lower bound")
+            };
             t.push_str(&format!(
-                "; for {target} MB/s: ≥ {n} partitions/shards at this per-partition rate{}",
-                if c.fits_one_node == Some(false) {
-                    " — beyond what one node sustained here: more nodes"
-                } else {
-                    ""
+                "; for {target} MB/s: {bound}{n} partitions/shards at this per-partition rate{why}{}",
+                match c.fits_one_node {
+                    Some(false) => " — beyond what one node sustained here: more nodes",
+                    None => " — beyond the rates tried: whether one node suffices is unknown",
+                    Some(true) => "",
                 }
             ));
         }
@@ -385,4 +468,64 @@ fn quickstart_load(bootstrap: &str, d: Duration, report: &Path, json: Option<&Pa
     l.json = json.map(Path::to_path_buf);
     l.quiet = true;
     l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search(best: f64, limit_reached: bool) -> Search {
+        Search {
+            best,
+            limit_reached,
+            partitions: Some(2),
+        }
+    }
+
+    /// Every step met the SLO: the last rate tried is a lower bound, said so in the
+    /// text ("≥") and the JSON (`limit_reached: false`), and whether a target beyond it
+    /// fits one node is unknown, not "no".
+    #[test]
+    fn a_plan_whose_steps_all_passed_did_not_reach_the_limit() {
+        let c = capacity(1024, "all", 2, &search(80_000.0, false), Some(1000.0));
+        let text = capacity_text(std::slice::from_ref(&c));
+        assert!(text.contains("≥ 80000 records/s = ≥ 78.12 MB/s"), "{text}");
+        assert!(text.contains("limit not reached"), "{text}");
+        assert!(text.contains("≤ 26 partitions"), "{text}");
+        assert!(!text.contains("more nodes"), "{text}");
+        let j = serde_json::to_value(&c).unwrap_or_default();
+        assert_eq!(j["limit_reached"], false, "{j}");
+        assert!(j["fits_one_node"].is_null(), "{j}");
+        // A target within what was measured fits, limit or not.
+        let c = capacity(1024, "all", 2, &search(80_000.0, false), Some(10.0));
+        assert_eq!(c.fits_one_node, Some(true));
+        // A step missed the SLO: the capacity is the highest rate that met it.
+        let c = capacity(1024, "all", 2, &search(80_000.0, true), Some(1000.0));
+        let text = capacity_text(std::slice::from_ref(&c));
+        assert!(text.contains(": 80000 records/s = 78.12 MB/s"), "{text}");
+        assert!(text.contains("≥ 26 partitions"), "{text}");
+        assert!(text.contains("more nodes"), "{text}");
+        assert_eq!(c.fits_one_node, Some(false));
+        let j = serde_json::to_value(&c).unwrap_or_default();
+        assert_eq!(j["limit_reached"], true, "{j}");
+    }
+
+    /// Capacity is per the topic's partitions, which the runs found: `--partitions` only
+    /// applies when the topic is created, and a topic that already existed keeps its own.
+    #[test]
+    fn capacity_is_per_the_topics_own_partitions() {
+        let (n, note) = plan_partitions(1, Some(4), "plan");
+        assert_eq!(n, 4);
+        let note = note.expect("the flag differs");
+        assert!(
+            note.contains("4 partition(s), not --partitions 1"),
+            "{note}"
+        );
+        assert_eq!(plan_partitions(4, Some(4), "plan"), (4, None));
+        assert_eq!(plan_partitions(3, None, "plan"), (3, None), "nothing ran");
+        // 4 partitions at 8 MB/s together: 2 MB/s each, 50 for 100 MB/s.
+        let rate = 8.0 * crate::stats::BYTES_PER_MB / 1000.0;
+        let c = capacity(1000, "1", n, &search(rate, true), Some(100.0));
+        assert_eq!((c.partitions, c.partitions_needed), (4, Some(50)));
+    }
 }

@@ -13,6 +13,11 @@ use serde::Serialize;
 
 use crate::stats::{Percentiles, Summary, ms_text};
 
+/// A lag in records for text output: `-` when none was measured (never 0).
+pub fn lag_text(records: Option<i64>) -> String {
+    records.map_or_else(|| "-".to_string(), |r| r.to_string())
+}
+
 const PLOT_W: u32 = 860;
 const PLOT_H: u32 = 340;
 /// Percentile axis: 0 = p0, 1 = p90, 2 = p99, ... 5 = p99.999 ("nines").
@@ -38,7 +43,9 @@ pub struct Row {
     /// `None` (JSON null) when the run had no samples.
     pub publish_latency_ms: Option<Percentiles>,
     pub e2e_latency_ms: Option<Percentiles>,
-    pub lag_max_records: i64,
+    /// `None` (JSON null, `-` in the tables) when no lag was measured.
+    pub lag_max_records: Option<i64>,
+    /// Error occurrences, all names together (see [`Summary::errors`]).
     pub errors: u64,
     /// For plan: whether this step met the SLO.
     pub ok: Option<bool>,
@@ -103,12 +110,13 @@ pub fn summary_text(s: &Summary) -> String {
     if s.consumed_records > 0 {
         let _ = writeln!(
             t,
-            "{} records consumed in {:.1} s: {:.1} records/sec ({:.2} MB/sec), max lag {} records",
+            "{} records consumed in {:.1} s: {:.1} records/sec ({:.2} MB/sec), max lag {}",
             s.consumed_records,
             s.consumed_duration_s,
             s.consumed_records_per_sec,
             s.consumed_mb_per_sec,
             s.lag_max_records
+                .map_or_else(|| "- (no sample)".to_string(), |l| format!("{l} records"))
         );
         if s.lag_unknown_samples > 0 {
             let _ = writeln!(
@@ -121,14 +129,27 @@ pub fn summary_text(s: &Summary) -> String {
             t.push_str(&p("e2e", &s.e2e_latency_ms));
         }
     }
+    let scrapes = s.follower_lag.iter().filter(|p| !p.warmup).count();
+    let unknown = s.follower_lag_unknown_scrapes.unwrap_or(0);
     if let (Some(r), Some(ms)) = (s.follower_lag_max_records, s.follower_lag_max_ms) {
         let _ = writeln!(
             t,
-            "follower lag max: {r} records, {ms:.0} ms since caught up ({} scrapes)",
-            s.follower_lag.iter().filter(|p| !p.warmup).count()
+            "follower lag max: {r} records, {ms:.0} ms since caught up ({scrapes} scrapes)",
+        );
+    } else if scrapes > 0 {
+        let _ = writeln!(t, "follower lag max: - (no scrape reached every node)");
+    }
+    if unknown > 0 {
+        let _ = writeln!(
+            t,
+            "follower lag unknown in {unknown} of {scrapes} scrapes (a node could not be scraped)"
         );
     }
+    if s.failed_records > 0 {
+        let _ = writeln!(t, "{} records given up on", s.failed_records);
+    }
     if !s.errors.is_empty() {
+        // One count per occurrence (a refused batch, a lost connection, ...), not records.
         let _ = writeln!(t, "errors: {:?}", s.errors);
     }
     t
@@ -187,7 +208,7 @@ pub fn table_text(rows: &[Row]) -> String {
             ms_text(r.publish_latency_ms.map(|p| p.p99)),
             ms_text(r.publish_latency_ms.map(|p| p.p999)),
             ms_text(r.e2e_latency_ms.map(|p| p.p99)),
-            r.lag_max_records,
+            lag_text(r.lag_max_records),
             r.errors
         );
     }
@@ -258,8 +279,9 @@ fn render_html(title: &str, runs: &[RunReport], rows: &[Row]) -> Result<String> 
                  (<code>weir_follower_caught_up_age_seconds</code>, the lag \
                  <code>replica.lag.time.max.ms</code> is measured against).</p>",
             );
+            // A scrape that missed a node has no point (unknown is not 0).
             h.push_str(&follower_lag_svg(runs, "follower lag (records)", |p| {
-                p.lag_records_max as f64
+                p.lag_records_max.map(|r| r as f64)
             })?);
             h.push_str(&follower_lag_svg(runs, "follower lag (ms)", |p| {
                 p.lag_ms_max
@@ -303,7 +325,7 @@ fn rows_table_html(rows: &[Row]) -> String {
             ms_text(r.publish_latency_ms.map(|p| p.p99)),
             ms_text(r.publish_latency_ms.map(|p| p.p999)),
             ms_text(r.e2e_latency_ms.map(|p| p.p99)),
-            r.lag_max_records,
+            lag_text(r.lag_max_records),
             r.errors,
             match (&r.failed, r.ok) {
                 (Some(why), _) => format!("failed: {}", escape(why)),
@@ -444,13 +466,14 @@ fn timeline_svg(
 fn follower_lag_svg(
     runs: &[RunReport],
     y_desc: &str,
-    value: impl Fn(&crate::scrape::LagPoint) -> f64,
+    value: impl Fn(&crate::scrape::LagPoint) -> Option<f64>,
 ) -> Result<String> {
     let series = runs
         .iter()
         .filter(|r| !r.summary.follower_lag.is_empty())
         .map(|r| {
-            let pts = r.summary.follower_lag.iter().map(|p| (p.t_s, value(p)));
+            let pts = r.summary.follower_lag.iter();
+            let pts = pts.filter_map(|p| Some((p.t_s, value(p)?)));
             (r.label.clone(), pts.collect())
         })
         .collect();
@@ -569,6 +592,33 @@ mod tests {
     use super::*;
     use crate::stats::Recorder;
 
+    /// No lag sample (a produce-only run) is shown as "-" and null, never as 0.
+    #[test]
+    fn an_unmeasured_lag_is_a_dash_not_zero() {
+        let rec = Recorder::new(0);
+        rec.record_acks([0], 1_000_000, 100);
+        let s = rec.summary(1_000_000_000);
+        let row = Row::from_summary("acks=1", None, &s);
+        assert_eq!(row.lag_max_records, None);
+        let j = serde_json::to_value(&row).unwrap_or_default();
+        assert!(j["lag_max_records"].is_null(), "{j}");
+        let line = table_text(std::slice::from_ref(&row));
+        let cells: Vec<&str> = line
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        // config, offered, records/s, MB/s, p50, p99, p99.9, e2e p99, max lag, errors
+        assert_eq!(cells.get(8), Some(&"-"), "{line}");
+        let html = rows_table_html(&[row]);
+        assert!(html.contains("<td>-</td><td>-</td><td>0</td>"), "{html}");
+        let mut consumed = s.clone();
+        consumed.consumed_records = 5;
+        let text = summary_text(&consumed);
+        assert!(text.contains("max lag - (no sample)"), "{text}");
+    }
+
     #[test]
     fn html_report_is_self_contained_with_plots() {
         let rec = Recorder::new(0);
@@ -584,8 +634,8 @@ mod tests {
                 .map(|i| crate::scrape::LagPoint {
                     t_s: f64::from(i),
                     warmup: false,
-                    lag_records_max: 100 * u64::from(i),
-                    lag_ms_max: 2.0,
+                    lag_records_max: Some(100 * u64::from(i)),
+                    lag_ms_max: Some(2.0),
                     series: 3,
                 })
                 .collect(),

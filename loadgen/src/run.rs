@@ -2,8 +2,8 @@
 //! printing a line per second and sampling consumer lag, and the summary at the end.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,9 @@ use wire::batch::Compression;
 
 use crate::client::conn::Conn;
 use crate::client::consumer::{
-    Consumer, ConsumerConfig, LagSampler, Positions, RecordSink, Seen, StartAt, Until,
+    Consumer, ConsumerConfig, LagSampler, Positions, RecordSink, Seen, StartAt, StartGate, Until,
 };
+use crate::client::group::{GroupReady, READY_TIMEOUT};
 use crate::client::metadata::{self, Cluster};
 use crate::client::payload::Stamp;
 use crate::client::producer::{AckSink, Producer, ProducerConfig, ProducerStats, warn};
@@ -139,6 +140,8 @@ pub struct RunResult {
     pub e2e_us: Histogram<u64>,
     pub producer: ProducerStats,
     pub consumed: u64,
+    /// The topic's partitions as the run found them (whatever `--partitions` said).
+    pub partitions: usize,
 }
 
 /// Counts our records as consumers see them, and passes them on.
@@ -185,7 +188,55 @@ pub fn prepare_topic(spec: &LoadSpec) -> Result<Cluster> {
     metadata::ensure_topic(&mut c, &spec.topic, spec.partitions)
 }
 
+/// A producer built, connected and initialised, not yet pacing.
+enum Ready {
+    Plain(Producer),
+    Txn(TxnProducer),
+}
+
+/// The consumer threads of a run, the gate they wait at until it starts, and word from
+/// each as it ends.
+struct Consumers {
+    handles: Vec<JoinHandle<u64>>,
+    gate: Arc<StartGate>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Consumers {
+    fn none() -> Self {
+        Self {
+            handles: Vec::new(),
+            gate: Arc::default(),
+            done: mpsc::channel().1,
+        }
+    }
+
+    /// Waits until every consumer has ended or `deadline` passes (then stops them).
+    fn stop_at(&self, deadline: Instant, stop: &AtomicBool) {
+        for _ in 0..self.handles.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.done.recv_timeout(left).is_err() {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    }
+
+    fn join(self) -> Result<u64> {
+        let mut consumed = 0;
+        for h in self.handles {
+            consumed += h.join().map_err(|_| anyhow!("consumer thread panicked"))?;
+        }
+        Ok(consumed)
+    }
+}
+
 /// Runs producers (if `produce`) and consumers (if `consume`) per `spec`.
+///
+/// The run's clock starts once everything is ready: consumers at their start offsets
+/// (and, with `--group`, every one holding its assignment), producers connected (and
+/// their producer ids or transactional ids initialised). Setup is neither in a record's
+/// latency nor in the measured window.
 pub fn run(
     spec: &LoadSpec,
     produce: bool,
@@ -195,15 +246,8 @@ pub fn run(
 ) -> Result<RunResult> {
     let cluster = prepare_topic(spec)?;
     let clock = Clock::start();
-    let start_ns = clock.now_ns();
-    let scraper = Scraper::start(
-        &spec.metrics_urls,
-        &spec.topic,
-        clock.instant_at(start_ns),
-        spec.warmup,
-    );
-    let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
-    let recorder = Arc::new(Recorder::new(warmup_end_ns));
+    // Nothing is measured until the start below.
+    let recorder = Arc::new(Recorder::unstarted());
     let stop_consumers = Arc::new(AtomicBool::new(false));
     let stop_all = Arc::new(AtomicBool::new(false));
     let positions = Positions::new(cluster.partitions());
@@ -214,29 +258,41 @@ pub fn run(
         all: AtomicU64::new(0),
         last_ns: AtomicU64::new(0),
     });
+    let group = spec.group.as_ref().filter(|_| consume).map(|g| {
+        let members = consumer_threads(spec, &cluster);
+        Arc::new(GroupReady::new(g, members, cluster.partitions()))
+    });
     let consumers = if consume {
-        start_consumers(
-            spec,
-            &cluster,
-            &positions,
-            clock,
-            &recorder,
-            &counting,
-            rid,
-            &stop_consumers,
-            produce,
-        )?
+        let cs = (&positions, &recorder, &counting, &stop_consumers);
+        start_consumers(spec, &cluster, cs, clock, rid, produce, group.as_ref())?
     } else {
-        Vec::new()
+        Consumers::none()
     };
+    let producers = match get_ready(spec, produce, &cluster, clock, &recorder, &ack_sink, group) {
+        Ok(p) => p,
+        Err(e) => {
+            // Consumers already running (joining, fetching) are told to stop.
+            stop_consumers.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    let start_ns = clock.now_ns();
+    let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
+    recorder.start(start_ns, warmup_end_ns);
+    consumers.gate.open();
+    let scraper = Scraper::start(
+        &spec.metrics_urls,
+        &spec.topic,
+        clock.instant_at(start_ns),
+        spec.warmup,
+    );
     let progress = start_progress(
         spec, &cluster, &positions, clock, &recorder, &stop_all, consume,
     );
     let mut pstats = ProducerStats::default();
     let mut produce_end_ns = clock.now_ns();
     if produce {
-        let produced = start_producers(spec, &cluster, clock, start_ns, &recorder, &ack_sink, rid)
-            .and_then(join_producers);
+        let produced = spawn_producers(producers, spec, start_ns).and_then(join_producers);
         pstats = match produced {
             Ok(s) => s,
             Err(e) => {
@@ -256,11 +312,12 @@ pub fn run(
             }
             stop_consumers.store(true, Ordering::Relaxed);
         }
+    } else if let Some(d) = spec.duration {
+        // Consume-only for a duration: exactly that long from the start (the consumers'
+        // own deadline, set before a group join, is only a backstop).
+        consumers.stop_at(clock.instant_at(warmup_end_ns) + d, &stop_consumers);
     }
-    let mut consumed = 0;
-    for h in consumers {
-        consumed += h.join().map_err(|_| anyhow!("consumer thread panicked"))?;
-    }
+    let consumed = consumers.join()?;
     let end_ns = if produce {
         produce_end_ns
     } else {
@@ -274,6 +331,7 @@ pub fn run(
         let _ = p.join();
     }
     let mut summary = recorder.summary(end_ns);
+    summary.failed_records = pstats.failed;
     if let Some(s) = scraper {
         summary.set_follower_lag(s.finish());
     }
@@ -283,6 +341,7 @@ pub fn run(
         e2e_us: recorder.e2e_histogram(),
         producer: pstats,
         consumed,
+        partitions: cluster.partitions(),
     })
 }
 
@@ -308,21 +367,71 @@ fn wait_caught_up(counting: &Counting, acked: u64) {
     }
 }
 
-fn start_producers(
+/// What must be ready before the run's clock starts: the producers (if `produce`), and
+/// every consumer of the group (if any) holding its assignment, waited for (bounded).
+fn get_ready(
+    spec: &LoadSpec,
+    produce: bool,
+    cluster: &Cluster,
+    clock: Clock,
+    recorder: &Arc<Recorder>,
+    sink: &Arc<dyn AckSink>,
+    group: Option<Arc<GroupReady>>,
+) -> Result<Vec<Ready>> {
+    let producers = if produce {
+        build_producers(spec, cluster, clock, recorder, sink)?
+    } else {
+        Vec::new()
+    };
+    if let Some(g) = group {
+        g.wait(READY_TIMEOUT)?;
+    }
+    Ok(producers)
+}
+
+/// Builds every producer and readies it: connections open, producer ids (idempotent) or
+/// transactional ids initialised, before the schedule's clock starts.
+fn build_producers(
     spec: &LoadSpec,
     cluster: &Cluster,
     clock: Clock,
-    start_ns: u64,
     recorder: &Arc<Recorder>,
     sink: &Arc<dyn AckSink>,
-    rid: u64,
+) -> Result<Vec<Ready>> {
+    let (n, rid) = (spec.producers.max(1) as u64, spec.run_id);
+    let mut ready = Vec::new();
+    for i in 0..n {
+        let (cfg, c, r, s) = (
+            spec.producer.clone(),
+            cluster.clone(),
+            recorder.clone(),
+            sink.clone(),
+        );
+        if spec.producer.transactional_id.is_some() {
+            let mut p = TxnProducer::new(cfg, c, clock, r, s, rid, i)?;
+            p.prepare();
+            ready.push(Ready::Txn(p));
+        } else {
+            let mut p = Producer::new(cfg, c, clock, r, s, rid, i)?;
+            p.connect();
+            ready.push(Ready::Plain(p));
+        }
+    }
+    Ok(ready)
+}
+
+/// Starts each producer's schedule at `start_ns`, on its own thread.
+fn spawn_producers(
+    producers: Vec<Ready>,
+    spec: &LoadSpec,
+    start_ns: u64,
 ) -> Result<Vec<JoinHandle<Result<ProducerStats>>>> {
-    let n = spec.producers.max(1) as u64;
+    let n = producers.len().max(1) as u64;
     let end_ns = spec
         .duration
         .map(|d| start_ns + (spec.warmup + d).as_nanos() as u64);
     let mut handles = Vec::new();
-    for i in 0..n {
+    for (i, p) in (0u64..).zip(producers) {
         let rate = match spec.rate {
             Rate::Max => Rate::Max,
             Rate::PerSec(r) => Rate::PerSec(r / n as f64),
@@ -334,19 +443,10 @@ fn start_producers(
             Rate::Max => 0,
         };
         let pacer = Pacer::new(start_ns + offset_ns, rate, records, end_ns);
-        let (cfg, c, r, s) = (
-            spec.producer.clone(),
-            cluster.clone(),
-            recorder.clone(),
-            sink.clone(),
-        );
         let builder = std::thread::Builder::new().name(format!("producer-{i}"));
-        let h = if spec.producer.transactional_id.is_some() {
-            let p = TxnProducer::new(cfg, c, clock, r, s, rid, i)?;
-            builder.spawn(move || p.run(pacer, &INTERRUPTED))?
-        } else {
-            let p = Producer::new(cfg, c, clock, r, s, rid, i)?;
-            builder.spawn(move || p.run(pacer, &INTERRUPTED))?
+        let h = match p {
+            Ready::Txn(p) => builder.spawn(move || p.run(pacer, &INTERRUPTED))?,
+            Ready::Plain(p) => builder.spawn(move || p.run(pacer, &INTERRUPTED))?,
         };
         handles.push(h);
     }
@@ -355,10 +455,18 @@ fn start_producers(
 
 /// When the consumers of a run stop.
 fn consumer_until(spec: &LoadSpec, with_producers: bool) -> Until {
+    // Set before the run starts, so a group's join (READY_TIMEOUT at most) comes first;
+    // a consume-only run for a duration is stopped by `run` at exactly its end.
+    let setup = if spec.group.is_some() {
+        READY_TIMEOUT
+    } else {
+        Duration::ZERO
+    };
     let deadline = match (with_producers, spec.duration) {
-        // Consume-only for a duration: exactly that long.
-        (false, Some(d)) => Instant::now() + d + spec.warmup,
-        (true, Some(d)) => Instant::now() + d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE,
+        (false, Some(d)) => Instant::now() + setup + d + spec.warmup,
+        (true, Some(d)) => {
+            Instant::now() + setup + d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE
+        }
         (_, None) => Instant::now() + RUN_MAX,
     };
     let unbounded = !with_producers && spec.records.is_none() && spec.duration.is_none();
@@ -383,23 +491,35 @@ fn manual_partitions(spec: &LoadSpec, cluster: &Cluster, i: usize, n: usize) -> 
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start_consumers(
-    spec: &LoadSpec,
-    cluster: &Cluster,
-    positions: &Arc<Positions>,
-    clock: Clock,
-    recorder: &Arc<Recorder>,
-    sink: &Arc<Counting>,
-    rid: u64,
-    stop: &Arc<AtomicBool>,
-    with_producers: bool,
-) -> Result<Vec<JoinHandle<u64>>> {
-    let threads = if spec.group.is_some() {
+/// Consumer threads of a run: one per `--consumers`, but no more than partitions when
+/// assigned manually (a group gives a member without a partition an empty share).
+fn consumer_threads(spec: &LoadSpec, cluster: &Cluster) -> usize {
+    if spec.group.is_some() {
         spec.consumers.max(1)
     } else {
         spec.consumers.max(1).min(cluster.partitions())
-    };
+    }
+}
+
+/// What the consumer threads share with the run: positions, the recorder, the counting
+/// sink and their stop flag.
+type Shared<'a> = (
+    &'a Arc<Positions>,
+    &'a Arc<Recorder>,
+    &'a Arc<Counting>,
+    &'a Arc<AtomicBool>,
+);
+
+fn start_consumers(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    (positions, recorder, sink, stop): Shared<'_>,
+    clock: Clock,
+    rid: u64,
+    with_producers: bool,
+    group: Option<&Arc<GroupReady>>,
+) -> Result<Consumers> {
+    let threads = consumer_threads(spec, cluster);
     let cfg = ConsumerConfig {
         topic: spec.topic.clone(),
         start: spec.start,
@@ -423,6 +543,8 @@ fn start_consumers(
     }
     let n = threads;
     let until = consumer_until(spec, with_producers);
+    let (done_tx, done) = mpsc::channel();
+    let gate: Arc<StartGate> = Arc::default();
     let mut handles = Vec::new();
     for i in 0..n {
         let mut c = consumer(manual_partitions(spec, cluster, i, n), sink.clone());
@@ -430,14 +552,26 @@ fn start_consumers(
         if spec.group.is_none() {
             c.seek_start()?;
         }
-        let (stop, until) = (stop.clone(), until.clone());
+        if let Some(g) = group {
+            c.report_to(g.clone(), i);
+        }
+        c.wait_for(gate.clone());
+        let (stop, until, done_tx) = (stop.clone(), until.clone(), done_tx.clone());
         handles.push(
             std::thread::Builder::new()
                 .name(format!("consumer-{i}"))
-                .spawn(move || c.run(until, &stop))?,
+                .spawn(move || {
+                    let consumed = c.run(until, &stop);
+                    let _ = done_tx.send(());
+                    consumed
+                })?,
         );
     }
-    Ok(handles)
+    Ok(Consumers {
+        handles,
+        gate,
+        done,
+    })
 }
 
 /// The progress thread: closes each second, samples lag, prints the line.

@@ -78,18 +78,48 @@ impl Pacer {
         self.start_ns + (i as f64 * 1e9 / rate) as u64
     }
 
-    /// The next step at time `now_ns`.
-    pub fn next(&mut self, now_ns: u64) -> Next {
+    /// The intended time of the next record at `now_ns`; `None` when the schedule is over.
+    fn next_intended_ns(&self, now_ns: u64) -> Option<u64> {
         if self.records_max.is_some_and(|m| self.issued >= m) {
-            return Next::Done;
+            return None;
         }
         let intended_ns = match self.rate {
             Rate::Max => now_ns.max(self.start_ns),
             Rate::PerSec(r) => self.intended_ns(self.issued, r),
         };
         if self.end_ns.is_some_and(|end| intended_ns >= end) {
-            return Next::Done;
+            return None;
         }
+        Some(intended_ns)
+    }
+
+    /// Whether the schedule's time is up at `now_ns` for a sender that cannot take a
+    /// record now (its buffer is full): its duration has passed, or [`Pacer::next`] would
+    /// answer `Done`. An open loop that is behind still owes the records intended before
+    /// its end ([`Pacer::owed`]); a sender that can take them catches up (each charged
+    /// from its intended time), one that cannot must not run on past the duration.
+    pub fn time_is_up(&self, now_ns: u64) -> bool {
+        self.end_ns.is_some_and(|end| now_ns >= end) || self.next_intended_ns(now_ns).is_none()
+    }
+
+    /// Records the schedule intended before its end and has not handed out yet (open
+    /// loop with a duration; a closed loop owes nothing).
+    pub fn owed(&self) -> u64 {
+        let (Rate::PerSec(r), Some(end)) = (self.rate, self.end_ns) else {
+            return 0;
+        };
+        // Record i is intended at start + i/r: those before the end are 0..ceil(span·r).
+        let span_s = end.saturating_sub(self.start_ns) as f64 / 1e9;
+        let total = (span_s * r).ceil() as u64;
+        let total = self.records_max.map_or(total, |m| total.min(m));
+        total.saturating_sub(self.issued)
+    }
+
+    /// The next step at time `now_ns`.
+    pub fn next(&mut self, now_ns: u64) -> Next {
+        let Some(intended_ns) = self.next_intended_ns(now_ns) else {
+            return Next::Done;
+        };
         if intended_ns > now_ns {
             return Next::WaitUntil(intended_ns);
         }
@@ -141,6 +171,34 @@ mod tests {
             assert!(n <= 10, "a 1 s schedule at 10/s has 10 records");
         }
         assert_eq!(n, 10);
+    }
+
+    /// A sender that cannot take records (its buffer is full) still sees the schedule
+    /// end at its duration, open or closed loop, without taking any.
+    #[test]
+    fn the_schedule_ends_at_its_duration_without_taking_records() {
+        let mut open = Pacer::new(0, Rate::PerSec(1000.0), None, Some(S));
+        assert!(!open.time_is_up(S / 2));
+        assert!(
+            open.time_is_up(S),
+            "a full buffer does not stretch the schedule"
+        );
+        assert_eq!(open.owed(), 1000, "none of its records was taken");
+        for _ in 0..10 {
+            assert!(matches!(open.next(2 * S), Next::Due { .. }));
+        }
+        assert_eq!(open.owed(), 990);
+        let mut taken = Pacer::new(0, Rate::PerSec(10.0), None, Some(S));
+        while let Next::Due { .. } = taken.next(2 * S) {}
+        assert_eq!(taken.owed(), 0);
+        let closed = Pacer::new(0, Rate::Max, None, Some(S));
+        assert!(!closed.time_is_up(S - 1));
+        assert!(closed.time_is_up(S));
+        assert_eq!((closed.issued(), closed.owed()), (0, 0));
+        let counted = Pacer::new(0, Rate::PerSec(10.0), Some(3), Some(S));
+        assert_eq!(counted.owed(), 3);
+        assert!(Pacer::new(0, Rate::Max, Some(0), None).time_is_up(0));
+        assert!(!Pacer::new(0, Rate::Max, Some(1), None).time_is_up(u64::MAX));
     }
 
     /// Drives a simulated sender that handles one record at a time, 0.5 ms each, except

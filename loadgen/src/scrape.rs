@@ -42,10 +42,35 @@ pub struct LagPoint {
     pub t_s: f64,
     /// Whether this second falls in the warm-up.
     pub warmup: bool,
-    pub lag_records_max: u64,
-    pub lag_ms_max: f64,
-    /// (partition, follower) series of the topic seen in this scrape.
+    /// `None` (JSON null) when a node could not be scraped: the laggiest follower may be
+    /// one that node leads, so the lag is unknown, never the others' maximum or 0.
+    pub lag_records_max: Option<u64>,
+    pub lag_ms_max: Option<f64>,
+    /// (partition, follower) series of the topic seen in this scrape (on the nodes that
+    /// answered).
     pub series: u32,
+}
+
+impl LagPoint {
+    /// The point of one scrape of every node (`answers`, one per URL), `elapsed` after
+    /// the run's start.
+    pub fn of(
+        answers: &[Result<String>],
+        topic: &str,
+        elapsed: Duration,
+        warmup: Duration,
+    ) -> Self {
+        let texts = answers.iter().filter_map(|a| a.as_ref().ok());
+        let (records, ms, series) = follower_lag(texts.map(String::as_str), topic);
+        let complete = answers.iter().all(Result::is_ok);
+        Self {
+            t_s: elapsed.as_secs_f64(),
+            warmup: elapsed < warmup,
+            lag_records_max: complete.then_some(records),
+            lag_ms_max: complete.then_some(ms),
+            series,
+        }
+    }
 }
 
 /// One sample line of Prometheus text: `name{k="v",...} value`.
@@ -265,31 +290,17 @@ fn scrape_loop(
         if Instant::now() >= next {
             // A slow scrape does not make the next ones bunch up.
             next = (next + SCRAPE_INTERVAL).max(Instant::now());
-            let mut texts = Vec::with_capacity(urls.len());
-            for u in urls {
-                match fetch(u) {
-                    Ok(t) => texts.push(t),
-                    Err(e) => {
-                        failures += 1;
-                        // The first failure and then one in 30, so a dead node is visible
-                        // without a line per second.
-                        if failures % 30 == 1 {
-                            eprintln!("metrics scrape failed ({failures} so far): {e:#}");
-                        }
-                    }
+            let answers: Vec<Result<String>> = urls.iter().map(|u| fetch(u)).collect();
+            for e in answers.iter().filter_map(|a| a.as_ref().err()) {
+                failures += 1;
+                // The first failure and then one in 30, so a dead node is visible
+                // without a line per second.
+                if failures % 30 == 1 {
+                    eprintln!("metrics scrape failed ({failures} so far): {e:#}");
                 }
             }
-            let elapsed = start.elapsed();
-            let (lag_records_max, lag_ms_max, series) =
-                follower_lag(texts.iter().map(String::as_str), topic);
             if points.len() < POINTS_MAX {
-                points.push(LagPoint {
-                    t_s: elapsed.as_secs_f64(),
-                    warmup: elapsed < warmup,
-                    lag_records_max,
-                    lag_ms_max,
-                    series,
-                });
+                points.push(LagPoint::of(&answers, topic, start.elapsed(), warmup));
             }
         }
         // Short naps so finish() returns promptly after the run.
@@ -298,15 +309,25 @@ fn scrape_loop(
     points
 }
 
-/// The highest lag after the warm-up: (records, ms); `None` without points.
+/// The highest lag after the warm-up of the points whose lag is known: (records, ms);
+/// `None` without such a point.
 pub fn maxima(points: &[LagPoint]) -> Option<(u64, f64)> {
-    let measured: Vec<&LagPoint> = points.iter().filter(|p| !p.warmup).collect();
-    if measured.is_empty() {
-        return None;
-    }
-    let records = measured.iter().map(|p| p.lag_records_max).max()?;
-    let ms = measured.iter().map(|p| p.lag_ms_max).fold(0.0, f64::max);
+    let known: Vec<(u64, f64)> = points
+        .iter()
+        .filter(|p| !p.warmup)
+        .filter_map(|p| Some((p.lag_records_max?, p.lag_ms_max?)))
+        .collect();
+    let records = known.iter().map(|k| k.0).max()?;
+    let ms = known.iter().map(|k| k.1).fold(0.0, f64::max);
     Some((records, ms))
+}
+
+/// Points after the warm-up whose lag is unknown (a node could not be scraped).
+pub fn unknown_after_warmup(points: &[LagPoint]) -> u64 {
+    let unknown = points
+        .iter()
+        .filter(|p| !p.warmup && p.lag_records_max.is_none());
+    unknown.count() as u64
 }
 
 #[cfg(test)]
@@ -387,8 +408,8 @@ weir_requests_total{api="Produce",version="9"} 12 1700000000000
         let p = |t_s, warmup, r, ms| LagPoint {
             t_s,
             warmup,
-            lag_records_max: r,
-            lag_ms_max: ms,
+            lag_records_max: Some(r),
+            lag_ms_max: Some(ms),
             series: 1,
         };
         assert_eq!(maxima(&[]), None);
@@ -451,6 +472,44 @@ weir_requests_total{api="Produce",version="9"} 12 1700000000000
             }
         });
         (format!("http://{addr}/metrics"), h)
+    }
+
+    /// A node that cannot be scraped makes that second's follower lag unknown (null):
+    /// the laggiest follower may be one it leads, so neither the other nodes' maximum nor
+    /// 0 would be true. The maxima skip such points and count them.
+    #[test]
+    fn a_failed_scrape_is_unknown_lag_not_zero() {
+        let both = [Ok(CANNED.to_string()), Err(anyhow!("connection refused"))];
+        let p = LagPoint::of(&both, "rf3", Duration::from_secs(3), Duration::from_secs(1));
+        assert_eq!(
+            (p.lag_records_max, p.lag_ms_max, p.warmup),
+            (None, None, false)
+        );
+        let one = [Ok(CANNED.to_string())];
+        let p = LagPoint::of(&one, "rf3", Duration::from_secs(3), Duration::ZERO);
+        assert_eq!(p.lag_records_max, Some(4500));
+        // The scraper itself: one live node and one that refuses connections.
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            format!("http://{}/metrics", l.local_addr().expect("addr"))
+        };
+        let caught_up =
+            "weir_follower_lag_records{topic=\"rf3\",partition=\"0\",follower=\"3\"} 0\n";
+        let (live, server) = serve(vec![caught_up.to_string()]);
+        let scraper = Scraper::start(&[dead, live], "rf3", Instant::now(), Duration::ZERO)
+            .expect("a scraper for two urls");
+        // The live node is scraped last: once it has answered, the first point is made.
+        server.join().expect("server");
+        let points = scraper.finish();
+        assert!(!points.is_empty(), "no scrape");
+        for p in &points {
+            assert_eq!(p.lag_records_max, None, "{p:?}");
+            assert_eq!(p.lag_ms_max, None, "{p:?}");
+        }
+        assert_eq!(maxima(&points), None);
+        assert_eq!(unknown_after_warmup(&points), points.len() as u64);
+        let json = serde_json::to_value(points[0]).unwrap_or_default();
+        assert!(json["lag_records_max"].is_null(), "{json}");
     }
 
     #[test]

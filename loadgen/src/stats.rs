@@ -96,7 +96,8 @@ pub fn ms_text(ms: Option<f64>) -> String {
 /// One second of a run, as printed on the progress line and plotted in the report.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Second {
-    /// Seconds since the run started (end of this interval).
+    /// Seconds since the run started (end of this interval): since the producers started
+    /// pacing, once every producer and consumer was ready.
     pub t_s: f64,
     /// Whether this second lies (partly) inside the warm-up, excluded from the summary.
     pub warmup: bool,
@@ -120,13 +121,20 @@ pub struct Second {
 /// What a run measured, with the keys `--json` writes (documented in the README).
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Summary {
-    /// Records acknowledged (or, with acks=0, written) after the warm-up.
+    /// Records acknowledged (or, with acks=0, written) after the warm-up: by the time of
+    /// their ack, as the window below is a span of ack times. A record created in the
+    /// warm-up and acknowledged after it counts here (not in the latency percentiles).
     pub records: u64,
     pub bytes: u64,
-    /// Length of the measured window (warm-up excluded), seconds.
+    /// Length of the measured window (warm-up end to the end of producing), seconds.
     pub duration_s: f64,
     pub records_per_sec: f64,
     pub mb_per_sec: f64,
+    /// Records the producers gave up on (never acknowledged), over the whole run; the
+    /// `errors` say why, one count per occurrence.
+    #[serde(default)]
+    pub failed_records: u64,
+    /// Records consumed after the warm-up (by the time they were read).
     pub consumed_records: u64,
     /// The consumers' measured window, seconds: from the warm-up end to the later of the
     /// run's end and the last record consumed. Consumers that catch up after the
@@ -139,19 +147,29 @@ pub struct Summary {
     /// `None` (JSON null) when nothing was acknowledged / consumed with a latency.
     pub publish_latency_ms: Option<Percentiles>,
     pub e2e_latency_ms: Option<Percentiles>,
-    /// Highest lag of the samples taken after the warm-up that succeeded.
-    pub lag_max_records: i64,
+    /// Highest lag of the samples taken after the warm-up that succeeded; `None` (JSON
+    /// null) when there was none (no consumers, or every sample failed): no lag measured
+    /// is not a lag of 0.
+    pub lag_max_records: Option<i64>,
     /// Lag samples after the warm-up that failed (lag unknown then: not in the max).
     #[serde(default)]
     pub lag_unknown_samples: u64,
-    /// Error counts by Kafka error name (or a `Client...` name for client-side failures).
+    /// Error counts by Kafka error name (or a `Client...` name for client-side failures),
+    /// one per occurrence: a partition's batch refused in a response, a batch (or a
+    /// transaction) given up on, a connection lost, a request, refresh or sample that
+    /// failed. Never records: those given up on are `failed_records`.
     pub errors: BTreeMap<String, u64>,
     pub timeline: Vec<Second>,
-    /// Highest follower lag after the warm-up, records and ms (with `--metrics-url`).
+    /// Highest follower lag after the warm-up, records and ms (with `--metrics-url`), of
+    /// the scrapes that reached every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follower_lag_max_records: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follower_lag_max_ms: Option<f64>,
+    /// Scrapes after the warm-up in which a node could not be scraped: the follower lag
+    /// was unknown then (with `--metrics-url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_lag_unknown_scrapes: Option<u64>,
     /// One point per scrape (with `--metrics-url`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub follower_lag: Vec<LagPoint>,
@@ -163,6 +181,7 @@ impl Summary {
         let max = crate::scrape::maxima(&points);
         self.follower_lag_max_records = max.map(|m| m.0);
         self.follower_lag_max_ms = max.map(|m| m.1);
+        self.follower_lag_unknown_scrapes = Some(crate::scrape::unknown_after_warmup(&points));
         self.follower_lag = points;
     }
 }
@@ -198,12 +217,22 @@ impl Interval {
 #[derive(Clone, Copy, Debug)]
 struct AckRun {
     latency_us: u64,
-    /// Intended at or after the warm-up end.
+    /// Intended at or after the warm-up end: in the latency percentiles.
     measured: bool,
     records: u64,
 }
 
+/// Where the run's measured window lies on the clock.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    /// When the producers started pacing (ns): `t_s` counts from here.
+    start_ns: u64,
+    /// The warm-up end (ns): the measured window starts here.
+    warmup_end_ns: u64,
+}
+
 struct Inner {
+    window: Window,
     publish: Histogram<u64>,
     e2e: Histogram<u64>,
     records: u64,
@@ -214,51 +243,48 @@ struct Inner {
     consumed_last_ns: u64,
     errors: BTreeMap<String, u64>,
     lag_now: Option<i64>,
-    lag_max: i64,
+    lag_max: Option<i64>,
     lag_unknown: u64,
     interval: Interval,
     timeline: Vec<Second>,
 }
 
 impl Inner {
-    fn add_acks(&mut self, r: AckRun, record_bytes: u64) {
+    /// A run of acks: the interval always; the latency percentiles when the records were
+    /// intended after the warm-up; the throughput totals when `counted` (acknowledged
+    /// after it).
+    fn add_acks(&mut self, r: AckRun, record_bytes: u64, counted: bool) {
         let (us, n) = (r.latency_us, r.records);
         // Interval statistics include the warm-up so the progress line is never blank.
         self.interval.acked += n;
         self.interval.acked_bytes += n * record_bytes;
         self.interval.publish_sum_us += n * us;
         let _ = self.interval.publish.record_n(us, n);
-        if r.measured {
+        if counted {
             self.records += n;
             self.bytes += n * record_bytes;
+        }
+        if r.measured {
             let _ = self.publish.record_n(us, n);
         }
     }
 
-    /// One consumed record: counted in the interval always, in the summary when it was
-    /// produced (intended) after the warm-up — or, when it has no stamp of this run (not
-    /// one of ours, or from an earlier run), consumed after it; then it has no e2e latency.
-    fn consumed_one(
-        &mut self,
-        produced_ns: Option<u64>,
-        consumed_ns: u64,
-        record_bytes: u64,
-        warmup_end_ns: u64,
-    ) {
+    /// One consumed record: counted in the interval always; in the consumed totals when
+    /// read after the warm-up (the consumers' window is a span of read times); its e2e
+    /// latency in the percentiles when it was produced (intended) after the warm-up. A
+    /// record without a stamp of this run (not one of ours, or from an earlier run) has
+    /// no e2e latency.
+    fn consumed_one(&mut self, produced_ns: Option<u64>, consumed_ns: u64, record_bytes: u64) {
+        let warmup_end_ns = self.window.warmup_end_ns;
         self.interval.consumed += 1;
-        let measured = match produced_ns {
-            None => consumed_ns >= warmup_end_ns,
-            Some(produced_ns) => {
-                let us = latency_us(produced_ns, consumed_ns);
-                let _ = self.interval.e2e.record(us);
-                let measured = produced_ns >= warmup_end_ns;
-                if measured {
-                    let _ = self.e2e.record(us);
-                }
-                measured
+        if let Some(produced_ns) = produced_ns {
+            let us = latency_us(produced_ns, consumed_ns);
+            let _ = self.interval.e2e.record(us);
+            if produced_ns >= warmup_end_ns {
+                let _ = self.e2e.record(us);
             }
-        };
-        if measured {
+        }
+        if consumed_ns >= warmup_end_ns {
             self.consumed += 1;
             self.consumed_bytes += record_bytes;
             self.consumed_last_ns = self.consumed_last_ns.max(consumed_ns);
@@ -268,19 +294,27 @@ impl Inner {
 
 /// Shared recorder of one run; producers, consumers and the progress thread all feed it.
 ///
-/// A record counts toward the summary when its *intended* send time is at or after the
-/// warm-up end, so the open-loop schedule decides what is measured, not the ack time.
+/// Two rules decide what is measured, each matching what it is divided by:
+/// - latency percentiles take a record when its *intended* send time is at or after the
+///   warm-up end, so the open-loop schedule decides (coordinated-omission correct);
+/// - throughput totals (records, bytes, consumed) take a record when it was acknowledged
+///   (or read) at or after the warm-up end, because the window they are divided by runs
+///   from the warm-up end to the last ack. Counted by intended time instead, a closed
+///   loop's buffer full of warm-up records, acknowledged inside the window, would be
+///   timed but not counted, and the rate would come out too low.
 pub struct Recorder {
-    warmup_end_ns: u64,
     inner: Mutex<Inner>,
 }
 
 impl Recorder {
-    /// A recorder that ignores records intended before `warmup_end_ns`.
+    /// A recorder whose run started at 0 and that measures from `warmup_end_ns`.
     pub fn new(warmup_end_ns: u64) -> Self {
         Self {
-            warmup_end_ns,
             inner: Mutex::new(Inner {
+                window: Window {
+                    start_ns: 0,
+                    warmup_end_ns,
+                },
                 publish: new_histogram(),
                 e2e: new_histogram(),
                 records: 0,
@@ -290,7 +324,7 @@ impl Recorder {
                 consumed_last_ns: 0,
                 errors: BTreeMap::new(),
                 lag_now: None,
-                lag_max: 0,
+                lag_max: None,
                 lag_unknown: 0,
                 interval: Interval::new(0),
                 timeline: Vec::new(),
@@ -298,9 +332,33 @@ impl Recorder {
         }
     }
 
+    /// A recorder for a run that has not started yet (producers and consumers are still
+    /// connecting or joining their group): it measures nothing until [`Recorder::start`].
+    pub fn unstarted() -> Self {
+        Self::new(u64::MAX)
+    }
+
+    /// The run starts now, at `start_ns`, and is measured from `warmup_end_ns`. What was
+    /// counted in the current second so far (setup) is dropped from the progress line;
+    /// its errors stay in the totals.
+    pub fn start(&self, start_ns: u64, warmup_end_ns: u64) {
+        assert!(
+            warmup_end_ns >= start_ns,
+            "the warm-up ends after the start"
+        );
+        let mut g = self.lock();
+        g.window = Window {
+            start_ns,
+            warmup_end_ns,
+        };
+        let errors = g.interval.errors;
+        g.interval = Interval::new(start_ns);
+        g.interval.errors = errors;
+    }
+
     /// The warm-up end this recorder measures from.
     pub fn warmup_end_ns(&self) -> u64 {
-        self.warmup_end_ns
+        self.lock().window.warmup_end_ns
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -323,12 +381,15 @@ impl Recorder {
     {
         let mut g = self.lock();
         let inner = &mut *g;
+        let warmup_end_ns = inner.window.warmup_end_ns;
+        // One ack time for the whole batch: in the throughput totals or not, all together.
+        let counted = acked_ns >= warmup_end_ns;
         let mut run: Option<AckRun> = None;
         for t in intended_ns {
             let t = *t.borrow();
             let next = AckRun {
                 latency_us: latency_us(t, acked_ns),
-                measured: t >= self.warmup_end_ns,
+                measured: t >= warmup_end_ns,
                 records: 1,
             };
             match &mut run {
@@ -337,13 +398,13 @@ impl Recorder {
                 }
                 _ => {
                     if let Some(r) = run.replace(next) {
-                        inner.add_acks(r, record_bytes);
+                        inner.add_acks(r, record_bytes, counted);
                     }
                 }
             }
         }
         if let Some(r) = run {
-            inner.add_acks(r, record_bytes);
+            inner.add_acks(r, record_bytes, counted);
         }
     }
 
@@ -354,7 +415,7 @@ impl Recorder {
 
     /// Records consumed together at `consumed_ns` (one fetched batch), each with when it
     /// was produced (intended) and its bytes: under one lock, since the consumer threads
-    /// share the recorder and a lock per record was a seventh of a consumer's CPU.
+    /// share the recorder.
     pub fn record_consumed_all(
         &self,
         records: impl IntoIterator<Item = (Option<u64>, u64)>,
@@ -362,11 +423,12 @@ impl Recorder {
     ) {
         let mut g = self.lock();
         for (produced_ns, record_bytes) in records {
-            g.consumed_one(produced_ns, consumed_ns, record_bytes, self.warmup_end_ns);
+            g.consumed_one(produced_ns, consumed_ns, record_bytes);
         }
     }
 
-    /// `n` failures with the given name (a Kafka error name or a `Client...` name).
+    /// `n` failures with the given name (a Kafka error name or a `Client...` name), each
+    /// one occurrence (see [`Summary::errors`]).
     pub fn record_error(&self, name: &str, n: u64) {
         let mut g = self.lock();
         g.interval.errors += n;
@@ -377,8 +439,8 @@ impl Recorder {
     pub fn record_lag(&self, lag_records: i64, now_ns: u64) {
         let mut g = self.lock();
         g.lag_now = Some(lag_records);
-        if now_ns >= self.warmup_end_ns {
-            g.lag_max = g.lag_max.max(lag_records);
+        if now_ns >= g.window.warmup_end_ns {
+            g.lag_max = Some(g.lag_max.map_or(lag_records, |m| m.max(lag_records)));
         }
     }
 
@@ -387,7 +449,7 @@ impl Recorder {
     pub fn record_lag_unknown(&self, now_ns: u64) {
         let mut g = self.lock();
         g.lag_now = None;
-        if now_ns >= self.warmup_end_ns {
+        if now_ns >= g.window.warmup_end_ns {
             g.lag_unknown += 1;
         }
         drop(g);
@@ -400,8 +462,8 @@ impl Recorder {
         let iv = std::mem::replace(&mut g.interval, Interval::new(now_ns));
         let secs = (now_ns.saturating_sub(iv.start_ns) as f64 / NS_PER_S).max(1e-9);
         let sec = Second {
-            t_s: now_ns as f64 / NS_PER_S,
-            warmup: iv.start_ns < self.warmup_end_ns,
+            t_s: now_ns.saturating_sub(g.window.start_ns) as f64 / NS_PER_S,
+            warmup: iv.start_ns < g.window.warmup_end_ns,
             acked_records: iv.acked,
             acked_mb: iv.acked_bytes as f64 / BYTES_PER_MB,
             consumed_records: iv.consumed,
@@ -424,8 +486,8 @@ impl Recorder {
     /// over the consumers' own window, which ends no earlier than their last record.
     pub fn summary(&self, end_ns: u64) -> Summary {
         let g = self.lock();
-        let window =
-            |end: u64| (end.saturating_sub(self.warmup_end_ns) as f64 / NS_PER_S).max(1e-9);
+        let warmup_end_ns = g.window.warmup_end_ns;
+        let window = |end: u64| (end.saturating_sub(warmup_end_ns) as f64 / NS_PER_S).max(1e-9);
         let secs = window(end_ns);
         let consumed_secs = window(end_ns.max(g.consumed_last_ns));
         Summary {
@@ -434,6 +496,7 @@ impl Recorder {
             duration_s: secs,
             records_per_sec: g.records as f64 / secs,
             mb_per_sec: g.bytes as f64 / BYTES_PER_MB / secs,
+            failed_records: 0,
             consumed_records: g.consumed,
             consumed_duration_s: consumed_secs,
             consumed_records_per_sec: g.consumed as f64 / consumed_secs,
@@ -446,6 +509,7 @@ impl Recorder {
             timeline: g.timeline.clone(),
             follower_lag_max_records: None,
             follower_lag_max_ms: None,
+            follower_lag_unknown_scrapes: None,
             follower_lag: Vec::new(),
         }
     }
@@ -558,30 +622,127 @@ mod tests {
         );
         assert_eq!(b.interval.publish_sum_us, s.interval.publish_sum_us);
         assert_eq!(b.interval.acked, intended.len() as u64);
+        assert_eq!(
+            b.records, b.interval.acked,
+            "all acknowledged after the warm-up"
+        );
+        let timed = b.publish.len();
         assert!(
-            b.records > 0 && b.records < b.interval.acked,
-            "both sides of the warm-up"
+            timed > 0 && timed < b.interval.acked,
+            "latencies from both sides of the warm-up: {timed}"
         );
     }
 
+    /// Latency is measured for records intended after the warm-up; throughput counts the
+    /// records acknowledged after it (the window it is divided by is a span of ack times).
     #[test]
-    fn warmup_records_are_not_measured() {
+    fn warmup_records_are_timed_by_intent_and_counted_by_ack() {
         let r = Recorder::new(1_000_000_000);
-        r.record_acks([500_000_000], 1_100_000_000, 10); // intended in warm-up
+        r.record_acks([200_000_000], 900_000_000, 10); // intended and acked in the warm-up
+        r.record_acks([500_000_000], 1_100_000_000, 10); // intended in it, acked after
         r.record_acks([1_000_000_000], 1_002_000_000, 10); // first measured
         let s = r.summary(2_000_000_000);
-        assert_eq!(s.records, 1);
-        assert_eq!(s.bytes, 10);
+        assert_eq!(s.records, 2);
+        assert_eq!(s.bytes, 20);
         assert!(
             s.publish_latency_ms
-                .is_some_and(|p| (p.max - 2.0).abs() < 0.01)
+                .is_some_and(|p| (p.max - 2.0).abs() < 0.01),
+            "only the record intended after the warm-up is timed: {s:?}"
         );
         let sec = r.tick(2_000_000_000);
         assert_eq!(
-            sec.acked_records, 2,
+            sec.acked_records, 3,
             "the progress line shows warm-up acks too"
         );
         assert!(sec.warmup);
+    }
+
+    /// A closed loop (`--rate max`) as `closed_loop_sim.py` of the review models it: the
+    /// client keeps `buffer` records outstanding, the broker acknowledges them in order at
+    /// `rate` records/s, and a record is created (its intended time) when space frees.
+    /// At the warm-up end the buffer is full of warm-up records, acknowledged inside the
+    /// window. Counted by intended time they were timed but not counted: 20 records/ms
+    /// came out as ~15 in a 1 s + 5 s run. Counted by ack time the rate is the broker's.
+    #[test]
+    fn a_closed_loop_with_a_warmup_reports_the_rate_it_was_acknowledged_at() {
+        const MS: u64 = 1_000_000;
+        let (rate_per_ms, buffer, warmup_ms, duration_ms) = (20u64, 32_000u64, 1_000, 5_000);
+        let r = Recorder::new(warmup_ms * MS);
+        let mut outstanding: std::collections::VecDeque<u64> = (0..buffer).map(|_| 0).collect();
+        let mut acked_ns = 0;
+        let mut acks = 0u64;
+        // Bounded: every turn acknowledges one record; new ones stop at the end.
+        while let Some(created_ns) = outstanding.pop_front() {
+            acks += 1;
+            acked_ns = acks * MS / rate_per_ms;
+            r.record_acks([created_ns], acked_ns, 1024);
+            if acked_ns < (warmup_ms + duration_ms) * MS {
+                outstanding.push_back(acked_ns);
+            }
+        }
+        let s = r.summary(acked_ns);
+        let want = (rate_per_ms * 1_000) as f64;
+        assert!(
+            (s.records_per_sec - want).abs() < want * 0.001,
+            "{} records/s, acknowledged at {want}",
+            s.records_per_sec
+        );
+        let p = s.publish_latency_ms.expect("acks after the warm-up");
+        assert!(
+            (p.p50 - buffer as f64 / rate_per_ms as f64).abs() < 20.0,
+            "a record waits for the buffer ahead of it (1.6 s): {p:?}"
+        );
+    }
+
+    /// Consumers that read a backlog of warm-up records after the warm-up end count them
+    /// in their rate (read inside their window), but not in the e2e percentiles.
+    #[test]
+    fn consumed_records_count_by_read_time() {
+        let r = Recorder::new(1_000_000_000);
+        r.record_consumed(Some(500_000_000), 1_500_000_000, 100);
+        r.record_consumed(Some(1_200_000_000), 1_500_000_000, 100);
+        r.record_consumed(Some(100_000_000), 900_000_000, 100);
+        let s = r.summary(2_000_000_000);
+        assert_eq!(s.consumed_records, 2);
+        let p = s.e2e_latency_ms.expect("one e2e latency after the warm-up");
+        assert!((p.max - 300.0).abs() < 1.0, "{p:?}");
+    }
+
+    /// No lag sample (a produce-only run, or every sample failed) is no lag, not 0.
+    #[test]
+    fn lag_max_is_none_without_a_sample() {
+        let r = Recorder::new(1_000);
+        let j = serde_json::to_value(r.summary(2_000)).unwrap_or_default();
+        assert!(j["lag_max_records"].is_null(), "{j}");
+        r.record_lag_unknown(1_500);
+        assert_eq!(r.summary(2_000).lag_max_records, None);
+        r.record_lag(70, 500); // in the warm-up: not in the maximum
+        assert_eq!(r.summary(2_000).lag_max_records, None);
+        r.record_lag(0, 1_600);
+        assert_eq!(r.summary(2_000).lag_max_records, Some(0));
+        r.record_lag(5, 1_700);
+        assert_eq!(r.summary(2_000).lag_max_records, Some(5));
+    }
+
+    /// A run that starts late (after its producers and consumers were ready) counts its
+    /// seconds and its window from that start, and measures nothing before it.
+    #[test]
+    fn an_unstarted_recorder_measures_from_its_start() {
+        let r = Recorder::unstarted();
+        r.record_acks([100], 200, 10); // during setup: not measured
+        r.record_consumed(None, 300, 10);
+        r.start(5_000_000_000, 6_000_000_000);
+        let sec = r.tick(6_000_000_000);
+        assert!((sec.t_s - 1.0).abs() < 1e-9, "{sec:?}");
+        assert_eq!(
+            sec.acked_records, 0,
+            "setup is not in the first second: {sec:?}"
+        );
+        assert_eq!(sec.consumed_records, 0, "{sec:?}");
+        r.record_acks([6_000_000_000], 6_500_000_000, 10);
+        let s = r.summary(7_000_000_000);
+        assert_eq!((s.records, s.consumed_records), (1, 0), "{s:?}");
+        assert!((s.duration_s - 1.0).abs() < 1e-9, "{s:?}");
     }
 
     /// Producers ran 10 s at 2,000 records/s; consumers throttled to 1,000 records/s
@@ -631,13 +792,13 @@ mod tests {
     }
 
     /// A batch recorded under one lock counts as its records one by one would: the
-    /// warm-up rule (by intended time, or consumed time for records without a stamp), the
-    /// bytes, the e2e histogram and the interval's count.
+    /// warm-up rules (read time for the count, intended time for e2e latency), the bytes,
+    /// the e2e histogram and the interval's count.
     #[test]
     fn a_batch_recorded_at_once_counts_as_its_records_one_by_one() {
         let warmup = 1_000_000;
         let batch = [
-            (Some(500_000), 100),   // intended in the warm-up: interval only
+            (Some(500_000), 100),   // intended in the warm-up: counted, not timed
             (Some(1_500_000), 200), // measured: 0.5 ms e2e
             (None, 300),            // not ours, consumed after the warm-up: counted
             (Some(1_900_000), 400),
@@ -648,7 +809,12 @@ mod tests {
         }
         all.record_consumed_all(batch, 2_000_000);
         let (a, b) = (one.summary(3_000_000), all.summary(3_000_000));
-        assert_eq!(a.consumed_records, 3);
+        assert_eq!(a.consumed_records, 4);
+        assert_eq!(
+            all.e2e_histogram().len(),
+            2,
+            "timed: intended after the warm-up"
+        );
         assert_eq!(b.consumed_records, a.consumed_records);
         assert_eq!(b.consumed_mb_per_sec, a.consumed_mb_per_sec);
         let e2e = |s: &Summary| serde_json::to_value(s.e2e_latency_ms).unwrap_or_default();

@@ -175,6 +175,9 @@ fn metadata_refresh_backs_off_and_its_warning_is_rate_limited() {
             "1000",
             "--delivery-timeout-ms",
             "4000",
+            // Kafka's rule: the delivery timeout covers linger.ms + request.timeout.ms.
+            "--request-timeout-ms",
+            "2000",
             "--quiet",
         ])
         .stdout(Stdio::null())

@@ -14,8 +14,8 @@
 //! throttled rate.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -28,7 +28,7 @@ use wire::batch::{BATCH_HEADER_SIZE, batch_records, read_header};
 
 use super::conn::Conn;
 use super::error_name;
-use super::group::{Beat, GroupMember};
+use super::group::{Beat, GroupMember, GroupReady};
 use super::metadata::{self, Cluster, EARLIEST, LATEST, Refresher};
 use super::payload::{self, Stamp};
 use super::producer::warn;
@@ -42,6 +42,35 @@ const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 /// A throttled consumer sleeps at most this long at a time (so `stop` is seen promptly).
 const THROTTLE_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// A group member waiting for the run to start looks at its membership this often (it
+/// heartbeats once a second): the group may rebalance while the other members join.
+const START_WAIT_STEP: Duration = Duration::from_millis(100);
+
+/// Opened when the run starts. Consumers fetch nothing before: a record read then would
+/// fall before the measured run (and out of its counts), and a group member assigned
+/// early would read what a later rebalance gives to another.
+#[derive(Default)]
+pub struct StartGate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl StartGate {
+    pub fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.opened.notify_all();
+    }
+
+    /// Waits up to `timeout` for the gate to open; whether it is open.
+    pub fn wait_open(&self, timeout: Duration) -> bool {
+        let g = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self
+            .opened
+            .wait_timeout_while(g, timeout, |open| !*open)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
+}
 
 /// Where a consumer starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +200,11 @@ pub struct Consumer {
     refresh: Refresher,
     /// One batch's records, kept between batches.
     seen: Vec<Seen>,
+    /// Told of each assignment this member takes (or that it could not join), as member
+    /// number `.1` of the run's group.
+    ready: Option<(Arc<GroupReady>, usize)>,
+    /// Nothing is fetched before this opens (none: fetch at once).
+    gate: Option<Arc<StartGate>>,
 }
 
 impl Consumer {
@@ -202,7 +236,44 @@ impl Consumer {
             throttle_start: None,
             refresh: Refresher::default(),
             seen: Vec::new(),
+            ready: None,
+            gate: None,
         }
+    }
+
+    /// Makes this consumer fetch nothing until `gate` opens (it joins its group first).
+    pub fn wait_for(&mut self, gate: Arc<StartGate>) {
+        self.gate = Some(gate);
+    }
+
+    /// Waits for the start gate, keeping up group membership meanwhile (a rebalance for a
+    /// member that joins later needs this one to rejoin). False when the consumer is
+    /// stopped, interrupted or past its deadline first.
+    fn wait_for_start(&mut self, until: &Until, stop: &AtomicBool) -> bool {
+        let Some(gate) = self.gate.clone() else {
+            return true;
+        };
+        while !stop.load(Ordering::Relaxed)
+            && !crate::run::interrupted()
+            && Instant::now() < until.deadline
+        {
+            if gate.wait_open(START_WAIT_STEP) {
+                return true;
+            }
+            if let Err(e) = self.keep_membership() {
+                warn(&format!("group membership: {e:#}"));
+                self.recorder.record_error("ClientGroupFailed", 1);
+                if let Some((ready, member)) = &self.ready {
+                    ready.failed(*member, &format!("group membership: {e:#}"));
+                }
+            }
+        }
+        false
+    }
+
+    /// Reports this consumer's group assignments to `ready`, as member number `member`.
+    pub fn report_to(&mut self, ready: Arc<GroupReady>, member: usize) {
+        self.ready = Some((ready, member));
     }
 
     /// Sets every partition's start position (earliest or latest).
@@ -268,6 +339,9 @@ impl Consumer {
         for (p, o) in m.committed(&parts)? {
             self.positions.set(p as usize, o);
         }
+        if let Some((ready, member)) = &self.ready {
+            ready.assigned(*member, m.generation(), &parts);
+        }
         self.partitions = parts;
         // Fetches in flight were for the old assignment: drop them with their connections.
         self.forget_fetches();
@@ -310,6 +384,16 @@ impl Consumer {
         if let Err(e) = self.join_group() {
             warn(&format!("joining the group failed: {e:#}"));
             self.recorder.record_error("ClientGroupJoinFailed", 1);
+            if let Some((ready, member)) = &self.ready {
+                ready.failed(*member, &format!("joining failed: {e:#}"));
+            }
+            return 0;
+        }
+        if !self.wait_for_start(&until, stop) {
+            // The run never started: leave the group without committing anything.
+            if let Some(m) = self.member.as_mut() {
+                m.leave();
+            }
             return 0;
         }
         let consumed = self.fetch_loop(until, stop);

@@ -3,7 +3,8 @@
 //! OffsetFetch / OffsetCommit, LeaveGroup. One topic per group; the "range" protocol name
 //! with round-robin placement (partition p to the (p mod n)-th member by member id).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
@@ -29,6 +30,13 @@ use super::metadata::Cluster;
 
 const SESSION_TIMEOUT_MS: i32 = 10_000;
 const REBALANCE_TIMEOUT_MS: i32 = 30_000;
+/// How long a run waits for every member of its group to have an assignment before the
+/// producers start: a first join waits out the broker's group.initial.rebalance.delay.ms
+/// (3 s by default), each later member's join is a rebalance the others learn of by their
+/// next heartbeat, and a member of an earlier generation that is gone holds a rebalance
+/// up to its rebalance timeout, its session timeout after that. Both, plus a margin.
+pub const READY_TIMEOUT: Duration =
+    Duration::from_millis((REBALANCE_TIMEOUT_MS + SESSION_TIMEOUT_MS) as u64 + 10_000);
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// Joins retried (member-id handshake, coordinator loading, rebalances) before giving up.
 const JOIN_ATTEMPTS_MAX: u32 = 20;
@@ -169,6 +177,11 @@ impl GroupMember {
         }
     }
 
+    /// The generation of this member's current assignment.
+    pub fn generation(&self) -> i32 {
+        self.generation
+    }
+
     /// Sends a heartbeat if one is due.
     pub fn heartbeat_if_due(&mut self) -> Result<Beat> {
         if self.last_beat.elapsed() < HEARTBEAT_EVERY {
@@ -260,6 +273,138 @@ impl GroupMember {
     }
 }
 
+/// Where one member of a run's group stands.
+#[derive(Clone, Debug, PartialEq)]
+enum Member {
+    Joining,
+    Assigned {
+        generation: i32,
+        partitions: Vec<i32>,
+    },
+    Failed(String),
+}
+
+/// Whether a run's group is ready: decided from its members alone.
+#[derive(Debug, PartialEq)]
+enum Readiness {
+    Ready,
+    /// Not yet, and why (for the error if it never is).
+    Waiting(String),
+    Failed(String),
+}
+
+/// The assignments of a run's consumers in one group, for waiting until every one has
+/// its share before the producers start pacing: records sent while the group is still
+/// joining would be charged the join (seconds) as end-to-end latency and lag.
+pub struct GroupReady {
+    group: String,
+    partitions: usize,
+    members: Mutex<Vec<Member>>,
+    changed: Condvar,
+}
+
+impl GroupReady {
+    /// `members` consumers of `group`, sharing `partitions` partitions.
+    pub fn new(group: &str, members: usize, partitions: usize) -> Self {
+        Self {
+            group: group.to_string(),
+            partitions,
+            members: Mutex::new(vec![Member::Joining; members]),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn set(&self, member: usize, state: Member) {
+        let mut g = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.get_mut(member) {
+            *m = state;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Member `member` holds `partitions` in `generation` (after a join or a rejoin).
+    pub fn assigned(&self, member: usize, generation: i32, partitions: &[i32]) {
+        let partitions = partitions.to_vec();
+        self.set(
+            member,
+            Member::Assigned {
+                generation,
+                partitions,
+            },
+        );
+    }
+
+    /// Member `member` could not join: the run cannot start.
+    pub fn failed(&self, member: usize, why: &str) {
+        self.set(member, Member::Failed(why.to_string()));
+    }
+
+    /// Returns once every member holds an assignment of one generation and together they
+    /// cover every partition; an error when a member failed to join or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let why = match readiness(&g, self.partitions) {
+                Readiness::Ready => return Ok(()),
+                Readiness::Failed(why) => bail!("consumer group {}: {why}", self.group),
+                Readiness::Waiting(why) => why,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "consumer group {}: not every consumer had its assignment after {:.0} s \
+                     ({why}); the run did not start",
+                    self.group,
+                    timeout.as_secs_f64()
+                );
+            }
+            g = self
+                .changed
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Ready when every member is assigned in one generation (so the leader assigned among
+/// all of them) and the assignments cover every partition (none held by a member that
+/// is not one of ours, e.g. left over from an earlier run).
+fn readiness(members: &[Member], partitions: usize) -> Readiness {
+    let mut generations = BTreeSet::new();
+    let mut covered = BTreeSet::new();
+    let mut joining = 0;
+    for m in members {
+        match m {
+            Member::Joining => joining += 1,
+            Member::Failed(why) => return Readiness::Failed(why.clone()),
+            Member::Assigned {
+                generation,
+                partitions,
+            } => {
+                generations.insert(*generation);
+                covered.extend(partitions.iter().copied());
+            }
+        }
+    }
+    if joining > 0 {
+        return Readiness::Waiting(format!("{joining} of {} still joining", members.len()));
+    }
+    if generations.len() > 1 {
+        return Readiness::Waiting(format!("members in generations {generations:?}"));
+    }
+    let missing = (0..partitions as i32)
+        .filter(|p| !covered.contains(p))
+        .count();
+    if missing > 0 {
+        return Readiness::Waiting(format!(
+            "{missing} partition(s) assigned to no consumer of this run"
+        ));
+    }
+    Readiness::Ready
+}
+
 fn find_coordinator(cluster: &Cluster, group: &str) -> Result<Conn> {
     let mut last = anyhow!("no brokers");
     for _ in 0..JOIN_ATTEMPTS_MAX {
@@ -342,6 +487,69 @@ fn decode_assignment(topic: &str, bytes: Bytes) -> Result<Vec<i32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The producers wait for the group: every member assigned, in one generation,
+    /// every partition covered; a member that failed to join ends the wait at once.
+    #[test]
+    fn a_group_is_ready_when_every_member_holds_one_generations_assignment() {
+        let assigned = |generation, partitions: &[i32]| Member::Assigned {
+            generation,
+            partitions: partitions.to_vec(),
+        };
+        let ready = |m: &[Member]| readiness(m, 4);
+        assert!(matches!(
+            ready(&[assigned(1, &[0, 1, 2, 3]), Member::Joining]),
+            Readiness::Waiting(_)
+        ));
+        // The first member got everything alone; the second's join started generation 2.
+        assert!(matches!(
+            ready(&[assigned(1, &[0, 1, 2, 3]), assigned(2, &[1, 3])]),
+            Readiness::Waiting(_)
+        ));
+        assert!(matches!(
+            ready(&[assigned(2, &[0]), assigned(2, &[1, 3])]),
+            Readiness::Waiting(w) if w.contains("1 partition")
+        ));
+        assert_eq!(
+            ready(&[assigned(2, &[0, 2]), assigned(2, &[1, 3])]),
+            Readiness::Ready
+        );
+        // More consumers than partitions: an empty share is a share.
+        assert_eq!(
+            ready(&[assigned(3, &[0, 1, 2, 3]), assigned(3, &[])]),
+            Readiness::Ready
+        );
+        assert!(matches!(
+            ready(&[assigned(2, &[0, 1, 2, 3]), Member::Failed("x".into())]),
+            Readiness::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn waiting_for_a_group_ends_when_it_is_ready_fails_or_times_out() {
+        let g = std::sync::Arc::new(GroupReady::new("g", 2, 2));
+        let g2 = g.clone();
+        let joiner = std::thread::spawn(move || {
+            g2.assigned(0, 1, &[0]);
+            g2.assigned(1, 1, &[1]);
+        });
+        g.wait(Duration::from_secs(60))
+            .expect("ready once both are assigned");
+        joiner.join().expect("joiner");
+        let g = GroupReady::new("g", 2, 2);
+        g.assigned(0, 1, &[0, 1]);
+        let started = Instant::now();
+        let e = g
+            .wait(Duration::from_millis(100))
+            .expect_err("one never joins");
+        assert!(format!("{e:#}").contains("1 of 2 still joining"), "{e:#}");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        g.failed(1, "could not join group g after 20 attempts");
+        let e = g
+            .wait(Duration::from_secs(60))
+            .expect_err("a member failed");
+        assert!(format!("{e:#}").contains("after 20 attempts"), "{e:#}");
+    }
 
     #[test]
     fn round_robin_assignment_covers_every_partition_once() {

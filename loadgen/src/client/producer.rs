@@ -7,7 +7,7 @@
 //! batches returned for retry). Ownership of a batch moves producer → in flight → reader →
 //! (acked | returned to producer | failed); it is never in two places.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +76,9 @@ pub struct ProducerConfig {
     /// TCP connections per broker; partition p uses connection p mod this.
     pub connections: usize,
     pub delivery_timeout_ms: u64,
+    /// Kafka's request.timeout.ms: sent as the Produce request's timeout, and how long a
+    /// request may wait for its response before its connection is dropped and its batches
+    /// are retried (within the delivery timeout).
     pub request_timeout_ms: i32,
     pub idempotent: bool,
     pub compression: Compression,
@@ -206,6 +209,8 @@ struct Refresh {
 struct InFlight {
     correlation_id: i32,
     batches: Vec<Batch>,
+    /// When the request was written (ns): its response is due by `request.timeout.ms`.
+    sent_ns: u64,
 }
 
 #[derive(Default)]
@@ -222,6 +227,29 @@ struct LinkState {
     /// An idempotent batch (with a sequence) was given up on: the partition's sequences
     /// have a gap the broker will never fill.
     gave_up_sequenced: bool,
+}
+
+/// What the readers of the links handed over since the producer last looked.
+#[derive(Default)]
+struct Handover {
+    acked: u64,
+    failed: u64,
+    released_bytes: usize,
+    refresh_metadata: bool,
+    gave_up_sequenced: bool,
+    returned: Vec<Batch>,
+}
+
+impl Handover {
+    /// Moves what `st` holds for the producer into this.
+    fn take_from(&mut self, st: &mut LinkState) {
+        self.acked += std::mem::take(&mut st.acked);
+        self.failed += std::mem::take(&mut st.failed);
+        self.released_bytes += std::mem::take(&mut st.released_bytes);
+        self.refresh_metadata |= std::mem::take(&mut st.refresh_metadata);
+        self.gave_up_sequenced |= std::mem::take(&mut st.gave_up_sequenced);
+        self.returned.append(&mut st.returned);
+    }
 }
 
 /// Wakes the producer thread when a response arrives.
@@ -366,6 +394,23 @@ impl Producer {
         })
     }
 
+    /// Connects every connection the topic's partitions will use, before the schedule
+    /// starts, so connection setup (TCP, TLS, SASL, ApiVersions) is not charged to the
+    /// first records' latency. A connection that fails is left to the send path, which
+    /// tries again after the retry backoff.
+    pub fn connect(&mut self) {
+        let now = self.clock.now_ns();
+        let conns = self.cfg.connections.max(1);
+        let keys: BTreeSet<LinkKey> = (0..self.queues.len())
+            .filter_map(|p| Some((*self.cluster.leaders.get(p)?, p % conns)))
+            .collect();
+        for key in keys {
+            if let Err(e) = self.ensure_link(key, now) {
+                warn(&format!("connecting to broker {}: {e:#}", key.0));
+            }
+        }
+    }
+
     /// Runs the schedule to its end (or until `stop`), then waits for outstanding acks.
     pub fn run(mut self, mut pacer: Pacer, stop: &AtomicBool) -> Result<ProducerStats> {
         let mut generating = true;
@@ -425,6 +470,13 @@ impl Producer {
         for _ in 0..GENERATE_BURST {
             if self.buffered_bytes >= self.cfg.buffer_memory_bytes {
                 // Back-pressure: the schedule keeps running; the delay shows in latency.
+                // But it still ends on time: records it would have sent after its end are
+                // not owed, and a broker that never frees the buffer must not keep the
+                // run going past its duration.
+                if pacer.time_is_up(now) {
+                    self.schedule_cut_short(pacer.owed());
+                    return None;
+                }
                 return Some(now + WAIT_MAX_NS);
             }
             match pacer.next(now) {
@@ -434,6 +486,20 @@ impl Producer {
             }
         }
         Some(now)
+    }
+
+    /// The schedule ended with `owed` of its records never sent (the buffer was full):
+    /// said, and counted once as `ClientBufferFull`, so the shortfall is not silent.
+    fn schedule_cut_short(&self, owed: u64) {
+        if owed == 0 {
+            return;
+        }
+        self.recorder.record_error("ClientBufferFull", 1);
+        warn(&format!(
+            "producer {}: the schedule ended with {owed} records never sent \
+             (buffer.memory full: the broker did not keep up)",
+            self.producer_index
+        ));
     }
 
     fn append(&mut self, seq_no: u64, intended_ns: u64, now: u64) {
@@ -560,7 +626,8 @@ impl Producer {
             match self.send_to(key, &partitions, now) {
                 Ok(s) => sent |= s,
                 Err(e) => {
-                    self.recorder.record_error("ClientConnectionLost", 1);
+                    // Counted once, where it happened: a failed connect in ensure_link,
+                    // a lost connection when service_links tears it down.
                     if let Some(l) = self.links.get_mut(&key) {
                         lock(&l.state).broken = true;
                     }
@@ -611,8 +678,8 @@ impl Producer {
         }
         self.gave_up_on(b);
         self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
-        self.recorder
-            .record_error("ClientDeliveryTimeout", b.records.len() as u64);
+        // One per batch given up on (its records are in `failed`).
+        self.recorder.record_error("ClientDeliveryTimeout", 1);
         self.sink.failed(b.partition, &b.ids());
         self.stats.failed += b.records.len() as u64;
         true
@@ -767,6 +834,7 @@ impl Producer {
             lock(&link.state).in_flight.push_back(InFlight {
                 correlation_id: id,
                 batches,
+                sent_ns: self.clock.now_ns(),
             });
             let Some(w) = link.writer.as_mut() else {
                 anyhow::bail!("no connection");
@@ -816,7 +884,7 @@ impl Producer {
             None => anyhow::bail!("unknown broker {broker}"),
         };
         let backoff = self.cfg.retry_backoff_ms * NS_PER_MS;
-        match self.connect(&addr) {
+        match self.open_link(&addr) {
             Ok(link) => {
                 if self.links.insert(key, link).is_some() {
                     self.stats.reconnects += 1;
@@ -834,16 +902,19 @@ impl Producer {
                     reconnect_at_ns: 0,
                 });
                 placeholder.reconnect_at_ns = now + backoff;
+                self.recorder.record_error("ClientConnectFailed", 1);
                 Err(e)
             }
         }
     }
 
-    fn connect(&self, addr: &str) -> Result<Link> {
+    fn open_link(&self, addr: &str) -> Result<Link> {
         let c = Conn::connect(addr)?;
         let version = c.versions.pick(api::PRODUCE, 3, 9)?;
         let reader_stream = c.stream.try_clone()?;
-        // Responses can be slow under load; the delivery timeout bounds the wait instead.
+        // The reader blocks until a response comes: an idle connection is not an error.
+        // A request whose response is overdue (request.timeout.ms) is found by the
+        // producer thread (service_links), which shuts the socket to wake this reader.
         reader_stream.set_read_timeout(None)?;
         let state: Arc<Mutex<LinkState>> = Arc::default();
         let ctx = ReaderCtx {
@@ -869,36 +940,53 @@ impl Producer {
         })
     }
 
-    /// Collects batches the readers returned for retry and tears down broken links,
-    /// returning their in-flight batches for retry too.
+    /// Collects batches the readers returned for retry and tears down broken links and
+    /// links whose oldest request is past `request.timeout.ms`, returning their in-flight
+    /// batches for retry too.
     fn service_links(&mut self, now: u64) {
-        let mut returned = Vec::new();
-        let mut refresh = false;
+        let mut got = Handover::default();
+        // A request timeout that is not positive is none (the CLI refuses one).
+        let timeout_ns = u64::try_from(self.cfg.request_timeout_ms)
+            .ok()
+            .filter(|&ms| ms > 0)
+            .map_or(u64::MAX, |ms| ms * NS_PER_MS);
         for link in self.links.values_mut() {
             let mut st = lock(&link.state);
-            self.stats.acked += std::mem::take(&mut st.acked);
-            self.stats.failed += std::mem::take(&mut st.failed);
-            refresh |= std::mem::take(&mut st.refresh_metadata);
-            self.reset_pending |= std::mem::take(&mut st.gave_up_sequenced);
-            let released = std::mem::take(&mut st.released_bytes);
-            self.buffered_bytes = self.buffered_bytes.saturating_sub(released);
-            returned.append(&mut st.returned);
-            if st.broken && link.writer.is_some() {
-                for f in st.in_flight.drain(..) {
-                    returned.extend(f.batches);
-                }
-                drop(st);
-                self.recorder.record_error("ClientConnectionLost", 1);
-                if let Some(w) = link.writer.take() {
-                    let _ = w.shutdown(Shutdown::Both);
-                }
-                if let Some(h) = link.reader.take() {
-                    let _ = h.join();
-                }
-                link.reconnect_at_ns = now;
-                warn(&format!("connection to {} lost; will retry", link.addr));
+            got.take_from(&mut st);
+            if link.writer.is_none() {
+                continue;
             }
+            let overdue = !st.broken
+                && st
+                    .in_flight
+                    .front()
+                    .is_some_and(|f| now.saturating_sub(f.sent_ns) >= timeout_ns);
+            if !st.broken && !overdue {
+                continue;
+            }
+            for f in st.in_flight.drain(..) {
+                got.returned.extend(f.batches);
+            }
+            drop(st);
+            // One count per connection torn down, named for why it was.
+            let (name, why) = if overdue {
+                (
+                    "ClientRequestTimeout",
+                    "no response within request.timeout.ms",
+                )
+            } else {
+                ("ClientConnectionLost", "lost")
+            };
+            self.recorder.record_error(name, 1);
+            close_link(link, &mut got);
+            link.reconnect_at_ns = now;
+            warn(&format!("connection to {}: {why}; will retry", link.addr));
         }
+        self.stats.acked += got.acked;
+        self.stats.failed += got.failed;
+        self.buffered_bytes = self.buffered_bytes.saturating_sub(got.released_bytes);
+        self.reset_pending |= got.gave_up_sequenced;
+        let (refresh, returned) = (got.refresh_metadata, got.returned);
         self.refresh.wanted |= refresh;
         if self.refresh.wanted && now >= self.refresh.next_at_ns {
             self.refresh_metadata(now);
@@ -907,8 +995,8 @@ impl Producer {
         for mut b in returned {
             if b.attempts > self.cfg.retries {
                 self.gave_up_on(&b);
-                self.recorder
-                    .record_error("ClientRetriesExhausted", b.records.len() as u64);
+                // One per batch given up on (its records are in `failed`).
+                self.recorder.record_error("ClientRetriesExhausted", 1);
                 self.sink.failed(b.partition, &b.ids());
                 self.stats.failed += b.records.len() as u64;
                 self.buffered_bytes = self.buffered_bytes.saturating_sub(b.bytes);
@@ -1000,8 +1088,8 @@ impl Producer {
             lost.append(&mut st.returned);
         }
         for b in lost {
-            self.recorder
-                .record_error("ClientDeliveryTimeout", b.records.len() as u64);
+            // One per batch given up on (its records are in `failed`).
+            self.recorder.record_error("ClientDeliveryTimeout", 1);
             self.sink.failed(b.partition, &b.ids());
             self.stats.failed += b.records.len() as u64;
         }
@@ -1019,6 +1107,24 @@ impl Producer {
             self.stats.acked += std::mem::take(&mut st.acked);
             self.stats.failed += std::mem::take(&mut st.failed);
         }
+    }
+}
+
+/// Closes a link's connection and ends its reader; what the reader handed over in the
+/// meantime (a response it was handling as the connection went) and whatever is still in
+/// flight go into `got`, not lost with the link's state when it is replaced.
+fn close_link(link: &mut Link, got: &mut Handover) {
+    // Shutting the socket wakes a reader blocked on it; it then exits.
+    if let Some(w) = link.writer.take() {
+        let _ = w.shutdown(Shutdown::Both);
+    }
+    if let Some(h) = link.reader.take() {
+        let _ = h.join();
+    }
+    let mut st = lock(&link.state);
+    got.take_from(&mut st);
+    for f in st.in_flight.drain(..) {
+        got.returned.extend(f.batches);
     }
 }
 
@@ -1102,4 +1208,166 @@ fn handle_response(
     st.refresh_metadata |= refresh;
     st.gave_up_sequenced |= gave_up_sequenced;
     st.returned.append(&mut returned);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Rate;
+    use std::net::{TcpListener, TcpStream};
+
+    const MS: u64 = 1_000_000;
+
+    fn producer(request_timeout_ms: i32) -> Producer {
+        let cfg = ProducerConfig {
+            topic: "t".into(),
+            acks: 1,
+            batch_size_bytes: 16_384,
+            linger_ms: 0,
+            max_in_flight: 5,
+            retries: 10,
+            retry_backoff_ms: 100,
+            retry_backoff_max_ms: 1000,
+            connections: 1,
+            delivery_timeout_ms: 120_000,
+            request_timeout_ms,
+            idempotent: false,
+            compression: Compression::None,
+            record_size_bytes: 100,
+            keys: None,
+            buffer_memory_bytes: 32 << 20,
+            transactional_id: None,
+            txn_records: 100,
+            transaction_timeout_ms: 60_000,
+        };
+        let cluster = Cluster {
+            brokers: BTreeMap::from([(0, "127.0.0.1:1".to_string())]),
+            leaders: vec![0],
+        };
+        let recorder = Arc::new(Recorder::new(0));
+        Producer::new(
+            cfg,
+            cluster,
+            Clock::start(),
+            recorder,
+            Arc::new(NoSink),
+            1,
+            0,
+        )
+        .expect("a non-idempotent producer does not connect")
+    }
+
+    /// Link (0, 0) of `p` on a real socket whose other end (returned, kept open by the
+    /// caller) never answers, with its reader thread running.
+    fn live_link(p: &mut Producer) -> TcpStream {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (server, _) = l.accept().expect("accept");
+        let state: Arc<Mutex<LinkState>> = Arc::default();
+        let ctx = ReaderCtx {
+            cfg: p.cfg.clone(),
+            clock: p.clock,
+            recorder: p.recorder.clone(),
+            sink: p.sink.clone(),
+            wake: p.wake.clone(),
+            version: 9,
+        };
+        let reader_stream = Stream::Plain(client.try_clone().expect("clone"));
+        let st = state.clone();
+        let reader = std::thread::spawn(move || read_loop(reader_stream, st, ctx));
+        let link = Link {
+            addr: "test".into(),
+            writer: Some(Stream::Plain(client)),
+            state,
+            reader: Some(reader),
+            version: 9,
+            next_correlation_id: 1,
+            reconnect_at_ns: 0,
+        };
+        p.links.insert((0, 0), link);
+        server
+    }
+
+    fn errors(p: &Producer) -> BTreeMap<String, u64> {
+        p.recorder.summary(1).errors
+    }
+
+    /// A write that fails and the teardown that follows are one lost connection, counted
+    /// once (it was counted by both), and the batch goes back for a retry.
+    #[test]
+    fn a_connection_lost_on_write_counts_once() {
+        let mut p = producer(30_000);
+        let _server = live_link(&mut p);
+        if let Some(w) = p.links.get(&(0, 0)).and_then(|l| l.writer.as_ref()) {
+            // Every later write fails at once (EPIPE), before any reader could notice.
+            w.shutdown(Shutdown::Write).expect("shutdown");
+        }
+        let now = p.clock.now_ns();
+        for i in 0..10 {
+            p.append(i, now, now);
+        }
+        let (sent, _) = p.send_ready(now, true);
+        assert!(!sent);
+        p.service_links(now);
+        assert_eq!(
+            errors(&p),
+            BTreeMap::from([("ClientConnectionLost".to_string(), 1)])
+        );
+        assert_eq!(p.queues[0].len(), 1, "the batch is back for a retry");
+        assert!(p.links.get(&(0, 0)).is_some_and(|l| l.writer.is_none()));
+    }
+
+    /// A request unanswered for request.timeout.ms drops its connection (waking and ending
+    /// the reader blocked on it), counts one ClientRequestTimeout and returns its batches
+    /// for a retry; before then nothing happens.
+    #[test]
+    fn an_unanswered_request_times_out() {
+        let mut p = producer(100);
+        let _server = live_link(&mut p);
+        let now = p.clock.now_ns();
+        for i in 0..10 {
+            p.append(i, now, now);
+        }
+        let (sent, _) = p.send_ready(now, true);
+        assert!(sent);
+        assert!(p.queues[0].is_empty());
+        let sent_ns = p.clock.now_ns();
+        p.service_links(sent_ns + 50 * MS);
+        assert!(errors(&p).is_empty(), "not overdue yet: {:?}", errors(&p));
+        p.service_links(sent_ns + 101 * MS);
+        assert_eq!(
+            errors(&p),
+            BTreeMap::from([("ClientRequestTimeout".to_string(), 1)])
+        );
+        assert_eq!(p.queues[0].len(), 1, "the batch is back for a retry");
+        let b = &p.queues[0][0];
+        assert!(
+            b.retry_at_ns > sent_ns + 101 * MS,
+            "after the retry backoff"
+        );
+        assert!(p.links.get(&(0, 0)).is_some_and(|l| l.writer.is_none()));
+    }
+
+    /// A producer whose buffer stays full still ends its open-loop schedule at the
+    /// duration (it looked at the schedule only when it could take a record), and says
+    /// that records were never sent.
+    #[test]
+    fn a_full_buffer_does_not_keep_the_schedule_running() {
+        let mut p = producer(30_000);
+        let mut pacer = Pacer::new(0, Rate::PerSec(1000.0), None, Some(1_000 * MS));
+        let stop = AtomicBool::new(false);
+        p.buffered_bytes = p.cfg.buffer_memory_bytes;
+        assert!(p.generate(&mut pacer, 500 * MS, &stop).is_some());
+        assert_eq!(p.generate(&mut pacer, 1_000 * MS, &stop), None);
+        assert_eq!(
+            errors(&p),
+            BTreeMap::from([("ClientBufferFull".to_string(), 1)])
+        );
+        // With room it catches up instead: the overdue records go out late, timed from
+        // their intended send times.
+        let mut p = producer(30_000);
+        let mut pacer = Pacer::new(0, Rate::PerSec(1000.0), None, Some(1_000 * MS));
+        assert_eq!(p.generate(&mut pacer, 1_000 * MS, &stop), Some(1_000 * MS));
+        assert_eq!(pacer.issued(), GENERATE_BURST as u64);
+    }
 }

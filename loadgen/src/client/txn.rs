@@ -176,6 +176,20 @@ impl TxnProducer {
         })
     }
 
+    /// Finds the transaction coordinator and initialises the transactional id before the
+    /// schedule starts, so that setup is not charged to the first transaction's records.
+    /// A failure is left to the first transaction, which tries again (and says why).
+    pub fn prepare(&mut self) {
+        if self.need_init
+            && let Err(e) = self.init()
+        {
+            warn(&format!(
+                "{}: InitProducerId before the run: {e:#}",
+                self.transactional_id
+            ));
+        }
+    }
+
     /// Runs the schedule to its end (or until `stop`), one transaction at a time.
     pub fn run(mut self, mut pacer: Pacer, stop: &AtomicBool) -> Result<ProducerStats> {
         // Bounded by the schedule: every turn consumes at least one record or ends.
@@ -285,7 +299,8 @@ impl TxnProducer {
                     "{}: transaction aborted ({records} records): {error:#}",
                     self.transactional_id
                 ));
-                self.recorder.record_error("ClientTxnAborted", records);
+                // One per transaction (its records are in `failed`).
+                self.recorder.record_error("ClientTxnAborted", 1);
                 if ongoing && !fenced {
                     // Best effort: InitProducerId resolves it as an abort anyway.
                     if let Err(e) = self.end_txn(false) {
@@ -304,8 +319,8 @@ impl TxnProducer {
                     "{}: commit outcome unknown ({records} records): {e:#}",
                     self.transactional_id
                 ));
-                self.recorder
-                    .record_error("ClientTxnCommitUnknown", records);
+                // One per transaction (its records are in `failed`).
+                self.recorder.record_error("ClientTxnCommitUnknown", 1);
                 for b in &batches {
                     self.sink.failed(b.partition, &ids(b));
                 }
