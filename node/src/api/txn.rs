@@ -33,7 +33,7 @@ use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 
 use super::topic_name;
 use crate::errors;
-use crate::group::{CommitArgs, GroupOp, GroupReply, OFFSETS_TOPIC, OffsetCommit};
+use crate::group::{CommitArgs, GroupReply, OFFSETS_TOPIC, OffsetCommit};
 use crate::producer_state::partition::Marker;
 use crate::shard::{Shard, WriteMarkerCall};
 use crate::txn::{
@@ -504,20 +504,10 @@ pub async fn txn_offset_commit(
         ProducerId(req.producer_id.0),
         ProducerEpoch(req.producer_epoch),
     );
-    let verified = if group.is_empty() || !valid_txn_id(&txn_id) {
-        errors::INVALID_REQUEST
+    let per = if group.is_empty() || !valid_txn_id(&txn_id) {
+        vec![errors::INVALID_REQUEST; count]
     } else {
-        verify_offsets(shard, &txn_id, producer, &group).await
-    };
-    let per = if verified != errors::NONE {
-        vec![verified; count]
-    } else {
-        let op = GroupOp::TxnCommit {
-            commit: args,
-            producer_id: ProducerId(req.producer_id.0),
-            producer_epoch: ProducerEpoch(req.producer_epoch),
-        };
-        match super::groups::call_group(shard, &group, op).await {
+        match commit_txn_offsets(shard, &txn_id, producer, args).await {
             GroupReply::Codes(_, per) if per.len() == count => per,
             GroupReply::Code(code) | GroupReply::Codes(code, _) => vec![code; count],
             _ => vec![errors::UNKNOWN_SERVER_ERROR; count],
@@ -539,22 +529,50 @@ pub async fn txn_offset_commit(
     resp
 }
 
-/// KIP-890 for transactional offsets (Kafka 3.6+): the group's `__consumer_offsets`
-/// partition must be in the producer's ongoing transaction (AddOffsetsToTxn) at this
-/// epoch. Unchecked, an offset commit of no transaction, or one that arrives after its
-/// transaction ended, opened a transaction no marker would ever close: the partition's
-/// LSO stood still, its cleaner stopped, and `require_stable` fetches waited for ever.
-async fn verify_offsets(
+/// Longest a TxnOffsetCommit may take on the group coordinator's shard (its KIP-890
+/// check, then its append, replicated), as any group call.
+const TXN_COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sends a TxnOffsetCommit to the shard of its group's coordinator, which checks it with
+/// the transaction coordinator and appends it (`TxnOffsetCommitCall`).
+async fn commit_txn_offsets(
     shard: &Rc<Shard>,
     txn_id: &str,
     producer: (ProducerId, ProducerEpoch),
-    group: &str,
-) -> i16 {
+    commit: CommitArgs,
+) -> GroupReply {
     let partitions = match super::groups::offsets_partitions(shard).await {
         Ok(n) => n,
-        Err(code) => return code,
+        Err(code) => return GroupReply::Code(code),
     };
-    let partition = crate::group::partition_for(group, partitions);
+    let partition = crate::group::partition_for(&commit.group, partitions);
+    let call = crate::shard::calls::TxnOffsetCommitCall {
+        partition,
+        transactional_id: Arc::from(txn_id),
+        commit,
+        producer,
+    };
+    let target = shard.router.owner(OFFSETS_TOPIC, partition);
+    let deadline = Instant::now() + TXN_COMMIT_TIMEOUT;
+    match shard.call(target, call, deadline).await {
+        Ok(reply) => reply,
+        Err(e) => GroupReply::Code(e.code()),
+    }
+}
+
+/// KIP-890 for transactional offsets (Kafka 3.6+): the group's `__consumer_offsets`
+/// partition (`partition`) must be in the producer's ongoing transaction
+/// (AddOffsetsToTxn) at this epoch. Unchecked, an offset commit of no transaction, or one
+/// that arrives after its transaction ended, opened a transaction no marker would ever
+/// close: the partition's LSO stood still, its cleaner stopped, and `require_stable`
+/// fetches waited for ever. Asked from the group coordinator's shard, under a
+/// verification begun there (`shard::calls::TxnOffsetCommitCall`).
+pub(crate) async fn verify_offsets(
+    shard: &Rc<Shard>,
+    txn_id: &str,
+    producer: (ProducerId, ProducerEpoch),
+    partition: i32,
+) -> i16 {
     match verify_produce(shard, txn_id, producer, OFFSETS_TOPIC, partition).await {
         // verify_produce's mapping of a busy coordinator, for a produce; a TxnOffsetCommit
         // retries this one.

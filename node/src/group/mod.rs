@@ -18,9 +18,11 @@ pub mod state;
 
 mod park;
 mod store;
+#[cfg(test)]
+mod txn_tests;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -30,6 +32,7 @@ use wire::{LeaderEpoch, Offset};
 
 use crate::coordinator::Led;
 use crate::partition::Partition;
+use crate::producer_state::partition::VerificationGuard;
 use crate::shard::context::ServiceContext;
 use crate::shard::{mono_ms, now_ms};
 use schema::OffsetValue;
@@ -194,11 +197,14 @@ pub enum GroupOp {
         ticket: u64,
     },
     /// TxnOffsetCommit: offsets logged now, applied when the producer's COMMIT marker
-    /// reaches this partition, dropped on ABORT.
+    /// reaches this partition, dropped on ABORT. `verified`: the KIP-890 verification
+    /// begun on the partition before the transaction coordinator was asked
+    /// (`shard::calls::TxnOffsetCommitCall`); the append goes in only while it holds.
     TxnCommit {
         commit: CommitArgs,
         producer_id: wire::ProducerId,
         producer_epoch: wire::ProducerEpoch,
+        verified: VerificationGuard,
     },
 }
 
@@ -333,9 +339,10 @@ impl Coordinators {
                 commit,
                 producer_id,
                 producer_epoch,
+                verified,
             } => {
-                self.txn_commit(part, s, commit, (producer_id, producer_epoch))
-                    .await
+                let producer = (producer_id, producer_epoch);
+                self.txn_commit(part, s, commit, producer, verified).await
             }
             GroupOp::List => GroupReply::Code(codes::INVALID_REQUEST),
         }
@@ -542,12 +549,21 @@ impl Coordinators {
 
     /// TxnOffsetCommit: checked like a commit (a generation of -1 skips the member
     /// check), logged as a transactional batch, held until the producer's marker.
+    ///
+    /// Held from the step its batch took its offsets (Kafka's
+    /// `pendingTransactionalOffsetCommits`), not once it is replicated: the marker that
+    /// ends the transaction may be appended right after the batch and be replicated,
+    /// and complete the transaction, before this task runs again; held later, the offsets
+    /// would wait for a marker that had come and gone. A batch that was not written is
+    /// dropped again; one that was written stays held even if its replication fails (it
+    /// is in the log, and its marker decides it, as a replay of the log would).
     async fn txn_commit(
         &self,
         part: &Led,
         s: &Settings,
         a: CommitArgs,
         producer: (wire::ProducerId, wire::ProducerEpoch),
+        verified: VerificationGuard,
     ) -> GroupReply {
         let now = now_ms();
         let check = match self.groups.borrow().get(&a.group) {
@@ -558,30 +574,49 @@ impl Coordinators {
         if let Err(code) = check {
             return GroupReply::Codes(codes::NONE, vec![code; a.offsets.len()]);
         }
-        let (per, mut writes) = offset_writes(&a, s, now);
-        let writing = self.writing();
-        match store::write_txn_offsets(part, &a.group, producer, &writes).await {
-            Ok(at) => writes.iter_mut().for_each(|(_, v)| v.appended_at = at),
-            Err(code) => return GroupReply::Codes(codes::NONE, failed_writes(&per, code)),
+        let (per, writes) = offset_writes(&a, s, now);
+        if writes.is_empty() {
+            return GroupReply::Codes(codes::NONE, per);
         }
-        let mut pending = self.pending_txn.borrow_mut();
-        let held = pending
+        // In flight until replicated, as a plain commit (see `quiesce`).
+        let _writing = self.writing();
+        let appended = store::append_txn_offsets(part, &a.group, producer, verified, &writes);
+        let (at, written) = match appended.await {
+            Ok(appended) => appended,
+            Err(code) => return GroupReply::Codes(codes::NONE, failed_writes(&per, code)),
+        };
+        // Same step as the append's first poll: no marker can come between.
+        self.pending_txn
+            .borrow_mut()
             .entry(part.index)
             .or_default()
-            .entry(producer.0)
-            .or_default();
-        held.extend(writes.into_iter().map(|(k, v)| (a.group.clone(), k, v)));
-        drop(writing);
-        GroupReply::Codes(codes::NONE, per)
+            .hold_batch(producer.0, at, &a.group, writes);
+        if let Err(code) = written.await {
+            if let Some(p) = self.pending_txn.borrow_mut().get_mut(&part.index) {
+                p.drop_batch(producer.0, at);
+            }
+            return GroupReply::Codes(codes::NONE, failed_writes(&per, code));
+        }
+        match crate::coordinator::await_replicated(part, part.epoch(), at.end).await {
+            codes::NONE => GroupReply::Codes(codes::NONE, per),
+            code => {
+                let code = crate::coordinator::WriteKind::Offsets.code(code);
+                GroupReply::Codes(codes::NONE, failed_writes(&per, code))
+            }
+        }
     }
 
-    /// The producer's marker was appended to `__consumer_offsets` partition `index` (on
-    /// this shard): its pending offset commits there are applied (COMMIT) or dropped.
+    /// The producer's marker was appended at `marker_at` in `__consumer_offsets`
+    /// partition `index` (on this shard) and replicated: the offset commits of every
+    /// transaction of the producer it closes (each begun before it) are applied (COMMIT)
+    /// or dropped. Commits of a later transaction of the producer, appended after the
+    /// marker while it was being replicated, stay held for their own marker.
     pub async fn complete_txn(
         &self,
         ctx: &ServiceContext<'_>,
         index: i32,
         marker: crate::producer_state::partition::Marker,
+        marker_at: Offset,
     ) -> i16 {
         if let Err(code) = self.load(ctx, index).await {
             return code;
@@ -590,12 +625,29 @@ impl Coordinators {
             .pending_txn
             .borrow_mut()
             .get_mut(&index)
-            .and_then(|p| p.remove(&marker.producer_id))
+            .map(|p| p.take_closed(marker.producer_id, marker_at))
             .unwrap_or_default();
         if marker.commit {
             store::apply_committed(&mut self.groups.borrow_mut(), done, clock());
         }
         codes::NONE
+    }
+
+    /// The loaded `__consumer_offsets` partition `index`, as [`Self::exec`] serves it
+    /// (NOT_COORDINATOR where this node does not lead it): a TxnOffsetCommit begins its
+    /// KIP-890 verification on it before the transaction coordinator is asked.
+    pub async fn led(&self, ctx: &ServiceContext<'_>, index: i32) -> Result<Led, i16> {
+        self.drop_stale();
+        if !ctx.owns(OFFSETS_TOPIC, index) {
+            return Err(codes::NOT_COORDINATOR);
+        }
+        self.load(ctx, index).await
+    }
+
+    /// Offset values held for open transactions in partition `index` (tests).
+    #[cfg(test)]
+    pub fn pending_txn_offsets(&self, index: i32) -> usize {
+        self.pending_txn.borrow().get(&index).map_or(0, |p| p.len())
     }
 
     /// Marks the offsets of `group` that a pending transaction will change.
@@ -609,12 +661,7 @@ impl Coordinators {
         };
         // Built once per call: checking each offset against every pending one is
         // offsets x pending.
-        let unstable: HashSet<(&str, i32)> = pending
-            .values()
-            .flatten()
-            .filter(|(g, _, _)| g == group)
-            .map(|(_, (t, p), _)| (t.as_str(), *p))
-            .collect();
+        let unstable = pending.unstable(group);
         for o in &mut offsets {
             if unstable.contains(&(o.topic.as_str(), o.partition)) {
                 o.error = codes::UNSTABLE_OFFSET_COMMIT;

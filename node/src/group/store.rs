@@ -2,7 +2,7 @@
 //! commits, group metadata and tombstones as record batches, and the replay that
 //! rebuilds every group of a partition after a start. Runs on the partition's shard.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use bytes::Bytes;
 use kafka_protocol::messages::ConsumerProtocolSubscription;
@@ -14,10 +14,10 @@ use super::codes;
 use super::schema::{self, GroupValue, Key, OffsetValue};
 use super::state::{Group, Now, State};
 use crate::coordinator::{
-    Led, WriteKind, append_contiguous, await_replicated, batch_bytes_max, build_batch,
-    build_batches, check_insync,
+    Led, WriteKind, append_contiguous, batch_bytes_max, build_batch, build_batches, check_insync,
 };
 use crate::partition::Partition;
+use crate::producer_state::partition::VerificationGuard;
 use crate::shard::now_ms;
 
 /// Most bytes a compressed batch may inflate to during replay.
@@ -65,19 +65,98 @@ pub async fn write_offsets(
         .map_err(|c| kind.code(c))
 }
 
-/// Writes a transactional offset commit (TxnOffsetCommit): one transactional batch with
+/// Where a transactional offset commit's batch went (see [`append_txn_offsets`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnAt {
+    /// The batch's first offset.
+    pub batch: Offset,
+    /// The first offset of the producer's transaction in this partition (this batch's,
+    /// if it opened the transaction): with the producer id, names the transaction.
+    pub txn_first: Offset,
+    /// The offset after the batch: replicated once the HW reaches it.
+    pub end: Offset,
+}
+
+/// The local write of an appended batch: an error means it is not in the log.
+pub type Written<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), i16>> + 'a>>;
+
+/// Appends a transactional offset commit (TxnOffsetCommit): one transactional batch with
 /// the producer's id and epoch, applied only when the producer's COMMIT marker follows it
-/// in this partition (live: `Coordinators::complete_txn`; at load: `replay`). Returns
-/// where the batch starts (`Offset::NONE` if there was nothing to write).
-pub async fn write_txn_offsets(
+/// in this partition (live: `Coordinators::complete_txn`; at load: `replay`).
+///
+/// Returns as soon as the batch has its offsets — in the same synchronous step, so the
+/// caller holds its offsets before any marker can follow it — with its local write still
+/// to await; replication is the caller's to await (acks=all, from [`TxnAt::end`]).
+/// `verified` is the KIP-890 verification begun on this partition before the
+/// coordinator was asked: checked in that step too, so a commit verified before its
+/// transaction was aborted cannot append after the ABORT marker (INVALID_TXN_STATE), where
+/// it would open a transaction no coordinator will end. Errors as Kafka maps them for
+/// offset commits.
+pub async fn append_txn_offsets<'a>(
+    part: &'a Led,
+    group: &str,
+    producer: (wire::ProducerId, wire::ProducerEpoch),
+    verified: VerificationGuard,
+    offsets: &[((String, i32), OffsetValue)],
+) -> Result<(TxnAt, Written<'a>), i16> {
+    let kind = WriteKind::Offsets;
+    let batch = txn_offsets_batch(part, group, producer, offsets)?;
+    if !part.leads() {
+        return Err(kind.code(crate::errors::NOT_LEADER_OR_FOLLOWER));
+    }
+    check_insync(part).map_err(|c| kind.code(c))?;
+    // The batch is built at base offset 0: its next offset is its record count.
+    let count = wire::batch::read_header(&batch)
+        .map(|h| h.next_offset().get())
+        .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
+    // A rebuild after a cut of the log would park the first poll below.
+    part.rebuild_producers().await.map_err(|c| kind.code(c))?;
+    // From here to the first poll of the append, no await.
+    if !part.producers.verification_holds(producer.0, verified) {
+        return Err(crate::errors::INVALID_TXN_STATE);
+    }
+    let before = part.log.log_end_offset();
+    let mut append = Box::pin(part.append_coordinator(bytes::BytesMut::from(&batch[..]), now_ms()));
+    let first = futures_lite::future::poll_once(&mut append).await;
+    if part.log.log_end_offset() <= before {
+        return match first {
+            Some(Err(code)) => Err(kind.code(code)),
+            _ => {
+                tracing::error!(
+                    partition = part.index,
+                    "offset commit did not take its offsets"
+                );
+                Err(codes::UNKNOWN_SERVER_ERROR)
+            }
+        };
+    }
+    let at = TxnAt {
+        batch: before,
+        txn_first: part.producers.open_txn_first(producer.0).unwrap_or(before),
+        end: before.add(count),
+    };
+    assert!(
+        at.txn_first <= at.batch,
+        "transaction begins after its batch: {at:?}"
+    );
+    let written = async move {
+        let done = match first {
+            Some(done) => done,
+            None => append.await,
+        };
+        done.map(|_| ()).map_err(|c| kind.code(c))
+    };
+    Ok((at, Box::pin(written)))
+}
+
+/// The transactional batch of a TxnOffsetCommit; INVALID_COMMIT_OFFSET_SIZE if it is
+/// larger than the partition takes (nothing of it is written, as Kafka refuses it).
+fn txn_offsets_batch(
     part: &Led,
     group: &str,
     producer: (wire::ProducerId, wire::ProducerEpoch),
     offsets: &[((String, i32), OffsetValue)],
-) -> Result<Offset, i16> {
-    if offsets.is_empty() {
-        return Ok(Offset::NONE);
-    }
+) -> Result<Bytes, i16> {
     let records = offsets
         .iter()
         .map(|((t, p), v)| NewRecord {
@@ -99,31 +178,120 @@ pub async fn write_txn_offsets(
     if batch.len() > batch_bytes_max(part) {
         return Err(codes::INVALID_COMMIT_OFFSET_SIZE);
     }
-    let kind = WriteKind::Offsets;
-    let epoch = part.epoch();
-    if !part.leads() {
-        return Err(kind.code(crate::errors::NOT_LEADER_OR_FOLLOWER));
+    Ok(batch)
+}
+
+/// A pending offset's key: (group, (topic, partition)).
+pub type PendingKey = (String, (String, i32));
+
+/// Transactional offset commits waiting for their producer's marker (Kafka's
+/// `pendingTransactionalOffsetCommits`), by transaction: (producer id, first offset of
+/// its transaction in this partition). One value per group and partition in each, the
+/// latest: a transaction that commits the same offsets again and again (a consumer
+/// committing every poll) holds one value each, not one per commit.
+#[derive(Debug, Default)]
+pub struct PendingTxnOffsets {
+    txns: BTreeMap<(wire::ProducerId, Offset), HashMap<PendingKey, OffsetValue>>,
+}
+
+impl PendingTxnOffsets {
+    pub fn new() -> PendingTxnOffsets {
+        PendingTxnOffsets::default()
     }
-    check_insync(part).map_err(|c| kind.code(c))?;
-    // The batch is built at base offset 0: its next offset is its record count.
-    let count = wire::batch::read_header(&batch)
-        .map(|h| h.next_offset().get())
-        .map_err(|_| codes::UNKNOWN_SERVER_ERROR)?;
-    let first = part
-        .append_coordinator(bytes::BytesMut::from(&batch[..]), now_ms())
-        .await
-        .map_err(|c| kind.code(c))?;
-    // Acknowledged once replicated, like every coordinator write (acks=all).
-    let end = first.add(count);
-    match await_replicated(part, epoch, end).await {
-        codes::NONE => Ok(first),
-        code => Err(kind.code(code)),
+
+    /// Holds the offsets of the batch at `at` of `producer` in its transaction; a value
+    /// appended later replaces an earlier one of the same key.
+    pub fn hold_batch(
+        &mut self,
+        producer: wire::ProducerId,
+        at: TxnAt,
+        group: &str,
+        offsets: Vec<((String, i32), OffsetValue)>,
+    ) {
+        let held = self.txns.entry((producer, at.txn_first)).or_default();
+        for (key, mut value) in offsets {
+            value.appended_at = at.batch;
+            hold(held, (group.to_string(), key), value);
+        }
+    }
+
+    /// Drops what the batch at `at` held: its write failed, it is not in the log. (A
+    /// value it replaced is not brought back: that batch is in the log, so a replay
+    /// would apply it on COMMIT, but the live state has only the latest.)
+    pub fn drop_batch(&mut self, producer: wire::ProducerId, at: TxnAt) {
+        let key = (producer, at.txn_first);
+        let Some(held) = self.txns.get_mut(&key) else {
+            return;
+        };
+        held.retain(|_, v| v.appended_at != at.batch);
+        if held.is_empty() {
+            self.txns.remove(&key);
+        }
+    }
+
+    /// Takes the offsets of every transaction of `producer` that a marker at `marker_at`
+    /// closes: all begun before it (normally one; older ones would be leftovers the same
+    /// marker closes in the log too).
+    pub fn take_closed(
+        &mut self,
+        producer: wire::ProducerId,
+        marker_at: Offset,
+    ) -> Vec<(PendingKey, OffsetValue)> {
+        let closed: Vec<_> = self
+            .txns
+            .range((producer, Offset(i64::MIN))..(producer, marker_at))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut done = Vec::new();
+        for key in closed {
+            if let Some(held) = self.txns.remove(&key) {
+                done.extend(held);
+            }
+        }
+        done
+    }
+
+    /// The (topic, partition)s of `group` that an open transaction will change.
+    pub fn unstable(&self, group: &str) -> HashSet<(&str, i32)> {
+        self.txns
+            .values()
+            .flat_map(|held| held.keys())
+            .filter(|(g, _)| g == group)
+            .map(|(_, (t, p))| (t.as_str(), *p))
+            .collect()
+    }
+
+    /// Values held, all transactions together (tests).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.txns.values().map(HashMap::len).sum()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.txns.is_empty()
+    }
+
+    /// Replay: the first offset of `producer`'s transaction open in the log so far (the
+    /// one held: markers met so far took the older ones), else `at`, where a batch read
+    /// now opens one.
+    fn open_or(&self, producer: wire::ProducerId, at: Offset) -> Offset {
+        self.txns
+            .range((producer, Offset(i64::MIN))..=(producer, Offset(i64::MAX)))
+            .next_back()
+            .map_or(at, |((_, first), _)| *first)
     }
 }
 
-/// Transactional offset commits waiting for their producer's marker, by producer id:
-/// (group, (topic, partition), offset).
-pub type PendingTxnOffsets = HashMap<wire::ProducerId, Vec<(String, (String, i32), OffsetValue)>>;
+/// Holds `value` under `key` unless a value appended later is held already.
+fn hold(held: &mut HashMap<PendingKey, OffsetValue>, key: PendingKey, value: OffsetValue) {
+    let later = held
+        .get(&key)
+        .is_some_and(|v| v.appended_at > value.appended_at);
+    if !later {
+        held.insert(key, value);
+    }
+}
 
 /// Writes a group's metadata.
 pub async fn write_group(part: &Led, group: &str, value: &GroupValue) -> Result<(), i16> {
@@ -178,7 +346,7 @@ fn replay_batch(
     let (header, records) = batch_records(batch, REPLAY_DECOMPRESSED_MAX)
         .map_err(|_| codes::COORDINATOR_NOT_AVAILABLE)?;
     if header.attributes().is_control() {
-        let done = pending.remove(&header.producer_id()).unwrap_or_default();
+        let done = pending.take_closed(header.producer_id(), header.base_offset());
         if crate::producer_state::partition::marker_type(batch) == Some(true) {
             apply_committed(groups, done, now);
         }
@@ -205,7 +373,8 @@ fn hold_pending(
     at: Offset,
     records: wire::batch::RecordIter,
 ) {
-    let held = pending.entry(producer_id).or_default();
+    let txn_first = pending.open_or(producer_id, at);
+    let held = pending.txns.entry((producer_id, txn_first)).or_default();
     for record in records.flatten() {
         let (Some(key), Some(value)) = (record.key, record.value) else {
             continue;
@@ -225,7 +394,10 @@ fn hold_pending(
             continue;
         };
         v.appended_at = at;
-        held.push((group, (topic, partition), v));
+        hold(held, (group, (topic, partition)), v);
+    }
+    if held.is_empty() {
+        pending.txns.remove(&(producer_id, txn_first));
     }
 }
 
@@ -234,10 +406,10 @@ fn hold_pending(
 /// transaction was open is newer and stays (Kafka's `completePendingTxnOffsetCommit`).
 pub fn apply_committed(
     groups: &mut HashMap<String, Group>,
-    done: Vec<(String, (String, i32), OffsetValue)>,
+    done: Vec<(PendingKey, OffsetValue)>,
     now: Now,
 ) {
-    for (group, key, value) in done {
+    for ((group, key), value) in done {
         let offsets = &mut groups
             .entry(group.clone())
             .or_insert_with(|| Group::new(&group, now))
@@ -385,6 +557,43 @@ mod tests {
             Err(crate::errors::MESSAGE_TOO_LARGE)
         );
         assert!(build_batches(Vec::new(), max, 5).expect("empty").is_empty());
+    }
+
+    /// A marker takes the commits of the transactions it closes (begun before it) and
+    /// leaves those of a later transaction of the same producer, appended after it while
+    /// it was being replicated; within a transaction the latest value of a key wins.
+    #[test]
+    fn a_marker_takes_what_it_closes_and_the_latest_value_per_key() {
+        let pid = wire::ProducerId(3);
+        let mut pending = PendingTxnOffsets::new();
+        let at = |batch: i64, txn_first: i64| TxnAt {
+            batch: Offset(batch),
+            txn_first: Offset(txn_first),
+            end: Offset(batch + 1),
+        };
+        let key = ("t".to_string(), 0);
+        let value = |o: i64| {
+            let mut v = offset(0);
+            v.offset = Offset(o);
+            v
+        };
+        pending.hold_batch(pid, at(10, 10), "g", vec![(key.clone(), value(1))]);
+        pending.hold_batch(pid, at(12, 10), "g", vec![(key.clone(), value(2))]);
+        assert_eq!(pending.len(), 1, "one value per key in a transaction");
+        // Marker at 14; the producer's next transaction began at 15 before it completed.
+        pending.hold_batch(pid, at(15, 15), "g", vec![(key.clone(), value(3))]);
+        let done = pending.take_closed(pid, Offset(14));
+        assert_eq!(done.len(), 1);
+        assert_eq!(
+            (done[0].1.offset, done[0].1.appended_at),
+            (Offset(2), Offset(12))
+        );
+        assert_eq!(pending.len(), 1, "the later transaction stays");
+        assert_eq!(pending.unstable("g").len(), 1);
+        // Its batch was not written after all: nothing of it stays.
+        pending.drop_batch(pid, at(15, 15));
+        assert!(pending.is_empty());
+        assert!(pending.take_closed(pid, Offset(20)).is_empty());
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   across restarts (persisted in blocks), and KIP-360 epoch bumps;
 //!   [`init_producer_id`] is the request handler on top of it.
 //! - [`partition`]: the table bound to a partition's storage log: check around each
-//!   append, snapshots at segment roll and clean shutdown, rebuild when the log opens.
+//!   append, snapshots at segment roll and clean shutdown, rebuild when the log opens;
+//!   KIP-890 verification guards (a producer's marker ends the verifications of its
+//!   transactional appends under way there, which are then refused).
 //!
 //! # Produce path contract
 //!

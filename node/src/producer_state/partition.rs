@@ -6,6 +6,7 @@
 //! across an `.await`.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::path::Path;
 use std::pin::pin;
 use std::rc::Rc;
@@ -74,6 +75,73 @@ pub struct PartitionProducers {
     log_truncations: Cell<u64>,
     /// Set while the state is being rebuilt after a truncation: appends wait for it.
     rebuilding: RefCell<Option<Rc<Event>>>,
+    /// KIP-890 verifications under way here, by producer (see [`Verifying`]). An entry
+    /// lives only while a [`Verifying`] holds it, so there are at most as many as
+    /// transactional appends in flight; a marker of the producer ends it early.
+    verifications: RefCell<HashMap<ProducerId, Verification>>,
+    /// The next [`VerificationGuard`] handed out (never reused while the log is open).
+    next_guard: Cell<u64>,
+}
+
+/// Names one KIP-890 verification of a producer's transactional append in one partition
+/// (Kafka's `VerificationGuard`): taken before the coordinator is asked, checked right
+/// before the append. A COMMIT or ABORT marker of the producer written here in between
+/// ends the verification, so a batch (or a coordinator's transactional offset commit)
+/// checked against a transaction that has since ended cannot append after its marker and
+/// open a transaction no coordinator knows of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerificationGuard(u64);
+
+/// One producer's verification under way (`PartitionProducers::verifications`).
+#[derive(Clone, Copy, Debug)]
+struct Verification {
+    epoch: ProducerEpoch,
+    guard: VerificationGuard,
+    /// [`Verifying`]s alive for it (concurrent TxnOffsetCommits of one producer share it).
+    holders: u32,
+}
+
+/// Holds a producer's verification open in a partition until dropped (see
+/// [`PartitionProducers::begin_verification`]).
+pub struct Verifying<'a> {
+    producers: &'a PartitionProducers,
+    producer_id: ProducerId,
+    guard: VerificationGuard,
+}
+
+impl Verifying<'_> {
+    /// The guard to check right before the append.
+    pub fn guard(&self) -> VerificationGuard {
+        self.guard
+    }
+
+    /// Whether no marker of the producer was written here since the verification began.
+    pub fn holds(&self) -> bool {
+        self.producers
+            .verification_holds(self.producer_id, self.guard)
+    }
+}
+
+impl Drop for Verifying<'_> {
+    fn drop(&mut self) {
+        let mut all = self.producers.verifications.borrow_mut();
+        let Some(v) = all.get_mut(&self.producer_id) else {
+            return;
+        };
+        // Another verification (a newer epoch's) or none: this one already ended.
+        if v.guard != self.guard {
+            return;
+        }
+        assert!(
+            v.holders > 0,
+            "verification of {} held by nobody",
+            self.producer_id
+        );
+        v.holders -= 1;
+        if v.holders == 0 {
+            all.remove(&self.producer_id);
+        }
+    }
 }
 
 impl PartitionProducers {
@@ -100,7 +168,64 @@ impl PartitionProducers {
             last_expiry_ms: Cell::new(now_ms),
             log_truncations: Cell::new(log.truncations()),
             rebuilding: RefCell::new(None),
+            verifications: RefCell::new(HashMap::new()),
+            next_guard: Cell::new(1),
         })
+    }
+
+    /// Begins a KIP-890 verification of a transactional append of `producer_id` at
+    /// `epoch` here, before its coordinator is asked; it holds until the returned value is
+    /// dropped or a marker of the producer is written here, whichever comes first. A
+    /// verification of the same epoch already under way is shared (its guard returned
+    /// again); one of another epoch is ended.
+    pub fn begin_verification(
+        &self,
+        producer_id: ProducerId,
+        epoch: ProducerEpoch,
+    ) -> Verifying<'_> {
+        let mut all = self.verifications.borrow_mut();
+        let fresh = VerificationGuard(self.next_guard.get());
+        let v = all.entry(producer_id).or_insert(Verification {
+            epoch,
+            guard: fresh,
+            holders: 0,
+        });
+        if v.epoch != epoch {
+            *v = Verification {
+                epoch,
+                guard: fresh,
+                holders: 0,
+            };
+        }
+        if v.guard == fresh {
+            self.next_guard.set(fresh.0 + 1);
+        }
+        v.holders += 1;
+        Verifying {
+            producers: self,
+            producer_id,
+            guard: v.guard,
+        }
+    }
+
+    /// Whether the verification `guard` of `producer_id` still holds: begun here, not
+    /// dropped, and no marker of the producer written since. Checked in the same
+    /// synchronous step as the append it allows.
+    pub fn verification_holds(&self, producer_id: ProducerId, guard: VerificationGuard) -> bool {
+        self.verifications
+            .borrow()
+            .get(&producer_id)
+            .is_some_and(|v| v.guard == guard)
+    }
+
+    /// Verifications under way here (each held by a transactional append in flight).
+    pub fn verifications_open(&self) -> usize {
+        self.verifications.borrow().len()
+    }
+
+    /// The first offset of `producer_id`'s open transaction here, if it has one.
+    pub fn open_txn_first(&self, producer_id: ProducerId) -> Option<Offset> {
+        self.table.borrow().ongoing_first(producer_id)
     }
 
     /// Checks the records' producer sequence and appends them unless they are a
@@ -347,6 +472,7 @@ impl PartitionProducers {
                         let lso = table.first_unstable_offset().unwrap_or(h.next_offset());
                         self.record_abort(log, done, lso);
                     }
+                    self.verifications.borrow_mut().remove(&h.producer_id());
                 }
             }
         }
@@ -411,6 +537,9 @@ impl PartitionProducers {
                 let done = table.complete_txn(marker.producer_id, seen, first, now_ms);
                 (done, table.first_unstable_offset().unwrap_or(first.add(1)))
             };
+            // In the step that gave the marker its offset: an append verified before it
+            // (KIP-890) must not land after it.
+            self.verifications.borrow_mut().remove(&marker.producer_id);
             if let (false, Some(done)) = (marker.commit, done) {
                 self.record_abort(log, done, lso);
             }

@@ -375,6 +375,11 @@ impl ProducerStateTable {
         self.ongoing.contains_key(&producer_id)
     }
 
+    /// The first offset of `producer_id`'s open transaction here, if one is open.
+    pub fn ongoing_first(&self, producer_id: ProducerId) -> Option<Offset> {
+        self.ongoing.get(&producer_id).copied()
+    }
+
     /// Open transactions (producer id, first offset), in producer-id order.
     pub fn ongoing_txns(&self) -> impl Iterator<Item = (ProducerId, Offset)> + '_ {
         self.ongoing.iter().map(|(p, o)| (*p, *o))

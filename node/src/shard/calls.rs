@@ -2,6 +2,7 @@
 //! its own reply (see [`ShardCall`]). Offsets and epochs travel as their newtypes.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -32,6 +33,27 @@ impl ShardCall for ProduceCall {
     type Reply = ProduceOutcome;
 
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> ProduceOutcome {
+        let verify = |shard: Rc<Shard>,
+                      txn_id: Arc<str>,
+                      producer: Producer,
+                      tp: TopicPartition| async move {
+            crate::api::txn::verify_produce(&shard, &txn_id, producer, &tp.0, tp.1).await
+        };
+        self.append_verified(shard, verify).await
+    }
+}
+
+/// A transactional producer's id and epoch.
+type Producer = (wire::ProducerId, wire::ProducerEpoch);
+
+impl ProduceCall {
+    /// The produce, with `verify` as the KIP-890 check of a batch that would open a
+    /// transaction here (the coordinator's answer; a test stands in for it).
+    async fn append_verified<V, F>(self, shard: Rc<Shard>, verify: V) -> ProduceOutcome
+    where
+        V: FnOnce(Rc<Shard>, Arc<str>, Producer, TopicPartition) -> F,
+        F: std::future::Future<Output = i16>,
+    {
         // A cluster node whose lease expired (cut off from the controller) may have been
         // replaced as leader without knowing it: it acknowledges nothing more.
         if shard
@@ -56,20 +78,31 @@ impl ShardCall for ProduceCall {
             Some(t) => Some(t.turns.wait().await),
             None => None,
         };
-        if let Some(producer) = p.opens_transaction(&self.records) {
-            let Some(txn_id) = &self.transactional_id else {
-                return ProduceOutcome::failed(crate::errors::INVALID_TXN_STATE);
-            };
-            let (topic, index) = (&self.tp.0, self.tp.1);
-            let code = crate::api::txn::verify_produce(&shard, txn_id, producer, topic, index);
-            let code = code.await;
-            if code != crate::errors::NONE {
-                return ProduceOutcome::failed(code);
+        let verifying = match p.opens_transaction(&self.records) {
+            None => None,
+            Some(producer) => {
+                let Some(txn_id) = self.transactional_id.clone() else {
+                    return ProduceOutcome::failed(crate::errors::INVALID_TXN_STATE);
+                };
+                // Begun before the coordinator is asked: an abort (or commit) marker of
+                // this producer written here while it answers ends the verification, and
+                // the batch is refused below instead of opening a transaction after it.
+                let verifying = p.producers.begin_verification(producer.0, producer.1);
+                let code = verify(shard.clone(), txn_id, producer, self.tp.clone()).await;
+                if code != crate::errors::NONE {
+                    return ProduceOutcome::failed(code);
+                }
+                Some(verifying)
             }
-        }
+        };
         // Still in turn: after a cut of the log the producer state is rebuilt first, so
         // the first poll below takes offsets instead of parking in the rebuild.
         if let Err(code) = p.rebuild_producers().await {
+            return ProduceOutcome::failed(code);
+        }
+        // No await from here to the append's first poll: the guard checked is the one
+        // the append goes in under (Kafka checks it under the log's lock).
+        if let Err(code) = still_verified(&p, &self.records, verifying.as_ref()) {
             return ProduceOutcome::failed(code);
         }
         let mut produce =
@@ -77,6 +110,7 @@ impl ShardCall for ProduceCall {
         // The first poll checks and records the batch (offsets assigned synchronously,
         // see `PartitionProducers::append`); the next batch may go once it ran.
         let first = futures_lite::future::poll_once(&mut produce).await;
+        drop(verifying);
         drop(turn);
         drop(turns);
         drop(arrival);
@@ -85,6 +119,22 @@ impl ShardCall for ProduceCall {
             None => produce.await,
         }
     }
+}
+
+/// KIP-890 at the append (Kafka's `VerificationGuard` check): a transactional batch that
+/// would open a transaction here needs a verification that still holds — none of the
+/// producer's markers written here since it began. One verified before its transaction
+/// was aborted, or that found the transaction open and saw it end meanwhile, is refused
+/// with INVALID_TXN_STATE, as Kafka refuses it.
+fn still_verified(
+    p: &crate::partition::Partition,
+    records: &[u8],
+    verifying: Option<&crate::producer_state::partition::Verifying<'_>>,
+) -> Result<(), i16> {
+    if p.opens_transaction(records).is_none() || verifying.is_some_and(|v| v.holds()) {
+        return Ok(());
+    }
+    Err(crate::errors::INVALID_TXN_STATE)
 }
 
 /// One partition read of a Fetch.
@@ -368,6 +418,12 @@ impl ShardCall for WriteMarkerCall {
             Err(code) => return code,
         };
         let epoch = p.leader_epoch();
+        // Where the marker goes: read with no await before the marker's first poll, which
+        // takes its offset (a rebuild after a cut of the log would park it, so first).
+        if let Err(code) = p.rebuild_producers().await {
+            return code;
+        }
+        let marker_at = p.log.log_end_offset();
         let mut code = p.write_marker(self.marker, now_ms()).await;
         if code == crate::errors::NONE {
             // Kafka writes markers with acks=all: answered once the HW covers the marker
@@ -378,7 +434,9 @@ impl ShardCall for WriteMarkerCall {
         if code == crate::errors::NONE && &*self.tp.0 == crate::group::OFFSETS_TOPIC {
             let groups = shard.groups.clone();
             let ctx = ServiceContext::new(&shard);
-            return groups.complete_txn(&ctx, self.tp.1, self.marker).await;
+            return groups
+                .complete_txn(&ctx, self.tp.1, self.marker, marker_at)
+                .await;
         }
         code
     }
@@ -392,6 +450,77 @@ impl ShardCall for GroupCall {
     async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> GroupReply {
         let groups = shard.groups.clone();
         groups.exec(&ServiceContext::new(&shard), self).await
+    }
+}
+
+/// TxnOffsetCommit, run on the shard hosting the group's coordinator: the KIP-890 check
+/// (the group's `__consumer_offsets` partition must be in the producer's ongoing
+/// transaction) is asked of the transaction coordinator from here, between a
+/// verification begun on that partition and the coordinator's append, which goes in only
+/// if no marker of the producer was written there meanwhile. Checked on the connection's
+/// shard before, a commit verified just before its transaction was aborted could append
+/// after the ABORT marker: a transaction no coordinator would end, its offsets held (and
+/// `require_stable` fetches answered UNSTABLE_OFFSET_COMMIT) for ever.
+pub struct TxnOffsetCommitCall {
+    /// The group's `__consumer_offsets` partition.
+    pub partition: i32,
+    pub transactional_id: Arc<str>,
+    pub commit: crate::group::CommitArgs,
+    pub producer: Producer,
+}
+
+impl ShardCall for TxnOffsetCommitCall {
+    type Reply = GroupReply;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> GroupReply {
+        let verify = |shard: Rc<Shard>, txn_id: Arc<str>, producer: Producer, partition: i32| async move {
+            crate::api::txn::verify_offsets(&shard, &txn_id, producer, partition).await
+        };
+        self.commit_verified(shard, verify).await
+    }
+}
+
+impl TxnOffsetCommitCall {
+    /// The commit, with `verify` as the KIP-890 check (the coordinator's answer; a test
+    /// stands in for it). Each offset gets the check's refusal if there is one.
+    async fn commit_verified<V, F>(self, shard: Rc<Shard>, verify: V) -> GroupReply
+    where
+        V: FnOnce(Rc<Shard>, Arc<str>, Producer, i32) -> F,
+        F: std::future::Future<Output = i16>,
+    {
+        let count = self.commit.offsets.len();
+        let groups = shard.groups.clone();
+        let ctx = ServiceContext::new(&shard);
+        let part = match groups.led(&ctx, self.partition).await {
+            Ok(part) => part,
+            Err(code) => return GroupReply::Code(code),
+        };
+        let verifying = part
+            .producers
+            .begin_verification(self.producer.0, self.producer.1);
+        let code = verify(
+            shard.clone(),
+            self.transactional_id,
+            self.producer,
+            self.partition,
+        )
+        .await;
+        if code != crate::errors::NONE {
+            return GroupReply::Codes(crate::errors::NONE, vec![code; count]);
+        }
+        let op = crate::group::GroupOp::TxnCommit {
+            commit: self.commit,
+            producer_id: self.producer.0,
+            producer_epoch: self.producer.1,
+            verified: verifying.guard(),
+        };
+        let call = GroupCall {
+            partition: self.partition,
+            op,
+        };
+        let reply = groups.exec(&ctx, call).await;
+        drop(verifying);
+        reply
     }
 }
 
@@ -479,5 +608,129 @@ async fn load_led_coordinators(shard: &Rc<Shard>) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod txn_tests {
+    //! KIP-890's guard at the append, on a one-shard node (`crate::txn::testing`): the
+    //! coordinator's answer is stood in for, and an ABORT marker of the producer is
+    //! written while it "answers" — a batch or offset commit checked against the
+    //! transaction before it ended.
+
+    use super::*;
+    use crate::errors;
+    use crate::group::{CommitArgs, OFFSETS_TOPIC, OffsetCommit};
+    use crate::txn::testing::{self, PATIENCE, log_end, open, tp};
+    use wire::{ProducerEpoch, ProducerId};
+
+    const PRODUCER: (wire::ProducerId, wire::ProducerEpoch) = (ProducerId(42), ProducerEpoch(0));
+    const ABORT: Marker = Marker {
+        producer_id: PRODUCER.0,
+        producer_epoch: PRODUCER.1,
+        commit: false,
+        coordinator_epoch: 0,
+    };
+
+    async fn abort_marker(shard: Rc<Shard>, tp: TopicPartition) {
+        let deadline = Instant::now() + PATIENCE;
+        let written = WriteMarkerCall { tp, marker: ABORT }.run(shard, deadline);
+        assert_eq!(written.await, errors::NONE, "the ABORT marker");
+    }
+
+    fn produce_call() -> ProduceCall {
+        ProduceCall {
+            tp: tp("t", 0),
+            records: testing::txn_batch(PRODUCER, 0, 2),
+            acks: crate::partition::Acks::All,
+            replicated_by: Instant::now() + PATIENCE,
+            transactional_id: Some(Arc::from("tx")),
+        }
+    }
+
+    /// A transactional batch whose transaction was aborted while its coordinator
+    /// verified it is refused after the ABORT marker (INVALID_TXN_STATE) instead of
+    /// opening a transaction there that no coordinator knows of: the partition's LSO would
+    /// have stood behind it for ever. Verified with nothing in between, it goes in.
+    #[test]
+    fn a_batch_verified_before_its_transaction_was_aborted_is_refused() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            let shard = testing::node(&data);
+            testing::create_topic(&shard, "t");
+            let p = open(&shard, "t", 0).await;
+            let aborted_meanwhile = |shard: Rc<Shard>, _: Arc<str>, _: Producer, tp| async move {
+                abort_marker(shard, tp).await;
+                errors::NONE
+            };
+            let out = produce_call()
+                .append_verified(shard.clone(), aborted_meanwhile)
+                .await;
+            assert_eq!(out.error, errors::INVALID_TXN_STATE);
+            assert_eq!(log_end(&p), wire::Offset(1), "only the marker");
+            assert_eq!(p.producers.first_unstable_offset(), None);
+            assert_eq!(p.producers.verifications_open(), 0);
+
+            let answered = |_: Rc<Shard>, _: Arc<str>, _: Producer, _| async { errors::NONE };
+            let out = produce_call()
+                .append_verified(shard.clone(), answered)
+                .await;
+            assert_eq!(
+                (out.error, out.base_offset),
+                (errors::NONE, wire::Offset(1))
+            );
+            assert_eq!(p.producers.first_unstable_offset(), Some(wire::Offset(1)));
+            assert_eq!(p.producers.verifications_open(), 0, "ended with the append");
+            shard.close_all().await;
+        });
+    }
+
+    /// The same for a TxnOffsetCommit: verified, then its transaction aborted, it is
+    /// refused and holds nothing. Before, it was appended after the ABORT marker: a
+    /// transaction in `__consumer_offsets` that no marker would end, its offsets held for
+    /// ever (`require_stable` fetches answered UNSTABLE_OFFSET_COMMIT, the log cleaner
+    /// stopped at it).
+    #[test]
+    fn an_offset_commit_verified_before_its_transaction_was_aborted_is_refused() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            let shard = testing::node(&data);
+            testing::internal_topics(&shard).await;
+            let offsets = open(&shard, OFFSETS_TOPIC, 0).await;
+            let call = TxnOffsetCommitCall {
+                partition: 0,
+                transactional_id: Arc::from("tx"),
+                commit: CommitArgs {
+                    group: "g".into(),
+                    generation: -1,
+                    member_id: String::new(),
+                    instance_id: None,
+                    offsets: vec![OffsetCommit {
+                        topic: "t".into(),
+                        partition: 0,
+                        offset: wire::Offset(7),
+                        leader_epoch: LeaderEpoch::NONE,
+                        metadata: None,
+                    }],
+                },
+                producer: PRODUCER,
+            };
+            let aborted_meanwhile = |shard: Rc<Shard>, _: Arc<str>, _: Producer, index| async move {
+                abort_marker(shard, tp(OFFSETS_TOPIC, index)).await;
+                errors::NONE
+            };
+            let reply = call.commit_verified(shard.clone(), aborted_meanwhile).await;
+            assert!(
+                matches!(&reply, GroupReply::Codes(errors::NONE, per) if per == &[errors::INVALID_TXN_STATE]),
+                "refused: {reply:?}"
+            );
+            assert_eq!(log_end(&offsets), wire::Offset(1), "only the marker");
+            assert_eq!(offsets.producers.first_unstable_offset(), None);
+            assert_eq!(offsets.producers.verifications_open(), 0);
+            assert_eq!(shard.groups.pending_txn_offsets(0), 0, "nothing held");
+            shard.close_all().await;
+        });
     }
 }

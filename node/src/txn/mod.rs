@@ -10,15 +10,19 @@
 //! it is acted on: EndTxn writes PrepareCommit/PrepareAbort, then a marker to every
 //! partition of the transaction (through `WriteMarkerCall`, on each partition's shard),
 //! then CompleteCommit/CompleteAbort. On first use after a start, a partition is replayed
-//! (latest value per id wins); a transaction found in Prepare* has its markers written
-//! again at once, as Kafka completes them on load, not at the ticker's next round
-//! (markers are idempotent for the partitions: a second one closes nothing). An
+//! (latest value per id wins) to its log end; a transaction found in Prepare* has its
+//! markers written again as soon as the HW covers what was read (a state read past the
+//! HW may yet be lost with this node's lead), as Kafka completes them on load, not at
+//! the ticker's next round (markers are idempotent for the partitions: a second one
+//! closes nothing). An
 //! Ongoing one continues: its producer may go on with it, or `transaction.timeout.ms`
 //! after it began the ticker aborts it, with the producer's epoch bumped (fenced), as
 //! Kafka's coordinator does.
 //!
 //! One request per transactional id at a time: a second one meanwhile (or the ticker)
-//! gets CONCURRENT_TRANSACTIONS, which clients retry.
+//! gets CONCURRENT_TRANSACTIONS, which clients retry. A KIP-890 check meanwhile reads
+//! the state in memory, but answers CONCURRENT_TRANSACTIONS while a write that ends the
+//! transaction or the epoch waits for replication (see `Coordinators::verify`).
 //!
 //! An id with no transaction open or ending and unused for `transactional.id.expiration.ms`
 //! is removed by the ticker, as Kafka's coordinator does: a tombstone is written, then
@@ -35,6 +39,10 @@
 
 pub mod schema;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -43,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use wire::batch::batch_records;
-use wire::{ProducerEpoch, ProducerId};
+use wire::{Offset, ProducerEpoch, ProducerId};
 
 use crate::coordinator::{Led, PartitionLoads, append_contiguous, batch_bytes_max, build_batches};
 use crate::errors;
@@ -73,6 +81,14 @@ const EPOCH_MAX: i16 = i16::MAX - 1;
 const RESUME_CLAIM_TRIES: u32 = 50;
 /// Pause between those tries (with the tries: five seconds).
 const RESUME_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a request that must finish a transaction found in Prepare* at load waits
+/// for the HW to cover the loaded log (COORDINATOR_LOAD_IN_PROGRESS after, retried).
+const LOADED_HW_WAIT: Duration = Duration::from_secs(10);
+/// One round of the wait of a load's own resumption for the HW to cover the loaded log.
+const RESUME_HW_WAIT: Duration = Duration::from_secs(30);
+/// Rounds of [`RESUME_HW_WAIT`] before the resumption leaves the transaction to the
+/// ticker (which finishes it once the HW covers the load).
+const RESUME_HW_ROUNDS_MAX: u32 = 20;
 /// Most tombstones of expired transactional ids one append carries (ids of up to 32 KiB:
 /// a pass that finds many writes them in several appends, not one huge one).
 const EXPIRE_APPEND_IDS_MAX: usize = 500;
@@ -234,6 +250,28 @@ pub struct Coordinators {
     /// Transactional ids found in Prepare* by a replay, whose markers are still to be
     /// written (see [`Coordinators::resume_loaded`]).
     to_resume: RefCell<Vec<String>>,
+    /// Each loaded partition's log end at load, until its HW covers it: a replay reads to
+    /// the log end (`crate::coordinator::replay_batches`), and a Prepare* state read past
+    /// the HW may not survive this node's leadership (a next leader without it would time
+    /// out, and abort, a transaction whose COMMIT markers were written). No markers for a
+    /// loaded Prepare* state before the HW reaches it (Kafka's load has the same gap).
+    loaded_ends: RefCell<HashMap<i32, Offset>>,
+    /// State transitions appended and not yet replicated (so not yet the state), by
+    /// transactional id, with the state each makes (Kafka's `pendingState`). At most one
+    /// per id: a request holds the id while it writes.
+    transitions: RefCell<HashMap<String, TxnState>>,
+}
+
+/// Marks a transition of an id as written and not yet applied while alive.
+struct Transition<'a> {
+    set: &'a RefCell<HashMap<String, TxnState>>,
+    id: &'a str,
+}
+
+impl Drop for Transition<'_> {
+    fn drop(&mut self) {
+        self.set.borrow_mut().remove(self.id);
+    }
 }
 
 /// Marks a transactional id busy while alive.
@@ -394,6 +432,9 @@ impl Coordinators {
     /// Finishes `id` if it is still ending; while a request holds it, tries again a
     /// bounded number of times (then the ticker does).
     async fn resume(&self, id: &str) {
+        if !self.resume_when_replicated(id).await {
+            return;
+        }
         for _ in 0..RESUME_CLAIM_TRIES {
             if self.finish_due(id, now_ms()).await {
                 return;
@@ -404,6 +445,61 @@ impl Coordinators {
             transactional_id = id,
             "ending transaction busy since load: left to the ticker"
         );
+    }
+
+    /// Waits, in bounded rounds, until the HW of `id`'s partition covers what its load
+    /// read: only then are the markers of a Prepare* state it found written. False if
+    /// this node stopped leading it, or the rounds ran out (the ticker then finishes it
+    /// once the HW covers the load).
+    async fn resume_when_replicated(&self, id: &str) -> bool {
+        for _ in 0..RESUME_HW_ROUNDS_MAX {
+            let Some(part) = self.partition_of(id) else {
+                return false;
+            };
+            match self.await_loaded(&part, RESUME_HW_WAIT).await {
+                Ok(()) => return true,
+                Err(errors::NOT_COORDINATOR) => return false,
+                Err(_) => {}
+            }
+        }
+        tracing::warn!(
+            transactional_id = id,
+            "ending transaction found at load: the HW has not reached the loaded log; left to the ticker"
+        );
+        false
+    }
+
+    /// Whether the HW of `part` covers the log its load read (a write of this
+    /// coordinator's since, replicated, covers it too).
+    fn loaded_covered(&self, part: &Led) -> bool {
+        let end = self.loaded_ends.borrow().get(&part.index).copied();
+        end.is_none_or(|end| part.high_watermark() >= end)
+    }
+
+    /// Waits at most `wait` until the HW of `part` covers the log its load read.
+    /// COORDINATOR_LOAD_IN_PROGRESS if it does not by then (the caller retries),
+    /// NOT_COORDINATOR once this node stopped leading the partition.
+    async fn await_loaded(&self, part: &Led, wait: Duration) -> Result<(), i16> {
+        let Some(end) = self.loaded_ends.borrow().get(&part.index).copied() else {
+            return Ok(());
+        };
+        if part.high_watermark() < end {
+            let code = part.await_replicated(part.epoch(), end, wait).await;
+            if code == errors::NOT_LEADER_OR_FOLLOWER || !part.leads() {
+                return Err(errors::NOT_COORDINATOR);
+            }
+            // A shrunken ISR answers NOT_ENOUGH_REPLICAS_AFTER_APPEND even with the HW
+            // past the end: the HW is what counts here.
+            if part.high_watermark() < end {
+                return Err(errors::COORDINATOR_LOAD_IN_PROGRESS);
+            }
+        }
+        // Covered for good (the HW never goes back while this leadership lasts).
+        let mut ends = self.loaded_ends.borrow_mut();
+        if ends.get(&part.index) == Some(&end) {
+            ends.remove(&part.index);
+        }
+        Ok(())
     }
 
     /// Whether partition `index` is loaded or being loaded.
@@ -425,6 +521,7 @@ impl Coordinators {
                 before - txns.len()
             };
             self.partitions.unload(index);
+            self.loaded_ends.borrow_mut().remove(&index);
             tracing::info!(
                 partition = index,
                 transactional_ids = dropped,
@@ -544,6 +641,14 @@ impl Coordinators {
             return TxnReply::Code(errors::INVALID_PRODUCER_ID_MAPPING);
         };
         match m.add_partitions(producer.0, producer.1, &partitions, now_ms()) {
+            Err(errors::INVALID_REQUEST) => {
+                crate::client_warn!(
+                    transactional_id = id,
+                    partitions_max = state::PARTITIONS_MAX,
+                    "AddPartitionsToTxn refused: the transaction would hold more partitions than a transaction may"
+                );
+                TxnReply::Code(errors::INVALID_REQUEST)
+            }
             Err(code) => TxnReply::Code(code),
             Ok(None) => TxnReply::Code(errors::NONE),
             Ok(Some(next)) => match self.store(part, id, &next).await {
@@ -556,8 +661,11 @@ impl Coordinators {
     /// KIP-890: a partition leader asks whether it may take a transactional batch: the
     /// producer's current epoch, an ongoing transaction, the partition in it. Kafka's
     /// codes (`handleVerifyPartitionsInTransaction`): PRODUCER_FENCED for another epoch,
-    /// CONCURRENT_TRANSACTIONS while the transaction ends, TRANSACTION_ABORTABLE for a
-    /// partition not in an ongoing transaction (the caller maps them for its client).
+    /// CONCURRENT_TRANSACTIONS while the transaction ends (also while the write that
+    /// ends it, or bumps the epoch, is being replicated), TRANSACTION_ABORTABLE for a
+    /// partition not in an ongoing transaction (the caller maps them for its client). The
+    /// partition leader checks again at the append that no marker came meanwhile
+    /// (`producer_state::partition::VerificationGuard`).
     fn verify(
         &self,
         id: &str,
@@ -568,9 +676,17 @@ impl Coordinators {
         let Some(m) = txns.get(id) else {
             return TxnReply::Code(errors::INVALID_PRODUCER_ID_MAPPING);
         };
+        // A transition that ends the transaction or the epoch (Prepare*, a fence, a bump)
+        // is written and waits for replication: the state in memory is about to go.
+        // Adding partitions (→ Ongoing) ends nothing.
+        let ending = self
+            .transitions
+            .borrow()
+            .get(id)
+            .is_some_and(|next| *next != TxnState::Ongoing);
         let code = match m.check_producer(producer.0, producer.1) {
             Err(code) => code,
-            Ok(()) if m.state.is_preparing() => errors::CONCURRENT_TRANSACTIONS,
+            Ok(()) if m.state.is_preparing() || ending => errors::CONCURRENT_TRANSACTIONS,
             Ok(()) => errors::NONE,
         };
         let ongoing = m.state == TxnState::Ongoing;
@@ -617,6 +733,9 @@ impl Coordinators {
     /// Prepare* for the ticker to finish, and the caller gets that error.
     async fn complete(&self, part: &Led, id: &str, m: TxnMetadata) -> Result<TxnMetadata, i16> {
         assert!(m.state.is_preparing(), "markers for {:?}", m.state);
+        // A Prepare* state this coordinator wrote is replicated already; one it loaded
+        // may not be yet.
+        self.await_loaded(part, LOADED_HW_WAIT).await?;
         let marker = Marker {
             producer_id: m.producer_id,
             producer_epoch: m.producer_epoch,
@@ -641,9 +760,23 @@ impl Coordinators {
     /// Kafka's `TransactionStateManager` maps them.
     async fn store(&self, part: &Led, id: &str, m: &TxnMetadata) -> Result<(), i16> {
         let kind = crate::coordinator::WriteKind::TxnState;
-        let records = vec![(schema::key(id), Some(schema::value(m)))];
+        let value = schema::value(m).map_err(|e| {
+            // The state machine never makes such a state (`state::PARTITIONS_MAX`).
+            tracing::error!(transactional_id = id, "transaction state not written: {e}");
+            errors::UNKNOWN_SERVER_ERROR
+        })?;
+        let records = vec![(schema::key(id), Some(value))];
         let batches =
             build_batches(records, batch_bytes_max(part), now_ms()).map_err(|c| kind.code(c))?;
+        let previous = self
+            .transitions
+            .borrow_mut()
+            .insert(id.to_string(), m.state);
+        assert!(previous.is_none(), "two transitions of {id} at once");
+        let _transition = Transition {
+            set: &self.transitions,
+            id,
+        };
         append_contiguous(part, batches)
             .await
             .map_err(|c| kind.code(c))?;
@@ -688,6 +821,8 @@ impl Coordinators {
         }
         let started = Instant::now();
         let mut loaded: HashMap<String, TxnMetadata> = HashMap::new();
+        // What `replay_batches` reads to (no await between).
+        let loaded_end = part.replica().log_end();
         let batches = crate::coordinator::replay_batches(&part, |batch| {
             replay_batch(&batch, &mut loaded);
             Ok(())
@@ -708,6 +843,11 @@ impl Coordinators {
             "loaded transaction coordinator state"
         );
         self.to_resume.borrow_mut().extend(ending);
+        if part.high_watermark() < loaded_end {
+            self.loaded_ends.borrow_mut().insert(index, loaded_end);
+        } else {
+            self.loaded_ends.borrow_mut().remove(&index);
+        }
         {
             // The log is the partition's whole state: nothing older of it stays.
             let partitions = self.topic_partitions.get();
@@ -861,6 +1001,11 @@ impl Coordinators {
         let Some(m) = self.txns.borrow().get(id).cloned().filter(|m| due(m, now)) else {
             return true;
         };
+        // A Prepare* state loaded past the HW waits for it (the load's resumption waits;
+        // the ticker does not hold its round for it).
+        if m.state.is_preparing() && !self.loaded_covered(&part) {
+            return true;
+        }
         let timed_out = m.state == TxnState::Ongoing;
         match self.finish_open(&part, id, m).await {
             Ok(done) if timed_out => tracing::info!(

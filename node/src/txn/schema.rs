@@ -18,8 +18,9 @@ use super::state::{TxnMetadata, TxnState};
 
 /// Key and value version written (and the only one read).
 pub const TXN_LOG_VERSION: i16 = 0;
-/// Most partitions one stored transaction may list (a bound on decoding).
-pub const PARTITIONS_MAX: usize = 100_000;
+/// Most partitions one stored transaction may list: a bound on decoding, and what
+/// [`value`] writes at most (the state machine never holds more).
+pub const PARTITIONS_MAX: usize = super::state::PARTITIONS_MAX;
 
 /// Why a record could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,8 +76,12 @@ pub fn decode_key(bytes: &Bytes) -> Result<String, SchemaError> {
     get_string(&mut buf, "transactional id")
 }
 
-/// The value of one transaction's metadata.
-pub fn value(m: &TxnMetadata) -> Bytes {
+/// The value of one transaction's metadata; refused (nothing to write) if
+/// [`decode_value`] would refuse it, so the log never holds a state its replay skips.
+pub fn value(m: &TxnMetadata) -> Result<Bytes, SchemaError> {
+    if m.partitions.len() > PARTITIONS_MAX {
+        return Err(SchemaError::Invalid("partition count"));
+    }
     let mut out = BytesMut::with_capacity(64);
     out.put_i16(TXN_LOG_VERSION);
     out.put_i64(m.producer_id.get());
@@ -100,7 +105,7 @@ pub fn value(m: &TxnMetadata) -> Bytes {
     }
     out.put_i64(m.last_update_ms);
     out.put_i64(m.start_ms);
-    out.freeze()
+    Ok(out.freeze())
 }
 
 /// Decodes a value; every count is bounded by the bytes present.
@@ -165,9 +170,31 @@ mod tests {
             start_ms: 4,
             bumped_from: None,
         };
-        assert_eq!(decode_value(&value(&m)), Ok(m));
+        assert_eq!(decode_value(&value(&m).expect("encodes")), Ok(m));
         assert_eq!(decode_key(&key("tx-1")).as_deref(), Ok("tx-1"));
         let cut = value(&TxnMetadata::empty(ProducerId(1), ProducerEpoch(0), 10, 0));
+        let cut = cut.expect("encodes");
         assert!(decode_value(&cut.slice(..cut.len() - 1)).is_err());
+    }
+
+    /// What is written is what a replay reads: a transaction of the most partitions a
+    /// value may list is written and read back; one more is not written at all (it was
+    /// written, and the replay skipped it, so an older state of the id won).
+    #[test]
+    fn no_value_is_written_that_the_reader_refuses() {
+        let mut m = TxnMetadata::empty(ProducerId(5), ProducerEpoch(0), 60_000, 0);
+        m.state = TxnState::PrepareCommit;
+        // Spread over topics as a real transaction's are (one topic's group of many).
+        m.partitions = (0..PARTITIONS_MAX)
+            .map(|i| (format!("t{}", i % 7), i as i32))
+            .collect();
+        let written = value(&m).expect("the most partitions a value lists");
+        assert_eq!(decode_value(&written), Ok(m.clone()));
+        m.partitions.insert(("t-more".to_string(), 0));
+        assert_eq!(
+            value(&m),
+            Err(SchemaError::Invalid("partition count")),
+            "one more is refused before it is written"
+        );
     }
 }

@@ -11,13 +11,20 @@
 //! | CompleteAbort  | → Ongoing                        | INVALID_TXN_STATE         | done (a retry)           |
 //!
 //! Prepare* → Complete* once every partition has its marker. A request with another
-//! producer id gets INVALID_PRODUCER_ID_MAPPING, with another epoch PRODUCER_FENCED.
+//! producer id gets INVALID_PRODUCER_ID_MAPPING, with another epoch PRODUCER_FENCED. An
+//! AddPartitions that would take a transaction past [`PARTITIONS_MAX`] partitions adds
+//! none and gets INVALID_REQUEST (Kafka has no such bound; its clients take an unexpected
+//! code there as an abortable error, so the producer aborts and goes on).
 
 use std::collections::BTreeSet;
 
 use wire::{ProducerEpoch, ProducerId};
 
 use crate::errors;
+
+/// Most partitions one transaction may hold: what one stored value of it may list (the
+/// log's reader refuses more, `schema::decode_value`).
+pub const PARTITIONS_MAX: usize = 100_000;
 
 /// Kafka's transaction states, with their `transaction_status` codes in the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +184,12 @@ impl TxnMetadata {
         }
         next.state = TxnState::Ongoing;
         next.partitions.extend(partitions.iter().cloned());
+        // Never a state the log's reader refuses (`schema::decode_value`): a replay would
+        // skip it and an older state of the id win (a Prepare* lost behind an Ongoing).
+        // Nothing is added; the producer aborts the transaction.
+        if next.partitions.len() > PARTITIONS_MAX {
+            return Err(errors::INVALID_REQUEST);
+        }
         next.last_update_ms = now_ms;
         Ok(Some(next))
     }
@@ -322,6 +335,35 @@ mod tests {
         let preparing = ongoing.prepare(true, 0);
         assert!(!preparing.expired(1_000_000, 100));
         assert!(preparing.complete(0).expired(100, 100));
+    }
+
+    /// AddPartitions stops at the partitions a stored value may list (past them, the
+    /// value was written and the replay skipped it): nothing of a request that would go
+    /// past is added, and the transaction stays as it was.
+    #[test]
+    fn a_transaction_does_not_grow_past_what_its_stored_value_holds() {
+        let (pid, epoch) = (ProducerId(7), ProducerEpoch(1));
+        let most: Vec<(String, i32)> = (0..PARTITIONS_MAX as i32)
+            .map(|i| ("t".to_string(), i))
+            .collect();
+        let full = meta()
+            .add_partitions(pid, epoch, &most, 1)
+            .expect("up to the bound")
+            .expect("a new state");
+        assert_eq!(full.partitions.len(), PARTITIONS_MAX);
+        let one_more = [("u".to_string(), 0)];
+        assert_eq!(
+            full.add_partitions(pid, epoch, &one_more, 2),
+            Err(errors::INVALID_REQUEST)
+        );
+        // Partitions it holds already still verify as added: nothing to write.
+        assert_eq!(full.add_partitions(pid, epoch, &most[..3], 2), Ok(None));
+        let past = [most.as_slice(), &one_more].concat();
+        assert_eq!(
+            meta().add_partitions(pid, epoch, &past, 1),
+            Err(errors::INVALID_REQUEST),
+            "a first request past the bound too"
+        );
     }
 
     #[test]
