@@ -14,6 +14,7 @@ use crate::client::producer::NoSink;
 use crate::report::{self, Row, RunReport};
 use crate::run::{self, RunResult};
 use crate::schedule::Rate;
+use crate::stats::LAG_UNKNOWN;
 
 /// Runs one load and prints/writes its results.
 pub fn single(load: &Load, produce: bool, consume: bool, title: &str) -> Result<RunResult> {
@@ -44,7 +45,7 @@ pub fn single(load: &Load, produce: bool, consume: bool, title: &str) -> Result<
         report::write_html(p, &format!("weir-loadgen {title}"), &[run], &[])?;
         println!("report written to {}", p.display());
     }
-    if let Some(why) = nothing_done(&r, produce, consume) {
+    if let Some(why) = run_failed(&r, produce, consume) {
         bail!("{title}: {why}");
     }
     Ok(r)
@@ -59,6 +60,17 @@ fn nothing_done(r: &RunResult, produce: bool, consume: bool) -> Option<String> {
     } else {
         None
     }
+}
+
+/// Why a run's numbers cannot stand, if they cannot: it measured nothing, or (`e2e`) its
+/// consumers stopped before reading every acknowledged record, so its consumed counts and
+/// e2e latencies leave records out.
+fn run_failed(r: &RunResult, produce: bool, consume: bool) -> Option<String> {
+    nothing_done(r, produce, consume).or_else(|| {
+        (produce && consume)
+            .then(|| r.consumers_behind.clone())
+            .flatten()
+    })
 }
 
 /// Fails a sweep or plan whose steps failed, after its table and files were written.
@@ -140,7 +152,7 @@ fn sweep_runs(
             };
             print!("{}", report::summary_text(&r.summary));
             let mut row = Row::from_summary(&label, offered, &r.summary);
-            row.failed = nothing_done(&r, true, consume);
+            row.failed = run_failed(&r, true, consume);
             rows.push(row);
             runs.push(RunReport {
                 label,
@@ -196,6 +208,9 @@ pub struct Capacity {
     /// Whether a step missed the SLO. False: every step that ran met it (the steps ran
     /// out, or one failed), so the capacity is at least `sustainable_records_per_sec`.
     pub limit_reached: bool,
+    /// How the search ended (`limit_reached` says whether it found the limit).
+    #[serde(skip)]
+    pub ended: SearchEnd,
     pub target_mbps: Option<f64>,
     /// Partitions (each its own shard's work) needed for the target at this per-partition
     /// rate, assuming partitions scale linearly until the node's limit (at most this many
@@ -206,15 +221,36 @@ pub struct Capacity {
     pub fits_one_node: Option<bool>,
 }
 
+/// Why the search of one record size stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SearchEnd {
+    /// A step missed the SLO: the limit lies between it and the step before.
+    Missed,
+    /// Every step met the SLO and `--max-steps` ran out.
+    #[default]
+    StepsRanOut,
+    /// A step failed (an error, nothing acknowledged, consumers that never caught up).
+    StepFailed,
+    /// A step had no lag sample: whether its lag stayed bounded is unknown.
+    LagUnmeasured,
+}
+
 /// How the search of one record size ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Search {
     /// The highest rate that met the SLO (0: none did).
     best: f64,
-    /// A step missed the SLO (rather than the steps running out or one failing).
-    limit_reached: bool,
+    ended: SearchEnd,
     /// The topic's partitions as the last run that ran found them.
     partitions: Option<usize>,
+}
+
+impl Search {
+    /// A step missed the SLO (rather than the steps running out, one failing or its lag
+    /// going unmeasured).
+    fn limit_reached(&self) -> bool {
+        self.ended == SearchEnd::Missed
+    }
 }
 
 /// The capacity of one record size from its search, for `partitions` partitions.
@@ -231,14 +267,16 @@ fn capacity(
         .filter(|_| per_partition > 0.0)
         .map(|t| (t / per_partition).ceil() as u64);
     // Beyond an unreached limit nothing was measured: fitting is then unknown.
-    let fits = target_mbps.and_then(|t| (t <= mbps || search.limit_reached).then_some(t <= mbps));
+    let reached = search.limit_reached();
+    let fits = target_mbps.and_then(|t| (t <= mbps || reached).then_some(t <= mbps));
     Capacity {
         record_size: size,
         acks: acks.to_string(),
         partitions,
         sustainable_records_per_sec: search.best,
         sustainable_mb_per_sec: mbps,
-        limit_reached: search.limit_reached,
+        limit_reached: reached,
+        ended: search.ended,
         target_mbps,
         partitions_needed: needed,
         fits_one_node: fits,
@@ -294,14 +332,14 @@ pub fn plan(p: &Plan) -> Result<Vec<Capacity>> {
     Ok(caps)
 }
 
-/// One record size: the highest rate that held, and whether a step missed the SLO.
-/// A step that fails (an error, or nothing acknowledged) is a failed row and ends the
+/// One record size: the highest rate that held, and how the search ended. A step that
+/// fails (an error, nothing acknowledged, or no lag measured) is a failed row and ends the
 /// search for this record size.
 fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>) -> Search {
     let mut rate = p.start_rate.max(1.0);
     let mut search = Search {
         best: 0.0,
-        limit_reached: false,
+        ended: SearchEnd::StepsRanOut,
         partitions: None,
     };
     for _ in 0..p.max_steps {
@@ -319,22 +357,26 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
                 let mut row = Row::failed(&label, Some(rate), format!("{e:#}"));
                 row.ok = Some(false);
                 rows.push(row);
+                search.ended = SearchEnd::StepFailed;
                 break;
             }
         };
         search.partitions = Some(r.partitions);
         let s = &r.summary;
-        let ok = step_ok(p, rate, spec.duration, s);
+        let verdict = step_verdict(p, rate, spec.duration, s, r.consumers_behind.is_some());
         println!(
             "{label}: {:.0} records/s, publish p99 {} ms, max lag {} → {}",
             s.records_per_sec,
             crate::stats::ms_text(s.publish_latency_ms.map(|l| l.p99)),
             report::lag_text(s.lag_max_records),
-            if ok { "ok" } else { "missed" }
+            verdict.text()
         );
         let mut row = Row::from_summary(&label, Some(rate), s);
-        row.ok = Some(ok);
+        row.ok = (verdict != Verdict::LagUnmeasured).then_some(verdict == Verdict::Met);
         row.failed = nothing_done(&r, true, false);
+        if row.failed.is_none() && verdict == Verdict::LagUnmeasured {
+            row.failed = Some(lag_unmeasured(s.lag_unknown_samples));
+        }
         let failed = row.failed.is_some();
         rows.push(row);
         runs.push(RunReport {
@@ -344,10 +386,14 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
             e2e_us: Some(r.e2e_us),
         });
         if failed {
+            search.ended = match verdict {
+                Verdict::LagUnmeasured => SearchEnd::LagUnmeasured,
+                Verdict::Met | Verdict::Missed => SearchEnd::StepFailed,
+            };
             break;
         }
-        if !ok {
-            search.limit_reached = true;
+        if verdict == Verdict::Missed {
+            search.ended = SearchEnd::Missed;
             break;
         }
         search.best = rate;
@@ -356,19 +402,63 @@ fn plan_steps(p: &Plan, l: &Load, rows: &mut Vec<Row>, runs: &mut Vec<RunReport>
     search
 }
 
-/// Whether one step at `rate` met the SLO: publish p99 within it, a lag measured and
-/// bounded, at least 95% of the offered records acknowledged, and no error.
-fn step_ok(p: &Plan, rate: f64, duration: Option<Duration>, s: &crate::stats::Summary) -> bool {
+/// What one step of a plan showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Publish p99 within the SLO, lag measured and bounded, at least 95% of the offered
+    /// records acknowledged, no error, and the consumers read every acknowledged record.
+    Met,
+    /// One of those failed: the limit.
+    Missed,
+    /// All of those held but no lag sample succeeded: the lag is unknown, neither
+    /// bounded nor 0, so the step says nothing about the limit.
+    LagUnmeasured,
+}
+
+impl Verdict {
+    fn text(self) -> &'static str {
+        match self {
+            Verdict::Met => "ok",
+            Verdict::Missed => "missed",
+            Verdict::LagUnmeasured => "lag not measured",
+        }
+    }
+}
+
+/// A step's failure when no lag sample succeeded (`failed` of them failed).
+fn lag_unmeasured(failed: u64) -> String {
+    format!("lag not measured: no lag sample succeeded ({failed} failed)")
+}
+
+/// What one step at `rate` showed against the SLO (see [`Verdict`]). `behind`: its
+/// consumers stopped before reading every acknowledged record.
+fn step_verdict(
+    p: &Plan,
+    rate: f64,
+    duration: Option<Duration>,
+    s: &crate::stats::Summary,
+    behind: bool,
+) -> Verdict {
     // Delivering less than 95% of the offered records is a failure too (errors or a
     // client that cannot keep up); timeliness is the latency SLO's job.
     let offered = rate * duration.map_or(0.0, |d| d.as_secs_f64());
     let kept_up = s.records as f64 >= offered * 0.95;
-    // No acks at all is no latency to meet the SLO with; no lag sample is no lag shown
-    // to be bounded.
-    s.publish_latency_ms.is_some_and(|l| l.p99 <= p.slo_p99_ms)
-        && s.lag_max_records.is_some_and(|l| l <= p.max_lag_records)
-        && kept_up
-        && s.errors.is_empty()
+    // No acks at all is no latency to meet the SLO with.
+    let p99_ok = s.publish_latency_ms.is_some_and(|l| l.p99 <= p.slo_p99_ms);
+    let lag_ok = s.lag_max_records.is_none_or(|l| l <= p.max_lag_records);
+    // A failed lag sample is an error like any other, unless none succeeded: then the
+    // lag is unknown, said as such, not taken for the limit.
+    let errors = s
+        .errors
+        .keys()
+        .any(|k| k != LAG_UNKNOWN || s.lag_max_records.is_some());
+    if !(p99_ok && lag_ok && kept_up && !errors && !behind) {
+        Verdict::Missed
+    } else if s.lag_max_records.is_none() {
+        Verdict::LagUnmeasured
+    } else {
+        Verdict::Met
+    }
 }
 
 fn capacity_text(caps: &[Capacity]) -> String {
@@ -385,9 +475,18 @@ fn capacity_text(caps: &[Capacity]) -> String {
             c.sustainable_records_per_sec,
             c.sustainable_mb_per_sec
         ));
-        if !c.limit_reached {
-            t.push_str(" (limit not reached: no step missed the SLO; raise --max-steps)");
-        }
+        t.push_str(match c.ended {
+            SearchEnd::Missed => "",
+            SearchEnd::StepsRanOut => {
+                " (limit not reached: no step missed the SLO; raise --max-steps)"
+            }
+            SearchEnd::StepFailed => {
+                " (limit not reached: a step failed before any missed the SLO; see its row)"
+            }
+            SearchEnd::LagUnmeasured => {
+                " (limit not reached: a step's lag was not measured; see its row)"
+            }
+        });
         if let (Some(target), Some(n)) = (c.target_mbps, c.partitions_needed) {
             let (bound, why) = if c.limit_reached {
                 ("≥ ", "")
@@ -475,9 +574,14 @@ mod tests {
     use super::*;
 
     fn search(best: f64, limit_reached: bool) -> Search {
+        let ended = if limit_reached {
+            SearchEnd::Missed
+        } else {
+            SearchEnd::StepsRanOut
+        };
         Search {
             best,
-            limit_reached,
+            ended,
             partitions: Some(2),
         }
     }
@@ -508,6 +612,79 @@ mod tests {
         assert_eq!(c.fits_one_node, Some(false));
         let j = serde_json::to_value(&c).unwrap_or_default();
         assert_eq!(j["limit_reached"], true, "{j}");
+        assert!(!text.contains("raise --max-steps"), "{text}");
+        // A step failed: the limit was not reached, and more steps would not have helped.
+        let failed = Search {
+            ended: SearchEnd::StepFailed,
+            ..search(80_000.0, false)
+        };
+        let c = capacity(1024, "all", 2, &failed, Some(1000.0));
+        let text = capacity_text(std::slice::from_ref(&c));
+        assert!(text.contains("≥ 80000 records/s"), "{text}");
+        assert!(text.contains("a step failed"), "{text}");
+        assert!(!text.contains("raise --max-steps"), "{text}");
+        assert!(!c.limit_reached);
+    }
+
+    fn plan() -> Plan {
+        use clap::Parser;
+        let cli = cli::Cli::parse_from(["weir-loadgen", "plan", "--slo-p99-ms", "50"]);
+        let cli::Cmd::Plan(p) = cli.cmd else {
+            unreachable!("parsed the plan subcommand")
+        };
+        p
+    }
+
+    /// A step of 1,000 records/s for 1 s that acknowledged them all within the SLO.
+    fn step(lag: Option<i64>, errors: &[&str]) -> crate::stats::Summary {
+        let p99 = crate::stats::Percentiles {
+            p99: 10.0,
+            ..Default::default()
+        };
+        crate::stats::Summary {
+            records: 1_000,
+            publish_latency_ms: Some(p99),
+            lag_max_records: lag,
+            lag_unknown_samples: errors.iter().filter(|e| **e == LAG_UNKNOWN).count() as u64,
+            errors: errors.iter().map(|e| (e.to_string(), 1)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A step without a lag sample is not the limit (its lag is unknown, not 0 and not
+    /// unbounded) whether no sample was taken or every one failed; with a sample, a
+    /// failed one is an error like any other. Consumers left behind miss the SLO.
+    #[test]
+    fn a_step_without_a_lag_sample_is_unmeasured_not_the_limit() {
+        let (p, d) = (plan(), Some(Duration::from_secs(1)));
+        let verdict = |s: &crate::stats::Summary, behind| step_verdict(&p, 1_000.0, d, s, behind);
+        assert_eq!(verdict(&step(Some(10), &[]), false), Verdict::Met);
+        assert_eq!(verdict(&step(None, &[]), false), Verdict::LagUnmeasured);
+        assert_eq!(
+            verdict(&step(None, &[LAG_UNKNOWN]), false),
+            Verdict::LagUnmeasured
+        );
+        assert_eq!(
+            verdict(&step(Some(10), &[LAG_UNKNOWN]), false),
+            Verdict::Missed
+        );
+        assert_eq!(
+            verdict(&step(None, &["NotLeaderOrFollower"]), false),
+            Verdict::Missed
+        );
+        assert_eq!(verdict(&step(Some(10), &[]), true), Verdict::Missed);
+        let over = step(Some(p.max_lag_records + 1), &[]);
+        assert_eq!(verdict(&over, false), Verdict::Missed);
+        assert!(lag_unmeasured(2).contains("lag not measured"));
+        let unmeasured = Search {
+            ended: SearchEnd::LagUnmeasured,
+            ..search(0.0, false)
+        };
+        let c = capacity(1024, "all", 2, &unmeasured, None);
+        let text = capacity_text(std::slice::from_ref(&c));
+        assert!(!c.limit_reached);
+        assert!(text.contains("lag was not measured"), "{text}");
+        assert!(!text.contains("raise --max-steps"), "{text}");
     }
 
     /// Capacity is per the topic's partitions, which the runs found: `--partitions` only

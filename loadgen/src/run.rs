@@ -24,8 +24,9 @@ use crate::schedule::{Pacer, Rate};
 use crate::scrape::Scraper;
 use crate::stats::{Clock, Recorder, Summary, progress_line};
 
-/// How long consumers may take to catch up after the producers finish.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long consumers may take to catch up after the producers finish (the default of
+/// [`LoadSpec::catch_up_timeout`]).
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// A consume-only run with no record count and no duration stops after this long idle.
 const CONSUME_IDLE: Duration = Duration::from_secs(5);
 /// Upper bound on any run, whatever the flags say.
@@ -85,6 +86,10 @@ pub struct LoadSpec {
     pub read_committed: bool,
     /// Prometheus endpoints scraped once a second for follower lag (empty: none).
     pub metrics_urls: Vec<String>,
+    /// With producers: how long the consumers may take, once the producers have finished,
+    /// to read every acknowledged record; past it they are stopped and the run says how
+    /// many they left unread ([`RunResult::consumers_behind`]).
+    pub catch_up_timeout: Duration,
 }
 
 impl LoadSpec {
@@ -129,6 +134,7 @@ impl LoadSpec {
             consume_rate: None,
             read_committed: false,
             metrics_urls: Vec::new(),
+            catch_up_timeout: CATCH_UP_TIMEOUT,
         }
     }
 }
@@ -142,6 +148,11 @@ pub struct RunResult {
     pub consumed: u64,
     /// The topic's partitions as the run found them (whatever `--partitions` said).
     pub partitions: usize,
+    /// With producers and consumers: why the consumers stopped before reading every
+    /// record the producers had acknowledged, and how many they left unread (`None`: they
+    /// read them all, or the run was interrupted). The consumed counts and the e2e
+    /// latencies leave those records out.
+    pub consumers_behind: Option<String>,
 }
 
 /// Counts our records as consumers see them, and passes them on.
@@ -209,6 +220,11 @@ impl Consumers {
             gate: Arc::default(),
             done: mpsc::channel().1,
         }
+    }
+
+    /// Whether every consumer thread has ended (none will read anything more).
+    fn all_ended(&self) -> bool {
+        self.handles.iter().all(JoinHandle::is_finished)
     }
 
     /// Waits until every consumer has ended or `deadline` passes (then stops them).
@@ -279,7 +295,7 @@ pub fn run(
     let start_ns = clock.now_ns();
     let warmup_end_ns = start_ns + spec.warmup.as_nanos() as u64;
     recorder.start(start_ns, warmup_end_ns);
-    consumers.gate.open();
+    consumers.gate.open(clock.instant_at(start_ns));
     let scraper = Scraper::start(
         &spec.metrics_urls,
         &spec.topic,
@@ -290,7 +306,7 @@ pub fn run(
         spec, &cluster, &positions, clock, &recorder, &stop_all, consume,
     );
     let mut pstats = ProducerStats::default();
-    let mut produce_end_ns = clock.now_ns();
+    let mut caught_up = CatchUp::Read;
     if produce {
         let produced = spawn_producers(producers, spec, start_ns).and_then(join_producers);
         pstats = match produced {
@@ -305,27 +321,36 @@ pub fn run(
                 return Err(e);
             }
         };
-        produce_end_ns = clock.now_ns();
         if consume {
+            // The lag as the producers finished: a run shorter than the progress thread's
+            // first second has a sample too.
+            final_lag_sample(spec, &cluster, &positions, clock, &recorder);
             if !interrupted() {
-                wait_caught_up(&counting, pstats.acked);
+                caught_up = wait_caught_up(&counting, pstats.acked, &consumers, spec);
             }
             stop_consumers.store(true, Ordering::Relaxed);
         }
     } else if let Some(d) = spec.duration {
         // Consume-only for a duration: exactly that long from the start (the consumers'
-        // own deadline, set before a group join, is only a backstop).
+        // own deadline, counted from the same start, is only a backstop).
         consumers.stop_at(clock.instant_at(warmup_end_ns) + d, &stop_consumers);
     }
     let consumed = consumers.join()?;
+    if consume && !produce {
+        final_lag_sample(spec, &cluster, &positions, clock, &recorder);
+    }
     let end_ns = if produce {
-        produce_end_ns
+        produce_end_ns(&recorder, &pstats)
     } else {
         counting
             .last_ns
             .load(Ordering::Relaxed)
             .max(warmup_end_ns + 1)
     };
+    let read = counting.ours.load(Ordering::Relaxed);
+    let consumers_behind = (produce && consume && !interrupted())
+        .then(|| caught_up.shortfall(read, pstats.acked, spec.catch_up_timeout))
+        .flatten();
     stop_all.store(true, Ordering::Relaxed);
     if let Some(p) = progress {
         let _ = p.join();
@@ -342,7 +367,19 @@ pub fn run(
         producer: pstats,
         consumed,
         partitions: cluster.partitions(),
+        consumers_behind,
     })
+}
+
+/// Where the measured window of a run with producers ends: the later of the schedule's
+/// end and the last ack. What the producers did after both (waiting for batches they then
+/// gave up on at the delivery timeout) is not in the window, and acks that stopped early
+/// (a broker gone) do not shorten it below the schedule.
+fn produce_end_ns(recorder: &Recorder, pstats: &ProducerStats) -> u64 {
+    recorder
+        .last_ack_ns()
+        .unwrap_or(0)
+        .max(pstats.schedule_end_ns)
 }
 
 /// Waits for every producer; sums what they did.
@@ -356,14 +393,85 @@ fn join_producers(handles: Vec<JoinHandle<Result<ProducerStats>>>) -> Result<Pro
         total.acked += s.acked;
         total.failed += s.failed;
         total.reconnects += s.reconnects;
+        total.schedule_end_ns = total.schedule_end_ns.max(s.schedule_end_ns);
     }
     Ok(total)
 }
 
-fn wait_caught_up(counting: &Counting, acked: u64) {
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    while Instant::now() < deadline && counting.ours.load(Ordering::Relaxed) < acked {
+/// How the wait for the consumers to read every acknowledged record ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CatchUp {
+    /// They read them all.
+    Read,
+    /// Every consumer thread had ended first.
+    Ended,
+    /// The catch-up timeout passed first.
+    TimedOut,
+}
+
+impl CatchUp {
+    /// Why the consumers left records unread, if they did: `read` of this run's records
+    /// read (duplicates included) against `acked` acknowledged.
+    fn shortfall(self, read: u64, acked: u64, timeout: Duration) -> Option<String> {
+        if read >= acked {
+            return None;
+        }
+        let unread = acked - read;
+        let why = match self {
+            CatchUp::Ended => "the consumers ended".to_string(),
+            CatchUp::Read | CatchUp::TimedOut => format!(
+                "the consumers were stopped {:.0} s after the producers finished",
+                timeout.as_secs_f64()
+            ),
+        };
+        Some(format!(
+            "{why} with {unread} of the {acked} acknowledged records unread \
+             (consumed counts and e2e latency leave them out)"
+        ))
+    }
+}
+
+/// Waits (bounded by the spec's catch-up timeout) until the consumers have read `acked`
+/// records of this run, or every consumer has ended. Polls: nothing announces a count.
+fn wait_caught_up(
+    counting: &Counting,
+    acked: u64,
+    consumers: &Consumers,
+    spec: &LoadSpec,
+) -> CatchUp {
+    let deadline = Instant::now() + spec.catch_up_timeout;
+    loop {
+        if counting.ours.load(Ordering::Relaxed) >= acked {
+            return CatchUp::Read;
+        }
+        if consumers.all_ended() {
+            return CatchUp::Ended;
+        }
+        if Instant::now() >= deadline {
+            return CatchUp::TimedOut;
+        }
         std::thread::sleep(POLL);
+    }
+}
+
+/// One more lag sample, at the end of producing (or of a consume-only run), recorded as
+/// the progress thread's are: every run that consumed has at least one, however short.
+fn final_lag_sample(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    positions: &Positions,
+    clock: Clock,
+    recorder: &Recorder,
+) {
+    let mut sampler = LagSampler::new(cluster.clone(), &spec.topic);
+    let sampled = sampler.sample(positions);
+    let now = clock.now_ns();
+    match sampled {
+        Ok(lag) => recorder.record_lag(lag, now),
+        Err(e) => {
+            recorder.record_lag_unknown(now);
+            warn(&format!("final lag sample failed: {e:#}"));
+        }
     }
 }
 
@@ -384,13 +492,15 @@ fn get_ready(
         Vec::new()
     };
     if let Some(g) = group {
-        g.wait(READY_TIMEOUT)?;
+        // An error drops the producers built: they close their connections.
+        g.wait(READY_TIMEOUT, interrupted)?;
     }
     Ok(producers)
 }
 
 /// Builds every producer and readies it: connections open, producer ids (idempotent) or
-/// transactional ids initialised, before the schedule's clock starts.
+/// transactional ids initialised, before the schedule's clock starts. On an error the
+/// producers already built are dropped, closing their connections.
 fn build_producers(
     spec: &LoadSpec,
     cluster: &Cluster,
@@ -453,27 +563,25 @@ fn spawn_producers(
     Ok(handles)
 }
 
-/// When the consumers of a run stop.
+/// When the consumers of a run stop: their time counts from the run's start (the gate
+/// opening), so setup (producers connecting, a group joining) takes none of it. Until the
+/// start they wait at the gate, which the run opens or stops them at on every path; the
+/// deadline there only bounds a run that did neither.
 fn consumer_until(spec: &LoadSpec, with_producers: bool) -> Until {
-    // Set before the run starts, so a group's join (READY_TIMEOUT at most) comes first;
-    // a consume-only run for a duration is stopped by `run` at exactly its end.
-    let setup = if spec.group.is_some() {
-        READY_TIMEOUT
-    } else {
-        Duration::ZERO
-    };
-    let deadline = match (with_producers, spec.duration) {
-        (false, Some(d)) => Instant::now() + setup + d + spec.warmup,
-        (true, Some(d)) => {
-            Instant::now() + setup + d + spec.warmup + CATCH_UP_TIMEOUT + CONSUME_IDLE
-        }
-        (_, None) => Instant::now() + RUN_MAX,
+    // Consume-only for a duration: `run` stops them at exactly its end; this is the
+    // backstop. With producers, `run` stops them once they have caught up (bounded by the
+    // catch-up timeout after the producers finish), and a backstop of their own could
+    // only cut a catch-up short.
+    let run_for = match (with_producers, spec.duration) {
+        (false, Some(d)) => spec.warmup + d,
+        _ => RUN_MAX,
     };
     let unbounded = !with_producers && spec.records.is_none() && spec.duration.is_none();
     Until {
         records: if with_producers { None } else { spec.records },
         consumed: Arc::new(AtomicU64::new(0)),
-        deadline,
+        deadline: Instant::now() + RUN_MAX,
+        run_for: Some(run_for),
         idle: unbounded.then_some(CONSUME_IDLE),
         reach: BTreeMap::new(),
     }
@@ -510,7 +618,25 @@ type Shared<'a> = (
     &'a Arc<AtomicBool>,
 );
 
+/// Starts the consumer threads, waiting at their start gate. On an error the ones already
+/// started are stopped.
 fn start_consumers(
+    spec: &LoadSpec,
+    cluster: &Cluster,
+    shared: Shared<'_>,
+    clock: Clock,
+    rid: u64,
+    with_producers: bool,
+    group: Option<&Arc<GroupReady>>,
+) -> Result<Consumers> {
+    let started = spawn_consumers(spec, cluster, shared, clock, rid, with_producers, group);
+    if started.is_err() {
+        shared.3.store(true, Ordering::Relaxed);
+    }
+    started
+}
+
+fn spawn_consumers(
     spec: &LoadSpec,
     cluster: &Cluster,
     (positions, recorder, sink, stop): Shared<'_>,
@@ -630,6 +756,53 @@ fn start_progress(
 mod tests {
     use super::*;
     use crate::client::consumer::NoRecordSink;
+
+    /// The consumers' time counts from the run's start (their gate opening), not from when
+    /// they were built: a slow setup takes none of it. Until the start they wait at the
+    /// gate, bounded only by the run's limit (the run opens it or stops them).
+    #[test]
+    fn consumers_count_their_time_from_the_start() {
+        let mut spec = LoadSpec::new("127.0.0.1:1", "t");
+        spec.duration = Some(Duration::from_secs(3));
+        spec.warmup = Duration::from_secs(1);
+        let built = Instant::now();
+        let u = consumer_until(&spec, false);
+        assert_eq!(u.run_for, Some(Duration::from_secs(4)));
+        assert!(u.deadline >= built + RUN_MAX, "the wait at the gate");
+        let u = consumer_until(&spec, true);
+        assert_eq!(
+            u.run_for,
+            Some(RUN_MAX),
+            "with producers the run stops them once caught up"
+        );
+        spec.duration = None;
+        spec.records = Some(10);
+        let u = consumer_until(&spec, false);
+        assert_eq!((u.run_for, u.records), (Some(RUN_MAX), Some(10)));
+    }
+
+    /// Consumers that stopped with acknowledged records unread make the run say so, and
+    /// why; having read them all (duplicates included) they do not.
+    #[test]
+    fn consumers_that_leave_records_unread_are_said_to() {
+        let t = Duration::from_secs(30);
+        assert_eq!(CatchUp::Read.shortfall(10, 10, t), None);
+        assert_eq!(CatchUp::TimedOut.shortfall(12, 10, t), None);
+        let why = CatchUp::TimedOut.shortfall(7, 10, t).unwrap_or_default();
+        assert!(
+            why.contains("3 of the 10 acknowledged records unread"),
+            "{why}"
+        );
+        assert!(
+            why.contains("stopped 30 s after the producers finished"),
+            "{why}"
+        );
+        let why = CatchUp::Ended.shortfall(0, 10, t).unwrap_or_default();
+        assert!(
+            why.contains("the consumers ended with 10 of the 10"),
+            "{why}"
+        );
+    }
 
     /// A batch counted at once moves the counters as its records one by one would.
     #[test]

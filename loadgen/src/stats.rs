@@ -17,6 +17,8 @@ use crate::scrape::LagPoint;
 
 /// Highest latency a histogram holds; larger values are clamped (and still counted).
 pub const LATENCY_MAX_US: u64 = 3_600_000_000;
+/// The error a failed lag sample is counted under.
+pub const LAG_UNKNOWN: &str = "ClientLagUnknown";
 /// Kafka's perf tools count a megabyte as 2^20 bytes; so do we, to be comparable.
 pub const BYTES_PER_MB: f64 = 1024.0 * 1024.0;
 const NS_PER_US: u64 = 1_000;
@@ -126,7 +128,8 @@ pub struct Summary {
     /// warm-up and acknowledged after it counts here (not in the latency percentiles).
     pub records: u64,
     pub bytes: u64,
-    /// Length of the measured window (warm-up end to the end of producing), seconds.
+    /// Length of the measured window, seconds: from the warm-up end to the later of the
+    /// schedule's end and the last ack (see `run::run`).
     pub duration_s: f64,
     pub records_per_sec: f64,
     pub mb_per_sec: f64,
@@ -241,6 +244,8 @@ struct Inner {
     consumed_bytes: u64,
     /// When the last record counted in `consumed` was read.
     consumed_last_ns: u64,
+    /// When the last ack counted in `records` came (none yet: `None`).
+    acked_last_ns: Option<u64>,
     errors: BTreeMap<String, u64>,
     lag_now: Option<i64>,
     lag_max: Option<i64>,
@@ -322,6 +327,7 @@ impl Recorder {
                 consumed: 0,
                 consumed_bytes: 0,
                 consumed_last_ns: 0,
+                acked_last_ns: None,
                 errors: BTreeMap::new(),
                 lag_now: None,
                 lag_max: None,
@@ -361,6 +367,12 @@ impl Recorder {
         self.lock().window.warmup_end_ns
     }
 
+    /// When the last ack counted in the throughput totals came (at or after the warm-up
+    /// end); `None` before the first.
+    pub fn last_ack_ns(&self) -> Option<u64> {
+        self.lock().acked_last_ns
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panicking recorder thread must not take the measurements down with it.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -384,6 +396,9 @@ impl Recorder {
         let warmup_end_ns = inner.window.warmup_end_ns;
         // One ack time for the whole batch: in the throughput totals or not, all together.
         let counted = acked_ns >= warmup_end_ns;
+        if counted {
+            inner.acked_last_ns = Some(inner.acked_last_ns.map_or(acked_ns, |t| t.max(acked_ns)));
+        }
         let mut run: Option<AckRun> = None;
         for t in intended_ns {
             let t = *t.borrow();
@@ -453,7 +468,7 @@ impl Recorder {
             g.lag_unknown += 1;
         }
         drop(g);
-        self.record_error("ClientLagUnknown", 1);
+        self.record_error(LAG_UNKNOWN, 1);
     }
 
     /// Closes the current second at `now_ns` and returns it (for the progress line).

@@ -693,6 +693,7 @@ fn read_back(
         records: None,
         consumed: Arc::default(),
         deadline: Instant::now() + READ_BACK_MAX,
+        run_for: None,
         idle: Some(READ_BACK_IDLE),
         reach: reach.clone(),
     };

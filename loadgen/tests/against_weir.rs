@@ -71,6 +71,8 @@ fn produce_then_consume_counts_match_exactly() {
 
 #[test]
 fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
+    const RATE: u64 = 2_000;
+    const DURATION_S: u64 = 3;
     let dir = scratch();
     let b = start(dir.path());
     let ej = dir.path().join("e.json");
@@ -84,9 +86,9 @@ fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
         "--partitions",
         "2",
         "--rate",
-        "2000",
+        &RATE.to_string(),
         "--duration",
-        "3s",
+        &format!("{DURATION_S}s"),
         "--warmup",
         "1s",
         "--acks",
@@ -96,17 +98,26 @@ fn e2e_open_loop_delivers_every_record_with_latency_and_report() {
         "--report",
         html.to_str().unwrap(),
     ]);
+    // Exit 0: the consumers also read every acknowledged record (else e2e fails).
     assert_eq!(out.code, 0, "{out}");
     let e = json(&ej);
     let records = e["records"].as_u64().unwrap();
-    // 3 s measured at 2000/s; the warm-up's 2000 are excluded (counted by ack time, so
-    // the few intended in its last milliseconds and acknowledged after it are in).
-    assert!((5900..=6050).contains(&records), "{e}");
-    // Consumed counts by read time: a record acknowledged just before the warm-up end may
-    // be read just after it.
+    // Counted by ack time: the 6,000 intended after the warm-up (less 1 % for the
+    // schedule's edges), plus the warm-up's records still in flight at its end. How many
+    // those are is the machine's doing (a stall at the warm-up end holds more back):
+    // allowed up to a whole second of the rate, far beyond any healthy round trip. A
+    // count by creation time, 11-24 % low in a closed loop, stays below the lower bound.
+    let measured = RATE * DURATION_S;
+    let in_flight_max = RATE;
+    assert!(
+        (measured - measured / 100..=measured + in_flight_max).contains(&records),
+        "{e}"
+    );
+    // Consumed counts by read time: records acknowledged before the warm-up end may be
+    // read after it and the reverse, again at most the records of that second.
     let consumed = e["consumed_records"].as_u64().unwrap();
     assert!(
-        consumed.abs_diff(records) <= 50,
+        consumed.abs_diff(records) <= in_flight_max,
         "every measured record consumed: {e}"
     );
     assert!(e["e2e_latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{e}");
@@ -269,6 +280,83 @@ fn plan_finds_a_sustainable_rate_and_sizes_partitions() {
     assert_eq!(cap["sustainable_records_per_sec"], 2000.0, "{p}");
     assert_eq!(cap["limit_reached"], false, "{p}");
     assert!(out.stdout.contains("≥ 2000 records/s"), "{out}");
+}
+
+/// Steps shorter than the progress thread's first second still have a lag sample (one is
+/// taken as the producers finish), so a plan of 0.5 s steps can pass; before, every such
+/// step "missed" for want of one and the plan reported a limit of 0.
+#[test]
+fn plan_steps_shorter_than_a_second_measure_lag() {
+    let dir = scratch();
+    let b = start(dir.path());
+    let pj = dir.path().join("plan-short.json");
+    let out = loadgen(&[
+        "plan",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "plan-short",
+        "--acks",
+        "1",
+        "--record-sizes",
+        "100",
+        "--start-rate",
+        "400",
+        "--step-factor",
+        "2",
+        "--max-steps",
+        "2",
+        "--duration",
+        "500ms",
+        "--slo-p99-ms",
+        "1000",
+        "--json",
+        pj.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{out}");
+    let p = json(&pj);
+    let rows = p["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{p}");
+    for r in rows {
+        assert!(r["lag_max_records"].is_i64(), "a lag sample: {r}");
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    let cap = &p["capacity"][0];
+    assert_eq!(cap["sustainable_records_per_sec"], 800.0, "{p}");
+    assert_eq!(cap["limit_reached"], false, "{p}");
+    assert!(out.stdout.contains("raise --max-steps"), "{out}");
+}
+
+/// Consumers that have not read every acknowledged record when the run stops them (here
+/// throttled far below the rate, given 1 s to catch up) make the run say how many they
+/// left unread, which `e2e` turns into a failure, instead of a silently short count.
+#[test]
+fn a_run_says_when_its_consumers_stop_before_catching_up() {
+    use std::sync::Arc;
+    use weir_loadgen::client::consumer::NoRecordSink;
+    use weir_loadgen::client::producer::NoSink;
+    use weir_loadgen::run::{LoadSpec, run};
+    use weir_loadgen::schedule::Rate;
+    let dir = scratch();
+    let b = start(dir.path());
+    let mut spec = LoadSpec::new(&b.addr, "behind");
+    spec.rate = Rate::PerSec(2_000.0);
+    spec.duration = Some(Duration::from_secs(1));
+    spec.consume_rate = Some(200.0);
+    spec.catch_up_timeout = Duration::from_secs(1);
+    spec.producer.acks = 1;
+    spec.producer.record_size_bytes = 100;
+    spec.quiet = true;
+    let r = run(&spec, true, true, Arc::new(NoSink), Arc::new(NoRecordSink)).unwrap();
+    let s = &r.summary;
+    assert!(s.records >= 1_900, "{s:?}");
+    assert!(s.consumed_records < s.records, "{s:?}");
+    let why = r.consumers_behind.expect("the consumers fell behind");
+    assert!(why.contains("acknowledged records unread"), "{why}");
+    assert!(
+        why.contains("stopped 1 s after the producers finished"),
+        "{why}"
+    );
 }
 
 /// With `--group`, the run's clock starts once every consumer holds its assignment: the

@@ -158,6 +158,7 @@ fn a_consumer_follows_a_moved_leader_and_backs_off() {
         records: Some(RECORDS as u64),
         consumed: Arc::default(),
         deadline: Instant::now() + Duration::from_secs(10),
+        run_for: None,
         idle: None,
         reach: BTreeMap::new(),
     };

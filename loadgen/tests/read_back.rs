@@ -116,6 +116,7 @@ fn read_back(fake: &Fake, recorder: Arc<Recorder>, positions: Arc<Positions>) ->
         records: None,
         consumed: Arc::default(),
         deadline: Instant::now() + Duration::from_secs(10),
+        run_for: None,
         idle: Some(IDLE),
         reach: BTreeMap::from([(0, RECORDS)]),
     };

@@ -101,6 +101,19 @@ pub fn read_frame(stream: &mut Stream) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
+/// Whether `e` is a socket read or write that ran out of time (the socket's timeout), as
+/// opposed to a connection that broke.
+pub fn is_timeout(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        })
+}
+
 /// Connects to the first of `addrs` that accepts, in order (as Kafka's client tries each
 /// address a name resolves to: `localhost` may give ::1 first and the broker listen on
 /// 127.0.0.1 only).
@@ -131,13 +144,21 @@ impl Conn {
     /// [`security`](super::security) says (TLS handshake; SASL after ApiVersions) and asks
     /// for the broker's API versions.
     pub fn connect(addr: &str) -> Result<Self> {
+        Self::connect_timed(addr, SOCKET_TIMEOUT)
+    }
+
+    /// [`Conn::connect`], with reads bounded by `read_timeout` instead of
+    /// [`SOCKET_TIMEOUT`] (Kafka's request.timeout.ms, for a client that has one): a read
+    /// that waits longer fails with an error [`is_timeout`] recognises.
+    pub fn connect_timed(addr: &str, read_timeout: Duration) -> Result<Self> {
+        anyhow::ensure!(!read_timeout.is_zero(), "a read timeout of 0 is no timeout");
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .with_context(|| format!("resolving {addr}"))?
             .collect();
         let (sa, stream) = connect_any(&addrs).with_context(|| format!("connecting to {addr}"))?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+        stream.set_read_timeout(Some(read_timeout))?;
         stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;
         // The name a broker's certificate must carry: the host part as dialled.
         let host = addr
@@ -212,5 +233,21 @@ mod tests {
         let e = connect_any(&[refused]).expect_err("nothing listens");
         assert!(e.to_string().contains(&refused.to_string()), "{e}");
         assert!(connect_any(&[]).is_err());
+    }
+
+    /// A read past the connection's read timeout is told apart from a broken connection.
+    #[test]
+    fn a_read_that_times_out_is_a_timeout() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let sock = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (server, _) = l.accept().expect("accept");
+        sock.set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("timeout");
+        let mut stream = Stream::Plain(sock);
+        let e = read_frame(&mut stream).expect_err("nothing is sent");
+        assert!(is_timeout(&e), "{e:#}");
+        drop(server);
+        let e = read_frame(&mut stream).expect_err("closed");
+        assert!(!is_timeout(&e), "{e:#}");
     }
 }

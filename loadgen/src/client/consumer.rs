@@ -51,22 +51,24 @@ const START_WAIT_STEP: Duration = Duration::from_millis(100);
 /// early would read what a later rebalance gives to another.
 #[derive(Default)]
 pub struct StartGate {
-    open: Mutex<bool>,
+    /// When the run started, once it has.
+    started_at: Mutex<Option<Instant>>,
     opened: Condvar,
 }
 
 impl StartGate {
-    pub fn open(&self) {
-        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    /// The run started at `at`: the consumers waiting here go.
+    pub fn open(&self, at: Instant) {
+        *self.started_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
         self.opened.notify_all();
     }
 
-    /// Waits up to `timeout` for the gate to open; whether it is open.
-    pub fn wait_open(&self, timeout: Duration) -> bool {
-        let g = self.open.lock().unwrap_or_else(|e| e.into_inner());
+    /// Waits up to `timeout` for the gate to open; when the run started, if it has.
+    pub fn wait_open(&self, timeout: Duration) -> Option<Instant> {
+        let g = self.started_at.lock().unwrap_or_else(|e| e.into_inner());
         let (g, _) = self
             .opened
-            .wait_timeout_while(g, timeout, |open| !*open)
+            .wait_timeout_while(g, timeout, |at| at.is_none())
             .unwrap_or_else(|e| e.into_inner());
         *g
     }
@@ -166,7 +168,13 @@ pub struct Until {
     /// Stop when all consumers sharing `consumed` have read this many records together.
     pub records: Option<u64>,
     pub consumed: Arc<AtomicU64>,
+    /// Stop at this instant. A consumer waiting at a start gate waits until then at most;
+    /// once the run starts, `run_for` (if any) replaces it.
     pub deadline: Instant,
+    /// Stop this long after the run starts (its start gate opens): the consumers' time
+    /// counts from the start, so however long the setup took (producers connecting, a
+    /// group joining) none of it is taken from them. `None`: `deadline` stays.
+    pub run_for: Option<Duration>,
     /// Stop after this long without a single record.
     pub idle: Option<Duration>,
     /// The idle rule applies only once each of these partitions' positions has reached
@@ -247,28 +255,42 @@ impl Consumer {
     }
 
     /// Waits for the start gate, keeping up group membership meanwhile (a rebalance for a
-    /// member that joins later needs this one to rejoin). False when the consumer is
-    /// stopped, interrupted or past its deadline first.
-    fn wait_for_start(&mut self, until: &Until, stop: &AtomicBool) -> bool {
+    /// member that joins later needs this one to rejoin). Returns when the run started;
+    /// `None` when the consumer is stopped, interrupted or past its deadline first, and
+    /// then the group's wait is told why (the run cannot start with this member).
+    fn wait_for_start(&mut self, until: &Until, stop: &AtomicBool) -> Option<Instant> {
         let Some(gate) = self.gate.clone() else {
-            return true;
+            return Some(Instant::now());
         };
-        while !stop.load(Ordering::Relaxed)
-            && !crate::run::interrupted()
-            && Instant::now() < until.deadline
-        {
-            if gate.wait_open(START_WAIT_STEP) {
-                return true;
+        // Bounded by `until.deadline`: every turn waits START_WAIT_STEP at most.
+        let why = loop {
+            if let Some(at) = gate.wait_open(START_WAIT_STEP) {
+                return Some(at);
+            }
+            if stop.load(Ordering::Relaxed) {
+                break "stopped before the run started";
+            }
+            if crate::run::interrupted() {
+                break "interrupted before the run started";
+            }
+            if Instant::now() >= until.deadline {
+                break "the run had not started by the consumer's deadline";
             }
             if let Err(e) = self.keep_membership() {
                 warn(&format!("group membership: {e:#}"));
                 self.recorder.record_error("ClientGroupFailed", 1);
-                if let Some((ready, member)) = &self.ready {
-                    ready.failed(*member, &format!("group membership: {e:#}"));
-                }
+                self.report_failed(&format!("group membership: {e:#}"));
             }
+        };
+        self.report_failed(why);
+        None
+    }
+
+    /// Tells the run's group wait (if any) that this member cannot start, and why.
+    fn report_failed(&self, why: &str) {
+        if let Some((ready, member)) = &self.ready {
+            ready.failed(*member, why);
         }
-        false
     }
 
     /// Reports this consumer's group assignments to `ready`, as member number `member`.
@@ -380,21 +402,24 @@ impl Consumer {
     }
 
     /// Fetches until `until` or `stop`; returns the number of records consumed.
-    pub fn run(mut self, until: Until, stop: &AtomicBool) -> u64 {
+    pub fn run(mut self, mut until: Until, stop: &AtomicBool) -> u64 {
+        // A panic below still ends the run's wait for the group at once.
+        let _report = ReportPanic(self.ready.clone());
         if let Err(e) = self.join_group() {
             warn(&format!("joining the group failed: {e:#}"));
             self.recorder.record_error("ClientGroupJoinFailed", 1);
-            if let Some((ready, member)) = &self.ready {
-                ready.failed(*member, &format!("joining failed: {e:#}"));
-            }
+            self.report_failed(&format!("joining failed: {e:#}"));
             return 0;
         }
-        if !self.wait_for_start(&until, stop) {
+        let Some(started_at) = self.wait_for_start(&until, stop) else {
             // The run never started: leave the group without committing anything.
             if let Some(m) = self.member.as_mut() {
                 m.leave();
             }
             return 0;
+        };
+        if let Some(d) = until.run_for {
+            until.deadline = started_at + d;
         }
         let consumed = self.fetch_loop(until, stop);
         if self.member.is_some() {
@@ -742,6 +767,20 @@ impl Consumer {
     }
 }
 
+/// Tells a run's group wait that this member's thread panicked (it is dropped while the
+/// thread unwinds), so the run fails at once with why instead of at the wait's timeout.
+struct ReportPanic(Option<(Arc<GroupReady>, usize)>);
+
+impl Drop for ReportPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some((ready, member)) = &self.0
+        {
+            ready.failed(*member, "the consumer thread panicked");
+        }
+    }
+}
+
 /// The aborted transactions of one partition's fetch response, applied as Kafka's
 /// consumer does: a transaction whose first offset is at or before a batch's last offset
 /// is open for that producer until its ABORT marker; its transactional batches are skipped.
@@ -960,6 +999,111 @@ mod tests {
         let mut v = b.to_vec();
         v[..8].copy_from_slice(&base.to_be_bytes());
         Bytes::from(v)
+    }
+
+    /// A consumer of `partitions` of a topic led by a broker nobody listens on.
+    fn consumer(partitions: Vec<i32>) -> Consumer {
+        let cfg = ConsumerConfig {
+            topic: "t".into(),
+            start: StartAt::Latest,
+            max_wait_ms: 100,
+            fetch_max_bytes: 1 << 20,
+            partition_max_bytes: 1 << 20,
+            group: None,
+            max_records_per_sec: None,
+            read_committed: false,
+            reset_out_of_range: true,
+        };
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").to_string()
+        };
+        let cluster = Cluster {
+            brokers: BTreeMap::from([(0, refused)]),
+            leaders: vec![0],
+        };
+        let positions = Positions::new(1);
+        positions.set(0, 0);
+        Consumer::new(
+            cfg,
+            cluster,
+            partitions,
+            positions,
+            Clock::start(),
+            Arc::new(Recorder::new(0)),
+            Arc::new(NoRecordSink),
+            1,
+        )
+    }
+
+    fn until(deadline: Instant, run_for: Option<Duration>) -> Until {
+        Until {
+            records: None,
+            consumed: Arc::default(),
+            deadline,
+            run_for,
+            idle: None,
+            reach: BTreeMap::new(),
+        }
+    }
+
+    /// A member whose run never starts (it was stopped, or its deadline passed) tells the
+    /// group's wait why, which then ends at once instead of at its timeout.
+    #[test]
+    fn a_member_that_never_starts_tells_the_group_why() {
+        let far = Instant::now() + Duration::from_secs(600);
+        for (deadline, stopped, want) in [
+            (
+                Instant::now(),
+                false,
+                "had not started by the consumer's deadline",
+            ),
+            (far, true, "stopped before the run started"),
+        ] {
+            let ready = Arc::new(GroupReady::new("g", 1, 1));
+            let mut c = consumer(Vec::new());
+            c.report_to(ready.clone(), 0);
+            c.wait_for(Arc::default()); // a gate that never opens
+            assert_eq!(c.run(until(deadline, None), &AtomicBool::new(stopped)), 0);
+            let e = ready
+                .wait(Duration::from_secs(600), || false)
+                .expect_err("the member failed");
+            assert!(format!("{e:#}").contains(want), "{e:#}");
+        }
+    }
+
+    /// A member whose thread panics tells the group's wait so.
+    #[test]
+    fn a_member_that_panics_tells_the_group() {
+        let ready = Arc::new(GroupReady::new("g", 2, 2));
+        let r = ready.clone();
+        let h = std::thread::spawn(move || {
+            let _report = ReportPanic(Some((r, 1)));
+            panic!("a consumer thread panics (this test expects it)");
+        });
+        assert!(h.join().is_err());
+        let e = ready
+            .wait(Duration::from_secs(600), || false)
+            .expect_err("the member failed");
+        assert!(format!("{e:#}").contains("panicked"), "{e:#}");
+    }
+
+    /// The consumers' time counts from the run's start: a gate opened after the deadline
+    /// the consumer was built with (a slow setup) still gives it `run_for` from the start.
+    #[test]
+    fn a_consumer_runs_for_its_time_from_the_start_however_long_the_setup() {
+        const RUN_FOR: Duration = Duration::from_millis(500);
+        let mut c = consumer(vec![0]);
+        let gate: Arc<StartGate> = Arc::default();
+        c.wait_for(gate.clone());
+        let started = Instant::now();
+        gate.open(started);
+        // Built with a deadline the setup has already used up.
+        let consumed = c.run(until(started, Some(RUN_FOR)), &AtomicBool::new(false));
+        assert_eq!(consumed, 0, "nobody listens");
+        let ran = started.elapsed();
+        assert!(ran >= RUN_FOR, "stopped at the setup's deadline: {ran:?}");
+        assert!(ran < Duration::from_secs(60), "{ran:?}");
     }
 
     /// Producer 7 aborts a transaction at 0..2 (marker at 2) and then commits one at 3..4

@@ -38,6 +38,10 @@ const REBALANCE_TIMEOUT_MS: i32 = 30_000;
 pub const READY_TIMEOUT: Duration =
     Duration::from_millis((REBALANCE_TIMEOUT_MS + SESSION_TIMEOUT_MS) as u64 + 10_000);
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// How often the wait for a group looks at its interrupt flag. A signal handler can set a
+/// flag but not notify a condition variable, so the flag is looked at this often; every
+/// member's news (assigned, failed) ends the wait at once.
+const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
 /// Joins retried (member-id handshake, coordinator loading, rebalances) before giving up.
 const JOIN_ATTEMPTS_MAX: u32 = 20;
 const JOIN_RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -340,16 +344,26 @@ impl GroupReady {
     }
 
     /// Returns once every member holds an assignment of one generation and together they
-    /// cover every partition; an error when a member failed to join or `timeout` passes.
-    pub fn wait(&self, timeout: Duration) -> Result<()> {
+    /// cover every partition; an error when a member failed (to join, or it stopped or
+    /// panicked before the run started), when `interrupted()` says so (looked at every
+    /// [`INTERRUPT_CHECK`]) or when `timeout` passes.
+    pub fn wait(&self, timeout: Duration, interrupted: impl Fn() -> bool) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut g = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded by the deadline: every turn waits INTERRUPT_CHECK at most.
         loop {
             let why = match readiness(&g, self.partitions) {
                 Readiness::Ready => return Ok(()),
                 Readiness::Failed(why) => bail!("consumer group {}: {why}", self.group),
                 Readiness::Waiting(why) => why,
             };
+            if interrupted() {
+                bail!(
+                    "consumer group {}: interrupted while waiting for every consumer's \
+                     assignment ({why}); the run did not start",
+                    self.group
+                );
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 bail!(
@@ -361,7 +375,7 @@ impl GroupReady {
             }
             g = self
                 .changed
-                .wait_timeout(g, left)
+                .wait_timeout(g, left.min(INTERRUPT_CHECK))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -533,22 +547,49 @@ mod tests {
             g2.assigned(0, 1, &[0]);
             g2.assigned(1, 1, &[1]);
         });
-        g.wait(Duration::from_secs(60))
+        g.wait(Duration::from_secs(60), || false)
             .expect("ready once both are assigned");
         joiner.join().expect("joiner");
         let g = GroupReady::new("g", 2, 2);
         g.assigned(0, 1, &[0, 1]);
         let started = Instant::now();
         let e = g
-            .wait(Duration::from_millis(100))
+            .wait(Duration::from_millis(100), || false)
             .expect_err("one never joins");
         assert!(format!("{e:#}").contains("1 of 2 still joining"), "{e:#}");
         assert!(started.elapsed() >= Duration::from_millis(100));
         g.failed(1, "could not join group g after 20 attempts");
         let e = g
-            .wait(Duration::from_secs(60))
+            .wait(Duration::from_secs(60), || false)
             .expect_err("a member failed");
         assert!(format!("{e:#}").contains("after 20 attempts"), "{e:#}");
+    }
+
+    /// An interrupt (Ctrl-C) ends the wait for a group that is still joining within about
+    /// one INTERRUPT_CHECK, not at the 60 s timeout, and says it was interrupted.
+    #[test]
+    fn an_interrupt_ends_the_wait_for_a_group() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let g = Arc::new(GroupReady::new("g", 2, 2));
+        let flag = Arc::new(AtomicBool::new(false));
+        let (g2, f2) = (g.clone(), flag.clone());
+        let started = Instant::now();
+        let waiter = std::thread::spawn(move || {
+            g2.wait(Duration::from_secs(60), || f2.load(Ordering::SeqCst))
+        });
+        flag.store(true, Ordering::SeqCst);
+        let e = waiter
+            .join()
+            .expect("the waiter")
+            .expect_err("interrupted before anyone joined");
+        assert!(format!("{e:#}").contains("interrupted"), "{e:#}");
+        assert!(format!("{e:#}").contains("2 of 2 still joining"), "{e:#}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "ended by the interrupt, not the timeout: {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub struct ProducerStats {
     pub acked: u64,
     pub failed: u64,
     pub reconnects: u64,
+    /// When the schedule ended (run clock, ns): its last record generated, or its time up.
+    /// What the producer did after it (waiting for acks, giving batches up) is not
+    /// schedule: the measured window ends at this or the last ack, whichever is later.
+    pub schedule_end_ns: u64,
 }
 
 /// What a batch looks like on the wire, fixed on its first send (timestamp, sequence,
@@ -426,6 +430,7 @@ impl Producer {
                     Some(t) => wait_until = wait_until.min(t),
                     None => {
                         generating = false;
+                        self.stats.schedule_end_ns = now;
                         drain_deadline_ns = now + DRAIN_TIMEOUT.as_nanos() as u64;
                     }
                 }
@@ -449,7 +454,7 @@ impl Producer {
             self.wait(seen, wait_until);
         }
         self.shutdown();
-        Ok(self.stats)
+        Ok(std::mem::take(&mut self.stats))
     }
 
     fn wait(&self, seen: u64, until_ns: u64) {
@@ -1095,14 +1100,11 @@ impl Producer {
         }
     }
 
+    /// Closes every connection and ends its reader; what the readers handed over last
+    /// goes into the stats.
     fn shutdown(&mut self) {
         for l in self.links.values_mut() {
-            if let Some(w) = l.writer.take() {
-                let _ = w.shutdown(Shutdown::Both);
-            }
-            if let Some(h) = l.reader.take() {
-                let _ = h.join();
-            }
+            end_reader(l);
             let mut st = lock(&l.state);
             self.stats.acked += std::mem::take(&mut st.acked);
             self.stats.failed += std::mem::take(&mut st.failed);
@@ -1110,17 +1112,35 @@ impl Producer {
     }
 }
 
-/// Closes a link's connection and ends its reader; what the reader handed over in the
-/// meantime (a response it was handling as the connection went) and whatever is still in
-/// flight go into `got`, not lost with the link's state when it is replaced.
-fn close_link(link: &mut Link, got: &mut Handover) {
-    // Shutting the socket wakes a reader blocked on it; it then exits.
+/// A producer dropped without running (its run's setup failed after it connected, e.g. a
+/// later producer or the group could not get ready) closes its connections and ends their
+/// readers, which block without a read timeout: neither outlives it. After [`Producer::run`]
+/// there is nothing left to close.
+impl Drop for Producer {
+    fn drop(&mut self) {
+        for l in self.links.values_mut() {
+            end_reader(l);
+        }
+    }
+}
+
+/// Shuts a link's socket (all its handles: the reader's too, so a reader blocked on it
+/// wakes with an error and ends) and joins its reader. Bounded: the reader blocks only in
+/// its socket read, and holds the link state only briefly.
+fn end_reader(link: &mut Link) {
     if let Some(w) = link.writer.take() {
         let _ = w.shutdown(Shutdown::Both);
     }
     if let Some(h) = link.reader.take() {
         let _ = h.join();
     }
+}
+
+/// Closes a link's connection and ends its reader; what the reader handed over in the
+/// meantime (a response it was handling as the connection went) and whatever is still in
+/// flight go into `got`, not lost with the link's state when it is replaced.
+fn close_link(link: &mut Link, got: &mut Handover) {
+    end_reader(link);
     let mut st = lock(&link.state);
     got.take_from(&mut st);
     for f in st.in_flight.drain(..) {
@@ -1331,10 +1351,16 @@ mod tests {
         let (sent, _) = p.send_ready(now, true);
         assert!(sent);
         assert!(p.queues[0].is_empty());
-        let sent_ns = p.clock.now_ns();
-        p.service_links(sent_ns + 50 * MS);
+        // The request's own stamp, not a later clock reading: the verdicts below follow
+        // from it alone, however long this thread is descheduled in between.
+        let sent_ns = p
+            .links
+            .get(&(0, 0))
+            .and_then(|l| lock(&l.state).in_flight.front().map(|f| f.sent_ns))
+            .expect("the request is in flight");
+        p.service_links(sent_ns + 99 * MS);
         assert!(errors(&p).is_empty(), "not overdue yet: {:?}", errors(&p));
-        p.service_links(sent_ns + 101 * MS);
+        p.service_links(sent_ns + 100 * MS);
         assert_eq!(
             errors(&p),
             BTreeMap::from([("ClientRequestTimeout".to_string(), 1)])
@@ -1342,10 +1368,34 @@ mod tests {
         assert_eq!(p.queues[0].len(), 1, "the batch is back for a retry");
         let b = &p.queues[0][0];
         assert!(
-            b.retry_at_ns > sent_ns + 101 * MS,
+            b.retry_at_ns > sent_ns + 100 * MS,
             "after the retry backoff"
         );
         assert!(p.links.get(&(0, 0)).is_some_and(|l| l.writer.is_none()));
+    }
+
+    /// A producer dropped after connecting, without running (its run's setup failed),
+    /// closes its connections and ends their readers: the broker sees the connection
+    /// close, and the reader thread (which holds the recorder) is gone once drop returns.
+    #[test]
+    fn a_producer_dropped_before_its_run_closes_its_connections() {
+        let mut p = producer(30_000);
+        let mut server = live_link(&mut p);
+        let recorder = p.recorder.clone();
+        assert!(Arc::strong_count(&recorder) >= 3, "producer, reader, test");
+        drop(p);
+        assert_eq!(
+            Arc::strong_count(&recorder),
+            1,
+            "the reader thread ended and was joined"
+        );
+        // Bounded: an open connection would block this read until the timeout instead.
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut buf = [0u8; 1];
+        let got = std::io::Read::read(&mut server, &mut buf);
+        assert!(matches!(got, Ok(0)), "the connection is closed: {got:?}");
     }
 
     /// A producer whose buffer stays full still ends its open-loop schedule at the

@@ -19,6 +19,12 @@
 //! After any failed transaction the producer re-initialises (InitProducerId bumps the
 //! epoch and resolves whatever was left open), so sequence numbers restart at 0 whatever
 //! the broker kept of the failed transaction's batches.
+//!
+//! Every connection's reads are bounded by request.timeout.ms: a response not received
+//! within it drops the connection and counts one `ClientRequestTimeout` (a coordinator
+//! request is then sent again, a Produce fails its transaction, as a lost connection does).
+//! The coordinator and the partition leaders are connected to in [`TxnProducer::prepare`],
+//! before the run's clock starts.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -37,7 +43,7 @@ use kafka_protocol::protocol::{Request, StrBytes};
 use wire::batch::Compression;
 use wire::{ProducerEpoch, ProducerId, Sequence, api};
 
-use super::conn::Conn;
+use super::conn::{self, Conn};
 use super::metadata::{self, Cluster};
 use super::produce_wire::{self, BatchFields, BatchSource, Rec, RequestBuf, RequestFields, Values};
 use super::producer::{AckSink, ProducerConfig, ProducerStats, warn};
@@ -136,7 +142,8 @@ fn sb(s: &str) -> StrBytes {
 
 impl TxnProducer {
     /// Sets up transactional producer `producer_index` (transactional id
-    /// `PREFIX-index`); it connects and initialises on its first transaction.
+    /// `PREFIX-index`); it connects and initialises in [`TxnProducer::prepare`], or else
+    /// on its first transaction.
     pub fn new(
         cfg: ProducerConfig,
         cluster: Cluster,
@@ -176,9 +183,11 @@ impl TxnProducer {
         })
     }
 
-    /// Finds the transaction coordinator and initialises the transactional id before the
-    /// schedule starts, so that setup is not charged to the first transaction's records.
-    /// A failure is left to the first transaction, which tries again (and says why).
+    /// Finds the transaction coordinator, initialises the transactional id and connects to
+    /// every partition leader before the schedule starts, so that setup is not charged to
+    /// the first transaction's records. A failure is left to the first transaction, which
+    /// tries again (and says why); a leader that cannot be reached counts one
+    /// `ClientConnectFailed`.
     pub fn prepare(&mut self) {
         if self.need_init
             && let Err(e) = self.init()
@@ -188,6 +197,38 @@ impl TxnProducer {
                 self.transactional_id
             ));
         }
+        let mut brokers = self.cluster.leaders.clone();
+        brokers.sort_unstable();
+        brokers.dedup();
+        for broker in brokers {
+            if let Err(e) = self.leader(broker) {
+                self.recorder.record_error("ClientConnectFailed", 1);
+                warn(&format!(
+                    "{}: connecting to broker {broker}: {e:#}",
+                    self.transactional_id
+                ));
+            }
+        }
+    }
+
+    /// Kafka's request.timeout.ms, the bound on every read of a response.
+    fn request_timeout(&self) -> Duration {
+        request_timeout(self.cfg.request_timeout_ms)
+    }
+
+    /// Counts a failed request on a connection that is then dropped: a response that did
+    /// not come within request.timeout.ms (said so in the error returned), or a lost
+    /// connection.
+    fn connection_failed(&self, e: anyhow::Error) -> anyhow::Error {
+        if !conn::is_timeout(&e) {
+            self.recorder.record_error("ClientConnectionLost", 1);
+            return e;
+        }
+        self.recorder.record_error("ClientRequestTimeout", 1);
+        e.context(format!(
+            "no response within request.timeout.ms ({} ms)",
+            self.request_timeout().as_millis()
+        ))
     }
 
     /// Runs the schedule to its end (or until `stop`), one transaction at a time.
@@ -195,6 +236,9 @@ impl TxnProducer {
         // Bounded by the schedule: every turn consumes at least one record or ends.
         loop {
             let (batches, more) = self.collect(&mut pacer, stop);
+            if !more {
+                self.stats.schedule_end_ns = self.clock.now_ns();
+            }
             if !batches.is_empty() {
                 self.transaction(batches);
             }
@@ -509,9 +553,8 @@ impl TxnProducer {
                     }
                 },
                 Err(e) => {
-                    self.recorder.record_error("ClientConnectionLost", 1);
+                    last = self.connection_failed(e);
                     self.coordinator = None;
-                    last = e;
                 }
             }
         }
@@ -529,8 +572,9 @@ impl TxnProducer {
     fn coordinator_conn(&mut self) -> Result<&mut Conn> {
         if self.coordinator.is_none() {
             let mut last = anyhow!("no brokers");
+            let timeout = self.request_timeout();
             for addr in self.cluster.brokers.values() {
-                match find_coordinator(addr, &self.transactional_id) {
+                match find_coordinator(addr, &self.transactional_id, timeout) {
                     Ok(c) => {
                         self.coordinator = Some(c);
                         break;
@@ -604,7 +648,7 @@ impl TxnProducer {
                 .brokers
                 .get(&broker)
                 .ok_or_else(|| anyhow!("unknown broker {broker}"))?;
-            let c = Conn::connect(addr)?;
+            let c = Conn::connect_timed(addr, request_timeout(self.cfg.request_timeout_ms))?;
             self.leaders.insert(broker, c);
         }
         self.leaders
@@ -714,8 +758,7 @@ impl TxnProducer {
             Ok(r) => r,
             Err(e) => {
                 self.leaders.remove(&broker);
-                self.recorder.record_error("ClientConnectionLost", 1);
-                return Err(e);
+                return Err(self.connection_failed(e));
             }
         };
         let mut codes: BTreeMap<i32, (i16, i64)> = BTreeMap::new();
@@ -759,9 +802,19 @@ fn ids(b: &TxnBatch) -> Vec<u64> {
     b.records.iter().map(|r| r.stamp.record_id).collect()
 }
 
-/// FindCoordinator(key_type 1) through `addr`; connects to the coordinator it names.
-fn find_coordinator(addr: &str, transactional_id: &str) -> Result<Conn> {
-    let mut c = Conn::connect(addr)?;
+/// request.timeout.ms as a read timeout (the CLI refuses one that is not positive; the
+/// connection's default bounds such a one).
+fn request_timeout(ms: i32) -> Duration {
+    u64::try_from(ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .map_or(conn::SOCKET_TIMEOUT, Duration::from_millis)
+}
+
+/// FindCoordinator(key_type 1) through `addr`; connects to the coordinator it names. Both
+/// connections' reads are bounded by `timeout`.
+fn find_coordinator(addr: &str, transactional_id: &str, timeout: Duration) -> Result<Conn> {
+    let mut c = Conn::connect_timed(addr, timeout)?;
     let v = c.versions.pick(api::FIND_COORDINATOR, 1, 3)?;
     let mut req = FindCoordinatorRequest::default();
     req.key = sb(transactional_id);
@@ -770,5 +823,5 @@ fn find_coordinator(addr: &str, transactional_id: &str) -> Result<Conn> {
     if resp.error_code != 0 {
         bail!("FindCoordinator: {}", error_name(resp.error_code));
     }
-    Conn::connect(&format!("{}:{}", resp.host.as_str(), resp.port))
+    Conn::connect_timed(&format!("{}:{}", resp.host.as_str(), resp.port), timeout)
 }
