@@ -689,6 +689,21 @@ impl Config {
                 ));
             }
         }
+        // KIP-368: with a lifetime set, Kafka closes authenticated connections that do not
+        // log in again in time, so a deleted user or a changed password ends them. weir
+        // does not re-authenticate: running with it set would keep such connections open
+        // for ever, the opposite of what was asked. 0 (Kafka's default) is "no lifetime".
+        let key = "connections.max.reauth.ms";
+        if let Some(v) = self.props.get(key)
+            && v.trim().parse::<i64>() != Ok(0)
+        {
+            return Err(value_err(
+                key,
+                v,
+                "weir does not re-authenticate connections (KIP-368); only 0 (no session \
+                 lifetime, Kafka's default) is supported (see docs/LIMITS.md)",
+            ));
+        }
         // Checked with the rest, so a bad value stops the start before anything is
         // written (a single node stores the credentials once, with a new data dir).
         let scram = crate::security::scram_bootstrap::KEY;
@@ -1318,6 +1333,8 @@ mod tests {
             ("create.topic.policy.class.name", "com.example.Policy"),
             ("alter.config.policy.class.name", "com.example.Policy"),
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
+            ("connections.max.reauth.ms", "3600000"),
+            ("connections.max.reauth.ms", "soon"),
             ("scram.bootstrap.credentials", "SCRAM-SHA-512=[name=alice]"),
             ("transaction.state.log.min.isr", "two"),
             ("transaction.max.timeout.ms", "0"),
@@ -1332,6 +1349,7 @@ mod tests {
             assert!(resolve(&[bad]).is_err(), "{bad:?} accepted");
         }
         assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
+        assert!(resolve(&[("connections.max.reauth.ms", "0")]).is_ok());
     }
 
     /// `replica.selector.class`: Kafka's two selectors by name, unset = leader only, any

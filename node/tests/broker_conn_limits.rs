@@ -504,3 +504,142 @@ fn settled_rss_kib(pid: u32) -> u64 {
     }
     last
 }
+
+/// The metrics endpoint's address, from the broker's log line.
+fn metrics_addr(broker: &Broker) -> String {
+    assert!(broker.wait_log("metrics listening on", Duration::from_secs(30)));
+    let log = broker.log.lock().expect("log");
+    let line = log
+        .iter()
+        .find(|l| l.contains("metrics listening on"))
+        .expect("the line");
+    line.rsplit(' ').next().expect("address").trim().to_string()
+}
+
+/// A client that asks for large responses and never reads them holds a few, not
+/// `PIPELINE_MAX`: requests other than Produce and Fetch are handled one at a time, and no
+/// frame is read while more than 1 MiB of responses wait to be written. (Each of 18 held
+/// Metadata answers of a large catalog was tens of MB, per connection.) Once the client
+/// reads, every response arrives, in order.
+#[test]
+fn a_client_that_never_reads_its_large_responses_holds_few_of_them() {
+    let broker = Broker::start(1, &[("metrics.listener", "127.0.0.1:0")]);
+    let metrics = metrics_addr(&broker);
+    let handled = || {
+        let text = common::scrape_metrics(&metrics, "/metrics");
+        common::metric_value(&text, r#"weir_requests_total{api="Metadata",version="12"}"#)
+            .unwrap_or(0.0) as usize
+    };
+    let mut c = broker.client();
+    let started = Instant::now();
+    let create = CreateTopicsRequest::default()
+        .with_timeout_ms(120_000)
+        .with_topics(vec![
+            create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("wide")))
+                .with_num_partitions(WIDE_PARTITIONS)
+                .with_replication_factor(1),
+        ]);
+    let resp: CreateTopicsResponse = c.call(api::CREATE_TOPICS, 5, &create);
+    assert_eq!(resp.topics[0].error_code, 0);
+    eprintln!(
+        "{WIDE_PARTITIONS} partitions created in {:?}",
+        started.elapsed()
+    );
+    let all = MetadataRequest::default().with_topics(None);
+    c.send(api::METADATA, 12, &all);
+    let size = c.read_frame().expect("an answer").len();
+    let before = handled();
+    eprintln!("metadata answer {size} bytes, {before} handled so far");
+    assert!(size > 256 << 10, "a large answer: {size} bytes");
+
+    let mut hog = broker.client();
+    let sent = 30;
+    for _ in 0..sent {
+        hog.send(api::METADATA, 12, &all);
+    }
+    // Watched for 3 s: the count rises while the socket buffers and the backlog take
+    // answers, then stops.
+    let watch_until = Instant::now() + Duration::from_secs(3);
+    let mut most = 0;
+    while Instant::now() < watch_until {
+        most = most.max(handled() - before);
+        thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("{most} of {sent} answers of {size} bytes handled while none was read");
+    let held_max = 2 + (6 << 20) / size;
+    assert!(
+        (1..=held_max).contains(&most),
+        "{most} of {sent} answers of {size} bytes handled while none was read (at most {held_max})"
+    );
+    for i in 0..sent {
+        let frame = hog.read_frame().unwrap_or_else(|| panic!("answer {i}"));
+        assert_eq!(frame.len(), size, "answer {i}");
+    }
+    assert_eq!(handled(), before + sent);
+}
+
+/// Partitions of the topic whose Metadata answers are large.
+const WIDE_PARTITIONS: i32 = 100_000;
+
+/// Connections from one address that send only a 100 MB size prefix hold at most half of
+/// the shard's request budget: another address's large Produce is read and answered at
+/// once, not after `request.read.timeout.ms` closes them. (The budget is taken when the
+/// prefix arrives; before, three such connections pinned a 256 MB share.)
+#[test]
+fn size_prefixes_from_one_address_leave_half_the_budget_to_others() {
+    let max_message = (4 << 20).to_string();
+    let broker = Broker::start(
+        1,
+        &[
+            ("metrics.listener", "127.0.0.1:0"),
+            ("queued.max.request.bytes", "268435456"),
+            ("request.read.timeout.ms", "60000"),
+            ("message.max.bytes", &max_message),
+        ],
+    );
+    let metrics = metrics_addr(&broker);
+    let held = || {
+        let text = common::scrape_metrics(&metrics, "/metrics");
+        common::metric_value(&text, r#"weir_request_budget_bytes{shard="0"}"#).unwrap_or(0.0) as u64
+    };
+    let mut c = broker.client();
+    create_topic(&mut c, "burst");
+    // Four connections from 127.0.0.2, each declaring a 100 MiB frame and sending nothing.
+    let stallers: Vec<Client> = (0..4)
+        .map(|_| {
+            let mut s = connect_from("127.0.0.2", &broker.addr());
+            s.stream
+                .write_all(&(100i32 << 20).to_be_bytes())
+                .expect("prefix");
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held() < 100 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the first prefix takes its budget"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // A 2 MiB batch from 127.0.0.1: read and answered well within the frame timeout.
+    let mut other = connect_from("127.0.0.1", &broker.addr());
+    other
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let value = vec![7u8; 2 << 20];
+    let started = Instant::now();
+    produce(&mut other, 0, common::batch(&[&value], 1));
+    eprintln!(
+        "a 2 MiB produce beside 4 stalled prefixes: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        held() <= 128 << 20,
+        "one address holds at most half the share ({} bytes held)",
+        held()
+    );
+    drop(stallers);
+}

@@ -9,11 +9,20 @@
 //! budget: that buffer is bounded per connection, and a full budget must not stall the
 //! small requests of well-behaved clients.
 //!
+//! One client address holds at most half of the shard's share (a frame alone may take
+//! more): a frame's budget is taken when its size prefix arrives, so without this a few
+//! connections that send only 100 MB size prefixes, and reconnect when
+//! `request.read.timeout.ms` closes them, kept every other client's large frames waiting.
+//! The other half stays for other addresses. (Kafka's pool, when one is configured, has no
+//! such share.)
+//!
 //! The budget lives on its shard (no atomics or cross-thread wakes on the read path);
 //! SO_REUSEPORT spreads connections over the shards, so equal shares are the node-wide
 //! bound split as the load is.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -36,12 +45,40 @@ pub struct RequestBudget {
     taken_since_trim_bytes: Cell<u64>,
     /// Fired when the last outstanding large-frame permit is released.
     idle: Event,
+    /// Bytes taken or being waited for, per client address.
+    by_address: RefCell<HashMap<IpAddr, u64>>,
+    /// Fired when an address gives bytes back.
+    address_released: Event,
 }
 
 /// Budget held for one large frame; released (and the trimmer told) on drop.
 pub struct FramePermit {
     permit: Option<StaticPermit>,
+    _share: AddressShare,
     budget: Rc<RequestBudget>,
+}
+
+/// Bytes counted against one address's share, given back on drop (also when the wait for
+/// the budget is abandoned: the connection closed meanwhile).
+struct AddressShare {
+    budget: Rc<RequestBudget>,
+    address: IpAddr,
+    units: u64,
+}
+
+impl Drop for AddressShare {
+    fn drop(&mut self) {
+        let mut by = self.budget.by_address.borrow_mut();
+        if let Some(held) = by.get_mut(&self.address) {
+            assert!(*held >= self.units, "an address gives back what it took");
+            *held -= self.units;
+            if *held == 0 {
+                by.remove(&self.address);
+            }
+        }
+        drop(by);
+        self.budget.address_released.notify_all();
+    }
 }
 
 impl RequestBudget {
@@ -53,20 +90,48 @@ impl RequestBudget {
             share_bytes,
             taken_since_trim_bytes: Cell::new(0),
             idle: Event::default(),
+            by_address: RefCell::new(HashMap::new()),
+            address_released: Event::default(),
         })
     }
 
-    /// Waits until `frame_bytes` fit in the budget and takes them. A frame larger than
-    /// the whole share takes the whole share, so it is read alone instead of never.
-    pub async fn acquire(self: &Rc<Self>, frame_bytes: usize) -> Option<FramePermit> {
+    /// Most bytes one address may hold with more than one frame.
+    fn address_max_bytes(&self) -> u64 {
+        (self.share_bytes / 2).max(1)
+    }
+
+    /// Waits until `frame_bytes` fit in the budget and in the share of `address`, and takes
+    /// them. A frame larger than the whole share takes the whole share, so it is read alone
+    /// instead of never; one larger than an address's share is taken when that address
+    /// holds nothing else.
+    pub async fn acquire(
+        self: &Rc<Self>,
+        frame_bytes: usize,
+        address: IpAddr,
+    ) -> Option<FramePermit> {
         let units = (frame_bytes as u64).min(self.share_bytes);
         assert!(units > 0, "a frame always has a size");
+        loop {
+            let released = self.address_released.listen();
+            let held = self.by_address.borrow().get(&address).copied().unwrap_or(0);
+            if held == 0 || held + units <= self.address_max_bytes() {
+                break;
+            }
+            released.await;
+        }
+        *self.by_address.borrow_mut().entry(address).or_insert(0) += units;
+        let share = AddressShare {
+            budget: self.clone(),
+            address,
+            units,
+        };
         let permit = self.semaphore.acquire_static_permit(units).await.ok()?;
         let taken = self.taken_since_trim_bytes.get().saturating_add(units);
         self.taken_since_trim_bytes.set(taken);
         self.publish_held();
         Some(FramePermit {
             permit: Some(permit),
+            _share: share,
             budget: self.clone(),
         })
     }

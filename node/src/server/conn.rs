@@ -5,7 +5,12 @@
 //! and writes responses strictly in request order (Kafka's rule). At most [`PIPELINE_MAX`]
 //! requests per connection are in flight; beyond that the reader stops reading, so a
 //! client that does not read its responses is held back by TCP instead of growing our
-//! buffers. On a TLS listener the handshake comes first (bounded by
+//! buffers. Only Produce and Fetch pipeline freely (their responses are bounded by the
+//! request, or by the fetch budget); any other request is handled once every earlier
+//! request of the connection has been, and no frame is read while more than
+//! [`RESPONSE_BACKLOG_MAX_BYTES`] of other responses wait to be written: so a client that
+//! asks for large responses (Metadata of every topic) and never reads them holds one of
+//! them, not [`PIPELINE_MAX`]. Kafka serves a connection's requests one at a time. On a TLS listener the handshake comes first (bounded by
 //! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
 //! and SaslAuthenticate is served, one at a time, until authentication completes.
 //!
@@ -42,6 +47,9 @@ use crate::shard::Shard;
 
 /// Requests of one connection being worked on at once.
 pub const PIPELINE_MAX: usize = 16;
+/// Bytes of responses other than Fetch's (those have their own budget) a connection may
+/// have waiting to be written before its next frame is read.
+pub const RESPONSE_BACKLOG_MAX_BYTES: usize = 1 << 20;
 /// Bytes asked of the socket per read call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Fewest bytes a read into a buffer's leftover room asks for; with less room the
@@ -148,6 +156,12 @@ impl ReadLimits {
 struct Activity {
     last: Cell<Instant>,
     in_flight: Cell<usize>,
+    /// Bytes of responses other than Fetch's handled but not yet written.
+    unwritten_bytes: Cell<usize>,
+    /// The writer stopped (the connection is closing): nothing will drain.
+    closed: Cell<bool>,
+    /// A request ended, a response was written, or the writer stopped.
+    changed: Event,
 }
 
 impl Activity {
@@ -163,7 +177,47 @@ impl Activity {
         assert!(self.in_flight.get() > 0, "a request ends after it began");
         self.in_flight.set(self.in_flight.get() - 1);
         self.touch();
+        self.changed.notify_all();
     }
+
+    fn written(&self, bytes: usize) {
+        let left = self.unwritten_bytes.get();
+        assert!(bytes <= left, "a response is written once");
+        self.unwritten_bytes.set(left - bytes);
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.changed.notify_all();
+    }
+
+    /// Waits until `ready` holds; false if the connection closes or the node shuts down
+    /// first.
+    async fn wait_until(&self, shard: &Shard, ready: impl Fn(&Activity) -> bool) -> bool {
+        loop {
+            let changed = self.changed.listen();
+            let stop = shard.shutdown.listen();
+            if self.closed.get() || shard.shutting_down.get() {
+                return false;
+            }
+            if ready(self) {
+                return true;
+            }
+            futures_lite::future::or(changed, stop).await;
+        }
+    }
+
+    /// Room to read another frame: few enough unwritten responses.
+    fn has_room(&self) -> bool {
+        self.unwritten_bytes.get() <= RESPONSE_BACKLOG_MAX_BYTES
+    }
+}
+
+/// Produce and Fetch pipeline: their responses are bounded by their request (Produce) or
+/// by the shard's fetch budget (Fetch). Any other request waits for the earlier ones.
+fn pipelines(api_key: i16) -> bool {
+    matches!(api_key, wire::api::PRODUCE | wire::api::FETCH)
 }
 
 /// One request frame (without its size prefix) and the budget it holds until handled.
@@ -181,6 +235,8 @@ struct FrameReader {
     activity: Rc<Activity>,
     /// Budget taken for the large frame being read; it goes with the frame.
     permit: Option<FramePermit>,
+    /// The client's address, whose share of the budget large frames count against.
+    peer_ip: std::net::IpAddr,
     /// When the frame being read must be complete (`None` between frames).
     deadline: Option<Instant>,
     /// The socket, on a plain TCP connection: read with `recv` straight into the
@@ -269,7 +325,7 @@ impl FrameReader {
     /// frame once. Its read deadline starts when the budget is granted: a client waiting
     /// for others' frames is not at fault.
     async fn reserve_large(&mut self, size: usize) -> Result<(), ConnError> {
-        let permit = self.limits.budget.acquire(size).await;
+        let permit = self.limits.budget.acquire(size, self.peer_ip).await;
         self.permit = Some(permit.ok_or(ConnError::BudgetClosed)?);
         self.buf.reserve((4 + size).saturating_sub(self.buf.len()));
         self.deadline = Some(Instant::now() + self.limits.frame_timeout);
@@ -412,6 +468,8 @@ struct Pending {
     response: JoinHandle<Option<Vec<Bytes>>>,
     /// The request's API (its send time is counted under it).
     api_key: i16,
+    /// Answered before authentication, one at a time (not counted as unwritten).
+    before_auth: bool,
     /// A Fetch's turn, passed on when this slot is dropped: after its response was
     /// written, or when the connection closes with it unwritten.
     _turn: Option<TurnDone>,
@@ -509,16 +567,20 @@ pub async fn serve(
     let (tx, rx) = local_channel::new_bounded::<Pending>(PIPELINE_MAX);
     let closing = Rc::new(Event::default());
     let write_stall = limits.write_stall;
+    let activity = Rc::new(Activity {
+        last: Cell::new(Instant::now()),
+        in_flight: Cell::new(0),
+        unwritten_bytes: Cell::new(0),
+        closed: Cell::new(false),
+        changed: Event::default(),
+    });
     let writer = glommio::spawn_local(write_responses(
         half.clone(),
         rx,
         closing.clone(),
         write_stall,
+        activity.clone(),
     ));
-    let activity = Rc::new(Activity {
-        last: Cell::new(Instant::now()),
-        in_flight: Cell::new(0),
-    });
     let request_max_bytes = shard.config().socket_request_max_bytes as usize;
     let mut reader = FrameReader {
         half,
@@ -527,6 +589,7 @@ pub async fn serve(
         limits,
         activity: activity.clone(),
         permit: None,
+        peer_ip: peer.ip(),
         deadline: None,
         plain_fd: None,
         expect_large: false,
@@ -538,6 +601,9 @@ pub async fn serve(
     let mut last_fetch: Option<Rc<FetchTurn>> = None;
     // Checked before each listen: an event fired before we listen is not heard.
     while !shard.shutting_down.get() {
+        if !activity.has_room() && !activity.wait_until(&shard, Activity::has_room).await {
+            break;
+        }
         // Before authentication a frame is bounded by `sasl.server.max.receive.size`, as
         // in Kafka; set per frame, since the requests before it are served one at a time.
         reader.max_bytes = match &session.listener.sasl {
@@ -587,6 +653,13 @@ pub async fn serve(
             }
             continue;
         }
+        if !pipelines(req.api_key)
+            && !activity
+                .wait_until(&shard, |a| a.in_flight.get() == 0 && a.has_room())
+                .await
+        {
+            break;
+        }
         let s = shard.clone();
         let session = session.clone();
         let active = activity.clone();
@@ -607,6 +680,12 @@ pub async fn serve(
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
             drop(permit);
+            if api_key != wire::api::FETCH {
+                let bytes = response_bytes(&response);
+                active
+                    .unwritten_bytes
+                    .set(active.unwritten_bytes.get() + bytes);
+            }
             active.end();
             response
         })
@@ -614,6 +693,7 @@ pub async fn serve(
         let pending = Pending {
             response: task,
             api_key,
+            before_auth: false,
             _turn: turn,
         };
         if tx.send(pending).await.is_err() {
@@ -679,6 +759,7 @@ async fn serve_before_auth(
     Some(Pending {
         response: glommio::spawn_local(async move { response }).detach(),
         api_key,
+        before_auth: true,
         _turn: None,
     })
 }
@@ -693,27 +774,50 @@ async fn write_responses(
     rx: local_channel::LocalReceiver<Pending>,
     closing: Rc<Event>,
     stall: Duration,
+    activity: Rc<Activity>,
 ) {
-    write_in_order(&mut half, &rx, stall).await;
+    write_in_order(&mut half, &rx, stall, &activity).await;
+    activity.close();
     closing.notify_all();
     let _ = half.close().await;
+}
+
+/// Bytes of a handled request's response.
+fn response_bytes(response: &Option<Vec<Bytes>>) -> usize {
+    response
+        .as_ref()
+        .map_or(0, |c| c.iter().map(Bytes::len).sum())
 }
 
 async fn write_in_order(
     half: &mut Half,
     rx: &local_channel::LocalReceiver<Pending>,
     stall: Duration,
+    activity: &Activity,
 ) {
     while let Some(mut pending) = rx.recv().await {
         let Some(response) = (&mut pending.response).await else {
             break;
         };
-        let Some(chunks) = response else { continue };
+        // Counted as unwritten by its task (all but Fetch's): counted off once it is
+        // written, or now if it is not (nothing to write, or the connection closes).
+        let counted = if pending.api_key == wire::api::FETCH || pending.before_auth {
+            0
+        } else {
+            response_bytes(&response)
+        };
+        let Some(chunks) = response else {
+            activity.written(counted);
+            continue;
+        };
         if chunks.is_empty() {
+            activity.written(counted);
             break;
         }
         let started = Instant::now();
-        if let Err(e) = write_chunks(half, &chunks, stall).await {
+        let wrote = write_chunks(half, &chunks, stall).await;
+        activity.written(counted);
+        if let Err(e) = wrote {
             if e.kind() == io::ErrorKind::TimedOut {
                 crate::client_warn!(
                     "closing connection: a response not read for {} ms (connections.max.idle.ms)",
@@ -746,7 +850,7 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes], stall: Duration) -> io:
         if index == chunks.len() {
             break;
         }
-        within(stall, half.write_all(&chunks[index][offset..])).await?;
+        write_progressing(half, &chunks[index][offset..], stall).await?;
         (index, offset) = (index + 1, 0);
     }
     Ok(())
@@ -756,13 +860,26 @@ async fn write_chunks(half: &mut Half, chunks: &[Bytes], stall: Duration) -> io:
 /// 16 KiB each) and encrypts them; the flush pushes out the last record.
 async fn write_chunks_tls(half: &mut Half, chunks: &[Bytes], stall: Duration) -> io::Result<()> {
     for chunk in chunks {
-        within(stall, half.write_all(chunk)).await?;
+        write_progressing(half, chunk, stall).await?;
     }
     within(stall, half.flush()).await
 }
 
+/// Writes all of `buf`, failed with `TimedOut` once a write takes nothing for `stall`: a
+/// client reading a large response slowly is not stalled, only one that stops.
+async fn write_progressing(half: &mut Half, mut buf: &[u8], stall: Duration) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = within(stall, half.write(buf)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n..];
+    }
+    Ok(())
+}
+
 /// `write`, failed with `TimedOut` if it has not completed within `stall`.
-async fn within(stall: Duration, write: impl Future<Output = io::Result<()>>) -> io::Result<()> {
+async fn within<T>(stall: Duration, write: impl Future<Output = io::Result<T>>) -> io::Result<T> {
     futures_lite::future::or(write, async move {
         glommio::timer::sleep(stall).await;
         Err(io::Error::new(
@@ -939,8 +1056,12 @@ mod tests {
             activity: Rc::new(Activity {
                 last: Cell::new(Instant::now()),
                 in_flight: Cell::new(0),
+                unwritten_bytes: Cell::new(0),
+                closed: Cell::new(false),
+                changed: Event::default(),
             }),
             permit: None,
+            peer_ip: std::net::Ipv4Addr::LOCALHOST.into(),
             deadline: None,
             plain_fd,
             expect_large: false,
