@@ -693,13 +693,20 @@ impl Config {
         // log in again in time, so a deleted user or a changed password ends them. weir
         // does not re-authenticate: running with it set would keep such connections open
         // for ever, the opposite of what was asked. 0 (Kafka's default) is "no lifetime".
-        let key = "connections.max.reauth.ms";
-        if let Some(v) = self.props.get(key)
-            && v.trim().parse::<i64>() != Ok(0)
-        {
+        // Also per listener and mechanism (`listener.name.<l>.<mechanism>.` + the key),
+        // the form OAUTHBEARER deployments use.
+        let reauth = self
+            .props
+            .keys()
+            .filter(|k| {
+                *k == "connections.max.reauth.ms" || k.ends_with(".connections.max.reauth.ms")
+            })
+            .find_map(|k| self.props.get(k).map(|v| (k.to_string(), v.to_string())))
+            .filter(|(_, v)| v.trim().parse::<i64>() != Ok(0));
+        if let Some((key, v)) = reauth {
             return Err(value_err(
-                key,
-                v,
+                &key,
+                &v,
                 "weir does not re-authenticate connections (KIP-368); only 0 (no session \
                  lifetime, Kafka's default) is supported (see docs/LIMITS.md)",
             ));
@@ -1335,6 +1342,10 @@ mod tests {
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
             ("connections.max.reauth.ms", "3600000"),
             ("connections.max.reauth.ms", "soon"),
+            (
+                "listener.name.sasl_ssl.oauthbearer.connections.max.reauth.ms",
+                "3600000",
+            ),
             ("scram.bootstrap.credentials", "SCRAM-SHA-512=[name=alice]"),
             ("transaction.state.log.min.isr", "two"),
             ("transaction.max.timeout.ms", "0"),

@@ -28,8 +28,10 @@ pub use kafka_protocol;
 pub const DECODED_BYTES_BASE: usize = 64 << 10;
 /// Decoded memory per body byte on top of the base. Real requests stay below it: a Fetch
 /// partition (33 bytes at v12) decodes to about twice its size, a Metadata topic named
-/// with 10 characters (12 bytes at v1, 72 in memory) to six times.
-pub const DECODED_BYTES_PER_BODY_BYTE: usize = 8;
+/// with one character (3 bytes at v1, 72 in memory) to 24 times, a DescribeConfigs
+/// resource repeated without keys to 13 times. Empty strings (1 byte, 32 in memory) and
+/// unknown tagged fields are past it.
+pub const DECODED_BYTES_PER_BODY_BYTE: usize = 24;
 /// Decoded memory no request may pass, whatever its size (a Fetch of 100,000 partitions
 /// builds ~10 MB; only Produce carries bulk, as record bytes, which are not decoded here).
 pub const DECODED_BYTES_MAX: usize = 64 << 20;

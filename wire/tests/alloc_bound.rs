@@ -4,7 +4,7 @@
 //! claiming huge arrays (i32::MAX classic counts, u32::MAX compact counts, huge string and
 //! record lengths) are fed to every advertised (api key, version), the Produce view, the
 //! record iterator and the decompressors. The bound is `BASE + PER_BYTE * frame_len`: a
-//! decode builds at most `wire::messages::decoded_bytes_max` (8 bytes per body byte and a
+//! decode builds at most `wire::messages::decoded_bytes_max` (24 bytes per body byte and a
 //! base), twice that while its vectors grow by doubling, and frames whose elements are one
 //! byte each (32 bytes in memory) are refused once they reach it.
 
@@ -73,7 +73,7 @@ static ALLOCATOR: Counting = Counting;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const BASE: usize = 64 * 1024;
-const PER_BYTE: usize = 32;
+const PER_BYTE: usize = 64;
 
 /// Peak bytes allocated (above what was live before) while `f` runs.
 fn peak_during(f: impl FnOnce()) -> usize {

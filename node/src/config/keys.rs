@@ -353,6 +353,12 @@ pub enum Dynamic {
 
 /// How AlterConfigs on the BROKER resource treats `key`.
 pub fn dynamic_kind(key: &str) -> Dynamic {
+    // KIP-368's session lifetime, also per listener and mechanism: weir does not
+    // re-authenticate, so storing one would report a guard that is not there (config.rs
+    // refuses it at startup).
+    if key.ends_with("connections.max.reauth.ms") {
+        return Dynamic::ReadOnly;
+    }
     if let Some((_, topic_key)) = DYNAMIC_APPLIED.iter().find(|(k, _)| *k == key) {
         return Dynamic::Applied(topic_key);
     }
@@ -462,6 +468,10 @@ mod tests {
             Dynamic::Stored
         );
         assert_eq!(dynamic_kind("num.partitions"), Dynamic::ReadOnly);
+        assert_eq!(
+            dynamic_kind("listener.name.ext.oauthbearer.connections.max.reauth.ms"),
+            Dynamic::ReadOnly
+        );
         assert_eq!(dynamic_kind("broker.rack"), Dynamic::ReadOnly);
         assert_eq!(dynamic_kind("foo.bar"), Dynamic::Unknown);
         // Keys weir reads at startup, under a listener's prefix too: refused at runtime

@@ -21,7 +21,7 @@
 //! bound split as the load is.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
@@ -45,10 +45,22 @@ pub struct RequestBudget {
     taken_since_trim_bytes: Cell<u64>,
     /// Fired when the last outstanding large-frame permit is released.
     idle: Event,
-    /// Bytes taken or being waited for, per client address.
-    by_address: RefCell<HashMap<IpAddr, u64>>,
-    /// Fired when an address gives bytes back.
+    /// What each client address holds, and its frames waiting for their turn.
+    by_address: RefCell<HashMap<IpAddr, Address>>,
+    /// The next waiting frame's number.
+    next_ticket: Cell<u64>,
+    /// Fired when an address gives bytes back or a waiting frame leaves its queue.
     address_released: Event,
+}
+
+/// One client address: the bytes its frames hold (granted or waiting for the shard's
+/// semaphore), and its frames waiting to count against its share, in arrival order. The
+/// order keeps a frame larger than the address's share (which waits for the address to
+/// hold nothing) from being passed for ever by that address's smaller frames.
+#[derive(Default)]
+struct Address {
+    held: u64,
+    waiting: VecDeque<u64>,
 }
 
 /// Budget held for one large frame; released (and the trimmer told) on drop.
@@ -69,10 +81,32 @@ struct AddressShare {
 impl Drop for AddressShare {
     fn drop(&mut self) {
         let mut by = self.budget.by_address.borrow_mut();
-        if let Some(held) = by.get_mut(&self.address) {
-            assert!(*held >= self.units, "an address gives back what it took");
-            *held -= self.units;
-            if *held == 0 {
+        if let Some(a) = by.get_mut(&self.address) {
+            assert!(a.held >= self.units, "an address gives back what it took");
+            a.held -= self.units;
+            if a.held == 0 && a.waiting.is_empty() {
+                by.remove(&self.address);
+            }
+        }
+        drop(by);
+        self.budget.address_released.notify_all();
+    }
+}
+
+/// A frame's place in its address's queue, left on drop if it is still there (the
+/// connection closed while waiting).
+struct Ticket<'a> {
+    budget: &'a RequestBudget,
+    address: IpAddr,
+    number: u64,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut by = self.budget.by_address.borrow_mut();
+        if let Some(a) = by.get_mut(&self.address) {
+            a.waiting.retain(|t| *t != self.number);
+            if a.held == 0 && a.waiting.is_empty() {
                 by.remove(&self.address);
             }
         }
@@ -91,6 +125,7 @@ impl RequestBudget {
             taken_since_trim_bytes: Cell::new(0),
             idle: Event::default(),
             by_address: RefCell::new(HashMap::new()),
+            next_ticket: Cell::new(0),
             address_released: Event::default(),
         })
     }
@@ -103,7 +138,7 @@ impl RequestBudget {
     /// Waits until `frame_bytes` fit in the budget and in the share of `address`, and takes
     /// them. A frame larger than the whole share takes the whole share, so it is read alone
     /// instead of never; one larger than an address's share is taken when that address
-    /// holds nothing else.
+    /// holds nothing else. An address's frames take their turns in arrival order.
     pub async fn acquire(
         self: &Rc<Self>,
         frame_bytes: usize,
@@ -111,15 +146,40 @@ impl RequestBudget {
     ) -> Option<FramePermit> {
         let units = (frame_bytes as u64).min(self.share_bytes);
         assert!(units > 0, "a frame always has a size");
+        let number = self.next_ticket.get();
+        self.next_ticket.set(number + 1);
+        self.by_address
+            .borrow_mut()
+            .entry(address)
+            .or_default()
+            .waiting
+            .push_back(number);
+        let ticket = Ticket {
+            budget: self,
+            address,
+            number,
+        };
         loop {
             let released = self.address_released.listen();
-            let held = self.by_address.borrow().get(&address).copied().unwrap_or(0);
-            if held == 0 || held + units <= self.address_max_bytes() {
+            let admitted = {
+                let mut by = self.by_address.borrow_mut();
+                let a = by.entry(address).or_default();
+                let fits = a.held == 0 || a.held + units <= self.address_max_bytes();
+                if a.waiting.front() == Some(&number) && fits {
+                    a.waiting.pop_front();
+                    a.held += units;
+                    true
+                } else {
+                    false
+                }
+            };
+            if admitted {
                 break;
             }
             released.await;
         }
-        *self.by_address.borrow_mut().entry(address).or_insert(0) += units;
+        // Out of the queue: the address's next frame may go now, if it fits.
+        drop(ticket);
         let share = AddressShare {
             budget: self.clone(),
             address,
@@ -198,4 +258,54 @@ fn trim_heap() {
         took_us = t0.elapsed().as_micros() as u64,
         "heap trimmed after large request frames"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::future::poll_once;
+
+    #[test]
+    fn one_addresss_frames_take_turns_and_leave_half_to_others() {
+        crate::storage::testing::run_on_shard(|| async {
+            let budget = RequestBudget::new(1000, 1);
+            let (one, other): (IpAddr, IpAddr) = (
+                "127.0.0.2".parse().expect("ip"),
+                "127.0.0.3".parse().expect("ip"),
+            );
+            let a = budget.acquire(300, one).await.expect("first frame");
+            // 300 + 600 is past the address's half: the big frame waits for `a`.
+            let mut big = Box::pin(budget.acquire(600, one));
+            assert!(poll_once(&mut big).await.is_none());
+            // A small frame of the same address would fit, but comes after the big one.
+            let mut small = Box::pin(budget.acquire(150, one));
+            assert!(poll_once(&mut small).await.is_none());
+            // Another address has the rest of the budget.
+            let d = budget.acquire(100, other).await.expect("other address");
+            drop(a);
+            let b = big.await.expect("the big frame, alone for its address");
+            assert!(
+                poll_once(&mut small).await.is_none(),
+                "600 + 150 is past the half"
+            );
+            drop(b);
+            let c = small.await.expect("then the small one");
+            drop((c, d));
+            assert!(
+                budget.by_address.borrow().is_empty(),
+                "nothing left counted"
+            );
+            // A waiting frame whose connection closes leaves its place.
+            let a = budget.acquire(400, one).await.expect("frame");
+            let mut waiting = Box::pin(budget.acquire(400, one));
+            assert!(poll_once(&mut waiting).await.is_none());
+            drop(waiting);
+            let next = budget
+                .acquire(100, one)
+                .await
+                .expect("not held up by a gone frame");
+            drop((a, next));
+            assert!(budget.by_address.borrow().is_empty());
+        });
+    }
 }
