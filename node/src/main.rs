@@ -253,8 +253,12 @@ fn topics(bootstrap: &str, command: TopicsCommand) -> anyhow::Result<()> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A log line that cannot be written (stderr on a full disk, a closed pipe) is lost,
+    // not reported: tracing reports it with `eprintln!`, which panics when stderr fails
+    // too, and a panicking shard stopped the node (found with the log on a full disk).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -657,3 +657,60 @@ fn size_prefixes_from_one_address_leave_half_the_budget_to_others() {
     );
     drop(stallers);
 }
+
+/// With its log on a full disk (stderr on /dev/full, where every write fails with
+/// ENOSPC), the node goes on serving: a log line that cannot be written is lost. tracing
+/// reported the failed write with `eprintln!`, which panicked on the same stderr, and
+/// the panicking shard stopped the node (SIGABRT).
+#[test]
+fn a_node_whose_log_cannot_be_written_keeps_serving() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir_in(common::test_root()).expect("tempdir");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(full)
+        .spawn()
+        .expect("run weir");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(at) = line.find("listening on ") {
+                let _ = tx.send(line[at + "listening on ".len()..].trim().to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the ready line");
+    // Each of these makes the node log a line (a refused frame, an auto-created topic).
+    for i in 0..20 {
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        let _ = s.write_all(&(-1i32).to_be_bytes());
+        let _ = closed_within(&mut s, Duration::from_secs(10));
+        let mut c = Client::connect(&addr);
+        let topic = format!("logged-{i}");
+        let md = MetadataRequest::default().with_topics(Some(vec![
+            metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(topic)))),
+        ]));
+        let _: MetadataResponse = c.call(api::METADATA, 12, &md);
+    }
+    let mut c = Client::connect(&addr);
+    assert!(api_versions_ok(&mut c), "still serving");
+    assert!(child.try_wait().expect("wait").is_none(), "still running");
+    let _ = child.kill();
+    let _ = child.wait();
+}
