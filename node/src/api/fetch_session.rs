@@ -461,13 +461,7 @@ impl SessionCache {
     /// Frees a slot for a new session of `size` partitions, by Kafka's rule (see the module
     /// doc). Returns whether one was freed.
     fn evict_one(&mut self, privileged: bool, size: usize, now: Instant) -> bool {
-        let stale = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.last_used) > EVICTION_AFTER)
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(id, _)| *id);
-        let victim = stale.or_else(|| {
+        let victim = self.stalest(now).or_else(|| {
             self.sessions
                 .iter()
                 .filter(|(_, s)| privileged || !s.privileged)
@@ -475,33 +469,34 @@ impl SessionCache {
                 .filter(|(_, s)| (privileged, size) > (s.privileged, s.partitions.len()))
                 .map(|(id, _)| *id)
         });
-        match victim {
-            Some(id) => {
-                self.remove(id);
-                self.evictions += 1;
-                true
-            }
-            None => false,
-        }
+        self.evict(victim)
     }
 
     /// Frees partitions of the shard's bound for a new session of `size`: a stale session
     /// (the oldest), else the largest one bigger than the new one that it may displace
     /// (a consumer's never displaces a follower's). Returns whether one was evicted.
     fn evict_for_room(&mut self, privileged: bool, size: usize, now: Instant) -> bool {
-        let stale = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.last_used) > EVICTION_AFTER)
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(id, _)| *id);
-        let victim = stale.or_else(|| {
+        let victim = self.stalest(now).or_else(|| {
             self.sessions
                 .iter()
                 .filter(|(_, s)| (privileged || !s.privileged) && s.partitions.len() > size)
                 .max_by_key(|(id, s)| (s.partitions.len(), **id))
                 .map(|(id, _)| *id)
         });
+        self.evict(victim)
+    }
+
+    /// The session unused longest, if unused for [`EVICTION_AFTER`].
+    fn stalest(&self, now: Instant) -> Option<i32> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.last_used) > EVICTION_AFTER)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(id, _)| *id)
+    }
+
+    /// Evicts `victim`, if any; whether it did.
+    fn evict(&mut self, victim: Option<i32>) -> bool {
         match victim {
             Some(id) => {
                 self.remove(id);
