@@ -30,6 +30,10 @@ const ROOM_BYTES: u64 = 1 << 20;
 /// Bounds: produces before the disk must be full, the wait for appends to resume.
 const PRODUCES_MAX: usize = 2_000;
 const RESUME_TIMEOUT: Duration = Duration::from_secs(60);
+/// Produces sent back to back on the full disk, and the most lines a second they may log
+/// (the broker's rate limit for lines a client causes, `log_limit`).
+const REFUSED_BURST: usize = 300;
+const LINES_PER_SECOND_MAX: u64 = 10;
 
 /// A loop-mounted filesystem in a directory of its own; unmounted and removed on drop,
 /// whatever the test did.
@@ -196,6 +200,29 @@ fn a_full_disk_refuses_produce_until_space_is_freed_then_produce_resumes() -> Re
     ensure!(
         error == KAFKA_STORAGE_ERROR,
         "still full, produce answered {error}"
+    );
+    // Every refused produce used to write a line of its own: a full disk filled its
+    // log as fast as clients retried. The per-request lines are rate limited now.
+    let logged = |weir: &Weir| weir.log_text().matches("append failed").count();
+    let (before, started) = (logged(&weir), Instant::now());
+    let mut refused_fast = 0;
+    for _ in 0..REFUSED_BURST {
+        let (error, _, _) = produce(&mut conn, id, 1, 100)?;
+        id += 1;
+        if error == KAFKA_STORAGE_ERROR {
+            refused_fast += 1;
+        }
+    }
+    let seconds = started.elapsed().as_secs() + 2;
+    // Read once: lines still on their way to the test can only make the count lower.
+    let lines = logged(&weir) - before;
+    ensure!(
+        refused_fast > REFUSED_BURST / 2,
+        "only {refused_fast} of {REFUSED_BURST} produces refused on a full disk"
+    );
+    ensure!(
+        lines as u64 <= LINES_PER_SECOND_MAX * seconds,
+        "{lines} 'append failed' lines for {refused_fast} refused produces in {seconds} s"
     );
 
     fs::remove_file(&filler)?;

@@ -241,7 +241,11 @@ impl Partition {
             }
             Ok(ProducerAppend::Rejected(error)) => return ProduceOutcome::failed(error),
             Err(e) => {
-                tracing::warn!(topic = %self.topic, partition = self.index, "append failed: {e}");
+                // One line per refused request: rate limited, as a full disk refuses every
+                // produce of every client until space is back, and each line would wait on
+                // the log's writer (the disk that is full, often). The log itself says
+                // once when it stops and starts taking writes.
+                crate::client_warn!(topic = %self.topic, partition = self.index, "append failed: {e}");
                 return ProduceOutcome::failed(storage_error_code(&e));
             }
         };
@@ -555,7 +559,7 @@ impl Partition {
             }
             Ok(Err(code)) => code,
             Err(e) => {
-                tracing::warn!(topic = %self.topic, partition = self.index, "marker append failed: {e}");
+                crate::client_warn!(topic = %self.topic, partition = self.index, "marker append failed: {e}");
                 storage_error_code(&e)
             }
         }
