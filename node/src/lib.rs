@@ -22,6 +22,7 @@ pub mod partition;
 pub mod producer_state;
 pub mod proto;
 pub mod replication;
+pub mod resolve;
 pub mod router;
 pub mod security;
 pub mod send_turns;

@@ -169,10 +169,20 @@ impl Cluster {
     /// port taken meanwhile (by any socket of a test running beside: proxies and their
     /// connections take many) fails a node's start, and the whole start is tried again.
     pub fn start_faulty(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
+        Cluster::start_faulty_advertising(n, "127.0.0.1", extra)
+    }
+
+    /// [`start_faulty`](Self::start_faulty), every node advertising its proxy by `host`
+    /// (a name that resolves to 127.0.0.1, such as `localhost`) instead of the IP.
+    pub fn start_faulty_advertising(
+        n: usize,
+        host: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<(Cluster, FaultNet)> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match Cluster::start_faulty_once(n, extra) {
+            match Cluster::start_faulty_once(n, host, extra) {
                 Ok(started) => return Ok(started),
                 Err(e) if tries < START_TRIES => {
                     eprintln!("cluster start {tries} of {START_TRIES} failed, again: {e:#}");
@@ -182,7 +192,11 @@ impl Cluster {
         }
     }
 
-    fn start_faulty_once(n: usize, extra: &[(&str, &str)]) -> Result<(Cluster, FaultNet)> {
+    fn start_faulty_once(
+        n: usize,
+        host: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<(Cluster, FaultNet)> {
         let ports = free_ports(n)?;
         let real = |id: usize| SocketAddr::from(([127, 0, 0, 1], ports[id - 1]));
         let mut links = BTreeMap::new();
@@ -203,7 +217,8 @@ impl Cluster {
                     None => format!("{to}@{}", real(to)),
                 })
                 .collect();
-            let advertised = format!("PLAINTEXT://{}", listeners[id - 1].addr());
+            let port = listeners[id - 1].addr().port();
+            let advertised = format!("PLAINTEXT://{host}:{port}");
             let config =
                 node_config(id, &voters.join(","), extra).set("advertised.listeners", advertised);
             let node = Weir::start(config).with_context(|| format!("start node {id}"))?;

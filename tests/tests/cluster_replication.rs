@@ -138,6 +138,27 @@ fn acks_all_survives_the_leaders_sigkill_and_the_replicas_end_identical() {
     assert_eq!(checked, 800);
 }
 
+/// Nodes that advertise a host name, not an IP: followers resolve it (off their shard's
+/// thread, `node/src/resolve.rs`) and replicate, and acks=all works through them.
+#[test]
+fn followers_replicate_from_a_leader_advertised_by_host_name() {
+    let (mut c, _net) =
+        Cluster::start_faulty_advertising(3, "localhost", &[("min.insync.replicas", "3")])
+            .expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let addr = c.node(1).addr();
+    assert_eq!(cluster::create_topic(addr, TOPIC, 1, 3).expect("create"), 0);
+    let (leader, isr) = wait_placement(&mut c, 3, AGREE_TIMEOUT);
+    assert_eq!(isr, vec![1, 2, 3]);
+    // min.insync.replicas = 3: every record acknowledged went through both followers.
+    let (sent, acked) = produce(&mut c, leader, 0, 200, "named");
+    wait_identical(&mut c, AGREE_TIMEOUT);
+    let bootstrap = c.node(leader).bootstrap();
+    let got = clients::consume_to_end(&bootstrap, TOPIC, &[0]).expect("consume");
+    let checked = clients::verify(&sent, &acked, &got).expect("every acked record, once, in order");
+    assert_eq!(checked, 200);
+}
+
 /// A topic whose `segment.bytes` (64 KiB) is smaller than what a follower fetches at
 /// once (`replica.fetch.max.bytes`, 1 MiB): under acks=all load, with the leader made to
 /// answer follower fetches only once 200 KB are there (or 200 ms passed), every fetched

@@ -347,20 +347,15 @@ async fn remote_verify(
     partitions: &[(String, i32)],
 ) -> TxnReply {
     use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTransaction;
-    use std::net::ToSocketAddrs;
     let unreachable = TxnReply::Code(errors::COORDINATOR_NOT_AVAILABLE);
-    let (host, addr) = {
+    let (host, port) = {
         let catalog = shard.catalog();
         let Some(n) = catalog.nodes.get(&node).filter(|n| !n.fenced) else {
             return unreachable;
         };
-        let addr = (n.host.as_str(), n.port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next());
-        (n.host.clone(), addr)
+        (n.host.clone(), n.port)
     };
-    let Some(addr) = addr else {
+    let Some(addr) = crate::resolve::resolve(&host, port).await else {
         return unreachable;
     };
     let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();

@@ -125,10 +125,10 @@ pub struct ReplicaFetcher {
     /// This process's broker epoch, sent with every fetch.
     local_epoch: BrokerEpoch,
     source: NodeId,
-    /// The source's registered host (its TLS certificate must name it) and where that
-    /// resolved to.
+    /// The source's registered host (its TLS certificate must name it) and port; the host
+    /// is resolved at each connect ([`crate::resolve`]), off the shard's thread.
     host: String,
-    addr: SocketAddr,
+    port: u16,
     config: FetcherConfig,
     followed: RefCell<BTreeMap<TopicPartition, Followed>>,
     stopped: Cell<bool>,
@@ -144,16 +144,16 @@ impl ReplicaFetcher {
     /// (outside a cluster).
     pub fn new(local: NodeId, source: NodeId, addr: SocketAddr, config: FetcherConfig) -> Rc<Self> {
         let local = (local, BrokerEpoch::NONE);
-        ReplicaFetcher::new_named(local, source, addr.ip().to_string(), addr, config)
+        ReplicaFetcher::new_named(local, source, addr.ip().to_string(), addr.port(), config)
     }
 
     /// A fetcher for the node and broker epoch `local` from the source registered as
-    /// `host`, resolved to `addr`.
+    /// `host` and `port`.
     pub fn new_named(
         (local, local_epoch): (NodeId, BrokerEpoch),
         source: NodeId,
         host: String,
-        addr: SocketAddr,
+        port: u16,
         config: FetcherConfig,
     ) -> Rc<Self> {
         Rc::new(ReplicaFetcher {
@@ -161,7 +161,7 @@ impl ReplicaFetcher {
             local_epoch,
             source,
             host,
-            addr,
+            port,
             config,
             followed: RefCell::new(BTreeMap::new()),
             stopped: Cell::new(false),
@@ -185,9 +185,9 @@ impl ReplicaFetcher {
         self.followed_more.notify_all();
     }
 
-    /// Where it fetches from.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The port it fetches from.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The host name the source is registered by.
@@ -230,7 +230,14 @@ impl ReplicaFetcher {
     pub async fn run(self: Rc<Self>) {
         let mut backoff = BACKOFF_MIN;
         while !self.stopped.get() {
-            let mut conn = match BrokerConn::connect_from(&self.host, self.addr, self.local).await {
+            let connected = match crate::resolve::resolve(&self.host, self.port).await {
+                Some(addr) => BrokerConn::connect_from(&self.host, addr, self.local).await,
+                None => Err(ClientError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{}: host name does not resolve", self.host),
+                ))),
+            };
+            let mut conn = match connected {
                 Ok(c) => c,
                 Err(e) => {
                     crate::metrics::add(|m| &m.replica_fetch_errors, 1);

@@ -116,16 +116,11 @@ async fn remote_marker(
     use kafka_protocol::messages::write_txn_markers_request::{
         WritableTxnMarker, WritableTxnMarkerTopic,
     };
-    use std::net::ToSocketAddrs;
     let unreachable = crate::errors::NOT_LEADER_OR_FOLLOWER;
     let Some(node) = catalog.nodes.get(&leader).filter(|n| !n.fenced) else {
         return unreachable;
     };
-    let Some(addr) = (node.host.as_str(), node.port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-    else {
+    let Some(addr) = crate::resolve::resolve(&node.host, node.port).await else {
         return unreachable;
     };
     let topic = WritableTxnMarkerTopic::default()

@@ -4,7 +4,6 @@
 //! partitions it leads, the ISR each should have now (`replica.lag.time.max.ms`), for the
 //! controller to commit.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -76,10 +75,21 @@ fn assignment(a: &PartitionAssignment) -> Assignment {
     }
 }
 
-/// Where `node` takes fetches: its registered (advertised) address.
-fn node_addr(catalog: &Catalog, node: NodeId) -> Option<SocketAddr> {
+/// Where `node` takes fetches: its registered (advertised) host and port. The host is
+/// resolved by the fetcher when it connects, off the shard's thread.
+fn node_addr(catalog: &Catalog, node: NodeId) -> Option<NodeAddr> {
     let n = catalog.nodes.get(&node.get())?;
-    (n.host.as_str(), n.port).to_socket_addrs().ok()?.next()
+    Some(NodeAddr {
+        host: n.host.clone(),
+        port: n.port,
+    })
+}
+
+/// A node's registered host (a name or an IP literal) and port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddr {
+    pub host: String,
+    pub port: u16,
 }
 
 impl Shard {
@@ -133,7 +143,7 @@ impl Shard {
         tp: &TopicPartition,
         p: &Rc<Partition>,
         assignment: &Assignment,
-        leader_addr: Option<SocketAddr>,
+        leader_addr: Option<NodeAddr>,
     ) {
         let change = p.apply_assignment(assignment, now_ms());
         p.fence_if_lost();
@@ -189,18 +199,13 @@ impl Shard {
     /// This shard's fetcher for `source`, started on first use.
     /// A fetcher whose source moved to another address (it restarted on a new port) is
     /// replaced by one fetching there, following the same partitions.
-    fn fetcher_for(&self, source: NodeId, addr: SocketAddr) -> Rc<ReplicaFetcher> {
-        // The registered host, for the TLS name check (the IP when it is not known).
-        let host = self
-            .catalog()
-            .nodes
-            .get(&source.get())
-            .map_or_else(|| addr.ip().to_string(), |n| n.host.clone());
+    fn fetcher_for(&self, source: NodeId, addr: NodeAddr) -> Rc<ReplicaFetcher> {
+        let NodeAddr { host, port } = addr;
         let existing = self.fetchers.borrow().get(&source).cloned();
         let moved = match existing {
-            Some(f) if f.addr() == addr && f.host() == host => return f,
+            Some(f) if f.port() == port && f.host() == host => return f,
             Some(f) => {
-                tracing::info!(%source, from = %f.addr(), to = %addr, "replication source moved; refetching from its new address");
+                tracing::info!(%source, from = %format!("{}:{}", f.host(), f.port()), to = %format!("{host}:{port}"), "replication source moved; refetching from its new address");
                 f.retire()
             }
             None => Vec::new(),
@@ -211,7 +216,7 @@ impl Shard {
             .controller
             .cluster()
             .map_or(wire::BrokerEpoch::NONE, |q| q.broker_epoch());
-        let f = ReplicaFetcher::new_named((self.node_id(), epoch), source, host, addr, config);
+        let f = ReplicaFetcher::new_named((self.node_id(), epoch), source, host, port, config);
         for (tp, p) in moved {
             f.follow(tp, p);
         }
