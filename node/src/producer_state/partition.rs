@@ -177,7 +177,8 @@ impl PartitionProducers {
     /// `epoch` here, before its coordinator is asked; it holds until the returned value is
     /// dropped or a marker of the producer is written here, whichever comes first. A
     /// verification of the same epoch already under way is shared (its guard returned
-    /// again); one of another epoch is ended.
+    /// again); one of an older epoch is ended; one of a newer epoch stays, and this one
+    /// never holds.
     pub fn begin_verification(
         &self,
         producer_id: ProducerId,
@@ -190,6 +191,18 @@ impl PartitionProducers {
             guard: fresh,
             holders: 0,
         });
+        if v.epoch > epoch {
+            // An older epoch (a fenced instance still committing) gets a guard that never
+            // holds and leaves the current epoch's alone: Kafka only ever raises the
+            // entry's epoch. Replacing it made the current instance's TxnOffsetCommit
+            // fail with INVALID_TXN_STATE once the fenced one's ended.
+            self.next_guard.set(fresh.0 + 1);
+            return Verifying {
+                producers: self,
+                producer_id,
+                guard: fresh,
+            };
+        }
         if v.epoch != epoch {
             *v = Verification {
                 epoch,

@@ -733,4 +733,62 @@ mod txn_tests {
             shard.close_all().await;
         });
     }
+
+    /// A fenced (older-epoch) producer's TxnOffsetCommit, begun while the current epoch's
+    /// commit waits for its coordinator, does not end the current one's verification
+    /// (Kafka keeps one guard per producer and only raises its epoch). Before, the current
+    /// commit was refused with INVALID_TXN_STATE (found by review).
+    #[test]
+    fn a_fenced_epochs_commit_does_not_end_the_current_epochs_verification() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            let shard = testing::node(&data);
+            testing::internal_topics(&shard).await;
+            let offsets = open(&shard, OFFSETS_TOPIC, 0).await;
+            let commit = |group: &str| CommitArgs {
+                group: group.into(),
+                generation: -1,
+                member_id: String::new(),
+                instance_id: None,
+                offsets: vec![OffsetCommit {
+                    topic: "t".into(),
+                    partition: 0,
+                    offset: wire::Offset(7),
+                    leader_epoch: LeaderEpoch::NONE,
+                    metadata: None,
+                }],
+            };
+            let current = TxnOffsetCommitCall {
+                partition: 0,
+                transactional_id: Arc::from("tx"),
+                commit: commit("g"),
+                producer: (PRODUCER.0, ProducerEpoch(1)),
+            };
+            // While the current epoch's coordinator answers, the zombie (epoch 0) of the
+            // same producer id commits too; its coordinator fences it.
+            let zombie_meanwhile = |shard: Rc<Shard>, _: Arc<str>, _: Producer, _| async move {
+                let zombie = TxnOffsetCommitCall {
+                    partition: 0,
+                    transactional_id: Arc::from("tx"),
+                    commit: commit("g2"),
+                    producer: PRODUCER,
+                };
+                let fenced =
+                    |_: Rc<Shard>, _: Arc<str>, _: Producer, _| async { errors::PRODUCER_FENCED };
+                let _ = zombie.commit_verified(shard, fenced).await;
+                errors::NONE
+            };
+            let reply = current
+                .commit_verified(shard.clone(), zombie_meanwhile)
+                .await;
+            let n = offsets.producers.verifications_open();
+            shard.close_all().await;
+            assert_eq!(n, 0);
+            assert!(
+                matches!(&reply, GroupReply::Codes(errors::NONE, per) if per == &[errors::NONE]),
+                "the current epoch's commit was refused: {reply:?}"
+            );
+        });
+    }
 }
