@@ -479,17 +479,28 @@ pub fn subscribed_topics(g: &Group) -> BTreeSet<String> {
     }
     let protocol = g.protocol.clone().unwrap_or_default();
     for m in &g.members {
-        let mut meta = m.metadata(&protocol);
-        if meta.len() < 2 {
-            continue;
-        }
-        let version = i16::from_be_bytes([meta[0], meta[1]]);
-        let mut body = meta.split_off(2);
-        if let Ok(sub) = ConsumerProtocolSubscription::decode(&mut body, version.clamp(0, 3)) {
+        if let Some(sub) = subscription(m.metadata(&protocol)) {
             topics.extend(sub.topics.iter().map(|t| t.to_string()));
         }
     }
     topics
+}
+
+/// A consumer-protocol member's subscription, decoded within the same memory bound as a
+/// request (`wire::messages::decoded_bytes_max`): a member's metadata is bytes its client
+/// chose, up to a frame's size, and decoding empty topic names builds 16 times their
+/// wire size. `None` if it does not decode within it.
+fn subscription(mut meta: Bytes) -> Option<ConsumerProtocolSubscription> {
+    if meta.len() < 2 {
+        return None;
+    }
+    let version = i16::from_be_bytes([meta[0], meta[1]]);
+    let mut body = meta.split_off(2);
+    let budget = wire::messages::decoded_bytes_max(body.len());
+    kafka_protocol::protocol::with_decode_budget(budget, || {
+        ConsumerProtocolSubscription::decode(&mut body, version.clamp(0, 3))
+    })
+    .ok()
 }
 
 /// Offsets of `g` whose retention has run out (KIP-211): all of an empty group's once it
@@ -527,6 +538,34 @@ mod tests {
             commit_timestamp_ms: commit_ms,
             appended_at: Offset::NONE,
         }
+    }
+
+    /// Version 0 consumer-protocol metadata subscribing to `names`.
+    fn subscription_metadata(names: usize, name: &str) -> Bytes {
+        let mut meta = Vec::with_capacity(8 + names * (2 + name.len()));
+        meta.extend_from_slice(&0i16.to_be_bytes());
+        meta.extend_from_slice(&i32::try_from(names).expect("count").to_be_bytes());
+        for _ in 0..names {
+            meta.extend_from_slice(&i16::try_from(name.len()).expect("len").to_be_bytes());
+            meta.extend_from_slice(name.as_bytes());
+        }
+        meta.extend_from_slice(&(-1i32).to_be_bytes()); // no user data
+        Bytes::from(meta)
+    }
+
+    /// A member's subscription is decoded within a request's memory bound. Before, 10 MB
+    /// of empty topic names (OffsetDelete reads every member's) decoded to 160 MB of
+    /// strings, unbounded in the metadata's size.
+    #[test]
+    fn a_members_subscription_decodes_within_the_request_bound() {
+        let real = subscription(subscription_metadata(10_000, "orders-eu-1")).expect("decodes");
+        assert_eq!(real.topics.len(), 10_000);
+        let hostile = subscription_metadata(5_000_000, "");
+        assert!(hostile.len() < 11 << 20);
+        assert!(
+            subscription(hostile).is_none(),
+            "5,000,000 empty names are more than the bound"
+        );
     }
 
     #[test]
