@@ -89,6 +89,11 @@ const RESUME_HW_WAIT: Duration = Duration::from_secs(30);
 /// Rounds of [`RESUME_HW_WAIT`] before the resumption leaves the transaction to the
 /// ticker (which finishes it once the HW covers the load).
 const RESUME_HW_ROUNDS_MAX: u32 = 20;
+/// Most transactions the ticker ends at once; the rest wait for its next round. Each
+/// runs in a task of its own: one whose markers hang on an unreachable leader (up to
+/// [`MARKER_ATTEMPTS_MAX`] calls of [`MARKER_CALL_TIMEOUT`]) does not hold up the others,
+/// whose partitions' LSO (and every read_committed consumer of them) waits for their abort.
+const TICK_CONCURRENT_MAX: usize = 64;
 /// Most tombstones of expired transactional ids one append carries (ids of up to 32 KiB:
 /// a pass that finds many writes them in several appends, not one huge one).
 const EXPIRE_APPEND_IDS_MAX: usize = 500;
@@ -245,6 +250,8 @@ pub struct Coordinators {
     settings: OnceCell<Settings>,
     markers: OnceCell<MarkerWriter>,
     ticker_started: Cell<bool>,
+    /// Transactions the ticker is ending now (each in a task of its own).
+    ticking: Cell<usize>,
     /// How many partitions `__transaction_state` has (from the catalogue, at load).
     topic_partitions: Cell<i32>,
     /// Transactional ids found in Prepare* by a replay, whose markers are still to be
@@ -275,6 +282,15 @@ impl Drop for Transition<'_> {
 }
 
 /// Marks a transactional id busy while alive.
+/// One of the ticker's transactions being ended: counted out when its task ends.
+struct Ticking<'a>(&'a Cell<usize>);
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 struct Busy<'a> {
     set: &'a RefCell<HashSet<String>>,
     id: String,
@@ -878,7 +894,7 @@ impl Coordinators {
                 me.drop_stale();
                 if aborted_at.elapsed() >= abort_every {
                     aborted_at = Instant::now();
-                    me.tick(now_ms()).await;
+                    me.tick(now_ms());
                 }
                 if expired_at.elapsed() >= expire_every {
                     expired_at = Instant::now();
@@ -974,17 +990,34 @@ impl Coordinators {
         }
     }
 
-    async fn tick(&self, now: i64) {
-        let ids: Vec<String> = self
+    /// Starts ending every transaction due at `now` (timed out, or left in Prepare*),
+    /// each in a task of its own, at most [`TICK_CONCURRENT_MAX`] at once; one still
+    /// being ended, or held by a request, is seen again by the next round.
+    fn tick(self: &Rc<Self>, now: i64) {
+        let mut ids: Vec<String> = self
             .txns
             .borrow()
             .iter()
             .filter(|(_, m)| due(m, now))
             .map(|(id, _)| id.clone())
             .collect();
+        // In a stable order: which transactions wait for a later round does not depend
+        // on the map's.
+        ids.sort_unstable();
         for id in ids {
-            // Held by a request: the next round sees it again.
-            let _ = self.finish_due(&id, now).await;
+            if self.ticking.get() >= TICK_CONCURRENT_MAX {
+                break;
+            }
+            if self.busy.borrow().contains(&id) {
+                continue;
+            }
+            self.ticking.set(self.ticking.get() + 1);
+            let me = self.clone();
+            glommio::spawn_local(async move {
+                let _counted = Ticking(&me.ticking);
+                me.finish_due(&id, now).await;
+            })
+            .detach();
         }
     }
 

@@ -168,3 +168,105 @@ fn markers_of_a_transaction_found_ending_past_the_hw_wait_for_the_hw() {
         shard.close_all().await;
     });
 }
+
+/// The ticker ends each due transaction in a task of its own: one whose marker waits on
+/// a leader that never answers (here a listener that accepts and stays silent, as an
+/// unreachable node's black-holed connection would) does not hold up the abort of
+/// another, whose partition's LSO (and its read_committed consumers) waits for it.
+/// Before, the ticker ended them one after another, and each marker call may take
+/// `MARKER_CALL_TIMEOUT` (30 s), twenty times.
+#[test]
+fn a_transaction_whose_marker_hangs_does_not_hold_up_the_tickers_other_aborts() {
+    let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+    let data = root.path().to_path_buf();
+    crate::storage::testing::run_on_shard(move || async move {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+        let port = silent.local_addr().expect("addr").port();
+        let shard = testing::node(&data);
+        testing::internal_topics(&shard).await;
+        testing::create_topic(&shard, "near");
+        far_topic(&shard, "far", port);
+        // Sorted ids: the ticker takes the stuck ones first.
+        let stuck = ["a1", "a2", "a3"];
+        for id in stuck {
+            begin(&shard, id, ("far", 0)).await;
+        }
+        begin(&shard, "b", ("near", 0)).await;
+        let state = |id: &str| shard.txns.txns.borrow().get(id).map(|m| m.state);
+
+        shard.txns.tick(crate::shard::now_ms() + 3_600_000);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while state("b") != Some(TxnState::CompleteAbort) && std::time::Instant::now() < deadline {
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(state("b"), Some(TxnState::CompleteAbort), "b aborted");
+        for id in stuck {
+            assert_eq!(
+                state(id),
+                Some(TxnState::PrepareAbort),
+                "{id}'s marker hangs"
+            );
+        }
+        drop(silent);
+        shard.close_all().await;
+    });
+}
+
+/// Topic `name` of one partition led by node 2, registered at 127.0.0.1:`port`.
+fn far_topic(shard: &Shard, name: &str, port: u16) {
+    use crate::metadata::{NodeInfo, PartitionAssignment, TopicMeta};
+    let topic = TopicMeta {
+        name: name.into(),
+        id: crate::metadata::new_topic_id(),
+        partitions: 1,
+        configs: Default::default(),
+        assignment: vec![PartitionAssignment {
+            replicas: vec![2],
+            leader: 2,
+            leader_epoch: 0,
+            isr: vec![2],
+            partition_epoch: 0,
+        }],
+    };
+    let node = NodeInfo {
+        host: "127.0.0.1".into(),
+        port,
+        fenced: false,
+        broker_epoch: 1,
+        endpoints: Vec::new(),
+        directory_id: None,
+        rack: None,
+    };
+    let updated = shard.node.meta.update(|c| {
+        c.topics.insert(name.into(), std::sync::Arc::new(topic));
+        c.nodes.insert(2, node);
+        Ok(())
+    });
+    updated.expect("catalogue update");
+}
+
+/// Transactional id `id` with a transaction open on `partition`, timing out after 1 s.
+async fn begin(shard: &Rc<Shard>, id: &str, partition: (&str, i32)) {
+    let init = TxnOp::InitProducerId {
+        txn_id: id.into(),
+        timeout_ms: 1_000,
+        producer: None,
+        version: 4,
+    };
+    let TxnReply::Producer {
+        error: errors::NONE,
+        producer_id,
+        producer_epoch,
+    } = txn(shard.clone(), init).await
+    else {
+        panic!("InitProducerId of {id} failed");
+    };
+    let add = TxnOp::AddPartitions {
+        txn_id: id.into(),
+        producer_id,
+        producer_epoch,
+        partitions: vec![(partition.0.to_string(), partition.1)],
+        verify_only: false,
+    };
+    assert_eq!(txn(shard.clone(), add).await, TxnReply::Code(errors::NONE));
+}
