@@ -67,6 +67,9 @@ pub const TXN_TOPIC: &str = "__transaction_state";
 const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
 /// Attempts to write one marker before the transaction is left to the ticker.
 const MARKER_ATTEMPTS_MAX: u32 = 20;
+/// Markers of one transaction written at once (each to another partition; a remote
+/// leader's over a connection of its own).
+const MARKERS_CONCURRENT_MAX: usize = 32;
 /// Pause between marker attempts.
 const MARKER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// How long one marker call may take.
@@ -764,8 +767,18 @@ impl Coordinators {
         // A coordinator that lost its partition writes no more markers (`write_marker`):
         // the next leader's finishes the transaction, and by then its producer may have
         // begun another one on a partition, which a late marker would end.
-        for (topic, index) in &m.partitions {
-            write_marker(writer, part, topic, *index, marker).await?;
+        // Written [`MARKERS_CONCURRENT_MAX`] at a time, as Kafka sends them to every
+        // leader at once: one partition whose leader does not answer does not hold up
+        // the markers (and the LSO) of the others.
+        let partitions: Vec<&(String, i32)> = m.partitions.iter().collect();
+        for some in partitions.chunks(MARKERS_CONCURRENT_MAX) {
+            let writes = some
+                .iter()
+                .map(|(topic, index)| Box::pin(write_marker(writer, part, topic, *index, marker)))
+                .collect();
+            for written in crate::event::join_all(writes).await {
+                written?;
+            }
         }
         let done = m.complete(now_ms());
         self.store(part, id, &done).await?;

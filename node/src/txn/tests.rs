@@ -212,6 +212,50 @@ fn a_transaction_whose_marker_hangs_does_not_hold_up_the_tickers_other_aborts() 
     });
 }
 
+/// One transaction's markers go to all its partitions at once: a partition whose leader
+/// never answers does not hold up the marker (and so the LSO) of another. Before, they
+/// were written one after another in the partitions' order, and `far` came first.
+#[test]
+fn a_marker_that_hangs_does_not_hold_up_the_same_transactions_other_markers() {
+    let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+    let data = root.path().to_path_buf();
+    crate::storage::testing::run_on_shard(move || async move {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+        let port = silent.local_addr().expect("addr").port();
+        let shard = testing::node(&data);
+        testing::internal_topics(&shard).await;
+        testing::create_topic(&shard, "near");
+        far_topic(&shard, "far", port);
+        let near = open(&shard, "near", 0).await;
+        let producer = begin(&shard, TXN_ID, ("far", 0)).await;
+        let add = TxnOp::AddPartitions {
+            txn_id: TXN_ID.into(),
+            producer_id: producer.0,
+            producer_epoch: producer.1,
+            partitions: vec![("near".to_string(), 0)],
+            verify_only: false,
+        };
+        assert_eq!(txn(shard.clone(), add).await, TxnReply::Code(errors::NONE));
+        let end = TxnOp::EndTxn {
+            txn_id: TXN_ID.into(),
+            producer_id: producer.0,
+            producer_epoch: producer.1,
+            commit: false,
+        };
+        let ending = glommio::spawn_local(txn(shard.clone(), end)).detach();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while log_end(&near) == wire::Offset(0) && std::time::Instant::now() < deadline {
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(log_end(&near), wire::Offset(1), "near's ABORT marker");
+        let state = shard.txns.txns.borrow().get(TXN_ID).map(|m| m.state);
+        assert_eq!(state, Some(TxnState::PrepareAbort), "far's marker hangs");
+        ending.cancel();
+        drop(silent);
+        shard.close_all().await;
+    });
+}
+
 /// Topic `name` of one partition led by node 2, registered at 127.0.0.1:`port`.
 fn far_topic(shard: &Shard, name: &str, port: u16) {
     use crate::metadata::{NodeInfo, PartitionAssignment, TopicMeta};
@@ -245,8 +289,9 @@ fn far_topic(shard: &Shard, name: &str, port: u16) {
     updated.expect("catalogue update");
 }
 
-/// Transactional id `id` with a transaction open on `partition`, timing out after 1 s.
-async fn begin(shard: &Rc<Shard>, id: &str, partition: (&str, i32)) {
+/// Transactional id `id` with a transaction open on `partition`, timing out after 1 s;
+/// its producer.
+async fn begin(shard: &Rc<Shard>, id: &str, partition: (&str, i32)) -> (ProducerId, ProducerEpoch) {
     let init = TxnOp::InitProducerId {
         txn_id: id.into(),
         timeout_ms: 1_000,
@@ -269,4 +314,5 @@ async fn begin(shard: &Rc<Shard>, id: &str, partition: (&str, i32)) {
         verify_only: false,
     };
     assert_eq!(txn(shard.clone(), add).await, TxnReply::Code(errors::NONE));
+    (producer_id, producer_epoch)
 }
