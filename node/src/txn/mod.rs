@@ -68,8 +68,9 @@ const REPLAY_DECOMPRESSED_MAX: usize = 64 << 20;
 /// Attempts to write one marker before the transaction is left to the ticker.
 const MARKER_ATTEMPTS_MAX: u32 = 20;
 /// Markers of one transaction written at once (each to another partition; a remote
-/// leader's over a connection of its own).
-const MARKERS_CONCURRENT_MAX: usize = 32;
+/// leader's over a connection of its own, so with [`TICK_CONCURRENT_MAX`] this bounds
+/// the connections a shard's ticker opens at once: 256).
+const MARKERS_CONCURRENT_MAX: usize = 16;
 /// Pause between marker attempts.
 const MARKER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// How long one marker call may take.
@@ -96,7 +97,7 @@ const RESUME_HW_ROUNDS_MAX: u32 = 20;
 /// runs in a task of its own: one whose markers hang on an unreachable leader (up to
 /// [`MARKER_ATTEMPTS_MAX`] calls of [`MARKER_CALL_TIMEOUT`]) does not hold up the others,
 /// whose partitions' LSO (and every read_committed consumer of them) waits for their abort.
-const TICK_CONCURRENT_MAX: usize = 64;
+const TICK_CONCURRENT_MAX: usize = 16;
 /// Most tombstones of expired transactional ids one append carries (ids of up to 32 KiB:
 /// a pass that finds many writes them in several appends, not one huge one).
 const EXPIRE_APPEND_IDS_MAX: usize = 500;
