@@ -52,6 +52,7 @@ pub const SERVED_KEYS: &[i16] = &[
     api::TXN_OFFSET_COMMIT,
     api::DESCRIBE_TRANSACTIONS,
     api::LIST_TRANSACTIONS,
+    api::DESCRIBE_PRODUCERS,
     // Security (node/src/api/sasl.rs).
     api::SASL_HANDSHAKE,
     api::SASL_AUTHENTICATE,

@@ -308,6 +308,18 @@ fn commit(c: &mut Client, group: &str, topic: &str) -> i16 {
 }
 
 /// The matrix: alice has Read on topic x only.
+/// DescribeProducers of partition 0 of `topic`: its error code.
+fn describe_producers(c: &mut Client, topic: &str) -> i16 {
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    let req = DescribeProducersRequest::default().with_topics(vec![
+        TopicRequest::default()
+            .with_name(TopicName(s(topic)))
+            .with_partition_indexes(vec![0]),
+    ]);
+    let resp: DescribeProducersResponse = c.call(api::DESCRIBE_PRODUCERS, 0, &req);
+    resp.topics[0].partitions[0].error_code
+}
+
 #[test]
 fn a_principal_with_read_on_one_topic_can_do_nothing_else_and_super_users_can() {
     let b = start(&[]);
@@ -338,6 +350,12 @@ fn a_principal_with_read_on_one_topic_can_do_nothing_else_and_super_users_can() 
         "auto-creation needs Create"
     );
     assert_eq!(delete_topic(&mut alice, "x"), TOPIC_DENIED);
+    assert_eq!(
+        describe_producers(&mut alice, "x"),
+        0,
+        "DescribeProducers needs Read"
+    );
+    assert_eq!(describe_producers(&mut alice, "y"), TOPIC_DENIED);
     assert_eq!(alter_retention(&mut alice, 2, "x"), TOPIC_DENIED);
     assert_eq!(
         alter_retention(&mut alice, 4, "0"),

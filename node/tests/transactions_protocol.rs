@@ -1080,3 +1080,106 @@ fn a_transactional_id_unused_past_its_expiration_is_removed_and_an_open_one_kept
     let (error, _, new_epoch) = init(&mut c);
     assert_eq!((error, new_epoch), (0, ProducerEpoch(0)));
 }
+
+/// DescribeProducers v0 of `partitions` of `topic`.
+fn describe_producers(
+    c: &mut Client,
+    topic: &str,
+    partitions: &[i32],
+) -> Vec<describe_producers_response::PartitionResponse> {
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    let req = DescribeProducersRequest::default().with_topics(vec![
+        TopicRequest::default()
+            .with_name(topic_name(topic))
+            .with_partition_indexes(partitions.to_vec()),
+    ]);
+    let resp: DescribeProducersResponse = c.call(api::DESCRIBE_PRODUCERS, 0, &req);
+    assert_eq!(resp.topics.len(), 1, "one topic answered");
+    resp.topics[0].partitions.clone()
+}
+
+/// DescribeProducers (KIP-664, `kafka-transactions.sh describe-producers` and
+/// `find-hanging`): a partition's producers with their epoch, last sequence and
+/// timestamp, and where an open transaction began; -1 once it is committed. Unknown
+/// partitions get UNKNOWN_TOPIC_OR_PARTITION, a partition named twice one answer.
+#[test]
+fn describe_producers_lists_a_partitions_producers_and_open_transactions() {
+    let (_broker, mut c, pid, epoch) = start_with_producer(2, &[], &[(TOPIC, 2)]);
+    // An idempotent producer's two batches on partition 1.
+    let plain = BatchBuilder {
+        producer_id: ProducerId(pid.get() + 1_000_000),
+        producer_epoch: ProducerEpoch(0),
+        base_sequence: Sequence(0),
+        records: (0..3)
+            .map(|i| NewRecord::value(1_700_000_000_123, format!("p{i}")))
+            .collect(),
+        ..BatchBuilder::default()
+    };
+    let idem_pid = plain.producer_id;
+    assert_eq!(
+        produce_as(&mut c, None, (TOPIC, 1), -1, plain.build().expect("batch")),
+        0
+    );
+    // The transactional producer's open transaction on partition 0, after one plain
+    // record there.
+    assert_eq!(add_partition(&mut c, pid, epoch), 0);
+    let plain_first = BatchBuilder {
+        records: vec![NewRecord::value(1_700_000_000_000, "x")],
+        ..BatchBuilder::default()
+    };
+    assert_eq!(
+        produce_as(
+            &mut c,
+            None,
+            (TOPIC, 0),
+            -1,
+            plain_first.build().expect("batch")
+        ),
+        0
+    );
+    assert_eq!(produce(&mut c, txn_batch(pid, epoch, 0, 4)), 0);
+
+    let parts = describe_producers(&mut c, TOPIC, &[0, 1, 0, 7]);
+    assert_eq!(parts.len(), 3, "each partition answered once: {parts:?}");
+    let p0 = parts.iter().find(|p| p.partition_index == 0).expect("p0");
+    assert_eq!(p0.error_code, 0);
+    assert_eq!(p0.active_producers.len(), 1, "{p0:?}");
+    let t = &p0.active_producers[0];
+    assert_eq!(
+        (t.producer_id.0, t.producer_epoch),
+        (pid.get(), i32::from(epoch.get()))
+    );
+    assert_eq!(t.last_sequence, 3, "4 records from sequence 0");
+    assert_eq!(
+        t.current_txn_start_offset, 1,
+        "the transaction began after the plain record"
+    );
+    let p1 = parts.iter().find(|p| p.partition_index == 1).expect("p1");
+    assert_eq!(p1.error_code, 0);
+    let i = &p1.active_producers[0];
+    assert_eq!(
+        (i.producer_id.0, i.producer_epoch, i.last_sequence),
+        (idem_pid.get(), 0, 2)
+    );
+    assert_eq!(i.last_timestamp, 1_700_000_000_123);
+    assert_eq!(i.current_txn_start_offset, -1, "not transactional");
+    let p7 = parts.iter().find(|p| p.partition_index == 7).expect("p7");
+    assert_eq!(p7.error_code, 3, "UNKNOWN_TOPIC_OR_PARTITION");
+    let unknown = describe_producers(&mut c, "no-such-topic", &[0]);
+    assert_eq!(unknown[0].error_code, 3);
+
+    assert_eq!(end_txn(&mut c, pid, epoch, true), 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p0 = describe_producers(&mut c, TOPIC, &[0]).remove(0);
+        let start = p0.active_producers[0].current_txn_start_offset;
+        if start == -1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the transaction stays open: {p0:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -81,6 +81,7 @@ pub const OFFSET_DELETE: i16 = 47;
 pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 50;
 pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 51;
 pub const DESCRIBE_CLUSTER: i16 = 60;
+pub const DESCRIBE_PRODUCERS: i16 = 61;
 pub const DESCRIBE_TRANSACTIONS: i16 = 65;
 pub const LIST_TRANSACTIONS: i16 = 66;
 
@@ -202,6 +203,7 @@ pub const API_TABLE: &[ApiEntry] = &[
         0,
     ),
     entry(DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, 0),
+    entry(DESCRIBE_PRODUCERS, "DescribeProducers", 0, 0, 0),
     entry(DESCRIBE_TRANSACTIONS, "DescribeTransactions", 0, 0, 0),
     entry(LIST_TRANSACTIONS, "ListTransactions", 0, 0, 0),
 ];

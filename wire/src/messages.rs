@@ -190,6 +190,7 @@ pub fn response_key(response: &ResponseKind) -> i16 {
         ResponseKind::IncrementalAlterConfigs(_) => api::INCREMENTAL_ALTER_CONFIGS,
         ResponseKind::OffsetDelete(_) => api::OFFSET_DELETE,
         ResponseKind::DescribeCluster(_) => api::DESCRIBE_CLUSTER,
+        ResponseKind::DescribeProducers(_) => api::DESCRIBE_PRODUCERS,
         ResponseKind::DescribeTransactions(_) => api::DESCRIBE_TRANSACTIONS,
         ResponseKind::ListTransactions(_) => api::LIST_TRANSACTIONS,
         // Keys weir does not advertise: -1 makes encoding fail with UnsupportedVersion.

@@ -184,6 +184,32 @@ where
     resp
 }
 
+/// DescribeProducers: Read on each topic (Kafka's rule, KIP-664).
+pub async fn describe_producers<F, Fut>(
+    a: &Authz<'_>,
+    mut q: DescribeProducersRequest,
+    f: F,
+) -> DescribeProducersResponse
+where
+    F: FnOnce(DescribeProducersRequest) -> Fut,
+    Fut: Future<Output = DescribeProducersResponse>,
+{
+    use describe_producers_response::{PartitionResponse, TopicResponse};
+    let denied = take_denied(&mut q.topics, |t| a.topic(Operation::Read, &t.name));
+    let mut resp = f(q).await;
+    resp.topics.extend(denied.into_iter().map(|t| {
+        let parts = t.partition_indexes.iter().map(|p| {
+            PartitionResponse::default()
+                .with_partition_index(*p)
+                .with_error_code(TOPIC_DENIED)
+        });
+        TopicResponse::default()
+            .with_name(t.name)
+            .with_partitions(parts.collect())
+    }));
+    resp
+}
+
 /// OffsetForLeaderEpoch: a follower's (replica id set) needs ClusterAction, a client's
 /// Describe on each topic.
 pub async fn offset_for_leader_epoch<F, Fut>(

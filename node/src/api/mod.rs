@@ -172,6 +172,17 @@ async fn transactional(
             })
             .await
         }
+        ApiKey::DescribeProducers => {
+            let bound = (
+                txn::describe_producers_partitions as fn(&_) -> usize,
+                "partitions in one DescribeProducers request",
+                offsets::PARTITIONS_PER_REQUEST_MAX,
+            );
+            run_bounded(req, bound, |r| {
+                authz::describe_producers(a, r, |r| txn::describe_producers(shard, r))
+            })
+            .await
+        }
         _ => return None,
     };
     Some(routed)

@@ -24,10 +24,11 @@ use kafka_protocol::messages::write_txn_markers_response::{
 };
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
-    AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
-    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse,
-    ListTransactionsRequest, ListTransactionsResponse, TxnOffsetCommitRequest,
-    TxnOffsetCommitResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    AddPartitionsToTxnResponse, DescribeProducersRequest, DescribeProducersResponse,
+    DescribeTransactionsRequest, DescribeTransactionsResponse, EndTxnRequest, EndTxnResponse,
+    InitProducerIdRequest, InitProducerIdResponse, ListTransactionsRequest,
+    ListTransactionsResponse, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
 
@@ -35,7 +36,7 @@ use super::topic_name;
 use crate::errors;
 use crate::group::{CommitArgs, GroupReply, OFFSETS_TOPIC, OffsetCommit};
 use crate::producer_state::partition::Marker;
-use crate::shard::{Shard, WriteMarkerCall};
+use crate::shard::{DescribeProducersCall, Shard, WriteMarkerCall};
 use crate::txn::{
     Settings, TRANSACTIONAL_ID_MAX_BYTES, TXN_TOPIC, TxnCall, TxnOp, TxnReply, partition_for,
 };
@@ -762,6 +763,81 @@ pub async fn list(shard: &Rc<Shard>, req: ListTransactionsRequest) -> ListTransa
             t.transaction_state = super::str_bytes(state);
             resp.transaction_states.push(t);
         }
+    }
+    resp
+}
+
+/// Longest one DescribeProducers partition may take on its owner.
+const DESCRIBE_PRODUCERS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The partition entries a DescribeProducers names (for the request bound).
+pub fn describe_producers_partitions(req: &DescribeProducersRequest) -> usize {
+    req.topics.iter().map(|t| t.partition_indexes.len()).sum()
+}
+
+/// DescribeProducers (KIP-664, what `kafka-transactions.sh describe-producers` and
+/// `find-hanging` send): each partition's active producers, answered by its leader.
+/// A partition named twice is answered once: each answer copies producer state.
+pub async fn describe_producers(
+    shard: &Rc<Shard>,
+    req: DescribeProducersRequest,
+) -> DescribeProducersResponse {
+    use kafka_protocol::messages::describe_producers_response::{
+        PartitionResponse, ProducerState, TopicResponse,
+    };
+    let mut seen: std::collections::HashSet<(String, i32)> = std::collections::HashSet::new();
+    let mut resp = DescribeProducersResponse::default();
+    for t in req.topics {
+        let name: Arc<str> = Arc::from(t.name.0.as_str());
+        let known = shard.catalog().topics.contains_key(&*name);
+        let tasks: Vec<_> = t
+            .partition_indexes
+            .iter()
+            .filter(|p| seen.insert((name.to_string(), **p)))
+            .map(|&index| {
+                let tp = (name.clone(), index);
+                let s = shard.clone();
+                let task = known.then(|| {
+                    let deadline = Instant::now() + DESCRIBE_PRODUCERS_TIMEOUT;
+                    let call = DescribeProducersCall { tp: tp.clone() };
+                    glommio::spawn_local(async move { s.call_owner(&tp, call, deadline).await })
+                });
+                (index, task)
+            })
+            .collect();
+        let mut partitions = Vec::with_capacity(tasks.len());
+        for (index, task) in tasks {
+            let described = match task {
+                None => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
+                Some(task) => task.await.unwrap_or_else(|e| Err(e.code())),
+            };
+            let mut p = PartitionResponse::default().with_partition_index(index);
+            match described {
+                Ok(producers) => {
+                    p.active_producers = producers
+                        .into_iter()
+                        .map(|a| {
+                            ProducerState::default()
+                                .with_producer_id(kafka_protocol::messages::ProducerId(
+                                    a.producer_id.get(),
+                                ))
+                                .with_producer_epoch(i32::from(a.epoch.0))
+                                .with_last_sequence(a.last_sequence.0)
+                                .with_last_timestamp(a.last_timestamp)
+                                .with_coordinator_epoch(a.coordinator_epoch)
+                                .with_current_txn_start_offset(a.txn_start.map_or(-1, |o| o.get()))
+                        })
+                        .collect();
+                }
+                Err(code) => p.error_code = code,
+            }
+            partitions.push(p);
+        }
+        resp.topics.push(
+            TopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
     }
     resp
 }

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use wire::batch::{BatchHeader, batch_records, control_batch, read_header};
-use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId};
+use wire::{LeaderEpoch, Offset, ProducerEpoch, ProducerId, Sequence};
 
 use super::{
     BatchMetadata, MarkerSeen, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
@@ -744,10 +744,48 @@ impl PartitionProducers {
         self.table.borrow().counters()
     }
 
+    /// The producers this partition keeps state for, in producer-id order, as
+    /// DescribeProducers (KIP-664) lists them. At most `max` of them.
+    pub fn active(&self, max: usize) -> Vec<ActiveProducer> {
+        let table = self.table.borrow();
+        let mut all: Vec<ActiveProducer> = table
+            .iter()
+            .map(|(producer_id, e)| {
+                let last = e.last_batch();
+                ActiveProducer {
+                    producer_id,
+                    epoch: e.epoch(),
+                    last_sequence: last.map_or(Sequence::NONE, |b| b.last_sequence),
+                    last_timestamp: last.map_or(-1, |b| b.max_timestamp),
+                    coordinator_epoch: e.coordinator_epoch(),
+                    txn_start: table.ongoing_first(producer_id),
+                }
+            })
+            .collect();
+        all.sort_unstable_by_key(|p| p.producer_id);
+        all.truncate(max);
+        all
+    }
+
     /// A copy of the table, for tests and inspection.
     pub fn table(&self) -> ProducerStateTable {
         self.table.borrow().clone()
     }
+}
+
+/// One producer's state in a partition, as DescribeProducers answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: ProducerId,
+    pub epoch: ProducerEpoch,
+    /// The last sequence of its last batch here (`Sequence::NONE`: none, only a marker).
+    pub last_sequence: Sequence,
+    /// The max timestamp of that batch (-1: none).
+    pub last_timestamp: i64,
+    /// The newest coordinator epoch of its markers here (-1: none).
+    pub coordinator_epoch: i32,
+    /// Where its open transaction here began, if one is open.
+    pub txn_start: Option<Offset>,
 }
 
 /// Marks a rebuild in progress (`PartitionProducers::rebuilding`) until dropped.

@@ -342,6 +342,28 @@ impl ShardCall for ListOffsetCall {
     }
 }
 
+/// DescribeProducers (KIP-664) for one partition: its active producers, on its leader
+/// only (NOT_LEADER_OR_FOLLOWER elsewhere, as Kafka).
+pub struct DescribeProducersCall {
+    pub tp: TopicPartition,
+}
+
+/// Producers listed per partition at most: an answer of a partition with many idle
+/// producer ids (they expire after `transactional.id.expiration.ms`) stays bounded.
+pub const DESCRIBED_PRODUCERS_MAX: usize = 10_000;
+
+impl ShardCall for DescribeProducersCall {
+    type Reply = Result<Vec<crate::producer_state::partition::ActiveProducer>, i16>;
+
+    async fn run(self, shard: Rc<Shard>, _deadline: Instant) -> Self::Reply {
+        let p = shard.partition(&self.tp).await?;
+        if !p.replica().is_leader() {
+            return Err(crate::errors::NOT_LEADER_OR_FOLLOWER);
+        }
+        Ok(p.producers.active(DESCRIBED_PRODUCERS_MAX))
+    }
+}
+
 /// DeleteRecords for one partition: the low watermark once every live replica's log
 /// start reached the target (waiting at most until `replicated_by`, the request's
 /// `timeout_ms`; the call's own deadline is later), or a Kafka error.

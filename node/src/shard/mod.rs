@@ -38,8 +38,8 @@ use crate::partition::{Partition, ReadFor};
 use crate::router::{Router, ShardId};
 use crate::send_turns::SendTurns;
 pub use calls::{
-    ClientSite, DeleteRecordsCall, EpochEndCall, FetchCall, FetchRead, ListOffsetCall, ProduceCall,
-    SyncCall, WaitCall, WriteMarkerCall,
+    ClientSite, DeleteRecordsCall, DescribeProducersCall, EpochEndCall, FetchCall, FetchRead,
+    ListOffsetCall, ProduceCall, SyncCall, WaitCall, WriteMarkerCall,
 };
 pub use mesh::{CallError, Envelope, INBOX_IN_FLIGHT_MAX, MESH_QUEUE_CAPACITY, ReplyEnvelope};
 
