@@ -74,6 +74,13 @@ impl ProduceCall {
         // ...) would each await the coordinator's verification and could append in the
         // order the answers came back: OUT_OF_ORDER_SEQUENCE_NUMBER for seq 0.
         let turns = p.txn_turns(&self.records);
+        // A transactional batch may wait for a coordinator's answer (its own
+        // verification, or an earlier batch's in its turn): those waits hold no inbox
+        // slot of the peer, whose produces and fetches must not stall behind a
+        // coordinator slow to answer (as a wait for replication gives its slot back).
+        if turns.is_some() {
+            super::mesh::InboxSlot::release_current();
+        }
         let turn = match &turns {
             Some(t) => Some(t.turns.wait().await),
             None => None,
@@ -520,6 +527,9 @@ impl TxnOffsetCommitCall {
         let verifying = part
             .producers
             .begin_verification(self.producer.0, self.producer.1);
+        // The coordinator's answer may be slow (another node's): the wait holds no inbox
+        // slot of the peer, whose produces and fetches would stall behind it.
+        super::mesh::InboxSlot::release_current();
         let code = verify(
             shard.clone(),
             self.transactional_id,
@@ -752,6 +762,71 @@ mod txn_tests {
             assert_eq!(offsets.producers.first_unstable_offset(), None);
             assert_eq!(offsets.producers.verifications_open(), 0);
             assert_eq!(shard.groups.pending_txn_offsets(0), 0, "nothing held");
+            shard.close_all().await;
+        });
+    }
+
+    /// While a transactional batch or a TxnOffsetCommit waits for its coordinator's
+    /// answer, the call holds no inbox slot of the peer that sent it: 256 such waits
+    /// (a coordinator on a slow or unreachable node) held every slot, and the peer's
+    /// produces and fetches to this shard stalled behind them.
+    #[test]
+    fn waits_for_the_coordinator_hold_no_inbox_slot() {
+        let root = tempfile::tempdir_in(crate::storage::test_dir_root()).expect("tempdir");
+        let data = root.path().to_path_buf();
+        crate::storage::testing::run_on_shard(move || async move {
+            let shard = testing::node(&data);
+            testing::internal_topics(&shard).await;
+            testing::create_topic(&shard, "t");
+            let permits = Rc::new(glommio::sync::Semaphore::new(2));
+            let slot = |permits: &Rc<glommio::sync::Semaphore>| {
+                let permit = permits.try_acquire_static_permit(1).expect("a permit");
+                super::super::mesh::InboxSlot::holding(permit)
+            };
+            let (produce_slot, commit_slot) = (slot(&permits), slot(&permits));
+            let held_while_verifying = Rc::new(std::cell::Cell::new(Vec::new()));
+            let seen = |slot: &super::super::mesh::InboxSlot| {
+                let (slot, seen) = (slot.clone(), held_while_verifying.clone());
+                move |_: Rc<Shard>, _: Arc<str>, _: Producer, _| {
+                    let mut all = seen.take();
+                    all.push(slot.held());
+                    seen.set(all);
+                    async { errors::NONE }
+                }
+            };
+            let out = super::super::mesh::with_slot(
+                produce_slot.clone(),
+                produce_call().append_verified(shard.clone(), seen(&produce_slot)),
+            )
+            .await;
+            assert_eq!(out.error, errors::NONE);
+            let commit = TxnOffsetCommitCall {
+                partition: 0,
+                transactional_id: Arc::from("tx"),
+                commit: CommitArgs {
+                    group: "g".into(),
+                    generation: -1,
+                    member_id: String::new(),
+                    instance_id: None,
+                    offsets: Vec::new(),
+                },
+                producer: PRODUCER,
+            };
+            let verify = seen(&commit_slot);
+            let verify = move |s: Rc<Shard>, id: Arc<str>, p: Producer, index: i32| {
+                verify(s, id, p, tp(OFFSETS_TOPIC, index))
+            };
+            super::super::mesh::with_slot(
+                commit_slot.clone(),
+                commit.commit_verified(shard.clone(), verify),
+            )
+            .await;
+            assert_eq!(
+                held_while_verifying.take(),
+                vec![false, false],
+                "slots given back"
+            );
+            assert_eq!(permits.available(), 2, "both permits returned");
             shard.close_all().await;
         });
     }

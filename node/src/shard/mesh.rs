@@ -70,6 +70,18 @@ thread_local! {
 }
 
 impl InboxSlot {
+    /// A slot holding `permit` (tests of calls that give theirs back).
+    #[cfg(test)]
+    pub(super) fn holding(permit: StaticPermit) -> InboxSlot {
+        InboxSlot(Rc::new(RefCell::new(Some(permit))))
+    }
+
+    /// Whether the slot is still held.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> bool {
+        self.0.borrow().is_some()
+    }
+
     /// Gives the slot back: the call goes on, but no longer counts against its peer.
     pub fn release(&self) {
         self.0.borrow_mut().take();
@@ -88,7 +100,7 @@ impl InboxSlot {
 /// Polls `work` with `slot` as the current call's slot ([`InboxSlot::release_current`]).
 /// One shard polls one task at a time, so the slot is set exactly while this call's own
 /// code runs; a nested poll puts back the outer slot when it ends.
-async fn with_slot<T>(slot: InboxSlot, work: impl Future<Output = T>) -> T {
+pub(super) async fn with_slot<T>(slot: InboxSlot, work: impl Future<Output = T>) -> T {
     let mut work = std::pin::pin!(work);
     std::future::poll_fn(move |cx| {
         let outer = CURRENT_SLOT.with(|c| c.replace(Some(slot.clone())));
