@@ -689,27 +689,16 @@ impl Config {
                 ));
             }
         }
-        // KIP-368: with a lifetime set, Kafka closes authenticated connections that do not
-        // log in again in time, so a deleted user or a changed password ends them. weir
-        // does not re-authenticate: running with it set would keep such connections open
-        // for ever, the opposite of what was asked. 0 (Kafka's default) is "no lifetime".
-        // Also per listener and mechanism (`listener.name.<l>.<mechanism>.` + the key),
-        // the form OAUTHBEARER deployments use.
-        let reauth = self
-            .props
-            .keys()
-            .filter(|k| {
-                *k == "connections.max.reauth.ms" || k.ends_with(".connections.max.reauth.ms")
-            })
-            .find_map(|k| self.props.get(k).map(|v| (k.to_string(), v.to_string())))
-            .filter(|(_, v)| v.trim().parse::<i64>() != Ok(0));
-        if let Some((key, v)) = reauth {
-            return Err(value_err(
-                &key,
-                &v,
-                "weir does not re-authenticate connections (KIP-368); only 0 (no session \
-                 lifetime, Kafka's default) is supported (see docs/LIMITS.md)",
-            ));
+        // KIP-368's session lifetime, broker-wide or per listener (and mechanism):
+        // checked here so that a bad value stops the start with its key named.
+        let sasl = crate::security::sasl::REAUTH_KEY;
+        for key in self.props.keys().filter(|k| k.ends_with(sasl)) {
+            let Some(v) = self.props.get(key) else {
+                continue;
+            };
+            if crate::security::sasl::parse_reauth_ms(v).is_none() {
+                return Err(value_err(key, v, crate::security::sasl::REAUTH_RANGE));
+            }
         }
         // Checked with the rest, so a bad value stops the start before anything is
         // written (a single node stores the credentials once, with a new data dir).
@@ -1340,11 +1329,11 @@ mod tests {
             ("create.topic.policy.class.name", "com.example.Policy"),
             ("alter.config.policy.class.name", "com.example.Policy"),
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
-            ("connections.max.reauth.ms", "3600000"),
             ("connections.max.reauth.ms", "soon"),
+            ("connections.max.reauth.ms", "-1"),
             (
-                "listener.name.sasl_ssl.oauthbearer.connections.max.reauth.ms",
-                "3600000",
+                "listener.name.sasl_ssl.scram-sha-256.connections.max.reauth.ms",
+                "1h",
             ),
             ("scram.bootstrap.credentials", "SCRAM-SHA-512=[name=alice]"),
             ("transaction.state.log.min.isr", "two"),
@@ -1361,6 +1350,9 @@ mod tests {
         }
         assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
         assert!(resolve(&[("connections.max.reauth.ms", "0")]).is_ok());
+        assert!(resolve(&[("connections.max.reauth.ms", "3600000")]).is_ok());
+        let by_mechanism = "listener.name.sasl_ssl.scram-sha-256.connections.max.reauth.ms";
+        assert!(resolve(&[(by_mechanism, "60000")]).is_ok());
     }
 
     /// `replica.selector.class`: Kafka's two selectors by name, unset = leader only, any

@@ -291,6 +291,7 @@ fn broker_value(shard: &Shard, key: &str) -> Option<String> {
                 // Keys read elsewhere: their own defaults.
                 let v = match key {
                     "log.cleanup.policy" => "delete".to_string(),
+                    "connections.max.reauth.ms" => "0".to_string(),
                     "compression.type" => "producer".to_string(),
                     "log.message.timestamp.type" => "CreateTime".to_string(),
                     "log.retention.hours" => "168".to_string(),

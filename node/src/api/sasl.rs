@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
@@ -43,20 +43,28 @@ const SCRAM_SALTED_PASSWORD_MAX_BYTES: usize = 128;
 /// Longest SCRAM user name accepted (bytes).
 const SCRAM_USER_NAME_MAX_BYTES: usize = 256;
 
-/// SaslHandshake: picks the mechanism for the following SaslAuthenticate.
+/// SaslHandshake: picks the mechanism for the following SaslAuthenticate. On an
+/// authenticated connection whose session has a lifetime it begins a re-authentication
+/// (KIP-368); otherwise an unexpected handshake is answered ILLEGAL_SASL_STATE without
+/// closing, as Kafka does.
 pub fn handshake(session: &Session, req: SaslHandshakeRequest) -> SaslHandshakeResponse {
     let Some(setup) = &session.listener.sasl else {
         return handshake_error(errors::ILLEGAL_SASL_STATE, &[]);
     };
     let offered: Vec<&str> = setup.mechanisms.iter().map(|m| m.name()).collect();
+    if session.begin_reauthentication(Instant::now()) {
+        tracing::debug!(peer = %session.peer, principal = %session.principal(), "SASL re-authentication begins");
+    }
     let mut state = session.sasl.borrow_mut();
     if !matches!(*state, SaslState::Handshake) {
-        // Kafka answers an unexpected handshake without closing (no re-authentication).
         return handshake_error(errors::ILLEGAL_SASL_STATE, &offered);
     }
     let wanted = Mechanism::parse(req.mechanism.as_str()).filter(|m| setup.mechanisms.contains(m));
     match wanted {
         Some(m) => {
+            // A re-authentication that changes the mechanism fails at its first token,
+            // as in Kafka (the handshake itself is answered).
+            session.chose(m);
             *state = SaslState::Token(m);
             handshake_error(errors::NONE, &offered)
         }
@@ -74,7 +82,9 @@ fn handshake_error(code: i16, mechanisms: &[&str]) -> SaslHandshakeResponse {
         .with_mechanisms(mechanisms.iter().map(|m| str_bytes(m)).collect())
 }
 
-/// SaslAuthenticate: one token of the chosen mechanism.
+/// SaslAuthenticate: one token of the chosen mechanism. The final answer carries the
+/// session's lifetime (v1+, KIP-368); a re-authentication must log in as the same
+/// principal with the same mechanism.
 pub async fn authenticate(
     shard: &Rc<Shard>,
     session: &Session,
@@ -86,34 +96,77 @@ pub async fn authenticate(
     if session.is_open() {
         return auth_error(errors::ILLEGAL_SASL_STATE, "already authenticated");
     }
-    let catalog = shard.node.meta.snapshot();
-    let step = sasl::step(
-        &mut session.sasl.borrow_mut(),
-        setup,
-        &catalog,
-        &req.auth_bytes,
-    );
+    // A re-authentication's refusals (another mechanism, then another principal) are
+    // told to the client, as Kafka does; a bad credential's reason is only logged.
+    let mut refusal = session.reauth_refusal(None);
+    let mut step = match &refusal {
+        Some(why) => Step::Failure(why.clone()),
+        None => {
+            let catalog = shard.node.meta.snapshot();
+            let mut state = session.sasl.borrow_mut();
+            sasl::step(&mut state, setup, &catalog, &req.auth_bytes)
+        }
+    };
+    if let Step::Success { user, .. } = &step {
+        refusal = session.reauth_refusal(Some(&principal_of(user)));
+        if let Some(why) = &refusal {
+            step = Step::Failure(why.clone());
+        }
+    }
     match step {
         Step::Challenge(token) => {
             SaslAuthenticateResponse::default().with_auth_bytes(Bytes::from(token))
         }
         Step::Success { token, user } => {
-            let principal = format!("User:{user}");
-            tracing::debug!(peer = %session.peer, %principal, "SASL authentication succeeded");
-            session.authenticated_as(principal);
-            SaslAuthenticateResponse::default().with_auth_bytes(Bytes::from(token))
+            let principal = principal_of(&user);
+            let lifetime_ms = session
+                .mechanism()
+                .and_then(|m| setup.session_lifetime_ms(m));
+            let lifetime = lifetime_ms.map(Duration::from_millis);
+            let again = session.authenticated_as(principal.clone(), lifetime, Instant::now());
+            match again {
+                true => {
+                    crate::metrics::local(|m| m.reauthenticated());
+                    tracing::debug!(peer = %session.peer, %principal, ?lifetime_ms, "SASL re-authentication succeeded");
+                }
+                false => {
+                    tracing::debug!(peer = %session.peer, %principal, ?lifetime_ms, "SASL authentication succeeded");
+                }
+            }
+            // Encoded from v1 on (v0 has no field; the session expires all the same,
+            // KAFKA-9241).
+            let lifetime_ms = lifetime_ms.map_or(0, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
+            SaslAuthenticateResponse::default()
+                .with_auth_bytes(Bytes::from(token))
+                .with_session_lifetime_ms(lifetime_ms)
         }
         Step::Failure(why) => {
+            // Whatever failed (a bad token, or a re-authentication's refusal after a good
+            // one), the connection closes after this answer.
+            *session.sasl.borrow_mut() = SaslState::Failed;
+            let what = match session.is_reauthenticating() {
+                true => "re-authentication",
+                false => "authentication",
+            };
             crate::metrics::local(|m| m.refused(crate::metrics::Refusal::AuthenticationFailed));
-            crate::client_warn!(peer = %session.peer, listener = %session.listener.config.name, "SASL authentication failed: {why}");
+            crate::client_warn!(peer = %session.peer, listener = %session.listener.config.name, "SASL {what} failed: {why}");
             // Slow down guessing: the answer (and the close) come only after the delay.
             glommio::timer::sleep(Duration::from_millis(setup.failed_auth_delay_ms)).await;
-            auth_error(
-                errors::SASL_AUTHENTICATION_FAILED,
-                "Authentication failed: invalid credentials",
-            )
+            let message = match (what, refusal) {
+                (_, Some(why)) => format!("Re-authentication failed: {why}"),
+                ("re-authentication", None) => {
+                    "Re-authentication failed: invalid credentials".into()
+                }
+                _ => "Authentication failed: invalid credentials".into(),
+            };
+            auth_error(errors::SASL_AUTHENTICATION_FAILED, &message)
         }
     }
+}
+
+/// The principal a SASL user acts as.
+fn principal_of(user: &str) -> String {
+    format!("User:{user}")
 }
 
 fn auth_error(code: i16, message: &str) -> SaslAuthenticateResponse {

@@ -131,6 +131,7 @@ pub const WEIR_KEYS: &[&str] = &[
     "sasl.mechanism.inter.broker.protocol",
     "security.inter.broker.protocol",
     // security/sasl.rs, security/tls.rs, security/peer.rs, security/scram_bootstrap.rs
+    "connections.max.reauth.ms",
     "sasl.jaas.config",
     "sasl.mechanism.controller.protocol",
     "scram.bootstrap.credentials",
@@ -165,7 +166,6 @@ const KAFKA_KEYS: &[&str] = &[
     "background.threads",
     "broker.id.generation.enable",
     "client.quota.callback.class",
-    "connections.max.reauth.ms",
     "control.plane.listener.name",
     "controlled.shutdown.enable",
     "controlled.shutdown.max.retries",
@@ -353,12 +353,6 @@ pub enum Dynamic {
 
 /// How AlterConfigs on the BROKER resource treats `key`.
 pub fn dynamic_kind(key: &str) -> Dynamic {
-    // KIP-368's session lifetime, also per listener and mechanism: weir does not
-    // re-authenticate, so storing one would report a guard that is not there (config.rs
-    // refuses it at startup).
-    if key.ends_with("connections.max.reauth.ms") {
-        return Dynamic::ReadOnly;
-    }
     if let Some((_, topic_key)) = DYNAMIC_APPLIED.iter().find(|(k, _)| *k == key) {
         return Dynamic::Applied(topic_key);
     }
@@ -392,7 +386,8 @@ pub enum KeyKind {
 }
 
 /// What weir does with `key`. A per-listener key (`listener.name.<l>.<key>`, also
-/// `listener.name.<l>.<mechanism>.sasl.jaas.config`) is what its `<key>` is.
+/// `listener.name.<l>.<mechanism>.sasl.jaas.config` and
+/// `listener.name.<l>.<mechanism>.connections.max.reauth.ms`) is what its `<key>` is.
 pub fn kind(key: &str) -> KeyKind {
     if let Some(rest) = key.strip_prefix("listener.name.")
         && let Some((_listener, key)) = rest.split_once('.')
@@ -400,6 +395,7 @@ pub fn kind(key: &str) -> KeyKind {
         return match kind(key) {
             KeyKind::Used => KeyKind::Used,
             _ if key.ends_with(".sasl.jaas.config") => KeyKind::Used,
+            _ if key.ends_with(".connections.max.reauth.ms") => KeyKind::Used,
             _ => KeyKind::KafkaIgnored,
         };
     }
@@ -468,10 +464,16 @@ mod tests {
             Dynamic::Stored
         );
         assert_eq!(dynamic_kind("num.partitions"), Dynamic::ReadOnly);
-        assert_eq!(
-            dynamic_kind("listener.name.ext.oauthbearer.connections.max.reauth.ms"),
-            Dynamic::ReadOnly
-        );
+        // KIP-368's session lifetime is read-only in Kafka too (read at startup), in
+        // every form.
+        for key in [
+            "connections.max.reauth.ms",
+            "listener.name.ext.connections.max.reauth.ms",
+            "listener.name.ext.scram-sha-512.connections.max.reauth.ms",
+        ] {
+            assert_eq!(kind(key), KeyKind::Used, "{key}");
+            assert_eq!(dynamic_kind(key), Dynamic::ReadOnly, "{key}");
+        }
         assert_eq!(dynamic_kind("broker.rack"), Dynamic::ReadOnly);
         assert_eq!(dynamic_kind("foo.bar"), Dynamic::Unknown);
         // Keys weir reads at startup, under a listener's prefix too: refused at runtime

@@ -180,6 +180,10 @@ pub struct ShardMetrics {
     pub producer_duplicates: AtomicU64,
     pub producer_out_of_order: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
+    /// KIP-368: SASL re-authentications that succeeded, and connections closed because
+    /// their session expired before they re-authenticated.
+    pub sasl_reauthentications: AtomicU64,
+    pub sasl_sessions_expired: AtomicU64,
     /// Replication: committed ISR changes seen by a leader, and its fetchers' traffic.
     pub isr_shrinks: AtomicU64,
     pub isr_expands: AtomicU64,
@@ -229,6 +233,8 @@ impl Default for ShardMetrics {
             producer_duplicates: AtomicU64::new(0),
             producer_out_of_order: AtomicU64::new(0),
             refused: Default::default(),
+            sasl_reauthentications: AtomicU64::new(0),
+            sasl_sessions_expired: AtomicU64::new(0),
             isr_shrinks: AtomicU64::new(0),
             isr_expands: AtomicU64::new(0),
             replica_fetch_bytes: AtomicU64::new(0),
@@ -372,6 +378,16 @@ impl ShardMetrics {
         if let Some(n) = appends.filter(|n| *n > 0) {
             self.group_commit.observe_value(n as f64);
         }
+    }
+
+    /// A SASL re-authentication succeeded (KIP-368).
+    pub fn reauthenticated(&self) {
+        self.sasl_reauthentications.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection closed because its SASL session expired (KIP-368).
+    pub fn session_expired(&self) {
+        self.sasl_sessions_expired.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A connection refused (or closed unserved) for `why`.
@@ -544,7 +560,7 @@ impl NodeMetrics {
 
     /// Node-wide counters (summed over shards).
     fn render_counters(&self, out: &mut String) {
-        let counters: [Gauge; 13] = [
+        let counters: [Gauge; 15] = [
             (
                 "weir_storage_appends_total",
                 "Appends to partition logs.",
@@ -609,6 +625,16 @@ impl NodeMetrics {
                 "weir_fetch_follower_records_total",
                 "Records this node served to consumers as a follower (KIP-392).",
                 |s| &s.fetch_follower_records,
+            ),
+            (
+                "weir_sasl_reauthentications_total",
+                "SASL re-authentications that succeeded on a live connection (KIP-368).",
+                |s| &s.sasl_reauthentications,
+            ),
+            (
+                "weir_sasl_expired_connections_closed_total",
+                "Connections closed at a request after their SASL session expired (KIP-368).",
+                |s| &s.sasl_sessions_expired,
             ),
         ];
         for (metric, help, get) in counters {

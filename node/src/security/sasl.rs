@@ -37,6 +37,8 @@ pub struct SaslSetup {
     /// `sasl.server.max.receive.size`: a larger frame before authentication closes the
     /// connection, so a stranger cannot make the broker buffer `socket.request.max.bytes`.
     pub max_receive_bytes: usize,
+    /// KIP-368 `connections.max.reauth.ms` of each enabled mechanism (0: no lifetime).
+    reauth_ms: Vec<(Mechanism, u64)>,
 }
 
 /// Reads the SASL keys of `listener`.
@@ -87,12 +89,46 @@ pub fn setup(props: &Properties, listener: &str) -> anyhow::Result<SaslSetup> {
                 anyhow::anyhow!("sasl.server.max.receive.size={v}: expected a number of bytes > 0")
             })?,
     };
+    let mut reauth_ms = Vec::with_capacity(mechanisms.len());
+    for &m in &mechanisms {
+        reauth_ms.push((m, reauth_ms_of(props, listener, m)?));
+    }
     Ok(SaslSetup {
         mechanisms,
         plain_users,
         failed_auth_delay_ms,
         max_receive_bytes,
+        reauth_ms,
     })
+}
+
+/// `connections.max.reauth.ms` of mechanism `m` on `listener`, the most specific form
+/// first, as Kafka reads it: `listener.name.<l>.<mechanism>.`, then `listener.name.<l>.`,
+/// then the broker-wide key; 0 (Kafka's default) when none is set.
+fn reauth_ms_of(props: &Properties, listener: &str, m: Mechanism) -> anyhow::Result<u64> {
+    let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+    let by_mechanism = format!("{prefix}{}.{REAUTH_KEY}", m.name().to_ascii_lowercase());
+    let by_listener = format!("{prefix}{REAUTH_KEY}");
+    let found = [by_mechanism.as_str(), by_listener.as_str(), REAUTH_KEY]
+        .into_iter()
+        .find_map(|key| props.get(key).map(|v| (key, v)));
+    let Some((key, v)) = found else {
+        return Ok(0);
+    };
+    parse_reauth_ms(v).ok_or_else(|| anyhow::anyhow!("{key}={v}: {REAUTH_RANGE}"))
+}
+
+/// Kafka's key for the session lifetime (KIP-368).
+pub const REAUTH_KEY: &str = "connections.max.reauth.ms";
+/// What a `connections.max.reauth.ms` value must be.
+pub const REAUTH_RANGE: &str = "expected milliseconds >= 0 (0: no session lifetime)";
+
+/// A `connections.max.reauth.ms` value: milliseconds, 0 for none; `None` if malformed.
+pub fn parse_reauth_ms(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| *ms <= i64::MAX as u64)
 }
 
 /// The `user_NAME="PASSWORD"` options of a PlainLoginModule JAAS line.
@@ -211,6 +247,18 @@ fn scram_first(m: ScramMechanism, catalog: &Catalog, token: &[u8]) -> (SaslState
 }
 
 impl SaslSetup {
+    /// KIP-368: how long a session authenticated with `m` lasts before the client must
+    /// authenticate again on the same connection; `None` when it does not expire.
+    /// (Kafka takes the smaller of this and the credential's expiry: PLAIN and SCRAM
+    /// credentials have none.)
+    pub fn session_lifetime_ms(&self, m: Mechanism) -> Option<u64> {
+        self.reauth_ms
+            .iter()
+            .find(|(mechanism, _)| *mechanism == m)
+            .map(|(_, ms)| *ms)
+            .filter(|ms| *ms > 0)
+    }
+
     /// Whether PLAIN `user` with `password` logs in here.
     pub fn check_plain(&self, user: &str, password: &str) -> bool {
         let token = format!("\0{user}\0{password}");

@@ -12,7 +12,9 @@
 //! asks for large responses (Metadata of every topic) and never reads them holds one of
 //! them, not [`PIPELINE_MAX`]. Kafka serves a connection's requests one at a time. On a TLS listener the handshake comes first (bounded by
 //! `ssl.handshake.timeout.ms`); on a SASL listener nothing but ApiVersions, SaslHandshake
-//! and SaslAuthenticate is served, one at a time, until authentication completes.
+//! and SaslAuthenticate is served, one at a time, until authentication completes, and
+//! again while a client re-authenticates (KIP-368); a connection whose session expired
+//! is closed at its next request other than SaslHandshake.
 //!
 //! Bytes move once on the way in: on plain TCP `recv` writes straight into the buffer's
 //! spare capacity (nothing is zeroed first), and a large frame is read into an allocation
@@ -639,7 +641,29 @@ pub async fn serve(
                 break;
             }
         };
-        if !session.is_open() {
+        // KIP-368: a SaslHandshake on an authenticated SASL connection may begin a
+        // re-authentication. It is handled here, once every earlier request of the
+        // connection has been (their answers still go out first, in order), and before
+        // the next frame is read, so no request is served while the login is redone.
+        let reauth = session.is_open()
+            && req.api_key == wire::api::SASL_HANDSHAKE
+            && session.listener.sasl.is_some();
+        if reauth
+            && !activity
+                .wait_until(&shard, |a| a.in_flight.get() == 0 && a.has_room())
+                .await
+        {
+            break;
+        }
+        if session.is_open() && !reauth && session.has_expired(read_at) {
+            // Kafka closes such a connection at its next request, whatever the client
+            // was told (KAFKA-9241: also one that authenticated with SaslAuthenticate v0).
+            shard.metrics().session_expired();
+            let name = req.api_name();
+            crate::client_warn!(%peer, principal = %session.principal(), "closing connection: {name} after the SASL session expired (connections.max.reauth.ms) without re-authentication");
+            break;
+        }
+        if !session.is_open() || reauth {
             // Before SASL authentication completes: only the SASL requests, one at a time
             // (the next is read only once this one moved the state).
             let pending = match serve_before_auth(&shard, &session, req).await {

@@ -1,15 +1,17 @@
 //! What one connection is, beyond its bytes: the client's address, the listener it came
 //! through (which decides the advertised address and the security protocol), the
-//! principal it acts as (for the authorizer), where it is in SASL, and its cached ACL
-//! decisions.
+//! principal it acts as (for the authorizer), where it is in SASL (and, KIP-368, when
+//! its authenticated session expires and whether it is re-authenticating), and its
+//! cached ACL decisions.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::security::acl::{Operation, ResourceType};
 use crate::security::authorizer::{AclCache, AuthorizerSettings};
-use crate::security::sasl::SaslState;
+use crate::security::sasl::{Mechanism, SaslState};
 use crate::security::{ANONYMOUS, ListenerSetup};
 
 pub struct Session {
@@ -20,6 +22,28 @@ pub struct Session {
     /// The client's address as ACL hosts name it.
     host: String,
     acl: RefCell<AclCache>,
+    /// KIP-368: when the authenticated session ends (`None`: it does not). Past it, any
+    /// request but SaslHandshake closes the connection.
+    expires_at: Cell<Option<Instant>>,
+    /// The mechanism the last successful SaslHandshake chose.
+    mechanism: Cell<Option<Mechanism>>,
+    /// While the client re-authenticates: the login it must repeat.
+    reauth: RefCell<Option<Reauth>>,
+    /// When the last re-authentication began: Kafka starts at most one a second, so a
+    /// client cannot make the broker run SCRAM's key derivation in a loop.
+    reauth_began: Cell<Option<Instant>>,
+}
+
+/// Shortest time between the starts of two re-authentications of one connection (Kafka's
+/// `MIN_REAUTH_INTERVAL_ONE_SECOND_NANOS`); a SaslHandshake sooner is refused as an
+/// unexpected handshake (ILLEGAL_SASL_STATE), the session is unchanged.
+pub const REAUTH_INTERVAL_MIN: Duration = Duration::from_secs(1);
+
+/// What a re-authentication must keep: Kafka refuses a change of principal or mechanism.
+#[derive(Debug, Clone)]
+struct Reauth {
+    principal: String,
+    mechanism: Mechanism,
 }
 
 impl Session {
@@ -42,6 +66,10 @@ impl Session {
             // ACLs name its IPv4 address, as Kafka's do.
             host: peer.ip().to_canonical().to_string(),
             acl: RefCell::new(AclCache::default()),
+            expires_at: Cell::new(None),
+            mechanism: Cell::new(None),
+            reauth: RefCell::new(None),
+            reauth_began: Cell::new(None),
         }
     }
 
@@ -51,14 +79,100 @@ impl Session {
         self.principal.borrow().clone()
     }
 
-    /// Sets the principal once SASL authentication succeeded.
-    pub fn authenticated_as(&self, principal: String) {
+    /// Sets the principal once SASL authentication succeeded, and the session's end
+    /// (`lifetime`: KIP-368's, `None` for none). Returns whether this was a
+    /// re-authentication (which [`Session::reauth_refusal`] checked kept the principal).
+    pub fn authenticated_as(
+        &self,
+        principal: String,
+        lifetime: Option<Duration>,
+        now: Instant,
+    ) -> bool {
         assert!(
             self.sasl.borrow().is_open(),
             "the principal changes only when authentication completes"
         );
+        let reauth = self.reauth.borrow_mut().take();
+        if let Some(previous) = &reauth {
+            assert_eq!(
+                previous.principal, principal,
+                "re-authentication kept the principal"
+            );
+        }
+        self.expires_at.set(lifetime.map(|l| now + l));
         *self.principal.borrow_mut() = principal;
         self.acl.borrow_mut().clear();
+        reauth.is_some()
+    }
+
+    /// The mechanism the last successful SaslHandshake chose.
+    pub fn mechanism(&self) -> Option<Mechanism> {
+        self.mechanism.get()
+    }
+
+    /// Records the mechanism a SaslHandshake chose.
+    pub fn chose(&self, mechanism: Mechanism) {
+        self.mechanism.set(Some(mechanism));
+    }
+
+    /// KIP-368: a SaslHandshake on an authenticated connection begins a re-authentication
+    /// when the session has a lifetime and the last one began at least
+    /// [`REAUTH_INTERVAL_MIN`] ago (Kafka's rules). The connection then serves nothing
+    /// but the SASL requests until the new login completes. Returns whether it began.
+    pub fn begin_reauthentication(&self, now: Instant) -> bool {
+        if !matches!(*self.sasl.borrow(), SaslState::Done) || self.expires_at.get().is_none() {
+            return false;
+        }
+        let Some(mechanism) = self.mechanism.get() else {
+            return false;
+        };
+        let recent = self
+            .reauth_began
+            .get()
+            .is_some_and(|t| now.saturating_duration_since(t) < REAUTH_INTERVAL_MIN);
+        if recent {
+            return false;
+        }
+        self.reauth_began.set(Some(now));
+        *self.reauth.borrow_mut() = Some(Reauth {
+            principal: self.principal(),
+            mechanism,
+        });
+        *self.sasl.borrow_mut() = SaslState::Handshake;
+        true
+    }
+
+    /// During a re-authentication, why the login cannot go on: the handshake chose
+    /// another mechanism, or (`principal`, once the credentials checked out) the client
+    /// logged in as someone else. `None` outside a re-authentication.
+    pub fn reauth_refusal(&self, principal: Option<&str>) -> Option<String> {
+        let reauth = self.reauth.borrow();
+        let previous = reauth.as_ref()?;
+        let chosen = self.mechanism.get();
+        if chosen != Some(previous.mechanism) {
+            let chosen = chosen.map_or("none", Mechanism::name);
+            return Some(format!(
+                "SASL mechanism {chosen} is not the one being re-authenticated ({})",
+                previous.mechanism.name()
+            ));
+        }
+        match principal {
+            Some(p) if p != previous.principal => Some(format!(
+                "cannot change principals during re-authentication, from {} to {p}",
+                previous.principal
+            )),
+            _ => None,
+        }
+    }
+
+    /// Whether the connection is re-authenticating (KIP-368).
+    pub fn is_reauthenticating(&self) -> bool {
+        self.reauth.borrow().is_some()
+    }
+
+    /// Whether the authenticated session's lifetime is over at `now` (KIP-368).
+    pub fn has_expired(&self, now: Instant) -> bool {
+        self.expires_at.get().is_some_and(|end| now >= end)
     }
 
     /// Whether this connection may do `op` on resource `name` of type `rt`, given the
