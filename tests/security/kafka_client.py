@@ -35,6 +35,17 @@ Actions:
   bench-produce TOPIC MIB produce MIB MiB in 1 KiB records (acks=1, no compression);
                           prints `OK produce_mibs=..`
   bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
+  reauth-produce TOPIC SECONDS
+                          create TOPIC; for SECONDS an idempotent producer (acks=all)
+                          sends a record every 50 ms while a group consumer reads them
+                          back; no client error may occur (a broker that closes the
+                          connections at the session lifetime shows as disconnects) and
+                          every record must be consumed: prints `OK N records`
+  reauth-revoked TOPIC USER MECHANISM ADMIN_JSON
+                          a producer logged in as USER produces to TOPIC, then USER's
+                          SCRAM credential is deleted (through ADMIN_JSON's settings); the
+                          producer must then report an authentication error (its
+                          re-authentication failed) within 30 s
   scram-auth              CONFIG_JSON is {"host","port","user","password","mechanism"}:
                           one plaintext connection runs SaslHandshake v1 and the SCRAM
                           exchange (SaslAuthenticate v0), client side written from RFC
@@ -457,6 +468,65 @@ def scram_auth(conf):
     print("OK authenticated", flush=True)
 
 
+def reauth_produce(conf, topic, seconds):
+    create_topic(conf, topic, partitions=1)
+    errors = []
+    failed = []
+    p = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "error_cb": errors.append})
+    c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                  "auto.offset.reset": "earliest", "error_cb": errors.append})
+    c.subscribe([topic])
+    seen = set()
+    sent = 0
+    end = time.time() + seconds
+    while time.time() < end:
+        p.produce(topic, value=f"r{sent}".encode(),
+                  on_delivery=lambda e, m: failed.append(e) if e else None)
+        sent += 1
+        p.poll(0)
+        m = c.poll(0.05)
+        if m is not None and not m.error():
+            seen.add(m.value().decode())
+        if errors or failed:
+            fail(f"client errors during the session lifetimes: {errors[:3]} {failed[:3]}")
+    left = p.flush(TIMEOUT_S)
+    if left or failed:
+        fail(f"produce: {left} unflushed, errors {failed[:3]}")
+    deadline = time.time() + TIMEOUT_S
+    while len(seen) < sent and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            seen.add(m.value().decode())
+    c.close()
+    if errors:
+        fail(f"client errors: {errors[:3]}")
+    if len(seen) != sent:
+        fail(f"consumed {len(seen)} of {sent}")
+    print(f"OK {sent} records", flush=True)
+
+
+def reauth_revoked(conf, topic, user, mechanism, admin_conf):
+    create_topic(admin_conf, topic, partitions=1)
+    errors = []
+    p = Producer({**conf, "acks": "all", "error_cb": errors.append})
+    p.produce(topic, value=b"before")
+    if p.flush(TIMEOUT_S):
+        fail("the first record was not delivered")
+    if errors:
+        fail(f"errors before the deletion: {errors[:3]}")
+    scram_delete(admin_conf, user, mechanism)
+    deadline = time.time() + 30
+    auth = []
+    while not auth and time.time() < deadline:
+        p.produce(topic, value=b"after")
+        p.poll(0.1)
+        auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+    if not auth:
+        fail(f"no authentication error after the deletion, got {errors[:3]}")
+    print(f"OK {auth[0]}", flush=True)
+
+
 def main():
     action, conf = sys.argv[1], json.loads(sys.argv[2])
     args = sys.argv[3:]
@@ -489,6 +559,10 @@ def main():
             acl_delete(conf, args[0])
         elif action == "bench-produce":
             bench_produce(conf, args[0], int(args[1]))
+        elif action == "reauth-produce":
+            reauth_produce(conf, args[0], float(args[1]))
+        elif action == "reauth-revoked":
+            reauth_revoked(conf, args[0], args[1], args[2], json.loads(args[3]))
         elif action == "scram-auth":
             scram_auth(conf)
         elif action == "bench-consume":
