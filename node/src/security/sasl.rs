@@ -393,6 +393,41 @@ mod tests {
         }
     }
 
+    /// KIP-368's lifetime per mechanism: `listener.name.<l>.<mechanism>.` wins over
+    /// `listener.name.<l>.`, which wins over the broker-wide key; unset is 0 (none); a
+    /// value that is not milliseconds stops the setup with its key named.
+    #[test]
+    fn the_most_specific_reauth_key_gives_each_mechanisms_lifetime() {
+        let scram = Mechanism::Scram(ScramMechanism::Sha512);
+        let mut p = Properties::default();
+        let none = setup(&p, "CLIENT").expect("setup");
+        assert_eq!(none.session_lifetime_ms(Mechanism::Plain), None);
+        p.set("connections.max.reauth.ms", "60000");
+        let broker = setup(&p, "CLIENT").expect("setup");
+        assert_eq!(broker.session_lifetime_ms(Mechanism::Plain), Some(60_000));
+        p.set("listener.name.client.connections.max.reauth.ms", "30000");
+        p.set(
+            "listener.name.client.scram-sha-512.connections.max.reauth.ms",
+            "0",
+        );
+        let s = setup(&p, "CLIENT").expect("setup");
+        assert_eq!(s.session_lifetime_ms(Mechanism::Plain), Some(30_000));
+        assert_eq!(s.session_lifetime_ms(scram), None, "0 turns it off");
+        assert_eq!(
+            setup(&p, "OTHER")
+                .expect("setup")
+                .session_lifetime_ms(scram),
+            Some(60_000),
+            "another listener has the broker-wide value"
+        );
+        p.set("listener.name.client.plain.connections.max.reauth.ms", "-5");
+        let err = setup(&p, "CLIENT").expect_err("negative").to_string();
+        assert!(
+            err.contains("listener.name.client.plain.connections.max.reauth.ms"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn scram_unknown_user_fails_at_once() {
         let s = plain_setup();

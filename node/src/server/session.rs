@@ -223,9 +223,8 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_ipv4_client_of_a_dual_stack_listener_has_its_ipv4_host() {
-        let setup = Arc::new(ListenerSetup {
+    fn listener() -> Arc<ListenerSetup> {
+        Arc::new(ListenerSetup {
             config: crate::security::listener::ListenerConfig {
                 name: "PLAINTEXT".into(),
                 protocol: crate::security::listener::SecurityProtocol::Plaintext,
@@ -235,7 +234,75 @@ mod tests {
             advertised: ("localhost".into(), 9092),
             tls: None,
             sasl: None,
-        });
+        })
+    }
+
+    /// A session authenticated with `m` as `principal`, with `lifetime`, at `now`.
+    fn logged_in(
+        m: Mechanism,
+        principal: &str,
+        lifetime: Option<Duration>,
+        now: Instant,
+    ) -> Session {
+        let peer: SocketAddr = "127.0.0.1:5000".parse().expect("address");
+        let s = Session::new(peer, listener(), None);
+        *s.sasl.borrow_mut() = SaslState::Token(m);
+        s.chose(m);
+        *s.sasl.borrow_mut() = SaslState::Done;
+        assert!(
+            !s.authenticated_as(principal.into(), lifetime, now),
+            "a first login"
+        );
+        s
+    }
+
+    /// KIP-368's rules: expiry at login + lifetime; a re-authentication begins only with
+    /// a lifetime and at most once a second; it must keep mechanism and principal.
+    #[test]
+    fn reauthentication_keeps_who_and_how_and_renews_the_lifetime() {
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        let none = logged_in(Mechanism::Plain, "User:a", None, t0);
+        assert!(!none.has_expired(t0 + 1000 * second));
+        assert!(
+            !none.begin_reauthentication(t0),
+            "no lifetime, no re-authentication"
+        );
+        let s = logged_in(Mechanism::Plain, "User:a", Some(2 * second), t0);
+        assert!(!s.has_expired(t0 + second));
+        assert!(s.has_expired(t0 + 2 * second));
+        assert!(s.begin_reauthentication(t0 + second));
+        assert!(!s.is_open(), "only SASL requests while re-authenticating");
+        s.chose(Mechanism::Scram(
+            crate::security::scram::ScramMechanism::Sha256,
+        ));
+        assert!(s.reauth_refusal(None).is_some(), "another mechanism");
+        s.chose(Mechanism::Plain);
+        assert_eq!(s.reauth_refusal(None), None);
+        assert!(
+            s.reauth_refusal(Some("User:b")).is_some(),
+            "another principal"
+        );
+        assert_eq!(s.reauth_refusal(Some("User:a")), None);
+        *s.sasl.borrow_mut() = SaslState::Done;
+        assert!(s.authenticated_as("User:a".into(), Some(2 * second), t0 + second));
+        assert!(
+            !s.has_expired(t0 + 2 * second),
+            "a new lifetime from the re-login"
+        );
+        assert!(s.has_expired(t0 + 3 * second));
+        let soon = t0 + second + second / 2;
+        assert!(
+            !s.begin_reauthentication(soon),
+            "under a second after the last start"
+        );
+        assert!(s.is_open(), "the session goes on");
+        assert!(s.begin_reauthentication(t0 + 2 * second));
+    }
+
+    #[test]
+    fn an_ipv4_client_of_a_dual_stack_listener_has_its_ipv4_host() {
+        let setup = listener();
         let mapped: SocketAddr = "[::ffff:10.0.0.5]:9092".parse().expect("address");
         assert_eq!(Session::new(mapped, setup.clone(), None).host, "10.0.0.5");
         let v6: SocketAddr = "[2001:db8::1]:9092".parse().expect("address");
