@@ -249,6 +249,14 @@ fn wrong_password_body(c: &mut Cluster) -> Result<()> {
 /// create the user but a client's AlterUserScramCredentials.)
 #[test]
 fn inter_broker_scram_works_from_bootstrap_credentials() -> Result<()> {
+    let mut c = Cluster::start(3, &refs(&inter_broker_scram(&[])))?;
+    let r = scram_bootstrap_body(&mut c);
+    with_tails(&mut c, r)
+}
+
+/// Settings of a cluster whose nodes replicate over SASL_PLAINTEXT with SCRAM-SHA-512,
+/// plus `extra`.
+fn inter_broker_scram(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     let jaas = r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="admin-secret";"#;
     let mut s: Vec<(&'static str, String)> = vec![
         (
@@ -277,9 +285,30 @@ fn inter_broker_scram_works_from_bootstrap_credentials() -> Result<()> {
             "SCRAM-SHA-512=[name=admin,password=admin-secret]".into(),
         ),
     ];
+    s.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     s.extend(replicated_keys());
-    let mut c = Cluster::start(3, &refs(&s))?;
-    let r = scram_bootstrap_body(&mut c);
+    s
+}
+
+/// KIP-368 between nodes: with a 2 s session lifetime on the inter-broker listener, the
+/// replica fetchers log in again on their connections before it ends, so replication
+/// goes on (acks=all, every replica in sync) and no leader closes a fetcher's
+/// connection for an expired session. (The cluster start, the topic and the round trip
+/// take many lifetimes, with fetches every `replica.fetch.wait.max.ms`.)
+#[test]
+fn replica_fetchers_reauthenticate_within_the_session_lifetime() -> Result<()> {
+    let settings = inter_broker_scram(&[("connections.max.reauth.ms", "2000")]);
+    let mut c = Cluster::start(3, &refs(&settings))?;
+    let r = scram_bootstrap_body(&mut c).and_then(|()| {
+        for id in 1..=3 {
+            let log = c.node(id).log_text();
+            ensure!(
+                !log.contains("after the SASL session expired"),
+                "node {id} closed a connection whose session expired"
+            );
+        }
+        Ok(())
+    });
     with_tails(&mut c, r)
 }
 

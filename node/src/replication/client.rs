@@ -68,7 +68,16 @@ pub struct BrokerConn {
     plain_fd: Option<RawFd>,
     next_correlation_id: i32,
     client_id: Bytes,
+    /// KIP-368: the peer's address and the credentials to log in again with, and when
+    /// to (a share of the session lifetime the peer announced), so that a peer started
+    /// with `connections.max.reauth.ms` does not close this connection at its end.
+    reauth: Option<(SocketAddr, crate::security::peer::PeerSasl)>,
+    reauth_at: Option<Instant>,
 }
+
+/// Share of the announced session lifetime after which a connection re-authenticates
+/// before its next request (the Java client picks 85–95%).
+const REAUTH_AT_PERCENT: u32 = 85;
 
 impl BrokerConn {
     /// A connection to `host` (resolved to `addr`) whose requests name
@@ -122,14 +131,18 @@ impl BrokerConn {
             plain_fd,
             next_correlation_id: 1,
             client_id: Bytes::from_static(CLIENT_ID.as_bytes()),
+            reauth: None,
+            reauth_at: None,
         };
         if let Some(sasl) = peer.and_then(|p| p.sasl.as_ref()) {
             conn.authenticate(addr, sasl).await?;
+            conn.reauth = Some((addr, sasl.clone()));
         }
         Ok(conn)
     }
 
-    /// SaslHandshake v1 and SaslAuthenticate v1 with the inter-broker credentials.
+    /// SaslHandshake v1 and SaslAuthenticate v1 with the inter-broker credentials; the
+    /// answer's session lifetime (KIP-368) sets when to log in again.
     async fn authenticate(
         &mut self,
         addr: SocketAddr,
@@ -142,7 +155,7 @@ impl BrokerConn {
         let req = SaslHandshakeRequest::default().with_mechanism(
             kafka_protocol::protocol::StrBytes::from_static_str(mechanism),
         );
-        let resp = self.call(&req, 1, deadline).await?;
+        let resp = self.exchange(&req, 1, deadline).await?;
         if resp.error_code != 0 {
             return Err(refused(format!(
                 "SaslHandshake {mechanism}: error {}",
@@ -153,7 +166,7 @@ impl BrokerConn {
             wire::sasl::Login::start(sasl.mechanism, &sasl.user, &sasl.password);
         loop {
             let req = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
-            let resp = self.call(&req, 1, deadline).await?;
+            let resp = self.exchange(&req, 1, deadline).await?;
             if resp.error_code != 0 {
                 return Err(refused(format!(
                     "SaslAuthenticate: error {} {}",
@@ -163,14 +176,34 @@ impl BrokerConn {
             }
             match login.answer(&resp.auth_bytes) {
                 Ok(Some(next)) => token = next,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    self.reauth_at = reauth_at(Instant::now(), resp.session_lifetime_ms);
+                    return Ok(());
+                }
                 Err(e) => return Err(refused(e.to_string())),
             }
         }
     }
 
-    /// Sends `req` at `version` and returns its response, all by `deadline`.
+    /// Sends `req` at `version` and returns its response, all by `deadline`; first logs
+    /// in again on this connection if the session is near its end (KIP-368).
     pub async fn call<R: Request>(
+        &mut self,
+        req: &R,
+        version: i16,
+        deadline: Instant,
+    ) -> Result<R::Response, ClientError> {
+        if self.reauth_at.is_some_and(|at| Instant::now() >= at)
+            && let Some((addr, sasl)) = self.reauth.clone()
+        {
+            tracing::debug!(%addr, "re-authenticating to the peer (KIP-368)");
+            self.authenticate(addr, &sasl).await?;
+        }
+        self.exchange(req, version, deadline).await
+    }
+
+    /// One request and its response, by `deadline`.
+    async fn exchange<R: Request>(
         &mut self,
         req: &R,
         version: i16,
@@ -202,6 +235,12 @@ impl BrokerConn {
         }
         Ok(resp)
     }
+}
+
+/// When a session that began at `now` with `lifetime_ms` (0: none) should be renewed.
+fn reauth_at(now: Instant, lifetime_ms: i64) -> Option<Instant> {
+    let lifetime = Duration::from_millis(u64::try_from(lifetime_ms).ok().filter(|ms| *ms > 0)?);
+    Some(now + lifetime * REAUTH_AT_PERCENT / 100)
 }
 
 /// Reads one response frame (without its size prefix), at most [`RESPONSE_MAX_BYTES`].
