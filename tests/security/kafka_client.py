@@ -37,8 +37,8 @@ Actions:
   bench-consume TOPIC MIB consume them back from offset 0; prints `OK consume_mibs=..`
   reauth-produce TOPIC SECONDS
                           create TOPIC; for SECONDS an idempotent producer (acks=all)
-                          sends a record every 50 ms while a group consumer reads them
-                          back; no client error may occur (a broker that closes the
+                          sends records, one per turn of a loop that also polls a group
+                          consumer (up to 50 ms); no client error may occur (a broker that closes the
                           connections at the session lifetime shows as disconnects) and
                           every record must be consumed: prints `OK N records`
   reauth-revoked TOPIC USER MECHANISM ADMIN_JSON

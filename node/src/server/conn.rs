@@ -641,29 +641,12 @@ pub async fn serve(
                 break;
             }
         };
-        // KIP-368: a SaslHandshake on an authenticated SASL connection may begin a
-        // re-authentication. It is handled here, once every earlier request of the
-        // connection has been (their answers still go out first, in order), and before
-        // the next frame is read, so no request is served while the login is redone.
-        let reauth = session.is_open()
-            && req.api_key == wire::api::SASL_HANDSHAKE
-            && session.listener.sasl.is_some();
-        if reauth
-            && !activity
-                .wait_until(&shard, |a| a.in_flight.get() == 0 && a.has_room())
-                .await
-        {
-            break;
-        }
-        if session.is_open() && !reauth && session.has_expired(read_at) {
-            // Kafka closes such a connection at its next request, whatever the client
-            // was told (KAFKA-9241: also one that authenticated with SaslAuthenticate v0).
-            shard.metrics().session_expired();
-            let name = req.api_name();
-            crate::client_warn!(%peer, principal = %session.principal(), "closing connection: {name} after the SASL session expired (connections.max.reauth.ms) without re-authentication");
-            break;
-        }
-        if !session.is_open() || reauth {
+        let one_at_a_time = match sasl_gate(&shard, &session, &activity, &req, read_at).await {
+            SaslGate::Close => break,
+            SaslGate::OneAtATime => true,
+            SaslGate::Pipeline => false,
+        };
+        if one_at_a_time {
             // Before SASL authentication completes: only the SASL requests, one at a time
             // (the next is read only once this one moved the state).
             let pending = match serve_before_auth(&shard, &session, req).await {
@@ -763,6 +746,51 @@ async fn open_transport(
             None
         }
     }
+}
+
+/// How the reader treats a request, given where its connection is in SASL.
+enum SaslGate {
+    /// Authenticated (or no SASL): served as usual.
+    Pipeline,
+    /// Not authenticated yet, or re-authenticating: handled before the next frame is read.
+    OneAtATime,
+    /// The session expired: the connection is closed, the request unanswered.
+    Close,
+}
+
+/// KIP-368's rules for `req`, read at `read_at`. A SaslHandshake on an authenticated SASL
+/// connection may begin a re-authentication: it is handled once every earlier request of
+/// the connection has been (their answers still go out first, in order), and before the
+/// next frame is read, so no request is served while the login is redone. Any other
+/// request after the session's end closes the connection, whatever the client was told
+/// (Kafka's rule; KAFKA-9241: also after SaslAuthenticate v0, which carries no lifetime).
+async fn sasl_gate(
+    shard: &Rc<Shard>,
+    session: &Session,
+    activity: &Activity,
+    req: &proto::Request,
+    read_at: Instant,
+) -> SaslGate {
+    if !session.is_open() {
+        return SaslGate::OneAtATime;
+    }
+    if session.listener.sasl.is_none() {
+        return SaslGate::Pipeline;
+    }
+    if req.api_key == wire::api::SASL_HANDSHAKE {
+        let idle = |a: &Activity| a.in_flight.get() == 0 && a.has_room();
+        return match activity.wait_until(shard, idle).await {
+            true => SaslGate::OneAtATime,
+            false => SaslGate::Close,
+        };
+    }
+    if session.has_expired(read_at) {
+        shard.metrics().session_expired();
+        let (peer, name) = (session.peer, req.api_name());
+        crate::client_warn!(%peer, principal = %session.principal(), "closing connection: {name} after the SASL session expired (connections.max.reauth.ms) without re-authentication");
+        return SaslGate::Close;
+    }
+    SaslGate::Pipeline
 }
 
 /// Answers one request of a connection that has not authenticated yet: the SASL requests
