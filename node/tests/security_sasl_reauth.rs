@@ -14,6 +14,10 @@ use common::{Broker, Client};
 use kafka_protocol::messages::alter_user_scram_credentials_request::{
     ScramCredentialDeletion, ScramCredentialUpsertion,
 };
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use wire::api;
@@ -311,4 +315,41 @@ fn add_scram_user(b: &Broker, user: &str, pw: &str) {
         "{:?}",
         resp.results[0].error_message
     );
+}
+
+/// DescribeConfigs of the broker shows the broker-wide lifetime as a read-only key (as
+/// in Kafka, it is read at startup), and IncrementalAlterConfigs refuses to change it.
+#[test]
+fn the_lifetime_is_described_and_read_only() {
+    let b = start();
+    let mut c = connect(&b, Mechanism::Plain, "admin", "admin-pw");
+    let res = DescribeConfigsResource::default()
+        .with_resource_type(4)
+        .with_resource_name(s(""))
+        .with_configuration_keys(Some(vec![s("connections.max.reauth.ms")]));
+    let resp: DescribeConfigsResponse = c.call(
+        api::DESCRIBE_CONFIGS,
+        4,
+        &DescribeConfigsRequest::default().with_resources(vec![res]),
+    );
+    assert_eq!(resp.results[0].error_code, 0);
+    let entry = &resp.results[0].configs[0];
+    assert_eq!(entry.name.as_str(), "connections.max.reauth.ms");
+    assert_eq!(entry.value.as_deref(), Some("3600000"));
+    assert!(entry.read_only);
+    let set = AlterConfigsResource::default()
+        .with_resource_type(4)
+        .with_resource_name(s(""))
+        .with_configs(vec![
+            AlterableConfig::default()
+                .with_name(s("connections.max.reauth.ms"))
+                .with_config_operation(0)
+                .with_value(Some(s("60000"))),
+        ]);
+    let resp: IncrementalAlterConfigsResponse = c.call(
+        api::INCREMENTAL_ALTER_CONFIGS,
+        1,
+        &IncrementalAlterConfigsRequest::default().with_resources(vec![set]),
+    );
+    assert_ne!(resp.responses[0].error_code, 0, "read-only");
 }
