@@ -37,6 +37,7 @@ pub const FENCED_LEADER_EPOCH: i16 = 74;
 pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
 /// ListOffsets v5+ from a consumer while a new leader's HW is below where its epoch began
 /// (KIP-207): retriable.
+pub const STALE_BROKER_EPOCH: i16 = 77;
 pub const OFFSET_NOT_AVAILABLE: i16 = 78;
 pub const TOPIC_DELETION_DISABLED: i16 = 73;
 

@@ -607,6 +607,8 @@ fn a_transactional_produce_is_verified_with_a_coordinator_on_another_node() {
         (r.error_code, (r.producer_id.0, r.producer_epoch))
     });
     assert_eq!(code, 0, "InitProducerId");
+    // The coordinator's ids come from the controller's blocks, as idempotent producers'.
+    assert!(producer.0 >= 1 << 62, "producer id {}", producer.0);
 
     let mut lead = RawConn::connect_timeout(c.node(leader).addr(), timeout).expect("conn");
     let mut produce = || {

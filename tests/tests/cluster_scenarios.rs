@@ -1491,3 +1491,123 @@ fn delete_records_while_the_follower_fetches_are_in_transit_is_answered_in_a_rou
         "DeleteRecords took {took:?}: the followers' next fetches parked"
     );
 }
+
+/// Kafka's error for an InitProducerId the broker has no producer id block for: retriable.
+const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+/// The first producer id the controller hands out (`allocator::CONTROLLER_FIRST_PRODUCER_ID`):
+/// above every id of the nodes' own per-shard ranges.
+const CONTROLLER_FIRST_PRODUCER_ID: i64 = 1 << 62;
+
+/// One idempotent InitProducerId (v4) on a new connection to `addr`: (error code,
+/// producer id); `None` if the node does not answer (restarting).
+fn init_producer_id(addr: std::net::SocketAddr) -> Option<(i16, i64)> {
+    use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
+    let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(20)).ok()?;
+    let req = InitProducerIdRequest::default()
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    let r: InitProducerIdResponse = conn.call(ApiKey::InitProducerId, 4, &req).ok()?;
+    Some((r.error_code, r.producer_id.0))
+}
+
+/// A producer id from node `id`, retrying COORDINATOR_LOAD_IN_PROGRESS (no block from the
+/// controller yet) as clients do, within `AGREE_TIMEOUT`.
+fn new_producer_id(c: &mut Cluster, id: i32) -> i64 {
+    let deadline = Instant::now() + AGREE_TIMEOUT;
+    loop {
+        let answer = init_producer_id(c.node(id).addr());
+        if let Some((0, pid)) = answer {
+            return pid;
+        }
+        assert!(
+            matches!(answer, None | Some((COORDINATOR_LOAD_IN_PROGRESS, _)))
+                && Instant::now() < deadline,
+            "InitProducerId on node {id}: {answer:?}\n{}",
+            c.log_tails(30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Producer ids in a cluster come from the controller's counter in the metadata log
+/// (Kafka's AllocateProducerIds, KIP-730), not from each node's data dir: a node back
+/// with a wiped one hands out only ids above every id any node handed out before, by
+/// construction. (Before, its fresh `producer-id-block` file started at a random block of
+/// its own range: below every id of a node with a higher id, and perhaps among its own
+/// old ones, which partitions still hold with their producers' sequences.)
+#[test]
+fn a_node_back_with_an_empty_data_dir_hands_out_only_new_producer_ids() {
+    const WIPED: i32 = 2;
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let mut before = std::collections::BTreeSet::new();
+    for id in [1, 2, 3] {
+        for _ in 0..5 {
+            let pid = new_producer_id(&mut c, id);
+            assert!(before.insert(pid), "{pid} handed out twice: {before:?}");
+        }
+    }
+    assert!(
+        before.iter().all(|p| *p >= CONTROLLER_FIRST_PRODUCER_ID),
+        "ids from the controller's counter: {before:?}"
+    );
+    let highest = *before.last().expect("ids");
+
+    c.node(WIPED).kill().expect("SIGKILL");
+    let data_dir = c.node(WIPED).data_dir().to_path_buf();
+    std::fs::remove_dir_all(&data_dir).expect("wipe the data dir");
+    c.node(WIPED)
+        .restart()
+        .expect("restart on an empty data dir");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true)
+        .expect("agree again");
+    for _ in 0..5 {
+        let pid = new_producer_id(&mut c, WIPED);
+        assert!(
+            pid > highest,
+            "the wiped node handed out {pid}, not above {highest} (ids before: {before:?})"
+        );
+    }
+}
+
+/// InitProducerId needs the controller only for a shard's next block: without a quorum,
+/// a shard with none answers the retriable COORDINATOR_LOAD_IN_PROGRESS after a bounded
+/// wait (Kafka's answer when it has no block) and gets an id once the quorum is back;
+/// and a shard's first block after the active controller died comes from the next one.
+#[test]
+fn init_producer_id_is_retriable_without_a_controller_and_works_after_a_new_one() {
+    let mut c = Cluster::start(3, &[]).expect("start cluster");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    c.node(2).kill().expect("SIGKILL node 2");
+    c.node(3).kill().expect("SIGKILL node 3");
+    let asked = Instant::now();
+    let answer = init_producer_id(c.node(1).addr());
+    assert_eq!(
+        answer.map(|a| a.0),
+        Some(COORDINATOR_LOAD_IN_PROGRESS),
+        "node 1 alone, no block yet: {answer:?}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        asked.elapsed()
+    );
+    c.node(2).restart().expect("restart node 2");
+    let first = new_producer_id(&mut c, 1);
+    assert!(first >= CONTROLLER_FIRST_PRODUCER_ID, "{first}");
+
+    c.node(3).restart().expect("restart node 3");
+    c.wait_agreed(3, AGREE_TIMEOUT, |_| true).expect("agree");
+    let leader = c.controller(AGREE_TIMEOUT).expect("a controller");
+    // A node that has asked for no block yet, and is not the controller.
+    let asker = if leader == 3 { 2 } else { 3 };
+    c.node(leader)
+        .kill()
+        .expect("SIGKILL the active controller");
+    let next = new_producer_id(&mut c, asker);
+    assert!(
+        next > first,
+        "node {asker}'s id {next} after the controller {leader} died, not above {first}"
+    );
+}

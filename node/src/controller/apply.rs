@@ -154,6 +154,12 @@ pub enum Command {
     /// with none, its first live replica, whose log becomes the partition's: the ISR is
     /// then that replica alone, and records only the lost members held are gone.
     ElectUnclean { partitions: Vec<PartitionRef> },
+    /// Kafka's AllocateProducerIds (KIP-730): reserves the next block of
+    /// `PRODUCER_ID_BLOCK_SIZE` producer ids for a shard of `node` from the catalogue's
+    /// counter, so ids are unique across the cluster and across wiped data dirs. Refused
+    /// (STALE_BROKER_EPOCH, as Kafka's `checkBrokerEpoch`) unless `node` is registered,
+    /// unfenced and under `broker_epoch`.
+    AllocateProducerIds { node: i32, broker_epoch: i64 },
 }
 
 /// A partition named in a command: (topic, topic id, partition index).
@@ -187,6 +193,8 @@ pub enum Outcome {
     /// ElectPreferred, per listed partition in order: elected, or why not
     /// (ELECTION_NOT_NEEDED when the preferred replica already leads).
     Elected(Vec<Result<(), TopicError>>),
+    /// AllocateProducerIds: the first id of the reserved block.
+    ProducerIds(Result<i64, TopicError>),
 }
 
 impl Outcome {
@@ -211,6 +219,7 @@ impl Outcome {
             Command::ElectPreferred { partitions } | Command::ElectUnclean { partitions } => {
                 Outcome::Elected(partitions.iter().map(|_| Err(err.clone())).collect())
             }
+            Command::AllocateProducerIds { .. } => Outcome::ProducerIds(Err(err)),
             _ => Outcome::Noted,
         }
     }
@@ -458,7 +467,40 @@ pub fn apply(c: &mut Catalog, cmd: &Command, cluster: bool) -> (Outcome, bool) {
             let (outcomes, changed) = crate::metadata::scram::alter(c, changes);
             (Outcome::ScramAltered(Ok(outcomes)), changed)
         }
+        Command::AllocateProducerIds { node, broker_epoch } => {
+            let block = allocate_producer_ids(c, *node, *broker_epoch);
+            let changed = block.is_ok();
+            (Outcome::ProducerIds(block), changed)
+        }
     }
+}
+
+/// Reserves the next block of producer ids for `node` (see
+/// [`Command::AllocateProducerIds`]); its first id.
+fn allocate_producer_ids(c: &mut Catalog, node: i32, broker_epoch: i64) -> Result<i64, TopicError> {
+    use crate::producer_state::allocator::{CONTROLLER_FIRST_PRODUCER_ID, PRODUCER_ID_BLOCK_SIZE};
+    let stale = |why: String| Err((errors::STALE_BROKER_EPOCH, why));
+    match c.nodes.get(&node) {
+        None => return stale(format!("no registration found for node {node}")),
+        Some(n) if n.fenced => return stale(format!("node {node} is fenced")),
+        Some(n) if n.broker_epoch != broker_epoch => {
+            let registered = n.broker_epoch;
+            return stale(format!(
+                "node {node} is registered under broker epoch {registered}, not {broker_epoch}"
+            ));
+        }
+        Some(_) => {}
+    }
+    let start = c
+        .next_producer_id
+        .unwrap_or(CONTROLLER_FIRST_PRODUCER_ID)
+        .max(CONTROLLER_FIRST_PRODUCER_ID);
+    let Some(next) = start.checked_add(PRODUCER_ID_BLOCK_SIZE) else {
+        let why = "the cluster's producer ids are exhausted".to_string();
+        return Err((errors::UNKNOWN_SERVER_ERROR, why));
+    };
+    c.next_producer_id = Some(next);
+    Ok(start)
 }
 
 fn create_acls(c: &mut Catalog, bindings: &[crate::security::acl::AclBinding]) -> (Outcome, bool) {
@@ -2033,6 +2075,84 @@ mod tests {
         assert!(
             unclean_by_default(&c, true).is_empty(),
             "nothing left to elect"
+        );
+    }
+
+    fn allocate_ids(c: &mut Catalog, node: i32, epoch: i64) -> Result<i64, TopicError> {
+        match apply(
+            c,
+            &Command::AllocateProducerIds {
+                node,
+                broker_epoch: epoch,
+            },
+            true,
+        ) {
+            (Outcome::ProducerIds(block), changed) => {
+                assert_eq!(
+                    changed,
+                    block.is_ok(),
+                    "only a granted block changes the image"
+                );
+                block
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+
+    /// Kafka's AllocateProducerIds: blocks from the replicated counter are disjoint and
+    /// rising whoever asks, above every id a per-shard range could hold, kept across a
+    /// snapshot (the catalogue as JSON) and an older catalogue without the counter; a
+    /// node that is not registered, fenced, or asks under another broker epoch is
+    /// refused with STALE_BROKER_EPOCH and moves nothing.
+    #[test]
+    fn producer_id_blocks_are_disjoint_rising_and_survive_a_snapshot() {
+        use crate::producer_state::allocator::{
+            CONTROLLER_FIRST_PRODUCER_ID, IdRange, PRODUCER_ID_BLOCK_SIZE,
+        };
+        let mut c = Catalog::default();
+        for id in [1, 2, 3] {
+            node(&mut c, id);
+        }
+        let highest_range = IdRange::for_shard(0x7FFF, 1023).expect("range");
+        assert!(highest_range.end <= CONTROLLER_FIRST_PRODUCER_ID);
+        let mut starts = Vec::new();
+        for i in 0..9 {
+            starts.push(allocate_ids(&mut c, 1 + i % 3, 1).expect("a block"));
+        }
+        // Through a snapshot: the catalogue as the state machine stores it.
+        let json = serde_json::to_vec(&c).expect("encode");
+        let mut restored: Catalog = serde_json::from_slice(&json).expect("decode");
+        starts.push(allocate_ids(&mut restored, 2, 1).expect("a block"));
+        assert_eq!(starts[0], CONTROLLER_FIRST_PRODUCER_ID);
+        for pair in starts.windows(2) {
+            assert_eq!(pair[1], pair[0] + PRODUCER_ID_BLOCK_SIZE, "{starts:?}");
+        }
+
+        for (node, epoch, why) in [(9, 1, "no registration"), (2, 7, "broker epoch")] {
+            let before = restored.next_producer_id;
+            let (code, msg) = allocate_ids(&mut restored, node, epoch).expect_err("refused");
+            assert_eq!(code, errors::STALE_BROKER_EPOCH);
+            assert!(msg.contains(why), "{msg}");
+            assert_eq!(restored.next_producer_id, before);
+        }
+        apply(&mut restored, &Command::FenceNode { id: 3 }, true);
+        let refused = allocate_ids(&mut restored, 3, 1).expect_err("fenced");
+        assert_eq!(refused.0, errors::STALE_BROKER_EPOCH);
+
+        // A catalogue written before the counter (no field) starts above the old ranges;
+        // and a single node's catalogue never carries it.
+        let mut old = Catalog::default();
+        node(&mut old, 1);
+        let mut value = serde_json::to_value(&old).expect("encode");
+        assert!(value.get("next_producer_id").is_none());
+        value
+            .as_object_mut()
+            .expect("object")
+            .remove("next_producer_id");
+        let mut old: Catalog = serde_json::from_value(value).expect("decode");
+        assert_eq!(
+            allocate_ids(&mut old, 1, 1),
+            Ok(CONTROLLER_FIRST_PRODUCER_ID)
         );
     }
 }

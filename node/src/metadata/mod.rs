@@ -150,6 +150,13 @@ pub struct Catalog {
     /// on a single node, which keeps them in its data dir.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// The start of the next block of producer ids the controller hands out (Kafka's
+    /// `ProducerIdsRecord`; `Command::AllocateProducerIds`). `None` until the first block
+    /// (a single node, or a catalogue from before the counter): the first block then
+    /// starts at `CONTROLLER_FIRST_PRODUCER_ID`, above every id the nodes' own per-shard
+    /// ranges could have handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_producer_id: Option<i64>,
 }
 
 impl Catalog {

@@ -1,7 +1,16 @@
-//! Producer ids for InitProducerId without a transactional id: unique across restarts of
-//! the node, and KIP-360 epoch bumps for a producer that asks with its current id+epoch.
+//! Producer ids for InitProducerId (idempotent producers, and new ids of the transaction
+//! coordinator): unique across restarts of the node, and KIP-360 epoch bumps for a
+//! producer that asks with its current id+epoch.
 //!
-//! Each (node, shard) hands out ids from its own fixed range ([`IdRange::for_shard`]), so
+//! In a cluster (`controller.quorum.voters`) ids come from the controller: each shard
+//! takes blocks of [`PRODUCER_ID_BLOCK_SIZE`] that `Command::AllocateProducerIds`
+//! reserves from a counter in the replicated catalogue (Kafka's AllocateProducerIds,
+//! KIP-730; [`ControllerBlocks`]), from [`CONTROLLER_FIRST_PRODUCER_ID`] up, above every
+//! id of the per-shard ranges below (which a cluster used before the counter existed).
+//! Nothing about them is in the data dir: a node back with a wiped one never hands out an
+//! id anyone handed out before. The rest of this doc is the single node's allocator.
+//!
+//! On a single node each shard hands out ids from its own fixed range ([`IdRange::for_shard`]), so
 //! shards never coordinate and a change in the number of shards cannot make two shards
 //! overlap. Within its range an allocator persists a high-water mark in blocks of
 //! [`PRODUCER_ID_BLOCK_SIZE`]: before the first id of a block is handed out, the end of
@@ -9,7 +18,8 @@
 //! handed out before a crash are never handed out again (at most one block is skipped).
 //! Without a block file (a new node, or one back with a wiped data dir) an allocator
 //! starts at a random block of the first half of its range, not at its start, so a
-//! wiped node does not hand out again the ids its producers still hold.
+//! wiped node most likely does not hand out again the ids its producers still hold
+//! (likely, not certainly: only the cluster's counter makes it certain).
 //!
 //! Block file (`producer-id-block.<shard>` in the data dir), 28 bytes, big-endian:
 //!
@@ -28,7 +38,8 @@
 //! retry of that request (the previous epoch) gets the current epoch again; any other
 //! epoch is fenced. The bump records are memory only (bounded, expiring); after a restart
 //! an id's first bump request is trusted, which is safe because partitions fence every
-//! epoch older than the newest they have seen.
+//! epoch older than the newest they have seen. In a cluster a shard bumps only ids of the
+//! blocks it took in this run ([`REMEMBERED_BLOCKS`]); any other id gets a fresh one.
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -125,6 +136,80 @@ struct BumpRecord {
     last_used_ms: i64,
 }
 
+/// The KIP-360 bump records of the ids one allocator issued (bounded, expiring).
+#[derive(Debug, Default)]
+struct EpochBumps {
+    records: HashMap<ProducerId, BumpRecord>,
+}
+
+impl EpochBumps {
+    /// KIP-360 for an id the allocator issued; `None` when the epoch is exhausted (a
+    /// fresh id then).
+    fn bump(
+        &mut self,
+        pid: ProducerId,
+        epoch: ProducerEpoch,
+        api_version: i16,
+        now_ms: i64,
+    ) -> Option<InitProducerIdOutcome> {
+        let granted = |e: ProducerEpoch| InitProducerIdOutcome::Granted {
+            producer_id: pid,
+            epoch: e,
+        };
+        if let Some(record) = self.records.get_mut(&pid) {
+            record.last_used_ms = now_ms;
+            if epoch == record.previous {
+                return Some(granted(record.current));
+            }
+            if epoch != record.current {
+                return Some(InitProducerIdOutcome::Fenced {
+                    error_code: fenced_error_code(api_version),
+                });
+            }
+        }
+        // Kafka treats an epoch at i16::MAX - 1 as exhausted: the producer gets a new id.
+        if epoch.0 >= i16::MAX - 1 {
+            self.records.remove(&pid);
+            return None;
+        }
+        let next = ProducerEpoch(epoch.0 + 1);
+        self.remember(pid, next, epoch, now_ms);
+        Some(granted(next))
+    }
+
+    fn remember(
+        &mut self,
+        pid: ProducerId,
+        current: ProducerEpoch,
+        previous: ProducerEpoch,
+        now_ms: i64,
+    ) {
+        if !self.records.contains_key(&pid) && self.records.len() >= MAX_BUMP_RECORDS {
+            let oldest = self
+                .records
+                .iter()
+                .min_by_key(|(_, r)| r.last_used_ms)
+                .map(|(p, _)| *p);
+            if let Some(oldest) = oldest {
+                self.records.remove(&oldest);
+            }
+        }
+        self.records.insert(
+            pid,
+            BumpRecord {
+                current,
+                previous,
+                last_used_ms: now_ms,
+            },
+        );
+    }
+
+    fn expire(&mut self, now_ms: i64, expiration_ms: i64) {
+        self.records
+            .retain(|_, r| now_ms.saturating_sub(r.last_used_ms) < expiration_ms);
+    }
+}
+
 /// Pure allocation state: the ids of the reserved block and the bump records. The caller
 /// persists blocks ([`ProducerIdBlockFile`] does both).
 #[derive(Debug)]
@@ -132,7 +217,7 @@ pub struct ProducerIdAllocator {
     range: IdRange,
     next: i64,
     reserved_end: i64,
-    bumps: HashMap<ProducerId, BumpRecord>,
+    bumps: EpochBumps,
 }
 
 impl ProducerIdAllocator {
@@ -144,7 +229,7 @@ impl ProducerIdAllocator {
             range,
             next,
             reserved_end: next,
-            bumps: HashMap::new(),
+            bumps: EpochBumps::default(),
         }
     }
 
@@ -180,7 +265,7 @@ impl ProducerIdAllocator {
         now_ms: i64,
     ) -> Option<InitProducerIdOutcome> {
         let known = requested.filter(|(p, e)| self.issued(*p) && e.0 >= 0);
-        if let Some(outcome) = known.and_then(|(p, e)| self.bump(p, e, api_version, now_ms)) {
+        if let Some(outcome) = known.and_then(|(p, e)| self.bumps.bump(p, e, api_version, now_ms)) {
             return Some(outcome);
         }
         self.fresh_id()
@@ -188,66 +273,6 @@ impl ProducerIdAllocator {
 
     fn issued(&self, pid: ProducerId) -> bool {
         self.range.contains(pid.get()) && pid.get() < self.next
-    }
-
-    /// KIP-360 for an id we issued; `None` when the epoch is exhausted (a fresh id then).
-    fn bump(
-        &mut self,
-        pid: ProducerId,
-        epoch: ProducerEpoch,
-        api_version: i16,
-        now_ms: i64,
-    ) -> Option<InitProducerIdOutcome> {
-        let granted = |e: ProducerEpoch| InitProducerIdOutcome::Granted {
-            producer_id: pid,
-            epoch: e,
-        };
-        if let Some(record) = self.bumps.get_mut(&pid) {
-            record.last_used_ms = now_ms;
-            if epoch == record.previous {
-                return Some(granted(record.current));
-            }
-            if epoch != record.current {
-                return Some(InitProducerIdOutcome::Fenced {
-                    error_code: fenced_error_code(api_version),
-                });
-            }
-        }
-        // Kafka treats an epoch at i16::MAX - 1 as exhausted: the producer gets a new id.
-        if epoch.0 >= i16::MAX - 1 {
-            self.bumps.remove(&pid);
-            return None;
-        }
-        let next = ProducerEpoch(epoch.0 + 1);
-        self.remember_bump(pid, next, epoch, now_ms);
-        Some(granted(next))
-    }
-
-    fn remember_bump(
-        &mut self,
-        pid: ProducerId,
-        current: ProducerEpoch,
-        previous: ProducerEpoch,
-        now_ms: i64,
-    ) {
-        if !self.bumps.contains_key(&pid) && self.bumps.len() >= MAX_BUMP_RECORDS {
-            let oldest = self
-                .bumps
-                .iter()
-                .min_by_key(|(_, r)| r.last_used_ms)
-                .map(|(p, _)| *p);
-            if let Some(oldest) = oldest {
-                self.bumps.remove(&oldest);
-            }
-        }
-        self.bumps.insert(
-            pid,
-            BumpRecord {
-                current,
-                previous,
-                last_used_ms: now_ms,
-            },
-        );
     }
 
     fn fresh_id(&mut self) -> Option<InitProducerIdOutcome> {
@@ -265,12 +290,105 @@ impl ProducerIdAllocator {
 
     /// Forgets bump records unused for `expiration_ms` (`producer.id.expiration.ms`).
     pub fn expire(&mut self, now_ms: i64, expiration_ms: i64) {
-        self.bumps
-            .retain(|_, r| now_ms.saturating_sub(r.last_used_ms) < expiration_ms);
+        self.bumps.expire(now_ms, expiration_ms);
     }
 
     pub fn range(&self) -> IdRange {
         self.range
+    }
+}
+
+/// The first id the controller hands out in a cluster: above every id a per-shard range
+/// ([`IdRange::for_shard`], node id in the 15 bits below it) can hold, so ids from the
+/// controller never meet one a node handed out from its own range before the cluster
+/// had the counter (an upgrade), and 2^62 ids remain above it.
+pub const CONTROLLER_FIRST_PRODUCER_ID: i64 = 1 << (15 + SHARD_BITS + COUNTER_BITS);
+/// Blocks taken from the controller remembered for KIP-360 bumps (a million ids); an id
+/// of an older block, or of a block another shard or node got, gets a fresh id.
+pub const REMEMBERED_BLOCKS: usize = 1000;
+/// The next block is asked for once fewer ids than this remain (Kafka's broker asks at
+/// 90 % of its block), so InitProducerId rarely waits for the controller.
+pub const PREFETCH_WHEN_LEFT: i64 = PRODUCER_ID_BLOCK_SIZE / 10;
+
+/// A cluster shard's ids: blocks of [`PRODUCER_ID_BLOCK_SIZE`] the controller reserved
+/// for it (`Command::AllocateProducerIds`, a counter in the replicated catalogue), so no
+/// id is ever handed out twice, whatever happens to the node's data dir. Pure state; the
+/// caller asks the controller.
+#[derive(Debug, Default)]
+pub struct ControllerBlocks {
+    /// The block ids are handed out from: (next id, end).
+    current: Option<(i64, i64)>,
+    /// A block got ahead of need, used once `current` runs out.
+    spare: Option<i64>,
+    /// Starts of the blocks ids were handed out from, newest last (at most
+    /// [`REMEMBERED_BLOCKS`]); the newest is `current`'s.
+    used: std::collections::VecDeque<i64>,
+    bumps: EpochBumps,
+}
+
+impl ControllerBlocks {
+    /// Whether a block should be asked for now: none is spare and the current one is
+    /// (nearly) used up.
+    pub fn wants_block(&self) -> bool {
+        self.spare.is_none()
+            && self
+                .current
+                .is_none_or(|(next, end)| end - next < PREFETCH_WHEN_LEFT)
+    }
+
+    /// Whether a new id can be handed out without a block from the controller.
+    pub fn has_ids(&self) -> bool {
+        self.spare.is_some() || self.current.is_some_and(|(next, end)| next < end)
+    }
+
+    /// Adds the block starting at `start` the controller reserved. A block beyond the
+    /// one spare slot (two asks crossed) is dropped: its ids are never handed out, which
+    /// costs nothing but ids.
+    pub fn add_block(&mut self, start: i64) {
+        if self.spare.is_none() {
+            self.spare = Some(start);
+        }
+    }
+
+    /// [`ProducerIdAllocator::init_producer_id`] over the controller's blocks; `None`
+    /// when no id is left until a block arrives.
+    pub fn init_producer_id(
+        &mut self,
+        requested: Option<(ProducerId, ProducerEpoch)>,
+        api_version: i16,
+        now_ms: i64,
+    ) -> Option<InitProducerIdOutcome> {
+        let known = requested.filter(|(p, e)| self.issued(*p) && e.0 >= 0);
+        if let Some(outcome) = known.and_then(|(p, e)| self.bumps.bump(p, e, api_version, now_ms)) {
+            return Some(outcome);
+        }
+        if self.current.is_none_or(|(next, end)| next >= end) {
+            let start = self.spare.take()?;
+            self.current = Some((start, start.saturating_add(PRODUCER_ID_BLOCK_SIZE)));
+            if self.used.len() >= REMEMBERED_BLOCKS {
+                self.used.pop_front();
+            }
+            self.used.push_back(start);
+        }
+        let (next, end) = self.current?;
+        self.current = Some((next + 1, end));
+        Some(InitProducerIdOutcome::Granted {
+            producer_id: ProducerId(next),
+            epoch: ProducerEpoch(0),
+        })
+    }
+
+    /// Whether `pid` was handed out from one of the remembered blocks.
+    fn issued(&self, pid: ProducerId) -> bool {
+        let id = pid.get();
+        let newest = self.used.back().copied();
+        self.used.iter().any(|&start| {
+            let end = match self.current {
+                Some((next, _)) if Some(start) == newest => next,
+                _ => start.saturating_add(PRODUCER_ID_BLOCK_SIZE),
+            };
+            (start..end).contains(&id)
+        })
     }
 }
 
@@ -594,6 +712,77 @@ mod tests {
         let (pid, e0) = granted(a.init_producer_id(None, V4, 0).unwrap());
         granted(a.init_producer_id(Some((pid, e0)), V4, 0).unwrap());
         a.expire(1000, 1000);
-        assert!(a.bumps.is_empty());
+        assert!(a.bumps.records.is_empty());
+    }
+
+    /// A cluster shard hands out ids only from the controller's blocks, asks for the next
+    /// one while ids are left (no wait at the block's end), bumps epochs of ids it handed
+    /// out (KIP-360 as the file allocator), and gives a fresh id for any other.
+    #[test]
+    fn controller_blocks_prefetch_and_bump_only_their_own_ids() {
+        let mut b = ControllerBlocks::default();
+        assert!(b.wants_block() && !b.has_ids());
+        assert_eq!(b.init_producer_id(None, V4, 0), None);
+        let first = CONTROLLER_FIRST_PRODUCER_ID;
+        b.add_block(first);
+        assert!(!b.wants_block() && b.has_ids());
+        let mut ids = Vec::new();
+        while !b.wants_block() {
+            ids.push(granted(b.init_producer_id(None, V4, 0).unwrap()).0.get());
+        }
+        assert_eq!(
+            ids.len() as i64,
+            PRODUCER_ID_BLOCK_SIZE - PREFETCH_WHEN_LEFT + 1
+        );
+        // The next block is far above (other shards took blocks meanwhile).
+        let second = first + 7 * PRODUCER_ID_BLOCK_SIZE;
+        b.add_block(second);
+        b.add_block(second + PRODUCER_ID_BLOCK_SIZE); // a crossed ask: dropped
+        for _ in 0..PRODUCER_ID_BLOCK_SIZE {
+            ids.push(granted(b.init_producer_id(None, V4, 0).unwrap()).0.get());
+        }
+        let expected: Vec<i64> = (first..first + PRODUCER_ID_BLOCK_SIZE)
+            .chain(second..second + PRODUCER_ID_BLOCK_SIZE - PREFETCH_WHEN_LEFT + 1)
+            .collect();
+        assert_eq!(ids, expected);
+        assert!(b.wants_block());
+
+        let (pid, e0) = (ProducerId(first + 3), ProducerEpoch(0));
+        assert_eq!(
+            granted(b.init_producer_id(Some((pid, e0)), V4, 1).unwrap()),
+            (pid, ProducerEpoch(1))
+        );
+        assert_eq!(
+            b.init_producer_id(Some((pid, ProducerEpoch(5))), V4, 2),
+            Some(InitProducerIdOutcome::Fenced {
+                error_code: PRODUCER_FENCED
+            })
+        );
+        // Not handed out here: in a gap between the blocks, or not handed out yet.
+        let gap = first + PRODUCER_ID_BLOCK_SIZE;
+        let dropped = second + PRODUCER_ID_BLOCK_SIZE;
+        for foreign in [gap, second + PRODUCER_ID_BLOCK_SIZE - 1, dropped] {
+            let (fresh, e) = granted(
+                b.init_producer_id(Some((ProducerId(foreign), e0)), V4, 3)
+                    .unwrap(),
+            );
+            assert_ne!(fresh.get(), foreign);
+            assert_eq!(e, ProducerEpoch(0));
+        }
+    }
+
+    #[test]
+    fn controller_blocks_remember_a_bounded_number_of_blocks() {
+        let mut b = ControllerBlocks::default();
+        let first = CONTROLLER_FIRST_PRODUCER_ID;
+        for i in 0..(REMEMBERED_BLOCKS as i64 + 2) {
+            b.add_block(first + i * PRODUCER_ID_BLOCK_SIZE);
+            for _ in 0..PRODUCER_ID_BLOCK_SIZE {
+                granted(b.init_producer_id(None, V4, 0).unwrap());
+            }
+        }
+        assert_eq!(b.used.len(), REMEMBERED_BLOCKS);
+        assert!(!b.issued(ProducerId(first)));
+        assert!(b.issued(ProducerId(first + 2 * PRODUCER_ID_BLOCK_SIZE)));
     }
 }

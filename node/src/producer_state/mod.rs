@@ -6,8 +6,9 @@
 //! - [`entry`]: one producer id's state: epoch and its last 5 batches.
 //! - [`snapshot`]: the `<offset:020>.snapshot` byte layout, file names and the recovery
 //!   decision table (load the newest usable snapshot, replay the log after it).
-//! - [`allocator`]: producer ids for InitProducerId without a transactional id, unique
-//!   across restarts (persisted in blocks), and KIP-360 epoch bumps;
+//! - [`allocator`]: producer ids for InitProducerId (and the transaction coordinator's new
+//!   ids), unique across restarts: a single node's persisted per-shard blocks, a
+//!   cluster's blocks from the controller; and KIP-360 epoch bumps;
 //!   [`init_producer_id`] is the request handler on top of it.
 //! - [`partition`]: the table bound to a partition's storage log: check around each
 //!   append, snapshots at segment roll and clean shutdown, rebuild when the log opens;

@@ -46,6 +46,11 @@ impl<'a> ServiceContext<'a> {
         self.shard.partition(tp).await
     }
 
+    /// A new producer id (epoch 0) from this shard's allocator, or a Kafka error code.
+    pub async fn new_producer_id(&self, version: i16) -> Result<wire::ProducerId, i16> {
+        crate::producer_state::init_producer_id::new_producer_id(self.shard, version).await
+    }
+
     pub fn shutting_down(&self) -> bool {
         self.shard.shutting_down.get()
     }

@@ -580,7 +580,7 @@ impl Coordinators {
         let now = now_ms();
         let existing = self.txns.borrow().get(id).cloned();
         let next = match existing {
-            None => match fresh_producer_id(ctx, version) {
+            None => match fresh_producer_id(ctx, version).await {
                 Ok(pid) => TxnMetadata::empty(pid, ProducerEpoch(0), timeout_ms, now),
                 Err(code) => return TxnReply::producer_error(code),
             },
@@ -601,7 +601,7 @@ impl Coordinators {
                     Ok(m) => m,
                     Err(code) => return TxnReply::producer_error(code),
                 };
-                match bump(ctx, &m, timeout_ms, now, version) {
+                match bump(ctx, &m, timeout_ms, now, version).await {
                     Ok(mut next) => {
                         next.bumped_from = producer;
                         next
@@ -1152,7 +1152,7 @@ async fn write_marker(
 }
 
 /// The next epoch of `m`'s producer id, or a new producer id once epochs run out.
-fn bump(
+async fn bump(
     ctx: &ServiceContext<'_>,
     m: &TxnMetadata,
     timeout_ms: i32,
@@ -1160,7 +1160,7 @@ fn bump(
     version: i16,
 ) -> Result<TxnMetadata, i16> {
     let (pid, epoch) = if m.producer_epoch.get() >= EPOCH_MAX {
-        (fresh_producer_id(ctx, version)?, ProducerEpoch(0))
+        (fresh_producer_id(ctx, version).await?, ProducerEpoch(0))
     } else {
         (m.producer_id, ProducerEpoch(m.producer_epoch.get() + 1))
     };
@@ -1180,22 +1180,8 @@ fn fenced_code(version: i16) -> i16 {
     }
 }
 
-/// A producer id from this shard's allocator (the same ids as idempotent producers).
-fn fresh_producer_id(ctx: &ServiceContext<'_>, version: i16) -> Result<ProducerId, i16> {
-    let config = ctx.config();
-    let place = crate::producer_state::init_producer_id::ShardPlace {
-        data_dir: &config.data_dir,
-        node_id: config.node_id,
-        shard: ctx.shard_id().0 as u32,
-    };
-    match crate::producer_state::init_producer_id::allocate(place, None, version, now_ms()) {
-        Ok(crate::producer_state::InitProducerIdOutcome::Granted { producer_id, .. }) => {
-            Ok(producer_id)
-        }
-        Ok(crate::producer_state::InitProducerIdOutcome::Fenced { error_code }) => Err(error_code),
-        Err(e) => {
-            tracing::error!("transactional producer id: {e}");
-            Err(errors::COORDINATOR_LOAD_IN_PROGRESS)
-        }
-    }
+/// A producer id from this shard's allocator (the same ids as idempotent producers: the
+/// shard's range on a single node, the controller's blocks in a cluster).
+async fn fresh_producer_id(ctx: &ServiceContext<'_>, version: i16) -> Result<ProducerId, i16> {
+    ctx.new_producer_id(version).await
 }
