@@ -1504,6 +1504,7 @@ fn init_producer_id(addr: std::net::SocketAddr) -> Option<(i16, i64)> {
     use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
     let mut conn = RawConn::connect_timeout(addr, Duration::from_secs(20)).ok()?;
     let req = InitProducerIdRequest::default()
+        .with_transactional_id(None)
         .with_transaction_timeout_ms(60_000)
         .with_producer_id((-1).into())
         .with_producer_epoch(-1);
