@@ -61,6 +61,8 @@ pub const MAX_BUMP_RECORDS: usize = 10_000;
 const COUNTER_BITS: u32 = 37;
 /// Bits for the shard (up to 1024 shards per node); the node id takes the bits above.
 const SHARD_BITS: u32 = 10;
+/// Bits for the node id (`config::NODE_ID_MAX`), the top of a per-shard range's id.
+const NODE_BITS: u32 = 15;
 const BLOCK_FILE_MAGIC: [u8; 4] = *b"WPID";
 const BLOCK_FILE_VERSION: u16 = 1;
 
@@ -76,7 +78,7 @@ impl IdRange {
     /// (37 bits), 62 bits in all, so every id is a positive i64. `None` if either is out of
     /// range.
     pub fn for_shard(node_id: i32, shard: u32) -> Option<IdRange> {
-        if !(0..=0x7FFF).contains(&node_id) || shard >= (1 << SHARD_BITS) {
+        if !(0..(1 << NODE_BITS)).contains(&node_id) || shard >= (1 << SHARD_BITS) {
             return None;
         }
         let start = (i64::from(node_id) << (SHARD_BITS + COUNTER_BITS))
@@ -302,7 +304,7 @@ impl ProducerIdAllocator {
 /// ([`IdRange::for_shard`], node id in the 15 bits below it) can hold, so ids from the
 /// controller never meet one a node handed out from its own range before the cluster
 /// had the counter (an upgrade), and 2^62 ids remain above it.
-pub const CONTROLLER_FIRST_PRODUCER_ID: i64 = 1 << (15 + SHARD_BITS + COUNTER_BITS);
+pub const CONTROLLER_FIRST_PRODUCER_ID: i64 = 1 << (NODE_BITS + SHARD_BITS + COUNTER_BITS);
 /// Blocks taken from the controller remembered for KIP-360 bumps (a million ids); an id
 /// of an older block, or of a block another shard or node got, gets a fresh id.
 pub const REMEMBERED_BLOCKS: usize = 1000;
