@@ -24,16 +24,17 @@ use crate::controller::{Command, Outcome};
 use crate::event::Event;
 use crate::shard::{NodeShared, Shard};
 
-/// Kafka error: the coordinator is loading; clients retry. Kafka answers it when it
-/// cannot get a block of producer ids (KAFKA-14417), weir when its block file fails or
-/// no block came from the controller within [`BLOCK_WAIT`].
+/// Kafka error: the coordinator is loading; clients retry. Kafka answers it when it has
+/// no block of producer ids (KAFKA-14417: REQUEST_TIMED_OUT before, which older clients
+/// took as fatal), weir when its block file fails or no block came from the controller
+/// within [`BLOCK_WAIT`].
 const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
 /// Kafka error: no coordinator for a transactional id (weir has no transactions yet).
 const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 /// Kafka error: an empty transactional id.
 const INVALID_REQUEST: i16 = 42;
 /// Longest an InitProducerId waits for a block from the controller. Kafka's broker
-/// answers at once; a short wait spares the first producers after a start a retry, and
+/// answers at once (KAFKA-14694); a short wait spares the first producers after a start a retry, and
 /// stays well below clients' request timeouts when the controller has no quorum.
 pub const BLOCK_WAIT: Duration = Duration::from_secs(2);
 /// Fewest seconds between two warnings of a refused or failed block ask.
