@@ -37,6 +37,8 @@ const INVALID_REQUEST: i16 = 42;
 /// answers at once (KAFKA-14694); a short wait spares the first producers after a start a retry, and
 /// stays well below clients' request timeouts when the controller has no quorum.
 pub const BLOCK_WAIT: Duration = Duration::from_secs(2);
+/// Pause after a refused or failed ask before the next may go.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(1);
 /// Fewest seconds between two warnings of a refused or failed block ask.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -265,7 +267,16 @@ fn ask(node: &Arc<NodeShared>, place: ShardPlace<'_>, blocks: &Rc<Blocks>) {
     let Some(q) = node.controller.cluster() else {
         return;
     };
-    if blocks.asking.replace(true) {
+    // The controller refuses a node its image does not show live under this process's
+    // broker epoch; asking anyway would put a refused entry in the metadata log per
+    // client retry (Kafka checks before writing). The image here is the same one.
+    let registered = node
+        .meta
+        .snapshot()
+        .nodes
+        .get(&place.node_id)
+        .is_some_and(|n| !n.fenced && n.broker_epoch == q.broker_epoch().get());
+    if !registered || blocks.asking.replace(true) {
         return;
     }
     let cmd = Command::AllocateProducerIds {
@@ -285,6 +296,8 @@ fn ask(node: &Arc<NodeShared>, place: ShardPlace<'_>, blocks: &Rc<Blocks>) {
             other => Some(format!("unexpected answer {other:?}")),
         };
         if let Some(why) = why {
+            // Not asked again at once: each ask is a metadata log entry.
+            glommio::timer::sleep(REFUSED_BACKOFF).await;
             let now = Instant::now();
             if blocks
                 .last_warned

@@ -533,6 +533,12 @@ impl Shard {
         let (version, catalog) = self.newest_catalog().clone();
         let previous = self.synced.replace(catalog.clone());
         self.synced_version.set(version);
+        if same_partitions(&previous, &catalog) {
+            // A change of nothing this walks (a block of producer ids, ACLs, SCRAM
+            // credentials): in a cluster the controller hands out a block per 1000
+            // producer ids, and each walked every partition here, reopening idle logs.
+            return;
+        }
         let mut stale = Vec::new();
         for (tp, p) in self.partitions.borrow().iter() {
             match catalog.topics.get(&*tp.0) {
@@ -590,6 +596,7 @@ impl Shard {
     }
 
     /// Whether `catalog` registers this very process (a cluster node, its broker epoch).
+    /// (See also [`same_partitions`].)
     /// That registration was committed after the process started, so the image holds
     /// everything committed before: every topic this node ever had a directory of is in
     /// it, or was deleted.
@@ -1182,5 +1189,71 @@ mod housekeeping_tests {
             open_after < open_before,
             "idle logs closed while the flushes ran: {open_after} of {open_before} open"
         );
+    }
+}
+
+/// Whether `a` and `b` have the same topics and nodes: all [`Shard::sync_partitions`]
+/// acts on. Topics unchanged by a catalogue update keep their `Arc`; an image copied from
+/// the controller (a broker-only node) has new ones, compared by value.
+fn same_partitions(a: &Catalog, b: &Catalog) -> bool {
+    a.nodes == b.nodes
+        && a.topics.len() == b.topics.len()
+        && a.topics
+            .iter()
+            .zip(b.topics.iter())
+            .all(|((na, ta), (nb, tb))| na == nb && (Arc::ptr_eq(ta, tb) || **ta == **tb))
+}
+
+#[cfg(test)]
+mod sync_tests {
+    use super::*;
+    use crate::metadata::TopicMeta;
+
+    fn topic(name: &str, partitions: i32) -> Arc<TopicMeta> {
+        Arc::new(TopicMeta {
+            name: name.into(),
+            id: 7,
+            partitions,
+            configs: Default::default(),
+            assignment: Vec::new(),
+        })
+    }
+
+    /// A catalogue update that changes neither topics nor nodes (a block of producer
+    /// ids) leaves the partitions' walk out; a topic changed, or a copy of the image with
+    /// new `Arc`s but the same topics, is compared as it should be.
+    #[test]
+    fn only_topics_and_nodes_make_a_sync_walk_the_partitions() {
+        let mut a = Catalog::default();
+        a.topics.insert("t".into(), topic("t", 2));
+        let mut blocks = a.clone();
+        blocks.next_producer_id = Some(1 << 62);
+        assert!(same_partitions(&a, &blocks), "a block of producer ids");
+        let mut copied = a.clone();
+        copied.topics.insert("t".into(), topic("t", 2));
+        assert!(
+            same_partitions(&a, &copied),
+            "an image copy: same topics, new Arcs"
+        );
+        let mut grown = a.clone();
+        grown.topics.insert("t".into(), topic("t", 3));
+        assert!(!same_partitions(&a, &grown), "a partition added");
+        let mut more = a.clone();
+        more.topics.insert("u".into(), topic("u", 1));
+        assert!(!same_partitions(&a, &more), "a topic created");
+        let mut node = a.clone();
+        node.nodes.insert(
+            2,
+            crate::metadata::NodeInfo {
+                host: "h".into(),
+                port: 1,
+                fenced: false,
+                broker_epoch: 1,
+                endpoints: Vec::new(),
+                directory_id: None,
+                rack: None,
+            },
+        );
+        assert!(!same_partitions(&a, &node), "a node registered");
     }
 }

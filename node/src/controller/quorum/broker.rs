@@ -180,8 +180,11 @@ async fn heartbeats(b: Arc<Broker>) {
     }
 }
 
-/// Forwards `cmd` to the controller; answers once the local image has its log index.
+/// Forwards `cmd` to the controller; answers once the local image has its log index
+/// (but a block of producer ids at once: the asker uses the block it is answered, and
+/// waiting for an image that holds only a new counter cost a whole image copy per block).
 async fn propose(b: &Broker, cmd: Command) -> Outcome {
+    let wait_for_image = !matches!(cmd, Command::AllocateProducerIds { .. });
     let deadline = Instant::now() + Duration::from_millis(PROPOSE_DEADLINE_MS);
     while Instant::now() < deadline {
         for (id, addr) in b.candidates() {
@@ -190,7 +193,10 @@ async fn propose(b: &Broker, cmd: Command) -> Outcome {
             match peer.call(&Rpc::Propose(cmd.clone()), left).await {
                 Ok(RpcReply::Propose(Ok((out, index)))) => {
                     b.follow(u64::try_from(id).ok());
-                    while b.have.load(Ordering::Acquire) < index && Instant::now() < deadline {
+                    while wait_for_image
+                        && b.have.load(Ordering::Acquire) < index
+                        && Instant::now() < deadline
+                    {
                         b.poke.notify_one();
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS / 5)).await;
                     }
