@@ -1330,7 +1330,6 @@ mod tests {
             ("alter.config.policy.class.name", "com.example.Policy"),
             ("controller.quorum.bootstrap.servers", "127.0.0.1:9093"),
             ("connections.max.reauth.ms", "soon"),
-            ("connections.max.reauth.ms", "-1"),
             (
                 "listener.name.sasl_ssl.scram-sha-256.connections.max.reauth.ms",
                 "1h",
@@ -1350,6 +1349,10 @@ mod tests {
         }
         assert!(resolve(&[("node.id", "32767"), ("offsets.retention.minutes", "1")]).is_ok());
         assert!(resolve(&[("connections.max.reauth.ms", "0")]).is_ok());
+        assert!(
+            resolve(&[("connections.max.reauth.ms", "-1")]).is_ok(),
+            "off, as Kafka"
+        );
         assert!(resolve(&[("connections.max.reauth.ms", "3600000")]).is_ok());
         let by_mechanism = "listener.name.sasl_ssl.scram-sha-256.connections.max.reauth.ms";
         assert!(resolve(&[(by_mechanism, "60000")]).is_ok());

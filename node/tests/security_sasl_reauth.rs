@@ -353,3 +353,73 @@ fn the_lifetime_is_described_and_read_only() {
     );
     assert_ne!(resp.responses[0].error_code, 0, "read-only");
 }
+
+/// A Fetch long poll of `topic`'s empty partition 0, waiting up to `wait_ms`.
+fn long_poll(topic: &str, wait_ms: i32) -> FetchRequest {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let p = FetchPartition::default()
+        .with_partition(0)
+        .with_fetch_offset(0)
+        .with_partition_max_bytes(1 << 20);
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(s(topic)))
+                .with_partitions(vec![p]),
+        ])
+}
+
+/// Fetches pipelined behind a long poll are read within the lifetime but would start
+/// after it: they are not served, and the connection closes once the first is answered
+/// (before, each was served in turn, up to 16 × 300 s past the session's end).
+#[test]
+fn a_fetch_queued_past_the_lifetime_is_not_served() {
+    let b = start();
+    let mut c = connect(&b, Mechanism::Plain, "admin", "admin-pw");
+    let created = common::requests::create_topics(&mut c, &[("polled", 1)]);
+    assert_eq!(created, vec![0], "CreateTopics");
+    let wait_ms = i32::try_from(LIFETIME_MS).expect("ms") + 1_000;
+    let first = c.send(api::FETCH, 11, &long_poll("polled", wait_ms));
+    c.send(api::FETCH, 11, &long_poll("polled", wait_ms));
+    let frame = c.read_frame().expect("the first long poll is answered");
+    let (got, _): (i32, FetchResponse) =
+        wire::messages::decode_response_as(api::FETCH, 11, &frame).expect("decode");
+    assert_eq!(got, first);
+    assert!(
+        c.read_frame().is_none(),
+        "the queued fetch is not served: closed"
+    );
+}
+
+/// A re-authentication begun and never finished does not keep an ended session's
+/// connection: a second handshake after the lifetime (which cannot begin another) is
+/// answered ILLEGAL_SASL_STATE and the connection closed. Before, it was kept open, and
+/// a handshake a second held it (and its idle timer) for ever.
+#[test]
+fn a_handshake_after_the_lifetime_that_begins_nothing_closes() {
+    let b = start();
+    let began = Instant::now();
+    let mut c = connect(&b, Mechanism::Plain, "admin", "admin-pw");
+    let handshake = |c: &mut Client| -> Option<i16> {
+        c.send(
+            api::SASL_HANDSHAKE,
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
+        );
+        let frame = c.read_frame()?;
+        let (_, r): (i32, SaslHandshakeResponse) =
+            wire::messages::decode_response_as(api::SASL_HANDSHAKE, 1, &frame).expect("decode");
+        Some(r.error_code)
+    };
+    assert_eq!(handshake(&mut c), Some(0), "a re-authentication begins");
+    past(began, Duration::from_millis(LIFETIME_MS as u64));
+    assert_eq!(handshake(&mut c), Some(ILLEGAL_STATE), "answered");
+    // ApiVersions, which a re-authentication in progress may send, is not answered.
+    c.send(api::API_VERSIONS, 3, &ApiVersionsRequest::default());
+    assert!(c.read_frame().is_none(), "then closed");
+}

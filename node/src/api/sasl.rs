@@ -52,8 +52,17 @@ pub fn handshake(session: &Session, req: SaslHandshakeRequest) -> SaslHandshakeR
         return handshake_error(errors::ILLEGAL_SASL_STATE, &[]);
     };
     let offered: Vec<&str> = setup.mechanisms.iter().map(|m| m.name()).collect();
-    if session.begin_reauthentication(Instant::now()) {
+    let now = Instant::now();
+    if session.begin_reauthentication(now) {
         tracing::debug!(peer = %session.peer, principal = %session.principal(), "SASL re-authentication begins");
+    } else if session.has_expired(now) {
+        // A handshake that begins nothing (a re-authentication already under way, or one
+        // begun less than a second ago) on a session that has ended closes the
+        // connection, as any other request then does (Kafka's rule): answered and kept
+        // open, one every second kept the socket, and its idle timer, alive for ever.
+        crate::client_warn!(peer = %session.peer, principal = %session.principal(), "closing connection: SaslHandshake after the SASL session expired that cannot begin a re-authentication");
+        *session.sasl.borrow_mut() = SaslState::Failed;
+        return handshake_error(errors::ILLEGAL_SASL_STATE, &offered);
     }
     let mut state = session.sasl.borrow_mut();
     if !matches!(*state, SaslState::Handshake) {

@@ -395,8 +395,13 @@ pub fn kind(key: &str) -> KeyKind {
         return match kind(key) {
             KeyKind::Used => KeyKind::Used,
             _ if key.ends_with(".sasl.jaas.config") => KeyKind::Used,
-            _ if key.ends_with(".connections.max.reauth.ms") => KeyKind::Used,
-            _ => KeyKind::KafkaIgnored,
+            // Read only for a lower-case listener and a mechanism weir has, spelt as
+            // Kafka spells it (`scram-sha-256`): any other spelling would never be read,
+            // and its lifetime silently not applied, so it gets the unused-key warning.
+            _ => match key.strip_suffix(".connections.max.reauth.ms") {
+                Some(mechanism) if reauth_key_read(_listener, mechanism) => KeyKind::Used,
+                _ => KeyKind::KafkaIgnored,
+            },
         };
     }
     if WEIR_KEYS.contains(&key) {
@@ -406,6 +411,15 @@ pub fn kind(key: &str) -> KeyKind {
     } else {
         KeyKind::Unknown
     }
+}
+
+/// Whether `listener.name.<listener>.<mechanism>.connections.max.reauth.ms` is a key
+/// the SASL setup reads (`security::sasl`).
+fn reauth_key_read(listener: &str, mechanism: &str) -> bool {
+    let lower = |s: &str| s == s.to_ascii_lowercase();
+    lower(listener)
+        && lower(mechanism)
+        && wire::sasl::Mechanism::parse(&mechanism.to_ascii_uppercase()).is_some()
 }
 
 /// One warning line per key weir does not use, naming it, in key order.
@@ -473,6 +487,16 @@ mod tests {
         ] {
             assert_eq!(kind(key), KeyKind::Used, "{key}");
             assert_eq!(dynamic_kind(key), Dynamic::ReadOnly, "{key}");
+        }
+        // A mechanism weir does not have, or spelt otherwise than Kafka's key, is never
+        // read: warned about as unused, not silently taken.
+        for key in [
+            "listener.name.ext.oauthbearer.connections.max.reauth.ms",
+            "listener.name.ext.scram_sha_512.connections.max.reauth.ms",
+            "listener.name.ext.PLAIN.connections.max.reauth.ms",
+            "listener.name.EXT.plain.connections.max.reauth.ms",
+        ] {
+            assert_eq!(kind(key), KeyKind::KafkaIgnored, "{key}");
         }
         assert_eq!(dynamic_kind("broker.rack"), Dynamic::ReadOnly);
         assert_eq!(dynamic_kind("foo.bar"), Dynamic::Unknown);

@@ -121,14 +121,13 @@ fn reauth_ms_of(props: &Properties, listener: &str, m: Mechanism) -> anyhow::Res
 /// Kafka's key for the session lifetime (KIP-368).
 pub const REAUTH_KEY: &str = "connections.max.reauth.ms";
 /// What a `connections.max.reauth.ms` value must be.
-pub const REAUTH_RANGE: &str = "expected milliseconds >= 0 (0: no session lifetime)";
+pub const REAUTH_RANGE: &str = "expected milliseconds (0 or less: no session lifetime)";
 
-/// A `connections.max.reauth.ms` value: milliseconds, 0 for none; `None` if malformed.
+/// A `connections.max.reauth.ms` value: milliseconds, 0 for none (Kafka: any value not
+/// positive); `None` if not a number.
 pub fn parse_reauth_ms(v: &str) -> Option<u64> {
-    v.trim()
-        .parse::<u64>()
-        .ok()
-        .filter(|ms| *ms <= i64::MAX as u64)
+    let ms = v.trim().parse::<i64>().ok()?;
+    Some(u64::try_from(ms).unwrap_or(0))
 }
 
 /// The `user_NAME="PASSWORD"` options of a PlainLoginModule JAAS line.

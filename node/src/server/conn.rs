@@ -683,7 +683,15 @@ pub async fn serve(
                 previous.wait().await;
             }
             s.metrics().queued(api_key, read_at.elapsed());
-            let response = api::handle(&s, req, &session).await;
+            // A Fetch queued behind earlier long polls may start after the SASL session
+            // ended (each waits up to 300 s): it is not served, and the connection
+            // closes, as for a request read after the end (Kafka reads one at a time).
+            let response = if session.has_expired(Instant::now()) {
+                s.metrics().session_expired();
+                Some(Vec::new())
+            } else {
+                api::handle(&s, req, &session).await
+            };
             // The frame's budget goes back once its request is handled: what the handler
             // kept (records in the log's tail cache) is bounded by the log's own limits.
             drop(permit);
