@@ -420,7 +420,13 @@ mod tests {
             "another listener has the broker-wide value"
         );
         p.set("listener.name.client.plain.connections.max.reauth.ms", "-5");
-        let err = setup(&p, "CLIENT").expect_err("negative").to_string();
+        let off = setup(&p, "CLIENT").expect("not positive: off, as Kafka");
+        assert_eq!(off.session_lifetime_ms(Mechanism::Plain), None);
+        p.set(
+            "listener.name.client.plain.connections.max.reauth.ms",
+            "soon",
+        );
+        let err = setup(&p, "CLIENT").expect_err("not a number").to_string();
         assert!(
             err.contains("listener.name.client.plain.connections.max.reauth.ms"),
             "{err}"

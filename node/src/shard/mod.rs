@@ -1192,16 +1192,19 @@ mod housekeeping_tests {
     }
 }
 
-/// Whether `a` and `b` have the same topics and nodes: all [`Shard::sync_partitions`]
-/// acts on. Topics unchanged by a catalogue update keep their `Arc`; an image copied from
-/// the controller (a broker-only node) has new ones, compared by value.
+/// Whether `a` and `b` have the very same topics (the same `Arc`s: a catalogue update
+/// keeps those of topics it does not touch), nodes and dynamic broker configs: then
+/// [`Shard::sync_partitions`] has nothing to do. Topics equal in value but not the same
+/// `Arc`s (an image copied whole, a single node's catalogue read again after a dynamic
+/// config change) get the full walk, which also applies changed topic config defaults.
 fn same_partitions(a: &Catalog, b: &Catalog) -> bool {
     a.nodes == b.nodes
+        && a.broker_configs == b.broker_configs
         && a.topics.len() == b.topics.len()
         && a.topics
             .iter()
             .zip(b.topics.iter())
-            .all(|((na, ta), (nb, tb))| na == nb && (Arc::ptr_eq(ta, tb) || **ta == **tb))
+            .all(|((na, ta), (nb, tb))| na == nb && Arc::ptr_eq(ta, tb))
 }
 
 #[cfg(test)]
@@ -1220,8 +1223,8 @@ mod sync_tests {
     }
 
     /// A catalogue update that changes neither topics nor nodes (a block of producer
-    /// ids) leaves the partitions' walk out; a topic changed, or a copy of the image with
-    /// new `Arc`s but the same topics, is compared as it should be.
+    /// ids) leaves the partitions' walk out; a topic changed, a copy with new `Arc`s, a
+    /// node or a dynamic broker default does not.
     #[test]
     fn only_topics_and_nodes_make_a_sync_walk_the_partitions() {
         let mut a = Catalog::default();
@@ -1232,8 +1235,8 @@ mod sync_tests {
         let mut copied = a.clone();
         copied.topics.insert("t".into(), topic("t", 2));
         assert!(
-            same_partitions(&a, &copied),
-            "an image copy: same topics, new Arcs"
+            !same_partitions(&a, &copied),
+            "a copy with new Arcs is walked (it may carry new config defaults)"
         );
         let mut grown = a.clone();
         grown.topics.insert("t".into(), topic("t", 3));
@@ -1241,6 +1244,12 @@ mod sync_tests {
         let mut more = a.clone();
         more.topics.insert("u".into(), topic("u", 1));
         assert!(!same_partitions(&a, &more), "a topic created");
+        let mut defaults = a.clone();
+        defaults.broker_configs.insert(
+            String::new(),
+            [("log.retention.ms".to_string(), "1".to_string())].into(),
+        );
+        assert!(!same_partitions(&a, &defaults), "a dynamic broker default");
         let mut node = a.clone();
         node.nodes.insert(
             2,
