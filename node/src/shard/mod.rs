@@ -533,12 +533,6 @@ impl Shard {
         let (version, catalog) = self.newest_catalog().clone();
         let previous = self.synced.replace(catalog.clone());
         self.synced_version.set(version);
-        if same_partitions(&previous, &catalog) {
-            // A change of nothing this walks (a block of producer ids, ACLs, SCRAM
-            // credentials): in a cluster the controller hands out a block per 1000
-            // producer ids, and each walked every partition here, reopening idle logs.
-            return;
-        }
         let mut stale = Vec::new();
         for (tp, p) in self.partitions.borrow().iter() {
             match catalog.topics.get(&*tp.0) {
@@ -596,7 +590,6 @@ impl Shard {
     }
 
     /// Whether `catalog` registers this very process (a cluster node, its broker epoch).
-    /// (See also [`same_partitions`].)
     /// That registration was committed after the process started, so the image holds
     /// everything committed before: every topic this node ever had a directory of is in
     /// it, or was deleted.
@@ -1189,80 +1182,5 @@ mod housekeeping_tests {
             open_after < open_before,
             "idle logs closed while the flushes ran: {open_after} of {open_before} open"
         );
-    }
-}
-
-/// Whether `a` and `b` have the very same topics (the same `Arc`s: a catalogue update
-/// keeps those of topics it does not touch), nodes and dynamic broker configs: then
-/// [`Shard::sync_partitions`] has nothing to do. Topics equal in value but not the same
-/// `Arc`s (an image copied whole, a single node's catalogue read again after a dynamic
-/// config change) get the full walk, which also applies changed topic config defaults.
-fn same_partitions(a: &Catalog, b: &Catalog) -> bool {
-    a.nodes == b.nodes
-        && a.broker_configs == b.broker_configs
-        && a.topics.len() == b.topics.len()
-        && a.topics
-            .iter()
-            .zip(b.topics.iter())
-            .all(|((na, ta), (nb, tb))| na == nb && Arc::ptr_eq(ta, tb))
-}
-
-#[cfg(test)]
-mod sync_tests {
-    use super::*;
-    use crate::metadata::TopicMeta;
-
-    fn topic(name: &str, partitions: i32) -> Arc<TopicMeta> {
-        Arc::new(TopicMeta {
-            name: name.into(),
-            id: 7,
-            partitions,
-            configs: Default::default(),
-            assignment: Vec::new(),
-        })
-    }
-
-    /// A catalogue update that changes neither topics nor nodes (a block of producer
-    /// ids) leaves the partitions' walk out; a topic changed, a copy with new `Arc`s, a
-    /// node or a dynamic broker default does not.
-    #[test]
-    fn only_topics_and_nodes_make_a_sync_walk_the_partitions() {
-        let mut a = Catalog::default();
-        a.topics.insert("t".into(), topic("t", 2));
-        let mut blocks = a.clone();
-        blocks.next_producer_id = Some(1 << 62);
-        assert!(same_partitions(&a, &blocks), "a block of producer ids");
-        let mut copied = a.clone();
-        copied.topics.insert("t".into(), topic("t", 2));
-        assert!(
-            !same_partitions(&a, &copied),
-            "a copy with new Arcs is walked (it may carry new config defaults)"
-        );
-        let mut grown = a.clone();
-        grown.topics.insert("t".into(), topic("t", 3));
-        assert!(!same_partitions(&a, &grown), "a partition added");
-        let mut more = a.clone();
-        more.topics.insert("u".into(), topic("u", 1));
-        assert!(!same_partitions(&a, &more), "a topic created");
-        let mut defaults = a.clone();
-        defaults.broker_configs.insert(
-            String::new(),
-            [("log.retention.ms".to_string(), "1".to_string())].into(),
-        );
-        assert!(!same_partitions(&a, &defaults), "a dynamic broker default");
-        let mut node = a.clone();
-        node.nodes.insert(
-            2,
-            crate::metadata::NodeInfo {
-                host: "h".into(),
-                port: 1,
-                fenced: false,
-                broker_epoch: 1,
-                endpoints: Vec::new(),
-                directory_id: None,
-                rack: None,
-            },
-        );
-        assert!(!same_partitions(&a, &node), "a node registered");
     }
 }
