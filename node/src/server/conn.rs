@@ -679,14 +679,17 @@ pub async fn serve(
         };
         let api_key = req.api_key;
         let task = glommio::spawn_local(async move {
+            let waited = previous_fetch.is_some();
             if let Some(previous) = previous_fetch {
                 previous.wait().await;
             }
             s.metrics().queued(api_key, read_at.elapsed());
-            // A Fetch queued behind earlier long polls may start after the SASL session
-            // ended (each waits up to 300 s): it is not served, and the connection
-            // closes, as for a request read after the end (Kafka reads one at a time).
-            let response = if session.has_expired(Instant::now()) {
+            // A Fetch queued behind earlier long polls may start long after the SASL
+            // session ended (each waits up to 300 s): it is not served, and the
+            // connection closes, as for a request read after the end (Kafka reads one
+            // at a time). A request that did not wait is served: read before the end,
+            // it starts at once (a client's re-authentication may come just after).
+            let response = if waited && session.has_expired(Instant::now()) {
                 s.metrics().session_expired();
                 Some(Vec::new())
             } else {
