@@ -670,6 +670,29 @@ mod txn_tests {
         assert_eq!(written.await, errors::NONE, "the ABORT marker");
     }
 
+    /// A TxnOffsetCommit of `producer` for `group`: offset 7 of "t"-0, or nothing.
+    fn offset_commit(group: &str, producer: Producer, offsets: bool) -> TxnOffsetCommitCall {
+        let offsets = offsets.then(|| OffsetCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset: wire::Offset(7),
+            leader_epoch: LeaderEpoch::NONE,
+            metadata: None,
+        });
+        TxnOffsetCommitCall {
+            partition: 0,
+            transactional_id: Arc::from("tx"),
+            commit: CommitArgs {
+                group: group.into(),
+                generation: -1,
+                member_id: String::new(),
+                instance_id: None,
+                offsets: offsets.into_iter().collect(),
+            },
+            producer,
+        }
+    }
+
     fn produce_call() -> ProduceCall {
         ProduceCall {
             tp: tp("t", 0),
@@ -731,24 +754,7 @@ mod txn_tests {
             let shard = testing::node(&data);
             testing::internal_topics(&shard).await;
             let offsets = open(&shard, OFFSETS_TOPIC, 0).await;
-            let call = TxnOffsetCommitCall {
-                partition: 0,
-                transactional_id: Arc::from("tx"),
-                commit: CommitArgs {
-                    group: "g".into(),
-                    generation: -1,
-                    member_id: String::new(),
-                    instance_id: None,
-                    offsets: vec![OffsetCommit {
-                        topic: "t".into(),
-                        partition: 0,
-                        offset: wire::Offset(7),
-                        leader_epoch: LeaderEpoch::NONE,
-                        metadata: None,
-                    }],
-                },
-                producer: PRODUCER,
-            };
+            let call = offset_commit("g", PRODUCER, true);
             let aborted_meanwhile = |shard: Rc<Shard>, _: Arc<str>, _: Producer, index| async move {
                 abort_marker(shard, tp(OFFSETS_TOPIC, index)).await;
                 errors::NONE
@@ -800,18 +806,7 @@ mod txn_tests {
             )
             .await;
             assert_eq!(out.error, errors::NONE);
-            let commit = TxnOffsetCommitCall {
-                partition: 0,
-                transactional_id: Arc::from("tx"),
-                commit: CommitArgs {
-                    group: "g".into(),
-                    generation: -1,
-                    member_id: String::new(),
-                    instance_id: None,
-                    offsets: Vec::new(),
-                },
-                producer: PRODUCER,
-            };
+            let commit = offset_commit("g", PRODUCER, false);
             let verify = seen(&commit_slot);
             let verify = move |s: Rc<Shard>, id: Arc<str>, p: Producer, index: i32| {
                 verify(s, id, p, tp(OFFSETS_TOPIC, index))
@@ -843,34 +838,11 @@ mod txn_tests {
             let shard = testing::node(&data);
             testing::internal_topics(&shard).await;
             let offsets = open(&shard, OFFSETS_TOPIC, 0).await;
-            let commit = |group: &str| CommitArgs {
-                group: group.into(),
-                generation: -1,
-                member_id: String::new(),
-                instance_id: None,
-                offsets: vec![OffsetCommit {
-                    topic: "t".into(),
-                    partition: 0,
-                    offset: wire::Offset(7),
-                    leader_epoch: LeaderEpoch::NONE,
-                    metadata: None,
-                }],
-            };
-            let current = TxnOffsetCommitCall {
-                partition: 0,
-                transactional_id: Arc::from("tx"),
-                commit: commit("g"),
-                producer: (PRODUCER.0, ProducerEpoch(1)),
-            };
+            let current = offset_commit("g", (PRODUCER.0, ProducerEpoch(1)), true);
             // While the current epoch's coordinator answers, the zombie (epoch 0) of the
             // same producer id commits too; its coordinator fences it.
             let zombie_meanwhile = |shard: Rc<Shard>, _: Arc<str>, _: Producer, _| async move {
-                let zombie = TxnOffsetCommitCall {
-                    partition: 0,
-                    transactional_id: Arc::from("tx"),
-                    commit: commit("g2"),
-                    producer: PRODUCER,
-                };
+                let zombie = offset_commit("g2", PRODUCER, true);
                 let fenced =
                     |_: Rc<Shard>, _: Arc<str>, _: Producer, _| async { errors::PRODUCER_FENCED };
                 let _ = zombie.commit_verified(shard, fenced).await;
